@@ -1,0 +1,13 @@
+"""autoprec: per-layer INT8/FP16/FP32 precision search for ONNX models, by measurement.
+
+    import autoprec
+    result = autoprec.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
+"""
+
+from autoprec.api import search
+from autoprec.errors import AutoprecError
+from autoprec.plan import Plan, Precision
+from autoprec.results import SearchResult
+
+__all__ = ["AutoprecError", "Plan", "Precision", "SearchResult", "search"]
+__version__ = "0.1.0"

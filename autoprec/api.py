@@ -1,0 +1,165 @@
+"""``autoprec.search``: model file -> analysis -> calibration -> Optuna study -> result directory."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import optuna
+
+from autoprec import console
+from autoprec.accuracy import resolve_metric
+from autoprec.backends import get_backend
+from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION, calibrate, reference_outputs
+from autoprec.data import RandomDataWarning, build_dataset, item_shapes
+from autoprec.errors import AutoprecError
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.model import analyse, declared_inputs, load_onnx
+from autoprec.plots import plot_pareto
+from autoprec.results import SearchResult, load_json, model_json, units_json, write_results
+from autoprec.search import (
+    StudyContext,
+    choose,
+    counted,
+    default_study_name,
+    finished_records,
+    open_study,
+    pareto_front,
+    recover_interrupted,
+    run_study,
+    seed_uniform_plans,
+)
+from autoprec.search_space import load_search_space
+
+
+def _check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".autoprec-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
+
+
+def search(
+    model: str | os.PathLike,
+    budget: int = 50,
+    data: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    backend: str = "ort-cpu",
+    max_loss: float | None = None,
+    seed: int = 0,
+    storage: str | None = None,
+    study_name: str | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    metric: str = "cosine",
+    search_space: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    calibration: str = DEFAULT_CALIBRATION,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    progress: bool = True,
+) -> SearchResult:
+    """Search per-unit precisions for ``model`` and write the result directory.
+
+    Example::
+
+        result = autoprec.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
+        print(result.chosen.latency_ms, result.chosen.plan.counts())
+
+    The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
+    same arguments resumes it: finished trials are kept, an interrupted one is re-run.
+    """
+    started = time.monotonic()
+    if budget < 1:
+        raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
+    if calibration not in CALIBRATION_METHODS:
+        raise AutoprecError(f"--calibration {calibration!r}: choose one of {', '.join(CALIBRATION_METHODS)}")
+    model_path = Path(model)
+    out_dir = Path(out) if out is not None else Path("autoprec_out") / model_path.stem
+    metric_name, loss_function = resolve_metric(metric)
+    space = load_search_space(search_space).with_overrides(list(overrides))
+    engine = get_backend(backend)
+
+    raw = load_onnx(model_path)
+    info = analyse(model_path, space, {k: tuple(v) for k, v in (shapes or {}).items()}, item_shapes(data, declared_inputs(raw)), model=raw)
+    _check_out_dir(out_dir)
+    for line in info.notes:
+        console.note(line)
+    console.note(
+        f"{model_path.name}: {len(info.units)} precision units ({len(info.searchable_units)} searched), "
+        f"inputs {', '.join(f'{i.name} {list(i.shape)}' for i in info.inputs)}"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomDataWarning)
+        dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std)
+    for w in caught:
+        console.warn(str(w.message))
+    console.note(
+        f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
+    )
+    fingerprint = dataset.fingerprint()
+    cache = out_dir / "cache"
+    t0 = time.monotonic()
+    ranges = calibrate(info, dataset.calibration, fingerprint, cache)
+    reference = reference_outputs(info, dataset.evaluation, fingerprint, cache)
+    console.note(f"calibration ranges and FP32 reference ready ({time.monotonic() - t0:.1f} s; cached in {cache})")
+
+    engine_info = engine.info()
+    storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    name = study_name or default_study_name(model_path, backend)
+    identity = {
+        "model_sha256": info.sha256,
+        "backend": backend,
+        "data": fingerprint,
+        "metric": metric_name,
+        "units": len(info.units),
+        "calibration": calibration,
+        "max_loss": max_loss,
+    }
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(storage_url, name, identity, seed)
+    recovered = recover_interrupted(study)
+    if recovered:
+        console.note(f"resuming: {recovered} interrupted trial(s) will be re-run")
+    seed_uniform_plans(study, info)
+    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    if done:
+        console.note(f"resuming study {name!r}: {done} of {budget} trials already done")
+    ctx = StudyContext(info, engine, ranges, dataset.evaluation, reference, metric_name, loss_function, calibration, max_loss)
+    console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
+    with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
+        run_study(study, ctx, budget, on_trial=bar.update)
+
+    trials = finished_records(study)
+    front = pareto_front(study)
+    chosen = choose(front, max_loss)
+    search_facts = {
+        "budget": budget,
+        "trials": len(trials),
+        "metric": metric_name,
+        "max_loss": max_loss,
+        "seed": seed,
+        "calibration": calibration,
+        "study_name": name,
+        "storage": storage_url,
+        "data": dataset.source,
+        "random_data": dataset.random,
+        "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
+        "search_space": space.source,
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "sampler": type(study.sampler).__name__,
+    }
+    result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
+    chosen_model = tensorrt_model = None
+    if chosen is not None:
+        chosen_model = engine.lower(info, chosen.plan, ranges)
+        if engine.qdq_form is not QDQForm.TENSORRT:
+            tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
+    write_results(result, chosen_model, tensorrt_model)
+    plot_pareto(load_json(out_dir / "pareto.json"), load_json(out_dir / "trials.json"), out_dir / "pareto.png")
+    return result

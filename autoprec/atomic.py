@@ -1,0 +1,45 @@
+"""Atomic file writes: a reader (or a crash) never sees a half-written result."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, IO
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    return _atomic(path, lambda f: f.write(data))
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    return write_bytes(path, (json.dumps(obj, indent=2, allow_nan=True) + "\n").encode())
+
+
+def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:
+    """For libraries that write to a file object (numpy.savez, matplotlib.savefig)."""
+    return _atomic(path, writer)

@@ -1,0 +1,113 @@
+"""The one interface every inference engine implements: lower, prepare, run, time, describe."""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+
+from autoprec.calibrate import ActivationRanges
+from autoprec.data import Batch
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.model import ModelInfo
+from autoprec.plan import Plan
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Which engine and device produced a number: stored with every measurement."""
+
+    backend: str
+    engine: str
+    version: str
+    provider: str
+    device: str
+    qdq_form: str
+    measured: bool = True  # False only for engines described, never executed here
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        return f"{self.engine} {self.version} {self.provider} on {self.device}"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency of one batch: median of repeated runs after warm-up, with the spread kept."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+    warmup: int
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: how far one run may stray from the median."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else float("inf")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "spread": self.spread}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timing:
+        return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
+
+
+def time_calls(call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500) -> Timing:
+    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs."""
+    for _ in range(warmup):
+        call()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_runs and (len(samples) < min_runs or time.perf_counter() - started < min_seconds):
+        t0 = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    arr = np.asarray(samples)
+    return Timing(float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup)
+
+
+class Runner(abc.ABC):
+    """A prepared candidate (session or engine). Use as a context manager."""
+
+    @abc.abstractmethod
+    def run(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Outputs by name, as host NumPy arrays."""
+
+    @abc.abstractmethod
+    def time(self, batch: Batch) -> Timing:
+        """Latency of ``batch``: warm-up, then the median of repeated runs."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Backend(abc.ABC):
+    """An inference engine. Adding one is one module under ``backends/`` plus its tests."""
+
+    name: str
+    qdq_form: QDQForm = QDQForm.TENSORRT
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo:
+        ...
+
+    @abc.abstractmethod
+    def prepare(self, model: onnx.ModelProto) -> Runner:
+        """Build a session/engine for an explicit-precision model."""
+
+    def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
+        """The plan in the Q/DQ form this engine turns into fast kernels."""
+        return lower_plan(info, plan, ranges, self.qdq_form)

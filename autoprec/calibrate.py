@@ -1,0 +1,154 @@
+"""Activation ranges and FP32 reference outputs: computed once per model and data, cached on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from autoprec import atomic
+from autoprec.data import Batch
+from autoprec.model import ModelInfo
+
+CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99")
+DEFAULT_CALIBRATION = "percentile-99.99"
+HISTOGRAM_BINS = 2048
+
+
+@dataclass(frozen=True)
+class TensorRange:
+    """What calibration saw of one activation tensor, and the value histogram it came from."""
+
+    min: float
+    max: float
+    hist: np.ndarray
+    edges: np.ndarray
+
+    def amax(self, method: str) -> float:
+        """The symmetric clipping threshold for ``method`` (minmax or percentile-P)."""
+        absmax = max(abs(self.min), abs(self.max))
+        if method == "minmax":
+            return absmax
+        if method.startswith("percentile-"):
+            return min(absmax, _abs_percentile(self.hist, self.edges, float(method.split("-", 1)[1])))
+        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
+
+    def bounds(self, method: str) -> tuple[float, float]:
+        """Asymmetric [lo, hi] (always containing 0), clipped like ``amax``."""
+        amax = self.amax(method)
+        return max(min(self.min, 0.0), -amax), min(max(self.max, 0.0), amax)
+
+
+def _abs_percentile(hist: np.ndarray, edges: np.ndarray, percentile: float) -> float:
+    """Percentile of |x| from a value histogram: bins ordered by their largest |edge|."""
+    reach = np.maximum(np.abs(edges[:-1]), np.abs(edges[1:]))
+    order = np.argsort(reach, kind="stable")
+    cdf = np.cumsum(hist[order]) / max(hist.sum(), 1)
+    idx = min(int(np.searchsorted(cdf, percentile / 100.0)), len(order) - 1)
+    return float(reach[order][idx])
+
+
+@dataclass(frozen=True)
+class ActivationRanges:
+    tensors: dict[str, TensorRange]
+
+    def __getitem__(self, name: str) -> TensorRange:
+        return self.tensors[name]
+
+    def save(self, path: Path) -> None:
+        names = sorted(self.tensors)
+        arrays = {"names": np.array(names)}
+        for i, name in enumerate(names):
+            r = self.tensors[name]
+            arrays[f"minmax_{i}"] = np.array([r.min, r.max], dtype=np.float64)
+            arrays[f"hist_{i}"], arrays[f"edges_{i}"] = r.hist, r.edges
+        atomic.write_with(path, lambda f: np.savez_compressed(f, **arrays))
+
+    @classmethod
+    def load(cls, path: Path) -> ActivationRanges:
+        with np.load(path, allow_pickle=False) as npz:
+            tensors = {}
+            for i, name in enumerate(npz["names"].tolist()):
+                lo, hi = npz[f"minmax_{i}"].tolist()
+                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"])
+        return cls(tensors)
+
+
+def _session_with_outputs(model: onnx.ModelProto, names: Sequence[str]):
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def collected_tensors(info: ModelInfo) -> list[str]:
+    """Every tensor a lowering may quantize: unit inputs and the outputs of every node in a unit."""
+    in_units = {n for u in info.units for n in u.nodes}
+    names = {t for u in info.units for t in u.activations}
+    names |= {t for node in info.model.graph.node if node.name in in_units for t in node.output if t}
+    return sorted(names)
+
+
+def _cache_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
+    return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
+
+
+def calibrate(
+    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
+) -> ActivationRanges:
+    """Run the FP32 model once over the calibration batches, histogramming every quantizable tensor.
+
+    Uses ONNX Runtime's own HistogramCollector (value histograms, rebinned as ranges grow), so
+    percentile and entropy thresholds come from the same collected data.
+    """
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    names = collected_tensors(info)
+    cache = cache_dir / f"calibration-{_cache_key(info, fingerprint, ','.join(names))}.npz" if cache_dir else None
+    if cache is not None and cache.exists():
+        return ActivationRanges.load(cache)
+    session = _session_with_outputs(info.model, names)
+    collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
+    with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
+        for batch in batches:
+            values = session.run(names, batch)
+            collector.collect({n: v.astype(np.float32, copy=False) for n, v in zip(names, values)})
+    tensors = {}
+    for name, (hist, edges, lo, hi, _threshold) in collector.get_histogram_dict().items():
+        tensors[name] = TensorRange(float(lo), float(hi), np.asarray(hist), np.asarray(edges, dtype=np.float64))
+    ranges = ActivationRanges(tensors)
+    if cache is not None:
+        ranges.save(cache)
+    return ranges
+
+
+def reference_outputs(
+    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
+) -> list[dict[str, np.ndarray]]:
+    """The prepared FP32 model's outputs on the evaluation batches (ORT CPU: exact FP32)."""
+    names = [o.name for o in info.outputs]
+    cache = cache_dir / f"reference-{_cache_key(info, fingerprint, 'reference')}.npz" if cache_dir else None
+    if cache is not None and cache.exists():
+        with np.load(cache, allow_pickle=False) as npz:
+            order = json.loads(str(npz["outputs"]))
+            return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
+    session = _session_with_outputs(info.model, [])
+    outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
+    if cache is not None:
+        arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
+        for i, out in enumerate(outputs):
+            arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
+        atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
+    return outputs

@@ -1,0 +1,149 @@
+"""The ``autoprec`` command: parses, calls the Python API, prints. No logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autoprec.errors import AutoprecError
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+        if not sep or not name or any(d <= 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224") from None
+    return name, shape
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (the number of trials to run)")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a loss of 0 or more, e.g. 0.01")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from autoprec.accuracy import BUILTIN_METRICS
+    from autoprec.backends import BACKENDS
+    from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION
+
+    parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser(
+        "search",
+        help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
+        description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
+    )
+    s.add_argument("model", help="the FP32 ONNX model")
+    s.add_argument("--budget", type=_positive_int, default=50, help="number of trials (default 50)")
+    s.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
+    s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
+    s.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="inference engine (default ort-cpu)")
+    s.add_argument("--max-loss", type=_non_negative, help="accuracy-loss limit: the chosen plan is the fastest within it")
+    s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
+    s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
+    s.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
+    s.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                   help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    s.add_argument("--metric", default="cosine",
+                   help=f"accuracy loss: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean cosine similarity), "
+                        "or module:function — that imports and RUNS your code")
+    s.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=CALIBRATION_METHODS,
+                   help=f"INT8 activation range method (default {DEFAULT_CALIBRATION})")
+    s.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
+    s.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
+                   help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
+    s.add_argument("--image-mean", type=_floats, default=(0.0,), help="image preprocessing: (pixel/255 - mean) / std")
+    s.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
+    return parser
+
+
+def _search(args: argparse.Namespace) -> int:
+    from autoprec import console
+    from autoprec.api import search
+
+    result = search(
+        args.model,
+        budget=args.budget,
+        data=args.data,
+        out=args.out,
+        backend=args.backend,
+        max_loss=args.max_loss,
+        seed=args.seed,
+        storage=args.storage,
+        study_name=args.study_name,
+        shapes=dict(args.shape),
+        metric=args.metric,
+        search_space=args.search_space,
+        overrides=args.override,
+        calibration=args.calibration,
+        image_mean=args.image_mean,
+        image_std=args.image_std,
+        progress=not args.no_progress,
+    )
+    fp32 = result.uniform().get("fp32")
+    if args.json:
+        summary = json.loads((result.out_dir / "pareto.json").read_text())
+        console.stdout.print_json(data={k: summary[k] for k in ("engine", "search", "chosen", "front")})
+        return 0
+    console.stdout.print(
+        console.front_table(result.front, result.chosen, fp32.latency_ms if fp32 else None, result.search["metric"], result.engine.label())
+    )
+    if result.chosen is not None:
+        c = result.chosen
+        limit = f"within --max-loss {result.search['max_loss']:g}" if result.search["max_loss"] is not None else "knee of the front"
+        console.stdout.print(
+            f"chosen: trial {c.number} ({limit}): {c.latency_ms:.3f} ms"
+            + (f", {fp32.latency_ms / c.latency_ms:.2f}× the FP32 latency" if fp32 else "")
+            + f", loss {c.loss:.3e}, int8/fp16/fp32 = {c.plan.counts()['int8']}/{c.plan.counts()['fp16']}/{c.plan.counts()['fp32']}"
+        )
+    out = result.out_dir
+    console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, {out / 'pareto.png'}")
+    console.stdout.print(f"latencies measured by {result.engine.label()}; the TensorRT-form model (best/model.tensorrt.onnx) was not measured here")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.verb == "search":
+            return _search(args)
+    except AutoprecError as exc:
+        print(f"autoprec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autoprec: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""Sample inputs: read from files (or made at random), batched to the model's shapes, split once."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from autoprec.errors import DataError
+from autoprec.model import TensorSpec
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+ARRAY_SUFFIXES = {".npy", ".npz"}
+
+Batch = dict[str, np.ndarray]
+
+
+class RandomDataWarning(UserWarning):
+    """Accuracy measured on random inputs says little about real inputs."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Batches for calibration and for evaluation, with where they came from."""
+
+    calibration: tuple[Batch, ...]
+    evaluation: tuple[Batch, ...]
+    source: str
+    random: bool
+
+    def fingerprint(self) -> str:
+        """Content hash: cached ranges and references are valid only for the same data."""
+        digest = hashlib.sha256()
+        for part, batches in (("calibration", self.calibration), ("evaluation", self.evaluation)):
+            digest.update(part.encode())
+            for batch in batches:
+                for name in sorted(batch):
+                    digest.update(name.encode())
+                    digest.update(np.ascontiguousarray(batch[name]).tobytes())
+        return digest.hexdigest()[:16]
+
+
+def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[str, tuple[int, ...]]:
+    """Per-item shapes (without the batch dim) the data offers, to fix dynamic model dims.
+
+    Images are resized to the model's shape, so they fix nothing.
+    """
+    if path is None:
+        return {}
+    path = Path(path)
+    files = _files(path)
+    if files and all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
+        return {name: arr.shape[1:] for name, arr in _read_arrays(path, files, inputs).items()}
+    return {}
+
+
+def _files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise DataError(f"--data {path}: no such file or folder; check the path")
+    if path.is_file():
+        return [path]
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | ARRAY_SUFFIXES)
+    if not files:
+        raise DataError(
+            f"--data {path}: the folder holds no .npy, .npz or image files; put sample inputs there "
+            "or leave out --data for random inputs"
+        )
+    return files
+
+
+def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """Stack items per input along a new leading axis (one .npz: its arrays already are stacks)."""
+    names = [i.name for i in inputs]
+    if len(files) == 1 and files[0].suffix.lower() == ".npz" and path.is_file():
+        with np.load(files[0], allow_pickle=False) as npz:
+            missing = [n for n in names if n not in npz.files]
+            if missing:
+                raise DataError(
+                    f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the model needs "
+                    f"{', '.join(missing)}; name the arrays like the model inputs ({', '.join(names)})"
+                )
+            return {n: npz[n] for n in names}
+    items: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for f in files:
+        try:
+            if f.suffix.lower() == ".npy":
+                if len(names) != 1:
+                    raise DataError(
+                        f"--data {f}: a .npy file holds one array, but the model has inputs {', '.join(names)}; "
+                        "use .npz files with arrays named like the inputs"
+                    )
+                items[names[0]].append(np.load(f, allow_pickle=False))
+            else:
+                with np.load(f, allow_pickle=False) as npz:
+                    missing = [n for n in names if n not in npz.files]
+                    if missing:
+                        raise DataError(
+                            f"--data {f}: lacks array(s) {', '.join(missing)}; name arrays like the model inputs"
+                        )
+                    for n in names:
+                        items[n].append(npz[n])
+        except (ValueError, OSError) as exc:
+            raise DataError(f"--data {f}: cannot be read as a NumPy file ({exc}); re-save it with numpy.save") from None
+    stacked = {}
+    for n, arrays in items.items():
+        shapes = {a.shape for a in arrays}
+        if len(shapes) != 1:
+            raise DataError(f"--data {path}: arrays for input {n} have different shapes {sorted(shapes)}; make them equal")
+        stacked[n] = np.stack(arrays)
+    return stacked
+
+
+def _read_images(files: list[Path], spec: TensorSpec, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    shape = spec.shape
+    if len(shape) != 4 or shape[1] not in (1, 3):
+        raise DataError(
+            f"--data: images need an N×C×H×W input with C of 1 or 3, but input {spec.name} is {list(shape)}; "
+            "pass .npy/.npz arrays instead"
+        )
+    channels, height, width = shape[1], shape[2], shape[3]
+    out = []
+    for f in files:
+        if f.suffix.lower() not in IMAGE_SUFFIXES:
+            raise DataError(f"--data {f}: mixes arrays and images in one folder; keep one kind")
+        try:
+            with Image.open(f) as img:
+                img = img.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
+                arr = np.asarray(img, dtype=np.float32) / 255.0
+        except (UnidentifiedImageError, OSError) as exc:
+            raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
+        arr = arr.reshape(height, width, channels).transpose(2, 0, 1)
+        m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+        s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
+        out.append((arr - m) / s)
+    return np.stack(out)
+
+
+def load_items(
+    path: str | Path,
+    inputs: Sequence[TensorSpec],
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+) -> dict[str, np.ndarray]:
+    """Items stacked per input, checked against the (static) input shapes and dtypes."""
+    path = Path(path)
+    files = _files(path)
+    if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
+        if len(inputs) != 1:
+            raise DataError(
+                f"--data {path}: images feed one input, but the model has {len(inputs)}; use .npz files"
+            )
+        items = {inputs[0].name: _read_images(files, inputs[0], image_mean, image_std)}
+    else:
+        items = _read_arrays(path, files, inputs)
+    for spec in inputs:
+        arr = items[spec.name]
+        want = tuple(spec.shape[1:])
+        if arr.ndim == len(spec.shape) + 1 and arr.shape[1] == 1 and arr.shape[2:] == want:
+            arr = arr.reshape(arr.shape[0], *want)  # items saved with a batch dim of 1
+        if arr.shape[1:] != want:
+            raise DataError(
+                f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
+                f"takes {list(want)} per item (input shape {list(spec.shape)}); resize the data or pass --shape"
+            )
+        if np.dtype(arr.dtype).kind != np.dtype(spec.dtype).kind:
+            raise DataError(
+                f"--data {path}: input {spec.name} is {arr.dtype} in the data, but the model takes {spec.dtype}; "
+                "convert the arrays"
+            )
+        items[spec.name] = arr.astype(spec.dtype, copy=False)
+    counts = {len(a) for a in items.values()}
+    if len(counts) != 1:
+        raise DataError(f"--data {path}: inputs have different item counts {sorted(counts)}; give each the same")
+    return items
+
+
+def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[str, np.ndarray]:
+    """Uniform [0, 1) floats, small non-negative ints: only for trying a model without data."""
+    rng = np.random.default_rng(seed)
+    items = {}
+    for spec in inputs:
+        shape = (count, *spec.shape[1:])
+        if np.dtype(spec.dtype).kind == "f":
+            items[spec.name] = rng.random(shape, dtype=np.float32).astype(spec.dtype)
+        elif np.dtype(spec.dtype).kind == "b":
+            items[spec.name] = rng.random(shape) < 0.5
+        else:
+            items[spec.name] = rng.integers(0, 100, shape).astype(spec.dtype)
+    return items
+
+
+def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[Batch]:
+    """Cut items into batches of the model's batch size; a partial last batch is dropped."""
+    size = inputs[0].shape[0]
+    count = len(next(iter(items.values())))
+    if count < size:
+        raise DataError(
+            f"--data: {count} item(s) cannot fill one batch of {size}; give more items or a smaller batch in --shape"
+        )
+    return [{n: np.ascontiguousarray(items[n][i : i + size]) for n in items} for i in range(0, count - size + 1, size)]
+
+
+def build_dataset(
+    path: str | Path | None,
+    inputs: Sequence[TensorSpec],
+    seed: int = 0,
+    random_count: int = 8,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+) -> Dataset:
+    """Load (or make) the inputs and split the batches: up to half for calibration, the rest for evaluation."""
+    if path is None:
+        warnings.warn(
+            "no --data given: using random inputs. Accuracy numbers then mean little; "
+            "pass --data with real sample inputs",
+            RandomDataWarning,
+            stacklevel=2,
+        )
+        items, source = random_items(inputs, random_count * inputs[0].shape[0], seed), f"random (seed {seed})"
+    else:
+        items, source = load_items(path, inputs, image_mean, image_std), str(path)
+    batches = batch_items(items, inputs)
+    order = np.random.default_rng(seed).permutation(len(batches))
+    batches = [batches[i] for i in order]
+    if len(batches) == 1:
+        return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None)
+    n_calib = max(1, len(batches) // 2)
+    return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None)

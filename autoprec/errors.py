@@ -1,0 +1,25 @@
+"""User-facing failures: each says what went wrong, with which input, and what to do."""
+
+
+class AutoprecError(Exception):
+    """Base class: the CLI prints these as one line and exits 2, with no traceback."""
+
+
+class ModelError(AutoprecError):
+    """The ONNX model cannot be loaded, checked, shape-fixed or searched."""
+
+
+class DataError(AutoprecError):
+    """The sample inputs do not fit the model."""
+
+
+class SearchSpaceError(AutoprecError):
+    """The search-space file or an override is invalid."""
+
+
+class StudyError(AutoprecError):
+    """The Optuna storage or study cannot be used for this search."""
+
+
+class BackendError(AutoprecError):
+    """An inference engine is missing or cannot run a candidate."""

@@ -1,0 +1,42 @@
+"""Plan -> explicit-precision ONNX: precision lives in the graph (Q/DQ for INT8, Cast for FP16).
+
+TensorRT 11 builds such a graph strongly typed; ONNX Runtime runs it as is. The plan is
+engine-independent; the Q/DQ *form* is the engine's choice (see :mod:`autoprec.lower.qdq`).
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from autoprec.calibrate import ActivationRanges
+from autoprec.lower.cast import apply_fp16
+from autoprec.lower.qdq import QDQForm, apply_int8
+from autoprec.model import ModelInfo
+from autoprec.plan import Plan, Precision
+
+__all__ = ["QDQForm", "lower_plan"]
+
+
+def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT) -> onnx.ModelProto:
+    """The prepared FP32 model rewritten so each unit runs in the plan's precision.
+
+    Units the plan does not name stay FP32. Model inputs and outputs keep their types.
+    """
+    precisions = plan.as_dict()
+    unknown = sorted(set(precisions) - {u.name for u in info.units})
+    if unknown:
+        raise KeyError(f"plan names unit(s) the model does not have: {', '.join(unknown[:5])}")
+    graph = gs.import_onnx(info.model)
+    fp16_nodes = {n for u in info.units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
+    if fp16_nodes:
+        apply_fp16(graph, fp16_nodes)
+    int8_units = [u for u in info.units if precisions.get(u.name) is Precision.INT8]
+    if int8_units:
+        if ranges is None:
+            raise ValueError("INT8 units need calibrated activation ranges")
+        apply_int8(graph, int8_units, ranges, plan.calibration, form)
+    graph.cleanup().toposort()
+    model = gs.export_onnx(graph)
+    model.ir_version = info.model.ir_version
+    return model

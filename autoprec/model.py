@@ -1,0 +1,442 @@
+"""Load an ONNX model, fix its shapes, and find its precision units."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import version_converter
+
+from autoprec.errors import ModelError
+from autoprec.plan import Precision
+from autoprec.search_space import SearchSpace
+
+# Q/DQ with a per-channel axis needs opset 13; older models are converted once at load.
+MIN_OPSET = 13
+# onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
+MAX_IR_VERSION = 10
+KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output. ``shape`` holds ints, or None/str for dynamic dims."""
+
+    name: str
+    shape: tuple[int | str | None, ...]
+    dtype: str
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) and d > 0 for d in self.shape)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One compute layer a precision is chosen for, with the neighbours fused into it.
+
+    ``nodes`` is the compute node followed by its fused neighbours (bias, activation) in
+    graph order; ``output`` is the tensor that leaves the fused group.
+    """
+
+    name: str
+    op_type: str
+    nodes: tuple[str, ...]
+    activations: tuple[str, ...]
+    weight: str | None
+    output: str
+    allowed: tuple[Precision, ...]
+
+    @property
+    def searchable(self) -> bool:
+        return len(self.allowed) > 1
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The prepared FP32 model (static shapes, folded constants, opset >= 13) and its units."""
+
+    path: Path
+    sha256: str
+    model: onnx.ModelProto = field(repr=False, compare=False)
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    units: tuple[Unit, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def searchable_units(self) -> tuple[Unit, ...]:
+        return tuple(u for u in self.units if u.searchable)
+
+    def unit(self, name: str) -> Unit:
+        for u in self.units:
+            if u.name == name:
+                return u
+        raise KeyError(name)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Read and check an ONNX file, raising ModelError that names the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file; check the model path")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several types for a damaged file
+        raise ModelError(
+            f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc}); re-export or re-download it"
+        ) from None
+    if not model.graph.node:
+        raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export it")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{path}: its external weight data cannot be read ({exc}); keep the data files next to the model"
+        ) from None
+    unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
+    if unknown:
+        nodes = [n.name or n.op_type for n in model.graph.node if n.domain in unknown][:3]
+        raise ModelError(
+            f"{path}: uses op domain(s) {', '.join(unknown)} (e.g. node {', '.join(nodes)}) that no "
+            "supported engine implements; export the model with standard ONNX ops"
+        )
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
+    return model
+
+
+def _dtype(elem_type: int) -> str:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> tuple[int | str | None, ...]:
+    return tuple(
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+        for d in value_info.type.tensor_type.shape.dim
+    )
+
+
+def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
+    """The graph's real inputs (initializers excluded), dynamic dims as declared."""
+    initializers = {i.name for i in model.graph.initializer}
+    return tuple(
+        TensorSpec(v.name, _dims(v), _dtype(v.type.tensor_type.elem_type))
+        for v in model.graph.input
+        if v.name not in initializers
+    )
+
+
+def resolve_input_shapes(
+    inputs: Sequence[TensorSpec],
+    given: Mapping[str, tuple[int, ...]],
+    data_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Fix every input dim: --shape first, then the data's per-item shape; a dynamic batch dim becomes 1.
+
+    Returns the shapes and notes that say what was assumed.
+    """
+    unknown = sorted(set(given) - {i.name for i in inputs})
+    if unknown:
+        raise ModelError(
+            f"--shape names {', '.join(unknown)}, which the model does not have as input(s); "
+            f"its inputs are: {', '.join(i.name for i in inputs)}"
+        )
+    shapes, notes = {}, []
+    for spec in inputs:
+        if spec.name in given:
+            shape = tuple(given[spec.name])
+            if len(shape) != len(spec.shape) or any(
+                isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
+            ):
+                raise ModelError(
+                    f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's declared "
+                    f"shape {_fmt(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
+                )
+            shapes[spec.name] = shape
+            continue
+        item = (data_shapes or {}).get(spec.name)
+        shape = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int) and dim > 0:
+                shape.append(dim)
+            elif axis == 0:
+                shape.append(1)
+                notes.append(f"input {spec.name}: dynamic batch dim {dim or '?'} set to 1 (use --shape to change)")
+            elif item is not None and len(item) == len(spec.shape) - 1:
+                shape.append(item[axis - 1])
+            else:
+                raise ModelError(
+                    f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and "
+                    f"nothing fixes it; pass --shape {spec.name}="
+                    + "x".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in spec.shape)
+                    + " with N filled in, or --data with arrays of that shape"
+                )
+        shapes[spec.name] = tuple(shape)
+    return shapes, notes
+
+
+def _fmt(shape: Sequence) -> str:
+    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name: units are identified by node name in plans."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}" if f"{node.op_type}_{i}" not in seen else f"{node.op_type}_{i}_n"
+        seen.add(node.name)
+
+
+def _infer(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise ModelError(
+            f"{path}: shape inference fails with the given input shapes ({first}); check --shape"
+        ) from None
+    known = {v.name: v for v in inferred.graph.value_info}
+    for out in inferred.graph.output:
+        if not out.type.tensor_type.HasField("shape") and out.name in known:
+            out.type.CopyFrom(known[out.name].type)
+    return inferred
+
+
+def _fold_batchnorm(graph: gs.Graph) -> int:
+    """Fold BatchNormalization into the Conv before it, as TensorRT and ORT do before quantizing.
+
+    Quantizing the folded weights per channel is what the engine will run; quantizing the
+    unfolded conv would measure an error no engine has.
+    """
+    folded = 0
+    for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
+        x = bn.inputs[0]
+        if len(x.inputs) != 1 or len(x.outputs) != 1 or len(bn.outputs) != 1 or x in graph.outputs:
+            continue
+        conv = x.inputs[0]
+        if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
+            continue
+        params = bn.inputs[1:5]
+        if not all(isinstance(p, gs.Constant) for p in params) or (len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant)):
+            continue
+        scale, bias, mean, var = (p.values.astype(np.float64) for p in params)
+        factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        weight = conv.inputs[1].values
+        old_bias = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0])
+        new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
+        new_bias = ((old_bias - mean) * factor + bias).astype(weight.dtype)
+        conv.inputs[1] = gs.Constant(f"{conv.name}_weight_bnfolded", new_weight)
+        bias_const = gs.Constant(f"{conv.name}_bias_bnfolded", new_bias)
+        if len(conv.inputs) > 2:
+            conv.inputs[2] = bias_const
+        else:
+            conv.inputs.append(bias_const)
+        conv.outputs = [bn.outputs[0]]
+        bn.outputs.clear()
+        folded += 1
+    return folded
+
+
+def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """Shapes static inference could not find are read off one ORT run on zeros."""
+    import onnxruntime as ort
+
+    known = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input}
+    known |= {o.name for o in model.graph.output if o.type.tensor_type.HasField("shape")}
+    missing = [t for n in model.graph.node for t in n.output if t and t not in known]
+    if not missing:
+        return model
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in missing)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        i.name: np.zeros(shapes[i.name], dtype=onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+        for i in model.graph.input
+        if i.name in shapes
+    }
+    values = session.run(missing, feeds)
+    by_name = {o.name: o for o in model.graph.output}
+    for name, value in zip(missing, values):
+        info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        if name in by_name:
+            by_name[name].type.CopyFrom(info.type)
+        else:
+            model.graph.value_info.append(info)
+    return model
+
+
+def prepare(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path) -> tuple[onnx.ModelProto, list[str]]:
+    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from."""
+    notes = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
+    if opset < MIN_OPSET:
+        try:
+            model = version_converter.convert_version(model, MIN_OPSET)
+        except Exception as exc:
+            raise ModelError(
+                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({exc}); "
+                f"re-export the model with opset >= {MIN_OPSET}"
+            ) from None
+        notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
+    graph = gs.import_onnx(model)
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Variable):
+            tensor.shape = shapes[tensor.name] if tensor.name in shapes else None
+    model = _infer(gs.export_onnx(graph), path)
+    node_count = None
+    for _ in range(8):  # folding exposes shapes, shapes expose more folding
+        graph = gs.import_onnx(model)
+        graph.fold_constants(error_ok=True).cleanup().toposort()
+        model = _infer(gs.export_onnx(graph), path)
+        if len(model.graph.node) == node_count:
+            break
+        node_count = len(model.graph.node)
+    graph = gs.import_onnx(model)
+    folded = _fold_batchnorm(graph)
+    if folded:
+        graph.cleanup().toposort()
+        notes.append(f"folded {folded} BatchNormalization node(s) into the Conv before them")
+    model = _infer(gs.export_onnx(graph), path)
+    model = _fill_shapes_by_running(model, shapes)
+    model.ir_version = min(max(model.ir_version, 7), MAX_IR_VERSION)
+    _name_nodes(model)
+    onnx.checker.check_model(model)
+    return model, notes
+
+
+def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace) -> list[gs.Node]:
+    """Neighbours TensorRT would fuse into the unit that produces ``tensor``.
+
+    Two shapes are recognised, repeatedly: a single-consumer chain of fusable ops whose other
+    inputs are constants (bias Add, BN, Relu, Clip, ...), and a gated activation
+    ``x * f(x)`` (SiLU, HardSwish) where f is a short fusable chain.
+    """
+    fused: list[gs.Node] = []
+
+    def fusable(node: gs.Node, allowed_inputs: set) -> bool:
+        return (
+            node.op in space.fusable
+            and node.op not in space.pinned_fp32
+            and len(node.outputs) == 1
+            and all(isinstance(i, gs.Constant) or i.name in allowed_inputs for i in node.inputs if i.name)
+        )
+
+    while tensor not in graph.outputs:
+        consumers = list(tensor.outputs)
+        if len(consumers) == 1 and fusable(consumers[0], {tensor.name}):
+            fused.append(consumers[0])
+            tensor = consumers[0].outputs[0]
+            continue
+        gate = _gated_activation(tensor, consumers, graph, fusable)
+        if gate is None:
+            break
+        fused.extend(gate)
+        tensor = gate[-1].outputs[0]
+    return fused
+
+
+def _gated_activation(tensor, consumers, graph, fusable) -> list[gs.Node] | None:
+    """Match ``Mul(x, chain(x))`` with a chain of up to three fusable single-consumer ops."""
+    if len(consumers) != 2:
+        return None
+    for start, mul in (consumers, consumers[::-1]):
+        if mul.op != "Mul" or not fusable(start, {tensor.name}):
+            continue
+        chain = [start]
+        while len(chain) <= 3:
+            out = chain[-1].outputs[0]
+            if out in graph.outputs or len(out.outputs) != 1:
+                break
+            nxt = out.outputs[0]
+            if nxt is mul:
+                if fusable(mul, {tensor.name, out.name}):
+                    return chain + [mul]
+                break
+            if not fusable(nxt, {out.name}):
+                break
+            chain.append(nxt)
+    return None
+
+
+def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
+    """Every node whose op type the search space lists, in graph order, with its fused neighbours."""
+    graph = gs.import_onnx(model)
+    units = []
+    for node in graph.nodes:
+        if node.op not in space.units:
+            continue
+        float_inputs = [
+            i for i in node.inputs if i.name and (i.dtype is None or np.dtype(i.dtype).kind == "f")
+        ]
+        weight = next((i for i in float_inputs[1:2] if isinstance(i, gs.Constant)), None)
+        activations = tuple(i.name for i in float_inputs if not isinstance(i, gs.Constant))
+        if not activations:
+            continue  # a constant-only node is folded away by engines; nothing to choose
+        fused = [] if node.op in space.pinned_fp32 else _fusable_block(node.outputs[0], graph, space)
+        units.append(
+            Unit(
+                name=node.name,
+                op_type=node.op,
+                nodes=(node.name, *(n.name for n in fused)),
+                activations=activations,
+                weight=weight.name if weight is not None else None,
+                output=(fused[-1] if fused else node).outputs[0].name,
+                allowed=space.allowed(node.name, node.op),
+            )
+        )
+    return tuple(units)
+
+
+def _output_specs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(o.name, _dims(o), _dtype(o.type.tensor_type.elem_type)) for o in model.graph.output)
+
+
+def analyse(
+    path: str | Path,
+    space: SearchSpace,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    data_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    model: onnx.ModelProto | None = None,
+) -> ModelInfo:
+    """Load (unless given), prepare and analyse a model: the first step of every search."""
+    path = Path(path)
+    raw = model if model is not None else load_onnx(path)
+    declared = declared_inputs(raw)
+    fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
+    prepared, prep_notes = prepare(raw, fixed, path)
+    units = find_units(prepared, space)
+    if not any(u.searchable for u in units):
+        raise ModelError(
+            f"{path}: no searchable layers: the search space ({space.source}) lists "
+            f"{', '.join(sorted(space.units))}, and the model has "
+            + ("none of them" if not units else "only pinned ones")
+            + "; add its compute op types under 'units:' in a --search-space file"
+        )
+    return ModelInfo(
+        path=path,
+        sha256=file_sha256(path),
+        model=prepared,
+        inputs=tuple(TensorSpec(s.name, fixed[s.name], s.dtype) for s in declared),
+        outputs=_output_specs(prepared),
+        units=units,
+        notes=tuple(notes + prep_notes),
+    )

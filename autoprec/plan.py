@@ -1,0 +1,66 @@
+"""Precision and Plan: which precision each unit runs in. Engine-independent, JSON-serialisable."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+class Precision(str, enum.Enum):
+    INT8 = "int8"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A precision for every searchable unit, plus how INT8 ranges were calibrated.
+
+    The plan is what a study searches over; lowering it to an explicit-precision ONNX is
+    a backend's job (see :mod:`autoprec.lower`).
+    """
+
+    precisions: tuple[tuple[str, Precision], ...]
+    calibration: str = "percentile-99.99"
+
+    @classmethod
+    def from_mapping(cls, precisions: Mapping[str, str | Precision], calibration: str = "percentile-99.99") -> Plan:
+        return cls(tuple((name, Precision(p)) for name, p in precisions.items()), calibration)
+
+    @classmethod
+    def uniform(cls, unit_names: list[str], precision: Precision, calibration: str = "percentile-99.99") -> Plan:
+        return cls(tuple((name, precision) for name in unit_names), calibration)
+
+    def as_dict(self) -> dict[str, Precision]:
+        return dict(self.precisions)
+
+    def __getitem__(self, unit: str) -> Precision:
+        return self.as_dict()[unit]
+
+    def counts(self) -> dict[str, int]:
+        counts = {p.value: 0 for p in Precision}
+        for _, p in self.precisions:
+            counts[p.value] += 1
+        return counts
+
+    def key(self) -> str:
+        """Stable identity used to recognise a plan that was already measured."""
+        payload = json.dumps({"c": self.calibration, "p": sorted((n, p.value) for n, p in self.precisions)})
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calibration": self.calibration,
+            "counts": self.counts(),
+            "precisions": {name: p.value for name, p in self.precisions},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls.from_mapping(data["precisions"], data.get("calibration", "percentile-99.99"))

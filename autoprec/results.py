@@ -1,0 +1,141 @@
+"""The result directory: pareto.json, trials.json, best/plan.json, best/model.onnx — written atomically.
+
+JSON only (never pickle), so results can be read by anything and loaded without running code.
+Non-finite numbers (a candidate whose outputs overflowed) are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from autoprec import atomic
+from autoprec.backends.base import EngineInfo
+from autoprec.model import ModelInfo
+from autoprec.search import TrialRecord
+
+PARETO_SCHEMA = "autoprec.pareto/1"
+PLAN_SCHEMA = "autoprec.plan/1"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found: every finished trial, the Pareto front, and the chosen plan."""
+
+    out_dir: Path
+    model: dict[str, Any]
+    engine: EngineInfo
+    search: dict[str, Any]
+    trials: tuple[TrialRecord, ...]
+    front: tuple[TrialRecord, ...]
+    chosen: TrialRecord | None
+    units: tuple[dict[str, Any], ...] = field(default=())
+
+    def uniform(self) -> dict[str, TrialRecord]:
+        """The all-fp32 / all-fp16 / all-int8 trials, where the study has them."""
+        found = {}
+        for trial in self.trials:
+            counts = trial.plan.counts()
+            for precision, n in counts.items():
+                if n == len(trial.plan.precisions) and precision not in found:
+                    found[precision] = trial
+        return found
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def trial_json(trial: TrialRecord) -> dict[str, Any]:
+    m = trial.measurement
+    return {
+        "trial": trial.number,
+        "latency_ms": m.latency.to_json(),
+        "accuracy_loss": m.loss,
+        "feasible": trial.feasible,
+        "metrics": m.metrics,
+        "seconds": m.seconds,
+        "duplicate_of": trial.duplicate_of,
+        "plan": trial.plan.to_json(),
+    }
+
+
+def model_json(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "path": str(info.path),
+        "sha256": info.sha256,
+        "inputs": {i.name: {"shape": list(i.shape), "dtype": i.dtype} for i in info.inputs},
+        "outputs": {o.name: {"shape": list(o.shape), "dtype": o.dtype} for o in info.outputs},
+        "units": len(info.units),
+        "searchable_units": len(info.searchable_units),
+        "preparation": list(info.notes),
+    }
+
+
+def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
+    return tuple(
+        {"name": u.name, "op_type": u.op_type, "fused": list(u.nodes[1:]), "allowed": [p.value for p in u.allowed]}
+        for u in info.units
+    )
+
+
+def write_results(
+    result: SearchResult, chosen_model: onnx.ModelProto | None, tensorrt_model: onnx.ModelProto | None
+) -> list[Path]:
+    """Write every result file atomically; returns the paths written."""
+    out = result.out_dir
+    header = {"model": result.model, "engine": result.engine.to_json(), "search": result.search}
+    written = [
+        atomic.write_json(
+            out / "pareto.json",
+            _finite(
+                {
+                    "schema": PARETO_SCHEMA,
+                    **header,
+                    "front": [trial_json(t) for t in result.front],
+                    "chosen": result.chosen.number if result.chosen else None,
+                    "uniform": {p: t.number for p, t in result.uniform().items()},
+                }
+            ),
+        ),
+        atomic.write_json(out / "trials.json", _finite({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]})),
+    ]
+    if result.chosen is not None and chosen_model is not None:
+        best = out / "best"
+        files = {"model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); the model that was measured"}
+        if tensorrt_model is not None:
+            files["model.tensorrt.onnx"] = (
+                "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a strongly typed "
+                "build; NOT measured here"
+            )
+        chosen = trial_json(result.chosen)
+        plan_doc = {
+            "schema": PLAN_SCHEMA,
+            **header,
+            **chosen,
+            "units": [
+                {**unit, "precision": result.chosen.plan[unit["name"]].value} for unit in result.units
+            ],
+            "files": files,
+        }
+        written.append(atomic.write_bytes(best / "model.onnx", chosen_model.SerializeToString()))
+        if tensorrt_model is not None:
+            written.append(atomic.write_bytes(best / "model.tensorrt.onnx", tensorrt_model.SerializeToString()))
+        written.append(atomic.write_json(best / "plan.json", _finite(plan_doc)))
+    return written
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """Read a result file (plain JSON; nothing is unpickled or executed)."""
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,258 @@
+"""The Optuna study: one categorical per unit, two objectives (latency, accuracy loss), resumable.
+
+Optuna does the heavy lifting (storage, sampler, Pareto front, constraints); this module turns
+trials into plans, measures each distinct plan once, and keeps the study honest across restarts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autoprec.accuracy import LossFunction
+from autoprec.backends.base import Backend
+from autoprec.calibrate import ActivationRanges
+from autoprec.data import Batch
+from autoprec.errors import AutoprecError, StudyError
+from autoprec.measure import Measurement, measure
+from autoprec.model import ModelInfo
+from autoprec.plan import Plan, Precision
+
+# Study attributes that must match for a resumed or shared study: mixing them would compare
+# latencies or losses that were not measured the same way (or constrained differently).
+IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A finished trial as the result files and tables see it."""
+
+    number: int
+    plan: Plan
+    measurement: Measurement
+    feasible: bool
+    duplicate_of: int | None = None
+
+    @property
+    def latency_ms(self) -> float:
+        return self.measurement.latency.median_ms
+
+    @property
+    def loss(self) -> float:
+        return self.measurement.loss
+
+
+@dataclass
+class StudyContext:
+    """Everything a trial needs, prepared once per search."""
+
+    info: ModelInfo
+    backend: Backend
+    ranges: ActivationRanges
+    evaluation: Sequence[Batch]
+    reference: Sequence[dict]
+    metric: str
+    loss_function: LossFunction | None
+    calibration: str
+    max_loss: float | None
+    measured: dict[str, int] = field(default_factory=dict)  # plan key -> trial number
+
+
+def distributions(info: ModelInfo) -> dict[str, CategoricalDistribution]:
+    return {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.searchable_units}
+
+
+def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
+    """Searched units take the trial's choice; pinned units their only precision."""
+    return Plan.from_mapping({u.name: params.get(u.name, u.allowed[0].value) for u in info.units}, calibration)
+
+
+def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
+    """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows."""
+    widening = [Precision.INT8, Precision.FP16, Precision.FP32]
+    candidates = widening[widening.index(precision):]
+    return {
+        u.name: next((p for p in candidates if p in u.allowed), u.allowed[-1]).value for u in info.searchable_units
+    }
+
+
+def open_study(
+    storage: str,
+    study_name: str,
+    identity: dict[str, Any],
+    seed: int,
+) -> optuna.Study:
+    """Create or resume the study; refuse one that was made for another model, data or engine."""
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+    try:
+        study = optuna.create_study(
+            storage=storage,
+            study_name=study_name,
+            directions=["minimize", "minimize"],
+            sampler=sampler,
+            load_if_exists=True,
+        )
+    except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
+        raise StudyError(
+            f"--storage {storage}: cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "give a valid Optuna storage URL, e.g. sqlite:///study.db, in a writable place"
+        ) from None
+    existing = study.user_attrs
+    if not existing:
+        for key, value in identity.items():
+            study.set_user_attr(key, value)
+        return study
+    differs = [k for k in IDENTITY_KEYS if k in existing and existing[k] != identity.get(k)]
+    if differs:
+        detail = "; ".join(f"{k}: study has {existing[k]!r}, this run {identity.get(k)!r}" for k in differs[:3])
+        raise StudyError(
+            f"study {study_name!r} in {storage} was made for a different search ({detail}); "
+            "use another --study-name or --out, or rerun with the original settings"
+        )
+    return study
+
+
+def recover_interrupted(study: optuna.Study) -> int:
+    """Trials left RUNNING by a killed process are failed and re-queued with the same plan."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in stale:
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+    return len(stale)
+
+
+def counted(trial: FrozenTrial) -> bool:
+    """Trials that count against the budget: finished ones and real failures (which carry an error).
+
+    A trial failed by :func:`recover_interrupted` has no error and is re-run instead.
+    """
+    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL and "error" in trial.user_attrs)
+
+
+def seed_uniform_plans(study: optuna.Study, info: ModelInfo) -> None:
+    """Enqueue all-FP32, all-FP16, all-INT8 so both ends of the front exist from the start."""
+    if study.get_trials(deepcopy=False):
+        return
+    seen = []
+    for precision in (Precision.FP32, Precision.FP16, Precision.INT8):
+        params = uniform_params(info, precision)
+        if params not in seen:
+            seen.append(params)
+            study.enqueue_trial(params)
+
+
+def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
+    attrs = trial.user_attrs
+    if "measurement" not in attrs:
+        return None
+    return TrialRecord(
+        number=trial.number,
+        plan=Plan.from_json(attrs["plan"]),
+        measurement=Measurement.from_json(attrs["measurement"]),
+        feasible=all(v <= 0.0 for v in trial.constraints.values()),
+        duplicate_of=attrs.get("duplicate_of"),
+    )
+
+
+def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
+    """Ask for a plan, measure it (or reuse its earlier measurement), tell the result."""
+    trial = study.ask(distributions(ctx.info))
+    plan = plan_from_params(ctx.info, trial.params, ctx.calibration)
+    key = plan.key()
+    trial.set_user_attr("plan", plan.to_json())
+    trial.set_user_attr("plan_key", key)
+    if key in ctx.measured:
+        earlier = study.get_trials(deepcopy=False)[ctx.measured[key]]
+        trial.set_user_attr("measurement", earlier.user_attrs["measurement"])
+        for key_, value in earlier.constraints.items():
+            trial.set_constraint(key_, value)
+        trial.set_user_attr("duplicate_of", earlier.number)
+        study.tell(trial, earlier.values)
+        return record(study.get_trials(deepcopy=False)[trial.number])
+    try:
+        t0 = time.perf_counter()
+        model = ctx.backend.lower(ctx.info, plan, ctx.ranges)
+        lower_s = time.perf_counter() - t0
+        result = measure(ctx.backend, model, ctx.evaluation, ctx.reference, ctx.metric, ctx.loss_function)
+    except (AutoprecError, RuntimeError, ValueError, KeyError) as exc:
+        trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:2000])
+        study.tell(trial, state=TrialState.FAIL)
+        return None
+    result.seconds["lower"] = lower_s
+    trial.set_user_attr("measurement", result.to_json())
+    if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
+        trial.set_constraint("max_loss", result.loss - ctx.max_loss)
+    study.tell(trial, [result.latency.median_ms, result.loss])
+    ctx.measured[key] = trial.number
+    return record(study.get_trials(deepcopy=False)[trial.number])
+
+
+def run_study(
+    study: optuna.Study,
+    ctx: StudyContext,
+    budget: int,
+    on_trial: Callable[[int, TrialRecord | None], None] | None = None,
+) -> None:
+    """Run trials until ``budget`` of them count; already finished ones (a resumed study) count too."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = trial.user_attrs.get("plan_key")
+        if key and "duplicate_of" not in trial.user_attrs:
+            ctx.measured.setdefault(key, trial.number)
+    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
+    while done < budget:
+        result = run_trial(study, ctx)
+        done += 1
+        if on_trial is not None:
+            on_trial(done, result)
+
+
+def finished_records(study: optuna.Study) -> list[TrialRecord]:
+    return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (r := record(t))]
+
+
+def pareto_front(study: optuna.Study) -> list[TrialRecord]:
+    """Optuna's Pareto front (feasible trials only when --max-loss is set), one trial per plan."""
+    front, seen = [], set()
+    for trial in sorted(study.best_trials, key=lambda t: t.values[0]):
+        r = record(trial)
+        if r is not None and r.plan.key() not in seen:
+            seen.add(r.plan.key())
+            front.append(r)
+    return front
+
+
+def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
+    """Fastest plan within --max-loss; without a limit, the knee of the front.
+
+    The knee is the front member closest to the ideal point once latency and loss are scaled
+    to [0, 1] over the front.
+    """
+    if not front:
+        return None
+    if max_loss is not None:
+        feasible = [r for r in front if r.loss <= max_loss]
+        if feasible:
+            return min(feasible, key=lambda r: r.latency_ms)
+    finite = [r for r in front if math.isfinite(r.loss)] or list(front)
+    lats = [r.latency_ms for r in finite]
+    losses = [r.loss for r in finite]
+
+    def scaled(v: float, lo: float, hi: float) -> float:
+        return (v - lo) / (hi - lo) if hi > lo else 0.0
+
+    return min(
+        finite,
+        key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)), scaled(r.loss, min(losses), max(losses))),
+    )
+
+
+def default_study_name(model_path: Path, backend: str) -> str:
+    return f"autoprec-{model_path.stem}-{backend}"

@@ -1,0 +1,90 @@
+"""The search space: which ops are precision units, what they may run in, what is pinned."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from autoprec.errors import SearchSpaceError
+from autoprec.plan import Precision
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    units: dict[str, tuple[Precision, ...]]
+    fusable: frozenset[str]
+    pinned_fp32: frozenset[str]
+    overrides: tuple[tuple[str, tuple[Precision, ...]], ...] = field(default=())
+    source: str = "default"
+
+    def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
+        """Precisions a unit may take: its op type's, narrowed by the last matching override."""
+        if op_type in self.pinned_fp32:
+            return (Precision.FP32,)
+        allowed = self.units[op_type]
+        for pattern, precisions in self.overrides:
+            if fnmatch.fnmatchcase(node_name, pattern):
+                allowed = precisions
+        return allowed
+
+    def with_overrides(self, overrides: list[str]) -> SearchSpace:
+        parsed = tuple(_parse_override(text) for text in overrides)
+        return SearchSpace(self.units, self.fusable, self.pinned_fp32, self.overrides + parsed, self.source)
+
+
+def _parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
+    except ValueError:
+        raise SearchSpaceError(
+            f"{where}: {items!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'"
+        ) from None
+    if not precisions:
+        raise SearchSpaceError(f"{where}: no precision given; use int8, fp16 and fp32, e.g. 'fp16,fp32'")
+    return precisions
+
+
+def _parse_override(text: str) -> tuple[str, tuple[Precision, ...]]:
+    pattern, sep, precisions = text.partition("=")
+    if not sep or not pattern:
+        raise SearchSpaceError(
+            f"--override {text!r}: expected PATTERN=PRECISIONS, e.g. --override '/head/*=fp32' "
+            "or --override 'Conv_1*=fp16,fp32'"
+        )
+    return pattern, _parse_precisions(precisions, f"--override {text!r}")
+
+
+def load_search_space(path: str | Path | None = None) -> SearchSpace:
+    """Read a search-space YAML; None means the bundled ``search_spaces/default.yaml``."""
+    if path is None:
+        text = resources.files("autoprec.search_spaces").joinpath("default.yaml").read_text()
+        source = "default"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check the path") from None
+        source = str(path)
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
+        raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
+    units = {op: _parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
+    overrides = tuple(
+        (pattern, _parse_precisions(p, f"search space {source}, overrides.{pattern}"))
+        for pattern, p in (raw.get("overrides") or {}).items()
+    )
+    return SearchSpace(
+        units=units,
+        fusable=frozenset(raw.get("fusable") or ()),
+        pinned_fp32=frozenset(raw.get("pinned_fp32") or ()),
+        overrides=overrides,
+        source=source,
+    )

@@ -1,0 +1,117 @@
+"""Tiny ONNX models built with onnx.helper, with fixed random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR_VERSION = 9  # onnx 1.23 writes 14 by default; onnxruntime accepts up to 13
+
+
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array.astype(np.float32) if array.dtype.kind == "f" else array, name)
+
+
+def _model(nodes, inputs, outputs, initializers, opset: int = 13) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def conv_net(batch: int | str = 1, size: int = 16, opset: int = 13, seed: int = 0) -> onnx.ModelProto:
+    """Conv+BN+Relu -> Conv+SiLU -> residual Add -> Conv+Relu -> GlobalAveragePool -> Gemm -> Softmax."""
+    rng = np.random.default_rng(seed)
+    c = 8
+    w = lambda *shape: rng.normal(0, 0.3, shape)  # noqa: E731
+    inits = [
+        _init("w0", w(c, 3, 3, 3)), _init("b0", w(c)),
+        _init("bn_scale", 1 + 0.1 * rng.random(c)), _init("bn_bias", w(c)),
+        _init("bn_mean", w(c)), _init("bn_var", 1 + rng.random(c)),
+        _init("w1", w(c, c, 3, 3)), _init("b1", w(c)),
+        _init("w2", w(c, c, 1, 1)), _init("b2", w(c)),
+        _init("fc_w", w(5, c)), _init("fc_b", w(5)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], "conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c0", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["bn0"], "bn0"),
+        helper.make_node("Relu", ["bn0"], ["r0"], "relu0"),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c1"], ["s1"], "sig1"),
+        helper.make_node("Mul", ["c1", "s1"], ["silu1"], "silu1"),
+        helper.make_node("Add", ["silu1", "r0"], ["res"], "residual"),
+        helper.make_node("Conv", ["res", "w2", "b2"], ["c2"], "conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"], "relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], "gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], "flatten"),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], "fc", transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], "softmax", axis=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 5])
+    return _model(nodes, [x], [y], inits, opset)
+
+
+def mlp(batch: int = 4, features: int = 16, hidden: int = 32, seed: int = 1) -> onnx.ModelProto:
+    """MatMul+Add+Relu twice, then MatMul: two hidden layers and a linear head."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init("w0", rng.normal(0, 0.3, (features, hidden))), _init("b0", rng.normal(0, 0.1, hidden)),
+        _init("w1", rng.normal(0, 0.3, (hidden, hidden))), _init("b1", rng.normal(0, 0.1, hidden)),
+        _init("w2", rng.normal(0, 0.3, (hidden, 3))),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["m0"], "fc0"),
+        helper.make_node("Add", ["m0", "b0"], ["a0"], "bias0"),
+        helper.make_node("Relu", ["a0"], ["h0"], "relu0"),
+        helper.make_node("MatMul", ["h0", "w1"], ["m1"], "fc1"),
+        helper.make_node("Add", ["m1", "b1"], ["a1"], "bias1"),
+        helper.make_node("Relu", ["a1"], ["h1"], "relu1"),
+        helper.make_node("MatMul", ["h1", "w2"], ["y"], "head"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])
+    return _model(nodes, [x], [y], inits)
+
+
+def attention(tokens: int = 8, dim: int = 16, seed: int = 2) -> onnx.ModelProto:
+    """Single-head self-attention: Q/K/V projections, QK^T (two activations), Softmax, ·V, output projection."""
+    rng = np.random.default_rng(seed)
+    inits = [_init(n, rng.normal(0, 0.25, (dim, dim))) for n in ("wq", "wk", "wv", "wo")]
+    inits.append(_init("scale", np.array(1 / np.sqrt(dim))))
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], "q_proj"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], "k_proj"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], "v_proj"),
+        helper.make_node("Transpose", ["k"], ["kt"], "k_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"], "scores"),
+        helper.make_node("Mul", ["qk", "scale"], ["qk_scaled"], "scale_scores"),
+        helper.make_node("Softmax", ["qk_scaled"], ["attn"], "softmax", axis=-1),
+        helper.make_node("MatMul", ["attn", "v"], ["ctx"], "context"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["out"], "out_proj"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, dim])
+    return _model(nodes, [x], [y], inits)
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def image_like(count: int, size: int = 16, seed: int = 3) -> np.ndarray:
+    """Smooth, image-like inputs (not white noise), so quantization error looks like it does on real data."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    out = []
+    for _ in range(count):
+        f = rng.uniform(1, 4, (3, 2))
+        phase = rng.uniform(0, 6.3, (3, 1, 1))
+        img = np.sin(2 * np.pi * (f[:, :1, None] * xx + f[:, 1:, None] * yy) + phase)
+        out.append(img + 0.05 * rng.normal(size=img.shape))
+    return np.stack(out).astype(np.float32)

@@ -1,0 +1,33 @@
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import builders  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def conv_model(tmp_path):
+    return builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+
+
+@pytest.fixture
+def conv_data(tmp_path):
+    path = tmp_path / "conv_data.npz"
+    np.savez(path, x=builders.image_like(12))
+    return path
+
+
+@pytest.fixture
+def mlp_model(tmp_path):
+    return builders.save(builders.mlp(), tmp_path / "mlp.onnx")
+
+
+@pytest.fixture
+def attention_model(tmp_path):
+    return builders.save(builders.attention(), tmp_path / "attention.onnx")

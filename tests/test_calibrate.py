@@ -1,0 +1,76 @@
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from autoprec.calibrate import TensorRange, _abs_percentile, calibrate, collected_tensors, reference_outputs
+from autoprec.data import build_dataset
+from autoprec.model import analyse
+from autoprec.search_space import load_search_space
+
+
+@pytest.fixture
+def conv(conv_model, conv_data):
+    info = analyse(conv_model, load_search_space())
+    return info, build_dataset(conv_data, info.inputs)
+
+
+def _activations(info, batches, names):
+    model = onnx.ModelProto()
+    model.CopyFrom(info.model)
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    session = ort.InferenceSession(model.SerializeToString())
+    runs = [session.run(names, b) for b in batches]
+    return {n: np.concatenate([r[i].ravel() for r in runs]) for i, n in enumerate(names)}
+
+
+def test_ranges_match_the_activations_seen(conv):
+    info, data = conv
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    names = collected_tensors(info)
+    assert {"x", "r0", "res", "flat", "c1"} <= set(names)
+    seen = _activations(info, data.calibration, names)
+    for name in names:
+        r = ranges[name]
+        assert r.min == pytest.approx(seen[name].min(), rel=1e-6)
+        assert r.max == pytest.approx(seen[name].max(), rel=1e-6)
+        absolute = np.abs(seen[name])
+        bin_width = (r.edges[-1] - r.edges[0]) / (len(r.edges) - 1)
+        assert r.amax("minmax") == pytest.approx(absolute.max(), rel=1e-6)
+        for p in (99.9, 99.99):
+            # The threshold is a histogram bin edge: it covers p % of the values, one bin less does not.
+            amax = r.amax(f"percentile-{p}")
+            assert (absolute <= amax + 1e-6).mean() >= p / 100
+            assert (absolute <= amax - 2 * bin_width).mean() < p / 100
+        lo, hi = r.bounds("minmax")
+        assert lo <= 0 <= hi
+
+
+def test_percentile_of_a_known_histogram():
+    values = np.concatenate([np.linspace(-1, 1, 9_995), np.full(5, 50.0)])  # 0.05 % outliers at 50
+    hist, edges = np.histogram(values, bins=2048, range=(-50, 50))
+    r = TensorRange(float(values.min()), float(values.max()), hist, edges)
+    assert r.amax("minmax") == 50.0
+    assert r.amax("percentile-99.9") == pytest.approx(1.0, abs=0.1)
+    assert r.amax("percentile-99.99") == pytest.approx(50.0, abs=0.1)
+    assert _abs_percentile(hist, edges, 50) == pytest.approx(0.5, abs=0.1)
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        r.amax("entropy-ish")
+
+
+def test_calibration_and_reference_are_cached_and_reused(conv, tmp_path, monkeypatch):
+    info, data = conv
+    first = calibrate(info, data.calibration, data.fingerprint(), tmp_path)
+    ref = reference_outputs(info, data.evaluation, data.fingerprint(), tmp_path)
+    assert len(list(tmp_path.glob("calibration-*.npz"))) == 1 and len(list(tmp_path.glob("reference-*.npz"))) == 1
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the FP32 model was run again")
+
+    monkeypatch.setattr("autoprec.calibrate._session_with_outputs", no_run)
+    again = calibrate(info, data.calibration, data.fingerprint(), tmp_path)
+    ref_again = reference_outputs(info, data.evaluation, data.fingerprint(), tmp_path)
+    assert again.tensors.keys() == first.tensors.keys()
+    for name in first.tensors:
+        assert again[name].min == first[name].min and again[name].amax("percentile-99.9") == first[name].amax("percentile-99.9")
+    np.testing.assert_array_equal(ref_again[0]["probs"], ref[0]["probs"])

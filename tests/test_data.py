@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+from PIL import Image
+
+from autoprec.data import build_dataset, item_shapes, load_items
+from autoprec.errors import DataError
+from autoprec.model import TensorSpec
+
+IMAGE_INPUT = (TensorSpec("x", (1, 3, 8, 12), "float32"),)
+
+
+def test_image_folder_is_resized_and_normalised(tmp_path):
+    for i, colour in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255)]):
+        Image.new("RGB", (40, 30), colour).save(tmp_path / f"{i}.png")
+    items = load_items(tmp_path, IMAGE_INPUT, image_mean=(0.5,), image_std=(0.5,))
+    x = items["x"]
+    assert x.shape == (3, 3, 8, 12) and x.dtype == np.float32
+    np.testing.assert_allclose(x[0, 0], 1.0)  # red channel of the red image: (1 - 0.5) / 0.5
+    np.testing.assert_allclose(x[0, 1], -1.0)
+    np.testing.assert_allclose(x[2, 2], 1.0)
+
+
+def test_npy_folder_npz_folder_and_single_npz_agree(tmp_path):
+    arrays = np.random.default_rng(0).normal(size=(4, 3, 8, 12)).astype(np.float32)
+    (tmp_path / "npy").mkdir()
+    (tmp_path / "npz").mkdir()
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / "npy" / f"{i}.npy", a)
+        np.savez(tmp_path / "npz" / f"{i}.npz", x=a[None])  # with a batch dim of 1: accepted too
+    np.savez(tmp_path / "all.npz", x=arrays)
+    for source in ("npy", "npz", "all.npz"):
+        np.testing.assert_array_equal(load_items(tmp_path / source, IMAGE_INPUT)["x"], arrays)
+    assert item_shapes(tmp_path / "all.npz", IMAGE_INPUT) == {"x": (3, 8, 12)}
+    assert item_shapes(None, IMAGE_INPUT) == {}
+
+
+def test_split_is_disjoint_deterministic_and_batched(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.arange(10 * 2, dtype=np.float32).reshape(10, 2))
+    spec = (TensorSpec("x", (2, 2), "float32"),)
+    a = build_dataset(tmp_path / "d.npz", spec, seed=3)
+    b = build_dataset(tmp_path / "d.npz", spec, seed=3)
+    assert a.fingerprint() == b.fingerprint()
+    assert len(a.calibration) == 2 and len(a.evaluation) == 3  # 5 batches of 2
+    seen = [tuple(batch["x"][:, 0]) for batch in a.calibration + a.evaluation]
+    assert len(set(seen)) == 5
+    assert build_dataset(tmp_path / "d.npz", spec, seed=4).fingerprint() != a.fingerprint()
+
+
+def test_one_batch_is_used_for_both_and_says_so(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.ones((1, 2), np.float32))
+    data = build_dataset(tmp_path / "d.npz", (TensorSpec("x", (1, 2), "float32"),))
+    assert data.calibration == data.evaluation and "calibration = evaluation" in data.source
+
+
+def test_too_few_items_for_a_batch(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.ones((3, 2), np.float32))
+    with pytest.raises(DataError, match="3 item\\(s\\) cannot fill one batch of 4"):
+        build_dataset(tmp_path / "d.npz", (TensorSpec("x", (4, 2), "float32"),))
+
+
+def test_random_data_matches_input_types():
+    specs = (TensorSpec("ids", (2, 7), "int64"), TensorSpec("mask", (2, 7), "float32"))
+    with pytest.warns(UserWarning, match="random inputs"):
+        data = build_dataset(None, specs, random_count=3)
+    batch = data.calibration[0]
+    assert batch["ids"].dtype == np.int64 and batch["ids"].shape == (2, 7) and batch["ids"].min() >= 0
+    assert batch["mask"].dtype == np.float32 and data.random

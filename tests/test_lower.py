@@ -1,0 +1,152 @@
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from autoprec.accuracy import output_metrics
+from autoprec.calibrate import calibrate, reference_outputs
+from autoprec.data import build_dataset
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.model import analyse
+from autoprec.plan import Plan, Precision
+from autoprec.search_space import load_search_space
+
+
+@pytest.fixture
+def conv(conv_model, conv_data):
+    info = analyse(conv_model, load_search_space())
+    data = build_dataset(conv_data, info.inputs)
+    return info, data, calibrate(info, data.calibration, data.fingerprint())
+
+
+def run(model: onnx.ModelProto, batch, optimized_path=None):
+    options = ort.SessionOptions()
+    if optimized_path:
+        options.optimized_model_filepath = str(optimized_path)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, batch)[0]
+
+
+def check_valid(model: onnx.ModelProto) -> None:
+    onnx.checker.check_model(model)
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def ops(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def test_io_types_are_kept_and_fp16_is_close(conv):
+    info, data, ranges = conv
+    model = lower_plan(info, Plan.uniform([u.name for u in info.units], Precision.FP16), ranges)
+    check_valid(model)
+    assert [i.type.tensor_type.elem_type for i in model.graph.input] == [onnx.TensorProto.FLOAT]
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [onnx.TensorProto.FLOAT]
+    batch = data.evaluation[0]
+    m = output_metrics(run(info.model, batch), run(model, batch))
+    # FP16 keeps ~3 decimal digits through 4 layers: stated tolerance cosine > 0.9999, rel-L2 < 1e-2.
+    assert m["cosine"] > 0.9999 and m["rel_l2"] < 1e-2
+
+
+def test_fp16_casts_only_where_precision_changes(conv):
+    info, _, ranges = conv
+    names = [u.name for u in info.units]
+    model = lower_plan(info, Plan.uniform(names, Precision.FP16), ranges)
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    to_half = [n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT16]
+    to_float = [n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT]
+    # Into the region: the model input. conv0 -> conv1 stays FP16 (no cast between them); the
+    # residual Add is FP32 so conv0's and conv1's outputs go back, and its sum comes in again;
+    # conv2's output feeds GlobalAveragePool (FP32) and fc's output feeds Softmax (pinned FP32).
+    assert len(to_half) == 3
+    assert len(to_float) == 4
+    weights = {i.name: i for i in model.graph.initializer}
+    conv1 = next(n for n in model.graph.node if n.name == "conv1")
+    assert weights[conv1.input[1]].data_type == onnx.TensorProto.FLOAT16
+    assert conv1.input[0].endswith("_fp16")  # fed by conv0's FP16 output directly
+
+
+def test_mixed_plan_touches_only_its_units(conv):
+    info, data, ranges = conv
+    plan = Plan.from_mapping({"conv0": "fp32", "conv1": "fp16", "conv2": "int8", "fc": "fp32"})
+    model = lower_plan(info, plan, ranges)
+    check_valid(model)
+    by_name = {n.name: n for n in model.graph.node}
+    assert by_name["conv0"].input[1] == next(i.name for i in info.model.graph.initializer if i.name == by_name["conv0"].input[1])
+    assert any(i.endswith("_dq") for i in by_name["conv2"].input)
+    assert not any(i.endswith("_dq") for i in by_name["conv1"].input)
+    out = run(model, data.evaluation[0])
+    assert output_metrics(run(info.model, data.evaluation[0]), out)["cosine"] > 0.99
+
+
+def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
+    info, data, ranges = conv
+    names = [u.name for u in info.units]
+    model = lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.TENSORRT)
+    check_valid(model)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    # One Q per distinct activation input of a quantized layer (x, r0, res, flat), none on outputs.
+    assert sorted(n.input[0] for n in quantize) == sorted({t for u in info.units for t in u.activations})
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            zero_point = inits[n.input[2]]
+            assert zero_point.dtype == np.int8 and not zero_point.any()
+    conv0 = next(n for n in model.graph.node if n.name == "conv0")
+    weight_dq = next(n for n in model.graph.node if n.output[0] == conv0.input[1])
+    assert inits[weight_dq.input[0]].dtype == np.int8
+    assert inits[weight_dq.input[1]].shape == (8,)  # one scale per output channel
+    assert next(a.i for a in weight_dq.attribute if a.name == "axis") == 0
+    fc = next(n for n in model.graph.node if n.name == "fc")
+    fc_dq = next(n for n in model.graph.node if n.output[0] == fc.input[1])
+    assert next(a.i for a in fc_dq.attribute if a.name == "axis") == 0  # Gemm transB=1: rows are outputs
+    out = run(model, data.evaluation[0])
+    assert output_metrics(run(info.model, data.evaluation[0]), out)["cosine"] > 0.99
+
+
+def test_ort_form_becomes_integer_kernels(conv, tmp_path):
+    info, data, ranges = conv
+    names = [u.name for u in info.units]
+    model = lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.ORT_CPU)
+    check_valid(model)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    activation_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert activation_q and all(inits[n.input[2]].dtype == np.uint8 for n in activation_q)
+    optimized = tmp_path / "optimized.onnx"
+    run(model, data.evaluation[0], optimized)
+    assert ops(onnx.load(str(optimized)))["QLinearConv"] == 3  # every quantized conv ran as an INT8 kernel
+    fp32 = run(info.model, data.evaluation[0])
+    assert output_metrics(fp32, run(model, data.evaluation[0]))["cosine"] > 0.99
+
+
+def test_activation_by_activation_matmul_gets_qdq_on_both_inputs(attention_model):
+    info = analyse(attention_model, load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    model = lower_plan(info, Plan.from_mapping({"scores": "int8"}), ranges)
+    check_valid(model)
+    scores = next(n for n in model.graph.node if n.name == "scores")
+    assert all(i.endswith("_dq") for i in scores.input)
+    ref = reference_outputs(info, data.evaluation, data.fingerprint())[0]["out"]
+    assert output_metrics(ref, run(model, data.evaluation[0]))["cosine"] > 0.99
+
+
+def test_mlp_all_precisions_run(mlp_model):
+    info = analyse(mlp_model, load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    ref = run(info.model, data.evaluation[0])
+    for form in QDQForm:
+        for precision in Precision:
+            model = lower_plan(info, Plan.uniform([u.name for u in info.units], precision), ranges, form)
+            check_valid(model)
+            cosine = output_metrics(ref, run(model, data.evaluation[0]))["cosine"]
+            assert cosine > (0.98 if precision is Precision.INT8 else 0.9999), (form, precision, cosine)
+
+
+def test_unknown_unit_in_plan_is_refused(conv):
+    info, _, ranges = conv
+    with pytest.raises(KeyError, match="nope"):
+        lower_plan(info, Plan.from_mapping({"nope": "fp16"}), ranges)

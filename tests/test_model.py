@@ -1,0 +1,132 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import builders
+from autoprec.errors import ModelError
+from autoprec.model import analyse, load_onnx
+from autoprec.plan import Precision
+from autoprec.search_space import load_search_space
+
+SPACE = load_search_space()
+
+
+def test_units_are_compute_layers_in_graph_order_with_fused_neighbours(conv_model):
+    info = analyse(conv_model, SPACE)
+    assert [u.name for u in info.units] == ["conv0", "conv1", "conv2", "fc"]
+    units = {u.name: u for u in info.units}
+    # BatchNorm is folded into conv0; Relu follows it.
+    assert units["conv0"].nodes == ("conv0", "relu0")
+    # SiLU (x * sigmoid(x)) is fused as a gated activation; the residual Add is not (two activations).
+    assert units["conv1"].nodes == ("conv1", "sig1", "silu1")
+    assert units["conv2"].nodes == ("conv2", "relu2")
+    assert units["fc"].nodes == ("fc",)  # Softmax is pinned to fp32, never fused
+    assert all(u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) for u in info.units)
+    assert not any(n.op_type == "BatchNormalization" for n in info.model.graph.node)
+
+
+def test_batchnorm_folding_preserves_the_function(conv_model, conv_data):
+    import onnxruntime as ort
+
+    info = analyse(conv_model, SPACE)
+    x = np.load(conv_data)["x"][:1]
+    before = ort.InferenceSession(str(conv_model)).run(None, {"x": x})[0]
+    after = ort.InferenceSession(info.model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_units_fuse_bias_and_activation(mlp_model, attention_model):
+    mlp = analyse(mlp_model, SPACE)
+    assert [u.nodes for u in mlp.units] == [("fc0", "bias0", "relu0"), ("fc1", "bias1", "relu1"), ("head",)]
+    attn = analyse(attention_model, SPACE)
+    scores = attn.unit("scores")
+    assert scores.weight is None and len(scores.activations) == 2  # activation x activation MatMul
+
+
+def test_old_opset_is_converted_for_per_channel_qdq(tmp_path):
+    path = builders.save(builders.conv_net(opset=11), tmp_path / "old.onnx")
+    info = analyse(path, SPACE)
+    assert info.model.opset_import[0].version >= 13
+    assert any("opset 11" in n for n in info.notes)
+
+
+def test_dynamic_batch_defaults_to_one_and_shape_option_sets_it(tmp_path):
+    path = builders.save(builders.conv_net(batch="N"), tmp_path / "dyn.onnx")
+    assert analyse(path, SPACE).inputs[0].shape == (1, 3, 16, 16)
+    assert analyse(path, SPACE, {"x": (4, 3, 16, 16)}).inputs[0].shape == (4, 3, 16, 16)
+
+
+def test_dynamic_spatial_dims_need_shape_or_data(tmp_path):
+    model = builders.conv_net()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "H", "W"
+    path = tmp_path / "hw.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelError, match=r"input x has dynamic dim 2 \(H\).*--shape x=1x3xNxN"):
+        analyse(path, SPACE)
+    assert analyse(path, SPACE, data_shapes={"x": (3, 16, 16)}).inputs[0].shape == (1, 3, 16, 16)
+    with pytest.raises(ModelError, match="does not fit the model's declared shape"):
+        analyse(path, SPACE, {"x": (1, 4, 16, 16)})
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        (b"this is not a protobuf \xff\xfe", "not a readable ONNX file|graph is empty"),
+        (b"", "graph is empty"),
+    ],
+)
+def test_unreadable_model_files(tmp_path, content, message):
+    path = tmp_path / "bad.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ModelError, match=message):
+        load_onnx(path)
+
+
+def test_truncated_model(tmp_path, conv_model):
+    data = conv_model.read_bytes()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match=str(path)):
+        load_onnx(path)
+
+
+def test_unknown_op_domain_is_refused(tmp_path):
+    node = helper.make_node("Frobnicate", ["x"], ["y"], "custom", domain="com.example")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.example", 1)])
+    model.ir_version = builders.IR_VERSION
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelError, match="com.example.*node custom"):
+        load_onnx(path)
+
+
+def test_model_without_searchable_layers(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], "relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = builders.IR_VERSION
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelError, match="no searchable layers"):
+        analyse(path, SPACE)
+
+
+def test_overrides_restrict_allowed_precisions(conv_model):
+    space = SPACE.with_overrides(["conv*=fp16,fp32", "conv2=fp32"])
+    info = analyse(conv_model, space)
+    allowed = {u.name: u.allowed for u in info.units}
+    assert allowed["conv0"] == (Precision.FP16, Precision.FP32)
+    assert allowed["conv2"] == (Precision.FP32,)
+    assert allowed["fc"] == (Precision.INT8, Precision.FP16, Precision.FP32)
+    assert [u.name for u in info.searchable_units] == ["conv0", "conv1", "fc"]

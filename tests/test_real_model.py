@@ -1,0 +1,56 @@
+"""Integration on the bundled real model: PP-OCR's text-direction classifier on real text lines."""
+
+import collections
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import autoprec
+from conftest import REPO
+
+MODEL = REPO / "datasets" / "ppocr_cls" / "model.onnx"
+DATA = REPO / "datasets" / "ppocr_cls" / "textlines.npz"
+
+
+def test_bundled_model_and_data_are_real():
+    data = np.load(DATA)
+    x, label = data["x"].astype(np.float32), data["label"]
+    probs = ort.InferenceSession(str(MODEL)).run(None, {"x": x})[0]
+    assert (probs.argmax(1) == label).mean() > 0.8  # the trained classifier reads the crops' orientation
+
+
+def test_search_on_the_bundled_model(tmp_path):
+    out = tmp_path / "out"
+    result = autoprec.search(MODEL, budget=5, data=DATA, out=out, max_loss=0.01, progress=False)
+    assert len(result.units) == 54 and result.model["preparation"]
+    uniform = result.uniform()
+    # INT8 everywhere costs real accuracy on this trained model; FP16 almost none.
+    assert uniform["int8"].loss > 10 * uniform["fp16"].loss
+    assert uniform["fp32"].loss == 0.0
+    best = onnx.load(str(out / "best" / "model.onnx"))
+    session = ort.InferenceSession(best.SerializeToString())
+    assert session.run(None, {"x": np.load(DATA)["x"][:1].astype(np.float32)})[0].shape == (1, 2)
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    assert plan["accuracy_loss"] <= 0.01
+
+
+def test_int8_plan_runs_as_integer_kernels_on_ort_cpu(tmp_path):
+    from autoprec.backends import get_backend
+    from autoprec.calibrate import calibrate
+    from autoprec.data import build_dataset, item_shapes
+    from autoprec.model import analyse, declared_inputs, load_onnx
+    from autoprec.plan import Plan, Precision
+    from autoprec.search_space import load_search_space
+
+    raw = load_onnx(MODEL)
+    info = analyse(MODEL, load_search_space(), data_shapes=item_shapes(DATA, declared_inputs(raw)), model=raw)
+    data = build_dataset(DATA, info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    model = get_backend("ort-cpu").lower(info, Plan.uniform([u.name for u in info.units], Precision.INT8), ranges)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options)
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    assert ops["QLinearConv"] == 53  # every Conv unit became an INT8 kernel

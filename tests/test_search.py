@@ -1,0 +1,162 @@
+import json
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optuna
+import pytest
+
+import autoprec
+from autoprec import atomic
+from autoprec.accuracy import compare, loss_from_metrics
+from autoprec.data import build_dataset
+from autoprec.model import analyse
+from autoprec.search_space import load_search_space
+
+
+@pytest.fixture(scope="module")
+def conv_search(tmp_path_factory):
+    import builders
+
+    root = tmp_path_factory.mktemp("search")
+    model = builders.save(builders.conv_net(), root / "conv.onnx")
+    data = root / "data.npz"
+    np.savez(data, x=builders.image_like(12))
+    out = root / "out"
+    result = autoprec.search(model, budget=8, data=data, out=out, max_loss=0.02, seed=1, progress=False)
+    return model, data, out, result
+
+
+def test_result_files_and_schema(conv_search):
+    _, _, out, result = conv_search
+    pareto = json.loads((out / "pareto.json").read_text())
+    assert pareto["schema"] == "autoprec.pareto/1"
+    assert pareto["engine"]["engine"] == "onnxruntime" and pareto["engine"]["provider"] == "CPUExecutionProvider"
+    assert pareto["engine"]["measured"] is True and pareto["engine"]["device"]
+    assert pareto["search"]["budget"] == 8 and pareto["search"]["trials"] == 8
+    assert set(pareto["uniform"]) == {"fp32", "fp16", "int8"}  # the seeded uniform plans ran
+    front = pareto["front"]
+    assert front and [t["latency_ms"]["median_ms"] for t in front] == sorted(t["latency_ms"]["median_ms"] for t in front)
+    for t in front:
+        lat = t["latency_ms"]
+        assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["runs"] >= 10
+        assert set(t["metrics"]["probs"]) >= {"cosine", "rel_l2", "max_abs", "snr_db", "top1"}
+        assert t["feasible"] and t["accuracy_loss"] <= 0.02
+    # No front member is dominated by any trial.
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert len(trials) == 8
+    for t in front:
+        for other in trials:
+            better = (other["latency_ms"]["median_ms"] <= t["latency_ms"]["median_ms"]
+                      and other["accuracy_loss"] <= t["accuracy_loss"])
+            strictly = (other["latency_ms"]["median_ms"] < t["latency_ms"]["median_ms"]
+                        or other["accuracy_loss"] < t["accuracy_loss"])
+            assert not (better and strictly and other["accuracy_loss"] <= 0.02)
+    chosen = next(t for t in front if t["trial"] == pareto["chosen"])
+    feasible = [t for t in front if t["accuracy_loss"] <= 0.02]
+    assert chosen["latency_ms"]["median_ms"] == min(t["latency_ms"]["median_ms"] for t in feasible)
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    assert plan["schema"] == "autoprec.plan/1" and plan["trial"] == chosen["trial"]
+    assert plan["plan"] == chosen["plan"]
+    assert [u["name"] for u in plan["units"]] == ["conv0", "conv1", "conv2", "fc"]
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.chosen.number == chosen["trial"]
+
+
+def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
+    model, data, out, _ = conv_search
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    best = onnx.load(str(out / "best" / "model.onnx"))
+    onnx.checker.check_model(best)
+    info = analyse(model, load_search_space())
+    dataset = build_dataset(data, info.inputs, seed=1)  # the search's split (same data, same seed)
+    fp32 = ort.InferenceSession(onnx.load(str(model)).SerializeToString())
+    session = ort.InferenceSession(best.SerializeToString())
+    reference = [{"probs": fp32.run(None, b)[0]} for b in dataset.evaluation]
+    candidate = [{"probs": session.run(None, b)[0]} for b in dataset.evaluation]
+    metrics = compare(reference, candidate)
+    assert loss_from_metrics(metrics, "cosine") == pytest.approx(plan["accuracy_loss"], abs=1e-6)
+    assert metrics["probs"]["max_abs"] == pytest.approx(plan["metrics"]["probs"]["max_abs"], rel=1e-4, abs=1e-7)
+
+
+def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
+    model, data, out, _ = conv_search
+    storage = f"sqlite:///{out / 'study.db'}"
+    before = {t.number: (t.values, t.params) for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials}
+    autoprec.search(model, budget=10, data=data, out=out, max_loss=0.02, seed=1, progress=False)
+    trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
+    assert len(trials) == 10
+    for t in trials[:8]:
+        assert (t.values, t.params) == before[t.number]  # kept, not re-measured
+
+
+def test_study_for_another_setting_is_refused(conv_search):
+    model, data, out, _ = conv_search
+    with pytest.raises(autoprec.AutoprecError, match="different search.*max_loss"):
+        autoprec.search(model, budget=10, data=data, out=out, max_loss=0.5, seed=1, progress=False)
+
+
+def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
+    # Two searchable units x 3 precisions = 9 distinct plans; 14 trials must repeat some.
+    result = autoprec.search(mlp_model, budget=14, out=tmp_path / "out", overrides=["head=fp32"], progress=False)
+    assert len(result.trials) == 14
+    first = {}
+    for t in result.trials:
+        key = t.plan.key()
+        if t.duplicate_of is None:
+            assert key not in first, "a plan was measured twice"
+            first[key] = t
+        else:
+            original = first[key]
+            assert t.duplicate_of == original.number
+            assert t.measurement == original.measurement
+    assert len(first) <= 9
+
+
+def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
+    out = tmp_path / "out"
+    autoprec.search(mlp_model, budget=3, out=out, progress=False)
+    storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
+    finished = {t.number: t.values for t in study.trials}
+    # A trial left RUNNING, as a killed process leaves it.
+    from autoprec.search import distributions
+
+    info = analyse(mlp_model, load_search_space())
+    dangling = study.ask(distributions(info))
+    autoprec.search(mlp_model, budget=5, out=out, progress=False)
+    trials = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage).trials
+    states = {t.number: t.state for t in trials}
+    assert states[dangling.number] == optuna.trial.TrialState.FAIL
+    retry = [t for t in trials if t.user_attrs.get("retry_of") == dangling.number]
+    assert len(retry) == 1 and retry[0].params == dangling.params and retry[0].state.name == "COMPLETE"
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 5
+    assert all(trials[n].values == v for n, v in finished.items())
+
+
+def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):
+    result = autoprec.search(mlp_model, budget=5, out=tmp_path / "out", progress=False)
+    assert result.search["max_loss"] is None
+    assert result.chosen in result.front
+    pareto = json.loads((tmp_path / "out" / "pareto.json").read_text())
+    assert all(t["feasible"] for t in pareto["front"])
+
+
+def test_atomic_write_leaves_the_old_file_on_failure(tmp_path):
+    path = atomic.write_json(tmp_path / "r.json", {"ok": 1})
+
+    def broken(f):
+        f.write(b'{"half": ')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic.write_with(path, broken)
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_nonfinite_loss_is_written_as_null():
+    from autoprec.results import _finite
+
+    assert _finite({"a": [math.inf, 1.0], "b": -math.inf}) == {"a": [None, 1.0], "b": None}
