@@ -111,22 +111,30 @@ def _search(args: argparse.Namespace) -> int:
     fp32 = result.uniform().get("fp32")
     if args.json:
         summary = json.loads((result.out_dir / "pareto.json").read_text())
-        console.stdout.print_json(data={k: summary[k] for k in ("engine", "search", "chosen", "front")})
+        console.stdout.print_json(data={k: summary[k] for k in ("engine", "search", "chosen", "chosen_vs_fp32", "front")})
         return 0
     console.stdout.print(
         console.front_table(result.front, result.chosen, fp32.latency_ms if fp32 else None, result.search["metric"], result.engine.label())
     )
     if result.chosen is not None:
-        c = result.chosen
-        limit = f"within --max-loss {result.search['max_loss']:g}" if result.search["max_loss"] is not None else "knee of the front"
+        c, counts = result.chosen, result.chosen.plan.counts()
+        limit = f"fastest within --max-loss {result.search['max_loss']:g}" if result.search["max_loss"] is not None else "knee of the front"
         console.stdout.print(
-            f"chosen: trial {c.number} ({limit}): {c.latency_ms:.3f} ms"
-            + (f", {fp32.latency_ms / c.latency_ms:.2f}× the FP32 latency" if fp32 else "")
-            + f", loss {c.loss:.3e}, int8/fp16/fp32 = {c.plan.counts()['int8']}/{c.plan.counts()['fp16']}/{c.plan.counts()['fp32']}"
+            f"chosen: trial {c.number} ({limit}): {c.latency_ms:.3f} ms, loss {c.loss:.2e}, "
+            f"int8/fp16/fp32 = {counts['int8']}/{counts['fp16']}/{counts['fp32']}"
         )
+        versus = result.speedup_vs_fp32()
+        if versus is not None and versus["fp32_trial"] != c.number:
+            verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
+            console.stdout.print(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict})")
     out = result.out_dir
     console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, {out / 'pareto.png'}")
-    console.stdout.print(f"latencies measured by {result.engine.label()}; the TensorRT-form model (best/model.tensorrt.onnx) was not measured here")
+    console.stdout.print(f"latencies measured by {result.engine.label()}")
+    if (out / "best" / "model.tensorrt.onnx").exists():
+        console.stdout.print(
+            f"{out / 'best' / 'model.tensorrt.onnx'}: the same plan in TensorRT's Q/DQ form — NOT measured "
+            "(TensorRT cannot run on this machine)"
+        )
     return 0
 
 

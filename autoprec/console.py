@@ -47,13 +47,13 @@ class SearchProgress:
         self.started = time.monotonic()
 
     def _describe(self, last: TrialRecord | None) -> str:
-        limit = f"loss ≤ {self.max_loss:g}" if self.max_loss is not None else "any loss"
+        limit = f"≤{self.max_loss:g}" if self.max_loss is not None else ""
         best = f"{self.best:.3f} ms" if self.best is not None else "—"
         latest = ""
         if last is not None:
-            loss = f"{last.loss:.2e}" if math.isfinite(last.loss) else "inf"
-            latest = f" | last {last.latency_ms:.3f} ms, loss {loss}"
-        return f"best ({limit}): {best}{latest}"
+            loss = f"{last.loss:.1e}" if math.isfinite(last.loss) else "inf"
+            latest = f" · last {last.latency_ms:.3f} ms {loss}"
+        return f"best{limit}: {best}{latest}"
 
     def update(self, done: int, last: TrialRecord | None) -> None:
         if last is not None and (self.max_loss is None or last.loss <= self.max_loss):
@@ -70,19 +70,18 @@ class SearchProgress:
 
 def front_table(front: Sequence[TrialRecord], chosen: TrialRecord | None, fp32_ms: float | None, metric: str, engine: str) -> Table:
     table = Table(title=f"Pareto front — {engine}", title_justify="left")
-    for column in ("trial", "latency ms (p10–p90)", "vs fp32", f"loss ({metric})", "cosine", "int8/fp16/fp32", ""):
-        table.add_column(column, justify="right" if column not in ("",) else "left")
+    for column in ("trial", "ms", "p10–p90", "×fp32", f"loss ({metric})", "i8/f16/f32", ""):
+        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     for r in front:
         lat = r.measurement.latency
-        cosine = min(m.get("cosine", math.nan) for m in r.measurement.metrics.values())
         counts = r.plan.counts()
         table.add_row(
             str(r.number),
-            f"{lat.median_ms:.3f} ({lat.p10_ms:.3f}–{lat.p90_ms:.3f})",
-            f"{fp32_ms / lat.median_ms:.2f}×" if fp32_ms else "—",
-            f"{r.loss:.3e}" if math.isfinite(r.loss) else "inf",
-            f"{cosine:.6f}",
+            f"{lat.median_ms:.3f}",
+            f"{lat.p10_ms:.3f}–{lat.p90_ms:.3f}",
+            f"{fp32_ms / lat.median_ms:.2f}" if fp32_ms else "—",
+            f"{r.loss:.2e}" if math.isfinite(r.loss) else "inf",
             f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
-            "[bold red]← chosen[/bold red]" if chosen is not None and r.number == chosen.number else "",
+            "[bold red]chosen[/bold red]" if chosen is not None and r.number == chosen.number else "",
         )
     return table

@@ -36,6 +36,18 @@ class SearchResult:
     chosen: TrialRecord | None
     units: tuple[dict[str, Any], ...] = field(default=())
 
+    def speedup_vs_fp32(self) -> dict[str, Any] | None:
+        """The chosen plan against all-FP32, measured in the same study, and whether it beats timing noise."""
+        fp32 = self.uniform().get("fp32")
+        if fp32 is None or self.chosen is None:
+            return None
+        chosen, base = self.chosen.measurement.latency, fp32.measurement.latency
+        return {
+            "fp32_trial": fp32.number,
+            "speedup": base.median_ms / chosen.median_ms,
+            "beyond_timing_noise": chosen.clearly_faster_than(base),
+        }
+
     def uniform(self) -> dict[str, TrialRecord]:
         """The all-fp32 / all-fp16 / all-int8 trials, where the study has them."""
         found = {}
@@ -105,6 +117,7 @@ def write_results(
                     **header,
                     "front": [trial_json(t) for t in result.front],
                     "chosen": result.chosen.number if result.chosen else None,
+                    "chosen_vs_fp32": result.speedup_vs_fp32(),
                     "uniform": {p: t.number for p, t in result.uniform().items()},
                 }
             ),
@@ -132,6 +145,8 @@ def write_results(
         written.append(atomic.write_bytes(best / "model.onnx", chosen_model.SerializeToString()))
         if tensorrt_model is not None:
             written.append(atomic.write_bytes(best / "model.tensorrt.onnx", tensorrt_model.SerializeToString()))
+        else:  # a resumed search may have chosen another plan: no stale artifact of the old one
+            (best / "model.tensorrt.onnx").unlink(missing_ok=True)
         written.append(atomic.write_json(best / "plan.json", _finite(plan_doc)))
     return written
 

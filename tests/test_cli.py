@@ -25,7 +25,7 @@ def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_d
     proc = run_cli("search", conv_model, "--budget", 4, "--data", conv_data, "--out", out, "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "Pareto front" in proc.stdout and "chosen: trial" in proc.stdout
-    assert "onnxruntime" in proc.stdout and "not measured here" in proc.stdout
+    assert "latencies measured by onnxruntime" in proc.stdout
     assert (out / "best" / "model.onnx").exists() and (out / "pareto.png").exists()
 
 
@@ -129,3 +129,15 @@ def test_kill_9_mid_search_then_same_command_resumes(tmp_path):
         assert any(t.user_attrs.get("retry_of") == failed.number and t.params == failed.params for t in complete)
     pareto = json.loads((out / "pareto.json").read_text())
     assert pareto["search"]["trials"] == 12
+
+
+def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):
+    out = tmp_path / "out"
+    proc = run_cli("search", mlp_model, "--budget", 2, "--out", out, "--override", "*=int8,fp32", "--override", "fc*=int8",
+                   "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    # fc0 and fc1 may only be int8: every plan has INT8 units, so the TensorRT-form artifact exists.
+    assert plan["plan"]["precisions"]["fc0"] == "int8"
+    assert (out / "best" / "model.tensorrt.onnx").exists()
+    assert "NOT measured" in proc.stdout and "NOT measured" in plan["files"]["model.tensorrt.onnx"]

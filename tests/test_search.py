@@ -62,6 +62,11 @@ def test_result_files_and_schema(conv_search):
     assert [u["name"] for u in plan["units"]] == ["conv0", "conv1", "conv2", "fc"]
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.chosen.number == chosen["trial"]
+    versus = pareto["chosen_vs_fp32"]
+    assert versus["fp32_trial"] == pareto["uniform"]["fp32"]
+    fp32 = next(t for t in trials if t["trial"] == versus["fp32_trial"])
+    assert versus["speedup"] == pytest.approx(fp32["latency_ms"]["median_ms"] / chosen["latency_ms"]["median_ms"])
+    assert versus["beyond_timing_noise"] == (chosen["latency_ms"]["p90_ms"] < fp32["latency_ms"]["p10_ms"])
 
 
 def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
@@ -160,3 +165,13 @@ def test_nonfinite_loss_is_written_as_null():
     from autoprec.results import _finite
 
     assert _finite({"a": [math.inf, 1.0], "b": -math.inf}) == {"a": [None, 1.0], "b": None}
+
+
+def test_timing_noise_verdict():
+    from autoprec.backends.base import Timing
+
+    fast, slow = Timing(1.0, 0.9, 1.1, 10, 3), Timing(2.0, 1.8, 2.2, 10, 3)
+    assert fast.clearly_faster_than(slow) and not slow.clearly_faster_than(fast)
+    overlapping = Timing(1.15, 1.0, 1.3, 10, 3)
+    assert not fast.clearly_faster_than(overlapping)
+    assert fast.spread == pytest.approx(0.2)
