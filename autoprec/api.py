@@ -158,7 +158,7 @@ def search(
     chosen_model = tensorrt_model = None
     if chosen is not None:
         chosen_model = engine.lower(info, chosen.plan, ranges)
-        if engine.qdq_form is not QDQForm.TENSORRT:
+        if engine.qdq_form is not QDQForm.TENSORRT and chosen.plan.counts()["int8"]:
             tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
     write_results(result, chosen_model, tensorrt_model)
     plot_pareto(load_json(out_dir / "pareto.json"), load_json(out_dir / "trials.json"), out_dir / "pareto.png")
