@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -10,13 +11,15 @@ from typing import Mapping, Sequence
 
 import optuna
 
-from autoprec import console
+from autoprec import atomic, console
 from autoprec.accuracy import resolve_metric
 from autoprec.backends import get_backend
 from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION, calibrate, reference_outputs
 from autoprec.data import RandomDataWarning, build_dataset, item_shapes
 from autoprec.errors import AutoprecError
+from autoprec.isolation import IsolatedMeasurer, Limits
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure import measure
 from autoprec.model import analyse, declared_inputs, load_onnx
 from autoprec.plots import plot_pareto
 from autoprec.results import SearchResult, load_json, model_json, units_json, write_results
@@ -63,6 +66,9 @@ def search(
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
     progress: bool = True,
+    isolate: bool = True,
+    trial_timeout: float = 600.0,
+    trial_memory_gb: float | None = None,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -73,6 +79,10 @@ def search(
 
     The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
     same arguments resumes it: finished trials are kept, an interrupted one is re-run.
+
+    Each candidate is built and measured in a worker process (``isolate``) limited to
+    ``trial_timeout`` seconds and ``trial_memory_gb`` (default 75 % of RAM): a crash, hang or
+    out-of-memory fails that trial, with its cause recorded, and the study goes on.
     """
     started = time.monotonic()
     if budget < 1:
@@ -88,6 +98,8 @@ def search(
     raw = load_onnx(model_path)
     info = analyse(model_path, space, {k: tuple(v) for k, v in (shapes or {}).items()}, item_shapes(data, declared_inputs(raw)), model=raw)
     _check_out_dir(out_dir)
+    for folder in (out_dir, out_dir / "best", out_dir / "cache"):
+        atomic.remove_stale(folder)
     for line in info.notes:
         console.note(line)
     console.note(
@@ -123,17 +135,31 @@ def search(
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(storage_url, name, identity, seed)
-    recovered = recover_interrupted(study)
-    if recovered:
-        console.note(f"resuming: {recovered} interrupted trial(s) will be re-run")
+    requeued, given_up = recover_interrupted(study)
+    if requeued:
+        console.note(f"resuming: interrupted trial(s) {', '.join(map(str, requeued))} will be re-run")
+    for number in given_up:
+        console.warn(f"trial {number} was a re-run and was interrupted again; its plan is not retried")
     seed_uniform_plans(study, info)
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
     if done:
         console.note(f"resuming study {name!r}: {done} of {budget} trials already done")
-    ctx = StudyContext(info, engine, ranges, dataset.evaluation, reference, metric_name, loss_function, calibration, max_loss)
-    console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
-    with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
-        run_study(study, ctx, budget, on_trial=bar.update)
+    with contextlib.ExitStack() as stack:
+        if isolate:
+            limits = Limits.default(trial_timeout, trial_memory_gb)
+            measurer = stack.enter_context(IsolatedMeasurer(backend, dataset.evaluation, reference, metric, limits))
+            measure_candidate = measurer.measure
+            memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
+            console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
+        else:
+            def measure_candidate(model):
+                return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function)
+
+            console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
+        ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss)
+        console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
+        with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
+            run_study(study, ctx, budget, on_trial=bar.update)
 
     trials = finished_records(study)
     front = pareto_front(study)

@@ -43,3 +43,10 @@ def write_json(path: Path, obj: Any) -> Path:
 def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:
     """For libraries that write to a file object (numpy.savez, matplotlib.savefig)."""
     return _atomic(path, writer)
+
+
+def remove_stale(folder: Path) -> None:
+    """Temporary files a killed writer left behind (the real files were never touched)."""
+    if Path(folder).is_dir():
+        for tmp in Path(folder).glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)

@@ -37,6 +37,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
+    return value
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)
@@ -80,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
     s.add_argument("--image-mean", type=_floats, default=(0.0,), help="image preprocessing: (pixel/255 - mean) / std")
     s.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
+    s.add_argument("--trial-timeout", type=_positive_float, default=600.0, metavar="SECONDS",
+                   help="time limit to build and measure one candidate (default 600)")
+    s.add_argument("--trial-memory", type=_positive_float, metavar="GB",
+                   help="memory limit of the worker measuring candidates (default 75%% of RAM)")
+    s.add_argument("--no-isolation", action="store_true",
+                   help="measure candidates in this process (debugging; an engine crash then ends the search)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
     return parser
@@ -107,6 +123,9 @@ def _search(args: argparse.Namespace) -> int:
         image_mean=args.image_mean,
         image_std=args.image_std,
         progress=not args.no_progress,
+        isolate=not args.no_isolation,
+        trial_timeout=args.trial_timeout,
+        trial_memory_gb=args.trial_memory,
     )
     fp32 = result.uniform().get("fp32")
     if args.json:

@@ -103,7 +103,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export it")
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise ModelError(
             f"{path}: its external weight data cannot be read ({exc}); keep the data files next to the model"
         ) from None
@@ -116,8 +116,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         )
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
+    except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
     return model
 
@@ -422,8 +422,17 @@ def analyse(
     raw = model if model is not None else load_onnx(path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
-    prepared, prep_notes = prepare(raw, fixed, path)
-    units = find_units(prepared, space)
+    try:
+        prepared, prep_notes = prepare(raw, fixed, path)
+        units = find_units(prepared, space)
+    except ModelError:
+        raise
+    except Exception as exc:  # the model is untrusted input: any failure to prepare it is the model's
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ModelError(
+            f"{path}: cannot be prepared for search ({type(exc).__name__}: {first}); check that it runs "
+            "in onnxruntime as it is, or re-export it"
+        ) from None
     if not any(u.searchable for u in units):
         raise ModelError(
             f"{path}: no searchable layers: the search space ({space.source}) lists "

@@ -16,12 +16,13 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoprec.accuracy import LossFunction
+import onnx
+
 from autoprec.backends.base import Backend
 from autoprec.calibrate import ActivationRanges
-from autoprec.data import Batch
 from autoprec.errors import AutoprecError, StudyError
-from autoprec.measure import Measurement, measure
+from autoprec.isolation import TrialCrash
+from autoprec.measure import Measurement
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan, Precision
 
@@ -56,13 +57,11 @@ class StudyContext:
     info: ModelInfo
     backend: Backend
     ranges: ActivationRanges
-    evaluation: Sequence[Batch]
-    reference: Sequence[dict]
-    metric: str
-    loss_function: LossFunction | None
+    measure: Callable[[onnx.ModelProto], Measurement]  # in a worker process (isolation) or in-process
     calibration: str
     max_loss: float | None
     measured: dict[str, int] = field(default_factory=dict)  # plan key -> trial number
+    failed: dict[str, int] = field(default_factory=dict)  # plan key -> trial that failed it
 
 
 def distributions(info: ModelInfo) -> dict[str, CategoricalDistribution]:
@@ -119,14 +118,21 @@ def open_study(
     return study
 
 
-def recover_interrupted(study: optuna.Study) -> int:
-    """Trials left RUNNING by a killed process are failed and re-queued with the same plan."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for trial in stale:
+def recover_interrupted(study: optuna.Study) -> tuple[list[int], list[int]]:
+    """Trials left RUNNING by a killed process are failed and re-queued with the same plan.
+
+    A re-run that was itself interrupted is not queued again (the plan may be what kills the
+    process). Returns the trial numbers re-queued and those given up.
+    """
+    requeued, given_up = [], []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-        if trial.params:
+        if "retry_of" in trial.user_attrs:
+            given_up.append(trial.number)
+        elif trial.params:
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-    return len(stale)
+            requeued.append(trial.number)
+    return requeued, given_up
 
 
 def counted(trial: FrozenTrial) -> bool:
@@ -177,14 +183,19 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
         trial.set_user_attr("duplicate_of", earlier.number)
         study.tell(trial, earlier.values)
         return record(study.get_trials(deepcopy=False)[trial.number])
+    if key in ctx.failed:
+        trial.set_user_attr("error", f"the same plan failed in trial {ctx.failed[key]}; not measured again")
+        study.tell(trial, state=TrialState.FAIL)
+        return None
     try:
         t0 = time.perf_counter()
         model = ctx.backend.lower(ctx.info, plan, ctx.ranges)
         lower_s = time.perf_counter() - t0
-        result = measure(ctx.backend, model, ctx.evaluation, ctx.reference, ctx.metric, ctx.loss_function)
+        result = _measure_at_most_twice(ctx, model)
     except (AutoprecError, RuntimeError, ValueError, KeyError) as exc:
-        trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:2000])
+        trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
+        ctx.failed[key] = trial.number
         return None
     result.seconds["lower"] = lower_s
     trial.set_user_attr("measurement", result.to_json())
@@ -195,6 +206,17 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
     return record(study.get_trials(deepcopy=False)[trial.number])
 
 
+def _measure_at_most_twice(ctx: StudyContext, model: onnx.ModelProto) -> Measurement:
+    """A crash may be the machine's fault, so it gets one retry in a fresh worker; a second one fails the plan."""
+    try:
+        return ctx.measure(model)
+    except TrialCrash as first:
+        try:
+            return ctx.measure(model)
+        except TrialCrash as second:
+            raise TrialCrash(f"crashed twice, not retried again. First: {first}. Second: {second}") from None
+
+
 def run_study(
     study: optuna.Study,
     ctx: StudyContext,
@@ -202,10 +224,12 @@ def run_study(
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
 ) -> None:
     """Run trials until ``budget`` of them count; already finished ones (a resumed study) count too."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         key = trial.user_attrs.get("plan_key")
-        if key and "duplicate_of" not in trial.user_attrs:
+        if key and trial.state == TrialState.COMPLETE and "duplicate_of" not in trial.user_attrs:
             ctx.measured.setdefault(key, trial.number)
+        elif key and "error" in trial.user_attrs:
+            ctx.failed.setdefault(key, trial.number)
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
     while done < budget:
         result = run_trial(study, ctx)

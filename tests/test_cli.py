@@ -1,16 +1,13 @@
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
+import onnx
 import optuna
 import pytest
 
-import builders
 from autoprec.cli import main
 
 
@@ -39,6 +36,10 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
     "args, message",
     [
         (["search", "{missing}"], "missing.onnx: no such file"),
+        (["search", "{truncated}"], "truncated.onnx: not a readable ONNX file.*re-export"),
+        (["search", "{external}"], "external.onnx: its external weight data cannot be read.*keep the data files next to the model"),
+        (["search", "{dynamic}"], r"input x has dynamic dim 2 \(H\).*pass --shape x=1x3xNxN"),
+        (["search", "{model}", "--data", "{missing}"], "--data .*missing.onnx: no such file or folder"),
         (["search", "{model}", "--budget", "0"], "--budget: invalid _positive_int value|must be at least 1"),
         (["search", "{model}", "--budget", "-3"], "must be at least 1"),
         (["search", "{model}", "--shape", "x=1xfoo"], "expected NAME=DIMS"),
@@ -67,8 +68,19 @@ def test_bad_input_gets_one_clear_line(tmp_path, conv_model, capsys, args, messa
     (images / "broken.png").write_bytes(b"not a png")
     blocker = tmp_path / "file"
     blocker.write_text("a file where a folder is needed")
+    data = conv_model.read_bytes()
+    (tmp_path / "truncated.onnx").write_bytes(data[: len(data) // 3])
+    model = onnx.load(str(conv_model))
+    onnx.save_model(model, str(tmp_path / "external.onnx"), save_as_external_data=True, location="external.weights",
+                    size_threshold=0)
+    (tmp_path / "external.weights").unlink()
+    model = onnx.load(str(conv_model))  # save_as_external_data moved the weights out of the first copy
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "H", "W"
+    onnx.save(model, str(tmp_path / "dynamic.onnx"))
     fill = {
         "model": conv_model, "missing": tmp_path / "missing.onnx", "empty": empty,
+        "truncated": tmp_path / "truncated.onnx", "external": tmp_path / "external.onnx", "dynamic": tmp_path / "dynamic.onnx",
         "wrong_name": tmp_path / "wrong_name.npz", "wrong_shape": tmp_path / "wrong_shape.npz",
         "wrong_dtype": tmp_path / "wrong_dtype.npz", "bad_image": images, "unwritable": blocker / "out",
     }
@@ -90,47 +102,6 @@ def exit_code(argv):
         return exc.code
 
 
-def test_kill_9_mid_search_then_same_command_resumes(tmp_path):
-    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
-    data = tmp_path / "data.npz"
-    np.savez(data, x=builders.image_like(8))
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
-           "--budget", "12", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    storage = f"sqlite:///{out / 'study.db'}"
-    deadline = time.monotonic() + 120
-    complete = []
-    while time.monotonic() < deadline:
-        try:
-            trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
-            complete = [t for t in trials if t.state.name == "COMPLETE"]
-        except Exception:
-            trials = []
-        if len(complete) >= 3:
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert len(complete) >= 3, "the search did not get going"
-    before = {t.number: (t.params, t.values) for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
-              if t.state.name == "COMPLETE"}
-    assert len(before) < 12
-    assert not (out / "pareto.json").exists()
-    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"{len(before)} of 12 trials already done" in resumed.stderr or "interrupted" in resumed.stderr
-    trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
-    complete = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(complete) == 12
-    for number, (params, values) in before.items():
-        assert (trials[number].params, trials[number].values) == (params, values)
-    for failed in (t for t in trials if t.state.name == "FAIL"):  # the trial the kill interrupted
-        assert any(t.user_attrs.get("retry_of") == failed.number and t.params == failed.params for t in complete)
-    pareto = json.loads((out / "pareto.json").read_text())
-    assert pareto["search"]["trials"] == 12
-
-
 def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):
     out = tmp_path / "out"
     proc = run_cli("search", mlp_model, "--budget", 2, "--out", out, "--override", "*=int8,fp32", "--override", "fc*=int8",
@@ -141,3 +112,15 @@ def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):
     assert plan["plan"]["precisions"]["fc0"] == "int8"
     assert (out / "best" / "model.tensorrt.onnx").exists()
     assert "NOT measured" in proc.stdout and "NOT measured" in plan["files"]["model.tensorrt.onnx"]
+
+
+def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, mlp_model, capsys):
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    common = ["--budget", "2", "--storage", storage, "--study-name", "team-study", "--no-progress"]
+    assert exit_code(["search", str(conv_model), "--out", str(tmp_path / "a"), *common]) == 0
+    before = len(optuna.load_study(study_name="team-study", storage=storage).trials)
+    capsys.readouterr()
+    assert exit_code(["search", str(mlp_model), "--out", str(tmp_path / "b"), *common]) == 2
+    err = capsys.readouterr().err
+    assert "study 'team-study'" in err and "model_sha256" in err and "use another --study-name" in err
+    assert len(optuna.load_study(study_name="team-study", storage=storage).trials) == before  # nothing mixed in

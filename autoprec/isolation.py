@@ -1,0 +1,190 @@
+"""Candidates measured in a child process: a crash, hang or runaway allocation fails one trial, not the search.
+
+One worker process lives for the whole search (the evaluation data and FP32 reference are sent to
+it once); each candidate is sent as serialized ONNX. The parent enforces a time limit and a memory
+limit (the worker's resident set, read from /proc) and kills the worker when either is exceeded.
+A dead worker is replaced before the next candidate. What the worker printed on stderr
+(faulthandler's traceback for a segfault, the engine's own messages) is kept for the trial record.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import onnx
+
+from autoprec.data import Batch
+from autoprec.errors import AutoprecError
+from autoprec.measure import Measurement, measure
+
+STARTUP_SECONDS = 120.0
+POLL_SECONDS = 0.05
+
+
+class TrialCrash(AutoprecError):
+    """The worker died, hung or outgrew its memory limit while measuring a candidate."""
+
+
+class TrialError(AutoprecError):
+    """The candidate raised an error in the worker (deterministic: not retried)."""
+
+
+def total_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-candidate limits. ``memory_bytes`` None means no memory limit."""
+
+    seconds: float = 600.0
+    memory_bytes: int | None = None
+
+    @classmethod
+    def default(cls, seconds: float = 600.0, memory_gb: float | None = None) -> Limits:
+        """Default memory limit: 75 % of this machine's RAM, so the search itself survives."""
+        if memory_gb is not None:
+            return cls(seconds, int(memory_gb * 2**30))
+        total = total_memory_bytes()
+        return cls(seconds, int(total * 0.75) if total else None)
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _worker(conn, backend_name: str, batches, reference, metric_spec: str, stderr_path: str) -> None:
+    """Child process: measure each serialized model it is sent until told to stop (None)."""
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 2)
+    faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
+    from autoprec.accuracy import resolve_metric
+    from autoprec.backends import get_backend
+
+    backend = get_backend(backend_name)
+    metric, loss_function = resolve_metric(metric_spec)
+    conn.send(("ready", None))
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        try:
+            result = measure(backend, onnx.load_from_string(message), batches, reference, metric, loss_function)
+            conn.send(("ok", result.to_json()))
+        except Exception as exc:  # reported to the parent, which fails the trial with it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class IsolatedMeasurer:
+    """``measure(model)`` in a worker process, within ``limits``. Use as a context manager."""
+
+    def __init__(
+        self,
+        backend_name: str,
+        batches: Sequence[Batch],
+        reference: Sequence[dict],
+        metric_spec: str,
+        limits: Limits,
+    ):
+        self.args = (backend_name, list(batches), list(reference), metric_spec)
+        self.limits = limits
+        self.context = multiprocessing.get_context("spawn")
+        self.process = None
+        self.conn = None
+        self.stderr = Path(tempfile.mkstemp(prefix="autoprec-worker-", suffix=".log")[1])
+
+    def _start(self) -> None:
+        parent, child = self.context.Pipe()
+        self.stderr.write_bytes(b"")
+        self.process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
+        self.process.start()
+        child.close()
+        self.conn = parent
+        self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.stderr.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])[-2000:]
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        if self.process is not None:
+            self.process.join(5)
+        self.process = None
+
+    def _crash(self, cause: str) -> TrialCrash:
+        tail = self._stderr_tail()
+        self._kill()
+        return TrialCrash(cause + (f"; worker stderr: {tail}" if tail else ""))
+
+    def _exit_cause(self) -> str:
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"worker killed by signal {signal.Signals(-code).name}"
+        return f"worker exited with status {code}"
+
+    def _wait(self, deadline: float, starting: bool = False):
+        while True:
+            try:
+                if self.conn.poll(POLL_SECONDS):
+                    return self.conn.recv()
+            except (EOFError, OSError):
+                pass
+            if not self.process.is_alive():
+                self.process.join(1)
+                raise self._crash(self._exit_cause() + (" while starting" if starting else ""))
+            rss = _rss_bytes(self.process.pid)
+            limit = self.limits.memory_bytes
+            if limit is not None and rss is not None and rss > limit:
+                raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > {limit / 2**30:.2f} GiB")
+            if time.monotonic() > deadline:
+                what = "starting" if starting else "measuring the candidate"
+                seconds = STARTUP_SECONDS if starting else self.limits.seconds
+                raise self._crash(f"time limit exceeded: {what} took over {seconds:g} s")
+
+    def measure(self, model: onnx.ModelProto) -> Measurement:
+        if self.process is None or not self.process.is_alive():
+            self._start()
+        self.conn.send(model.SerializeToString())
+        kind, payload = self._wait(time.monotonic() + self.limits.seconds)
+        if kind == "error":
+            raise TrialError(payload)
+        return Measurement.from_json(payload)
+
+    def close(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+                self.process.join(5)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
+        self.stderr.unlink(missing_ok=True)
+
+    def __enter__(self) -> IsolatedMeasurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

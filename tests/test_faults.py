@@ -1,0 +1,142 @@
+"""Candidates that crash, hang, run out of memory or raise: each fails its trial, the study goes on."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import optuna
+import pytest
+
+import autoprec
+import builders
+
+MISBEHAVING = '''
+import os, signal, time
+import numpy as np
+
+def _exact(reference, candidate):
+    return all(np.array_equal(r[k], c[k]) for r, c in zip(reference, candidate) for k in r)
+
+def segfault(reference, candidate):
+    if not _exact(reference, candidate):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return 0.0
+
+def hang(reference, candidate):
+    if not _exact(reference, candidate):
+        time.sleep(600)
+    return 0.0
+
+def hog(reference, candidate):
+    hoard = []
+    while not _exact(reference, candidate):
+        hoard.append(np.ones(2**25))  # 256 MiB more each step, until the parent kills the worker
+        time.sleep(0.02)
+    return 0.0
+
+def raises(reference, candidate):
+    if not _exact(reference, candidate):
+        raise ValueError("metric cannot handle this candidate")
+    return 0.0
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "misbehaving.py").write_text(MISBEHAVING)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _errors(out):
+    study = optuna.load_study(study_name=optuna.get_all_study_names(f"sqlite:///{out / 'study.db'}")[0],
+                              storage=f"sqlite:///{out / 'study.db'}")
+    return study, {t.number: t.user_attrs.get("error") for t in study.trials if t.state.name == "FAIL"}
+
+
+@pytest.mark.parametrize(
+    "function, options, cause",
+    [
+        ("segfault", {}, "worker killed by signal SIGSEGV; worker stderr: Fatal Python error: Segmentation fault"),
+        ("hang", {"trial_timeout": 2}, "time limit exceeded: measuring the candidate took over 2 s"),
+        ("hog", {"trial_memory_gb": 0.75}, "memory limit exceeded: worker RSS [0-9.]+ GiB > 0.75 GiB"),
+    ],
+)
+def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_model, function, options, cause):
+    out = plugin / "out"
+    result = autoprec.search(mlp_model, budget=3, out=out, metric=f"misbehaving:{function}", progress=False, **options)
+    # The seeded all-fp32 plan is exact and completes; all-fp16 and all-int8 crash twice each.
+    assert [t.plan.counts()["fp32"] for t in result.trials] == [3]
+    assert result.chosen is not None and result.chosen.number == 0
+    study, errors = _errors(out)
+    assert sorted(errors) == [1, 2]
+    for error in errors.values():
+        assert error.startswith("TrialCrash: crashed twice, not retried again")
+        assert len(__import__("re").findall(cause, error)) == 2, error
+    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 1
+
+
+def test_an_error_in_the_worker_is_not_retried_and_a_failed_plan_is_not_measured_again(plugin, mlp_model):
+    out = plugin / "out"
+    # fc0 and fc1 in fp16 or fp32, head fixed: 4 distinct plans, 9 trials.
+    autoprec.search(mlp_model, budget=9, out=out, metric="misbehaving:raises", overrides=["*=fp16,fp32", "head=fp32"],
+                    progress=False)
+    study, errors = _errors(out)
+    measured = [e for e in errors.values() if e.startswith("TrialError")]
+    assert measured and all("ValueError: metric cannot handle this candidate" in e for e in measured)
+    assert len(measured) <= 3  # each failing plan measured once
+    assert all("failed in trial" in e for e in errors.values() if not e.startswith("TrialError"))
+    assert not any("crashed" in e for e in errors.values())
+
+
+def test_no_isolation_measures_in_process(tmp_path, mlp_model):
+    result = autoprec.search(mlp_model, budget=3, out=tmp_path / "out", isolate=False, progress=False)
+    assert len(result.trials) == 3
+
+
+def _valid_results(out):
+    """Every result file present is complete: JSON parses, ONNX loads, no temporary file is visible as real."""
+    for path in list(out.glob("*.json")) + list(out.glob("best/*.json")):
+        json.loads(path.read_text())
+    for path in out.glob("best/*.onnx"):
+        onnx.checker.check_model(onnx.load(str(path)))
+
+
+def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, x=builders.image_like(8))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
+           "--budget", "6", "--no-progress"]
+    kills = 0
+    # Kill during start-up, calibration, trials and result writing, a little later each time.
+    for delay in (0.4, 1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 6.0, 7.0):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=delay)
+            break  # it finished before the kill
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        _valid_results(out)
+    assert kills >= 3
+    final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    _valid_results(out)
+    study = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 6
+    for failed in (t for t in study.trials if t.state.name == "FAIL"):  # interrupted, then re-run once
+        assert "error" not in failed.user_attrs
+        assert any(t.user_attrs.get("retry_of") == failed.number for t in study.trials)
+    assert not list(out.rglob(".*.tmp"))
+    pareto = json.loads((out / "pareto.json").read_text())
+    assert pareto["search"]["trials"] == 6
+    time.sleep(0.1)
