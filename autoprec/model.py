@@ -182,11 +182,14 @@ def resolve_input_shapes(
             elif item is not None and len(item) == len(spec.shape) - 1:
                 shape.append(item[axis - 1])
             else:
+                free = [f"D{a}" for a, d in enumerate(spec.shape) if a > 0 and not (isinstance(d, int) and d > 0)]
+                example = "x".join(
+                    str(d) if isinstance(d, int) and d > 0 else ("1" if a == 0 else f"D{a}") for a, d in enumerate(spec.shape)
+                )
                 raise ModelError(
                     f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and "
-                    f"nothing fixes it; pass --shape {spec.name}="
-                    + "x".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in spec.shape)
-                    + " with N filled in, or --data with arrays of that shape"
+                    f"nothing fixes it; pass --shape {spec.name}={example} with {', '.join(free)} filled in, "
+                    "or --data with arrays of that shape"
                 )
         shapes[spec.name] = tuple(shape)
     return shapes, notes
