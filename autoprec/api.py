@@ -21,8 +21,8 @@ from autoprec.isolation import IsolatedMeasurer, Limits
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import measure
 from autoprec.model import analyse, declared_inputs, load_onnx
-from autoprec.plots import plot_pareto
-from autoprec.results import SearchResult, load_json, model_json, units_json, write_results
+from autoprec.plots import plot_result_dir
+from autoprec.results import SearchResult, model_json, read_result_dir, units_json, write_results
 from autoprec.search import (
     StudyContext,
     choose,
@@ -187,5 +187,5 @@ def search(
         if engine.qdq_form is not QDQForm.TENSORRT and chosen.plan.counts()["int8"]:
             tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
     write_results(result, chosen_model, tensorrt_model)
-    plot_pareto(load_json(out_dir / "pareto.json"), load_json(out_dir / "trials.json"), out_dir / "pareto.png")
+    plot_result_dir(read_result_dir(out_dir))
     return result

@@ -37,7 +37,7 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    return write_bytes(path, (json.dumps(obj, indent=2, allow_nan=True) + "\n").encode())
+    return write_bytes(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
 
 
 def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:

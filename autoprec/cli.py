@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 
+from autoprec import console
 from autoprec.errors import AutoprecError
+from autoprec.results import read_result_dir
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -98,11 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure candidates in this process (debugging; an engine crash then ends the search)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
+
+    show = verbs.add_parser("show", help="print a result's Pareto front and chosen plan")
+    show.add_argument("result_dir", help="the --out folder of a search")
+    show.add_argument("--json", action="store_true", help="the summary as JSON, for scripts")
+    plot = verbs.add_parser("plot", help="(re)draw pareto.png and layers.png in a result folder")
+    plot.add_argument("result_dir", help="the --out folder of a search")
+    report = verbs.add_parser("report", help="write one self-contained HTML report of a result")
+    report.add_argument("result_dir", help="the --out folder of a search")
+    report.add_argument("--output", help="where to write it (default RESULT_DIR/report.html)")
+    compare = verbs.add_parser("compare", help="two results side by side (e.g. two engines)")
+    compare.add_argument("dir_a")
+    compare.add_argument("dir_b")
     return parser
 
 
 def _search(args: argparse.Namespace) -> int:
-    from autoprec import console
     from autoprec.api import search
 
     result = search(
@@ -127,27 +140,14 @@ def _search(args: argparse.Namespace) -> int:
         trial_timeout=args.trial_timeout,
         trial_memory_gb=args.trial_memory,
     )
-    fp32 = result.uniform().get("fp32")
+    files = read_result_dir(result.out_dir)
     if args.json:
-        summary = json.loads((result.out_dir / "pareto.json").read_text())
-        console.stdout.print_json(data={k: summary[k] for k in ("engine", "search", "chosen", "chosen_vs_fp32", "front")})
+        _print_json(files)
         return 0
-    console.stdout.print(
-        console.front_table(result.front, result.chosen, fp32.latency_ms if fp32 else None, result.search["metric"], result.engine.label())
-    )
-    if result.chosen is not None:
-        c, counts = result.chosen, result.chosen.plan.counts()
-        limit = f"fastest within --max-loss {result.search['max_loss']:g}" if result.search["max_loss"] is not None else "knee of the front"
-        console.stdout.print(
-            f"chosen: trial {c.number} ({limit}): {c.latency_ms:.3f} ms, loss {c.loss:.2e}, "
-            f"int8/fp16/fp32 = {counts['int8']}/{counts['fp16']}/{counts['fp32']}"
-        )
-        versus = result.speedup_vs_fp32()
-        if versus is not None and versus["fp32_trial"] != c.number:
-            verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
-            console.stdout.print(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict})")
+    _print_front(files)
     out = result.out_dir
-    console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, {out / 'pareto.png'}")
+    console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
+                         f"{out / 'pareto.png'}, {out / 'layers.png'}")
     console.stdout.print(f"latencies measured by {result.engine.label()}")
     if (out / "best" / "model.tensorrt.onnx").exists():
         console.stdout.print(
@@ -157,12 +157,59 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_json(files) -> None:
+
+    summary = {k: files.pareto.get(k) for k in ("engine", "model", "search", "chosen", "chosen_vs_fp32", "uniform", "front")}
+    console.stdout.print_json(data=summary)
+
+
+def _print_front(files) -> None:
+
+    console.stdout.print(console.front_table(files.pareto))
+    for line in console.chosen_summary(files.pareto, files.chosen):
+        console.stdout.print(line)
+
+
+def _show(args: argparse.Namespace) -> int:
+
+    files = read_result_dir(args.result_dir)
+    if args.json:
+        _print_json(files)
+        return 0
+    _print_front(files)
+    if files.plan is not None:
+        console.stdout.print(console.plan_table(files.plan))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from autoprec.plots import plot_result_dir
+
+    for path in plot_result_dir(read_result_dir(args.result_dir)):
+        console.stdout.print(f"wrote {path}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from autoprec.report import write_report
+
+    path = write_report(read_result_dir(args.result_dir), Path(args.output) if args.output else None)
+    console.stdout.print(f"wrote {path}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+
+    console.stdout.print(console.compare_table(read_result_dir(args.dir_a), read_result_dir(args.dir_b)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare}
     try:
-        if args.verb == "search":
-            return _search(args)
+        return verbs[args.verb](args)
     except AutoprecError as exc:
         print(f"autoprec: error: {exc}", file=sys.stderr)
         return 2

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
-from typing import Sequence
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from autoprec.results import ResultFiles
 from autoprec.search import TrialRecord
 
 console = Console(stderr=True)
-stdout = Console(file=sys.stdout)
+stdout = Console()  # resolves sys.stdout when printing (so redirection and capture work)
 
 
 def note(message: str) -> None:
@@ -68,20 +69,117 @@ class SearchProgress:
         self.progress.stop()
 
 
-def front_table(front: Sequence[TrialRecord], chosen: TrialRecord | None, fp32_ms: float | None, metric: str, engine: str) -> Table:
-    table = Table(title=f"Pareto front — {engine}", title_justify="left")
-    for column in ("trial", "ms", "p10–p90", "×fp32", f"loss ({metric})", "i8/f16/f32", ""):
+def _loss(value: float | str) -> str:
+    value = float(value)  # result files write infinities as "inf"
+    return f"{value:.2e}" if math.isfinite(value) else "inf"
+
+
+def front_table(pareto: dict[str, Any]) -> Table:
+    """The Pareto front of a result (pareto.json), fastest first, the chosen plan marked."""
+    engine = pareto["engine"]
+    table = Table(title=f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}",
+                  title_justify="left")
+    for column in ("trial", "ms", "p10–p90", "×fp32", f"loss ({pareto['search']['metric']})", "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    for r in front:
-        lat = r.measurement.latency
-        counts = r.plan.counts()
+    versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), None)
+    fp32_ms = chosen["latency_ms"]["median_ms"] * versus["speedup"] if versus and chosen else None
+    for t in pareto["front"]:
+        lat, counts = t["latency_ms"], t["plan"]["counts"]
         table.add_row(
-            str(r.number),
-            f"{lat.median_ms:.3f}",
-            f"{lat.p10_ms:.3f}–{lat.p90_ms:.3f}",
-            f"{fp32_ms / lat.median_ms:.2f}" if fp32_ms else "—",
-            f"{r.loss:.2e}" if math.isfinite(r.loss) else "inf",
+            str(t["trial"]),
+            f"{lat['median_ms']:.3f}" + (" ⚠" if t.get("latency_unstable") else ""),
+            f"{lat['p10_ms']:.3f}–{lat['p90_ms']:.3f}",
+            f"{fp32_ms / lat['median_ms']:.2f}" if fp32_ms else "—",
+            _loss(t["accuracy_loss"]),
             f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
-            "[bold red]chosen[/bold red]" if chosen is not None and r.number == chosen.number else "",
+            "[bold red]chosen[/bold red]" if t["trial"] == pareto["chosen"] else "",
         )
+    return table
+
+
+def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> list[str]:
+    """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
+    if chosen is None:
+        return ["no plan was chosen (no trial finished)"]
+    counts, max_loss = chosen["plan"]["counts"], pareto["search"]["max_loss"]
+    rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
+    lines = [
+        f"chosen: trial {chosen['trial']} ({rule}): {chosen['latency_ms']['median_ms']:.3f} ms, "
+        f"loss {_loss(chosen['accuracy_loss'])}, int8/fp16/fp32 = {counts['int8']}/{counts['fp16']}/{counts['fp32']}"
+    ]
+    versus = pareto.get("chosen_vs_fp32")
+    if versus and versus["fp32_trial"] != chosen["trial"]:
+        verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
+        lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict})")
+    return lines
+
+
+def plan_table(plan: dict[str, Any]) -> Table:
+    """The chosen plan, unit by unit in graph order."""
+    table = Table(title=f"chosen plan (trial {plan['trial']}), units in graph order", title_justify="left")
+    for column in ("#", "unit", "op", "fused", "precision"):
+        table.add_column(column, justify="right" if column == "#" else "left")
+    style = {"int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
+    for i, unit in enumerate(plan["units"]):
+        p = unit["precision"]
+        table.add_row(str(i), unit["name"], unit["op_type"], ", ".join(unit["fused"]) or "—", f"[{style[p]}]{p}[/{style[p]}]")
+    return table
+
+
+def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
+    """Two runs side by side: where they ran, what they chose, and the uniform plans' latencies."""
+    table = Table(title="autoprec compare", title_justify="left")
+    table.add_column("", no_wrap=True)
+    table.add_column(str(a.out_dir))
+    table.add_column(str(b.out_dir))
+
+    def engine(r: ResultFiles) -> str:
+        e = r.pareto["engine"]
+        return f"{e['engine']} {e['version']} {e['provider']}"
+
+    def chosen(r: ResultFiles, field: str) -> str:
+        c = r.chosen
+        if c is None:
+            return "—"
+        if field == "latency":
+            return f"{c['latency_ms']['median_ms']:.3f} ms (p10–p90 {c['latency_ms']['p10_ms']:.3f}–{c['latency_ms']['p90_ms']:.3f})"
+        if field == "loss":
+            return _loss(c["accuracy_loss"])
+        counts = c["plan"]["counts"]
+        return f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
+
+    def speedup(r: ResultFiles) -> str:
+        v = r.pareto.get("chosen_vs_fp32")
+        if not v:
+            return "—"
+        return f"{v['speedup']:.2f}× ({'beyond' if v['beyond_timing_noise'] else 'within'} timing noise)"
+
+    def uniform(r: ResultFiles, precision: str) -> str:
+        number = r.pareto.get("uniform", {}).get(precision)
+        t = r.trial(number) if number is not None else None
+        return f"{t['latency_ms']['median_ms']:.3f} ms, loss {_loss(t['accuracy_loss'])}" if t else "—"
+
+    rows = [
+        ("model", lambda r: f"{Path(r.pareto['model']['path']).name} ({r.pareto['model']['sha256'][:12]})"),
+        ("engine", engine),
+        ("device", lambda r: r.pareto["engine"]["device"]),
+        ("metric / max loss", lambda r: f"{r.pareto['search']['metric']} / {r.pareto['search']['max_loss']}"),
+        ("trials / budget", lambda r: f"{r.pareto['search']['trials']} / {r.pareto['search']['budget']}"),
+        ("wall time", lambda r: f"{r.pareto['search']['wall_seconds']:.1f} s"),
+        ("front size", lambda r: str(len(r.pareto["front"]))),
+        ("chosen latency", lambda r: chosen(r, "latency")),
+        ("chosen loss", lambda r: chosen(r, "loss")),
+        ("chosen int8/fp16/fp32", lambda r: chosen(r, "counts")),
+        ("chosen vs all-fp32", speedup),
+        ("all fp32", lambda r: uniform(r, "fp32")),
+        ("all fp16", lambda r: uniform(r, "fp16")),
+        ("all int8", lambda r: uniform(r, "int8")),
+    ]
+    for label, value in rows:
+        table.add_row(label, value(a), value(b))
+    if a.chosen and b.chosen and a.pareto["model"]["sha256"] == b.pareto["model"]["sha256"]:
+        pa, pb = a.chosen["plan"]["precisions"], b.chosen["plan"]["precisions"]
+        differ = [u for u in pa if pa[u] != pb.get(u)]
+        shown = ", ".join(f"{u}: {pa[u]}→{pb.get(u)}" for u in differ[:6]) + (" …" if len(differ) > 6 else "")
+        table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", shown or "—")
     return table

@@ -2,25 +2,44 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from autoprec import atomic
+from autoprec.results import ResultFiles
+
+# Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
+PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 
 
 def _point(trial: dict[str, Any]) -> tuple[float, float, float, float] | None:
-    lat, loss = trial["latency_ms"], trial["accuracy_loss"]
-    if loss is None:  # overflowed: unbounded loss, drawn nowhere
+    lat, loss = trial["latency_ms"], float(trial["accuracy_loss"])
+    if not math.isfinite(loss):  # overflowed: unbounded loss, drawn nowhere
         return None
     return lat["median_ms"], loss, lat["median_ms"] - lat["p10_ms"], lat["p90_ms"] - lat["median_ms"]
 
 
-def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> Path:
-    """Latency vs accuracy loss: every trial grey, the front joined, uniform plans and the chosen one labelled."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _subtitle(pareto: dict[str, Any]) -> str:
+    engine = pareto["engine"]
+    return (
+        f"{Path(pareto['model']['path']).name} · loss = {pareto['search']['metric']} vs FP32\n"
+        f"{engine['engine']} {engine['version']} {engine['provider']} · {engine['device']}"
+    )
+
+
+def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> Path:
+    """Latency vs accuracy loss: every trial grey, the front joined, uniform plans and the chosen one labelled."""
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     points = [p for t in trials["trials"] if (p := _point(t))]
@@ -54,13 +73,62 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
     if lats and max(lats) / max(min(lats), 1e-9) > 10:
         ax.set_xscale("log")
     ax.margins(x=0.1)
-    engine = pareto["engine"]
-    ax.set_xlabel(f"latency per batch, ms (median) — {engine['engine']} {engine['version']} {engine['provider']}")
+    ax.set_xlabel("latency per batch, ms (median; bars: p10–p90)")
     ax.set_ylabel(f"accuracy loss ({pareto['search']['metric']}) vs FP32")
-    ax.set_title(f"{Path(pareto['model']['path']).name} on {engine['device']}", fontsize=10)
+    ax.set_title(_subtitle(pareto), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
     fig.tight_layout()
     atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
     plt.close(fig)
     return path
+
+
+def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
+    """Units in graph order (columns) coloured by precision; one row per front member, the chosen one on top."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+    order = ["int8", "fp16", "fp32"]
+    front = sorted(pareto["front"], key=lambda t: (t["trial"] != pareto["chosen"], t["latency_ms"]["median_ms"]))
+    units = list(front[0]["plan"]["precisions"]) if front else []
+    grid = [[order.index(t["plan"]["precisions"][u]) for u in units] for t in front]
+    width = min(24.0, max(8.0, 0.09 * len(units) + 3.5))
+    height = 1.6 + 0.32 * len(front)
+    fig, ax = plt.subplots(figsize=(width, height), dpi=120)
+    if grid:
+        ax.imshow(grid, aspect="auto", interpolation="nearest", vmin=0, vmax=2,
+                  cmap=ListedColormap([PRECISION_COLOURS[p] for p in order]))
+    labels = []
+    for t in front:
+        loss = float(t["accuracy_loss"])
+        loss_text = f"{loss:.1e}" if math.isfinite(loss) else "inf"
+        mark = "chosen · " if t["trial"] == pareto["chosen"] else ""
+        labels.append(f"{mark}trial {t['trial']}: {t['latency_ms']['median_ms']:.3g} ms, loss {loss_text}")
+    ax.set_yticks(range(len(front)), labels, fontsize=8)
+    if len(units) <= 40:
+        ax.set_xticks(range(len(units)), units, rotation=90, fontsize=7)
+    else:  # too many names to read: number the units, every tenth
+        ticks = list(range(0, len(units), 10))
+        ax.set_xticks(ticks, [str(i) for i in ticks], fontsize=8)
+        ax.set_xlabel(f"unit index in graph order ({len(units)} units; names in best/plan.json)", fontsize=8)
+    ax.set_xticks([x - 0.5 for x in range(1, len(units))], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(1, len(front))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.6 if len(units) <= 60 else 0.2)
+    ax.tick_params(which="minor", length=0)
+    ax.set_title(f"Precision per unit on the Pareto front: {_subtitle(pareto)}", fontsize=9)
+    handles = [Patch(color=PRECISION_COLOURS[p], label=p) for p in order]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
+
+
+def plot_result_dir(result: ResultFiles) -> list[Path]:
+    """Every figure a result directory supports, written next to its results."""
+    return [
+        plot_pareto(result.pareto, result.trials, result.out_dir / "pareto.png"),
+        plot_layers(result.pareto, result.out_dir / "layers.png"),
+    ]

@@ -1,7 +1,8 @@
 """The result directory: pareto.json, trials.json, best/plan.json, best/model.onnx — written atomically.
 
 JSON only (never pickle), so results can be read by anything and loaded without running code.
-Non-finite numbers (a candidate whose outputs overflowed) are written as null.
+Non-finite numbers (an overflowed candidate's loss, an exact match's SNR) are written as the
+strings "inf" and "-inf", which ``float()`` reads back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import onnx
 
 from autoprec import atomic
 from autoprec.backends.base import EngineInfo
+from autoprec.errors import AutoprecError
 from autoprec.model import ModelInfo
 from autoprec.search import TrialRecord
 
@@ -59,13 +61,14 @@ class SearchResult:
         return found
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """Strict JSON has no infinities: write them as "inf" / "-inf" (``float()`` reads them back)."""
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return str(value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -74,6 +77,8 @@ def trial_json(trial: TrialRecord) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "latency_ms": m.latency.to_json(),
+        "latency_unstable": m.unstable,
+        "retimes": m.retimes,
         "accuracy_loss": m.loss,
         "feasible": trial.feasible,
         "metrics": m.metrics,
@@ -111,7 +116,7 @@ def write_results(
     written = [
         atomic.write_json(
             out / "pareto.json",
-            _finite(
+            json_safe(
                 {
                     "schema": PARETO_SCHEMA,
                     **header,
@@ -122,7 +127,7 @@ def write_results(
                 }
             ),
         ),
-        atomic.write_json(out / "trials.json", _finite({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]})),
+        atomic.write_json(out / "trials.json", json_safe({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]})),
     ]
     if result.chosen is not None and chosen_model is not None:
         best = out / "best"
@@ -147,10 +152,45 @@ def write_results(
             written.append(atomic.write_bytes(best / "model.tensorrt.onnx", tensorrt_model.SerializeToString()))
         else:  # a resumed search may have chosen another plan: no stale artifact of the old one
             (best / "model.tensorrt.onnx").unlink(missing_ok=True)
-        written.append(atomic.write_json(best / "plan.json", _finite(plan_doc)))
+        written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
     return written
 
 
 def load_json(path: Path) -> dict[str, Any]:
     """Read a result file (plain JSON; nothing is unpickled or executed)."""
     return json.loads(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class ResultFiles:
+    """A result directory as written by a search: what plots, reports and comparisons read."""
+
+    out_dir: Path
+    pareto: dict[str, Any]
+    trials: dict[str, Any]
+    plan: dict[str, Any] | None
+
+    @property
+    def chosen(self) -> dict[str, Any] | None:
+        return next((t for t in self.pareto["front"] if t["trial"] == self.pareto["chosen"]), None)
+
+    def trial(self, number: int) -> dict[str, Any] | None:
+        return next((t for t in self.trials["trials"] if t["trial"] == number), None)
+
+
+def read_result_dir(out_dir: str | Path) -> ResultFiles:
+    """Load a result directory, or say plainly why it is not one."""
+    out_dir = Path(out_dir)
+    pareto_path = out_dir / "pareto.json"
+    if not pareto_path.is_file():
+        raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
+    try:
+        pareto = load_json(pareto_path)
+        trials = load_json(out_dir / "trials.json")
+        plan_path = out_dir / "best" / "plan.json"
+        plan = load_json(plan_path) if plan_path.is_file() else None
+    except (OSError, ValueError) as exc:
+        raise AutoprecError(f"{out_dir}: its result files cannot be read ({exc}); rerun the search to rewrite them") from None
+    if pareto.get("schema") != PARETO_SCHEMA:
+        raise AutoprecError(f"{pareto_path}: schema {pareto.get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search")
+    return ResultFiles(out_dir, pareto, trials, plan)

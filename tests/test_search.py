@@ -161,10 +161,12 @@ def test_atomic_write_leaves_the_old_file_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
-def test_nonfinite_loss_is_written_as_null():
-    from autoprec.results import _finite
+def test_nonfinite_numbers_survive_strict_json():
+    from autoprec.results import json_safe
 
-    assert _finite({"a": [math.inf, 1.0], "b": -math.inf}) == {"a": [None, 1.0], "b": None}
+    written = json.loads(json.dumps(json_safe({"a": [math.inf, 1.0], "b": -math.inf}), allow_nan=False))
+    assert written == {"a": ["inf", 1.0], "b": "-inf"}
+    assert float(written["a"][0]) == math.inf and float(written["b"]) == -math.inf
 
 
 def test_timing_noise_verdict():

@@ -1,0 +1,135 @@
+"""One self-contained HTML report of a result directory: figures embedded, every number in tables."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from autoprec import atomic
+from autoprec.plots import plot_result_dir
+from autoprec.results import ResultFiles
+
+STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5em 0; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
+td.l, th.l { text-align: left; } tr.chosen { background: #fff4d6; font-weight: 600; }
+.int8 { background: #E69F00; } .fp16 { background: #0072B2; color: #fff; } .fp32 { background: #eee; }
+img { max-width: 100%; border: 1px solid #eee; } .note { color: #666; } .warn { color: #a40; font-weight: 600; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _num(value: float | str, fmt: str = ".6g") -> str:
+    value = float(value)  # result files write infinities as "inf"
+    if math.isfinite(value):
+        return format(value, fmt)
+    return "∞" if value > 0 else "−∞"
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _facts(result: ResultFiles) -> str:
+    p = result.pareto
+    engine, search, model = p["engine"], p["search"], p["model"]
+    rows = [
+        ("model", f"{model['path']} (sha256 {model['sha256'][:16]}…)"),
+        ("inputs", ", ".join(f"{n} {v['shape']} {v['dtype']}" for n, v in model["inputs"].items())),
+        ("units", f"{model['units']} ({model['searchable_units']} searched)"),
+        ("preparation", "; ".join(model["preparation"]) or "—"),
+        ("engine", f"{engine['engine']} {engine['version']}, {engine['provider']} ({engine['qdq_form']} Q/DQ form)"),
+        ("device", engine["device"]),
+        ("measured", "yes" if engine["measured"] else "NO — described only, never executed"),
+        ("data", f"{search['data']} — {search['batches']['calibration']} calibration / "
+                 f"{search['batches']['evaluation']} evaluation batch(es)"),
+        ("metric", f"{search['metric']} (loss 0 = identical to FP32)"),
+        ("max loss", search["max_loss"] if search["max_loss"] is not None else "none (the knee is chosen)"),
+        ("budget / trials", f"{search['budget']} / {search['trials']}"),
+        ("sampler / seed", f"{search['sampler']} / {search['seed']}"),
+        ("calibration", search["calibration"]),
+        ("study", f"{search['study_name']} in {search['storage']}"),
+        ("wall time", f"{search['wall_seconds']:.1f} s"),
+    ]
+    body = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in rows)
+    warning = ('<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search["random_data"] else "")
+    return f"<table>{body}</table>{warning}"
+
+
+def _front(result: ResultFiles) -> str:
+    p = result.pareto
+    outputs = list(p["front"][0]["metrics"]) if p["front"] else []
+    metric_names = sorted({m for t in p["front"] for out in t["metrics"].values() for m in out if m != "nonfinite"})
+    head = ["trial", "median ms", "p10 ms", "p90 ms", "runs", "loss", "int8", "fp16", "fp32"]
+    rows = []
+    for t in p["front"]:
+        lat, counts = t["latency_ms"], t["plan"]["counts"]
+        cells = [t["trial"], _num(lat["median_ms"], ".4g"), _num(lat["p10_ms"], ".4g"), _num(lat["p90_ms"], ".4g"),
+                 lat["runs"], _num(t["accuracy_loss"], ".3e"), counts["int8"], counts["fp16"], counts["fp32"]]
+        cells += [_num(t["metrics"][out][m]) if m in t["metrics"][out] else "—" for out in outputs for m in metric_names]
+        cls = ' class="chosen"' if t["trial"] == p["chosen"] else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    # Two header rows: each output's name once over its metrics, so long tensor names stay readable.
+    top = "".join(f'<th rowspan="2">{_e(h)}</th>' for h in head)
+    top += "".join(f'<th colspan="{len(metric_names)}">output {_e(out)}</th>' for out in outputs)
+    sub = "".join(f"<th>{_e(m)}</th>" for _ in outputs for m in metric_names)
+    return (f'<div style="overflow-x:auto"><table><tr>{top}</tr><tr>{sub}</tr>{"".join(rows)}</table></div>'
+            "<p class='note'>Highlighted: the chosen plan. Latency: one batch, median of the timed runs; p10–p90 is "
+            "the spread. Metrics compare each output with the FP32 model's on the evaluation batches.</p>")
+
+
+def _plan(plan: dict[str, Any] | None) -> str:
+    if plan is None:
+        return "<p>No plan was chosen.</p>"
+    rows = "".join(
+        f'<tr><td>{i}</td><td class="l">{_e(u["name"])}</td><td class="l">{_e(u["op_type"])}</td>'
+        f'<td class="l">{_e(", ".join(u["fused"]) or "—")}</td><td class="l {u["precision"]}">{u["precision"]}</td></tr>'
+        for i, u in enumerate(plan["units"])
+    )
+    files = "".join(f"<li><code>best/{_e(k)}</code>: {_e(v)}</li>" for k, v in plan["files"].items())
+    return ('<table><tr><th>#</th><th class="l">unit</th><th class="l">op</th><th class="l">fused</th>'
+            f'<th class="l">precision</th></tr>{rows}</table><ul>{files}</ul>')
+
+
+def write_report(result: ResultFiles, path: Path | None = None) -> Path:
+    """Write ``report.html`` (figures made first if missing) and return its path."""
+    figures = {"pareto.png": "latency vs accuracy loss", "layers.png": "precision per unit"}
+    if not all((result.out_dir / f).exists() for f in figures):
+        plot_result_dir(result)
+    p, chosen = result.pareto, result.chosen
+    summary = "No plan was chosen."
+    if chosen is not None:
+        counts = chosen["plan"]["counts"]
+        summary = (f"Chosen: trial {chosen['trial']}, {_num(chosen['latency_ms']['median_ms'])} ms per batch, "
+                   f"accuracy loss {_num(chosen['accuracy_loss'])}, int8/fp16/fp32 = "
+                   f"{counts['int8']}/{counts['fp16']}/{counts['fp32']} units.")
+        versus = p.get("chosen_vs_fp32")
+        if versus and versus["fp32_trial"] != chosen["trial"]:
+            noise = "beyond" if versus["beyond_timing_noise"] else "within"
+            summary += f" {versus['speedup']:.2f}× the all-FP32 latency ({noise} timing noise)."
+    title = f"autoprec — {Path(p['model']['path']).name} on {p['engine']['engine']} {p['engine']['provider']}"
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
+<body>
+<h1>{_e(title)}</h1>
+<p id="summary">{_e(summary)}</p>
+<h2>Run</h2>{_facts(result)}
+<h2>Trade-off</h2>{_img(result.out_dir / "pareto.png", figures["pareto.png"])}
+<h2>Pareto front</h2>{_front(result)}
+<h2>Precision per unit</h2>{_img(result.out_dir / "layers.png", figures["layers.png"])}
+<h2>Chosen plan</h2>{_plan(result.plan)}
+<p class="note">Made by autoprec from {_e(result.out_dir)}. Every latency was measured by the engine named above.</p>
+</body></html>
+"""
+    path = path or result.out_dir / "report.html"
+    return atomic.write_bytes(path, page.encode())

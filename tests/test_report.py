@@ -1,0 +1,103 @@
+"""plot, report, show, compare: files exist, render, and carry the numbers of the result they were made from."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import autoprec
+import builders
+from autoprec.cli import main
+
+
+@pytest.fixture(scope="module")
+def result_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    model = builders.save(builders.conv_net(), root / "conv.onnx")
+    data = root / "data.npz"
+    np.savez(data, x=builders.image_like(8))
+    a = root / "a"
+    b = root / "b"
+    autoprec.search(model, budget=6, data=data, out=a, max_loss=0.05, progress=False)
+    autoprec.search(model, budget=5, data=data, out=b, seed=7, progress=False)
+    return a, b
+
+
+def _code(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _not_blank(path):
+    pixels = np.asarray(Image.open(path).convert("L"), dtype=np.float32)
+    return pixels.std() > 10
+
+
+def test_plot_redraws_both_figures(result_dirs):
+    a, _ = result_dirs
+    for name in ("pareto.png", "layers.png"):
+        (a / name).unlink()
+    assert _code(["plot", str(a)]) == 0
+    for name in ("pareto.png", "layers.png"):
+        image = Image.open(a / name)
+        assert image.format == "PNG" and image.width >= 800 and _not_blank(a / name)
+
+
+def test_show_prints_the_front_and_json_matches_the_files(result_dirs, capsys):
+    a, _ = result_dirs
+    pareto = json.loads((a / "pareto.json").read_text())
+    assert _code(["show", str(a)]) == 0
+    out = capsys.readouterr().out
+    for trial in pareto["front"]:
+        assert f"{trial['latency_ms']['median_ms']:.3f}" in out
+    assert f"chosen: trial {pareto['chosen']}" in out and "chosen plan (trial" in out and "conv1" in out
+    assert _code(["show", str(a), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["chosen"] == pareto["chosen"] and shown["front"] == pareto["front"]
+
+
+def test_compare_puts_two_runs_side_by_side(result_dirs, capsys):
+    a, b = result_dirs
+    assert _code(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert str(a) in out.replace("\n", "") or a.name in out
+    assert "chosen latency" in out and "units chosen differently" in out and "all fp32" in out
+
+
+def test_reading_a_folder_that_is_no_result_fails_clearly(tmp_path, capsys):
+    assert _code(["show", str(tmp_path)]) == 2
+    assert "no pareto.json there" in capsys.readouterr().err
+
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have Debian's chromium (.ci/run installs it)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return [found, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+
+
+def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path):
+    a, _ = result_dirs
+    assert _code(["report", str(a)]) == 0
+    page = (a / "report.html").read_text()
+    pareto = json.loads((a / "pareto.json").read_text())
+    chosen = next(t for t in pareto["front"] if t["trial"] == pareto["chosen"])
+    assert f"{chosen['latency_ms']['median_ms']:.4g}" in page
+    assert page.count("data:image/png;base64,") == 2 and "src=\"http" not in page
+    assert pareto["engine"]["device"] in page and pareto["engine"]["version"] in page
+    browser = _chromium() + [f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(browser + ["--dump-dom", (a / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert "Pareto front" in dom.stdout and f"Chosen: trial {chosen['trial']}" in dom.stdout
+    shot = tmp_path / "report.png"
+    subprocess.run(browser + ["--window-size=1280,1600", f"--screenshot={shot}", (a / "report.html").as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and _not_blank(shot)
