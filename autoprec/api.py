@@ -75,6 +75,7 @@ def search(
     Example::
 
         result = autoprec.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
+        result = autoprec.search("zoo:ppocr-det", budget=50)  # a zoo model, with its own real data
         print(result.chosen.latency_ms, result.chosen.plan.counts())
 
     The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
@@ -89,6 +90,14 @@ def search(
         raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
     if calibration not in CALIBRATION_METHODS:
         raise AutoprecError(f"--calibration {calibration!r}: choose one of {', '.join(CALIBRATION_METHODS)}")
+    if str(model).startswith("zoo:"):  # a zoo model brings its own sample data and input shapes
+        from autoprec import zoo
+
+        fetched = zoo.fetch(str(model))
+        console.note(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
+        model, data = fetched.model, data if data is not None else fetched.data
+        shapes = shapes or fetched.shapes
+        out = out if out is not None else Path("autoprec_out") / fetched.name
     model_path = Path(model)
     out_dir = Path(out) if out is not None else Path("autoprec_out") / model_path.stem
     metric_name, loss_function = resolve_metric(metric)

