@@ -111,7 +111,8 @@ class IsolatedMeasurer:
         self.conn = None
         self.stderr = Path(tempfile.mkstemp(prefix="autoprec-worker-", suffix=".log")[1])
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
         self.stderr.write_bytes(b"")
         self.process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
@@ -166,7 +167,7 @@ class IsolatedMeasurer:
 
     def measure(self, model: onnx.ModelProto) -> Measurement:
         if self.process is None or not self.process.is_alive():
-            self._start()
+            self.start()
         self.conn.send(model.SerializeToString())
         kind, payload = self._wait(time.monotonic() + self.limits.seconds)
         if kind == "error":

@@ -13,7 +13,6 @@ from autoprec.accuracy import LossFunction, Outputs, compare, loss_from_metrics
 from autoprec.backends.base import Backend, Timing
 from autoprec.data import Batch
 
-
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
 RETIMES = 2

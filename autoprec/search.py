@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import onnx
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
-
-import onnx
 
 from autoprec.backends.base import Backend
 from autoprec.calibrate import ActivationRanges
@@ -82,14 +81,18 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     }
 
 
+def default_sampler(seed: int) -> optuna.samplers.BaseSampler:
+    """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint."""
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+
+
 def open_study(
-    storage: str,
+    storage: str | optuna.storages.BaseStorage,
     study_name: str,
     identity: dict[str, Any],
-    seed: int,
+    sampler: optuna.samplers.BaseSampler,
 ) -> optuna.Study:
     """Create or resume the study; refuse one that was made for another model, data or engine."""
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
     try:
         study = optuna.create_study(
             storage=storage,
@@ -170,6 +173,7 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 
 def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
     """Ask for a plan, measure it (or reuse its earlier measurement), tell the result."""
+    started = time.perf_counter()
     trial = study.ask(distributions(ctx.info))
     plan = plan_from_params(ctx.info, trial.params, ctx.calibration)
     key = plan.key()
@@ -198,6 +202,7 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
         ctx.failed[key] = trial.number
         return None
     result.seconds["lower"] = lower_s
+    result.seconds["trial"] = time.perf_counter() - started  # all of it: sampling, lowering, IPC, engine work
     trial.set_user_attr("measurement", result.to_json())
     if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
         trial.set_constraint("max_loss", result.loss - ctx.max_loss)

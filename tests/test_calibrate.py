@@ -3,7 +3,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from autoprec.calibrate import TensorRange, _abs_percentile, calibrate, collected_tensors, reference_outputs
+from autoprec.calibrate import (
+    TensorRange,
+    _abs_percentile,
+    calibrate,
+    collected_tensors,
+    reference_outputs,
+)
 from autoprec.data import build_dataset
 from autoprec.model import analyse
 from autoprec.search_space import load_search_space

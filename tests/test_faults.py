@@ -7,13 +7,13 @@ import subprocess
 import sys
 import time
 
+import builders
 import numpy as np
 import onnx
 import optuna
 import pytest
 
 import autoprec
-import builders
 
 MISBEHAVING = '''
 import os, signal, time

@@ -5,6 +5,7 @@ Every outcome must be a result or an AutoprecError (a clean one-line message), n
 
 import os
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-import builders
 from autoprec.calibrate import calibrate
 from autoprec.data import build_dataset
 from autoprec.errors import AutoprecError

@@ -1,9 +1,9 @@
+import builders
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import builders
 from autoprec.errors import ModelError
 from autoprec.model import analyse, load_onnx
 from autoprec.plan import Precision

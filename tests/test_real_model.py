@@ -6,9 +6,9 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+from conftest import REPO
 
 import autoprec
-from conftest import REPO
 
 MODEL = REPO / "datasets" / "ppocr_cls" / "model.onnx"
 DATA = REPO / "datasets" / "ppocr_cls" / "textlines.npz"

@@ -5,12 +5,12 @@ import os
 import shutil
 import subprocess
 
+import builders
 import numpy as np
 import pytest
 from PIL import Image
 
 import autoprec
-import builders
 from autoprec.cli import main
 
 
