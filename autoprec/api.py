@@ -211,7 +211,9 @@ def search(
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb)
-            measurer = stack.enter_context(IsolatedMeasurer(backend, dataset.evaluation, reference, metric, limits))
+            measurer = stack.enter_context(
+                IsolatedMeasurer(backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log")
+            )
             t0 = time.monotonic()
             measurer.start()
             one_time["worker_start"] = time.monotonic() - t0

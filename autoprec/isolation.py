@@ -13,7 +13,6 @@ import faulthandler
 import multiprocessing
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,13 +102,15 @@ class IsolatedMeasurer:
         reference: Sequence[dict],
         metric_spec: str,
         limits: Limits,
+        stderr_log: Path,
     ):
+        """``stderr_log`` receives the worker's stderr (rewritten at each worker start)."""
         self.args = (backend_name, list(batches), list(reference), metric_spec)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
         self.conn = None
-        self.stderr = Path(tempfile.mkstemp(prefix="autoprec-worker-", suffix=".log")[1])
+        self.stderr = Path(stderr_log)
 
     def start(self) -> None:
         """Start the worker now (it also starts on demand, and again after a crash)."""
@@ -182,7 +183,6 @@ class IsolatedMeasurer:
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
-        self.stderr.unlink(missing_ok=True)
 
     def __enter__(self) -> IsolatedMeasurer:
         return self

@@ -59,18 +59,11 @@ def _parse_override(text: str) -> tuple[str, tuple[Precision, ...]]:
     return pattern, _parse_precisions(precisions, f"--override {text!r}")
 
 
-def _bundled(name: str) -> str:
-    """A file of ``search_spaces/``: installed as ``autoprec.search_spaces``, or beside the package in a checkout."""
-    try:
-        return resources.files("autoprec.search_spaces").joinpath(name).read_text()
-    except ModuleNotFoundError:  # running from a source tree, where search_spaces/ sits next to autoprec/
-        return (Path(__file__).resolve().parent.parent / "search_spaces" / name).read_text()
-
-
 def load_search_space(path: str | Path | None = None) -> SearchSpace:
     """Read a search-space YAML; None means the bundled ``search_spaces/default.yaml``."""
     if path is None:
-        text = _bundled("default.yaml")
+        # search_spaces/ is packaged as autoprec.search_spaces (a symlink in the source tree)
+        text = resources.files("autoprec.search_spaces").joinpath("default.yaml").read_text()
         source = "default"
     else:
         try:

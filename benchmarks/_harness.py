@@ -1,0 +1,57 @@
+"""Shared pieces of the benchmarks: machine facts, one prepared zoo model, a measurement cache."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import platform
+from dataclasses import dataclass, field
+
+import onnx
+import onnxruntime
+import optuna
+
+import autoprec
+from autoprec.api import Prepared, prepare, resolve_model
+from autoprec.backends import get_backend
+from autoprec.backends.base import Backend
+from autoprec.measure import Measurement, measure
+from autoprec.search_space import load_search_space
+
+
+def machine_facts(backend: Backend) -> dict:
+    engine = backend.info()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} · {engine.device} · {platform.platform()}",
+        "engine": engine.to_json(),
+        "versions": {"autoprec": autoprec.__version__, "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
+                     "optuna": optuna.__version__, "python": platform.python_version()},
+    }
+
+
+@dataclass
+class CachedMeasure:
+    """In-process measurement, each distinct lowered model measured once across every study of a run.
+
+    Sharing measurements means two methods that propose the same plan see the same numbers, so
+    their comparison is not decided by timing noise; it also makes the dense reference affordable.
+    """
+
+    backend: Backend
+    prepared: Prepared
+    metric: str = "cosine"
+    cache: dict[str, Measurement] = field(default_factory=dict)
+    measured: int = 0
+
+    def __call__(self, model: onnx.ModelProto) -> Measurement:
+        key = hashlib.sha256(model.SerializeToString()).hexdigest()
+        if key not in self.cache:
+            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.prepared.reference, self.metric)
+            self.measured += 1
+        return self.cache[key]
+
+
+def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:
+    model_path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
+    return prepare(model_path, load_search_space(), data, shapes), get_backend(backend)

@@ -1,0 +1,169 @@
+"""How good is the front a search finds in 50 trials? autoprec vs random search vs plain NSGA-II.
+
+Per zoo model, on ONNX Runtime's CPU provider, in one run:
+1. a dense reference: a study of >= 400 trials (exhaustive when the plan space is that small);
+2. at the budget (default 50) with 3 seeds each: autoprec's search (multivariate TPE seeded with
+   the uniform fp32/fp16/int8 plans), Optuna's RandomSampler, and Optuna's NSGAIISampler (defaults).
+
+Objectives are normalised as x = latency / all-FP32 latency and y = min(loss / 0.05, 1)
+(loss = 1 − mean cosine vs FP32); hypervolume (Optuna's own) is taken against (1.5, 1.0) and
+reported as a fraction of the reference front's, the reference being the Pareto front of every
+plan measured in the run. No study uses --max-loss (the whole front counts). Each distinct plan
+is measured once per run and shared by all studies, so methods are not ranked by timing noise.
+
+    python benchmarks/search_quality.py            # full: all zoo models (about an hour on 2 cores)
+    python benchmarks/search_quality.py --quick    # ppocr-cls and magika, smaller (< 10 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+from optuna._hypervolume import compute_hypervolume
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import CachedMeasure, machine_facts, prepare_zoo  # noqa: E402
+
+from autoprec import atomic  # noqa: E402
+from autoprec.search import (  # noqa: E402
+    StudyContext,
+    default_sampler,
+    finished_records,
+    open_study,
+    run_study,
+    seed_uniform_plans,
+)
+
+LOSS_BOUND = 0.05
+REFERENCE_POINT = (1.5, 1.0)
+WITHIN = 0.01  # "best latency within 1 % loss"
+FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+QUICK_MODELS = ("ppocr-cls", "magika")
+
+
+def _study(sampler: optuna.samplers.BaseSampler, name: str) -> optuna.Study:
+    return open_study(optuna.storages.InMemoryStorage(), name, {}, sampler)
+
+
+def _points(records) -> list[tuple[float, float]]:
+    return [(r.latency_ms, r.loss) for r in records if math.isfinite(r.loss)]
+
+
+def hypervolume_fraction(points, reference_points, fp32_ms: float) -> float:
+    def hv(pts) -> float:
+        norm = np.array([(lat / fp32_ms, min(loss / LOSS_BOUND, 1.0)) for lat, loss in pts])
+        inside = norm[(norm[:, 0] < REFERENCE_POINT[0]) & (norm[:, 1] < REFERENCE_POINT[1])] if len(norm) else norm
+        return float(compute_hypervolume(inside, np.array(REFERENCE_POINT))) if len(inside) else 0.0
+
+    return hv(points) / hv(reference_points)
+
+
+def best_within(points, limit: float = WITHIN) -> float | None:
+    feasible = [lat for lat, loss in points if loss <= limit]
+    return min(feasible) if feasible else None
+
+
+def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict:
+    prepared, backend = prepare_zoo(name)
+    info = prepared.info
+    measure = CachedMeasure(backend, prepared)
+    ctx = lambda: StudyContext(info, backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
+    started = time.monotonic()
+    space = math.prod(len(u.allowed) for u in info.searchable_units)
+    reference = _study(default_sampler(1000), f"{name}-reference")
+    if space <= reference_trials:  # exhaustive
+        import itertools
+
+        for choice in itertools.product(*[[p.value for p in u.allowed] for u in info.searchable_units]):
+            reference.enqueue_trial(dict(zip([u.name for u in info.searchable_units], choice)))
+        reference_budget = space
+    else:
+        seed_uniform_plans(reference, info)
+        reference_budget = reference_trials
+    run_study(reference, ctx(), reference_budget)
+    reference_records = finished_records(reference)
+    all_points = _points(reference_records)
+    fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
+
+    methods = {}
+    samplers = {
+        "autoprec": lambda seed: default_sampler(seed),
+        "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+        "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+    }
+    runs = {}
+    for method, make in samplers.items():
+        runs[method] = []
+        for seed in range(seeds):
+            study = _study(make(seed), f"{name}-{method}-{seed}")
+            if method == "autoprec":
+                seed_uniform_plans(study, info)
+            run_study(study, ctx(), budget)
+            points = _points(finished_records(study))
+            runs[method].append(points)
+            all_points += points
+    for method, per_seed in runs.items():
+        methods[method] = {
+            "hv_fraction": [round(hypervolume_fraction(p, all_points, fp32_ms), 4) for p in per_seed],
+            "best_latency_ms_at_1pct": [round(b, 4) if (b := best_within(p)) is not None else None for p in per_seed],
+            "trials": budget,
+        }
+    return {
+        "units": len(info.searchable_units),
+        "plan_space": space,
+        "reference_front_trials": reference_budget,
+        "reference_exhaustive": space <= reference_trials,
+        "fp32_latency_ms": round(fp32_ms, 4),
+        "best_latency_ms_at_1pct_reference": best_within(all_points),
+        "distinct_plans_measured": measure.measured,
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "input_shapes": {i.name: list(i.shape) for i in info.inputs},
+        "methods": methods,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two small models, budget 20, reference 100, 2 seeds")
+    parser.add_argument("--models", nargs="*", help="zoo models (default: all, or the quick pair)")
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "search_quality.json")
+    args = parser.parse_args(argv)
+    budget, seeds, reference_trials = (20, 2, 100) if args.quick else (50, 3, 400)
+    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autoprec.backends import get_backend
+
+    report = {
+        **machine_facts(get_backend("ort-cpu")),
+        "mode": "quick" if args.quick else "full",
+        "budget": budget, "seeds": seeds, "reference_trials": reference_trials,
+        "normalisation": {"latency": "latency / all-FP32 latency", "loss": f"min(loss / {LOSS_BOUND}, 1), loss = 1 - mean cosine",
+                          "reference_point": list(REFERENCE_POINT), "reference_front": "Pareto front of every plan measured in the run"},
+        "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
+        "models": {},
+    }
+    for name in models:
+        print(f"[{name}] …", file=sys.stderr, flush=True)
+        report["models"][name] = run_model(name, budget, seeds, reference_trials)
+        atomic.write_json(args.json, report)  # a partial report survives an interrupted run
+    print(f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
+          f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}")
+    print(f"{'model':<10} {'ref':>5} {'method':<9} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}")
+    for name, m in report["models"].items():
+        for method, r in m["methods"].items():
+            hv = ", ".join(f"{v:.3f}" for v in r["hv_fraction"])
+            best = ", ".join(f"{v:.3f}" if v is not None else "—" for v in r["best_latency_ms_at_1pct"])
+            ref_best = m["best_latency_ms_at_1pct_reference"]
+            print(f"{name:<10} {m['reference_front_trials']:>5} {method:<9} {hv:<28} {best:<32} "
+                  f"{ref_best if ref_best is None else round(ref_best, 3):>9} {m['fp32_latency_ms']:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Where a search's time goes: per-trial split and the one-time costs, as the product runs it.
+
+Per zoo model: a real `autoprec.search` (worker-process isolation on, default settings, budget 20),
+then from its result files: each trial's wall time split into lowering (plan -> ONNX), session
+build, timing, accuracy evaluation (running the evaluation batches and comparing), and other
+(sampling, serialising the candidate to the worker, bookkeeping); the overhead fraction
+(lowering + other over the trial's wall time: what is not engine work); and the one-time costs
+(analysis, calibration, FP32 reference outputs, worker start). Medians over measured trials
+(duplicates excluded).
+
+    python benchmarks/trial_cost.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import machine_facts  # noqa: E402
+
+import autoprec  # noqa: E402
+from autoprec import atomic  # noqa: E402
+from autoprec.backends import get_backend  # noqa: E402
+from autoprec.results import read_result_dir  # noqa: E402
+
+FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+QUICK_MODELS = ("ppocr-cls", "magika")
+PARTS = ("lower", "build", "time", "evaluate")
+
+
+def run_model(name: str, budget: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        autoprec.search(f"zoo:{name}", budget=budget, out=Path(tmp) / name, progress=False)
+        result = read_result_dir(Path(tmp) / name)
+    trials = [t for t in result.trials["trials"] if t["duplicate_of"] is None and "trial" in t["seconds"]]
+    per_trial = {part: statistics.median(t["seconds"][part] for t in trials) for part in PARTS}
+    walls = [t["seconds"]["trial"] for t in trials]
+    others = [t["seconds"]["trial"] - sum(t["seconds"][p] for p in PARTS) for t in trials]
+    per_trial["other"] = statistics.median(others)
+    overhead = [(t["seconds"]["lower"] + o) / t["seconds"]["trial"] for t, o in zip(trials, others)]
+    return {
+        "trials_measured": len(trials),
+        "trial_wall_s_median": round(statistics.median(walls), 4),
+        "per_trial_s": {k: round(v, 4) for k, v in per_trial.items()},
+        "overhead_fraction": round(statistics.median(overhead), 4),
+        "one_time_s": result.pareto["search"]["one_time_seconds"],
+        "search_wall_s": result.pareto["search"]["wall_seconds"],
+        "input_shapes": {k: v["shape"] for k, v in result.pareto["model"]["inputs"].items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two small models, budget 10")
+    parser.add_argument("--models", nargs="*")
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "trial_cost.json")
+    args = parser.parse_args(argv)
+    budget = 10 if args.quick else 20
+    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
+    report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "budget": budget,
+              "isolation": "worker process (the default)", "statistic": "median over measured trials", "models": {}}
+    for name in models:
+        print(f"[{name}] …", file=sys.stderr, flush=True)
+        report["models"][name] = run_model(name, budget)
+        atomic.write_json(args.json, report)
+    print(f"\ntrial cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
+          f"budget {budget}; JSON: {args.json}")
+    print(f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9}   one-time s")
+    for name, m in report["models"].items():
+        p = m["per_trial_s"]
+        once = ", ".join(f"{k} {v:.2f}" for k, v in m["one_time_s"].items())
+        print(f"{name:<10} {m['trial_wall_s_median']:>8.3f} {p['lower']:>7.3f} {p['build']:>7.3f} {p['time']:>7.3f} "
+              f"{p['evaluate']:>7.3f} {p['other']:>7.3f} {m['overhead_fraction']:>8.1%}   {once}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
