@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import onnx
 import optuna
 
 from autoprec import atomic, console
@@ -28,9 +29,12 @@ from autoprec.isolation import IsolatedMeasurer, Limits
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import measure
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.plan import Plan
 from autoprec.plots import plot_result_dir
 from autoprec.results import (
     SearchResult,
+    json_safe,
+    load_json,
     model_json,
     read_result_dir,
     units_json,
@@ -169,8 +173,8 @@ def search(
     started = time.monotonic()
     if budget < 1:
         raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
-    if calibration not in CALIBRATION_METHODS:
-        raise AutoprecError(f"--calibration {calibration!r}: choose one of {', '.join(CALIBRATION_METHODS)}")
+    if calibration not in (*CALIBRATION_METHODS, "auto"):
+        raise AutoprecError(f"--calibration {calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
@@ -243,6 +247,8 @@ def search(
         "study_name": name,
         "storage": storage_url,
         "data": dataset.source,
+        "data_path": str(Path(data).resolve()) if data is not None else None,
+        "image_norm": {"mean": list(image_mean), "std": list(image_std)},
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.source,
@@ -259,3 +265,126 @@ def search(
     write_results(result, chosen_model, tensorrt_model)
     plot_result_dir(read_result_dir(out_dir))
     return result
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
+    try:
+        data = load_json(Path(path))
+        return Plan.from_json(data.get("plan", data))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+
+
+def _context(
+    target: str | os.PathLike, data: str | os.PathLike | None, shapes: Mapping[str, Sequence[int]] | None,
+    plan: str | os.PathLike | None, trial: int | None,
+) -> tuple[Path, str | os.PathLike | None, Mapping | None, Plan, Path | None, dict]:
+    """MODEL + --plan, or a result directory (its model, data, shapes, chosen plan or --trial N)."""
+    target = Path(target)
+    if target.is_dir():
+        result = read_result_dir(target)
+        facts = result.pareto["search"]
+        if trial is not None:
+            chosen = result.trial(trial)
+            if chosen is None:
+                raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
+            found = Plan.from_json(chosen["plan"])
+        elif plan is not None:
+            found = load_plan(plan)
+        elif result.plan is not None:
+            found = Plan.from_json(result.plan["plan"])
+        else:
+            raise AutoprecError(f"{target}: no chosen plan; pass --trial N")
+        given = shapes or {k: v["shape"] for k, v in result.pareto["model"]["inputs"].items()}
+        norm = facts.get("image_norm", {"mean": [0.0], "std": [1.0]})
+        return Path(result.pareto["model"]["path"]), data or facts.get("data_path"), given, found, target / "cache", norm
+    if plan is None:
+        raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
+    return target, data, shapes, load_plan(plan), None, {"mean": [0.0], "std": [1.0]}
+
+
+def diagnose_plan(
+    target: str | os.PathLike,
+    plan: str | os.PathLike | None = None,
+    trial: int | None = None,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    backend: str = "ort-cpu",
+    batches: int = 4,
+    out: str | os.PathLike | None = None,
+) -> tuple[list, Path]:
+    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.diagnose)."""
+    from autoprec.diagnose import diagnose, plot_errors
+
+    model_path, data, shapes, found, cache, norm = _context(target, data, shapes, plan, trial)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    engine = get_backend(backend)
+    rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
+    out_dir = Path(out) if out else (Path(target) if Path(target).is_dir() else Path("autoprec_out") / model_path.stem)
+    label = f"trial {trial}" if trial is not None else "plan"
+    atomic.write_json(out_dir / "diagnosis.json", json_safe({
+        "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
+        "batches": min(batches, len(prepared.dataset.evaluation)), "units": [r.to_json() for r in rows],
+    }))
+    title = f"{model_path.name} · {label} ({found.counts()['int8']} int8 / {found.counts()['fp16']} fp16) · {engine.info().label()}"
+    plot_errors(rows, title, out_dir / "error_by_layer.png")
+    return rows, out_dir
+
+
+def activation_report(
+    model: str | os.PathLike, data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    entropy: bool = False, image_mean: Sequence[float] = (0.0,), image_std: Sequence[float] = (1.0,),
+) -> list[dict]:
+    """Per-tensor activation statistics from calibration (see autoprec.diagnose.activation_ranges)."""
+    from autoprec.diagnose import FAST_METHODS, activation_ranges
+
+    model_path, data, shapes, _ = resolve_model(model, data, shapes)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, image_mean, image_std)
+    methods = CALIBRATION_METHODS if entropy else FAST_METHODS
+    return activation_ranges(prepared.info, prepared.ranges, methods)
+
+
+def check_plan(
+    target: str | os.PathLike,
+    plan: str | os.PathLike | None,
+    max_loss: float,
+    latency_budget_ms: float | None = None,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    backend: str = "ort-cpu",
+    metric: str = "cosine",
+) -> dict:
+    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits."""
+    model_path, data, shapes, found, cache, norm = _context(target, data, shapes, plan, None)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    engine = get_backend(backend)
+    metric_name, loss_function = resolve_metric(metric)
+    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation,
+                     prepared.reference, metric_name, loss_function)
+    failures = []
+    if not result.loss <= max_loss:
+        failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
+    if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
+        failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
+    return {
+        "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
+        "metric": metric_name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "measurement": result.to_json(), "plan": found.to_json(),
+    }
+
+
+def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) -> tuple[onnx.ModelProto, str, str]:
+    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again)."""
+    result = read_result_dir(result_dir)
+    stem = Path(result.pareto["model"]["path"]).stem
+    engine = result.pareto["engine"]
+    if trial is None:
+        if result.plan is None:
+            raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+        note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
+        return onnx.load(str(Path(result_dir) / "best" / "model.onnx")), note, stem
+    model_path, data, shapes, plan, cache, norm = _context(result_dir, None, None, None, trial)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    model = get_backend(engine["backend"]).lower(prepared.info, plan, prepared.ranges)
+    return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem

@@ -17,28 +17,56 @@ from autoprec import atomic
 from autoprec.data import Batch
 from autoprec.model import ModelInfo
 
-CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99")
+CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
 DEFAULT_CALIBRATION = "percentile-99.99"
 HISTOGRAM_BINS = 2048
+CACHE_VERSION = "2"
+FP16_MAX = 65504.0
+FP16_MIN_SUBNORMAL = 2.0**-24  # smaller non-zero magnitudes flush to zero in FP16
+FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
 
 
 @dataclass(frozen=True)
 class TensorRange:
-    """What calibration saw of one activation tensor, and the value histogram it came from."""
+    """What calibration saw of one activation tensor: its value histogram and FP16-relevant counts.
+
+    ``counts`` = (values, non-zero values below FP16's smallest subnormal, values in FP16's
+    subnormal range, values beyond FP16's largest finite value).
+    """
 
     min: float
     max: float
     hist: np.ndarray
     edges: np.ndarray
+    counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_memo", {})  # entropy/MSE thresholds are costly: once per method
 
     def amax(self, method: str) -> float:
-        """The symmetric clipping threshold for ``method`` (minmax or percentile-P)."""
+        """The symmetric clipping threshold for ``method`` (see CALIBRATION_METHODS)."""
+        if method not in self._memo:
+            self._memo[method] = self._amax(method)
+        return self._memo[method]
+
+    def _amax(self, method: str) -> float:
         absmax = max(abs(self.min), abs(self.max))
         if method == "minmax":
             return absmax
-        if method.startswith("percentile-"):
+        if method.startswith("percentile-") and method in CALIBRATION_METHODS:
             return min(absmax, _abs_percentile(self.hist, self.edges, float(method.split("-", 1)[1])))
+        if method == "entropy":
+            return min(absmax, _entropy_amax(self.hist, self.edges, self.min, self.max))
+        if method == "mse":
+            return min(absmax, _mse_amax(self.hist, self.edges))
         raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
+
+    def clipped_share(self, method: str) -> float:
+        """Share of the calibration values beyond ``method``'s threshold (clipped in INT8)."""
+        amax = self.amax(method)
+        nearest = np.minimum(np.abs(self.edges[:-1]), np.abs(self.edges[1:]))  # a bin is clipped if wholly beyond
+        total = self.hist.sum()
+        return float(self.hist[nearest >= amax].sum() / total) if total else 0.0
 
     def bounds(self, method: str) -> tuple[float, float]:
         """Asymmetric [lo, hi] (always containing 0), clipped like ``amax``."""
@@ -55,6 +83,35 @@ def _abs_percentile(hist: np.ndarray, edges: np.ndarray, percentile: float) -> f
     return float(reach[order][idx])
 
 
+def _entropy_amax(hist: np.ndarray, edges: np.ndarray, lo: float, hi: float) -> float:
+    """TensorRT's KL-divergence threshold, computed by ONNX Runtime's own HistogramCollector.
+
+    Slow (a Python loop over ~1000 candidate thresholds of the 2048-bin histogram, ~0.7 s per
+    tensor): computed only when asked for, once per tensor.
+    """
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    collector = HistogramCollector("entropy", True, len(hist), 128, 99.99, "same")
+    threshold = float(max(abs(edges[0]), abs(edges[-1])))
+    with contextlib.redirect_stdout(io.StringIO()):
+        histogram = (hist, edges, np.float32(lo), np.float32(hi), np.float32(threshold))  # it wants NumPy scalars
+        low, high = collector.get_entropy_threshold(histogram, 128)
+    return float(max(abs(low), abs(high)))
+
+
+def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 200) -> float:
+    """The threshold minimising expected INT8 error: clipping error beyond it plus rounding error within."""
+    centres = np.abs((edges[:-1] + edges[1:]) / 2)
+    absmax = float(centres.max()) if len(centres) else 0.0
+    if absmax == 0 or hist.sum() == 0:
+        return absmax
+    thresholds = np.linspace(absmax / candidates, absmax, candidates)[:, None]
+    clip = np.where(centres[None, :] > thresholds, (centres[None, :] - thresholds) ** 2, 0.0)
+    rounding = np.where(centres[None, :] <= thresholds, (thresholds / 127.0) ** 2 / 12.0, 0.0)
+    errors = ((clip + rounding) * hist[None, :]).sum(axis=1)
+    return float(thresholds[int(np.argmin(errors)), 0])
+
+
 @dataclass(frozen=True)
 class ActivationRanges:
     tensors: dict[str, TensorRange]
@@ -69,6 +126,7 @@ class ActivationRanges:
             r = self.tensors[name]
             arrays[f"minmax_{i}"] = np.array([r.min, r.max], dtype=np.float64)
             arrays[f"hist_{i}"], arrays[f"edges_{i}"] = r.hist, r.edges
+            arrays[f"counts_{i}"] = np.array(r.counts, dtype=np.int64)
         atomic.write_with(path, lambda f: np.savez_compressed(f, **arrays))
 
     @classmethod
@@ -77,7 +135,8 @@ class ActivationRanges:
             tensors = {}
             for i, name in enumerate(npz["names"].tolist()):
                 lo, hi = npz[f"minmax_{i}"].tolist()
-                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"])
+                counts = tuple(int(c) for c in npz[f"counts_{i}"])
+                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"], counts)
         return cls(tensors)
 
 
@@ -116,18 +175,30 @@ def calibrate(
     from onnxruntime.quantization.calibrate import HistogramCollector
 
     names = collected_tensors(info)
-    cache = cache_dir / f"calibration-{_cache_key(info, fingerprint, ','.join(names))}.npz" if cache_dir else None
+    key = _cache_key(info, fingerprint, CACHE_VERSION + ",".join(names))
+    cache = cache_dir / f"calibration-{key}.npz" if cache_dir else None
     if cache is not None and cache.exists():
         return ActivationRanges.load(cache)
     session = _session_with_outputs(info.model, names)
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
+    counts = {n: np.zeros(4, np.int64) for n in names}
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
         for batch in batches:
             values = session.run(names, batch)
             collector.collect({n: v.astype(np.float32, copy=False) for n, v in zip(names, values)})
+            for name, value in zip(names, values):
+                magnitude = np.abs(value)
+                counts[name] += (
+                    magnitude.size,
+                    np.count_nonzero((magnitude > 0) & (magnitude < FP16_MIN_SUBNORMAL)),
+                    np.count_nonzero((magnitude >= FP16_MIN_SUBNORMAL) & (magnitude < FP16_MIN_NORMAL)),
+                    np.count_nonzero(magnitude > FP16_MAX),
+                )
     tensors = {}
     for name, (hist, edges, lo, hi, _threshold) in collector.get_histogram_dict().items():
-        tensors[name] = TensorRange(float(lo), float(hi), np.asarray(hist), np.asarray(edges, dtype=np.float64))
+        tensors[name] = TensorRange(
+            float(lo), float(hi), np.asarray(hist), np.asarray(edges, dtype=np.float64), tuple(int(c) for c in counts[name])
+        )
     ranges = ActivationRanges(tensors)
     if cache is not None:
         ranges.save(cache)

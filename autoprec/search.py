@@ -18,7 +18,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.backends.base import Backend
-from autoprec.calibrate import ActivationRanges
+from autoprec.calibrate import (
+    CALIBRATION_METHODS,
+    DEFAULT_CALIBRATION,
+    ActivationRanges,
+)
 from autoprec.errors import AutoprecError, StudyError
 from autoprec.isolation import TrialCrash
 from autoprec.measure import Measurement
@@ -63,13 +67,21 @@ class StudyContext:
     failed: dict[str, int] = field(default_factory=dict)  # plan key -> trial that failed it
 
 
-def distributions(info: ModelInfo) -> dict[str, CategoricalDistribution]:
-    return {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.searchable_units}
+# With --calibration auto the INT8 range method is one more categorical of the study.
+CALIBRATION_PARAM = "@calibration"
+
+
+def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> dict[str, CategoricalDistribution]:
+    found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.searchable_units}
+    if calibration == "auto":
+        found[CALIBRATION_PARAM] = CategoricalDistribution(list(CALIBRATION_METHODS))
+    return found
 
 
 def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
     """Searched units take the trial's choice; pinned units their only precision."""
-    return Plan.from_mapping({u.name: params.get(u.name, u.allowed[0].value) for u in info.units}, calibration)
+    method = params.get(CALIBRATION_PARAM, DEFAULT_CALIBRATION if calibration == "auto" else calibration)
+    return Plan.from_mapping({u.name: params.get(u.name, u.allowed[0].value) for u in info.units}, method)
 
 
 def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
@@ -174,7 +186,7 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
     """Ask for a plan, measure it (or reuse its earlier measurement), tell the result."""
     started = time.perf_counter()
-    trial = study.ask(distributions(ctx.info))
+    trial = study.ask(distributions(ctx.info, ctx.calibration))
     plan = plan_from_params(ctx.info, trial.params, ctx.calibration)
     key = plan.key()
     trial.set_user_attr("plan", plan.to_json())

@@ -1,0 +1,1 @@
+"""Production artifacts from a result directory."""

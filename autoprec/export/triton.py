@@ -1,0 +1,54 @@
+"""A Triton Inference Server model-repository entry for a result's chosen (or any) plan.
+
+Writes ``NAME/config.pbtxt`` and ``NAME/1/model.onnx`` (platform ``onnxruntime_onnx``). Shapes
+are the fixed ones autoprec measured, batch dimension included, so ``max_batch_size: 0``.
+For TensorRT, the same entry would use ``platform: "tensorrt_plan"`` and ``1/model.plan``, an
+engine built from ``best/model.tensorrt.onnx`` (see the config's comment) — not generated here,
+because no TensorRT can run here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from autoprec import atomic
+
+_TRITON_TYPES = {
+    onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.DOUBLE: "TYPE_FP64",
+    onnx.TensorProto.INT8: "TYPE_INT8", onnx.TensorProto.UINT8: "TYPE_UINT8", onnx.TensorProto.INT16: "TYPE_INT16",
+    onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.BOOL: "TYPE_BOOL",
+    onnx.TensorProto.BFLOAT16: "TYPE_BF16",
+}
+
+
+def _tensor_block(value: onnx.ValueInfoProto) -> str:
+    t = value.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+    return (f'  {{\n    name: "{value.name}"\n    data_type: {_TRITON_TYPES.get(t.elem_type, "TYPE_FP32")}\n'
+            f"    dims: [ {', '.join(map(str, dims))} ]\n  }}")
+
+
+def config_pbtxt(model: onnx.ModelProto, name: str, note: str) -> str:
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    return "\n".join([
+        f"# {note}",
+        "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from",
+        "# best/model.tensorrt.onnx, e.g. trtexec --onnx=best/model.tensorrt.onnx --saveEngine=1/model.plan",
+        f'name: "{name}"',
+        'platform: "onnxruntime_onnx"',
+        "max_batch_size: 0",
+        "input [", ",\n".join(_tensor_block(v) for v in inputs), "]",
+        "output [", ",\n".join(_tensor_block(v) for v in model.graph.output), "]",
+        "instance_group [ { kind: KIND_AUTO } ]",
+        "",
+    ])
+
+
+def write_triton_entry(model: onnx.ModelProto, repository: Path, name: str, note: str) -> Path:
+    entry = Path(repository) / name
+    atomic.write_bytes(entry / "1" / "model.onnx", model.SerializeToString())
+    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model, name, note).encode())
+    return entry
