@@ -241,7 +241,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     from autoprec.api import diagnose_plan
-    from autoprec.diagnose import culprits
+    from autoprec.diagnose import culprits, jumps
 
     rows, out = diagnose_plan(args.target, args.plan, args.trial, args.data, dict(args.shape) or None, args.backend,
                               args.batches, args.out)
@@ -257,6 +257,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         cells = [str(r.index), r.unit, r.op_type, r.precision, f"{r.rel_l2:.2e}", f"{r.added_rel_l2:.2e}", f"{r.alone_loss:.2e}"]
         table.add_row(*(f"[{mark}]{c}[/{mark}]" if mark else c for c in cells))
     console.stdout.print(table)
+    console.stdout.print("where the accumulated error jumps (≥3× anything before it): "
+                         + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere"))
     console.stdout.print("units costing the model's output the most by themselves (send these back to FP32 first): "
                          + ", ".join(f"{r.unit} ({r.precision}, loss {r.alone_loss:.2e})" for r in culprits(rows)))
     console.stdout.print(f"wrote {out / 'diagnosis.json'}, {out / 'error_by_layer.png'}")

@@ -109,6 +109,17 @@ def culprits(rows: Sequence[UnitError], count: int = 5) -> list[UnitError]:
     return sorted(reduced, key=lambda r: -r.alone_loss if math.isfinite(r.alone_loss) else -math.inf)[:count]
 
 
+def jumps(rows: Sequence[UnitError], factor: float = 3.0, floor: float = 1e-3) -> list[UnitError]:
+    """Units, in graph order, where the accumulated error first jumps: at least ``factor`` × the largest
+    error seen before them, and above ``floor``."""
+    found, worst = [], 0.0
+    for r in rows:
+        if math.isfinite(r.rel_l2) and r.rel_l2 > floor and r.rel_l2 >= factor * worst:
+            found.append(r)
+        worst = max(worst, r.rel_l2 if math.isfinite(r.rel_l2) else worst)
+    return found
+
+
 def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
     """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
     adds alone (bars). Bottom: the model's loss with only that unit reduced; the worst five named."""

@@ -11,7 +11,7 @@ import autoprec
 from autoprec.api import activation_report, check_plan, diagnose_plan
 from autoprec.calibrate import TensorRange
 from autoprec.cli import main
-from autoprec.diagnose import culprits
+from autoprec.diagnose import culprits, jumps
 
 
 def _exit(argv):
@@ -48,6 +48,7 @@ def test_diagnose_names_the_culprit_and_sending_it_back_recovers_the_loss(fragil
     assert culprits(rows, 1)[0].unit == "fc1"
     assert rows[1].added_rel_l2 > 10 * max(rows[0].added_rel_l2, rows[2].added_rel_l2)
     assert rows[1].rel_l2 > 10 * rows[0].rel_l2  # the error enters at fc1
+    assert jumps(rows)[-1].unit == "fc1"
     assert (out / "error_by_layer.png").read_bytes()[:4] == b"\x89PNG"
     written = json.loads((out / "diagnosis.json").read_text())
     assert [u["unit"] for u in written["units"]] == ["fc0", "fc1", "head"]
