@@ -31,34 +31,25 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (the number of trials to run)")
-    return value
+def _number(convert, acceptable, requirement: str):
+    """An argparse type: a number of type ``convert`` that satisfies ``acceptable``."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if convert is int else ''}number") from None
+        if not acceptable(value):
+            raise argparse.ArgumentTypeError(f"{text}: {requirement}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a loss of 0 or more, e.g. 0.01")
-    return value
+_trials = _number(int, lambda v: v >= 1, "must be at least 1 (the number of trials to run)")
+_count = _number(int, lambda v: v >= 1, "must be at least 1")
+_positive_float = _number(float, lambda v: v > 0, "must be more than 0")
+_loss = _number(float, lambda v: v >= 0, "must be a loss of 0 or more, e.g. 0.01")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
     s.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
-    s.add_argument("--budget", type=_positive_int, default=50, help="number of trials (default 50)")
+    s.add_argument("--budget", type=_trials, default=50, help="number of trials (default 50)")
     s.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
     s.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="inference engine (default ort-cpu)")
-    s.add_argument("--max-loss", type=_non_negative, help="accuracy-loss limit: the chosen plan is the fastest within it")
+    s.add_argument("--max-loss", type=_loss, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
     s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
     s.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
@@ -119,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data", help="sample inputs (default: the result's)")
     d.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
     d.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
-    d.add_argument("--batches", type=_positive_int, default=4, help="evaluation batches to use (default 4)")
+    d.add_argument("--batches", type=_count, default=4, help="evaluation batches to use (default 4)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
     d.add_argument("--json", action="store_true")
     r = verbs.add_parser("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
@@ -133,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = verbs.add_parser("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
     c.add_argument("target", help="a result directory (its chosen plan) or MODEL.onnx with --plan")
     c.add_argument("--plan")
-    c.add_argument("--max-loss", type=_non_negative, required=True)
+    c.add_argument("--max-loss", type=_loss, required=True)
     c.add_argument("--latency-budget", type=_positive_float, metavar="MS")
     c.add_argument("--data")
     c.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")

@@ -31,10 +31,6 @@ class TensorSpec:
     shape: tuple[int | str | None, ...]
     dtype: str
 
-    @property
-    def is_static(self) -> bool:
-        return all(isinstance(d, int) and d > 0 for d in self.shape)
-
 
 @dataclass(frozen=True)
 class Unit:
