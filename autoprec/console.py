@@ -86,17 +86,17 @@ def front_table(pareto: dict[str, Any]) -> Table:
     engine = pareto["engine"]
     table = Table(title=f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}",
                   title_justify="left")
-    for column in ("trial", "ms", "p10–p90", "×fp32", f"loss ({pareto['search']['metric']})", "i8/f16/f32", ""):
+    for column in ("trial", "ms", "trial p10–p90", "×fp32", f"loss ({pareto['search']['metric']})", "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), None)
-    fp32_ms = chosen["latency_ms"]["median_ms"] * versus["speedup"] if versus and chosen else None
+    fp32_ms = chosen["final_latency_ms"] * versus["speedup"] if versus and chosen else None
     for t in pareto["front"]:
         lat, counts = t["latency_ms"], t["plan"]["counts"]
         table.add_row(
             str(t["trial"]),
-            f"{lat['median_ms']:.3f}" + (" ⚠" if t.get("latency_unstable") else ""),
+            f"{t['final_latency_ms']:.3f}" + (" ⚠" if t.get("latency_unstable") else ""),
             f"{lat['p10_ms']:.3f}–{lat['p90_ms']:.3f}",
-            f"{fp32_ms / lat['median_ms']:.2f}" if fp32_ms else "—",
+            f"{fp32_ms / t['final_latency_ms']:.2f}" if fp32_ms else "—",
             _loss(t["accuracy_loss"]),
             f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
             "[bold red]chosen[/bold red]" if t["trial"] == pareto["chosen"] else "",
@@ -111,13 +111,14 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
     counts, max_loss = chosen["plan"]["counts"], pareto["search"]["max_loss"]
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
     lines = [
-        f"chosen: trial {chosen['trial']} ({rule}): {chosen['latency_ms']['median_ms']:.3f} ms, "
+        f"chosen: trial {chosen['trial']} ({rule}): {chosen['final_latency_ms']:.3f} ms, "
         f"loss {_loss(chosen['accuracy_loss'])}, int8/fp16/fp32 = {counts['int8']}/{counts['fp16']}/{counts['fp32']}"
     ]
     versus = pareto.get("chosen_vs_fp32")
     if versus and versus["fp32_trial"] != chosen["trial"]:
         verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
-        lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict})")
+        how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
+        lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
     return lines
 
 
@@ -149,7 +150,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         if c is None:
             return "—"
         if field == "latency":
-            return f"{c['latency_ms']['median_ms']:.3f} ms (p10–p90 {c['latency_ms']['p10_ms']:.3f}–{c['latency_ms']['p90_ms']:.3f})"
+            rounds = ", ".join(f"{v:.3f}" for v in c.get("retimed_ms", []))
+            return f"{c['final_latency_ms']:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
         if field == "loss":
             return _loss(c["accuracy_loss"])
         counts = c["plan"]["counts"]
@@ -164,7 +166,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     def uniform(r: ResultFiles, precision: str) -> str:
         number = r.pareto.get("uniform", {}).get(precision)
         t = r.trial(number) if number is not None else None
-        return f"{t['latency_ms']['median_ms']:.3f} ms, loss {_loss(t['accuracy_loss'])}" if t else "—"
+        return f"{t['final_latency_ms']:.3f} ms, loss {_loss(t['accuracy_loss'])}" if t else "—"
 
     rows = [
         ("model", lambda r: f"{Path(r.pareto['model']['path']).name} ({r.pareto['model']['sha256'][:12]})"),

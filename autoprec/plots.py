@@ -14,10 +14,14 @@ PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 
 
 def _point(trial: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    """(latency, loss, bar below, bar above): the final latency, with the re-timing rounds' range as bars
+    when the trial was re-timed, else its own p10–p90."""
     lat, loss = trial["latency_ms"], float(trial["accuracy_loss"])
     if not math.isfinite(loss):  # overflowed: unbounded loss, drawn nowhere
         return None
-    return lat["median_ms"], loss, lat["median_ms"] - lat["p10_ms"], lat["p90_ms"] - lat["median_ms"]
+    x = trial["final_latency_ms"]
+    low, high = (min(trial["retimed_ms"]), max(trial["retimed_ms"])) if trial["retimed_ms"] else (lat["p10_ms"], lat["p90_ms"])
+    return x, loss, max(x - low, 0.0), max(high - x, 0.0)
 
 
 def _pyplot():
@@ -50,7 +54,7 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
         xs, ys = [p[0] for _, p in front], [p[1] for _, p in front]
         ax.errorbar(
             xs, ys, xerr=[[p[2] for _, p in front], [p[3] for _, p in front]], fmt="o-", color="tab:blue",
-            ms=5, lw=1.5, capsize=2, label="Pareto front (p10–p90 latency)", zorder=3,
+            ms=5, lw=1.5, capsize=2, label="Pareto front (bars: re-timing rounds' range)", zorder=3,
         )
     by_number = {t["trial"]: t for t in trials["trials"]}
     for precision, number in pareto.get("uniform", {}).items():
@@ -73,7 +77,7 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
     if lats and max(lats) / max(min(lats), 1e-9) > 10:
         ax.set_xscale("log")
     ax.margins(x=0.1)
-    ax.set_xlabel("latency per batch, ms (median; bars: p10–p90)")
+    ax.set_xlabel("latency per batch, ms (front: median of the final interleaved re-timing)")
     ax.set_ylabel(f"accuracy loss ({pareto['search']['metric']}) vs FP32")
     ax.set_title(_subtitle(pareto), fontsize=9)
     ax.grid(True, alpha=0.3)
@@ -91,7 +95,7 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
 
     plt = _pyplot()
     order = ["int8", "fp16", "fp32"]
-    front = sorted(pareto["front"], key=lambda t: (t["trial"] != pareto["chosen"], t["latency_ms"]["median_ms"]))
+    front = sorted(pareto["front"], key=lambda t: (t["trial"] != pareto["chosen"], t["final_latency_ms"]))
     units = list(front[0]["plan"]["precisions"]) if front else []
     grid = [[order.index(t["plan"]["precisions"][u]) for u in units] for t in front]
     width = min(24.0, max(8.0, 0.09 * len(units) + 3.5))
@@ -105,7 +109,7 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
         loss = float(t["accuracy_loss"])
         loss_text = f"{loss:.1e}" if math.isfinite(loss) else "inf"
         mark = "chosen · " if t["trial"] == pareto["chosen"] else ""
-        labels.append(f"{mark}trial {t['trial']}: {t['latency_ms']['median_ms']:.3g} ms, loss {loss_text}")
+        labels.append(f"{mark}trial {t['trial']}: {t['final_latency_ms']:.3g} ms, loss {loss_text}")
     ax.set_yticks(range(len(front)), labels, fontsize=8)
     if len(units) <= 40:
         ax.set_xticks(range(len(units)), units, rotation=90, fontsize=7)

@@ -43,11 +43,15 @@ class SearchResult:
         fp32 = self.uniform().get("fp32")
         if fp32 is None or self.chosen is None:
             return None
-        chosen, base = self.chosen.measurement.latency, fp32.measurement.latency
+        if self.chosen.retimed_ms and fp32.retimed_ms:  # interleaved rounds: every chosen round beats every FP32 one
+            beyond = max(self.chosen.retimed_ms) < min(fp32.retimed_ms)
+        else:
+            beyond = self.chosen.measurement.latency.clearly_faster_than(fp32.measurement.latency)
         return {
             "fp32_trial": fp32.number,
-            "speedup": base.median_ms / chosen.median_ms,
-            "beyond_timing_noise": chosen.clearly_faster_than(base),
+            "speedup": fp32.latency_ms / self.chosen.latency_ms,
+            "beyond_timing_noise": beyond,
+            "retimed": bool(self.chosen.retimed_ms and fp32.retimed_ms),
         }
 
     def uniform(self) -> dict[str, TrialRecord]:
@@ -77,6 +81,8 @@ def trial_json(trial: TrialRecord) -> dict[str, Any]:
     return {
         "trial": trial.number,
         "latency_ms": m.latency.to_json(),
+        "final_latency_ms": trial.latency_ms,
+        "retimed_ms": list(trial.retimed_ms),
         "latency_unstable": m.unstable,
         "retimes": m.retimes,
         "accuracy_loss": m.loss,

@@ -7,8 +7,9 @@ trials into plans, measures each distinct plan once, and keeps the study honest 
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,10 +44,12 @@ class TrialRecord:
     measurement: Measurement
     feasible: bool
     duplicate_of: int | None = None
+    retimed_ms: tuple[float, ...] = ()  # medians of the final interleaved re-timing rounds, if re-timed
 
     @property
     def latency_ms(self) -> float:
-        return self.measurement.latency.median_ms
+        """The latency to rank by: the re-timed median when there is one, else the trial's own."""
+        return statistics.median(self.retimed_ms) if self.retimed_ms else self.measurement.latency.median_ms
 
     @property
     def loss(self) -> float:
@@ -268,6 +271,22 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
             seen.add(r.plan.key())
             front.append(r)
     return front
+
+
+def retime(
+    records: Sequence[TrialRecord], measure_plan: Callable[[Plan], Measurement], rounds: int = 3
+) -> list[TrialRecord]:
+    """Time the given plans again in interleaved rounds, so drift (a busy neighbour, clocks) hits all
+    alike and the choice does not rest on one lucky or unlucky trial. A plan that fails keeps its
+    trial's timing."""
+    medians: dict[int, list[float]] = {r.number: [] for r in records}
+    for _ in range(rounds):
+        for r in records:
+            try:
+                medians[r.number].append(measure_plan(r.plan).latency.median_ms)
+            except (AutoprecError, RuntimeError, ValueError):
+                medians[r.number] = []
+    return [replace(r, retimed_ms=tuple(medians[r.number])) if len(medians[r.number]) == rounds else r for r in records]
 
 
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:

@@ -37,13 +37,15 @@ def test_result_files_and_schema(conv_search):
     assert pareto["search"]["budget"] == 8 and pareto["search"]["trials"] == 8
     assert set(pareto["uniform"]) == {"fp32", "fp16", "int8"}  # the seeded uniform plans ran
     front = pareto["front"]
-    assert front and [t["latency_ms"]["median_ms"] for t in front] == sorted(t["latency_ms"]["median_ms"] for t in front)
+    assert front and [t["final_latency_ms"] for t in front] == sorted(t["final_latency_ms"] for t in front)
+    assert all(len(t["retimed_ms"]) == 3 for t in front)  # the front was re-timed in 3 interleaved rounds
+    assert all(t["final_latency_ms"] == pytest.approx(sorted(t["retimed_ms"])[1]) for t in front)
     for t in front:
         lat = t["latency_ms"]
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["runs"] >= 10
         assert set(t["metrics"]["probs"]) >= {"cosine", "rel_l2", "max_abs", "snr_db", "top1"}
         assert t["feasible"] and t["accuracy_loss"] <= 0.02
-    # No front member is dominated by any trial.
+    # No front member is dominated by any trial (Optuna's front, on the trials' own latencies).
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert len(trials) == 8
     for t in front:
@@ -55,7 +57,7 @@ def test_result_files_and_schema(conv_search):
             assert not (better and strictly and other["accuracy_loss"] <= 0.02)
     chosen = next(t for t in front if t["trial"] == pareto["chosen"])
     feasible = [t for t in front if t["accuracy_loss"] <= 0.02]
-    assert chosen["latency_ms"]["median_ms"] == min(t["latency_ms"]["median_ms"] for t in feasible)
+    assert chosen["final_latency_ms"] == min(t["final_latency_ms"] for t in feasible)
     plan = json.loads((out / "best" / "plan.json").read_text())
     assert plan["schema"] == "autoprec.plan/1" and plan["trial"] == chosen["trial"]
     assert plan["plan"] == chosen["plan"]
@@ -65,8 +67,9 @@ def test_result_files_and_schema(conv_search):
     versus = pareto["chosen_vs_fp32"]
     assert versus["fp32_trial"] == pareto["uniform"]["fp32"]
     fp32 = next(t for t in trials if t["trial"] == versus["fp32_trial"])
-    assert versus["speedup"] == pytest.approx(fp32["latency_ms"]["median_ms"] / chosen["latency_ms"]["median_ms"])
-    assert versus["beyond_timing_noise"] == (chosen["latency_ms"]["p90_ms"] < fp32["latency_ms"]["p10_ms"])
+    assert len(fp32["retimed_ms"]) == 3 and versus["retimed"]
+    assert versus["speedup"] == pytest.approx(fp32["final_latency_ms"] / chosen["final_latency_ms"])
+    assert versus["beyond_timing_noise"] == (max(chosen["retimed_ms"]) < min(fp32["retimed_ms"]))
 
 
 def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
@@ -177,3 +180,29 @@ def test_timing_noise_verdict():
     overlapping = Timing(1.15, 1.0, 1.3, 10, 3)
     assert not fast.clearly_faster_than(overlapping)
     assert fast.spread == pytest.approx(0.2)
+
+
+def test_retiming_interleaves_rounds_and_keeps_a_failing_plan_as_it_was():
+    from autoprec.backends.base import Timing
+    from autoprec.errors import BackendError
+    from autoprec.measure import Measurement
+    from autoprec.plan import Plan
+    from autoprec.search import TrialRecord, retime
+
+    def record(number, ms):
+        plan = Plan.from_mapping({"u": ["fp32", "fp16", "int8"][number]})
+        return TrialRecord(number, plan, Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True)
+
+    calls = []
+
+    def measure_plan(plan):
+        calls.append(plan["u"].value)
+        if plan["u"].value == "int8":
+            raise BackendError("engine crashed")
+        return Measurement(Timing(len(calls), len(calls), len(calls), 10, 3), {}, 0.0, {})  # drifts upwards
+
+    fp32, fp16, int8 = retime([record(0, 9.0), record(1, 8.0), record(2, 7.0)], measure_plan, rounds=3)
+    assert calls == ["fp32", "fp16", "int8"] * 3  # interleaved: each round times every plan once
+    assert fp32.retimed_ms == (1, 4, 7) and fp16.retimed_ms == (2, 5, 8)
+    assert fp32.latency_ms == 4 and fp16.latency_ms == 5  # the re-timed median ranks them
+    assert int8.retimed_ms == () and int8.latency_ms == 7.0
