@@ -53,6 +53,7 @@ from autoprec.search import (
     retime,
     run_study,
     seed_uniform_plans,
+    uniform_trials,
 )
 
 # Final re-timing of the front: enough rounds for a max/min comparison to mean something.
@@ -239,7 +240,7 @@ def search(
             run_study(study, ctx, budget, on_trial=bar.update)
         trials = finished_records(study)
         front = pareto_front(study)
-        fp32 = [t for t in trials if t.plan.counts()["fp32"] == len(t.plan.precisions)][:1]
+        fp32 = [t for p, t in uniform_trials(trials).items() if p == "fp32"]
         to_retime = list({r.number: r for r in [*front, *fp32]}.values())
         console.note(f"re-timing the front and the all-FP32 plan: {len(to_retime)} plans × {RETIME_ROUNDS} interleaved rounds")
         retimed = {r.number: r for r in retime(

@@ -19,7 +19,7 @@ from autoprec import atomic
 from autoprec.backends.base import EngineInfo
 from autoprec.errors import AutoprecError
 from autoprec.model import ModelInfo
-from autoprec.search import TrialRecord
+from autoprec.search import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"
@@ -56,13 +56,7 @@ class SearchResult:
 
     def uniform(self) -> dict[str, TrialRecord]:
         """The all-fp32 / all-fp16 / all-int8 trials, where the study has them."""
-        found = {}
-        for trial in self.trials:
-            counts = trial.plan.counts()
-            for precision, n in counts.items():
-                if n == len(trial.plan.precisions) and precision not in found:
-                    found[precision] = trial
-        return found
+        return uniform_trials(self.trials)
 
 
 def json_safe(value: Any) -> Any:

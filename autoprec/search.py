@@ -258,6 +258,16 @@ def run_study(
             on_trial(done, result)
 
 
+def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
+    """The first all-fp32 / all-fp16 / all-int8 trial of each kind, where the study has one."""
+    found: dict[str, TrialRecord] = {}
+    for trial in trials:
+        for precision, n in trial.plan.counts().items():
+            if n == len(trial.plan.precisions):
+                found.setdefault(precision, trial)
+    return found
+
+
 def finished_records(study: optuna.Study) -> list[TrialRecord]:
     return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (r := record(t))]
 
