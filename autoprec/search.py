@@ -140,17 +140,26 @@ def recover_interrupted(study: optuna.Study) -> tuple[list[int], list[int]]:
     """Trials left RUNNING by a killed process are failed and re-queued with the same plan.
 
     A re-run that was itself interrupted is not queued again (the plan may be what kills the
-    process). Returns the trial numbers re-queued and those given up.
+    process). The re-run is queued before the trial is failed, and only once, so a kill during
+    this recovery loses nothing. Returns the trial numbers re-queued and those given up.
     """
     requeued, given_up = [], []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        params = planned_params(trial)
+        retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
         if "retry_of" in trial.user_attrs:
             given_up.append(trial.number)
-        elif trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        elif params and trial.number not in retried:
+            study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
             requeued.append(trial.number)
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     return requeued, given_up
+
+
+def planned_params(trial: FrozenTrial) -> dict:
+    """The plan a trial measures: its suggested parameters, or those it was queued with when it
+    was interrupted before suggesting them."""
+    return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
 def counted(trial: FrozenTrial) -> bool:
@@ -162,14 +171,15 @@ def counted(trial: FrozenTrial) -> bool:
 
 
 def seed_uniform_plans(study: optuna.Study, info: ModelInfo) -> None:
-    """Enqueue all-FP32, all-FP16, all-INT8 so both ends of the front exist from the start."""
-    if study.get_trials(deepcopy=False):
-        return
-    seen = []
+    """Enqueue all-FP32, all-FP16, all-INT8 so both ends of the front exist from the start.
+
+    Each is queued unless some trial already holds it, so a kill between two enqueues loses none.
+    """
+    held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
     for precision in (Precision.FP32, Precision.FP16, Precision.INT8):
         params = uniform_params(info, precision)
-        if params not in seen:
-            seen.append(params)
+        if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
+            held.append(params)
             study.enqueue_trial(params)
 
 

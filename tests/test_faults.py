@@ -133,9 +133,13 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     study = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(complete) == 6
+    retried = [t.user_attrs.get("retry_of") for t in study.trials]
     for failed in (t for t in study.trials if t.state.name == "FAIL"):  # interrupted, then re-run once
         assert "error" not in failed.user_attrs
-        assert any(t.user_attrs.get("retry_of") == failed.number for t in study.trials)
+        if "retry_of" in failed.user_attrs:
+            continue  # a re-run interrupted again is given up, by design
+        if failed.params or failed.system_attrs.get("fixed_params"):
+            assert retried.count(failed.number) == 1, failed.number
     assert not list(out.rglob(".*.tmp"))
     pareto = json.loads((out / "pareto.json").read_text())
     assert pareto["search"]["trials"] == 6

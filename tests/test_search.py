@@ -143,6 +143,23 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     assert all(trials[n].values == v for n, v in finished.items())
 
 
+def test_recovery_keeps_queued_plans_and_survives_its_own_interruption():
+    from autoprec.search import recover_interrupted
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    plan = {"conv1": "int8", "conv2": "fp16"}
+    study.enqueue_trial(plan)
+    queued = study.ask()  # killed before it suggested anything: the plan lives only in the queue
+    suggested = study.ask({k: optuna.distributions.CategoricalDistribution(["fp32", "fp16", "int8"]) for k in plan})
+    study.enqueue_trial(suggested.params, user_attrs={"retry_of": suggested.number})  # killed mid-recovery
+    requeued, given_up = recover_interrupted(study)
+    assert requeued == [queued.number] and given_up == []
+    retries = [t for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)) if "retry_of" in t.user_attrs]
+    assert sorted(t.user_attrs["retry_of"] for t in retries) == sorted([queued.number, suggested.number])
+    assert all(t.system_attrs["fixed_params"] in (plan, suggested.params) for t in retries)
+    assert recover_interrupted(study) == ([], [])
+
+
 def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):
     result = autoprec.search(mlp_model, budget=5, out=tmp_path / "out", progress=False)
     assert result.search["max_loss"] is None
