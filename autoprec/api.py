@@ -15,7 +15,7 @@ import optuna
 
 from autoprec import atomic, console
 from autoprec.accuracy import resolve_metric
-from autoprec.backends import get_backend
+from autoprec.backends import Backend, get_backend
 from autoprec.calibrate import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION,
@@ -27,9 +27,9 @@ from autoprec.data import Dataset, RandomDataWarning, build_dataset, item_shapes
 from autoprec.errors import AutoprecError
 from autoprec.isolation import IsolatedMeasurer, Limits
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure import measure
+from autoprec.measure import measure, time_interleaved
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
-from autoprec.plan import Plan
+from autoprec.plan import Plan, Precision
 from autoprec.plots import plot_result_dir
 from autoprec.results import (
     SearchResult,
@@ -58,7 +58,7 @@ from autoprec.search import (
 
 # Final re-timing of the front: enough rounds for a max/min comparison to mean something.
 RETIME_ROUNDS = 3
-from autoprec.search_space import SearchSpace, load_search_space
+from autoprec.search_space import SearchSpace, load_search_space, parse_precisions
 
 
 def _check_out_dir(out: Path) -> None:
@@ -90,7 +90,7 @@ class Prepared:
 
     info: ModelInfo
     dataset: Dataset
-    ranges: ActivationRanges
+    ranges: ActivationRanges | None  # None when no unit may take INT8
     reference: list[dict]
     seconds: dict[str, float]
 
@@ -128,13 +128,16 @@ def prepare(
     )
     fingerprint = dataset.fingerprint()
     t0 = time.monotonic()
-    ranges = calibrate(info, dataset.calibration, fingerprint, cache)
+    ranges = None
+    if any(Precision.INT8 in u.allowed for u in info.searchable_units):
+        ranges = calibrate(info, dataset.calibration, fingerprint, cache)
     seconds["calibrate"] = time.monotonic() - t0
     t0 = time.monotonic()
     reference = reference_outputs(info, dataset.evaluation, fingerprint, cache)
     seconds["reference"] = time.monotonic() - t0
     where = f"; cached in {cache}" if cache else ""
-    console.note(f"calibration ranges and FP32 reference ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
+    ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
+    console.note(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
 
 
@@ -159,6 +162,8 @@ def search(
     isolate: bool = True,
     trial_timeout: float = 600.0,
     trial_memory_gb: float | None = None,
+    precisions: Sequence[str] | None = None,
+    device: int = 0,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -174,6 +179,9 @@ def search(
     Each candidate is built and measured in a worker process (``isolate``) limited to
     ``trial_timeout`` seconds and ``trial_memory_gb`` (default 75 % of RAM): a crash, hang or
     out-of-memory fails that trial, with its cause recorded, and the study goes on.
+
+    ``precisions`` limits what any unit may take (default: those the engine runs faster than
+    FP32; ort-cuda leaves INT8 out). ``device`` is the GPU index for GPU engines.
     """
     started = time.monotonic()
     if budget < 1:
@@ -183,8 +191,8 @@ def search(
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
-    space = load_search_space(search_space).with_overrides(list(overrides))
-    engine = get_backend(backend)
+    engine = get_backend(backend, device)
+    space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     _check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
@@ -205,6 +213,7 @@ def search(
         "units": len(info.units),
         "calibration": calibration,
         "max_loss": max_loss,
+        "precisions": searched,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(storage_url, name, identity, default_sampler(seed))
@@ -221,17 +230,22 @@ def search(
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb)
             measurer = stack.enter_context(
-                IsolatedMeasurer(backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log")
+                IsolatedMeasurer(
+                    backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log", device
+                )
             )
             t0 = time.monotonic()
             measurer.start()
             one_time["worker_start"] = time.monotonic() - t0
-            measure_candidate = measurer.measure
+            measure_candidate, time_models = measurer.measure, measurer.time_interleaved
             memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
             console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
         else:
             def measure_candidate(model):
                 return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function)
+
+            def time_models(models, rounds):
+                return time_interleaved(engine, models, dataset.evaluation[0], rounds)
 
             console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss)
@@ -242,9 +256,9 @@ def search(
         front = pareto_front(study)
         fp32 = [t for p, t in uniform_trials(trials).items() if p == "fp32"]
         to_retime = list({r.number: r for r in [*front, *fp32]}.values())
-        console.note(f"re-timing the front and the all-FP32 plan: {len(to_retime)} plans × {RETIME_ROUNDS} interleaved rounds")
+        console.note(f"re-timing the front and the all-FP32 plan: {len(to_retime)} plans, each built once, × {RETIME_ROUNDS} interleaved rounds")
         retimed = {r.number: r for r in retime(
-            to_retime, lambda plan: measure_candidate(engine.lower(info, plan, ranges)), RETIME_ROUNDS
+            to_retime, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), RETIME_ROUNDS
         )}
     trials = [retimed.get(t.number, t) for t in trials]
     front = sorted((retimed.get(t.number, t) for t in front), key=lambda t: t.latency_ms)
@@ -264,6 +278,8 @@ def search(
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.source,
+        "precisions": searched,
+        "left_out": left_out,
         "wall_seconds": round(time.monotonic() - started, 2),
         "one_time_seconds": {k: round(v, 3) for k, v in one_time.items()},
         "sampler": type(study.sampler).__name__,
@@ -277,6 +293,25 @@ def search(
     write_results(result, chosen_model, tensorrt_model)
     plot_result_dir(read_result_dir(out_dir))
     return result
+
+
+def _engine_space(
+    space: SearchSpace, engine: Backend, precisions: Sequence[str] | None
+) -> tuple[SearchSpace, list[str], dict[str, str]]:
+    """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
+    if precisions is None:
+        keep = [p for p in Precision if p not in engine.slow_precisions]
+        left_out = {p.value: why for p, why in engine.slow_precisions.items()}
+        for p, why in left_out.items():
+            console.note(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+    else:
+        keep = list(parse_precisions(list(precisions), "--precisions"))
+        left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
+        for p in keep:
+            if p in engine.slow_precisions:
+                console.warn(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
+    searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
+    return space.restricted(keep), searched, left_out
 
 
 def load_plan(path: str | os.PathLike) -> Plan:

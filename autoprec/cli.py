@@ -50,6 +50,7 @@ _trials = _number(int, lambda v: v >= 1, "must be at least 1 (the number of tria
 _count = _number(int, lambda v: v >= 1, "must be at least 1")
 _positive_float = _number(float, lambda v: v > 0, "must be more than 0")
 _loss = _number(float, lambda v: v >= 0, "must be a loss of 0 or more, e.g. 0.01")
+_gpu_index = _number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=_trials, default=50, help="number of trials (default 50)")
     s.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
-    s.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="inference engine (default ort-cpu)")
+    s.add_argument("--backend", default="ort-cpu", choices=BACKENDS,
+                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU)")
+    s.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda (default 0)")
+    s.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
+                   help="precisions the search may use, e.g. fp16,fp32 (default: those the engine runs faster "
+                        "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
     s.add_argument("--max-loss", type=_loss, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
     s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
@@ -171,6 +177,8 @@ def _search(args: argparse.Namespace) -> int:
         isolate=not args.no_isolation,
         trial_timeout=args.trial_timeout,
         trial_memory_gb=args.trial_memory,
+        precisions=args.precisions,
+        device=args.device,
     )
     files = read_result_dir(result.out_dir)
     if args.json:

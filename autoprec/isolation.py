@@ -22,7 +22,8 @@ import onnx
 
 from autoprec.data import Batch
 from autoprec.errors import AutoprecError
-from autoprec.measure import Measurement, measure
+from autoprec.backends.base import Timing
+from autoprec.measure import Measurement, measure, time_interleaved
 
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
@@ -70,7 +71,7 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
-def _worker(conn, backend_name: str, batches, reference, metric_spec: str, stderr_path: str) -> None:
+def _worker(conn, backend_name: str, device: int, batches, reference, metric_spec: str, stderr_path: str) -> None:
     """Child process: measure each serialized model it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
@@ -78,7 +79,7 @@ def _worker(conn, backend_name: str, batches, reference, metric_spec: str, stder
     from autoprec.accuracy import resolve_metric
     from autoprec.backends import get_backend
 
-    backend = get_backend(backend_name)
+    backend = get_backend(backend_name, device)
     metric, loss_function = resolve_metric(metric_spec)
     conn.send(("ready", None))
     while True:
@@ -86,6 +87,11 @@ def _worker(conn, backend_name: str, batches, reference, metric_spec: str, stder
         if message is None:
             return
         try:
+            if isinstance(message, tuple):  # ("retime", [serialized models], rounds)
+                _, models, rounds = message
+                timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
+                conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
+                continue
             result = measure(backend, onnx.load_from_string(message), batches, reference, metric, loss_function)
             conn.send(("ok", result.to_json()))
         except Exception as exc:  # reported to the parent, which fails the trial with it
@@ -103,9 +109,10 @@ class IsolatedMeasurer:
         metric_spec: str,
         limits: Limits,
         stderr_log: Path,
+        device: int = 0,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start)."""
-        self.args = (backend_name, list(batches), list(reference), metric_spec)
+        self.args = (backend_name, device, list(batches), list(reference), metric_spec)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
@@ -174,6 +181,16 @@ class IsolatedMeasurer:
         if kind == "error":
             raise TrialError(payload)
         return Measurement.from_json(payload)
+
+    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+        """:func:`autoprec.measure.time_interleaved` in the worker, within the time limit per model."""
+        if self.process is None or not self.process.is_alive():
+            self.start()
+        self.conn.send(("retime", [m.SerializeToString() for m in models], rounds))
+        kind, payload = self._wait(time.monotonic() + self.limits.seconds * max(1, len(models)))
+        if kind == "error":
+            raise TrialError(payload)
+        return [None if t is None else [Timing.from_json(x) for x in t] for t in payload]
 
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -78,3 +79,26 @@ def measure(
     else:
         loss = loss_from_metrics(metrics, metric)
     return Measurement(latency, metrics, loss, seconds, retimes)
+
+
+def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch: Batch, rounds: int) -> list[list[Timing] | None]:
+    """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
+    clocks) hits all alike. A model that fails to build or run gets None; the others go on."""
+    with contextlib.ExitStack() as stack:
+        runners = []
+        for model in models:
+            try:
+                runner = stack.enter_context(backend.prepare(model))
+                runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
+                runners.append(runner)
+            except Exception:  # noqa: BLE001 - engines raise their own types; this model is left out
+                runners.append(None)
+        timings: list[list[Timing] | None] = [[] if r is not None else None for r in runners]
+        for _ in range(rounds):
+            for i, runner in enumerate(runners):
+                if timings[i] is not None:
+                    try:
+                        timings[i].append(runner.time(batch))
+                    except Exception:  # noqa: BLE001
+                        timings[i] = None
+    return timings

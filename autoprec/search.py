@@ -18,7 +18,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoprec.backends.base import Backend
+from autoprec.backends.base import Backend, Timing
 from autoprec.calibrate import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION,
@@ -32,7 +32,7 @@ from autoprec.plan import Plan, Precision
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
-IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss")
+IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss", "precisions")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class StudyContext:
 
     info: ModelInfo
     backend: Backend
-    ranges: ActivationRanges
+    ranges: ActivationRanges | None
     measure: Callable[[onnx.ModelProto], Measurement]  # in a worker process (isolation) or in-process
     calibration: str
     max_loss: float | None
@@ -294,19 +294,19 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
 
 
 def retime(
-    records: Sequence[TrialRecord], measure_plan: Callable[[Plan], Measurement], rounds: int = 3
+    records: Sequence[TrialRecord], time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = 3
 ) -> list[TrialRecord]:
-    """Time the given plans again in interleaved rounds, so drift (a busy neighbour, clocks) hits all
-    alike and the choice does not rest on one lucky or unlucky trial. A plan that fails keeps its
-    trial's timing."""
-    medians: dict[int, list[float]] = {r.number: [] for r in records}
-    for _ in range(rounds):
-        for r in records:
-            try:
-                medians[r.number].append(measure_plan(r.plan).latency.median_ms)
-            except (AutoprecError, RuntimeError, ValueError):
-                medians[r.number] = []
-    return [replace(r, retimed_ms=tuple(medians[r.number])) if len(medians[r.number]) == rounds else r for r in records]
+    """Time the given plans again in interleaved rounds (``time_plans``, e.g.
+    :func:`autoprec.measure.time_interleaved`), so the choice does not rest on one lucky or unlucky
+    trial. A plan that fails keeps its trial's timing."""
+    try:
+        timings = time_plans([r.plan for r in records])
+    except (AutoprecError, RuntimeError, ValueError):
+        return list(records)
+    return [
+        replace(r, retimed_ms=tuple(t.median_ms for t in rounds_of)) if rounds_of and len(rounds_of) == rounds else r
+        for r, rounds_of in zip(records, timings)
+    ]
 
 
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:

@@ -6,6 +6,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Collection
 
 import yaml
 
@@ -31,12 +32,22 @@ class SearchSpace:
                 allowed = precisions
         return allowed
 
+    def restricted(self, keep: Collection[Precision]) -> SearchSpace:
+        """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what was asked for."""
+
+        def narrowed(precisions: tuple[Precision, ...]) -> tuple[Precision, ...]:
+            return tuple(p for p in precisions if p in keep or p is Precision.FP32) or (Precision.FP32,)
+
+        units = {op: narrowed(p) for op, p in self.units.items()}
+        overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
+        return SearchSpace(units, self.fusable, self.pinned_fp32, overrides, self.source)
+
     def with_overrides(self, overrides: list[str]) -> SearchSpace:
         parsed = tuple(_parse_override(text) for text in overrides)
         return SearchSpace(self.units, self.fusable, self.pinned_fp32, self.overrides + parsed, self.source)
 
 
-def _parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
+def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
@@ -56,7 +67,7 @@ def _parse_override(text: str) -> tuple[str, tuple[Precision, ...]]:
             f"--override {text!r}: expected PATTERN=PRECISIONS, e.g. --override '/head/*=fp32' "
             "or --override 'Conv_1*=fp16,fp32'"
         )
-    return pattern, _parse_precisions(precisions, f"--override {text!r}")
+    return pattern, parse_precisions(precisions, f"--override {text!r}")
 
 
 def load_search_space(path: str | Path | None = None) -> SearchSpace:
@@ -77,9 +88,9 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
         raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
-    units = {op: _parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
+    units = {op: parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
     overrides = tuple(
-        (pattern, _parse_precisions(p, f"search space {source}, overrides.{pattern}"))
+        (pattern, parse_precisions(p, f"search space {source}, overrides.{pattern}"))
         for pattern, p in (raw.get("overrides") or {}).items()
     )
     return SearchSpace(

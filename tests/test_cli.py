@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import optuna
 import pytest
 
@@ -55,6 +56,12 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
         (["search", "{model}", "--override", "conv0=int4"], "is not a list of precisions"),
         (["search", "{model}", "--metric", "nope"], "unknown --metric"),
         (["search", "{model}", "--max-loss", "-1"], "must be a loss of 0 or more"),
+        (["search", "{model}", "--precisions", "fp16,fp17"], "--precisions.*is not a list of precisions"),
+        (["search", "{model}", "--device", "-1"], "must be a GPU index"),
+        pytest.param(["search", "{model}", "--backend", "ort-cuda"],
+                     "--backend ort-cuda: onnxruntime .* has no CUDA execution provider.*pip install onnxruntime-gpu",
+                     marks=pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
+                                              reason="this machine has the CUDA provider")),
     ],
 )
 def test_bad_input_gets_one_clear_line(tmp_path, conv_model, capsys, args, message):

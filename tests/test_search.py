@@ -199,27 +199,73 @@ def test_timing_noise_verdict():
     assert fast.spread == pytest.approx(0.2)
 
 
-def test_retiming_interleaves_rounds_and_keeps_a_failing_plan_as_it_was():
-    from autoprec.backends.base import Timing
+def test_retiming_builds_each_plan_once_interleaves_rounds_and_keeps_a_failing_plan_as_it_was():
+    from autoprec.backends.base import Backend, Runner, Timing
     from autoprec.errors import BackendError
-    from autoprec.measure import Measurement
+    from autoprec.measure import Measurement, time_interleaved
     from autoprec.plan import Plan
     from autoprec.search import TrialRecord, retime
+
+    events = []
+
+    class Clock(Runner):  # each timing returns a later time: drift
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, batch):
+            return {}
+
+        def time(self, batch):
+            events.append(("time", self.name))
+            n = sum(e[0] == "time" for e in events)
+            return Timing(n, n, n, 10, 3)
+
+    class Engine(Backend):
+        name = "fake"
+
+        def info(self):
+            raise NotImplementedError
+
+        def prepare(self, model):
+            events.append(("build", model))
+            if model == "int8":
+                raise BackendError("engine crashed")
+            return Clock(model)
 
     def record(number, ms):
         plan = Plan.from_mapping({"u": ["fp32", "fp16", "int8"][number]})
         return TrialRecord(number, plan, Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True)
 
-    calls = []
+    def time_plans(plans):
+        return time_interleaved(Engine(), [p["u"].value for p in plans], {}, rounds=3)
 
-    def measure_plan(plan):
-        calls.append(plan["u"].value)
-        if plan["u"].value == "int8":
-            raise BackendError("engine crashed")
-        return Measurement(Timing(len(calls), len(calls), len(calls), 10, 3), {}, 0.0, {})  # drifts upwards
-
-    fp32, fp16, int8 = retime([record(0, 9.0), record(1, 8.0), record(2, 7.0)], measure_plan, rounds=3)
-    assert calls == ["fp32", "fp16", "int8"] * 3  # interleaved: each round times every plan once
-    assert fp32.retimed_ms == (1, 4, 7) and fp16.retimed_ms == (2, 5, 8)
-    assert fp32.latency_ms == 4 and fp16.latency_ms == 5  # the re-timed median ranks them
+    fp32, fp16, int8 = retime([record(0, 9.0), record(1, 8.0), record(2, 7.0)], time_plans, rounds=3)
+    assert [e for e in events if e[0] == "build"] == [("build", "fp32"), ("build", "fp16"), ("build", "int8")]
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16"] * 3  # interleaved: each round times every plan
+    assert fp32.retimed_ms == (1, 3, 5) and fp16.retimed_ms == (2, 4, 6)
+    assert fp32.latency_ms == 3 and fp16.latency_ms == 4  # the re-timed median ranks them
     assert int8.retimed_ms == () and int8.latency_ms == 7.0
+
+
+def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
+    out = tmp_path / "out"
+    result = autoprec.search(mlp_model, budget=4, out=out, progress=False, precisions=["fp16", "fp32"])
+    assert result.trials and all(t.plan.counts()["int8"] == 0 for t in result.trials)
+    assert {"fp16", "fp32"} <= set(result.uniform())
+    facts = json.loads((out / "pareto.json").read_text())["search"]
+    assert facts["precisions"] == ["fp16", "fp32"] and "int8" in facts["left_out"]
+    with pytest.raises(autoprec.AutoprecError, match="different search"):  # the same study with INT8 back is another search
+        autoprec.search(mlp_model, budget=5, out=out, progress=False)
+
+
+def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
+    from autoprec.api import _engine_space
+    from autoprec.backends.onnxruntime import OrtCudaBackend
+    from autoprec.plan import Precision
+
+    engine = object.__new__(OrtCudaBackend)  # its declaration only: no GPU needed
+    space, searched, left_out = _engine_space(load_search_space(), engine, None)
+    assert searched == ["fp16", "fp32"] and "Q/DQ INT8 as float ops" in left_out["int8"]
+    assert Precision.INT8 not in space.allowed("conv", "Conv")
+    space, searched, _ = _engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
+    assert Precision.INT8 in space.allowed("conv", "Conv") and searched == ["int8", "fp16", "fp32"]

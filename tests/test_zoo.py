@@ -29,8 +29,10 @@ def fetched_cls(tmp_path_factory):
 def test_fetch_extracts_checks_fixes_shapes_and_keeps_the_licence(fetched_cls):
     root, fetched = fetched_cls
     session = ort.InferenceSession(str(fetched.model))
-    assert session.get_inputs()[0].shape == [1, 3, 48, 192]  # the dynamic dims are fixed
+    assert session.get_inputs()[0].shape == ["batch", 3, 48, 192]  # fixed, but for the batch (--shape picks it)
     data = np.load(fetched.data)
+    four = session.run(None, {"x": data["x"][:4].astype(np.float32)})[0]
+    assert four.shape[0] == 4
     assert data["x"].shape[1:] == (3, 48, 192) and len(data["x"]) >= 40
     assert "Apache-2.0" in fetched.notice.read_text()
     source = json.loads((fetched.model.parent / "source.json").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import abc
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import onnx
@@ -14,7 +14,7 @@ from autoprec.calibrate import ActivationRanges
 from autoprec.data import Batch
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.model import ModelInfo
-from autoprec.plan import Plan
+from autoprec.plan import Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class EngineInfo:
     device: str
     qdq_form: str
     measured: bool = True  # False only for engines described, never executed here
+    versions: dict[str, str] = field(default_factory=dict)  # driver, CUDA, cuDNN, ... where they matter
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +104,8 @@ class Backend(abc.ABC):
 
     name: str
     qdq_form: QDQForm = QDQForm.TENSORRT
+    # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
+    slow_precisions: ClassVar[dict[Precision, str]] = {}
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

@@ -1,8 +1,9 @@
-"""ONNX Runtime on its CPU execution provider: the embedded default engine."""
+"""ONNX Runtime: the CPU execution provider (the embedded default engine) and the CUDA one."""
 
 from __future__ import annotations
 
 import platform
+import subprocess
 from functools import lru_cache
 
 import numpy as np
@@ -12,6 +13,7 @@ from autoprec.backends.base import Backend, EngineInfo, Runner, Timing, time_cal
 from autoprec.data import Batch
 from autoprec.errors import BackendError
 from autoprec.lower import QDQForm
+from autoprec.plan import Precision
 
 
 @lru_cache(maxsize=1)
@@ -56,14 +58,7 @@ class OrtCpuBackend(Backend):
         self.threads = threads
 
     def info(self) -> EngineInfo:
-        return EngineInfo(
-            backend=self.name,
-            engine="onnxruntime",
-            version=self._ort.__version__,
-            provider=self.provider,
-            device=f"{cpu_name()} ({self._thread_label()})",
-            qdq_form=self.qdq_form.value,
-        )
+        return engine_info(self, f"{cpu_name()} ({self._thread_label()})")
 
     def _thread_label(self) -> str:
         import os
@@ -72,12 +67,128 @@ class OrtCpuBackend(Backend):
 
     def prepare(self, model: onnx.ModelProto) -> OrtRunner:
         options = self._ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if self.threads:
             options.intra_op_num_threads = self.threads
-        try:
-            session = self._ort.InferenceSession(model.SerializeToString(), options, providers=[self.provider])
-        except Exception as exc:  # ORT raises its own exception types
-            raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
-        return OrtRunner(session)
+        return OrtRunner(new_session(self._ort, model, options, [self.provider]))
+
+
+def engine_info(backend, device: str, versions: dict[str, str] | None = None) -> EngineInfo:
+    import onnxruntime as ort
+
+    return EngineInfo(backend.name, "onnxruntime", ort.__version__, backend.provider, device,
+                      backend.qdq_form.value, versions=versions or {})
+
+
+def new_session(ort, model: onnx.ModelProto, options, providers: list):
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types
+        raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
+
+
+class OrtCudaRunner(Runner):
+    """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work only."""
+
+    def __init__(self, session, device: int):
+        self.session = session
+        self.device = device
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def _bound(self, batch: Batch):
+        """An IO binding with ``batch`` resident on the device; the device arrays are returned to keep them alive."""
+        from onnxruntime import OrtValue
+
+        binding = self.session.io_binding()
+        resident = [OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", self.device) for v in batch.values()]
+        for name, value in zip(batch, resident):
+            binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", self.device)
+        return binding, resident
+
+    def run(self, batch: Batch) -> dict[str, np.ndarray]:
+        binding, _ = self._bound(batch)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+
+    def time(self, batch: Batch) -> Timing:
+        binding, resident = self._bound(batch)
+        self.session.run_with_iobinding(binding)
+        for name, value in zip(self.output_names, binding.get_outputs()):  # reuse: no allocation in the timed runs
+            binding.bind_ortvalue_output(name, value)
+
+        def call() -> None:
+            self.session.run_with_iobinding(binding)
+            binding.synchronize_outputs()  # the clock stops when the GPU is done, not when the launch returns
+
+        return time_calls(call)
+
+
+class OrtCudaBackend(Backend):
+    """CUDA execution provider on GPU ``device``; cuDNN/cuBLAS found through ``onnxruntime.preload_dlls()``.
+
+    FP16 (Cast-lowered) runs on tensor cores. Q/DQ INT8 does not: the CUDA provider runs
+    QuantizeLinear/DequantizeLinear as float ops around float kernels (slower than FP32, see
+    README "Engines"), so INT8 is left out of the search unless asked for. Only TensorRT fuses Q/DQ
+    into INT8 kernels; candidates are lowered in the TensorRT Q/DQ form so that the plan exported
+    from this search builds the same on TensorRT. FP32 follows ORT's default (TF32 allowed in cuDNN).
+    """
+
+    name = "ort-cuda"
+    qdq_form = QDQForm.TENSORRT
+    provider = "CUDAExecutionProvider"
+    slow_precisions = {
+        Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than FP32; "
+        "only TensorRT turns Q/DQ into INT8 kernels",
+    }
+
+    def __init__(self, device: int = 0):
+        import onnxruntime as ort
+
+        if self.provider not in ort.get_available_providers():
+            raise BackendError(
+                f"--backend ort-cuda: onnxruntime {ort.__version__} here has no CUDA execution provider "
+                f"(available: {', '.join(ort.get_available_providers())}); "
+                "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
+            )
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        ort.set_default_logger_severity(3)  # ORT 1.31 warns about plugin EP devices for every classic CUDA session
+        self._ort = ort
+        self.device = device
+        gpus = gpu_facts()
+        if gpus and not 0 <= device < len(gpus):
+            raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")
+
+    def info(self) -> EngineInfo:
+        gpus = gpu_facts()
+        gpu = gpus[self.device] if self.device < len(gpus) else {"name": f"cuda:{self.device}", "driver": "unknown"}
+        from onnxruntime.capi import build_and_package_info as build
+
+        versions = {"driver": gpu["driver"]}
+        for key in ("cuda_version", "cudnn_version"):
+            if getattr(build, key, None):
+                versions[key.removesuffix("_version")] = str(getattr(build, key))
+        return engine_info(self, f"{gpu['name']} (cuda:{self.device})", versions)
+
+    def prepare(self, model: onnx.ModelProto) -> OrtCudaRunner:
+        providers = [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
+        session = new_session(self._ort, model, self._ort.SessionOptions(), providers)
+        if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
+            raise BackendError(f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})")
+        return OrtCudaRunner(session, self.device)
+
+
+@lru_cache(maxsize=1)
+def gpu_facts() -> list[dict[str, str]]:
+    """Name and driver of each NVIDIA GPU, from nvidia-smi (empty when it is not there)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [dict(zip(("name", "driver"), (f.strip() for f in line.split(",")))) for line in out.splitlines() if line.strip()]

