@@ -1,17 +1,21 @@
-"""Shared pieces of the benchmarks: machine facts, one prepared zoo model, a measurement cache."""
+"""Shared pieces of the benchmarks: machine facts, the per-model loop, one prepared zoo model, a measurement cache."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
 import platform
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
 
 import onnx
 import onnxruntime
 import optuna
 
 import autoprec
+from autoprec import atomic
 from autoprec.api import Prepared, prepare, resolve_model
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
@@ -28,6 +32,15 @@ def machine_facts(backend: Backend) -> dict:
         "versions": {"autoprec": autoprec.__version__, "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
                      "optuna": optuna.__version__, "python": platform.python_version()},
     }
+
+
+def run_models(report: dict, names: Iterable[str], run: Callable[[str], dict], json_path: Path) -> None:
+    """``report["models"][name] = run(name)`` for each, writing the JSON after each model so that an
+    interrupted run keeps what it measured."""
+    for name in names:
+        print(f"[{name}] …", file=sys.stderr, flush=True)
+        report["models"][name] = run(name)
+        atomic.write_json(json_path, report)
 
 
 @dataclass

@@ -67,24 +67,24 @@ def mirrored_items(data: dict[str, np.ndarray], count: int) -> dict[str, np.ndar
     return out
 
 
-def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, dict[str, list[int]]]:
-    """The zoo model's sample data for ``batch``, and the input shapes."""
-    _, data_path, shapes, _ = resolve_model(f"zoo:{name}", None, None)
+def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, Path, dict[str, list[int]]]:
+    """The zoo model, its sample data for ``batch``, and the input shapes."""
+    model_path, data_path, shapes, _ = resolve_model(f"zoo:{name}", None, None)
     shapes = {k: [batch, *v[1:]] for k, v in shapes.items()}
     if batch == 1:
-        return Path(data_path), shapes
+        return model_path, Path(data_path), shapes
     with np.load(data_path) as loaded:
         items = mirrored_items({k: loaded[k] for k in loaded.files}, 2 * batch)
     path = folder / f"{name}-b{batch}.npz"
     np.savez(path, **items)
-    return path, shapes
+    return model_path, path, shapes
 
 
 def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path) -> dict:
-    data, shapes = batch_data(name, batch, tmp)
+    model_path, data, shapes = batch_data(name, batch, tmp)
     out = tmp / f"{name}-b{batch}"
     t0 = time.monotonic()
-    result = autoprec.search(f"zoo:{name}", budget=budget, data=data, shapes=shapes, out=out, backend=backend,
+    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=out, backend=backend,
                              max_loss=MAX_LOSS, progress=False, device=device)
     search_wall = time.monotonic() - t0
     files = read_result_dir(out)
@@ -92,7 +92,6 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
     chosen = result.chosen
     if chosen is None or "fp32" not in uniform or "fp16" not in uniform:
         return {"error": f"no chosen plan or no uniform FP32/FP16 trial; see {out} (trials.json)", "search_wall_s": search_wall}
-    model_path = resolve_model(f"zoo:{name}", None, None)[0]
     space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
     prepared = prepare(model_path, space, data, shapes, cache=out / "cache")
     engine = get_backend(backend, device)

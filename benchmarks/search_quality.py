@@ -28,9 +28,8 @@ import optuna
 from optuna._hypervolume import compute_hypervolume
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CachedMeasure, machine_facts, prepare_zoo  # noqa: E402
+from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models  # noqa: E402
 
-from autoprec import atomic  # noqa: E402
 from autoprec.search import (  # noqa: E402
     StudyContext,
     default_sampler,
@@ -148,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
         "models": {},
     }
-    for name in models:
-        print(f"[{name}] …", file=sys.stderr, flush=True)
-        report["models"][name] = run_model(name, budget, seeds, reference_trials)
-        atomic.write_json(args.json, report)  # a partial report survives an interrupted run
+    run_models(report, models, lambda name: run_model(name, budget, seeds, reference_trials), args.json)
     print(f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
           f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}")
     print(f"{'model':<10} {'ref':>5} {'method':<9} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}")

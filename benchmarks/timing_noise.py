@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, prepare_zoo  # noqa: E402
+from _harness import machine_facts, prepare_zoo, run_models  # noqa: E402
 
-from autoprec import atomic  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.plan import Plan, Precision  # noqa: E402
 
@@ -83,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
     report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "repeats": repeats,
               "timing": "each repeat: median of >= 10 runs and >= 0.2 s after 3 warm-ups, plans alternated", "models": {}}
-    for name in models:
-        print(f"[{name}] …", file=sys.stderr, flush=True)
-        report["models"][name] = run_model(name, repeats)
-        atomic.write_json(args.json, report)
+    run_models(report, models, lambda name: run_model(name, repeats), args.json)
     print(f"\ntiming noise — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"{repeats} alternated repeats per plan; JSON: {args.json}")
     print(f"{'model':<10} {'fp32 ms':>9} {'spread':>7} {'int8 ms':>9} {'spread':>7} {'fp32/int8':>9} "

@@ -20,10 +20,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts  # noqa: E402
+from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec import atomic  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.results import read_result_dir  # noqa: E402
 
@@ -63,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
     report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "budget": budget,
               "isolation": "worker process (the default)", "statistic": "median over measured trials", "models": {}}
-    for name in models:
-        print(f"[{name}] …", file=sys.stderr, flush=True)
-        report["models"][name] = run_model(name, budget)
-        atomic.write_json(args.json, report)
+    run_models(report, models, lambda name: run_model(name, budget), args.json)
     print(f"\ntrial cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {budget}; JSON: {args.json}")
     print(f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9}   one-time s")
