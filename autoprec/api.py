@@ -27,7 +27,7 @@ from autoprec.data import Dataset, RandomDataWarning, build_dataset, item_shapes
 from autoprec.errors import AutoprecError
 from autoprec.isolation import IsolatedMeasurer, Limits
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure import measure, time_interleaved
+from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
 from autoprec.plan import Plan, Precision
 from autoprec.plots import plot_result_dir
@@ -44,17 +44,18 @@ from autoprec.search import (
     StudyContext,
     choose,
     counted,
-    default_sampler,
     default_study_name,
     finished_records,
+    make_sampler,
     open_study,
     pareto_front,
     recover_interrupted,
+    rejected_trials,
     retime,
-    run_study,
-    seed_uniform_plans,
+    run_warm_started,
     uniform_trials,
 )
+from autoprec.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
 
 # Final re-timing of the front: enough rounds for a max/min comparison to mean something.
 RETIME_ROUNDS = 3
@@ -164,6 +165,9 @@ def search(
     trial_memory_gb: float | None = None,
     precisions: Sequence[str] | None = None,
     device: int = 0,
+    sampler: str = "tpe",
+    warm_start: bool = True,
+    early_reject: bool = True,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -182,6 +186,11 @@ def search(
 
     ``precisions`` limits what any unit may take (default: those the engine runs faster than
     FP32; ort-cuda leaves INT8 out). ``device`` is the GPU index for GPU engines.
+
+    The search starts with a sensitivity pass (each unit lowered alone; ``warm_start``) whose
+    ranking seeds the study, then ``sampler`` explores. With ``max_loss``, a candidate whose loss
+    on the first quarter of the evaluation batches is far past the limit is rejected there
+    (``early_reject``): pruned, counted against the budget, kept in the results.
     """
     started = time.monotonic()
     if budget < 1:
@@ -216,16 +225,17 @@ def search(
         "precisions": searched,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage_url, name, identity, default_sampler(seed))
+    study = open_study(storage_url, name, identity, make_sampler(sampler, seed))
     requeued, given_up = recover_interrupted(study)
     if requeued:
         console.note(f"resuming: interrupted trial(s) {', '.join(map(str, requeued))} will be re-run")
     for number in given_up:
         console.warn(f"trial {number} was a re-run and was interrupted again; its plan is not retried")
-    seed_uniform_plans(study, info)
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
     if done:
         console.note(f"resuming study {name!r}: {done} of {budget} trials already done")
+    screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
+    screened = screening_batches(len(dataset.evaluation))
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb)
@@ -237,21 +247,43 @@ def search(
             t0 = time.monotonic()
             measurer.start()
             one_time["worker_start"] = time.monotonic() - t0
-            measure_candidate, time_models = measurer.measure, measurer.time_interleaved
+            time_models = measurer.time_interleaved
+
+            def measure_candidate(model):
+                return measurer.measure(model, screen)
+
+            def loss_of(model):
+                return measurer.accuracy_loss(model, screened)
             memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
             console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
         else:
             def measure_candidate(model):
-                return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function)
+                return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function, screen)
+
+            def loss_of(model):
+                return accuracy_loss(engine, model, dataset.evaluation[:screened], reference[:screened], metric_name, loss_function)
 
             def time_models(models, rounds):
                 return time_interleaved(engine, models, dataset.evaluation[0], rounds)
 
             console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss)
+        unit_sensitivity, from_cache = None, False
+        if warm_start:
+            unit_sensitivity, from_cache = sensitivity_pass(
+                prepared, engine, loss_of, screened, metric_name, calibration, out_dir / "sensitivity.json", progress
+            )
+            one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
+        if screen is not None:
+            console.note(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
+                         f"{screen.batches} of {len(dataset.evaluation)} evaluation batches is not timed")
         console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
         with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
-            run_study(study, ctx, budget, on_trial=bar.update)
+            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update)
+        if unit_sensitivity is not None:
+            console.note(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
+                         + (f" (none lowering to {' or '.join(slow)}: its all-units plan was not faster than all-FP32)"
+                            if slow else ""))
         trials = finished_records(study)
         front = pareto_front(study)
         fp32 = [t for p, t in uniform_trials(trials).items() if p == "fp32"]
@@ -283,6 +315,13 @@ def search(
         "wall_seconds": round(time.monotonic() - started, 2),
         "one_time_seconds": {k: round(v, 3) for k, v in one_time.items()},
         "sampler": type(study.sampler).__name__,
+        "sensitivity": None if unit_sensitivity is None else {
+            "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
+            "seconds": round(unit_sensitivity.seconds, 2),
+            "from_cache": from_cache, "warm_start_plans": len(warm),
+        },
+        "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
+        "rejected": rejected_trials(study),
     }
     result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
     chosen_model = tensorrt_model = None
@@ -293,6 +332,64 @@ def search(
     write_results(result, chosen_model, tensorrt_model)
     plot_result_dir(read_result_dir(out_dir))
     return result
+
+
+def sensitivity_pass(
+    prepared: Prepared, engine: Backend, loss_of, batches: int, metric: str, calibration: str, path: Path, progress: bool
+) -> tuple[Sensitivity, bool]:
+    """The sensitivity of every searchable unit, read from ``path`` when it was measured the same way."""
+    method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
+    key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), metric, method, batches)
+    steps = sum(len(u.allowed) - 1 for u in prepared.info.searchable_units)
+    with console.StepProgress("sensitivity", steps, enabled=progress) as bar:
+        found, from_cache = cached_sensitivity(path, key, lambda: analyse_sensitivity(
+            prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
+        ))
+    if from_cache:
+        console.note(f"sensitivity: read from {path} (same model, data, engine and space)")
+    else:
+        console.note(f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s")
+    return found, from_cache
+
+
+def sensitivity(
+    model: str | os.PathLike,
+    data: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    backend: str = "ort-cpu",
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    metric: str = "cosine",
+    search_space: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    calibration: str = DEFAULT_CALIBRATION,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    precisions: Sequence[str] | None = None,
+    device: int = 0,
+    progress: bool = True,
+) -> tuple[Sensitivity, Path]:
+    """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
+
+    Writes ``sensitivity.json`` and ``sensitivity.png`` in ``out`` (the same files a search writes
+    there, so a later search with the same settings reuses them).
+    """
+    from autoprec.plots import plot_sensitivity
+
+    model_path, data, shapes, default_out = resolve_model(model, data, shapes)
+    out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
+    metric_name, loss_function = resolve_metric(metric)
+    engine = get_backend(backend, device)
+    space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    _check_out_dir(out_dir)
+    prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
+    batches = screening_batches(len(prepared.dataset.evaluation))
+    evaluation, reference = prepared.dataset.evaluation[:batches], prepared.reference[:batches]
+    found, _ = sensitivity_pass(
+        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, reference, metric_name, loss_function),
+        batches, metric_name, calibration, out_dir / "sensitivity.json", progress,
+    )
+    plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
+    return found, out_dir
 
 
 def _engine_space(

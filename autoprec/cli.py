@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from autoprec.accuracy import BUILTIN_METRICS
     from autoprec.backends import BACKENDS
     from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION
+    from autoprec.search import SAMPLERS
 
     parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -65,33 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
-    s.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
+    _model_arguments(s, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "search")
     s.add_argument("--budget", type=_trials, default=50, help="number of trials (default 50)")
-    s.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
-    s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
-    s.add_argument("--backend", default="ort-cpu", choices=BACKENDS,
-                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU)")
-    s.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda (default 0)")
-    s.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
-                   help="precisions the search may use, e.g. fp16,fp32 (default: those the engine runs faster "
-                        "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
     s.add_argument("--max-loss", type=_loss, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
+    s.add_argument("--sampler", default="tpe", choices=SAMPLERS,
+                   help="Optuna sampler after the warm start (default tpe: multi-objective TPE; gp needs torch)")
+    s.add_argument("--no-warm-start", action="store_true",
+                   help="skip the sensitivity pass and its warm-start plans (the study starts from the uniform plans)")
+    s.add_argument("--no-early-reject", action="store_true",
+                   help="evaluate and time every candidate fully, even one far past --max-loss on the first batches")
     s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
     s.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
-    s.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
-                   help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
-    s.add_argument("--metric", default="cosine",
-                   help=f"accuracy loss: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean cosine similarity), "
-                        "or module:function — that imports and RUNS your code")
-    s.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, "auto"),
-                   help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); auto: the study chooses "
-                        "per trial (entropy costs ~0.7 s per tensor once)")
-    s.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
-    s.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
-                   help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
-    s.add_argument("--image-mean", type=_floats, default=(0.0,), help="image preprocessing: (pixel/255 - mean) / std")
-    s.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
     s.add_argument("--trial-timeout", type=_positive_float, default=600.0, metavar="SECONDS",
                    help="time limit to build and measure one candidate (default 600)")
     s.add_argument("--trial-memory", type=_positive_float, metavar="GB",
@@ -100,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure candidates in this process (debugging; an engine crash then ends the search)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
+
+    sens = verbs.add_parser(
+        "sensitivity",
+        help="each unit lowered alone: its accuracy loss per precision and its share of FP32 latency",
+        description="The search's first phase on its own: one evaluation per unit and precision (on the first "
+                    "quarter of the evaluation batches), each unit's share of FP32 time from the engine's profiler. "
+                    "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out reuses them.",
+    )
+    _model_arguments(sens, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "sensitivity")
+    sens.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    sens.add_argument("--json", action="store_true", help="print sensitivity.json on stdout")
 
     show = verbs.add_parser("show", help="print a result's Pareto front and chosen plan")
     show.add_argument("result_dir", help="the --out folder of a search")
@@ -153,6 +150,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_arguments(p, backends, metrics, calibrations, default_calibration, verb: str) -> None:
+    """What search and sensitivity share: the model, its data and shapes, the engine, the space, the metric."""
+    p.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
+    p.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
+    p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
+    p.add_argument("--backend", default="ort-cpu", choices=backends,
+                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU)")
+    p.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda (default 0)")
+    p.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
+                   help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
+                        "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
+    p.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                   help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    p.add_argument("--metric", default="cosine",
+                   help=f"accuracy loss: {', '.join(metrics)} (default cosine = 1 - mean cosine similarity), "
+                        "or module:function — that imports and RUNS your code")
+    p.add_argument("--calibration", default=default_calibration, choices=(*calibrations, "auto"),
+                   help=f"INT8 activation range method (default {default_calibration}); auto: the study chooses "
+                        "per trial (entropy costs ~0.7 s per tensor once)")
+    p.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
+    p.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
+                   help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
+    p.add_argument("--image-mean", type=_floats, default=(0.0,), help="image preprocessing: (pixel/255 - mean) / std")
+    p.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
+
+
+def _sensitivity(args: argparse.Namespace) -> int:
+    from autoprec.api import sensitivity
+    from autoprec.results import json_safe
+
+    found, out = sensitivity(
+        args.model, data=args.data, out=args.out, backend=args.backend, shapes=dict(args.shape), metric=args.metric,
+        search_space=args.search_space, overrides=args.override, calibration=args.calibration,
+        image_mean=args.image_mean, image_std=args.image_std, precisions=args.precisions, device=args.device,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        console.stdout.print_json(data=json_safe(found.to_json()))
+        return 0
+    console.stdout.print(console.sensitivity_table(found))
+    console.stdout.print(f"wrote {out / 'sensitivity.json'}, {out / 'sensitivity.png'}; measured by {found.engine}")
+    return 0
+
+
 def _search(args: argparse.Namespace) -> int:
     from autoprec.api import search
 
@@ -179,6 +220,9 @@ def _search(args: argparse.Namespace) -> int:
         trial_memory_gb=args.trial_memory,
         precisions=args.precisions,
         device=args.device,
+        sampler=args.sampler,
+        warm_start=not args.no_warm_start,
+        early_reject=not args.no_early_reject,
     )
     files = read_result_dir(result.out_dir)
     if args.json:
@@ -353,7 +397,7 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    verbs = {"search": _search, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo,
+    verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo,
              "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export}
     try:
         return verbs[args.verb](args)

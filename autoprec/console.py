@@ -19,7 +19,9 @@ from rich.progress import (
 from rich.table import Table
 
 from autoprec.results import ResultFiles
+from autoprec.plan import Precision
 from autoprec.search import TrialRecord
+from autoprec.sensitivity import Sensitivity
 
 console = Console(stderr=True)
 stdout = Console()  # resolves sys.stdout when printing (so redirection and capture work)
@@ -76,9 +78,46 @@ class SearchProgress:
         self.progress.stop()
 
 
+class StepProgress:
+    """``label k/N`` with elapsed time and ETA: for phases before the trials (the sensitivity pass)."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True):
+        self.progress = Progress(
+            TextColumn(f"[bold]{label}"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=console, disable=not enabled,
+        )
+        self.task = self.progress.add_task(label, total=total)
+
+    def update(self, done: int, total: int) -> None:
+        self.progress.update(self.task, completed=done, total=total)
+
+    def __enter__(self) -> StepProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
 def _loss(value: float | str) -> str:
     value = float(value)  # result files write infinities as "inf"
     return f"{value:.2e}" if math.isfinite(value) else "inf"
+
+
+def sensitivity_table(sensitivity: Sensitivity) -> Table:
+    """Units least sensitive per share of latency first (the order the warm start lowers them in)."""
+    precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
+    table = Table(title=f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
+                        f"{sensitivity.batches} batch(es)", title_justify="left")
+    for column in ("#", "unit", "op", "share of fp32 ms", *(f"loss {p}" for p in precisions)):
+        table.add_column(column, justify="left" if column in ("unit", "op") else "right", no_wrap=column != "unit")
+    order = {u.unit: i for i, u in enumerate(sensitivity.ranking(Precision(precisions[0])))} if precisions else {}
+    for i, u in sorted(enumerate(sensitivity.units), key=lambda iu: order.get(iu[1].unit, iu[0])):
+        share = f"{u.share:.1%}" if u.share is not None else "—"
+        table.add_row(str(i), u.unit, u.op_type, share, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
+    if sensitivity.unattributed_share is not None:
+        table.caption = f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)"
+    return table
 
 
 def front_table(pareto: dict[str, Any]) -> Table:

@@ -23,7 +23,7 @@ import onnx
 from autoprec.data import Batch
 from autoprec.errors import AutoprecError
 from autoprec.backends.base import Timing
-from autoprec.measure import Measurement, measure, time_interleaved
+from autoprec.measure import Measurement, Rejected, Screen, accuracy_loss, measure, time_interleaved
 
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
@@ -86,14 +86,22 @@ def _worker(conn, backend_name: str, device: int, batches, reference, metric_spe
         message = conn.recv()
         if message is None:
             return
+        kind, *args = message
         try:
-            if isinstance(message, tuple):  # ("retime", [serialized models], rounds)
-                _, models, rounds = message
+            if kind == "retime":  # ("retime", [serialized models], rounds)
+                models, rounds = args
                 timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
                 conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
-                continue
-            result = measure(backend, onnx.load_from_string(message), batches, reference, metric, loss_function)
-            conn.send(("ok", result.to_json()))
+            elif kind == "loss":  # ("loss", serialized model, number of batches)
+                model, count = args
+                conn.send(("ok", accuracy_loss(backend, onnx.load_from_string(model), batches[:count], reference[:count],
+                                               metric, loss_function)))
+            else:  # ("measure", serialized model, screen or None)
+                model, screen = args
+                result = measure(backend, onnx.load_from_string(model), batches, reference, metric, loss_function, screen)
+                conn.send(("ok", result.to_json()))
+        except Rejected as rejected:
+            conn.send(("rejected", rejected.to_json()))
         except Exception as exc:  # reported to the parent, which fails the trial with it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -173,23 +181,27 @@ class IsolatedMeasurer:
                 seconds = STARTUP_SECONDS if starting else self.limits.seconds
                 raise self._crash(f"time limit exceeded: {what} took over {seconds:g} s")
 
-    def measure(self, model: onnx.ModelProto) -> Measurement:
+    def _ask(self, message: tuple, seconds: float):
         if self.process is None or not self.process.is_alive():
             self.start()
-        self.conn.send(model.SerializeToString())
-        kind, payload = self._wait(time.monotonic() + self.limits.seconds)
+        self.conn.send(message)
+        kind, payload = self._wait(time.monotonic() + seconds)
         if kind == "error":
             raise TrialError(payload)
-        return Measurement.from_json(payload)
+        if kind == "rejected":
+            raise Rejected(payload["loss"], payload["batches"], payload["seconds"])
+        return payload
+
+    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+        return Measurement.from_json(self._ask(("measure", model.SerializeToString(), screen), self.limits.seconds))
+
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+        """:func:`autoprec.measure.accuracy_loss` on the first ``batches`` evaluation batches, in the worker."""
+        return self._ask(("loss", model.SerializeToString(), batches), self.limits.seconds)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
         """:func:`autoprec.measure.time_interleaved` in the worker, within the time limit per model."""
-        if self.process is None or not self.process.is_alive():
-            self.start()
-        self.conn.send(("retime", [m.SerializeToString() for m in models], rounds))
-        kind, payload = self._wait(time.monotonic() + self.limits.seconds * max(1, len(models)))
-        if kind == "error":
-            raise TrialError(payload)
+        payload = self._ask(("retime", [m.SerializeToString() for m in models], rounds), self.limits.seconds * max(1, len(models)))
         return [None if t is None else [Timing.from_json(x) for x in t] for t in payload]
 
     def close(self) -> None:

@@ -47,6 +47,64 @@ class Measurement:
         return cls(Timing.from_json(data["latency"]), data["metrics"], data["loss"], data.get("seconds", {}), data.get("retimes", 0))
 
 
+@dataclass(frozen=True)
+class Screen:
+    """Cheap rejection: accuracy on the first ``batches`` evaluation batches first; a candidate whose
+    loss there is above ``reject_above`` is not evaluated further nor timed."""
+
+    batches: int
+    reject_above: float
+
+    @classmethod
+    def for_search(cls, max_loss: float | None, evaluation_batches: int) -> Screen | None:
+        """A quarter of the evaluation set (at least one batch), rejecting at ``REJECT_FACTOR`` × --max-loss;
+        None without a loss limit or with a single batch (nothing to save)."""
+        if max_loss is None or evaluation_batches < 2:
+            return None
+        return cls(screening_batches(evaluation_batches), REJECT_FACTOR * max_loss)
+
+
+def screening_batches(evaluation_batches: int) -> int:
+    """A quarter of the evaluation batches, at least one: for cheap rejection and the sensitivity pass."""
+    return max(1, evaluation_batches // 4)
+
+
+# Screened loss above this multiple of --max-loss rejects a candidate: far enough past the limit
+# that a loss measured on a quarter of the data does not reject plans the full set would accept.
+REJECT_FACTOR = 4.0
+
+
+class Rejected(Exception):
+    """The candidate's loss on the screening batches is already far past the limit."""
+
+    def __init__(self, loss: float, batches: int, seconds: dict[str, float]):
+        super().__init__(f"loss {loss:.3g} on the first {batches} evaluation batch(es)")
+        self.loss, self.batches, self.seconds = loss, batches, seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loss": self.loss, "batches": self.batches, "seconds": self.seconds}
+
+
+def _loss(metrics: dict, reference: Outputs, outputs: Outputs, metric: str, loss_function: LossFunction | None) -> float:
+    """One scalar loss; non-finite outputs are unbounded loss, never averaged away."""
+    if any(m.get("nonfinite") for m in metrics.values()):
+        return math.inf
+    if loss_function is not None:
+        loss = float(loss_function(reference, outputs))
+        return math.inf if math.isnan(loss) else loss
+    return loss_from_metrics(metrics, metric)
+
+
+def accuracy_loss(
+    backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch], reference: Outputs, metric: str,
+    loss_function: LossFunction | None = None,
+) -> float:
+    """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
+    with backend.prepare(model) as runner:
+        outputs = [runner.run(batch) for batch in batches]
+    return _loss(compare(reference[: len(outputs)], outputs), reference, outputs, metric, loss_function)
+
+
 def measure(
     backend: Backend,
     model: onnx.ModelProto,
@@ -54,14 +112,26 @@ def measure(
     reference: Outputs,
     metric: str,
     loss_function: LossFunction | None = None,
+    screen: Screen | None = None,
 ) -> Measurement:
-    """Latency on the first evaluation batch; accuracy on all of them, against the FP32 reference."""
+    """Latency on the first evaluation batch; accuracy on all of them, against the FP32 reference.
+
+    With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
+    """
     seconds = {}
     t0 = time.perf_counter()
     with backend.prepare(model) as runner:
         seconds["build"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        outputs = [runner.run(batch) for batch in batches]
+        outputs = []
+        for i, batch in enumerate(batches):
+            outputs.append(runner.run(batch))
+            if screen is not None and i + 1 == screen.batches < len(batches):
+                head = reference[: len(outputs)]
+                loss = _loss(compare(head, outputs), head, outputs, metric, loss_function)
+                if loss > screen.reject_above:
+                    seconds["evaluate"] = time.perf_counter() - t0
+                    raise Rejected(loss, len(outputs), seconds)
         seconds["evaluate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         latency, retimes = runner.time(batches[0]), 0
@@ -70,15 +140,7 @@ def measure(
             latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
         seconds["time"] = time.perf_counter() - t0
     metrics = compare(reference, outputs)
-    if any(m.get("nonfinite") for m in metrics.values()):
-        loss = math.inf
-    elif loss_function is not None:
-        loss = float(loss_function(reference, outputs))
-        if math.isnan(loss):
-            loss = math.inf
-    else:
-        loss = loss_from_metrics(metrics, metric)
-    return Measurement(latency, metrics, loss, seconds, retimes)
+    return Measurement(latency, metrics, _loss(metrics, reference, outputs, metric, loss_function), seconds, retimes)
 
 
 def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch: Batch, rounds: int) -> list[list[Timing] | None]:

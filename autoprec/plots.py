@@ -130,9 +130,48 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Path:
+    """Per unit in graph order: the loss when it alone is lowered (per precision, log scale) beside its
+    share of the FP32 latency, so cheap-to-lower and costly units stand out together."""
+    plt = _pyplot()
+    units = sensitivity["units"]
+    rows = list(range(len(units)))
+    fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)), dpi=120,
+                                      gridspec_kw={"width_ratios": [3, 1.2]})
+    floor = 1e-9  # a loss of 0 (bit-identical outputs) drawn at the axis' floor
+    for precision, marker in (("int8", "s"), ("fp16", "o")):
+        points = [(i, float(u["loss"][precision])) for i, u in enumerate(units) if precision in u["loss"]]
+        finite = [(i, max(v, floor)) for i, v in points if math.isfinite(v)]
+        if finite:
+            left.scatter([v for _, v in finite], [i for i, _ in finite], marker=marker, s=18,
+                         color=PRECISION_COLOURS[precision], label=f"{precision} alone", zorder=3)
+        failed = [i for i, v in points if not math.isfinite(v)]
+        if failed:
+            left.scatter([1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf")
+    left.set_xscale("log")
+    left.set_xlabel("accuracy loss with only this unit lowered (log)")
+    left.grid(axis="x", color="0.9")
+    left.legend(fontsize=8, loc="lower right")
+    shares = [u["share"] if u["share"] is not None else 0.0 for u in units]
+    right.barh(rows, [100 * s for s in shares], color="0.55")
+    right.set_xlabel("share of FP32 latency, %" if any(u["share"] is not None for u in units) else "no engine profile")
+    labels = [u["unit"] for u in units] if len(units) <= 60 else [str(i) for i in rows]
+    left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
+    left.invert_yaxis()
+    fig.suptitle(f"Sensitivity: {title}\n{sensitivity['engine']} · {sensitivity['batches']} evaluation batch(es)", fontsize=9)
+    fig.tight_layout()
+    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
+
+
 def plot_result_dir(result: ResultFiles) -> list[Path]:
     """Every figure a result directory supports, written next to its results."""
-    return [
+    written = [
         plot_pareto(result.pareto, result.trials, result.out_dir / "pareto.png"),
         plot_layers(result.pareto, result.out_dir / "layers.png"),
     ]
+    if result.sensitivity is not None:
+        title = Path(result.pareto["model"]["path"]).name
+        written.append(plot_sensitivity(result.sensitivity, title, result.out_dir / "sensitivity.png"))
+    return written

@@ -169,6 +169,7 @@ class ResultFiles:
     pareto: dict[str, Any]
     trials: dict[str, Any]
     plan: dict[str, Any] | None
+    sensitivity: dict[str, Any] | None = None  # sensitivity.json, when the search ran its sensitivity pass
 
     @property
     def chosen(self) -> dict[str, Any] | None:
@@ -189,8 +190,9 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
         trials = load_json(out_dir / "trials.json")
         plan_path = out_dir / "best" / "plan.json"
         plan = load_json(plan_path) if plan_path.is_file() else None
+        sensitivity = load_json(out_dir / "sensitivity.json") if (out_dir / "sensitivity.json").is_file() else None
     except (OSError, ValueError) as exc:
         raise AutoprecError(f"{out_dir}: its result files cannot be read ({exc}); rerun the search to rewrite them") from None
     if pareto.get("schema") != PARETO_SCHEMA:
         raise AutoprecError(f"{pareto_path}: schema {pareto.get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search")
-    return ResultFiles(out_dir, pareto, trials, plan)
+    return ResultFiles(out_dir, pareto, trials, plan, sensitivity)

@@ -26,9 +26,10 @@ from autoprec.calibrate import (
 )
 from autoprec.errors import AutoprecError, StudyError
 from autoprec.isolation import TrialCrash
-from autoprec.measure import Measurement
+from autoprec.measure import Measurement, Rejected
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan, Precision
+from autoprec.sensitivity import Sensitivity, warm_start_params
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
@@ -68,6 +69,7 @@ class StudyContext:
     max_loss: float | None
     measured: dict[str, int] = field(default_factory=dict)  # plan key -> trial number
     failed: dict[str, int] = field(default_factory=dict)  # plan key -> trial that failed it
+    rejected: dict[str, int] = field(default_factory=dict)  # plan key -> trial that rejected it early
 
 
 # With --calibration auto the INT8 range method is one more categorical of the study.
@@ -99,6 +101,26 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
 def default_sampler(seed: int) -> optuna.samplers.BaseSampler:
     """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint."""
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    """``--sampler``: tpe (default), nsga2, gp (needs torch) or random; all Optuna's own."""
+    if name == "tpe":
+        return default_sampler(seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        try:
+            import torch  # noqa: F401 - Optuna's GPSampler needs it
+        except ImportError:
+            raise AutoprecError("--sampler gp: Optuna's GPSampler needs PyTorch; pip install torch, or use --sampler tpe") from None
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=10)
+    raise AutoprecError(f"--sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
+
+
+SAMPLERS = ("tpe", "nsga2", "gp", "random")
 
 
 def open_study(
@@ -163,21 +185,25 @@ def planned_params(trial: FrozenTrial) -> dict:
 
 
 def counted(trial: FrozenTrial) -> bool:
-    """Trials that count against the budget: finished ones and real failures (which carry an error).
+    """Trials that count against the budget: finished ones, real failures (which carry an error) and
+    candidates rejected early (pruned, with their screened loss).
 
     A trial failed by :func:`recover_interrupted` has no error and is re-run instead.
     """
-    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL and "error" in trial.user_attrs)
+    return (
+        trial.state == TrialState.COMPLETE
+        or (trial.state == TrialState.FAIL and "error" in trial.user_attrs)
+        or (trial.state == TrialState.PRUNED and "rejected" in trial.user_attrs)
+    )
 
 
-def seed_uniform_plans(study: optuna.Study, info: ModelInfo) -> None:
-    """Enqueue all-FP32, all-FP16, all-INT8 so both ends of the front exist from the start.
+def seed_plans(study: optuna.Study, info: ModelInfo, warm: Sequence[dict[str, str]] = ()) -> None:
+    """Enqueue all-FP32, all-FP16, all-INT8 (both ends of the front), then the ``warm`` plans.
 
     Each is queued unless some trial already holds it, so a kill between two enqueues loses none.
     """
     held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
-    for precision in (Precision.FP32, Precision.FP16, Precision.INT8):
-        params = uniform_params(info, precision)
+    for params in [*(uniform_params(info, p) for p in (Precision.FP32, Precision.FP16, Precision.INT8)), *warm]:
         if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
             held.append(params)
             study.enqueue_trial(params)
@@ -216,11 +242,19 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
         trial.set_user_attr("error", f"the same plan failed in trial {ctx.failed[key]}; not measured again")
         study.tell(trial, state=TrialState.FAIL)
         return None
+    if key in ctx.rejected:
+        earlier = study.get_trials(deepcopy=False)[ctx.rejected[key]]
+        _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
+        return None
     try:
         t0 = time.perf_counter()
         model = ctx.backend.lower(ctx.info, plan, ctx.ranges)
         lower_s = time.perf_counter() - t0
         result = _measure_at_most_twice(ctx, model)
+    except Rejected as rejected:
+        _reject(study, trial, ctx, rejected.to_json())
+        ctx.rejected[key] = trial.number
+        return None
     except (AutoprecError, RuntimeError, ValueError, KeyError) as exc:
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
@@ -234,6 +268,14 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
     study.tell(trial, [result.latency.median_ms, result.loss])
     ctx.measured[key] = trial.number
     return record(study.get_trials(deepcopy=False)[trial.number])
+
+
+def _reject(study: optuna.Study, trial: optuna.Trial, ctx: StudyContext, screened: dict) -> None:
+    """Pruned, with its screened loss kept and as an (infeasible) constraint the sampler learns from."""
+    trial.set_user_attr("rejected", screened)
+    if ctx.max_loss is not None:
+        trial.set_constraint("max_loss", screened["loss"] - ctx.max_loss)
+    study.tell(trial, state=TrialState.PRUNED)
 
 
 def _measure_at_most_twice(ctx: StudyContext, model: onnx.ModelProto) -> Measurement:
@@ -260,12 +302,45 @@ def run_study(
             ctx.measured.setdefault(key, trial.number)
         elif key and "error" in trial.user_attrs:
             ctx.failed.setdefault(key, trial.number)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+        if (key := trial.user_attrs.get("plan_key")) and "rejected" in trial.user_attrs:
+            ctx.rejected.setdefault(key, trial.number)
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
     while done < budget:
         result = run_trial(study, ctx)
         done += 1
         if on_trial is not None:
             on_trial(done, result)
+
+
+# The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
+UNIFORM_PLANS = 3
+
+
+def run_warm_started(
+    study: optuna.Study,
+    ctx: StudyContext,
+    budget: int,
+    sensitivity: Sensitivity | None,
+    on_trial: Callable[[int, TrialRecord | None], None] | None = None,
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
+    measured latencies, then the sampler, until ``budget`` trials count.
+
+    Returns the warm-start plans and the precisions they left out (not faster than FP32 when applied
+    to every unit).
+    """
+    seed_plans(study, ctx.info)
+    run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial)
+    warm: list[dict[str, str]] = []
+    slow: list[str] = []
+    if sensitivity is not None:
+        measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
+        slow = [p for p in ("int8", "fp16") if p in measured and "fp32" in measured and measured[p][0] >= measured["fp32"][0]]
+        warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
+        seed_plans(study, ctx.info, warm)
+    run_study(study, ctx, budget, on_trial)
+    return warm, slow
 
 
 def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
@@ -276,6 +351,14 @@ def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
             if n == len(trial.plan.precisions):
                 found.setdefault(precision, trial)
     return found
+
+
+def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
+    """Candidates stopped by cheap rejection: trial number and what their screening measured."""
+    return [
+        {"trial": t.number, **t.user_attrs["rejected"], "plan": t.user_attrs.get("plan")}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if "rejected" in t.user_attrs
+    ]
 
 
 def finished_records(study: optuna.Study) -> list[TrialRecord]:

@@ -19,7 +19,7 @@ from autoprec import atomic
 from autoprec.api import Prepared, prepare, resolve_model
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
-from autoprec.measure import Measurement, measure
+from autoprec.measure import Measurement, Screen, measure
 from autoprec.search_space import load_search_space
 
 
@@ -54,14 +54,16 @@ class CachedMeasure:
     backend: Backend
     prepared: Prepared
     metric: str = "cosine"
+    screen: Screen | None = None  # cheap rejection, as a search with --max-loss does it
     cache: dict[str, Measurement] = field(default_factory=dict)
     measured: int = 0
 
     def __call__(self, model: onnx.ModelProto) -> Measurement:
         key = hashlib.sha256(model.SerializeToString()).hexdigest()
         if key not in self.cache:
-            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.prepared.reference, self.metric)
             self.measured += 1
+            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.prepared.reference,
+                                      self.metric, screen=self.screen)
         return self.cache[key]
 
 

@@ -1,9 +1,13 @@
-"""How good is the front a search finds in 50 trials? autoprec vs random search vs plain NSGA-II.
+"""How good is the front a search finds in 50 trials? autoprec vs its variants, random search and NSGA-II.
 
 Per zoo model, on ONNX Runtime's CPU provider, in one run:
 1. a dense reference: a study of >= 400 trials (exhaustive when the plan space is that small);
-2. at the budget (default 50) with 3 seeds each: autoprec's search (multivariate TPE seeded with
-   the uniform fp32/fp16/int8 plans), Optuna's RandomSampler, and Optuna's NSGAIISampler (defaults).
+2. the sensitivity pass, once per model (its evaluations and seconds are reported: they are spent
+   before the budget's trials, accuracy only, on a quarter of the evaluation batches);
+3. at the budget (default 50) with 3 seeds each: autoprec's search (uniform plans, then the
+   sensitivity warm start, then multivariate TPE), the same warm start followed by NSGA-II or by
+   Optuna's GP sampler, TPE without the warm start (autoprec before the sensitivity pass), and
+   Optuna's RandomSampler and NSGAIISampler (defaults, no seeding).
 
 Objectives are normalised as x = latency / all-FP32 latency and y = min(loss / 0.05, 1)
 (loss = 1 − mean cosine vs FP32); hypervolume (Optuna's own) is taken against (1.5, 1.0) and
@@ -11,7 +15,7 @@ reported as a fraction of the reference front's, the reference being the Pareto 
 plan measured in the run. No study uses --max-loss (the whole front counts). Each distinct plan
 is measured once per run and shared by all studies, so methods are not ranked by timing noise.
 
-    python benchmarks/search_quality.py            # full: all zoo models (about an hour on 2 cores)
+    python benchmarks/search_quality.py            # full: all zoo models (about 1.5 hours on 2 cores)
     python benchmarks/search_quality.py --quick    # ppocr-cls and magika, smaller (< 10 minutes)
 """
 
@@ -30,14 +34,18 @@ from optuna._hypervolume import compute_hypervolume
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models  # noqa: E402
 
+from autoprec.measure import accuracy_loss, screening_batches  # noqa: E402
 from autoprec.search import (  # noqa: E402
     StudyContext,
     default_sampler,
     finished_records,
+    make_sampler,
     open_study,
     run_study,
-    seed_uniform_plans,
+    run_warm_started,
+    seed_plans,
 )
+from autoprec.sensitivity import analyse_sensitivity  # noqa: E402
 
 LOSS_BOUND = 0.05
 REFERENCE_POINT = (1.5, 1.0)
@@ -83,35 +91,54 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
             reference.enqueue_trial(dict(zip([u.name for u in info.searchable_units], choice)))
         reference_budget = space
     else:
-        seed_uniform_plans(reference, info)
+        seed_plans(reference, info)
         reference_budget = reference_trials
     run_study(reference, ctx(), reference_budget)
     reference_records = finished_records(reference)
     all_points = _points(reference_records)
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
 
-    methods = {}
-    samplers = {
-        "autoprec": lambda seed: default_sampler(seed),
-        "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-        "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+    evaluation, reference_outputs = prepared.dataset.evaluation, prepared.reference
+    batches = screening_batches(len(evaluation))
+    sensitivity = analyse_sensitivity(
+        info, backend, prepared.ranges,
+        lambda m: accuracy_loss(backend, m, evaluation[:batches], reference_outputs[:batches], "cosine"),
+        evaluation[0], batches,
+    )
+    # method -> (sampler, warm start): warm-started methods run autoprec's own flow (run_warm_started).
+    methods = {
+        "autoprec": ("tpe", True),
+        "warm+nsga2": ("nsga2", True),
+        "warm+gp": ("gp", True),
+        "tpe": ("tpe", False),
+        "random": ("random", None),
+        "nsga2": ("nsga2", None),
     }
-    runs = {}
-    for method, make in samplers.items():
-        runs[method] = []
+    if not gp_available():
+        methods.pop("warm+gp")
+    runs, walls = {}, {}
+    for method, (sampler, warm) in methods.items():
+        runs[method], walls[method] = [], []
         for seed in range(seeds):
-            study = _study(make(seed), f"{name}-{method}-{seed}")
-            if method == "autoprec":
-                seed_uniform_plans(study, info)
-            run_study(study, ctx(), budget)
+            t0 = time.monotonic()
+            study = _study(make_sampler(sampler, seed), f"{name}-{method}-{seed}")
+            if warm is None:  # a plain sampler, as Optuna users would run it
+                run_study(study, ctx(), budget)
+            else:
+                run_warm_started(study, ctx(), budget, sensitivity if warm else None)
+            walls[method].append(round(time.monotonic() - t0, 1))
             points = _points(finished_records(study))
             runs[method].append(points)
             all_points += points
+    results = {}
     for method, per_seed in runs.items():
-        methods[method] = {
+        results[method] = {
             "hv_fraction": [round(hypervolume_fraction(p, all_points, fp32_ms), 4) for p in per_seed],
             "best_latency_ms_at_1pct": [round(b, 4) if (b := best_within(p)) is not None else None for p in per_seed],
             "trials": budget,
+            "sampler": methods[method][0],
+            "warm_start": bool(methods[method][1]),
+            "wall_seconds": walls[method],
         }
     return {
         "units": len(info.searchable_units),
@@ -123,17 +150,29 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
         "distinct_plans_measured": measure.measured,
         "wall_seconds": round(time.monotonic() - started, 1),
         "input_shapes": {i.name: list(i.shape) for i in info.inputs},
-        "methods": methods,
+        "sensitivity": {"evaluations": sensitivity.evaluations, "batches": sensitivity.batches,
+                        "seconds": round(sensitivity.seconds, 1)},
+        "methods": results,
     }
+
+
+def gp_available() -> bool:
+    try:
+        import torch  # noqa: F401 - Optuna's GPSampler needs it
+    except ImportError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two small models, budget 20, reference 100, 2 seeds")
     parser.add_argument("--models", nargs="*", help="zoo models (default: all, or the quick pair)")
+    parser.add_argument("--reference", type=int, help="reference study trials (default 400; quick 100)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "search_quality.json")
     args = parser.parse_args(argv)
     budget, seeds, reference_trials = (20, 2, 100) if args.quick else (50, 3, 400)
+    reference_trials = args.reference or reference_trials
     models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autoprec.backends import get_backend
@@ -150,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     run_models(report, models, lambda name: run_model(name, budget, seeds, reference_trials), args.json)
     print(f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
           f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}")
-    print(f"{'model':<10} {'ref':>5} {'method':<9} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}")
+    print(f"{'model':<10} {'ref':>5} {'method':<10} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}")
     for name, m in report["models"].items():
         for method, r in m["methods"].items():
             hv = ", ".join(f"{v:.3f}" for v in r["hv_fraction"])
             best = ", ".join(f"{v:.3f}" if v is not None else "—" for v in r["best_latency_ms_at_1pct"])
             ref_best = m["best_latency_ms_at_1pct_reference"]
-            print(f"{name:<10} {m['reference_front_trials']:>5} {method:<9} {hv:<28} {best:<32} "
+            print(f"{name:<10} {m['reference_front_trials']:>5} {method:<10} {hv:<28} {best:<32} "
                   f"{ref_best if ref_best is None else round(ref_best, 3):>9} {m['fp32_latency_ms']:>8.3f}")
     return 0
 

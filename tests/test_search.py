@@ -124,7 +124,8 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
 
 def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     out = tmp_path / "out"
-    autoprec.search(mlp_model, budget=3, out=out, progress=False)
+    # No warm start: its plans would stay queued ahead of the re-run at this small budget.
+    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False)
     storage = f"sqlite:///{out / 'study.db'}"
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
@@ -133,7 +134,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
-    autoprec.search(mlp_model, budget=5, out=out, progress=False)
+    autoprec.search(mlp_model, budget=5, out=out, progress=False, warm_start=False)
     trials = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage).trials
     states = {t.number: t.state for t in trials}
     assert states[dangling.number] == optuna.trial.TrialState.FAIL

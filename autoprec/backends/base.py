@@ -115,6 +115,11 @@ class Backend(abc.ABC):
     def prepare(self, model: onnx.ModelProto) -> Runner:
         """Build a session/engine for an explicit-precision model."""
 
+    def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float] | None:
+        """Seconds per run spent in each node of ``model`` (keyed by its node names; time the engine
+        cannot attribute to one is under ``""``), from the engine's own profiler. None: no profiler."""
+        return None
+
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
         return lower_plan(info, plan, ranges, self.qdq_form)

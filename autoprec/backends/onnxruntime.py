@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import subprocess
+import tempfile
+from collections import defaultdict
 from functools import lru_cache
 
 import numpy as np
@@ -40,7 +44,53 @@ class OrtRunner(Runner):
         return time_calls(lambda: self.session.run(self.output_names, batch))
 
 
-class OrtCpuBackend(Backend):
+class OrtProfiling:
+    """Per-node times from ONNX Runtime's profiler, mapped back to the model's own node names."""
+
+    def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float]:
+        options = self.session_options()
+        with tempfile.TemporaryDirectory(prefix="autoprec-profile-") as folder:
+            options.enable_profiling = True
+            options.profile_file_prefix = os.path.join(folder, "ort")
+            session = new_session(self._ort, model, options, self.session_providers())
+            names = [o.name for o in session.get_outputs()]
+            for _ in range(runs + 1):
+                session.run(names, batch)
+            with open(session.end_profiling()) as f:
+                events = [e for e in json.load(f) if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+        seen: set[str] = set()
+        timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]  # each node's first run: warm-up
+        return attribute_node_times(model, timed, runs)
+
+    def session_options(self):
+        return self._ort.SessionOptions()
+
+    def session_providers(self) -> list:
+        return [self.provider]
+
+
+def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) -> dict[str, float]:
+    """Seconds per run for each original node. ORT renames what it rewrites: a layout-converted node
+    after its output tensor (``<output>_nchwc``), a fused node after the first node it fused
+    (``<node>/<Fusion>`` or ``<node>_<suffix>``); layout reorders and other inserted nodes go to ``""``."""
+    nodes = {n.name for n in model.graph.node}
+    producer = {out: n.name for n in model.graph.node for out in n.output}
+    by_prefix = sorted(nodes, key=len, reverse=True)
+
+    def original(name: str) -> str:
+        if name in nodes:
+            return name
+        if name.endswith("_nchwc") and name[: -len("_nchwc")] in producer:
+            return producer[name[: -len("_nchwc")]]
+        return next((n for n in by_prefix if name.startswith((n + "/", n + "_"))), "")
+
+    times: dict[str, float] = defaultdict(float)
+    for event in events:
+        times[original(event["name"][: -len("_kernel_time")])] += event["dur"] * 1e-6 / runs
+    return dict(times)
+
+
+class OrtCpuBackend(OrtProfiling, Backend):
     """CPU execution provider, all graph optimisations on.
 
     Lowers INT8 in the ``ort-cpu`` Q/DQ form (whole node units, uint8 activations): the only
@@ -65,11 +115,14 @@ class OrtCpuBackend(Backend):
 
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"
 
-    def prepare(self, model: onnx.ModelProto) -> OrtRunner:
+    def session_options(self):
         options = self._ort.SessionOptions()
         if self.threads:
             options.intra_op_num_threads = self.threads
-        return OrtRunner(new_session(self._ort, model, options, [self.provider]))
+        return options
+
+    def prepare(self, model: onnx.ModelProto) -> OrtRunner:
+        return OrtRunner(new_session(self._ort, model, self.session_options(), [self.provider]))
 
 
 def engine_info(backend, device: str, versions: dict[str, str] | None = None) -> EngineInfo:
@@ -126,7 +179,7 @@ class OrtCudaRunner(Runner):
         return time_calls(call)
 
 
-class OrtCudaBackend(Backend):
+class OrtCudaBackend(OrtProfiling, Backend):
     """CUDA execution provider on GPU ``device``; cuDNN/cuBLAS found through ``onnxruntime.preload_dlls()``.
 
     FP16 (Cast-lowered) runs on tensor cores. Q/DQ INT8 does not: the CUDA provider runs
@@ -173,9 +226,11 @@ class OrtCudaBackend(Backend):
                 versions[key.removesuffix("_version")] = str(getattr(build, key))
         return engine_info(self, f"{gpu['name']} (cuda:{self.device})", versions)
 
+    def session_providers(self) -> list:
+        return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
+
     def prepare(self, model: onnx.ModelProto) -> OrtCudaRunner:
-        providers = [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
-        session = new_session(self._ort, model, self._ort.SessionOptions(), providers)
+        session = new_session(self._ort, model, self.session_options(), self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})")
         return OrtCudaRunner(session, self.device)

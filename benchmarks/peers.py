@@ -1,0 +1,243 @@
+"""autoprec against the greedy tools users know, on the same models, data, engine and metric.
+
+Per zoo model, on ONNX Runtime's CPU provider, at a 1 % loss limit (loss = 1 - mean cosine vs the
+FP32 model's outputs on the zoo's evaluation batches), in one run:
+
+- ``autoprec``: its search (sensitivity pass, uniform plans, warm start, multivariate TPE, cheap
+  rejection), budget 50, the fastest plan within the limit.
+- ``polygraphy_bisect``: the strategy of Polygraphy's ``debug precision`` (bisect mode, forward
+  direction), re-implemented over the same backend and units: the smallest number of leading
+  units kept in FP32, the rest INT8, that passes the check, found by bisection. The tool itself
+  drives TensorRT builds, which cannot run here.
+- ``nncf``: ``nncf.quantize_with_accuracy_control`` (ONNX backend, max_drop 0.01 absolute on
+  the same metric, as 1 - loss), its INT8 model measured as it comes out.
+- ``ort_auto_mixed_precision``: onnxconverter-common's ``auto_convert_mixed_precision`` (FP16,
+  validated on the first evaluation batch with the same limit), its model measured as it comes out.
+
+"evaluations" counts candidate accuracy evaluations each method spent (autoprec: trials measured,
+rejected early or not; its sensitivity pass's one-unit accuracy checks are given separately).
+``best_at_peer_evaluations``: autoprec's fastest feasible trial among its first N trials, N = that
+peer's evaluations. Finally every pick and the FP32 model are built once and timed in interleaved
+rounds, so the latencies compare within one run.
+
+    python benchmarks/peers.py [--models ppocr-rec yolov8n ...] [--budget 50]   # needs nncf, onnxconverter-common
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import optuna
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models  # noqa: E402
+
+from autoprec.accuracy import compare, loss_from_metrics  # noqa: E402
+from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved  # noqa: E402
+from autoprec.plan import Plan, Precision  # noqa: E402
+from autoprec.search import (  # noqa: E402
+    StudyContext, choose, finished_records, make_sampler, open_study, pareto_front, run_warm_started,
+)
+from autoprec.sensitivity import analyse_sensitivity  # noqa: E402
+
+MAX_LOSS = 0.01
+ROUNDS = 5
+MODELS = ("ppocr-rec", "yolov8n", "minilm", "ppocr-det")
+
+
+def _loss(reference, outputs) -> float:
+    return loss_from_metrics(compare(reference, outputs), "cosine")
+
+
+def run_autoprec(prepared, backend, budget: int) -> tuple[onnx.ModelProto, dict, list]:
+    info, evaluation, reference = prepared.info, prepared.dataset.evaluation, prepared.reference
+    batches = screening_batches(len(evaluation))
+    sensitivity = analyse_sensitivity(
+        info, backend, prepared.ranges,
+        lambda m: accuracy_loss(backend, m, evaluation[:batches], reference[:batches], "cosine"), evaluation[0], batches,
+    )
+    measure_ = CachedMeasure(backend, prepared, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
+    ctx = StudyContext(info, backend, prepared.ranges, measure_, "percentile-99.99", MAX_LOSS)
+    study = open_study(optuna.storages.InMemoryStorage(), "peers", {}, make_sampler("tpe", 0))
+    started = time.monotonic()
+    run_warm_started(study, ctx, budget, sensitivity)
+    chosen = choose(pareto_front(study), MAX_LOSS)
+    trials = sorted(finished_records(study), key=lambda r: r.number)
+    return backend.lower(info, chosen.plan, prepared.ranges), {
+        "evaluations": measure_.measured,
+        "sensitivity_evaluations": sensitivity.evaluations,
+        "sensitivity_seconds": round(sensitivity.seconds, 1),
+        "rejected_early": len(study.trials) - len(trials) - sum(t.state.name == "FAIL" for t in study.trials),
+        "search_seconds": round(time.monotonic() - started, 1),
+        "counts": chosen.plan.counts(),
+    }, trials
+
+
+def run_polygraphy_bisect(prepared, backend) -> tuple[onnx.ModelProto, dict]:
+    """Bisection over k, the number of leading units kept in FP32 (the rest INT8); k = all passes."""
+    info = prepared.info
+    units = [u for u in info.searchable_units if Precision.INT8 in u.allowed]
+    evaluations = 0
+
+    def plan(k: int) -> Plan:
+        fp32 = {u.name for u in units[:k]}
+        return Plan.from_mapping({u.name: (Precision.FP32 if u.name in fp32 or u not in units else Precision.INT8)
+                                  if Precision.INT8 in u.allowed else u.allowed[-1] for u in info.units})
+
+    def passes(k: int) -> bool:
+        nonlocal evaluations
+        evaluations += 1
+        lowered = backend.lower(info, plan(k), prepared.ranges)
+        return measure(backend, lowered, prepared.dataset.evaluation, prepared.reference, "cosine").loss <= MAX_LOSS
+
+    low, high = 0, len(units)  # invariant: plan(high) passes (all FP32 does)
+    while low < high:
+        middle = (low + high) // 2
+        if passes(middle):
+            high = middle
+        else:
+            low = middle + 1
+    chosen = plan(high)
+    return backend.lower(info, chosen, prepared.ranges), {"evaluations": evaluations, "counts": chosen.counts(),
+                                                          "fp32_leading_units": high}
+
+
+def run_nncf(prepared) -> tuple[onnx.ModelProto, dict]:
+    import nncf
+    import onnxruntime as ort
+
+    evaluation, reference = prepared.dataset.evaluation, prepared.reference
+    calls = 0
+
+    def validate(model: onnx.ModelProto, indices) -> float:
+        nonlocal calls
+        calls += 1
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        chosen = list(indices)
+        outputs = [dict(zip(names, session.run(names, evaluation[i]))) for i in chosen]
+        return 1.0 - _loss([reference[i] for i in chosen], outputs)
+
+    quantized = nncf.quantize_with_accuracy_control(
+        prepared.info.model,
+        nncf.Dataset(list(prepared.dataset.calibration)),
+        nncf.Dataset(list(range(len(evaluation)))),
+        validate,
+        max_drop=MAX_LOSS,
+        drop_type=nncf.DropType.ABSOLUTE,
+        subset_size=max(1, len(prepared.dataset.calibration)),
+    )
+    return quantized, {"evaluations": calls, "version": nncf.__version__}
+
+
+def run_ort_auto_mixed_precision(prepared) -> tuple[onnx.ModelProto, dict]:
+    import onnxconverter_common
+    from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
+
+    batch = prepared.dataset.evaluation[0]
+    names = [o.name for o in prepared.info.model.graph.output]
+    calls = 0
+
+    def validate(expected, actual) -> bool:
+        nonlocal calls
+        calls += 1
+        return _loss([dict(zip(names, expected))], [dict(zip(names, [a.astype(np.float32) for a in actual]))]) <= MAX_LOSS
+
+    converted = auto_convert_mixed_precision(onnx.ModelProto.FromString(prepared.info.model.SerializeToString()),
+                                             dict(batch), validate_fn=validate, keep_io_types=True)
+    return converted, {"evaluations": calls, "version": onnxconverter_common.__version__}
+
+
+def run_model(name: str, budget: int) -> dict:
+    prepared, backend = prepare_zoo(name)
+    picks: dict[str, onnx.ModelProto] = {"fp32": prepared.info.model}
+    methods: dict[str, dict] = {}
+    model, facts, trials = run_autoprec(prepared, backend, budget)
+    picks["autoprec"], methods["autoprec"] = model, facts
+    peers = {"polygraphy_bisect": lambda: run_polygraphy_bisect(prepared, backend), "nncf": lambda: run_nncf(prepared),
+             "ort_auto_mixed_precision": lambda: run_ort_auto_mixed_precision(prepared)}
+    for method, run in peers.items():
+        print(f"  {method} …", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            picks[method], methods[method] = run()
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot handle the model is reported, not fatal
+            methods[method] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        methods[method]["seconds"] = round(time.monotonic() - started, 1)
+    for method, model in picks.items():  # accuracy of each pick on the whole evaluation set
+        if method == "fp32":
+            continue
+        try:
+            loss = measure(backend, model, prepared.dataset.evaluation, prepared.reference, "cosine").loss
+        except Exception as exc:  # noqa: BLE001
+            methods[method]["error"] = f"does not run on {backend.name}: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        methods[method]["loss"] = loss
+    runnable = [m for m in picks if "error" not in methods.get(m, {})]
+    timings = time_interleaved(backend, [picks[m] for m in runnable], prepared.dataset.evaluation[0], ROUNDS)
+    fp32_ms = None
+    for method, rounds in zip(runnable, timings):
+        if rounds is None:
+            continue
+        ms = statistics.median(t.median_ms for t in rounds)
+        if method == "fp32":
+            fp32_ms = ms
+            continue
+        methods[method].update({"latency_ms": ms, "rounds_ms": [t.median_ms for t in rounds],
+                                "within_limit": methods[method]["loss"] <= MAX_LOSS})
+    for method, facts in methods.items():
+        if "latency_ms" in facts and fp32_ms:
+            facts["speedup_vs_fp32"] = fp32_ms / facts["latency_ms"]
+    methods["autoprec"]["best_at_peer_evaluations"] = {
+        peer: best_within(trials[: facts["evaluations"]]) for peer, facts in methods.items()
+        if peer != "autoprec" and "evaluations" in facts
+    }
+    return {"max_loss": MAX_LOSS, "fp32_ms": fp32_ms, "units": len(prepared.info.searchable_units),
+            "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs}, "methods": methods}
+
+
+def best_within(trials) -> float | None:
+    """Fastest trial latency within the limit (the trial's own timing)."""
+    feasible = [t.latency_ms for t in trials if t.loss <= MAX_LOSS]
+    return min(feasible) if feasible else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "peers.json")
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autoprec.backends import get_backend
+
+    report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "max_loss": MAX_LOSS,
+              "metric": "1 - mean cosine vs FP32 on the zoo's evaluation batches",
+              "timing": f"every pick and FP32 built once, {ROUNDS} interleaved rounds, each the median of >= 10 runs "
+                        "and >= 0.2 s; latency_ms = median of the rounds", "models": {}}
+    run_models(report, args.models, lambda name: run_model(name, args.budget), args.json)
+    print(f"\npeers at loss <= {MAX_LOSS} — {report['engine']['engine']} {report['engine']['version']} "
+          f"{report['engine']['provider']} on {report['engine']['device']}; JSON: {args.json}")
+    print(f"{'model':<10} {'method':<25} {'ms':>8} {'×fp32':>6} {'loss':>9} {'evals':>6}  autoprec best at that many")
+    for name, m in report["models"].items():
+        best = m["methods"]["autoprec"].get("best_at_peer_evaluations", {})
+        for method, r in m["methods"].items():
+            if "error" in r:
+                print(f"{name:<10} {method:<25} {r['error'][:70]}")
+                continue
+            at = best.get(method)
+            print(f"{name:<10} {method:<25} {r.get('latency_ms', math.nan):>8.3f} {r.get('speedup_vs_fp32', math.nan):>6.2f} "
+                  f"{r.get('loss', math.nan):>9.2e} {r.get('evaluations', 0):>6}  "
+                  + ("" if method == "autoprec" else (f"{at:.3f} ms" if at is not None else "none feasible yet")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+import json
+import math
+
+import optuna
+import pytest
+
+import autoprec
+from autoprec.backends import get_backend
+from autoprec.backends.onnxruntime import attribute_node_times
+from autoprec.data import build_dataset
+from autoprec.measure import Rejected, Screen, accuracy_loss, measure
+from autoprec.model import analyse
+from autoprec.plan import Precision
+from autoprec.search_space import load_search_space
+from autoprec.sensitivity import (
+    Sensitivity,
+    UnitSensitivity,
+    analyse_sensitivity,
+    cached_sensitivity,
+    latency_shares,
+    one_unit_plan,
+    warm_start_params,
+)
+
+
+@pytest.fixture
+def conv_prepared(conv_model, conv_data):
+    info = analyse(conv_model, load_search_space())
+    dataset = build_dataset(conv_data, info.inputs, seed=0)
+    from autoprec.calibrate import calibrate, reference_outputs
+
+    ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
+    reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
+    return info, dataset, ranges, reference
+
+
+def test_profiled_names_are_mapped_back_to_the_models_nodes():
+    import builders
+
+    model = builders.conv_net()
+    events = [
+        {"name": "conv0_kernel_time", "dur": 100},  # kept its name
+        {"name": "c1_nchwc_kernel_time", "dur": 200},  # layout-converted: named after its output tensor (conv1's)
+        {"name": "relu2/FusedActivation_kernel_time", "dur": 50},  # fused: named after the first node
+        {"name": "ReorderOutput_token_7_kernel_time", "dur": 30},  # inserted by ORT: no original node
+    ]
+    times = attribute_node_times(model, events, runs=10)
+    assert times == pytest.approx({"conv0": 1e-5, "conv1": 2e-5, "relu2": 5e-6, "": 3e-6})
+
+
+def test_latency_shares_come_from_the_engines_profile(conv_prepared):
+    info, dataset, _, _ = conv_prepared
+    shares, unattributed = latency_shares(info, get_backend("ort-cpu"), dataset.evaluation[0])
+    assert set(shares) <= {u.name for u in info.units}
+    assert {"conv0", "conv1", "conv2"} <= set(shares)  # the convolutions show up in the profile
+    assert all(s > 0 for s in shares.values())
+    assert sum(shares.values()) + unattributed <= 1.0 + 1e-9
+
+
+def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_prepared):
+    info, dataset, ranges, reference = conv_prepared
+    engine = get_backend("ort-cpu")
+    batches, refs = dataset.evaluation[:2], reference[:2]
+    found = analyse_sensitivity(
+        info, engine, ranges, lambda m: accuracy_loss(engine, m, batches, refs, "cosine"), batches[0], 2
+    )
+    assert found.evaluations == sum(len(u.allowed) - 1 for u in info.searchable_units)
+    assert [u.unit for u in found.units] == [u.name for u in info.searchable_units]
+    conv1 = next(u for u in found.units if u.unit == "conv1")
+    alone = measure(engine, engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges), batches, refs, "cosine")
+    assert conv1.loss["int8"] == pytest.approx(alone.loss, rel=1e-6, abs=1e-9)
+    assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units)  # FP16 keeps 10 mantissa bits, INT8 256 levels
+
+
+def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float]) -> Sensitivity:
+    units = tuple(UnitSensitivity(n, "Conv", shares[n], {"int8": i8, "fp16": f16}) for n, (i8, f16) in losses.items())
+    return Sensitivity(units, 0.0, 1, 2 * len(units), 0.0, "test")
+
+
+def test_warm_start_lowers_the_least_sensitive_units_per_latency_first(conv_prepared):
+    info = conv_prepared[0]
+    names = [u.name for u in info.searchable_units]  # conv0, conv1, conv2, fc
+    sens = _sens(
+        {names[0]: (1e-3, 1e-6), names[1]: (1e-4, 1e-6), names[2]: (1e-2, 1e-6), names[3]: (1e-4, 1e-6)},
+        {names[0]: 0.4, names[1]: 0.4, names[2]: 0.1, names[3]: 0.01},
+    )
+    # per share: conv1 2.5e-4, conv0 2.5e-3, fc 1e-2, conv2 1e-1
+    uniform = {"fp32": (10.0, 0.0), "int8": (6.0, 0.02), "fp16": (12.0, 1e-5)}
+    plans = warm_start_params(info, sens, max_loss=0.01, uniform=uniform)
+    assert plans and all("fp16" not in p.values() for p in plans)  # all-FP16 was slower than FP32: nothing gained
+    lowered = [{n for n, p in plan.items() if p == "int8"} for plan in plans]
+    order = [names[1], names[0], names[3], names[2]]
+    assert all(s == set(order[: len(s)]) for s in lowered)  # always a prefix of the ranking
+    assert {len(s) for s in lowered} >= {1, 2, 3}
+    # Predicted loss = running sum scaled to the uniform plan's (0.02 / 0.0112): 2 * 0.01 is crossed at the
+    # 4th unit, 0.0025 at the 2nd; with FP16 fast too, it gets plans of its own.
+    faster = warm_start_params(info, sens, 0.01, {**uniform, "fp16": (8.0, 1e-5)})
+    assert any("fp16" in p.values() for p in faster) and len(faster) > len(plans)
+
+
+def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):
+    sens = _sens({"a": (1e-3, 1e-6), "b": (math.inf, 2e-6)}, {"a": 0.5, "b": 0.25})  # b's INT8 plan failed
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return sens
+
+    path = tmp_path / "sensitivity.json"
+    first, cached = cached_sensitivity(path, "k1", compute)
+    assert not cached and first == sens and json.loads(path.read_text())["key"] == "k1"  # strict JSON, inf kept
+    again, cached = cached_sensitivity(path, "k1", compute)
+    assert cached and again == sens and len(calls) == 1
+    _, cached = cached_sensitivity(path, "k2", compute)  # another model, data or engine: measured again
+    assert not cached and len(calls) == 2
+
+
+def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_prepared):
+    info, dataset, ranges, reference = conv_prepared
+    engine = get_backend("ort-cpu")
+    int8 = engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges)
+    full = measure(engine, int8, dataset.evaluation, reference, "cosine")
+    screened = Screen(batches=1, reject_above=full.loss / 1000)
+    with pytest.raises(Rejected) as rejected:
+        measure(engine, int8, dataset.evaluation, reference, "cosine", screen=screened)
+    assert rejected.value.batches == 1 and rejected.value.loss > screened.reject_above
+    assert "time" not in rejected.value.seconds  # stopped before timing
+    kept = measure(engine, int8, dataset.evaluation, reference, "cosine", screen=Screen(1, full.loss * 1000))
+    assert kept.loss == pytest.approx(full.loss) and kept.latency.runs >= 10
+    assert Screen.for_search(None, 8) is None and Screen.for_search(0.01, 1) is None
+    assert Screen.for_search(0.01, 8) == Screen(2, 0.04)
+
+
+def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path, conv_model, conv_data):
+    out = tmp_path / "out"
+    max_loss = 1e-7  # so tight that lowered plans fail on their first batch
+    result = autoprec.search(conv_model, budget=8, data=conv_data, out=out, max_loss=max_loss, progress=False)
+    facts = json.loads((out / "pareto.json").read_text())["search"]
+    assert facts["sensitivity"]["evaluations"] > 0 and not facts["sensitivity"]["from_cache"]
+    assert (out / "sensitivity.json").exists() and (out / "sensitivity.png").read_bytes()[:4] == b"\x89PNG"
+    study = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert facts["rejected"] and len(facts["rejected"]) == len(pruned)
+    assert all(r["loss"] > 4 * max_loss and r["batches"] == facts["early_reject"]["batches"] for r in facts["rejected"])
+    assert len(result.trials) + len(pruned) + sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials) == 8
+    assert not ({t.number for t in pruned} & {t.number for t in result.trials})  # rejected: never on the front
+    # Running it again reuses the sensitivity and the measured trials.
+    autoprec.search(conv_model, budget=9, data=conv_data, out=out, max_loss=max_loss, progress=False)
+    again = json.loads((out / "pareto.json").read_text())["search"]
+    assert again["sensitivity"]["from_cache"] and again["trials"] + len(again["rejected"]) <= 9
+
+
+def test_sensitivity_command_writes_its_files(tmp_path, conv_model, conv_data, capsys):
+    from autoprec.cli import main
+
+    code = main(["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "sensitivity" in printed and "conv1" in printed and "onnxruntime" in printed
+    data = json.loads((tmp_path / "s" / "sensitivity.json").read_text())
+    assert {u["unit"] for u in data["units"]} == {"conv0", "conv1", "conv2", "fc"}
+    assert all(math.isfinite(v) for u in data["units"] for v in u["loss"].values())
+    assert (tmp_path / "s" / "sensitivity.png").exists()
+    assert main(["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"),
+                 "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluations"] == data["evaluations"]  # read back, same figures
