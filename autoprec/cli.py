@@ -230,8 +230,9 @@ def _search(args: argparse.Namespace) -> int:
         return 0
     _print_front(files)
     out = result.out_dir
+    figures = [out / name for name in ("pareto.png", "layers.png", "sensitivity.png") if (out / name).exists()]
     console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
-                         f"{out / 'pareto.png'}, {out / 'layers.png'}")
+                         + ", ".join(map(str, figures)))
     console.stdout.print(f"latencies measured by {result.engine.label()}")
     if (out / "best" / "model.tensorrt.onnx").exists():
         console.stdout.print(
