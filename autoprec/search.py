@@ -29,7 +29,7 @@ from autoprec.isolation import TrialCrash
 from autoprec.measure import Measurement, Rejected
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan, Precision
-from autoprec.sensitivity import Sensitivity, warm_start_params
+from autoprec.sensitivity import Sensitivity, not_faster_than_fp32, warm_start_params
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
@@ -336,7 +336,7 @@ def run_warm_started(
     slow: list[str] = []
     if sensitivity is not None:
         measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
-        slow = [p for p in ("int8", "fp16") if p in measured and "fp32" in measured and measured[p][0] >= measured["fp32"][0]]
+        slow = not_faster_than_fp32(measured)
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         seed_plans(study, ctx.info, warm)
     run_study(study, ctx, budget, on_trial)

@@ -159,6 +159,13 @@ def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensit
     return found, False
 
 
+def not_faster_than_fp32(uniform: Mapping[str, tuple[float, float]]) -> list[str]:
+    """Reduced precisions whose measured all-units plan (latency ms, loss) was no faster than all-FP32's."""
+    if "fp32" not in uniform:
+        return []
+    return [p for p in ("int8", "fp16") if p in uniform and uniform[p][0] >= uniform["fp32"][0]]
+
+
 def warm_start_params(
     info: ModelInfo,
     sensitivity: Sensitivity,
@@ -179,7 +186,7 @@ def warm_start_params(
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
         measured = uniform.get(precision.value)
-        if measured and "fp32" in uniform and measured[0] >= uniform["fp32"][0]:
+        if precision.value in not_faster_than_fp32(uniform):
             continue
         ranked = [u for u in sensitivity.ranking(precision) if math.isfinite(u.loss[precision.value])]
         if not ranked:

@@ -87,9 +87,8 @@ def run_polygraphy_bisect(prepared, backend) -> tuple[onnx.ModelProto, dict]:
     evaluations = 0
 
     def plan(k: int) -> Plan:
-        fp32 = {u.name for u in units[:k]}
-        return Plan.from_mapping({u.name: (Precision.FP32 if u.name in fp32 or u not in units else Precision.INT8)
-                                  if Precision.INT8 in u.allowed else u.allowed[-1] for u in info.units})
+        lowered = {u.name for u in units[k:]}
+        return Plan.from_mapping({u.name: Precision.INT8 if u.name in lowered else u.allowed[-1] for u in info.units})
 
     def passes(k: int) -> bool:
         nonlocal evaluations
