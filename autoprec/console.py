@@ -18,6 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from autoprec.engine_layers import EngineLayers
 from autoprec.results import ResultFiles
 from autoprec.plan import Precision
 from autoprec.search import TrialRecord
@@ -170,6 +171,26 @@ def plan_table(plan: dict[str, Any]) -> Table:
     for i, unit in enumerate(plan["units"]):
         p = unit["precision"]
         table.add_row(str(i), unit["name"], unit["op_type"], ", ".join(unit["fused"]) or "—", f"[{style[p]}]{p}[/{style[p]}]")
+    return table
+
+
+def engine_layers_table(layers: EngineLayers) -> Table:
+    """Per-layer precision of a TensorRT engine; FP32 layers first in a reduced-precision engine."""
+    summary = layers.summary()
+    shares = ", ".join(f"{p} {n} ({summary['precision_shares'][p]:.0%})" for p, n in sorted(summary["precision_counts"].items()))
+    table = Table(title=f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
+                        f"{layers.schema} JSON): {shares}", title_justify="left")
+    for column in ("layer", "type", "precision", "inputs", "outputs", "fused from"):
+        table.add_column(column, overflow="fold")
+    fp32_flag = bool(summary["fp32_in_reduced_precision_engine"])
+
+    def tensors(group) -> str:
+        return ", ".join(t.dtype for t in group)  # the full formats are in --json
+
+    for layer in layers.ordered():
+        mark = "[bold red]fp32[/]" if fp32_flag and layer.precision == "fp32" else layer.precision
+        table.add_row(layer.name, layer.layer_type, mark, tensors(layer.inputs), tensors(layer.outputs),
+                      ", ".join(layer.fused_from) if len(layer.fused_from) > 1 else "")
     return table
 
 

@@ -71,7 +71,7 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
-def _worker(conn, backend_name: str, device: int, batches, reference, metric_spec: str, stderr_path: str) -> None:
+def _worker(conn, backend_name: str, device: int, cache_dir, batches, reference, metric_spec: str, stderr_path: str) -> None:
     """Child process: measure each serialized model it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
@@ -79,7 +79,7 @@ def _worker(conn, backend_name: str, device: int, batches, reference, metric_spe
     from autoprec.accuracy import resolve_metric
     from autoprec.backends import get_backend
 
-    backend = get_backend(backend_name, device)
+    backend = get_backend(backend_name, device, cache_dir)
     metric, loss_function = resolve_metric(metric_spec)
     conn.send(("ready", None))
     while True:
@@ -118,9 +118,11 @@ class IsolatedMeasurer:
         limits: Limits,
         stderr_log: Path,
         device: int = 0,
+        cache_dir: Path | None = None,
     ):
-        """``stderr_log`` receives the worker's stderr (rewritten at each worker start)."""
-        self.args = (backend_name, device, list(batches), list(reference), metric_spec)
+        """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
+        is the engine's (see :func:`autoprec.backends.get_backend`)."""
+        self.args = (backend_name, device, cache_dir, list(batches), list(reference), metric_spec)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None

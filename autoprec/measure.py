@@ -26,6 +26,7 @@ class Measurement:
     loss: float
     seconds: dict[str, float]  # where the trial's wall time went
     retimes: int = 0
+    build: dict[str, Any] | None = None  # the engine's own report on the build (Runner.build_report)
 
     @property
     def unstable(self) -> bool:
@@ -40,11 +41,13 @@ class Measurement:
             "seconds": self.seconds,
             "retimes": self.retimes,
             "latency_unstable": self.unstable,
+            "build": self.build,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(Timing.from_json(data["latency"]), data["metrics"], data["loss"], data.get("seconds", {}), data.get("retimes", 0))
+        return cls(Timing.from_json(data["latency"]), data["metrics"], data["loss"], data.get("seconds", {}), data.get("retimes", 0),
+                   data.get("build"))
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ def measure(
     t0 = time.perf_counter()
     with backend.prepare(model) as runner:
         seconds["build"] = time.perf_counter() - t0
+        build = runner.build_report()
         t0 = time.perf_counter()
         outputs = []
         for i, batch in enumerate(batches):
@@ -140,7 +144,7 @@ def measure(
             latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
         seconds["time"] = time.perf_counter() - t0
     metrics = compare(reference, outputs)
-    return Measurement(latency, metrics, _loss(metrics, reference, outputs, metric, loss_function), seconds, retimes)
+    return Measurement(latency, metrics, _loss(metrics, reference, outputs, metric, loss_function), seconds, retimes, build)
 
 
 def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch: Batch, rounds: int) -> list[list[Timing] | None]:

@@ -85,7 +85,14 @@ def trial_json(trial: TrialRecord) -> dict[str, Any]:
         "seconds": m.seconds,
         "duplicate_of": trial.duplicate_of,
         "plan": trial.plan.to_json(),
+        "build": m.build,
     }
+
+
+def plan_ignored(trial: TrialRecord) -> bool:
+    """The engine's build report says it did not run some unit at its planned precision."""
+    fidelity = (trial.measurement.build or {}).get("plan_fidelity") or {}
+    return bool(fidelity.get("plan_ignored"))
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:

@@ -36,11 +36,36 @@ def machine_facts(backend: Backend) -> dict:
 
 def run_models(report: dict, names: Iterable[str], run: Callable[[str], dict], json_path: Path) -> None:
     """``report["models"][name] = run(name)`` for each, writing the JSON after each model so that an
-    interrupted run keeps what it measured."""
+    interrupted run keeps what it measured.
+
+    Models an earlier run of the same benchmark wrote to ``json_path`` on the same machine, engine
+    and settings are kept (listed under ``"earlier_runs"`` with their date), so a long benchmark can
+    be run a few models at a time."""
+    names = list(names)
+    earlier = _earlier_models(report, json_path, names)
+    if earlier:
+        report["models"].update(earlier["models"])
+        report["earlier_runs"] = earlier["runs"]
     for name in names:
         print(f"[{name}] …", file=sys.stderr, flush=True)
         report["models"][name] = run(name)
         atomic.write_json(json_path, report)
+
+
+def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
+    import json
+
+    try:
+        earlier = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    same = ("machine", "engine", "mode", "budget", "seeds", "reference_trials")
+    if any(earlier.get(key) != report.get(key) for key in same):
+        return {}
+    kept = {name: m for name, m in earlier.get("models", {}).items() if name not in rerun}
+    runs = {name: date for name, date in earlier.get("earlier_runs", {}).items() if name in kept}
+    runs.update({name: earlier["date"] for name in kept if name not in runs})
+    return {"models": kept, "runs": runs} if kept else {}
 
 
 @dataclass

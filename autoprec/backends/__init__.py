@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.errors import BackendError
 
-BACKENDS = ("ort-cpu", "ort-cuda")
+BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt")
 
 __all__ = ["BACKENDS", "Backend", "EngineInfo", "Runner", "Timing", "get_backend"]
 
 
-def get_backend(name: str, device: int = 0) -> Backend:
-    """The engine ``name``; ``device`` picks the GPU for GPU engines."""
+def get_backend(name: str, device: int = 0, cache_dir: Path | None = None) -> Backend:
+    """The engine ``name``; ``device`` picks the GPU for GPU engines; ``cache_dir`` keeps what an
+    engine reuses across candidates and runs (TensorRT's timing cache)."""
     if name == "ort-cpu":
         from autoprec.backends.onnxruntime import OrtCpuBackend
 
@@ -20,4 +23,8 @@ def get_backend(name: str, device: int = 0) -> Backend:
         from autoprec.backends.onnxruntime import OrtCudaBackend
 
         return OrtCudaBackend(device)
+    if name == "tensorrt":
+        from autoprec.backends.tensorrt import TensorRTBackend
+
+        return TensorRTBackend(device, cache_dir)
     raise BackendError(f"--backend {name!r} is not available; choose one of: {', '.join(BACKENDS)}")

@@ -29,6 +29,7 @@ class EngineInfo:
     qdq_form: str
     measured: bool = True  # False only for engines described, never executed here
     versions: dict[str, str] = field(default_factory=dict)  # driver, CUDA, cuDNN, ... where they matter
+    caveat: str = ""  # what a reader of these numbers must know about the engine's code (shown with them)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +89,11 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def time(self, batch: Batch) -> Timing:
         """Latency of ``batch``: warm-up, then the median of repeated runs."""
+
+    def build_report(self) -> dict[str, Any] | None:
+        """What the engine made of the candidate (e.g. TensorRT's per-layer precisions and whether
+        the plan was followed), stored with the trial. None: the engine does not say."""
+        return None
 
     def close(self) -> None:
         pass

@@ -1,0 +1,249 @@
+"""What a TensorRT engine actually runs: per-layer precision from engine-inspector / trtexec JSON.
+
+Reads, without TensorRT installed, the JSON of ``IEngineInspector.get_engine_information``
+(``LayerInformationFormat.JSON``) and of ``trtexec --exportLayerInfo``:
+
+- TensorRT 8.4-10.x: tensors carry one ``"Format/Datatype"`` string ("Thirty-two wide channel
+  vectorized row major Int8 format"); the engine's I/O is a flat ``"Bindings"`` list; 10.x adds
+  ``"Metadata"`` with the ONNX nodes a layer came from (``[ONNX Layer: name]``, separated by
+  ``\\x1f`` or ``\\x1e``).
+- TensorRT 11.x: ``"Bindings"`` became ``"I/O Tensors"`` (objects), and the combined field was
+  split into ``"Format"`` and ``"DataType"`` (NVIDIA's 10.x→11.x IEngineInspector migration guide).
+- Engines built without ``ProfilingVerbosity.DETAILED`` list layer names only: no precision.
+
+A layer's precision is the type it computes in: its first non-boolean input's type (an INT8
+convolution may write FP16 or FP32 when a DQ was fused into it), else its first output's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from autoprec.errors import AutoprecError
+
+# Type words as the inspector writes them, in the order they are tried (longest first).
+_TYPE_WORDS = (
+    ("bfloat16", "bf16"), ("bf16", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("fp16", "fp16"),
+    ("fp8", "fp8"), ("int8", "int8"), ("uint8", "uint8"), ("int32", "int32"), ("int64", "int64"),
+    ("fp32", "fp32"), ("float", "fp32"), ("bool", "bool"), ("int4", "int4"), ("fp4", "fp4"),
+)
+_REDUCED = ("int8", "fp16", "bf16", "fp8", "int4", "fp4")
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
+
+
+def data_type(text: str) -> str:
+    """Normalise an inspector type or format string ("Half", "Row major linear FP32", "Int8") to fp16/fp32/int8/..."""
+    lowered = text.lower()
+    if "uint8" in lowered:
+        return "uint8"
+    for word, name in _TYPE_WORDS:
+        if re.search(rf"(?<![a-z0-9]){word}(?![0-9])", lowered):
+            return name
+    return "unknown"
+
+
+@dataclass(frozen=True)
+class TensorFormat:
+    name: str
+    dtype: str  # normalised: fp32, fp16, int8, ...
+    format: str  # as TensorRT wrote it
+    dimensions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineLayer:
+    name: str
+    layer_type: str
+    precision: str  # the type it computes in; "unknown" without detailed verbosity
+    inputs: tuple[TensorFormat, ...] = ()
+    outputs: tuple[TensorFormat, ...] = ()
+    fused_from: tuple[str, ...] = ()  # ONNX nodes (Metadata) or, failing that, the names the layer name joins
+    origin: str = ""  # "QDQ" for a quantize/dequantize reformat, "REFORMAT", ...
+    tactic: str = ""
+
+    @property
+    def is_bookkeeping(self) -> bool:
+        """Layout copies, Q/DQ reformats, no-ops and constants: not where the model's arithmetic runs."""
+        return self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity"} or self.origin in {"QDQ", "REFORMAT"}
+
+
+@dataclass(frozen=True)
+class EngineLayers:
+    """The layers of one engine, as its inspector JSON describes them."""
+
+    layers: tuple[EngineLayer, ...]
+    io_tensors: tuple[dict[str, Any], ...]  # 11.x: the "I/O Tensors" objects; 10.x: {"Name": ...} per binding
+    schema: str  # "tensorrt-11", "tensorrt-10" (or 8.x, same fields), "names-only"
+    source: str = ""
+
+    @property
+    def detailed(self) -> bool:
+        return self.schema != "names-only"
+
+    @property
+    def compute_layers(self) -> tuple[EngineLayer, ...]:
+        return tuple(layer for layer in self.layers if not layer.is_bookkeeping)
+
+    def precision_counts(self) -> dict[str, int]:
+        return dict(Counter(layer.precision for layer in self.compute_layers))
+
+    def reduced_precision(self) -> bool:
+        return any(layer.precision in _REDUCED for layer in self.compute_layers)
+
+    def ordered(self) -> list[EngineLayer]:
+        """Compute layers that stayed FP32 first when the engine runs anything in reduced precision
+        (what a precision review looks for), then the rest in engine order."""
+        layers = list(self.compute_layers)
+        if not self.reduced_precision():
+            return layers
+        return [x for x in layers if x.precision == "fp32"] + [x for x in layers if x.precision != "fp32"]
+
+    def layers_of_node(self, node: str) -> list[EngineLayer]:
+        return [layer for layer in self.compute_layers if node in layer.fused_from]
+
+    def summary(self) -> dict[str, Any]:
+        counts = self.precision_counts()
+        total = sum(counts.values())
+        return {
+            "schema": self.schema,
+            "source": self.source,
+            "layers": len(self.layers),
+            "compute_layers": total,
+            "precision_counts": counts,
+            "precision_shares": {p: n / total for p, n in counts.items()} if total else {},
+            "fp32_in_reduced_precision_engine": [x.name for x in self.compute_layers if x.precision == "fp32"]
+            if self.reduced_precision() else [],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.summary(), "io_tensors": list(self.io_tensors),
+                "layer_table": [asdict(layer) for layer in self.ordered()]}
+
+
+def _tensor(entry: Mapping[str, Any] | str) -> TensorFormat:
+    if isinstance(entry, str):
+        return TensorFormat(entry, "unknown", "")
+    if "Format/Datatype" in entry:  # 8.4-10.x
+        fmt = str(entry["Format/Datatype"])
+        dtype = data_type(fmt)
+    else:  # 11.x: split fields
+        fmt = str(entry.get("Format", ""))
+        dtype = data_type(str(entry.get("DataType", ""))) if "DataType" in entry else data_type(fmt)
+    return TensorFormat(str(entry.get("Name", "")), dtype, fmt, tuple(entry.get("Dimensions", ()) or ()))
+
+
+def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorFormat]) -> str:
+    for group in (inputs, outputs):
+        types = [t.dtype for t in group if t.dtype not in ("bool", "unknown", "int32", "int64")]
+        if types:
+            return types[0]
+    return "unknown"
+
+
+def split_layer_name(name: str) -> tuple[str, ...]:
+    """The pieces a fused layer's name joins: "w + QuantizeLinear_8 + Conv_12 + PWN(Clip_16)" →
+    (w, QuantizeLinear_8, Conv_12, Clip_16). Used where no Metadata names the ONNX nodes."""
+    pieces = []
+    for part in name.split(" + "):
+        part = part.strip()
+        while part.startswith("PWN(") and part.endswith(")"):
+            part = part[4:-1]
+        pieces.extend(p.strip() for p in part.split(", ") if p.strip())
+    return tuple(pieces)
+
+
+def _layer(entry: Mapping[str, Any] | str) -> EngineLayer:
+    if isinstance(entry, str):
+        return EngineLayer(entry, "", "unknown", fused_from=split_layer_name(entry))
+    inputs = tuple(_tensor(t) for t in entry.get("Inputs", ()))
+    outputs = tuple(_tensor(t) for t in entry.get("Outputs", ()))
+    name = str(entry.get("Name", ""))
+    metadata = _ONNX_LAYER.findall(str(entry.get("Metadata", "")))
+    return EngineLayer(
+        name=name,
+        layer_type=str(entry.get("LayerType", "")),
+        precision=_compute_precision(inputs, outputs),
+        inputs=inputs,
+        outputs=outputs,
+        fused_from=tuple(metadata) if metadata else split_layer_name(name),
+        origin=str(entry.get("Origin", "")),
+        tactic=str(entry.get("TacticName", "")),
+    )
+
+
+def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> EngineLayers:
+    """Parse inspector / ``--exportLayerInfo`` JSON (a dict, or its text)."""
+    if isinstance(document, str):
+        try:
+            document = json.loads(document)
+        except ValueError as exc:
+            raise AutoprecError(f"{source or 'layer information'}: not JSON ({exc}); give the file written by "
+                                "trtexec --exportLayerInfo or by IEngineInspector.get_engine_information") from None
+    if not isinstance(document, Mapping) or not isinstance(document.get("Layers"), list):
+        raise AutoprecError(f"{source or 'layer information'}: no \"Layers\" list; give the file written by "
+                            "trtexec --exportLayerInfo (with --profilingVerbosity=detailed) or by the engine inspector")
+    raw_layers = document["Layers"]
+    layers = tuple(_layer(entry) for entry in raw_layers)
+    if "I/O Tensors" in document:
+        io, schema = tuple(document["I/O Tensors"]), "tensorrt-11"
+    else:
+        io, schema = tuple({"Name": name} for name in document.get("Bindings", ())), "tensorrt-10"
+    if raw_layers and all(isinstance(entry, str) for entry in raw_layers):
+        schema = "names-only"
+    return EngineLayers(layers, io, schema, source)
+
+
+def read_engine_layers(path: str | Path) -> EngineLayers:
+    """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs TensorRT)."""
+    path = Path(path)
+    if not path.is_file():
+        raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
+    raw = path.read_bytes()
+    if raw.lstrip()[:1] == b"{":
+        return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
+    from autoprec.backends.tensorrt import engine_information
+
+    return parse_engine_layers(engine_information(raw), str(path))
+
+
+@dataclass(frozen=True)
+class PlanFidelity:
+    """Which planned reduced-precision units the engine did not run at their planned precision."""
+
+    checked: int
+    ignored: tuple[dict[str, Any], ...] = field(default=())  # {unit, planned, ran, layers}
+
+    @property
+    def plan_ignored(self) -> bool:
+        return bool(self.ignored)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checked_units": self.checked, "plan_ignored": self.plan_ignored, "ignored_units": list(self.ignored)}
+
+
+def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]) -> PlanFidelity | None:
+    """Compare ``{unit: {"precision": p, "nodes": [onnx node names]}}`` with what the engine runs.
+
+    A unit planned INT8/FP16 passes when a compute layer built from its main node computes in that
+    precision. A unit whose node is in no compute layer (eliminated or renamed) is reported as such.
+    None when the JSON has no precisions (built without detailed profiling verbosity).
+    """
+    if not layers.detailed:
+        return None
+    ignored, checked = [], 0
+    for unit, spec in planned.items():
+        precision = spec["precision"]
+        if precision == "fp32":
+            continue
+        checked += 1
+        found = [layer for node in spec["nodes"][:1] for layer in layers.layers_of_node(node)]
+        ran = sorted({layer.precision for layer in found})
+        if precision not in ran:
+            ignored.append({"unit": unit, "planned": precision, "ran": ran or ["not found"],
+                            "layers": [layer.name for layer in found]})
+    return PlanFidelity(checked, tuple(ignored))

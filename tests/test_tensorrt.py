@@ -1,0 +1,371 @@
+"""The TensorRT backend, `autoprec inspect` and the TensorRT exports, verified without TensorRT.
+
+TensorRT cannot be installed here. The backend runs against a recording fake (tests/fake_tensorrt.py,
+NOT TensorRT); every name it touches is checked against TensorRT 11.4's bindings and the 10.x
+stubs (tests/fixtures/tensorrt, origins in its README); inspector JSON parsing runs on real
+recorded outputs from NVIDIA's repository.
+"""
+
+import json
+import runpy
+import struct
+import sys
+from pathlib import Path
+
+import builders
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import autoprec
+import fake_tensorrt as fake
+from autoprec.backends import get_backend
+from autoprec.calibrate import calibrate
+from autoprec.cli import main
+from autoprec.data import build_dataset
+from autoprec.engine_layers import parse_engine_layers, plan_fidelity, read_engine_layers
+from autoprec.errors import BackendError
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.model import analyse
+from autoprec.plan import Plan, Precision
+from autoprec.search_space import load_search_space
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
+
+
+def _table(name: str) -> set[str]:
+    return {line for line in (FIXTURES / name).read_text().splitlines() if line and not line.startswith("#")}
+
+
+TRT11 = _table("tensorrt_11.4.0.106_identifiers.txt")
+TRT10 = _table("tensorrt_stubs_10.13.0.35.1_members.txt")
+
+
+def in_trt11(name: str) -> bool:
+    """In the 11.4 bindings' strings. The linker stores a string that ends another one inside it
+    ("num_errors" in "get_num_errors", "INT8" in "UINT8"), so a suffix of an identifier counts."""
+    return name in TRT11 or (len(name) >= 4 and any(s.endswith(name) for s in TRT11))
+
+
+def in_trt10(owner: str, name: str) -> bool:
+    return (name if owner == "tensorrt" else f"{owner}.{name}") in TRT10
+
+
+def unknown_names(accessed) -> list[str]:
+    return sorted(f"{owner}.{name}" for owner, name in accessed if not (in_trt11(name) and in_trt10(owner, name)))
+
+
+def _exit(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.fixture
+def trt(monkeypatch):
+    """The fake as ``tensorrt`` (TensorRT 11.4 unless a test resets it to another version)."""
+    module = fake.reset()
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+    monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device: fake.FakeCuda())
+    return module
+
+
+@pytest.fixture
+def conv(conv_model, conv_data):
+    info = analyse(conv_model, load_search_space())
+    data = build_dataset(conv_data, info.inputs)
+    return info, data, calibrate(info, data.calibration, data.fingerprint())
+
+
+def _full_flow(backend, info, data, ranges, plan):
+    model = backend.lower(info, plan, ranges)
+    with backend.prepare(model) as runner:
+        outputs = runner.run(data.evaluation[0])
+        timing = runner.time(data.evaluation[0])
+        report = runner.build_report()
+    node_times = backend.node_times(backend.lower(info, plan, ranges), data.evaluation[0], runs=3)
+    return model, outputs, timing, report, node_times
+
+
+@pytest.mark.parametrize("version", ["11.4.0.106", "10.13.0.35"])
+def test_every_tensorrt_name_the_backend_uses_exists_in_tensorrt_11_4_and_10(monkeypatch, trt, conv, version):
+    monkeypatch.setitem(sys.modules, "tensorrt", fake.reset(version))
+    info, data, ranges = conv
+    _full_flow(get_backend("tensorrt"), info, data, ranges, Plan.uniform([u.name for u in info.units], Precision.INT8))
+    assert len(fake.ACCESSED) > 30
+    assert unknown_names(fake.ACCESSED) == []
+    # the check itself catches a misspelling, on either table
+    assert unknown_names({("IBuilderConfig", "set_memory_pool_limt"), ("ICudaEngine", "num_io_tensor")}) == [
+        "IBuilderConfig.set_memory_pool_limt", "ICudaEngine.num_io_tensor"]
+
+
+def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_shared_timing_cache(monkeypatch, trt, tmp_path, conv_data):
+    model_path = builders.save(builders.conv_net(batch="N"), tmp_path / "dynamic.onnx")
+    info = analyse(model_path, load_search_space(), shapes={"x": (1, 3, 16, 16)})
+    plan = Plan.uniform([u.name for u in info.units], Precision.FP16)
+    backend = get_backend("tensorrt", cache_dir=tmp_path / "cache")
+    with backend.prepare(backend.lower(info, plan, None)):
+        pass
+    calls = fake.CALLS
+    assert ("Builder", "create_network", 0) in calls  # TensorRT 11: always strongly typed, no flag
+    assert ("IBuilderConfig", "set_memory_pool_limit", "MemoryPoolType.WORKSPACE", 4 << 30) in calls
+    assert ("IBuilderConfig", "builder_optimization_level", 3) in calls
+    assert any(c[:2] == ("IBuilderConfig", "profiling_verbosity") and repr(c[2]) == "ProfilingVerbosity.DETAILED" for c in calls)
+    assert not any(c[0] == "IOptimizationProfile" for c in calls)  # the candidate's inputs are static
+    assert ("IBuilderConfig", "create_timing_cache", b"") in calls  # first build of the study: empty cache
+    cache_file = tmp_path / "cache" / "tensorrt.timing-cache"
+    first = cache_file.read_bytes()
+    assert first
+    # a later candidate, in another backend (a resumed search, a restarted worker): it starts from the saved cache
+    monkeypatch.setitem(sys.modules, "tensorrt", fake.reset("10.13.0.35"))
+    again = get_backend("tensorrt", cache_dir=tmp_path / "cache")
+    with again.prepare(again.lower(info, plan, None)):
+        pass
+    assert ("IBuilderConfig", "create_timing_cache", first) in fake.CALLS
+    assert ("Builder", "create_network", 1 << 1) in fake.CALLS  # 10.x: the STRONGLY_TYPED flag
+    assert cache_file.read_bytes().startswith(first) and len(cache_file.read_bytes()) > len(first)
+
+
+def test_parser_errors_name_the_node_and_operator(trt, conv):
+    info, data, ranges = conv
+    fake.PARSER_REJECTS.add("Gemm")
+    backend = get_backend("tensorrt")
+    with pytest.raises(BackendError, match=r"parser rejected.*node 'fc' \(Gemm\): No importer registered"):
+        backend.prepare(backend.lower(info, Plan.uniform([u.name for u in info.units], Precision.FP32), ranges))
+
+
+def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_execute(trt, conv):
+    info, data, ranges = conv
+    plan = Plan.uniform([u.name for u in info.units], Precision.INT8)
+    model, outputs, timing, report, node_times = _full_flow(get_backend("tensorrt"), info, data, ranges, plan)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, data.evaluation[0])
+    np.testing.assert_allclose(outputs["probs"], expected[0], rtol=1e-6)
+    assert timing.median_ms == 1.0 and timing.runs == 100 and timing.warmup == 10  # the fake's events: 1 ms each
+    executes = [c for c in fake.CALLS if c[1] == "execute_async_v3"]
+    assert executes and all(c[2] == 7 for c in executes)  # on the CUDA stream
+    assert set(node_times) == {"conv0", "conv1", "conv2", "fc"}  # the profiler's layers mapped to ONNX nodes
+    assert report["plan_fidelity"] == {"checked_units": len(info.units), "plan_ignored": False, "ignored_units": []}
+
+
+def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
+    info, data, ranges = conv
+    plan = Plan.from_mapping({u.name: "int8" if u.name in ("conv1", "fc") else "fp32" for u in info.units})
+    fake.IGNORE_NODES.add("fc")
+    backend = get_backend("tensorrt")
+    with backend.prepare(backend.lower(info, plan, ranges)) as runner:
+        fidelity = runner.build_report()["plan_fidelity"]
+    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 2
+    assert fidelity["ignored_units"] == [{"unit": "fc", "planned": "int8", "ran": ["fp32"], "layers": ["fc + fused"]}]
+
+
+def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_ignored_the_plan(trt, tmp_path, conv_model, conv_data, capsys):
+    fake.IGNORE_NODES.add("conv2")
+    out = tmp_path / "result"
+    autoprec.search(conv_model, budget=5, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
+    pareto = json.loads((out / "pareto.json").read_text())
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert pareto["engine"]["engine"] == "tensorrt" and "never been executed" in pareto["engine"]["caveat"]
+    ignored = [t["trial"] for t in trials if t["build"]["plan_fidelity"]["plan_ignored"]]
+    assert pareto["search"]["plan_ignored"] == ignored
+    int8_conv2 = [t["trial"] for t in trials if t["plan"]["precisions"]["conv2"] == "int8"]
+    assert int8_conv2 and set(int8_conv2) <= set(ignored)
+    assert (out / "cache" / "tensorrt.timing-cache").is_file()
+    assert "never been executed" in capsys.readouterr().err
+
+
+def test_selecting_tensorrt_without_it_is_a_one_line_error(monkeypatch, conv_model, capsys):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
+    assert _exit(["search", str(conv_model), "--backend", "tensorrt", "--budget", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("autoprec: error: --backend tensorrt needs TensorRT's Python package (10.12 or newer) and "
+                       "cuda-python: pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com")
+
+
+# --- inspector / trtexec JSON (real recorded outputs; see fixtures/tensorrt/README.md) ---
+
+def test_detailed_trtexec_layer_info_of_a_qat_mobilenet():
+    layers = read_engine_layers(FIXTURES / "mobilenet_qat_layers_excerpt.json")
+    assert layers.schema == "tensorrt-10" and layers.detailed
+    assert [x["Name"] for x in layers.io_tensors] == ["input1", "1179"]
+    compute = {x.name: x for x in layers.compute_layers}
+    assert len(layers.layers) == 9 and len(compute) == 5  # Q/DQ and layout reformats, the NoOp squeeze are bookkeeping
+    assert layers.precision_counts() == {"int8": 4, "fp16": 1}
+    conv94 = compute["features.2.conv.2.weight + QuantizeLinear_90 + Conv_94"]
+    assert conv94.precision == "int8" and conv94.outputs[0].dtype == "fp16"  # INT8 kernel writing FP16
+    assert compute["GlobalAveragePool_843"].precision == "fp16"
+    assert "Clip_16" in compute["features.0.0.weight + QuantizeLinear_8 + Conv_12 + PWN(Clip_16)"].fused_from
+    assert layers.summary()["fp32_in_reduced_precision_engine"] == []
+
+
+def test_layer_names_only_json_is_read_but_has_no_precisions():
+    layers = read_engine_layers(FIXTURES / "qat_detector_names_only_excerpt.json")
+    assert layers.schema == "names-only" and not layers.detailed
+    assert {x.precision for x in layers.layers} == {"unknown"}
+    assert plan_fidelity(layers, {"u": {"precision": "int8", "nodes": ["/backbone/conv1/Conv"]}}) is None
+    assert "/backbone/conv1/Conv" in layers.layers[4].fused_from
+
+
+def test_tensorrt_11_schema_split_fields_and_io_tensors():
+    layers = read_engine_layers(FIXTURES / "trt11_io_tensors_from_migration_guide.json")
+    assert layers.schema == "tensorrt-11"
+    assert [(x["Name"], x["IOMode"]) for x in layers.io_tensors] == [("input_0", "Input"), ("output_0", "Output")]
+    (conv,) = layers.layers
+    assert conv.precision == "fp16" and conv.outputs[0].dtype == "fp32" and conv.outputs[0].format.endswith("(kLINEAR)")
+    assert conv.fused_from == ("/features/0/Conv", "/features/0/Relu")  # from Metadata, not the name
+
+
+def test_fp32_layers_of_a_reduced_precision_engine_are_listed_first():
+    def layer(name, dtype):
+        return {"Name": name, "LayerType": "CaskConvolution", "Inputs": [{"Name": "t", "Format/Datatype": dtype}], "Outputs": []}
+
+    layers = parse_engine_layers({"Layers": [layer("a", "Int8"), layer("b", "Half"), layer("c", "Float")], "Bindings": []})
+    assert [x.name for x in layers.ordered()] == ["c", "a", "b"]
+    assert layers.summary()["fp32_in_reduced_precision_engine"] == ["c"]
+
+
+def test_inspect_cli_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "layers.json"
+    assert _exit(["inspect", str(FIXTURES / "mobilenet_qat_layers_excerpt.json"), "--json", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "5 compute layers (9 in all, tensorrt-10 JSON): fp16 1 (20%), int8 4 (80%)" in printed
+    written = json.loads(out.read_text())
+    assert written["precision_counts"] == {"int8": 4, "fp16": 1} and len(written["layer_table"]) == 5
+    pool = next(x for x in written["layer_table"] if x["name"] == "GlobalAveragePool_843")
+    assert pool["precision"] == "fp16" and pool["inputs"][0]["format"] == "Two wide channel vectorized row major FP16 format"
+
+
+def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    engine = tmp_path / "model.plan"
+    engine.write_bytes(b"\x00ftrt binary engine")
+    assert _exit(["inspect", str(engine)]) == 2
+    assert "needs TensorRT's Python package" in capsys.readouterr().err
+    assert _exit(["inspect", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# --- TensorRT's documented Q/DQ rules, on the explicit-precision models autoprec writes ---
+
+def check_tensorrt_qdq_rules(model: onnx.ModelProto) -> int:
+    """Zero points 0 (int8), positive finite scales, per-channel weights on the output-channel axis,
+    Q/DQ pairs only in front of Conv/MatMul/Gemm inputs. Returns the number of Q/DQ pairs."""
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producer = {out: n for n in model.graph.node for out in n.output}
+    pairs = 0
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        scale, zero_point = inits[node.input[1]], inits[node.input[2]]
+        assert zero_point.dtype == np.int8 and not zero_point.any(), node.name
+        assert np.all(np.isfinite(scale)) and np.all(scale > 0), node.name
+        if node.op_type == "QuantizeLinear":
+            assert all(c.op_type == "DequantizeLinear" for c in consumers[node.output[0]]), node.name
+            continue
+        pairs += 1
+        for consumer in consumers[node.output[0]]:
+            assert consumer.op_type in ("Conv", "MatMul", "Gemm"), (node.name, consumer.op_type)
+        if node.input[0] in inits:  # a weight: per output channel
+            weight, (consumer,) = inits[node.input[0]], consumers[node.output[0]]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            transposed = any(a.name == "transB" and a.i for a in consumer.attribute)
+            expected = 0 if consumer.op_type == "Conv" or transposed else weight.ndim - 1
+            assert scale.shape == (weight.shape[expected],) and axis == expected, node.name
+        else:
+            assert producer[node.input[0]].op_type == "QuantizeLinear"
+    return pairs
+
+
+@pytest.mark.parametrize("build", [builders.conv_net, builders.mlp, builders.attention])
+def test_explicit_precision_models_meet_tensorrts_qdq_rules(tmp_path, build):
+    path = builders.save(build(), tmp_path / "m.onnx")
+    info = analyse(path, load_search_space())
+    data = build_dataset(None, info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    names = [u.name for u in info.searchable_units]
+    for plan in (Plan.uniform(names, Precision.INT8), Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)})):
+        model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
+        onnx.checker.check_model(model)
+        assert check_tensorrt_qdq_rules(model) >= plan.counts()["int8"]
+
+
+# --- exports, from a real search result ---
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trt-export")
+    model = builders.save(builders.conv_net(batch="N"), root / "dynamic.onnx")
+    data = root / "data.npz"
+    np.savez(data, x=builders.image_like(12))
+    out = root / "result"
+    autoprec.search(model, budget=4, data=data, out=out, progress=False)
+    pareto = json.loads((out / "pareto.json").read_text())
+    return out, pareto["uniform"]["int8"], model
+
+
+def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_model(result, capsys):
+    out, int8_trial, _ = result
+    assert _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial)]) == 0
+    folder = out / "export" / "trtexec"
+    script = (folder / "build.sh").read_text()
+    assert "NOT run by autoprec" in script and "NOT run by autoprec" in capsys.readouterr().err
+    for flag in ("--onnx=model.onnx", "--saveEngine=model.plan", "--timingCacheFile=timing.cache",
+                 "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--memPoolSize=workspace:4096"):
+        assert flag in script
+    for not_wanted in ("--fp16", "--int8", "--calib", "--best", "--precisionConstraints", "--minShapes"):
+        assert not_wanted not in script  # removed in 11; the model's shapes are static
+    model = onnx.load(str(folder / "model.onnx"))
+    assert check_tensorrt_qdq_rules(model) >= 4
+
+
+def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(result):
+    out, int8_trial, _ = result
+    assert _exit(["export", str(out), "--format", "trt10", "--trial", str(int8_trial)]) == 0
+    folder = out / "export" / "trt10"
+    script = (folder / "build_trt10.sh").read_text()
+    assert "--int8" in script and "--calib=calibration.cache" in script and "--precisionConstraints=obey" in script
+    precisions = script.split("--layerPrecisions=")[1].split()[0].strip("'")
+    assert set(precisions.split(",")) >= {"conv0:int8", "conv1:int8", "conv2:int8", "fc:int8"}
+    assert "dynamic.onnx" in script  # the original FP32 model, not the Q/DQ one, with its dynamic batch shaped
+    assert "--minShapes=x:1x3x16x16" in script and "--maxShapes=x:1x3x16x16" in script
+    lines = (folder / "calibration.cache").read_text().splitlines()
+    assert lines[0] == "TRT-100000-EntropyCalibration2"
+    cache = {name: struct.unpack(">f", bytes.fromhex(value))[0] for name, value in (line.split(": ") for line in lines[1:])}
+    # the same scales as the explicit-precision model's activation Q nodes
+    assert _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial), "--out", str(folder / "q")]) == 0
+    model = onnx.load(str(folder / "q" / "model.onnx"))
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    quantized = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+    assert quantized and all(cache[name] == pytest.approx(scale, rel=1e-6) for name, scale in quantized.items())
+
+
+def test_python_export_builds_with_the_api_and_uses_only_real_tensorrt_names(result, trt, monkeypatch, tmp_path):
+    out, int8_trial, _ = result
+    folder = tmp_path / "python"
+    assert _exit(["export", str(out), "--format", "python", "--trial", str(int8_trial), "--out", str(folder)]) == 0
+    fake.ACCESSED.clear()
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", ["build_engine.py"])
+    runpy.run_path(str(folder / "build_engine.py"), run_name="__main__")
+    assert (folder / "model.plan").is_file() and (folder / "timing.cache").is_file()
+    assert unknown_names(fake.ACCESSED) == [] and len(fake.ACCESSED) > 20
+    layers = read_engine_layers(folder / "layers.json")
+    assert layers.precision_counts() == {"int8": 4}
+
+
+def test_markdown_build_card_carries_the_measured_figures_and_every_unit(result):
+    out, int8_trial, _ = result
+    assert _exit(["export", str(out), "--format", "markdown", "--trial", str(int8_trial)]) == 0
+    card = (out / "export" / "markdown" / "BUILD.md").read_text()
+    trials = {t["trial"]: t for t in json.loads((out / "trials.json").read_text())["trials"]}
+    assert f"autoprec trial {int8_trial}" in card and f"{trials[int8_trial]['final_latency_ms']:.3f} ms" in card
+    assert "NOT run by autoprec" in card and "```mermaid" in card and "onnxruntime" in card
+    for unit in ("conv0", "conv1", "conv2", "fc"):
+        assert f"| `{unit}` |" in card
+    assert "4 INT8 · 0 FP16 · 0 FP32" in card
