@@ -332,8 +332,12 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
     assert "--int8" in script and "--calib=calibration.cache" in script and "--precisionConstraints=obey" in script
     precisions = script.split("--layerPrecisions=")[1].split()[0].strip("'")
     assert set(precisions.split(",")) >= {"conv0:int8", "conv1:int8", "conv2:int8", "fc:int8"}
-    assert "dynamic.onnx" in script  # the original FP32 model, not the Q/DQ one, with its dynamic batch shaped
-    assert "--minShapes=x:1x3x16x16" in script and "--maxShapes=x:1x3x16x16" in script
+    # the FP32 model as autoprec analysed it: every node the flags name is in it, inputs at the measured shape
+    assert "--onnx=model_fp32.onnx" in script
+    fp32 = onnx.load(str(folder / "model_fp32.onnx"))
+    assert {p.split(":")[0] for p in precisions.split(",")} <= {n.name for n in fp32.graph.node}
+    assert [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 16, 16]
+    assert not any(n.op_type in ("QuantizeLinear", "Cast") for n in fp32.graph.node)
     lines = (folder / "calibration.cache").read_text().splitlines()
     assert lines[0] == "TRT-100000-EntropyCalibration2"
     cache = {name: struct.unpack(">f", bytes.fromhex(value))[0] for name, value in (line.split(": ") for line in lines[1:])}

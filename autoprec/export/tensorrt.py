@@ -46,22 +46,9 @@ class BuildSpec:
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {i.name: tuple(i.shape) for i in self.info.inputs}
 
-    def dynamic_inputs(self) -> list[str]:
-        """Inputs the original model leaves dynamic (they need build-time shapes)."""
-        declared = {v.name: v for v in onnx.load(str(self.original_model), load_external_data=False).graph.input}
-        return [name for name in self.input_shapes
-                if name in declared and any(not d.HasField("dim_value") for d in declared[name].type.tensor_type.shape.dim)]
-
     def units(self) -> list[tuple[str, str, tuple[str, ...], Precision]]:
         precisions = self.plan.as_dict()
         return [(u.name, u.op_type, u.nodes, precisions.get(u.name, Precision.FP32)) for u in self.info.units]
-
-
-def _shape_flags(spec: BuildSpec, names: list[str]) -> list[str]:
-    if not names:
-        return []
-    text = ",".join(f"{name}:{'x'.join(map(str, spec.input_shapes[name]))}" for name in names)
-    return [f"--minShapes={text}", f"--optShapes={text}", f"--maxShapes={text}"]
 
 
 def _command(args: list[str]) -> str:
@@ -80,9 +67,13 @@ def trtexec_command(spec: BuildSpec, onnx_file: str = "model.onnx") -> str:
 _TRT10_NAMES = {Precision.FP32: "fp32", Precision.FP16: "fp16", Precision.INT8: "int8"}
 
 
-def trt10_command(spec: BuildSpec, calibration_file: str = "calibration.cache") -> str:
-    """TensorRT <= 10 weak typing: the original FP32 model with every unit's nodes constrained to its
-    planned precision (--precisionConstraints=obey), FP16/FP32 outputs typed, INT8 ranges from a cache."""
+def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibration_file: str = "calibration.cache") -> str:
+    """TensorRT <= 10 weak typing: the FP32 model with every unit's nodes constrained to its planned
+    precision (--precisionConstraints=obey), FP16/FP32 outputs typed, INT8 ranges from a cache.
+
+    The FP32 model is the one autoprec analysed (``model_fp32.onnx``: the source model with its
+    nodes named, BatchNormalization folded, inputs at the measured shapes), because
+    --layerPrecisions and the calibration cache name its nodes and tensors."""
     precisions, outputs = [], []
     for _, _, nodes, precision in spec.units():
         for node in nodes:
@@ -92,11 +83,10 @@ def trt10_command(spec: BuildSpec, calibration_file: str = "calibration.cache") 
     counts = spec.plan.counts()
     flags = (["--fp16"] if counts["fp16"] else []) + (["--int8", f"--calib={calibration_file}"] if counts["int8"] else [])
     return _command([
-        "trtexec", f"--onnx={spec.original_model}", "--saveEngine=model.plan", *flags,
+        "trtexec", f"--onnx={fp32_file}", "--saveEngine=model.plan", *flags,
         "--precisionConstraints=obey", f"--layerPrecisions={','.join(precisions)}",
         f"--layerOutputTypes={','.join(outputs)}", "--timingCacheFile=timing.cache",
         f"--memPoolSize=workspace:{WORKSPACE_MIB}", "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json",
-        *_shape_flags(spec, spec.dynamic_inputs()),
     ])
 
 
@@ -201,7 +191,7 @@ def markdown_card(spec: BuildSpec) -> str:
 | Input shapes | {shapes} |
 | Units | {counts['int8']} INT8 · {counts['fp16']} FP16 · {counts['fp32']} FP32 |
 | INT8 calibration | {spec.plan.calibration} |
-| Accuracy metric | {spec.search.get('metric')}, loss limit {spec.search.get('max_loss')} |
+| Accuracy metric | {spec.search.get('metric')}, {f"--max-loss {spec.search['max_loss']}" if spec.search.get('max_loss') is not None else "no --max-loss"} |
 | Workspace / optimization level | {WORKSPACE_MIB} MiB / {OPTIMIZATION_LEVEL} |
 
 ## Measured trade-off (autoprec, {engine['engine']} {engine['provider']})
@@ -245,6 +235,7 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
         written.append(_script(out / "build.sh", f"# {NOT_RUN}\n# TensorRT 11 (strongly typed, always)\n"
                                                  f"{trtexec_command(spec)}\n"))
     elif fmt == "trt10":
+        written.append(atomic.write_bytes(out / "model_fp32.onnx", spec.info.model.SerializeToString()))
         if spec.plan.counts()["int8"] and spec.ranges is not None:
             written.append(atomic.write_bytes(out / "calibration.cache", calibration_cache(spec).encode()))
         written.append(_script(out / "build_trt10.sh", f"# {NOT_RUN}\n# TensorRT <= 10, weak typing with precision "
