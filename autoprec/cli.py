@@ -166,8 +166,9 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
     p.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
     p.add_argument("--backend", default="ort-cpu", choices=backends,
-                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU)")
-    p.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda (default 0)")
+                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt "
+                        "needs TensorRT 10.12+ and cuda-python, and has never been executed by autoprec's developers)")
+    p.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda/tensorrt (default 0)")
     p.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
                    help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
                         "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")

@@ -231,15 +231,17 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
     written = []
     if fmt in ("trtexec", "python", "markdown"):
         written.append(atomic.write_bytes(out / "model.onnx", spec.model.SerializeToString()))
+    shapes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
     if fmt == "trtexec":
-        written.append(_script(out / "build.sh", f"# {NOT_RUN}\n# TensorRT 11 (strongly typed, always)\n"
-                                                 f"{trtexec_command(spec)}\n"))
+        written.append(_script(out / "build.sh", f"# {NOT_RUN}\n# TensorRT 11 (strongly typed, always). Inputs are fixed at "
+                                                 f"the shapes the plan was measured at: {shapes}\n{trtexec_command(spec)}\n"))
     elif fmt == "trt10":
         written.append(atomic.write_bytes(out / "model_fp32.onnx", spec.info.model.SerializeToString()))
         if spec.plan.counts()["int8"] and spec.ranges is not None:
             written.append(atomic.write_bytes(out / "calibration.cache", calibration_cache(spec).encode()))
         written.append(_script(out / "build_trt10.sh", f"# {NOT_RUN}\n# TensorRT <= 10, weak typing with precision "
-                                                       f"constraints, on the original FP32 model\n{trt10_command(spec)}\n"))
+                                                       f"constraints, on the FP32 model autoprec analysed (inputs: {shapes})\n"
+                                                       f"{trt10_command(spec)}\n"))
     elif fmt == "python":
         written.append(_script(out / "build_engine.py", python_script(spec)))
     elif fmt == "markdown":
