@@ -26,7 +26,7 @@ from autoprec.calibrate import (
 )
 from autoprec.data import Dataset, RandomDataWarning, build_dataset, item_shapes
 from autoprec.errors import AutoprecError
-from autoprec.isolation import IsolatedMeasurer, Limits
+from autoprec.isolation import DeviceLock, IsolatedMeasurer, Limits, MeasurerPool
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
@@ -170,6 +170,7 @@ def search(
     sampler: str = "tpe",
     warm_start: bool = True,
     early_reject: bool = True,
+    build_workers: int | None = None,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -193,6 +194,11 @@ def search(
     ranking seeds the study, then ``sampler`` explores. With ``max_loss``, a candidate whose loss
     on the first quarter of the evaluation batches is far past the limit is rejected there
     (``early_reject``): pruned, counted against the budget, kept in the results.
+
+    ``build_workers`` worker processes measure candidates side by side: their builds overlap while a
+    device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
+    TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
+    at small batch on the GPU, would disturb the timed candidate).
     """
     started = time.monotonic()
     if budget < 1:
@@ -203,6 +209,7 @@ def search(
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
     engine = get_backend(backend, device, out_dir / "cache")
+    workers = _build_workers(build_workers, engine, isolate)
     space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     _check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
@@ -227,7 +234,7 @@ def search(
         "precisions": searched,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage_url, name, identity, make_sampler(sampler, seed))
+    study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel=workers > 1))
     requeued, given_up = recover_interrupted(study)
     if requeued:
         console.note(f"resuming: interrupted trial(s) {', '.join(map(str, requeued))} will be re-run")
@@ -240,25 +247,32 @@ def search(
     screened = screening_batches(len(dataset.evaluation))
     with contextlib.ExitStack() as stack:
         if isolate:
-            limits = Limits.default(trial_timeout, trial_memory_gb)
-            measurer = stack.enter_context(
-                IsolatedMeasurer(
-                    backend, dataset.evaluation, reference, metric, limits, out_dir / "cache" / "worker-stderr.log", device,
-                    out_dir / "cache",
-                )
-            )
+            limits = Limits.default(trial_timeout, trial_memory_gb, workers)
+            lock = DeviceLock(out_dir / "cache" / f"{backend}-device{device}.lock") if workers > 1 else None
+            measurers = [
+                stack.enter_context(IsolatedMeasurer(
+                    backend, dataset.evaluation, reference, metric, limits,
+                    out_dir / "cache" / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", device, out_dir / "cache", lock,
+                ))
+                for i in range(workers)
+            ]
+            measurer, pool = measurers[0], MeasurerPool(measurers)
             t0 = time.monotonic()
-            measurer.start()
+            for each in measurers:
+                each.start()
             one_time["worker_start"] = time.monotonic() - t0
             time_models = measurer.time_interleaved
 
             def measure_candidate(model):
-                return measurer.measure(model, screen)
+                return pool.measure(model, screen)
 
             def loss_of(model):
                 return measurer.accuracy_loss(model, screened)
             memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
             console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
+            if workers > 1:
+                console.note(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
+                             f"{engine_info.device} one candidate at a time")
         else:
             def measure_candidate(model):
                 return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function, screen)
@@ -284,7 +298,7 @@ def search(
         if engine_info.caveat:
             console.warn(engine_info.caveat)
         with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
-            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update)
+            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers)
         if unit_sensitivity is not None:
             console.note(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
                          + (f" (none lowering to {' or '.join(slow)}: its all-units plan was not faster than all-FP32)"
@@ -320,6 +334,7 @@ def search(
         "wall_seconds": round(time.monotonic() - started, 2),
         "one_time_seconds": {k: round(v, 3) for k, v in one_time.items()},
         "sampler": type(study.sampler).__name__,
+        "build_workers": workers,
         "sensitivity": None if unit_sensitivity is None else {
             "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
             "seconds": round(unit_sensitivity.seconds, 2),
@@ -341,6 +356,22 @@ def search(
     write_results(result, chosen_model, tensorrt_model)
     plot_result_dir(read_result_dir(out_dir))
     return result
+
+
+def _build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:
+    """How many candidates are measured side by side (see ``search``'s ``build_workers``)."""
+    if requested is not None and requested < 1:
+        raise AutoprecError(f"--build-workers {requested}: must be at least 1")
+    if not isolate:
+        if requested and requested > 1:
+            raise AutoprecError(f"--build-workers {requested} needs worker processes; drop --no-isolation")
+        return 1
+    if requested is None:
+        return engine.default_build_workers
+    if requested > engine.default_build_workers:
+        console.warn(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
+                     "latency (it shares the CPU that runs or launches it); see benchmarks/parallel_builds.py")
+    return requested
 
 
 def sensitivity_pass(

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time limit to build and measure one candidate (default 600)")
     s.add_argument("--trial-memory", type=_positive_float, metavar="GB",
                    help="memory limit of the worker measuring candidates (default 75%% of RAM)")
+    s.add_argument("--build-workers", type=_count, metavar="N",
+                   help="worker processes measuring candidates side by side: builds overlap, evaluation and timing "
+                        "take the device one at a time (default 2 on tensorrt, 1 on ONNX Runtime)")
     s.add_argument("--no-isolation", action="store_true",
                    help="measure candidates in this process (debugging; an engine crash then ends the search)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
@@ -234,6 +237,7 @@ def _search(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         warm_start=not args.no_warm_start,
         early_reject=not args.no_early_reject,
+        build_workers=args.build_workers,
     )
     files = read_result_dir(result.out_dir)
     if args.json:

@@ -1,7 +1,8 @@
 """Candidates measured in a child process: a crash, hang or runaway allocation fails one trial, not the search.
 
 One worker process lives for the whole search (the evaluation data and FP32 reference are sent to
-it once); each candidate is sent as serialized ONNX. The parent enforces a time limit and a memory
+it once); each candidate is sent as serialized ONNX. With several workers (``--build-workers``),
+candidates are built side by side while a device lock lets one at a time run on the device. The parent enforces a time limit and a memory
 limit (the worker's resident set, read from /proc) and kills the worker when either is exceeded.
 A dead worker is replaced before the next candidate. What the worker printed on stderr
 (faulthandler's traceback for a segfault, the engine's own messages) is kept for the trial record.
@@ -9,9 +10,12 @@ A dead worker is replaced before the next candidate. What the worker printed on 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import fcntl
 import multiprocessing
 import os
+import queue
 import signal
 import time
 from dataclasses import dataclass
@@ -52,12 +56,13 @@ class Limits:
     memory_bytes: int | None = None
 
     @classmethod
-    def default(cls, seconds: float = 600.0, memory_gb: float | None = None) -> Limits:
-        """Default memory limit: 75 % of this machine's RAM, so the search itself survives."""
+    def default(cls, seconds: float = 600.0, memory_gb: float | None = None, workers: int = 1) -> Limits:
+        """Default memory limit: 75 % of this machine's RAM shared by the workers, so the search
+        itself survives; the time limit includes waiting for the device."""
         if memory_gb is not None:
             return cls(seconds, int(memory_gb * 2**30))
         total = total_memory_bytes()
-        return cls(seconds, int(total * 0.75) if total else None)
+        return cls(seconds, int(total * 0.75 / workers) if total else None)
 
 
 def _rss_bytes(pid: int) -> int | None:
@@ -71,7 +76,28 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
-def _worker(conn, backend_name: str, device: int, cache_dir, batches, reference, metric_spec: str, stderr_path: str) -> None:
+class DeviceLock:
+    """One worker at a time on the device, across processes: ``flock`` on a file, which the OS
+    releases when its holder dies, so a worker killed mid-trial cannot leave the device locked."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def __enter__(self) -> DeviceLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, reference, metric_spec: str,
+            stderr_path: str) -> None:
     """Child process: measure each serialized model it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
@@ -90,15 +116,19 @@ def _worker(conn, backend_name: str, device: int, cache_dir, batches, reference,
         try:
             if kind == "retime":  # ("retime", [serialized models], rounds)
                 models, rounds = args
-                timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
+                with device_lock or contextlib.nullcontext():
+                    timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
                 conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
             elif kind == "loss":  # ("loss", serialized model, number of batches)
                 model, count = args
-                conn.send(("ok", accuracy_loss(backend, onnx.load_from_string(model), batches[:count], reference[:count],
-                                               metric, loss_function)))
+                with device_lock or contextlib.nullcontext():
+                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], reference[:count],
+                                         metric, loss_function)
+                conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
-                result = measure(backend, onnx.load_from_string(model), batches, reference, metric, loss_function, screen)
+                result = measure(backend, onnx.load_from_string(model), batches, reference, metric, loss_function, screen,
+                                 device_lock)
                 conn.send(("ok", result.to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
@@ -119,10 +149,12 @@ class IsolatedMeasurer:
         stderr_log: Path,
         device: int = 0,
         cache_dir: Path | None = None,
+        device_lock: DeviceLock | None = None,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
-        is the engine's (see :func:`autoprec.backends.get_backend`)."""
-        self.args = (backend_name, device, cache_dir, list(batches), list(reference), metric_spec)
+        is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
+        workers of one device."""
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), list(reference), metric_spec)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
@@ -220,3 +252,19 @@ class IsolatedMeasurer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class MeasurerPool:
+    """Several workers behind one ``measure``: each call takes a free worker (thread-safe)."""
+
+    def __init__(self, measurers: Sequence[IsolatedMeasurer]):
+        self.free: queue.Queue[IsolatedMeasurer] = queue.Queue()
+        for measurer in measurers:
+            self.free.put(measurer)
+
+    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+        measurer = self.free.get()
+        try:
+            return measurer.measure(model, screen)
+        finally:
+            self.free.put(measurer)

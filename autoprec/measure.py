@@ -116,10 +116,13 @@ def measure(
     metric: str,
     loss_function: LossFunction | None = None,
     screen: Screen | None = None,
+    device: contextlib.AbstractContextManager | None = None,
 ) -> Measurement:
     """Latency on the first evaluation batch; accuracy on all of them, against the FP32 reference.
 
     With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
+    ``device`` is held while the candidate runs (evaluation and timing), not while it is built: with
+    several workers, builds overlap and the device runs one candidate at a time.
     """
     seconds = {}
     t0 = time.perf_counter()
@@ -127,24 +130,32 @@ def measure(
         seconds["build"] = time.perf_counter() - t0
         build = runner.build_report()
         t0 = time.perf_counter()
-        outputs = []
-        for i, batch in enumerate(batches):
-            outputs.append(runner.run(batch))
-            if screen is not None and i + 1 == screen.batches < len(batches):
-                head = reference[: len(outputs)]
-                loss = _loss(compare(head, outputs), head, outputs, metric, loss_function)
-                if loss > screen.reject_above:
-                    seconds["evaluate"] = time.perf_counter() - t0
-                    raise Rejected(loss, len(outputs), seconds)
-        seconds["evaluate"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        latency, retimes = runner.time(batches[0]), 0
-        while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
-            retimes += 1
-            latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
-        seconds["time"] = time.perf_counter() - t0
+        with device or contextlib.nullcontext():
+            seconds["device_wait"] = time.perf_counter() - t0
+            latency, retimes, outputs = _run_and_time(runner, batches, reference, metric, loss_function, screen, seconds)
     metrics = compare(reference, outputs)
     return Measurement(latency, metrics, _loss(metrics, reference, outputs, metric, loss_function), seconds, retimes, build)
+
+
+def _run_and_time(runner, batches, reference, metric, loss_function, screen, seconds):
+    t0 = time.perf_counter()
+    outputs = []
+    for i, batch in enumerate(batches):
+        outputs.append(runner.run(batch))
+        if screen is not None and i + 1 == screen.batches < len(batches):
+            head = reference[: len(outputs)]
+            loss = _loss(compare(head, outputs), head, outputs, metric, loss_function)
+            if loss > screen.reject_above:
+                seconds["evaluate"] = time.perf_counter() - t0
+                raise Rejected(loss, len(outputs), seconds)
+    seconds["evaluate"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    latency, retimes = runner.time(batches[0]), 0
+    while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
+        retimes += 1
+        latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
+    seconds["time"] = time.perf_counter() - t0
+    return latency, retimes, outputs
 
 
 def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch: Batch, rounds: int) -> list[list[Timing] | None]:

@@ -6,8 +6,11 @@ trials into plans, measures each distinct plan once, and keeps the study honest 
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +73,25 @@ class StudyContext:
     measured: dict[str, int] = field(default_factory=dict)  # plan key -> trial number
     failed: dict[str, int] = field(default_factory=dict)  # plan key -> trial that failed it
     rejected: dict[str, int] = field(default_factory=dict)  # plan key -> trial that rejected it early
+    _in_flight: dict[str, threading.Event] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @contextlib.contextmanager
+    def claim(self, key: str):
+        """Hold plan ``key`` while it is measured: a trial proposing the same plan meanwhile (another
+        worker thread) waits, then finds it measured, failed or rejected, and is not measured again."""
+        while True:
+            with self._lock:
+                running = self._in_flight.get(key)
+                if running is None:
+                    self._in_flight[key] = threading.Event()
+                    break
+            running.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight.pop(key).set()
 
 
 # With --calibration auto the INT8 range method is one more categorical of the study.
@@ -98,15 +120,16 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     }
 
 
-def default_sampler(seed: int) -> optuna.samplers.BaseSampler:
-    """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint."""
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+def default_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
+    """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint.
+    With trials in flight at once, the constant liar keeps it from proposing the same region twice."""
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constant_liar=parallel)
 
 
-def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
     """``--sampler``: tpe (default), nsga2, gp (needs torch) or random; all Optuna's own."""
     if name == "tpe":
-        return default_sampler(seed)
+        return default_sampler(seed, parallel)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
@@ -230,6 +253,11 @@ def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
     key = plan.key()
     trial.set_user_attr("plan", plan.to_json())
     trial.set_user_attr("plan_key", key)
+    with ctx.claim(key):
+        return _settle(study, ctx, trial, plan, key, started)
+
+
+def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str, started: float) -> TrialRecord | None:
     if key in ctx.measured:
         earlier = study.get_trials(deepcopy=False)[ctx.measured[key]]
         trial.set_user_attr("measurement", earlier.user_attrs["measurement"])
@@ -294,8 +322,10 @@ def run_study(
     ctx: StudyContext,
     budget: int,
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
+    workers: int = 1,
 ) -> None:
-    """Run trials until ``budget`` of them count; already finished ones (a resumed study) count too."""
+    """Run trials until ``budget`` of them count; already finished ones (a resumed study) count too.
+    ``workers`` trials run at once (each thread's ``ctx.measure`` takes its own worker process)."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         key = trial.user_attrs.get("plan_key")
         if key and trial.state == TrialState.COMPLETE and "duplicate_of" not in trial.user_attrs:
@@ -306,11 +336,30 @@ def run_study(
         if (key := trial.user_attrs.get("plan_key")) and "rejected" in trial.user_attrs:
             ctx.rejected.setdefault(key, trial.number)
     done = sum(counted(t) for t in study.get_trials(deepcopy=False))
-    while done < budget:
-        result = run_trial(study, ctx)
-        done += 1
-        if on_trial is not None:
-            on_trial(done, result)
+    if workers <= 1:
+        while done < budget:
+            result = run_trial(study, ctx)
+            done += 1
+            if on_trial is not None:
+                on_trial(done, result)
+        return
+    started, finished, lock = [done], [done], threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if started[0] >= budget:
+                    return
+                started[0] += 1
+            result = run_trial(study, ctx)
+            with lock:
+                finished[0] += 1
+                if on_trial is not None:
+                    on_trial(finished[0], result)
+
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
+        for future in [pool.submit(work) for _ in range(workers)]:
+            future.result()
 
 
 # The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
@@ -323,6 +372,7 @@ def run_warm_started(
     budget: int,
     sensitivity: Sensitivity | None,
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
+    workers: int = 1,
 ) -> tuple[list[dict[str, str]], list[str]]:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
     measured latencies, then the sampler, until ``budget`` trials count.
@@ -331,7 +381,7 @@ def run_warm_started(
     to every unit).
     """
     seed_plans(study, ctx.info)
-    run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial)
+    run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial, workers)
     warm: list[dict[str, str]] = []
     slow: list[str] = []
     if sensitivity is not None:
@@ -339,7 +389,7 @@ def run_warm_started(
         slow = not_faster_than_fp32(measured)
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         seed_plans(study, ctx.info, warm)
-    run_study(study, ctx, budget, on_trial)
+    run_study(study, ctx, budget, on_trial, workers)
     return warm, slow
 
 

@@ -112,6 +112,9 @@ class Backend(abc.ABC):
     qdq_form: QDQForm = QDQForm.TENSORRT
     # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
     slow_precisions: ClassVar[dict[Precision, str]] = {}
+    # Candidates measured side by side by default (--build-workers): worth it where builds are slow
+    # next to running a candidate, and safe only where a build does not disturb the timed run.
+    default_build_workers: ClassVar[int] = 1
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

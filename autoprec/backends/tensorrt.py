@@ -339,6 +339,7 @@ class TensorRTBackend(Backend):
 
     name = "tensorrt"
     qdq_form = QDQForm.TENSORRT
+    default_build_workers = 2  # an engine build takes seconds to minutes: build the next one while one is timed
 
     def __init__(self, device: int = 0, cache_dir: Path | None = None):
         self._trt = import_tensorrt()

@@ -1,0 +1,134 @@
+"""Candidates measured side by side: builds overlap, the device runs one candidate at a time."""
+
+import json
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import autoprec
+from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
+from autoprec.isolation import DeviceLock
+from autoprec.measure import measure
+from autoprec.search import StudyContext
+
+
+class SlowRunner(Runner):
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def _phase(self, what: str, seconds: float):
+        start = time.perf_counter()
+        time.sleep(seconds)
+        self.log.append((self.name, what, start, time.perf_counter()))
+
+    def run(self, batch):
+        self._phase("device", 0.05)
+        return {"y": batch["x"]}
+
+    def time(self, batch):
+        self._phase("device", 0.1)
+        return Timing(1.0, 1.0, 1.0, 10, 3)
+
+
+class SlowBackend(Backend):
+    """Builds take 0.3 s, running and timing 0.15 s: records when each phase ran."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.log = []
+
+    def info(self):
+        return EngineInfo("slow", "test", "0", "none", "none", "tensorrt")
+
+    def prepare(self, model):
+        start = time.perf_counter()
+        time.sleep(0.3)
+        name = threading.current_thread().name
+        self.log.append((name, "build", start, time.perf_counter()))
+        return SlowRunner(self.log, name)
+
+
+def _overlaps(a, b) -> bool:
+    return a[2] < b[3] and b[2] < a[3]
+
+
+def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
+    backend, lock = SlowBackend(), threading.Lock()
+    batches = [{"x": np.ones(2, np.float32)}]
+    reference = [{"y": np.ones(2, np.float32)}]
+    threads = [threading.Thread(target=measure, args=(backend, None, batches, reference, "cosine", None, None, lock), name=f"w{i}")
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    builds = [e for e in backend.log if e[1] == "build"]
+    device = [e for e in backend.log if e[1] == "device"]
+    assert len(builds) == 2 and _overlaps(*builds)  # built side by side
+    assert not any(_overlaps(a, b) for a in device for b in device if a[0] != b[0])  # never on the device together
+
+
+def _hold(path, ready):
+    with DeviceLock(path):
+        ready.set()
+        time.sleep(60)
+
+
+def test_a_worker_killed_while_holding_the_device_does_not_leave_it_locked(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    holder = context.Process(target=_hold, args=(tmp_path / "gpu.lock", ready))
+    holder.start()
+    assert ready.wait(30)
+    holder.kill()
+    holder.join()
+    acquired = threading.Event()
+    waiter = threading.Thread(target=lambda: (DeviceLock(tmp_path / "gpu.lock").__enter__(), acquired.set()), daemon=True)
+    waiter.start()
+    assert acquired.wait(5), "the lock of a killed worker was not released"
+
+
+def test_a_plan_in_flight_is_not_measured_again_by_another_thread():
+    ctx = StudyContext(None, None, None, None, "percentile-99.99", None)
+    order = []
+
+    def first():
+        with ctx.claim("plan-a"):
+            order.append("first in")
+            time.sleep(0.2)
+            ctx.measured["plan-a"] = 0
+            order.append("first out")
+
+    def second():
+        time.sleep(0.05)
+        with ctx.claim("plan-a"):
+            order.append(f"second in, measured already: {'plan-a' in ctx.measured}")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order == ["first in", "first out", "second in, measured already: True"]
+
+
+def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, capsys):
+    out = tmp_path / "result"
+    autoprec.search(conv_model, budget=12, data=conv_data, out=out, build_workers=2, progress=False)
+    pareto = json.loads((out / "pareto.json").read_text())
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert pareto["search"]["build_workers"] == 2 and pareto["search"]["trials"] == 12 and len(trials) == 12
+    measured = [json.dumps(t["plan"]["precisions"], sort_keys=True) for t in trials if t["duplicate_of"] is None]
+    assert len(measured) == len(set(measured))
+    assert all(t["seconds"]["device_wait"] >= 0 for t in trials if t["duplicate_of"] is None)
+    assert (out / "cache" / "worker-1-stderr.log").exists()
+    assert "can disturb its latency" in " ".join(capsys.readouterr().err.split())  # above ort-cpu's default: said, not hidden
+
+
+def test_build_workers_need_worker_processes(conv_model):
+    with pytest.raises(autoprec.AutoprecError, match="--build-workers 2 needs worker processes"):
+        autoprec.search(conv_model, budget=2, build_workers=2, isolate=False, progress=False)
