@@ -343,23 +343,31 @@ def run_study(
             if on_trial is not None:
                 on_trial(done, result)
         return
-    started, finished, lock = [done], [done], threading.Lock()
+    started, finished, lock, stop = [done], [done], threading.Lock(), threading.Event()
 
     def work() -> None:
-        while True:
+        while not stop.is_set():
             with lock:
                 if started[0] >= budget:
                     return
                 started[0] += 1
-            result = run_trial(study, ctx)
+            try:
+                result = run_trial(study, ctx)
+            except BaseException:
+                stop.set()  # the other threads finish the trial they are in, then stop
+                raise
             with lock:
                 finished[0] += 1
                 if on_trial is not None:
                     on_trial(finished[0], result)
 
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
-        for future in [pool.submit(work) for _ in range(workers)]:
-            future.result()
+        try:
+            for future in [pool.submit(work) for _ in range(workers)]:
+                future.result()
+        except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
+            stop.set()
+            raise
 
 
 # The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
