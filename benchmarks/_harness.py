@@ -59,8 +59,13 @@ def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
         earlier = json.loads(json_path.read_text())
     except (OSError, ValueError):
         return {}
-    same = ("machine", "engine", "mode", "budget", "seeds", "reference_trials")
-    if any(earlier.get(key) != report.get(key) for key in same):
+    same = ("machine", "mode", "budget", "seeds", "reference_trials")
+    engine_identity = ("backend", "engine", "version", "provider", "device", "qdq_form")
+
+    def engine(r: dict) -> tuple:
+        return tuple((r.get("engine") or {}).get(k) for k in engine_identity)
+
+    if any(earlier.get(key) != report.get(key) for key in same) or engine(earlier) != engine(report):
         return {}
     kept = {name: m for name, m in earlier.get("models", {}).items() if name not in rerun}
     runs = {name: date for name, date in earlier.get("earlier_runs", {}).items() if name in kept}
