@@ -419,8 +419,8 @@ def sensitivity(
     out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
     metric_name, loss_function = resolve_metric(metric)
     engine = get_backend(backend, device, out_dir / "cache")
-    if engine.info().caveat:
-        console.warn(engine.info().caveat)
+    if caveat := engine.info().caveat:
+        console.warn(caveat)
     space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     _check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")

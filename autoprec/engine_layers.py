@@ -39,9 +39,7 @@ _ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
 def data_type(text: str) -> str:
     """Normalise an inspector type or format string ("Half", "Row major linear FP32", "Int8") to fp16/fp32/int8/..."""
     lowered = text.lower()
-    if "uint8" in lowered:
-        return "uint8"
-    for word, name in _TYPE_WORDS:
+    for word, name in _TYPE_WORDS:  # a word is matched whole: "int8" is not found in "uint8"
         if re.search(rf"(?<![a-z0-9]){word}(?![0-9])", lowered):
             return name
     return "unknown"

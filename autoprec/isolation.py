@@ -2,8 +2,9 @@
 
 One worker process lives for the whole search (the evaluation data and FP32 reference are sent to
 it once); each candidate is sent as serialized ONNX. With several workers (``--build-workers``),
-candidates are built side by side while a device lock lets one at a time run on the device. The parent enforces a time limit and a memory
-limit (the worker's resident set, read from /proc) and kills the worker when either is exceeded.
+candidates are built side by side while a device lock lets one at a time run on the device. The
+parent enforces a time limit and a memory limit (the worker's resident set, read from /proc) and
+kills the worker when either is exceeded.
 A dead worker is replaced before the next candidate. What the worker printed on stderr
 (faulthandler's traceback for a segfault, the engine's own messages) is kept for the trial record.
 """
@@ -106,6 +107,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir)
+    on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
     metric, loss_function = resolve_metric(metric_spec)
     conn.send(("ready", None))
     while True:
@@ -116,19 +118,19 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
         try:
             if kind == "retime":  # ("retime", [serialized models], rounds)
                 models, rounds = args
-                with device_lock or contextlib.nullcontext():
+                with on_device:
                     timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
                 conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
             elif kind == "loss":  # ("loss", serialized model, number of batches)
                 model, count = args
-                with device_lock or contextlib.nullcontext():
+                with on_device:
                     loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], reference[:count],
                                          metric, loss_function)
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
                 result = measure(backend, onnx.load_from_string(model), batches, reference, metric, loss_function, screen,
-                                 device_lock)
+                                 on_device)
                 conn.send(("ok", result.to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))

@@ -86,11 +86,9 @@ class TimingCache:
     def __init__(self, path: Path | None):
         self.path = path
 
-    def attach(self, config) -> Any:
+    def attach(self, config) -> None:
         data = self.path.read_bytes() if self.path is not None and self.path.is_file() else b""
-        cache = config.create_timing_cache(data)
-        config.set_timing_cache(cache, False)
-        return cache
+        config.set_timing_cache(config.create_timing_cache(data), False)
 
     def save(self, config) -> None:
         if self.path is not None:
@@ -228,23 +226,19 @@ def cuda_api(device: int):
         raise BackendError(INSTALL_HINT + " (no cuda-python, no pycuda)") from None
 
 
-class LayerTimes:
-    """An ``IProfiler``: milliseconds per engine layer, summed over the profiled runs."""
+def layer_profiler(trt):
+    """An ``IProfiler`` whose ``ms`` holds milliseconds per engine layer, summed over the profiled runs
+    (defined here because its base class comes with the lazily imported module)."""
 
-    def __init__(self, trt):
-        class Profiler(trt.IProfiler):
-            def __init__(inner):
-                trt.IProfiler.__init__(inner)
-                inner.ms: dict[str, float] = {}
+    class LayerTimes(trt.IProfiler):
+        def __init__(self):
+            trt.IProfiler.__init__(self)
+            self.ms: dict[str, float] = {}
 
-            def report_layer_time(inner, layer_name, ms):
-                inner.ms[layer_name] = inner.ms.get(layer_name, 0.0) + ms
+        def report_layer_time(self, layer_name, ms):
+            self.ms[layer_name] = self.ms.get(layer_name, 0.0) + ms
 
-        self.profiler = Profiler()
-
-    @property
-    def ms(self) -> dict[str, float]:
-        return self.profiler.ms
+    return LayerTimes()
 
 
 class TensorRTRunner(Runner):
@@ -316,12 +310,12 @@ class TensorRTRunner(Runner):
         self._bind(batch)
         self._enqueue()  # warm-up, not profiled
         self.cuda.synchronize()
-        times = LayerTimes(self.trt)
-        self.context.profiler = times.profiler
+        profiler = layer_profiler(self.trt)
+        self.context.profiler = profiler
         for _ in range(runs):
             self._enqueue()
             self.cuda.synchronize()
-        return {name: ms / runs for name, ms in times.ms.items()}
+        return {name: ms / runs for name, ms in profiler.ms.items()}
 
     def build_report(self) -> dict[str, Any]:
         layers = parse_engine_layers(self.layer_json, "engine inspector")
