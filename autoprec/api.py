@@ -301,7 +301,7 @@ def search(
             warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers)
         if unit_sensitivity is not None:
             console.note(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
-                         + (f" (none lowering to {' or '.join(slow)}: its all-units plan was not faster than all-FP32)"
+                         + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
         trials = finished_records(study)
         front = pareto_front(study)

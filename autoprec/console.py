@@ -106,18 +106,28 @@ def _loss(value: float | str) -> str:
 
 
 def sensitivity_table(sensitivity: Sensitivity) -> Table:
-    """Units least sensitive per share of latency first (the order the warm start lowers them in)."""
+    """Units least sensitive per time saved first (the order the warm start lowers them in)."""
     precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
+    saving = [p for p in precisions if sensitivity.profiled(Precision(p))]
     table = Table(title=f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
                         f"{sensitivity.batches} batch(es)", title_justify="left")
-    for column in ("#", "unit", "op", "share of fp32 ms", *(f"loss {p}" for p in precisions)):
-        table.add_column(column, justify="left" if column in ("unit", "op") else "right", no_wrap=column != "unit")
+    columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving), *(f"{p}\nloss" for p in precisions))
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("unit", "op") else "right", no_wrap=column != "unit",
+                         min_width=8 if column == "unit" else None)
     order = {u.unit: i for i, u in enumerate(sensitivity.ranking(Precision(precisions[0])))} if precisions else {}
     for i, u in sorted(enumerate(sensitivity.units), key=lambda iu: order.get(iu[1].unit, iu[0])):
         share = f"{u.share:.1%}" if u.share is not None else "—"
-        table.add_row(str(i), u.unit, u.op_type, share, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
+        saves = [f"{u.gain[p]:+.1%}" if p in u.gain else "—" for p in saving]
+        table.add_row(str(i), u.unit, u.op_type, share, *saves, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
+    notes = []
     if sensitivity.unattributed_share is not None:
-        table.caption = f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)"
+        notes.append(f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)")
+    if saving:
+        notes.append("saves: share of FP32 time the unit gains in the profiled all-units plan (with its Q/DQ or Casts); "
+                     "units that gain nothing are not lowered by the warm start")
+    table.caption = "\n".join(notes) or None
+    table.caption_justify = "left"
     return table
 
 

@@ -385,8 +385,8 @@ def run_warm_started(
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
     measured latencies, then the sampler, until ``budget`` trials count.
 
-    Returns the warm-start plans and the precisions they left out (not faster than FP32 when applied
-    to every unit).
+    Returns the warm-start plans and the precisions they left out whose all-units plan was not
+    faster than all-FP32.
     """
     seed_plans(study, ctx.info)
     run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial, workers)
@@ -394,8 +394,8 @@ def run_warm_started(
     slow: list[str] = []
     if sensitivity is not None:
         measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
-        slow = not_faster_than_fp32(measured)
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
+        slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
         seed_plans(study, ctx.info, warm)
     run_study(study, ctx, budget, on_trial, workers)
     return warm, slow

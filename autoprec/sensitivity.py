@@ -3,9 +3,13 @@
 The search's first phase. Each unit is lowered alone to each precision it may take (everything
 else FP32) and its accuracy loss measured: one evaluation per unit and precision, on the
 screening batches, with the search's own calibration and FP32 reference. Each unit's share of the
-FP32 latency comes from the engine's per-node profile, not from FLOP counts. From the ranking
-(loss per share of latency) the warm-start plans are built: the k least sensitive units lowered,
-for several k, so the front's shape is known after a handful of trials.
+FP32 latency comes from the engine's per-node profile, not from FLOP counts; so does the time it
+saves when lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with
+the units beside them). A unit that saves nothing is never lowered by the warm start: on many
+engines only some layers run faster in INT8, so a model whose all-INT8 plan is slower than FP32
+can still have fast partial plans. From the ranking (loss per time saved) the warm-start plans are
+built: the k least sensitive units lowered, for several k, so the front's shape is known after a
+handful of trials.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,7 +36,7 @@ from autoprec.plan import Plan, Precision
 # multiples of --max-loss (losses of small errors roughly add up), or these fractions of the units
 # when there is no limit.
 LOSS_TARGETS = (0.25, 0.5, 1.0, 2.0)
-UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9)
+UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,21 @@ class UnitSensitivity:
     op_type: str
     share: float | None  # fraction of the FP32 model's profiled time spent in this unit's nodes
     loss: dict[str, float]  # precision -> accuracy loss with only this unit lowered to it
+    # precision -> fraction of the FP32 time saved by this unit in the profiled all-units plan
+    # (negative: slower than FP32); empty when the engine has no profiler
+    gain: dict[str, float] = field(default_factory=dict)
+
+    def cost(self, precision: str) -> float:
+        """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves nothing.
+
+        Without a measured gain the unit's FP32 share stands in for it; without a profile, the loss."""
+        loss = self.loss[precision]
+        saved = self.gain.get(precision, self.share)
+        if not math.isfinite(loss):
+            return math.inf
+        if saved is None:
+            return loss
+        return loss / saved if saved > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -52,14 +72,12 @@ class Sensitivity:
     engine: str
 
     def ranking(self, precision: Precision) -> list[UnitSensitivity]:
-        """Units that may take ``precision``, least loss per share of latency first (infinite losses last)."""
-        def cost(u: UnitSensitivity) -> float:
-            loss = u.loss[precision.value]
-            if not math.isfinite(loss):
-                return math.inf
-            return loss / u.share if u.share else (loss if u.share is None else math.inf)
+        """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
+        return sorted((u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value))
 
-        return sorted((u for u in self.units if precision.value in u.loss), key=cost)
+    def profiled(self, precision: Precision) -> bool:
+        """Whether the time each unit saves in ``precision`` was measured."""
+        return any(precision.value in u.gain for u in self.units)
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON: a loss that is not finite (a failed or overflowing plan) is written "inf"."""
@@ -72,18 +90,15 @@ class Sensitivity:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sensitivity:
         units = tuple(
-            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()})
+            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"])
             for u in data["units"]
         )
         return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"])
 
 
-def latency_shares(info: ModelInfo, backend: Backend, batch: Batch) -> tuple[dict[str, float], float] | None:
-    """Each unit's share of the FP32 model's profiled time, and the share no unit owns; None when
-    the engine has no per-node profiler."""
-    times = backend.node_times(info.model, batch)
-    if not times:
-        return None
+def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
+    """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times), and
+    the share no unit owns."""
     total = sum(times.values())
     owner = {node: u.name for u in info.units for node in u.nodes}
     shares: dict[str, float] = {}
@@ -94,6 +109,70 @@ def latency_shares(info: ModelInfo, backend: Backend, batch: Batch) -> tuple[dic
         elif not node:
             unattributed += seconds / total
     return shares, unattributed
+
+
+def unit_times(
+    info: ModelInfo, lowered: onnx.ModelProto, times: Mapping[str, float], lowered_units: frozenset[str] = frozenset()
+) -> dict[str, float]:
+    """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
+    (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to."""
+    owner = {node: u.name for u in info.units for node in u.nodes}
+    original = {n.name for n in info.model.graph.node}
+    producer = {out: n for n in lowered.graph.node for out in n.output}
+    consumers: dict[str, list] = defaultdict(list)
+    for n in lowered.graph.node:
+        for name in n.input:
+            consumers[name].append(n)
+
+    def neighbours(node) -> list:
+        return [producer[t] for t in node.input if t in producer] + [c for t in node.output for c in consumers[t]]
+
+    def adjacent_units(node) -> set[str]:
+        found, seen, todo = set(), {node.name}, [node]
+        while todo:
+            for n in neighbours(todo.pop()):
+                if owner.get(n.name) in lowered_units:
+                    found.add(owner[n.name])
+                elif n.name not in original and n.name not in seen:
+                    seen.add(n.name)
+                    todo.append(n)
+        return found
+
+    per_unit: dict[str, float] = defaultdict(float)
+    by_name = {n.name: n for n in lowered.graph.node}
+    for name, seconds in times.items():
+        if name in owner:
+            per_unit[owner[name]] += seconds
+        elif name in by_name and name not in original:
+            units = adjacent_units(by_name[name])
+            for unit in units:
+                per_unit[unit] += seconds / len(units)
+    return dict(per_unit)
+
+
+def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | None, batch: Batch,
+               fp32_times: Mapping[str, float], calibration: str) -> dict[str, dict[str, float]]:
+    """precision -> unit -> fraction of FP32 time the unit saves, from one profile of each reduced
+    precision's all-units plan. A plan that cannot be lowered or profiled gives no gains."""
+    total = sum(fp32_times.values())
+    fp32 = unit_times(info, info.model, fp32_times)
+    gains: dict[str, dict[str, float]] = {}
+    for precision in (Precision.INT8, Precision.FP16):
+        lowered_units = [u for u in info.searchable_units if precision in u.allowed]
+        if not lowered_units:
+            continue
+        names = frozenset(u.name for u in lowered_units)
+        plan = Plan.from_mapping({u.name: precision if u.name in names else u.allowed[-1] for u in info.units}, calibration)
+        try:
+            lowered = backend.lower(info, plan, ranges)
+            times = backend.node_times(lowered, batch)
+        except Exception:  # noqa: BLE001 - an engine that cannot run it: the warm start falls back to the uniform plan's latency
+            continue
+        if times:
+            spent = unit_times(info, lowered, times, names)
+            # a unit the profile lost track of (renamed beyond recognition) has no measured gain
+            gains[precision.value] = {u: (fp32.get(u, 0.0) - spent[u]) / total for u in names if spent.get(u)}
+    return gains
 
 
 def one_unit_plan(info: ModelInfo, unit: str, precision: Precision, calibration: str = DEFAULT_CALIBRATION) -> Plan:
@@ -110,14 +189,16 @@ def analyse_sensitivity(
     calibration: str = DEFAULT_CALIBRATION,
     on_step: Callable[[int, int], None] | None = None,
 ) -> Sensitivity:
-    """Profile the FP32 model, then measure every (unit, precision) alone with ``loss_of``.
+    """Profile the FP32 model and each all-units plan, then measure every (unit, precision) alone with ``loss_of``.
 
     A one-unit plan that fails to lower or run counts as an infinite loss: that unit stays FP32 in
     the warm start, and the search may still try it.
     """
     started = time.monotonic()
-    profiled = latency_shares(info, backend, profile_batch)
+    fp32_times = backend.node_times(info.model, profile_batch)
+    profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
+    gains = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else {}
     steps = [(u, p) for u in info.searchable_units for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.searchable_units}
     for i, (unit, precision) in enumerate(steps):
@@ -129,7 +210,8 @@ def analyse_sensitivity(
         if on_step is not None:
             on_step(i + 1, len(steps))
     units = tuple(
-        UnitSensitivity(u.name, u.op_type, shares.get(u.name, 0.0) if profiled else None, losses[u.name])
+        UnitSensitivity(u.name, u.op_type, shares.get(u.name, 0.0) if profiled else None, losses[u.name],
+                        {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit})
         for u in info.searchable_units
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label())
@@ -172,11 +254,12 @@ def warm_start_params(
     max_loss: float | None,
     uniform: Mapping[str, tuple[float, float]] | None = None,
 ) -> list[dict[str, str]]:
-    """Plans that lower the k least sensitive units (per latency share) to one precision, for several k.
+    """Plans that lower the k least sensitive units (per time saved) to one precision, for several k.
 
-    ``uniform`` holds the measured (latency ms, loss) of the uniform plans ("fp32", "fp16", "int8"):
-    a precision whose all-units plan is not faster than all-FP32 gains nothing by lowering part of
-    the model, so it gets no plans. k takes ``UNIT_FRACTIONS`` of the ranked units and, with
+    Only units that save time in a precision are lowered to it. Where that time was not profiled,
+    ``uniform`` decides: it holds the measured (latency ms, loss) of the uniform plans ("fp32",
+    "fp16", "int8"), and a precision whose all-units plan is not faster than all-FP32 gets no
+    plans. k takes ``UNIT_FRACTIONS`` of the ranked units and, with
     --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit. Single-unit
     losses do not simply add up (errors compound), so the prediction is their running sum scaled to
     the uniform plan's measured loss. Parameters are the study's (searchable units only).
@@ -186,9 +269,9 @@ def warm_start_params(
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
         measured = uniform.get(precision.value)
-        if precision.value in not_faster_than_fp32(uniform):
+        if not sensitivity.profiled(precision) and precision.value in not_faster_than_fp32(uniform):
             continue
-        ranked = [u for u in sensitivity.ranking(precision) if math.isfinite(u.loss[precision.value])]
+        ranked = [u for u in sensitivity.ranking(precision) if math.isfinite(u.cost(precision.value))]
         if not ranked:
             continue
         counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}

@@ -10,7 +10,7 @@ from autoprec.backends.onnxruntime import attribute_node_times
 from autoprec.data import build_dataset
 from autoprec.measure import Rejected, Screen, accuracy_loss, measure
 from autoprec.model import analyse
-from autoprec.plan import Precision
+from autoprec.plan import Plan, Precision
 from autoprec.search_space import load_search_space
 from autoprec.sensitivity import (
     Sensitivity,
@@ -19,6 +19,7 @@ from autoprec.sensitivity import (
     cached_sensitivity,
     latency_shares,
     one_unit_plan,
+    unit_times,
     warm_start_params,
 )
 
@@ -43,14 +44,15 @@ def test_profiled_names_are_mapped_back_to_the_models_nodes():
         {"name": "c1_nchwc_kernel_time", "dur": 200},  # layout-converted: named after its output tensor (conv1's)
         {"name": "relu2/FusedActivation_kernel_time", "dur": 50},  # fused: named after the first node
         {"name": "ReorderOutput_token_7_kernel_time", "dur": 30},  # inserted by ORT: no original node
+        {"name": "InsertedPrecisionFreeCast_c2_nchwc_kernel_time", "dur": 70},  # an FP16 node ORT runs in FP32
     ]
     times = attribute_node_times(model, events, runs=10)
-    assert times == pytest.approx({"conv0": 1e-5, "conv1": 2e-5, "relu2": 5e-6, "": 3e-6})
+    assert times == pytest.approx({"conv0": 1e-5, "conv1": 2e-5, "relu2": 5e-6, "": 3e-6, "conv2": 7e-6})
 
 
 def test_latency_shares_come_from_the_engines_profile(conv_prepared):
     info, dataset, _, _ = conv_prepared
-    shares, unattributed = latency_shares(info, get_backend("ort-cpu"), dataset.evaluation[0])
+    shares, unattributed = latency_shares(info, get_backend("ort-cpu").node_times(info.model, dataset.evaluation[0]))
     assert set(shares) <= {u.name for u in info.units}
     assert {"conv0", "conv1", "conv2"} <= set(shares)  # the convolutions show up in the profile
     assert all(s > 0 for s in shares.values())
@@ -72,9 +74,38 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units)  # FP16 keeps 10 mantissa bits, INT8 256 levels
 
 
-def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float]) -> Sensitivity:
-    units = tuple(UnitSensitivity(n, "Conv", shares[n], {"int8": i8, "fp16": f16}) for n, (i8, f16) in losses.items())
+def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float], gains: dict[str, dict] | None = None) -> Sensitivity:
+    units = tuple(UnitSensitivity(n, "Conv", shares[n], {"int8": i8, "fp16": f16}, (gains or {}).get(n, {}))
+                  for n, (i8, f16) in losses.items())
     return Sensitivity(units, 0.0, 1, 2 * len(units), 0.0, "test")
+
+
+def test_inserted_qdq_time_is_charged_to_the_lowered_units_beside_it(conv_prepared):
+    info, _, ranges, _ = conv_prepared
+    engine = get_backend("ort-cpu")
+    lowered = engine.lower(info, one_unit_plan(info, "conv0", Precision.INT8), ranges)
+    times = {n.name: 1.0 for n in lowered.graph.node}  # one second per node
+    spent = unit_times(info, lowered, times, frozenset({"conv0"}))
+    inserted = {n.name for n in lowered.graph.node} - {n.name for n in info.model.graph.node}
+    assert len(inserted) == 5  # Q/DQ of x, Q/DQ of conv0's output, DQ of its weight
+    assert spent["conv0"] == 2 + len(inserted)  # Conv + Relu + all lowering added around it
+    assert spent["conv1"] == 3 and spent["conv2"] == 2 and spent["fc"] == 1  # FP32 units: their own nodes only
+    # the same Q/DQ between two lowered units is shared between them
+    both = engine.lower(info, Plan.from_mapping({u.name: Precision.INT8 if u.name in ("conv0", "conv1") else Precision.FP32
+                                                 for u in info.units}), ranges)
+    shared = unit_times(info, both, {n.name: 1.0 for n in both.graph.node}, frozenset({"conv0", "conv1"}))
+    added = {n.name for n in both.graph.node} - {n.name for n in info.model.graph.node}
+    assert shared["conv0"] == 2 + 3 + 2 / 2  # its own, x's Q/DQ and its weight's DQ, half the Q/DQ it shares with conv1
+    assert shared["conv0"] + shared["conv1"] == 5 + len(added)  # every inserted node charged once
+
+
+def test_sensitivity_profiles_what_each_unit_saves_in_each_precision(conv_prepared):
+    info, dataset, ranges, _ = conv_prepared
+    found = analyse_sensitivity(info, get_backend("ort-cpu"), ranges, lambda m: 0.0, dataset.evaluation[0], 1)
+    # every unit is found in both profiles (ORT renames FP16 nodes it runs in FP32 between its own Casts)
+    assert all(set(u.gain) == {"int8", "fp16"} for u in found.units)
+    for u in found.units:  # a unit cannot save more than the time it took in FP32 (separate runs: 2x slack)
+        assert all(g < 2 * u.share + 0.05 for g in u.gain.values()), (u.unit, u.gain, u.share)
 
 
 def test_warm_start_lowers_the_least_sensitive_units_per_latency_first(conv_prepared):
@@ -96,6 +127,22 @@ def test_warm_start_lowers_the_least_sensitive_units_per_latency_first(conv_prep
     # 4th unit, 0.0025 at the 2nd; with FP16 fast too, it gets plans of its own.
     faster = warm_start_params(info, sens, 0.01, {**uniform, "fp16": (8.0, 1e-5)})
     assert any("fp16" in p.values() for p in faster) and len(faster) > len(plans)
+
+
+def test_warm_start_lowers_only_units_that_save_time_even_when_the_all_units_plan_is_slower(conv_prepared):
+    info = conv_prepared[0]
+    names = [u.name for u in info.searchable_units]
+    losses = {n: (1e-4 * (i + 1), 1e-6) for i, n in enumerate(names)}
+    shares = dict.fromkeys(names, 0.25)
+    # INT8 profiled: the two first units save time, the others lose more; FP16 saves nothing anywhere
+    gains = {n: {"int8": g, "fp16": -0.01} for n, g in zip(names, (0.1, 0.05, -0.2, -0.3))}
+    uniform = {"fp32": (10.0, 0.0), "int8": (13.0, 0.002), "fp16": (12.0, 1e-5)}
+    plans = warm_start_params(info, _sens(losses, shares, gains), max_loss=None, uniform=uniform)
+    lowered = [{n for n, p in plan.items() if p != "fp32"} for plan in plans]
+    assert {frozenset(s) for s in lowered} == {frozenset(names[:1]), frozenset(names[:2])}
+    assert all(set(plan.values()) <= {"int8", "fp32"} for plan in plans)
+    # without a profile, the slower all-units plan rules INT8 out, as before
+    assert warm_start_params(info, _sens(losses, shares), max_loss=None, uniform=uniform) == []
 
 
 def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):

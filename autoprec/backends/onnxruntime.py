@@ -71,8 +71,10 @@ class OrtProfiling:
 
 def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) -> dict[str, float]:
     """Seconds per run for each original node. ORT renames what it rewrites: a layout-converted node
-    after its output tensor (``<output>_nchwc``), a fused node after the first node it fused
-    (``<node>/<Fusion>`` or ``<node>_<suffix>``); layout reorders and other inserted nodes go to ``""``."""
+    after its output tensor (``<output>_nchwc``, ``InsertedPrecisionFreeCast_<output>_nchwc`` when
+    an FP16 node without an FP16 kernel runs in FP32 between inserted Casts), a fused node after the
+    first node it fused (``<node>/<Fusion>`` or ``<node>_<suffix>``); layout reorders and other
+    inserted nodes go to ``""``."""
     nodes = {n.name for n in model.graph.node}
     producer = {out: n.name for n in model.graph.node for out in n.output}
     by_prefix = sorted(nodes, key=len, reverse=True)
@@ -80,8 +82,9 @@ def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) 
     def original(name: str) -> str:
         if name in nodes:
             return name
-        if name.endswith("_nchwc") and name[: -len("_nchwc")] in producer:
-            return producer[name[: -len("_nchwc")]]
+        tensor = name.removeprefix("InsertedPrecisionFreeCast_").removesuffix("_nchwc")
+        if name.endswith("_nchwc") and tensor in producer:
+            return producer[tensor]
         return next((n for n in by_prefix if name.startswith((n + "/", n + "_"))), "")
 
     times: dict[str, float] = defaultdict(float)
