@@ -22,11 +22,14 @@ from autoprec.calibrate import (
     DEFAULT_CALIBRATION,
     ActivationRanges,
     calibrate,
+    calibration_cache,
+    reference_cache,
     reference_outputs,
 )
 from autoprec.data import Dataset, RandomDataWarning, build_dataset, item_shapes
+from autoprec.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, SharedInputs, StudyLocks, default_artifacts, worker_id
 from autoprec.errors import AutoprecError
-from autoprec.isolation import DeviceLock, IsolatedMeasurer, Limits, MeasurerPool
+from autoprec.isolation import FileLock, IsolatedMeasurer, Limits, MeasurerPool, device_lock_path
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
@@ -51,7 +54,6 @@ from autoprec.search import (
     make_sampler,
     open_study,
     pareto_front,
-    recover_interrupted,
     rejected_trials,
     retime,
     run_warm_started,
@@ -98,7 +100,7 @@ class Prepared:
     seconds: dict[str, float]
 
 
-def prepare(
+def load_inputs(
     model_path: Path,
     space: SearchSpace,
     data: str | os.PathLike | None = None,
@@ -106,9 +108,8 @@ def prepare(
     seed: int = 0,
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
-    cache: Path | None = None,
-) -> Prepared:
-    """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
+) -> tuple[ModelInfo, Dataset, dict[str, float]]:
+    """Analyse the model, load and split the data (the seconds each took)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     raw = load_onnx(model_path)
@@ -129,11 +130,28 @@ def prepare(
     console.note(
         f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
     )
+    return info, dataset, seconds
+
+
+def shared_files(info: ModelInfo, dataset: Dataset, cache: Path) -> list[Path]:
+    """The files :func:`prepare_reference` leaves in ``cache``: what workers of one study share."""
+    fingerprint = dataset.fingerprint()
+    calibration = [calibration_cache(info, fingerprint, cache)] if needs_calibration(info) else []
+    return [*calibration, reference_cache(info, fingerprint, cache)]
+
+
+def needs_calibration(info: ModelInfo) -> bool:
+    return any(Precision.INT8 in u.allowed for u in info.searchable_units)
+
+
+def prepare_reference(
+    info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
+) -> Prepared:
+    """Calibrate (when a unit may take INT8) and compute the FP32 reference; read from ``cache`` when there."""
+    seconds = dict(seconds)
     fingerprint = dataset.fingerprint()
     t0 = time.monotonic()
-    ranges = None
-    if any(Precision.INT8 in u.allowed for u in info.searchable_units):
-        ranges = calibrate(info, dataset.calibration, fingerprint, cache)
+    ranges = calibrate(info, dataset.calibration, fingerprint, cache) if needs_calibration(info) else None
     seconds["calibrate"] = time.monotonic() - t0
     t0 = time.monotonic()
     reference = reference_outputs(info, dataset.evaluation, fingerprint, cache)
@@ -142,6 +160,20 @@ def prepare(
     ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
     console.note(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def prepare(
+    model_path: Path,
+    space: SearchSpace,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    cache: Path | None = None,
+) -> Prepared:
+    """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
+    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std), cache)
 
 
 def search(
@@ -171,6 +203,8 @@ def search(
     warm_start: bool = True,
     early_reject: bool = True,
     build_workers: int | None = None,
+    heartbeat: int = DEFAULT_HEARTBEAT,
+    artifacts: str | os.PathLike | None = None,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -182,6 +216,14 @@ def search(
 
     The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
     same arguments resumes it: finished trials are kept, an interrupted one is re-run.
+
+    Several processes or hosts (one per GPU: ``device``) given the same ``storage`` (PostgreSQL)
+    and ``study_name`` work on one study: ``budget`` is the study's total, a plan is measured
+    once, and the calibration ranges, FP32 reference and sensitivity are computed by the first
+    worker and shared through Optuna's artifact store in ``artifacts`` (a directory every worker
+    reaches; default: beside a SQLite storage, else in this host's autoprec cache). A worker's running
+    trial beats a heartbeat every ``heartbeat`` seconds; one silent for four beats is failed and
+    re-run once by another worker.
 
     Each candidate is built and measured in a worker process (``isolate``) limited to
     ``trial_timeout`` seconds and ``trial_memory_gb`` (default 75 % of RAM): a crash, hang or
@@ -214,11 +256,8 @@ def search(
     _check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
-    prepared = prepare(model_path, space, data, shapes, seed, image_mean, image_std, out_dir / "cache")
-    info, dataset, ranges, reference, fingerprint = (
-        prepared.info, prepared.dataset, prepared.ranges, prepared.reference, prepared.dataset.fingerprint()
-    )
-    one_time = dict(prepared.seconds)
+    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std)
+    fingerprint = dataset.fingerprint()
 
     engine_info = engine.info()
     storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
@@ -234,21 +273,32 @@ def search(
         "precisions": searched,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel=workers > 1))
-    requeued, given_up = recover_interrupted(study)
-    if requeued:
-        console.note(f"resuming: interrupted trial(s) {', '.join(map(str, requeued))} will be re-run")
-    for number in given_up:
-        console.warn(f"trial {number} was a re-run and was interrupted again; its plan is not retried")
-    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
-    if done:
-        console.note(f"resuming study {name!r}: {done} of {budget} trials already done")
+    locks = StudyLocks(storage_url, name)
+    with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
+        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel=workers > 1), heartbeat)
+    study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+    me = worker_id(device if backend != "ort-cpu" else None)
+    shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
+    cache = out_dir / "cache"
+    with shared.once(locks, "reference", shared_files(info, dataset, cache), me) as fetched:
+        if fetched:
+            console.note(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
+        prepared = prepare_reference(info, dataset, one_time, cache)
+    ranges, reference = prepared.ranges, prepared.reference
+    one_time = dict(prepared.seconds)
+    trials_now = study.get_trials(deepcopy=False)
+    done = sum(counted(t) for t in trials_now)
+    running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
+    if done or running:
+        console.note(f"joining study {name!r}: {done} of {budget} trials done"
+                     + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
+                        f"after {GRACE_BEATS * heartbeat} s without a heartbeat)" if running else ""))
     screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
     screened = screening_batches(len(dataset.evaluation))
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb, workers)
-            lock = DeviceLock(out_dir / "cache" / f"{backend}-device{device}.lock") if workers > 1 else None
+            lock = FileLock(device_lock_path(backend, device))
             measurers = [
                 stack.enter_context(IsolatedMeasurer(
                     backend, dataset.evaluation, reference, metric, limits,
@@ -284,12 +334,13 @@ def search(
                 return time_interleaved(engine, models, dataset.evaluation[0], rounds)
 
             console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
-        ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss)
+        ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss, locks, me)
         unit_sensitivity, from_cache = None, False
         if warm_start:
-            unit_sensitivity, from_cache = sensitivity_pass(
-                prepared, engine, loss_of, screened, metric_name, calibration, out_dir / "sensitivity.json", progress
-            )
+            with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
+                unit_sensitivity, from_cache = sensitivity_pass(
+                    prepared, engine, loss_of, screened, metric_name, calibration, out_dir / "sensitivity.json", progress
+                )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
         if screen is not None:
             console.note(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "

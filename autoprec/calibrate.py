@@ -164,6 +164,16 @@ def _cache_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
     return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
 
 
+def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
+    """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
+    return cache_dir / f"calibration-{_cache_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
+
+
+def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
+    """Where :func:`reference_outputs` keeps the FP32 outputs for this model and data."""
+    return cache_dir / f"reference-{_cache_key(info, fingerprint, 'reference')}.npz"
+
+
 def calibrate(
     info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
 ) -> ActivationRanges:
@@ -175,8 +185,7 @@ def calibrate(
     from onnxruntime.quantization.calibrate import HistogramCollector
 
     names = collected_tensors(info)
-    key = _cache_key(info, fingerprint, CACHE_VERSION + ",".join(names))
-    cache = cache_dir / f"calibration-{key}.npz" if cache_dir else None
+    cache = calibration_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
         return ActivationRanges.load(cache)
     session = _session_with_outputs(info.model, names)
@@ -210,7 +219,7 @@ def reference_outputs(
 ) -> list[dict[str, np.ndarray]]:
     """The prepared FP32 model's outputs on the evaluation batches (ORT CPU: exact FP32)."""
     names = [o.name for o in info.outputs]
-    cache = cache_dir / f"reference-{_cache_key(info, fingerprint, 'reference')}.npz" if cache_dir else None
+    cache = reference_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
         with np.load(cache, allow_pickle=False) as npz:
             order = json.loads(str(npz["outputs"]))

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from autoprec.accuracy import BUILTIN_METRICS
     from autoprec.backends import BACKENDS
     from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION
+    from autoprec.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
     from autoprec.search import SAMPLERS
 
     parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
@@ -79,8 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the sensitivity pass and its warm-start plans (the study starts from the uniform plans)")
     s.add_argument("--no-early-reject", action="store_true",
                    help="evaluate and time every candidate fully, even one far past --max-loss on the first batches")
-    s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db)")
+    s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db); workers given the same "
+                                     "postgresql://… URL and --study-name share one study and its --budget")
     s.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
+    s.add_argument("--artifacts", metavar="DIR",
+                   help="Optuna artifact store where the first worker leaves calibration, reference and sensitivity "
+                        "for the others (default: beside a SQLite storage, else ~/.cache/autoprec/artifacts; "
+                        "across hosts: a shared directory)")
+    s.add_argument("--heartbeat", type=_count, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
+                   help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats (dead worker) is re-run "
+                        f"once by another worker (default {DEFAULT_HEARTBEAT})")
     s.add_argument("--trial-timeout", type=_positive_float, default=600.0, metavar="SECONDS",
                    help="time limit to build and measure one candidate (default 600)")
     s.add_argument("--trial-memory", type=_positive_float, metavar="GB",
@@ -103,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(sens, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "sensitivity")
     sens.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     sens.add_argument("--json", action="store_true", help="print sensitivity.json on stdout")
+
+    st = verbs.add_parser("status", help="a (shared) study as its storage holds it: trials per worker, the current front")
+    st.add_argument("--storage", required=True, help="the study's Optuna storage URL")
+    st.add_argument("--study-name", required=True, help="the study's name")
+    st.add_argument("--json", action="store_true", help="as JSON, for scripts")
 
     show = verbs.add_parser("show", help="print a result's Pareto front and chosen plan")
     show.add_argument("result_dir", help="the --out folder of a search")
@@ -238,6 +252,8 @@ def _search(args: argparse.Namespace) -> int:
         warm_start=not args.no_warm_start,
         early_reject=not args.no_early_reject,
         build_workers=args.build_workers,
+        heartbeat=args.heartbeat,
+        artifacts=args.artifacts,
     )
     files = read_result_dir(result.out_dir)
     if args.json:
@@ -428,6 +444,29 @@ def _zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autoprec.coordination import StudyLocks, study_status
+    from autoprec.errors import StudyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with StudyLocks(args.storage, args.study_name).hold("identity"):  # not while a worker creates the schema
+            study = optuna.load_study(study_name=args.study_name, storage=args.storage)
+    except KeyError:
+        raise StudyError(f"no study {args.study_name!r} in {args.storage}") from None
+    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
+        raise StudyError(f"--storage {args.storage}: cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    status = study_status(study)
+    if args.json:
+        console.stdout.print_json(data=status)
+        return 0
+    for table in console.status_tables(status):
+        console.stdout.print(table)
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
 
     console.stdout.print(console.compare_table(read_result_dir(args.dir_a), read_result_dir(args.dir_b)))
@@ -437,7 +476,7 @@ def _compare(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo,
+    verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo, "status": _status,
              "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export,
              "inspect": _inspect}
     try:

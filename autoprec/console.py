@@ -154,6 +154,26 @@ def front_table(pareto: dict[str, Any]) -> Table:
     return table
 
 
+def status_tables(status: dict[str, Any]) -> list[Table]:
+    """A shared study: trials per worker, then its current front (trial latencies, not re-timed)."""
+    budget = status["budget"]
+    workers = Table(title=f"study {status['study']} — {status['backend']}: {status['counted']}"
+                          f"{f' of {budget}' if budget else ''} trials counted, {status['waiting']} queued",
+                    title_justify="left")
+    for column in ("worker", "done", "running", "failed", "rejected", "died (re-run)"):
+        workers.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
+    for who, tally in sorted(status["workers"].items()):
+        workers.add_row(who, *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
+    front = Table(title="current Pareto front (each trial's own timing)", title_justify="left")
+    for column in ("trial", "ms", "loss", "i8/f16/f32", "worker"):
+        front.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
+    for t in status["front"]:
+        counts = t["counts"]
+        front.add_row(str(t["trial"]), f"{t['latency_ms']:.3f}", _loss(t["loss"]),
+                      f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", t["worker"] or "—")
+    return [workers, front]
+
+
 def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> list[str]:
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
     if chosen is None:

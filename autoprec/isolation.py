@@ -16,6 +16,7 @@ import faulthandler
 import fcntl
 import multiprocessing
 import os
+import tempfile
 import queue
 import signal
 import time
@@ -77,15 +78,16 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
-class DeviceLock:
-    """One worker at a time on the device, across processes: ``flock`` on a file, which the OS
-    releases when its holder dies, so a worker killed mid-trial cannot leave the device locked."""
+class FileLock:
+    """One holder at a time (the device, a study's budget), across processes and threads: ``flock``
+    on a file, which the OS releases when its holder dies, so a worker killed mid-trial cannot
+    leave it locked."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._fd: int | None = None
 
-    def __enter__(self) -> DeviceLock:
+    def __enter__(self) -> FileLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self._fd = fd
@@ -95,6 +97,14 @@ class DeviceLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+
+def device_lock_path(backend: str, device: int) -> Path:
+    """One lock per engine and device on this host, shared by every autoprec process on it: workers
+    of one study (or of several) take turns on the device, so none times a candidate while another runs."""
+    folder = Path(tempfile.gettempdir()) / "autoprec-locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{backend}-device{device}.lock"
 
 
 def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, reference, metric_spec: str,
@@ -151,7 +161,7 @@ class IsolatedMeasurer:
         stderr_log: Path,
         device: int = 0,
         cache_dir: Path | None = None,
-        device_lock: DeviceLock | None = None,
+        device_lock: FileLock | None = None,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
         is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the

@@ -7,8 +7,8 @@ trials into plans, measures each distinct plan once, and keeps the study honest 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import math
+import os
 import statistics
 import threading
 import time
@@ -26,6 +26,15 @@ from autoprec.calibrate import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION,
     ActivationRanges,
+)
+from autoprec.coordination import (
+    DEFAULT_HEARTBEAT,
+    StudyLocks,
+    beating,
+    fail_dead_trials,
+    give_back,
+    storage_for,
+    worker_id,
 )
 from autoprec.errors import AutoprecError, StudyError
 from autoprec.isolation import TrialCrash
@@ -70,28 +79,8 @@ class StudyContext:
     measure: Callable[[onnx.ModelProto], Measurement]  # in a worker process (isolation) or in-process
     calibration: str
     max_loss: float | None
-    measured: dict[str, int] = field(default_factory=dict)  # plan key -> trial number
-    failed: dict[str, int] = field(default_factory=dict)  # plan key -> trial that failed it
-    rejected: dict[str, int] = field(default_factory=dict)  # plan key -> trial that rejected it early
-    _in_flight: dict[str, threading.Event] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @contextlib.contextmanager
-    def claim(self, key: str):
-        """Hold plan ``key`` while it is measured: a trial proposing the same plan meanwhile (another
-        worker thread) waits, then finds it measured, failed or rejected, and is not measured again."""
-        while True:
-            with self._lock:
-                running = self._in_flight.get(key)
-                if running is None:
-                    self._in_flight[key] = threading.Event()
-                    break
-            running.wait()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight.pop(key).set()
+    locks: StudyLocks = field(default_factory=lambda: StudyLocks(None, f"local-{os.getpid()}-{id(object())}"))
+    worker: str = field(default_factory=worker_id)
 
 
 # With --calibration auto the INT8 range method is one more categorical of the study.
@@ -151,23 +140,28 @@ def open_study(
     study_name: str,
     identity: dict[str, Any],
     sampler: optuna.samplers.BaseSampler,
+    heartbeat: int = DEFAULT_HEARTBEAT,
 ) -> optuna.Study:
-    """Create or resume the study; refuse one that was made for another model, data or engine."""
+    """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.coordination`);
+    refuse one that was made for another model, data or engine."""
     try:
         study = optuna.create_study(
-            storage=storage,
+            storage=storage_for(storage, heartbeat) if isinstance(storage, str) else storage,
             study_name=study_name,
             directions=["minimize", "minimize"],
             sampler=sampler,
             load_if_exists=True,
         )
+    except ImportError as exc:
+        raise StudyError(f"--storage {storage}: its database driver is not installed ({exc.__cause__ or exc}): "
+                         "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         raise StudyError(
             f"--storage {storage}: cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-            "give a valid Optuna storage URL, e.g. sqlite:///study.db, in a writable place"
+            "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db"
         ) from None
     existing = study.user_attrs
-    if not existing:
+    if not any(k in existing for k in IDENTITY_KEYS):
         for key, value in identity.items():
             study.set_user_attr(key, value)
         return study
@@ -179,26 +173,6 @@ def open_study(
             "use another --study-name or --out, or rerun with the original settings"
         )
     return study
-
-
-def recover_interrupted(study: optuna.Study) -> tuple[list[int], list[int]]:
-    """Trials left RUNNING by a killed process are failed and re-queued with the same plan.
-
-    A re-run that was itself interrupted is not queued again (the plan may be what kills the
-    process). The re-run is queued before the trial is failed, and only once, so a kill during
-    this recovery loses nothing. Returns the trial numbers re-queued and those given up.
-    """
-    requeued, given_up = [], []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        params = planned_params(trial)
-        retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
-        if "retry_of" in trial.user_attrs:
-            given_up.append(trial.number)
-        elif params and trial.number not in retried:
-            study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
-            requeued.append(trial.number)
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-    return requeued, given_up
 
 
 def planned_params(trial: FrozenTrial) -> dict:
@@ -220,16 +194,18 @@ def counted(trial: FrozenTrial) -> bool:
     )
 
 
-def seed_plans(study: optuna.Study, info: ModelInfo, warm: Sequence[dict[str, str]] = ()) -> None:
+def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = ()) -> None:
     """Enqueue all-FP32, all-FP16, all-INT8 (both ends of the front), then the ``warm`` plans.
 
-    Each is queued unless some trial already holds it, so a kill between two enqueues loses none.
+    Each is queued unless some trial already holds it (another worker may have queued it: the
+    check and the queueing hold the study's lock), so a kill between two enqueues loses none.
     """
-    held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
-    for params in [*(uniform_params(info, p) for p in (Precision.FP32, Precision.FP16, Precision.INT8)), *warm]:
-        if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
-            held.append(params)
-            study.enqueue_trial(params)
+    with ctx.locks.hold("queue"):
+        held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
+        for params in [*(uniform_params(ctx.info, p) for p in (Precision.FP32, Precision.FP16, Precision.INT8)), *warm]:
+            if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
+                held.append(params)
+                study.enqueue_trial(params)
 
 
 def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
@@ -245,33 +221,66 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
     )
 
 
-def run_trial(study: optuna.Study, ctx: StudyContext) -> TrialRecord | None:
-    """Ask for a plan, measure it (or reuse its earlier measurement), tell the result."""
+# How often a worker looks again when the rest of the budget is held by other workers' trials.
+WAIT_SECONDS = 1.0
+
+
+def start_trial(study: optuna.Study, ctx: StudyContext, budget: int) -> optuna.Trial | None:
+    """A new trial while the study's budget has room, counting every worker's trials; None once
+    ``budget`` trials count.
+
+    While the rest of the budget is held by running trials, waits: they finish, or their worker
+    died and they are failed and queued again (heartbeat), and this worker runs the re-run.
+    """
+    while True:
+        with ctx.locks.hold("queue"):
+            fail_dead_trials(study)
+            trials = study.get_trials(deepcopy=False)
+            done = sum(counted(t) for t in trials)
+            if done >= budget:
+                return None
+            if done + sum(t.state == TrialState.RUNNING for t in trials) < budget:
+                return study.ask(distributions(ctx.info, ctx.calibration))
+        time.sleep(WAIT_SECONDS)
+
+
+def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> TrialRecord | None:
+    """Measure the trial's plan (or reuse its earlier measurement), tell the result."""
     started = time.perf_counter()
-    trial = study.ask(distributions(ctx.info, ctx.calibration))
     plan = plan_from_params(ctx.info, trial.params, ctx.calibration)
     key = plan.key()
     trial.set_user_attr("plan", plan.to_json())
     trial.set_user_attr("plan_key", key)
-    with ctx.claim(key):
+    with ctx.locks.hold(f"plan:{key}"):  # a worker measuring this plan finishes first; then it is reused
         return _settle(study, ctx, trial, plan, key, started)
 
 
+def _earlier(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
+    """The trial (of any worker) that settled plan ``key`` first: measured it, failed it or rejected it."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
+        attrs = trial.user_attrs
+        if trial.number == number or attrs.get("plan_key") != key or "duplicate_of" in attrs:
+            continue
+        if trial.state == TrialState.COMPLETE or "error" in attrs or "rejected" in attrs:
+            return trial
+    return None
+
+
 def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str, started: float) -> TrialRecord | None:
-    if key in ctx.measured:
-        earlier = study.get_trials(deepcopy=False)[ctx.measured[key]]
+    earlier = _earlier(study, key, trial.number)
+    if earlier is not None and earlier.state == TrialState.COMPLETE:
         trial.set_user_attr("measurement", earlier.user_attrs["measurement"])
         for key_, value in earlier.constraints.items():
             trial.set_constraint(key_, value)
         trial.set_user_attr("duplicate_of", earlier.number)
         study.tell(trial, earlier.values)
         return record(study.get_trials(deepcopy=False)[trial.number])
-    if key in ctx.failed:
-        trial.set_user_attr("error", f"the same plan failed in trial {ctx.failed[key]}; not measured again")
+    if earlier is not None and earlier.state == TrialState.FAIL:
+        trial.set_user_attr("error", f"the same plan failed in trial {earlier.number}; not measured again")
+        trial.set_user_attr("duplicate_of", earlier.number)
         study.tell(trial, state=TrialState.FAIL)
         return None
-    if key in ctx.rejected:
-        earlier = study.get_trials(deepcopy=False)[ctx.rejected[key]]
+    if earlier is not None:
         _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
         return None
     try:
@@ -281,12 +290,10 @@ def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: P
         result = _measure_at_most_twice(ctx, model)
     except Rejected as rejected:
         _reject(study, trial, ctx, rejected.to_json())
-        ctx.rejected[key] = trial.number
         return None
     except (AutoprecError, RuntimeError, ValueError, KeyError) as exc:
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
-        ctx.failed[key] = trial.number
         return None
     result.seconds["lower"] = lower_s
     result.seconds["trial"] = time.perf_counter() - started  # all of it: sampling, lowering, IPC, engine work
@@ -294,7 +301,6 @@ def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: P
     if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
         trial.set_constraint("max_loss", result.loss - ctx.max_loss)
     study.tell(trial, [result.latency.median_ms, result.loss])
-    ctx.measured[key] = trial.number
     return record(study.get_trials(deepcopy=False)[trial.number])
 
 
@@ -324,43 +330,32 @@ def run_study(
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
     workers: int = 1,
 ) -> None:
-    """Run trials until ``budget`` of them count; already finished ones (a resumed study) count too.
-    ``workers`` trials run at once (each thread's ``ctx.measure`` takes its own worker process)."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        key = trial.user_attrs.get("plan_key")
-        if key and trial.state == TrialState.COMPLETE and "duplicate_of" not in trial.user_attrs:
-            ctx.measured.setdefault(key, trial.number)
-        elif key and "error" in trial.user_attrs:
-            ctx.failed.setdefault(key, trial.number)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
-        if (key := trial.user_attrs.get("plan_key")) and "rejected" in trial.user_attrs:
-            ctx.rejected.setdefault(key, trial.number)
-    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
-    if workers <= 1:
-        while done < budget:
-            result = run_trial(study, ctx)
-            done += 1
-            if on_trial is not None:
-                on_trial(done, result)
-        return
-    started, finished, lock, stop = [done], [done], threading.Lock(), threading.Event()
+    """Run trials until ``budget`` of them count, this process's and every other worker's of the
+    study alike (already finished ones, of a resumed study, too). ``workers`` trials run at once
+    here (each thread's ``ctx.measure`` takes its own worker process).
+
+    A trial stopped by Ctrl-C or an error is failed and queued again at once, as one whose
+    worker died is by its heartbeat."""
+    stop = threading.Event()
 
     def work() -> None:
         while not stop.is_set():
-            with lock:
-                if started[0] >= budget:
-                    return
-                started[0] += 1
-            try:
-                result = run_trial(study, ctx)
-            except BaseException:
-                stop.set()  # the other threads finish the trial they are in, then stop
-                raise
-            with lock:
-                finished[0] += 1
-                if on_trial is not None:
-                    on_trial(finished[0], result)
+            trial = start_trial(study, ctx, budget)
+            if trial is None:
+                return
+            with beating(study, trial, ctx.worker):
+                try:
+                    result = run_trial(study, ctx, trial)
+                except BaseException:
+                    stop.set()  # the other threads finish the trial they are in, then stop
+                    give_back(study, trial)
+                    raise
+            if on_trial is not None:
+                on_trial(sum(counted(t) for t in study.get_trials(deepcopy=False)), result)
 
+    if workers <= 1:
+        work()
+        return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
         try:
             for future in [pool.submit(work) for _ in range(workers)]:
@@ -388,7 +383,7 @@ def run_warm_started(
     Returns the warm-start plans and the precisions they left out whose all-units plan was not
     faster than all-FP32.
     """
-    seed_plans(study, ctx.info)
+    seed_plans(study, ctx)
     run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial, workers)
     warm: list[dict[str, str]] = []
     slow: list[str] = []
@@ -396,7 +391,7 @@ def run_warm_started(
         measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
-        seed_plans(study, ctx.info, warm)
+        seed_plans(study, ctx, warm)
     run_study(study, ctx, budget, on_trial, workers)
     return warm, slow
 

@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 import autoprec
+from autoprec.coordination import retried_trial
 
 MISBEHAVING = '''
 import os, signal, time
@@ -113,7 +114,7 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     np.savez(data, x=builders.image_like(8))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
-           "--budget", "6", "--no-progress"]
+           "--budget", "6", "--no-progress", "--heartbeat", "1"]
     kills = 0
     # Kill during start-up, calibration, trials and result writing, a little later each time.
     for delay in (0.4, 1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 6.0, 7.0):
@@ -133,10 +134,10 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     study = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(complete) == 6
-    retried = [t.user_attrs.get("retry_of") for t in study.trials]
+    retried = [retried_trial(t) for t in study.trials]
     for failed in (t for t in study.trials if t.state.name == "FAIL"):  # interrupted, then re-run once
         assert "error" not in failed.user_attrs
-        if "retry_of" in failed.user_attrs:
+        if retried_trial(failed) is not None:
             continue  # a re-run interrupted again is given up, by design
         if failed.params or failed.system_attrs.get("fixed_params"):
             assert retried.count(failed.number) == 1, failed.number

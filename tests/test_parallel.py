@@ -10,9 +10,9 @@ import pytest
 
 import autoprec
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
-from autoprec.isolation import DeviceLock
+from autoprec.coordination import StudyLocks
+from autoprec.isolation import FileLock
 from autoprec.measure import measure
-from autoprec.search import StudyContext
 
 
 class SlowRunner(Runner):
@@ -73,7 +73,7 @@ def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
 
 
 def _hold(path, ready):
-    with DeviceLock(path):
+    with FileLock(path):
         ready.set()
         time.sleep(60)
 
@@ -87,33 +87,33 @@ def test_a_worker_killed_while_holding_the_device_does_not_leave_it_locked(tmp_p
     holder.kill()
     holder.join()
     acquired = threading.Event()
-    waiter = threading.Thread(target=lambda: (DeviceLock(tmp_path / "gpu.lock").__enter__(), acquired.set()), daemon=True)
+    waiter = threading.Thread(target=lambda: (FileLock(tmp_path / "gpu.lock").__enter__(), acquired.set()), daemon=True)
     waiter.start()
     assert acquired.wait(5), "the lock of a killed worker was not released"
 
 
-def test_a_plan_in_flight_is_not_measured_again_by_another_thread():
-    ctx = StudyContext(None, None, None, None, "percentile-99.99", None)
+def test_a_plan_held_by_one_worker_waits_in_another(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
     order = []
 
     def first():
-        with ctx.claim("plan-a"):
+        with StudyLocks(url, "s").hold("plan:a"):  # each worker has its own locks on the same study
             order.append("first in")
-            time.sleep(0.2)
-            ctx.measured["plan-a"] = 0
+            time.sleep(0.3)
             order.append("first out")
 
-    def second():
-        time.sleep(0.05)
-        with ctx.claim("plan-a"):
-            order.append(f"second in, measured already: {'plan-a' in ctx.measured}")
+    def second(name):
+        time.sleep(0.1)
+        with StudyLocks(url, "s").hold(name):
+            order.append(f"second in {name}")
 
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads = [threading.Thread(target=first), threading.Thread(target=second, args=("plan:a",)),
+               threading.Thread(target=second, args=("plan:b",))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert order == ["first in", "first out", "second in, measured already: True"]
+    assert order == ["first in", "second in plan:b", "first out", "second in plan:a"]
 
 
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, capsys):

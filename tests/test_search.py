@@ -1,5 +1,6 @@
 import json
 import math
+import time
 
 import numpy as np
 import onnx
@@ -10,6 +11,7 @@ import pytest
 import autoprec
 from autoprec import atomic
 from autoprec.accuracy import compare, loss_from_metrics
+from autoprec.coordination import retried_trial
 from autoprec.data import build_dataset
 from autoprec.model import analyse
 from autoprec.search_space import load_search_space
@@ -125,40 +127,48 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
 def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     out = tmp_path / "out"
     # No warm start: its plans would stay queued ahead of the re-run at this small budget.
-    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False)
+    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, heartbeat=1)
     storage = f"sqlite:///{out / 'study.db'}"
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
-    # A trial left RUNNING, as a killed process leaves it.
+    # A trial left RUNNING with no heartbeat, as a process killed right after creating it leaves it.
     from autoprec.search import distributions
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
-    autoprec.search(mlp_model, budget=5, out=out, progress=False, warm_start=False)
+    autoprec.search(mlp_model, budget=5, out=out, progress=False, warm_start=False, heartbeat=1)
     trials = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage).trials
     states = {t.number: t.state for t in trials}
     assert states[dangling.number] == optuna.trial.TrialState.FAIL
-    retry = [t for t in trials if t.user_attrs.get("retry_of") == dangling.number]
+    retry = [t for t in trials if retried_trial(t) == dangling.number]
     assert len(retry) == 1 and retry[0].params == dangling.params and retry[0].state.name == "COMPLETE"
     assert sum(t.state.name == "COMPLETE" for t in trials) == 5
     assert all(trials[n].values == v for n, v in finished.items())
 
 
-def test_recovery_keeps_queued_plans_and_survives_its_own_interruption():
-    from autoprec.search import recover_interrupted
+def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
+    from autoprec.coordination import fail_dead_trials, storage_for
 
-    study = optuna.create_study(directions=["minimize", "minimize"])
+    study = optuna.create_study(storage=storage_for(f"sqlite:///{tmp_path / 's.db'}", heartbeat=1),
+                                directions=["minimize", "minimize"])
     plan = {"conv1": "int8", "conv2": "fp16"}
     study.enqueue_trial(plan)
-    queued = study.ask()  # killed before it suggested anything: the plan lives only in the queue
-    suggested = study.ask({k: optuna.distributions.CategoricalDistribution(["fp32", "fp16", "int8"]) for k in plan})
-    study.enqueue_trial(suggested.params, user_attrs={"retry_of": suggested.number})  # killed mid-recovery
-    requeued, given_up = recover_interrupted(study)
-    assert requeued == [queued.number] and given_up == []
-    retries = [t for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,)) if "retry_of" in t.user_attrs]
-    assert sorted(t.user_attrs["retry_of"] for t in retries) == sorted([queued.number, suggested.number])
-    assert all(t.system_attrs["fixed_params"] in (plan, suggested.params) for t in retries)
-    assert recover_interrupted(study) == ([], [])
+    queued = study.ask()  # its worker died before suggesting anything: the plan lives only in the queue
+    study._storage.record_heartbeat(queued._trial_id)
+    fail_dead_trials(study)
+    assert study.trials[queued.number].state.name == "RUNNING"  # beating a moment ago: alive
+    time.sleep(5)  # four silent beats
+    fail_dead_trials(study)
+    fail_dead_trials(study)  # a second look (another worker) queues nothing more
+    retries = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert study.trials[queued.number].state.name == "FAIL"
+    assert len(retries) == 1 and retries[0].system_attrs["fixed_params"] == plan and retried_trial(retries[0]) == queued.number
+    rerun = study.ask()  # the re-run dies too: given up, not queued a third time
+    assert rerun.number == retries[0].number
+    time.sleep(5)
+    fail_dead_trials(study)
+    assert study.trials[rerun.number].state.name == "FAIL"
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
 
 
 def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):

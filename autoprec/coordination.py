@@ -1,0 +1,274 @@
+"""Many workers, one study: what lets processes on several hosts share an Optuna study safely.
+
+Optuna is the distributed engine: workers share the study through its RDB storage, running trials
+beat a heartbeat, and a trial whose worker died is failed and queued again by Optuna's
+:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback`. What Optuna leaves to its user, and
+this module adds, are three short critical sections, each under a lock every worker honours:
+
+- starting a trial, so the budget is the study's total, not each worker's;
+- measuring a plan, so a plan one worker is measuring is not started by another (it waits, then
+  reuses the measurement);
+- computing the calibration ranges and FP32 reference, once per study; the others download them
+  from Optuna's artifact store, checked against their own content hashes.
+
+The locks are PostgreSQL advisory locks for a ``postgresql://`` storage (held by a connection, so
+a dead worker's are released with it), otherwise ``flock`` files beside the storage (workers on
+one host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import warnings
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Iterator
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from autoprec.errors import StudyError
+from autoprec.isolation import FileLock
+
+# Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
+# it from ask/tell on purpose (see run_study), so those two notices are not shown to users.
+warnings.filterwarnings("ignore", message=r".*(heartbeat|Heartbeat|stale|RetryHeartbeatStaleTrialCallback).*")
+
+# A running trial's worker records a heartbeat this often (seconds); one silent for
+# GRACE_BEATS beats is taken as dead, failed and queued again (once).
+DEFAULT_HEARTBEAT = 10
+GRACE_BEATS = 4
+WORKER_ATTR = "worker"  # host:pid[:device] of the process that runs a trial
+
+
+def worker_id(device: int | None = None) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{device}" if device is not None else "")
+
+
+def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage with heartbeats on: a trial left running by a dead worker is failed
+    after ``GRACE_BEATS`` silent beats and queued again once."""
+    engine_kwargs = {"pool_pre_ping": True} if url.startswith(("postgresql", "mysql")) else {}
+    return optuna.storages.RDBStorage(
+        url,
+        engine_kwargs=engine_kwargs,
+        heartbeat_interval=heartbeat,
+        grace_period=GRACE_BEATS * heartbeat,
+        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+    )
+
+
+class StudyLocks:
+    """Named locks shared by every worker of one study."""
+
+    def __init__(self, storage_url: str | None, study_name: str):
+        self.study_name = study_name
+        self._engine = None
+        self._folder: Path | None = None
+        storage_url = storage_url or ""
+        if storage_url.startswith("postgresql"):
+            import sqlalchemy
+            from sqlalchemy.pool import NullPool
+
+            self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool)
+        elif storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
+            self._folder = Path(storage_url[len("sqlite:///"):]).parent / ".autoprec-locks"
+        else:
+            import tempfile
+
+            self._folder = Path(tempfile.gettempdir()) / "autoprec-locks"
+
+    def _key(self, name: str) -> int:
+        digest = hashlib.sha256(f"{self.study_name}\0{name}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        if self._engine is not None:
+            import sqlalchemy
+
+            key = self._key(name)
+            with self._engine.connect() as connection:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                try:
+                    yield
+                finally:
+                    connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            return
+        self._folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(self._folder / f"{self._key(name) & 0xFFFFFFFFFFFF:012x}.lock"):
+            yield
+
+
+def heartbeat_interval(study: optuna.Study) -> int | None:
+    from optuna.storages._heartbeat import BaseHeartbeat  # Optuna's own check (is_heartbeat_enabled) reads the same
+
+    storage = study._storage
+    return storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+
+
+def fail_dead_trials(study: optuna.Study) -> None:
+    """Fail (and queue again, once) the running trials whose worker died.
+
+    Optuna's :func:`~optuna.storages.fail_stale_trials` finds those whose heartbeat stopped; a
+    worker killed between creating a trial and its first beat leaves a trial with no heartbeat and
+    no beating worker, failed here once it is older than the grace period. Call it holding the
+    study's "queue" lock, so two workers do not both queue the same re-run."""
+    interval = heartbeat_interval(study)
+    if interval is None:
+        return
+    optuna.storages.fail_stale_trials(study)
+    horizon = datetime.now() - timedelta(seconds=GRACE_BEATS * interval)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = trial.user_attrs.get(WORKER_ATTR, {}).get("trial") == trial.number  # a re-run copies its original's
+        if not beat and trial.datetime_start and trial.datetime_start < horizon:
+            # queued again before it is failed: a kill in between leaves a re-run, not a lost plan
+            RetryHeartbeatStaleTrialCallback(max_retry=1)(study, trial)
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def retried_trial(trial: FrozenTrial) -> int | None:
+    """The trial a re-run repeats (the one whose worker died), or None."""
+    return RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
+
+
+@contextlib.contextmanager
+def beating(study: optuna.Study, trial: optuna.Trial, worker: str) -> Iterator[None]:
+    """Heartbeats for a running trial (Optuna's own thread); its worker recorded once the first beat is in."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    with get_heartbeat_thread(trial._trial_id, study._storage):
+        trial.set_user_attr(WORKER_ATTR, {"id": worker, "trial": trial.number})
+        yield
+
+
+def give_back(study: optuna.Study, trial: optuna.Trial) -> None:
+    """A trial this worker stops (Ctrl-C): queued again and failed at once, as if it had died."""
+    RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.get_trials(deepcopy=False)[trial.number])
+    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def default_artifacts(storage_url: str) -> Path:
+    """Beside a SQLite storage, else in this host's autoprec cache: where every worker on this
+    host finds them (workers on other hosts need a shared --artifacts directory)."""
+    if storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
+        return Path(storage_url[len("sqlite:///"):]).parent / "artifacts"
+    from autoprec.zoo import cache_root
+
+    return cache_root() / "artifacts"
+
+
+class SharedInputs:
+    """Calibration ranges and FP32 reference, computed by the first worker and shared through
+    Optuna's artifact store; each worker checks them against its own content hashes."""
+
+    ATTR = "autoprec:shared_inputs"
+
+    def __init__(self, study: optuna.Study, store_dir: Path):
+        self.study = study
+        self.store_dir = Path(store_dir)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.store = optuna.artifacts.FileSystemArtifactStore(str(self.store_dir))
+
+    @contextlib.contextmanager
+    def once(self, locks: StudyLocks, name: str, files: list[Path], worker: str) -> Iterator[bool]:
+        """Hold ``name`` while this worker fetches ``files`` or, when the study has none yet, computes
+        them (the body, told False) and publishes them."""
+        with locks.hold(f"inputs:{name}"):
+            fetched = self.fetch(name, files)
+            yield fetched
+            if not fetched:
+                self.publish(name, files, worker)
+
+    def fetch(self, name: str, files: list[Path]) -> bool:
+        """Download the study's shared files into ``files`` (same names). False when the study has none yet."""
+        shared = self.study.user_attrs.get(f"{self.ATTR}:{name}")
+        if not shared:
+            return False
+        by_name = {entry["name"]: entry for entry in shared}
+        missing = [f.name for f in files if f.name not in by_name]
+        if missing:
+            raise StudyError(
+                f"study {self.study.study_name!r} shares inputs computed from other data or another model "
+                f"({', '.join(sorted(by_name))}; this worker needs {', '.join(missing)}): start it with the "
+                "study's model, data and settings, or use another --study-name"
+            )
+        for path in files:
+            entry = by_name[path.name]
+            if path.exists() and _sha256(path) == entry["sha256"]:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                optuna.artifacts.download_artifact(artifact_store=self.store, artifact_id=entry["artifact_id"],
+                                                   file_path=str(path.with_suffix(".download")))
+            except FileNotFoundError:
+                raise StudyError(
+                    f"study {self.study.study_name!r}: its shared {path.name} (artifact {entry['artifact_id']}, "
+                    f"uploaded by {entry['worker']} to {entry['store']}) is not in {self.store_dir}: give every "
+                    "worker the same --artifacts directory (a shared file system across hosts)"
+                ) from None
+            downloaded = path.with_suffix(".download")
+            if _sha256(downloaded) != entry["sha256"]:
+                downloaded.unlink()
+                raise StudyError(f"shared {path.name} does not match its recorded sha256: the artifact store was altered")
+            os.replace(downloaded, path)
+        return True
+
+    def publish(self, name: str, files: list[Path], worker: str) -> None:
+        entries = []
+        for path in files:
+            artifact_id = optuna.artifacts.upload_artifact(artifact_store=self.store, file_path=str(path),
+                                                           study_or_trial=self.study)
+            entries.append({"name": path.name, "sha256": _sha256(path), "artifact_id": artifact_id,
+                            "worker": worker, "store": str(self.store_dir)})
+        self.study.set_user_attr(f"{self.ATTR}:{name}", entries)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def study_status(study: optuna.Study) -> dict:
+    """Where a shared study stands: trials per worker and state, what is queued, the current front
+    (as the storage holds it: trial latencies, not the final re-timing)."""
+    from autoprec.search import counted, pareto_front
+
+    trials = study.get_trials(deepcopy=False)
+    workers: dict[str, dict[str, int]] = {}
+    for trial in trials:
+        if trial.state == TrialState.WAITING:
+            continue
+        who = trial.user_attrs.get(WORKER_ATTR, {}).get("id", "—")
+        tally = workers.setdefault(who, {"done": 0, "running": 0, "failed": 0, "rejected": 0, "died": 0})
+        if trial.state == TrialState.RUNNING:
+            tally["running"] += 1
+        elif trial.state == TrialState.PRUNED:
+            tally["rejected"] += 1
+        elif trial.state == TrialState.FAIL:
+            tally["failed" if counted(trial) else "died"] += 1
+        else:
+            tally["done"] += 1
+    attrs = study.user_attrs
+    return {
+        "study": study.study_name,
+        "model_sha256": attrs.get("model_sha256"),
+        "backend": attrs.get("backend"),
+        "budget": attrs.get("budget"),
+        "counted": sum(counted(t) for t in trials),
+        "waiting": sum(t.state == TrialState.WAITING for t in trials),
+        "retried": sorted(n for t in trials if (n := retried_trial(t)) is not None),
+        "workers": workers,
+        "front": [
+            {"trial": r.number, "latency_ms": r.latency_ms, "loss": r.loss, "counts": r.plan.counts(),
+             "worker": study.trials[r.number].user_attrs.get(WORKER_ATTR, {}).get("id")}
+            for r in pareto_front(study)
+        ],
+    }

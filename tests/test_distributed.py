@@ -1,0 +1,137 @@
+"""Many workers, one study, on a real PostgreSQL server (Debian's package, started on loopback).
+
+Skipped where no PostgreSQL server binaries are installed, unless AUTOPREC_REQUIRE_POSTGRES is set
+(CI sets it: there a missing server is a failure, not a skip).
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import builders
+import numpy as np
+import optuna
+import pytest
+
+from autoprec.coordination import WORKER_ATTR, StudyLocks, retried_trial
+from autoprec.search import counted, pareto_front
+
+
+def _server_binaries() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    return Path(versions[-1]).parent if versions else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    binaries = _server_binaries()
+    if binaries is None:
+        if os.environ.get("AUTOPREC_REQUIRE_POSTGRES"):
+            pytest.fail("AUTOPREC_REQUIRE_POSTGRES is set but no PostgreSQL server is installed (apt-get install postgresql)")
+        pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
+    pytest.importorskip("psycopg")
+    folder = Path(tempfile.mkdtemp(prefix="autoprec-pg-"))
+    os.chmod(folder, 0o755)
+    run_as = []
+    if os.geteuid() == 0:  # the server refuses to run as root: Debian's package made a postgres user
+        shutil.chown(folder, "postgres")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = folder / "data"
+    subprocess.run([*run_as, str(binaries / "initdb"), "-D", str(data), "-U", "autoprec", "--auth=trust"],
+                   check=True, capture_output=True)
+    subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w",
+                    "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True, capture_output=True)
+    try:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=port, user="autoprec", dbname="postgres", autocommit=True) as c:
+            c.execute("CREATE DATABASE autoprec")
+        yield f"postgresql://autoprec@127.0.0.1:{port}/autoprec"
+    finally:
+        subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _worker(url, model, data, out, budget=15):
+    cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
+           "--storage", url, "--study-name", "shared", "--budget", str(budget), "--heartbeat", "1", "--no-progress"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path, postgres_url):
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, x=builders.image_like(8))
+    workers = [_worker(postgres_url, model, data, tmp_path / f"out{i}") for i in range(3)]
+    victim = f"{socket.gethostname()}:{workers[0].pid}"
+    killed_trial = None
+    deadline = time.monotonic() + 240
+    while killed_trial is None and time.monotonic() < deadline and workers[0].poll() is None:
+        try:
+            with StudyLocks(postgres_url, "shared").hold("identity"):  # as workers open it: not mid-schema-creation
+                study = optuna.load_study(study_name="shared", storage=postgres_url)
+            running = [t for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+                       if t.user_attrs.get(WORKER_ATTR, {}).get("id") == victim]
+        except KeyError:  # the study is not created yet
+            running = []
+        if running:
+            os.killpg(workers[0].pid, signal.SIGSTOP)  # frozen: it cannot finish the trial while we look
+            if study.get_trials()[running[0].number].state == optuna.trial.TrialState.RUNNING:
+                os.killpg(workers[0].pid, signal.SIGKILL)  # mid-trial: it and its measuring child die at once
+                killed_trial = running[0].number
+            else:
+                os.killpg(workers[0].pid, signal.SIGCONT)
+        time.sleep(0.02)
+    assert killed_trial is not None, "the first worker never ran a trial while it was watched"
+    logs = [w.communicate(timeout=300) for w in workers[1:]]
+    assert all(w.returncode == 0 for w in workers[1:]), [err[-2000:] for _, err in logs]
+
+    study = optuna.load_study(study_name="shared", storage=postgres_url)
+    trials = study.get_trials()
+    assert sum(counted(t) for t in trials) == 15  # the budget is the study's, not each worker's
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    measured = [t.user_attrs["plan_key"] for t in trials
+                if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    assert len(measured) == len(set(measured))  # no plan measured twice, across all workers
+    assert trials[killed_trial].state == optuna.trial.TrialState.FAIL
+    rerun = [t for t in trials if retried_trial(t) == killed_trial]
+    assert len(rerun) == 1 and rerun[0].params == trials[killed_trial].params and counted(rerun[0])
+    assert {t.user_attrs[WORKER_ATTR]["id"] for t in trials if WORKER_ATTR in t.user_attrs} >= {victim}
+
+    stored_front = {r.number for r in pareto_front(study)}
+    for i in (1, 2):  # what each surviving worker wrote is what the storage holds
+        written = json.loads((tmp_path / f"out{i}" / "pareto.json").read_text())
+        assert {t["trial"] for t in written["front"]} == stored_front
+        assert written["search"]["trials"] == sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    shared = study.user_attrs["autoprec:shared_inputs:reference"]
+    computed_by = {entry["worker"] for entry in shared}
+    assert len(computed_by) == 1  # calibration and reference computed once ...
+    fetched = ["from its artifact store" in " ".join(err.split()) for _, err in logs]
+    assert sum(fetched) >= 1  # ... and the others downloaded them
+
+    status = subprocess.run([sys.executable, "-m", "autoprec.cli", "status", "--storage", postgres_url,
+                             "--study-name", "shared", "--json"], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    reported = json.loads(status.stdout)
+    assert reported["counted"] == 15 and reported["workers"][victim]["died"] == 1
+    assert {t["trial"] for t in reported["front"]} == stored_front
+
+    other = tmp_path / "other.npz"  # a worker with other data refuses to join
+    np.savez(other, x=builders.image_like(8) + 1.0)
+    stranger = _worker(postgres_url, model, other, tmp_path / "out3")
+    _, err = stranger.communicate(timeout=120)
+    assert stranger.returncode == 2 and "made for a different search" in " ".join(err.split())
