@@ -53,16 +53,13 @@ from autoprec.search import (
     finished_records,
     make_sampler,
     open_study,
-    pareto_front,
+    RETIME_ROUNDS,
     rejected_trials,
-    retime,
+    retimed_front,
     run_warm_started,
-    uniform_trials,
 )
 from autoprec.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
 
-# Final re-timing of the front: enough rounds for a max/min comparison to mean something.
-RETIME_ROUNDS = 3
 from autoprec.search_space import SearchSpace, load_search_space, parse_precisions
 
 
@@ -355,15 +352,11 @@ def search(
                          + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
         trials = finished_records(study)
-        front = pareto_front(study)
-        fp32 = [t for p, t in uniform_trials(trials).items() if p == "fp32"]
-        to_retime = list({r.number: r for r in [*front, *fp32]}.values())
-        console.note(f"re-timing the front and the all-FP32 plan: {len(to_retime)} plans, each built once, × {RETIME_ROUNDS} interleaved rounds")
-        retimed = {r.number: r for r in retime(
-            to_retime, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), RETIME_ROUNDS
-        )}
+        console.note(f"re-timing the front and the all-FP32 plan: each built once, × {RETIME_ROUNDS} interleaved rounds")
+        front, retimed = retimed_front(
+            study, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS)
+        )
     trials = [retimed.get(t.number, t) for t in trials]
-    front = sorted((retimed.get(t.number, t) for t in front), key=lambda t: t.latency_ms)
     chosen = choose(front, max_loss)
     search_facts = {
         "budget": budget,

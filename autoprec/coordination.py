@@ -8,8 +8,8 @@ this module adds, are three short critical sections, each under a lock every wor
 - starting a trial, so the budget is the study's total, not each worker's;
 - measuring a plan, so a plan one worker is measuring is not started by another (it waits, then
   reuses the measurement);
-- computing the calibration ranges and FP32 reference, once per study; the others download them
-  from Optuna's artifact store, checked against their own content hashes.
+- computing the calibration ranges, FP32 reference and sensitivity, once per study; the others
+  download them from Optuna's artifact store, checked against the content hashes in the study.
 
 The locks are PostgreSQL advisory locks for a ``postgresql://`` storage (held by a connection, so
 a dead worker's are released with it), otherwise ``flock`` files beside the storage (workers on
@@ -36,13 +36,17 @@ from autoprec.isolation import FileLock
 
 # Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
 # it from ask/tell on purpose (see run_study), so those two notices are not shown to users.
-warnings.filterwarnings("ignore", message=r".*(heartbeat|Heartbeat|stale|RetryHeartbeatStaleTrialCallback).*")
+warnings.filterwarnings(
+    "ignore", message=r".*(heartbeat_interval|fail_stale_trials|RetryHeartbeatStaleTrialCallback|Heartbeat of storage).*"
+)
 
 # A running trial's worker records a heartbeat this often (seconds); one silent for
 # GRACE_BEATS beats is taken as dead, failed and queued again (once).
 DEFAULT_HEARTBEAT = 10
 GRACE_BEATS = 4
-WORKER_ATTR = "worker"  # host:pid[:device] of the process that runs a trial
+# user attr of a trial: {"id": host:pid[:gpuN] of the worker running it, "trial": its number}
+# (a re-run inherits its original's user attrs; the number tells whose they are)
+WORKER_ATTR = "worker"
 
 
 def worker_id(device: int | None = None) -> str:
@@ -147,9 +151,12 @@ def beating(study: optuna.Study, trial: optuna.Trial, worker: str) -> Iterator[N
 
 
 def give_back(study: optuna.Study, trial: optuna.Trial) -> None:
-    """A trial this worker stops (Ctrl-C): queued again and failed at once, as if it had died."""
-    RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.get_trials(deepcopy=False)[trial.number])
-    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    """A trial this worker stops unfinished (Ctrl-C, an error): queued again and failed at once, as
+    if it had died."""
+    frozen = study.get_trials(deepcopy=False)[trial.number]
+    if frozen.state == TrialState.RUNNING:
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, frozen)
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def default_artifacts(storage_url: str) -> Path:
@@ -163,8 +170,9 @@ def default_artifacts(storage_url: str) -> Path:
 
 
 class SharedInputs:
-    """Calibration ranges and FP32 reference, computed by the first worker and shared through
-    Optuna's artifact store; each worker checks them against its own content hashes."""
+    """Files every worker of a study must use alike (calibration ranges, FP32 reference, sensitivity):
+    computed by the first worker, shared through Optuna's artifact store, each download checked
+    against the sha256 recorded in the study."""
 
     ATTR = "autoprec:shared_inputs"
 

@@ -445,6 +445,23 @@ def retime(
     ]
 
 
+# Final re-timing of the front: enough rounds for a max/min comparison to mean something.
+RETIME_ROUNDS = 3
+
+
+def retimed_front(
+    study: optuna.Study, time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = RETIME_ROUNDS
+) -> tuple[list[TrialRecord], dict[int, TrialRecord]]:
+    """The Pareto front, fastest first, after it and the all-FP32 plan (beside it, so that the
+    comparison with FP32 uses the same rounds) were timed again in ``rounds`` interleaved rounds;
+    and every re-timed trial by number."""
+    front = pareto_front(study)
+    fp32 = uniform_trials(finished_records(study)).get("fp32")
+    again = {r.number: r for r in retime(list({r.number: r for r in [*front, *([fp32] if fp32 else [])]}.values()),
+                                         time_plans, rounds)}
+    return sorted((again[r.number] for r in front), key=lambda r: r.latency_ms), again
+
+
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
     """Fastest plan within --max-loss; without a limit, the knee of the front.
 

@@ -4,19 +4,16 @@ Skipped where no PostgreSQL server binaries are installed, unless AUTOPREC_REQUI
 (CI sets it: there a missing server is a failure, not a skip).
 """
 
-import glob
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import builders
+import postgres
 import numpy as np
 import optuna
 import pytest
@@ -25,45 +22,16 @@ from autoprec.coordination import WORKER_ATTR, StudyLocks, retried_trial
 from autoprec.search import counted, pareto_front
 
 
-def _server_binaries() -> Path | None:
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(found).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    return Path(versions[-1]).parent if versions else None
-
-
 @pytest.fixture(scope="module")
 def postgres_url():
-    binaries = _server_binaries()
+    binaries = postgres.server_binaries()
     if binaries is None:
         if os.environ.get("AUTOPREC_REQUIRE_POSTGRES"):
             pytest.fail("AUTOPREC_REQUIRE_POSTGRES is set but no PostgreSQL server is installed (apt-get install postgresql)")
         pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
     pytest.importorskip("psycopg")
-    folder = Path(tempfile.mkdtemp(prefix="autoprec-pg-"))
-    os.chmod(folder, 0o755)
-    run_as = []
-    if os.geteuid() == 0:  # the server refuses to run as root: Debian's package made a postgres user
-        shutil.chown(folder, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = folder / "data"
-    subprocess.run([*run_as, str(binaries / "initdb"), "-D", str(data), "-U", "autoprec", "--auth=trust"],
-                   check=True, capture_output=True)
-    subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w",
-                    "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True, capture_output=True)
-    try:
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=port, user="autoprec", dbname="postgres", autocommit=True) as c:
-            c.execute("CREATE DATABASE autoprec")
-        yield f"postgresql://autoprec@127.0.0.1:{port}/autoprec"
-    finally:
-        subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(folder, ignore_errors=True)
+    with postgres.local_server(binaries) as url:
+        yield url
 
 
 def _worker(url, model, data, out, budget=15):
@@ -96,7 +64,10 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
             else:
                 os.killpg(workers[0].pid, signal.SIGCONT)
         time.sleep(0.02)
-    assert killed_trial is not None, "the first worker never ran a trial while it was watched"
+    if killed_trial is None:
+        ended = workers[0].poll() is not None
+        pytest.fail("the first worker never ran a trial while it was watched"
+                    + (f"; it exited {workers[0].returncode}: {workers[0].communicate()[1][-3000:]}" if ended else ""))
     logs = [w.communicate(timeout=300) for w in workers[1:]]
     assert all(w.returncode == 0 for w in workers[1:]), [err[-2000:] for _, err in logs]
 
