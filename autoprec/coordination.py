@@ -142,9 +142,12 @@ def retried_trial(trial: FrozenTrial) -> int | None:
 
 @contextlib.contextmanager
 def beating(study: optuna.Study, trial: optuna.Trial, worker: str) -> Iterator[None]:
-    """Heartbeats for a running trial (Optuna's own thread); its worker recorded once the first beat is in."""
+    """Heartbeats for a running trial (Optuna's own thread); its worker recorded once the first beat
+    is in, so that a trial marked as beating always has a heartbeat that can go stale."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
+    if heartbeat_interval(study) is not None:
+        study._storage.record_heartbeat(trial._trial_id)  # before the thread's own first beat: see above
     with get_heartbeat_thread(trial._trial_id, study._storage):
         trial.set_user_attr(WORKER_ATTR, {"id": worker, "trial": trial.number})
         yield
