@@ -125,7 +125,7 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
         notes.append(f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)")
     if saving:
         notes.append("saves: share of FP32 time the unit gains in the profiled all-units plan (with its Q/DQ or Casts); "
-                     "units that gain nothing are not lowered by the warm start")
+                     "where that plan is not faster than FP32, the warm start lowers only units that gain")
     table.caption = "\n".join(notes) or None
     table.caption_justify = "left"
     return table

@@ -5,11 +5,11 @@ else FP32) and its accuracy loss measured: one evaluation per unit and precision
 screening batches, with the search's own calibration and FP32 reference. Each unit's share of the
 FP32 latency comes from the engine's per-node profile, not from FLOP counts; so does the time it
 saves when lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with
-the units beside them). A unit that saves nothing is never lowered by the warm start: on many
-engines only some layers run faster in INT8, so a model whose all-INT8 plan is slower than FP32
-can still have fast partial plans. From the ranking (loss per time saved) the warm-start plans are
-built: the k least sensitive units lowered, for several k, so the front's shape is known after a
-handful of trials.
+the units beside them). Where a precision's all-units plan is not faster than FP32, only the units
+that save time are lowered by the warm start: on many engines only some layers run faster in INT8,
+so such a model can still have fast partial plans. From the ranking (loss per time saved) the
+warm-start plans are built: the k least sensitive units lowered, for several k, so the front's
+shape is known after a handful of trials.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ class UnitSensitivity:
     # (negative: slower than FP32); empty when the engine has no profiler
     gain: dict[str, float] = field(default_factory=dict)
 
-    def cost(self, precision: str) -> float:
+    def cost(self, precision: str, by_gain: bool = False) -> float:
         """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves nothing.
 
-        Without a measured gain the unit's FP32 share stands in for it; without a profile, the loss."""
+        The time saved is the unit's measured gain (``by_gain``, where profiled), else its FP32
+        share; without a profile, the cost is the loss."""
         loss = self.loss[precision]
-        saved = self.gain.get(precision, self.share)
+        saved = self.gain.get(precision, self.share) if by_gain else self.share
         if not math.isfinite(loss):
             return math.inf
         if saved is None:
@@ -71,9 +72,9 @@ class Sensitivity:
     seconds: float
     engine: str
 
-    def ranking(self, precision: Precision) -> list[UnitSensitivity]:
+    def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
-        return sorted((u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value))
+        return sorted((u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain))
 
     def profiled(self, precision: Precision) -> bool:
         """Whether the time each unit saves in ``precision`` was measured."""
@@ -256,10 +257,13 @@ def warm_start_params(
 ) -> list[dict[str, str]]:
     """Plans that lower the k least sensitive units (per time saved) to one precision, for several k.
 
-    Only units that save time in a precision are lowered to it. Where that time was not profiled,
-    ``uniform`` decides: it holds the measured (latency ms, loss) of the uniform plans ("fp32",
-    "fp16", "int8"), and a precision whose all-units plan is not faster than all-FP32 gets no
-    plans. k takes ``UNIT_FRACTIONS`` of the ranked units and, with
+    ``uniform`` holds the measured (latency ms, loss) of the uniform plans ("fp32", "fp16",
+    "int8"). Where a precision's all-units plan is faster than all-FP32, lowering pays on the
+    whole, and units are ranked per share of FP32 time. Where it is not, only the units the
+    profile shows saving time are ranked, per time saved; without a profile, that precision gets
+    no plans. (The profiled savings are not trusted beyond that: ORT's profiler costs time per
+    node and lowering adds nodes, so summed savings can be negative for a plan that times faster.)
+    k takes ``UNIT_FRACTIONS`` of the ranked units and, with
     --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit. Single-unit
     losses do not simply add up (errors compound), so the prediction is their running sum scaled to
     the uniform plan's measured loss. Parameters are the study's (searchable units only).
@@ -269,9 +273,10 @@ def warm_start_params(
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
         measured = uniform.get(precision.value)
-        if not sensitivity.profiled(precision) and precision.value in not_faster_than_fp32(uniform):
+        slow = precision.value in not_faster_than_fp32(uniform)
+        if slow and not sensitivity.profiled(precision):
             continue
-        ranked = [u for u in sensitivity.ranking(precision) if math.isfinite(u.cost(precision.value))]
+        ranked = [u for u in sensitivity.ranking(precision, slow) if math.isfinite(u.cost(precision.value, slow))]
         if not ranked:
             continue
         counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}

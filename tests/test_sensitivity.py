@@ -141,8 +141,11 @@ def test_warm_start_lowers_only_units_that_save_time_even_when_the_all_units_pla
     lowered = [{n for n, p in plan.items() if p != "fp32"} for plan in plans]
     assert {frozenset(s) for s in lowered} == {frozenset(names[:1]), frozenset(names[:2])}
     assert all(set(plan.values()) <= {"int8", "fp32"} for plan in plans)
-    # without a profile, the slower all-units plan rules INT8 out, as before
+    # without a profile, the slower all-units plan rules INT8 out
     assert warm_start_params(info, _sens(losses, shares), max_loss=None, uniform=uniform) == []
+    # where the all-units plan is faster, lowering pays on the whole: ranked per share, losers included
+    faster = warm_start_params(info, _sens(losses, shares, gains), max_loss=None, uniform={**uniform, "int8": (7.0, 0.002)})
+    assert {frozenset(n for n, p in plan.items() if p == "int8") for plan in faster} >= {frozenset(names[:3])}
 
 
 def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):
