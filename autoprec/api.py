@@ -6,6 +6,7 @@ import contextlib
 import os
 import time
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -271,10 +272,15 @@ def search(
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     locks = StudyLocks(storage_url, name)
-    with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
-        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel=workers > 1), heartbeat)
-    study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+    # Trials in flight elsewhere too (threads here, or other workers of a --storage): TPE's constant liar.
+    parallel = workers > 1 or storage is not None
     me = worker_id(device if backend != "ort-cpu" else None)
+    with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
+        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
+        if study.get_trials(deepcopy=False):
+            # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
+            study.sampler = make_sampler(sampler, zlib.crc32(f"{seed}:{me}".encode()), parallel)
+    study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
     shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
     cache = out_dir / "cache"
     with shared.once(locks, "reference", shared_files(info, dataset, cache), me) as fetched:
