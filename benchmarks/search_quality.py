@@ -91,7 +91,7 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
             reference.enqueue_trial(dict(zip([u.name for u in info.searchable_units], choice)))
         reference_budget = space
     else:
-        seed_plans(reference, info)
+        seed_plans(reference, ctx())
         reference_budget = reference_trials
     run_study(reference, ctx(), reference_budget)
     reference_records = finished_records(reference)
