@@ -277,10 +277,10 @@ def search(
     me = worker_id(device if backend != "ort-cpu" else None)
     with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
         study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
-        if study.get_trials(deepcopy=False):
+        if study.get_trials(deepcopy=False) or "budget" in study.user_attrs:
             # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
             study.sampler = make_sampler(sampler, zlib.crc32(f"{seed}:{me}".encode()), parallel)
-    study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+        study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
     shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
     cache = out_dir / "cache"
     with shared.once(locks, "reference", shared_files(info, dataset, cache), me) as fetched:
