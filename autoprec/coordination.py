@@ -33,6 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.errors import StudyError
 from autoprec.isolation import FileLock
+from autoprec.model import file_sha256
 
 # Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
 # it from ask/tell on purpose (see run_study), so those two notices are not shown to users.
@@ -210,7 +211,7 @@ class SharedInputs:
             )
         for path in files:
             entry = by_name[path.name]
-            if path.exists() and _sha256(path) == entry["sha256"]:
+            if path.exists() and file_sha256(path) == entry["sha256"]:
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -223,7 +224,7 @@ class SharedInputs:
                     "worker the same --artifacts directory (a shared file system across hosts)"
                 ) from None
             downloaded = path.with_suffix(".download")
-            if _sha256(downloaded) != entry["sha256"]:
+            if file_sha256(downloaded) != entry["sha256"]:
                 downloaded.unlink()
                 raise StudyError(f"shared {path.name} does not match its recorded sha256: the artifact store was altered")
             os.replace(downloaded, path)
@@ -234,17 +235,9 @@ class SharedInputs:
         for path in files:
             artifact_id = optuna.artifacts.upload_artifact(artifact_store=self.store, file_path=str(path),
                                                            study_or_trial=self.study)
-            entries.append({"name": path.name, "sha256": _sha256(path), "artifact_id": artifact_id,
+            entries.append({"name": path.name, "sha256": file_sha256(path), "artifact_id": artifact_id,
                             "worker": worker, "store": str(self.store_dir)})
         self.study.set_user_attr(f"{self.ATTR}:{name}", entries)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def study_status(study: optuna.Study) -> dict:
