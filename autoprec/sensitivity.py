@@ -263,6 +263,8 @@ def warm_start_params(
     profile shows saving time are ranked, per time saved; without a profile, that precision gets
     no plans. (The profiled savings are not trusted beyond that: ORT's profiler costs time per
     node and lowering adds nodes, so summed savings can be negative for a plan that times faster.)
+    Where the all-units plan was never timed (rejected early for its loss, or failed), which
+    ranking fits is unknown, so both seed plans.
     k takes ``UNIT_FRACTIONS`` of the ranked units and, with
     --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit. Single-unit
     losses do not simply add up (errors compound), so the prediction is their running sum scaled to
@@ -273,22 +275,30 @@ def warm_start_params(
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
         measured = uniform.get(precision.value)
-        slow = precision.value in not_faster_than_fp32(uniform)
-        if slow and not sensitivity.profiled(precision):
-            continue
-        ranked = [u for u in sensitivity.ranking(precision, slow) if math.isfinite(u.cost(precision.value, slow))]
-        if not ranked:
-            continue
-        counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}
-        if max_loss:
-            running = [0.0]
-            for u in ranked:
-                running.append(running[-1] + u.loss[precision.value])
-            scale = measured[1] / running[-1] if measured and math.isfinite(measured[1]) and running[-1] > 0 else 1.0
-            counts |= {next((k - 1 for k in range(1, len(running)) if scale * running[k] > t * max_loss), len(ranked))
-                       for t in LOSS_TARGETS}
-        for k in sorted(c for c in counts if 0 < c < len(base)):
-            params = dict(base, **{u.unit: precision.value for u in ranked[:k]})
-            if params not in plans:
-                plans.append(params)
+        timed = measured is not None and math.isfinite(measured[0]) and "fp32" in uniform
+        by_gain = [precision.value in not_faster_than_fp32(uniform)] if timed else [False, True]
+        for gain in by_gain:
+            if not gain or sensitivity.profiled(precision):
+                _add_prefix_plans(plans, base, sensitivity, precision, gain, measured, max_loss)
     return plans
+
+
+def _add_prefix_plans(plans: list[dict[str, str]], base: dict[str, str], sensitivity: Sensitivity,
+                      precision: Precision, by_gain: bool, measured: tuple[float, float] | None,
+                      max_loss: float | None) -> None:
+    """Append (once each) the plans lowering the first k units of one ranking to ``precision``."""
+    ranked = [u for u in sensitivity.ranking(precision, by_gain) if math.isfinite(u.cost(precision.value, by_gain))]
+    if not ranked:
+        return
+    counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}
+    if max_loss:
+        running = [0.0]
+        for u in ranked:
+            running.append(running[-1] + u.loss[precision.value])
+        scale = measured[1] / running[-1] if measured and math.isfinite(measured[1]) and running[-1] > 0 else 1.0
+        counts |= {next((k - 1 for k in range(1, len(running)) if scale * running[k] > t * max_loss), len(ranked))
+                   for t in LOSS_TARGETS}
+    for k in sorted(c for c in counts if 0 < c < len(base)):
+        params = dict(base, **{u.unit: precision.value for u in ranked[:k]})
+        if params not in plans:
+            plans.append(params)

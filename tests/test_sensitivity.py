@@ -146,6 +146,12 @@ def test_warm_start_lowers_only_units_that_save_time_even_when_the_all_units_pla
     # where the all-units plan is faster, lowering pays on the whole: ranked per share, losers included
     faster = warm_start_params(info, _sens(losses, shares, gains), max_loss=None, uniform={**uniform, "int8": (7.0, 0.002)})
     assert {frozenset(n for n, p in plan.items() if p == "int8") for plan in faster} >= {frozenset(names[:3])}
+    # all-INT8 never timed (rejected early for its loss): not known which holds, so both rankings seed plans
+    untimed = {k: v for k, v in uniform.items() if k != "int8"}
+    last_saves = {n: {"int8": 0.3 if n == names[-1] else -0.1, "fp16": -0.01} for n in names}
+    both = warm_start_params(info, _sens(losses, shares, last_saves), max_loss=0.01, uniform=untimed)
+    lowered = {frozenset(n for n, p in plan.items() if p == "int8") for plan in both}
+    assert {frozenset(names[-1:]), frozenset(names[:3])} <= lowered  # per time saved; per share
 
 
 def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):
