@@ -242,11 +242,16 @@ def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensit
     return found, False
 
 
+def faster_than_fp32(uniform: Mapping[str, tuple[float, float]], precision: str) -> bool | None:
+    """Whether the measured all-units plan of ``precision`` (latency ms, loss) beat all-FP32's;
+    None where either was never timed (rejected early, failed)."""
+    timed = [uniform.get(p, (math.nan,))[0] for p in (precision, "fp32")]
+    return timed[0] < timed[1] if all(math.isfinite(t) for t in timed) else None
+
+
 def not_faster_than_fp32(uniform: Mapping[str, tuple[float, float]]) -> list[str]:
-    """Reduced precisions whose measured all-units plan (latency ms, loss) was no faster than all-FP32's."""
-    if "fp32" not in uniform:
-        return []
-    return [p for p in ("int8", "fp16") if p in uniform and uniform[p][0] >= uniform["fp32"][0]]
+    """Reduced precisions whose measured all-units plan was no faster than all-FP32's."""
+    return [p for p in ("int8", "fp16") if faster_than_fp32(uniform, p) is False]
 
 
 def warm_start_params(
@@ -274,12 +279,10 @@ def warm_start_params(
     plans: list[dict[str, str]] = []
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
-        measured = uniform.get(precision.value)
-        timed = measured is not None and math.isfinite(measured[0]) and "fp32" in uniform
-        by_gain = [precision.value in not_faster_than_fp32(uniform)] if timed else [False, True]
-        for gain in by_gain:
-            if not gain or sensitivity.profiled(precision):
-                _add_prefix_plans(plans, base, sensitivity, precision, gain, measured, max_loss)
+        faster = faster_than_fp32(uniform, precision.value)
+        for by_gain in ([False, True] if faster is None else [not faster]):
+            if not by_gain or sensitivity.profiled(precision):
+                _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss)
     return plans
 
 
