@@ -396,7 +396,7 @@ def _export(args: argparse.Namespace) -> int:
         from autoprec.export.triton import write_triton_entry
 
         model, note, stem = lowered_for_export(args.result_dir, args.trial)
-        entry = write_triton_entry(model, out, args.name or stem, note)
+        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note)
         console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
         return 0
     from autoprec.api import tensorrt_build_spec

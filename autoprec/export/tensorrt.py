@@ -19,6 +19,7 @@ import onnx
 
 from autoprec import atomic
 from autoprec.calibrate import ActivationRanges
+from autoprec.export.escape import ExportError, markdown_code, markdown_text, printable, shell_comment
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan, Precision
 
@@ -77,6 +78,7 @@ def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibrati
     precisions, outputs = [], []
     for _, _, nodes, precision in spec.units():
         for node in nodes:
+            _check_trtexec_name(node)
             precisions.append(f"{node}:{_TRT10_NAMES[precision]}")
             if precision is not Precision.INT8:  # an INT8 layer's output type is left to TensorRT
                 outputs.append(f"{node}:{_TRT10_NAMES[precision]}")
@@ -90,6 +92,14 @@ def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibrati
     ])
 
 
+def _check_trtexec_name(node: str) -> None:
+    """trtexec splits --layerPrecisions on ',' and strips every "'" from a name: such a node cannot be named."""
+    if "," in node or "'" in node:
+        raise ExportError(f"node '{printable(node)}': trtexec's --layerPrecisions cannot name a node whose name holds "
+                          "',' or \"'\"; rename the node in the model, or export --format trtexec (TensorRT 11: no "
+                          "per-layer flags)")
+
+
 def calibration_cache(spec: BuildSpec, header_version: str = "100000") -> str:
     """TensorRT's calibration-cache text: ``name: <scale as big-endian float32 hex>`` per tensor,
     scale = amax / 127 with autoprec's calibrated amax (the plan's method). The header names
@@ -98,6 +108,9 @@ def calibration_cache(spec: BuildSpec, header_version: str = "100000") -> str:
         return ""
     lines = [f"TRT-{header_version}-EntropyCalibration2"]
     for name in sorted(spec.ranges.tensors):
+        if not name.isprintable():  # one tensor per line: a line break in a name would forge entries
+            raise ExportError(f"tensor '{printable(name)}': a calibration cache cannot hold a name with a control "
+                              "character; rename the tensor in the model, or export --format trtexec")
         amax = spec.ranges[name].amax(spec.plan.calibration)
         scale = amax / 127.0 if amax > 0 else 1.0 / 127.0
         lines.append(f"{name}: {struct.pack('>f', scale).hex()}")
@@ -105,7 +118,7 @@ def calibration_cache(spec: BuildSpec, header_version: str = "100000") -> str:
 
 
 PYTHON_SCRIPT = '''#!/usr/bin/env python3
-"""Build {name} (autoprec trial {trial}) with TensorRT's Python API, strongly typed.
+"""Build a plan autoprec measured (SOURCE_MODEL, trial TRIAL) with TensorRT's Python API, strongly typed.
 
 {not_run}
 Precision comes from model.onnx itself (Q/DQ for INT8, Casts for FP16): TensorRT 11 builds every
@@ -119,6 +132,8 @@ from pathlib import Path
 
 import tensorrt as trt
 
+SOURCE_MODEL = {name!r}  # the FP32 model autoprec searched
+TRIAL = {trial!r}
 ONNX = sys.argv[1] if len(sys.argv) > 1 else "model.onnx"
 PLAN = sys.argv[2] if len(sys.argv) > 2 else "model.plan"
 SHAPES = {shapes!r}  # the shapes autoprec measured; used for dynamic inputs
@@ -160,46 +175,57 @@ print(f"wrote {{PLAN}} and layers.json; check precisions with: autoprec inspect 
 
 
 def python_script(spec: BuildSpec) -> str:
-    return PYTHON_SCRIPT.format(name=spec.name, trial=spec.trial["trial"], not_run=NOT_RUN,
+    """Every value taken from the model or the result is written as a Python literal (``repr``), never
+    into the docstring or a comment, so no name can become code."""
+    return PYTHON_SCRIPT.format(name=spec.name, trial=int(spec.trial["trial"]), not_run=NOT_RUN,
                                 shapes={k: list(v) for k, v in spec.input_shapes.items()},
                                 workspace=WORKSPACE_MIB, level=OPTIMIZATION_LEVEL)
 
 
 def _ms(trial: dict[str, Any] | None) -> str:
-    return "—" if trial is None else f"{trial['final_latency_ms']:.3f} ms"
+    return "—" if trial is None else f"{float(trial['final_latency_ms']):.3f} ms"
 
 
 def markdown_card(spec: BuildSpec) -> str:
-    """A build card for the team's docs: parameters, per-layer precision, the measured trade-off, the build flow."""
-    trial, engine, counts = spec.trial, spec.engine, spec.plan.counts()
-    speedup = (f"{spec.fp32_trial['final_latency_ms'] / trial['final_latency_ms']:.2f}× all-FP32"
-               if spec.fp32_trial else "no all-FP32 trial in this study")
-    rows = "\n".join(f"| `{name}` | {op} | {precision.value.upper()} | {', '.join(f'`{n}`' for n in nodes[1:]) or '—'} |"
-                     for name, op, nodes, precision in spec.units())
-    shapes = ", ".join(f"`{k}` {list(v)}" for k, v in spec.input_shapes.items())
-    return f"""# Build card: {spec.name}, autoprec trial {trial['trial']}
+    """A build card for the team's docs: parameters, per-layer precision, the measured trade-off, the build flow.
 
-> {NOT_RUN}. The latency and loss below were measured by autoprec on **{engine['engine']} {engine['version']}
-> ({engine['provider']}) on {engine['device']}**, not on TensorRT.
+    Names and fields from the model and the result are escaped (code spans or escaped text), so a
+    crafted name cannot inject markup, HTML or table cells."""
+    trial, engine, counts = spec.trial, spec.engine, spec.plan.counts()
+    number = int(trial["trial"])
+    speedup = (f"{float(spec.fp32_trial['final_latency_ms']) / float(trial['final_latency_ms']):.2f}× all-FP32"
+               if spec.fp32_trial else "no all-FP32 trial in this study")
+    rows = "\n".join(
+        f"| {markdown_code(name)} | {markdown_text(op)} | {precision.value.upper()} | "
+        f"{', '.join(markdown_code(n) for n in nodes[1:]) or '—'} |"
+        for name, op, nodes, precision in spec.units()
+    )
+    shapes = ", ".join(f"{markdown_code(k)} {list(v)}" for k, v in spec.input_shapes.items())
+    measured_on = markdown_text(f"{engine['engine']} {engine['version']} ({engine['provider']}) on {engine['device']}")
+    max_loss = spec.search.get("max_loss")
+    fp32 = spec.fp32_trial
+    return f"""# Build card: {markdown_text(spec.name)}, autoprec trial {number}
+
+> {NOT_RUN}. The latency and loss below were measured by autoprec on **{measured_on}**, not on TensorRT.
 
 ## Parameters
 
 | | |
 |---|---|
-| Source model | `{spec.original_model}` |
+| Source model | {markdown_code(spec.original_model)} |
 | Explicit-precision model | `model.onnx` (TensorRT Q/DQ form: signed symmetric INT8, zero point 0, per-channel weights; FP16 via Cast) |
 | Input shapes | {shapes} |
 | Units | {counts['int8']} INT8 · {counts['fp16']} FP16 · {counts['fp32']} FP32 |
-| INT8 calibration | {spec.plan.calibration} |
-| Accuracy metric | {spec.search.get('metric')}, {f"--max-loss {spec.search['max_loss']}" if spec.search.get('max_loss') is not None else "no --max-loss"} |
+| INT8 calibration | {markdown_text(spec.plan.calibration)} |
+| Accuracy metric | {markdown_text(spec.search.get('metric'))}, {f"--max-loss {float(max_loss):g}" if max_loss is not None else "no --max-loss"} |
 | Workspace / optimization level | {WORKSPACE_MIB} MiB / {OPTIMIZATION_LEVEL} |
 
-## Measured trade-off (autoprec, {engine['engine']} {engine['provider']})
+## Measured trade-off (autoprec, {markdown_text(f"{engine['engine']} {engine['provider']}")})
 
 | | latency | accuracy loss |
 |---|---|---|
-| this plan (trial {trial['trial']}) | {_ms(trial)} | {trial['accuracy_loss']:.4g} |
-| all-FP32{f" (trial {spec.fp32_trial['trial']})" if spec.fp32_trial else ""} | {_ms(spec.fp32_trial)} | {spec.fp32_trial['accuracy_loss'] if spec.fp32_trial else '—'} |
+| this plan (trial {number}) | {_ms(trial)} | {float(trial['accuracy_loss']):.4g} |
+| all-FP32{f" (trial {int(fp32['trial'])})" if fp32 else ""} | {_ms(fp32)} | {f"{float(fp32['accuracy_loss']):.4g}" if fp32 else '—'} |
 
 Speed-up: {speedup}. Re-measure on TensorRT: build, then `trtexec --loadEngine=model.plan` and `autoprec inspect layers.json`.
 
@@ -211,7 +237,7 @@ Speed-up: {speedup}. Re-measure on TensorRT: build, then `trtexec --loadEngine=m
 
 ```mermaid
 flowchart LR
-  A["{spec.original_model.name} (FP32)"] -->|autoprec plan, trial {trial['trial']}| B["model.onnx<br/>Q/DQ + Cast"]
+  A["source model (FP32)"] -->|autoprec plan, trial {number}| B["model.onnx<br/>Q/DQ + Cast"]
   B -->|trtexec, strongly typed| C["model.plan"]
   C -->|--exportLayerInfo| D["layers.json"]
   D -->|autoprec inspect| E["per-layer precision check"]
@@ -231,17 +257,17 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
     written = []
     if fmt in ("trtexec", "python", "markdown"):
         written.append(atomic.write_bytes(out / "model.onnx", spec.model.SerializeToString()))
-    shapes = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
+    shapes = ", ".join(f"{printable(name)} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
     if fmt == "trtexec":
-        written.append(_script(out / "build.sh", f"# {NOT_RUN}\n# TensorRT 11 (strongly typed, always). Inputs are fixed at "
-                                                 f"the shapes the plan was measured at: {shapes}\n{trtexec_command(spec)}\n"))
+        header = f"{NOT_RUN}\nTensorRT 11 (strongly typed, always). Inputs are fixed at the shapes the plan was measured at: {shapes}"
+        written.append(_script(out / "build.sh", f"{shell_comment(header)}\n{trtexec_command(spec)}\n"))
     elif fmt == "trt10":
         written.append(atomic.write_bytes(out / "model_fp32.onnx", spec.info.model.SerializeToString()))
         if spec.plan.counts()["int8"] and spec.ranges is not None:
             written.append(atomic.write_bytes(out / "calibration.cache", calibration_cache(spec).encode()))
-        written.append(_script(out / "build_trt10.sh", f"# {NOT_RUN}\n# TensorRT <= 10, weak typing with precision "
-                                                       f"constraints, on the FP32 model autoprec analysed (inputs: {shapes})\n"
-                                                       f"{trt10_command(spec)}\n"))
+        header = (f"{NOT_RUN}\nTensorRT <= 10, weak typing with precision constraints, on the FP32 model autoprec "
+                  f"analysed (inputs: {shapes})")
+        written.append(_script(out / "build_trt10.sh", f"{shell_comment(header)}\n{trt10_command(spec)}\n"))
     elif fmt == "python":
         written.append(_script(out / "build_engine.py", python_script(spec)))
     elif fmt == "markdown":

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from autoprec import atomic
+from autoprec.export.escape import path_component, pbtxt_string, shell_comment
 
 _TRITON_TYPES = {
     onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.DOUBLE: "TYPE_FP64",
@@ -26,7 +27,7 @@ _TRITON_TYPES = {
 def _tensor_block(value: onnx.ValueInfoProto) -> str:
     t = value.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-    return (f'  {{\n    name: "{value.name}"\n    data_type: {_TRITON_TYPES.get(t.elem_type, "TYPE_FP32")}\n'
+    return (f'  {{\n    name: {pbtxt_string(value.name)}\n    data_type: {_TRITON_TYPES.get(t.elem_type, "TYPE_FP32")}\n'
             f"    dims: [ {', '.join(map(str, dims))} ]\n  }}")
 
 
@@ -34,10 +35,10 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str) -> str:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
     return "\n".join([
-        f"# {note}",
+        shell_comment(note),  # protobuf text format comments are '#' to the end of the line, like the shell's
         "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from",
         "# best/model.tensorrt.onnx, e.g. trtexec --onnx=best/model.tensorrt.onnx --saveEngine=1/model.plan",
-        f'name: "{name}"',
+        f"name: {pbtxt_string(name)}",
         'platform: "onnxruntime_onnx"',
         "max_batch_size: 0",
         "input [", ",\n".join(_tensor_block(v) for v in inputs), "]",
@@ -48,7 +49,8 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str) -> str:
 
 
 def write_triton_entry(model: onnx.ModelProto, repository: Path, name: str, note: str) -> Path:
-    entry = Path(repository) / name
+    """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name)."""
+    entry = Path(repository) / path_component(name, "model name")
     atomic.write_bytes(entry / "1" / "model.onnx", model.SerializeToString())
     atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model, name, note).encode())
     return entry

@@ -1,0 +1,164 @@
+"""Names from a crafted model (inputs, nodes, the file itself) in every generated file: data, never code.
+
+A model's names are chosen by whoever made it. Each export is generated from a search of a model
+whose names try to break out of shell comments, quotes, Python docstrings, markdown tables and
+protobuf strings; the generated scripts are then run (with a recording ``trtexec`` on PATH and
+without TensorRT) and nothing the names ask for may happen.
+"""
+
+import ast
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import builders
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_encoding
+
+import autoprec
+from autoprec.cli import main
+
+CANARY = "PWNED"
+HOSTILE_INPUT = f"x\ntouch {CANARY}_input\n#"
+HOSTILE_NODE = f'conv1 $(touch {CANARY}_subst) `touch {CANARY}_tick` "q" <b>|*'
+HOSTILE_FILE = f'm""";__import__("os").system("touch {CANARY}_py");""".onnx'
+RECORDING_TRTEXEC = '#!/bin/sh\npython3 -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@" > trtexec_args.json\n'
+
+
+def _hostile_model(node_name: str = HOSTILE_NODE) -> onnx.ModelProto:
+    model = builders.conv_net(batch="N")
+    model.graph.input[0].name = HOSTILE_INPUT
+    for node in model.graph.node:
+        node.input[:] = [HOSTILE_INPUT if i == "x" else i for i in node.input]
+        if node.name == "conv1":
+            node.name = node_name
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hostile_result(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    model = builders.save(_hostile_model(), root / HOSTILE_FILE)
+    data = root / "data.npz"
+    np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
+    out = root / "result"
+    result = autoprec.search(model, budget=3, data=data, out=out, progress=False)
+    return root, out, result
+
+
+def _exit(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _canaries(folder):
+    return sorted(p.name for p in folder.rglob(f"{CANARY}*"))
+
+
+def test_the_crafted_model_is_searched_with_its_names_intact(hostile_result):
+    _, out, result = hostile_result
+    assert result.chosen is not None
+    assert HOSTILE_INPUT in result.model["inputs"]
+    assert any(u["name"] == HOSTILE_NODE for u in result.units)
+
+
+@pytest.mark.parametrize("fmt, script, precision", [("trtexec", "build.sh", "int8"), ("trt10", "build_trt10.sh", "fp16")])
+def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(hostile_result, tmp_path, fmt, script, precision):
+    root, out, result = hostile_result
+    folder = tmp_path / fmt
+    trial = result.uniform()[precision].number
+    assert _exit(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
+    text = (folder / script).read_text()
+    assert "\ntouch" not in text  # the input's line breaks stayed inside the comment, escaped
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtexec").write_text(RECORDING_TRTEXEC)
+    (bin_dir / "trtexec").chmod(stat.S_IRWXU)
+    proc = subprocess.run(["sh", script], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert _canaries(tmp_path) == [] and _canaries(root) == []
+    args = json.loads((folder / "trtexec_args.json").read_text())
+    if fmt == "trt10":  # the hostile node reaches trtexec as one exact argument value
+        precisions = next(a for a in args if a.startswith("--layerPrecisions=")).split("=", 1)[1].split(",")
+        assert f"{HOSTILE_NODE}:fp16" in precisions
+    else:
+        assert "--onnx=model.onnx" in args
+
+
+def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result, tmp_path):
+    root, out, result = hostile_result
+    folder = tmp_path / "python"
+    assert _exit(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)]) == 0
+    source = (folder / "build_engine.py").read_text()
+    tree = ast.parse(source)
+    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in
+                 ("SOURCE_MODEL", "SHAPES")}
+    assert constants["SOURCE_MODEL"] == HOSTILE_FILE.removesuffix(".onnx")
+    assert list(constants["SHAPES"]) == [HOSTILE_INPUT]
+    assert CANARY not in ast.get_docstring(tree)
+    # run it where no TensorRT is installed: it stops at the import, and nothing before it ran a name
+    proc = subprocess.run([sys.executable, "-I", "build_engine.py"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "tensorrt" in proc.stderr.lower()
+    assert _canaries(tmp_path) == [] and _canaries(root) == []
+
+
+def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
+    _, out, result = hostile_result
+    folder = tmp_path / "md"
+    assert _exit(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
+    card = (folder / "BUILD.md").read_text()
+    rows = [line for line in card.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(result.units)  # one table row per unit: no name added or broke a row
+    assert all(line.count(" | ") == 3 for line in rows)  # four cells each: the hostile '|' is escaped
+    outside_code = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", card)  # code spans show their text as is, HTML included
+    assert "<b>" not in outside_code and '"""' not in outside_code and "\ntouch" not in card
+    assert f"{HOSTILE_NODE}".replace("|", "\\|") in card
+
+
+def test_triton_config_strings_decode_back_to_the_exact_names(hostile_result, tmp_path):
+    _, out, _ = hostile_result
+    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path), "--name", "hostile"]) == 0
+    config = (tmp_path / "hostile" / "config.pbtxt").read_text()
+    literals = [line.strip()[len('name: "'):-1] for line in config.splitlines() if line.strip().startswith('name: "')]
+    names = [text_encoding.CUnescape(x).decode() for x in literals]
+    assert names[0] == "hostile" and HOSTILE_INPUT in names
+    assert not any(line.startswith("touch") for line in config.splitlines())
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "x\ny", ""])
+def test_a_triton_name_that_is_not_one_folder_is_refused(hostile_result, tmp_path, capsys, name):
+    _, out, _ = hostile_result
+    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path / "repo"), "--name", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot be a folder name" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_trt10_refuses_a_tensor_name_a_calibration_cache_cannot_hold(hostile_result, tmp_path, capsys):
+    _, out, result = hostile_result
+    trial = result.uniform()["int8"].number
+    assert _exit(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("autoprec: error: ") and "a calibration cache cannot hold a name with a control character" in last
+    assert not (tmp_path / "calibration.cache").exists()
+
+
+def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
+    model = builders.save(_hostile_model(node_name="conv1,conv0:fp32"), tmp_path / "comma.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
+    autoprec.search(model, budget=1, data=data, out=tmp_path / "r", progress=False, warm_start=False)
+    assert _exit(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("autoprec: error: ") and "trtexec's --layerPrecisions cannot name a node" in last
+    assert not (tmp_path / "e" / "build_trt10.sh").exists()
