@@ -28,8 +28,18 @@ from autoprec.calibrate import (
     reference_outputs,
 )
 from autoprec.data import Dataset, RandomDataWarning, build_dataset, item_shapes
-from autoprec.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, SharedInputs, StudyLocks, default_artifacts, worker_id
-from autoprec.errors import AutoprecError
+from autoprec.coordination import (
+    DEFAULT_HEARTBEAT,
+    GRACE_BEATS,
+    SharedInputs,
+    StudyLocks,
+    check_storage,
+    default_artifacts,
+    redacted,
+    without_password,
+    worker_id,
+)
+from autoprec.errors import AutoprecError, StudyError
 from autoprec.isolation import FileLock, IsolatedMeasurer, Limits, MeasurerPool, device_lock_path
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
@@ -62,6 +72,17 @@ from autoprec.search import (
 from autoprec.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
 
 from autoprec.search_space import SearchSpace, load_search_space, parse_precisions
+
+
+def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
+    """``--out``, or ``autoprec_out/<default_name>``: never the working directory or a folder above it
+    (an empty ``--out``, or a model file named ``...onnx`` whose stem is ``..``, is not taken for one)."""
+    if out is not None:
+        if not str(out).strip():
+            raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out results/model")
+        return Path(out)
+    name = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in default_name).strip()
+    return Path("autoprec_out") / (name if name.strip(".") else "model")
 
 
 def _check_out_dir(out: Path) -> None:
@@ -246,7 +267,7 @@ def search(
     if calibration not in (*CALIBRATION_METHODS, "auto"):
         raise AutoprecError(f"--calibration {calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
-    out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
+    out_dir = result_dir(out, default_out)
     metric_name, loss_function = resolve_metric(metric)
     engine = get_backend(backend, device, out_dir / "cache")
     workers = _build_workers(build_workers, engine, isolate)
@@ -259,6 +280,7 @@ def search(
 
     engine_info = engine.info()
     storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    check_storage(storage_url)
     name = study_name or default_study_name(model_path, backend)
     identity = {
         "model_sha256": info.sha256,
@@ -301,7 +323,7 @@ def search(
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb, workers)
-            lock = FileLock(device_lock_path(backend, device))
+            lock = FileLock(device_lock_path(backend, device)).check()
             measurers = [
                 stack.enter_context(IsolatedMeasurer(
                     backend, dataset.evaluation, reference, metric, limits,
@@ -372,7 +394,7 @@ def search(
         "seed": seed,
         "calibration": calibration,
         "study_name": name,
-        "storage": storage_url,
+        "storage": redacted(storage_url),
         "data": dataset.source,
         "data_path": str(Path(data).resolve()) if data is not None else None,
         "image_norm": {"mean": list(image_mean), "std": list(image_std)},
@@ -466,7 +488,7 @@ def sensitivity(
     from autoprec.plots import plot_sensitivity
 
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
-    out_dir = Path(out) if out is not None else Path("autoprec_out") / default_out
+    out_dir = result_dir(out, default_out)
     metric_name, loss_function = resolve_metric(metric)
     engine = get_backend(backend, device, out_dir / "cache")
     if caveat := engine.info().caveat:
@@ -557,7 +579,7 @@ def diagnose_plan(
     prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
     engine = get_backend(backend)
     rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
-    out_dir = Path(out) if out else (Path(target) if Path(target).is_dir() else Path("autoprec_out") / model_path.stem)
+    out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
     label = f"trial {trial}" if trial is not None else "plan"
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
         "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
@@ -640,3 +662,25 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         ranges=prepared.ranges, trial=result.trial(number), fp32_trial=result.trial(fp32) if fp32 is not None else None,
         engine=result.pareto["engine"], search=result.pareto["search"],
     )
+
+
+def study_status(storage: str, study_name: str) -> dict:
+    """A (shared) study as its storage holds it (see :func:`autoprec.coordination.study_status`). Reads
+    only: a missing SQLite file is refused, not created."""
+    from autoprec.coordination import study_status as status_of
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_storage(storage, existing=True)
+    locks = StudyLocks(storage, study_name)
+    try:
+        # not while a worker creates the schema; a study no worker ever locked has none being made
+        with locks.hold("identity") if locks.ever_held else contextlib.nullcontext():
+            study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise StudyError(f"no study {study_name!r} in {redacted(storage)}; see the --study-name a search printed") from None
+    except AutoprecError:
+        raise
+    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
+        first = without_password((str(exc).strip().splitlines() or [""])[0], storage)
+        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first})") from None
+    return status_of(study)

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from autoprec import atomic, console
 from autoprec.errors import AutoprecError
+from autoprec.escape import printable
 from autoprec.results import read_result_dir
 
 
@@ -330,7 +332,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     for r in rows:
         mark = "bold red" if r.unit in worst else ("dim" if r.precision == "fp32" else "")
         cells = [str(r.index), r.unit, r.op_type, r.precision, f"{r.rel_l2:.2e}", f"{r.added_rel_l2:.2e}", f"{r.alone_loss:.2e}"]
-        table.add_row(*(f"[{mark}]{c}[/{mark}]" if mark else c for c in cells))
+        table.add_row(*(Text(printable(c), style=mark) for c in cells))
     console.stdout.print(table)
     console.stdout.print("where the accumulated error jumps (≥3× anything before it): "
                          + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere"))
@@ -378,8 +380,8 @@ def _check(args: argparse.Namespace) -> int:
         console.stdout.print_json(data=json_safe(report))
     else:
         m = report["measurement"]
-        verdict = "[bold green]PASS[/bold green]" if report["passed"] else "[bold red]FAIL[/bold red]"
-        console.stdout.print(f"{verdict} {report['model']}: loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
+        verdict = Text("PASS", style="bold green") if report["passed"] else Text("FAIL", style="bold red")
+        console.stdout.print(verdict, f"{report['model']}: loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
                              f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
                              f"{m['latency']['p90_ms']:.4g})" + (f", budget {report['latency_budget_ms']:g} ms"
                                                                   if report["latency_budget_ms"] else "")
@@ -431,8 +433,8 @@ def _zoo(args: argparse.Namespace) -> int:
     if args.action == "list":
         console.stdout.print(f"autoprec zoo — cache: {root or zoo.cache_root()}\n", highlight=False)
         for e in zoo.ENTRIES.values():
-            state = "[green]fetched[/green]" if zoo.is_fetched(e.name, root) else "[dim]not fetched[/dim]"
-            console.stdout.print(f"[bold]{e.name}[/bold]  {e.description}  ({state})", highlight=False)
+            state = Text("fetched", style="green") if zoo.is_fetched(e.name, root) else Text("not fetched", style="dim")
+            console.stdout.print(Text.assemble((e.name, "bold"), f"  {e.description}  (", state, ")"), highlight=False)
             console.stdout.print(f"    data: {e.data}", highlight=False)
             console.stdout.print(f"    from {e.wheel.requirement} · licence: {e.licence}", highlight=False)
         console.stdout.print("\nsearch one with: autoprec search zoo:NAME --budget 50", highlight=False)
@@ -445,20 +447,9 @@ def _zoo(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import optuna
+    from autoprec.api import study_status
 
-    from autoprec.coordination import StudyLocks, study_status
-    from autoprec.errors import StudyError
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        with StudyLocks(args.storage, args.study_name).hold("identity"):  # not while a worker creates the schema
-            study = optuna.load_study(study_name=args.study_name, storage=args.storage)
-    except KeyError:
-        raise StudyError(f"no study {args.study_name!r} in {args.storage}") from None
-    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
-        raise StudyError(f"--storage {args.storage}: cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    status = study_status(study)
+    status = study_status(args.storage, args.study_name)
     if args.json:
         console.stdout.print_json(data=status)
         return 0
@@ -482,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return verbs[args.verb](args)
     except AutoprecError as exc:
-        print(f"autoprec: error: {exc}", file=sys.stderr)
+        print(f"autoprec: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("autoprec: interrupted; run the same command again to resume", file=sys.stderr)

@@ -16,24 +16,34 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from autoprec.engine_layers import EngineLayers
+from autoprec.escape import printable
 from autoprec.results import ResultFiles
 from autoprec.plan import Precision
 from autoprec.search import TrialRecord
 from autoprec.sensitivity import Sensitivity
 
 console = Console(stderr=True)
-stdout = Console()  # resolves sys.stdout when printing (so redirection and capture work)
+# Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints holds
+# paths and names from the user, the model and result files; styles come as Text objects.
+stdout = Console(markup=False)
+
+
+def plain(value: Any) -> Text:
+    """Text from a model, a result file or a storage, shown as it is: one line, never read as markup."""
+    return Text(printable(value))
 
 
 def note(message: str) -> None:
-    console.print(f"[dim]•[/dim] {message}", highlight=False)
+    console.print(f"[dim]•[/dim] {escape(printable(message))}", highlight=False)
 
 
 def warn(message: str) -> None:
-    console.print(f"[bold yellow]WARNING[/bold yellow] {message}", highlight=False)
+    console.print(f"[bold yellow]WARNING[/bold yellow] {escape(printable(message))}", highlight=False)
 
 
 class SearchProgress:
@@ -109,8 +119,8 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     """Units least sensitive per time saved first (the order the warm start lowers them in)."""
     precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
     saving = [p for p in precisions if sensitivity.profiled(Precision(p))]
-    table = Table(title=f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
-                        f"{sensitivity.batches} batch(es)", title_justify="left")
+    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
+                              f"{sensitivity.batches} batch(es)"), title_justify="left")
     columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving), *(f"{p}\nloss" for p in precisions))
     for column in columns:
         table.add_column(column, justify="left" if column in ("unit", "op") else "right", no_wrap=column != "unit",
@@ -119,7 +129,7 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     for i, u in sorted(enumerate(sensitivity.units), key=lambda iu: order.get(iu[1].unit, iu[0])):
         share = f"{u.share:.1%}" if u.share is not None else "—"
         saves = [f"{u.gain[p]:+.1%}" if p in u.gain else "—" for p in saving]
-        table.add_row(str(i), u.unit, u.op_type, share, *saves, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
+        table.add_row(str(i), plain(u.unit), plain(u.op_type), share, *saves, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
     notes = []
     if sensitivity.unattributed_share is not None:
         notes.append(f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)")
@@ -134,9 +144,9 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
 def front_table(pareto: dict[str, Any]) -> Table:
     """The Pareto front of a result (pareto.json), fastest first, the chosen plan marked."""
     engine = pareto["engine"]
-    table = Table(title=f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}",
+    table = Table(title=plain(f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}"),
                   title_justify="left")
-    for column in ("trial", "ms", "trial p10–p90", "×fp32", f"loss ({pareto['search']['metric']})", "i8/f16/f32", ""):
+    for column in ("trial", "ms", "trial p10–p90", "×fp32", plain(f"loss ({pareto['search']['metric']})"), "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), None)
     fp32_ms = chosen["final_latency_ms"] * versus["speedup"] if versus and chosen else None
@@ -149,7 +159,7 @@ def front_table(pareto: dict[str, Any]) -> Table:
             f"{fp32_ms / t['final_latency_ms']:.2f}" if fp32_ms else "—",
             _loss(t["accuracy_loss"]),
             f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
-            "[bold red]chosen[/bold red]" if t["trial"] == pareto["chosen"] else "",
+            Text("chosen", style="bold red") if t["trial"] == pareto["chosen"] else "",
         )
     return table
 
@@ -157,20 +167,20 @@ def front_table(pareto: dict[str, Any]) -> Table:
 def status_tables(status: dict[str, Any]) -> list[Table]:
     """A shared study: trials per worker, then its current front (trial latencies, not re-timed)."""
     budget = status["budget"]
-    workers = Table(title=f"study {status['study']} — {status['backend']}: {status['counted']}"
-                          f"{f' of {budget}' if budget else ''} trials counted, {status['waiting']} queued",
+    workers = Table(title=plain(f"study {status['study']} — {status['backend']}: {status['counted']}"
+                                f"{f' of {budget}' if budget else ''} trials counted, {status['waiting']} queued"),
                     title_justify="left")
     for column in ("worker", "done", "running", "failed", "rejected", "died (re-run)"):
         workers.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
     for who, tally in sorted(status["workers"].items()):
-        workers.add_row(who, *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
+        workers.add_row(plain(who), *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
     front = Table(title="current Pareto front (each trial's own timing)", title_justify="left")
     for column in ("trial", "ms", "loss", "i8/f16/f32", "worker"):
         front.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
     for t in status["front"]:
         counts = t["counts"]
         front.add_row(str(t["trial"]), f"{t['latency_ms']:.3f}", _loss(t["loss"]),
-                      f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", t["worker"] or "—")
+                      f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", plain(t["worker"] or "—"))
     return [workers, front]
 
 
@@ -200,7 +210,8 @@ def plan_table(plan: dict[str, Any]) -> Table:
     style = {"int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
     for i, unit in enumerate(plan["units"]):
         p = unit["precision"]
-        table.add_row(str(i), unit["name"], unit["op_type"], ", ".join(unit["fused"]) or "—", f"[{style[p]}]{p}[/{style[p]}]")
+        table.add_row(str(i), plain(unit["name"]), plain(unit["op_type"]), plain(", ".join(unit["fused"]) or "—"),
+                      Text(p, style=style[p]))
     return table
 
 
@@ -208,8 +219,8 @@ def engine_layers_table(layers: EngineLayers) -> Table:
     """Per-layer precision of a TensorRT engine; FP32 layers first in a reduced-precision engine."""
     summary = layers.summary()
     shares = ", ".join(f"{p} {n} ({summary['precision_shares'][p]:.0%})" for p, n in sorted(summary["precision_counts"].items()))
-    table = Table(title=f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
-                        f"{layers.schema} JSON): {shares}", title_justify="left")
+    table = Table(title=plain(f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
+                              f"{layers.schema} JSON): {shares}"), title_justify="left")
     for column in ("layer", "type", "precision", "inputs", "outputs", "fused from"):
         table.add_column(column, overflow="fold")
     fp32_flag = bool(summary["fp32_in_reduced_precision_engine"])
@@ -218,9 +229,9 @@ def engine_layers_table(layers: EngineLayers) -> Table:
         return ", ".join(t.dtype for t in group)  # the full formats are in --json
 
     for layer in layers.ordered():
-        mark = "[bold red]fp32[/]" if fp32_flag and layer.precision == "fp32" else layer.precision
-        table.add_row(layer.name, layer.layer_type, mark, tensors(layer.inputs), tensors(layer.outputs),
-                      ", ".join(layer.fused_from) if len(layer.fused_from) > 1 else "")
+        mark = Text(layer.precision, style="bold red" if fp32_flag and layer.precision == "fp32" else "")
+        table.add_row(plain(layer.name), plain(layer.layer_type), mark, plain(tensors(layer.inputs)), plain(tensors(layer.outputs)),
+                      plain(", ".join(layer.fused_from) if len(layer.fused_from) > 1 else ""))
     return table
 
 
@@ -228,8 +239,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     """Two runs side by side: where they ran, what they chose, and the uniform plans' latencies."""
     table = Table(title="autoprec compare", title_justify="left")
     table.add_column("", no_wrap=True)
-    table.add_column(str(a.out_dir))
-    table.add_column(str(b.out_dir))
+    table.add_column(plain(a.out_dir))
+    table.add_column(plain(b.out_dir))
 
     def engine(r: ResultFiles) -> str:
         e = r.pareto["engine"]
@@ -275,10 +286,10 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("all int8", lambda r: uniform(r, "int8")),
     ]
     for label, value in rows:
-        table.add_row(label, value(a), value(b))
+        table.add_row(label, plain(value(a)), plain(value(b)))
     if a.chosen and b.chosen and a.pareto["model"]["sha256"] == b.pareto["model"]["sha256"]:
         pa, pb = a.chosen["plan"]["precisions"], b.chosen["plan"]["precisions"]
         differ = [u for u in pa if pa[u] != pb.get(u)]
         shown = ", ".join(f"{u}: {pa[u]}→{pb.get(u)}" for u in differ[:6]) + (" …" if len(differ) > 6 else "")
-        table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", shown or "—")
+        table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", plain(shown or "—"))
     return table

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import socket
 import warnings
 from datetime import datetime, timedelta
@@ -32,7 +33,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.errors import StudyError
-from autoprec.isolation import FileLock
+from autoprec.isolation import FileLock, host_lock_folder, private_folder
 from autoprec.model import file_sha256
 
 # Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
@@ -48,6 +49,46 @@ GRACE_BEATS = 4
 # user attr of a trial: {"id": host:pid[:gpuN] of the worker running it, "trial": its number}
 # (a re-run inherits its original's user attrs; the number tells whose they are)
 WORKER_ATTR = "worker"
+
+
+def redacted(url: str) -> str:
+    """A storage URL fit to write or show: its password replaced by ``***`` (SQLAlchemy's own rendering)."""
+    import sqlalchemy
+
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: hide anything between ':' and '@' after the scheme
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def without_password(text: str, url: str) -> str:
+    """``text`` (e.g. a driver's error message) with ``url``'s password, wherever it appears, hidden."""
+    import sqlalchemy
+
+    try:
+        password = sqlalchemy.engine.make_url(url).password
+    except Exception:  # noqa: BLE001
+        password = None
+    return text.replace(str(password), "***") if password else text
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` storage URL; None for other storages (and in-memory SQLite)."""
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url[len("sqlite:///"):].split("?", 1)[0])
+    return None
+
+
+def check_storage(url: str, existing: bool = False) -> None:
+    """Refuse, before anything is made, a SQLite storage whose folder does not exist (SQLAlchemy would
+    create the database, and the locks beside it the folder) or, with ``existing``, whose file does not."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if existing and not path.is_file():
+        raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the storage a search wrote")
+    if not path.parent.is_dir():
+        raise StudyError(f"--storage {redacted(url)}: folder {path.parent} does not exist; create it or choose another path")
 
 
 def worker_id(device: int | None = None) -> str:
@@ -75,17 +116,19 @@ class StudyLocks:
         self._engine = None
         self._folder: Path | None = None
         storage_url = storage_url or ""
+        database = sqlite_path(storage_url)
         if storage_url.startswith("postgresql"):
             import sqlalchemy
             from sqlalchemy.pool import NullPool
 
             self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool)
-        elif storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
-            self._folder = Path(storage_url[len("sqlite:///"):]).parent / ".autoprec-locks"
         else:
-            import tempfile
+            self._folder = database.parent / ".autoprec-locks" if database is not None else host_lock_folder()
 
-            self._folder = Path(tempfile.gettempdir()) / "autoprec-locks"
+    @property
+    def ever_held(self) -> bool:
+        """Whether a lock of this study may have been taken (a reader that finds none need not make one)."""
+        return self._engine is not None or self._folder.is_dir()
 
     def _key(self, name: str) -> int:
         digest = hashlib.sha256(f"{self.study_name}\0{name}".encode()).digest()
@@ -104,8 +147,7 @@ class StudyLocks:
                 finally:
                     connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
             return
-        self._folder.mkdir(parents=True, exist_ok=True)
-        with FileLock(self._folder / f"{self._key(name) & 0xFFFFFFFFFFFF:012x}.lock"):
+        with FileLock(private_folder(self._folder) / f"{self._key(name) & 0xFFFFFFFFFFFF:012x}.lock"):
             yield
 
 
@@ -166,8 +208,9 @@ def give_back(study: optuna.Study, trial: optuna.Trial) -> None:
 def default_artifacts(storage_url: str) -> Path:
     """Beside a SQLite storage, else in this host's autoprec cache: where every worker on this
     host finds them (workers on other hosts need a shared --artifacts directory)."""
-    if storage_url.startswith("sqlite:///") and storage_url != "sqlite:///:memory:":
-        return Path(storage_url[len("sqlite:///"):]).parent / "artifacts"
+    database = sqlite_path(storage_url)
+    if database is not None:
+        return database.parent / "artifacts"
     from autoprec.zoo import cache_root
 
     return cache_root() / "artifacts"

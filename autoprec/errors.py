@@ -23,3 +23,7 @@ class StudyError(AutoprecError):
 
 class BackendError(AutoprecError):
     """An inference engine is missing or cannot run a candidate."""
+
+
+class ExportError(AutoprecError):
+    """An export cannot represent the result faithfully (or safely) in the requested format."""

@@ -33,7 +33,9 @@ from autoprec.coordination import (
     beating,
     fail_dead_trials,
     give_back,
+    redacted,
     storage_for,
+    without_password,
     worker_id,
 )
 from autoprec.errors import AutoprecError, StudyError
@@ -144,6 +146,7 @@ def open_study(
 ) -> optuna.Study:
     """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.coordination`);
     refuse one that was made for another model, data or engine."""
+    shown = redacted(storage) if isinstance(storage, str) else type(storage).__name__
     try:
         study = optuna.create_study(
             storage=storage_for(storage, heartbeat) if isinstance(storage, str) else storage,
@@ -153,11 +156,12 @@ def open_study(
             load_if_exists=True,
         )
     except ImportError as exc:
-        raise StudyError(f"--storage {storage}: its database driver is not installed ({exc.__cause__ or exc}): "
+        raise StudyError(f"--storage {shown}: its database driver is not installed ({exc.__cause__ or exc}): "
                          "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
+        first = without_password((str(exc).strip().splitlines() or [""])[0], str(storage))
         raise StudyError(
-            f"--storage {storage}: cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); "
             "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db"
         ) from None
     existing = study.user_attrs
@@ -169,7 +173,7 @@ def open_study(
     if differs:
         detail = "; ".join(f"{k}: study has {existing[k]!r}, this run {identity.get(k)!r}" for k in differs[:3])
         raise StudyError(
-            f"study {study_name!r} in {storage} was made for a different search ({detail}); "
+            f"study {study_name!r} in {shown} was made for a different search ({detail}); "
             "use another --study-name or --out, or rerun with the original settings"
         )
     return study

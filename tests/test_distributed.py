@@ -106,3 +106,23 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
     stranger = _worker(postgres_url, model, other, tmp_path / "out3")
     _, err = stranger.communicate(timeout=120)
     assert stranger.returncode == 2 and "made for a different search" in " ".join(err.split())
+
+
+def test_a_password_in_the_storage_url_is_never_written_nor_shown(tmp_path, postgres_url):
+    secret = "S3cret-pw"
+    url = postgres_url.replace("autoprec@", f"autoprec:{secret}@")  # the test server trusts loopback: any password works
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    out = tmp_path / "out"
+    search = subprocess.run([sys.executable, "-m", "autoprec.cli", "search", str(model), "--out", str(out), "--storage", url,
+                             "--study-name", "pw", "--budget", "2", "--no-progress", "--no-warm-start"],
+                            capture_output=True, text=True, timeout=300)
+    assert search.returncode == 0, search.stderr
+    shown = [search.stdout, search.stderr]
+    for verb in (["report", str(out)], ["show", str(out), "--json"], ["status", "--storage", url, "--study-name", "pw"],
+                 ["status", "--storage", url, "--study-name", "nope"]):
+        proc = subprocess.run([sys.executable, "-m", "autoprec.cli", *verb], capture_output=True, text=True, timeout=120)
+        shown += [proc.stdout, proc.stderr]
+    assert proc.returncode == 2 and "no study 'nope'" in proc.stderr and "autoprec:***@" in proc.stderr
+    written = [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in (".json", ".html", ".txt", ".log")]
+    assert len(written) >= 4 and json.loads((out / "pareto.json").read_text())["search"]["storage"].count("***") == 1
+    assert not [text for text in shown + written if secret in text]

@@ -19,7 +19,8 @@ import onnx
 
 from autoprec import atomic
 from autoprec.calibrate import ActivationRanges
-from autoprec.export.escape import ExportError, markdown_code, markdown_text, printable, shell_comment
+from autoprec.errors import ExportError
+from autoprec.escape import markdown_code, markdown_text, printable, shell_comment
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan, Precision
 

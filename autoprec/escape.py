@@ -1,4 +1,4 @@
-"""Untrusted text (names from a model, paths, fields of result files) into generated files, as data.
+"""Untrusted text (names from a model, paths, fields of result files) into generated files and the terminal, as data.
 
 A model's node, tensor and file names are chosen by whoever made the model: a name may hold a
 newline, quotes, ``$(...)`` or markup. Every generated script, config and card passes such text
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import re
 
-from autoprec.errors import AutoprecError
-
-
-class ExportError(AutoprecError):
-    """An export cannot represent the result faithfully (or safely) in the requested format."""
+from autoprec.errors import ExportError
 
 
 def printable(text: object) -> str:
