@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
 import onnx
 import optuna
 
@@ -39,7 +40,7 @@ from autoprec.coordination import (
     without_password,
     worker_id,
 )
-from autoprec.errors import AutoprecError, StudyError
+from autoprec.errors import AutoprecError, ModelError, SearchFailed, StudyError
 from autoprec.isolation import FileLock, IsolatedMeasurer, Limits, MeasurerPool, device_lock_path
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
@@ -47,6 +48,7 @@ from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
 from autoprec.plan import Plan, Precision
 from autoprec.plots import plot_result_dir
 from autoprec.results import (
+    ResultFiles,
     SearchResult,
     json_safe,
     load_json,
@@ -63,6 +65,7 @@ from autoprec.search import (
     default_study_name,
     finished_records,
     make_sampler,
+    nothing_measured,
     open_study,
     RETIME_ROUNDS,
     rejected_trials,
@@ -166,19 +169,32 @@ def needs_calibration(info: ModelInfo) -> bool:
 def prepare_reference(
     info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
 ) -> Prepared:
-    """Calibrate (when a unit may take INT8) and compute the FP32 reference; read from ``cache`` when there."""
+    """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache`` when there."""
     seconds = dict(seconds)
     fingerprint = dataset.fingerprint()
     t0 = time.monotonic()
-    ranges = calibrate(info, dataset.calibration, fingerprint, cache) if needs_calibration(info) else None
-    seconds["calibrate"] = time.monotonic() - t0
-    t0 = time.monotonic()
     reference = reference_outputs(info, dataset.evaluation, fingerprint, cache)
     seconds["reference"] = time.monotonic() - t0
+    _check_finite(info, reference)
+    t0 = time.monotonic()
+    ranges = calibrate(info, dataset.calibration, fingerprint, cache) if needs_calibration(info) else None
+    seconds["calibrate"] = time.monotonic() - t0
     where = f"; cached in {cache}" if cache else ""
     ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
     console.note(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
+    """An FP32 output that is already NaN or Inf makes every candidate's loss infinite: say so, now."""
+    for i, outputs in enumerate(reference):
+        for name, value in outputs.items():
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                raise ModelError(
+                    f"{info.path}: the FP32 model's own output {name} is NaN or Inf on evaluation batch {i} of the "
+                    "data, so no candidate's accuracy can be measured; check the data and its scaling "
+                    "(--image-mean/--image-std), or the model"
+                )
 
 
 def prepare(
@@ -291,6 +307,8 @@ def search(
         "calibration": calibration,
         "max_loss": max_loss,
         "precisions": searched,
+        "search_space": space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs},
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     locks = StudyLocks(storage_url, name)
@@ -397,10 +415,13 @@ def search(
         "storage": redacted(storage_url),
         "data": dataset.source,
         "data_path": str(Path(data).resolve()) if data is not None else None,
+        "data_fingerprint": fingerprint,
+        "calibration_file": (str(calibration_cache(info, fingerprint, cache).relative_to(out_dir))
+                             if ranges is not None else None),
         "image_norm": {"mean": list(image_mean), "std": list(image_std)},
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
-        "search_space": space.source,
+        "search_space": space.to_json(),
         "precisions": searched,
         "left_out": left_out,
         "wall_seconds": round(time.monotonic() - started, 2),
@@ -427,6 +448,8 @@ def search(
             tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
     write_results(result, chosen_model, tensorrt_model)
     plot_result_dir(read_result_dir(out_dir))
+    if not trials:
+        raise SearchFailed(nothing_measured(study, out_dir))
     return result
 
 
@@ -461,6 +484,11 @@ def sensitivity_pass(
         console.note(f"sensitivity: read from {path} (same model, data, engine and space)")
     else:
         console.note(f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s")
+    if found.failed:
+        every = found.failed == found.evaluations
+        console.warn(f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of the one-unit "
+                     f"plans failed (first: {found.first_error})"
+                     + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm start"))
     return found, from_cache
 
 
@@ -534,32 +562,92 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
 
 
-def _context(
-    target: str | os.PathLike, data: str | os.PathLike | None, shapes: Mapping[str, Sequence[int]] | None,
-    plan: str | os.PathLike | None, trial: int | None,
-) -> tuple[Path, str | os.PathLike | None, Mapping | None, Plan, Path | None, dict]:
-    """MODEL + --plan, or a result directory (its model, data, shapes, chosen plan or --trial N)."""
-    target = Path(target)
-    if target.is_dir():
-        result = read_result_dir(target)
-        facts = result.pareto["search"]
-        if trial is not None:
-            chosen = result.trial(trial)
-            if chosen is None:
-                raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
-            found = Plan.from_json(chosen["plan"])
-        elif plan is not None:
-            found = load_plan(plan)
-        elif result.plan is not None:
-            found = Plan.from_json(result.plan["plan"])
+@dataclass(frozen=True)
+class PlanContext:
+    """A plan with the analysis it was measured with: re-created from a result's record, or MODEL + --plan."""
+
+    plan: Plan
+    prepared: Prepared
+    trial: int | None = None  # the result's trial the plan is, where it is one
+
+
+def _recorded(result: ResultFiles, key: str, where: dict):
+    if key not in where or where[key] is None and key != "calibration_file":
+        raise AutoprecError(f"{result.out_dir}: its result files do not record {key!r} (written by an older autoprec); "
+                            "rerun the search to re-create, check or export its plans")
+    return where[key]
+
+
+def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
+             shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
+    """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
+    external data included), search space and overrides, input shapes, data split (seed) and
+    normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
+    INT8 scales stay those the search calibrated. Anything that differs is refused with one line."""
+    facts, model = result.pareto["search"], result.pareto["model"]
+    path, sha256 = Path(_recorded(result, "path", model)), _recorded(result, "sha256", model)
+    space = SearchSpace.from_json(_recorded(result, "search_space", facts))
+    recorded_shapes = {name: tuple(spec["shape"]) for name, spec in _recorded(result, "inputs", model).items()}
+    if shapes and {k: tuple(v) for k, v in shapes.items()} != {k: recorded_shapes[k] for k in shapes if k in recorded_shapes}:
+        raise AutoprecError(f"--shape: {result.out_dir} was searched at "
+                            + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in recorded_shapes.items())
+                            + "; its plans are measured at those shapes (search again for others)")
+    norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
+    recorded_data, fingerprint = facts.get("data_path"), _recorded(result, "data_fingerprint", facts)
+    info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
+                                         int(_recorded(result, "seed", facts)), norm["mean"], norm["std"])
+    if info.sha256 != sha256:
+        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
+                            f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
+                            "or search again")
+    same_data = dataset.fingerprint() == fingerprint
+    if data is None and not same_data:
+        raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
+                            "(its content changed): restore it, or pass --data to evaluate on other data")
+    cache = result.out_dir / "cache"
+    calibration_file = _recorded(result, "calibration_file", facts)
+    ranges = None
+    if calibration_file is not None:
+        stored = result.out_dir / calibration_file
+        if stored.is_file():
+            try:
+                ranges = ActivationRanges.load(stored)
+            except (OSError, ValueError, KeyError) as exc:
+                raise AutoprecError(f"{stored}: the search's calibration cannot be read ({exc}); delete it to "
+                                    "calibrate again from the search's data") from None
+        elif same_data:
+            ranges = calibrate(info, dataset.calibration, fingerprint, cache)
         else:
-            raise AutoprecError(f"{target}: no chosen plan; pass --trial N")
-        given = shapes or {k: v["shape"] for k, v in result.pareto["model"]["inputs"].items()}
-        norm = facts.get("image_norm", {"mean": [0.0], "std": [1.0]})
-        return Path(result.pareto["model"]["path"]), data or facts.get("data_path"), given, found, target / "cache", norm
-    if plan is None:
-        raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
-    return target, data, shapes, load_plan(plan), None, {"mean": [0.0], "std": [1.0]}
+            raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
+                                "run without --data (it is calibrated again from the search's data) or search again")
+    reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint(), cache)
+    return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def plan_context(
+    target: str | os.PathLike, plan: str | os.PathLike | None = None, trial: int | None = None,
+    data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+) -> PlanContext:
+    """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
+    (:func:`recreate`); or MODEL + --plan, analysed with the default space on ``data``."""
+    target = Path(target)
+    if not target.is_dir():
+        if plan is None:
+            raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
+        return PlanContext(load_plan(plan), prepare(target, load_search_space(), data, shapes))
+    result = read_result_dir(target)
+    if trial is not None:
+        found = result.trial(trial)
+        if found is None:
+            raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
+        chosen, number = Plan.from_json(found["plan"]), trial
+    elif plan is not None:
+        chosen, number = load_plan(plan), None
+    elif result.plan is not None:
+        chosen, number = Plan.from_json(result.plan["plan"]), result.plan["trial"]
+    else:
+        raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
+    return PlanContext(chosen, recreate(result, data, shapes), number)
 
 
 def diagnose_plan(
@@ -575,8 +663,8 @@ def diagnose_plan(
     """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.diagnose)."""
     from autoprec.diagnose import diagnose, plot_errors
 
-    model_path, data, shapes, found, cache, norm = _context(target, data, shapes, plan, trial)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    context = plan_context(target, plan, trial, data, shapes)
+    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
     engine = get_backend(backend)
     rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
@@ -614,8 +702,8 @@ def check_plan(
     metric: str = "cosine",
 ) -> dict:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits."""
-    model_path, data, shapes, found, cache, norm = _context(target, data, shapes, plan, None)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    context = plan_context(target, plan, None, data, shapes)
+    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
     engine = get_backend(backend)
     metric_name, loss_function = resolve_metric(metric)
     result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation,
@@ -642,9 +730,8 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
         note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
         return onnx.load(str(Path(result_dir) / "best" / "model.onnx")), note, stem
-    model_path, data, shapes, plan, cache, norm = _context(result_dir, None, None, None, trial)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
-    model = lower_plan(prepared.info, plan, prepared.ranges, QDQForm(engine["qdq_form"]))
+    context = plan_context(result_dir, trial=trial)
+    model = lower_plan(context.prepared.info, context.plan, context.prepared.ranges, QDQForm(engine["qdq_form"]))
     return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem
 
 
@@ -652,14 +739,13 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
     TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
     result = read_result_dir(result_dir)
-    model_path, data, shapes, plan, cache, norm = _context(result_dir, None, None, None, trial)
-    number = trial if trial is not None else result.plan["trial"]
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, norm["mean"], norm["std"], cache)
+    context = plan_context(result_dir, trial=trial)
+    prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
     fp32 = result.pareto.get("uniform", {}).get("fp32")
     return BuildSpec(
         name=model_path.stem, original_model=model_path,
         model=lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), plan=plan, info=prepared.info,
-        ranges=prepared.ranges, trial=result.trial(number), fp32_trial=result.trial(fp32) if fp32 is not None else None,
+        ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
         engine=result.pareto["engine"], search=result.pareto["search"],
     )
 

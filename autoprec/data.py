@@ -174,6 +174,12 @@ def load_items(
                 "convert the arrays"
             )
         items[spec.name] = arr.astype(spec.dtype, copy=False)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            bad = np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1))
+            raise DataError(
+                f"--data {path}: input {spec.name} holds NaN or Inf in {len(bad)} item(s) (the first is item {bad[0]}); "
+                "every accuracy would be infinite: remove or repair those items"
+            )
     counts = {len(a) for a in items.values()}
     if len(counts) != 1:
         raise DataError(f"--data {path}: inputs have different item counts {sorted(counts)}; give each the same")

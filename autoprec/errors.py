@@ -21,6 +21,10 @@ class StudyError(AutoprecError):
     """The Optuna storage or study cannot be used for this search."""
 
 
+class SearchFailed(AutoprecError):
+    """No candidate could be measured: the search has no result to choose from."""
+
+
 class BackendError(AutoprecError):
     """An inference engine is missing or cannot run a candidate."""
 

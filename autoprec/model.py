@@ -84,6 +84,35 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _tensors(graph: onnx.GraphProto):
+    """Every tensor a graph holds: initializers and attribute tensors, in subgraphs too."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
+                yield from _tensors(subgraph)
+
+
+def model_sha256(path: Path) -> str:
+    """What a model *is*: the sha256 of its ONNX file or, when its weights live in external data files,
+    of the file and every data file it references (a changed weight file is a changed model)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    path = Path(path)
+    own = file_sha256(path)
+    skeleton = onnx.load(str(path), load_external_data=False)
+    locations = sorted({ExternalDataInfo(t).location for t in _tensors(skeleton.graph) if uses_external_data(t)})
+    if not locations:
+        return own
+    digest = hashlib.sha256(own.encode())
+    for location in locations:
+        digest.update(f"\0{location}\0{file_sha256(path.parent / location)}".encode())
+    return digest.hexdigest()
+
+
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Read and check an ONNX file, raising ModelError that names the file and the fix."""
     path = Path(path)
@@ -390,6 +419,9 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
         activations = tuple(i.name for i in float_inputs if not isinstance(i, gs.Constant))
         if not activations:
             continue  # a constant-only node is folded away by engines; nothing to choose
+        # Lowering writes FP16 Casts and INT8 Q/DQ for float32 tensors only: a unit computing in
+        # another float type (float64) would be reported lowered while running unchanged.
+        float32 = all(i.dtype is None or np.dtype(i.dtype) == np.float32 for i in float_inputs)
         fused = [] if node.op in space.pinned_fp32 else _fusable_block(node.outputs[0], graph, space)
         units.append(
             Unit(
@@ -399,7 +431,7 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
                 activations=activations,
                 weight=weight.name if weight is not None else None,
                 output=(fused[-1] if fused else node).outputs[0].name,
-                allowed=space.allowed(node.name, node.op),
+                allowed=space.allowed(node.name, node.op) if float32 else (Precision.FP32,),
             )
         )
     return tuple(units)
@@ -432,16 +464,21 @@ def analyse(
             f"{path}: cannot be prepared for search ({type(exc).__name__}: {first}); check that it runs "
             "in onnxruntime as it is, or re-export it"
         ) from None
+    other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
+    if other_floats:
+        notes.append(f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
+                     "kept FP32, since lowering converts float32 tensors only")
     if not any(u.searchable for u in units):
         raise ModelError(
             f"{path}: no searchable layers: the search space ({space.source}) lists "
             f"{', '.join(sorted(space.units))}, and the model has "
             + ("none of them" if not units else "only pinned ones")
-            + "; add its compute op types under 'units:' in a --search-space file"
+            + ("; they compute in float64: convert the model to float32" if other_floats else
+               "; add its compute op types under 'units:' in a --search-space file")
         )
     return ModelInfo(
         path=path,
-        sha256=file_sha256(path),
+        sha256=model_sha256(path),
         model=prepared,
         inputs=tuple(TensorSpec(s.name, fixed[s.name], s.dtype) for s in declared),
         outputs=_output_specs(prepared),

@@ -97,7 +97,7 @@ def plan_ignored(trial: TrialRecord) -> bool:
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
     return {
-        "path": str(info.path),
+        "path": str(Path(info.path).resolve()),
         "sha256": info.sha256,
         "inputs": {i.name: {"shape": list(i.shape), "dtype": i.dtype} for i in info.inputs},
         "outputs": {o.name: {"shape": list(o.shape), "dtype": o.dtype} for o in info.outputs},
@@ -160,6 +160,9 @@ def write_results(
         else:  # a resumed search may have chosen another plan: no stale artifact of the old one
             (best / "model.tensorrt.onnx").unlink(missing_ok=True)
         written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
+    else:  # nothing chosen this time: an earlier run's best/ must not pass for this run's result
+        for name in ("plan.json", "model.onnx", "model.tensorrt.onnx"):
+            (out / "best" / name).unlink(missing_ok=True)
     return written
 
 

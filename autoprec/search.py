@@ -7,14 +7,16 @@ trials into plans, measures each distinct plan once, and keeps the study honest 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import os
+import signal
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import onnx
 import optuna
@@ -47,7 +49,8 @@ from autoprec.sensitivity import Sensitivity, not_faster_than_fp32, warm_start_p
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
-IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss", "precisions")
+IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss", "precisions",
+                 "search_space", "shapes")
 
 
 @dataclass(frozen=True)
@@ -229,9 +232,28 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 WAIT_SECONDS = 1.0
 
 
-def start_trial(study: optuna.Study, ctx: StudyContext, budget: int) -> optuna.Trial | None:
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C during the block is raised when it ends: where a trial is created but not yet held by
+    anything that would give it back, an interrupt would leave it RUNNING until its heartbeat goes
+    stale. (Only the main thread receives signals; elsewhere the block runs as is.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
+def start_trial(study: optuna.Study, ctx: StudyContext, budget: int, started: list[optuna.Trial]) -> optuna.Trial | None:
     """A new trial while the study's budget has room, counting every worker's trials; None once
-    ``budget`` trials count.
+    ``budget`` trials count. The trial is appended to ``started`` as it is created, so whatever
+    stops this worker next can give it back.
 
     While the rest of the budget is held by running trials, waits: they finish, or their worker
     died and they are failed and queued again (heartbeat), and this worker runs the re-run.
@@ -244,7 +266,9 @@ def start_trial(study: optuna.Study, ctx: StudyContext, budget: int) -> optuna.T
             if done >= budget:
                 return None
             if done + sum(t.state == TrialState.RUNNING for t in trials) < budget:
-                return study.ask(distributions(ctx.info, ctx.calibration))
+                with interrupts_deferred():
+                    started.append(study.ask(distributions(ctx.info, ctx.calibration)))
+                return started[-1]
         time.sleep(WAIT_SECONDS)
 
 
@@ -344,16 +368,18 @@ def run_study(
 
     def work() -> None:
         while not stop.is_set():
-            trial = start_trial(study, ctx, budget)
-            if trial is None:
-                return
-            with beating(study, trial, ctx.worker):
-                try:
+            started: list[optuna.Trial] = []
+            try:
+                trial = start_trial(study, ctx, budget, started)
+                if trial is None:
+                    return
+                with beating(study, trial, ctx.worker):
                     result = run_trial(study, ctx, trial)
-                except BaseException:
-                    stop.set()  # the other threads finish the trial they are in, then stop
-                    give_back(study, trial)
-                    raise
+            except BaseException:
+                stop.set()  # the other threads finish the trial they are in, then stop
+                for unfinished in started:  # created, even if interrupted before it could beat
+                    give_back(study, unfinished)
+                raise
             if on_trial is not None:
                 on_trial(sum(counted(t) for t in study.get_trials(deepcopy=False)), result)
 
@@ -416,6 +442,20 @@ def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
         {"trial": t.number, **t.user_attrs["rejected"], "plan": t.user_attrs.get("plan")}
         for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if "rejected" in t.user_attrs
     ]
+
+
+def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
+    """Why a study has no measured trial: how its trials ended and the first error, in one line."""
+    trials = [t for t in study.get_trials(deepcopy=False) if counted(t)]
+    errors = [(t.number, (t.user_attrs["error"].strip().splitlines() or [""])[0][:300]) for t in trials
+              if t.state == TrialState.FAIL and "error" in t.user_attrs]
+    rejected = sum(t.state == TrialState.PRUNED for t in trials)
+    cause = (f"all {len(errors)} failed ({'; '.join(f'trial {n}: {e}' for n, e in errors[:1])})" if errors else
+             f"{rejected} rejected early for their loss")
+    return (f"no candidate was measured: of {len(trials)} trial(s), {cause}"
+            + (f", {rejected} rejected early" if errors and rejected else "")
+            + f". The study and {out_dir} are kept; fix the cause and search again into a new --out "
+            "(this study's budget is spent)")
 
 
 def finished_records(study: optuna.Study) -> list[TrialRecord]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,6 +47,38 @@ class SearchSpace:
     def with_overrides(self, overrides: list[str]) -> SearchSpace:
         parsed = tuple(_parse_override(text) for text in overrides)
         return SearchSpace(self.units, self.fusable, self.pinned_fp32, self.overrides + parsed, self.source)
+
+    def to_json(self) -> dict:
+        """Everything that decides the units and their precisions (overrides included), so a result can
+        re-create its analysis without the YAML file, and a study can refuse a search with another space."""
+        return {
+            "source": self.source,
+            "units": {op: [p.value for p in precisions] for op, precisions in sorted(self.units.items())},
+            "fusable": sorted(self.fusable),
+            "pinned_fp32": sorted(self.pinned_fp32),
+            "overrides": [[pattern, [p.value for p in precisions]] for pattern, precisions in self.overrides],
+        }
+
+    def digest(self) -> str:
+        """Content hash of :meth:`to_json` without ``source`` (the same space read from another file is the same)."""
+        content = {k: v for k, v in self.to_json().items() if k != "source"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, data: dict) -> SearchSpace:
+        """The space a result recorded (see :meth:`to_json`); a damaged record is a :class:`SearchSpaceError`."""
+        try:
+            return cls(
+                units={str(op): parse_precisions(list(p), f"recorded search space, units.{op}") for op, p in data["units"].items()},
+                fusable=frozenset(map(str, data["fusable"])),
+                pinned_fp32=frozenset(map(str, data["pinned_fp32"])),
+                overrides=tuple((str(pattern), parse_precisions(list(p), f"recorded override {pattern}"))
+                                for pattern, p in data["overrides"]),
+                source=str(data["source"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SearchSpaceError(f"the recorded search space cannot be read ({type(exc).__name__}: {exc}); "
+                                   "rerun the search") from None
 
 
 def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:

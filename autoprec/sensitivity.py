@@ -71,6 +71,8 @@ class Sensitivity:
     evaluations: int  # one-unit plans evaluated (0 when read from the cache)
     seconds: float
     engine: str
+    failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
+    first_error: str = ""
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
@@ -86,6 +88,7 @@ class Sensitivity:
         return {
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
+            "failed": self.failed, "first_error": self.first_error,
         }
 
     @classmethod
@@ -94,7 +97,8 @@ class Sensitivity:
             UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"])
             for u in data["units"]
         )
-        return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"])
+        return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"],
+                   data.get("failed", 0), data.get("first_error", ""))
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
@@ -202,11 +206,13 @@ def analyse_sensitivity(
     gains = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else {}
     steps = [(u, p) for u in info.searchable_units for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.searchable_units}
+    failures: list[str] = []
     for i, (unit, precision) in enumerate(steps):
         try:
             loss = loss_of(backend.lower(info, one_unit_plan(info, unit.name, precision, calibration), ranges))
-        except Exception:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
+        except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
+            failures.append(f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
         losses[unit.name][precision.value] = loss
         if on_step is not None:
             on_step(i + 1, len(steps))
@@ -215,7 +221,8 @@ def analyse_sensitivity(
                         {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit})
         for u in info.searchable_units
     )
-    return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label())
+    return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
+                       len(failures), failures[0] if failures else "")
 
 
 def cache_key(info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int) -> str:

@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -280,3 +281,44 @@ def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
     assert Precision.INT8 not in space.allowed("conv", "Conv")
     space, searched, _ = _engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
     assert Precision.INT8 in space.allowed("conv", "Conv") and searched == ["int8", "fp16", "fp32"]
+
+
+@pytest.mark.parametrize("moment", ["created", "starting to beat"])
+def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model, monkeypatch, moment):
+    """SIGINT right after the storage created the trial (inside Study.ask), or as its heartbeat starts:
+    the trial is failed and queued again at once, not left RUNNING for a heartbeat to find."""
+    import importlib
+    import signal
+
+    search = importlib.import_module("autoprec.search")  # the module (autoprec.search is the function)
+
+    out = tmp_path / "out"
+    autoprec.search(mlp_model, budget=1, out=out, progress=False, warm_start=False, isolate=False)
+    real_ask, real_beating = optuna.Study.ask, search.beating
+
+    def ask_then_interrupted(self, *args, **kwargs):
+        trial = real_ask(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the signal lands as the trial exists in the storage
+        return trial
+
+    def beating_interrupted(study, trial, worker):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_beating(study, trial, worker)
+
+    if moment == "created":
+        monkeypatch.setattr(optuna.Study, "ask", ask_then_interrupted)
+    else:
+        monkeypatch.setattr(search, "beating", beating_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, isolate=False)
+    monkeypatch.undo()
+    study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    interrupted = study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert len(interrupted) == 1 and [retried_trial(t) for t in waiting].count(interrupted[0].number) == 1
+    started = time.monotonic()
+    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, isolate=False)
+    assert time.monotonic() - started < 30  # no wait for a stale heartbeat (4 beats of 10 s)
+    study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
+    assert sum(t.state.name == "COMPLETE" for t in study.trials) == 3

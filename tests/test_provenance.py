@@ -1,0 +1,178 @@
+"""Every result is tied to exactly what produced it: model (external data included), data, seed,
+search space and overrides, shapes; check/diagnose/export re-create that analysis or refuse."""
+
+import json
+import os
+import shutil
+
+import builders
+import numpy as np
+import onnx
+import pytest
+
+import autoprec
+from autoprec.api import plan_context, tensorrt_build_spec
+from autoprec.cli import main
+from autoprec.errors import AutoprecError, DataError, SearchFailed, StudyError
+from autoprec.results import read_result_dir
+
+FUSE_NOTHING = """units: {Conv: [int8, fp16, fp32], Gemm: [int8, fp16, fp32]}
+fusable: []
+pinned_fp32: [Softmax]
+"""
+
+
+def _exit(argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in model.graph.initializer}
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """A search with --seed 3, a search space that fuses nothing, an override, and a relative model path."""
+    root = tmp_path_factory.mktemp("provenance")
+    model = builders.save(builders.conv_net(batch="N"), root / "conv.onnx")
+    data = root / "data.npz"
+    np.savez(data, x=builders.image_like(16))
+    space = root / "space.yaml"
+    space.write_text(FUSE_NOTHING)
+    out = root / "result"
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        result = autoprec.search(model.name, budget=6, data=data, out=out, seed=3, search_space=space,
+                                 overrides=["fc=fp16,fp32"], progress=False)
+    finally:
+        os.chdir(here)
+    return root, out, result
+
+
+def test_the_result_records_what_re_creates_its_analysis(seeded):
+    root, out, result = seeded
+    pareto = json.loads((out / "pareto.json").read_text())
+    facts = pareto["search"]
+    assert facts["seed"] == 3 and facts["data_fingerprint"] and facts["calibration_file"].startswith("cache/calibration-")
+    assert facts["search_space"]["fusable"] == [] and facts["search_space"]["overrides"] == [["fc", ["fp16", "fp32"]]]
+    assert pareto["model"]["path"] == str(root / "conv.onnx")  # absolute, whatever the working directory was
+
+
+def test_an_exported_trial_is_the_model_that_was_measured(seeded, tmp_path):
+    """--seed 3 split the data its own way; export re-creates that split's calibration, not seed 0's."""
+    _, out, result = seeded
+    chosen = result.chosen.number
+    assert _exit(["export", str(out), "--format", "triton", "--trial", str(chosen), "--out", str(tmp_path), "--name", "m"]) == 0
+    exported = onnx.load(str(tmp_path / "m" / "1" / "model.onnx"))
+    measured = onnx.load(str(out / "best" / "model.onnx"))
+    assert _initializers(exported) == _initializers(measured)
+    assert [n.op_type for n in exported.graph.node] == [n.op_type for n in measured.graph.node]
+
+
+def test_the_build_card_lists_the_units_of_the_searched_space(seeded):
+    _, out, result = seeded
+    assert _exit(["export", str(out), "--format", "markdown"]) == 0
+    card = (out / "export" / "markdown" / "BUILD.md").read_text()
+    conv0 = next(line for line in card.splitlines() if line.startswith("| `conv0` |"))
+    assert conv0.endswith("| — |")  # the searched space fused nothing into conv0 (the default fuses its Relu)
+    spec = tensorrt_build_spec(out)
+    assert all(len(u.nodes) == 1 for u in spec.info.units)
+
+
+def test_a_changed_model_at_the_recorded_path_is_refused(seeded, tmp_path):
+    root, out, _ = seeded
+    copy = tmp_path / "result"
+    shutil.copytree(out, copy)
+    pareto = json.loads((copy / "pareto.json").read_text())
+    other = builders.save(builders.conv_net(batch="N", seed=7), tmp_path / "conv.onnx")  # same architecture, other weights
+    pareto["model"]["path"] = str(other)
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    with pytest.raises(AutoprecError, match="not the model .* was searched with"):
+        plan_context(copy)
+
+
+def test_changed_data_is_refused_and_other_data_keeps_the_searched_scales(seeded, tmp_path):
+    root, out, result = seeded
+    copy = tmp_path / "result"
+    shutil.copytree(out, copy)
+    changed = tmp_path / "data.npz"
+    np.savez(changed, x=builders.image_like(16) * 2)
+    pareto = json.loads((copy / "pareto.json").read_text())
+    pareto["search"]["data_path"] = str(changed)
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    with pytest.raises(AutoprecError, match="not the data .* was searched with"):
+        plan_context(copy)
+    given = plan_context(out, data=changed)  # explicit other data: evaluated there, calibrated as searched
+    searched = plan_context(out)
+    assert given.prepared.ranges.tensors.keys() == searched.prepared.ranges.tensors.keys()
+    assert all(given.prepared.ranges[t].amax("minmax") == searched.prepared.ranges[t].amax("minmax")
+               for t in searched.prepared.ranges.tensors)
+
+
+def test_resuming_with_another_override_or_space_is_refused(seeded):
+    root, out, _ = seeded
+    with pytest.raises(StudyError, match="made for a different search .*search_space"):
+        autoprec.search(root / "conv.onnx", budget=7, data=root / "data.npz", out=out, seed=3,
+                        search_space=root / "space.yaml", overrides=["fc=int8,fp32"], progress=False)
+
+
+def test_changed_external_weights_are_a_different_model(tmp_path):
+    model = builders.conv_net()
+    onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.data", size_threshold=0)
+    out = tmp_path / "out"
+    autoprec.search(tmp_path / "ext.onnx", budget=1, out=out, progress=False, warm_start=False)
+    weights = bytearray((tmp_path / "ext.data").read_bytes())
+    weights[8:12] = np.float32(3.0).tobytes()
+    (tmp_path / "ext.data").write_bytes(bytes(weights))
+    with pytest.raises(StudyError, match="model_sha256"):
+        autoprec.search(tmp_path / "ext.onnx", budget=2, out=out, progress=False, warm_start=False)
+    fresh = autoprec.search(tmp_path / "ext.onnx", budget=1, out=tmp_path / "fresh", progress=False, warm_start=False)
+    assert fresh.trials[0].loss == 0.0  # all-FP32 against its own (new) reference, not a stale cached one
+
+
+def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_model, monkeypatch):
+    (tmp_path / "failing.py").write_text("def loss(reference, candidate):\n    raise ValueError('metric broke')\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    autoprec.search(mlp_model, budget=1, out=out, progress=False, warm_start=False)
+    assert (out / "best" / "plan.json").is_file()
+    with pytest.raises(SearchFailed, match=r"no candidate was measured: of 2 trial\(s\), all 2 failed .*metric broke"):
+        autoprec.search(mlp_model, budget=2, out=out, study_name="another", metric="failing:loss", progress=False,
+                        warm_start=False)
+    assert not (out / "best").exists() or not any((out / "best").iterdir())
+    assert json.loads((out / "pareto.json").read_text())["chosen"] is None
+    assert _exit(["export", str(out), "--format", "markdown"]) == 2
+
+
+def test_data_with_nan_is_refused_before_anything_runs(tmp_path, conv_model):
+    data = builders.image_like(8)
+    data[5, 0, 3, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=data)
+    with pytest.raises(DataError, match="holds NaN or Inf in 1 item.*item 5"):
+        autoprec.search(conv_model, budget=1, data=tmp_path / "nan.npz", out=tmp_path / "out", progress=False)
+
+
+def test_float64_units_are_not_reported_lowered(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w32"),
+             numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float64), "w64")]
+    nodes = [helper.make_node("MatMul", ["x", "w32"], ["h"], "fp32_layer"),
+             helper.make_node("Cast", ["h"], ["h64"], "to64", to=TensorProto.DOUBLE),
+             helper.make_node("MatMul", ["h64", "w64"], ["y"], "fp64_layer")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = builders.IR_VERSION
+    result = autoprec.search(builders.save(model, tmp_path / "mixed.onnx"), budget=3, out=tmp_path / "out", progress=False,
+                             warm_start=False)
+    units = {u["name"]: u["allowed"] for u in result.units}
+    assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}
+    assert all(t.plan["fp64_layer"].value == "fp32" for t in result.trials)
+    assert any("float type other than float32" in note for note in result.model["preparation"])
