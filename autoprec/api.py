@@ -557,9 +557,28 @@ def load_plan(path: str | os.PathLike) -> Plan:
     """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
     try:
         data = load_json(Path(path))
-        return Plan.from_json(data.get("plan", data))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        plan = data.get("plan", data)
+        if not isinstance(plan.get("precisions"), dict) or not isinstance(plan.get("calibration", ""), str):
+            raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": method}')
+        return Plan.from_json(plan)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+
+
+def _fits(plan: Plan, info: ModelInfo, where: str) -> Plan:
+    """``plan`` when it names only the model's units, each at a precision the unit may take, and a
+    calibration method autoprec has; else one line saying which."""
+    units = {u.name: u for u in info.units}
+    unknown = [name for name in plan.as_dict() if name not in units]
+    if unknown:
+        raise AutoprecError(f"{where}: names unit(s) {', '.join(unknown[:3])} that {info.path.name} does not have; "
+                            f"give a plan made for this model (its units: {', '.join(list(units)[:3])}, …)")
+    refused = [f"{n} {p}" for n, p in plan.as_dict().items() if p not in units[n].allowed]
+    if refused:
+        raise AutoprecError(f"{where}: puts {', '.join(refused[:3])}, which the search space does not allow there")
+    if plan.calibration not in CALIBRATION_METHODS:
+        raise AutoprecError(f"{where}: calibration {plan.calibration!r} is not one of {', '.join(CALIBRATION_METHODS)}")
+    return plan
 
 
 @dataclass(frozen=True)
@@ -634,7 +653,8 @@ def plan_context(
     if not target.is_dir():
         if plan is None:
             raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
-        return PlanContext(load_plan(plan), prepare(target, load_search_space(), data, shapes))
+        prepared = prepare(target, load_search_space(), data, shapes)
+        return PlanContext(_fits(load_plan(plan), prepared.info, f"--plan {plan}"), prepared)
     result = read_result_dir(target)
     if trial is not None:
         found = result.trial(trial)
@@ -647,7 +667,8 @@ def plan_context(
         chosen, number = Plan.from_json(result.plan["plan"]), result.plan["trial"]
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
-    return PlanContext(chosen, recreate(result, data, shapes), number)
+    prepared = recreate(result, data, shapes)
+    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}" if plan is not None else str(target)), prepared, number)
 
 
 def diagnose_plan(

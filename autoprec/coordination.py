@@ -116,6 +116,7 @@ class StudyLocks:
         self._engine = None
         self._folder: Path | None = None
         storage_url = storage_url or ""
+        self._url = storage_url
         database = sqlite_path(storage_url)
         if storage_url.startswith("postgresql"):
             import sqlalchemy
@@ -140,7 +141,13 @@ class StudyLocks:
             import sqlalchemy
 
             key = self._key(name)
-            with self._engine.connect() as connection:
+            try:
+                connection = self._engine.connect()
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                first = without_password((str(exc.orig or exc).strip().splitlines() or [""])[0], self._url)
+                raise StudyError(f"--storage {redacted(self._url)}: cannot be reached ({first}); check the server, "
+                                 "the URL and the network") from None
+            with connection:
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
                 try:
                     yield

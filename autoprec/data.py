@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -17,6 +18,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
 Batch = dict[str, np.ndarray]
+# What NumPy raises for a file that is not a (readable) .npy/.npz: object arrays need pickle, which is never allowed.
+UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 
 class RandomDataWarning(UserWarning):
@@ -63,6 +66,8 @@ def _files(path: Path) -> list[Path]:
         raise DataError(f"--data {path}: no such file or folder; check the path")
     if path.is_file():
         return [path]
+    if not path.is_dir():
+        raise DataError(f"--data {path}: neither a file nor a folder (a device or pipe?); give .npy/.npz files or images")
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | ARRAY_SUFFIXES)
     if not files:
         raise DataError(
@@ -76,14 +81,17 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
     """Stack items per input along a new leading axis (one .npz: its arrays already are stacks)."""
     names = [i.name for i in inputs]
     if len(files) == 1 and files[0].suffix.lower() == ".npz" and path.is_file():
-        with np.load(files[0], allow_pickle=False) as npz:
-            missing = [n for n in names if n not in npz.files]
-            if missing:
-                raise DataError(
-                    f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the model needs "
-                    f"{', '.join(missing)}; name the arrays like the model inputs ({', '.join(names)})"
-                )
-            return {n: npz[n] for n in names}
+        try:
+            with np.load(files[0], allow_pickle=False) as npz:
+                missing = [n for n in names if n not in npz.files]
+                if missing:
+                    raise DataError(
+                        f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the model needs "
+                        f"{', '.join(missing)}; name the arrays like the model inputs ({', '.join(names)})"
+                    )
+                return {n: _stack_of_items(npz[n], path, n) for n in names}
+        except UNREADABLE as exc:
+            raise DataError(f"--data {path}: cannot be read as a NumPy .npz file ({exc}); re-save it with numpy.savez") from None
     items: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
         try:
@@ -103,7 +111,7 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                         )
                     for n in names:
                         items[n].append(npz[n])
-        except (ValueError, OSError) as exc:
+        except UNREADABLE as exc:
             raise DataError(f"--data {f}: cannot be read as a NumPy file ({exc}); re-save it with numpy.save") from None
     stacked = {}
     for n, arrays in items.items():
@@ -112,6 +120,12 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             raise DataError(f"--data {path}: arrays for input {n} have different shapes {sorted(shapes)}; make them equal")
         stacked[n] = np.stack(arrays)
     return stacked
+
+
+def _stack_of_items(array: np.ndarray, path: Path, name: str) -> np.ndarray:
+    if array.ndim == 0:
+        raise DataError(f"--data {path}: array {name} is a single number; store the items stacked along a first axis")
+    return array
 
 
 def _read_images(files: list[Path], spec: TensorSpec, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
@@ -124,6 +138,12 @@ def _read_images(files: list[Path], spec: TensorSpec, mean: Sequence[float], std
             "pass .npy/.npz arrays instead"
         )
     channels, height, width = shape[1], shape[2], shape[3]
+    for option, values in (("--image-mean", mean), ("--image-std", std)):
+        if len(values) not in (1, channels):
+            raise DataError(f"{option} has {len(values)} values, but input {spec.name} has {channels} channel(s); "
+                            f"give 1 value or {channels}")
+    if not all(np.isfinite(v) for v in (*mean, *std)) or any(v == 0 for v in std):
+        raise DataError(f"--image-mean {list(mean)} / --image-std {list(std)}: need finite numbers and a non-zero std")
     out = []
     for f in files:
         if f.suffix.lower() not in IMAGE_SUFFIXES:
@@ -132,7 +152,7 @@ def _read_images(files: list[Path], spec: TensorSpec, mean: Sequence[float], std
             with Image.open(f) as img:
                 img = img.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
                 arr = np.asarray(img, dtype=np.float32) / 255.0
-        except (UnidentifiedImageError, OSError) as exc:
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
             raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
         arr = arr.reshape(height, width, channels).transpose(2, 0, 1)
         m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)

@@ -123,6 +123,16 @@ class EngineLayers:
                 "layer_table": [asdict(layer) for layer in self.ordered()]}
 
 
+def _entries(value: Any, what: str, source: str) -> list:
+    """A list of JSON objects or names, as the inspector writes them; anything else is refused in one line."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, (dict, str)) for v in value):
+        raise AutoprecError(f"{source or 'layer information'}: {what} is not a list of objects; give the file written by "
+                            "trtexec --exportLayerInfo or by the engine inspector")
+    return value
+
+
 def _tensor(entry: Mapping[str, Any] | str) -> TensorFormat:
     if isinstance(entry, str):
         return TensorFormat(entry, "unknown", "")
@@ -132,7 +142,9 @@ def _tensor(entry: Mapping[str, Any] | str) -> TensorFormat:
     else:  # 11.x: split fields
         fmt = str(entry.get("Format", ""))
         dtype = data_type(str(entry.get("DataType", ""))) if "DataType" in entry else data_type(fmt)
-    return TensorFormat(str(entry.get("Name", "")), dtype, fmt, tuple(entry.get("Dimensions", ()) or ()))
+    dims = entry.get("Dimensions", ())
+    dims = tuple(d for d in dims if isinstance(d, int)) if isinstance(dims, list) else ()
+    return TensorFormat(str(entry.get("Name", "")), dtype, fmt, dims)
 
 
 def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorFormat]) -> str:
@@ -155,11 +167,11 @@ def split_layer_name(name: str) -> tuple[str, ...]:
     return tuple(pieces)
 
 
-def _layer(entry: Mapping[str, Any] | str) -> EngineLayer:
+def _layer(entry: Mapping[str, Any] | str, source: str) -> EngineLayer:
     if isinstance(entry, str):
         return EngineLayer(entry, "", "unknown", fused_from=split_layer_name(entry))
-    inputs = tuple(_tensor(t) for t in entry.get("Inputs", ()))
-    outputs = tuple(_tensor(t) for t in entry.get("Outputs", ()))
+    inputs = tuple(_tensor(t) for t in _entries(entry.get("Inputs"), "a layer's Inputs", source))
+    outputs = tuple(_tensor(t) for t in _entries(entry.get("Outputs"), "a layer's Outputs", source))
     name = str(entry.get("Name", ""))
     metadata = _ONNX_LAYER.findall(str(entry.get("Metadata", "")))
     return EngineLayer(
@@ -185,12 +197,13 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
     if not isinstance(document, Mapping) or not isinstance(document.get("Layers"), list):
         raise AutoprecError(f"{source or 'layer information'}: no \"Layers\" list; give the file written by "
                             "trtexec --exportLayerInfo (with --profilingVerbosity=detailed) or by the engine inspector")
-    raw_layers = document["Layers"]
-    layers = tuple(_layer(entry) for entry in raw_layers)
+    raw_layers = _entries(document["Layers"], '"Layers"', source)
+    layers = tuple(_layer(entry, source) for entry in raw_layers)
     if "I/O Tensors" in document:
-        io, schema = tuple(document["I/O Tensors"]), "tensorrt-11"
+        io = tuple(t for t in _entries(document["I/O Tensors"], '"I/O Tensors"', source) if isinstance(t, dict))
+        schema = "tensorrt-11"
     else:
-        io, schema = tuple({"Name": name} for name in document.get("Bindings", ())), "tensorrt-10"
+        io, schema = tuple({"Name": str(n)} for n in _entries(document.get("Bindings"), '"Bindings"', source)), "tensorrt-10"
     if raw_layers and all(isinstance(entry, str) for entry in raw_layers):
         schema = "names-only"
     return EngineLayers(layers, io, schema, source)
@@ -202,11 +215,23 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
     if not path.is_file():
         raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
     raw = path.read_bytes()
-    if raw.lstrip()[:1] == b"{":
+    if raw.lstrip()[:1] in (b"{", b"["):
         return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
+    if not raw.strip() or (b"\0" not in raw[:4096] and _is_text(raw[:4096])):
+        raise AutoprecError(f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
+                            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON")
     from autoprec.backends.tensorrt import engine_information
 
     return parse_engine_layers(engine_information(raw), str(path))
+
+
+def _is_text(head: bytes) -> bool:
+    """Readable text (a cut multi-byte character at the end of ``head`` allowed), as a serialized engine never is."""
+    try:
+        text = head.decode("utf-8") if len(head) < 4096 else head[:-3].decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\n\r\t" for c in text)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,13 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
+    initializers = {i.name for i in model.graph.initializer}
+    for value in [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]:
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            role = "output" if value in model.graph.output else "input"
+            raise ModelError(f"{path}: {role} {value.name} is a {(kind or 'untyped value').removesuffix('_type')}, not a "
+                             f"tensor; autoprec feeds and compares tensors only: export the model with tensor {role}s")
     return model
 
 

@@ -171,6 +171,106 @@ def load_json(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
+# --- the result files' structure, checked once on reading: plots, tables, report and exports can then
+# index them without meeting a value of the wrong type (a hand-edited or damaged file is refused) ---
+
+NUMBER = "a number"  # int or float, or "inf"/"-inf"/"nan" as json_safe writes them
+
+
+@dataclass(frozen=True)
+class Nullable:
+    schema: Any
+
+
+@dataclass(frozen=True)
+class Optional_:
+    schema: Any  # the key may be absent (older result files)
+
+
+@dataclass(frozen=True)
+class MapOf:
+    schema: Any  # an object with any keys, each value of this schema
+
+
+@dataclass(frozen=True)
+class OneOf:
+    values: tuple
+
+
+PRECISION = OneOf(("int8", "fp16", "fp32"))
+TIMING = {"median_ms": NUMBER, "p10_ms": NUMBER, "p90_ms": NUMBER, "runs": int, "warmup": int}
+PLAN = {"calibration": str, "counts": {"int8": int, "fp16": int, "fp32": int}, "precisions": MapOf(PRECISION)}
+TRIAL = {
+    "trial": int, "latency_ms": TIMING, "final_latency_ms": NUMBER, "retimed_ms": [NUMBER], "latency_unstable": bool,
+    "accuracy_loss": NUMBER, "feasible": bool, "metrics": MapOf(MapOf(NUMBER)), "duplicate_of": Nullable(int),
+    "plan": PLAN, "build": Nullable(dict),
+}
+ENGINE = {"backend": str, "engine": str, "version": str, "provider": str, "device": str, "qdq_form": str, "measured": bool,
+          "caveat": Optional_(str)}
+MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
+         "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str]}
+SEARCH = {
+    "budget": int, "trials": int, "metric": str, "max_loss": Nullable(NUMBER), "seed": int, "calibration": str,
+    "study_name": str, "storage": str, "data": str, "random_data": bool, "sampler": str, "wall_seconds": NUMBER,
+    "batches": {"calibration": int, "evaluation": int}, "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
+    "data_path": Optional_(Nullable(str)), "data_fingerprint": Optional_(str), "calibration_file": Optional_(Nullable(str)),
+    "search_space": Optional_((dict, str)), "plan_ignored": Optional_([int]),
+}
+HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
+PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
+          "chosen_vs_fp32": Nullable({"fp32_trial": int, "speedup": NUMBER, "beyond_timing_noise": bool})}
+TRIALS = {**HEADER, "trials": [TRIAL]}
+CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str),
+               "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
+SENSITIVITY = {"engine": str, "batches": int, "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
+                                                          "loss": MapOf(NUMBER), "gain": MapOf(NUMBER)}]}
+
+
+def _problem(value: Any, schema: Any, where: str) -> str | None:
+    """Where ``value`` departs from ``schema``, in words; None when it fits."""
+    name = where or "the top level"
+    if isinstance(schema, Optional_):
+        return _problem(value, schema.schema, where)
+    if isinstance(schema, Nullable):
+        return None if value is None else _problem(value, schema.schema, where)
+    if schema is NUMBER:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("inf", "-inf", "nan")
+        return None if ok else f"{name} is {value!r:.60}, not a number"
+    if isinstance(schema, OneOf):
+        return None if value in schema.values else f"{name} is {value!r:.60}, not one of {', '.join(map(str, schema.values))}"
+    if isinstance(schema, (type, tuple)):
+        kinds = schema if isinstance(schema, tuple) else (schema,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        return None if ok else f"{name} is {value!r:.60}, not {' or '.join(k.__name__ for k in kinds)}"
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return f"{name} is not a list"
+        return next((p for i, item in enumerate(value) if (p := _problem(item, schema[0], f"{where}[{i}]"))), None)
+    if isinstance(schema, MapOf):
+        if not isinstance(value, dict):
+            return f"{name} is not an object"
+        return next((p for k, item in value.items() if (p := _problem(item, schema.schema, f"{where}.{k}"))), None)
+    if not isinstance(value, dict):
+        return f"{name} is not an object"
+    for key, sub in schema.items():
+        if key not in value:
+            if not isinstance(sub, Optional_):
+                return f"{where}.{key} is missing".lstrip(".")
+            continue
+        if (problem := _problem(value[key], sub, f"{where}.{key}".lstrip("."))) is not None:
+            return problem
+    return None
+
+
+def validated(document: Any, schema: Any, path: Path) -> Any:
+    """``document`` when it has the structure autoprec wrote; else one line naming the file and the field."""
+    problem = _problem(document, schema, "")
+    if problem is not None:
+        raise AutoprecError(f"{path}: {problem}; it is not as autoprec wrote it (edited or damaged): rerun the search "
+                            "to rewrite the result files")
+    return document
+
+
 @dataclass(frozen=True)
 class ResultFiles:
     """A result directory as written by a search: what plots, reports and comparisons read."""
@@ -190,19 +290,47 @@ class ResultFiles:
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:
-    """Load a result directory, or say plainly why it is not one."""
+    """Load a result directory, every file checked against the structure autoprec writes, or say
+    plainly why it is not one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
     if not pareto_path.is_file():
         raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
-    try:
-        pareto = load_json(pareto_path)
-        trials = load_json(out_dir / "trials.json")
-        plan_path = out_dir / "best" / "plan.json"
-        plan = load_json(plan_path) if plan_path.is_file() else None
-        sensitivity = load_json(out_dir / "sensitivity.json") if (out_dir / "sensitivity.json").is_file() else None
-    except (OSError, ValueError) as exc:
-        raise AutoprecError(f"{out_dir}: its result files cannot be read ({exc}); rerun the search to rewrite them") from None
-    if pareto.get("schema") != PARETO_SCHEMA:
-        raise AutoprecError(f"{pareto_path}: schema {pareto.get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search")
+    files = {"pareto": pareto_path, "trials": out_dir / "trials.json", "plan": out_dir / "best" / "plan.json",
+             "sensitivity": out_dir / "sensitivity.json"}
+    read: dict[str, Any] = {}
+    for name, path in files.items():
+        if name in ("plan", "sensitivity") and not path.is_file():
+            read[name] = None
+            continue
+        try:
+            read[name] = load_json(path)
+        except (OSError, ValueError) as exc:
+            raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
+                                "to rewrite the result files") from None
+    if isinstance(read["pareto"], dict) and read["pareto"].get("schema") != PARETO_SCHEMA:
+        raise AutoprecError(f"{pareto_path}: schema {read['pareto'].get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search")
+    pareto = validated(read["pareto"], PARETO, pareto_path)
+    trials = validated(read["trials"], TRIALS, files["trials"])
+    plan = validated(read["plan"], CHOSEN_PLAN, files["plan"]) if read["plan"] is not None else None
+    sensitivity = validated(read["sensitivity"], SENSITIVITY, files["sensitivity"]) if read["sensitivity"] is not None else None
+    _check_consistent(out_dir, pareto, trials, plan)
     return ResultFiles(out_dir, pareto, trials, plan, sensitivity)
+
+
+def _check_consistent(out_dir: Path, pareto: dict, trials: dict, plan: dict | None) -> None:
+    """The files agree with each other: the chosen trial is on the front, best/ is the chosen one, the
+    uniform plans are trials, every front plan names the same units."""
+    numbers = {t["trial"] for t in trials["trials"]}
+    front = {t["trial"] for t in pareto["front"]}
+    problem = None
+    if pareto["chosen"] is not None and pareto["chosen"] not in front:
+        problem = f"pareto.json chooses trial {pareto['chosen']}, which is not on its front"
+    elif plan is not None and plan["trial"] != pareto["chosen"]:
+        problem = f"best/plan.json holds trial {plan['trial']}, but pareto.json chose {pareto['chosen']} (best/ is from another run)"
+    elif any(n not in numbers for n in pareto["uniform"].values()):
+        problem = "pareto.json names a uniform plan that trials.json does not have"
+    elif len({tuple(t["plan"]["precisions"]) for t in pareto["front"]}) > 1:
+        problem = "the front's plans do not name the same units"
+    if problem:
+        raise AutoprecError(f"{out_dir}: {problem}; rerun the search to rewrite the result files")

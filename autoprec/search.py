@@ -163,10 +163,9 @@ def open_study(
                          "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         first = without_password((str(exc).strip().splitlines() or [""])[0], str(storage))
-        raise StudyError(
-            f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); "
-            "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db"
-        ) from None
+        hint = ("if its disk is full, free space and run the same command again" if "disk" in first.lower() else
+                "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
+        raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
     if not any(k in existing for k in IDENTITY_KEYS):
         for key, value in identity.items():
@@ -219,13 +218,17 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
     attrs = trial.user_attrs
     if "measurement" not in attrs:
         return None
-    return TrialRecord(
-        number=trial.number,
-        plan=Plan.from_json(attrs["plan"]),
-        measurement=Measurement.from_json(attrs["measurement"]),
-        feasible=all(v <= 0.0 for v in trial.constraints.values()),
-        duplicate_of=attrs.get("duplicate_of"),
-    )
+    try:
+        return TrialRecord(
+            number=trial.number,
+            plan=Plan.from_json(attrs["plan"]),
+            measurement=Measurement.from_json(attrs["measurement"]),
+            feasible=all(v <= 0.0 for v in trial.constraints.values()),
+            duplicate_of=attrs.get("duplicate_of"),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StudyError(f"trial {trial.number} of the study: its stored plan or measurement is damaged "
+                         f"({type(exc).__name__}: {exc}); search into a new --out (or --study-name)") from None
 
 
 # How often a worker looks again when the rest of the budget is held by other workers' trials.

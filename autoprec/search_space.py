@@ -82,6 +82,8 @@ class SearchSpace:
 
 
 def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
+    if not isinstance(text, (str, list, tuple)):
+        raise SearchSpaceError(f"{where}: {text!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'")
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
@@ -112,9 +114,11 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         source = "default"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check the path") from None
+        except UnicodeDecodeError:
+            raise SearchSpaceError(f"search space {path}: not UTF-8 text; save the YAML file as UTF-8") from None
         source = str(path)
     try:
         raw = yaml.safe_load(text) or {}
@@ -122,15 +126,30 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
         raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
-    units = {op: parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
-    overrides = tuple(
-        (pattern, parse_precisions(p, f"search space {source}, overrides.{pattern}"))
-        for pattern, p in (raw.get("overrides") or {}).items()
-    )
+    units = {_text(op, source, "units"): parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
+    overrides = raw.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise SearchSpaceError(f"search space {source}: 'overrides:' must map name patterns to precisions, "
+                               "e.g. overrides: {'/head/*': [fp32]}")
     return SearchSpace(
         units=units,
-        fusable=frozenset(raw.get("fusable") or ()),
-        pinned_fp32=frozenset(raw.get("pinned_fp32") or ()),
-        overrides=overrides,
+        fusable=_op_types(raw, "fusable", source),
+        pinned_fp32=_op_types(raw, "pinned_fp32", source),
+        overrides=tuple((_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, overrides.{pattern}"))
+                        for pattern, p in overrides.items()),
         source=source,
     )
+
+
+def _text(value: object, source: str, key: str) -> str:
+    if not isinstance(value, str):
+        raise SearchSpaceError(f"search space {source}: {key} has the key {value!r}, which is not text; quote it")
+    return value
+
+
+def _op_types(raw: dict, key: str, source: str) -> frozenset[str]:
+    """A list of op type names (``fusable:``, ``pinned_fp32:``)."""
+    value = raw.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SearchSpaceError(f"search space {source}: '{key}:' must be a list of op type names, e.g. {key}: [Relu, Add]")
+    return frozenset(value)

@@ -5,13 +5,21 @@ and checks the exit status, that stderr is one ``autoprec: error:`` line without
 and that nothing was written where it must not be.
 """
 
+import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import builders
+import numpy as np
+import onnx
 import pytest
+
+from autoprec.cli import main
 
 
 def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -91,3 +99,317 @@ def test_a_storage_in_a_missing_folder_is_refused_not_created(workdir, tmp_path)
     url = f"sqlite:///{tmp_path / 'nonexistent' / 'dir' / 'x.db'}"
     one_line_error(autoprec("search", "conv.onnx", "--storage", url, "--budget", 1, cwd=workdir), "does not exist")
     assert not (tmp_path / "nonexistent").exists()
+
+
+# --- every failure a user or the environment can cause: one line, exit 2, nothing lost ---
+#
+# The probes below run in this process (main(), like the command), which keeps them fast. The quick
+# form runs in CI; AUTOPREC_ADVERSARIAL=deep runs ten times as many generated result-file variants.
+
+DEEP = os.environ.get("AUTOPREC_ADVERSARIAL") == "deep"
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's own refusal (exit 2, usage line)
+        code = exc.code
+    err = capsys.readouterr().err
+    return code, err
+
+
+def clean(code: int, err: str, allowed=(0, 2)) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    assert code in allowed, (code, err[-3000:])
+    if code == 2:
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(("autoprec: error: ", "usage:")) or "error:" in last, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def result_dir(tmp_path_factory):
+    """One finished search (with its sensitivity pass) whose files the probes damage, each on a copy."""
+    import autoprec as api
+
+    root = tmp_path_factory.mktemp("victim")
+    model = builders.save(builders.conv_net(), root / "conv.onnx")
+    data = root / "data.npz"
+    np.savez(data, x=builders.image_like(12))
+    out = root / "result"
+    api.search(model, budget=4, data=data, out=out, progress=False)
+    return out
+
+
+def _paths(value, prefix=()):
+    """Every path into a JSON document."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:2]):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(document, path, value):
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+REPLACEMENTS = [None, "x", -1, 1e308, [], {}, True]
+
+
+def _mutations(result_dir):
+    """Every (file, path into it, value put there): each field of each result file given a wrong value."""
+    cases = []
+    for name in ("pareto.json", "trials.json", "best/plan.json", "sensitivity.json"):
+        document = json.loads((result_dir / name).read_text())
+        for path in _paths(document):
+            for value in REPLACEMENTS:
+                cases.append((name, path, value))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(300 if DEEP else 30))
+def test_damaged_result_files_are_refused_in_one_line(result_dir, tmp_path, capsys, case):
+    cases = _mutations(result_dir)
+    name, path, value = cases[(case * 7919) % len(cases)] if not DEEP else cases[case * len(cases) // 300]
+    copy_dir = tmp_path / "r"
+    shutil.copytree(result_dir, copy_dir)
+    document = json.loads((copy_dir / name).read_text())
+    if path:
+        _set(document, path, value)
+    else:
+        document = value
+    (copy_dir / name).write_text(json.dumps(document))
+    for argv in (["show", copy_dir], ["show", copy_dir, "--json"], ["compare", copy_dir, result_dir],
+                 ["export", copy_dir, "--format", "markdown", "--out", tmp_path / "md"]):
+        clean(*run(argv, capsys))
+    if case % 5 == 0 or DEEP:  # figures and the report take a second each
+        for argv in (["plot", copy_dir], ["report", copy_dir]):
+            clean(*run(argv, capsys))
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width`` × ``height`` pixels (no pixel data follows)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
+def _data_probe(kind: str, folder: Path) -> list:
+    images = folder / "images"
+    if kind == "corrupt npz":
+        (folder / "bad.npz").write_bytes(b"PK\x03\x04 not really a zip")
+        return ["--data", folder / "bad.npz"]
+    if kind == "dev null":
+        return ["--data", "/dev/null"]
+    if kind == "object array":
+        np.savez(folder / "obj.npz", x=np.array([object(), 1], dtype=object))
+        return ["--data", folder / "obj.npz"]
+    if kind == "inf":
+        x = builders.image_like(8)
+        x[2, 0, 0, 0] = np.inf
+        np.savez(folder / "inf.npz", x=x)
+        return ["--data", folder / "inf.npz"]
+    if kind == "huge image":
+        images.mkdir()
+        (images / "huge.png").write_bytes(_png_claiming(15000, 15000))
+        return ["--data", images]
+    if kind == "image std 0":
+        images.mkdir()
+        from PIL import Image
+        Image.new("RGB", (20, 20), (10, 20, 30)).save(images / "a.png")
+        return ["--data", images, "--image-std", "0"]
+    if kind == "image mean 2 values":
+        images.mkdir()
+        from PIL import Image
+        Image.new("RGB", (20, 20), (10, 20, 30)).save(images / "a.png")
+        return ["--data", images, "--image-mean", "0.5,0.5"]
+    if kind == "huge shape":
+        return ["--shape", "x=1x3x100000x100000"]
+    if kind == "npz of a scalar":
+        np.savez(folder / "scalar.npz", x=np.float32(3))
+        return ["--data", folder / "scalar.npz"]
+    if kind == "a folder of one bad npy":
+        (folder / "npys").mkdir()
+        (folder / "npys" / "a.npy").write_bytes(b"\x93NUMPY garbage")
+        return ["--data", folder / "npys"]
+    raise AssertionError(kind)
+
+
+DATA_PROBES = ["corrupt npz", "dev null", "object array", "inf", "huge image", "image std 0", "image mean 2 values",
+               "huge shape", "npz of a scalar", "a folder of one bad npy"]
+
+
+@pytest.mark.parametrize("kind", DATA_PROBES)
+def test_bad_data_is_one_line(workdir, capsys, monkeypatch, kind):
+    monkeypatch.chdir(workdir)
+    argv = ["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", workdir / "out", *_data_probe(kind, workdir)]
+    code, err = run(argv, capsys)
+    clean(code, err, allowed=(2,))
+
+
+SPACES = {
+    "units not a mapping": "units: 5\n",
+    "precisions not a list": "units: {Conv: 5}\n",
+    "fusable not a list": "units: {Conv: [int8, fp32]}\nfusable: 5\n",
+    "pinned a mapping": "units: {Conv: [int8, fp32]}\npinned_fp32: {a: 1}\n",
+    "overrides a list": "units: {Conv: [int8, fp32]}\noverrides: [a, b]\n",
+    "override precisions a number": "units: {Conv: [int8, fp32]}\noverrides: {'conv*': 5}\n",
+    "not utf-8": b"\xff\xfe\x00units",
+    "a list": "- Conv\n",
+    "op name not text": "units: {1: [int8]}\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SPACES))
+def test_bad_search_spaces_are_one_line(workdir, capsys, kind):
+    space = workdir / "space.yaml"
+    text = SPACES[kind]
+    space.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, err = run(["search", workdir / "conv.onnx", "--search-space", space, "--budget", 1, "--no-progress",
+                     "--out", workdir / "out"], capsys)
+    clean(code, err, allowed=(2,))
+
+
+PLANS = {
+    "unknown unit": {"precisions": {"nope": "int8"}},
+    "bogus calibration": {"precisions": {"conv0": "int8"}, "calibration": "bogus"},
+    "bogus precision": {"precisions": {"conv0": "int4"}},
+    "not an object": [1, 2],
+    "precisions a list": {"precisions": ["int8"]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+@pytest.mark.parametrize("verb", ["check", "diagnose"])
+def test_bad_plan_files_are_one_line(result_dir, tmp_path, capsys, kind, verb):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLANS[kind]))
+    extra = ["--max-loss", "0.1"] if verb == "check" else ["--out", tmp_path / "d"]
+    code, err = run([verb, result_dir, "--plan", plan, *extra], capsys)
+    clean(code, err, allowed=(2,))
+
+
+LAYER_FILES = {
+    "layers of numbers": '{"Layers": [1, 2]}',
+    "inputs a number": '{"Layers": [{"Name": "a", "Inputs": 5}]}',
+    "bindings a number": '{"Layers": [], "Bindings": 5}',
+    "io tensors a string": '{"Layers": [{"Name": "a"}], "I/O Tensors": "x"}',
+    "plain text": "this is a text file, not an engine\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_FILES))
+def test_inspect_of_odd_files_is_one_line(tmp_path, capsys, kind):
+    path = tmp_path / "layers.json"
+    path.write_text(LAYER_FILES[kind])
+    code, err = run(["inspect", path], capsys)
+    clean(code, err)
+    if kind == "plain text":
+        assert code == 2 and "TensorRT" not in err.strip().splitlines()[-1]
+
+
+def test_unwritable_output_paths_are_one_line(result_dir, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for argv in (["report", result_dir, "--output", blocker / "report.html"],
+                 ["inspect", Path(__file__).parent / "fixtures" / "tensorrt" / "mobilenet_qat_layers_excerpt.json",
+                  "--json", blocker / "x.json"],
+                 ["export", result_dir, "--format", "trtexec", "--out", blocker / "e"],
+                 ["diagnose", result_dir, "--out", blocker / "d"]):
+        code, err = run(argv, capsys)
+        clean(code, err, allowed=(2,))
+        assert "a-file" in err.strip().splitlines()[-1]
+
+
+def test_zoo_cache_damage_is_one_line(tmp_path, capsys):
+    as_file = tmp_path / "cache-file"
+    as_file.write_text("")
+    clean(*run(["zoo", "fetch", "ppocr-cls", "--cache", as_file], capsys), allowed=(2,))
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / "rapidocr_onnxruntime-1.4.4-py3-none-any.whl").write_bytes(b"garbage, not a zip")
+    clean(*run(["zoo", "fetch", "ppocr-cls", "--cache", cache], capsys), allowed=(2,))
+    (cache / "zoo" / "ppocr-cls").mkdir(parents=True)
+    (cache / "zoo" / "ppocr-cls" / "source.json").write_text("{not json")
+    clean(*run(["zoo", "list", "--cache", cache], capsys), allowed=(0,))
+
+
+def test_a_sequence_input_is_one_line(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    inits = [onnx.numpy_helper.from_array(np.array(0, np.int64), "i"), onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")]
+    nodes = [helper.make_node("SequenceAt", ["s", "i"], ["t"], "at"), helper.make_node("MatMul", ["t", "w"], ["y"], "mm")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [seq], [y], inits), opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = builders.IR_VERSION
+    onnx.checker.check_model(model)
+    path = builders.save(model, tmp_path / "m.onnx")
+    code, err = run(["search", path, "--budget", 1, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "input s is a sequence, not a tensor" in err.strip().splitlines()[-1]
+
+
+def test_unreachable_storages_and_stores_are_one_line(workdir, tmp_path, capsys):
+    pytest.importorskip("psycopg")
+    for extra in (["--storage", "postgresql://user:pw@127.0.0.1:1/nodb"], ["--artifacts", workdir / "conv.onnx"]):
+        code, err = run(["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", tmp_path / "o", *extra],
+                        capsys)
+        clean(code, err, allowed=(2,))
+        assert ":pw@" not in err
+
+
+def test_a_damaged_study_value_is_one_line_and_the_study_is_kept(result_dir, tmp_path, capsys):
+    import sqlite3
+
+    out = tmp_path / "r"
+    shutil.copytree(result_dir, out)
+    with sqlite3.connect(out / "study.db") as db:  # a value Optuna stored, damaged on disk
+        db.execute("UPDATE trial_user_attributes SET value_json = '\"garbage\"' WHERE key = 'measurement'")
+    facts = json.loads((out / "pareto.json").read_text())
+    before = sorted((out / "best").iterdir())
+    code, err = run(["search", facts["model"]["path"], "--data", facts["search"]["data_path"], "--budget", 5, "--out", out,
+                     "--no-progress"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "stored plan or measurement is damaged" in err.strip().splitlines()[-1]
+    assert sorted((out / "best").iterdir()) == before and (out / "pareto.json").is_file()  # nothing lost
+
+
+def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_path):
+    """A file-size limit stands in for a full disk: once the study's database has grown past it, its writes fail
+    (EFBIG, as ENOSPC would). The same command afterwards, with room again, finishes the budget."""
+    import resource
+    import signal
+
+    out = workdir / "out"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+
+    def search(budget, limit=None):
+        def limited():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        cmd = [sys.executable, "-m", "autoprec.cli", "search", "conv.onnx", "--budget", str(budget), "--no-progress",
+               "--no-warm-start", "--out", str(out)]
+        return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
+                              preexec_fn=limited if limit else None)
+
+    assert search(2).returncode == 0
+    full = search(12, limit=(out / "study.db").stat().st_size + 8192)
+    one_line_error(full, "free space")
+    resumed = search(12)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 12
+
+
+def test_verbose_shows_the_traceback_behind_the_line(tmp_path, capsys):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    builders.save(builders.conv_net(), tmp_path / "m.onnx")
+    code, err = run(["search", tmp_path / "m.onnx", "--data", tmp_path / "bad.npz", "--out", tmp_path / "o", "--verbose"], capsys)
+    assert code == 2 and "Traceback" in err and "DataError" in err
+    assert err.strip().splitlines()[-1].startswith("autoprec: error: --data")

@@ -14,7 +14,6 @@ import autoprec
 from autoprec.api import plan_context, tensorrt_build_spec
 from autoprec.cli import main
 from autoprec.errors import AutoprecError, DataError, SearchFailed, StudyError
-from autoprec.results import read_result_dir
 
 FUSE_NOTHING = """units: {Conv: [int8, fp16, fp32], Gemm: [int8, fp16, fp32]}
 fusable: []

