@@ -99,6 +99,8 @@ def resolve_metric(spec: str) -> tuple[str, LossFunction | None]:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:
         raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on the path") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported (a syntax error, its own code)
+        raise AutoprecError(f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module") from None
     if not callable(func):
         raise AutoprecError(f"--metric {spec}: {func_name} is not a function")
     return spec, func

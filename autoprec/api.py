@@ -41,7 +41,7 @@ from autoprec.coordination import (
     worker_id,
 )
 from autoprec.errors import AutoprecError, ModelError, SearchFailed, StudyError
-from autoprec.isolation import FileLock, IsolatedMeasurer, Limits, MeasurerPool, device_lock_path
+from autoprec.isolation import FileLock, IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved
 from autoprec.model import ModelInfo, analyse, declared_inputs, load_onnx
@@ -278,6 +278,9 @@ def search(
     at small batch on the GPU, would disturb the timed candidate).
     """
     started = time.monotonic()
+    for option, value in (("--study-name", study_name), ("--artifacts", artifacts), ("--storage", storage)):
+        if value is not None and not str(value).strip():
+            raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
     if budget < 1:
         raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
     if calibration not in (*CALIBRATION_METHODS, "auto"):
@@ -351,8 +354,12 @@ def search(
             ]
             measurer, pool = measurers[0], MeasurerPool(measurers)
             t0 = time.monotonic()
-            for each in measurers:
-                each.start()
+            try:
+                for each in measurers:
+                    each.start()
+            except TrialCrash as exc:
+                raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it more room "
+                                    "(--trial-memory, at least 1 GB) or check the engine's installation") from None
             one_time["worker_start"] = time.monotonic() - t0
             time_models = measurer.time_interleaved
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -17,6 +18,8 @@ def _umask() -> int:
 
 def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     path = Path(path)
+    if path.is_dir():  # else the rename fails naming the temporary file, not the user's path
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -214,6 +214,9 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
     path = Path(path)
     if not path.is_file():
         raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
+    if path.suffix.lower() == ".onnx":
+        raise AutoprecError(f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
+                            "trtexec, then its build.sh) and inspect the engine or its layers.json")
     raw = path.read_bytes()
     if raw.lstrip()[:1] in (b"{", b"["):
         return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))

@@ -413,3 +413,27 @@ def test_verbose_shows_the_traceback_behind_the_line(tmp_path, capsys):
     code, err = run(["search", tmp_path / "m.onnx", "--data", tmp_path / "bad.npz", "--out", tmp_path / "o", "--verbose"], capsys)
     assert code == 2 and "Traceback" in err and "DataError" in err
     assert err.strip().splitlines()[-1].startswith("autoprec: error: --data")
+
+
+MISC = [  # (argv after the verb's model/result, files to write, phrase the one line must hold)
+    (["search", "{model}", "--metric", "broken:f"], {"broken.py": "def f(:\n"}, "importing broken raised SyntaxError"),
+    (["search", "{model}", "--metric", "loud:f"], {"loud.py": "raise RuntimeError('at import')\n"}, "raised RuntimeError"),
+    (["search", "{model}", "--study-name", ""], {}, "--study-name '': empty"),
+    (["search", "{model}", "--artifacts", ""], {}, "--artifacts '': empty"),
+    (["search", "{model}", "--trial-memory", "0.01", "--budget", "1"], {}, "--trial-memory"),
+    (["report", "{result}", "--output", "{folder}"], {}, "/folder: Is a directory"),
+    (["inspect", "{model}"], {}, "an ONNX model, not an engine"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(MISC)), ids=[" ".join(m[0][:3]) + f" {i}" for i, m in enumerate(MISC)])
+def test_more_mistakes_are_one_line(result_dir, workdir, capsys, monkeypatch, case):
+    argv, files, phrase = MISC[case]
+    monkeypatch.chdir(workdir)
+    for name, text in files.items():
+        (workdir / name).write_text(text)
+    (workdir / "folder").mkdir()
+    fill = {"{model}": workdir / "conv.onnx", "{result}": result_dir, "{folder}": workdir / "folder"}
+    code, err = run([fill.get(a, a) for a in argv] + ["--out", workdir / "o"] * (argv[0] == "search"), capsys)
+    clean(code, err, allowed=(2,))
+    assert phrase in err.strip().splitlines()[-1]
