@@ -18,6 +18,7 @@ import optuna
 from autoprec import atomic, console
 from autoprec.accuracy import resolve_metric
 from autoprec.backends import Backend, get_backend
+from autoprec.backends.tensorrt import stamp_plan
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.calibrate import (
     CALIBRATION_METHODS,
@@ -445,8 +446,8 @@ def search(
         "plan_ignored": [t.number for t in trials if plan_ignored(t)],
     }
     if search_facts["plan_ignored"]:
-        console.warn(f"{engine_info.engine} did not run some planned INT8/FP16 units at their precision in trial(s) "
-                     f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build' in trials.json")
+        console.warn(f"{engine_info.engine} did not run some units at their planned precision in trial(s) "
+                     f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
     chosen_model = tensorrt_model = None
     if chosen is not None:
@@ -772,7 +773,8 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     fp32 = result.pareto.get("uniform", {}).get("fp32")
     return BuildSpec(
         name=model_path.stem, original_model=model_path,
-        model=lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), plan=plan, info=prepared.info,
+        model=stamp_plan(lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), prepared.info, plan),
+        plan=plan, info=prepared.info,
         ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
         engine=result.pareto["engine"], search=result.pareto["search"],
     )

@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
+    e.add_argument("--build", action="store_true",
+                   help="also build the exported model with the installed TensorRT (TensorRT for RTX builds without a "
+                        "GPU): model.plan and build_report.json (per-layer types, fused nodes, checked against the plan)")
     i = verb("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
     i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
                                   "the engine inspector (read without TensorRT)")
@@ -195,7 +198,9 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
     p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
     p.add_argument("--backend", default="ort-cpu", choices=backends,
                    help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt "
-                        "needs TensorRT 10.12+ and cuda-python, and has never been executed by autoprec's developers)")
+                        "needs TensorRT 10.12+ and cuda-python; tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of "
+                        "compute capability 8.0/8.6/8.9/12.x. Both TensorRT backends' builds run in autoprec's CI; their "
+                        "engine runs and timing have never been executed by its developers)")
     p.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda/tensorrt (default 0)")
     p.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
                    help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
@@ -402,6 +407,10 @@ def _check(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
+    if args.build:
+        from autoprec.export.build import check_buildable
+
+        check_buildable(args.format)
     if args.format == "triton":
         from autoprec.api import lowered_for_export
         from autoprec.export.triton import write_triton_entry
@@ -411,11 +420,19 @@ def _export(args: argparse.Namespace) -> int:
         console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
         return 0
     from autoprec.api import tensorrt_build_spec
+    from autoprec.export.build import build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
     for path in write_tensorrt_export(tensorrt_build_spec(args.result_dir, args.trial), args.format, out):
         console.stdout.print(f"wrote {path}")
-    console.warn(NOT_RUN)
+    if not args.build:
+        console.warn(NOT_RUN)
+        return 0
+    outcome = build_export(out, args.format)
+    if outcome.layers is not None:
+        console.stdout.print(console.engine_layers_table(outcome.layers))
+    for line in summary_lines(outcome):
+        console.stdout.print(line)
     return 0
 
 

@@ -169,20 +169,38 @@ def fail_dead_trials(study: optuna.Study) -> None:
     """Fail (and queue again, once) the running trials whose worker died.
 
     Optuna's :func:`~optuna.storages.fail_stale_trials` finds those whose heartbeat stopped; a
-    worker killed between creating a trial and its first beat leaves a trial with no heartbeat and
-    no beating worker, failed here once it is older than the grace period. Call it holding the
-    study's "queue" lock, so two workers do not both queue the same re-run."""
+    worker on this host whose process is gone is known dead at once, without waiting for its
+    heartbeat to go stale; a worker killed between creating a trial and its first beat leaves a
+    trial with no heartbeat and no beating worker, failed here once it is older than the grace
+    period. Call it holding the study's "queue" lock, so two workers do not both queue the same re-run."""
     interval = heartbeat_interval(study)
     if interval is None:
         return
     optuna.storages.fail_stale_trials(study)
     horizon = datetime.now() - timedelta(seconds=GRACE_BEATS * interval)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = trial.user_attrs.get(WORKER_ATTR, {}).get("trial") == trial.number  # a re-run copies its original's
-        if not beat and trial.datetime_start and trial.datetime_start < horizon:
+        worker = trial.user_attrs.get(WORKER_ATTR, {})
+        beat = worker.get("trial") == trial.number  # a re-run copies its original's
+        if (beat and _gone_from_this_host(worker.get("id", ""))) or (
+                not beat and trial.datetime_start and trial.datetime_start < horizon):
             # queued again before it is failed: a kill in between leaves a re-run, not a lost plan
             RetryHeartbeatStaleTrialCallback(max_retry=1)(study, trial)
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def _gone_from_this_host(worker: str) -> bool:
+    """A worker id (host:pid[:gpuN]) of this host whose process no longer exists."""
+    host, _, rest = worker.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's): alive
+        return False
+    return False
 
 
 def retried_trial(trial: FrozenTrial) -> int | None:

@@ -10,6 +10,9 @@ Reads, without TensorRT installed, the JSON of ``IEngineInspector.get_engine_inf
 - TensorRT 11.x: ``"Bindings"`` became ``"I/O Tensors"`` (objects), and the combined field was
   split into ``"Format"`` and ``"DataType"`` (NVIDIA's 10.x→11.x IEngineInspector migration guide).
 - Engines built without ``ProfilingVerbosity.DETAILED`` list layer names only: no precision.
+- TensorRT for RTX's builder writes the same information as text in its verbose log ("Layers:",
+  one ``Name: …, LayerType: …, Inputs: [ … ], Constants: [ … ], Outputs: [ … ], …, Metadata: …``
+  line per fused layer): read by :func:`parse_builder_layers`, without a GPU.
 
 A layer's precision is the type it computes in: its first non-boolean input's type (an INT8
 convolution may write FP16 or FP32 when a DQ was fused into it), else its first output's.
@@ -18,6 +21,7 @@ convolution may write FP16 or FP32 when a DQ was fused into it), else its first 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -63,11 +67,14 @@ class EngineLayer:
     fused_from: tuple[str, ...] = ()  # ONNX nodes (Metadata) or, failing that, the names the layer name joins
     origin: str = ""  # "QDQ" for a quantize/dequantize reformat, "REFORMAT", ...
     tactic: str = ""
+    constants: tuple[TensorFormat, ...] = ()  # weights the layer holds (TensorRT for RTX's builder log lists them)
 
     @property
     def is_bookkeeping(self) -> bool:
-        """Layout copies, Q/DQ reformats, no-ops and constants: not where the model's arithmetic runs."""
-        return self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity"} or self.origin in {"QDQ", "REFORMAT"}
+        """Layout copies, Q/DQ reformats, no-ops, constants and stream synchronisation: not where the
+        model's arithmetic runs."""
+        return (self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity", "signal", "wait"}
+                or self.origin in {"QDQ", "REFORMAT"})
 
 
 @dataclass(frozen=True)
@@ -147,8 +154,12 @@ def _tensor(entry: Mapping[str, Any] | str) -> TensorFormat:
     return TensorFormat(str(entry.get("Name", "")), dtype, fmt, dims)
 
 
-def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorFormat]) -> str:
-    for group in (inputs, outputs):
+def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorFormat],
+                       constants: Iterable[TensorFormat] = ()) -> str:
+    """The type a layer computes in: its weights' (its largest constant: a convolution's INT8 or FP16 filters,
+    not a normalisation's FP32 scale fused beside them), else its inputs', else its outputs'."""
+    weights = sorted((t for t in constants if math.prod(t.dimensions) > 1), key=lambda t: -math.prod(t.dimensions))[:1]
+    for group in (weights, inputs, outputs):
         types = [t.dtype for t in group if t.dtype not in ("bool", "unknown", "int32", "int64")]
         if types:
             return types[0]
@@ -209,6 +220,54 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
     return EngineLayers(layers, io, schema, source)
 
 
+_LOG_KEYS = ("Name", "LayerType", "Inputs", "Constants", "Outputs", "TacticName", "StreamId", "Metadata")
+_LOG_TENSOR = re.compile(r"\{ Name: (?P<name>.*?), Dimensions: \[(?P<dims>[^\]]*)\].*?Datatype: (?P<dtype>\w+), "
+                         r"Format: (?P<format>.*?) \}")
+
+
+def _log_fields(line: str) -> dict[str, str]:
+    """``Key: value, Key: value, …`` of one builder-log layer line, split at the known keys in order."""
+    marks = []
+    for key in _LOG_KEYS:
+        at = line.find(f"{key}: ", marks[-1][1] if marks else 0)
+        if at >= 0:
+            marks.append((key, at + len(key) + 2, at))
+    fields = {}
+    for i, (key, start, _) in enumerate(marks):
+        end = marks[i + 1][2] - 2 if i + 1 < len(marks) else len(line)
+        fields[key] = line[start:end].strip()
+    return fields
+
+
+def _log_tensors(text: str) -> tuple[TensorFormat, ...]:
+    return tuple(TensorFormat(m["name"], data_type(m["dtype"]), m["format"],
+                              tuple(int(d) for d in m["dims"].split(",") if d.strip().lstrip("-").isdigit()))
+                 for m in _LOG_TENSOR.finditer(text))
+
+
+def parse_builder_layers(log: str, source: str = "builder log") -> EngineLayers | None:
+    """The fused layers TensorRT for RTX's builder lists in its verbose log ("Layers:" block, written with
+    ``ProfilingVerbosity.DETAILED``); None when the log has none."""
+    lines = log.splitlines()
+    if "Layers:" not in (line.strip() for line in lines):
+        return None
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Layers:") + 1
+    layers = []
+    for line in lines[start:]:
+        if not line.startswith("Name: "):
+            break
+        fields = _log_fields(line)
+        inputs, outputs = _log_tensors(fields.get("Inputs", "")), _log_tensors(fields.get("Outputs", ""))
+        constants = _log_tensors(fields.get("Constants", ""))
+        layers.append(EngineLayer(
+            name=fields.get("Name", ""), layer_type=fields.get("LayerType", ""),
+            precision=_compute_precision(inputs, outputs, constants), inputs=inputs, outputs=outputs,
+            fused_from=tuple(_ONNX_LAYER.findall(fields.get("Metadata", ""))), tactic=fields.get("TacticName", ""),
+            constants=constants,
+        ))
+    return EngineLayers(tuple(layers), (), "builder-log", source)
+
+
 def read_engine_layers(path: str | Path) -> EngineLayers:
     """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs TensorRT)."""
     path = Path(path)
@@ -239,37 +298,39 @@ def _is_text(head: bytes) -> bool:
 
 @dataclass(frozen=True)
 class PlanFidelity:
-    """Which planned reduced-precision units the engine did not run at their planned precision."""
+    """Which planned units did not run at their planned precision, and what said so (``source``: the
+    engine inspector, the builder's log, the network's types)."""
 
     checked: int
     ignored: tuple[dict[str, Any], ...] = field(default=())  # {unit, planned, ran, layers}
+    source: str = ""
 
     @property
     def plan_ignored(self) -> bool:
         return bool(self.ignored)
 
     def to_json(self) -> dict[str, Any]:
-        return {"checked_units": self.checked, "plan_ignored": self.plan_ignored, "ignored_units": list(self.ignored)}
+        return {"checked_units": self.checked, "plan_ignored": self.plan_ignored, "ignored_units": list(self.ignored),
+                "source": self.source}
 
 
 def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]) -> PlanFidelity | None:
     """Compare ``{unit: {"precision": p, "nodes": [onnx node names]}}`` with what the engine runs.
 
-    A unit planned INT8/FP16 passes when a compute layer built from its main node computes in that
-    precision. A unit whose node is in no compute layer (eliminated or renamed) is reported as such.
-    None when the JSON has no precisions (built without detailed profiling verbosity).
+    A unit passes when a compute layer built from its main node computes in its planned precision
+    (FP32 units included: a strongly typed engine must not run them in FP16). A unit whose node is in
+    no compute layer (eliminated or renamed) is reported as such. None when the JSON has no
+    precisions (built without detailed profiling verbosity).
     """
     if not layers.detailed:
         return None
     ignored, checked = [], 0
     for unit, spec in planned.items():
         precision = spec["precision"]
-        if precision == "fp32":
-            continue
         checked += 1
         found = [layer for node in spec["nodes"][:1] for layer in layers.layers_of_node(node)]
         ran = sorted({layer.precision for layer in found})
         if precision not in ran:
             ignored.append({"unit": unit, "planned": precision, "ran": ran or ["not found"],
                             "layers": [layer.name for layer in found]})
-    return PlanFidelity(checked, tuple(ignored))
+    return PlanFidelity(checked, tuple(ignored), layers.source)

@@ -94,11 +94,20 @@ ProfilingVerbosity = _enum("ProfilingVerbosity", LAYER_NAMES_ONLY=0, NONE=1, DET
 LayerInformationFormat = _enum("LayerInformationFormat", ONELINE=0, JSON=1)
 TensorIOMode = _enum("TensorIOMode", NONE=0, INPUT=1, OUTPUT=2)
 DataType = _enum("DataType", FLOAT=0, HALF=1, INT8=2)
+LayerType = _enum("LayerType", CONVOLUTION=0, MATRIX_MULTIPLY=1, DEQUANTIZE=2, QUANTIZE=3, CAST=4, ELEMENTWISE=5)
 
 
-class Logger(_Recorded):
-    WARNING = 2
+class ILogger(_Recorded):
+    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
 
+    def __init__(self):
+        pass
+
+    def log(self, severity, message):
+        raise NotImplementedError
+
+
+class Logger(ILogger):
     def __init__(self, severity=2):
         object.__setattr__(self, "_severity", severity)
 
@@ -116,9 +125,10 @@ def nptype(dtype) -> type:
 
 
 class ITensor(_Recorded):
-    def __init__(self, name, shape):
+    def __init__(self, name, shape, dtype=None):
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_shape", shape)
+        object.__setattr__(self, "_dtype", dtype)
 
     @property
     def name(self):
@@ -127,6 +137,52 @@ class ITensor(_Recorded):
     @property
     def shape(self):
         return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+
+_LAYER_TYPES = {"Conv": "CONVOLUTION", "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "DequantizeLinear": "DEQUANTIZE",
+                "QuantizeLinear": "QUANTIZE", "Cast": "CAST"}
+_TYPES = {onnx.TensorProto.FLOAT: "FLOAT", onnx.TensorProto.FLOAT16: "HALF", onnx.TensorProto.INT8: "INT8"}
+
+
+class ILayer(_Recorded):
+    """One layer per ONNX node, typed as ONNX's type inference types its tensors (strongly typed, as TensorRT would)."""
+
+    def __init__(self, node, types):
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_types", types)
+
+    @property
+    def name(self):
+        return self._node.name
+
+    @property
+    def type(self):
+        return getattr(LayerType, _LAYER_TYPES.get(self._node.op_type, "ELEMENTWISE"))
+
+    @property
+    def metadata(self):
+        return f"[ONNX Layer: {self._node.name}]"
+
+    @property
+    def num_inputs(self):
+        return len(self._node.input)
+
+    @property
+    def num_outputs(self):
+        return len(self._node.output)
+
+    def _tensor(self, name):
+        return ITensor(name, (), getattr(DataType, _TYPES.get(self._types.get(name), "FLOAT")))
+
+    def get_input(self, index):
+        return self._tensor(self._node.input[index])
+
+    def get_output(self, index):
+        return self._tensor(self._node.output[index])
 
 
 class INetworkDefinition(_Recorded):
@@ -140,6 +196,17 @@ class INetworkDefinition(_Recorded):
 
     def get_input(self, index):
         return self._inputs()[index]
+
+    @property
+    def num_layers(self):
+        return len(self._model.graph.node)
+
+    def get_layer(self, index):
+        inferred = onnx.shape_inference.infer_shapes(self._model)
+        types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input,
+                                                                 *inferred.graph.output]}
+        types.update({i.name: i.data_type for i in self._model.graph.initializer})
+        return ILayer(self._model.graph.node[index], types)
 
     def _inputs(self):
         initializers = {i.name for i in self._model.graph.initializer}
@@ -242,8 +309,8 @@ class Builder(_Recorded):
 
     def build_serialized_network(self, network, config):
         cache = config.get_timing_cache()
-        # "timing" each build adds an entry to the cache, as TensorRT's does for new kernels
-        object.__setattr__(cache, "_data", cache.serialize() + f"build-{len(network._model.graph.node)};".encode())
+        if cache is not None:  # "timing" each build adds an entry to the cache, as TensorRT's does for new kernels
+            object.__setattr__(cache, "_data", cache.serialize() + f"build-{len(network._model.graph.node)};".encode())
         CALLS.append(("Builder", "build_serialized_network"))
         return IHostMemory(network._model.SerializeToString())
 
@@ -347,11 +414,39 @@ class ICudaEngine(_Recorded):
     def get_tensor_dtype(self, name):
         return DataType.FLOAT
 
-    def create_execution_context(self):
+    def create_execution_context(self, runtime_config=None):
+        CALLS.append(("ICudaEngine", "create_execution_context", runtime_config is not None))
         return IExecutionContext(self)
+
+    def create_runtime_config(self):
+        return IRuntimeConfig()
 
     def create_engine_inspector(self):
         return EngineInspector(self._model)
+
+
+class IRuntimeCache(_Recorded):
+    """TensorRT for RTX's cache of kernels compiled just in time; here each engine that ran adds an entry."""
+
+    def __init__(self):
+        object.__setattr__(self, "_data", b"")
+
+    def deserialize(self, blob):
+        CALLS.append(("IRuntimeCache", "deserialize", bytes(blob)))
+        object.__setattr__(self, "_data", bytes(blob))
+        return True
+
+    def serialize(self):
+        return self._data + b"kernels;"
+
+
+class IRuntimeConfig(_Recorded):
+    def create_runtime_cache(self):
+        return IRuntimeCache()
+
+    def set_runtime_cache(self, cache):
+        CALLS.append(("IRuntimeConfig", "set_runtime_cache"))
+        return True
 
 
 class FakeCuda:
@@ -388,5 +483,6 @@ class FakeCuda:
 _EXPORTS = {
     name: value for name, value in globals().items()
     if name in {"NetworkDefinitionCreationFlag", "MemoryPoolType", "ProfilingVerbosity", "LayerInformationFormat",
-                "TensorIOMode", "DataType", "Logger", "IProfiler", "nptype", "Builder", "OnnxParser", "Runtime"}
+                "TensorIOMode", "DataType", "LayerType", "ILogger", "Logger", "IProfiler", "nptype", "Builder", "OnnxParser",
+                "Runtime"}
 }

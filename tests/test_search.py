@@ -322,3 +322,27 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     assert time.monotonic() - started < 30  # no wait for a stale heartbeat (4 beats of 10 s)
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
     assert sum(t.state.name == "COMPLETE" for t in study.trials) == 3
+
+
+def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tmp_path):
+    """No waiting for four silent heartbeats when the worker's own host can see its process is gone."""
+    import socket
+    import subprocess
+    import sys
+
+    from autoprec.coordination import WORKER_ATTR, fail_dead_trials, storage_for
+
+    study = optuna.create_study(storage=storage_for(f"sqlite:///{tmp_path / 's.db'}", heartbeat=60),
+                                directions=["minimize", "minimize"])
+    study.enqueue_trial({"conv1": "int8"})
+    orphan = study.ask()
+    study._storage.record_heartbeat(orphan._trial_id)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    orphan.set_user_attr(WORKER_ATTR, {"id": f"{socket.gethostname()}:{gone}", "trial": orphan.number})
+    alive = study.ask()
+    study._storage.record_heartbeat(alive._trial_id)
+    alive.set_user_attr(WORKER_ATTR, {"id": f"{socket.gethostname()}:{os.getpid()}", "trial": alive.number})
+    fail_dead_trials(study)  # a minute's heartbeat has not gone stale: only the process check can tell
+    states = {t.number: t.state.name for t in study.trials}
+    assert states[orphan.number] == "FAIL" and states[alive.number] == "RUNNING"
+    assert [retried_trial(t) for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))] == [orphan.number]

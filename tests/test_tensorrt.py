@@ -68,7 +68,7 @@ def trt(monkeypatch):
     """The fake as ``tensorrt`` (TensorRT 11.4 unless a test resets it to another version)."""
     module = fake.reset()
     monkeypatch.setitem(sys.modules, "tensorrt", module)
-    monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device: fake.FakeCuda())
+    monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
     return module
 
 
@@ -147,7 +147,9 @@ def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_exec
     executes = [c for c in fake.CALLS if c[1] == "execute_async_v3"]
     assert executes and all(c[2] == 7 for c in executes)  # on the CUDA stream
     assert set(node_times) == {"conv0", "conv1", "conv2", "fc"}  # the profiler's layers mapped to ONNX nodes
-    assert report["plan_fidelity"] == {"checked_units": len(info.units), "plan_ignored": False, "ignored_units": []}
+    assert report["plan_fidelity"] == {"checked_units": len(info.units), "plan_ignored": False, "ignored_units": [],
+                                       "source": "engine inspector"}
+    assert report["fidelity_checks"]["network types"]["plan_ignored"] is False  # the fake's network, typed by ONNX
 
 
 def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
@@ -157,7 +159,7 @@ def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
     backend = get_backend("tensorrt")
     with backend.prepare(backend.lower(info, plan, ranges)) as runner:
         fidelity = runner.build_report()["plan_fidelity"]
-    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 2
+    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 4  # FP32 units checked too
     assert fidelity["ignored_units"] == [{"unit": "fc", "planned": "int8", "ran": ["fp32"], "layers": ["fc + fused"]}]
 
 
@@ -238,7 +240,8 @@ def test_inspect_cli_prints_the_table_and_writes_json(tmp_path, capsys):
 
 
 def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    for module in ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings"):  # no TensorRT of either kind
+        monkeypatch.setitem(sys.modules, module, None)
     engine = tmp_path / "model.plan"
     engine.write_bytes(b"\x00ftrt binary engine")
     assert _exit(["inspect", str(engine)]) == 2
@@ -373,3 +376,22 @@ def test_markdown_build_card_carries_the_measured_figures_and_every_unit(result)
     for unit in ("conv0", "conv1", "conv2", "fc"):
         assert f"| `{unit}` |" in card
     assert "4 INT8 · 0 FP16 · 0 FP32" in card
+
+
+def test_builder_log_layers_of_tensorrt_for_rtx_are_read_without_tensorrt():
+    """TensorRT for RTX's verbose "Layers:" block (recorded from the real 1.7.1 builder, see the fixtures'
+    README): fused layers, their types (weights decide), the ONNX nodes each holds."""
+    from autoprec.engine_layers import parse_builder_layers
+
+    layers = parse_builder_layers((FIXTURES / "rtx_1.7.1_builder_layers_conv_net_mixed.txt").read_text())
+    assert layers.schema == "builder-log" and len(layers.layers) == 9
+    by_name = {x.name: x for x in layers.layers}
+    assert by_name["conv0_myl0_1"].precision == "int8" and by_name["conv0_myl0_1"].layer_type == "correlation"
+    assert by_name["__myl_CorrSiluCastAdd_myl0_3"].precision == "fp16"  # conv1's FP16 filters, inputs FP32 and FP16
+    assert by_name["__myl_CorrSiluCastAdd_myl0_3"].fused_from[:4] == ("conv1", "sig1", "silu1", "residual")
+    assert by_name["conv2_myl0_4"].precision == "fp32" and by_name["fc_myl0_6"].precision == "int8"
+    planned = {"conv0": "int8", "conv1": "fp16", "conv2": "fp32", "fc": "int8"}
+    fidelity = plan_fidelity(layers, {u: {"precision": p, "nodes": [u]} for u, p in planned.items()})
+    assert fidelity.to_json() == {"checked_units": 4, "plan_ignored": False, "ignored_units": [], "source": "builder log"}
+    wrong = plan_fidelity(layers, {"conv2": {"precision": "fp16", "nodes": ["conv2"]}})
+    assert wrong.ignored == ({"unit": "conv2", "planned": "fp16", "ran": ["fp32"], "layers": ["conv2_myl0_4"]},)

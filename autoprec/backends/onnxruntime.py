@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import tempfile
 from collections import defaultdict
 from functools import lru_cache
@@ -14,6 +13,7 @@ import numpy as np
 import onnx
 
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing, time_calls
+from autoprec.backends.gpus import gpu_facts
 from autoprec.data import Batch
 from autoprec.errors import BackendError
 from autoprec.lower import QDQForm
@@ -237,16 +237,3 @@ class OrtCudaBackend(OrtProfiling, Backend):
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})")
         return OrtCudaRunner(session, self.device)
-
-
-@lru_cache(maxsize=1)
-def gpu_facts() -> list[dict[str, str]]:
-    """Name and driver of each NVIDIA GPU, from nvidia-smi (empty when it is not there)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [dict(zip(("name", "driver"), (f.strip() for f in line.split(",")))) for line in out.splitlines() if line.strip()]

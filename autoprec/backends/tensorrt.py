@@ -1,18 +1,24 @@
-"""TensorRT: strongly typed builds of the explicit-precision ONNX, timed with CUDA events.
+"""TensorRT and TensorRT for RTX: strongly typed builds of the explicit-precision ONNX, timed with CUDA events.
 
-NEVER EXECUTED by autoprec's developers: TensorRT's libraries come only from NVIDIA's package
-index, which no machine of this project reaches. This module is written from TensorRT's
-documented Python API (10.12+ and 11.x) and verified without the library: every TensorRT name it
-uses is checked against TensorRT 11.4's bindings and the 10.x type stubs, and its build/time flow
-against a recording fake ``tensorrt`` module (tests/test_tensorrt.py). Numbers it produces on a
-machine with TensorRT are real measurements; none are shown in this project's README.
+One code path for both: their Python APIs agree on everything used here but for what
+:class:`Flavour` names (the module, strong typing, build-time timing cache versus runtime cache,
+the GPUs an engine runs on).
+
+What has run (2026-11-23):
+
+- The **build half** — ONNX parsing with the parser's errors, the network's strongly typed layer
+  types checked against the plan, the builder, its verbose layer log — runs against the real
+  TensorRT for RTX 1.7 builder on CPU-only machines, in every CI run (tests/test_tensorrt_rtx.py).
+- The **run half** — deserializing, the engine inspector, ``execute_async_v3``, CUDA-event timing,
+  the layer profiler, the runtime cache — has NEVER run: TensorRT proper cannot be installed on this
+  project's machines, and TensorRT for RTX refuses their only GPU (an H100, compute capability 9.0).
+  It is checked against a recording fake (tests/fake_tensorrt.py) and every TensorRT name it uses
+  against TensorRT 11.4's bindings, the 10.x stubs and the installed TensorRT for RTX module.
 
 Why TensorRT's API directly and not Polygraphy's: the search needs (1) one timing cache shared by
-every candidate and persisted across runs, (2) latency from CUDA events around ``execute_async_v3``
-with inputs and outputs resident on the device, and (3) the engine inspector's JSON after each
-build. Polygraphy's runner times host wall-clock around copies; its loaders add a layer whose
-TensorRT 11 behaviour we could not run either. The TensorRT surface used here is small (parser,
-builder config, runtime, execution context, inspector) and is name-checked against 11.4.
+every candidate and persisted across runs (a runtime cache on RTX), (2) latency from CUDA events
+around ``execute_async_v3`` with inputs and outputs resident on the device, and (3) what the
+builder and the engine inspector say of each build.
 
 Device memory and events come from cuda-python (``cuda.bindings.runtime``, NVIDIA's own) or, if
 that is missing, pycuda.
@@ -20,27 +26,28 @@ that is missing, pycuda.
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
 
 from autoprec import atomic
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
+from autoprec.backends.gpus import gpu_facts
 from autoprec.calibrate import ActivationRanges
 from autoprec.data import Batch
-from autoprec.engine_layers import parse_engine_layers, plan_fidelity
+from autoprec.engine_layers import EngineLayers, PlanFidelity, parse_builder_layers, parse_engine_layers, plan_fidelity
 from autoprec.errors import BackendError
 from autoprec.lower import QDQForm
 from autoprec.model import ModelInfo
 from autoprec.plan import Plan
 
-INSTALL_HINT = ("--backend tensorrt needs TensorRT's Python package (10.12 or newer) and cuda-python: "
-                "pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com")
-NEVER_EXECUTED = ("the TensorRT backend has never been executed by autoprec's developers (no TensorRT where it "
-                  "was written); it follows TensorRT's documented API — check its first results with trtexec")
 PLAN_METADATA_KEY = "autoprec.plan_units"
 WORKSPACE_BYTES = 4 << 30
 OPTIMIZATION_LEVEL = 3
@@ -48,23 +55,98 @@ WARMUP_RUNS = 10
 TIMED_RUNS = 100
 
 
-def import_tensorrt():
-    try:
-        import tensorrt
-    except ImportError:
-        raise BackendError(INSTALL_HINT) from None
-    return tensorrt
+@dataclass(frozen=True)
+class Flavour:
+    """What differs between TensorRT and TensorRT for RTX where their Python APIs otherwise agree."""
+
+    backend: str  # the --backend name
+    modules: tuple[str, ...]  # import names, tried in order
+    install: str  # the one line that says how to get it
+    always_strongly_typed: bool  # RTX: every network, no flag; TensorRT: from 11 on (10.12+ opt-in)
+    # TensorRT times tactics at build time and keeps them in a timing cache. TensorRT for RTX compiles
+    # its kernels just in time, at the first run: its timing cache has no effect (deprecated since 1.2)
+    # and makes the CPU-only build query a GPU, so it uses a runtime cache of compiled kernels instead.
+    timing_cache: bool
+    runtime_cache: bool
+    # Compute capabilities its engines run on (None: whatever the installed TensorRT supports).
+    gpus: tuple[str, ...] | None = None
+    # Said with every number the backend produces: what of it has never run.
+    caveat: str = ""
+
+
+TENSORRT = Flavour(
+    "tensorrt", ("tensorrt",),
+    "--backend tensorrt needs TensorRT's Python package (10.12 or newer) and cuda-python: "
+    "pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com",
+    always_strongly_typed=False, timing_cache=True, runtime_cache=False,
+    caveat="TensorRT proper has never been executed by autoprec's developers (its libraries cannot be installed "
+           "where autoprec is made); its build code runs in CI against TensorRT for RTX, its run half (engine "
+           "execution, timing, inspector, profiler) never ran — check its first results with trtexec",
+)
+TENSORRT_RTX = Flavour(
+    "tensorrt-rtx", ("tensorrt_rtx", "tensorrt_rtx_bindings"),
+    "--backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): pip install 'autoprec[tensorrt-rtx]'",
+    always_strongly_typed=True, timing_cache=False, runtime_cache=True, gpus=("8.0", "8.6", "8.9", "12.0", "12.1"),
+    caveat="the run half of the TensorRT for RTX backend (engine execution, CUDA-event timing, inspector, profiler, "
+           "runtime cache) has never been executed by autoprec's developers (no GPU it runs on where it was made); "
+           "its build half runs in every CI run",
+)
+FLAVOURS = {f.backend: f for f in (TENSORRT, TENSORRT_RTX)}
+
+
+def import_tensorrt(flavour: Flavour = TENSORRT):
+    for name in flavour.modules:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise BackendError(flavour.install)
+
+
+def installed() -> tuple[Flavour, Any] | None:
+    """The TensorRT this machine has (TensorRT proper first), with its module; None when there is none."""
+    for flavour in (TENSORRT, TENSORRT_RTX):
+        try:
+            return flavour, import_tensorrt(flavour)
+        except BackendError:
+            continue
+    return None
 
 
 def major_version(trt) -> int:
     return int(str(trt.__version__).split(".")[0])
 
 
-def network_flags(trt) -> int:
-    """Strongly typed: always on (and the flag deprecated) in TensorRT 11; opt-in on 10.x."""
-    if major_version(trt) >= 11:
+def network_flags(trt, flavour: Flavour) -> int:
+    """Strongly typed: always on (and the flag deprecated) in TensorRT 11 and in TensorRT for RTX; opt-in on 10.x."""
+    if flavour.always_strongly_typed or major_version(trt) >= 11:
         return 0
     return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def capturing_logger(trt):
+    """An ``ILogger`` keeping every message: the builder's verbose layer list is read from them, its
+    warnings go into the build report and its last error into autoprec's message."""
+
+    class Captured(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.messages: list[tuple[int, str]] = []
+
+        def log(self, severity, message):
+            self.messages.append((int(severity), message))
+
+        def text(self) -> str:
+            return "\n".join(message for _, message in self.messages)
+
+        def warnings(self) -> list[str]:
+            return [m for s, m in self.messages if s == int(trt.ILogger.WARNING)][:20]
+
+        def last_error(self) -> str:
+            errors = [m for s, m in self.messages if s <= int(trt.ILogger.ERROR)]
+            return (errors[-1].strip().splitlines() or [""])[0][:300] if errors else ""
+
+    return Captured()
 
 
 def parse_onnx(trt, network, logger, model_bytes: bytes) -> None:
@@ -95,33 +177,119 @@ class TimingCache:
             atomic.write_bytes(self.path, bytes(config.get_timing_cache().serialize()))
 
 
-def build_serialized_engine(trt, logger, model: onnx.ModelProto, timing_cache: TimingCache,
-                            workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL) -> bytes:
+# Network layers where a unit's arithmetic runs, and the type names TensorRT gives its tensors.
+_COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")
+_NETWORK_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT8": "int8", "FP8": "fp8"}
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
+
+
+def _enum_name(value) -> str:
+    return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
+
+
+def network_precisions(trt, network) -> dict[str, list[tuple[str, str]]]:
+    """ONNX node -> (layer, the type its compute layers run in) for every convolution and matrix multiply
+    of a parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from INT8,
+    else its output's type. Read before any build, so it needs no GPU."""
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    producer = {layer.get_output(j).name: layer for layer in layers for j in range(layer.num_outputs)}
+    found: dict[str, list[tuple[str, str]]] = {}
+    for layer in layers:
+        if _enum_name(layer.type) not in _COMPUTE_LAYERS:
+            continue
+        source = producer.get(layer.get_input(0).name) if layer.num_inputs else None
+        if source is not None and _enum_name(source.type) == "DEQUANTIZE" and _enum_name(source.get_input(0).dtype) == "INT8":
+            precision = "int8"
+        else:
+            precision = _NETWORK_TYPES.get(_enum_name(layer.get_output(0).dtype), _enum_name(layer.get_output(0).dtype).lower())
+        for node in _ONNX_LAYER.findall(layer.metadata or "") or [layer.name]:
+            found.setdefault(node, []).append((layer.name, precision))
+    return found
+
+
+def network_fidelity(trt, network, planned: dict) -> PlanFidelity:
+    """Every unit's compute layers in the parsed network against the plan: FP16 units in HALF, FP32 units
+    in FLOAT, INT8 units fed from INT8 through DequantizeLinear. A unit whose node made no compute layer
+    is reported as not found."""
+    precisions = network_precisions(trt, network)
+    ignored, checked = [], 0
+    for unit, spec in planned.items():
+        checked += 1
+        layers = precisions.get(spec["nodes"][0], [])
+        ran = sorted({p for _, p in layers})
+        if spec["precision"] not in ran:
+            ignored.append({"unit": unit, "planned": spec["precision"], "ran": ran or ["not found"],
+                            "layers": [name for name, _ in layers]})
+    return PlanFidelity(checked, tuple(ignored), "network types")
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """A serialized engine and what the build said of it (needs no GPU to know)."""
+
+    serialized: bytes
+    report: dict[str, Any] = field(default_factory=dict)
+    planned: dict | None = None  # the plan stamped in the model: unit -> precision, ONNX nodes
+    layers: EngineLayers | None = None  # the fused layers the builder listed (TensorRT for RTX's verbose log)
+
+
+def build_engine(trt, flavour: Flavour, model: onnx.ModelProto, timing_cache: TimingCache | None = None,
+                 workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL) -> BuiltEngine:
+    """Parse, check the network's types against the stamped plan, build; the report holds both checks
+    (network types; the builder's own layer list where it writes one) and the build's seconds."""
+    started = time.perf_counter()
+    logger = capturing_logger(trt)
     builder = trt.Builder(logger)
-    network = builder.create_network(network_flags(trt))
+    network = builder.create_network(network_flags(trt, flavour))
     parse_onnx(trt, network, logger, model.SerializeToString())
+    planned = stamped_plan(model)
+    checks = {"network types": network_fidelity(trt, network, planned).to_json()} if planned else {}
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.builder_optimization_level = optimization_level
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     # No optimization profile: autoprec's analysis fixed every input to the data's shapes, so each
-    # engine is built for exactly the shapes it is timed at (the exports carry min/opt/max shapes
-    # for deploying the original dynamic model).
-    timing_cache.attach(config)
+    # engine is built for exactly the shapes it is timed at.
+    if flavour.timing_cache and timing_cache is not None:
+        timing_cache.attach(config)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise BackendError("TensorRT could not build the candidate (see the worker's stderr for TensorRT's log)")
-    timing_cache.save(config)
-    return bytes(serialized)
+        raise BackendError(f"TensorRT could not build the candidate ({logger.last_error() or 'see its log in the worker stderr'})")
+    if flavour.timing_cache and timing_cache is not None:
+        timing_cache.save(config)
+    report: dict[str, Any] = {"built_with": f"{trt.__name__} {trt.__version__}", "build_seconds": time.perf_counter() - started,
+                              "warnings": logger.warnings()}
+    layers = parse_builder_layers(logger.text())
+    if layers is not None:
+        report["builder_layers"] = layers.summary()
+        if planned and (fidelity := plan_fidelity(layers, planned)) is not None:
+            checks["builder log"] = fidelity.to_json()
+    report.update(fidelity_report(checks))
+    return BuiltEngine(bytes(serialized), report, planned, layers)
+
+
+# The more a check saw of what the engine runs, the more it is trusted: the inspector reads the loaded
+# engine, the builder log its fused layers, the network types only what the parser made of the model.
+FIDELITY_SOURCES = ("engine inspector", "builder log", "network types")
+
+
+def fidelity_report(checks: dict[str, dict]) -> dict[str, Any]:
+    """``plan_fidelity``: the most informed check's verdict (see FIDELITY_SOURCES); ``fidelity_checks``: all."""
+    best = next((checks[s] for s in FIDELITY_SOURCES if s in checks), None)
+    return {"plan_fidelity": best, "fidelity_checks": checks}
 
 
 def engine_information(serialized: bytes) -> str:
-    """The inspector's JSON for a serialized engine (needs TensorRT and a GPU)."""
-    trt = import_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
+    """The inspector's JSON for a serialized engine, with whichever TensorRT is installed (needs a GPU it runs on)."""
+    found = installed()
+    if found is None:
+        raise BackendError(TENSORRT.install + " (or TensorRT for RTX: pip install 'autoprec[tensorrt-rtx]')")
+    flavour, trt = found
+    logger = capturing_logger(trt)
     engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
     if engine is None:
-        raise BackendError("TensorRT could not deserialize the engine (built by another TensorRT version or GPU?)")
+        raise BackendError(f"{trt.__name__} {trt.__version__} could not load the engine ({logger.last_error() or 'no reason given'}); "
+                           "inspect it on a GPU it was built for, with the TensorRT that built it")
     return engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
 
 
@@ -215,7 +383,7 @@ class PyCuda:
         return float(end.time_since(start))
 
 
-def cuda_api(device: int):
+def cuda_api(device: int, flavour: Flavour = TENSORRT):
     try:
         return CudaPython(device)
     except ImportError:
@@ -223,7 +391,7 @@ def cuda_api(device: int):
     try:
         return PyCuda(device)
     except ImportError:
-        raise BackendError(INSTALL_HINT + " (no cuda-python, no pycuda)") from None
+        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)") from None
 
 
 def layer_profiler(trt):
@@ -241,23 +409,51 @@ def layer_profiler(trt):
     return LayerTimes()
 
 
+class RuntimeCache:
+    """TensorRT for RTX's cache of just-in-time compiled kernels: one file per study, loaded into each
+    engine's runtime config and written back (atomically) when the engine is done, so later
+    candidates and a resumed search compile only kernels not seen before."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    def context(self, engine):
+        config = engine.create_runtime_config()
+        cache = config.create_runtime_cache()
+        if self.path is not None and self.path.is_file():
+            cache.deserialize(self.path.read_bytes())
+        config.set_runtime_cache(cache)
+        return engine.create_execution_context(config), cache
+
+    def save(self, cache) -> None:
+        if self.path is not None and cache is not None:
+            atomic.write_bytes(self.path, bytes(cache.serialize()))
+
+
 class TensorRTRunner(Runner):
     """One engine, its context, and device buffers for every I/O tensor (inputs copied once per batch)."""
 
-    def __init__(self, trt, cuda, serialized: bytes, planned: dict | None):
-        self.trt, self.cuda = trt, cuda
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(serialized)
+    def __init__(self, trt, cuda: Callable[[], Any], built: BuiltEngine, runtime_cache: RuntimeCache | None = None):
+        """``cuda`` gives the device-memory API once the engine is loaded (a machine that cannot load it is
+        told so first, not that it lacks cuda-python)."""
+        self.trt, self.built = trt, built
+        self.logger = capturing_logger(trt)
+        self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(built.serialized)
         if self.engine is None:
-            raise BackendError("TensorRT could not deserialize the engine it just built")
-        self.context = self.engine.create_execution_context()
+            raise BackendError(f"TensorRT could not load the engine it just built ({self.logger.last_error() or 'no reason given'})")
+        self.cuda = cuda()
+        self.runtime_cache = runtime_cache
+        self.cache = None
+        if runtime_cache is not None:
+            self.context, self.cache = runtime_cache.context(self.engine)
+        else:
+            self.context = self.engine.create_execution_context()
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in self.names if n not in self.inputs]
         self.buffers: dict[str, tuple[int, np.ndarray]] = {}
         inspector = self.engine.create_engine_inspector()
         self.layer_json = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
-        self.planned = planned
 
     def _bind(self, batch: Batch) -> None:
         for name in self.inputs:
@@ -296,7 +492,8 @@ class TensorRTRunner(Runner):
         return result
 
     def time(self, batch: Batch) -> Timing:
-        """CUDA-event time of ``execute_async_v3`` alone: I/O stays on the device between runs."""
+        """CUDA-event time of ``execute_async_v3`` alone: I/O stays on the device between runs. (On TensorRT
+        for RTX the first runs also compile kernels just in time: the warm-up absorbs them.)"""
         self._bind(batch)
         for _ in range(WARMUP_RUNS):
             self._enqueue()
@@ -318,49 +515,82 @@ class TensorRTRunner(Runner):
         return {name: ms / runs for name, ms in profiler.ms.items()}
 
     def build_report(self) -> dict[str, Any]:
+        report = dict(self.built.report)
         layers = parse_engine_layers(self.layer_json, "engine inspector")
-        fidelity = plan_fidelity(layers, self.planned) if self.planned else None
-        return {"engine_layers": layers.summary(), "plan_fidelity": fidelity.to_json() if fidelity else None}
+        checks = dict(report.get("fidelity_checks") or {})
+        if self.built.planned and (fidelity := plan_fidelity(layers, self.built.planned)) is not None:
+            checks["engine inspector"] = fidelity.to_json()
+        return {**report, "engine_layers": layers.summary(), **fidelity_report(checks)}
 
     def close(self) -> None:
         for pointer, _ in self.buffers.values():
             self.cuda.free(pointer)
         self.buffers.clear()
+        if self.runtime_cache is not None:
+            self.runtime_cache.save(self.cache)
+
+
+def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
+    """The GPU ``device`` when this TensorRT runs engines on it; else one line: no GPU, no such index, or
+    a compute capability it does not run (naming what to use instead)."""
+    gpus = gpu_facts()
+    if not gpus:
+        raise BackendError(
+            f"--backend {flavour.backend}: no NVIDIA GPU on this machine (nvidia-smi finds none), and a search times "
+            "every candidate on one; builds alone run on the CPU: autoprec export RESULT --format python --build")
+    if not 0 <= device < len(gpus):
+        raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")
+    gpu = gpus[device]
+    capability = gpu.get("compute_capability", "")
+    if flavour.gpus is not None and capability and capability not in flavour.gpus and not capability.startswith("12."):
+        raise BackendError(
+            f"--backend {flavour.backend}: GPU {device} ({gpu['name']}) has compute capability {capability}, on which "
+            f"TensorRT for RTX does not run engines (it runs {', '.join(flavour.gpus)}: A100, RTX 30/40/50, L4/L40, "
+            "RTX PRO); use --backend tensorrt (TensorRT proper) or --backend ort-cuda on this GPU")
+    return gpu
 
 
 class TensorRTBackend(Backend):
     """Strongly typed TensorRT builds of the TensorRT Q/DQ form (signed symmetric, inputs only)."""
 
     name = "tensorrt"
+    flavour = TENSORRT
     qdq_form = QDQForm.TENSORRT
     default_build_workers = 2  # an engine build takes seconds to minutes: build the next one while one is timed
 
     def __init__(self, device: int = 0, cache_dir: Path | None = None):
-        self._trt = import_tensorrt()
+        self._trt = import_tensorrt(self.flavour)
         self.device = device
-        self.logger = self._trt.Logger(self._trt.Logger.WARNING)
-        self.timing_cache = TimingCache(Path(cache_dir) / "tensorrt.timing-cache" if cache_dir else None)
+        folder = Path(cache_dir) if cache_dir else None
+        self.timing_cache = TimingCache(folder / f"{self.name}.timing-cache" if folder else None)
+        self.runtime_cache = RuntimeCache(folder / f"{self.name}.runtime-cache" if folder else None)
         self._cuda = None
 
     @property
     def cuda(self):
         if self._cuda is None:
-            self._cuda = cuda_api(self.device)
+            self._cuda = cuda_api(self.device, self.flavour)
         return self._cuda
 
+    def device_label(self) -> str:
+        return f"CUDA device {self.device}"
+
     def info(self) -> EngineInfo:
-        return EngineInfo(self.name, "tensorrt", str(self._trt.__version__), "strongly typed", f"CUDA device {self.device}",
-                          self.qdq_form.value, caveat=NEVER_EXECUTED)
+        return EngineInfo(self.name, self.name, str(self._trt.__version__), "strongly typed", self.device_label(),
+                          self.qdq_form.value, caveat=self.flavour.caveat)
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
         """The TensorRT Q/DQ form, stamped with the plan (unit → precision, nodes) so each build can be
-        checked against what the engine runs."""
-        model = super().lower(info, plan, ranges)
-        return stamp_plan(model, info, plan)
+        checked against what the network and the engine run."""
+        return stamp_plan(super().lower(info, plan, ranges), info, plan)
+
+    def build(self, model: onnx.ModelProto) -> BuiltEngine:
+        """Parse and build (no GPU needed): the serialized engine and the build's own report."""
+        return build_engine(self._trt, self.flavour, model, self.timing_cache)
 
     def prepare(self, model: onnx.ModelProto) -> TensorRTRunner:
-        serialized = build_serialized_engine(self._trt, self.logger, model, self.timing_cache)
-        return TensorRTRunner(self._trt, self.cuda, serialized, stamped_plan(model))
+        built = self.build(model)
+        return TensorRTRunner(self._trt, lambda: self.cuda, built, self.runtime_cache if self.flavour.runtime_cache else None)
 
     def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float]:
         """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
@@ -378,7 +608,23 @@ class TensorRTBackend(Backend):
         return times
 
 
+class TensorRTRtxBackend(TensorRTBackend):
+    """TensorRT for RTX (PyPI): the same builds, engines that run on compute capability 8.0/8.6/8.9/12.x,
+    kernels compiled at the first run and kept in a runtime cache."""
+
+    name = "tensorrt-rtx"
+    flavour = TENSORRT_RTX
+
+    def __init__(self, device: int = 0, cache_dir: Path | None = None):
+        super().__init__(device, cache_dir)
+        self.gpu = check_gpu(self.flavour, device)  # refused now, before any candidate is built
+
+    def device_label(self) -> str:
+        return f"{self.gpu['name']} (cuda:{self.device}, compute capability {self.gpu.get('compute_capability') or '?'})"
+
+
 def stamp_plan(model: onnx.ModelProto, info: ModelInfo, plan: Plan) -> onnx.ModelProto:
+    """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build checks."""
     precisions = plan.as_dict()
     planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")), "nodes": list(u.nodes)} for u in info.units}
     entry = model.metadata_props.add()

@@ -122,16 +122,22 @@ PYTHON_SCRIPT = '''#!/usr/bin/env python3
 """Build a plan autoprec measured (SOURCE_MODEL, trial TRIAL) with TensorRT's Python API, strongly typed.
 
 {not_run}
-Precision comes from model.onnx itself (Q/DQ for INT8, Casts for FP16): TensorRT 11 builds every
-network strongly typed; TensorRT 10.12+ needs the STRONGLY_TYPED flag set below.
+Precision comes from model.onnx itself (Q/DQ for INT8, Casts for FP16): TensorRT 11 and TensorRT for
+RTX build every network strongly typed; TensorRT 10.12+ needs the STRONGLY_TYPED flag set below.
+Runs with TensorRT (import tensorrt) or, where that is missing, TensorRT for RTX (PyPI's
+tensorrt-rtx-cu13-bindings), which builds on a machine without a GPU.
 Usage: python build_engine.py [model.onnx] [model.plan]
 """
-import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-import tensorrt as trt
+try:
+    import tensorrt as trt
+except ImportError:
+    try:
+        import tensorrt_rtx as trt
+    except ImportError:
+        import tensorrt_rtx_bindings as trt
 
 SOURCE_MODEL = {name!r}  # the FP32 model autoprec searched
 TRIAL = {trial!r}
@@ -139,11 +145,12 @@ ONNX = sys.argv[1] if len(sys.argv) > 1 else "model.onnx"
 PLAN = sys.argv[2] if len(sys.argv) > 2 else "model.plan"
 SHAPES = {shapes!r}  # the shapes autoprec measured; used for dynamic inputs
 TIMING_CACHE = Path("timing.cache")
+RTX = trt.__name__.startswith("tensorrt_rtx")  # compiles kernels at run time: no build-time timing cache
 
 logger = trt.Logger(trt.Logger.WARNING)
 builder = trt.Builder(logger)
 major = int(trt.__version__.split(".")[0])
-flags = 0 if major >= 11 else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+flags = 0 if RTX or major >= 11 else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 network = builder.create_network(flags)
 parser = trt.OnnxParser(network, logger)
 if not parser.parse(Path(ONNX).read_bytes()):
@@ -161,14 +168,20 @@ if dynamic:
     for tensor in dynamic:
         profile.set_shape(tensor.name, SHAPES[tensor.name], SHAPES[tensor.name], SHAPES[tensor.name])
     config.add_optimization_profile(profile)
-cache = config.create_timing_cache(TIMING_CACHE.read_bytes() if TIMING_CACHE.is_file() else b"")
-config.set_timing_cache(cache, False)
+if not RTX:
+    cache = config.create_timing_cache(TIMING_CACHE.read_bytes() if TIMING_CACHE.is_file() else b"")
+    config.set_timing_cache(cache, False)
 serialized = builder.build_serialized_network(network, config)
 if serialized is None:
     sys.exit("TensorRT could not build the engine (see its log above)")
 Path(PLAN).write_bytes(bytes(serialized))
-TIMING_CACHE.write_bytes(bytes(config.get_timing_cache().serialize()))
+if not RTX:
+    TIMING_CACHE.write_bytes(bytes(config.get_timing_cache().serialize()))
 engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
+if engine is None:  # built, but this machine has no GPU this TensorRT runs engines on
+    print(f"wrote {{PLAN}}; it cannot be loaded here (no GPU {{trt.__name__}} runs it on), so no layers.json: "
+          "run autoprec inspect on the plan where it runs")
+    sys.exit(0)
 layers = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
 Path("layers.json").write_text(layers)
 print(f"wrote {{PLAN}} and layers.json; check precisions with: autoprec inspect layers.json")

