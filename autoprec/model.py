@@ -21,6 +21,8 @@ MIN_OPSET = 13
 # onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 10
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+# Integer compute ops of a model quantized already (by ONNX Runtime's quantizer, say).
+QUANTIZED_OPS = {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear", "MatMulNBits"}
 
 
 @dataclass(frozen=True)
@@ -475,6 +477,10 @@ def analyse(
     if other_floats:
         notes.append(f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
                      "kept FP32, since lowering converts float32 tensors only")
+    quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
+    if not units and quantized:
+        raise ModelError(f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
+                         "precision for; give autoprec the FP32 model it was quantized from")
     if not any(u.searchable for u in units):
         raise ModelError(
             f"{path}: no searchable layers: the search space ({space.source}) lists "

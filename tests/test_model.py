@@ -130,3 +130,21 @@ def test_overrides_restrict_allowed_precisions(conv_model):
     assert allowed["conv2"] == (Precision.FP32,)
     assert allowed["fc"] == (Precision.INT8, Precision.FP16, Precision.FP32)
     assert [u.name for u in info.searchable_units] == ["conv0", "conv1", "fc"]
+
+
+def test_an_already_quantized_model_is_refused_naming_its_integer_ops(tmp_path):
+    """ONNX Runtime's dynamic quantization leaves ConvInteger and no float Conv: nothing to choose, and
+    the message says why (seen on an OCR model shipped in a PyPI package)."""
+    from onnx import numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 1, 3, 3), np.uint8), "w")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], "dq"),
+             helper.make_node("ConvInteger", ["xq", "w", "xz"], ["acc"], "conv"),
+             helper.make_node("Cast", ["acc"], ["y"], "cast", to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = builders.IR_VERSION
+    path = builders.save(model, tmp_path / "quantized.onnx")
+    with pytest.raises(ModelError, match=r"already quantized \(ConvInteger, DynamicQuantizeLinear\).*give autoprec the FP32 model"):
+        analyse(path, load_search_space())
