@@ -304,7 +304,9 @@ def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[i
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in missing)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = {
         i.name: np.zeros(shapes[i.name], dtype=onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
         for i in model.graph.input
