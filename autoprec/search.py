@@ -501,12 +501,25 @@ def retimed_front(
 ) -> tuple[list[TrialRecord], dict[int, TrialRecord]]:
     """The Pareto front, fastest first, after it and the all-FP32 plan (beside it, so that the
     comparison with FP32 uses the same rounds) were timed again in ``rounds`` interleaved rounds;
-    and every re-timed trial by number."""
+    and every re-timed trial by number.
+
+    Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
+    than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
+    leaves the front, so the front shown is a front in the numbers shown."""
     front = pareto_front(study)
     fp32 = uniform_trials(finished_records(study)).get("fp32")
     again = {r.number: r for r in retime(list({r.number: r for r in [*front, *([fp32] if fp32 else [])]}.values()),
                                          time_plans, rounds)}
-    return sorted((again[r.number] for r in front), key=lambda r: r.latency_ms), again
+    shown = list(again.values())
+    kept = [again[r.number] for r in front if not any(_dominates(other, again[r.number]) for other in shown)]
+    return sorted(kept, key=lambda r: r.latency_ms), again
+
+
+def _dominates(a: TrialRecord, b: TrialRecord) -> bool:
+    """``a`` is at least as fast and as accurate as ``b``, and better in one (different plans only)."""
+    if a.plan.key() == b.plan.key():
+        return False
+    return a.latency_ms <= b.latency_ms and a.loss <= b.loss and (a.latency_ms < b.latency_ms or a.loss < b.loss)
 
 
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:

@@ -346,3 +346,34 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
     states = {t.number: t.state.name for t in study.trials}
     assert states[orphan.number] == "FAIL" and states[alive.number] == "RUNNING"
     assert [retried_trial(t) for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))] == [orphan.number]
+
+
+def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
+    """A member the trial timings put on the front, but the re-timing shows slower than all-FP32 at more
+    loss, leaves it: no plan listed is dominated by another plan shown beside it."""
+    from autoprec.backends.base import Timing
+    from autoprec.measure import Measurement
+    from autoprec.plan import Plan
+    from autoprec.search import retimed_front
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+
+    def add(precisions, ms, loss):
+        trial = study.ask()
+        trial.set_user_attr("plan", Plan.from_mapping(precisions).to_json())
+        trial.set_user_attr("measurement", Measurement(Timing(ms, ms, ms, 10, 3), {}, loss, {}).to_json())
+        study.tell(trial, [ms, loss])
+
+    add({"a": "fp32", "b": "fp32"}, 10.0, 0.0)
+    add({"a": "fp16", "b": "fp32"}, 9.0, 1e-4)
+    add({"a": "int8", "b": "int8"}, 6.0, 1e-2)
+    again_ms = {("fp32", "fp32"): 8.0, ("fp16", "fp32"): 9.5, ("int8", "int8"): 5.0}
+
+    def time_plans(plans):
+        return [[Timing(ms, ms, ms, 10, 3)] * 3 for ms in (again_ms[tuple(p.value for _, p in plan.precisions)] for plan in plans)]
+
+    front, retimed = retimed_front(study, time_plans)
+    assert [r.number for r in front] == [2, 0] and [r.latency_ms for r in front] == [5.0, 8.0]
+    shown = list(retimed.values())
+    assert not [(a.number, b.number) for a in front for b in shown
+                if b.number != a.number and b.latency_ms <= a.latency_ms and b.loss <= a.loss]
