@@ -598,8 +598,9 @@ class PlanContext:
     trial: int | None = None  # the result's trial the plan is, where it is one
 
 
-def _recorded(result: ResultFiles, key: str, where: dict):
-    if key not in where or where[key] is None and key != "calibration_file":
+def _recorded(result: ResultFiles, key: str, where: dict, nullable: bool = False):
+    """``where[key]`` of a result's record; one line when an older result does not record it."""
+    if key not in where or (where[key] is None and not nullable):
         raise AutoprecError(f"{result.out_dir}: its result files do not record {key!r} (written by an older autoprec); "
                             "rerun the search to re-create, check or export its plans")
     return where[key]
@@ -632,7 +633,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
                             "(its content changed): restore it, or pass --data to evaluate on other data")
     cache = result.out_dir / "cache"
-    calibration_file = _recorded(result, "calibration_file", facts)
+    calibration_file = _recorded(result, "calibration_file", facts, nullable=True)  # None: no INT8 was searched
     ranges = None
     if calibration_file is not None:
         stored = result.out_dir / calibration_file
