@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from autoprec import atomic
-from autoprec.backends.base import EngineInfo
+from autoprec.backends.base import EngineInfo, faster_beyond_noise
 from autoprec.errors import AutoprecError
 from autoprec.model import ModelInfo
 from autoprec.search import TrialRecord, uniform_trials
@@ -43,10 +43,8 @@ class SearchResult:
         fp32 = self.uniform().get("fp32")
         if fp32 is None or self.chosen is None:
             return None
-        if self.chosen.retimed_ms and fp32.retimed_ms:  # interleaved rounds: every chosen round beats every FP32 one
-            beyond = max(self.chosen.retimed_ms) < min(fp32.retimed_ms)
-        else:
-            beyond = self.chosen.measurement.latency.clearly_faster_than(fp32.measurement.latency)
+        beyond = faster_beyond_noise(self.chosen.retimed_ms, self.chosen.measurement.latency, fp32.retimed_ms,
+                                     fp32.measurement.latency)
         return {
             "fp32_trial": fp32.number,
             "speedup": fp32.latency_ms / self.chosen.latency_ms,

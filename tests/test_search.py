@@ -298,11 +298,11 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
 
     def ask_then_interrupted(self, *args, **kwargs):
         trial = real_ask(self, *args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # the signal lands as the trial exists in the storage
+        signal.raise_signal(signal.SIGINT)  # delivered to this (the main) thread as the trial exists in the storage
         return trial
 
     def beating_interrupted(study, trial, worker):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         return real_beating(study, trial, worker)
 
     if moment == "created":

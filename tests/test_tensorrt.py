@@ -395,3 +395,16 @@ def test_builder_log_layers_of_tensorrt_for_rtx_are_read_without_tensorrt():
     assert fidelity.to_json() == {"checked_units": 4, "plan_ignored": False, "ignored_units": [], "source": "builder log"}
     wrong = plan_fidelity(layers, {"conv2": {"precision": "fp16", "nodes": ["conv2"]}})
     assert wrong.ignored == ({"unit": "conv2", "planned": "fp16", "ran": ["fp32"], "layers": ["conv2_myl0_4"]},)
+
+
+def test_the_build_card_keeps_the_searchs_verdict_on_timing_noise(result, tmp_path):
+    out, _, _ = result
+    pareto = json.loads((out / "pareto.json").read_text())
+    assert _exit(["export", str(out), "--format", "markdown", "--out", str(tmp_path)]) == 0
+    speedup = next(line for line in (tmp_path / "BUILD.md").read_text().splitlines() if line.startswith("Speed-up:"))
+    versus = pareto["chosen_vs_fp32"]
+    if versus["fp32_trial"] == pareto["chosen"]:
+        assert "this is the all-FP32 plan" in speedup
+    else:
+        assert f"{versus['speedup']:.2f}× all-FP32" in speedup
+        assert ("beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise") in speedup

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import onnx
@@ -63,6 +63,14 @@ class Timing:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Timing:
         return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
+
+
+def faster_beyond_noise(rounds: Sequence[float], timing: Timing, other_rounds: Sequence[float], other: Timing) -> bool:
+    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
+    rounds beats every round of the other where both were re-timed, else its p90 beats the other's p10."""
+    if rounds and other_rounds:
+        return max(rounds) < min(other_rounds)
+    return timing.clearly_faster_than(other)
 
 
 def time_calls(call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500) -> Timing:

@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from autoprec import atomic
+from autoprec.backends.base import Timing, faster_beyond_noise
 from autoprec.calibrate import ActivationRanges
 from autoprec.errors import ExportError
 from autoprec.escape import markdown_code, markdown_text, printable, shell_comment
@@ -203,6 +204,18 @@ def _ms(trial: dict[str, Any] | None) -> str:
     return "—" if trial is None else f"{float(trial['final_latency_ms']):.3f} ms"
 
 
+def _versus_fp32(trial: dict[str, Any], fp32: dict[str, Any] | None) -> str:
+    """The trial's speed against all-FP32 with the search's own verdict on timing noise (the card keeps its caveats)."""
+    if fp32 is None:
+        return "no all-FP32 trial in this study"
+    if int(fp32["trial"]) == int(trial["trial"]):
+        return "this is the all-FP32 plan"
+    ratio = float(fp32["final_latency_ms"]) / float(trial["final_latency_ms"])
+    beyond = faster_beyond_noise([float(v) for v in trial["retimed_ms"]], Timing.from_json(trial["latency_ms"]),
+                                 [float(v) for v in fp32["retimed_ms"]], Timing.from_json(fp32["latency_ms"]))
+    return f"{ratio:.2f}× all-FP32 ({'beyond timing noise' if beyond else 'WITHIN timing noise: no real gain measured'})"
+
+
 def markdown_card(spec: BuildSpec) -> str:
     """A build card for the team's docs: parameters, per-layer precision, the measured trade-off, the build flow.
 
@@ -210,8 +223,7 @@ def markdown_card(spec: BuildSpec) -> str:
     crafted name cannot inject markup, HTML or table cells."""
     trial, engine, counts = spec.trial, spec.engine, spec.plan.counts()
     number = int(trial["trial"])
-    speedup = (f"{float(spec.fp32_trial['final_latency_ms']) / float(trial['final_latency_ms']):.2f}× all-FP32"
-               if spec.fp32_trial else "no all-FP32 trial in this study")
+    speedup = _versus_fp32(trial, spec.fp32_trial)
     rows = "\n".join(
         f"| {markdown_code(name)} | {markdown_text(op)} | {precision.value.upper()} | "
         f"{', '.join(markdown_code(n) for n in nodes[1:]) or '—'} |"
