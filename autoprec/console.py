@@ -22,6 +22,7 @@ from rich.text import Text
 
 from autoprec.engine_layers import EngineLayers
 from autoprec.escape import printable
+from autoprec.measure import MAX_TIMING_SPREAD
 from autoprec.results import ResultFiles
 from autoprec.plan import Precision
 from autoprec.search import TrialRecord
@@ -161,6 +162,9 @@ def front_table(pareto: dict[str, Any]) -> Table:
             f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
             Text("chosen", style="bold red") if t["trial"] == pareto["chosen"] else "",
         )
+    if any(t.get("latency_unstable") for t in pareto["front"]):
+        table.caption = f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) after re-timing"
+        table.caption_justify = "left"
     return table
 
 

@@ -55,7 +55,8 @@ def _facts(result: ResultFiles) -> str:
                  f"{search['batches']['evaluation']} evaluation batch(es)"),
         ("metric", f"{search['metric']} (loss 0 = identical to FP32)"),
         ("max loss", search["max_loss"] if search["max_loss"] is not None else "none (the knee is chosen)"),
-        ("budget / trials", f"{search['budget']} / {search['trials']}"),
+        ("budget", f"{search['budget']} trials: {search['trials']} measured, {len(search.get('rejected') or [])} "
+                   "rejected early (counted against the budget, as on the terminal)"),
         ("sampler / seed", f"{search['sampler']} / {search['seed']}"),
         ("calibration", search["calibration"]),
         ("study", f"{search['study_name']} in {search['storage']}"),

@@ -101,3 +101,26 @@ def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path)
     subprocess.run(browser + ["--window-size=1280,1600", f"--screenshot={shot}", (a / "report.html").as_uri()],
                    capture_output=True, timeout=120)
     assert shot.exists() and _not_blank(shot)
+
+
+def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_mark(result_dirs, tmp_path):
+    from rich.console import Console
+
+    from autoprec import console
+    from autoprec.report import write_report
+    from autoprec.results import read_result_dir
+
+    a, _ = result_dirs
+    files = read_result_dir(a)
+    rejected = len(files.pareto["search"]["rejected"])
+    page = write_report(files, tmp_path / "r.html").read_text()
+    assert f"{files.pareto['search']['trials']} measured, {rejected} rejected early" in page
+    unstable = json.loads(json.dumps(files.pareto))
+    unstable["front"][0]["latency_unstable"] = True
+    screen = Console(record=True, width=200)
+    screen.print(console.front_table(unstable))
+    text = screen.export_text()
+    assert "⚠" in text and "timing stayed spread" in text
+    screen = Console(record=True, width=200)
+    screen.print(console.front_table(files.pareto))
+    assert ("timing stayed spread" in screen.export_text()) == any(t["latency_unstable"] for t in files.pareto["front"])
