@@ -84,9 +84,9 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
     assert {t.user_attrs[WORKER_ATTR]["id"] for t in trials if WORKER_ATTR in t.user_attrs} >= {victim}
 
     stored_front = {r.number for r in pareto_front(study)}
-    for i in (1, 2):  # what each surviving worker wrote is what the storage holds
+    for i in (1, 2):  # what each surviving worker wrote is the storage's front, less what its re-timing showed dominated
         written = json.loads((tmp_path / f"out{i}" / "pareto.json").read_text())
-        assert {t["trial"] for t in written["front"]} == stored_front
+        assert {t["trial"] for t in written["front"]} <= stored_front and written["front"]
         assert written["search"]["trials"] == sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     shared = study.user_attrs["autoprec:shared_inputs:reference"]
     computed_by = {entry["worker"] for entry in shared}
