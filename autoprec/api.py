@@ -18,7 +18,6 @@ import optuna
 from autoprec import atomic, console
 from autoprec.accuracy import resolve_metric
 from autoprec.backends import Backend, get_backend
-from autoprec.backends.tensorrt import stamp_plan
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.calibrate import (
     CALIBRATION_METHODS,
@@ -768,6 +767,8 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
 def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
     TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
+    from autoprec.backends.tensorrt import stamp_plan  # the TensorRT backend module only where TensorRT is meant
+
     result = read_result_dir(result_dir)
     context = plan_context(result_dir, trial=trial)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path

@@ -187,7 +187,7 @@ def _enum_name(value) -> str:
     return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
 
 
-def network_precisions(trt, network) -> dict[str, list[tuple[str, str]]]:
+def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
     """ONNX node -> (layer, the type its compute layers run in) for every convolution and matrix multiply
     of a parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from INT8,
     else its output's type. Read before any build, so it needs no GPU."""
@@ -207,11 +207,11 @@ def network_precisions(trt, network) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
-def network_fidelity(trt, network, planned: dict) -> PlanFidelity:
+def network_fidelity(network, planned: dict) -> PlanFidelity:
     """Every unit's compute layers in the parsed network against the plan: FP16 units in HALF, FP32 units
     in FLOAT, INT8 units fed from INT8 through DequantizeLinear. A unit whose node made no compute layer
     is reported as not found."""
-    precisions = network_precisions(trt, network)
+    precisions = network_precisions(network)
     ignored, checked = [], 0
     for unit, spec in planned.items():
         checked += 1
@@ -243,7 +243,7 @@ def build_engine(trt, flavour: Flavour, model: onnx.ModelProto, timing_cache: Ti
     network = builder.create_network(network_flags(trt, flavour))
     parse_onnx(trt, network, logger, model.SerializeToString())
     planned = stamped_plan(model)
-    checks = {"network types": network_fidelity(trt, network, planned).to_json()} if planned else {}
+    checks = {"network types": network_fidelity(network, planned).to_json()} if planned else {}
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.builder_optimization_level = optimization_level
