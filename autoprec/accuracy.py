@@ -1,26 +1,129 @@
-"""Accuracy against the FP32 model's own outputs: no labels needed.
+"""Accuracy against the FP32 model's own outputs, and against ground truth where the data has it.
 
-Every output gets cosine similarity, relative L2 error, max abs error, SNR (dB), and top-1
-agreement when it looks like class scores. One scalar ``accuracy_loss`` is chosen by ``--metric``.
+Every output gets cosine similarity, relative L2 error, max abs error and SNR (dB); outputs whose
+shape says what they decide get task metrics too: top-1 agreement (class scores, per position for
+sequences), CTC text (character error rate), YOLO boxes (mAP@0.5), embeddings (nearest-neighbour
+agreement). ``--metric`` names the one that constrains the search; all are recorded for every trial.
 A candidate whose outputs hold NaN or Inf has infinite loss: overflow is never averaged away.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from autoprec import tasks
 from autoprec.errors import AutoprecError
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
+Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"
 LossFunction = Callable[[Outputs, Outputs], float]
 
-BUILTIN_METRICS = ("cosine", "rel_l2", "max_abs", "top1")
+SIMILARITY_METRICS = ("cosine", "rel_l2", "max_abs")
+TASK_METRICS = ("top1", "ctc-text", "detection", "embedding")
+LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes"}  # metric -> the label array it reads
+BUILTIN_METRICS = (*SIMILARITY_METRICS, *TASK_METRICS, *(f"{m}@labels" for m in LABELLED))
+# An output with this many values per item or fewer: cosine sees (almost) nothing of it.
+NARROW_OUTPUT = 4
+# Decisions the constraint may change before a similarity-constrained search says so.
+DECISION_CHANGE_LIMIT = 0.01
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """How to decode an output's decisions where its shape does not say (command-line options)."""
+
+    blank: int = 0  # --ctc-blank
+    charset: tuple[str, ...] | None = None  # the recognizer's dictionary (--ctc-charset, or the model's metadata)
+    layout: str | None = None  # --det-layout: yolov8 | yolov5 (inferred for channels-first heads)
+    conf: float = 0.25  # --det-conf
+    iou: float = 0.45  # --det-iou (NMS)
+    output: str | None = None  # --task-output: the output the task metrics read
+
+    def to_json(self) -> dict[str, Any]:
+        charset = hashlib.sha256("\n".join(self.charset).encode()).hexdigest()[:12] if self.charset else None
+        return {"blank": self.blank, "charset": charset, "layout": self.layout,
+                "conf": self.conf, "iou": self.iou, "output": self.output}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The accuracy constraint (``name``: built-in, ``TASK@labels``, or ``module:function``) and the task
+    metrics computed beside it (the constraint's own, those the data's labels or a zoo entry call for)."""
+
+    name: str = "cosine"
+    tasks: tuple[str, ...] = ()
+    options: HeadOptions = field(default_factory=HeadOptions)
+
+    @property
+    def task(self) -> str:
+        """The task metric the constraint reads (``top1`` for ``top1@labels``), or the name itself."""
+        return self.name.removesuffix("@labels")
+
+    @property
+    def against_labels(self) -> bool:
+        return self.name.endswith("@labels")
+
+    @property
+    def user_function(self) -> LossFunction | None:
+        return None if self.name in BUILTIN_METRICS else _import_function(self.name)
+
+    def describe(self) -> str:
+        """What decides the loss, for identities and cache keys: a change here makes other numbers."""
+        beside = sorted(set(self.tasks) - {self.task})
+        if not beside and self.options == HeadOptions():
+            return self.name
+        return " ".join([self.name, *beside, repr(sorted(self.options.to_json().items()))])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tasks": sorted(set(self.tasks) | ({self.task} & set(TASK_METRICS))), "options": self.options.to_json()}
+
+
+def resolve_metric(spec: str, tasks_beside: Sequence[str] = (), options: HeadOptions | None = None) -> Metric:
+    """A built-in metric name, ``TASK@labels``, or ``module:function`` imported from the current
+    directory or sys.path.
+
+    The user function runs with full privileges: it is user code, exactly like a plugin.
+    It receives (reference_outputs, candidate_outputs), each a list of {output name: array} per
+    evaluation batch, and returns a float loss (lower is better).
+    """
+    metric = Metric(spec, tuple(dict.fromkeys(t for t in (spec.removesuffix("@labels"), *tasks_beside) if t in TASK_METRICS)),
+                    options or HeadOptions())
+    if spec not in BUILTIN_METRICS:
+        module_name, sep, func_name = spec.partition(":")
+        if not sep or not module_name or not func_name:
+            raise AutoprecError(f"unknown --metric {spec!r}; use {', '.join(BUILTIN_METRICS)} or module:function")
+        metric.user_function  # noqa: B018 - imported now, so a bad module is named before anything runs
+    if metric.options.layout is not None and metric.options.layout not in tasks.DETECTION_LAYOUTS:
+        raise AutoprecError(f"--det-layout {metric.options.layout!r}: choose {' or '.join(tasks.DETECTION_LAYOUTS)}")
+    return metric
+
+
+@lru_cache(maxsize=None)
+def _import_function(spec: str) -> LossFunction:
+    module_name, _, func_name = spec.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on the path") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported (a syntax error, its own code)
+        raise AutoprecError(f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module") from None
+    if not callable(func):
+        raise AutoprecError(f"--metric {spec}: {func_name} is not a function")
+    return func
+
+
+# --- per output: similarity, then what the output decides ---------------------------------------------
 
 
 def _looks_like_scores(arr: np.ndarray) -> bool:
@@ -28,8 +131,21 @@ def _looks_like_scores(arr: np.ndarray) -> bool:
     return arr.dtype.kind == "f" and arr.ndim in (2, 3) and arr.shape[-1] >= 2
 
 
+def _looks_like_ctc(arr: np.ndarray) -> bool:
+    """(N, T, C) per-step probabilities (each step sums to 1): what a CTC recognizer's softmax gives."""
+    if not (arr.dtype.kind == "f" and arr.ndim == 3 and arr.shape[1] >= 2 and arr.shape[2] >= 3):
+        return False
+    return bool(arr.min() >= 0 and np.allclose(arr.sum(-1), 1.0, atol=1e-3))
+
+
+def narrow(arr: np.ndarray) -> bool:
+    """A handful of values per item (a score, a probability, a box): cosine per item cannot see it change."""
+    return arr.size // max(1, len(arr)) <= NARROW_OUTPUT
+
+
 def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
-    """Metrics for one output over all batches (arrays stacked along the batch axis)."""
+    """Similarity metrics for one output over all batches (arrays stacked along the batch axis), and
+    top-1 agreement when it looks like class scores."""
     ref = reference.astype(np.float64).reshape(len(reference), -1)
     cand = candidate.astype(np.float64).reshape(len(candidate), -1)
     metrics: dict[str, float] = {}
@@ -52,11 +168,13 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     metrics["nonfinite"] = 0.0
     if _looks_like_scores(reference):
         metrics["top1"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
+    if narrow(reference):
+        metrics["narrow"] = 1.0
     return metrics
 
 
 def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float]]:
-    """Per output name, metrics over every evaluation batch."""
+    """Per output name, similarity metrics over every evaluation batch."""
     names = list(reference[0])
     return {
         name: output_metrics(np.concatenate([r[name] for r in reference]), np.concatenate([c[name] for c in candidate]))
@@ -65,42 +183,190 @@ def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float
 
 
 def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -> float:
-    """The built-in scalar losses (lower is better, 0 = identical to FP32), averaged over outputs."""
+    """The label-free scalar losses (lower is better, 0 = identical to FP32), averaged over the outputs
+    they apply to. ``cosine`` reads the relative L2 error of narrow outputs, where cosine is blind."""
     per_output = list(metrics.values())
     if any(m.get("nonfinite") for m in per_output):
         return math.inf
     if metric == "cosine":
-        return float(np.mean([1.0 - m["cosine"] for m in per_output]))
+        return float(np.mean([m["rel_l2"] if m.get("narrow") else 1.0 - m["cosine"] for m in per_output]))
     if metric in ("rel_l2", "max_abs"):
         return float(np.mean([m[metric] for m in per_output]))
-    if metric == "top1":
-        scores = [m["top1"] for m in per_output if "top1" in m]
-        if not scores:
-            raise AutoprecError("--metric top1: no model output looks like class scores (N×C); choose cosine or rel_l2")
-        return float(1.0 - np.mean(scores))
-    raise AutoprecError(f"unknown --metric {metric!r}; use {', '.join(BUILTIN_METRICS)} or module:function")
+    key, to_loss = {"top1": ("top1", lambda v: 1.0 - v), "ctc-text": ("cer", lambda v: v),
+                    "detection": ("map50", lambda v: 1.0 - v), "embedding": ("embedding_loss", lambda v: v)}[metric]
+    values = [m[key] for m in per_output if key in m]
+    if not values:
+        raise AutoprecError(f"--metric {metric}: no model output it applies to; {HOW_TO[metric]}")
+    return float(np.mean([to_loss(v) for v in values]))
 
 
-def resolve_metric(spec: str) -> tuple[str, LossFunction | None]:
-    """A built-in metric name, or ``module:function`` imported from the current directory or sys.path.
+HOW_TO = {
+    "top1": "it needs class scores shaped N×C or N×T×C: choose cosine or rel_l2",
+    "ctc-text": "it needs per-step class scores shaped N×T×C (name the output with --task-output)",
+    "detection": "it needs a YOLO head shaped N×(4+classes)×boxes or N×boxes×(5+classes) (--task-output, --det-layout)",
+    "embedding": "it needs embeddings shaped N×D or N×T×D (--task-output)",
+}
 
-    The user function runs with full privileges: it is user code, exactly like a plugin.
-    It receives (reference_outputs, candidate_outputs), each a list of {output name: array} per
-    evaluation batch, and returns a float loss (lower is better).
-    """
-    if spec in BUILTIN_METRICS:
-        return spec, None
-    module_name, sep, func_name = spec.partition(":")
-    if not sep or not module_name or not func_name:
-        raise AutoprecError(f"unknown --metric {spec!r}; use {', '.join(BUILTIN_METRICS)} or module:function")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        func = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on the path") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported (a syntax error, its own code)
-        raise AutoprecError(f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module") from None
-    if not callable(func):
-        raise AutoprecError(f"--metric {spec}: {func_name} is not a function")
-    return spec, func
+
+@dataclass
+class Judge:
+    """Scores a candidate's outputs against the FP32 reference outputs and the labels (one mapping per
+    evaluation batch, or None), for any leading run of the evaluation batches (screening uses a quarter)."""
+
+    metric: Metric
+    reference: Outputs
+    labels: Labels | None = None
+    _fp32: dict[int, dict] = field(default_factory=dict, repr=False)
+
+    def check(self) -> dict[str, dict[str, float]]:
+        """Refuse, in one line, a constraint that cannot be computed here (a head it cannot decode, labels
+        missing); return the FP32 model's own label scores (empty without labels)."""
+        if self.metric.against_labels:
+            wanted = LABELLED[self.metric.task]
+            if not self.labels or wanted not in self.labels[0]:
+                raise AutoprecError(
+                    f"--metric {self.metric.name}: the data holds no {wanted!r} array; add one to the .npz beside the "
+                    f"inputs ({LABEL_FORMS[wanted]}), or use --metric {self.metric.task} (agreement with FP32)")
+            if wanted == "text" and self.metric.options.charset is None:
+                raise AutoprecError(f"--metric {self.metric.name}: ground-truth text needs the head's characters; the model "
+                                    "has no 'character' metadata: give --ctc-charset FILE (one character per line, "
+                                    "PaddleOCR's dictionary order)")
+        metrics = self.metrics(self.reference)
+        if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
+            self.loss(metrics, self.reference)
+        if self.metric.against_labels and not any(LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()):
+            raise AutoprecError(f"--metric {self.metric.name}: the data's {LABELLED[self.metric.task]!r} array fits no output "
+                                f"(it must have one entry per item: {LABEL_FORMS[LABELLED[self.metric.task]]}); name the "
+                                "output with --task-output")
+        return self.fp32_scores(len(self.reference))
+
+    def notes(self) -> list[str]:
+        """Outputs the constraint would be blind to, and what reads them instead."""
+        if self.metric.name != "cosine":
+            return []
+        return [f"output {name!r} has {value.size // max(1, len(value))} value(s) per item: cosine cannot see it change, "
+                "so its share of the loss is its relative L2 error (rel_l2)"
+                for name, value in self.reference[0].items() if narrow(value)]
+
+    def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
+        reference = self.reference[: len(outputs)]
+        labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
+        metrics = compare(reference, outputs)
+        for name, values in metrics.items():
+            if not values.get("nonfinite"):
+                ref = np.concatenate([r[name] for r in reference])
+                values.update(self._decisions(name, ref, np.concatenate([c[name] for c in outputs]), labels))
+        return metrics
+
+    def fp32_scores(self, batches: int) -> dict[str, dict[str, float]]:
+        """The FP32 model's own scores against the labels on the first ``batches`` batches."""
+        if batches not in self._fp32:
+            own = self.metrics(self.reference[:batches])
+            self._fp32[batches] = {n: {k: v for k, v in m.items() if k.endswith("_labels")} for n, m in own.items()}
+            self._fp32[batches] = {n: m for n, m in self._fp32[batches].items() if m}
+        return self._fp32[batches]
+
+    def loss(self, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> float:
+        """The constraint's scalar: lower is better, 0 = as good as FP32; unbounded for non-finite outputs."""
+        if any(m.get("nonfinite") for m in metrics.values()):
+            return math.inf
+        function = self.metric.user_function
+        if function is not None:
+            loss = float(function(self.reference[: len(outputs)], outputs))
+            return math.inf if math.isnan(loss) else loss
+        if not self.metric.against_labels:
+            return loss_from_metrics(metrics, self.metric.name)
+        key = LABEL_KEYS[self.metric.task]
+        fp32 = self.fp32_scores(len(outputs))
+        drops = [(m[key] - fp32[n][key]) if key == "cer_labels" else (fp32[n][key] - m[key])
+                 for n, m in metrics.items() if key in m and key in fp32.get(n, {})]
+        if not drops:
+            raise AutoprecError(f"--metric {self.metric.name}: no output scored against the labels; {HOW_TO[self.metric.task]}")
+        return float(np.mean(drops))
+
+    def _applies(self, task: str, name: str, ref: np.ndarray) -> bool:
+        if self.metric.options.output is not None and name != self.metric.options.output:
+            return False
+        if task == "ctc-text":
+            return ref.ndim == 3 and ref.dtype.kind == "f" and ("ctc-text" in self.metric.tasks or _looks_like_ctc(ref))
+        if task == "detection":
+            return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f"
+        return "embedding" in self.metric.tasks and ref.ndim in (2, 3) and ref.dtype.kind == "f"
+
+    def _decisions(self, name: str, ref: np.ndarray, cand: np.ndarray, labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+        options, found = self.metric.options, {}
+        truth = labels.get("labels")
+        if (truth is not None and _looks_like_scores(ref) and truth.shape == ref.shape[:-1]
+                and (options.output in (None, name))):
+            scored = truth >= 0
+            found["top1_labels"] = float((cand.argmax(-1) == truth)[scored].mean()) if scored.any() else math.nan
+        if self._applies("ctc-text", name, ref):
+            ref_ids, cand_ids = tasks.greedy_ctc(ref, options.blank), tasks.greedy_ctc(cand, options.blank)
+            found["cer"] = tasks.character_error_rate(cand_ids, ref_ids)
+            if "text" in labels and options.charset is not None:
+                charset = tasks.paddle_charset(options.charset, ref.shape[2], options.blank)
+                if charset is None:
+                    raise AutoprecError(
+                        f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} with {ref.shape[2]} "
+                        "classes (PaddleOCR's order: blank, the dictionary, a space when there is room); give the "
+                        "model's own dictionary")
+                found["cer_labels"] = tasks.character_error_rate(
+                    [tasks.ctc_text(ids, charset).strip() for ids in cand_ids], [str(t).strip() for t in labels["text"]])
+        if self._applies("detection", name, ref):
+            layout = options.layout or _inferred_layout(name, ref)
+            ref_boxes = tasks.yolo_detections(ref, layout, options.conf, options.iou)
+            cand_boxes = tasks.yolo_detections(cand, layout, options.conf, options.iou)
+            found["map50"] = tasks.mean_average_precision(cand_boxes, tasks.as_truths(ref_boxes))
+            count = sum(len(b) for b in ref_boxes)
+            found["box_count_change"] = (sum(len(b) for b in cand_boxes) - count) / max(1, count)
+            if "boxes" in labels:
+                found["map50_labels"] = tasks.mean_average_precision(cand_boxes, tasks.padded_boxes(labels["boxes"]))
+        if self._applies("embedding", name, ref):
+            ref_emb, cand_emb = tasks.pooled(ref), tasks.pooled(cand)
+            found["embedding_cosine"] = float((tasks.unit_rows(ref_emb) * tasks.unit_rows(cand_emb)).sum(1).mean())
+            found["embedding_loss"] = 1.0 - found["embedding_cosine"]
+            if len(ref_emb) >= 3:  # with two items, each one's neighbour is the other: nothing to agree on
+                same = tasks.nearest_neighbours(ref_emb) == tasks.nearest_neighbours(cand_emb)
+                found["nn_agreement"] = float(same.mean())
+                found["embedding_loss"] = max(found["embedding_loss"], 1.0 - found["nn_agreement"])
+        return found
+
+
+LABEL_KEYS = {"top1": "top1_labels", "ctc-text": "cer_labels", "detection": "map50_labels"}
+LABEL_FORMS = {
+    "labels": "integer class per item, shaped N or N×T; negative = not labelled",
+    "text": "one string per item",
+    "boxes": "N×M×5 rows of class, x1, y1, x2, y2 in input pixels; a negative class pads",
+}
+
+
+def _stacked(labels: Labels) -> dict[str, np.ndarray]:
+    return {key: np.concatenate([batch[key] for batch in labels]) for key in labels[0]}
+
+
+def _inferred_layout(name: str, ref: np.ndarray) -> str:
+    """Channels first (N × 4+classes × boxes) is YOLOv8's; channels last is ambiguous (objectness or not)."""
+    if ref.shape[1] < ref.shape[2]:
+        return "yolov8"
+    raise AutoprecError(
+        f"--metric detection: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5/YOLOX (objectness "
+        "in column 5) or a transposed YOLOv8 (none)? give --det-layout yolov5 or --det-layout yolov8")
+
+
+def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Where a plan chosen on a similarity changes more than 1 % of the model's decisions, in words."""
+    if metric.name not in SIMILARITY_METRICS:
+        return []
+    found = []
+    for name, m in metrics.items():
+        for key, changed, what in (("top1", 1 - m.get("top1", 1.0), "top-1 decisions"),
+                                   ("cer", m.get("cer", 0.0), "decoded characters (CER)"),
+                                   ("map50", 1 - m.get("map50", 1.0), "detections (1 - mAP@0.5)"),
+                                   ("nn_agreement", 1 - m.get("nn_agreement", 1.0), "nearest neighbours")):
+            if changed > DECISION_CHANGE_LIMIT:
+                found.append(f"output {name!r}: {changed:.1%} of its {what} differ from FP32's (--metric {_task_of[key]} "
+                             "constrains them)")
+    return found
+
+
+_task_of = {"top1": "top1", "cer": "ctc-text", "map50": "detection", "nn_agreement": "embedding"}

@@ -7,7 +7,7 @@ import os
 import time
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -16,7 +16,7 @@ import onnx
 import optuna
 
 from autoprec import atomic, console
-from autoprec.accuracy import resolve_metric
+from autoprec.accuracy import HeadOptions, Judge, Metric, decision_changes, resolve_metric
 from autoprec.backends import Backend, get_backend
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.calibrate import (
@@ -109,6 +109,42 @@ def resolve_model(
         console.note(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
         return fetched.model, data if data is not None else fetched.data, shapes or fetched.shapes, fetched.name
     return Path(model), data, shapes, Path(model).stem
+
+
+def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
+    """The task metric a zoo entry declares for its model (computed beside any --metric)."""
+    if str(model).startswith("zoo:"):
+        from autoprec import zoo
+
+        task = zoo.entry(str(model)).task
+        return (task,) if task else ()
+    return ()
+
+
+def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
+    """The metric as this model and data call for it: the tasks the data's labels imply (text: CTC,
+    boxes: detection), and the model's own CTC dictionary (RapidOCR's ``character`` metadata) where
+    ground-truth text needs one and --ctc-charset gave none."""
+    labels = dataset.labels[0] if dataset.labels else {}
+    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection")) if key in labels]
+    metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
+    if "text" in labels and metric.options.charset is None and "character" in info.metadata:
+        metric = replace(metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines())))
+    return metric
+
+
+def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
+    """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
+    lacks: one line, now); with what the result records of it (FP32 against the labels, notes)."""
+    judge = Judge(metric, prepared.reference, prepared.dataset.labels)
+    fp32 = judge.check()
+    notes = judge.notes()
+    for line in notes:
+        console.note(line)
+    if fp32:
+        console.note("FP32 against the data's labels: " + "; ".join(
+            f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
+    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes}
 
 
 @dataclass(frozen=True)
@@ -240,6 +276,7 @@ def search(
     build_workers: int | None = None,
     heartbeat: int = DEFAULT_HEARTBEAT,
     artifacts: str | os.PathLike | None = None,
+    head: HeadOptions | None = None,
 ) -> SearchResult:
     """Search per-unit precisions for ``model`` and write the result directory.
 
@@ -272,6 +309,12 @@ def search(
     on the first quarter of the evaluation batches is far past the limit is rejected there
     (``early_reject``): pruned, counted against the budget, kept in the results.
 
+    ``metric`` is the loss the limit constrains: a similarity to the FP32 outputs (cosine, rel_l2,
+    max_abs), a task metric (top1, ctc-text, detection, embedding: what the model decides, as FP32
+    decides it), ``TASK@labels`` (the drop against the data's ground truth), or ``module:function``.
+    Every other metric that applies is recorded beside it; ``head`` says how to decode outputs
+    whose shape does not (CTC blank and dictionary, YOLO layout, thresholds, which output).
+
     ``build_workers`` worker processes measure candidates side by side: their builds overlap while a
     device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
@@ -287,7 +330,7 @@ def search(
         raise AutoprecError(f"--calibration {calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
-    metric_name, loss_function = resolve_metric(metric)
+    wanted = resolve_metric(metric, declared_tasks(model), head)
     engine = get_backend(backend, device, out_dir / "cache")
     workers = _build_workers(build_workers, engine, isolate)
     space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
@@ -296,6 +339,7 @@ def search(
         atomic.remove_stale(folder)
     info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std)
     fingerprint = dataset.fingerprint()
+    metric_used = metric_for(wanted, info, dataset)
 
     engine_info = engine.info()
     storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
@@ -305,7 +349,7 @@ def search(
         "model_sha256": info.sha256,
         "backend": backend,
         "data": fingerprint,
-        "metric": metric_name,
+        "metric": metric_used.describe(),
         "units": len(info.units),
         "calibration": calibration,
         "max_loss": max_loss,
@@ -330,7 +374,8 @@ def search(
         if fetched:
             console.note(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
         prepared = prepare_reference(info, dataset, one_time, cache)
-    ranges, reference = prepared.ranges, prepared.reference
+    ranges = prepared.ranges
+    judge, judged = judge_for(metric_used, prepared)
     one_time = dict(prepared.seconds)
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
@@ -347,7 +392,7 @@ def search(
             lock = FileLock(device_lock_path(backend, device)).check()
             measurers = [
                 stack.enter_context(IsolatedMeasurer(
-                    backend, dataset.evaluation, reference, metric, limits,
+                    backend, dataset.evaluation, judge, limits,
                     out_dir / "cache" / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", device, out_dir / "cache", lock,
                 ))
                 for i in range(workers)
@@ -375,10 +420,10 @@ def search(
                              f"{engine_info.device} one candidate at a time")
         else:
             def measure_candidate(model):
-                return measure(engine, model, dataset.evaluation, reference, metric_name, loss_function, screen)
+                return measure(engine, model, dataset.evaluation, judge, screen)
 
             def loss_of(model):
-                return accuracy_loss(engine, model, dataset.evaluation[:screened], reference[:screened], metric_name, loss_function)
+                return accuracy_loss(engine, model, dataset.evaluation[:screened], judge)
 
             def time_models(models, rounds):
                 return time_interleaved(engine, models, dataset.evaluation[0], rounds)
@@ -389,7 +434,8 @@ def search(
         if warm_start:
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, loss_of, screened, metric_name, calibration, out_dir / "sensitivity.json", progress
+                    prepared, engine, loss_of, screened, metric_used.describe(), calibration, out_dir / "sensitivity.json",
+                    progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
         if screen is not None:
@@ -411,10 +457,15 @@ def search(
         )
     trials = [retimed.get(t.number, t) for t in trials]
     chosen = choose(front, max_loss)
+    changed = decision_changes(metric_used, chosen.measurement.metrics) if chosen is not None else []
+    for line in changed:
+        console.warn(f"the chosen plan keeps {metric_used.name} within the limit, but on {line}")
     search_facts = {
         "budget": budget,
         "trials": len(trials),
-        "metric": metric_name,
+        "metric": metric_used.name,
+        **judged,
+        "decision_changes": changed,
         "max_loss": max_loss,
         "seed": seed,
         "calibration": calibration,
@@ -514,6 +565,7 @@ def sensitivity(
     precisions: Sequence[str] | None = None,
     device: int = 0,
     progress: bool = True,
+    head: HeadOptions | None = None,
 ) -> tuple[Sensitivity, Path]:
     """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
 
@@ -524,7 +576,7 @@ def sensitivity(
 
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
-    metric_name, loss_function = resolve_metric(metric)
+    wanted = resolve_metric(metric, declared_tasks(model), head)
     engine = get_backend(backend, device, out_dir / "cache")
     if caveat := engine.info().caveat:
         console.warn(caveat)
@@ -532,10 +584,12 @@ def sensitivity(
     _check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
     batches = screening_batches(len(prepared.dataset.evaluation))
-    evaluation, reference = prepared.dataset.evaluation[:batches], prepared.reference[:batches]
+    metric_used = metric_for(wanted, prepared.info, prepared.dataset)
+    judge, _ = judge_for(metric_used, prepared)
+    evaluation = prepared.dataset.evaluation[:batches]
     found, _ = sensitivity_pass(
-        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, reference, metric_name, loss_function),
-        batches, metric_name, calibration, out_dir / "sensitivity.json", progress,
+        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, judge),
+        batches, metric_used.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
     return found, out_dir
@@ -729,14 +783,15 @@ def check_plan(
     shapes: Mapping[str, Sequence[int]] | None = None,
     backend: str = "ort-cpu",
     metric: str = "cosine",
+    head: HeadOptions | None = None,
 ) -> dict:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits."""
+    wanted = resolve_metric(metric, (), head)
     context = plan_context(target, plan, None, data, shapes)
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
     engine = get_backend(backend)
-    metric_name, loss_function = resolve_metric(metric)
-    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation,
-                     prepared.reference, metric_name, loss_function)
+    judge, _ = judge_for(metric_for(wanted, prepared.info, prepared.dataset), prepared)
+    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation, judge)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
@@ -744,7 +799,7 @@ def check_plan(
         failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
     return {
         "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
-        "metric": metric_name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "metric": wanted.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
         "measurement": result.to_json(), "plan": found.to_json(),
     }
 

@@ -57,6 +57,8 @@ _trials = _number(int, lambda v: v >= 1, "must be at least 1 (the number of tria
 _count = _number(int, lambda v: v >= 1, "must be at least 1")
 _positive_float = _number(float, lambda v: v > 0, "must be more than 0")
 _loss = _number(float, lambda v: v >= 0, "must be a loss of 0 or more, e.g. 0.01")
+_count_or_zero = _number(int, lambda v: v >= 0, "must be 0 or more")
+_fraction = _number(float, lambda v: 0 <= v <= 1, "must be between 0 and 1")
 _gpu_index = _number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
 
 
@@ -163,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data")
     c.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
     c.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
-    c.add_argument("--metric", default="cosine")
+    c.add_argument("--metric", default="cosine", help="the loss --max-loss limits (see search --help)")
+    _head_arguments(c)
     c.add_argument("--json", action="store_true")
     e = verb("export", help="production artifacts from a result")
     e.add_argument("result_dir")
@@ -191,6 +194,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _head_arguments(p) -> None:
+    """How task metrics decode an output whose shape does not say it all."""
+    p.add_argument("--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)")
+    p.add_argument("--ctc-charset", metavar="FILE",
+                   help="ctc-text against labelled text: the recognizer's dictionary, one character per line in "
+                        "PaddleOCR's order (default: the model's 'character' metadata, as RapidOCR's models carry it)")
+    p.add_argument("--det-layout", choices=("yolov8", "yolov5"),
+                   help="detection: yolov8 (4 box + classes, no objectness) or yolov5 (YOLOX too: box, objectness, "
+                        "classes); inferred for channels-first heads")
+    p.add_argument("--det-conf", type=_fraction, default=0.25, metavar="SCORE", help="detection: score threshold (default 0.25)")
+    p.add_argument("--det-iou", type=_fraction, default=0.45, metavar="IOU", help="detection: NMS IoU (default 0.45)")
+    p.add_argument("--task-output", metavar="NAME", help="the output task metrics read (default: every output that fits)")
+
+
+def head_options(args: argparse.Namespace):
+    from autoprec.accuracy import HeadOptions
+
+    charset = None
+    if args.ctc_charset is not None:
+        try:
+            charset = tuple(Path(args.ctc_charset).read_text(encoding="utf-8").splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AutoprecError(f"--ctc-charset {args.ctc_charset}: cannot be read ({exc}); give a UTF-8 text file, "
+                                "one character per line") from None
+    return HeadOptions(args.ctc_blank, charset, args.det_layout, args.det_conf, args.det_iou, args.task_output)
+
+
 def _model_arguments(p, backends, metrics, calibrations, default_calibration, verb: str) -> None:
     """What search and sensitivity share: the model, its data and shapes, the engine, the space, the metric."""
     p.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
@@ -208,8 +238,11 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
     p.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
                    help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
     p.add_argument("--metric", default="cosine",
-                   help=f"accuracy loss: {', '.join(metrics)} (default cosine = 1 - mean cosine similarity), "
-                        "or module:function — that imports and RUNS your code")
+                   help=f"the accuracy loss --max-loss constrains: {', '.join(metrics)} (default cosine = 1 - mean cosine "
+                        "similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; TASK@labels: "
+                        "the drop against the data's labels), or module:function — that imports and RUNS your code. "
+                        "Every other metric that applies is recorded beside it")
+    _head_arguments(p)
     p.add_argument("--calibration", default=default_calibration, choices=(*calibrations, "auto"),
                    help=f"INT8 activation range method (default {default_calibration}); auto: the study chooses "
                         "per trial (entropy costs ~0.7 s per tensor once)")
@@ -228,7 +261,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
         args.model, data=args.data, out=args.out, backend=args.backend, shapes=dict(args.shape), metric=args.metric,
         search_space=args.search_space, overrides=args.override, calibration=args.calibration,
         image_mean=args.image_mean, image_std=args.image_std, precisions=args.precisions, device=args.device,
-        progress=not args.no_progress,
+        progress=not args.no_progress, head=head_options(args),
     )
     if args.json:
         console.stdout.print_json(data=json_safe(found.to_json()))
@@ -270,6 +303,7 @@ def _search(args: argparse.Namespace) -> int:
         build_workers=args.build_workers,
         heartbeat=args.heartbeat,
         artifacts=args.artifacts,
+        head=head_options(args),
     )
     files = read_result_dir(result.out_dir)
     if args.json:
@@ -298,6 +332,8 @@ def _print_json(files) -> None:
 def _print_front(files) -> None:
 
     console.stdout.print(console.front_table(files.pareto))
+    if (table := console.decisions_table(files.pareto)) is not None:
+        console.stdout.print(table)
     for line in console.chosen_summary(files.pareto, files.chosen):
         console.stdout.print(line)
 
@@ -389,7 +425,7 @@ def _check(args: argparse.Namespace) -> int:
     from autoprec.results import json_safe
 
     report = check_plan(args.target, args.plan, args.max_loss, args.latency_budget, args.data,
-                        dict(args.shape) or None, args.backend, args.metric)
+                        dict(args.shape) or None, args.backend, args.metric, head_options(args))
     if args.json:
         console.stdout.print_json(data=json_safe(report))
     else:

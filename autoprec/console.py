@@ -23,7 +23,7 @@ from rich.text import Text
 from autoprec.engine_layers import EngineLayers
 from autoprec.escape import printable
 from autoprec.measure import MAX_TIMING_SPREAD
-from autoprec.results import ResultFiles
+from autoprec.results import ResultFiles, decisions
 from autoprec.plan import Precision
 from autoprec.search import TrialRecord
 from autoprec.sensitivity import Sensitivity
@@ -168,6 +168,19 @@ def front_table(pareto: dict[str, Any]) -> Table:
     return table
 
 
+def decisions_table(pareto: dict[str, Any]) -> Table | None:
+    """What each front plan decides (task metrics against FP32 and the labels); None when no output has any."""
+    rows = [(t["trial"], decisions(t["metrics"])) for t in pareto["front"]]
+    if not any(said for _, said in rows):
+        return None
+    table = Table(title="what the front's plans decide, against FP32 (and the data's labels)", title_justify="left")
+    table.add_column("trial", justify="right", no_wrap=True)
+    table.add_column("decisions")
+    for trial, said in rows:
+        table.add_row(str(trial), plain(said or "—"))
+    return table
+
+
 def status_tables(status: dict[str, Any]) -> list[Table]:
     """A shared study: trials per worker, then its current front (trial latencies, not re-timed)."""
     budget = status["budget"]
@@ -203,6 +216,11 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
         verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
         how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
         lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
+    if said := decisions(chosen["metrics"]):
+        lines.append(f"        decisions: {said}")
+    for name, values in (pareto["search"].get("fp32_on_labels") or {}).items():
+        lines.append(f"        FP32 against the labels: {decisions({name: values})}")
+    lines += [f"        ⚠ {line}" for line in pareto["search"].get("decision_changes") or []]
     return lines
 
 
@@ -284,6 +302,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("chosen latency", lambda r: chosen(r, "latency")),
         ("chosen loss", lambda r: chosen(r, "loss")),
         ("chosen int8/fp16/fp32", lambda r: chosen(r, "counts")),
+        ("chosen decisions", lambda r: decisions(r.chosen["metrics"]) or "—" if r.chosen else "—"),
+        ("FP32 vs labels", lambda r: decisions(r.pareto["search"].get("fp32_on_labels") or {}) or "—"),
         ("chosen vs all-fp32", speedup),
         ("all fp32", lambda r: uniform(r, "fp32")),
         ("all fp16", lambda r: uniform(r, "fp16")),

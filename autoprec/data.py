@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
 Batch = dict[str, np.ndarray]
+# Ground truth the data may carry beside the inputs, one entry per item (see accuracy.LABEL_FORMS).
+LABEL_ARRAYS = ("labels", "text", "boxes")
+LABELS_SIDECAR = "labels.json"  # in an image folder: {"labels" | "text" | "boxes": {file name: value}}
 # What NumPy raises for a file that is not a (readable) .npy/.npz: object arrays need pickle, which is never allowed.
 UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
@@ -28,17 +32,20 @@ class RandomDataWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Dataset:
-    """Batches for calibration and for evaluation, with where they came from."""
+    """Batches for calibration and for evaluation, with where they came from, and the evaluation
+    batches' ground truth when the data carries it (one mapping per evaluation batch)."""
 
     calibration: tuple[Batch, ...]
     evaluation: tuple[Batch, ...]
     source: str
     random: bool
+    labels: tuple[Batch, ...] | None = None
 
     def fingerprint(self) -> str:
         """Content hash: cached ranges and references are valid only for the same data."""
         digest = hashlib.sha256()
-        for part, batches in (("calibration", self.calibration), ("evaluation", self.evaluation)):
+        for part, batches in (("calibration", self.calibration), ("evaluation", self.evaluation),
+                              ("labels", self.labels or ())):
             digest.update(part.encode())
             for batch in batches:
                 for name in sorted(batch):
@@ -206,6 +213,86 @@ def load_items(
     return items
 
 
+def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> dict[str, np.ndarray]:
+    """Ground truth beside the inputs: arrays named ``labels``/``text``/``boxes`` in the .npz file(s), or
+    ``labels.json`` in an image folder; checked to hold one entry per item."""
+    path = Path(path)
+    files = _files(path)
+    names = {i.name for i in inputs}
+    found: dict[str, np.ndarray] = {}
+    if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
+        found = _sidecar_labels(path, files) if path.is_dir() else {}
+    elif all(f.suffix.lower() == ".npz" for f in files):
+        per_file: dict[str, list[np.ndarray]] = {}
+        for f in files:
+            with np.load(f, allow_pickle=False) as npz:
+                for key in LABEL_ARRAYS:
+                    if key in npz.files and key not in names:
+                        per_file.setdefault(key, []).append(npz[key])
+        one_stack = len(files) == 1 and path.is_file()
+        for key, arrays in per_file.items():
+            if len(arrays) != len(files):
+                raise DataError(f"--data {path}: only {len(arrays)} of {len(files)} files hold a {key!r} array; "
+                                "give it in every file or in none")
+            found[key] = arrays[0] if one_stack else _stacked_labels(arrays, path, key)
+    for key, array in found.items():
+        _check_labels(path, key, array, count)
+    return {key: (array.astype(str) if key == "text" else array) for key, array in found.items()}
+
+
+def _stacked_labels(arrays: list[np.ndarray], path: Path, key: str) -> np.ndarray:
+    shapes = {a.shape for a in arrays}
+    if key != "boxes" and len(shapes) == 1:
+        return np.stack(arrays)
+    if key == "boxes" and all(a.ndim == 2 for a in arrays):  # ragged per file: padded with class -1
+        rows = max(len(a) for a in arrays)
+        padded = np.full((len(arrays), rows, 5), -1.0)
+        for i, a in enumerate(arrays):
+            padded[i, : len(a)] = a[:, :5]
+        return padded
+    raise DataError(f"--data {path}: the files' {key!r} arrays have different shapes {sorted(shapes)}; make them equal")
+
+
+def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
+    sidecar = folder / LABELS_SIDECAR
+    if not sidecar.is_file():
+        return {}
+    try:
+        document = json.loads(sidecar.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"--data {sidecar}: cannot be read as JSON ({exc}); fix or remove it") from None
+    if not isinstance(document, dict) or not set(document) <= set(LABEL_ARRAYS) or not all(isinstance(v, dict) for v in document.values()):
+        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\" and/or \"boxes\", each mapping "
+                        "an image file name to its value")
+    found = {}
+    for key, by_file in document.items():
+        missing = [f.name for f in files if f.name not in by_file]
+        if missing:
+            raise DataError(f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first {missing[0]!r}; "
+                            "give every image one (a negative class marks one not labelled)")
+        values = [by_file[f.name] for f in files]
+        try:
+            if key == "boxes":
+                found[key] = _stacked_labels([np.asarray(v, np.float64).reshape(-1, 5) for v in values], sidecar, key)
+            else:
+                found[key] = np.asarray(values, str if key == "text" else None)
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"--data {sidecar}: {key!r} values cannot be read ({exc}); see the README's labels section") from None
+    return found
+
+
+def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
+    kind = {"labels": "iu", "text": "US", "boxes": "fiu"}[key]
+    if array.dtype.kind not in kind or array.ndim == 0:
+        raise DataError(f"--data {path}: {key!r} is {array.dtype} shaped {list(array.shape)}: it must be "
+                        + {"labels": "integer classes, one per item (N or N×T)", "text": "strings, one per item",
+                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class pads)"}[key])
+    if key == "boxes" and (array.ndim != 3 or array.shape[2] != 5):
+        raise DataError(f"--data {path}: 'boxes' is shaped {list(array.shape)}, not N×M×5 (class, x1, y1, x2, y2)")
+    if len(array) != count:
+        raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
+
+
 def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[str, np.ndarray]:
     """Uniform [0, 1) floats, small non-negative ints: only for trying a model without data."""
     rng = np.random.default_rng(seed)
@@ -222,7 +309,7 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[st
 
 
 def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[Batch]:
-    """Cut items into batches of the model's batch size; a partial last batch is dropped."""
+    """Cut items (or their labels) into batches of the model's batch size; a partial last batch is dropped."""
     size = inputs[0].shape[0]
     count = len(next(iter(items.values())))
     if count < size:
@@ -251,10 +338,15 @@ def build_dataset(
         items, source = random_items(inputs, random_count * inputs[0].shape[0], seed), f"random (seed {seed})"
     else:
         items, source = load_items(path, inputs, image_mean, image_std), str(path)
+    labels = load_labels(path, inputs, len(next(iter(items.values())))) if path is not None else {}
     batches = batch_items(items, inputs)
+    truths = batch_items(labels, inputs) if labels else None
     order = np.random.default_rng(seed).permutation(len(batches))
     batches = [batches[i] for i in order]
+    truths = [truths[i] for i in order] if truths else None
     if len(batches) == 1:
-        return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None)
+        return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None,
+                       tuple(truths) if truths else None)
     n_calib = max(1, len(batches) // 2)
-    return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None)
+    return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None,
+                   tuple(truths[n_calib:]) if truths else None)

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import onnx
 
+from autoprec.accuracy import Judge
 from autoprec.data import Batch
 from autoprec.errors import AutoprecError
 from autoprec.backends.base import Timing
@@ -142,18 +143,16 @@ def device_lock_path(backend: str, device: int) -> Path:
     return private_folder(host_lock_folder()) / f"{backend}-device{device}.lock"
 
 
-def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, reference, metric_spec: str,
-            stderr_path: str) -> None:
+def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, stderr_path: str) -> None:
     """Child process: measure each serialized model it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
-    from autoprec.accuracy import resolve_metric
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir)
     on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
-    metric, loss_function = resolve_metric(metric_spec)
+    judge.metric.user_function  # noqa: B018 - a user's metric module, imported here too before the first candidate
     conn.send(("ready", None))
     while True:
         message = conn.recv()
@@ -169,13 +168,11 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             elif kind == "loss":  # ("loss", serialized model, number of batches)
                 model, count = args
                 with on_device:
-                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], reference[:count],
-                                         metric, loss_function)
+                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge)
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
-                result = measure(backend, onnx.load_from_string(model), batches, reference, metric, loss_function, screen,
-                                 on_device)
+                result = measure(backend, onnx.load_from_string(model), batches, judge, screen, on_device)
                 conn.send(("ok", result.to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
@@ -190,8 +187,7 @@ class IsolatedMeasurer:
         self,
         backend_name: str,
         batches: Sequence[Batch],
-        reference: Sequence[dict],
-        metric_spec: str,
+        judge: Judge,
         limits: Limits,
         stderr_log: Path,
         device: int = 0,
@@ -201,7 +197,7 @@ class IsolatedMeasurer:
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
         is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
         workers of one device."""
-        self.args = (backend_name, device, cache_dir, device_lock, list(batches), list(reference), metric_spec)
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import onnx
 
-from autoprec.accuracy import LossFunction, Outputs, compare, loss_from_metrics
+from autoprec.accuracy import Judge
 from autoprec.backends.base import Backend, Timing
 from autoprec.data import Batch
 
@@ -88,37 +87,22 @@ class Rejected(Exception):
         return {"loss": self.loss, "batches": self.batches, "seconds": self.seconds}
 
 
-def _loss(metrics: dict, reference: Outputs, outputs: Outputs, metric: str, loss_function: LossFunction | None) -> float:
-    """One scalar loss; non-finite outputs are unbounded loss, never averaged away."""
-    if any(m.get("nonfinite") for m in metrics.values()):
-        return math.inf
-    if loss_function is not None:
-        loss = float(loss_function(reference, outputs))
-        return math.inf if math.isnan(loss) else loss
-    return loss_from_metrics(metrics, metric)
-
-
-def accuracy_loss(
-    backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch], reference: Outputs, metric: str,
-    loss_function: LossFunction | None = None,
-) -> float:
+def accuracy_loss(backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch], judge: Judge) -> float:
     """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
     with backend.prepare(model) as runner:
         outputs = [runner.run(batch) for batch in batches]
-    return _loss(compare(reference[: len(outputs)], outputs), reference, outputs, metric, loss_function)
+    return judge.loss(judge.metrics(outputs), outputs)
 
 
 def measure(
     backend: Backend,
     model: onnx.ModelProto,
     batches: Sequence[Batch],
-    reference: Outputs,
-    metric: str,
-    loss_function: LossFunction | None = None,
+    judge: Judge,
     screen: Screen | None = None,
     device: contextlib.AbstractContextManager | None = None,
 ) -> Measurement:
-    """Latency on the first evaluation batch; accuracy on all of them, against the FP32 reference.
+    """Latency on the first evaluation batch; accuracy on all of them, as ``judge`` scores it.
 
     With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
     ``device`` is held while the candidate runs (evaluation and timing), not while it is built: with
@@ -132,19 +116,18 @@ def measure(
         t0 = time.perf_counter()
         with device or contextlib.nullcontext():
             seconds["device_wait"] = time.perf_counter() - t0
-            latency, retimes, outputs = _run_and_time(runner, batches, reference, metric, loss_function, screen, seconds)
-    metrics = compare(reference, outputs)
-    return Measurement(latency, metrics, _loss(metrics, reference, outputs, metric, loss_function), seconds, retimes, build)
+            latency, retimes, outputs = _run_and_time(runner, batches, judge, screen, seconds)
+    metrics = judge.metrics(outputs)
+    return Measurement(latency, metrics, judge.loss(metrics, outputs), seconds, retimes, build)
 
 
-def _run_and_time(runner, batches, reference, metric, loss_function, screen, seconds):
+def _run_and_time(runner, batches, judge: Judge, screen, seconds):
     t0 = time.perf_counter()
     outputs = []
     for i, batch in enumerate(batches):
         outputs.append(runner.run(batch))
         if screen is not None and i + 1 == screen.batches < len(batches):
-            head = reference[: len(outputs)]
-            loss = _loss(compare(head, outputs), head, outputs, metric, loss_function)
+            loss = judge.loss(judge.metrics(outputs), outputs)
             if loss > screen.reject_above:
                 seconds["evaluate"] = time.perf_counter() - t0
                 raise Rejected(loss, len(outputs), seconds)

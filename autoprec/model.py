@@ -66,6 +66,7 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]
     units: tuple[Unit, ...]
     notes: tuple[str, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict, compare=False)  # the source model's metadata_props
 
     @property
     def searchable_units(self) -> tuple[Unit, ...]:
@@ -499,4 +500,5 @@ def analyse(
         outputs=_output_specs(prepared),
         units=units,
         notes=tuple(notes + prep_notes),
+        metadata={p.key: p.value for p in raw.metadata_props},
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 from autoprec import atomic
 from autoprec.plots import plot_result_dir
-from autoprec.results import ResultFiles
+from autoprec.results import ResultFiles, decisions
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -53,7 +53,10 @@ def _facts(result: ResultFiles) -> str:
         ("measured", "yes" if engine["measured"] else "NO — described only, never executed"),
         ("data", f"{search['data']} — {search['batches']['calibration']} calibration / "
                  f"{search['batches']['evaluation']} evaluation batch(es)"),
-        ("metric", f"{search['metric']} (loss 0 = identical to FP32)"),
+        ("metric", f"{search['metric']} (loss 0 = as good as FP32)"),
+        *(("FP32 against the labels", decisions(search["fp32_on_labels"])),) * bool(search.get("fp32_on_labels")),
+        *(("note", line) for line in search.get("metric_notes") or []),
+        *(("⚠ decisions changed", line) for line in search.get("decision_changes") or []),
         ("max loss", search["max_loss"] if search["max_loss"] is not None else "none (the knee is chosen)"),
         ("budget", f"{search['budget']} trials: {search['trials']} measured, {len(search.get('rejected') or [])} "
                    "rejected early (counted against the budget, as on the terminal)"),
@@ -70,7 +73,8 @@ def _facts(result: ResultFiles) -> str:
 def _front(result: ResultFiles) -> str:
     p = result.pareto
     outputs = list(p["front"][0]["metrics"]) if p["front"] else []
-    metric_names = sorted({m for t in p["front"] for out in t["metrics"].values() for m in out if m != "nonfinite"})
+    metric_names = sorted({m for t in p["front"] for out in t["metrics"].values() for m in out
+                           if m not in ("nonfinite", "narrow")})
     head = ["trial", "final ms", "re-timed rounds ms", "trial median ms", "p10 ms", "p90 ms", "runs", "loss", "int8", "fp16", "fp32"]
     rows = []
     for t in p["front"]:
@@ -90,7 +94,8 @@ def _front(result: ResultFiles) -> str:
             "<p class='note'>Highlighted: the chosen plan. Latency is for one batch. Trial median, p10–p90: the "
             "trial's own timed runs. Final: the median of the re-timing rounds, in which the front and the all-FP32 "
             "plan were timed again, interleaved, after the search (the choice uses it). Metrics compare each output "
-            "with the FP32 model's on the evaluation batches.</p>")
+            "with the FP32 model's on the evaluation batches (top1, cer, map50, nn_agreement: its decisions; "
+            "*_labels: against the data's ground truth).</p>")
 
 
 def _plan(plan: dict[str, Any] | None) -> str:

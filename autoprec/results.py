@@ -164,6 +164,21 @@ def write_results(
     return written
 
 
+# What a trial decides, as the task metrics say (see autoprec.accuracy): key, label, as a percentage.
+DECISIONS = (("top1", "top-1 same"), ("cer", "CER vs FP32"), ("map50", "mAP50 vs FP32"), ("nn_agreement", "NN same"),
+             ("top1_labels", "top-1 vs labels"), ("cer_labels", "CER vs labels"), ("map50_labels", "mAP50 vs labels"))
+
+
+def decisions(metrics: dict[str, dict[str, Any]]) -> str:
+    """The task metrics of one trial in a few words (each output's, named when there are several)."""
+    parts = []
+    for name, values in metrics.items():
+        found = [f"{label} {float(values[key]):.1%}" for key, label in DECISIONS if key in values]
+        if found:
+            parts.append((f"{name}: " if len(metrics) > 1 else "") + ", ".join(found))
+    return "; ".join(parts)
+
+
 def load_json(path: Path) -> dict[str, Any]:
     """Read a result file (plain JSON; nothing is unpickled or executed)."""
     return json.loads(Path(path).read_text())
@@ -213,6 +228,8 @@ SEARCH = {
     "batches": {"calibration": int, "evaluation": int}, "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
     "data_path": Optional_(Nullable(str)), "data_fingerprint": Optional_(str), "calibration_file": Optional_(Nullable(str)),
     "search_space": Optional_((dict, str)), "plan_ignored": Optional_([int]),
+    "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))), "metric_notes": Optional_([str]), "decision_changes": Optional_([str]),
+    "metric_tasks": Optional_({"tasks": [str], "options": dict}),
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),

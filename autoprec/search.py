@@ -172,6 +172,10 @@ def open_study(
             study.set_user_attr(key, value)
         return study
     differs = [k for k in IDENTITY_KEYS if k in existing and existing[k] != identity.get(k)]
+    if differs == ["metric"] and not study.get_trials(deepcopy=False):
+        # nothing measured yet (a run refused for its metric's options, say): the study takes the new metric
+        study.set_user_attr("metric", identity["metric"])
+        return study
     if differs:
         detail = "; ".join(f"{k}: study has {existing[k]!r}, this run {identity.get(k)!r}" for k in differs[:3])
         raise StudyError(
@@ -505,13 +509,19 @@ def retimed_front(
 
     Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
     than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
-    leaves the front, so the front shown is a front in the numbers shown."""
+    leaves the front, and the all-FP32 plan is on it when nothing re-timed dominates it: the front
+    shown is a front in the numbers shown, never empty."""
     front = pareto_front(study)
     fp32 = uniform_trials(finished_records(study)).get("fp32")
     again = {r.number: r for r in retime(list({r.number: r for r in [*front, *([fp32] if fp32 else [])]}.values()),
                                          time_plans, rounds)}
-    shown = list(again.values())
-    kept = [again[r.number] for r in front if not any(_dominates(other, again[r.number]) for other in shown)]
+    shown, plans = [], set()
+    for r in [*front, *([fp32] if fp32 else [])]:  # one trial per plan: the front's, then the all-FP32 plan
+        if r.plan.key() not in plans:
+            plans.add(r.plan.key())
+            shown.append(again[r.number])
+    # the all-FP32 plan rejoins the front when the re-timing shows nothing faster at its (zero) loss
+    kept = [r for r in shown if not any(_dominates(other, r) for other in shown)]
     return sorted(kept, key=lambda r: r.latency_ms), again
 
 

@@ -16,7 +16,8 @@ import optuna
 
 import autoprec
 from autoprec import atomic
-from autoprec.api import Prepared, prepare, resolve_model
+from autoprec.accuracy import Judge, resolve_metric
+from autoprec.api import Prepared, declared_tasks, metric_for, prepare, resolve_model
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
 from autoprec.measure import Measurement, Screen, measure
@@ -83,7 +84,7 @@ class CachedMeasure:
 
     backend: Backend
     prepared: Prepared
-    metric: str = "cosine"
+    judge: Judge
     screen: Screen | None = None  # cheap rejection, as a search with --max-loss does it
     cache: dict[str, Measurement] = field(default_factory=dict)
     measured: int = 0
@@ -92,11 +93,28 @@ class CachedMeasure:
         key = hashlib.sha256(model.SerializeToString()).hexdigest()
         if key not in self.cache:
             self.measured += 1
-            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.prepared.reference,
-                                      self.metric, screen=self.screen)
+            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.judge, self.screen)
         return self.cache[key]
 
 
 def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:
     model_path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
     return prepare(model_path, load_search_space(), data, shapes), get_backend(backend)
+
+
+def zoo_judge(name: str, prepared: Prepared, metric: str = "cosine") -> Judge:
+    """The judge a search of zoo:NAME with --metric METRIC uses: the entry's task metric and its labels beside."""
+    judge = Judge(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), prepared.info, prepared.dataset),
+                  prepared.reference, prepared.dataset.labels)
+    judge.check()
+    return judge
+
+
+# The task metrics a benchmark reports beside its loss (see autoprec.accuracy): higher or lower is better.
+TASK_KEYS = ("top1", "cer", "map50", "nn_agreement", "top1_labels", "cer_labels", "map50_labels")
+
+
+def task_metrics(metrics: dict) -> dict:
+    """The task metrics among a measurement's per-output metrics, by output."""
+    found = {name: {k: round(v, 4) for k, v in values.items() if k in TASK_KEYS} for name, values in metrics.items()}
+    return {name: values for name, values in found.items() if values}

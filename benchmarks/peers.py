@@ -1,7 +1,10 @@
 """autoprec against the greedy tools users know, on the same models, data, engine and metric.
 
-Per zoo model, on ONNX Runtime's CPU provider, at a 1 % loss limit (loss = 1 - mean cosine vs the
-FP32 model's outputs on the zoo's evaluation batches), in one run:
+Per zoo model, on ONNX Runtime's CPU provider, at a 1 % loss limit on the model's task metric
+(``--metric task``, the default: ppocr-rec CTC text and ppocr-cls / magika top-1 against their
+labels, the drop from FP32's own score; yolov8n mAP@0.5 and MiniLM nearest neighbours against FP32's
+decisions; ppocr-det, which has none, 1 - mean cosine), or on ``--metric cosine`` for every model,
+on the zoo's evaluation batches, in one run:
 
 - ``autoprec``: its search (sensitivity pass, uniform plans, warm start, multivariate TPE, cheap
   rejection), budget 50, the fastest plan within the limit once its front and all-FP32 were re-timed
@@ -10,18 +13,20 @@ FP32 model's outputs on the zoo's evaluation batches), in one run:
   direction), re-implemented over the same backend and units: the smallest number of leading
   units kept in FP32, the rest INT8, that passes the check, found by bisection. The tool itself
   drives TensorRT builds, which cannot run here.
-- ``nncf``: ``nncf.quantize_with_accuracy_control`` (ONNX backend, max_drop 0.01 absolute on
-  the same metric, as 1 - loss), its INT8 model measured as it comes out.
+- ``nncf``: ``nncf.quantize_with_accuracy_control`` (ONNX backend, max_drop 0.01 absolute) given
+  the same validation function: the labelled score where the metric reads labels (top-1 accuracy,
+  1 - CER), else 1 - loss; its INT8 model measured as it comes out.
 - ``ort_auto_mixed_precision``: onnxconverter-common's ``auto_convert_mixed_precision`` (FP16,
   validated on the first evaluation batch with the same limit), its model measured as it comes out.
 
 "evaluations" counts candidate accuracy evaluations each method spent (autoprec: trials measured,
 rejected early or not; its sensitivity pass's one-unit accuracy checks are given separately).
 ``best_at_peer_evaluations``: autoprec's fastest feasible trial among its first N trials, N = that
-peer's evaluations. Finally every pick and the FP32 model are built once and timed in interleaved
+peer's evaluations. Every pick reports the constraint's loss, its cosine loss and its task metrics. Finally every pick and the FP32 model are built once and timed in interleaved
 rounds, so the latencies compare within one run.
 
-    python benchmarks/peers.py [--models ppocr-rec yolov8n ...] [--budget 50]   # needs nncf, onnxconverter-common
+    python benchmarks/peers.py [--models ppocr-rec yolov8n ...] [--budget 50] [--metric task|cosine]
+    # needs nncf, onnxconverter-common
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import onnx
 import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models  # noqa: E402
+from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models, task_metrics, zoo_judge  # noqa: E402
 
-from autoprec.accuracy import compare, loss_from_metrics  # noqa: E402
+from autoprec.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
+from autoprec.results import decisions  # noqa: E402
 from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved  # noqa: E402
 from autoprec.plan import Plan, Precision  # noqa: E402
 from autoprec.search import (  # noqa: E402
@@ -51,20 +57,18 @@ from autoprec.sensitivity import analyse_sensitivity  # noqa: E402
 MAX_LOSS = 0.01
 ROUNDS = 5
 MODELS = ("ppocr-rec", "yolov8n", "minilm", "ppocr-det")
+# Each zoo model's task metric as the constraint: against its labels where it has them.
+TASK_METRIC = {"ppocr-rec": "ctc-text@labels", "ppocr-cls": "top1@labels", "magika": "top1@labels", "yolov8n": "detection",
+               "minilm": "embedding", "ppocr-det": "cosine"}
 
 
-def _loss(reference, outputs) -> float:
-    return loss_from_metrics(compare(reference, outputs), "cosine")
-
-
-def run_autoprec(prepared, backend, budget: int) -> tuple[onnx.ModelProto, dict, list]:
-    info, evaluation, reference = prepared.info, prepared.dataset.evaluation, prepared.reference
+def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[onnx.ModelProto, dict, list]:
+    info, evaluation = prepared.info, prepared.dataset.evaluation
     batches = screening_batches(len(evaluation))
     sensitivity = analyse_sensitivity(
-        info, backend, prepared.ranges,
-        lambda m: accuracy_loss(backend, m, evaluation[:batches], reference[:batches], "cosine"), evaluation[0], batches,
+        info, backend, prepared.ranges, lambda m: accuracy_loss(backend, m, evaluation[:batches], judge), evaluation[0], batches,
     )
-    measure_ = CachedMeasure(backend, prepared, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
+    measure_ = CachedMeasure(backend, prepared, judge, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
     ctx = StudyContext(info, backend, prepared.ranges, measure_, "percentile-99.99", MAX_LOSS)
     study = open_study(optuna.storages.InMemoryStorage(), "peers", {}, make_sampler("tpe", 0))
     started = time.monotonic()
@@ -83,7 +87,7 @@ def run_autoprec(prepared, backend, budget: int) -> tuple[onnx.ModelProto, dict,
     }, trials
 
 
-def run_polygraphy_bisect(prepared, backend) -> tuple[onnx.ModelProto, dict]:
+def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[onnx.ModelProto, dict]:
     """Bisection over k, the number of leading units kept in FP32 (the rest INT8); k = all passes."""
     info = prepared.info
     units = [u for u in info.searchable_units if Precision.INT8 in u.allowed]
@@ -97,7 +101,7 @@ def run_polygraphy_bisect(prepared, backend) -> tuple[onnx.ModelProto, dict]:
         nonlocal evaluations
         evaluations += 1
         lowered = backend.lower(info, plan(k), prepared.ranges)
-        return measure(backend, lowered, prepared.dataset.evaluation, prepared.reference, "cosine").loss <= MAX_LOSS
+        return measure(backend, lowered, prepared.dataset.evaluation, judge).loss <= MAX_LOSS
 
     low, high = 0, len(units)  # invariant: plan(high) passes (all FP32 does)
     while low < high:
@@ -111,11 +115,24 @@ def run_polygraphy_bisect(prepared, backend) -> tuple[onnx.ModelProto, dict]:
                                                           "fp32_leading_units": high}
 
 
-def run_nncf(prepared) -> tuple[onnx.ModelProto, dict]:
+def score(judge: Judge, indices, outputs) -> float:
+    """The validation score NNCF's accuracy control is given (higher is better, its drop = our loss): the
+    labelled score where the constraint reads labels (top-1 accuracy, 1 - CER, mAP), else 1 - loss."""
+    labels = [judge.labels[i] for i in indices] if judge.labels else None
+    subset = Judge(judge.metric, [judge.reference[i] for i in indices], labels)
+    metrics = subset.metrics(outputs)
+    if not judge.metric.against_labels:
+        return 1.0 - subset.loss(metrics, outputs)
+    key = LABEL_KEYS[judge.metric.task]
+    values = [m[key] for m in metrics.values() if key in m]
+    return float(np.mean([1.0 - v if key == "cer_labels" else v for v in values]))
+
+
+def run_nncf(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
     import nncf
     import onnxruntime as ort
 
-    evaluation, reference = prepared.dataset.evaluation, prepared.reference
+    evaluation = prepared.dataset.evaluation
     calls = 0
 
     def validate(model: onnx.ModelProto, indices) -> float:
@@ -125,7 +142,7 @@ def run_nncf(prepared) -> tuple[onnx.ModelProto, dict]:
         names = [o.name for o in session.get_outputs()]
         chosen = list(indices)
         outputs = [dict(zip(names, session.run(names, evaluation[i]))) for i in chosen]
-        return 1.0 - _loss([reference[i] for i in chosen], outputs)
+        return score(judge, chosen, outputs)
 
     quantized = nncf.quantize_with_accuracy_control(
         prepared.info.model,
@@ -139,7 +156,7 @@ def run_nncf(prepared) -> tuple[onnx.ModelProto, dict]:
     return quantized, {"evaluations": calls, "version": nncf.__version__}
 
 
-def run_ort_auto_mixed_precision(prepared) -> tuple[onnx.ModelProto, dict]:
+def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
     import onnxconverter_common
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
 
@@ -147,24 +164,29 @@ def run_ort_auto_mixed_precision(prepared) -> tuple[onnx.ModelProto, dict]:
     names = [o.name for o in prepared.info.model.graph.output]
     calls = 0
 
-    def validate(expected, actual) -> bool:
+    one = Judge(judge.metric, judge.reference[:1], judge.labels[:1] if judge.labels else None)
+
+    def validate(expected, actual) -> bool:  # the tool compares with the FP32 outputs it computed itself
         nonlocal calls
         calls += 1
-        return _loss([dict(zip(names, expected))], [dict(zip(names, [a.astype(np.float32) for a in actual]))]) <= MAX_LOSS
+        outputs = [dict(zip(names, [a.astype(np.float32) for a in actual]))]
+        return one.loss(one.metrics(outputs), outputs) <= MAX_LOSS
 
     converted = auto_convert_mixed_precision(onnx.ModelProto.FromString(prepared.info.model.SerializeToString()),
                                              dict(batch), validate_fn=validate, keep_io_types=True)
     return converted, {"evaluations": calls, "version": onnxconverter_common.__version__}
 
 
-def run_model(name: str, budget: int) -> dict:
+def run_model(name: str, budget: int, metric: str) -> dict:
     prepared, backend = prepare_zoo(name)
+    judge = zoo_judge(name, prepared, TASK_METRIC.get(name, "cosine") if metric == "task" else metric)
     picks: dict[str, onnx.ModelProto] = {"fp32": prepared.info.model}
     methods: dict[str, dict] = {}
-    model, facts, trials = run_autoprec(prepared, backend, budget)
+    model, facts, trials = run_autoprec(prepared, backend, budget, judge)
     picks["autoprec"], methods["autoprec"] = model, facts
-    peers = {"polygraphy_bisect": lambda: run_polygraphy_bisect(prepared, backend), "nncf": lambda: run_nncf(prepared),
-             "ort_auto_mixed_precision": lambda: run_ort_auto_mixed_precision(prepared)}
+    peers = {"polygraphy_bisect": lambda: run_polygraphy_bisect(prepared, backend, judge),
+             "nncf": lambda: run_nncf(prepared, judge),
+             "ort_auto_mixed_precision": lambda: run_ort_auto_mixed_precision(prepared, judge)}
     for method, run in peers.items():
         print(f"  {method} …", file=sys.stderr, flush=True)
         started = time.monotonic()
@@ -177,11 +199,12 @@ def run_model(name: str, budget: int) -> dict:
         if method == "fp32":
             continue
         try:
-            loss = measure(backend, model, prepared.dataset.evaluation, prepared.reference, "cosine").loss
+            found = measure(backend, model, prepared.dataset.evaluation, judge)
         except Exception as exc:  # noqa: BLE001
             methods[method]["error"] = f"does not run on {backend.name}: {type(exc).__name__}: {str(exc)[:200]}"
             continue
-        methods[method]["loss"] = loss
+        methods[method].update(loss=found.loss, cosine_loss=loss_from_metrics(found.metrics, "cosine"),
+                               task_metrics=task_metrics(found.metrics))
     runnable = [m for m in picks if "error" not in methods.get(m, {})]
     timings = time_interleaved(backend, [picks[m] for m in runnable], prepared.dataset.evaluation[0], ROUNDS)
     fp32_ms = None
@@ -201,7 +224,8 @@ def run_model(name: str, budget: int) -> dict:
         peer: best_within(trials[: facts["evaluations"]]) for peer, facts in methods.items()
         if peer != "autoprec" and "evaluations" in facts
     }
-    return {"max_loss": MAX_LOSS, "fp32_ms": fp32_ms, "units": len(prepared.info.searchable_units),
+    return {"max_loss": MAX_LOSS, "metric": judge.metric.name, "fp32_on_labels": judge.fp32_scores(len(judge.reference)),
+            "fp32_ms": fp32_ms, "units": len(prepared.info.searchable_units),
             "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs}, "methods": methods}
 
 
@@ -215,20 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--metric", default="task", help="task (each model's task metric, default) or a --metric name")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "peers.json")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autoprec.backends import get_backend
 
     report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "max_loss": MAX_LOSS,
-              "metric": "1 - mean cosine vs FP32 on the zoo's evaluation batches",
+              "metric": ("each model's task metric (models.*.metric)" if args.metric == "task" else args.metric)
+              + " on the zoo's evaluation batches",
               "timing": f"every pick and FP32 built once, {ROUNDS} interleaved rounds, each the median of >= 10 runs "
                         "and >= 0.2 s; latency_ms = median of the rounds", "models": {}}
-    run_models(report, args.models, lambda name: run_model(name, args.budget), args.json)
+    run_models(report, args.models, lambda name: run_model(name, args.budget, args.metric), args.json)
     print(f"\npeers at loss <= {MAX_LOSS} — {report['engine']['engine']} {report['engine']['version']} "
           f"{report['engine']['provider']} on {report['engine']['device']}; JSON: {args.json}")
-    print(f"{'model':<10} {'method':<25} {'ms':>8} {'×fp32':>6} {'loss':>9} {'evals':>6}  autoprec best at that many")
+    print(f"{'model':<10} {'method':<25} {'ms':>8} {'×fp32':>6} {'loss':>9} {'cosine':>9} {'evals':>6}  "
+          "autoprec best at that many · task metrics")
     for name, m in report["models"].items():
+        print(f"{name:<10} constraint {m.get('metric', 'cosine')}; FP32 vs labels: {decisions(m.get('fp32_on_labels') or {}) or '—'}")
         best = m["methods"]["autoprec"].get("best_at_peer_evaluations", {})
         for method, r in m["methods"].items():
             if "error" in r:
@@ -236,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             at = best.get(method)
             print(f"{name:<10} {method:<25} {r.get('latency_ms', math.nan):>8.3f} {r.get('speedup_vs_fp32', math.nan):>6.2f} "
-                  f"{r.get('loss', math.nan):>9.2e} {r.get('evaluations', 0):>6}  "
-                  + ("" if method == "autoprec" else (f"{at:.3f} ms" if at is not None else "none feasible yet")))
+                  f"{r.get('loss', math.nan):>9.2e} {r.get('cosine_loss', math.nan):>9.2e} {r.get('evaluations', 0):>6}  "
+                  + ("" if method == "autoprec" else (f"{at:.3f} ms" if at is not None else "none feasible yet"))
+                  + f" · {decisions(r.get('task_metrics') or {})}")
     return 0
 
 

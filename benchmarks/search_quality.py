@@ -32,9 +32,10 @@ import optuna
 from optuna._hypervolume import compute_hypervolume
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models  # noqa: E402
+from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models, task_metrics, zoo_judge  # noqa: E402
 
 from autoprec.measure import accuracy_loss, screening_batches  # noqa: E402
+from autoprec.results import decisions  # noqa: E402
 from autoprec.search import (  # noqa: E402
     StudyContext,
     default_sampler,
@@ -79,7 +80,8 @@ def best_within(points, limit: float = WITHIN) -> float | None:
 def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict:
     prepared, backend = prepare_zoo(name)
     info = prepared.info
-    measure = CachedMeasure(backend, prepared)
+    judge = zoo_judge(name, prepared)
+    measure = CachedMeasure(backend, prepared, judge)
     ctx = lambda: StudyContext(info, backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
     started = time.monotonic()
     space = math.prod(len(u.allowed) for u in info.searchable_units)
@@ -98,11 +100,11 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     all_points = _points(reference_records)
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
 
-    evaluation, reference_outputs = prepared.dataset.evaluation, prepared.reference
+    evaluation = prepared.dataset.evaluation
     batches = screening_batches(len(evaluation))
     sensitivity = analyse_sensitivity(
         info, backend, prepared.ranges,
-        lambda m: accuracy_loss(backend, m, evaluation[:batches], reference_outputs[:batches], "cosine"),
+        lambda m: accuracy_loss(backend, m, evaluation[:batches], judge),
         evaluation[0], batches,
     )
     # method -> (sampler, warm start): warm-started methods run autoprec's own flow (run_warm_started).
@@ -116,9 +118,9 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     }
     if not gp_available():
         methods.pop("warm+gp")
-    runs, walls = {}, {}
+    runs, walls, tasks_at = {}, {}, {}
     for method, (sampler, warm) in methods.items():
-        runs[method], walls[method] = [], []
+        runs[method], walls[method], tasks_at[method] = [], [], []
         for seed in range(seeds):
             t0 = time.monotonic()
             study = _study(make_sampler(sampler, seed), f"{name}-{method}-{seed}")
@@ -127,14 +129,18 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
             else:
                 run_warm_started(study, ctx(), budget, sensitivity if warm else None)
             walls[method].append(round(time.monotonic() - t0, 1))
-            points = _points(finished_records(study))
+            records = finished_records(study)
+            points = _points(records)
             runs[method].append(points)
+            picked = min((r for r in records if r.loss <= WITHIN), key=lambda r: r.latency_ms, default=None)
+            tasks_at[method].append(task_metrics(picked.measurement.metrics) if picked else None)
             all_points += points
     results = {}
     for method, per_seed in runs.items():
         results[method] = {
             "hv_fraction": [round(hypervolume_fraction(p, all_points, fp32_ms), 4) for p in per_seed],
             "best_latency_ms_at_1pct": [round(b, 4) if (b := best_within(p)) is not None else None for p in per_seed],
+            "task_metrics_at_1pct": tasks_at[method],
             "trials": budget,
             "sampler": methods[method][0],
             "warm_start": bool(methods[method][1]),
@@ -150,6 +156,7 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
         "distinct_plans_measured": measure.measured,
         "wall_seconds": round(time.monotonic() - started, 1),
         "input_shapes": {i.name: list(i.shape) for i in info.inputs},
+        "task_metrics_fp32_on_labels": judge.fp32_scores(len(evaluation)),
         "sensitivity": {"evaluations": sensitivity.evaluations, "batches": sensitivity.batches,
                         "seconds": round(sensitivity.seconds, 1)},
         "methods": results,
@@ -197,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             ref_best = m["best_latency_ms_at_1pct_reference"]
             print(f"{name:<10} {m['reference_front_trials']:>5} {method:<10} {hv:<28} {best:<32} "
                   f"{ref_best if ref_best is None else round(ref_best, 3):>9} {m['fp32_latency_ms']:>8.3f}")
+    print("\ntask metrics of autoprec's fastest plan within 1 % cosine loss, per seed (FP32 against the labels):")
+    for name, m in report["models"].items():
+        picks = m["methods"]["autoprec"].get("task_metrics_at_1pct") or []
+        print(f"{name:<10} {' | '.join(decisions(p) if p else '—' for p in picks) or '—'}"
+              f"  ({decisions(m.get('task_metrics_fp32_on_labels') or {}) or 'no labels'})")
     return 0
 
 

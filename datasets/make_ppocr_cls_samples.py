@@ -22,7 +22,7 @@ def main(wheel: str) -> None:
     with zipfile.ZipFile(wheel) as zf:
         x, label = text_line_crops(zf.read("skimage/data/page.png"))
     out = Path(__file__).parent / "ppocr_cls" / "textlines.npz"
-    np.savez_compressed(out, x=x.astype(np.float16), label=label)  # float16 keeps the repo small
+    np.savez_compressed(out, x=x.astype(np.float16), labels=label)  # float16 keeps the repo small
     print(f"wrote {out}: {len(x)} crops")
 
 

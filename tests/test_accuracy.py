@@ -64,9 +64,9 @@ def test_user_metric_is_imported_from_the_working_directory(tmp_path, monkeypatc
         "    return max(float(abs(r['y'] - c['y']).max()) for r, c in zip(reference, candidate))\n"
     )
     monkeypatch.chdir(tmp_path)
-    name, func = resolve_metric("my_metrics:worst_abs")
-    assert name == "my_metrics:worst_abs"
-    assert func([{"y": np.zeros(3)}], [{"y": np.array([0.0, -2.0, 1.0])}]) == 2.0
+    metric = resolve_metric("my_metrics:worst_abs")
+    assert metric.name == "my_metrics:worst_abs"
+    assert metric.user_function([{"y": np.zeros(3)}], [{"y": np.array([0.0, -2.0, 1.0])}]) == 2.0
     with pytest.raises(AutoprecError, match="cannot import"):
         resolve_metric("my_metrics:missing")
     with pytest.raises(AutoprecError, match="unknown --metric"):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import autoprec
+from autoprec.accuracy import Judge, Metric
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.coordination import StudyLocks
 from autoprec.isolation import FileLock
@@ -60,7 +61,7 @@ def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
     backend, lock = SlowBackend(), threading.Lock()
     batches = [{"x": np.ones(2, np.float32)}]
     reference = [{"y": np.ones(2, np.float32)}]
-    threads = [threading.Thread(target=measure, args=(backend, None, batches, reference, "cosine", None, None, lock), name=f"w{i}")
+    threads = [threading.Thread(target=measure, args=(backend, None, batches, Judge(Metric(), reference), None, lock), name=f"w{i}")
                for i in range(2)]
     for t in threads:
         t.start()

@@ -16,7 +16,7 @@ DATA = REPO / "datasets" / "ppocr_cls" / "textlines.npz"
 
 def test_bundled_model_and_data_are_real():
     data = np.load(DATA)
-    x, label = data["x"].astype(np.float32), data["label"]
+    x, label = data["x"].astype(np.float32), data["labels"]
     probs = ort.InferenceSession(str(MODEL)).run(None, {"x": x})[0]
     assert (probs.argmax(1) == label).mean() > 0.8  # the trained classifier reads the crops' orientation
 

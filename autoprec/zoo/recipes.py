@@ -75,18 +75,25 @@ def _font(size: int) -> ImageFont.FreeTypeFont:
 
 
 def ppocr_rec(height: int = 48, width: int = 320) -> dict[str, np.ndarray]:
-    """Sentences rendered as text lines (DejaVu Sans), light and dark backgrounds."""
-    lines = []
+    """Sentences rendered as text lines (DejaVu Sans), light and dark backgrounds, with their true text:
+    as many words as fit the recognizer's 320×48 window unsqueezed (PaddleOCR cuts longer lines too)."""
+    lines, texts = [], []
     for i, sentence in enumerate(SENTENCES):
-        words = sentence.split()
-        text = " ".join(words[: 4 + i % 4])
         font = _font(28 + (i % 3) * 4)
+        words = sentence.split()
+        text = words[0]
+        for word in words[1:]:
+            left, top, right, bottom = font.getbbox(f"{text} {word}")
+            if (right - left + 16) / (bottom - top + 12) > width / height:
+                break
+            text = f"{text} {word}"
         left, top, right, bottom = font.getbbox(text)
         background, ink = ((250, 250, 245), (20, 20, 20)) if i % 4 else ((40, 40, 60), (235, 235, 235))
         img = Image.new("RGB", (right - left + 16, bottom - top + 12), background)
         ImageDraw.Draw(img).text((8 - left, 6 - top), text, font=font, fill=ink)
         lines.append(_text_line_tensor(img, height, width))
-    return {"x": np.stack(lines)}
+        texts.append(text)
+    return {"x": np.stack(lines), "text": np.asarray(texts)}
 
 
 def text_line_crops(page_png: bytes, height: int = 48, width: int = 192) -> tuple[np.ndarray, np.ndarray]:
@@ -116,8 +123,9 @@ def text_line_crops(page_png: bytes, height: int = 48, width: int = 192) -> tupl
 
 
 def ppocr_cls(images: Mapping[str, bytes]) -> dict[str, np.ndarray]:
-    x, _ = text_line_crops(images["page.png"])
-    return {"x": x}
+    """Text-line crops and their orientation (the classifier's classes: 0 upright, 1 rotated 180°)."""
+    x, labels = text_line_crops(images["page.png"])
+    return {"x": x, "labels": labels}
 
 
 def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray]:
@@ -142,14 +150,30 @@ def magika_features(content: bytes, beg_size: int, end_size: int, padding: int) 
     return np.asarray(beg[:beg_size] + end, np.int32)
 
 
-def magika(wheel: Path, config: Mapping[str, int], count: int = 32) -> dict[str, np.ndarray]:
-    """Real files of many types: every file inside the pinned magika wheel (code, JSON, Markdown, the ONNX model, ...)."""
+# A file's true type, as magika names it, from its name (or magic bytes); files whose type a name
+# does not settle (METADATA, WHEEL: key-value text some call markdown) stay unlabelled.
+MAGIKA_TYPES = {".py": "python", ".json": "json", ".md": "markdown", ".onnx": "onnx", "RECORD": "csv"}
+
+
+def magika_true_type(name: str, content: bytes) -> str | None:
+    if content.startswith(b"\x7fELF"):
+        return "elf"
+    return MAGIKA_TYPES.get(Path(name).suffix) or MAGIKA_TYPES.get(Path(name).name)
+
+
+def magika(wheel: Path, config: Mapping, count: int = 32) -> dict[str, np.ndarray]:
+    """Real files of many types: every file inside the pinned magika wheel (code, JSON, Markdown, the ONNX
+    model, ...), labelled with their true type's index in the model's label space (-1: not settled)."""
     with zipfile.ZipFile(wheel) as zf:
         names = sorted(n for n in zf.namelist() if not n.endswith("/") and zf.getinfo(n).file_size >= 16)
         step = max(1, len(names) // count)
-        files = [zf.read(n) for n in names[::step][:count]]
+        chosen = names[::step][:count]
+        files = [zf.read(n) for n in chosen]
     rows = [magika_features(f, config["beg_size"], config["end_size"], config["padding_token"]) for f in files]
-    return {"bytes": np.stack(rows)}
+    space = list(config["target_labels_space"])
+    types = [magika_true_type(n, f) for n, f in zip(chosen, files)]
+    labels = [space.index(t) if t in space else -1 for t in types]
+    return {"bytes": np.stack(rows), "labels": np.asarray(labels, np.int64)}
 
 
 def sentences(tokenizer_json: Path, length: int) -> dict[str, np.ndarray]:

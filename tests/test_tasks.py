@@ -1,0 +1,315 @@
+"""Task metrics: what the model decides (CTC text, YOLO boxes, neighbours, classes), checked against
+hand-computed values, and end to end as the search's constraint on generated heads and the bundled model."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from autoprec import tasks
+from autoprec.accuracy import HeadOptions, Judge, Metric, decision_changes, loss_from_metrics, output_metrics
+from autoprec.data import TensorSpec, build_dataset, load_labels
+from autoprec.errors import AutoprecError
+from builders import _init, _model, save
+
+BUNDLED = "datasets/ppocr_cls"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "autoprec.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def one_hot_steps(ids, classes):
+    """(1, T, C) scores whose argmax per step is ``ids``."""
+    scores = np.full((1, len(ids), classes), 0.01)
+    scores[0, np.arange(len(ids)), ids] = 0.9
+    return scores
+
+
+# --- CTC ---------------------------------------------------------------------------------------------
+
+
+def test_greedy_ctc_merges_repeats_and_drops_blanks():
+    assert tasks.greedy_ctc(one_hot_steps([1, 1, 0, 2, 2, 0, 0, 1], 3)) == [(1, 2, 1)]
+    assert tasks.greedy_ctc(one_hot_steps([1, 1, 0, 2], 3), blank=2) == [(1, 0)]
+
+
+def test_character_error_rate_is_corpus_edits_per_truth_character():
+    assert tasks.edit_distance("kitten", "sitting") == 3
+    # 1 substitution in "abcd" + 2 deletions from "xyz" -> 3 edits over 4 + 3 truth characters
+    assert tasks.character_error_rate(["abxd", "x"], ["abcd", "xyz"]) == pytest.approx(3 / 7)
+
+
+def test_paddle_charset_puts_blank_first_and_a_space_last_when_there_is_room():
+    assert tasks.paddle_charset(["a", "b"], 4) == ["", "a", "b", " "]
+    assert tasks.paddle_charset(["a", "b"], 3) == ["", "a", "b"]
+    assert tasks.paddle_charset(["a", "b"], 9) is None
+
+
+def test_ctc_metric_against_fp32_text_and_labelled_text():
+    ref = np.concatenate([one_hot_steps([1, 0, 2, 3], 5), one_hot_steps([4, 4, 0, 1], 5)])
+    cand = np.concatenate([one_hot_steps([1, 0, 2, 2], 5), one_hot_steps([4, 4, 0, 1], 5)])  # "abc" -> "ab"
+    labels = [{"text": np.asarray(["abc", "db"])}]
+    judge = Judge(Metric("ctc-text", ("ctc-text",), HeadOptions(charset=("a", "b", "c", "d"))), [{"y": ref}], labels)
+    metrics = judge.metrics([{"y": cand}])["y"]
+    assert metrics["cer"] == pytest.approx(1 / 5)  # one deletion over FP32's 3 + 2 symbols
+    # FP32 reads "abc", "da" (truth "abc", "db": 1 edit in 5); the candidate "ab", "da": 2 edits in 5
+    assert judge.fp32_scores(1)["y"]["cer_labels"] == pytest.approx(1 / 5)
+    assert metrics["cer_labels"] == pytest.approx(2 / 5)
+
+
+def test_ctc_at_labels_is_the_rise_in_error_rate_over_fp32():
+    ref = one_hot_steps([1, 0, 2, 3], 5)
+    cand = one_hot_steps([1, 0, 0, 3], 5)  # "abc" -> "ac"
+    judge = Judge(Metric("ctc-text@labels", ("ctc-text",), HeadOptions(charset=("a", "b", "c", "d"))), [{"y": ref}],
+                  [{"text": np.asarray(["abd"])}])
+    judge.check()
+    metrics = judge.metrics([{"y": cand}])
+    # FP32 "abc" vs "abd": 1/3; candidate "ac" vs "abd": 2/3; the loss is the rise, 1/3
+    assert judge.loss(metrics, [{"y": cand}]) == pytest.approx(1 / 3)
+
+
+# --- detection ---------------------------------------------------------------------------------------
+
+
+def yolo_v8(boxes, classes=2, anchors=8):
+    """(1, 4 + classes, anchors) YOLOv8 head output holding ``boxes`` (cx, cy, w, h, class, score)."""
+    out = np.zeros((1, 4 + classes, anchors))
+    for i, (cx, cy, w, h, cls, score) in enumerate(boxes):
+        out[0, :4, i] = cx, cy, w, h
+        out[0, 4 + cls, i] = score
+    return out
+
+
+def test_yolo_decode_thresholds_and_suppresses_overlaps_per_class():
+    out = yolo_v8([(10, 10, 4, 4, 0, 0.9), (10.2, 10, 4, 4, 0, 0.8), (10, 10, 4, 4, 1, 0.7), (30, 30, 2, 2, 0, 0.1)])
+    found = tasks.yolo_detections(out, "yolov8", conf=0.25, iou=0.45)[0]
+    assert len(found) == 2  # the 0.8 duplicate is suppressed, the other class kept, the 0.1 box dropped
+    np.testing.assert_allclose(found[0], [8, 8, 12, 12, 0.9, 0])
+    assert found[1][5] == 1
+
+
+def test_mean_average_precision_by_hand():
+    truth = [np.array([[0, 0, 0, 10, 10], [1, 20, 20, 30, 30]], float)]
+    hit_one = [np.array([[0, 0, 10, 10, 0.9, 0], [25, 25, 35, 35, 0.8, 1]], float)]  # class 1 box IoU 25/175
+    assert tasks.mean_average_precision(hit_one, truth) == pytest.approx(0.5)
+    # class 0: a false positive ranked above the hit -> precision 1/2 at recall 1 -> AP 0.5; class 1: AP 1
+    ranked = [np.array([[50, 50, 60, 60, 0.95, 0], [0, 0, 10, 10, 0.9, 0], [20, 20, 30, 30, 0.5, 1]], float)]
+    assert tasks.mean_average_precision(ranked, truth) == pytest.approx(0.75)
+    assert tasks.mean_average_precision([np.zeros((0, 6))], [np.zeros((0, 5))]) == 1.0
+
+
+def test_detection_metric_against_fp32_boxes_and_labelled_boxes():
+    ref = yolo_v8([(10, 10, 4, 4, 0, 0.9), (30, 30, 6, 6, 1, 0.8)])
+    cand = yolo_v8([(10, 10, 4, 4, 0, 0.9), (36, 36, 6, 6, 1, 0.8), (50, 50, 4, 4, 0, 0.6)])
+    boxes = np.array([[[0, 8, 8, 12, 12], [1, 27, 27, 33, 33], [-1, 0, 0, 0, 0]]], float)
+    judge = Judge(Metric("detection", ("detection",)), [{"out": ref}], [{"boxes": boxes}])
+    m = judge.metrics([{"out": cand}])["out"]
+    # class 0: hit at rank 1, a false positive after it -> AP 1; class 1 box moved (IoU 9/63) -> AP 0
+    assert m["map50"] == pytest.approx(0.5)
+    assert m["box_count_change"] == pytest.approx(0.5)  # 3 boxes for FP32's 2
+    assert m["map50_labels"] == pytest.approx(0.5)
+    assert judge.fp32_scores(1)["out"]["map50_labels"] == pytest.approx(1.0)
+    assert loss_from_metrics({"out": m}, "detection") == pytest.approx(0.5)
+
+
+def test_channels_last_head_needs_its_layout_named():
+    ref = np.zeros((1, 8, 7))
+    judge = Judge(Metric("detection", ("detection",)), [{"out": ref}])
+    with pytest.raises(AutoprecError, match="--det-layout"):
+        judge.check()
+    v5 = np.zeros((1, 8, 7))
+    v5[0, 0] = [10, 10, 4, 4, 0.5, 0.9, 0.1]  # objectness 0.5 x class score 0.9
+    found = tasks.yolo_detections(v5, "yolov5", conf=0.25, iou=0.45)[0]
+    np.testing.assert_allclose(found, [[8, 8, 12, 12, 0.45, 0]])
+
+
+# --- embeddings, classes, blind outputs --------------------------------------------------------------
+
+
+def test_embedding_nearest_neighbour_agreement():
+    ref = np.array([[1, 0, 0], [0.9, 0.1, 0], [0, 1, 0], [0, 0.9, 0.2]], float)
+    cand = ref.copy()
+    cand[1] = [0.1, 0.9, 0]  # item 1 moves next to item 2: its own neighbour and item 0's change
+    judge = Judge(Metric("embedding", ("embedding",)), [{"e": ref}])
+    m = judge.metrics([{"e": cand}])["e"]
+    assert m["nn_agreement"] == pytest.approx(0.5)  # items 2 and 3 keep each other; 0 and 1 do not
+    assert m["embedding_loss"] == pytest.approx(0.5)
+    assert tasks.pooled(np.ones((2, 5, 3))).shape == (2, 3)
+
+
+def test_top1_against_labels_ignores_unlabelled_items():
+    ref = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    cand = np.array([[0.9, 0.1], [0.6, 0.4], [0.6, 0.4], [0.3, 0.7]])
+    labels = [{"labels": np.array([0, 1, -1, 0])}]
+    judge = Judge(Metric("top1@labels"), [{"p": ref}], labels)
+    assert judge.check()["p"]["top1_labels"] == pytest.approx(2 / 3)  # FP32: right on items 0, 1; wrong on 3
+    m = judge.metrics([{"p": cand}])
+    assert m["p"]["top1_labels"] == pytest.approx(1 / 3) and m["p"]["top1"] == pytest.approx(0.75)
+    assert judge.loss(m, [{"p": cand}]) == pytest.approx(1 / 3)
+
+
+def test_cosine_is_not_blind_to_an_output_of_one_value_per_item():
+    ref, cand = np.array([[0.5], [0.2]]), np.array([[0.6], [0.2]])
+    m = output_metrics(ref, cand)
+    assert m["cosine"] == 1.0  # one value per item: cosine sees only its sign
+    assert loss_from_metrics({"p": m}, "cosine") == pytest.approx(m["rel_l2"]) and m["rel_l2"] > 0.1
+    assert Judge(Metric("cosine"), [{"p": ref}]).notes()
+
+
+def test_a_plan_chosen_on_a_similarity_says_when_decisions_changed():
+    changed = {"y": {"cosine": 0.999, "top1": 0.95}}
+    assert "5.0% of its top-1 decisions" in decision_changes(Metric("cosine"), changed)[0]
+    assert decision_changes(Metric("top1"), changed) == []
+    assert decision_changes(Metric("cosine"), {"y": {"top1": 0.995}}) == []
+
+
+# --- labels in the data ------------------------------------------------------------------------------
+
+
+def test_labels_from_an_npz_and_from_an_image_folder_sidecar(tmp_path):
+    spec = (TensorSpec("x", (1, 2), "float32"),)
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(4), text=np.array(["a", "b", "c", "d"]))
+    found = load_labels(tmp_path / "d.npz", spec, 4)
+    assert list(found["labels"]) == [0, 1, 2, 3] and list(found["text"]) == ["a", "b", "c", "d"]
+    dataset = build_dataset(tmp_path / "d.npz", spec, seed=0)
+    # labels follow their items through the shuffled split
+    for batch, truth in zip(dataset.evaluation, dataset.labels):
+        assert truth["labels"].shape == (1,)
+
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (4, 4)).save(folder / name)
+    (folder / "labels.json").write_text(json.dumps({"labels": {"b.png": 1, "a.png": 0}}))
+    image_spec = (TensorSpec("x", (1, 3, 4, 4), "float32"),)
+    assert list(load_labels(folder, image_spec, 2)["labels"]) == [0, 1]
+    (folder / "labels.json").write_text(json.dumps({"labels": {"a.png": 0}}))
+    with pytest.raises(AutoprecError, match="no entry for 1 image.*'b.png'"):
+        load_labels(folder, image_spec, 2)
+    np.savez(tmp_path / "short.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(3))
+    with pytest.raises(AutoprecError, match="3 entries for 4 items"):
+        load_labels(tmp_path / "short.npz", spec, 4)
+
+
+# --- end to end: generated heads, the bundled model ----------------------------------------------------
+
+
+def ctc_head(steps=12, features=8, classes=6, seed=0):
+    """x (1, T, F) -> MatMul -> Softmax: a CTC recognizer's last layer."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], "proj"),
+             helper.make_node("Softmax", ["logits"], ["probs"], "softmax", axis=-1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, steps, features])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, steps, classes])
+    return _model(nodes, [x], [y], [_init("w", rng.normal(0, 2, (features, classes)))])
+
+
+def test_search_constrains_ctc_text_given_only_the_model_and_data(tmp_path):
+    model = save(ctc_head(), tmp_path / "rec.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "d.npz", x=rng.normal(0, 1, (16, 12, 8)).astype(np.float32))
+    out = tmp_path / "out"
+    proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "ctc-text", "--budget", 4, "--out", out,
+                   "--no-progress", "--max-loss", 0.5)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    assert plan["accuracy_loss"] == pytest.approx(plan["metrics"]["probs"]["cer"])
+    assert {"cosine", "top1", "cer"} <= set(plan["metrics"]["probs"])
+    # the chosen plan's CER, computed here from its own model's outputs with greedy decoding by hand
+    dataset = build_dataset(tmp_path / "d.npz", (TensorSpec("x", (1, 12, 8), "float32"),), seed=0)
+    fp32 = ort.InferenceSession(str(model))
+    chosen = ort.InferenceSession(str(out / "best" / "model.onnx"))
+    truth, hyp = [], []
+    for batch in dataset.evaluation:
+        for session, found in ((fp32, truth), (chosen, hyp)):
+            best = session.run(None, batch)[0][0].argmax(-1)
+            found.append([int(s) for i, s in enumerate(best) if s != 0 and (i == 0 or s != best[i - 1])])
+    assert plan["accuracy_loss"] == pytest.approx(tasks.character_error_rate(hyp, truth))
+
+
+def yolo_identity_head(anchors=16, classes=2):
+    """x (1, A, 4 + classes) -> MatMul(I) -> Transpose: a YOLOv8-shaped output (1, 4 + classes, A)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["rows"], "head"),
+             helper.make_node("Transpose", ["rows"], ["output0"], "to_channels_first", perm=[0, 2, 1])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, anchors, 4 + classes])
+    y = helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + classes, anchors])
+    return _model(nodes, [x], [y], [_init("w", np.eye(4 + classes))])
+
+
+def test_search_with_detection_and_labelled_boxes(tmp_path):
+    model = save(yolo_identity_head(), tmp_path / "det.onnx")
+    rng = np.random.default_rng(2)
+    items = np.zeros((8, 16, 6), np.float32)
+    items[:, :, :2] = rng.uniform(10, 90, (8, 16, 2))
+    items[:, :, 2:4] = rng.uniform(4, 12, (8, 16, 2))
+    items[:, :, 4:] = rng.uniform(0, 1, (8, 16, 2)) * (rng.random((8, 16, 1)) < 0.3)
+    boxes = np.full((8, 3, 5), -1.0)
+    boxes[:, 0] = [0, 10, 10, 20, 20]
+    np.savez(tmp_path / "d.npz", x=items, boxes=boxes)
+    out = tmp_path / "out"
+    proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "detection", "--budget", 3, "--out", out,
+                   "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    pareto = json.loads((out / "pareto.json").read_text())
+    fp32 = pareto["front"][-1]["metrics"]["output0"] if pareto["front"] else {}
+    assert {"map50", "box_count_change", "map50_labels"} <= set(fp32)
+    assert "map50_labels" in pareto["search"]["fp32_on_labels"]["output0"]
+    assert "mAP50 vs FP32" in proc.stdout
+
+
+def test_top1_against_the_bundled_models_labels(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("search", f"{BUNDLED}/model.onnx", "--data", f"{BUNDLED}/textlines.npz", "--metric", "top1@labels",
+                   "--budget", 3, "--out", out, "--no-progress", "--no-warm-start")
+    assert proc.returncode == 0, proc.stderr
+    pareto = json.loads((out / "pareto.json").read_text())
+    (name, fp32), = pareto["search"]["fp32_on_labels"].items()
+    # the FP32 model's accuracy on the evaluation half, computed here
+    dataset = build_dataset(f"{BUNDLED}/textlines.npz", (TensorSpec("x", (1, 3, 48, 192), "float32"),), seed=0)
+    session = ort.InferenceSession(f"{BUNDLED}/model.onnx")
+    right = [session.run(None, b)[0].argmax(-1)[0] == t["labels"][0] for b, t in zip(dataset.evaluation, dataset.labels)]
+    assert fp32["top1_labels"] == pytest.approx(np.mean(right))
+    for trial in json.loads((out / "trials.json").read_text())["trials"]:
+        assert trial["accuracy_loss"] == pytest.approx(fp32["top1_labels"] - trial["metrics"][name]["top1_labels"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--metric", "top1@labels"], "no 'labels' array"),
+    (["--metric", "ctc-text@labels"], "no 'text' array"),
+    (["--metric", "embedding", "--task-output", "nothing"], "--metric embedding: no model output it applies to"),
+    (["--metric", "detection", "--det-conf", "2"], "--det-conf: .*between 0 and 1"),
+])
+def test_bad_metric_options_and_missing_labels_give_one_line(tmp_path, conv_model, conv_data, args, message):
+    proc = run_cli("search", conv_model, "--data", conv_data, "--budget", 2, "--out", tmp_path / "o", "--no-progress", *args)
+    assert proc.returncode == 2
+    assert any(re.search(message, line) for line in proc.stderr.splitlines()), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_text_labels_without_a_dictionary_name_the_option(tmp_path):
+    model = save(ctc_head(), tmp_path / "rec.onnx")
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 12, 8), np.float32), text=np.array(["ab", "c", "d", "e"]))
+    proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "ctc-text@labels", "--budget", 2,
+                   "--out", tmp_path / "o", "--no-progress")
+    assert proc.returncode == 2 and "--ctc-charset FILE" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "dict.txt").write_text("a\nb\n")  # 2 characters cannot fit 6 classes
+    proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "ctc-text@labels", "--budget", 2,
+                   "--out", tmp_path / "o", "--no-progress", "--ctc-charset", tmp_path / "dict.txt")
+    assert proc.returncode == 2 and "do not fit output 'probs' with 6 classes" in proc.stderr
+
+
+def test_nonfinite_candidate_is_unbounded_for_task_metrics_too():
+    ref = one_hot_steps([1, 0, 2], 4)
+    bad = ref.copy()
+    bad[0, 0, 0] = np.nan
+    judge = Judge(Metric("ctc-text", ("ctc-text",)), [{"y": ref}])
+    assert judge.loss(judge.metrics([{"y": bad}]), [{"y": bad}]) == math.inf
