@@ -240,6 +240,14 @@ class Judge:
                                 "output with --task-output")
         return self.fp32_scores(len(self.reference))
 
+    def for_ranking(self) -> Judge:
+        """The judge the sensitivity pass ranks units with: the constraint where it is continuous (a
+        similarity, the user's function), else cosine. A task metric on a quarter of the evaluation set
+        is coarse: most one-unit plans change no decision there, and a ranking of ties orders nothing."""
+        if self.metric.name in SIMILARITY_METRICS or self.metric.user_function is not None:
+            return self
+        return Judge(Metric("cosine", self.metric.tasks, self.metric.options), self.reference, self.labels)
+
     def notes(self) -> list[str]:
         """Outputs the constraint would be blind to, and what reads them instead."""
         if self.metric.name != "cosine":
@@ -251,12 +259,23 @@ class Judge:
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         reference = self.reference[: len(outputs)]
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
-        metrics = compare(reference, outputs)
-        for name, values in metrics.items():
+        metrics = {}
+        for name in reference[0]:
+            refs, cands = [r[name] for r in reference], [c[name] for c in outputs]
+            if self._time_major(name, refs[0]):  # (T, 1, C) per batch: a CTC head that keeps time first
+                refs, cands = [a.transpose(1, 0, 2) for a in refs], [a.transpose(1, 0, 2) for a in cands]
+            ref, cand = np.concatenate(refs), np.concatenate(cands)
+            metrics[name] = values = output_metrics(ref, cand)
             if not values.get("nonfinite"):
-                ref = np.concatenate([r[name] for r in reference])
-                values.update(self._decisions(name, ref, np.concatenate([c[name] for c in outputs]), labels))
+                values.update(self._decisions(name, ref, cand, labels))
+            if self._applies("detection", name, ref) or self._applies("embedding", name, ref):
+                values.pop("top1", None)  # boxes or vectors, not class scores: an argmax over them decides nothing
         return metrics
+
+    def _time_major(self, name: str, first: np.ndarray) -> bool:
+        """A per-batch (T > 1, 1, C) output that CTC reads: time first, the batch of one second."""
+        return (first.ndim == 3 and first.shape[1] == 1 and first.shape[0] > 1
+                and self._applies("ctc-text", name, first.transpose(1, 0, 2)))
 
     def fp32_scores(self, batches: int) -> dict[str, dict[str, float]]:
         """The FP32 model's own scores against the labels on the first ``batches`` batches."""
@@ -288,6 +307,8 @@ class Judge:
         if self.metric.options.output is not None and name != self.metric.options.output:
             return False
         if task == "ctc-text":
+            if ref.ndim == 2 and ref.dtype.kind in "iu":  # class ids: the head took the argmax itself
+                return "ctc-text" in self.metric.tasks
             return ref.ndim == 3 and ref.dtype.kind == "f" and ("ctc-text" in self.metric.tasks or _looks_like_ctc(ref))
         if task == "detection":
             return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f"
@@ -304,12 +325,12 @@ class Judge:
             ref_ids, cand_ids = tasks.greedy_ctc(ref, options.blank), tasks.greedy_ctc(cand, options.blank)
             found["cer"] = tasks.character_error_rate(cand_ids, ref_ids)
             if "text" in labels and options.charset is not None:
-                charset = tasks.paddle_charset(options.charset, ref.shape[2], options.blank)
+                charset = tasks.class_characters(options.charset, ref.shape[2] if ref.ndim == 3 else None, options.blank)
                 if charset is None:
                     raise AutoprecError(
-                        f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} with {ref.shape[2]} "
-                        "classes (PaddleOCR's order: blank, the dictionary, a space when there is room); give the "
-                        "model's own dictionary")
+                        f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} with "
+                        f"{ref.shape[2] if ref.ndim == 3 else 'its'} classes (every class in order, or PaddleOCR's "
+                        "order: blank, the dictionary, a space when there is room); give the model's own dictionary")
                 found["cer_labels"] = tasks.character_error_rate(
                     [tasks.ctc_text(ids, charset).strip() for ids in cand_ids], [str(t).strip() for t in labels["text"]])
         if self._applies("detection", name, ref):
@@ -349,8 +370,9 @@ def _inferred_layout(name: str, ref: np.ndarray) -> str:
     if ref.shape[1] < ref.shape[2]:
         return "yolov8"
     raise AutoprecError(
-        f"--metric detection: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5/YOLOX (objectness "
-        "in column 5) or a transposed YOLOv8 (none)? give --det-layout yolov5 or --det-layout yolov8")
+        f"--metric detection: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5 or decoded YOLOX "
+        "(objectness in column 5), YOLOX's raw head (boxes still per grid cell), or a transposed YOLOv8 (no objectness)? "
+        "give --det-layout yolov5, yolox or yolov8")
 
 
 def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:

@@ -423,7 +423,7 @@ def search(
                 return measure(engine, model, dataset.evaluation, judge, screen)
 
             def loss_of(model):
-                return accuracy_loss(engine, model, dataset.evaluation[:screened], judge)
+                return accuracy_loss(engine, model, dataset.evaluation[:screened], judge.for_ranking())
 
             def time_models(models, rounds):
                 return time_interleaved(engine, models, dataset.evaluation[0], rounds)
@@ -431,10 +431,14 @@ def search(
             console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss, locks, me)
         unit_sensitivity, from_cache = None, False
+        if warm_start and judge.for_ranking() is not judge:
+            console.note(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
+                         "changes few decisions on a quarter of the data: too coarse to rank units by)")
         if warm_start:
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, loss_of, screened, metric_used.describe(), calibration, out_dir / "sensitivity.json",
+                    prepared, engine, loss_of, screened, judge.for_ranking().metric.describe(), calibration,
+                    out_dir / "sensitivity.json",
                     progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
@@ -451,9 +455,10 @@ def search(
                          + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
         trials = finished_records(study)
-        console.note(f"re-timing the front and the all-FP32 plan: each built once, × {RETIME_ROUNDS} interleaved rounds")
+        console.note(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
+                     f"× {RETIME_ROUNDS} interleaved rounds")
         front, retimed = retimed_front(
-            study, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS)
+            study, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
         )
     trials = [retimed.get(t.number, t) for t in trials]
     chosen = choose(front, max_loss)
@@ -489,7 +494,7 @@ def search(
         "sensitivity": None if unit_sensitivity is None else {
             "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
             "seconds": round(unit_sensitivity.seconds, 2),
-            "from_cache": from_cache, "warm_start_plans": len(warm),
+            "from_cache": from_cache, "warm_start_plans": len(warm), "ranked_by": judge.for_ranking().metric.name,
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
         "rejected": rejected_trials(study),
@@ -588,8 +593,8 @@ def sensitivity(
     judge, _ = judge_for(metric_used, prepared)
     evaluation = prepared.dataset.evaluation[:batches]
     found, _ = sensitivity_pass(
-        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, judge),
-        batches, metric_used.describe(), calibration, out_dir / "sensitivity.json", progress,
+        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, judge.for_ranking()),
+        batches, judge.for_ranking().metric.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
     return found, out_dir

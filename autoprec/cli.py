@@ -198,11 +198,13 @@ def _head_arguments(p) -> None:
     """How task metrics decode an output whose shape does not say it all."""
     p.add_argument("--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)")
     p.add_argument("--ctc-charset", metavar="FILE",
-                   help="ctc-text against labelled text: the recognizer's dictionary, one character per line in "
-                        "PaddleOCR's order (default: the model's 'character' metadata, as RapidOCR's models carry it)")
-    p.add_argument("--det-layout", choices=("yolov8", "yolov5"),
-                   help="detection: yolov8 (4 box + classes, no objectness) or yolov5 (YOLOX too: box, objectness, "
-                        "classes); inferred for channels-first heads")
+                   help="ctc-text against labelled text: the recognizer's characters, one per line: every class in "
+                        "order (an empty line for the blank), or PaddleOCR's dictionary (default: the model's "
+                        "'character' metadata, as RapidOCR's models carry it)")
+    p.add_argument("--det-layout", choices=("yolov8", "yolov5", "yolox"),
+                   help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, classes; YOLOX "
+                        "exported decoded too) or yolox (YOLOX's raw head: boxes per grid cell, strides 8/16/32); "
+                        "inferred for channels-first heads")
     p.add_argument("--det-conf", type=_fraction, default=0.25, metavar="SCORE", help="detection: score threshold (default 0.25)")
     p.add_argument("--det-iou", type=_fraction, default=0.45, metavar="IOU", help="detection: NMS IoU (default 0.45)")
     p.add_argument("--task-output", metavar="NAME", help="the output task metrics read (default: every output that fits)")

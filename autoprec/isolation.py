@@ -168,7 +168,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             elif kind == "loss":  # ("loss", serialized model, number of batches)
                 model, count = args
                 with on_device:
-                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge)
+                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge.for_ranking())
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
@@ -273,7 +273,8 @@ class IsolatedMeasurer:
         return Measurement.from_json(self._ask(("measure", model.SerializeToString(), screen), self.limits.seconds))
 
     def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
-        """:func:`autoprec.measure.accuracy_loss` on the first ``batches`` evaluation batches, in the worker."""
+        """:func:`autoprec.measure.accuracy_loss` on the first ``batches`` evaluation batches, in the worker, as
+        the sensitivity pass ranks units (:meth:`autoprec.accuracy.Judge.for_ranking`)."""
         return self._ask(("loss", model.SerializeToString(), batches), self.limits.seconds)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:

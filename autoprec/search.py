@@ -500,23 +500,40 @@ def retime(
 RETIME_ROUNDS = 3
 
 
+# Besides the front, this many of the fastest plans within --max-loss are re-timed: a coarse loss (a
+# task metric on a few items) ties many plans at one value, and the front keeps one per loss value,
+# chosen on a single trial's timing.
+RETIME_FEASIBLE = 3
+
+
 def retimed_front(
-    study: optuna.Study, time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = RETIME_ROUNDS
+    study: optuna.Study, time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = RETIME_ROUNDS,
+    max_loss: float | None = None,
 ) -> tuple[list[TrialRecord], dict[int, TrialRecord]]:
-    """The Pareto front, fastest first, after it and the all-FP32 plan (beside it, so that the
-    comparison with FP32 uses the same rounds) were timed again in ``rounds`` interleaved rounds;
-    and every re-timed trial by number.
+    """The Pareto front, fastest first, after it, the all-FP32 plan (beside it, so that the
+    comparison with FP32 uses the same rounds) and the ``RETIME_FEASIBLE`` fastest other plans
+    within ``max_loss`` were timed again in ``rounds`` interleaved rounds; and every re-timed trial
+    by number.
 
     Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
     than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
     leaves the front, and the all-FP32 plan is on it when nothing re-timed dominates it: the front
     shown is a front in the numbers shown, never empty."""
     front = pareto_front(study)
-    fp32 = uniform_trials(finished_records(study)).get("fp32")
-    again = {r.number: r for r in retime(list({r.number: r for r in [*front, *([fp32] if fp32 else [])]}.values()),
-                                         time_plans, rounds)}
+    finished = finished_records(study)
+    fp32 = uniform_trials(finished).get("fp32")
+    on_front = {r.plan.key() for r in front}
+    feasible = sorted((r for r in finished if max_loss is not None and r.loss <= max_loss and r.plan.key() not in on_front
+                       and r.duplicate_of is None), key=lambda r: r.latency_ms)
+    extra, seen = [], set(on_front)
+    for r in feasible:
+        if r.plan.key() not in seen and len(extra) < RETIME_FEASIBLE:
+            seen.add(r.plan.key())
+            extra.append(r)
+    candidates = [*front, *extra, *([fp32] if fp32 else [])]
+    again = {r.number: r for r in retime(list({r.number: r for r in candidates}.values()), time_plans, rounds)}
     shown, plans = [], set()
-    for r in [*front, *([fp32] if fp32 else [])]:  # one trial per plan: the front's, then the all-FP32 plan
+    for r in candidates:  # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
         if r.plan.key() not in plans:
             plans.add(r.plan.key())
             shown.append(again[r.number])

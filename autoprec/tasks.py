@@ -14,8 +14,9 @@ import numpy as np
 
 
 def greedy_ctc(scores: np.ndarray, blank: int = 0) -> list[tuple[int, ...]]:
-    """Best path per item of (N, T, C) scores: the argmax per step, repeats merged, blanks dropped."""
-    best = scores.argmax(-1)
+    """Best path per item of (N, T, C) scores (or of (N, T) class ids, a head that takes the argmax
+    itself): the argmax per step, repeats merged, blanks dropped."""
+    best = scores if scores.ndim == 2 else scores.argmax(-1)
     decoded = []
     for steps in best:
         keep = np.ones(len(steps), bool)
@@ -47,23 +48,28 @@ def ctc_text(ids: Sequence[int], charset: Sequence[str]) -> str:
     return "".join(charset[i] if 0 <= i < len(charset) else "\ufffd" for i in ids)
 
 
-def paddle_charset(dictionary: Sequence[str], classes: int, blank: int = 0) -> list[str] | None:
-    """PaddleOCR's class order from its dictionary (one character per line, as RapidOCR embeds it in the
-    model's ``character`` metadata): blank, the dictionary, then a space when the head has room for it.
-    None when the dictionary does not fit the head's class count."""
+def class_characters(dictionary: Sequence[str], classes: int | None, blank: int = 0) -> list[str] | None:
+    """The text of each class id. A dictionary of exactly ``classes`` lines (or, for a head that gives ids,
+    one whose line ``blank`` is empty) already lists every class; otherwise PaddleOCR's order, as RapidOCR
+    embeds its dictionary in the model's ``character`` metadata: blank, the dictionary, then a space when
+    the head has room for it. None when the dictionary does not fit the head's class count."""
     chars = list(dictionary)
-    if len(chars) + 2 == classes:
+    if len(chars) == classes or (classes is None and blank < len(chars) and chars[blank] == ""):
+        return chars
+    if classes is not None and len(chars) + 2 == classes:
         chars = [*chars, " "]
-    if len(chars) + 1 != classes:
+    if classes is not None and len(chars) + 1 != classes:
         return None
     return chars[:blank] + [""] + chars[blank:]
 
 
 # --- YOLO detection ----------------------------------------------------------------------------------
 
-# Box layouts of YOLO-family heads, as (boxes, items): channels first (4 box + classes, no objectness:
-# YOLOv8 and later) or channels last with objectness in column 4 (YOLOv5, YOLOX decoded exports).
-DETECTION_LAYOUTS = ("yolov8", "yolov5")
+# Box layouts of YOLO-family heads: channels first (4 box + classes, no objectness: YOLOv8 and later),
+# channels last with objectness in column 4 (YOLOv5, YOLOX exported decoded), or YOLOX's raw head
+# (the same columns, boxes still relative to their grid cell at strides 8, 16, 32).
+DETECTION_LAYOUTS = ("yolov8", "yolov5", "yolox")
+YOLOX_STRIDES = (8, 16, 32)
 
 
 def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, max_boxes: int = 300) -> list[np.ndarray]:
@@ -73,6 +79,8 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
         boxes, scores = rows[..., :4], rows[..., 4:]
     else:
         boxes, scores = output[..., :4], output[..., 5:] * output[..., 4:5]
+        if layout == "yolox":
+            boxes = yolox_boxes(boxes)
     result = []
     for image_boxes, image_scores in zip(boxes, scores):
         classes = image_scores.argmax(-1)
@@ -83,6 +91,24 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
         found = _nms(corners, best[keep], classes[keep], iou)[:max_boxes]
         result.append(np.column_stack([corners[found], best[keep][found], classes[keep][found]]).astype(np.float64))
     return result
+
+
+def yolox_boxes(raw: np.ndarray) -> np.ndarray:
+    """YOLOX's raw (N, A, 4) regression as centre/size in input pixels: (x + grid x) · stride, exp(w) · stride,
+    the grids of a square input whose side the box count gives (A = side² · (1/8² + 1/16² + 1/32²))."""
+    side = round(np.sqrt(raw.shape[1] / sum(1 / s**2 for s in YOLOX_STRIDES)))
+    grids, strides = [], []
+    for stride in YOLOX_STRIDES:
+        cells = side // stride
+        ys, xs = np.meshgrid(np.arange(cells), np.arange(cells), indexing="ij")
+        grids.append(np.stack([xs.ravel(), ys.ravel()], axis=1))
+        strides.append(np.full((cells * cells, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    if len(grid) != raw.shape[1]:
+        raise ValueError(f"{raw.shape[1]} boxes are not the grids of a square input at strides {YOLOX_STRIDES}")
+    centre = (raw[..., :2] + grid) * stride
+    size = np.exp(np.clip(raw[..., 2:4], None, 30)) * stride
+    return np.concatenate([centre, size], axis=-1)
 
 
 def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:

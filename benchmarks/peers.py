@@ -74,7 +74,7 @@ def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[onnx.Mod
     started = time.monotonic()
     run_warm_started(study, ctx, budget, sensitivity)
     front, _ = retimed_front(study, lambda plans: time_interleaved(  # as the search does before it chooses
-        backend, [backend.lower(info, p, prepared.ranges) for p in plans], evaluation[0], RETIME_ROUNDS))
+        backend, [backend.lower(info, p, prepared.ranges) for p in plans], evaluation[0], RETIME_ROUNDS), max_loss=MAX_LOSS)
     chosen = choose(front, MAX_LOSS)
     trials = sorted(finished_records(study), key=lambda r: r.number)
     return backend.lower(info, chosen.plan, prepared.ranges), {

@@ -46,10 +46,12 @@ def test_character_error_rate_is_corpus_edits_per_truth_character():
     assert tasks.character_error_rate(["abxd", "x"], ["abcd", "xyz"]) == pytest.approx(3 / 7)
 
 
-def test_paddle_charset_puts_blank_first_and_a_space_last_when_there_is_room():
-    assert tasks.paddle_charset(["a", "b"], 4) == ["", "a", "b", " "]
-    assert tasks.paddle_charset(["a", "b"], 3) == ["", "a", "b"]
-    assert tasks.paddle_charset(["a", "b"], 9) is None
+def test_class_characters_in_paddleocr_order_or_as_listed():
+    assert tasks.class_characters(["a", "b"], 4) == ["", "a", "b", " "]
+    assert tasks.class_characters(["a", "b"], 3) == ["", "a", "b"]
+    assert tasks.class_characters(["", "a", "b"], 3) == ["", "a", "b"]  # every class listed, the blank too
+    assert tasks.class_characters(["", "a"], None) == ["", "a"]  # ids from the head, the blank listed
+    assert tasks.class_characters(["a", "b"], 9) is None
 
 
 def test_ctc_metric_against_fp32_text_and_labelled_text():
@@ -313,3 +315,33 @@ def test_nonfinite_candidate_is_unbounded_for_task_metrics_too():
     bad[0, 0, 0] = np.nan
     judge = Judge(Metric("ctc-text", ("ctc-text",)), [{"y": ref}])
     assert judge.loss(judge.metrics([{"y": bad}]), [{"y": bad}]) == math.inf
+
+
+def test_ctc_reads_time_first_heads_and_heads_that_give_class_ids():
+    ref = one_hot_steps([1, 0, 2, 3], 5)  # (1, T, C)
+    cand = one_hot_steps([1, 0, 2, 2], 5)
+    time_first = Judge(Metric("ctc-text", ("ctc-text",)), [{"y": ref.transpose(1, 0, 2)}])  # (T, 1, C) per batch
+    m = time_first.metrics([{"y": cand.transpose(1, 0, 2)}])["y"]
+    assert m["cer"] == pytest.approx(1 / 3)  # "abc" -> "ab": one step per time, not one item per step
+    ids = Judge(Metric("ctc-text", ("ctc-text",), HeadOptions(charset=("", "a", "b", "c", "d"))),
+                [{"y": ref.argmax(-1)}], [{"text": np.asarray(["abd"])}])
+    m = ids.metrics([{"y": cand.argmax(-1)}])["y"]
+    assert m["cer"] == pytest.approx(1 / 3) and m["cer_labels"] == pytest.approx(1 / 3)  # "ab" vs "abd"
+
+
+def test_yolox_raw_boxes_are_placed_on_their_grid_cell():
+    side = 64  # grids 8×8, 4×4, 2×2 at strides 8, 16, 32: 84 boxes
+    raw = np.zeros((1, 84, 6))
+    raw[0, 9] = [0.5, 0.5, np.log(2), np.log(3), 0.8, 0.5]  # stride 8, cell (x 1, y 1)
+    raw[0, 64] = [0, 0, 0, 0, 0.9, 1.0]  # stride 16, cell (0, 0)
+    found = tasks.yolo_detections(raw, "yolox", conf=0.25, iou=0.45)[0]
+    np.testing.assert_allclose(found, [[-8, -8, 8, 8, 0.9, 0], [4, 0, 20, 24, 0.4, 0]], atol=1e-9)
+    assert side == round(np.sqrt(84 / sum(1 / s**2 for s in tasks.YOLOX_STRIDES)))
+
+
+def test_no_top1_for_a_detection_head_or_embeddings():
+    ref = yolo_v8([(10, 10, 4, 4, 0, 0.9)])
+    m = Judge(Metric("cosine", ("detection",)), [{"out": ref}]).metrics([{"out": ref}])["out"]
+    assert "map50" in m and "top1" not in m
+    emb = np.random.default_rng(0).normal(size=(4, 8))
+    assert "top1" not in Judge(Metric("embedding", ("embedding",)), [{"e": emb}]).metrics([{"e": emb}])["e"]
