@@ -146,6 +146,9 @@ def narrow(arr: np.ndarray) -> bool:
 def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
     """Similarity metrics for one output over all batches (arrays stacked along the batch axis), and
     top-1 agreement when it looks like class scores."""
+    if reference.dtype.kind in "iub":  # class ids, counts, masks: a value is right or wrong, not near
+        same = reference.reshape(len(reference), -1) == candidate.reshape(len(candidate), -1)
+        return {"equal": float(same.mean()) if same.size else 1.0, "nonfinite": 0.0}
     ref = reference.astype(np.float64).reshape(len(reference), -1)
     cand = candidate.astype(np.float64).reshape(len(candidate), -1)
     metrics: dict[str, float] = {}
@@ -188,10 +191,13 @@ def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -
     per_output = list(metrics.values())
     if any(m.get("nonfinite") for m in per_output):
         return math.inf
-    if metric == "cosine":
-        return float(np.mean([m["rel_l2"] if m.get("narrow") else 1.0 - m["cosine"] for m in per_output]))
-    if metric in ("rel_l2", "max_abs"):
-        return float(np.mean([m[metric] for m in per_output]))
+    if metric in SIMILARITY_METRICS:  # integer outputs: the share of values that differ
+        if metric == "cosine":
+            values = [1.0 - m["equal"] if "equal" in m else m["rel_l2"] if m.get("narrow") else 1.0 - m["cosine"]
+                      for m in per_output]
+        else:
+            values = [1.0 - m["equal"] if "equal" in m else m[metric] for m in per_output]
+        return float(np.mean(values))
     key, to_loss = {"top1": ("top1", lambda v: 1.0 - v), "ctc-text": ("cer", lambda v: v),
                     "detection": ("map50", lambda v: 1.0 - v), "embedding": ("embedding_loss", lambda v: v)}[metric]
     values = [m[key] for m in per_output if key in m]
@@ -250,11 +256,15 @@ class Judge:
 
     def notes(self) -> list[str]:
         """Outputs the constraint would be blind to, and what reads them instead."""
-        if self.metric.name != "cosine":
+        if self.metric.name not in SIMILARITY_METRICS:
             return []
-        return [f"output {name!r} has {value.size // max(1, len(value))} value(s) per item: cosine cannot see it change, "
-                "so its share of the loss is its relative L2 error (rel_l2)"
-                for name, value in self.reference[0].items() if narrow(value)]
+        notes = [f"output {name!r} holds integers ({value.dtype}): its share of the loss is the share of its values "
+                 "that differ from FP32's (equal)" for name, value in self.reference[0].items() if value.dtype.kind in "iub"]
+        if self.metric.name == "cosine":
+            notes += [f"output {name!r} has {value.size // max(1, len(value))} value(s) per item: cosine cannot see it "
+                      "change, so its share of the loss is its relative L2 error (rel_l2)"
+                      for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
+        return notes
 
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         reference = self.reference[: len(outputs)]

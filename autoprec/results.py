@@ -165,7 +165,7 @@ def write_results(
 
 
 # What a trial decides, as the task metrics say (see autoprec.accuracy): key, label, as a percentage.
-DECISIONS = (("top1", "top-1 same"), ("cer", "CER vs FP32"), ("map50", "mAP50 vs FP32"), ("nn_agreement", "NN same"),
+DECISIONS = (("equal", "values same"), ("top1", "top-1 same"), ("cer", "CER vs FP32"), ("map50", "mAP50 vs FP32"), ("nn_agreement", "NN same"),
              ("top1_labels", "top-1 vs labels"), ("cer_labels", "CER vs labels"), ("map50_labels", "mAP50 vs labels"))
 
 

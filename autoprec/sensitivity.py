@@ -37,6 +37,11 @@ from autoprec.plan import Plan, Precision
 # when there is no limit.
 LOSS_TARGETS = (0.25, 0.5, 1.0, 2.0)
 UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
+# Where the all-units plan is faster but past --max-loss: plans keeping this many units nearest the
+# input at their widest precision, the rest lowered. An error made early passes through every later
+# layer (Polygraphy's precision bisection walks from there); a coarse task metric may be missed by a
+# single decision that only the first layers fix, which a ranking of one-unit losses need not find.
+LEADING_KEPT = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -278,7 +283,9 @@ def warm_start_params(
     Where the all-units plan was never timed (rejected early for its loss, or failed), which
     ranking fits is unknown, so both seed plans.
     k takes ``UNIT_FRACTIONS`` of the ranked units and, with
-    --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit. Single-unit
+    --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit; where the
+    all-units plan is faster but past the limit, plans keeping the ``LEADING_KEPT`` units nearest
+    the input unlowered join them. Single-unit
     losses do not simply add up (errors compound), so the prediction is their running sum scaled to
     the uniform plan's measured loss. Parameters are the study's (searchable units only).
     """
@@ -290,6 +297,13 @@ def warm_start_params(
         for by_gain in ([False, True] if faster is None else [not faster]):
             if not by_gain or sensitivity.profiled(precision):
                 _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss)
+        measured = uniform.get(precision.value)
+        if faster and max_loss is not None and measured is not None and measured[1] > max_loss:
+            lowerable = [u.name for u in info.searchable_units if precision in u.allowed]
+            for kept in LEADING_KEPT:
+                params = dict(base, **{name: precision.value for name in lowerable[kept:]})
+                if kept < len(lowerable) and params not in plans:
+                    plans.append(params)
     return plans
 
 

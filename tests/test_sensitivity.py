@@ -121,9 +121,13 @@ def test_warm_start_lowers_the_least_sensitive_units_per_latency_first(conv_prep
     plans = warm_start_params(info, sens, max_loss=0.01, uniform=uniform)
     assert plans and all("fp16" not in p.values() for p in plans)  # all-FP16 was slower than FP32: nothing gained
     lowered = [{n for n, p in plan.items() if p == "int8"} for plan in plans]
+    # all-INT8 is faster but past the limit: the units nearest the input are also kept, 1 and 2 of them
+    leading = [set(names[1:]), set(names[2:])]
+    assert all(s in lowered for s in leading)
     order = [names[1], names[0], names[3], names[2]]
-    assert all(s == set(order[: len(s)]) for s in lowered)  # always a prefix of the ranking
-    assert {len(s) for s in lowered} >= {1, 2, 3}
+    ranked = [s for s in lowered if s not in leading]
+    assert all(s == set(order[: len(s)]) for s in ranked)  # otherwise always a prefix of the ranking
+    assert {len(s) for s in ranked} >= {1, 2, 3}
     # Predicted loss = running sum scaled to the uniform plan's (0.02 / 0.0112): 2 * 0.01 is crossed at the
     # 4th unit, 0.0025 at the 2nd; with FP16 fast too, it gets plans of its own.
     faster = warm_start_params(info, sens, 0.01, {**uniform, "fp16": (8.0, 1e-5)})

@@ -345,3 +345,30 @@ def test_no_top1_for_a_detection_head_or_embeddings():
     assert "map50" in m and "top1" not in m
     emb = np.random.default_rng(0).normal(size=(4, 8))
     assert "top1" not in Judge(Metric("embedding", ("embedding",)), [{"e": emb}]).metrics([{"e": emb}])["e"]
+
+
+def test_integer_outputs_are_judged_by_agreement_not_cosine():
+    ref = [{"ids": np.array([[3, 5, 5, 0]]), "p": np.array([[0.2, 0.8]])}]
+    cand = [{"ids": np.array([[3, 5, 4, 0]]), "p": np.array([[0.2, 0.8]])}]
+    judge = Judge(Metric("cosine"), ref)
+    m = judge.metrics(cand)
+    assert m["ids"] == {"equal": 0.75, "nonfinite": 0.0}
+    assert judge.loss(m, cand) == pytest.approx((0.25 + 0.0) / 2)  # ids: 1 of 4 values differ; p: identical
+    assert any("holds integers" in line for line in judge.notes())
+
+
+def test_search_on_a_model_that_outputs_class_ids(tmp_path):
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], "proj"),
+             helper.make_node("ArgMax", ["logits"], ["ids"], "argmax", axis=-1, keepdims=0)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 8])
+    y = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12])
+    model = save(_model(nodes, [x], [y], [_init("w", rng.normal(0, 1, (8, 6)))]), tmp_path / "ids.onnx")
+    np.savez(tmp_path / "d.npz", x=rng.normal(0, 1, (8, 12, 8)).astype(np.float32), text=np.array(list("abcdefgh")))
+    out = tmp_path / "out"
+    proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--budget", 3, "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "holds integers" in proc.stderr
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert all(t["accuracy_loss"] == pytest.approx(1 - t["metrics"]["ids"]["equal"]) for t in trials)
+    assert "cer" in trials[0]["metrics"]["ids"]  # text labels make it a CTC head: ids decoded as such
