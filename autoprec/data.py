@@ -277,7 +277,7 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
             else:
                 found[key] = np.asarray(values, str if key == "text" else None)
         except (ValueError, TypeError) as exc:
-            raise DataError(f"--data {sidecar}: {key!r} values cannot be read ({exc}); see the README's labels section") from None
+            raise DataError(f"--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, \"Labels\"") from None
     return found
 
 

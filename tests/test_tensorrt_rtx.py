@@ -180,7 +180,7 @@ def test_rtx_run_half_uses_only_names_the_real_module_has(monkeypatch, conv_mode
 
 @pytest.fixture(scope="module")
 def quick_start_result(tmp_path_factory):
-    """The README's Quick start search (bundled PP-OCR classifier and its text lines), small budget."""
+    """A search of the bundled PP-OCR classifier on its text lines, small budget."""
     out = tmp_path_factory.mktemp("quick") / "result"
     repo = __import__("conftest").REPO
     autoprec.search(repo / "datasets" / "ppocr_cls" / "model.onnx", budget=6, data=repo / "datasets" / "ppocr_cls" / "textlines.npz",

@@ -187,7 +187,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
 
     FP16 (Cast-lowered) runs on tensor cores. Q/DQ INT8 does not: the CUDA provider runs
     QuantizeLinear/DequantizeLinear as float ops around float kernels (slower than FP32, see
-    README "Engines"), so INT8 is left out of the search unless asked for. Only TensorRT fuses Q/DQ
+    docs/engines.md), so INT8 is left out of the search unless asked for. Only TensorRT fuses Q/DQ
     into INT8 kernels; candidates are lowered in the TensorRT Q/DQ form so that the plan exported
     from this search builds the same on TensorRT. FP32 follows ORT's default (TF32 allowed in cuDNN).
     """
