@@ -316,7 +316,8 @@ def _search(args: argparse.Namespace) -> int:
     figures = [out / name for name in ("pareto.png", "layers.png", "sensitivity.png") if (out / name).exists()]
     console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
                          + ", ".join(map(str, figures)))
-    console.stdout.print(f"latencies measured by {result.engine.label()}")
+    console.stdout.print(f"latencies measured by {result.engine.label()}"
+                         + (f" — {result.engine.timing}" if result.engine.timing else ""))
     if (out / "best" / "model.tensorrt.onnx").exists():
         console.stdout.print(
             f"{out / 'best' / 'model.tensorrt.onnx'}: the same plan in TensorRT's Q/DQ form — NOT measured "

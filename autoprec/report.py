@@ -50,6 +50,7 @@ def _facts(result: ResultFiles) -> str:
         ("preparation", "; ".join(model["preparation"]) or "—"),
         ("engine", f"{engine['engine']} {engine['version']}, {engine['provider']} ({engine['qdq_form']} Q/DQ form)"),
         ("device", engine["device"]),
+        ("latency", engine.get("timing") or "—"),
         ("measured", "yes" if engine["measured"] else "NO — described only, never executed"),
         ("data", f"{search['data']} — {search['batches']['calibration']} calibration / "
                  f"{search['batches']['evaluation']} evaluation batch(es)"),

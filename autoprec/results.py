@@ -219,7 +219,7 @@ TRIAL = {
     "plan": PLAN, "build": Nullable(dict),
 }
 ENGINE = {"backend": str, "engine": str, "version": str, "provider": str, "device": str, "qdq_form": str, "measured": bool,
-          "caveat": Optional_(str)}
+          "caveat": Optional_(str), "timing": Optional_(str)}
 MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
          "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str]}
 SEARCH = {

@@ -24,6 +24,8 @@ def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_d
     assert proc.returncode == 0, proc.stderr
     assert "Pareto front" in proc.stdout and "chosen: trial" in proc.stdout
     assert "latencies measured by onnxruntime" in proc.stdout
+    assert "per-request latency of one batch" in " ".join(proc.stdout.split())  # says what the number is
+    assert "session.run" in json.loads((out / "pareto.json").read_text())["engine"]["timing"]
     assert (out / "best" / "model.onnx").exists() and (out / "pareto.png").exists()
 
 

@@ -30,6 +30,7 @@ class EngineInfo:
     measured: bool = True  # False only for engines described, never executed here
     versions: dict[str, str] = field(default_factory=dict)  # driver, CUDA, cuDNN, ... where they matter
     caveat: str = ""  # what a reader of these numbers must know about the engine's code (shown with them)
+    timing: str = ""  # what a latency is: which clock, what it includes, how many runs (shown with them)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +72,9 @@ def faster_beyond_noise(rounds: Sequence[float], timing: Timing, other_rounds: S
     if rounds and other_rounds:
         return max(rounds) < min(other_rounds)
     return timing.clearly_faster_than(other)
+
+
+TIME_CALLS = "median of >= 10 runs and >= 0.2 s after 3 warm-up runs"
 
 
 def time_calls(call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500) -> Timing:
@@ -118,6 +122,7 @@ class Backend(abc.ABC):
 
     name: str
     qdq_form: QDQForm = QDQForm.TENSORRT
+    timing: ClassVar[str] = ""  # what its latencies are (see EngineInfo.timing)
     # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
     slow_precisions: ClassVar[dict[Precision, str]] = {}
     # Candidates measured side by side by default (--build-workers): worth it where builds are slow

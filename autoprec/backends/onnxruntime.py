@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import onnx
 
-from autoprec.backends.base import Backend, EngineInfo, Runner, Timing, time_calls
+from autoprec.backends.base import TIME_CALLS, Backend, EngineInfo, Runner, Timing, time_calls
 from autoprec.backends.gpus import gpu_facts
 from autoprec.data import Batch
 from autoprec.errors import BackendError
@@ -103,6 +103,8 @@ class OrtCpuBackend(OrtProfiling, Backend):
     name = "ort-cpu"
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
+    timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs and outputs "
+              f"in host memory; {TIME_CALLS}")
 
     def __init__(self, threads: int = 0):
         import onnxruntime as ort
@@ -132,7 +134,7 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
     import onnxruntime as ort
 
     return EngineInfo(backend.name, "onnxruntime", ort.__version__, backend.provider, device,
-                      backend.qdq_form.value, versions=versions or {})
+                      backend.qdq_form.value, versions=versions or {}, timing=backend.timing)
 
 
 def new_session(ort, model: onnx.ModelProto, options, providers: list):
@@ -195,6 +197,8 @@ class OrtCudaBackend(OrtProfiling, Backend):
     name = "ort-cuda"
     qdq_form = QDQForm.TENSORRT
     provider = "CUDAExecutionProvider"
+    timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and outputs on the GPU, "
+              f"synchronised after every run (launch overhead counted, not hidden by back-to-back runs); {TIME_CALLS}")
     slow_precisions = {
         Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than FP32; "
         "only TensorRT turns Q/DQ into INT8 kernels",
