@@ -104,6 +104,14 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
+def conv_with_data(folder: Path, items: int, batch: int | str = 1, name: str = "conv.onnx") -> tuple[Path, Path]:
+    """:func:`conv_net` saved in ``folder`` with ``items`` image-like inputs beside it in ``data.npz``."""
+    model = save(conv_net(batch=batch), folder / name)
+    data = folder / "data.npz"
+    np.savez(data, x=image_like(items))
+    return model, data
+
+
 def image_like(count: int, size: int = 16, seed: int = 3) -> np.ndarray:
     """Smooth, image-like inputs (not white noise), so quantization error looks like it does on real data."""
     rng = np.random.default_rng(seed)

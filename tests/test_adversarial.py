@@ -132,9 +132,7 @@ def result_dir(tmp_path_factory):
     import autoprec as api
 
     root = tmp_path_factory.mktemp("victim")
-    model = builders.save(builders.conv_net(), root / "conv.onnx")
-    data = root / "data.npz"
-    np.savez(data, x=builders.image_like(12))
+    model, data = builders.conv_with_data(root, 12)
     out = root / "result"
     api.search(model, budget=4, data=data, out=out, progress=False)
     return out

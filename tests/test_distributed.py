@@ -41,9 +41,7 @@ def _worker(url, model, data, out, budget=15):
 
 
 def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path, postgres_url):
-    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
-    data = tmp_path / "data.npz"
-    np.savez(data, x=builders.image_like(8))
+    model, data = builders.conv_with_data(tmp_path, 8)
     workers = [_worker(postgres_url, model, data, tmp_path / f"out{i}") for i in range(3)]
     victim = f"{socket.gethostname()}:{workers[0].pid}"
     killed_trial = None

@@ -8,7 +8,6 @@ import sys
 import time
 
 import builders
-import numpy as np
 import onnx
 import optuna
 import pytest
@@ -109,9 +108,7 @@ def _valid_results(out):
 
 
 def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
-    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
-    data = tmp_path / "data.npz"
-    np.savez(data, x=builders.image_like(8))
+    model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
            "--budget", "6", "--no-progress", "--heartbeat", "1"]

@@ -36,9 +36,7 @@ def _initializers(model: onnx.ModelProto) -> dict[str, bytes]:
 def seeded(tmp_path_factory):
     """A search with --seed 3, a search space that fuses nothing, an override, and a relative model path."""
     root = tmp_path_factory.mktemp("provenance")
-    model = builders.save(builders.conv_net(batch="N"), root / "conv.onnx")
-    data = root / "data.npz"
-    np.savez(data, x=builders.image_like(16))
+    model, data = builders.conv_with_data(root, 16, batch="N")
     space = root / "space.yaml"
     space.write_text(FUSE_NOTHING)
     out = root / "result"

@@ -17,9 +17,7 @@ from autoprec.cli import main
 @pytest.fixture(scope="module")
 def result_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    model = builders.save(builders.conv_net(), root / "conv.onnx")
-    data = root / "data.npz"
-    np.savez(data, x=builders.image_like(8))
+    model, data = builders.conv_with_data(root, 8)
     a = root / "a"
     b = root / "b"
     autoprec.search(model, budget=6, data=data, out=a, max_loss=0.05, progress=False)

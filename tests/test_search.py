@@ -3,7 +3,6 @@ import math
 import os
 import time
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import optuna
@@ -23,9 +22,7 @@ def conv_search(tmp_path_factory):
     import builders
 
     root = tmp_path_factory.mktemp("search")
-    model = builders.save(builders.conv_net(), root / "conv.onnx")
-    data = root / "data.npz"
-    np.savez(data, x=builders.image_like(12))
+    model, data = builders.conv_with_data(root, 12)
     out = root / "out"
     result = autoprec.search(model, budget=8, data=data, out=out, max_loss=0.02, seed=1, progress=False)
     return model, data, out, result
@@ -349,27 +346,10 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
 def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
     """A member the trial timings put on the front, but the re-timing shows slower than all-FP32 at more
     loss, leaves it: no plan listed is dominated by another plan shown beside it."""
-    from autoprec.backends.base import Timing
-    from autoprec.measure import Measurement
-    from autoprec.plan import Plan
     from autoprec.search import retimed_front
 
-    study = optuna.create_study(directions=["minimize", "minimize"])
-
-    def add(precisions, ms, loss):
-        trial = study.ask()
-        trial.set_user_attr("plan", Plan.from_mapping(precisions).to_json())
-        trial.set_user_attr("measurement", Measurement(Timing(ms, ms, ms, 10, 3), {}, loss, {}).to_json())
-        study.tell(trial, [ms, loss])
-
-    add({"a": "fp32", "b": "fp32"}, 10.0, 0.0)
-    add({"a": "fp16", "b": "fp32"}, 9.0, 1e-4)
-    add({"a": "int8", "b": "int8"}, 6.0, 1e-2)
-    again_ms = {("fp32", "fp32"): 8.0, ("fp16", "fp32"): 9.5, ("int8", "int8"): 5.0}
-
-    def time_plans(plans):
-        return [[Timing(ms, ms, ms, 10, 3)] * 3 for ms in (again_ms[tuple(p.value for _, p in plan.precisions)] for plan in plans)]
-
+    study, time_plans = _timed_study([(("fp32", "fp32"), 10.0, 0.0, 8.0), (("fp16", "fp32"), 9.0, 1e-4, 9.5),
+                                      (("int8", "int8"), 6.0, 1e-2, 5.0)])
     front, retimed = retimed_front(study, time_plans)
     assert [r.number for r in front] == [2, 0] and [r.latency_ms for r in front] == [5.0, 8.0]
     shown = list(retimed.values())
@@ -380,28 +360,36 @@ def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
 def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kept():
     """A task metric on a few items ties many plans at one loss; the front keeps the one a single trial
     timed fastest. The fastest plans within --max-loss are re-timed beside it, and the choice follows."""
-    from autoprec.backends.base import Timing
-    from autoprec.measure import Measurement
-    from autoprec.plan import Plan
     from autoprec.search import choose, retimed_front
 
-    study = optuna.create_study(directions=["minimize", "minimize"])
-
-    def add(precisions, ms, loss):
-        trial = study.ask()
-        trial.set_user_attr("plan", Plan.from_mapping(precisions).to_json())
-        trial.set_user_attr("measurement", Measurement(Timing(ms, ms, ms, 10, 3), {}, loss, {}).to_json())
-        study.tell(trial, [ms, loss])
-
-    add({"a": "fp32", "b": "fp32"}, 10.0, 0.0)
-    add({"a": "int8", "b": "fp32"}, 7.0, 0.0)  # a lucky single timing: on the front, alone at loss 0
-    add({"a": "int8", "b": "int8"}, 7.5, 0.0)  # as accurate, and the one really faster
-    again_ms = {("fp32", "fp32"): 10.0, ("int8", "fp32"): 10.2, ("int8", "int8"): 6.0}
-
-    def time_plans(plans):
-        return [[Timing(ms, ms, ms, 10, 3)] * 3 for ms in (again_ms[tuple(p.value for _, p in plan.precisions)] for plan in plans)]
-
+    study, time_plans = _timed_study([
+        (("fp32", "fp32"), 10.0, 0.0, 10.0),
+        (("int8", "fp32"), 7.0, 0.0, 10.2),  # a lucky single timing: on the front, alone at loss 0
+        (("int8", "int8"), 7.5, 0.0, 6.0),  # as accurate, and the one really faster
+    ])
     front, _ = retimed_front(study, time_plans, max_loss=0.01)
     assert choose(front, 0.01).number == 2
     front, _ = retimed_front(study, time_plans)  # without a limit, only the front and all-FP32 are timed again
     assert choose(front, 0.01).number == 0
+
+
+def _timed_study(plans):
+    """A study of two-unit plans (precisions of units a and b, trial ms, loss, re-timed ms), and a
+    ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
+    from autoprec.backends.base import Timing
+    from autoprec.measure import Measurement
+    from autoprec.plan import Plan
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    again_ms = {}
+    for (a, b), ms, loss, again in plans:
+        trial = study.ask()
+        trial.set_user_attr("plan", Plan.from_mapping({"a": a, "b": b}).to_json())
+        trial.set_user_attr("measurement", Measurement(Timing(ms, ms, ms, 10, 3), {}, loss, {}).to_json())
+        study.tell(trial, [ms, loss])
+        again_ms[(a, b)] = again
+
+    def time_plans(plans):
+        return [[Timing(ms, ms, ms, 10, 3)] * 3 for ms in (again_ms[tuple(p.value for _, p in plan.precisions)] for plan in plans)]
+
+    return study, time_plans

@@ -303,9 +303,7 @@ def test_explicit_precision_models_meet_tensorrts_qdq_rules(tmp_path, build):
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     root = tmp_path_factory.mktemp("trt-export")
-    model = builders.save(builders.conv_net(batch="N"), root / "dynamic.onnx")
-    data = root / "data.npz"
-    np.savez(data, x=builders.image_like(12))
+    model, data = builders.conv_with_data(root, 12, batch="N", name="dynamic.onnx")
     out = root / "result"
     autoprec.search(model, budget=4, data=data, out=out, progress=False)
     pareto = json.loads((out / "pareto.json").read_text())
