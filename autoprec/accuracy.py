@@ -177,12 +177,9 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
 
 
 def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float]]:
-    """Per output name, similarity metrics over every evaluation batch."""
-    names = list(reference[0])
-    return {
-        name: output_metrics(np.concatenate([r[name] for r in reference]), np.concatenate([c[name] for c in candidate]))
-        for name in names
-    }
+    """Per output name, every label-free metric over every evaluation batch (what :class:`Judge` gives
+    for the default metric)."""
+    return Judge(Metric(), reference).metrics(candidate)
 
 
 def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -> float:
@@ -237,9 +234,8 @@ class Judge:
                 raise AutoprecError(f"--metric {self.metric.name}: ground-truth text needs the head's characters; the model "
                                     "has no 'character' metadata: give --ctc-charset FILE (one character per line, "
                                     "PaddleOCR's dictionary order)")
-        metrics = self.metrics(self.reference)
         if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
-            self.loss(metrics, self.reference)
+            self.loss(self._own(len(self.reference)), self.reference)
         if self.metric.against_labels and not any(LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()):
             raise AutoprecError(f"--metric {self.metric.name}: the data's {LABELLED[self.metric.task]!r} array fits no output "
                                 f"(it must have one entry per item: {LABEL_FORMS[LABELLED[self.metric.task]]}); name the "
@@ -287,13 +283,16 @@ class Judge:
         return (first.ndim == 3 and first.shape[1] == 1 and first.shape[0] > 1
                 and self._applies("ctc-text", name, first.transpose(1, 0, 2)))
 
+    def _own(self, batches: int) -> dict[str, dict[str, float]]:
+        """Every metric of the FP32 outputs against themselves on the first ``batches`` batches, computed once."""
+        if batches not in self._fp32:
+            self._fp32[batches] = self.metrics(self.reference[:batches])
+        return self._fp32[batches]
+
     def fp32_scores(self, batches: int) -> dict[str, dict[str, float]]:
         """The FP32 model's own scores against the labels on the first ``batches`` batches."""
-        if batches not in self._fp32:
-            own = self.metrics(self.reference[:batches])
-            self._fp32[batches] = {n: {k: v for k, v in m.items() if k.endswith("_labels")} for n, m in own.items()}
-            self._fp32[batches] = {n: m for n, m in self._fp32[batches].items() if m}
-        return self._fp32[batches]
+        scores = {n: {k: v for k, v in m.items() if k.endswith("_labels")} for n, m in self._own(batches).items()}
+        return {n: m for n, m in scores.items() if m}
 
     def loss(self, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> float:
         """The constraint's scalar: lower is better, 0 = as good as FP32; unbounded for non-finite outputs."""

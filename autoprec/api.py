@@ -376,6 +376,7 @@ def search(
         prepared = prepare_reference(info, dataset, one_time, cache)
     ranges = prepared.ranges
     judge, judged = judge_for(metric_used, prepared)
+    ranking = judge.for_ranking()
     one_time = dict(prepared.seconds)
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
@@ -423,7 +424,7 @@ def search(
                 return measure(engine, model, dataset.evaluation, judge, screen)
 
             def loss_of(model):
-                return accuracy_loss(engine, model, dataset.evaluation[:screened], judge.for_ranking())
+                return accuracy_loss(engine, model, dataset.evaluation[:screened], ranking)
 
             def time_models(models, rounds):
                 return time_interleaved(engine, models, dataset.evaluation[0], rounds)
@@ -431,15 +432,14 @@ def search(
             console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss, locks, me)
         unit_sensitivity, from_cache = None, False
-        if warm_start and judge.for_ranking() is not judge:
-            console.note(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
-                         "changes few decisions on a quarter of the data: too coarse to rank units by)")
         if warm_start:
+            if ranking is not judge:
+                console.note(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
+                             "changes few decisions on a quarter of the data: too coarse to rank units by)")
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, loss_of, screened, judge.for_ranking().metric.describe(), calibration,
-                    out_dir / "sensitivity.json",
-                    progress
+                    prepared, engine, loss_of, screened, ranking.metric.describe(), calibration,
+                    out_dir / "sensitivity.json", progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
         if screen is not None:
@@ -494,7 +494,7 @@ def search(
         "sensitivity": None if unit_sensitivity is None else {
             "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
             "seconds": round(unit_sensitivity.seconds, 2),
-            "from_cache": from_cache, "warm_start_plans": len(warm), "ranked_by": judge.for_ranking().metric.name,
+            "from_cache": from_cache, "warm_start_plans": len(warm), "ranked_by": ranking.metric.name,
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
         "rejected": rejected_trials(study),
@@ -590,11 +590,11 @@ def sensitivity(
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
-    judge, _ = judge_for(metric_used, prepared)
+    ranking = judge_for(metric_used, prepared)[0].for_ranking()
     evaluation = prepared.dataset.evaluation[:batches]
     found, _ = sensitivity_pass(
-        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, judge.for_ranking()),
-        batches, judge.for_ranking().metric.describe(), calibration, out_dir / "sensitivity.json", progress,
+        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, ranking),
+        batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
     return found, out_dir

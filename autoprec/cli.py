@@ -196,12 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _head_arguments(p) -> None:
     """How task metrics decode an output whose shape does not say it all."""
+    from autoprec.tasks import DETECTION_LAYOUTS
+
     p.add_argument("--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)")
     p.add_argument("--ctc-charset", metavar="FILE",
                    help="ctc-text against labelled text: the recognizer's characters, one per line: every class in "
                         "order (an empty line for the blank), or PaddleOCR's dictionary (default: the model's "
                         "'character' metadata, as RapidOCR's models carry it)")
-    p.add_argument("--det-layout", choices=("yolov8", "yolov5", "yolox"),
+    p.add_argument("--det-layout", choices=DETECTION_LAYOUTS,
                    help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, classes; YOLOX "
                         "exported decoded too) or yolox (YOLOX's raw head: boxes per grid cell, strides 8/16/32); "
                         "inferred for channels-first heads")

@@ -152,7 +152,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
 
     backend = get_backend(backend_name, device, cache_dir)
     on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
-    judge.metric.user_function  # noqa: B018 - a user's metric module, imported here too before the first candidate
+    ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
     conn.send(("ready", None))
     while True:
         message = conn.recv()
@@ -168,7 +168,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             elif kind == "loss":  # ("loss", serialized model, number of batches)
                 model, count = args
                 with on_device:
-                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge.for_ranking())
+                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], ranking)
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args

@@ -17,7 +17,7 @@ import optuna
 import autoprec
 from autoprec import atomic
 from autoprec.accuracy import Judge, resolve_metric
-from autoprec.api import Prepared, declared_tasks, metric_for, prepare, resolve_model
+from autoprec.api import Prepared, declared_tasks, judge_for, metric_for, prepare, resolve_model
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
 from autoprec.measure import Measurement, Screen, measure
@@ -104,10 +104,8 @@ def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]
 
 def zoo_judge(name: str, prepared: Prepared, metric: str = "cosine") -> Judge:
     """The judge a search of zoo:NAME with --metric METRIC uses: the entry's task metric and its labels beside."""
-    judge = Judge(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), prepared.info, prepared.dataset),
-                  prepared.reference, prepared.dataset.labels)
-    judge.check()
-    return judge
+    return judge_for(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), prepared.info, prepared.dataset),
+                     prepared)[0]
 
 
 # The task metrics a benchmark reports beside its loss (see autoprec.accuracy): higher or lower is better.

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec.api import plan_context  # noqa: E402
+from autoprec.api import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
+from autoprec.plan import Plan  # noqa: E402
 from autoprec.results import read_result_dir  # noqa: E402
 
 WARMUP, ROUNDS, RUNS = 20, 10, 50
@@ -70,16 +71,14 @@ def run_model(name: str, backend: str, budget: int) -> dict:
         fp32 = result.trial(result.pareto["uniform"]["fp32"])
         plans = {f"trial {t['trial']}": t for t in result.pareto["front"]}
         plans.setdefault(f"trial {fp32['trial']}", fp32)
-        models, batch = {}, None
+        prepared, form = recreate(result), QDQForm(result.pareto["engine"]["qdq_form"])  # the search's analysis, once
+        models = {}
         for label, trial in plans.items():
-            context = plan_context(out, trial=trial["trial"])
-            model = lower_plan(context.prepared.info, context.plan, context.prepared.ranges, QDQForm(result.pareto["engine"]["qdq_form"]))
             path = Path(folder) / f"{label.replace(' ', '-')}.onnx"
-            path.write_bytes(model.SerializeToString())
+            path.write_bytes(lower_plan(prepared.info, Plan.from_json(trial["plan"]), prepared.ranges, form).SerializeToString())
             models[label] = str(path)
-            batch = context.prepared.dataset.evaluation[0]  # the batch the search timed
         batch_path = Path(folder) / "batch.npz"
-        np.savez(batch_path, **batch)
+        np.savez(batch_path, **prepared.dataset.evaluation[0])  # the batch the search timed
         spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "warmup": WARMUP,
                 "rounds": ROUNDS, "runs": RUNS}
         proc = subprocess.run([sys.executable, "-c", INDEPENDENT, json.dumps(spec)], capture_output=True, text=True,

@@ -170,6 +170,8 @@ def test_rtx_run_half_uses_only_names_the_real_module_has(monkeypatch, conv_mode
         runner.run(prepared.dataset.evaluation[0])
         runner.time(prepared.dataset.evaluation[0])
         runner.layer_times(prepared.dataset.evaluation[0], 2)
+    timing = backend.info().timing  # what its latencies would be, and that none was ever measured
+    assert "CUDA-event time of one execute_async_v3" in timing and "never executed" in timing
     assert ("ICudaEngine", "create_execution_context", True) in fake.CALLS  # with the runtime config (and its cache)
     assert (conv_model.parent / "cache" / "tensorrt-rtx.runtime-cache").read_bytes() == b"kernels;"
     assert not any(c[1] == "create_timing_cache" for c in fake.CALLS)  # no build-time timing cache on RTX
