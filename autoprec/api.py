@@ -55,6 +55,7 @@ from autoprec.results import (
     model_json,
     plan_ignored,
     read_result_dir,
+    timing_drift,
     units_json,
     write_results,
 )
@@ -471,6 +472,7 @@ def search(
         "metric": metric_used.name,
         **judged,
         "decision_changes": changed,
+        "timing_drift": timing_drift(trials),
         "max_loss": max_loss,
         "seed": seed,
         "calibration": calibration,

@@ -23,7 +23,7 @@ from rich.text import Text
 from autoprec.engine_layers import EngineLayers
 from autoprec.escape import printable
 from autoprec.measure import MAX_TIMING_SPREAD
-from autoprec.results import ResultFiles, decisions
+from autoprec.results import ResultFiles, decisions, drifted
 from autoprec.plan import Precision
 from autoprec.search import TrialRecord
 from autoprec.sensitivity import Sensitivity
@@ -216,6 +216,8 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
         verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
         how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
         lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
+    if drift := drifted(pareto["search"]):
+        lines.append(f"        ⚠ {drift}")
     if said := decisions(chosen["metrics"]):
         lines.append(f"        decisions: {said}")
     for name, values in (pareto["search"].get("fp32_on_labels") or {}).items():

@@ -10,7 +10,7 @@ from typing import Any
 
 from autoprec import atomic
 from autoprec.plots import plot_result_dir
-from autoprec.results import ResultFiles, decisions
+from autoprec.results import ResultFiles, decisions, drifted
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -128,6 +128,8 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
         if versus and versus["fp32_trial"] != chosen["trial"]:
             noise = "beyond" if versus["beyond_timing_noise"] else "within"
             summary += f" {versus['speedup']:.2f}× the all-FP32 latency ({noise} timing noise)."
+        if drift := drifted(p["search"]):
+            summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
     title = f"autoprec — {Path(p['model']['path']).name} on {p['engine']['engine']} {p['engine']['provider']}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>

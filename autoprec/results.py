@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import onnx
 
@@ -55,6 +56,34 @@ class SearchResult:
     def uniform(self) -> dict[str, TrialRecord]:
         """The all-fp32 / all-fp16 / all-int8 trials, where the study has them."""
         return uniform_trials(self.trials)
+
+
+def timing_drift(trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
+    """How far each re-timed plan's trial latency lies from its re-timing. A host that drifts between
+    the two (a busy neighbour; on a shared GPU host, launch-bound latencies that shift by a third for
+    seconds at a time) moves absolute figures; interleaved rounds see it alike, so the choice holds."""
+    pairs = [(t.measurement.latency, statistics.median(t.retimed_ms)) for t in trials if t.retimed_ms]
+    if not pairs:
+        return None
+    return {
+        "plans": len(pairs),
+        "largest_percent": 100 * max(abs(trial.median_ms / final - 1) for trial, final in pairs),
+        "outside_trial_spread": sum(not trial.p10_ms <= final <= trial.p90_ms for trial, final in pairs),
+    }
+
+
+DRIFT_WORTH_SAYING = 10.0  # percent
+
+
+def drifted(search: dict[str, Any]) -> str | None:
+    """A sentence when this machine's latencies moved between the trials and the re-timing beyond the
+    trials' own spread: absolute figures are then good to that much, ratios of interleaved rounds are not hit."""
+    drift = search.get("timing_drift")
+    if not drift or not drift["outside_trial_spread"] or drift["largest_percent"] < DRIFT_WORTH_SAYING:
+        return None
+    return (f"latencies on this machine drifted up to {drift['largest_percent']:.0f} % between the trials and the re-timing "
+            f"({drift['outside_trial_spread']} of {drift['plans']} plans beyond their trial's p10–p90): absolute figures "
+            "are good to about that much; the speed-up comes from interleaved rounds, which drift hits alike")
 
 
 def json_safe(value: Any) -> Any:
@@ -230,6 +259,7 @@ SEARCH = {
     "search_space": Optional_((dict, str)), "plan_ignored": Optional_([int]),
     "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))), "metric_notes": Optional_([str]), "decision_changes": Optional_([str]),
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
+    "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),

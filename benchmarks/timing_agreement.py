@@ -1,14 +1,20 @@
 """Do autoprec's latencies agree with themselves and with an independent clock?
 
-Per zoo model, in one run: an ``autoprec search`` (ONNX Runtime, CPU provider by default; budget 12,
+Per model (a zoo name, or ``PATH.onnx=DATA.npz``), in one run: an ``autoprec search`` (budget 12,
 --max-loss 0.01), then the front's plans and all-FP32, each lowered as the search measured it, timed
-again in a fresh Python process that uses nothing of autoprec: plain ``onnxruntime.InferenceSession``
-with its defaults, 20 warm-up runs, then 10 interleaved rounds of 50 runs per model. Per plan it
-reports autoprec's trial median and its re-timed median (the number the choice used) against the
-independent per-run median and its p10–p90, the ratios, and whether each autoprec number falls
-inside the independent p10–p90; also the mean of back-to-back runs (what a throughput loop sees).
+again in two fresh Python processes:
 
-    python benchmarks/timing_agreement.py [--models ppocr-rec yolov8n] [--backend ort-cpu]
+- independent: nothing of autoprec, plain ``onnxruntime.InferenceSession`` with its defaults (on the
+  CUDA provider with IO binding, inputs and outputs on the GPU, synchronised after every run),
+  20 warm-up runs, then 10 interleaved rounds of 50 runs per model;
+- autoprec's own timer (``measure.time_interleaved``, the re-timing's code) outside the search.
+
+Per plan it reports autoprec's trial median and its re-timed median (the number the choice used)
+against the independent per-run median and its p10–p90, the ratios, and whether each autoprec number
+falls inside the independent p10–p90; also the mean of back-to-back runs (what a throughput loop
+sees). The second process tells a difference in the timer from a difference in the search around it.
+
+    python benchmarks/timing_agreement.py [--models ppocr-rec yolov8n] [--backend ort-cpu|ort-cuda]
 """
 
 from __future__ import annotations
@@ -41,19 +47,36 @@ import json, sys, time
 import numpy as np, onnxruntime as ort
 spec = json.loads(sys.argv[1])
 batch = dict(np.load(spec["batch"]))
-providers = [spec["provider"]]
-sessions = {name: ort.InferenceSession(path, providers=providers) for name, path in spec["models"].items()}
-for s in sessions.values():
+cuda = spec["provider"] == "CUDAExecutionProvider"
+if cuda:
+    ort.preload_dlls()
+sessions = {name: ort.InferenceSession(path, providers=[spec["provider"]]) for name, path in spec["models"].items()}
+runs = {}
+for name, s in sessions.items():
+    if cuda:  # inputs and outputs stay on the GPU; the clock stops when the GPU is done
+        binding, kept = s.io_binding(), [ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for v in batch.values()]
+        for key, value in zip(batch, kept):
+            binding.bind_ortvalue_input(key, value)
+        for out in s.get_outputs():
+            binding.bind_output(out.name, "cuda", 0)
+        def run(s=s, binding=binding, kept=kept):
+            s.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+    else:
+        def run(s=s):
+            s.run(None, batch)
+    runs[name] = run
+for run in runs.values():
     for _ in range(spec["warmup"]):
-        s.run(None, batch)
+        run()
 per_run = {name: [] for name in sessions}
 back_to_back = {name: [] for name in sessions}
 for _ in range(spec["rounds"]):
-    for name, s in sessions.items():
+    for name, run in runs.items():
         t_round = time.perf_counter()
         for _ in range(spec["runs"]):
             t0 = time.perf_counter()
-            s.run(None, batch)
+            run()
             per_run[name].append((time.perf_counter() - t0) * 1e3)
         back_to_back[name].append((time.perf_counter() - t_round) * 1e3 / spec["runs"])
 print(json.dumps({name: {"median_ms": float(np.median(v)), "p10_ms": float(np.percentile(v, 10)),
@@ -61,12 +84,33 @@ print(json.dumps({name: {"median_ms": float(np.median(v)), "p10_ms": float(np.pe
                          "back_to_back_mean_ms": float(np.median(back_to_back[name]))} for name, v in per_run.items()}))
 """
 
+# Runs in a fresh interpreter: autoprec's re-timing code, nothing of the search around it.
+AUTOPREC_TIMER = r"""
+import json, sys, numpy as np, onnx
+from autoprec.backends import get_backend
+from autoprec.measure import time_interleaved
+spec = json.loads(sys.argv[1])
+batch = dict(np.load(spec["batch"]))
+names = list(spec["models"])
+timings = time_interleaved(get_backend(spec["backend"]), [onnx.load(spec["models"][n]) for n in names], batch, spec["rounds"])
+print(json.dumps({n: float(np.median([t.median_ms for t in ts])) for n, ts in zip(names, timings)}))
+"""
 
-def run_model(name: str, backend: str, budget: int) -> dict:
+
+def fresh_process(script: str, spec: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
     engine = get_backend(backend)
+    model, _, data = name.partition("=")
     with tempfile.TemporaryDirectory(prefix="autoprec-timing-") as folder:
         out = Path(folder) / "result"
-        autoprec.search(f"zoo:{name}", budget=budget, out=out, backend=backend, max_loss=0.01, progress=False)
+        autoprec.search(model if data else f"zoo:{name}", data=data or None, budget=budget, out=out, backend=backend,
+                        max_loss=0.01, progress=False, isolate=isolate)
         result = read_result_dir(out)
         fp32 = result.trial(result.pareto["uniform"]["fp32"])
         plans = {f"trial {t['trial']}": t for t in result.pareto["front"]}
@@ -79,13 +123,10 @@ def run_model(name: str, backend: str, budget: int) -> dict:
             models[label] = str(path)
         batch_path = Path(folder) / "batch.npz"
         np.savez(batch_path, **prepared.dataset.evaluation[0])  # the batch the search timed
-        spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "warmup": WARMUP,
-                "rounds": ROUNDS, "runs": RUNS}
-        proc = subprocess.run([sys.executable, "-c", INDEPENDENT, json.dumps(spec)], capture_output=True, text=True,
-                              timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:])
-        independent = json.loads(proc.stdout)
+        spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "backend": backend,
+                "warmup": WARMUP, "rounds": ROUNDS, "runs": RUNS}
+        independent = fresh_process(INDEPENDENT, spec)
+        own_timer = fresh_process(AUTOPREC_TIMER, spec)
     rows = {}
     for label, trial in plans.items():
         ind = independent[label]
@@ -98,7 +139,7 @@ def run_model(name: str, backend: str, budget: int) -> dict:
         rows[label] = {
             "counts": trial["plan"]["counts"], "loss": trial["accuracy_loss"],
             "autoprec_trial_ms": trial_ms, "autoprec_trial_p10_p90": [trial["latency_ms"]["p10_ms"], trial["latency_ms"]["p90_ms"]],
-            "autoprec_retimed_ms": final, "independent": ind,
+            "autoprec_retimed_ms": final, "independent": ind, "autoprec_timer_fresh_process_ms": own_timer[label],
             "trial_over_independent": trial_ms / ind["median_ms"],
             "retimed_over_independent": final / ind["median_ms"] if final else None,
             "trial_inside_independent_p10_p90": inside(trial_ms), "retimed_inside_independent_p10_p90": inside(final),
@@ -111,23 +152,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=["ppocr-rec", "yolov8n"])
     parser.add_argument("--backend", default="ort-cpu")
     parser.add_argument("--budget", type=int, default=12)
+    parser.add_argument("--no-isolation", dest="isolate", action="store_false",
+                        help="search with candidates measured in this process (autoprec search --no-isolation)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "timing_agreement.json")
     args = parser.parse_args(argv)
-    report = {**machine_facts(get_backend(args.backend)), "budget": args.budget,
-              "independent": f"fresh process, plain onnxruntime defaults, {WARMUP} warm-up runs, {ROUNDS} interleaved "
-                             f"rounds of {RUNS} runs per model; per-run wall time (median, p10-p90) and the mean of "
-                             "back-to-back runs", "models": {}}
-    run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget), args.json)
+    report = {**machine_facts(get_backend(args.backend)), "budget": args.budget, "isolated_search": args.isolate,
+              "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
+                             f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
+                             "time (median, p10-p90) and the mean of back-to-back runs",
+              "autoprec_timer_fresh_process": f"autoprec.measure.time_interleaved in a fresh process, {ROUNDS} rounds, "
+                                              "median of the rounds' medians", "models": {}}
+    run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
     print(f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
           f"on {report['engine']['device']}; JSON: {args.json}")
-    print(f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'indep. ms':>9} "
+    print(f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'own timer':>9} {'indep. ms':>9} "
           f"{'indep p10–p90':>15} {'b2b mean':>9} {'trial/ind':>9} {'retime/ind':>10}  inside p10–p90 (trial, re-timed)")
     for name, m in report["models"].items():
         for label, r in m["plans"].items():
             c, ind = r["counts"], r["independent"]
             retimed = f"{r['autoprec_retimed_ms']:.3f}" if r["autoprec_retimed_ms"] else "—"
             ratio = f"{r['retimed_over_independent']:.2f}" if r["retimed_over_independent"] else "—"
-            print(f"{name:<10} {label:<10} {c['int8']}/{c['fp16']}/{c['fp32']:<6} {r['autoprec_trial_ms']:>9.3f} {retimed:>9} "
+            print(f"{Path(name.partition('=')[0]).stem:<10} {label:<10} {c['int8']}/{c['fp16']}/{c['fp32']:<6} "
+                  f"{r['autoprec_trial_ms']:>9.3f} {retimed:>9} {r['autoprec_timer_fresh_process_ms']:>9.3f} "
                   f"{ind['median_ms']:>9.3f} {ind['p10_ms']:>7.3f}–{ind['p90_ms']:<7.3f} {ind['back_to_back_mean_ms']:>9.3f} "
                   f"{r['trial_over_independent']:>9.2f} {ratio:>10}  {r['trial_inside_independent_p10_p90']}, "
                   f"{r['retimed_inside_independent_p10_p90']}")

@@ -11,9 +11,11 @@ import pytest
 import autoprec
 from autoprec import atomic
 from autoprec.accuracy import compare, loss_from_metrics
+from autoprec.console import chosen_summary
 from autoprec.coordination import retried_trial
 from autoprec.data import build_dataset
 from autoprec.model import analyse
+from autoprec.results import drifted
 from autoprec.search_space import load_search_space
 
 
@@ -69,6 +71,24 @@ def test_result_files_and_schema(conv_search):
     assert len(fp32["retimed_ms"]) == 3 and versus["retimed"]
     assert versus["speedup"] == pytest.approx(fp32["final_latency_ms"] / chosen["final_latency_ms"])
     assert versus["beyond_timing_noise"] == (max(chosen["retimed_ms"]) < min(fp32["retimed_ms"]))
+    # How far the trials' latencies lie from their re-timing, over every re-timed plan.
+    drift, pairs = pareto["search"]["timing_drift"], [(t["latency_ms"], t["final_latency_ms"]) for t in retimed]
+    assert drift["plans"] == len(pairs) >= len(front)
+    assert drift["outside_trial_spread"] == sum(not lat["p10_ms"] <= ms <= lat["p90_ms"] for lat, ms in pairs)
+    assert drift["largest_percent"] == pytest.approx(100 * max(abs(lat["median_ms"] / ms - 1) for lat, ms in pairs))
+
+
+@pytest.mark.parametrize("largest, outside, said", [(35.0, 2, True), (35.0, 0, False), (4.0, 3, False)])
+def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(largest, outside, said):
+    search = {"timing_drift": {"plans": 5, "largest_percent": largest, "outside_trial_spread": outside}}
+    line = drifted(search)
+    assert (line is not None) == said
+    if said:
+        assert f"up to {largest:.0f} %" in line and f"{outside} of 5 plans" in line
+    chosen = {"trial": 3, "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}}, "final_latency_ms": 2.0,
+              "accuracy_loss": 0.001, "metrics": {}}
+    summary = chosen_summary({"search": {"max_loss": 0.01, **search}, "chosen_vs_fp32": None}, chosen)
+    assert any(line in row for row in summary) if said else not any("drifted" in row for row in summary)
 
 
 def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
