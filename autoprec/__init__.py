@@ -5,9 +5,9 @@
 """
 
 from autoprec.api import search
-from autoprec.errors import AutoprecError
-from autoprec.plan import Plan, Precision
-from autoprec.results import SearchResult
+from autoprec.core.errors import AutoprecError
+from autoprec.core.plan import Plan, Precision
+from autoprec.results.files import SearchResult
 
 __all__ = ["AutoprecError", "Plan", "Precision", "SearchResult", "search"]
 __version__ = "0.1.0"

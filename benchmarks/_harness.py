@@ -15,13 +15,20 @@ import onnxruntime
 import optuna
 
 import autoprec
-from autoprec import atomic
-from autoprec.accuracy import Judge, resolve_metric
-from autoprec.api import Prepared, declared_tasks, judge_for, metric_for, prepare, resolve_model
+from autoprec.app.prepare import (
+    Prepared,
+    declared_tasks,
+    judge_for,
+    metric_for,
+    prepare,
+    resolve_model,
+)
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
-from autoprec.measure import Measurement, Screen, measure
-from autoprec.search_space import load_search_space
+from autoprec.core import atomic
+from autoprec.core.search_space import load_search_space
+from autoprec.measure.accuracy import Judge, resolve_metric
+from autoprec.measure.measurement import Measurement, Screen, measure
 
 
 def machine_facts(backend: Backend) -> dict:
@@ -108,7 +115,7 @@ def zoo_judge(name: str, prepared: Prepared, metric: str = "cosine") -> Judge:
                      prepared)[0]
 
 
-# The task metrics a benchmark reports beside its loss (see autoprec.accuracy): higher or lower is better.
+# The task metrics a benchmark reports beside its loss (see autoprec.measure.accuracy): higher or lower is better.
 TASK_KEYS = ("top1", "cer", "map50", "nn_agreement", "top1_labels", "cer_labels", "map50_labels")
 
 

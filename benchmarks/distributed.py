@@ -32,15 +32,15 @@ import postgres  # noqa: E402
 from _harness import machine_facts, run_models  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.coordination import WORKER_ATTR  # noqa: E402
-from autoprec.search import counted, finished_records, uniform_trials  # noqa: E402
+from autoprec.study.coordination import WORKER_ATTR  # noqa: E402
+from autoprec.study.search import counted, finished_records, uniform_trials  # noqa: E402
 
 WORKER_COUNTS = (1, 2, 3)
 
 
 def shared_search(url: str, model: str, workers: int, budget: int, folder: Path) -> dict:
     name = f"scale-{Path(folder).name}-{workers}"
-    cmd = [sys.executable, "-m", "autoprec.cli", "search", f"zoo:{model}", "--storage", url, "--study-name", name,
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--storage", url, "--study-name", name,
            "--budget", str(budget), "--artifacts", str(folder / "artifacts"), "--no-progress"]
     started = time.monotonic()
     procs = [subprocess.Popen([*cmd, "--out", str(folder / f"w{workers}-{i}")], stdout=subprocess.DEVNULL,

@@ -4,7 +4,7 @@ Runs where there is an NVIDIA GPU and onnxruntime-gpu (gpu_payload.sh brings the
 machine that reaches no registry).
 Per zoo model and batch size:
 
-1. a real ``autoprec.search`` on ``--backend ort-cuda`` (budget 50, ``--max-loss 0.01``, loss =
+1. a real ``autoprec.study.search`` on ``--backend ort-cuda`` (budget 50, ``--max-loss 0.01``, loss =
    1 - cosine against the FP32 model's outputs computed on the CPU, INT8 left out as the backend
    declares);
 2. the all-FP32 plan, the all-FP16 plan and the chosen plan built once each and timed in
@@ -36,15 +36,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec import atomic  # noqa: E402
-from autoprec.api import prepare, resolve_model  # noqa: E402
-from autoprec.accuracy import compare, loss_from_metrics  # noqa: E402
+from autoprec.analysis.model import load_onnx  # noqa: E402
+from autoprec.app.prepare import prepare, resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.measure import time_interleaved  # noqa: E402
-from autoprec.model import load_onnx  # noqa: E402
-from autoprec.plan import Precision  # noqa: E402
-from autoprec.results import json_safe, load_json, read_result_dir  # noqa: E402
-from autoprec.search_space import load_search_space  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
+from autoprec.core.plan import Precision  # noqa: E402
+from autoprec.core.search_space import load_search_space  # noqa: E402
+from autoprec.measure.accuracy import compare, loss_from_metrics  # noqa: E402
+from autoprec.measure.measurement import time_interleaved  # noqa: E402
+from autoprec.results.files import json_safe, load_json, read_result_dir  # noqa: E402
 
 MODELS = ("ppocr-det", "ppocr-rec", "yolov8n", "minilm")
 MAX_LOSS = 0.01

@@ -28,7 +28,7 @@ from gpu import batch_data  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.results import load_json  # noqa: E402
+from autoprec.results.files import load_json  # noqa: E402
 
 
 def one_search(name: str, backend: str, workers: int, budget: int, batch: int, out: Path) -> dict:

@@ -43,16 +43,36 @@ import onnx
 import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models, task_metrics, zoo_judge  # noqa: E402
-
-from autoprec.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
-from autoprec.results import decisions  # noqa: E402
-from autoprec.measure import Screen, accuracy_loss, measure, screening_batches, time_interleaved  # noqa: E402
-from autoprec.plan import Plan, Precision  # noqa: E402
-from autoprec.search import (  # noqa: E402
-    RETIME_ROUNDS, StudyContext, choose, finished_records, make_sampler, open_study, retimed_front, run_warm_started,
+from _harness import (  # noqa: E402
+    CachedMeasure,
+    machine_facts,
+    prepare_zoo,
+    run_models,
+    task_metrics,
+    zoo_judge,
 )
-from autoprec.sensitivity import analyse_sensitivity  # noqa: E402
+
+from autoprec.core.plan import Plan, Precision  # noqa: E402
+from autoprec.measure.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
+from autoprec.measure.measurement import (  # noqa: E402
+    Screen,
+    accuracy_loss,
+    measure,
+    screening_batches,
+    time_interleaved,
+)
+from autoprec.results.files import decisions  # noqa: E402
+from autoprec.study.search import (  # noqa: E402
+    RETIME_ROUNDS,
+    StudyContext,
+    choose,
+    finished_records,
+    make_sampler,
+    open_study,
+    retimed_front,
+    run_warm_started,
+)
+from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
 MAX_LOSS = 0.01
 ROUNDS = 5

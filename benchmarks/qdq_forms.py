@@ -20,15 +20,15 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from autoprec import atomic
-from autoprec.accuracy import compare
+from autoprec.analysis.calibrate import calibrate, reference_outputs
+from autoprec.analysis.data import build_dataset, item_shapes
+from autoprec.analysis.model import analyse, declared_inputs, load_onnx
 from autoprec.backends import get_backend
-from autoprec.calibrate import calibrate, reference_outputs
-from autoprec.data import build_dataset, item_shapes
+from autoprec.core import atomic
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.model import analyse, declared_inputs, load_onnx
-from autoprec.plan import Plan, Precision
-from autoprec.search_space import load_search_space
+from autoprec.measure.accuracy import compare
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,11 +32,18 @@ import optuna
 from optuna._hypervolume import compute_hypervolume
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import CachedMeasure, machine_facts, prepare_zoo, run_models, task_metrics, zoo_judge  # noqa: E402
+from _harness import (  # noqa: E402
+    CachedMeasure,
+    machine_facts,
+    prepare_zoo,
+    run_models,
+    task_metrics,
+    zoo_judge,
+)
 
-from autoprec.measure import accuracy_loss, screening_batches  # noqa: E402
-from autoprec.results import decisions  # noqa: E402
-from autoprec.search import (  # noqa: E402
+from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
+from autoprec.results.files import decisions  # noqa: E402
+from autoprec.study.search import (  # noqa: E402
     StudyContext,
     default_sampler,
     finished_records,
@@ -46,7 +53,7 @@ from autoprec.search import (  # noqa: E402
     run_warm_started,
     seed_plans,
 )
-from autoprec.sensitivity import analyse_sensitivity  # noqa: E402
+from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
 LOSS_BOUND = 0.05
 REFERENCE_POINT = (1.5, 1.0)

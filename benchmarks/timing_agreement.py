@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec.api import recreate  # noqa: E402
+from autoprec.app.prepare import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core.plan import Plan  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
-from autoprec.plan import Plan  # noqa: E402
-from autoprec.results import read_result_dir  # noqa: E402
+from autoprec.results.files import read_result_dir  # noqa: E402
 
 WARMUP, ROUNDS, RUNS = 20, 10, 50
 
@@ -88,7 +88,7 @@ print(json.dumps({name: {"median_ms": float(np.median(v)), "p10_ms": float(np.pe
 AUTOPREC_TIMER = r"""
 import json, sys, numpy as np, onnx
 from autoprec.backends import get_backend
-from autoprec.measure import time_interleaved
+from autoprec.measure.measurement import time_interleaved
 spec = json.loads(sys.argv[1])
 batch = dict(np.load(spec["batch"]))
 names = list(spec["models"])
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
               "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
                              f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
                              "time (median, p10-p90) and the mean of back-to-back runs",
-              "autoprec_timer_fresh_process": f"autoprec.measure.time_interleaved in a fresh process, {ROUNDS} rounds, "
+              "autoprec_timer_fresh_process": f"autoprec.measure.measurement.time_interleaved in a fresh process, {ROUNDS} rounds, "
                                               "median of the rounds' medians", "models": {}}
     run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
     print(f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "

@@ -25,8 +25,8 @@ import onnx
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts  # noqa: E402
 
-from autoprec import atomic  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
 
 RUNS_PER_BLOCK, WARMUP = 100, 20
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, prepare_zoo, run_models  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.plan import Plan, Precision  # noqa: E402
+from autoprec.core.plan import Plan, Precision  # noqa: E402
 
 FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
 QUICK_MODELS = ("ppocr-cls", "yolov8n")

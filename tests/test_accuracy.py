@@ -3,8 +3,13 @@ import math
 import numpy as np
 import pytest
 
-from autoprec.accuracy import compare, loss_from_metrics, output_metrics, resolve_metric
-from autoprec.errors import AutoprecError
+from autoprec.core.errors import AutoprecError
+from autoprec.measure.accuracy import (
+    compare,
+    loss_from_metrics,
+    output_metrics,
+    resolve_metric,
+)
 
 
 def test_identical_outputs():

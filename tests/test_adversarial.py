@@ -19,14 +19,14 @@ import numpy as np
 import onnx
 import pytest
 
-from autoprec.cli import main
+from autoprec.app.cli import main
 
 
 def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     tmp = tmp or cwd.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp), "AUTOPREC_CACHE": str(cwd.parent / "cache")}
-    return subprocess.run([sys.executable, "-m", "autoprec.cli", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "autoprec.app.cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -392,7 +392,7 @@ def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_pa
         def limited():
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-        cmd = [sys.executable, "-m", "autoprec.cli", "search", "conv.onnx", "--budget", str(budget), "--no-progress",
+        cmd = [sys.executable, "-m", "autoprec.app.cli", "search", "conv.onnx", "--budget", str(budget), "--no-progress",
                "--no-warm-start", "--out", str(out)]
         return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
                               preexec_fn=limited if limit else None)

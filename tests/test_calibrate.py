@@ -3,16 +3,16 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from autoprec.calibrate import (
+from autoprec.analysis.calibrate import (
     TensorRange,
     _abs_percentile,
     calibrate,
     collected_tensors,
     reference_outputs,
 )
-from autoprec.data import build_dataset
-from autoprec.model import analyse
-from autoprec.search_space import load_search_space
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse
+from autoprec.core.search_space import load_search_space
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_calibration_and_reference_are_cached_and_reused(conv, tmp_path, monkeyp
     def no_run(*args, **kwargs):
         raise AssertionError("the FP32 model was run again")
 
-    monkeypatch.setattr("autoprec.calibrate._session_with_outputs", no_run)
+    monkeypatch.setattr("autoprec.analysis.calibrate.cpu_session", no_run)
     again = calibrate(info, data.calibration, data.fingerprint(), tmp_path)
     ref_again = reference_outputs(info, data.evaluation, data.fingerprint(), tmp_path)
     assert again.tensors.keys() == first.tensors.keys()

@@ -9,12 +9,12 @@ import onnxruntime as ort
 import optuna
 import pytest
 
-from autoprec.cli import main
+from autoprec.app.cli import main
 
 
 def run_cli(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "autoprec.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
     )
 
 

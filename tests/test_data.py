@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from autoprec.data import build_dataset, item_shapes, load_items
-from autoprec.errors import DataError
-from autoprec.model import TensorSpec
+from autoprec.analysis.data import build_dataset, item_shapes, load_items
+from autoprec.analysis.model import TensorSpec
+from autoprec.core.errors import DataError
 
 IMAGE_INPUT = (TensorSpec("x", (1, 3, 8, 12), "float32"),)
 

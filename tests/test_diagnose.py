@@ -8,10 +8,10 @@ import onnx
 import pytest
 
 import autoprec
-from autoprec.api import activation_report, check_plan, diagnose_plan
-from autoprec.calibrate import TensorRange
-from autoprec.cli import main
-from autoprec.diagnose import culprits, jumps
+from autoprec.analysis.calibrate import TensorRange
+from autoprec.app.cli import main
+from autoprec.app.verbs import activation_report, check_plan, diagnose_plan
+from autoprec.measure.diagnosis import culprits, jumps
 
 
 def _exit(argv):

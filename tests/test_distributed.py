@@ -13,13 +13,13 @@ import sys
 import time
 
 import builders
-import postgres
 import numpy as np
 import optuna
+import postgres
 import pytest
 
-from autoprec.coordination import WORKER_ATTR, StudyLocks, retried_trial
-from autoprec.search import counted, pareto_front
+from autoprec.study.coordination import WORKER_ATTR, StudyLocks, retried_trial
+from autoprec.study.search import counted, pareto_front
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def postgres_url():
 
 
 def _worker(url, model, data, out, budget=15):
-    cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
            "--storage", url, "--study-name", "shared", "--budget", str(budget), "--heartbeat", "1", "--no-progress"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -92,7 +92,7 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
     fetched = ["from its artifact store" in " ".join(err.split()) for _, err in logs]
     assert sum(fetched) >= 1  # ... and the others downloaded them
 
-    status = subprocess.run([sys.executable, "-m", "autoprec.cli", "status", "--storage", postgres_url,
+    status = subprocess.run([sys.executable, "-m", "autoprec.app.cli", "status", "--storage", postgres_url,
                              "--study-name", "shared", "--json"], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
     reported = json.loads(status.stdout)
@@ -111,14 +111,14 @@ def test_a_password_in_the_storage_url_is_never_written_nor_shown(tmp_path, post
     url = postgres_url.replace("autoprec@", f"autoprec:{secret}@")  # the test server trusts loopback: any password works
     model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
     out = tmp_path / "out"
-    search = subprocess.run([sys.executable, "-m", "autoprec.cli", "search", str(model), "--out", str(out), "--storage", url,
+    search = subprocess.run([sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--out", str(out), "--storage", url,
                              "--study-name", "pw", "--budget", "2", "--no-progress", "--no-warm-start"],
                             capture_output=True, text=True, timeout=300)
     assert search.returncode == 0, search.stderr
     shown = [search.stdout, search.stderr]
     for verb in (["report", str(out)], ["show", str(out), "--json"], ["status", "--storage", url, "--study-name", "pw"],
                  ["status", "--storage", url, "--study-name", "nope"]):
-        proc = subprocess.run([sys.executable, "-m", "autoprec.cli", *verb], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "autoprec.app.cli", *verb], capture_output=True, text=True, timeout=120)
         shown += [proc.stdout, proc.stderr]
     assert proc.returncode == 2 and "no study 'nope'" in proc.stderr and "autoprec:***@" in proc.stderr
     written = [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in (".json", ".html", ".txt", ".log")]

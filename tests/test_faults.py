@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 import autoprec
-from autoprec.coordination import retried_trial
+from autoprec.study.coordination import retried_trial
 
 MISBEHAVING = '''
 import os, signal, time
@@ -110,7 +110,7 @@ def _valid_results(out):
 def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "autoprec.cli", "search", str(model), "--data", str(data), "--out", str(out),
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
            "--budget", "6", "--no-progress", "--heartbeat", "1"]
     kills = 0
     # Kill during start-up, calibration, trials and result writing, a little later each time.

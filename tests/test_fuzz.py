@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autoprec.calibrate import calibrate
-from autoprec.data import build_dataset
-from autoprec.errors import AutoprecError
+from autoprec.analysis.calibrate import calibrate
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse, load_onnx
+from autoprec.core.errors import AutoprecError
+from autoprec.core.plan import Plan
+from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.model import analyse, load_onnx
-from autoprec.plan import Plan
-from autoprec.search_space import load_search_space
 
 SPACE = load_search_space()
 # CI runs a quick pass; AUTOPREC_FUZZ_SCALE=20 runs a deep one.

@@ -22,7 +22,7 @@ import pytest
 from google.protobuf import text_encoding
 
 import autoprec
-from autoprec.cli import main
+from autoprec.app.cli import main
 
 CANARY = "PWNED"
 HOSTILE_INPUT = f"x\ntouch {CANARY}_input\n#"

@@ -5,13 +5,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from autoprec.accuracy import output_metrics
-from autoprec.calibrate import calibrate, reference_outputs
-from autoprec.data import build_dataset
+from autoprec.analysis.calibrate import calibrate, reference_outputs
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.model import analyse
-from autoprec.plan import Plan, Precision
-from autoprec.search_space import load_search_space
+from autoprec.measure.accuracy import output_metrics
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from autoprec.errors import ModelError
-from autoprec.model import analyse, load_onnx
-from autoprec.plan import Precision
-from autoprec.search_space import load_search_space
+from autoprec.analysis.model import analyse, load_onnx
+from autoprec.core.errors import ModelError
+from autoprec.core.plan import Precision
+from autoprec.core.search_space import load_search_space
 
 SPACE = load_search_space()
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import autoprec
-from autoprec.accuracy import Judge, Metric
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
-from autoprec.coordination import StudyLocks
-from autoprec.isolation import FileLock
-from autoprec.measure import measure
+from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.isolation import FileLock
+from autoprec.measure.measurement import measure
+from autoprec.study.coordination import StudyLocks
 
 
 class SlowRunner(Runner):

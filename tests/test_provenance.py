@@ -11,9 +11,10 @@ import onnx
 import pytest
 
 import autoprec
-from autoprec.api import plan_context, tensorrt_build_spec
-from autoprec.cli import main
-from autoprec.errors import AutoprecError, DataError, SearchFailed, StudyError
+from autoprec.app.cli import main
+from autoprec.app.prepare import plan_context
+from autoprec.app.verbs import tensorrt_build_spec
+from autoprec.core.errors import AutoprecError, DataError, SearchFailed, StudyError
 
 FUSE_NOTHING = """units: {Conv: [int8, fp16, fp32], Gemm: [int8, fp16, fp32]}
 fusable: []

@@ -37,12 +37,12 @@ def test_search_on_the_bundled_model(tmp_path):
 
 
 def test_int8_plan_runs_as_integer_kernels_on_ort_cpu(tmp_path):
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.data import build_dataset, item_shapes
+    from autoprec.analysis.model import analyse, declared_inputs, load_onnx
     from autoprec.backends import get_backend
-    from autoprec.calibrate import calibrate
-    from autoprec.data import build_dataset, item_shapes
-    from autoprec.model import analyse, declared_inputs, load_onnx
-    from autoprec.plan import Plan, Precision
-    from autoprec.search_space import load_search_space
+    from autoprec.core.plan import Plan, Precision
+    from autoprec.core.search_space import load_search_space
 
     raw = load_onnx(MODEL)
     info = analyse(MODEL, load_search_space(), data_shapes=item_shapes(DATA, declared_inputs(raw)), model=raw)

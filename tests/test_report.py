@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import autoprec
-from autoprec.cli import main
+from autoprec.app.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +104,9 @@ def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path)
 def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_mark(result_dirs, tmp_path):
     from rich.console import Console
 
-    from autoprec import console
-    from autoprec.report import write_report
-    from autoprec.results import read_result_dir
+    from autoprec.results import console
+    from autoprec.results.files import read_result_dir
+    from autoprec.results.report import write_report
 
     a, _ = result_dirs
     files = read_result_dir(a)

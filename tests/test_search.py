@@ -9,14 +9,14 @@ import optuna
 import pytest
 
 import autoprec
-from autoprec import atomic
-from autoprec.accuracy import compare, loss_from_metrics
-from autoprec.console import chosen_summary
-from autoprec.coordination import retried_trial
-from autoprec.data import build_dataset
-from autoprec.model import analyse
-from autoprec.results import drifted
-from autoprec.search_space import load_search_space
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse
+from autoprec.core import atomic
+from autoprec.core.search_space import load_search_space
+from autoprec.measure.accuracy import compare, loss_from_metrics
+from autoprec.results.console import chosen_summary
+from autoprec.results.files import drifted
+from autoprec.study.coordination import retried_trial
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
     # A trial left RUNNING with no heartbeat, as a process killed right after creating it leaves it.
-    from autoprec.search import distributions
+    from autoprec.study.search import distributions
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
@@ -164,7 +164,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
 
 
 def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
-    from autoprec.coordination import fail_dead_trials, storage_for
+    from autoprec.study.coordination import fail_dead_trials, storage_for
 
     study = optuna.create_study(storage=storage_for(f"sqlite:///{tmp_path / 's.db'}", heartbeat=1),
                                 directions=["minimize", "minimize"])
@@ -210,7 +210,7 @@ def test_atomic_write_leaves_the_old_file_on_failure(tmp_path):
 
 
 def test_nonfinite_numbers_survive_strict_json():
-    from autoprec.results import json_safe
+    from autoprec.results.files import json_safe
 
     written = json.loads(json.dumps(json_safe({"a": [math.inf, 1.0], "b": -math.inf}), allow_nan=False))
     assert written == {"a": ["inf", 1.0], "b": "-inf"}
@@ -229,10 +229,10 @@ def test_timing_noise_verdict():
 
 def test_retiming_builds_each_plan_once_interleaves_rounds_and_keeps_a_failing_plan_as_it_was():
     from autoprec.backends.base import Backend, Runner, Timing
-    from autoprec.errors import BackendError
-    from autoprec.measure import Measurement, time_interleaved
-    from autoprec.plan import Plan
-    from autoprec.search import TrialRecord, retime
+    from autoprec.core.errors import BackendError
+    from autoprec.core.plan import Plan
+    from autoprec.measure.measurement import Measurement, time_interleaved
+    from autoprec.study.search import TrialRecord, retime
 
     events = []
 
@@ -287,9 +287,9 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
 
 
 def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
-    from autoprec.api import _engine_space
+    from autoprec.app.search import _engine_space
     from autoprec.backends.onnxruntime import OrtCudaBackend
-    from autoprec.plan import Precision
+    from autoprec.core.plan import Precision
 
     engine = object.__new__(OrtCudaBackend)  # its declaration only: no GPU needed
     space, searched, left_out = _engine_space(load_search_space(), engine, None)
@@ -306,7 +306,7 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     import importlib
     import signal
 
-    search = importlib.import_module("autoprec.search")  # the module (autoprec.search is the function)
+    search = importlib.import_module("autoprec.study.search")  # the module (autoprec.study.search is the function)
 
     out = tmp_path / "out"
     autoprec.search(mlp_model, budget=1, out=out, progress=False, warm_start=False, isolate=False)
@@ -345,7 +345,7 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
     import subprocess
     import sys
 
-    from autoprec.coordination import WORKER_ATTR, fail_dead_trials, storage_for
+    from autoprec.study.coordination import WORKER_ATTR, fail_dead_trials, storage_for
 
     study = optuna.create_study(storage=storage_for(f"sqlite:///{tmp_path / 's.db'}", heartbeat=60),
                                 directions=["minimize", "minimize"])
@@ -366,7 +366,7 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
 def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
     """A member the trial timings put on the front, but the re-timing shows slower than all-FP32 at more
     loss, leaves it: no plan listed is dominated by another plan shown beside it."""
-    from autoprec.search import retimed_front
+    from autoprec.study.search import retimed_front
 
     study, time_plans = _timed_study([(("fp32", "fp32"), 10.0, 0.0, 8.0), (("fp16", "fp32"), 9.0, 1e-4, 9.5),
                                       (("int8", "int8"), 6.0, 1e-2, 5.0)])
@@ -380,7 +380,7 @@ def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
 def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kept():
     """A task metric on a few items ties many plans at one loss; the front keeps the one a single trial
     timed fastest. The fastest plans within --max-loss are re-timed beside it, and the choice follows."""
-    from autoprec.search import choose, retimed_front
+    from autoprec.study.search import choose, retimed_front
 
     study, time_plans = _timed_study([
         (("fp32", "fp32"), 10.0, 0.0, 10.0),
@@ -397,8 +397,8 @@ def _timed_study(plans):
     """A study of two-unit plans (precisions of units a and b, trial ms, loss, re-timed ms), and a
     ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
     from autoprec.backends.base import Timing
-    from autoprec.measure import Measurement
-    from autoprec.plan import Plan
+    from autoprec.core.plan import Plan
+    from autoprec.measure.measurement import Measurement
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     again_ms = {}

@@ -5,21 +5,20 @@ import optuna
 import pytest
 
 import autoprec
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse
 from autoprec.backends import get_backend
 from autoprec.backends.onnxruntime import attribute_node_times
-from autoprec.data import build_dataset
-from autoprec.accuracy import Judge, Metric
-from autoprec.measure import Rejected, Screen, accuracy_loss, measure
-from autoprec.model import analyse
-from autoprec.plan import Plan, Precision
-from autoprec.search_space import load_search_space
-from autoprec.sensitivity import (
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import load_search_space
+from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.measurement import Rejected, Screen, accuracy_loss, measure
+from autoprec.study.sensitivity import (
     Sensitivity,
     UnitSensitivity,
     analyse_sensitivity,
     cached_sensitivity,
     latency_shares,
-    one_unit_plan,
     unit_times,
     warm_start_params,
 )
@@ -29,7 +28,7 @@ from autoprec.sensitivity import (
 def conv_prepared(conv_model, conv_data):
     info = analyse(conv_model, load_search_space())
     dataset = build_dataset(conv_data, info.inputs, seed=0)
-    from autoprec.calibrate import calibrate, reference_outputs
+    from autoprec.analysis.calibrate import calibrate, reference_outputs
 
     ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
@@ -70,7 +69,7 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     assert found.evaluations == sum(len(u.allowed) - 1 for u in info.searchable_units)
     assert [u.unit for u in found.units] == [u.name for u in info.searchable_units]
     conv1 = next(u for u in found.units if u.unit == "conv1")
-    alone = measure(engine, engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges), batches, Judge(Metric(), refs))
+    alone = measure(engine, engine.lower(info, info.plan_at(Precision.INT8, ["conv1"]), ranges), batches, Judge(Metric(), refs))
     assert conv1.loss["int8"] == pytest.approx(alone.loss, rel=1e-6, abs=1e-9)
     assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units)  # FP16 keeps 10 mantissa bits, INT8 256 levels
 
@@ -84,7 +83,7 @@ def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float], gain
 def test_inserted_qdq_time_is_charged_to_the_lowered_units_beside_it(conv_prepared):
     info, _, ranges, _ = conv_prepared
     engine = get_backend("ort-cpu")
-    lowered = engine.lower(info, one_unit_plan(info, "conv0", Precision.INT8), ranges)
+    lowered = engine.lower(info, info.plan_at(Precision.INT8, ["conv0"]), ranges)
     times = {n.name: 1.0 for n in lowered.graph.node}  # one second per node
     spent = unit_times(info, lowered, times, frozenset({"conv0"}))
     inserted = {n.name for n in lowered.graph.node} - {n.name for n in info.model.graph.node}
@@ -179,7 +178,7 @@ def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):
 def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_prepared):
     info, dataset, ranges, reference = conv_prepared
     engine = get_backend("ort-cpu")
-    int8 = engine.lower(info, one_unit_plan(info, "conv1", Precision.INT8), ranges)
+    int8 = engine.lower(info, info.plan_at(Precision.INT8, ["conv1"]), ranges)
     full = measure(engine, int8, dataset.evaluation, Judge(Metric(), reference))
     screened = Screen(batches=1, reject_above=full.loss / 1000)
     with pytest.raises(Rejected) as rejected:
@@ -212,7 +211,7 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
 
 
 def test_sensitivity_command_writes_its_files(tmp_path, conv_model, conv_data, capsys):
-    from autoprec.cli import main
+    from autoprec.app.cli import main
 
     code = main(["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"), "--no-progress"])
     assert code == 0

@@ -10,19 +10,26 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
+from builders import _init, _model, save
 from onnx import TensorProto, helper
 
-from autoprec import tasks
-from autoprec.accuracy import HeadOptions, Judge, Metric, decision_changes, loss_from_metrics, output_metrics
-from autoprec.data import TensorSpec, build_dataset, load_labels
-from autoprec.errors import AutoprecError
-from builders import _init, _model, save
+from autoprec.analysis.data import TensorSpec, build_dataset, load_labels
+from autoprec.core.errors import AutoprecError
+from autoprec.measure import tasks
+from autoprec.measure.accuracy import (
+    HeadOptions,
+    Judge,
+    Metric,
+    decision_changes,
+    loss_from_metrics,
+    output_metrics,
+)
 
 BUNDLED = "datasets/ppocr_cls"
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "autoprec.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 def one_hot_steps(ids, classes):

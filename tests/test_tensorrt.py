@@ -13,23 +13,24 @@ import sys
 from pathlib import Path
 
 import builders
+import fake_tensorrt as fake
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
 import autoprec
-import fake_tensorrt as fake
+from autoprec.analysis.calibrate import calibrate
+from autoprec.analysis.data import build_dataset
+from autoprec.analysis.model import analyse
+from autoprec.app.cli import main
 from autoprec.backends import get_backend
-from autoprec.calibrate import calibrate
-from autoprec.cli import main
-from autoprec.data import build_dataset
-from autoprec.engine_layers import parse_engine_layers, plan_fidelity, read_engine_layers
-from autoprec.errors import BackendError
+from autoprec.backends.tensorrt import read_engine_layers
+from autoprec.backends.tensorrt.layers import parse_engine_layers, plan_fidelity
+from autoprec.core.errors import BackendError
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.model import analyse
-from autoprec.plan import Plan, Precision
-from autoprec.search_space import load_search_space
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
 
@@ -379,7 +380,7 @@ def test_markdown_build_card_carries_the_measured_figures_and_every_unit(result)
 def test_builder_log_layers_of_tensorrt_for_rtx_are_read_without_tensorrt():
     """TensorRT for RTX's verbose "Layers:" block (recorded from the real 1.7.1 builder, see the fixtures'
     README): fused layers, their types (weights decide), the ONNX nodes each holds."""
-    from autoprec.engine_layers import parse_builder_layers
+    from autoprec.backends.tensorrt.layers import parse_builder_layers
 
     layers = parse_builder_layers((FIXTURES / "rtx_1.7.1_builder_layers_conv_net_mixed.txt").read_text())
     assert layers.schema == "builder-log" and len(layers.layers) == 9

@@ -21,14 +21,20 @@ import pytest
 
 import autoprec
 from autoprec import zoo
-from autoprec.api import prepare
+from autoprec.app.cli import main
+from autoprec.app.prepare import prepare
 from autoprec.backends import get_backend
-from autoprec.backends.tensorrt import TENSORRT_RTX, TensorRTRtxBackend, build_engine, import_tensorrt, stamp_plan
-from autoprec.cli import main
-from autoprec.errors import BackendError, SearchFailed
+from autoprec.backends.tensorrt import (
+    TENSORRT_RTX,
+    TensorRTRtxBackend,
+    build_engine,
+    import_tensorrt,
+    stamp_plan,
+)
+from autoprec.core.errors import BackendError, SearchFailed
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.plan import Plan, Precision
-from autoprec.search_space import load_search_space
 
 if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
     if os.environ.get("AUTOPREC_REQUIRE_TENSORRT_RTX"):
@@ -104,7 +110,7 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
     every trial fails, each with its own cause, and the search says it measured nothing."""
     monkeypatch.setattr(TensorRTRtxBackend, "qdq_form", QDQForm.ORT_CPU)
     monkeypatch.setattr("autoprec.backends.get_backend", lambda *args, **kwargs: rtx)
-    monkeypatch.setattr("autoprec.api.get_backend", lambda *args, **kwargs: rtx)
+    monkeypatch.setattr("autoprec.app.search.get_backend", lambda *args, **kwargs: rtx)
     out = tmp_path / "out"
     with pytest.raises(SearchFailed, match="no candidate was measured"):
         autoprec.search(conv_model, budget=3, data=conv_data, out=out, backend="tensorrt-rtx", isolate=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
-from autoprec.errors import BackendError
+from autoprec.core.errors import BackendError
 
 BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "tensorrt-rtx")
 

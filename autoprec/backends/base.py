@@ -10,11 +10,11 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import onnx
 
-from autoprec.calibrate import ActivationRanges
-from autoprec.data import Batch
+from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo
+from autoprec.core.plan import Plan, Precision
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan, Precision
 
 
 @dataclass(frozen=True)

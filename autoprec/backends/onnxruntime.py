@@ -12,12 +12,19 @@ from functools import lru_cache
 import numpy as np
 import onnx
 
-from autoprec.backends.base import TIME_CALLS, Backend, EngineInfo, Runner, Timing, time_calls
+from autoprec.analysis.data import Batch
+from autoprec.backends.base import (
+    TIME_CALLS,
+    Backend,
+    EngineInfo,
+    Runner,
+    Timing,
+    time_calls,
+)
 from autoprec.backends.gpus import gpu_facts
-from autoprec.data import Batch
-from autoprec.errors import BackendError
+from autoprec.core.errors import BackendError
+from autoprec.core.plan import Precision
 from autoprec.lower import QDQForm
-from autoprec.plan import Precision
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,6 @@ from typing import Any
 
 import onnx
 
-from autoprec import atomic
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt import (
     TENSORRT,
@@ -25,8 +24,13 @@ from autoprec.backends.tensorrt import (
     fidelity_report,
     installed,
 )
-from autoprec.engine_layers import EngineLayers, parse_engine_layers, plan_fidelity
-from autoprec.errors import BackendError, ExportError
+from autoprec.backends.tensorrt.layers import (
+    EngineLayers,
+    parse_engine_layers,
+    plan_fidelity,
+)
+from autoprec.core import atomic
+from autoprec.core.errors import BackendError, ExportError
 
 BUILD_SCHEMA = "autoprec.build/1"
 # What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak typing, ONNX Runtime).

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import onnx
 
-from autoprec import atomic
-from autoprec.escape import path_component, pbtxt_string, shell_comment
+from autoprec.core import atomic
+from autoprec.core.escape import path_component, pbtxt_string, shell_comment
 
 _TRITON_TYPES = {
     onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.DOUBLE: "TYPE_FP64",

@@ -9,11 +9,11 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
-from autoprec.calibrate import ActivationRanges
+from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.model import ModelInfo
+from autoprec.core.plan import Plan, Precision
 from autoprec.lower.cast import apply_fp16
 from autoprec.lower.qdq import QDQForm, apply_int8
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan, Precision
 
 __all__ = ["QDQForm", "lower_plan"]
 

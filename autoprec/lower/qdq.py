@@ -19,8 +19,8 @@ import enum
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from autoprec.calibrate import ActivationRanges, TensorRange
-from autoprec.model import Unit
+from autoprec.analysis.calibrate import ActivationRanges, TensorRange
+from autoprec.analysis.model import Unit
 
 # Ops ORT folds into the Q that follows a quantized layer (zero point at the range minimum).
 _ORT_ABSORBED = {"Relu", "Clip"}

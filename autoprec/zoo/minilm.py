@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autoprec.errors import AutoprecError
+from autoprec.core.errors import AutoprecError
 
 
 def export(model_dir: Path, out: Path, length: int = 64) -> Path:

@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autoprec import atomic
-from autoprec.plots import plot_result_dir
-from autoprec.results import ResultFiles, decisions, drifted
+from autoprec.core import atomic
+from autoprec.results.files import ResultFiles, decisions, drifted
+from autoprec.results.plots import plot_result_dir
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;

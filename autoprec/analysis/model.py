@@ -5,16 +5,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import version_converter
 
-from autoprec.errors import ModelError
-from autoprec.plan import Precision
-from autoprec.search_space import SearchSpace
+from autoprec.core.errors import ModelError
+from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.search_space import SearchSpace
 
 # Q/DQ with a per-channel axis needs opset 13; older models are converted once at load.
 MIN_OPSET = 13
@@ -77,6 +77,12 @@ class ModelInfo:
             if u.name == name:
                 return u
         raise KeyError(name)
+
+    def plan_at(self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION) -> Plan:
+        """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
+        the plan that shows what lowering just those units costs and saves."""
+        lowered = set(units) if units is not None else {u.name for u in self.units if precision in u.allowed}
+        return Plan.from_mapping({u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration)
 
 
 def file_sha256(path: Path) -> str:
@@ -293,21 +299,33 @@ def _fold_batchnorm(graph: gs.Graph) -> int:
     return folded
 
 
+def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs the intermediate tensors ``names``, to read them off a run."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    present = {o.name for o in exposed.graph.output}
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
+    return exposed
+
+
+def cpu_session(model: onnx.ModelProto):
+    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
     """Shapes static inference could not find are read off one ORT run on zeros."""
-    import onnxruntime as ort
 
     known = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input}
     known |= {o.name for o in model.graph.output if o.type.tensor_type.HasField("shape")}
     missing = [t for n in model.graph.node for t in n.output if t and t not in known]
     if not missing:
         return model
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in missing)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = cpu_session(with_outputs(model, missing))
     feeds = {
         i.name: np.zeros(shapes[i.name], dtype=onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
         for i in model.graph.input

@@ -12,8 +12,8 @@ from typing import Collection
 
 import yaml
 
-from autoprec.errors import SearchSpaceError
-from autoprec.plan import Precision
+from autoprec.core.errors import SearchSpaceError
+from autoprec.core.plan import Precision
 
 
 @dataclass(frozen=True)

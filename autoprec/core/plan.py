@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+DEFAULT_CALIBRATION = "percentile-99.99"  # amax of |x| at the 99.99th percentile of the calibration data
+
 
 class Precision(str, enum.Enum):
     INT8 = "int8"
@@ -27,14 +29,14 @@ class Plan:
     """
 
     precisions: tuple[tuple[str, Precision], ...]
-    calibration: str = "percentile-99.99"
+    calibration: str = DEFAULT_CALIBRATION
 
     @classmethod
-    def from_mapping(cls, precisions: Mapping[str, str | Precision], calibration: str = "percentile-99.99") -> Plan:
+    def from_mapping(cls, precisions: Mapping[str, str | Precision], calibration: str = DEFAULT_CALIBRATION) -> Plan:
         return cls(tuple((name, Precision(p)) for name, p in precisions.items()), calibration)
 
     @classmethod
-    def uniform(cls, unit_names: list[str], precision: Precision, calibration: str = "percentile-99.99") -> Plan:
+    def uniform(cls, unit_names: list[str], precision: Precision, calibration: str = DEFAULT_CALIBRATION) -> Plan:
         return cls(tuple((name, precision) for name in unit_names), calibration)
 
     def as_dict(self) -> dict[str, Precision]:
@@ -63,4 +65,4 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        return cls.from_mapping(data["precisions"], data.get("calibration", "percentile-99.99"))
+        return cls.from_mapping(data["precisions"], data.get("calibration", DEFAULT_CALIBRATION))

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import onnx
 
-from autoprec import atomic
-from autoprec.accuracy import output_metrics
+from autoprec.analysis.calibrate import CALIBRATION_METHODS, FP16_MAX, ActivationRanges
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo, with_outputs
 from autoprec.backends.base import Backend
-from autoprec.calibrate import CALIBRATION_METHODS, FP16_MAX, ActivationRanges
-from autoprec.data import Batch
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan, Precision
+from autoprec.core.plan import Plan, Precision
+from autoprec.measure.accuracy import output_metrics
 
 FAST_METHODS = tuple(m for m in CALIBRATION_METHODS if m != "entropy")
 SPARK = "▁▂▃▄▅▆▇█"
@@ -46,14 +44,6 @@ class UnitError:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    present = {o.name for o in exposed.graph.output}
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
-    return exposed
 
 
 def _run(backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
@@ -79,19 +69,19 @@ def diagnose(
     """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
-    reference = _run(backend, _with_outputs(info.model, outputs), batches)
+    reference = _run(backend, with_outputs(info.model, outputs), batches)
     lowered = backend.lower(info, plan, ranges)
     names = [_unit_tensor(lowered, o) for o in outputs]
-    candidate = _run(backend, _with_outputs(lowered, names), batches)
+    candidate = _run(backend, with_outputs(lowered, names), batches)
     rows = []
     for index, (unit, name) in enumerate(zip(info.units, names)):
         precision = plan[unit.name]
         accumulated = _error(reference, candidate, unit.output, name)
         added = alone_loss = 0.0
         if precision is not Precision.FP32:
-            alone = backend.lower(info, Plan(((unit.name, precision),), plan.calibration), ranges)
+            alone = backend.lower(info, info.plan_at(precision, [unit.name], plan.calibration), ranges)
             alone_name = _unit_tensor(alone, unit.output)
-            alone_out = _run(backend, _with_outputs(alone, [alone_name]), batches)
+            alone_out = _run(backend, with_outputs(alone, [alone_name]), batches)
             added = _error(reference, alone_out, unit.output, alone_name)["rel_l2"]
             alone_loss = float(np.mean([1 - _error(reference, alone_out, f, f)["cosine"] for f in finals]))
         rows.append(UnitError(index, unit.name, unit.op_type, precision.value, unit.output,
@@ -118,45 +108,6 @@ def jumps(rows: Sequence[UnitError], factor: float = 3.0, floor: float = 1e-3) -
             found.append(r)
         worst = max(worst, r.rel_l2 if math.isfinite(r.rel_l2) else worst)
     return found
-
-
-def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
-    """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
-    adds alone (bars). Bottom: the model's loss with only that unit reduced; the worst five named."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from autoprec.plots import PRECISION_COLOURS
-
-    def positive(values):  # log axes: zero (an FP32 unit adds nothing) is left out, not floored
-        return [v if v > 0 and math.isfinite(v) else np.nan for v in values]
-
-    x = [r.index for r in rows]
-    colours = [PRECISION_COLOURS[r.precision] if r.precision != "fp32" else "#BBBBBB" for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(min(24, max(9, 0.12 * len(rows) + 4)), 7), dpi=120)
-    top.bar(x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone (fed FP32 inputs)")
-    top.plot(x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2, label="accumulated at its output")
-    top.set_yscale("log")
-    top.set_ylabel("rel. L2 error vs FP32")
-    top.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    top.set_title(title, fontsize=9)
-    bottom.bar(x, positive([r.alone_loss for r in rows]), color=colours)
-    bottom.set_yscale("log")
-    bottom.set_ylabel("model loss, unit alone")
-    for r in culprits(rows):
-        if r.alone_loss > 0:
-            bottom.annotate(r.unit, (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4), ha="center",
-                            fontsize=7, rotation=60, color="tab:red")
-    bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, blue fp16, grey fp32)")
-    for ax in (top, bottom):
-        ax.grid(True, axis="y", alpha=0.3)
-    bottom.margins(y=0.35)
-    fig.tight_layout()
-    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
 
 
 def _spark(hist: np.ndarray, edges: np.ndarray, buckets: int = 16) -> str:

@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoprec import tasks
-from autoprec.errors import AutoprecError
+from autoprec.core.errors import AutoprecError
+from autoprec.measure import tasks
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"

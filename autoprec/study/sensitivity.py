@@ -25,12 +25,12 @@ from typing import Any, Callable, Mapping
 
 import onnx
 
-from autoprec import atomic
+from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend
-from autoprec.calibrate import DEFAULT_CALIBRATION, ActivationRanges
-from autoprec.data import Batch
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan, Precision
+from autoprec.core import atomic
+from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
 
 # Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross these
 # multiples of --max-loss (losses of small errors roughly add up), or these fractions of the units
@@ -172,7 +172,7 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
         if not lowered_units:
             continue
         names = frozenset(u.name for u in lowered_units)
-        plan = Plan.from_mapping({u.name: precision if u.name in names else u.allowed[-1] for u in info.units}, calibration)
+        plan = info.plan_at(precision, names, calibration)
         try:
             lowered = backend.lower(info, plan, ranges)
             times = backend.node_times(lowered, batch)
@@ -183,10 +183,6 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
             # a unit the profile lost track of (renamed beyond recognition) has no measured gain
             gains[precision.value] = {u: (fp32.get(u, 0.0) - spent[u]) / total for u in names if spent.get(u)}
     return gains
-
-
-def one_unit_plan(info: ModelInfo, unit: str, precision: Precision, calibration: str = DEFAULT_CALIBRATION) -> Plan:
-    return Plan.from_mapping({u.name: precision if u.name == unit else u.allowed[-1] for u in info.units}, calibration)
 
 
 def analyse_sensitivity(
@@ -214,7 +210,7 @@ def analyse_sensitivity(
     failures: list[str] = []
     for i, (unit, precision) in enumerate(steps):
         try:
-            loss = loss_of(backend.lower(info, one_unit_plan(info, unit.name, precision, calibration), ranges))
+            loss = loss_of(backend.lower(info, info.plan_at(precision, [unit.name], calibration), ranges))
         except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
             failures.append(f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")

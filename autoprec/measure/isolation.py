@@ -17,10 +17,10 @@ import faulthandler
 import fcntl
 import multiprocessing
 import os
-import tempfile
 import queue
 import signal
 import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +28,18 @@ from typing import Sequence
 
 import onnx
 
-from autoprec.accuracy import Judge
-from autoprec.data import Batch
-from autoprec.errors import AutoprecError
+from autoprec.analysis.data import Batch
 from autoprec.backends.base import Timing
-from autoprec.measure import Measurement, Rejected, Screen, accuracy_loss, measure, time_interleaved
+from autoprec.core.errors import AutoprecError
+from autoprec.measure.accuracy import Judge
+from autoprec.measure.measurement import (
+    Measurement,
+    Rejected,
+    Screen,
+    accuracy_loss,
+    measure,
+    time_interleaved,
+)
 
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
@@ -273,12 +280,12 @@ class IsolatedMeasurer:
         return Measurement.from_json(self._ask(("measure", model.SerializeToString(), screen), self.limits.seconds))
 
     def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
-        """:func:`autoprec.measure.accuracy_loss` on the first ``batches`` evaluation batches, in the worker, as
-        the sensitivity pass ranks units (:meth:`autoprec.accuracy.Judge.for_ranking`)."""
+        """:func:`autoprec.measure.measurement.accuracy_loss` on the first ``batches`` evaluation batches, in the worker, as
+        the sensitivity pass ranks units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`)."""
         return self._ask(("loss", model.SerializeToString(), batches), self.limits.seconds)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
-        """:func:`autoprec.measure.time_interleaved` in the worker, within the time limit per model."""
+        """:func:`autoprec.measure.measurement.time_interleaved` in the worker, within the time limit per model."""
         payload = self._ask(("retime", [m.SerializeToString() for m in models], rounds), self.limits.seconds * max(1, len(models)))
         return [None if t is None else [Timing.from_json(x) for x in t] for t in payload]
 

@@ -25,10 +25,9 @@ import math
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from autoprec.errors import AutoprecError
+from autoprec.core.errors import AutoprecError
 
 # Type words as the inspector writes them, in the order they are tried (longest first).
 _TYPE_WORDS = (
@@ -266,34 +265,6 @@ def parse_builder_layers(log: str, source: str = "builder log") -> EngineLayers 
             constants=constants,
         ))
     return EngineLayers(tuple(layers), (), "builder-log", source)
-
-
-def read_engine_layers(path: str | Path) -> EngineLayers:
-    """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs TensorRT)."""
-    path = Path(path)
-    if not path.is_file():
-        raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
-    if path.suffix.lower() == ".onnx":
-        raise AutoprecError(f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
-                            "trtexec, then its build.sh) and inspect the engine or its layers.json")
-    raw = path.read_bytes()
-    if raw.lstrip()[:1] in (b"{", b"["):
-        return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
-    if not raw.strip() or (b"\0" not in raw[:4096] and _is_text(raw[:4096])):
-        raise AutoprecError(f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
-                            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON")
-    from autoprec.backends.tensorrt import engine_information
-
-    return parse_engine_layers(engine_information(raw), str(path))
-
-
-def _is_text(head: bytes) -> bool:
-    """Readable text (a cut multi-byte character at the end of ``head`` allowed), as a serialized engine never is."""
-    try:
-        text = head.decode("utf-8") if len(head) < 4096 else head[:-3].decode("utf-8", errors="strict")
-    except UnicodeDecodeError:
-        return False
-    return all(c.isprintable() or c in "\n\r\t" for c in text)
 
 
 @dataclass(frozen=True)

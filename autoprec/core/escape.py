@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from autoprec.errors import ExportError
+from autoprec.core.errors import ExportError
 
 
 def printable(text: object) -> str:

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import onnx
 
-from autoprec.accuracy import Judge
+from autoprec.analysis.data import Batch
 from autoprec.backends.base import Backend, Timing
-from autoprec.data import Batch
+from autoprec.measure.accuracy import Judge
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25

@@ -11,11 +11,11 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from autoprec import atomic, console
-from autoprec.errors import AutoprecError
-from autoprec.escape import printable
-from autoprec.results import read_result_dir
-
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError
+from autoprec.core.escape import printable
+from autoprec.results import console
+from autoprec.results.files import read_result_dir
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
 
@@ -63,11 +63,12 @@ _gpu_index = _number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoprec.accuracy import BUILTIN_METRICS
+    from autoprec.analysis.calibrate import CALIBRATION_METHODS
     from autoprec.backends import BACKENDS
-    from autoprec.calibrate import CALIBRATION_METHODS, DEFAULT_CALIBRATION
-    from autoprec.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
-    from autoprec.search import SAMPLERS
+    from autoprec.core.plan import DEFAULT_CALIBRATION
+    from autoprec.measure.accuracy import BUILTIN_METRICS
+    from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
+    from autoprec.study.search import SAMPLERS
 
     parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _head_arguments(p) -> None:
     """How task metrics decode an output whose shape does not say it all."""
-    from autoprec.tasks import DETECTION_LAYOUTS
+    from autoprec.measure.tasks import DETECTION_LAYOUTS
 
     p.add_argument("--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)")
     p.add_argument("--ctc-charset", metavar="FILE",
@@ -213,7 +214,7 @@ def _head_arguments(p) -> None:
 
 
 def head_options(args: argparse.Namespace):
-    from autoprec.accuracy import HeadOptions
+    from autoprec.measure.accuracy import HeadOptions
 
     charset = None
     if args.ctc_charset is not None:
@@ -258,8 +259,8 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
 
 
 def _sensitivity(args: argparse.Namespace) -> int:
-    from autoprec.api import sensitivity
-    from autoprec.results import json_safe
+    from autoprec.app.search import sensitivity
+    from autoprec.results.files import json_safe
 
     found, out = sensitivity(
         args.model, data=args.data, out=args.out, backend=args.backend, shapes=dict(args.shape), metric=args.metric,
@@ -276,7 +277,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from autoprec.api import search
+    from autoprec.app.search import search
 
     result = search(
         args.model,
@@ -356,7 +357,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from autoprec.plots import plot_result_dir
+    from autoprec.results.plots import plot_result_dir
 
     for path in plot_result_dir(read_result_dir(args.result_dir)):
         console.stdout.print(f"wrote {path}")
@@ -364,7 +365,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from autoprec.report import write_report
+    from autoprec.results.report import write_report
 
     path = write_report(read_result_dir(args.result_dir), Path(args.output) if args.output else None)
     console.stdout.print(f"wrote {path}")
@@ -372,8 +373,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from autoprec.api import diagnose_plan
-    from autoprec.diagnose import culprits, jumps
+    from autoprec.app.verbs import diagnose_plan
+    from autoprec.measure.diagnosis import culprits, jumps
 
     rows, out = diagnose_plan(args.target, args.plan, args.trial, args.data, dict(args.shape) or None, args.backend,
                               args.batches, args.out)
@@ -398,8 +399,8 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _ranges(args: argparse.Namespace) -> int:
-    from autoprec.api import activation_report
-    from autoprec.results import json_safe
+    from autoprec.app.verbs import activation_report
+    from autoprec.results.files import json_safe
 
     rows = activation_report(args.model, args.data, dict(args.shape) or None, args.entropy, args.image_mean, args.image_std)
     if args.json:
@@ -426,8 +427,8 @@ def _ranges(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autoprec.api import check_plan
-    from autoprec.results import json_safe
+    from autoprec.app.verbs import check_plan
+    from autoprec.results.files import json_safe
 
     report = check_plan(args.target, args.plan, args.max_loss, args.latency_budget, args.data,
                         dict(args.shape) or None, args.backend, args.metric, head_options(args))
@@ -453,14 +454,14 @@ def _export(args: argparse.Namespace) -> int:
 
         check_buildable(args.format)
     if args.format == "triton":
-        from autoprec.api import lowered_for_export
+        from autoprec.app.verbs import lowered_for_export
         from autoprec.export.triton import write_triton_entry
 
         model, note, stem = lowered_for_export(args.result_dir, args.trial)
         entry = write_triton_entry(model, out, stem if args.name is None else args.name, note)
         console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
         return 0
-    from autoprec.api import tensorrt_build_spec
+    from autoprec.app.verbs import tensorrt_build_spec
     from autoprec.export.build import build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
@@ -478,7 +479,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from autoprec.engine_layers import read_engine_layers
+    from autoprec.backends.tensorrt import read_engine_layers
 
     layers = read_engine_layers(args.engine)
     if not layers.detailed:
@@ -514,7 +515,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from autoprec.api import study_status
+    from autoprec.app.verbs import study_status
 
     status = study_status(args.storage, args.study_name)
     if args.json:

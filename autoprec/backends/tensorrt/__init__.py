@@ -37,16 +37,22 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from autoprec import atomic
+from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.backends.gpus import gpu_facts
-from autoprec.calibrate import ActivationRanges
-from autoprec.data import Batch
-from autoprec.engine_layers import EngineLayers, PlanFidelity, parse_builder_layers, parse_engine_layers, plan_fidelity
-from autoprec.errors import BackendError
+from autoprec.backends.tensorrt.layers import (
+    EngineLayers,
+    PlanFidelity,
+    parse_builder_layers,
+    parse_engine_layers,
+    plan_fidelity,
+)
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError, BackendError
+from autoprec.core.plan import Plan
 from autoprec.lower import QDQForm
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan
 
 PLAN_METADATA_KEY = "autoprec.plan_units"
 WORKSPACE_BYTES = 4 << 30
@@ -639,3 +645,29 @@ def stamped_plan(model: onnx.ModelProto) -> dict | None:
         if entry.key == PLAN_METADATA_KEY:
             return json.loads(entry.value)
     return None
+
+
+def read_engine_layers(path: str | Path) -> EngineLayers:
+    """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs TensorRT)."""
+    path = Path(path)
+    if not path.is_file():
+        raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
+    if path.suffix.lower() == ".onnx":
+        raise AutoprecError(f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
+                            "trtexec, then its build.sh) and inspect the engine or its layers.json")
+    raw = path.read_bytes()
+    if raw.lstrip()[:1] in (b"{", b"["):
+        return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
+    if not raw.strip() or (b"\0" not in raw[:4096] and _is_text(raw[:4096])):
+        raise AutoprecError(f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
+                            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON")
+    return parse_engine_layers(engine_information(raw), str(path))
+
+
+def _is_text(head: bytes) -> bool:
+    """Readable text (a cut multi-byte character at the end of ``head`` allowed), as a serialized engine never is."""
+    try:
+        text = head.decode("utf-8") if len(head) < 4096 else head[:-3].decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\n\r\t" for c in text)

@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import onnx
 
-from autoprec import atomic
-from autoprec.data import Batch
-from autoprec.model import ModelInfo
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo, cpu_session, with_outputs
+from autoprec.core import atomic
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
-DEFAULT_CALIBRATION = "percentile-99.99"
 HISTOGRAM_BINS = 2048
 CACHE_VERSION = "2"
 FP16_MAX = 65504.0
@@ -140,18 +138,6 @@ class ActivationRanges:
         return cls(tensors)
 
 
-def _session_with_outputs(model: onnx.ModelProto, names: Sequence[str]):
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def collected_tensors(info: ModelInfo) -> list[str]:
     """Every tensor a lowering may quantize: unit inputs and the outputs of every node in a unit."""
     in_units = {n for u in info.units for n in u.nodes}
@@ -188,7 +174,7 @@ def calibrate(
     cache = calibration_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
         return ActivationRanges.load(cache)
-    session = _session_with_outputs(info.model, names)
+    session = cpu_session(with_outputs(info.model, names))
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
     counts = {n: np.zeros(4, np.int64) for n in names}
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
@@ -224,7 +210,7 @@ def reference_outputs(
         with np.load(cache, allow_pickle=False) as npz:
             order = json.loads(str(npz["outputs"]))
             return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
-    session = _session_with_outputs(info.model, [])
+    session = cpu_session(info.model)
     outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
     if cache is not None:
         arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from autoprec.errors import DataError
-from autoprec.model import TensorSpec
+from autoprec.analysis.model import TensorSpec
+from autoprec.core.errors import DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ARRAY_SUFFIXES = {".npy", ".npz"}

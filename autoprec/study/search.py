@@ -23,13 +23,14 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
+from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, Timing
-from autoprec.calibrate import (
-    CALIBRATION_METHODS,
-    DEFAULT_CALIBRATION,
-    ActivationRanges,
-)
-from autoprec.coordination import (
+from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.measure.isolation import TrialCrash
+from autoprec.measure.measurement import Measurement, Rejected
+from autoprec.study.coordination import (
     DEFAULT_HEARTBEAT,
     StudyLocks,
     beating,
@@ -40,12 +41,11 @@ from autoprec.coordination import (
     without_password,
     worker_id,
 )
-from autoprec.errors import AutoprecError, StudyError
-from autoprec.isolation import TrialCrash
-from autoprec.measure import Measurement, Rejected
-from autoprec.model import ModelInfo
-from autoprec.plan import Plan, Precision
-from autoprec.sensitivity import Sensitivity, not_faster_than_fp32, warm_start_params
+from autoprec.study.sensitivity import (
+    Sensitivity,
+    not_faster_than_fp32,
+    warm_start_params,
+)
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
@@ -147,7 +147,7 @@ def open_study(
     sampler: optuna.samplers.BaseSampler,
     heartbeat: int = DEFAULT_HEARTBEAT,
 ) -> optuna.Study:
-    """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.coordination`);
+    """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.study.coordination`);
     refuse one that was made for another model, data or engine."""
     shown = redacted(storage) if isinstance(storage, str) else type(storage).__name__
     try:
@@ -484,7 +484,7 @@ def retime(
     records: Sequence[TrialRecord], time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = 3
 ) -> list[TrialRecord]:
     """Time the given plans again in interleaved rounds (``time_plans``, e.g.
-    :func:`autoprec.measure.time_interleaved`), so the choice does not rest on one lucky or unlucky
+    :func:`autoprec.measure.measurement.time_interleaved`), so the choice does not rest on one lucky or unlucky
     trial. A plan that fails keeps its trial's timing."""
     try:
         timings = time_plans([r.plan for r in records])

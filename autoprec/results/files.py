@@ -16,11 +16,11 @@ from typing import Any, Sequence
 
 import onnx
 
-from autoprec import atomic
+from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, faster_beyond_noise
-from autoprec.errors import AutoprecError
-from autoprec.model import ModelInfo
-from autoprec.search import TrialRecord, uniform_trials
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError
+from autoprec.study.search import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"
@@ -193,7 +193,7 @@ def write_results(
     return written
 
 
-# What a trial decides, as the task metrics say (see autoprec.accuracy): key, label, as a percentage.
+# What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
 DECISIONS = (("equal", "values same"), ("top1", "top-1 same"), ("cer", "CER vs FP32"), ("map50", "mAP50 vs FP32"), ("nn_agreement", "NN same"),
              ("top1_labels", "top-1 vs labels"), ("cer_labels", "CER vs labels"), ("map50_labels", "mAP50 vs labels"))
 

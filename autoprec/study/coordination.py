@@ -32,9 +32,9 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from autoprec.errors import StudyError
-from autoprec.isolation import FileLock, host_lock_folder, private_folder
-from autoprec.model import file_sha256
+from autoprec.analysis.model import file_sha256
+from autoprec.core.errors import StudyError
+from autoprec.measure.isolation import FileLock, host_lock_folder, private_folder
 
 # Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
 # it from ask/tell on purpose (see run_study), so those two notices are not shown to users.
@@ -159,7 +159,9 @@ class StudyLocks:
 
 
 def heartbeat_interval(study: optuna.Study) -> int | None:
-    from optuna.storages._heartbeat import BaseHeartbeat  # Optuna's own check (is_heartbeat_enabled) reads the same
+    from optuna.storages._heartbeat import (
+        BaseHeartbeat,  # Optuna's own check (is_heartbeat_enabled) reads the same
+    )
 
     storage = study._storage
     return storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
@@ -306,41 +308,3 @@ class SharedInputs:
             entries.append({"name": path.name, "sha256": file_sha256(path), "artifact_id": artifact_id,
                             "worker": worker, "store": str(self.store_dir)})
         self.study.set_user_attr(f"{self.ATTR}:{name}", entries)
-
-
-def study_status(study: optuna.Study) -> dict:
-    """Where a shared study stands: trials per worker and state, what is queued, the current front
-    (as the storage holds it: trial latencies, not the final re-timing)."""
-    from autoprec.search import counted, pareto_front
-
-    trials = study.get_trials(deepcopy=False)
-    workers: dict[str, dict[str, int]] = {}
-    for trial in trials:
-        if trial.state == TrialState.WAITING:
-            continue
-        who = trial.user_attrs.get(WORKER_ATTR, {}).get("id", "—")
-        tally = workers.setdefault(who, {"done": 0, "running": 0, "failed": 0, "rejected": 0, "died": 0})
-        if trial.state == TrialState.RUNNING:
-            tally["running"] += 1
-        elif trial.state == TrialState.PRUNED:
-            tally["rejected"] += 1
-        elif trial.state == TrialState.FAIL:
-            tally["failed" if counted(trial) else "died"] += 1
-        else:
-            tally["done"] += 1
-    attrs = study.user_attrs
-    return {
-        "study": study.study_name,
-        "model_sha256": attrs.get("model_sha256"),
-        "backend": attrs.get("backend"),
-        "budget": attrs.get("budget"),
-        "counted": sum(counted(t) for t in trials),
-        "waiting": sum(t.state == TrialState.WAITING for t in trials),
-        "retried": sorted(n for t in trials if (n := retried_trial(t)) is not None),
-        "workers": workers,
-        "front": [
-            {"trial": r.number, "latency_ms": r.latency_ms, "loss": r.loss, "counts": r.plan.counts(),
-             "worker": study.trials[r.number].user_attrs.get(WORKER_ATTR, {}).get("id")}
-            for r in pareto_front(study)
-        ],
-    }

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from autoprec import atomic
-from autoprec.results import ResultFiles
+import numpy as np
+
+from autoprec.core import atomic
+from autoprec.measure.diagnosis import UnitError, culprits
+from autoprec.results.files import ResultFiles
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
 PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
@@ -175,3 +178,40 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
         title = Path(result.pareto["model"]["path"]).name
         written.append(plot_sensitivity(result.sensitivity, title, result.out_dir / "sensitivity.png"))
     return written
+
+
+def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
+    """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
+    adds alone (bars). Bottom: the model's loss with only that unit reduced; the worst five named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def positive(values):  # log axes: zero (an FP32 unit adds nothing) is left out, not floored
+        return [v if v > 0 and math.isfinite(v) else np.nan for v in values]
+
+    x = [r.index for r in rows]
+    colours = [PRECISION_COLOURS[r.precision] if r.precision != "fp32" else "#BBBBBB" for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(min(24, max(9, 0.12 * len(rows) + 4)), 7), dpi=120)
+    top.bar(x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone (fed FP32 inputs)")
+    top.plot(x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2, label="accumulated at its output")
+    top.set_yscale("log")
+    top.set_ylabel("rel. L2 error vs FP32")
+    top.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    top.set_title(title, fontsize=9)
+    bottom.bar(x, positive([r.alone_loss for r in rows]), color=colours)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("model loss, unit alone")
+    for r in culprits(rows):
+        if r.alone_loss > 0:
+            bottom.annotate(r.unit, (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4), ha="center",
+                            fontsize=7, rotation=60, color="tab:red")
+    bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, blue fp16, grey fp32)")
+    for ax in (top, bottom):
+        ax.grid(True, axis="y", alpha=0.3)
+    bottom.margins(y=0.35)
+    fig.tight_layout()
+    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path

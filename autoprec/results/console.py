@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -16,17 +17,16 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from autoprec.engine_layers import EngineLayers
-from autoprec.escape import printable
-from autoprec.measure import MAX_TIMING_SPREAD
-from autoprec.results import ResultFiles, decisions, drifted
-from autoprec.plan import Precision
-from autoprec.search import TrialRecord
-from autoprec.sensitivity import Sensitivity
+from autoprec.backends.tensorrt.layers import EngineLayers
+from autoprec.core.escape import printable
+from autoprec.core.plan import Precision
+from autoprec.measure.measurement import MAX_TIMING_SPREAD
+from autoprec.results.files import ResultFiles, decisions, drifted
+from autoprec.study.search import TrialRecord
+from autoprec.study.sensitivity import Sensitivity
 
 console = Console(stderr=True)
 # Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints holds

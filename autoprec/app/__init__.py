@@ -1,0 +1,1 @@
+"""The verbs as pipelines and the command line."""

@@ -1,0 +1,328 @@
+"""What a verb starts from: the model and data analysed, calibrated and referenced once, or a result re-created as it was searched."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from autoprec.analysis.calibrate import (
+    CALIBRATION_METHODS,
+    ActivationRanges,
+    calibrate,
+    calibration_cache,
+    reference_cache,
+    reference_outputs,
+)
+from autoprec.analysis.data import (
+    Dataset,
+    RandomDataWarning,
+    build_dataset,
+    item_shapes,
+)
+from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.core.errors import AutoprecError, ModelError
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.measure.accuracy import Judge, Metric
+from autoprec.results import console
+from autoprec.results.files import (
+    ResultFiles,
+    load_json,
+    read_result_dir,
+)
+
+
+def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
+    """``--out``, or ``autoprec_out/<default_name>``: never the working directory or a folder above it
+    (an empty ``--out``, or a model file named ``...onnx`` whose stem is ``..``, is not taken for one)."""
+    if out is not None:
+        if not str(out).strip():
+            raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out results/model")
+        return Path(out)
+    name = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in default_name).strip()
+    return Path("autoprec_out") / (name if name.strip(".") else "model")
+
+
+def check_out_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".autoprec-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
+
+
+def resolve_model(
+    model: str | os.PathLike, data: str | os.PathLike | None, shapes: Mapping[str, Sequence[int]] | None
+) -> tuple[Path, str | os.PathLike | None, Mapping[str, Sequence[int]] | None, str]:
+    """A model path, or ``zoo:NAME`` fetched with its own sample data and input shapes (unless given)."""
+    if str(model).startswith("zoo:"):
+        from autoprec import zoo
+
+        fetched = zoo.fetch(str(model))
+        console.note(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
+        return fetched.model, data if data is not None else fetched.data, shapes or fetched.shapes, fetched.name
+    return Path(model), data, shapes, Path(model).stem
+
+
+def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
+    """The task metric a zoo entry declares for its model (computed beside any --metric)."""
+    if str(model).startswith("zoo:"):
+        from autoprec import zoo
+
+        task = zoo.entry(str(model)).task
+        return (task,) if task else ()
+    return ()
+
+
+def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
+    """The metric as this model and data call for it: the tasks the data's labels imply (text: CTC,
+    boxes: detection), and the model's own CTC dictionary (RapidOCR's ``character`` metadata) where
+    ground-truth text needs one and --ctc-charset gave none."""
+    labels = dataset.labels[0] if dataset.labels else {}
+    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection")) if key in labels]
+    metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
+    if "text" in labels and metric.options.charset is None and "character" in info.metadata:
+        metric = replace(metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines())))
+    return metric
+
+
+def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
+    """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
+    lacks: one line, now); with what the result records of it (FP32 against the labels, notes)."""
+    judge = Judge(metric, prepared.reference, prepared.dataset.labels)
+    fp32 = judge.check()
+    notes = judge.notes()
+    for line in notes:
+        console.note(line)
+    if fp32:
+        console.note("FP32 against the data's labels: " + "; ".join(
+            f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
+    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every trial of a search shares: computed once (and cached on disk when a cache is given)."""
+
+    info: ModelInfo
+    dataset: Dataset
+    ranges: ActivationRanges | None  # None when no unit may take INT8
+    reference: list[dict]
+    seconds: dict[str, float]
+
+
+def load_inputs(
+    model_path: Path,
+    space: SearchSpace,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+) -> tuple[ModelInfo, Dataset, dict[str, float]]:
+    """Analyse the model, load and split the data (the seconds each took)."""
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    raw = load_onnx(model_path)
+    given = {k: tuple(v) for k, v in (shapes or {}).items()}
+    info = analyse(model_path, space, given, item_shapes(data, declared_inputs(raw)), model=raw)
+    seconds["analyse"] = time.monotonic() - t0
+    for line in info.notes:
+        console.note(line)
+    console.note(
+        f"{model_path.name}: {len(info.units)} precision units ({len(info.searchable_units)} searched), "
+        f"inputs {', '.join(f'{i.name} {list(i.shape)}' for i in info.inputs)}"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RandomDataWarning)
+        dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std)
+    for w in caught:
+        console.warn(str(w.message))
+    console.note(
+        f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
+    )
+    return info, dataset, seconds
+
+
+def shared_files(info: ModelInfo, dataset: Dataset, cache: Path) -> list[Path]:
+    """The files :func:`prepare_reference` leaves in ``cache``: what workers of one study share."""
+    fingerprint = dataset.fingerprint()
+    calibration = [calibration_cache(info, fingerprint, cache)] if needs_calibration(info) else []
+    return [*calibration, reference_cache(info, fingerprint, cache)]
+
+
+def needs_calibration(info: ModelInfo) -> bool:
+    return any(Precision.INT8 in u.allowed for u in info.searchable_units)
+
+
+def prepare_reference(
+    info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
+) -> Prepared:
+    """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache`` when there."""
+    seconds = dict(seconds)
+    fingerprint = dataset.fingerprint()
+    t0 = time.monotonic()
+    reference = reference_outputs(info, dataset.evaluation, fingerprint, cache)
+    seconds["reference"] = time.monotonic() - t0
+    _check_finite(info, reference)
+    t0 = time.monotonic()
+    ranges = calibrate(info, dataset.calibration, fingerprint, cache) if needs_calibration(info) else None
+    seconds["calibrate"] = time.monotonic() - t0
+    where = f"; cached in {cache}" if cache else ""
+    ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
+    console.note(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
+    return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
+    """An FP32 output that is already NaN or Inf makes every candidate's loss infinite: say so, now."""
+    for i, outputs in enumerate(reference):
+        for name, value in outputs.items():
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                raise ModelError(
+                    f"{info.path}: the FP32 model's own output {name} is NaN or Inf on evaluation batch {i} of the "
+                    "data, so no candidate's accuracy can be measured; check the data and its scaling "
+                    "(--image-mean/--image-std), or the model"
+                )
+
+
+def prepare(
+    model_path: Path,
+    space: SearchSpace,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    cache: Path | None = None,
+) -> Prepared:
+    """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
+    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std), cache)
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
+    try:
+        data = load_json(Path(path))
+        plan = data.get("plan", data)
+        if not isinstance(plan.get("precisions"), dict) or not isinstance(plan.get("calibration", ""), str):
+            raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": method}')
+        return Plan.from_json(plan)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+
+
+def _fits(plan: Plan, info: ModelInfo, where: str) -> Plan:
+    """``plan`` when it names only the model's units, each at a precision the unit may take, and a
+    calibration method autoprec has; else one line saying which."""
+    units = {u.name: u for u in info.units}
+    unknown = [name for name in plan.as_dict() if name not in units]
+    if unknown:
+        raise AutoprecError(f"{where}: names unit(s) {', '.join(unknown[:3])} that {info.path.name} does not have; "
+                            f"give a plan made for this model (its units: {', '.join(list(units)[:3])}, …)")
+    refused = [f"{n} {p}" for n, p in plan.as_dict().items() if p not in units[n].allowed]
+    if refused:
+        raise AutoprecError(f"{where}: puts {', '.join(refused[:3])}, which the search space does not allow there")
+    if plan.calibration not in CALIBRATION_METHODS:
+        raise AutoprecError(f"{where}: calibration {plan.calibration!r} is not one of {', '.join(CALIBRATION_METHODS)}")
+    return plan
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """A plan with the analysis it was measured with: re-created from a result's record, or MODEL + --plan."""
+
+    plan: Plan
+    prepared: Prepared
+    trial: int | None = None  # the result's trial the plan is, where it is one
+
+
+def _recorded(result: ResultFiles, key: str, where: dict, nullable: bool = False):
+    """``where[key]`` of a result's record; one line when an older result does not record it."""
+    if key not in where or (where[key] is None and not nullable):
+        raise AutoprecError(f"{result.out_dir}: its result files do not record {key!r} (written by an older autoprec); "
+                            "rerun the search to re-create, check or export its plans")
+    return where[key]
+
+
+def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
+             shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
+    """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
+    external data included), search space and overrides, input shapes, data split (seed) and
+    normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
+    INT8 scales stay those the search calibrated. Anything that differs is refused with one line."""
+    facts, model = result.pareto["search"], result.pareto["model"]
+    path, sha256 = Path(_recorded(result, "path", model)), _recorded(result, "sha256", model)
+    space = SearchSpace.from_json(_recorded(result, "search_space", facts))
+    recorded_shapes = {name: tuple(spec["shape"]) for name, spec in _recorded(result, "inputs", model).items()}
+    if shapes and {k: tuple(v) for k, v in shapes.items()} != {k: recorded_shapes[k] for k in shapes if k in recorded_shapes}:
+        raise AutoprecError(f"--shape: {result.out_dir} was searched at "
+                            + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in recorded_shapes.items())
+                            + "; its plans are measured at those shapes (search again for others)")
+    norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
+    recorded_data, fingerprint = facts.get("data_path"), _recorded(result, "data_fingerprint", facts)
+    info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
+                                         int(_recorded(result, "seed", facts)), norm["mean"], norm["std"])
+    if info.sha256 != sha256:
+        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
+                            f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
+                            "or search again")
+    same_data = dataset.fingerprint() == fingerprint
+    if data is None and not same_data:
+        raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
+                            "(its content changed): restore it, or pass --data to evaluate on other data")
+    cache = result.out_dir / "cache"
+    calibration_file = _recorded(result, "calibration_file", facts, nullable=True)  # None: no INT8 was searched
+    ranges = None
+    if calibration_file is not None:
+        stored = result.out_dir / calibration_file
+        if stored.is_file():
+            try:
+                ranges = ActivationRanges.load(stored)
+            except (OSError, ValueError, KeyError) as exc:
+                raise AutoprecError(f"{stored}: the search's calibration cannot be read ({exc}); delete it to "
+                                    "calibrate again from the search's data") from None
+        elif same_data:
+            ranges = calibrate(info, dataset.calibration, fingerprint, cache)
+        else:
+            raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
+                                "run without --data (it is calibrated again from the search's data) or search again")
+    reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint(), cache)
+    return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def plan_context(
+    target: str | os.PathLike, plan: str | os.PathLike | None = None, trial: int | None = None,
+    data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+) -> PlanContext:
+    """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
+    (:func:`recreate`); or MODEL + --plan, analysed with the default space on ``data``."""
+    target = Path(target)
+    if not target.is_dir():
+        if plan is None:
+            raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
+        prepared = prepare(target, load_search_space(), data, shapes)
+        return PlanContext(_fits(load_plan(plan), prepared.info, f"--plan {plan}"), prepared)
+    result = read_result_dir(target)
+    if trial is not None:
+        found = result.trial(trial)
+        if found is None:
+            raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
+        chosen, number = Plan.from_json(found["plan"]), trial
+    elif plan is not None:
+        chosen, number = load_plan(plan), None
+    elif result.plan is not None:
+        chosen, number = Plan.from_json(result.plan["plan"]), result.plan["trial"]
+    else:
+        raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
+    prepared = recreate(result, data, shapes)
+    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}" if plan is not None else str(target)), prepared, number)
+

@@ -1,0 +1,464 @@
+"""``autoprec search`` and ``autoprec sensitivity``: model file -> analysis -> calibration -> Optuna study -> result directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import optuna
+
+from autoprec.analysis.calibrate import CALIBRATION_METHODS, calibration_cache
+from autoprec.app.prepare import (
+    Prepared,
+    check_out_dir,
+    declared_tasks,
+    judge_for,
+    load_inputs,
+    metric_for,
+    prepare,
+    prepare_reference,
+    resolve_model,
+    result_dir,
+    shared_files,
+)
+from autoprec.backends import Backend, get_backend
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError, SearchFailed
+from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
+from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure.accuracy import HeadOptions, decision_changes, resolve_metric
+from autoprec.measure.isolation import (
+    FileLock,
+    IsolatedMeasurer,
+    Limits,
+    MeasurerPool,
+    TrialCrash,
+    device_lock_path,
+)
+from autoprec.measure.measurement import (
+    Screen,
+    accuracy_loss,
+    measure,
+    screening_batches,
+    time_interleaved,
+)
+from autoprec.results import console
+from autoprec.results.files import (
+    SearchResult,
+    model_json,
+    plan_ignored,
+    read_result_dir,
+    timing_drift,
+    units_json,
+    write_results,
+)
+from autoprec.results.plots import plot_result_dir
+from autoprec.study.coordination import (
+    DEFAULT_HEARTBEAT,
+    GRACE_BEATS,
+    SharedInputs,
+    StudyLocks,
+    check_storage,
+    default_artifacts,
+    redacted,
+    worker_id,
+)
+from autoprec.study.search import (
+    RETIME_ROUNDS,
+    StudyContext,
+    choose,
+    counted,
+    default_study_name,
+    finished_records,
+    make_sampler,
+    nothing_measured,
+    open_study,
+    rejected_trials,
+    retimed_front,
+    run_warm_started,
+)
+from autoprec.study.sensitivity import (
+    Sensitivity,
+    analyse_sensitivity,
+    cache_key,
+    cached_sensitivity,
+)
+
+
+def search(
+    model: str | os.PathLike,
+    budget: int = 50,
+    data: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    backend: str = "ort-cpu",
+    max_loss: float | None = None,
+    seed: int = 0,
+    storage: str | None = None,
+    study_name: str | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    metric: str = "cosine",
+    search_space: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    calibration: str = DEFAULT_CALIBRATION,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    progress: bool = True,
+    isolate: bool = True,
+    trial_timeout: float = 600.0,
+    trial_memory_gb: float | None = None,
+    precisions: Sequence[str] | None = None,
+    device: int = 0,
+    sampler: str = "tpe",
+    warm_start: bool = True,
+    early_reject: bool = True,
+    build_workers: int | None = None,
+    heartbeat: int = DEFAULT_HEARTBEAT,
+    artifacts: str | os.PathLike | None = None,
+    head: HeadOptions | None = None,
+) -> SearchResult:
+    """Search per-unit precisions for ``model`` and write the result directory.
+
+    Example::
+
+        result = autoprec.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
+        result = autoprec.search("zoo:ppocr-det", budget=50)  # a zoo model, with its own real data
+        print(result.chosen.latency_ms, result.chosen.plan.counts())
+
+    The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
+    same arguments resumes it: finished trials are kept, an interrupted one is re-run.
+
+    Several processes or hosts (one per GPU: ``device``) given the same ``storage`` (PostgreSQL)
+    and ``study_name`` work on one study: ``budget`` is the study's total, a plan is measured
+    once, and the calibration ranges, FP32 reference and sensitivity are computed by the first
+    worker and shared through Optuna's artifact store in ``artifacts`` (a directory every worker
+    reaches; default: beside a SQLite storage, else in this host's autoprec cache). A worker's running
+    trial beats a heartbeat every ``heartbeat`` seconds; one silent for four beats is failed and
+    re-run once by another worker.
+
+    Each candidate is built and measured in a worker process (``isolate``) limited to
+    ``trial_timeout`` seconds and ``trial_memory_gb`` (default 75 % of RAM): a crash, hang or
+    out-of-memory fails that trial, with its cause recorded, and the study goes on.
+
+    ``precisions`` limits what any unit may take (default: those the engine runs faster than
+    FP32; ort-cuda leaves INT8 out). ``device`` is the GPU index for GPU engines.
+
+    The search starts with a sensitivity pass (each unit lowered alone; ``warm_start``) whose
+    ranking seeds the study, then ``sampler`` explores. With ``max_loss``, a candidate whose loss
+    on the first quarter of the evaluation batches is far past the limit is rejected there
+    (``early_reject``): pruned, counted against the budget, kept in the results.
+
+    ``metric`` is the loss the limit constrains: a similarity to the FP32 outputs (cosine, rel_l2,
+    max_abs), a task metric (top1, ctc-text, detection, embedding: what the model decides, as FP32
+    decides it), ``TASK@labels`` (the drop against the data's ground truth), or ``module:function``.
+    Every other metric that applies is recorded beside it; ``head`` says how to decode outputs
+    whose shape does not (CTC blank and dictionary, YOLO layout, thresholds, which output).
+
+    ``build_workers`` worker processes measure candidates side by side: their builds overlap while a
+    device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
+    TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
+    at small batch on the GPU, would disturb the timed candidate).
+    """
+    started = time.monotonic()
+    for option, value in (("--study-name", study_name), ("--artifacts", artifacts), ("--storage", storage)):
+        if value is not None and not str(value).strip():
+            raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
+    if budget < 1:
+        raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
+    if calibration not in (*CALIBRATION_METHODS, "auto"):
+        raise AutoprecError(f"--calibration {calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
+    model_path, data, shapes, default_out = resolve_model(model, data, shapes)
+    out_dir = result_dir(out, default_out)
+    wanted = resolve_metric(metric, declared_tasks(model), head)
+    engine = get_backend(backend, device, out_dir / "cache")
+    workers = _build_workers(build_workers, engine, isolate)
+    space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    check_out_dir(out_dir)
+    for folder in (out_dir, out_dir / "best", out_dir / "cache"):
+        atomic.remove_stale(folder)
+    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std)
+    fingerprint = dataset.fingerprint()
+    metric_used = metric_for(wanted, info, dataset)
+
+    engine_info = engine.info()
+    storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    check_storage(storage_url)
+    name = study_name or default_study_name(model_path, backend)
+    identity = {
+        "model_sha256": info.sha256,
+        "backend": backend,
+        "data": fingerprint,
+        "metric": metric_used.describe(),
+        "units": len(info.units),
+        "calibration": calibration,
+        "max_loss": max_loss,
+        "precisions": searched,
+        "search_space": space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs},
+    }
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    locks = StudyLocks(storage_url, name)
+    # Trials in flight elsewhere too (threads here, or other workers of a --storage): TPE's constant liar.
+    parallel = workers > 1 or storage is not None
+    me = worker_id(device if backend != "ort-cpu" else None)
+    with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
+        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
+        if study.get_trials(deepcopy=False) or "budget" in study.user_attrs:
+            # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
+            study.sampler = make_sampler(sampler, zlib.crc32(f"{seed}:{me}".encode()), parallel)
+        study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+    shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
+    cache = out_dir / "cache"
+    with shared.once(locks, "reference", shared_files(info, dataset, cache), me) as fetched:
+        if fetched:
+            console.note(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
+        prepared = prepare_reference(info, dataset, one_time, cache)
+    ranges = prepared.ranges
+    judge, judged = judge_for(metric_used, prepared)
+    ranking = judge.for_ranking()
+    one_time = dict(prepared.seconds)
+    trials_now = study.get_trials(deepcopy=False)
+    done = sum(counted(t) for t in trials_now)
+    running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
+    if done or running:
+        console.note(f"joining study {name!r}: {done} of {budget} trials done"
+                     + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
+                        f"after {GRACE_BEATS * heartbeat} s without a heartbeat)" if running else ""))
+    screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
+    screened = screening_batches(len(dataset.evaluation))
+    with contextlib.ExitStack() as stack:
+        if isolate:
+            limits = Limits.default(trial_timeout, trial_memory_gb, workers)
+            lock = FileLock(device_lock_path(backend, device)).check()
+            measurers = [
+                stack.enter_context(IsolatedMeasurer(
+                    backend, dataset.evaluation, judge, limits,
+                    out_dir / "cache" / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", device, out_dir / "cache", lock,
+                ))
+                for i in range(workers)
+            ]
+            measurer, pool = measurers[0], MeasurerPool(measurers)
+            t0 = time.monotonic()
+            try:
+                for each in measurers:
+                    each.start()
+            except TrialCrash as exc:
+                raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it more room "
+                                    "(--trial-memory, at least 1 GB) or check the engine's installation") from None
+            one_time["worker_start"] = time.monotonic() - t0
+            time_models = measurer.time_interleaved
+
+            def measure_candidate(model):
+                return pool.measure(model, screen)
+
+            def loss_of(model):
+                return measurer.accuracy_loss(model, screened)
+            memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
+            console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
+            if workers > 1:
+                console.note(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
+                             f"{engine_info.device} one candidate at a time")
+        else:
+            def measure_candidate(model):
+                return measure(engine, model, dataset.evaluation, judge, screen)
+
+            def loss_of(model):
+                return accuracy_loss(engine, model, dataset.evaluation[:screened], ranking)
+
+            def time_models(models, rounds):
+                return time_interleaved(engine, models, dataset.evaluation[0], rounds)
+
+            console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
+        ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss, locks, me)
+        unit_sensitivity, from_cache = None, False
+        if warm_start:
+            if ranking is not judge:
+                console.note(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
+                             "changes few decisions on a quarter of the data: too coarse to rank units by)")
+            with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
+                unit_sensitivity, from_cache = sensitivity_pass(
+                    prepared, engine, loss_of, screened, ranking.metric.describe(), calibration,
+                    out_dir / "sensitivity.json", progress
+                )
+            one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
+        if screen is not None:
+            console.note(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
+                         f"{screen.batches} of {len(dataset.evaluation)} evaluation batches is not timed")
+        console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
+        if engine_info.caveat:
+            console.warn(engine_info.caveat)
+        with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
+            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers)
+        if unit_sensitivity is not None:
+            console.note(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
+                         + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
+                            if slow else ""))
+        trials = finished_records(study)
+        console.note(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
+                     f"× {RETIME_ROUNDS} interleaved rounds")
+        front, retimed = retimed_front(
+            study, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
+        )
+    trials = [retimed.get(t.number, t) for t in trials]
+    chosen = choose(front, max_loss)
+    changed = decision_changes(metric_used, chosen.measurement.metrics) if chosen is not None else []
+    for line in changed:
+        console.warn(f"the chosen plan keeps {metric_used.name} within the limit, but on {line}")
+    search_facts = {
+        "budget": budget,
+        "trials": len(trials),
+        "metric": metric_used.name,
+        **judged,
+        "decision_changes": changed,
+        "timing_drift": timing_drift(trials),
+        "max_loss": max_loss,
+        "seed": seed,
+        "calibration": calibration,
+        "study_name": name,
+        "storage": redacted(storage_url),
+        "data": dataset.source,
+        "data_path": str(Path(data).resolve()) if data is not None else None,
+        "data_fingerprint": fingerprint,
+        "calibration_file": (str(calibration_cache(info, fingerprint, cache).relative_to(out_dir))
+                             if ranges is not None else None),
+        "image_norm": {"mean": list(image_mean), "std": list(image_std)},
+        "random_data": dataset.random,
+        "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
+        "search_space": space.to_json(),
+        "precisions": searched,
+        "left_out": left_out,
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "one_time_seconds": {k: round(v, 3) for k, v in one_time.items()},
+        "sampler": type(study.sampler).__name__,
+        "build_workers": workers,
+        "sensitivity": None if unit_sensitivity is None else {
+            "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
+            "seconds": round(unit_sensitivity.seconds, 2),
+            "from_cache": from_cache, "warm_start_plans": len(warm), "ranked_by": ranking.metric.name,
+        },
+        "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
+        "rejected": rejected_trials(study),
+        "plan_ignored": [t.number for t in trials if plan_ignored(t)],
+    }
+    if search_facts["plan_ignored"]:
+        console.warn(f"{engine_info.engine} did not run some units at their planned precision in trial(s) "
+                     f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
+    result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
+    chosen_model = tensorrt_model = None
+    if chosen is not None:
+        chosen_model = engine.lower(info, chosen.plan, ranges)
+        if engine.qdq_form is not QDQForm.TENSORRT and chosen.plan.counts()["int8"]:
+            tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
+    write_results(result, chosen_model, tensorrt_model)
+    plot_result_dir(read_result_dir(out_dir))
+    if not trials:
+        raise SearchFailed(nothing_measured(study, out_dir))
+    return result
+
+
+def _build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:
+    """How many candidates are measured side by side (see ``search``'s ``build_workers``)."""
+    if requested is not None and requested < 1:
+        raise AutoprecError(f"--build-workers {requested}: must be at least 1")
+    if not isolate:
+        if requested and requested > 1:
+            raise AutoprecError(f"--build-workers {requested} needs worker processes; drop --no-isolation")
+        return 1
+    if requested is None:
+        return engine.default_build_workers
+    if requested > engine.default_build_workers:
+        console.warn(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
+                     "latency (it shares the CPU that runs or launches it); see benchmarks/parallel_builds.py")
+    return requested
+
+
+def sensitivity_pass(
+    prepared: Prepared, engine: Backend, loss_of, batches: int, metric: str, calibration: str, path: Path, progress: bool
+) -> tuple[Sensitivity, bool]:
+    """The sensitivity of every searchable unit, read from ``path`` when it was measured the same way."""
+    method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
+    key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), metric, method, batches)
+    steps = sum(len(u.allowed) - 1 for u in prepared.info.searchable_units)
+    with console.StepProgress("sensitivity", steps, enabled=progress) as bar:
+        found, from_cache = cached_sensitivity(path, key, lambda: analyse_sensitivity(
+            prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
+        ))
+    if from_cache:
+        console.note(f"sensitivity: read from {path} (same model, data, engine and space)")
+    else:
+        console.note(f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s")
+    if found.failed:
+        every = found.failed == found.evaluations
+        console.warn(f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of the one-unit "
+                     f"plans failed (first: {found.first_error})"
+                     + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm start"))
+    return found, from_cache
+
+
+def sensitivity(
+    model: str | os.PathLike,
+    data: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    backend: str = "ort-cpu",
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    metric: str = "cosine",
+    search_space: str | os.PathLike | None = None,
+    overrides: Sequence[str] = (),
+    calibration: str = DEFAULT_CALIBRATION,
+    image_mean: Sequence[float] = (0.0,),
+    image_std: Sequence[float] = (1.0,),
+    precisions: Sequence[str] | None = None,
+    device: int = 0,
+    progress: bool = True,
+    head: HeadOptions | None = None,
+) -> tuple[Sensitivity, Path]:
+    """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
+
+    Writes ``sensitivity.json`` and ``sensitivity.png`` in ``out`` (the same files a search writes
+    there, so a later search with the same settings reuses them).
+    """
+    from autoprec.results.plots import plot_sensitivity
+
+    model_path, data, shapes, default_out = resolve_model(model, data, shapes)
+    out_dir = result_dir(out, default_out)
+    wanted = resolve_metric(metric, declared_tasks(model), head)
+    engine = get_backend(backend, device, out_dir / "cache")
+    if caveat := engine.info().caveat:
+        console.warn(caveat)
+    space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    check_out_dir(out_dir)
+    prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
+    batches = screening_batches(len(prepared.dataset.evaluation))
+    metric_used = metric_for(wanted, prepared.info, prepared.dataset)
+    ranking = judge_for(metric_used, prepared)[0].for_ranking()
+    evaluation = prepared.dataset.evaluation[:batches]
+    found, _ = sensitivity_pass(
+        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, ranking),
+        batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
+    )
+    plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
+    return found, out_dir
+
+
+def _engine_space(
+    space: SearchSpace, engine: Backend, precisions: Sequence[str] | None
+) -> tuple[SearchSpace, list[str], dict[str, str]]:
+    """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
+    if precisions is None:
+        keep = [p for p in Precision if p not in engine.slow_precisions]
+        left_out = {p.value: why for p, why in engine.slow_precisions.items()}
+        for p, why in left_out.items():
+            console.note(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+    else:
+        keep = list(parse_precisions(list(precisions), "--precisions"))
+        left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
+        for p in keep:
+            if p in engine.slow_precisions:
+                console.warn(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
+    searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
+    return space.restricted(keep), searched, left_out
+

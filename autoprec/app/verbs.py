@@ -1,0 +1,171 @@
+"""The verbs that start from a saved plan or result: diagnose, ranges, check, export, status."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import onnx
+import optuna
+
+from autoprec.analysis.calibrate import (
+    CALIBRATION_METHODS,
+)
+from autoprec.app.prepare import (
+    judge_for,
+    metric_for,
+    plan_context,
+    prepare,
+    resolve_model,
+    result_dir,
+)
+from autoprec.backends import get_backend
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.search_space import load_search_space
+from autoprec.export.tensorrt import BuildSpec
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure.accuracy import HeadOptions, resolve_metric
+from autoprec.measure.measurement import measure
+from autoprec.results.files import (
+    json_safe,
+    read_result_dir,
+)
+from autoprec.study.coordination import (
+    StudyLocks,
+    check_storage,
+    redacted,
+    without_password,
+)
+
+
+def diagnose_plan(
+    target: str | os.PathLike,
+    plan: str | os.PathLike | None = None,
+    trial: int | None = None,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    backend: str = "ort-cpu",
+    batches: int = 4,
+    out: str | os.PathLike | None = None,
+) -> tuple[list, Path]:
+    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis)."""
+    from autoprec.measure.diagnosis import diagnose
+    from autoprec.results.plots import plot_errors
+
+    context = plan_context(target, plan, trial, data, shapes)
+    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
+    engine = get_backend(backend)
+    rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
+    out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
+    label = f"trial {trial}" if trial is not None else "plan"
+    atomic.write_json(out_dir / "diagnosis.json", json_safe({
+        "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
+        "batches": min(batches, len(prepared.dataset.evaluation)), "units": [r.to_json() for r in rows],
+    }))
+    title = f"{model_path.name} · {label} ({found.counts()['int8']} int8 / {found.counts()['fp16']} fp16) · {engine.info().label()}"
+    plot_errors(rows, title, out_dir / "error_by_layer.png")
+    return rows, out_dir
+
+
+def activation_report(
+    model: str | os.PathLike, data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    entropy: bool = False, image_mean: Sequence[float] = (0.0,), image_std: Sequence[float] = (1.0,),
+) -> list[dict]:
+    """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges)."""
+    from autoprec.measure.diagnosis import FAST_METHODS, activation_ranges
+
+    model_path, data, shapes, _ = resolve_model(model, data, shapes)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, image_mean, image_std)
+    methods = CALIBRATION_METHODS if entropy else FAST_METHODS
+    return activation_ranges(prepared.info, prepared.ranges, methods)
+
+
+def check_plan(
+    target: str | os.PathLike,
+    plan: str | os.PathLike | None,
+    max_loss: float,
+    latency_budget_ms: float | None = None,
+    data: str | os.PathLike | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    backend: str = "ort-cpu",
+    metric: str = "cosine",
+    head: HeadOptions | None = None,
+) -> dict:
+    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits."""
+    wanted = resolve_metric(metric, (), head)
+    context = plan_context(target, plan, None, data, shapes)
+    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
+    engine = get_backend(backend)
+    judge, _ = judge_for(metric_for(wanted, prepared.info, prepared.dataset), prepared)
+    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation, judge)
+    failures = []
+    if not result.loss <= max_loss:
+        failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
+    if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
+        failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
+    return {
+        "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
+        "metric": wanted.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "measurement": result.to_json(), "plan": found.to_json(),
+    }
+
+
+def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) -> tuple[onnx.ModelProto, str, str]:
+    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again)."""
+    result = read_result_dir(result_dir)
+    stem = Path(result.pareto["model"]["path"]).stem
+    engine = result.pareto["engine"]
+    if trial is None:
+        if result.plan is None:
+            raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+        note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
+        return onnx.load(str(Path(result_dir) / "best" / "model.onnx")), note, stem
+    context = plan_context(result_dir, trial=trial)
+    model = lower_plan(context.prepared.info, context.plan, context.prepared.ranges, QDQForm(engine["qdq_form"]))
+    return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem
+
+
+def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
+    """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
+    TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
+    from autoprec.backends.tensorrt import (
+        stamp_plan,  # the TensorRT backend module only where TensorRT is meant
+    )
+
+    result = read_result_dir(result_dir)
+    context = plan_context(result_dir, trial=trial)
+    prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
+    fp32 = result.pareto.get("uniform", {}).get("fp32")
+    return BuildSpec(
+        name=model_path.stem, original_model=model_path,
+        model=stamp_plan(lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), prepared.info, plan),
+        plan=plan, info=prepared.info,
+        ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
+        engine=result.pareto["engine"], search=result.pareto["search"],
+    )
+
+
+def study_status(storage: str, study_name: str) -> dict:
+    """A (shared) study as its storage holds it (see :func:`autoprec.study.status.study_status`). Reads
+    only: a missing SQLite file is refused, not created."""
+    from autoprec.study.status import study_status as status_of
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_storage(storage, existing=True)
+    locks = StudyLocks(storage, study_name)
+    try:
+        # not while a worker creates the schema; a study no worker ever locked has none being made
+        with locks.hold("identity") if locks.ever_held else contextlib.nullcontext():
+            study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise StudyError(f"no study {study_name!r} in {redacted(storage)}; see the --study-name a search printed") from None
+    except AutoprecError:
+        raise
+    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
+        first = without_password((str(exc).strip().splitlines() or [""])[0], storage)
+        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first})") from None
+    return status_of(study)
+
