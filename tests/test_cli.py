@@ -9,7 +9,9 @@ import onnxruntime as ort
 import optuna
 import pytest
 
+import autoprec
 from autoprec.app.cli import main
+from autoprec.core.errors import AutoprecError
 
 
 def run_cli(*args, cwd=None):
@@ -133,3 +135,20 @@ def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, ml
     err = capsys.readouterr().err
     assert "study 'team-study'" in err and "model_sha256" in err and "use another --study-name" in err
     assert len(optuna.load_study(study_name="team-study", storage=storage).trials) == before  # nothing mixed in
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("budget", 0, "--budget 0: must be at least 1 (the number of trials to run)"),
+    ("heartbeat", -2, "--heartbeat -2: must be at least 1"),
+    ("trial_timeout", 0.0, "--trial-timeout 0.0: must be more than 0"),
+    ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
+])
+def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(tmp_path, conv_model, capsys, option, value, said):
+    """One check (SearchConfig) for both ways in, before any work: nothing is written."""
+    out = tmp_path / "out"
+    with pytest.raises(AutoprecError) as refused:
+        autoprec.search(conv_model, out=out, **{option: value})
+    assert str(refused.value) == said
+    assert main(["search", str(conv_model), "--out", str(out), f"--{option.replace('_', '-')}", str(value)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"autoprec: error: {said}"
+    assert not out.exists()

@@ -53,7 +53,6 @@ def _number(convert, acceptable, requirement: str):
     return parse
 
 
-_trials = _number(int, lambda v: v >= 1, "must be at least 1 (the number of trials to run)")
 _count = _number(int, lambda v: v >= 1, "must be at least 1")
 _positive_float = _number(float, lambda v: v > 0, "must be more than 0")
 _loss = _number(float, lambda v: v >= 0, "must be a loss of 0 or more, e.g. 0.01")
@@ -85,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
     _model_arguments(s, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "search")
-    s.add_argument("--budget", type=_trials, default=50, help="number of trials (default 50)")
-    s.add_argument("--max-loss", type=_loss, help="accuracy-loss limit: the chosen plan is the fastest within it")
+    s.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
+    s.add_argument("--max-loss", type=float, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
     s.add_argument("--sampler", default="tpe", choices=SAMPLERS,
                    help="Optuna sampler after the warm start (default tpe: multi-objective TPE; gp needs torch)")
@@ -101,14 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Optuna artifact store where the first worker leaves calibration, reference and sensitivity "
                         "for the others (default: beside a SQLite storage, else ~/.cache/autoprec/artifacts; "
                         "across hosts: a shared directory)")
-    s.add_argument("--heartbeat", type=_count, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
+    s.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
                    help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats (dead worker) is re-run "
                         f"once by another worker (default {DEFAULT_HEARTBEAT})")
-    s.add_argument("--trial-timeout", type=_positive_float, default=600.0, metavar="SECONDS",
+    s.add_argument("--trial-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="time limit to build and measure one candidate (default 600)")
-    s.add_argument("--trial-memory", type=_positive_float, metavar="GB",
+    s.add_argument("--trial-memory", type=float, metavar="GB",
                    help="memory limit of the worker measuring candidates (default 75%% of RAM)")
-    s.add_argument("--build-workers", type=_count, metavar="N",
+    s.add_argument("--build-workers", type=int, metavar="N",
                    help="worker processes measuring candidates side by side: builds overlap, evaluation and timing "
                         "take the device one at a time (default 2 on tensorrt, 1 on ONNX Runtime)")
     s.add_argument("--no-isolation", action="store_true",
@@ -593,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
              "inspect": _inspect}
     if not args.verbose:
         _quiet()
+    console.show_log()
     try:
         return verbs[args.verb](args)
     except KeyboardInterrupt:

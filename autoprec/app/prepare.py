@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -30,12 +31,13 @@ from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.measure.accuracy import Judge, Metric
-from autoprec.results import console
 from autoprec.results.files import (
     ResultFiles,
     load_json,
     read_result_dir,
 )
+
+log = logging.getLogger("autoprec")
 
 
 def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
@@ -67,7 +69,7 @@ def resolve_model(
         from autoprec import zoo
 
         fetched = zoo.fetch(str(model))
-        console.note(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
+        log.info(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
         return fetched.model, data if data is not None else fetched.data, shapes or fetched.shapes, fetched.name
     return Path(model), data, shapes, Path(model).stem
 
@@ -101,9 +103,9 @@ def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
     fp32 = judge.check()
     notes = judge.notes()
     for line in notes:
-        console.note(line)
+        log.info(line)
     if fp32:
-        console.note("FP32 against the data's labels: " + "; ".join(
+        log.info("FP32 against the data's labels: " + "; ".join(
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
     return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes}
 
@@ -136,8 +138,8 @@ def load_inputs(
     info = analyse(model_path, space, given, item_shapes(data, declared_inputs(raw)), model=raw)
     seconds["analyse"] = time.monotonic() - t0
     for line in info.notes:
-        console.note(line)
-    console.note(
+        log.info(line)
+    log.info(
         f"{model_path.name}: {len(info.units)} precision units ({len(info.searchable_units)} searched), "
         f"inputs {', '.join(f'{i.name} {list(i.shape)}' for i in info.inputs)}"
     )
@@ -145,8 +147,8 @@ def load_inputs(
         warnings.simplefilter("always", RandomDataWarning)
         dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std)
     for w in caught:
-        console.warn(str(w.message))
-    console.note(
+        log.warning(str(w.message))
+    log.info(
         f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
     )
     return info, dataset, seconds
@@ -178,7 +180,7 @@ def prepare_reference(
     seconds["calibrate"] = time.monotonic() - t0
     where = f"; cached in {cache}" if cache else ""
     ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
-    console.note(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
+    log.info(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import zlib
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 
-from autoprec.analysis.calibrate import CALIBRATION_METHODS, calibration_cache
+from autoprec.analysis.calibrate import calibration_cache
+from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
     check_out_dir,
@@ -41,11 +43,11 @@ from autoprec.measure.isolation import (
     device_lock_path,
 )
 from autoprec.measure.measurement import (
+    InProcessMeasurer,
+    Measurer,
     Screen,
     accuracy_loss,
-    measure,
     screening_batches,
-    time_interleaved,
 )
 from autoprec.results import console
 from autoprec.results.files import (
@@ -59,7 +61,6 @@ from autoprec.results.files import (
 )
 from autoprec.results.plots import plot_result_dir
 from autoprec.study.coordination import (
-    DEFAULT_HEARTBEAT,
     GRACE_BEATS,
     SharedInputs,
     StudyLocks,
@@ -89,39 +90,12 @@ from autoprec.study.sensitivity import (
     cached_sensitivity,
 )
 
+log = logging.getLogger("autoprec")
 
-def search(
-    model: str | os.PathLike,
-    budget: int = 50,
-    data: str | os.PathLike | None = None,
-    out: str | os.PathLike | None = None,
-    backend: str = "ort-cpu",
-    max_loss: float | None = None,
-    seed: int = 0,
-    storage: str | None = None,
-    study_name: str | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    metric: str = "cosine",
-    search_space: str | os.PathLike | None = None,
-    overrides: Sequence[str] = (),
-    calibration: str = DEFAULT_CALIBRATION,
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
-    progress: bool = True,
-    isolate: bool = True,
-    trial_timeout: float = 600.0,
-    trial_memory_gb: float | None = None,
-    precisions: Sequence[str] | None = None,
-    device: int = 0,
-    sampler: str = "tpe",
-    warm_start: bool = True,
-    early_reject: bool = True,
-    build_workers: int | None = None,
-    heartbeat: int = DEFAULT_HEARTBEAT,
-    artifacts: str | os.PathLike | None = None,
-    head: HeadOptions | None = None,
-) -> SearchResult:
-    """Search per-unit precisions for ``model`` and write the result directory.
+
+def search(model: str | os.PathLike, **options: Any) -> SearchResult:
+    """Search per-unit precisions for ``model`` and write the result directory. ``options`` are
+    :class:`~autoprec.app.config.SearchConfig`'s fields, checked once there.
 
     Example::
 
@@ -163,14 +137,20 @@ def search(
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
     at small batch on the GPU, would disturb the timed candidate).
     """
+    return run_search(SearchConfig(model=model, **options).checked())
+
+
+def run_search(config: SearchConfig) -> SearchResult:
+    """:func:`search` for a checked configuration."""
     started = time.monotonic()
-    for option, value in (("--study-name", study_name), ("--artifacts", artifacts), ("--storage", storage)):
-        if value is not None and not str(value).strip():
-            raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
-    if budget < 1:
-        raise AutoprecError(f"--budget {budget}: must be at least 1 (the number of trials to run)")
-    if calibration not in (*CALIBRATION_METHODS, "auto"):
-        raise AutoprecError(f"--calibration {calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
+    model, budget, data, out = config.model, config.budget, config.data, config.out
+    backend, max_loss, seed, storage = config.backend, config.max_loss, config.seed, config.storage
+    study_name, shapes, metric, search_space = config.study_name, config.shapes, config.metric, config.search_space
+    overrides, calibration, image_mean, image_std = config.overrides, config.calibration, config.image_mean, config.image_std
+    progress, isolate, trial_timeout, trial_memory_gb = config.progress, config.isolate, config.trial_timeout, config.trial_memory_gb
+    precisions, device, sampler, warm_start = config.precisions, config.device, config.sampler, config.warm_start
+    early_reject, build_workers, heartbeat, artifacts = config.early_reject, config.build_workers, config.heartbeat, config.artifacts
+    head = config.head
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
     wanted = resolve_metric(metric, declared_tasks(model), head)
@@ -215,7 +195,7 @@ def search(
     cache = out_dir / "cache"
     with shared.once(locks, "reference", shared_files(info, dataset, cache), me) as fetched:
         if fetched:
-            console.note(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
+            log.info(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
         prepared = prepare_reference(info, dataset, one_time, cache)
     ranges = prepared.ranges
     judge, judged = judge_for(metric_used, prepared)
@@ -225,7 +205,7 @@ def search(
     done = sum(counted(t) for t in trials_now)
     running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
     if done or running:
-        console.note(f"joining study {name!r}: {done} of {budget} trials done"
+        log.info(f"joining study {name!r}: {done} of {budget} trials done"
                      + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
                         f"after {GRACE_BEATS * heartbeat} s without a heartbeat)" if running else ""))
     screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
@@ -241,7 +221,7 @@ def search(
                 ))
                 for i in range(workers)
             ]
-            measurer, pool = measurers[0], MeasurerPool(measurers)
+            measurer: Measurer = MeasurerPool(measurers)
             t0 = time.monotonic()
             try:
                 for each in measurers:
@@ -250,64 +230,49 @@ def search(
                 raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it more room "
                                     "(--trial-memory, at least 1 GB) or check the engine's installation") from None
             one_time["worker_start"] = time.monotonic() - t0
-            time_models = measurer.time_interleaved
-
-            def measure_candidate(model):
-                return pool.measure(model, screen)
-
-            def loss_of(model):
-                return measurer.accuracy_loss(model, screened)
             memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
-            console.note(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
+            log.info(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
             if workers > 1:
-                console.note(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
+                log.info(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
                              f"{engine_info.device} one candidate at a time")
         else:
-            def measure_candidate(model):
-                return measure(engine, model, dataset.evaluation, judge, screen)
-
-            def loss_of(model):
-                return accuracy_loss(engine, model, dataset.evaluation[:screened], ranking)
-
-            def time_models(models, rounds):
-                return time_interleaved(engine, models, dataset.evaluation[0], rounds)
-
-            console.warn("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
-        ctx = StudyContext(info, engine, ranges, measure_candidate, calibration, max_loss, locks, me)
+            measurer = InProcessMeasurer(engine, dataset.evaluation, judge)
+            log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
+        ctx = StudyContext(info, engine, ranges, lambda model: measurer.measure(model, screen), calibration, max_loss, locks, me)
         unit_sensitivity, from_cache = None, False
         if warm_start:
             if ranking is not judge:
-                console.note(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
+                log.info(f"sensitivity: units are ranked by their cosine loss (the constraint, {metric_used.name}, "
                              "changes few decisions on a quarter of the data: too coarse to rank units by)")
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, loss_of, screened, ranking.metric.describe(), calibration,
+                    prepared, engine, lambda model: measurer.accuracy_loss(model, screened), screened, ranking.metric.describe(), calibration,
                     out_dir / "sensitivity.json", progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
         if screen is not None:
-            console.note(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
+            log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
                          f"{screen.batches} of {len(dataset.evaluation)} evaluation batches is not timed")
-        console.note(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
+        log.info(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
         if engine_info.caveat:
-            console.warn(engine_info.caveat)
+            log.warning(engine_info.caveat)
         with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
             warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers)
         if unit_sensitivity is not None:
-            console.note(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
+            log.info(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
                          + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
         trials = finished_records(study)
-        console.note(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
+        log.info(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
                      f"× {RETIME_ROUNDS} interleaved rounds")
         front, retimed = retimed_front(
-            study, lambda plans: time_models([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
+            study, lambda plans: measurer.time_interleaved([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
         )
     trials = [retimed.get(t.number, t) for t in trials]
     chosen = choose(front, max_loss)
     changed = decision_changes(metric_used, chosen.measurement.metrics) if chosen is not None else []
     for line in changed:
-        console.warn(f"the chosen plan keeps {metric_used.name} within the limit, but on {line}")
+        log.warning(f"the chosen plan keeps {metric_used.name} within the limit, but on {line}")
     search_facts = {
         "budget": budget,
         "trials": len(trials),
@@ -345,7 +310,7 @@ def search(
         "plan_ignored": [t.number for t in trials if plan_ignored(t)],
     }
     if search_facts["plan_ignored"]:
-        console.warn(f"{engine_info.engine} did not run some units at their planned precision in trial(s) "
+        log.warning(f"{engine_info.engine} did not run some units at their planned precision in trial(s) "
                      f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
     chosen_model = tensorrt_model = None
@@ -362,16 +327,12 @@ def search(
 
 def _build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:
     """How many candidates are measured side by side (see ``search``'s ``build_workers``)."""
-    if requested is not None and requested < 1:
-        raise AutoprecError(f"--build-workers {requested}: must be at least 1")
     if not isolate:
-        if requested and requested > 1:
-            raise AutoprecError(f"--build-workers {requested} needs worker processes; drop --no-isolation")
         return 1
     if requested is None:
         return engine.default_build_workers
     if requested > engine.default_build_workers:
-        console.warn(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
+        log.warning(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
                      "latency (it shares the CPU that runs or launches it); see benchmarks/parallel_builds.py")
     return requested
 
@@ -388,12 +349,12 @@ def sensitivity_pass(
             prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
         ))
     if from_cache:
-        console.note(f"sensitivity: read from {path} (same model, data, engine and space)")
+        log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
     else:
-        console.note(f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s")
+        log.info(f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s")
     if found.failed:
         every = found.failed == found.evaluations
-        console.warn(f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of the one-unit "
+        log.warning(f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of the one-unit "
                      f"plans failed (first: {found.first_error})"
                      + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm start"))
     return found, from_cache
@@ -413,7 +374,7 @@ def sensitivity(
     image_std: Sequence[float] = (1.0,),
     precisions: Sequence[str] | None = None,
     device: int = 0,
-    progress: bool = True,
+    progress: bool = False,
     head: HeadOptions | None = None,
 ) -> tuple[Sensitivity, Path]:
     """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
@@ -428,7 +389,7 @@ def sensitivity(
     wanted = resolve_metric(metric, declared_tasks(model), head)
     engine = get_backend(backend, device, out_dir / "cache")
     if caveat := engine.info().caveat:
-        console.warn(caveat)
+        log.warning(caveat)
     space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
@@ -452,13 +413,13 @@ def _engine_space(
         keep = [p for p in Precision if p not in engine.slow_precisions]
         left_out = {p.value: why for p, why in engine.slow_precisions.items()}
         for p, why in left_out.items():
-            console.note(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+            log.info(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
     else:
         keep = list(parse_precisions(list(precisions), "--precisions"))
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
         for p in keep:
             if p in engine.slow_precisions:
-                console.warn(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
+                log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
     searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
     return space.restricted(keep), searched, left_out
 

@@ -34,6 +34,7 @@ from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
     Measurement,
+    Measurer,
     Rejected,
     Screen,
     accuracy_loss,
@@ -187,7 +188,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-class IsolatedMeasurer:
+class IsolatedMeasurer(Measurer):
     """``measure(model)`` in a worker process, within ``limits``. Use as a context manager."""
 
     def __init__(
@@ -305,17 +306,30 @@ class IsolatedMeasurer:
         self.close()
 
 
-class MeasurerPool:
-    """Several workers behind one ``measure``: each call takes a free worker (thread-safe)."""
+class MeasurerPool(Measurer):
+    """Several workers behind one measurer: each call takes a free worker (thread-safe)."""
 
     def __init__(self, measurers: Sequence[IsolatedMeasurer]):
         self.free: queue.Queue[IsolatedMeasurer] = queue.Queue()
         for measurer in measurers:
             self.free.put(measurer)
 
-    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+    @contextlib.contextmanager
+    def _worker(self):
         measurer = self.free.get()
         try:
-            return measurer.measure(model, screen)
+            yield measurer
         finally:
             self.free.put(measurer)
+
+    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+        with self._worker() as measurer:
+            return measurer.measure(model, screen)
+
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+        with self._worker() as measurer:
+            return measurer.accuracy_loss(model, batches)
+
+    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+        with self._worker() as measurer:
+            return measurer.time_interleaved(models, rounds)

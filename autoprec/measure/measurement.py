@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
 from dataclasses import dataclass
@@ -162,3 +163,38 @@ def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch:
                     except Exception:  # noqa: BLE001
                         timings[i] = None
     return timings
+
+
+class Measurer(abc.ABC):
+    """Where a search's candidates are measured: :class:`InProcessMeasurer` here, or
+    :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot take down."""
+
+    @abc.abstractmethod
+    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+        """:func:`measure` on the evaluation batches."""
+
+    @abc.abstractmethod
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+        """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity pass ranks
+        units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`)."""
+
+    @abc.abstractmethod
+    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+        """:func:`time_interleaved` on the first evaluation batch."""
+
+
+class InProcessMeasurer(Measurer):
+    """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash ends the search."""
+
+    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge):
+        self.backend, self.batches, self.judge = backend, batches, judge
+        self.ranking = judge.for_ranking()
+
+    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+        return measure(self.backend, model, self.batches, self.judge, screen)
+
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+        return accuracy_loss(self.backend, model, self.batches[:batches], self.ranking)
+
+    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+        return time_interleaved(self.backend, models, self.batches[0], rounds)

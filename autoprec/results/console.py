@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -45,6 +46,21 @@ def note(message: str) -> None:
 
 def warn(message: str) -> None:
     console.print(f"[bold yellow]WARNING[/bold yellow] {escape(printable(message))}", highlight=False)
+
+
+class NoteHandler(logging.Handler):
+    """autoprec's log records as the command line shows them: a dim bullet, or WARNING in yellow."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        (warn if record.levelno >= logging.WARNING else note)(record.getMessage())
+
+
+def show_log() -> None:
+    """The command line shows what the pipeline logs (the Python API only logs: ``logging.getLogger("autoprec")``)."""
+    log = logging.getLogger("autoprec")
+    if not any(isinstance(h, NoteHandler) for h in log.handlers):
+        log.addHandler(NoteHandler())
+    log.setLevel(logging.INFO)
 
 
 class SearchProgress:

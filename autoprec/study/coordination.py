@@ -36,12 +36,6 @@ from autoprec.analysis.model import file_sha256
 from autoprec.core.errors import StudyError
 from autoprec.measure.isolation import FileLock, host_lock_folder, private_folder
 
-# Optuna marks its heartbeat API experimental and expects it under Study.optimize; autoprec drives
-# it from ask/tell on purpose (see run_study), so those two notices are not shown to users.
-warnings.filterwarnings(
-    "ignore", message=r".*(heartbeat_interval|fail_stale_trials|RetryHeartbeatStaleTrialCallback|Heartbeat of storage).*"
-)
-
 # A running trial's worker records a heartbeat this often (seconds); one silent for
 # GRACE_BEATS beats is taken as dead, failed and queued again (once).
 DEFAULT_HEARTBEAT = 10
@@ -99,12 +93,24 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
     """Optuna's RDB storage with heartbeats on: a trial left running by a dead worker is failed
     after ``GRACE_BEATS`` silent beats and queued again once."""
     engine_kwargs = {"pool_pre_ping": True} if url.startswith(("postgresql", "mysql")) else {}
+    _quiet_heartbeat_notices()
     return optuna.storages.RDBStorage(
         url,
         engine_kwargs=engine_kwargs,
         heartbeat_interval=heartbeat,
         grace_period=GRACE_BEATS * heartbeat,
         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+    )
+
+
+def _quiet_heartbeat_notices() -> None:
+    """Optuna marks its heartbeat API experimental and expects heartbeats under ``Study.optimize``;
+    autoprec drives them from ask/tell on purpose (``run_study``), so Optuna's notices about exactly
+    that are not shown: only those messages, only from Optuna's modules, from the moment autoprec
+    switches heartbeats on (not at import)."""
+    warnings.filterwarnings(
+        "ignore", message=r".*(heartbeat_interval|fail_stale_trials|RetryHeartbeatStaleTrialCallback|Heartbeat of storage).*",
+        module="optuna",
     )
 
 
@@ -158,6 +164,9 @@ class StudyLocks:
             yield
 
 
+# Optuna beats only inside Study.optimize; for ask/tell it has no public heartbeat API, so the two
+# functions below use its private heartbeat module and Study._storage (pinned by tests/test_faults.py,
+# which kills workers mid-trial and checks each plan is re-run once).
 def heartbeat_interval(study: optuna.Study) -> int | None:
     from optuna.storages._heartbeat import (
         BaseHeartbeat,  # Optuna's own check (is_heartbeat_enabled) reads the same

@@ -187,7 +187,8 @@ def open_study(
 
 def planned_params(trial: FrozenTrial) -> dict:
     """The plan a trial measures: its suggested parameters, or those it was queued with when it
-    was interrupted before suggesting them."""
+    was interrupted before suggesting them (``enqueue_trial`` keeps them in the system attribute
+    "fixed_params"; Optuna has no public reader for a queued trial's parameters)."""
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
