@@ -20,8 +20,8 @@ from autoprec.study.sensitivity import (
     cached_sensitivity,
     latency_shares,
     unit_times,
-    warm_start_params,
 )
+from autoprec.study.warm_start import warm_start_params
 
 
 @pytest.fixture

@@ -43,9 +43,8 @@ from autoprec.study.coordination import (
 )
 from autoprec.study.sensitivity import (
     Sensitivity,
-    not_faster_than_fp32,
-    warm_start_params,
 )
+from autoprec.study.warm_start import not_faster_than_fp32, warm_start_params
 
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).

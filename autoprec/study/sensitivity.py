@@ -32,17 +32,6 @@ from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
 
-# Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross these
-# multiples of --max-loss (losses of small errors roughly add up), or these fractions of the units
-# when there is no limit.
-LOSS_TARGETS = (0.25, 0.5, 1.0, 2.0)
-UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
-# Where the all-units plan is faster but past --max-loss: plans keeping this many units nearest the
-# input at their widest precision, the rest lowered. An error made early passes through every later
-# layer (Polygraphy's precision bisection walks from there); a coarse task metric may be missed by a
-# single decision that only the first layers fix, which a ranking of one-unit losses need not find.
-LEADING_KEPT = (1, 2, 4)
-
 
 @dataclass(frozen=True)
 class UnitSensitivity:
@@ -248,77 +237,3 @@ def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensit
     if path is not None:
         atomic.write_json(path, {"key": key, **found.to_json()})
     return found, False
-
-
-def faster_than_fp32(uniform: Mapping[str, tuple[float, float]], precision: str) -> bool | None:
-    """Whether the measured all-units plan of ``precision`` (latency ms, loss) beat all-FP32's;
-    None where either was never timed (rejected early, failed)."""
-    timed = [uniform.get(p, (math.nan,))[0] for p in (precision, "fp32")]
-    return timed[0] < timed[1] if all(math.isfinite(t) for t in timed) else None
-
-
-def not_faster_than_fp32(uniform: Mapping[str, tuple[float, float]]) -> list[str]:
-    """Reduced precisions whose measured all-units plan was no faster than all-FP32's."""
-    return [p for p in ("int8", "fp16") if faster_than_fp32(uniform, p) is False]
-
-
-def warm_start_params(
-    info: ModelInfo,
-    sensitivity: Sensitivity,
-    max_loss: float | None,
-    uniform: Mapping[str, tuple[float, float]] | None = None,
-) -> list[dict[str, str]]:
-    """Plans that lower the k least sensitive units (per time saved) to one precision, for several k.
-
-    ``uniform`` holds the measured (latency ms, loss) of the uniform plans ("fp32", "fp16",
-    "int8"). Where a precision's all-units plan is faster than all-FP32, lowering pays on the
-    whole, and units are ranked per share of FP32 time. Where it is not, only the units the
-    profile shows saving time are ranked, per time saved; without a profile, that precision gets
-    no plans. (The profiled savings are not trusted beyond that: ORT's profiler costs time per
-    node and lowering adds nodes, so summed savings can be negative for a plan that times faster.)
-    Where the all-units plan was never timed (rejected early for its loss, or failed), which
-    ranking fits is unknown, so both seed plans.
-    k takes ``UNIT_FRACTIONS`` of the ranked units and, with
-    --max-loss, the k where the predicted loss crosses ``LOSS_TARGETS`` × the limit; where the
-    all-units plan is faster but past the limit, plans keeping the ``LEADING_KEPT`` units nearest
-    the input unlowered join them. Single-unit
-    losses do not simply add up (errors compound), so the prediction is their running sum scaled to
-    the uniform plan's measured loss. Parameters are the study's (searchable units only).
-    """
-    uniform = uniform or {}
-    plans: list[dict[str, str]] = []
-    base = {u.name: u.allowed[-1].value for u in info.searchable_units}
-    for precision in (Precision.INT8, Precision.FP16):
-        faster = faster_than_fp32(uniform, precision.value)
-        for by_gain in ([False, True] if faster is None else [not faster]):
-            if not by_gain or sensitivity.profiled(precision):
-                _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss)
-        measured = uniform.get(precision.value)
-        if faster and max_loss is not None and measured is not None and measured[1] > max_loss:
-            lowerable = [u.name for u in info.searchable_units if precision in u.allowed]
-            for kept in LEADING_KEPT:
-                params = dict(base, **{name: precision.value for name in lowerable[kept:]})
-                if kept < len(lowerable) and params not in plans:
-                    plans.append(params)
-    return plans
-
-
-def _add_prefix_plans(plans: list[dict[str, str]], base: dict[str, str], sensitivity: Sensitivity,
-                      precision: Precision, by_gain: bool, measured: tuple[float, float] | None,
-                      max_loss: float | None) -> None:
-    """Append (once each) the plans lowering the first k units of one ranking to ``precision``."""
-    ranked = [u for u in sensitivity.ranking(precision, by_gain) if math.isfinite(u.cost(precision.value, by_gain))]
-    if not ranked:
-        return
-    counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}
-    if max_loss:
-        running = [0.0]
-        for u in ranked:
-            running.append(running[-1] + u.loss[precision.value])
-        scale = measured[1] / running[-1] if measured and math.isfinite(measured[1]) and running[-1] > 0 else 1.0
-        counts |= {next((k - 1 for k in range(1, len(running)) if scale * running[k] > t * max_loss), len(ranked))
-                   for t in LOSS_TARGETS}
-    for k in sorted(c for c in counts if 0 < c < len(base)):
-        params = dict(base, **{u.unit: precision.value for u in ranked[:k]})
-        if params not in plans:
-            plans.append(params)
