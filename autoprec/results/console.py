@@ -25,7 +25,7 @@ from autoprec.backends.tensorrt.layers import EngineLayers
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
-from autoprec.results.files import ResultFiles, decisions, drifted
+from autoprec.results.files import ResultFiles, decisions, drifted, shown_front
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
@@ -165,20 +165,20 @@ def front_table(pareto: dict[str, Any]) -> Table:
                   title_justify="left")
     for column in ("trial", "ms", "trial p10–p90", "×fp32", plain(f"loss ({pareto['search']['metric']})"), "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), None)
-    fp32_ms = chosen["final_latency_ms"] * versus["speedup"] if versus and chosen else None
-    for t in pareto["front"]:
-        lat, counts = t["latency_ms"], t["plan"]["counts"]
+    front = shown_front(pareto)
+    versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in front if t.number == pareto["chosen"]), None)
+    fp32_ms = chosen.final_ms * versus["speedup"] if versus and chosen else None
+    for t in front:
         table.add_row(
-            str(t["trial"]),
-            f"{t['final_latency_ms']:.3f}" + (" ⚠" if t.get("latency_unstable") else ""),
-            f"{lat['p10_ms']:.3f}–{lat['p90_ms']:.3f}",
-            f"{fp32_ms / t['final_latency_ms']:.2f}" if fp32_ms else "—",
-            _loss(t["accuracy_loss"]),
-            f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
-            Text("chosen", style="bold red") if t["trial"] == pareto["chosen"] else "",
+            str(t.number),
+            f"{t.final_ms:.3f}" + (" ⚠" if t.unstable else ""),
+            f"{t.p10_ms:.3f}–{t.p90_ms:.3f}",
+            f"{fp32_ms / t.final_ms:.2f}" if fp32_ms else "—",
+            _loss(t.loss),
+            t.mix,
+            Text("chosen", style="bold red") if t.number == pareto["chosen"] else "",
         )
-    if any(t.get("latency_unstable") for t in pareto["front"]):
+    if any(t.unstable for t in front):
         table.caption = f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) after re-timing"
         table.caption_justify = "left"
     return table

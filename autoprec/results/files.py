@@ -317,6 +317,44 @@ def validated(document: Any, schema: Any, path: Path) -> Any:
 
 
 @dataclass(frozen=True)
+class ShownTrial:
+    """A trial as every view shows it (terminal, report, plots): read from the result files once, so
+    that no view indexes raw JSON. The final latency is the re-timing rounds' median when the trial was
+    re-timed, else its own; the range behind it is those rounds' span, else its own p10–p90."""
+
+    number: int
+    final_ms: float
+    rounds: tuple[float, ...]
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+    loss: float
+    counts: dict[str, int]
+    metrics: dict[str, dict[str, float]]
+    unstable: bool
+
+    @classmethod
+    def from_json(cls, trial: dict[str, Any]) -> ShownTrial:
+        lat = trial["latency_ms"]
+        return cls(trial["trial"], trial["final_latency_ms"], tuple(trial.get("retimed_ms") or ()), lat["median_ms"],
+                   lat["p10_ms"], lat["p90_ms"], lat["runs"], float(trial["accuracy_loss"]), trial["plan"]["counts"],
+                   trial["metrics"], bool(trial.get("latency_unstable")))
+
+    @property
+    def low_ms(self) -> float:
+        return min(self.rounds) if self.rounds else self.p10_ms
+
+    @property
+    def high_ms(self) -> float:
+        return max(self.rounds) if self.rounds else self.p90_ms
+
+    @property
+    def mix(self) -> str:
+        return f"{self.counts['int8']}/{self.counts['fp16']}/{self.counts['fp32']}"
+
+
+@dataclass(frozen=True)
 class ResultFiles:
     """A result directory as written by a search: what plots, reports and comparisons read."""
 
@@ -332,6 +370,17 @@ class ResultFiles:
 
     def trial(self, number: int) -> dict[str, Any] | None:
         return next((t for t in self.trials["trials"] if t["trial"] == number), None)
+
+    def shown_front(self) -> list[ShownTrial]:
+        return shown_front(self.pareto)
+
+    def shown_trials(self) -> list[ShownTrial]:
+        return [ShownTrial.from_json(t) for t in self.trials["trials"]]
+
+
+def shown_front(pareto: dict[str, Any]) -> list[ShownTrial]:
+    """The front of a pareto.json, as views show it."""
+    return [ShownTrial.from_json(t) for t in pareto["front"]]
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:

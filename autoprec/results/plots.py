@@ -10,21 +10,18 @@ import numpy as np
 
 from autoprec.core import atomic
 from autoprec.measure.diagnosis import UnitError, culprits
-from autoprec.results.files import ResultFiles
+from autoprec.results.files import ResultFiles, ShownTrial, shown_front
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
 PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 
 
-def _point(trial: dict[str, Any]) -> tuple[float, float, float, float] | None:
-    """(latency, loss, bar below, bar above): the final latency, with the re-timing rounds' range as bars
-    when the trial was re-timed, else its own p10–p90."""
-    lat, loss = trial["latency_ms"], float(trial["accuracy_loss"])
-    if not math.isfinite(loss):  # overflowed: unbounded loss, drawn nowhere
+def _point(trial: ShownTrial) -> tuple[float, float, float, float] | None:
+    """(latency, loss, bar below, bar above): the final latency, with the range behind it as bars."""
+    if not math.isfinite(trial.loss):  # overflowed: unbounded loss, drawn nowhere
         return None
-    x = trial["final_latency_ms"]
-    low, high = (min(trial["retimed_ms"]), max(trial["retimed_ms"])) if trial["retimed_ms"] else (lat["p10_ms"], lat["p90_ms"])
-    return x, loss, max(x - low, 0.0), max(high - x, 0.0)
+    x = trial.final_ms
+    return x, trial.loss, max(x - trial.low_ms, 0.0), max(trial.high_ms - x, 0.0)
 
 
 def _pyplot():
@@ -49,17 +46,18 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    points = [p for t in trials["trials"] if (p := _point(t))]
+    shown = [ShownTrial.from_json(t) for t in trials["trials"]]
+    points = [p for t in shown if (p := _point(t))]
     if points:
         ax.scatter([p[0] for p in points], [p[1] for p in points], s=14, color="0.75", label="trials", zorder=1)
-    front = [(t, p) for t in pareto["front"] if (p := _point(t))]
+    front = [(t, p) for t in shown_front(pareto) if (p := _point(t))]
     if front:
         xs, ys = [p[0] for _, p in front], [p[1] for _, p in front]
         ax.errorbar(
             xs, ys, xerr=[[p[2] for _, p in front], [p[3] for _, p in front]], fmt="o-", color="tab:blue",
             ms=5, lw=1.5, capsize=2, label="Pareto front (bars: re-timing rounds' range)", zorder=3,
         )
-    by_number = {t["trial"]: t for t in trials["trials"]}
+    by_number = {t.number: t for t in shown}
     for precision, number in pareto.get("uniform", {}).items():
         p = _point(by_number[number]) if number in by_number else None
         if p:
@@ -67,7 +65,7 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
             ax.scatter([p[0]], [p[1]], s=30, facecolors="none", edgecolors="0.3", zorder=4)
     chosen = by_number.get(pareto.get("chosen"))
     if chosen and (p := _point(chosen)):
-        ax.scatter([p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen['trial']})", zorder=5)
+        ax.scatter([p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen.number})", zorder=5)
     max_loss = pareto["search"].get("max_loss")
     if max_loss is not None:
         ax.axhline(max_loss, color="tab:red", ls="--", lw=1, label=f"--max-loss {max_loss:g}")

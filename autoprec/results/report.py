@@ -72,20 +72,17 @@ def _facts(result: ResultFiles) -> str:
 
 
 def _front(result: ResultFiles) -> str:
-    p = result.pareto
-    outputs = list(p["front"][0]["metrics"]) if p["front"] else []
-    metric_names = sorted({m for t in p["front"] for out in t["metrics"].values() for m in out
-                           if m not in ("nonfinite", "narrow")})
+    front = result.shown_front()
+    outputs = list(front[0].metrics) if front else []
+    metric_names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
     head = ["trial", "final ms", "re-timed rounds ms", "trial median ms", "p10 ms", "p90 ms", "runs", "loss", "int8", "fp16", "fp32"]
     rows = []
-    for t in p["front"]:
-        lat, counts = t["latency_ms"], t["plan"]["counts"]
-        rounds = ", ".join(_num(v, ".4g") for v in t.get("retimed_ms", [])) or "—"
-        cells = [t["trial"], _num(t["final_latency_ms"], ".4g"), rounds, _num(lat["median_ms"], ".4g"),
-                 _num(lat["p10_ms"], ".4g"), _num(lat["p90_ms"], ".4g"),
-                 lat["runs"], _num(t["accuracy_loss"], ".3e"), counts["int8"], counts["fp16"], counts["fp32"]]
-        cells += [_num(t["metrics"][out][m]) if m in t["metrics"][out] else "—" for out in outputs for m in metric_names]
-        cls = ' class="chosen"' if t["trial"] == p["chosen"] else ""
+    for t in front:
+        rounds = ", ".join(_num(v, ".4g") for v in t.rounds) or "—"
+        cells = [t.number, _num(t.final_ms, ".4g"), rounds, _num(t.median_ms, ".4g"), _num(t.p10_ms, ".4g"),
+                 _num(t.p90_ms, ".4g"), t.runs, _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
+        cells += [_num(t.metrics[out][m]) if m in t.metrics[out] else "—" for out in outputs for m in metric_names]
+        cls = ' class="chosen"' if t.number == result.pareto["chosen"] else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     # Two header rows: each output's name once over its metrics, so long tensor names stay readable.
     top = "".join(f'<th rowspan="2">{_e(h)}</th>' for h in head)
