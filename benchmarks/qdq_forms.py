@@ -20,9 +20,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from autoprec.analysis.calibrate import calibrate, reference_outputs
+from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import build_dataset, item_shapes
 from autoprec.analysis.model import analyse, declared_inputs, load_onnx
+from autoprec.analysis.reference import reference_outputs
 from autoprec.backends import get_backend
 from autoprec.core import atomic
 from autoprec.core.plan import Plan, Precision

@@ -8,10 +8,10 @@ from autoprec.analysis.calibrate import (
     _abs_percentile,
     calibrate,
     collected_tensors,
-    reference_outputs,
 )
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
+from autoprec.analysis.reference import reference_outputs
 from autoprec.core.search_space import load_search_space
 
 

@@ -5,9 +5,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from autoprec.analysis.calibrate import calibrate, reference_outputs
+from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
+from autoprec.analysis.reference import reference_outputs
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan

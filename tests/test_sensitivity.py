@@ -28,7 +28,8 @@ from autoprec.study.warm_start import warm_start_params
 def conv_prepared(conv_model, conv_data):
     info = analyse(conv_model, load_search_space())
     dataset = build_dataset(conv_data, info.inputs, seed=0)
-    from autoprec.analysis.calibrate import calibrate, reference_outputs
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.reference import reference_outputs
 
     ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -146,18 +145,14 @@ def collected_tensors(info: ModelInfo) -> list[str]:
     return sorted(names)
 
 
-def _cache_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
+def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
+    """A cache file's name part: the model's and the data's content, and what was computed from them."""
     return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
 
 
 def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
     """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
-    return cache_dir / f"calibration-{_cache_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
-
-
-def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
-    """Where :func:`reference_outputs` keeps the FP32 outputs for this model and data."""
-    return cache_dir / f"reference-{_cache_key(info, fingerprint, 'reference')}.npz"
+    return cache_dir / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
 
 
 def calibrate(
@@ -198,23 +193,3 @@ def calibrate(
     if cache is not None:
         ranges.save(cache)
     return ranges
-
-
-def reference_outputs(
-    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
-) -> list[dict[str, np.ndarray]]:
-    """The prepared FP32 model's outputs on the evaluation batches (ORT CPU: exact FP32)."""
-    names = [o.name for o in info.outputs]
-    cache = reference_cache(info, fingerprint, cache_dir) if cache_dir else None
-    if cache is not None and cache.exists():
-        with np.load(cache, allow_pickle=False) as npz:
-            order = json.loads(str(npz["outputs"]))
-            return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
-    session = cpu_session(info.model)
-    outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
-    if cache is not None:
-        arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
-        for i, out in enumerate(outputs):
-            arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
-        atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
-    return outputs

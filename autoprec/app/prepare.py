@@ -17,8 +17,6 @@ from autoprec.analysis.calibrate import (
     ActivationRanges,
     calibrate,
     calibration_cache,
-    reference_cache,
-    reference_outputs,
 )
 from autoprec.analysis.data import (
     Dataset,
@@ -27,6 +25,7 @@ from autoprec.analysis.data import (
     item_shapes,
 )
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.analysis.reference import reference_cache, reference_outputs
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space

@@ -1,0 +1,39 @@
+"""The FP32 model's own outputs on the evaluation batches: what every candidate is judged against."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from autoprec.analysis.calibrate import content_key
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo, cpu_session
+from autoprec.core import atomic
+
+
+def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
+    """Where :func:`reference_outputs` keeps the FP32 outputs for this model and data."""
+    return cache_dir / f"reference-{content_key(info, fingerprint, 'reference')}.npz"
+
+
+def reference_outputs(
+    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
+) -> list[dict[str, np.ndarray]]:
+    """The prepared FP32 model's outputs on the evaluation batches (ORT CPU: exact FP32)."""
+    names = [o.name for o in info.outputs]
+    cache = reference_cache(info, fingerprint, cache_dir) if cache_dir else None
+    if cache is not None and cache.exists():
+        with np.load(cache, allow_pickle=False) as npz:
+            order = json.loads(str(npz["outputs"]))
+            return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
+    session = cpu_session(info.model)
+    outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
+    if cache is not None:
+        arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
+        for i, out in enumerate(outputs):
+            arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
+        atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
+    return outputs
