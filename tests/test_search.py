@@ -85,8 +85,8 @@ def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(lar
     assert (line is not None) == said
     if said:
         assert f"up to {largest:.0f} %" in line and f"{outside} of 5 plans" in line
-    chosen = {"trial": 3, "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}}, "final_latency_ms": 2.0,
-              "accuracy_loss": 0.001, "metrics": {}}
+    chosen = {"trial": 3, "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}, "precisions": {}}, "final_latency_ms": 2.0,
+              "latency_ms": {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1, "runs": 10, "warmup": 3}, "accuracy_loss": 0.001, "metrics": {}}
     summary = chosen_summary({"search": {"max_loss": 0.01, **search}, "chosen_vs_fp32": None}, chosen)
     assert any(line in row for row in summary) if said else not any("drifted" in row for row in summary)
 

@@ -342,7 +342,7 @@ def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[i
     return model
 
 
-def prepare(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path) -> tuple[onnx.ModelProto, list[str]]:
+def prepare_graph(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path) -> tuple[onnx.ModelProto, list[str]]:
     """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from."""
     notes = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
@@ -484,7 +484,7 @@ def analyse(
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     try:
-        prepared, prep_notes = prepare(raw, fixed, path)
+        prepared, prep_notes = prepare_graph(raw, fixed, path)
         units = find_units(prepared, space)
     except ModelError:
         raise

@@ -25,7 +25,13 @@ from autoprec.backends.tensorrt.layers import EngineLayers
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
-from autoprec.results.files import ResultFiles, decisions, drifted, shown_front
+from autoprec.results.files import (
+    ResultFiles,
+    ShownTrial,
+    decisions,
+    drifted,
+    shown_front,
+)
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
@@ -172,7 +178,7 @@ def front_table(pareto: dict[str, Any]) -> Table:
         table.add_row(
             str(t.number),
             f"{t.final_ms:.3f}" + (" ⚠" if t.unstable else ""),
-            f"{t.p10_ms:.3f}–{t.p90_ms:.3f}",
+            f"{t.timing.p10_ms:.3f}–{t.timing.p90_ms:.3f}",
             f"{fp32_ms / t.final_ms:.2f}" if fp32_ms else "—",
             _loss(t.loss),
             t.mix,
@@ -186,7 +192,7 @@ def front_table(pareto: dict[str, Any]) -> Table:
 
 def decisions_table(pareto: dict[str, Any]) -> Table | None:
     """What each front plan decides (task metrics against FP32 and the labels); None when no output has any."""
-    rows = [(t["trial"], decisions(t["metrics"])) for t in pareto["front"]]
+    rows = [(t.number, decisions(t.metrics)) for t in shown_front(pareto)]
     if not any(said for _, said in rows):
         return None
     table = Table(title="what the front's plans decide, against FP32 (and the data's labels)", title_justify="left")
@@ -221,20 +227,18 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
     if chosen is None:
         return ["no plan was chosen (no trial finished)"]
-    counts, max_loss = chosen["plan"]["counts"], pareto["search"]["max_loss"]
+    shown, max_loss = ShownTrial.from_json(chosen), pareto["search"]["max_loss"]
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
-    lines = [
-        f"chosen: trial {chosen['trial']} ({rule}): {chosen['final_latency_ms']:.3f} ms, "
-        f"loss {_loss(chosen['accuracy_loss'])}, int8/fp16/fp32 = {counts['int8']}/{counts['fp16']}/{counts['fp32']}"
-    ]
+    lines = [f"chosen: trial {shown.number} ({rule}): {shown.final_ms:.3f} ms, loss {_loss(shown.loss)}, "
+             f"int8/fp16/fp32 = {shown.mix}"]
     versus = pareto.get("chosen_vs_fp32")
-    if versus and versus["fp32_trial"] != chosen["trial"]:
+    if versus and versus["fp32_trial"] != shown.number:
         verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
         how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
         lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
     if drift := drifted(pareto["search"]):
         lines.append(f"        ⚠ {drift}")
-    if said := decisions(chosen["metrics"]):
+    if said := decisions(shown.metrics):
         lines.append(f"        decisions: {said}")
     for name, values in (pareto["search"].get("fp32_on_labels") or {}).items():
         lines.append(f"        FP32 against the labels: {decisions({name: values})}")
@@ -287,16 +291,13 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         return f"{e['engine']} {e['version']} {e['provider']}"
 
     def chosen(r: ResultFiles, field: str) -> str:
-        c = r.chosen
+        c = r.shown_chosen()
         if c is None:
             return "—"
         if field == "latency":
-            rounds = ", ".join(f"{v:.3f}" for v in c.get("retimed_ms", []))
-            return f"{c['final_latency_ms']:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
-        if field == "loss":
-            return _loss(c["accuracy_loss"])
-        counts = c["plan"]["counts"]
-        return f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
+            rounds = ", ".join(f"{v:.3f}" for v in c.rounds)
+            return f"{c.final_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
+        return _loss(c.loss) if field == "loss" else c.mix
 
     def speedup(r: ResultFiles) -> str:
         v = r.pareto.get("chosen_vs_fp32")
@@ -305,9 +306,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         return f"{v['speedup']:.2f}× ({'beyond' if v['beyond_timing_noise'] else 'within'} timing noise)"
 
     def uniform(r: ResultFiles, precision: str) -> str:
-        number = r.pareto.get("uniform", {}).get(precision)
-        t = r.trial(number) if number is not None else None
-        return f"{t['final_latency_ms']:.3f} ms, loss {_loss(t['accuracy_loss'])}" if t else "—"
+        t = r.shown_trial(r.pareto.get("uniform", {}).get(precision))
+        return f"{t.final_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
 
     rows = [
         ("model", lambda r: f"{Path(r.pareto['model']['path']).name} ({r.pareto['model']['sha256'][:12]})"),
@@ -320,7 +320,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("chosen latency", lambda r: chosen(r, "latency")),
         ("chosen loss", lambda r: chosen(r, "loss")),
         ("chosen int8/fp16/fp32", lambda r: chosen(r, "counts")),
-        ("chosen decisions", lambda r: decisions(r.chosen["metrics"]) or "—" if r.chosen else "—"),
+        ("chosen decisions", lambda r: decisions(r.shown_chosen().metrics) or "—" if r.chosen else "—"),
         ("FP32 vs labels", lambda r: decisions(r.pareto["search"].get("fp32_on_labels") or {}) or "—"),
         ("chosen vs all-fp32", speedup),
         ("all fp32", lambda r: uniform(r, "fp32")),
@@ -330,7 +330,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     for label, value in rows:
         table.add_row(label, plain(value(a)), plain(value(b)))
     if a.chosen and b.chosen and a.pareto["model"]["sha256"] == b.pareto["model"]["sha256"]:
-        pa, pb = a.chosen["plan"]["precisions"], b.chosen["plan"]["precisions"]
+        pa, pb = a.shown_chosen().precisions, b.shown_chosen().precisions
         differ = [u for u in pa if pa[u] != pb.get(u)]
         shown = ", ".join(f"{u}: {pa[u]}→{pb.get(u)}" for u in differ[:6]) + (" …" if len(differ) > 6 else "")
         table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", plain(shown or "—"))

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import onnx
 
 from autoprec.analysis.model import ModelInfo
-from autoprec.backends.base import EngineInfo, faster_beyond_noise
+from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.study.search import TrialRecord, uniform_trials
@@ -325,29 +325,29 @@ class ShownTrial:
     number: int
     final_ms: float
     rounds: tuple[float, ...]
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    runs: int
+    timing: Timing  # the trial's own timed runs
     loss: float
     counts: dict[str, int]
+    precisions: dict[str, str]
     metrics: dict[str, dict[str, float]]
     unstable: bool
 
     @classmethod
     def from_json(cls, trial: dict[str, Any]) -> ShownTrial:
-        lat = trial["latency_ms"]
-        return cls(trial["trial"], trial["final_latency_ms"], tuple(trial.get("retimed_ms") or ()), lat["median_ms"],
-                   lat["p10_ms"], lat["p90_ms"], lat["runs"], float(trial["accuracy_loss"]), trial["plan"]["counts"],
-                   trial["metrics"], bool(trial.get("latency_unstable")))
+        return cls(trial["trial"], trial["final_latency_ms"], tuple(trial.get("retimed_ms") or ()),
+                   Timing.from_json(trial["latency_ms"]), float(trial["accuracy_loss"]), trial["plan"]["counts"],
+                   trial["plan"]["precisions"], trial["metrics"], bool(trial.get("latency_unstable")))
 
     @property
     def low_ms(self) -> float:
-        return min(self.rounds) if self.rounds else self.p10_ms
+        return min(self.rounds) if self.rounds else self.timing.p10_ms
 
     @property
     def high_ms(self) -> float:
-        return max(self.rounds) if self.rounds else self.p90_ms
+        return max(self.rounds) if self.rounds else self.timing.p90_ms
+
+    def faster_beyond_noise_than(self, other: ShownTrial) -> bool:
+        return faster_beyond_noise(self.rounds, self.timing, other.rounds, other.timing)
 
     @property
     def mix(self) -> str:
@@ -373,6 +373,13 @@ class ResultFiles:
 
     def shown_front(self) -> list[ShownTrial]:
         return shown_front(self.pareto)
+
+    def shown_chosen(self) -> ShownTrial | None:
+        return ShownTrial.from_json(self.chosen) if self.chosen else None
+
+    def shown_trial(self, number: int | None) -> ShownTrial | None:
+        found = self.trial(number) if number is not None else None
+        return ShownTrial.from_json(found) if found else None
 
     def shown_trials(self) -> list[ShownTrial]:
         return [ShownTrial.from_json(t) for t in self.trials["trials"]]

@@ -79,8 +79,9 @@ def _front(result: ResultFiles) -> str:
     rows = []
     for t in front:
         rounds = ", ".join(_num(v, ".4g") for v in t.rounds) or "—"
-        cells = [t.number, _num(t.final_ms, ".4g"), rounds, _num(t.median_ms, ".4g"), _num(t.p10_ms, ".4g"),
-                 _num(t.p90_ms, ".4g"), t.runs, _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
+        lat = t.timing
+        cells = [t.number, _num(t.final_ms, ".4g"), rounds, _num(lat.median_ms, ".4g"), _num(lat.p10_ms, ".4g"),
+                 _num(lat.p90_ms, ".4g"), lat.runs, _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
         cells += [_num(t.metrics[out][m]) if m in t.metrics[out] else "—" for out in outputs for m in metric_names]
         cls = ' class="chosen"' if t.number == result.pareto["chosen"] else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
