@@ -4,7 +4,7 @@ Runs where there is an NVIDIA GPU and onnxruntime-gpu (gpu_payload.sh brings the
 machine that reaches no registry).
 Per zoo model and batch size:
 
-1. a real ``autoprec.study.search`` on ``--backend ort-cuda`` (budget 50, ``--max-loss 0.01``, loss =
+1. a real ``autoprec.search`` on ``--backend ort-cuda`` (budget 50, ``--max-loss 0.01``, loss =
    1 - cosine against the FP32 model's outputs computed on the CPU, INT8 left out as the backend
    declares);
 2. the all-FP32 plan, the all-FP16 plan and the chosen plan built once each and timed in

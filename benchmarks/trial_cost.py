@@ -1,6 +1,6 @@
 """Where a search's time goes: per-trial split and the one-time costs, as the product runs it.
 
-Per zoo model: a real `autoprec.study.search` (worker-process isolation on, default settings, budget 20),
+Per zoo model: a real `autoprec.search` (worker-process isolation on, default settings, budget 20),
 then from its result files: each trial's wall time split into lowering (plan -> ONNX), session
 build, timing, accuracy evaluation (running the evaluation batches and comparing), and other
 (sampling, serialising the candidate to the worker, bookkeeping); the overhead fraction
