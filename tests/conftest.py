@@ -1,3 +1,4 @@
+import logging
 import sys
 from pathlib import Path
 
@@ -9,6 +10,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import builders  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _the_api_logs_and_only_the_cli_shows_it():
+    """The command line installs its handler on autoprec's logger; each test starts without it, so a
+    test of the Python API sees what the API alone does (logs, never prints)."""
+    yield
+    log = logging.getLogger("autoprec")
+    for handler in [h for h in log.handlers if not isinstance(h, logging.NullHandler)]:
+        log.removeHandler(handler)
+    log.setLevel(logging.NOTSET)
 
 
 @pytest.fixture
