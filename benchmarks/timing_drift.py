@@ -32,9 +32,9 @@ RUNS_PER_BLOCK, WARMUP = 100, 20
 
 
 def block_medians(model_path: str, data_path: str, backend: str, blocks: int) -> list[dict]:
-    data = np.load(data_path)
-    batch = {name: data[name][:1] for name in data.files if name in {i.name for i in onnx.load(model_path).graph.input}}
-    with get_backend(backend).prepare(onnx.load(model_path)) as runner:
+    data, model = np.load(data_path), onnx.load(model_path)
+    batch = {name: data[name][:1] for name in data.files if name in {i.name for i in model.graph.input}}
+    with get_backend(backend).prepare(model) as runner:
         runner.run(batch)
         started, rows = time.perf_counter(), []
         for _ in range(blocks):

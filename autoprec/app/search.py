@@ -46,7 +46,6 @@ from autoprec.measure.measurement import (
     InProcessMeasurer,
     Measurer,
     Screen,
-    accuracy_loss,
     screening_batches,
 )
 from autoprec.results import console
@@ -236,7 +235,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                 log.info(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
                              f"{engine_info.device} one candidate at a time")
         else:
-            measurer = InProcessMeasurer(engine, dataset.evaluation, judge)
+            measurer = InProcessMeasurer(engine, dataset.evaluation, judge, ranking)
             log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, lambda model: measurer.measure(model, screen), calibration, max_loss, locks, me)
         unit_sensitivity, from_cache = None, False
@@ -395,10 +394,11 @@ def sensitivity(
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
-    ranking = judge_for(metric_used, prepared)[0].for_ranking()
-    evaluation = prepared.dataset.evaluation[:batches]
+    judge = judge_for(metric_used, prepared)[0]
+    ranking = judge.for_ranking()
+    measurer = InProcessMeasurer(engine, prepared.dataset.evaluation, judge, ranking)
     found, _ = sensitivity_pass(
-        prepared, engine, lambda m: accuracy_loss(engine, m, evaluation, ranking),
+        prepared, engine, lambda m: measurer.accuracy_loss(m, batches),
         batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")

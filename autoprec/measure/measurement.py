@@ -186,9 +186,9 @@ class Measurer(abc.ABC):
 class InProcessMeasurer(Measurer):
     """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash ends the search."""
 
-    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge):
-        self.backend, self.batches, self.judge = backend, batches, judge
-        self.ranking = judge.for_ranking()
+    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge):
+        """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by."""
+        self.backend, self.batches, self.judge, self.ranking = backend, batches, judge, ranking
 
     def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
         return measure(self.backend, model, self.batches, self.judge, screen)

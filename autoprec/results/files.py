@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,7 +61,7 @@ def timing_drift(trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
     """How far each re-timed plan's trial latency lies from its re-timing. A host that drifts between
     the two (a busy neighbour; on a shared GPU host, launch-bound latencies that shift by a third for
     seconds at a time) moves absolute figures; interleaved rounds see it alike, so the choice holds."""
-    pairs = [(t.measurement.latency, statistics.median(t.retimed_ms)) for t in trials if t.retimed_ms]
+    pairs = [(t.measurement.latency, t.latency_ms) for t in trials if t.retimed_ms]  # latency_ms: the re-timed median
     if not pairs:
         return None
     return {
