@@ -11,8 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
+from autoprec.analysis import subgraphs
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo, cpu_session, with_outputs
+from autoprec.analysis.model import ModelInfo, cpu_session
+from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
@@ -139,9 +141,10 @@ class ActivationRanges:
 
 def collected_tensors(info: ModelInfo) -> list[str]:
     """Every tensor a lowering may quantize: unit inputs and the outputs of every node in a unit."""
-    in_units = {n for u in info.units for n in u.nodes}
     names = {t for u in info.units for t in u.activations}
-    names |= {t for node in info.model.graph.node if node.name in in_units for t in node.output if t}
+    for scope, graph in subgraphs.graphs(info.model.graph):
+        in_units = {n for u in info.units if u.scope == scope for n in u.nodes}
+        names |= {t for node in graph.node if node.name in in_units for t in node.output if t}
     return sorted(names)
 
 
@@ -169,14 +172,16 @@ def calibrate(
     cache = calibration_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
         return ActivationRanges.load(cache)
-    session = cpu_session(with_outputs(info.model, names))
+    exposed, read_as = with_outputs(info.model, names)
+    session = cpu_session(exposed)
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
     counts = {n: np.zeros(4, np.int64) for n in names}
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
         for batch in batches:
-            values = session.run(names, batch)
-            collector.collect({n: v.astype(np.float32, copy=False) for n, v in zip(names, values)})
-            for name, value in zip(names, values):
+            # A tensor in an If branch the run did not take reads as empty: it has no values to range.
+            values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
+            collector.collect({n: v.astype(np.float32, copy=False) for n, v in values.items()})
+            for name, value in values.items():
                 magnitude = np.abs(value)
                 counts[name] += (
                     magnitude.size,

@@ -68,6 +68,19 @@ def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[s
     return {}
 
 
+def scalar_values(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
+    """The first item's value of each scalar input the data holds: what a check run of the model
+    is fed (a sample rate of 0 can send it down a branch the data never takes)."""
+    scalars = [i for i in inputs if not i.shape]
+    if path is None or not scalars:
+        return {}
+    files = _files(Path(path))
+    if not all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
+        return {}
+    arrays = _read_arrays(Path(path), files, inputs)
+    return {i.name: arrays[i.name].reshape(len(arrays[i.name]), -1)[0, 0] for i in scalars if arrays[i.name].size}
+
+
 def _files(path: Path) -> list[Path]:
     if not path.exists():
         raise DataError(f"--data {path}: no such file or folder; check the path")
@@ -187,13 +200,17 @@ def load_items(
         items = _read_arrays(path, files, inputs)
     for spec in inputs:
         arr = items[spec.name]
-        want = tuple(spec.shape[1:])
-        if arr.ndim == len(spec.shape) + 1 and arr.shape[1] == 1 and arr.shape[2:] == want:
-            arr = arr.reshape(arr.shape[0], *want)  # items saved with a batch dim of 1
+        want = spec.item_shape
+        axis = spec.batch_axis
+        if axis is not None and arr.ndim == len(spec.shape) + 1 and arr.shape[1 + axis] == 1:
+            arr = arr.reshape(arr.shape[0], *want)  # items saved whole, with a batch dim of 1
         if arr.shape[1:] != want:
+            where = "" if axis in (0, None) else f", batch on axis {axis}"
             raise DataError(
                 f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
-                f"takes {list(want)} per item (input shape {list(spec.shape)}); resize the data or pass --shape"
+                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give arrays of "
+                f"{list(want)} or whole inputs of {list(spec.shape[:axis] if axis is not None else spec.shape)}"
+                f"{'' if axis is None else ' with batch 1'}, stacked along a first axis, or pass --shape"
             )
         if np.dtype(arr.dtype).kind != np.dtype(spec.dtype).kind:
             raise DataError(
@@ -293,30 +310,74 @@ def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
         raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
 
 
+RANDOM_INTEGERS = (0, 100)  # what random data draws integer inputs from, upper bound excluded
+
+
 def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[str, np.ndarray]:
-    """Uniform [0, 1) floats, small non-negative ints: only for trying a model without data."""
+    """Uniform [0, 1) floats, integers in RANDOM_INTEGERS: only for trying a model without data.
+    A scalar integer input (a sample rate, a size, a flag) is a setting, not data: it needs a value."""
     rng = np.random.default_rng(seed)
     items = {}
     for spec in inputs:
-        shape = (count, *spec.shape[1:])
+        shape = (count, *spec.item_shape)
+        if not spec.shape and np.dtype(spec.dtype).kind in "iub":
+            raise DataError(f"input {spec.name} is a {spec.dtype} scalar, which random data cannot choose: pass "
+                            f"--const {spec.name}=VALUE (e.g. the sample rate it expects), or --data with an "
+                            f"{spec.name!r} array")
         if np.dtype(spec.dtype).kind == "f":
             items[spec.name] = rng.random(shape, dtype=np.float32).astype(spec.dtype)
         elif np.dtype(spec.dtype).kind == "b":
             items[spec.name] = rng.random(shape) < 0.5
         else:
-            items[spec.name] = rng.integers(0, 100, shape).astype(spec.dtype)
+            items[spec.name] = rng.integers(*RANDOM_INTEGERS, shape).astype(spec.dtype)
     return items
 
 
+def constant_items(inputs: Sequence[TensorSpec], constants: Mapping[str, float], count: int) -> dict[str, np.ndarray]:
+    """``--const NAME=VALUE``: every item of input NAME holds VALUE (a scalar input's one value per run)."""
+    by_name = {i.name: i for i in inputs}
+    unknown = sorted(set(constants) - set(by_name))
+    if unknown:
+        raise DataError(f"--const {unknown[0]}: the model has no input {unknown[0]}; its inputs are "
+                        f"{', '.join(by_name)}")
+    items = {}
+    for name, value in constants.items():
+        spec = by_name[name]
+        if np.dtype(spec.dtype).kind in "iub" and float(value) != int(value):
+            raise DataError(f"--const {name}={value}: input {name} is {spec.dtype}; give a whole number")
+        items[name] = np.full((count, *spec.item_shape), value, dtype=spec.dtype)
+    return items
+
+
+def batch_size(inputs: Sequence[TensorSpec]) -> int:
+    return next((i.batch for i in inputs if i.batch is not None), 1)
+
+
 def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[Batch]:
-    """Cut items (or their labels) into batches of the model's batch size; a partial last batch is dropped."""
-    size = inputs[0].shape[0]
+    """Cut items (or their labels) into batches of the model's batch size, each input stacked along
+    its batch axis (a scalar input takes its batch's one value); a partial last batch is dropped."""
+    size = batch_size(inputs)
     count = len(next(iter(items.values())))
     if count < size:
         raise DataError(
             f"--data: {count} item(s) cannot fill one batch of {size}; give more items or a smaller batch in --shape"
         )
-    return [{n: np.ascontiguousarray(items[n][i : i + size]) for n in items} for i in range(0, count - size + 1, size)]
+    axes = {i.name: i.batch_axis for i in inputs}
+    batches = []
+    for start in range(0, count - size + 1, size):
+        batch = {}
+        for name, values in items.items():
+            part = values[start : start + size]
+            axis = axes.get(name, 0)
+            if axis is None:
+                if (part != part[0]).any():
+                    raise DataError(f"--data: input {name} takes one value per run, but items {start}-{start + size - 1} "
+                                    f"of one batch differ; give them equal values or a batch of 1 (--shape)")
+                batch[name] = np.array(part[0])  # 0-d: ascontiguousarray would make it 1-d
+            else:
+                batch[name] = np.ascontiguousarray(np.moveaxis(part, 0, axis))
+        batches.append(batch)
+    return batches
 
 
 def build_dataset(
@@ -326,19 +387,29 @@ def build_dataset(
     random_count: int = 8,
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
+    constants: Mapping[str, float] | None = None,
 ) -> Dataset:
-    """Load (or make) the inputs and split the batches: up to half for calibration, the rest for evaluation."""
+    """Load (or make) the inputs and split the batches: up to half for calibration, the rest for evaluation.
+    ``constants`` (``--const``) feed their inputs one value; the data need not hold them."""
+    constants = dict(constants or {})
+    constant_items(inputs, constants, 0)  # an unknown name or a fraction for an integer: said before any data is read
+    fed = [i for i in inputs if i.name not in constants]
     if path is None:
-        warnings.warn(
-            "no --data given: using random inputs. Accuracy numbers then mean little; "
-            "pass --data with real sample inputs",
-            RandomDataWarning,
-            stacklevel=2,
-        )
-        items, source = random_items(inputs, random_count * inputs[0].shape[0], seed), f"random (seed {seed})"
+        if fed:
+            warnings.warn(
+                "no --data given: using random inputs. Accuracy numbers then mean little; "
+                "pass --data with real sample inputs",
+                RandomDataWarning,
+                stacklevel=2,
+            )
+        items, source = random_items(fed, random_count * batch_size(inputs), seed), f"random (seed {seed})"
     else:
-        items, source = load_items(path, inputs, image_mean, image_std), str(path)
-    labels = load_labels(path, inputs, len(next(iter(items.values())))) if path is not None else {}
+        items, source = (load_items(path, fed, image_mean, image_std) if fed else {}), str(path)
+    count = len(next(iter(items.values()))) if items else random_count * batch_size(inputs)
+    items.update(constant_items(inputs, constants, count))
+    if constants:
+        source += " + " + ", ".join(f"{k}={v:g}" for k, v in constants.items())
+    labels = load_labels(path, fed, count) if path is not None else {}
     batches = batch_items(items, inputs)
     truths = batch_items(labels, inputs) if labels else None
     order = np.random.default_rng(seed).permutation(len(batches))

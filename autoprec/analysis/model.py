@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import version_converter
 
+from autoprec.analysis import subgraphs
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace
@@ -22,16 +24,31 @@ MIN_OPSET = 13
 MAX_IR_VERSION = 10
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
 # Integer compute ops of a model quantized already (by ONNX Runtime's quantizer, say).
+RECURRENT_OPS = {"LSTM", "GRU", "RNN"}
 QUANTIZED_OPS = {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear", "MatMulNBits"}
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A model input or output. ``shape`` holds ints, or None/str for dynamic dims."""
+    """A model input or output. ``shape`` holds ints, or None/str for dynamic dims.
+
+    ``batch_axis`` is where items stack into a batch: 0 mostly, 1 for a recurrent state shaped
+    [layers, batch, size], None for a scalar (one value per run).
+    """
 
     name: str
     shape: tuple[int | str | None, ...]
     dtype: str
+    batch_axis: int | None = 0
+
+    @property
+    def item_shape(self) -> tuple:
+        """One item's shape: the shape without the batch axis."""
+        return tuple(d for axis, d in enumerate(self.shape) if axis != self.batch_axis)
+
+    @property
+    def batch(self) -> int | None:
+        return None if self.batch_axis is None else self.shape[self.batch_axis]
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,7 @@ class Unit:
     weight: str | None
     output: str
     allowed: tuple[Precision, ...]
+    scope: tuple[str, ...] = ()  # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
 
     @property
     def searchable(self) -> bool:
@@ -77,6 +95,13 @@ class ModelInfo:
             if u.name == name:
                 return u
         raise KeyError(name)
+
+    def without(self, precisions: Iterable[Precision], names: Iterable[str], note: str) -> ModelInfo:
+        """The same model with ``precisions`` taken from the units ``names``, saying why in ``note``."""
+        names, dropped = set(names), set(precisions)
+        units = tuple(replace(u, allowed=tuple(p for p in u.allowed if p not in dropped)) if u.name in names else u
+                      for u in self.units)
+        return replace(self, units=units, notes=(*self.notes, note))
 
     def plan_at(self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION) -> Plan:
         """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
@@ -177,11 +202,31 @@ def _dims(value_info: onnx.ValueInfoProto) -> tuple[int | str | None, ...]:
 def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
     """The graph's real inputs (initializers excluded), dynamic dims as declared."""
     initializers = {i.name for i in model.graph.initializer}
-    return tuple(
-        TensorSpec(v.name, _dims(v), _dtype(v.type.tensor_type.elem_type))
-        for v in model.graph.input
-        if v.name not in initializers
-    )
+    values = [v for v in model.graph.input if v.name not in initializers]
+    axes = batch_axes([_dims(v) for v in values])
+    return tuple(TensorSpec(v.name, _dims(v), _dtype(v.type.tensor_type.elem_type), axis) for v, axis in zip(values, axes))
+
+
+def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | None]:
+    """Each input's batch axis, read off the declared shapes: the axis carrying the first input's
+    batch dim by name (``batch``), or by size where all are fixed; else, beside a dynamic batch,
+    an input's only dynamic axis (a state [2, ?, 128]); else 0. Scalars have none."""
+    first = next((dims for dims in shapes if dims), None)
+    batch = first[0] if first else None
+    axes: list[int | None] = []
+    for dims in shapes:
+        dynamic = [axis for axis, d in enumerate(dims) if not isinstance(d, int)]
+        if not dims:
+            axes.append(None)
+        elif isinstance(batch, str) and batch in dims:
+            axes.append(dims.index(batch))
+        elif isinstance(batch, int) and dims[0] != batch and batch in dims:
+            axes.append(dims.index(batch))
+        elif not isinstance(batch, int) and isinstance(dims[0], int) and len(dynamic) == 1:
+            axes.append(dynamic[0])
+        else:
+            axes.append(0)
+    return axes
 
 
 def resolve_input_shapes(
@@ -213,19 +258,23 @@ def resolve_input_shapes(
             shapes[spec.name] = shape
             continue
         item = (data_shapes or {}).get(spec.name)
+        if item is not None and len(item) != len(spec.item_shape):
+            item = None
         shape = []
         for axis, dim in enumerate(spec.shape):
+            item_axis = axis if spec.batch_axis is None or axis < spec.batch_axis else axis - 1
             if isinstance(dim, int) and dim > 0:
                 shape.append(dim)
-            elif axis == 0:
+            elif axis == spec.batch_axis:
                 shape.append(1)
                 notes.append(f"input {spec.name}: dynamic batch dim {dim or '?'} set to 1 (use --shape to change)")
-            elif item is not None and len(item) == len(spec.shape) - 1:
-                shape.append(item[axis - 1])
+            elif item is not None:
+                shape.append(item[item_axis])
             else:
-                free = [f"D{a}" for a, d in enumerate(spec.shape) if a > 0 and not (isinstance(d, int) and d > 0)]
+                free = [f"D{a}" for a, d in enumerate(spec.shape) if a != spec.batch_axis and not (isinstance(d, int) and d > 0)]
                 example = "x".join(
-                    str(d) if isinstance(d, int) and d > 0 else ("1" if a == 0 else f"D{a}") for a, d in enumerate(spec.shape)
+                    str(d) if isinstance(d, int) and d > 0 else ("1" if a == spec.batch_axis else f"D{a}")
+                    for a, d in enumerate(spec.shape)
                 )
                 raise ModelError(
                     f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and "
@@ -241,22 +290,21 @@ def _fmt(shape: Sequence) -> str:
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name: units are identified by node name in plans."""
-    seen: set[str] = set()
-    for i, node in enumerate(model.graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{i}" if f"{node.op_type}_{i}" not in seen else f"{node.op_type}_{i}_n"
-        seen.add(node.name)
+    """Give every node a unique name within its graph: units are identified by node name in plans."""
+    for _, graph in subgraphs.graphs(model.graph):
+        seen: set[str] = set()
+        for i, node in enumerate(graph.node):
+            if not node.name or node.name in seen:
+                node.name = f"{node.op_type}_{i}" if f"{node.op_type}_{i}" not in seen else f"{node.op_type}_{i}_n"
+            seen.add(node.name)
 
 
-def _infer(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX's strict shape inference; where it fails on a model that runs, the lenient one."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except onnx.shape_inference.InferenceError as exc:
-        first = str(exc).strip().splitlines()[0][:300]
-        raise ModelError(
-            f"{path}: shape inference fails with the given input shapes ({first}); check --shape"
-        ) from None
+    except onnx.shape_inference.InferenceError:
+        inferred = onnx.shape_inference.infer_shapes(model)
     known = {v.name: v for v in inferred.graph.value_info}
     for out in inferred.graph.output:
         if not out.type.tensor_type.HasField("shape") and out.name in known:
@@ -299,15 +347,6 @@ def _fold_batchnorm(graph: gs.Graph) -> int:
     return folded
 
 
-def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """A copy of ``model`` that also outputs the intermediate tensors ``names``, to read them off a run."""
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    present = {o.name for o in exposed.graph.output}
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
-    return exposed
-
-
 def cpu_session(model: onnx.ModelProto):
     """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference)."""
     import onnxruntime as ort
@@ -317,21 +356,16 @@ def cpu_session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """Shapes static inference could not find are read off one ORT run on zeros."""
+def _fill_shapes_by_running(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """Shapes static inference could not find are read off one ORT run."""
 
     known = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input}
     known |= {o.name for o in model.graph.output if o.type.tensor_type.HasField("shape")}
     missing = [t for n in model.graph.node for t in n.output if t and t not in known]
     if not missing:
         return model
-    session = cpu_session(with_outputs(model, missing))
-    feeds = {
-        i.name: np.zeros(shapes[i.name], dtype=onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
-        for i in model.graph.input
-        if i.name in shapes
-    }
-    values = session.run(missing, feeds)
+    exposed, _ = subgraphs.with_outputs(model, missing)
+    values = cpu_session(exposed).run(missing, dict(feeds))
     by_name = {o.name: o for o in model.graph.output}
     for name, value in zip(missing, values):
         info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
@@ -342,42 +376,154 @@ def _fill_shapes_by_running(model: onnx.ModelProto, shapes: Mapping[str, tuple[i
     return model
 
 
-def prepare_graph(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path) -> tuple[onnx.ModelProto, list[str]]:
-    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from."""
+def check_feeds(inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """What preparation runs the model on: zeros at the given shapes, or the given constant."""
+    constants = constants or {}
+    return {i.name: np.asarray(constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
+            for i in inputs}
+
+
+class _RunCheck:
+    """Runs a model in ONNX Runtime on the check feeds and compares its outputs with the model as given:
+    how preparation knows a step left the model intact."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], path: Path):
+        self.feeds = dict(feeds)
+        try:
+            self.expected = self._run(model)
+        except Exception as exc:  # ORT raises several types; the model is untrusted input
+            raise ModelError(
+                f"{path}: does not run in ONNX Runtime at input shapes "
+                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({_first_line(exc)}); check --shape "
+                "(and --const), or that the model runs in onnxruntime as it is"
+            ) from None
+
+    def _run(self, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, self.feeds)))
+
+    def __call__(self, model: onnx.ModelProto) -> str | None:
+        """None when the model runs and gives the same outputs, else what went wrong."""
+        try:
+            got = self._run(model)
+        except Exception as exc:
+            return _first_line(exc)
+        for name, want in self.expected.items():
+            have = got.get(name)
+            if have is None or have.shape != want.shape:
+                return f"output {name} is {None if have is None else list(have.shape)}, not {list(want.shape)}"
+            if want.dtype.kind == "f" and want.size:
+                scale = float(np.nanmax(np.abs(want))) if np.isfinite(want).any() else 0.0
+                if not np.allclose(have, want, rtol=1e-3, atol=1e-4 * scale + 1e-6, equal_nan=True):
+                    return f"output {name} changed (largest difference {float(np.nanmax(np.abs(have - want))):.3g})"
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    graph = gs.import_onnx(model)
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Variable):
+            tensor.shape = shapes[tensor.name] if tensor.name in shapes else None
+    return _infer(gs.export_onnx(graph))
+
+
+def _fold_constants(model: onnx.ModelProto, flatten_subgraphs: bool) -> onnx.ModelProto:
+    node_count = None
+    for _ in range(8):  # folding exposes shapes, shapes expose more folding
+        graph = gs.import_onnx(model)
+        graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
+        model = _infer(gs.export_onnx(graph))
+        if len(model.graph.node) == node_count:
+            break
+        node_count = len(model.graph.node)
+    return model
+
+
+def _fold_batchnorms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    graph = gs.import_onnx(model)
+    folded = _fold_batchnorm(graph)
+    if not folded:
+        return model, None
+    graph.cleanup().toposort()
+    return _infer(gs.export_onnx(graph)), f"folded {folded} BatchNormalization node(s) into the Conv before them"
+
+
+Step = Callable[[onnx.ModelProto], tuple[onnx.ModelProto, "str | None"]]
+
+
+def prepare_graph(
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
+) -> tuple[onnx.ModelProto, list[str]]:
+    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from.
+
+    The model as given must run in ONNX Runtime on ``feeds``; the prepared one is checked to run
+    and give the same outputs. Where it does not, the steps are taken again one at a time, each
+    checked, and a step that breaks the model is left out with a note naming it.
+    """
+    check = _RunCheck(model, feeds, path)
     notes = []
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
     if opset < MIN_OPSET:
         try:
             model = version_converter.convert_version(model, MIN_OPSET)
+            broken = check(model)
         except Exception as exc:
+            broken = _first_line(exc)
+        if broken:
             raise ModelError(
-                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({exc}); "
+                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({broken}); "
                 f"re-export the model with opset >= {MIN_OPSET}"
-            ) from None
+            )
         notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
-    graph = gs.import_onnx(model)
-    for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Variable):
-            tensor.shape = shapes[tensor.name] if tensor.name in shapes else None
-    model = _infer(gs.export_onnx(graph), path)
-    node_count = None
-    for _ in range(8):  # folding exposes shapes, shapes expose more folding
-        graph = gs.import_onnx(model)
-        graph.fold_constants(error_ok=True).cleanup().toposort()
-        model = _infer(gs.export_onnx(graph), path)
-        if len(model.graph.node) == node_count:
-            break
-        node_count = len(model.graph.node)
-    graph = gs.import_onnx(model)
-    folded = _fold_batchnorm(graph)
-    if folded:
-        graph.cleanup().toposort()
-        notes.append(f"folded {folded} BatchNormalization node(s) into the Conv before them")
-    model = _infer(gs.export_onnx(graph), path)
-    model = _fill_shapes_by_running(model, shapes)
-    model.ir_version = min(max(model.ir_version, 7), MAX_IR_VERSION)
-    _name_nodes(model)
-    onnx.checker.check_model(model)
+    steps: list[tuple[str, Step]] = [
+        ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
+        ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
+        ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+        ("BatchNorm folding", _fold_batchnorms),
+        ("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None)),
+    ]
+    prepared, step_notes = _take_steps(model, steps, None)
+    if check(prepared) is not None:
+        prepared, step_notes = _take_steps(model, steps, check)
+    prepared.ir_version = min(max(prepared.ir_version, 7), MAX_IR_VERSION)
+    _name_nodes(prepared)
+    onnx.checker.check_model(prepared)
+    return prepared, notes + step_notes
+
+
+def _take_steps(model: onnx.ModelProto, steps: list[tuple[str, Step]], check: Callable[[onnx.ModelProto], str | None] | None):
+    """Each step in turn; with a ``check``, one whose result fails it is left out with a note.
+    A step named "X (...)" is the fallback of step "X": taken only where "X" was left out."""
+    notes, taken = [], set()
+    for name, step in steps:
+        base = name.split(" (")[0]
+        if base != name and base in taken:
+            continue
+        try:
+            candidate, note = step(model)
+            broken = check(candidate) if check is not None else None
+        except Exception as exc:  # a library failing on the model: the step is left out
+            broken = _first_line(exc)
+        if broken:
+            notes.append(f"preparation step '{name}' left out: it breaks this model ({broken})")
+            continue
+        model = candidate
+        taken.add(base)
+        if base != name:
+            notes.append(f"took '{name}' instead")
+        if note:
+            notes.append(note)
     return model, notes
 
 
@@ -436,10 +582,17 @@ def _gated_activation(tensor, consumers, graph, fusable) -> list[gs.Node] | None
 
 
 def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
-    """Every node whose op type the search space lists, in graph order, with its fused neighbours."""
-    graph = gs.import_onnx(model)
+    """Every node whose op type the search space lists, in graph order, with its fused neighbours;
+    inside If branches and Loop/Scan bodies too, named by their path (``If_1/then/Conv_3``)."""
+    return tuple(_units_in(gs.import_onnx(model), space, ()))
+
+
+def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> list[Unit]:
     units = []
     for node in graph.nodes:
+        for attribute, value in node.attrs.items():
+            if isinstance(value, gs.Graph):
+                units += _units_in(value, space, (*scope, node.name, attribute))
         if node.op not in space.units:
             continue
         float_inputs = [
@@ -453,18 +606,20 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
         # another float type (float64) would be reported lowered while running unchanged.
         float32 = all(i.dtype is None or np.dtype(i.dtype) == np.float32 for i in float_inputs)
         fused = [] if node.op in space.pinned_fp32 else _fusable_block(node.outputs[0], graph, space)
+        name = subgraphs.label(scope, node.name)
         units.append(
             Unit(
-                name=node.name,
+                name=name,
                 op_type=node.op,
                 nodes=(node.name, *(n.name for n in fused)),
                 activations=activations,
                 weight=weight.name if weight is not None else None,
                 output=(fused[-1] if fused else node).outputs[0].name,
-                allowed=space.allowed(node.name, node.op) if float32 else (Precision.FP32,),
+                allowed=space.allowed(name, node.op) if float32 else (Precision.FP32,),
+                scope=scope,
             )
         )
-    return tuple(units)
+    return units
 
 
 def _output_specs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
@@ -477,23 +632,28 @@ def analyse(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     data_shapes: Mapping[str, tuple[int, ...]] | None = None,
     model: onnx.ModelProto | None = None,
+    constants: Mapping[str, float] | None = None,
 ) -> ModelInfo:
-    """Load (unless given), prepare and analyse a model: the first step of every search."""
+    """Load (unless given), prepare and analyse a model: the first step of every search.
+    ``constants`` are the values of inputs fed one fixed value (``--const``)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
+    inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
+    prepared, prep_notes = prepare_graph(raw, fixed, path, check_feeds(inputs, constants))
     try:
-        prepared, prep_notes = prepare_graph(raw, fixed, path)
         units = find_units(prepared, space)
-    except ModelError:
-        raise
-    except Exception as exc:  # the model is untrusted input: any failure to prepare it is the model's
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+    except Exception as exc:  # the model runs (prepare_graph checked): a failure here is autoprec's
         raise ModelError(
-            f"{path}: cannot be prepared for search ({type(exc).__name__}: {first}); check that it runs "
-            "in onnxruntime as it is, or re-export it"
+            f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers ({type(exc).__name__}: "
+            f"{_first_line(exc)}); please report it with the model"
         ) from None
+    recurrent = [u for u in units if u.op_type in RECURRENT_OPS and not u.searchable]
+    if recurrent:
+        notes.append(f"{len(recurrent)} recurrent unit(s) ({', '.join(sorted({u.op_type for u in recurrent}))}, e.g. "
+                     f"{recurrent[0].name}) kept FP32: autoprec does not lower recurrent ops (their gates and state would "
+                     "need a lowering of their own; ONNX Runtime's CPU kernels for them are float32 only)")
     other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
     if other_floats:
         notes.append(f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
@@ -514,7 +674,7 @@ def analyse(
         path=path,
         sha256=model_sha256(path),
         model=prepared,
-        inputs=tuple(TensorSpec(s.name, fixed[s.name], s.dtype) for s in declared),
+        inputs=inputs,
         outputs=_output_specs(prepared),
         units=units,
         notes=tuple(notes + prep_notes),

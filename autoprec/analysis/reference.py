@@ -11,6 +11,7 @@ import numpy as np
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo, cpu_session
+from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
 
 
@@ -37,3 +38,17 @@ def reference_outputs(
             arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
         atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
     return outputs
+
+
+def units_run(info: ModelInfo, batches: Sequence[Batch]) -> set[str]:
+    """The units a run over ``batches`` computes: all but those in If branches (or Loop bodies) the
+    data never enters, whose precision no measurement on this data could see."""
+    inside = [u for u in info.units if u.scope and u.searchable]
+    ran = {u.name for u in info.units if u not in inside}
+    if not inside:
+        return ran
+    exposed, read_as = with_outputs(info.model, [u.output for u in inside])
+    session = cpu_session(exposed)
+    for batch in batches:
+        ran |= {u.name for u, value in zip(inside, session.run(read_as, batch)) if value.size}
+    return ran

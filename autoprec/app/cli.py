@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -29,6 +30,17 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224") from None
     return name, shape
+
+
+def _constant(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+        if not sep or not name or not math.isfinite(number):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. sr=16000") from None
+    return name, int(number) if number.is_integer() else number
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -227,6 +239,8 @@ def head_options(args: argparse.Namespace):
 
 def _model_arguments(p, backends, metrics, calibrations, default_calibration, verb: str) -> None:
     """What search and sensitivity share: the model, its data and shapes, the engine, the space, the metric."""
+    from autoprec.analysis.data import RANDOM_INTEGERS
+
     p.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
     p.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
@@ -241,6 +255,11 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
                         "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
     p.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
                    help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
+    p.add_argument("--const", action="append", type=_constant, default=[], metavar="NAME=VALUE",
+                   help="feed input NAME this one value on every run, e.g. sr=16000 for a sample-rate scalar "
+                        "(repeatable; the data need not hold it). Random data cannot choose a scalar integer input: "
+                        f"it needs this or --data; other integer inputs are drawn from [{RANDOM_INTEGERS[0]}, "
+                        f"{RANDOM_INTEGERS[1]})")
     p.add_argument("--metric", default="cosine",
                    help=f"the accuracy loss --max-loss constrains: {', '.join(metrics)} (default cosine = 1 - mean cosine "
                         "similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; TASK@labels: "
@@ -265,7 +284,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
         args.model, data=args.data, out=args.out, backend=args.backend, shapes=dict(args.shape), metric=args.metric,
         search_space=args.search_space, overrides=args.override, calibration=args.calibration,
         image_mean=args.image_mean, image_std=args.image_std, precisions=args.precisions, device=args.device,
-        progress=not args.no_progress, head=head_options(args),
+        progress=not args.no_progress, head=head_options(args), constants=dict(args.const),
     )
     if args.json:
         console.stdout.print_json(data=json_safe(found.to_json()))
@@ -295,6 +314,7 @@ def _search(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         image_mean=args.image_mean,
         image_std=args.image_std,
+        constants=dict(args.const),
         progress=not args.no_progress,
         isolate=not args.no_isolation,
         trial_timeout=args.trial_timeout,

@@ -34,6 +34,7 @@ class SearchConfig:
     calibration: str = DEFAULT_CALIBRATION
     image_mean: Sequence[float] = (0.0,)
     image_std: Sequence[float] = (1.0,)
+    constants: Mapping[str, float] | None = None
     progress: bool = False
     isolate: bool = True
     trial_timeout: float = 600.0

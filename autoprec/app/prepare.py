@@ -23,9 +23,10 @@ from autoprec.analysis.data import (
     RandomDataWarning,
     build_dataset,
     item_shapes,
+    scalar_values,
 )
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
-from autoprec.analysis.reference import reference_cache, reference_outputs
+from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
@@ -128,13 +129,16 @@ def load_inputs(
     seed: int = 0,
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
+    constants: Mapping[str, float] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
     """Analyse the model, load and split the data (the seconds each took)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     raw = load_onnx(model_path)
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
-    info = analyse(model_path, space, given, item_shapes(data, declared_inputs(raw)), model=raw)
+    declared = declared_inputs(raw)
+    info = analyse(model_path, space, given, item_shapes(data, declared), model=raw,
+                   constants={**scalar_values(data, declared), **(constants or {})})
     seconds["analyse"] = time.monotonic() - t0
     for line in info.notes:
         log.info(line)
@@ -144,7 +148,7 @@ def load_inputs(
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RandomDataWarning)
-        dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std)
+        dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std, constants=constants)
     for w in caught:
         log.warning(str(w.message))
     log.info(
@@ -175,12 +179,42 @@ def prepare_reference(
     seconds["reference"] = time.monotonic() - t0
     _check_finite(info, reference)
     t0 = time.monotonic()
+    info = pin_idle(info, dataset)
     ranges = calibrate(info, dataset.calibration, fingerprint, cache) if needs_calibration(info) else None
     seconds["calibrate"] = time.monotonic() - t0
+    info = ranged(info, ranges)
     where = f"; cached in {cache}" if cache else ""
     ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
     log.info(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
+
+
+def pin_idle(info: ModelInfo, dataset: Dataset) -> ModelInfo:
+    """``info`` with units the data never runs (in an If branch it does not take) pinned to FP32:
+    their precision would go unmeasured, so it is left as the model came."""
+    ran = units_run(info, (*dataset.calibration, *dataset.evaluation))
+    idle = [u.name for u in info.searchable_units if u.name not in ran]
+    if not idle:
+        return info
+    note = (f"{len(idle)} unit(s) never run on the data (e.g. {idle[0]}, in an If branch it does not take or a loop "
+            "it does not enter): kept FP32, since no measurement could see their precision")
+    log.info(note)
+    return info.without([p for p in Precision if p is not Precision.FP32], idle, note)
+
+
+def ranged(info: ModelInfo, ranges: ActivationRanges | None) -> ModelInfo:
+    """``info`` without INT8 for units calibration never saw run (in an If branch the data never
+    takes): no range to quantize them with, and no run on this data that would show their error."""
+    if ranges is None:
+        return info
+    unseen = [u.name for u in info.searchable_units if Precision.INT8 in u.allowed
+              and not all(t in ranges.tensors for t in u.activations)]
+    if not unseen:
+        return info
+    note = (f"{len(unseen)} unit(s) never ran on the calibration data (e.g. {unseen[0]}, in an If branch the data "
+            "does not take): INT8 left out for them, with no range to quantize by")
+    log.info(note)
+    return info.without((Precision.INT8,), unseen, note)
 
 
 def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
@@ -204,9 +238,10 @@ def prepare(
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
     cache: Path | None = None,
+    constants: Mapping[str, float] | None = None,
 ) -> Prepared:
     """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std), cache)
+    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants), cache)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -271,7 +306,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
     recorded_data, fingerprint = facts.get("data_path"), _recorded(result, "data_fingerprint", facts)
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
-                                         int(_recorded(result, "seed", facts)), norm["mean"], norm["std"])
+                                         int(_recorded(result, "seed", facts)), norm["mean"], norm["std"],
+                                         facts.get("constants"))
     if info.sha256 != sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
                             f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
@@ -297,7 +333,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
             raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
                                 "run without --data (it is calibrated again from the search's data) or search again")
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint(), cache)
-    return Prepared(info, dataset, ranges, reference, seconds)
+    return Prepared(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
 
 
 def plan_context(

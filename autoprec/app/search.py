@@ -131,6 +131,9 @@ def search(model: str | os.PathLike, **options: Any) -> SearchResult:
     Every other metric that applies is recorded beside it; ``head`` says how to decode outputs
     whose shape does not (CTC blank and dictionary, YOLO layout, thresholds, which output).
 
+    ``constants`` feed inputs one fixed value each (``{"sr": 16000}``): a scalar setting such as a
+    sample rate, which random data cannot choose and the data need not hold.
+
     ``build_workers`` worker processes measure candidates side by side: their builds overlap while a
     device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
@@ -149,7 +152,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     progress, isolate, trial_timeout, trial_memory_gb = config.progress, config.isolate, config.trial_timeout, config.trial_memory_gb
     precisions, device, sampler, warm_start = config.precisions, config.device, config.sampler, config.warm_start
     early_reject, build_workers, heartbeat, artifacts = config.early_reject, config.build_workers, config.heartbeat, config.artifacts
-    head = config.head
+    head, constants = config.head, config.constants
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
     wanted = resolve_metric(metric, declared_tasks(model), head)
@@ -159,7 +162,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
-    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std)
+    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants)
     fingerprint = dataset.fingerprint()
     metric_used = metric_for(wanted, info, dataset)
 
@@ -196,7 +199,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         if fetched:
             log.info(f"study {name!r}: calibration ranges and FP32 reference from its artifact store ({shared.store_dir})")
         prepared = prepare_reference(info, dataset, one_time, cache)
-    ranges = prepared.ranges
+    info, ranges = prepared.info, prepared.ranges  # info: with the units the data never runs pinned
     judge, judged = judge_for(metric_used, prepared)
     ranking = judge.for_ranking()
     one_time = dict(prepared.seconds)
@@ -290,6 +293,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         "calibration_file": (str(calibration_cache(info, fingerprint, cache).relative_to(out_dir))
                              if ranges is not None else None),
         "image_norm": {"mean": list(image_mean), "std": list(image_std)},
+        "constants": dict(constants or {}),
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.to_json(),
@@ -375,6 +379,7 @@ def sensitivity(
     device: int = 0,
     progress: bool = False,
     head: HeadOptions | None = None,
+    constants: Mapping[str, float] | None = None,
 ) -> tuple[Sensitivity, Path]:
     """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
 
@@ -391,7 +396,7 @@ def sensitivity(
         log.warning(caveat)
     space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
-    prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache")
+    prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache", constants)
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
     judge = judge_for(metric_used, prepared)[0]

@@ -28,15 +28,25 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
     if unknown:
         raise KeyError(f"plan names unit(s) the model does not have: {', '.join(unknown[:5])}")
     graph = gs.import_onnx(info.model)
-    fp16_nodes = {n for u in info.units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
-    if fp16_nodes:
-        apply_fp16(graph, fp16_nodes)
-    int8_units = [u for u in info.units if precisions.get(u.name) is Precision.INT8]
-    if int8_units:
-        if ranges is None:
-            raise ValueError("INT8 units need calibrated activation ranges")
-        apply_int8(graph, int8_units, ranges, plan.calibration, form)
+    for scope in dict.fromkeys(u.scope for u in info.units):  # the top graph, then each subgraph holding units
+        units = [u for u in info.units if u.scope == scope]
+        target = _subgraph(graph, scope)
+        fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
+        if fp16_nodes:
+            apply_fp16(target, fp16_nodes)
+        int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
+        if int8_units:
+            if ranges is None:
+                raise ValueError("INT8 units need calibrated activation ranges")
+            apply_int8(target, int8_units, ranges, plan.calibration, form)
     graph.cleanup().toposort()
     model = gs.export_onnx(graph)
     model.ir_version = info.model.ir_version
     return model
+
+
+def _subgraph(graph: gs.Graph, scope: tuple[str, ...]) -> gs.Graph:
+    """The If branch or Loop/Scan body at ``scope`` (see autoprec.analysis.subgraphs)."""
+    for node_name, attribute in zip(scope[::2], scope[1::2]):
+        graph = next(n for n in graph.nodes if n.name == node_name).attrs[attribute]
+    return graph

@@ -109,7 +109,7 @@ def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.n
 
 def _ort_output_tensor(unit: Unit, nodes: dict[str, gs.Node]) -> gs.Variable:
     """The layer's output after the activations ORT can absorb into the output Q."""
-    tensor = nodes[unit.name].outputs[0]
+    tensor = nodes[unit.nodes[0]].outputs[0]
     for name in unit.nodes[1:]:
         node = nodes[name]
         if node.op not in _ORT_ABSORBED or node.inputs[0] is not tensor:
@@ -123,7 +123,7 @@ def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, met
     quantizer = _Quantizer(graph, ranges, method, form)
     nodes = {n.name: n for n in graph.nodes}
     for unit in units:
-        node = nodes[unit.name]
+        node = nodes[unit.nodes[0]]
         for i, inp in enumerate(node.inputs):
             if inp.name in unit.activations:
                 node.inputs[i] = quantizer.activation(inp.name)
@@ -131,13 +131,18 @@ def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, met
                 node.inputs[i] = quantizer.weight(unit, node, inp)
     if form is QDQForm.ORT_CPU:
         # Whole node units: the unit's output passes through Q/DQ and *every* consumer reads the
-        # dequantized value; a second consumer of the raw output would stop ORT's fusion.
+        # dequantized value; a second consumer of the raw output would stop ORT's fusion. Nodes
+        # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
+        # a DQ output read only from inside a subgraph.
+        own = {id(n) for n in graph.nodes}
         for unit in units:
             out = _ort_output_tensor(unit, nodes)
             if out in graph.outputs:
                 continue
             dq = quantizer.activation(out.name)
             for consumer in list(out.outputs):
+                if id(consumer) not in own:
+                    continue
                 if consumer.op == "QuantizeLinear" and consumer.outputs[0].name == f"{out.name}_q":
                     continue
                 for i, inp in enumerate(consumer.inputs):

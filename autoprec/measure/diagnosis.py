@@ -20,7 +20,8 @@ import onnx
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, FP16_MAX, ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo, with_outputs
+from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.subgraphs import graphs, with_outputs
 from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan, Precision
 from autoprec.measure.accuracy import output_metrics
@@ -46,14 +47,17 @@ class UnitError:
         return asdict(self)
 
 
-def _run(backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
-    with backend.prepare(model) as runner:
-        return [runner.run(b) for b in batches]
+def _run(backend: Backend, model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
+    """The model's outputs and the tensors ``names`` (inside subgraphs too) on each batch."""
+    exposed, read_as = with_outputs(model, names)
+    with backend.prepare(exposed) as runner:
+        runs = [runner.run(b) for b in batches]
+    return [{**out, **{name: out[read] for name, read in zip(names, read_as)}} for out in runs]
 
 
 def _unit_tensor(model: onnx.ModelProto, name: str) -> str:
     """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16 copy)."""
-    produced = {t for n in model.graph.node for t in n.output}
+    produced = {t for _, graph in graphs(model.graph) for n in graph.node for t in n.output}
     return name if name in produced else f"{name}_fp16"
 
 
@@ -69,10 +73,10 @@ def diagnose(
     """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
-    reference = _run(backend, with_outputs(info.model, outputs), batches)
+    reference = _run(backend, info.model, outputs, batches)
     lowered = backend.lower(info, plan, ranges)
     names = [_unit_tensor(lowered, o) for o in outputs]
-    candidate = _run(backend, with_outputs(lowered, names), batches)
+    candidate = _run(backend, lowered, names, batches)
     rows = []
     for index, (unit, name) in enumerate(zip(info.units, names)):
         precision = plan[unit.name]
@@ -81,7 +85,7 @@ def diagnose(
         if precision is not Precision.FP32:
             alone = backend.lower(info, info.plan_at(precision, [unit.name], plan.calibration), ranges)
             alone_name = _unit_tensor(alone, unit.output)
-            alone_out = _run(backend, with_outputs(alone, [alone_name]), batches)
+            alone_out = _run(backend, alone, [alone_name], batches)
             added = _error(reference, alone_out, unit.output, alone_name)["rel_l2"]
             alone_loss = float(np.mean([1 - _error(reference, alone_out, f, f)["cosine"] for f in finals]))
         rows.append(UnitError(index, unit.name, unit.op_type, precision.value, unit.output,

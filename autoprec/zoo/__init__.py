@@ -75,6 +75,7 @@ class ZooEntry:
 
 
 _RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4")
+ESPEAK = Wheel("espeakng-loader", "0.2.4", "manylinux_2_17_x86_64")  # eSpeak NG's library and voices (GPL-3.0)
 _PPOCR_LICENCE = "Apache-2.0 (package METADATA; PaddleOCR weights, Apache-2.0)"
 
 ENTRIES: dict[str, ZooEntry] = {
@@ -110,6 +111,14 @@ ENTRIES: dict[str, ZooEntry] = {
                  {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the model's own tokenizer",
                  "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64},
                  task="embedding"),
+        ZooEntry("silero-vad", "Silero VAD v6 voice-activity detector (If on the sample rate, LSTM inside it), 16 kHz",
+                 Wheel("silero-vad", "6.2.3"), "silero_vad/data/silero_vad.onnx",
+                 "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+                 {"input": (1, 576), "state": (2, 1, 128), "sr": ()},
+                 "64 chunks of English sentences spoken by eSpeak NG (16 kHz, 512 samples after 64 of context), each "
+                 "with the recurrent state the FP32 model reached before it, sr 16000 (no labels: agreement with FP32)",
+                 "MIT (package METADATA); the data is synthesized with eSpeak NG (espeakng-loader 0.2.4, GPL-3.0), "
+                 "whose code is run, not shipped", (ESPEAK,), options={"fix_dims": False}),
     )
 }
 
@@ -182,18 +191,23 @@ def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
     return "\n".join([f"{e.wheel.requirement}: {e.licence}", *lines, "", *texts]) + "\n"
 
 
-def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """Fix every input dim to the entry's shape but a dynamic batch dim, which ``--shape`` may still set."""
+def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], fix_dims: bool = True) -> onnx.ModelProto:
+    """Fix every input dim to the entry's shape but a dynamic batch dim (named ``batch``), which ``--shape``
+    may still set. ``fix_dims=False`` only names the batch dims: a model whose If branches do not all
+    accept the entry's shapes fails ONNX Runtime's checks once they are written into it."""
+    from autoprec.analysis.model import declared_inputs
+
+    axes = {spec.name: spec.batch_axis for spec in declared_inputs(model)}
     for value in model.graph.input:
         if value.name in shapes:
             dims = value.type.tensor_type.shape.dim
             for index, (dim, size) in enumerate(zip(dims, shapes[value.name], strict=True)):
-                if index == 0 and dim.dim_value <= 0:  # dim_param, unset, or -1: dynamic
+                if index == axes.get(value.name) and dim.dim_value <= 0:  # dim_param, unset, or -1: dynamic
                     dim.Clear()
                     dim.dim_param = "batch"
-                    continue
-                dim.Clear()
-                dim.dim_value = size
+                elif fix_dims:
+                    dim.Clear()
+                    dim.dim_value = size
     return model
 
 
@@ -228,9 +242,19 @@ def _build(e: ZooEntry, folder: Path, wheels: Path) -> tuple[onnx.ModelProto, di
             "magika": lambda: recipes.magika(
                 wheel, json.loads(_read_member(wheel, "magika/models/standard_v3_3/config.min.json", None, "zoo:magika"))
             ),
+            "silero-vad": lambda: recipes.silero_vad(
+                payload, recipes.speech(_unpack(download_wheel(ESPEAK, wheels), folder / "espeak"), recipes.SENTENCES[:6])
+            ),
         }
         data = recipe[e.name]()
-    return _fix_shapes(model, e.shapes), data
+    return _fix_shapes(model, e.shapes, e.options.get("fix_dims", True)), data
+
+
+def _unpack(wheel_path: Path, dest: Path) -> Path:
+    """A wheel's files under ``dest`` (for a library that is run, never installed)."""
+    with _open_wheel(wheel_path) as zf:
+        zf.extractall(dest)
+    return dest
 
 
 @dataclass(frozen=True)

@@ -189,3 +189,59 @@ def sentences(tokenizer_json: Path, length: int) -> dict[str, np.ndarray]:
         "attention_mask": np.asarray([e.attention_mask for e in encoded], np.int64),
     }
 
+
+
+def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float = 0.3) -> np.ndarray:
+    """English speech synthesized offline by eSpeak NG (the espeakng-loader wheel's library and data,
+    unpacked in ``espeak``), a pause of silence after each text, resampled to ``rate``: float32 in [-1, 1]."""
+    import ctypes
+
+    package = espeak / "espeakng_loader"
+    lib = ctypes.CDLL(str(package / "libespeak-ng.so"))
+    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    synchronous = 2  # AUDIO_OUTPUT_SYNCHRONOUS: samples come to the callback, nothing is played
+    native = lib.espeak_Initialize(synchronous, 500, str(package / "espeak-ng-data").encode(), 0)
+    if native <= 0 or lib.espeak_SetVoiceByName(b"en") != 0:
+        raise RuntimeError(f"eSpeak NG from {package} did not start (rate {native})")
+    pieces: list[np.ndarray] = []
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+    @callback_type
+    def collect(wav, count, _events):
+        if count > 0:
+            pieces.append(np.ctypeslib.as_array(wav, shape=(count,)).astype(np.float32) / 32768.0)
+        return 0
+
+    lib.espeak_SetSynthCallback(collect)
+    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                 ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    for text in texts:
+        encoded = text.encode()
+        lib.espeak_Synth(encoded, len(encoded) + 1, 0, 1, 0, 0, None, None)  # POS_CHARACTER, espeakCHARS_AUTO
+        lib.espeak_Synchronize()
+        pieces.append(np.zeros(int(pause * native), np.float32))
+    audio = np.concatenate(pieces)
+    times = np.arange(int(len(audio) * rate / native)) / rate
+    return np.interp(times, np.arange(len(audio)) / native, audio).astype(np.float32)
+
+
+def silero_vad(model: bytes, audio: np.ndarray, count: int = 64, rate: int = 16000) -> dict[str, np.ndarray]:
+    """Chunks of ``audio`` as Silero VAD's own wrapper feeds them (512 new samples after the previous 64,
+    the sample rate), each with the recurrent state the FP32 model reached over the audio before it:
+    ``count`` of them, evenly spread over speech and pauses."""
+    import onnxruntime as ort
+
+    chunk, context = 512, 64
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    state = np.zeros((2, 1, 128), np.float32)
+    previous = np.zeros(context, np.float32)
+    inputs, states = [], []
+    for start in range(0, len(audio) - chunk + 1, chunk):
+        window = np.concatenate([previous, audio[start : start + chunk]])[None]
+        inputs.append(window[0])
+        states.append(state[:, 0])
+        _, state = session.run(None, {"input": window, "state": state, "sr": np.array(rate, np.int64)})
+        previous = window[0, -context:]
+    picked = np.linspace(0, len(inputs) - 1, min(count, len(inputs))).round().astype(int)
+    return {"input": np.stack(inputs)[picked], "state": np.stack(states)[picked],
+            "sr": np.full(len(picked), rate, np.int64)}
