@@ -250,3 +250,25 @@ def test_rtx_inspect_of_a_plan_this_machine_cannot_load_is_one_line(tmp_path, co
     assert _exit(["inspect", tmp_path / "model.plan"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "could not load the engine" in last and "inspect it on a GPU it was built for" in last
+
+
+@pytest.mark.parametrize("precision", [Precision.INT8, Precision.FP16])
+@pytest.mark.parametrize("builder", ["if_model", "loop_model"])
+def test_rtx_builds_plans_that_lower_units_inside_if_branches_and_loop_bodies(builder, precision, tmp_path):
+    import numpy as np
+    import test_control_flow
+
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.model import analyse
+
+    path = getattr(test_control_flow, builder)(tmp_path / f"{builder}.onnx")
+    info = analyse(path, load_search_space(), constants={"sr": 16000} if builder == "if_model" else None)
+    rng = np.random.default_rng(0)
+    shape = info.inputs[0].shape
+    feeds = [{"x": rng.random(shape, dtype=np.float32), **({"sr": np.array(16000)} if builder == "if_model" else {})}
+             for _ in range(3)]
+    plan = info.plan_at(precision)
+    assert any(u.scope for u in info.units if plan[u.name] is precision)
+    lowered = lower_plan(info, plan, calibrate(info, feeds, builder), QDQForm.TENSORRT)
+    built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, info, plan))
+    assert built.report["build_seconds"] > 0 and not [w for w in built.report["warnings"] if "already exists" in w]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.core.plan import Plan, Precision
@@ -31,14 +32,15 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
     for scope in dict.fromkeys(u.scope for u in info.units):  # the top graph, then each subgraph holding units
         units = [u for u in info.units if u.scope == scope]
         target = _subgraph(graph, scope)
+        prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         if fp16_nodes:
-            apply_fp16(target, fp16_nodes)
+            apply_fp16(target, fp16_nodes, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:
             if ranges is None:
                 raise ValueError("INT8 units need calibrated activation ranges")
-            apply_int8(target, int8_units, ranges, plan.calibration, form)
+            apply_int8(target, int8_units, ranges, plan.calibration, form, prefix)
     graph.cleanup().toposort()
     model = gs.export_onnx(graph)
     model.ir_version = info.model.ir_version

@@ -62,8 +62,8 @@ def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, n
 class _Quantizer:
     """Collects the Q/DQ nodes for one lowering; one Q/DQ pair per activation tensor."""
 
-    def __init__(self, graph: gs.Graph, ranges: ActivationRanges, method: str, form: QDQForm):
-        self.graph, self.ranges, self.method, self.form = graph, ranges, method, form
+    def __init__(self, graph: gs.Graph, ranges: ActivationRanges, method: str, form: QDQForm, prefix: str):
+        self.graph, self.ranges, self.method, self.form, self.prefix = graph, ranges, method, form, prefix
         self.tensors = graph.tensors()
         self.new_nodes: list[gs.Node] = []
         self.dequantized: dict[str, gs.Variable] = {}
@@ -73,12 +73,13 @@ class _Quantizer:
         if name not in self.dequantized:
             tensor = self.tensors[name]
             scale, zero_point = _activation_params(self.ranges[name], self.method, self.form)
-            scale_c = gs.Constant(f"{name}_scale", scale)
-            zp_c = gs.Constant(f"{name}_zp", zero_point)
-            quantized = gs.Variable(f"{name}_q", zero_point.dtype, tensor.shape)
-            out = gs.Variable(f"{name}_dq", np.float32, tensor.shape)
-            self.new_nodes.append(gs.Node("QuantizeLinear", f"{name}_quantize", {}, [tensor, scale_c, zp_c], [quantized]))
-            self.new_nodes.append(gs.Node("DequantizeLinear", f"{name}_dequantize", {}, [quantized, scale_c, zp_c], [out]))
+            base = self.prefix + name
+            scale_c = gs.Constant(f"{base}_scale", scale)
+            zp_c = gs.Constant(f"{base}_zp", zero_point)
+            quantized = gs.Variable(f"{base}_q", zero_point.dtype, tensor.shape)
+            out = gs.Variable(f"{base}_dq", np.float32, tensor.shape)
+            self.new_nodes.append(gs.Node("QuantizeLinear", f"{base}_quantize", {}, [tensor, scale_c, zp_c], [quantized]))
+            self.new_nodes.append(gs.Node("DequantizeLinear", f"{base}_dequantize", {}, [quantized, scale_c, zp_c], [out]))
             self.dequantized[name] = out
         return self.dequantized[name]
 
@@ -118,9 +119,12 @@ def _ort_output_tensor(unit: Unit, nodes: dict[str, gs.Node]) -> gs.Variable:
     return tensor
 
 
-def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, method: str, form: QDQForm) -> None:
-    """Quantize the given units in place, in the Q/DQ form the target engine needs."""
-    quantizer = _Quantizer(graph, ranges, method, form)
+def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, method: str, form: QDQForm,
+               prefix: str = "") -> None:
+    """Quantize the given units in place, in the Q/DQ form the target engine needs. ``prefix`` starts the
+    names of what it adds: in a subgraph, its path, since an outer tensor quantized in two If branches
+    would otherwise give two nodes one name (which TensorRT refuses)."""
+    quantizer = _Quantizer(graph, ranges, method, form, prefix)
     nodes = {n.name: n for n in graph.nodes}
     for unit in units:
         node = nodes[unit.nodes[0]]
@@ -143,7 +147,7 @@ def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, met
             for consumer in list(out.outputs):
                 if id(consumer) not in own:
                     continue
-                if consumer.op == "QuantizeLinear" and consumer.outputs[0].name == f"{out.name}_q":
+                if consumer.op == "QuantizeLinear" and consumer.outputs[0].name == f"{prefix}{out.name}_q":
                     continue
                 for i, inp in enumerate(consumer.inputs):
                     if inp is out:

@@ -70,7 +70,8 @@ def _error(reference: list[dict], candidate: list[dict], ref_name: str, cand_nam
 def diagnose(
     info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan, batches: Sequence[Batch]
 ) -> list[UnitError]:
-    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``."""
+    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``
+    (units the batches never run, in an If branch they do not take, are left out)."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
     reference = _run(backend, info.model, outputs, batches)
@@ -79,6 +80,8 @@ def diagnose(
     candidate = _run(backend, lowered, names, batches)
     rows = []
     for index, (unit, name) in enumerate(zip(info.units, names)):
+        if not any(r[unit.output].size for r in reference):
+            continue  # in an If branch the data never takes: nothing ran to compare
         precision = plan[unit.name]
         accumulated = _error(reference, candidate, unit.output, name)
         added = alone_loss = 0.0
