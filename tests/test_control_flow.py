@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 import autoprec
 from autoprec.analysis import model as model_module
 from autoprec.analysis.calibrate import calibrate
-from autoprec.analysis.data import build_dataset
-from autoprec.analysis.model import analyse, batch_axes, declared_inputs
+from autoprec.analysis.data import batch_items, build_dataset, random_items
+from autoprec.analysis.model import TensorSpec, analyse, batch_axes, declared_inputs
 from autoprec.analysis.subgraphs import graphs, with_outputs
 from autoprec.core.errors import DataError, ModelError
 from autoprec.core.plan import Precision
@@ -172,6 +172,10 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
     assert batch_axes([("batch", 576), (2, "batch", 128), ()]) == [0, 1, None]
     assert batch_axes([(None, None), (2, None, 128)]) == [0, 1]  # unnamed dims: the state's only dynamic one
     assert batch_axes([(1, 576), (2, 1, 128)]) == [0, 1]  # all fixed: the axis of the first input's batch size
+    assert batch_axes([("seq", 576), (1, 1, 128)]) == [0, None]  # fixed beside a dynamic batch: one per run
+    specs = [TensorSpec("input", (4, 576), "float32", 0), TensorSpec("h", (1, 1, 128), "float32", None)]
+    batches = batch_items(random_items(specs, 8, 0, 4), specs)
+    assert [(b["input"].shape, b["h"].shape) for b in batches] == [((4, 576), (1, 1, 128))] * 2
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])
     state = helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3])
     out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, "batch", 3])
@@ -227,7 +231,7 @@ def vad_root(tmp_path_factory):
 
 def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(vad_root))
-    result = autoprec.search("zoo:silero-vad", budget=6, out=tmp_path / "out", progress=False)
+    result = autoprec.search("zoo:silero-vad", budget=6, out=tmp_path / "out", max_loss=0.01, progress=False)
     notes = result.model["preparation"]
     assert any("'input shape fixing' left out: it breaks this model" in n for n in notes)  # and the model still runs
     assert any("6 unit(s) never run on the data" in n for n in notes)  # the 8 kHz branch
@@ -239,9 +243,9 @@ def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatc
     fp32 = ort.InferenceSession(str(vad_root / "zoo" / "silero-vad" / "model.onnx"), providers=["CPUExecutionProvider"])
     for f in feeds:  # the chosen plan, in a fresh ONNX Runtime session, against the model as it came
         (prob, state), (want_prob, want_state) = best.run(None, f), fp32.run(None, f)
-        assert state.shape == want_state.shape == (2, 1, 128) and abs(float(prob[0, 0]) - float(want_prob[0, 0])) < 0.1
+        assert state.shape == want_state.shape == (2, 1, 128) and abs(float(prob[0, 0]) - float(want_prob[0, 0])) < 0.05
         cosine = np.dot(state.ravel(), want_state.ravel()) / np.linalg.norm(state) / np.linalg.norm(want_state)
-        assert cosine > 0.95
+        assert cosine > 0.99
 
 
 @pytest.mark.parametrize("member, units", [("silero_vad_16k_op15.onnx", 8), ("silero_vad_op18_ifless.onnx", 16)])
@@ -253,8 +257,20 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     wheel = zoo.download_wheel(zoo.ENTRIES["silero-vad"].wheel, vad_root / "wheels")
     path = tmp_path / member
     path.write_bytes(zipfile.ZipFile(wheel).read(f"silero_vad/data/{member}"))
-    info = analyse(path, SPACE, {"input": (1, 576), "state": (2, 1, 128)}, constants={"sr": 16000})
+    shapes = {"input": (1, 576), "state": (2, 1, 128)}
+    info = analyse(path, SPACE, shapes, constants={"sr": 16000})
     assert len(info.units) == units
     feeds = {"input": RNG.random((1, 576), dtype=np.float32) - 0.5, "state": np.zeros((2, 1, 128), np.float32),
              "sr": np.array(16000, np.int64)}
     assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(_run(info.model, feeds), _run(onnx.load(str(path)), feeds)))
+    data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
+    samples = tmp_path / "speech.npz"
+    np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const
+    result = autoprec.search(path, budget=4, data=samples, shapes=shapes, constants={"sr": 16000}, out=tmp_path / "out",
+                             max_loss=0.01, progress=False, isolate=False)
+    assert result.chosen.measurement.loss <= 0.01
+    best, original = onnx.load(str(tmp_path / "out" / "best" / "model.onnx")), onnx.load(str(path))
+    for i in range(0, 64, 8):  # the chosen plan, in a fresh ONNX Runtime session, against the model as it came
+        feeds = {"input": data["input"][i : i + 1], "state": data["state"][i][:, None], "sr": np.array(16000, np.int64)}
+        (prob, _), (want, _) = _run(best, feeds), _run(original, feeds)
+        assert abs(float(prob.ravel()[0]) - float(want.ravel()[0])) < 0.05

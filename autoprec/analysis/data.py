@@ -77,7 +77,10 @@ def scalar_values(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict
     files = _files(Path(path))
     if not all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
         return {}
-    arrays = _read_arrays(Path(path), files, inputs)
+    try:
+        arrays = _read_arrays(Path(path), files, scalars)
+    except DataError:
+        return {}  # said when the data is loaded, with the constants known
     return {i.name: arrays[i.name].reshape(len(arrays[i.name]), -1)[0, 0] for i in scalars if arrays[i.name].size}
 
 
@@ -105,9 +108,11 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             with np.load(files[0], allow_pickle=False) as npz:
                 missing = [n for n in names if n not in npz.files]
                 if missing:
+                    scalar = next((i.name for i in inputs if i.name in missing and not i.shape), None)
                     raise DataError(
                         f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the model needs "
                         f"{', '.join(missing)}; name the arrays like the model inputs ({', '.join(names)})"
+                        + (f", or give the scalar {scalar} with --const {scalar}=VALUE" if scalar else "")
                     )
                 return {n: _stack_of_items(npz[n], path, n) for n in names}
         except UNREADABLE as exc:
@@ -202,15 +207,18 @@ def load_items(
         arr = items[spec.name]
         want = spec.item_shape
         axis = spec.batch_axis
-        if axis is not None and arr.ndim == len(spec.shape) + 1 and arr.shape[1 + axis] == 1:
+        if axis is not None and arr.ndim == len(spec.shape) + 1 and arr.shape[1 + axis] == 1 \
+                and arr.shape[1 : 1 + axis] + arr.shape[2 + axis :] == want:
             arr = arr.reshape(arr.shape[0], *want)  # items saved whole, with a batch dim of 1
+        if axis is None and spec.shape and spec.shape[0] == 1 and arr.shape[1:] == tuple(spec.shape[1:]):
+            arr = arr[:, None]  # an input that is not batched, its leading 1 left out
         if arr.shape[1:] != want:
+            whole = "" if axis is None else f" or whole inputs of {[1 if a == axis else d for a, d in enumerate(spec.shape)]}"
             where = "" if axis in (0, None) else f", batch on axis {axis}"
             raise DataError(
                 f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
-                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give arrays of "
-                f"{list(want)} or whole inputs of {list(spec.shape[:axis] if axis is not None else spec.shape)}"
-                f"{'' if axis is None else ' with batch 1'}, stacked along a first axis, or pass --shape"
+                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)}"
+                f"{whole}, stacked along a first axis, or pass --shape"
             )
         if np.dtype(arr.dtype).kind != np.dtype(spec.dtype).kind:
             raise DataError(
@@ -313,13 +321,15 @@ def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
 RANDOM_INTEGERS = (0, 100)  # what random data draws integer inputs from, upper bound excluded
 
 
-def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[str, np.ndarray]:
-    """Uniform [0, 1) floats, integers in RANDOM_INTEGERS: only for trying a model without data.
-    A scalar integer input (a sample rate, a size, a flag) is a setting, not data: it needs a value."""
+def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int = 1) -> dict[str, np.ndarray]:
+    """Uniform [0, 1) floats, integers in RANDOM_INTEGERS: only for trying a model without data. An
+    input that is not batched gets one value per batch of ``size`` items. A scalar integer input (a
+    sample rate, a size, a flag) is a setting, not data: it needs a value."""
     rng = np.random.default_rng(seed)
     items = {}
     for spec in inputs:
-        shape = (count, *spec.item_shape)
+        drawn = count if spec.batch_axis is not None else -(-count // size)
+        shape = (drawn, *spec.item_shape)
         if not spec.shape and np.dtype(spec.dtype).kind in "iub":
             raise DataError(f"input {spec.name} is a {spec.dtype} scalar, which random data cannot choose: pass "
                             f"--const {spec.name}=VALUE (e.g. the sample rate it expects), or --data with an "
@@ -330,6 +340,8 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int) -> dict[st
             items[spec.name] = rng.random(shape) < 0.5
         else:
             items[spec.name] = rng.integers(*RANDOM_INTEGERS, shape).astype(spec.dtype)
+        if spec.batch_axis is None:
+            items[spec.name] = np.repeat(items[spec.name], size, axis=0)[:count]
     return items
 
 
@@ -402,7 +414,8 @@ def build_dataset(
                 RandomDataWarning,
                 stacklevel=2,
             )
-        items, source = random_items(fed, random_count * batch_size(inputs), seed), f"random (seed {seed})"
+        size = batch_size(inputs)
+        items, source = random_items(fed, random_count * size, seed, size), f"random (seed {seed})"
     else:
         items, source = (load_items(path, fed, image_mean, image_std) if fed else {}), str(path)
     count = len(next(iter(items.values()))) if items else random_count * batch_size(inputs)

@@ -209,8 +209,9 @@ def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
 
 def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | None]:
     """Each input's batch axis, read off the declared shapes: the axis carrying the first input's
-    batch dim by name (``batch``), or by size where all are fixed; else, beside a dynamic batch,
-    an input's only dynamic axis (a state [2, ?, 128]); else 0. Scalars have none."""
+    batch dim by name (``batch``), or by size where all are fixed. Beside a dynamic batch, an input
+    with one dynamic axis after a fixed first one batches along it (a state [2, ?, 128]), and one
+    with no dynamic axis is one tensor per run, not batched (None, as a scalar); else axis 0."""
     first = next((dims for dims in shapes if dims), None)
     batch = first[0] if first else None
     axes: list[int | None] = []
@@ -220,9 +221,11 @@ def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | Non
             axes.append(None)
         elif isinstance(batch, str) and batch in dims:
             axes.append(dims.index(batch))
-        elif isinstance(batch, int) and dims[0] != batch and batch in dims:
-            axes.append(dims.index(batch))
-        elif not isinstance(batch, int) and isinstance(dims[0], int) and len(dynamic) == 1:
+        elif isinstance(batch, int):
+            axes.append(dims.index(batch) if dims[0] != batch and batch in dims else 0)
+        elif not dynamic:
+            axes.append(None)
+        elif isinstance(dims[0], int) and len(dynamic) == 1:
             axes.append(dynamic[0])
         else:
             axes.append(0)

@@ -28,8 +28,9 @@ def graphs(graph: onnx.GraphProto, scope: Scope = ()) -> Iterator[tuple[Scope, o
                 yield from graphs(sub, (*scope, node.name, attribute.name))
 
 
-def has_subgraphs(model: onnx.ModelProto) -> bool:
-    return any(scope for scope, _ in graphs(model.graph))
+def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of the model, inside subgraphs too: what a profile of a run names."""
+    return [node for _, graph in graphs(model.graph) for node in graph.node]
 
 
 def label(scope: Scope, node_name: str) -> str:

@@ -136,9 +136,9 @@ def load_inputs(
     t0 = time.monotonic()
     raw = load_onnx(model_path)
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
-    declared = declared_inputs(raw)
-    info = analyse(model_path, space, given, item_shapes(data, declared), model=raw,
-                   constants={**scalar_values(data, declared), **(constants or {})})
+    fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
+    info = analyse(model_path, space, given, item_shapes(data, fed), model=raw,
+                   constants={**scalar_values(data, fed), **(constants or {})})
     seconds["analyse"] = time.monotonic() - t0
     for line in info.notes:
         log.info(line)

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
+from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import (
     TIME_CALLS,
     Backend,
@@ -82,8 +83,9 @@ def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) 
     an FP16 node without an FP16 kernel runs in FP32 between inserted Casts), a fused node after the
     first node it fused (``<node>/<Fusion>`` or ``<node>_<suffix>``); layout reorders and other
     inserted nodes go to ``""``."""
-    nodes = {n.name for n in model.graph.node}
-    producer = {out: n.name for n in model.graph.node for out in n.output}
+    every = all_nodes(model)
+    nodes = {n.name for n in every}
+    producer = {out: n.name for n in every for out in n.output}
     by_prefix = sorted(nodes, key=len, reverse=True)
 
     def original(name: str) -> str:

@@ -28,6 +28,7 @@ import onnx
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
@@ -116,10 +117,11 @@ def unit_times(
     """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
     (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to."""
     owner = {node: u.name for u in info.units for node in u.nodes}
-    original = {n.name for n in info.model.graph.node}
-    producer = {out: n for n in lowered.graph.node for out in n.output}
+    original = {n.name for n in all_nodes(info.model)}
+    lowered_nodes = all_nodes(lowered)
+    producer = {out: n for n in lowered_nodes for out in n.output}
     consumers: dict[str, list] = defaultdict(list)
-    for n in lowered.graph.node:
+    for n in lowered_nodes:
         for name in n.input:
             consumers[name].append(n)
 
@@ -138,7 +140,7 @@ def unit_times(
         return found
 
     per_unit: dict[str, float] = defaultdict(float)
-    by_name = {n.name: n for n in lowered.graph.node}
+    by_name = {n.name: n for n in lowered_nodes}
     for name, seconds in times.items():
         if name in owner:
             per_unit[owner[name]] += seconds

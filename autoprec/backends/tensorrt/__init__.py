@@ -40,6 +40,7 @@ import onnx
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import (
@@ -606,7 +607,7 @@ class TensorRTBackend(Backend):
         with self.prepare(model) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)
-        nodes = {n.name for n in model.graph.node}
+        nodes = {n.name for n in all_nodes(model)}
         times: dict[str, float] = {}
         for name, ms in per_layer.items():
             layer = layers.get(name)
