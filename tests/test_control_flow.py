@@ -156,6 +156,15 @@ def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_t
     fresh = _run(exported, {"x": x, "sr": np.array(16000, np.int64)})[0]
     original = _run(onnx.load(str(path)), {"x": x, "sr": np.array(16000, np.int64)})[0]
     assert fresh.shape == original.shape and np.isfinite(fresh).all()
+    from autoprec.app.cli import main
+
+    assert main(["report", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "If_rate/then/a" in report and "If_rate/else/c" in report
+    assert main(["export", str(tmp_path / "out"), "--format", "trtexec", "--out", str(tmp_path / "exported")]) == 0
+    exported = onnx.load(str(next((tmp_path / "exported").glob("*.onnx"))))
+    then = next(g for scope, g in graphs(exported.graph) if scope == ("If_rate", "then_branch"))
+    assert chosen["If_rate/then/a"] is Precision.FP32 or any(n.op_type in ("QuantizeLinear", "Cast") for n in then.node)
 
 
 def test_a_scalar_integer_input_needs_a_value_not_random_data(tmp_path):
