@@ -369,6 +369,9 @@ def _fill_shapes_by_running(model: onnx.ModelProto, feeds: Mapping[str, np.ndarr
         return model
     exposed, _ = subgraphs.with_outputs(model, missing)
     values = cpu_session(exposed).run(missing, dict(feeds))
+    filled = onnx.ModelProto()
+    filled.CopyFrom(model)  # a step returns a new model: the one before it stays, should this one be left out
+    model = filled
     by_name = {o.name: o for o in model.graph.output}
     for name, value in zip(missing, values):
         info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)

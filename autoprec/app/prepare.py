@@ -203,16 +203,16 @@ def pin_idle(info: ModelInfo, dataset: Dataset) -> ModelInfo:
 
 
 def ranged(info: ModelInfo, ranges: ActivationRanges | None) -> ModelInfo:
-    """``info`` without INT8 for units calibration never saw run (in an If branch the data never
-    takes): no range to quantize them with, and no run on this data that would show their error."""
+    """``info`` without INT8 for units the calibration batches never run (in an If branch only the
+    evaluation batches take): there is no range to quantize them by."""
     if ranges is None:
         return info
     unseen = [u.name for u in info.searchable_units if Precision.INT8 in u.allowed
               and not all(t in ranges.tensors for t in u.activations)]
     if not unseen:
         return info
-    note = (f"{len(unseen)} unit(s) never ran on the calibration data (e.g. {unseen[0]}, in an If branch the data "
-            "does not take): INT8 left out for them, with no range to quantize by")
+    note = (f"{len(unseen)} unit(s) never run on the calibration batches (e.g. {unseen[0]}, in an If branch only the "
+            "evaluation batches take): INT8 left out for them, with no range to quantize by")
     log.info(note)
     return info.without((Precision.INT8,), unseen, note)
 
