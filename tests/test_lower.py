@@ -51,22 +51,43 @@ def test_io_types_are_kept_and_fp16_is_close(conv):
     assert m["cosine"] > 0.9999 and m["rel_l2"] < 1e-2
 
 
-def test_fp16_casts_only_where_precision_changes(conv):
-    info, _, ranges = conv
-    names = [u.name for u in info.units]
-    model = lower_plan(info, Plan.uniform(names, Precision.FP16), ranges)
+def _casts(model):
     casts = [n for n in model.graph.node if n.op_type == "Cast"]
-    to_half = [n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT16]
-    to_float = [n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT]
-    # Into the region: the model input. conv0 -> conv1 stays FP16 (no cast between them); the
-    # residual Add is FP32 so conv0's and conv1's outputs go back, and its sum comes in again;
-    # conv2's output feeds GlobalAveragePool (FP32) and fc's output feeds Softmax (pinned FP32).
-    assert len(to_half) == 3
-    assert len(to_float) == 4
+    return ([n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT16],
+            [n for n in casts if n.attribute[0].i == onnx.TensorProto.FLOAT])
+
+
+def test_fp16_units_make_one_region_with_casts_only_at_its_borders(conv):
+    info, data, ranges = conv
+    names = [u.name for u in info.units]
+    model = lower_plan(info, Plan.uniform(names, Precision.FP16), ranges, QDQForm.TENSORRT)
+    to_half, to_float = _casts(model)
+    # Into the region: the model input; out of it: fc's logits into Softmax (not precision-neutral).
+    # The residual Add, GlobalAveragePool and Flatten between FP16 units run in FP16 with them.
+    assert [n.input[0] for n in to_half] == ["x"] and len(to_float) == 1
+    by_name = {n.name: n for n in model.graph.node}
+    assert by_name["residual"].input[0].endswith("_fp16") and by_name["gap"].input[0].endswith("_fp16")
     weights = {i.name: i for i in model.graph.initializer}
-    conv1 = next(n for n in model.graph.node if n.name == "conv1")
-    assert weights[conv1.input[1]].data_type == onnx.TensorProto.FLOAT16
-    assert conv1.input[0].endswith("_fp16")  # fed by conv0's FP16 output directly
+    assert weights[by_name["conv1"].input[1]].data_type == onnx.TensorProto.FLOAT16
+    m = output_metrics(run(info.model, data.evaluation[0]), run(model, data.evaluation[0]))
+    assert m["cosine"] > 0.9999
+
+
+def test_a_neutral_op_between_precisions_that_disagree_stays_fp32(conv):
+    info, _, ranges = conv
+    plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp32", "fc": "fp16"})
+    model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
+    by_name = {n.name: n for n in model.graph.node}
+    assert by_name["residual"].input[0] == "silu1"  # conv2 after it is FP32: the Add stays FP32
+    assert not by_name["gap"].input[0].endswith("_fp16")  # read from FP32 conv2
+
+
+def test_fp16_on_the_cpu_form_stays_islands(conv):
+    info, _, ranges = conv
+    model = lower_plan(info, Plan.uniform([u.name for u in info.units], Precision.FP16), ranges, QDQForm.ORT_CPU)
+    to_half, to_float = _casts(model)
+    # The CPU provider has no FP16 kernels to gain from regions: each unit converts at its own borders.
+    assert len(to_half) == 3 and len(to_float) == 4
 
 
 def test_mixed_plan_touches_only_its_units(conv):

@@ -13,7 +13,7 @@ from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.core.plan import Plan, Precision
-from autoprec.lower.cast import apply_fp16
+from autoprec.lower.cast import apply_fp16, grow_region
 from autoprec.lower.qdq import QDQForm, apply_int8
 
 __all__ = ["QDQForm", "lower_plan"]
@@ -22,7 +22,9 @@ __all__ = ["QDQForm", "lower_plan"]
 def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT) -> onnx.ModelProto:
     """The prepared FP32 model rewritten so each unit runs in the plan's precision.
 
-    Units the plan does not name stay FP32. Model inputs and outputs keep their types.
+    Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
+    TensorRT form, precision-neutral ops between FP16 units run in FP16 with them (one region, Casts
+    at its borders: see autoprec.lower.cast); the ort-cpu form keeps Casts at every unit's borders.
     """
     precisions = plan.as_dict()
     unknown = sorted(set(precisions) - {u.name for u in info.units})
@@ -35,7 +37,9 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
         prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         if fp16_nodes:
-            apply_fp16(target, fp16_nodes, prefix)
+            # GPU engines run FP16 regions; ONNX Runtime's CPU provider has no FP16 kernels to gain from them.
+            region = grow_region(target, fp16_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
+            apply_fp16(target, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:
             if ranges is None:

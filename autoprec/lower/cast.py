@@ -1,4 +1,10 @@
-"""FP16 units: run them on FP16 weights and activations, with Casts only where precision changes."""
+"""FP16 units: run them on FP16 weights and activations, with Casts only where precision changes.
+
+Between FP16 units, precision-neutral ops (data movement, element-wise arithmetic and activations,
+resize, pooling) join the units' FP16 region when every float tensor they read comes from it and
+every consumer of what they make belongs to it: a run of FP16 units becomes one region with Casts
+only at its borders, instead of islands that pay two conversions around every reshape or add.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,65 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+# Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
+# the precision of their neighbours where those agree. Softmax, normalisations, reductions, exp/log/pow
+# are not among them.
+NEUTRAL_OPS = frozenset({
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand",
+    "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "AveragePool",
+    "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Relu",
+    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Gelu",
+})
+# Inputs ONNX types as float32 whatever the data's type (Resize's roi and scales): never converted.
+FLOAT32_INPUTS = {"Resize": {1, 2}}
+
 
 def _is_float32(tensor: gs.Tensor) -> bool:
     return tensor.dtype is not None and np.dtype(tensor.dtype) == np.float32
+
+
+def grow_region(graph: gs.Graph, region: set[str]) -> set[str]:
+    """``region`` (node names) and the precision-neutral nodes between its nodes: each connected
+    group of NEUTRAL_OPS nodes joins when all the float32 tensors it reads are made by region nodes
+    and all it makes are read by region nodes only (not a graph output, not from inside a subgraph)."""
+    if not region:
+        return region
+    own = {id(n) for n in graph.nodes}
+    candidates = {id(n): n for n in graph.nodes if n.name not in region and n.op in NEUTRAL_OPS
+                  and any(_is_float32(t) for t in n.inputs if isinstance(t, gs.Variable))
+                  and all(_is_float32(t) for t in n.outputs)}
+    group = {key: key for key in candidates}
+
+    def root(key: int) -> int:
+        while group[key] != key:
+            group[key] = group[group[key]]
+            key = group[key]
+        return key
+
+    for key, node in candidates.items():
+        for out in node.outputs:
+            for consumer in out.outputs:
+                if id(consumer) in candidates:
+                    group[root(id(consumer))] = root(key)
+    members: dict[int, list[gs.Node]] = {}
+    for key, node in candidates.items():
+        members.setdefault(root(key), []).append(node)
+    grown = set(region)
+    for nodes in members.values():
+        inside = {id(n) for n in nodes}
+        fed = all(
+            t.inputs and (id(t.inputs[0]) in inside or t.inputs[0].name in region)
+            for n in nodes for i, t in enumerate(n.inputs)
+            if isinstance(t, gs.Variable) and _is_float32(t) and i not in FLOAT32_INPUTS.get(n.op, ())
+        )
+        read = all(
+            out not in graph.outputs
+            and all(id(c) in inside or (id(c) in own and c.name in region) for c in out.outputs)
+            for n in nodes for out in n.outputs
+        )
+        if fed and read:
+            grown |= {n.name for n in nodes}
+    return grown
 
 
 def apply_fp16(graph: gs.Graph, region: set[str], prefix: str = "") -> None:
@@ -33,6 +95,8 @@ def apply_fp16(graph: gs.Graph, region: set[str], prefix: str = "") -> None:
     casts_in: dict[str, gs.Variable] = {}
     for node in nodes:
         for i, inp in enumerate(node.inputs):
+            if i in FLOAT32_INPUTS.get(node.op, ()):
+                continue
             if isinstance(inp, gs.Constant):
                 if inp.values.dtype == np.float32:
                     if inp.name not in constants:
