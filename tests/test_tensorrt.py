@@ -407,3 +407,13 @@ def test_the_build_card_keeps_the_searchs_verdict_on_timing_noise(result, tmp_pa
     else:
         assert f"{versus['speedup']:.2f}× all-FP32" in speedup
         assert ("beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise") in speedup
+
+
+def test_layer_metadata_names_nodes_inside_if_branches_by_their_path():
+    from autoprec.backends.tensorrt.layers import onnx_nodes
+
+    assert onnx_nodes("[ONNX Layer: stem]") == ["stem"]
+    assert onnx_nodes("[ONNX Layer: a | then (then_branch) | If_1 (If)]") == ["If_1/then/a"]
+    nested = "[ONNX Layer: conv | else (else_branch) | If_2 (If) | body (body) | Loop_0 (Loop)]"
+    assert onnx_nodes(nested) == ["Loop_0/body/If_2/else/conv"]
+    assert onnx_nodes("[ONNX Layer: /model/x | odd]") == ["/model/x | odd"]  # not the branch form: kept as written

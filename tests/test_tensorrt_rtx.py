@@ -272,3 +272,7 @@ def test_rtx_builds_plans_that_lower_units_inside_if_branches_and_loop_bodies(bu
     lowered = lower_plan(info, plan, calibrate(info, feeds, builder), QDQForm.TENSORRT)
     built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, info, plan))
     assert built.report["build_seconds"] > 0 and not [w for w in built.report["warnings"] if "already exists" in w]
+    # TensorRT names a branch's layers "a | then (then_branch) | If_rate (If)": read as If_rate/then/a, every
+    # unit is found at its planned precision, in the network's types and in the builder's own layer list
+    checks = built.report["fidelity_checks"]
+    assert all(c["checked_units"] == len(info.units) and not c["ignored_units"] for c in checks.values()), checks

@@ -28,7 +28,7 @@ import onnx
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.subgraphs import all_nodes
+from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
@@ -100,7 +100,7 @@ def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[st
     """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times), and
     the share no unit owns."""
     total = sum(times.values())
-    owner = {node: u.name for u in info.units for node in u.nodes}
+    owner = {key: u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     shares: dict[str, float] = {}
     unattributed = 0.0
     for node, seconds in times.items():
@@ -116,7 +116,8 @@ def unit_times(
 ) -> dict[str, float]:
     """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
     (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to."""
-    owner = {node: u.name for u in info.units for node in u.nodes}
+    # A node by its own name (ONNX Runtime's profile) and by its path (TensorRT's layers: If_1/then/a).
+    owner = {key: u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     original = {n.name for n in all_nodes(info.model)}
     lowered_nodes = all_nodes(lowered)
     producer = {out: n for n in lowered_nodes for out in n.output}

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +36,16 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import (
     EngineLayers,
     PlanFidelity,
+    onnx_nodes,
     parse_builder_layers,
     parse_engine_layers,
     plan_fidelity,
@@ -187,9 +187,6 @@ class TimingCache:
 # Network layers where a unit's arithmetic runs, and the type names TensorRT gives its tensors.
 _COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")
 _NETWORK_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT8": "int8", "FP8": "fp8"}
-_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
-
-
 def _enum_name(value) -> str:
     return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
 
@@ -209,7 +206,7 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
             precision = "int8"
         else:
             precision = _NETWORK_TYPES.get(_enum_name(layer.get_output(0).dtype), _enum_name(layer.get_output(0).dtype).lower())
-        for node in _ONNX_LAYER.findall(layer.metadata or "") or [layer.name]:
+        for node in onnx_nodes(layer.metadata or "") or [layer.name]:
             found.setdefault(node, []).append((layer.name, precision))
     return found
 
@@ -222,7 +219,7 @@ def network_fidelity(network, planned: dict) -> PlanFidelity:
     ignored, checked = [], 0
     for unit, spec in planned.items():
         checked += 1
-        layers = precisions.get(spec["nodes"][0], [])
+        layers = next((precisions[n] for n in spec.get("main", spec["nodes"][:1]) if n in precisions), [])
         ran = sorted({p for _, p in layers})
         if spec["precision"] not in ran:
             ignored.append({"unit": unit, "planned": spec["precision"], "ran": ran or ["not found"],
@@ -607,7 +604,7 @@ class TensorRTBackend(Backend):
         with self.prepare(model) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)
-        nodes = {n.name for n in all_nodes(model)}
+        nodes = {subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.graph) for n in graph.node}
         times: dict[str, float] = {}
         for name, ms in per_layer.items():
             layer = layers.get(name)
@@ -635,7 +632,12 @@ class TensorRTRtxBackend(TensorRTBackend):
 def stamp_plan(model: onnx.ModelProto, info: ModelInfo, plan: Plan) -> onnx.ModelProto:
     """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build checks."""
     precisions = plan.as_dict()
-    planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")), "nodes": list(u.nodes)} for u in info.units}
+    # A node inside an If branch is named by its path in TensorRT's layer metadata, one in a Loop body by
+    # its own name: "main" holds both, tried in that order.
+    planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")),
+                        "nodes": [subgraphs.label(u.scope, n) for n in u.nodes],
+                        "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}
+               for u in info.units}
     entry = model.metadata_props.add()
     entry.key, entry.value = PLAN_METADATA_KEY, json.dumps(planned)
     return model

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
 
+from autoprec.analysis import subgraphs
 from autoprec.core.errors import AutoprecError
 
 # Type words as the inspector writes them, in the order they are tried (longest first).
@@ -37,6 +38,24 @@ _TYPE_WORDS = (
 )
 _REDUCED = ("int8", "fp16", "bf16", "fp8", "int4", "fp4")
 _ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
+_PATH_STEP = re.compile(r"^(.*) \(([^()]*)\)$")  # "then (then_branch)", "If_1 (If)"
+
+
+def onnx_nodes(metadata: str) -> list[str]:
+    """The ONNX nodes a layer's metadata names, as autoprec names them: ``[ONNX Layer: a | then
+    (then_branch) | If_1 (If)]`` (a node inside an If branch, innermost first) is ``If_1/then/a``."""
+    nodes = []
+    for entry in _ONNX_LAYER.findall(metadata):
+        node, *path = entry.split(" | ")
+        steps = [_PATH_STEP.match(step) for step in path]
+        if len(path) % 2 or not all(steps):
+            nodes.append(entry)  # not the form above: the text as it is
+            continue
+        scope: tuple[str, ...] = ()
+        for graph_step, node_step in reversed(list(zip(steps[::2], steps[1::2]))):
+            scope += (node_step.group(1), graph_step.group(2))
+        nodes.append(subgraphs.label(scope, node))
+    return nodes
 
 
 def data_type(text: str) -> str:
@@ -183,7 +202,7 @@ def _layer(entry: Mapping[str, Any] | str, source: str) -> EngineLayer:
     inputs = tuple(_tensor(t) for t in _entries(entry.get("Inputs"), "a layer's Inputs", source))
     outputs = tuple(_tensor(t) for t in _entries(entry.get("Outputs"), "a layer's Outputs", source))
     name = str(entry.get("Name", ""))
-    metadata = _ONNX_LAYER.findall(str(entry.get("Metadata", "")))
+    metadata = onnx_nodes(str(entry.get("Metadata", "")))
     return EngineLayer(
         name=name,
         layer_type=str(entry.get("LayerType", "")),
@@ -261,7 +280,7 @@ def parse_builder_layers(log: str, source: str = "builder log") -> EngineLayers 
         layers.append(EngineLayer(
             name=fields.get("Name", ""), layer_type=fields.get("LayerType", ""),
             precision=_compute_precision(inputs, outputs, constants), inputs=inputs, outputs=outputs,
-            fused_from=tuple(_ONNX_LAYER.findall(fields.get("Metadata", ""))), tactic=fields.get("TacticName", ""),
+            fused_from=tuple(onnx_nodes(fields.get("Metadata", ""))), tactic=fields.get("TacticName", ""),
             constants=constants,
         ))
     return EngineLayers(tuple(layers), (), "builder-log", source)
@@ -299,7 +318,7 @@ def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]
     for unit, spec in planned.items():
         precision = spec["precision"]
         checked += 1
-        found = [layer for node in spec["nodes"][:1] for layer in layers.layers_of_node(node)]
+        found = next((found for node in spec.get("main", spec["nodes"][:1]) if (found := layers.layers_of_node(node))), [])
         ran = sorted({layer.precision for layer in found})
         if precision not in ran:
             ignored.append({"unit": unit, "planned": precision, "ran": ran or ["not found"],
