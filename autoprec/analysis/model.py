@@ -24,7 +24,7 @@ MIN_OPSET = 13
 MAX_IR_VERSION = 10
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
 # Integer compute ops of a model quantized already (by ONNX Runtime's quantizer, say).
-RECURRENT_OPS = {"LSTM", "GRU", "RNN"}
+RECURRENT_OPS = {"LSTM", "GRU", "RNN"}  # TensorRT makes a loop of layers of one: no precision check reads it
 QUANTIZED_OPS = {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear", "MatMulNBits"}
 
 
@@ -655,11 +655,6 @@ def analyse(
             f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers ({type(exc).__name__}: "
             f"{_first_line(exc)}); please report it with the model"
         ) from None
-    recurrent = [u for u in units if u.op_type in RECURRENT_OPS and not u.searchable]
-    if recurrent:
-        notes.append(f"{len(recurrent)} recurrent unit(s) ({', '.join(sorted({u.op_type for u in recurrent}))}, e.g. "
-                     f"{recurrent[0].name}) kept FP32: autoprec does not lower recurrent ops (their gates and state would "
-                     "need a lowering of their own; ONNX Runtime's CPU kernels for them are float32 only)")
     other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
     if other_floats:
         notes.append(f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "

@@ -426,5 +426,9 @@ def _engine_space(
             if p in engine.slow_precisions:
                 log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
     searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
-    return space.restricted(keep), searched, left_out
+    pinned = {op: why for op, why in engine.float32_ops.items() if op in space.units}
+    if pinned:
+        log.info(f"{engine.name}: {', '.join(pinned)} units kept FP32 ({next(iter(pinned.values()))})")
+        left_out.update({f"{op} units": f"kept FP32: {why}" for op, why in pinned.items()})
+    return space.restricted(keep).with_pinned(pinned), searched, left_out
 

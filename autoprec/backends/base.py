@@ -125,6 +125,8 @@ class Backend(abc.ABC):
     timing: ClassVar[str] = ""  # what its latencies are (see EngineInfo.timing)
     # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
     slow_precisions: ClassVar[dict[Precision, str]] = {}
+    # Op types this engine runs in FP32 only, with why: their units are kept FP32.
+    float32_ops: ClassVar[dict[str, str]] = {}
     # Candidates measured side by side by default (--build-workers): worth it where builds are slow
     # next to running a candidate, and safe only where a build does not disturb the timed run.
     default_build_workers: ClassVar[int] = 1

@@ -112,6 +112,8 @@ class OrtCpuBackend(OrtProfiling, Backend):
     name = "ort-cpu"
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
+    float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
+                                "(in FP16 they would run in FP32 between inserted Casts)")
     timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs and outputs "
               f"in host memory; {TIME_CALLS}")
 

@@ -44,6 +44,10 @@ class SearchSpace:
         overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
         return SearchSpace(units, self.fusable, self.pinned_fp32, overrides, self.source)
 
+    def with_pinned(self, op_types: Collection[str]) -> SearchSpace:
+        """``op_types`` pinned to FP32 (what an engine has no reduced-precision kernels for)."""
+        return SearchSpace(self.units, self.fusable, self.pinned_fp32 | frozenset(op_types), self.overrides, self.source)
+
     def with_overrides(self, overrides: list[str]) -> SearchSpace:
         parsed = tuple(_parse_override(text) for text in overrides)
         return SearchSpace(self.units, self.fusable, self.pinned_fp32, self.overrides + parsed, self.source)

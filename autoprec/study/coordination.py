@@ -92,7 +92,10 @@ def worker_id(device: int | None = None) -> str:
 def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats on: a trial left running by a dead worker is failed
     after ``GRACE_BEATS`` silent beats and queued again once."""
-    engine_kwargs = {"pool_pre_ping": True} if url.startswith(("postgresql", "mysql")) else {}
+    # SQLite: wait up to 30 s for a write lock (default 5 s), which a loaded machine's heartbeat thread,
+    # artifact writes and the trial's own commits can exceed between them.
+    engine_kwargs = ({"pool_pre_ping": True} if url.startswith(("postgresql", "mysql")) else
+                     {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     _quiet_heartbeat_notices()
     return optuna.storages.RDBStorage(
         url,

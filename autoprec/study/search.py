@@ -161,7 +161,8 @@ def open_study(
         raise StudyError(f"--storage {shown}: its database driver is not installed ({exc.__cause__ or exc}): "
                          "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
-        first = without_password((str(exc).strip().splitlines() or [""])[0], str(storage))
+        cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
+        first = without_password((str(cause).strip().splitlines() or [""])[0], str(storage))
         hint = ("if its disk is full, free space and run the same command again" if "disk" in first.lower() else
                 "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None

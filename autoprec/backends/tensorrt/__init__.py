@@ -39,7 +39,7 @@ import onnx
 from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model import RECURRENT_OPS, ModelInfo
 from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import (
@@ -633,11 +633,12 @@ def stamp_plan(model: onnx.ModelProto, info: ModelInfo, plan: Plan) -> onnx.Mode
     """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build checks."""
     precisions = plan.as_dict()
     # A node inside an If branch is named by its path in TensorRT's layer metadata, one in a Loop body by
-    # its own name: "main" holds both, tried in that order.
+    # its own name: "main" holds both, tried in that order. A recurrent op becomes a loop of layers no
+    # check reads a precision from: not stamped, so not checked.
     planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")),
                         "nodes": [subgraphs.label(u.scope, n) for n in u.nodes],
                         "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}
-               for u in info.units}
+               for u in info.units if u.op_type not in RECURRENT_OPS}
     entry = model.metadata_props.add()
     entry.key, entry.value = PLAN_METADATA_KEY, json.dumps(planned)
     return model
