@@ -13,11 +13,20 @@ contention; the figure says how much.
 
     python benchmarks/distributed.py                      # zoo:ppocr-cls, budget 40, 1/2/3 workers
     python benchmarks/distributed.py --models ppocr-rec --budget 30
+
+GPU mode (``--gpus N``): one worker per GPU (``--device i``, ort-cuda) on one study, with 1 and then N
+GPUs in the same run, a zoo model at ``--batch`` (its real samples and their mirror images, as
+gpu.py makes them); per run the trials per hour, distinct plans measured, that the budget was kept,
+and the chosen plan's latency and loss (worker 0's result). Writes distributed_gpu.json:
+
+    python benchmarks/distributed.py --gpus 2 --models ppocr-rec --batch 32 --budget 40
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,31 +41,44 @@ import postgres  # noqa: E402
 from _harness import machine_facts, run_models  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
+from autoprec.results.files import json_safe  # noqa: E402
 from autoprec.study.coordination import WORKER_ATTR  # noqa: E402
-from autoprec.study.search import counted, finished_records, uniform_trials  # noqa: E402
+from autoprec.study.search import (  # noqa: E402
+    counted,
+    finished_records,
+    planned_params,
+    uniform_trials,
+)
 
 WORKER_COUNTS = (1, 2, 3)
+
+
+def run_workers(url: str, name: str, commands: list[list[str]]) -> tuple[optuna.Study, list, float, float, dict[str, int]]:
+    """The worker commands side by side on study ``name``: the study, its counted trials, the wall clock,
+    the trial loop's seconds (first trial started -> last finished) and the trials each worker ran."""
+    started = time.monotonic()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    errors = [p.communicate()[1] for p in procs]
+    wall = time.monotonic() - started
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a worker failed:\n{next(e for p, e in zip(procs, errors) if p.returncode)[-3000:]}")
+    study = optuna.load_study(study_name=name, storage=url)
+    done = [t for t in study.get_trials() if t.datetime_complete is not None and counted(t)]
+    loop_s = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds()
+    per_worker: dict[str, int] = {}
+    for t in done:
+        who = t.user_attrs.get(WORKER_ATTR, {}).get("id", "?")
+        per_worker[who] = per_worker.get(who, 0) + 1
+    return study, done, wall, loop_s, per_worker
 
 
 def shared_search(url: str, model: str, workers: int, budget: int, folder: Path) -> dict:
     name = f"scale-{Path(folder).name}-{workers}"
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--storage", url, "--study-name", name,
            "--budget", str(budget), "--artifacts", str(folder / "artifacts"), "--no-progress"]
-    started = time.monotonic()
-    procs = [subprocess.Popen([*cmd, "--out", str(folder / f"w{workers}-{i}")], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for i in range(workers)]
-    errors = [p.communicate()[1] for p in procs]
-    wall = time.monotonic() - started
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"a worker failed:\n{errors[0][-3000:]}")
-    study = optuna.load_study(study_name=name, storage=url)
-    trials = study.get_trials()
-    done = [t for t in trials if t.datetime_complete is not None and counted(t)]
-    loop_s = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds()
-    per_worker: dict[str, int] = {}
-    for t in done:
-        who = t.user_attrs.get(WORKER_ATTR, {}).get("id", "?")
-        per_worker[who] = per_worker.get(who, 0) + 1
+    study, done, wall, loop_s, per_worker = run_workers(
+        url, name, [[*cmd, "--out", str(folder / f"w{workers}-{i}")] for i in range(workers)])
     fp32 = uniform_trials(finished_records(study)).get("fp32")
     return {
         "workers": workers,
@@ -69,6 +91,71 @@ def shared_search(url: str, model: str, workers: int, budget: int, folder: Path)
         "trials_per_worker": sorted(per_worker.values(), reverse=True),
         "fp32_ms": round(fp32.latency_ms, 3) if fp32 else None,
     }
+
+
+def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget: int, folder: Path,
+               backend: str = "ort-cuda") -> dict:
+    """One study shared by one worker per GPU; its rate, plans and answer."""
+    name = f"gpu-{model}-{gpus}"
+    shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--data", str(data), *shape_args,
+           "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", "0.01",
+           "--artifacts", str(folder / "artifacts"), "--no-progress"]
+    study, done, wall, loop_s, per_worker = run_workers(
+        url, name, [[*cmd, "--device", str(i), "--out", str(folder / f"g{gpus}-{i}")] for i in range(gpus)])
+    plans = {json.dumps(planned_params(t), sort_keys=True) for t in done if "duplicate_of" not in t.user_attrs}
+    pareto = json.loads((folder / f"g{gpus}-0" / "pareto.json").read_text())
+    chosen = next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), {})
+    latency = chosen.get("latency_ms")
+    return {
+        "trials_per_hour": round(len(done) / loop_s * 3600), "trials": len(done), "budget_kept": len(done) == budget,
+        "distinct_plans": len(plans), "trials_per_worker": sorted(per_worker.values(), reverse=True),
+        "trial_loop_s": round(loop_s, 1), "wall_s": round(wall, 1),
+        "trials_per_hour_wall": round(len(done) / wall * 3600),
+        "chosen_ms": chosen.get("final_latency_ms") or (latency.get("median_ms") if isinstance(latency, dict) else latency),
+        "chosen_loss": chosen.get("accuracy_loss"), "chosen_trial": chosen.get("trial"),
+    }
+
+
+def gpu_main(args) -> int:
+    import numpy as np
+    from gpu import mirrored_items
+
+    from autoprec.app.prepare import resolve_model
+
+    binaries = postgres.server_binaries()
+    if binaries is None:
+        raise SystemExit("needs PostgreSQL's server binaries (apt-get install postgresql; see docs/workers.md to carry them)")
+    model = args.models[0]
+    backend = get_backend(args.backend)
+    _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
+    shapes = {k: (args.batch, *v[1:]) for k, v in shapes.items()}
+    engine = backend.info()
+    report = {**machine_facts(backend), "device": f"{engine.device.split(' (')[0]} × {args.gpus}", "model": model,
+              "batch": args.batch, "budget": args.budget, "storage": "PostgreSQL (local, loopback)", "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="autoprec-gpus-") as tmp, postgres.local_server(binaries) as url:
+        folder = Path(tmp)
+        samples = folder / "samples.npz"
+        with np.load(data) as npz:
+            np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * args.batch))
+        env = {**os.environ, **({"LD_LIBRARY_PATH": os.environ["AUTOPREC_PG_LIBS"]} if "AUTOPREC_PG_LIBS" in os.environ else {})}
+        report["postgresql"] = subprocess.run([str(binaries / "postgres"), "--version"], capture_output=True,
+                                              text=True, env=env).stdout.strip()
+        for gpus in (1, args.gpus):
+            report["runs"][str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend)
+            print(f"{gpus} GPU(s): {report['runs'][str(gpus)]}", flush=True)
+    one, many = report["runs"]["1"], report["runs"][str(args.gpus)]
+    report["speedup"] = round(many["trials_per_hour"] / one["trials_per_hour"], 2)
+    print(f"\n{report['device']}, {model} batch {args.batch}, budget {args.budget}, {report['postgresql']}")
+    print(f"{'GPUs':>5}{'trials/h':>10}{'trials':>8}{'plans':>7}{'per worker':>12}{'chosen ms':>11}{'loss':>10}")
+    for gpus, run in report["runs"].items():
+        print(f"{gpus:>5}{run['trials_per_hour']:>10}{run['trials']:>8}{run['distinct_plans']:>7}"
+              f"{'/'.join(map(str, run['trials_per_worker'])):>12}{run['chosen_ms'] or float('nan'):>11.3f}"
+              f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
+    print(f"{args.gpus} GPUs: {report['speedup']}× the trials per hour of 1")
+    atomic.write_json(args.json, json_safe(report))
+    print(f"wrote {args.json}")
+    return 0
 
 
 def run_model(url: str, model: str, budget: int) -> dict:
@@ -85,8 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["ppocr-cls"])
     parser.add_argument("--budget", type=int, default=40)
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "distributed.json")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--gpus", type=int, default=0, help="GPU mode: one worker per GPU, 1 and then this many")
+    parser.add_argument("--batch", type=int, default=32, help="GPU mode: the batch size")
+    parser.add_argument("--backend", default="ort-cuda", help="GPU mode: the engine (ort-cpu only to try the mode)")
     args = parser.parse_args(argv)
+    results = Path(__file__).parent / "results"
+    if args.gpus:
+        args.json = args.json or results / "distributed_gpu.json"
+        return gpu_main(args)
+    args.json = args.json or results / "distributed.json"
     binaries = postgres.server_binaries()
     if binaries is None:
         raise SystemExit("needs a PostgreSQL server installed (apt-get install postgresql)")

