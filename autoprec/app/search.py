@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import optuna
 
 from autoprec.analysis.calibrate import calibration_cache
+from autoprec.analysis.model import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
@@ -163,6 +164,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
     info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants)
+    _say_pinned_ops(info, engine, left_out)
     fingerprint = dataset.fingerprint()
     metric_used = metric_for(wanted, info, dataset)
 
@@ -426,9 +428,12 @@ def _engine_space(
             if p in engine.slow_precisions:
                 log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
     searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
-    pinned = {op: why for op, why in engine.float32_ops.items() if op in space.units}
-    if pinned:
-        log.info(f"{engine.name}: {', '.join(pinned)} units kept FP32 ({next(iter(pinned.values()))})")
-        left_out.update({f"{op} units": f"kept FP32: {why}" for op, why in pinned.items()})
-    return space.restricted(keep).with_pinned(pinned), searched, left_out
+    return space.restricted(keep).with_pinned(engine.float32_ops), searched, left_out
+
+
+def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
+    """The model's units of op types the engine runs in FP32 only: said once, and kept in ``left_out``."""
+    for op in sorted({u.op_type for u in info.units} & set(engine.float32_ops)):
+        log.info(f"{engine.name}: {op} units kept FP32 ({engine.float32_ops[op]})")
+        left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
 
