@@ -33,7 +33,8 @@ class TensorSpec:
     """A model input or output. ``shape`` holds ints, or None/str for dynamic dims.
 
     ``batch_axis`` is where items stack into a batch: 0 mostly, 1 for a recurrent state shaped
-    [layers, batch, size], None for a scalar (one value per run).
+    [layers, batch, size], None for an input fed one tensor per run (a scalar; a fixed shape beside
+    a dynamic batch). See :func:`batch_axes`.
     """
 
     name: str

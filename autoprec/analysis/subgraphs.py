@@ -15,7 +15,6 @@ import onnx
 from onnx import helper
 
 Scope = tuple[str, ...]
-CONTROL_FLOW_OPS = {"If", "Loop", "Scan"}
 BRANCH_LABELS = {"then_branch": "then", "else_branch": "else", "body": "body"}
 
 
