@@ -252,6 +252,8 @@ def resolve_input_shapes(
     for spec in inputs:
         if spec.name in given:
             shape = tuple(given[spec.name])
+            if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+                raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole numbers above 0")
             if len(shape) != len(spec.shape) or any(
                 isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
             ):
