@@ -353,12 +353,16 @@ def _fold_batchnorm(graph: gs.Graph) -> int:
     return folded
 
 
-def cpu_session(model: onnx.ModelProto):
-    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference)."""
+def cpu_session(model: onnx.ModelProto, quick: bool = False):
+    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference).
+    ``quick``: basic graph optimisations only, for a single check run, where building the session costs
+    more than running it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
+    if quick:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -408,12 +412,7 @@ class _RunCheck:
             ) from None
 
     def _run(self, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(model, quick=True)
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, self.feeds)))
 

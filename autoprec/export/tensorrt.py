@@ -80,7 +80,8 @@ def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibrati
     The FP32 model is the one autoprec analysed (``model_fp32.onnx``: the source model with its
     nodes named, BatchNormalization folded, inputs at the measured shapes), because
     --layerPrecisions and the calibration cache name its nodes and tensors."""
-    inside = [u.name for u in spec.info.units if u.scope and spec.plan.as_dict().get(u.name, Precision.FP32) is not Precision.FP32]
+    planned = spec.plan.as_dict()
+    inside = [u.name for u in spec.info.units if u.scope and planned.get(u.name, Precision.FP32) is not Precision.FP32]
     if inside:
         raise ExportError(f"unit {printable(inside[0])} (and {len(inside) - 1} more) runs reduced inside an If/Loop body, "
                           "where TensorRT 10 names layers in ways autoprec has not checked against --layerPrecisions; "

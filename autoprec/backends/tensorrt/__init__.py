@@ -187,6 +187,8 @@ class TimingCache:
 # Network layers where a unit's arithmetic runs, and the type names TensorRT gives its tensors.
 _COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")
 _NETWORK_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT8": "int8", "FP8": "fp8"}
+
+
 def _enum_name(value) -> str:
     return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
 
