@@ -64,6 +64,8 @@ class SearchConfig:
         for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
             if value is not None and not value > 0:
                 raise AutoprecError(f"{option} {value}: must be more than 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise AutoprecError(f"--seed {self.seed}: must be a whole number of 0 or more")
         if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
             raise AutoprecError(f"--max-loss {self.max_loss}: must be a loss of 0 or more")
         if self.calibration not in (*CALIBRATION_METHODS, "auto"):

@@ -305,8 +305,12 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             + "; its plans are measured at those shapes (search again for others)")
     norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
     recorded_data, fingerprint = facts.get("data_path"), _recorded(result, "data_fingerprint", facts)
+    seed = _recorded(result, "seed", facts)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise AutoprecError(f"{result.out_dir}: its recorded seed {seed!r} is not a whole number of 0 or more "
+                            "(pareto.json damaged?); rerun the search")
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
-                                         int(_recorded(result, "seed", facts)), norm["mean"], norm["std"],
+                                         seed, norm["mean"], norm["std"],
                                          facts.get("constants"))
     if info.sha256 != sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
