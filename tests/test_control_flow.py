@@ -18,6 +18,7 @@ from autoprec.core.errors import DataError, ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure.accuracy import compare, loss_from_metrics
 from autoprec.zoo import ENTRIES
 
 SPACE = load_search_space()
@@ -227,6 +228,18 @@ def test_silero_vad_is_a_zoo_model_with_speech_data():
     assert entry.wheel.requirement == "silero-vad==6.2.3" and entry.shapes["sr"] == ()
 
 
+def _loss_in_fresh_sessions(chosen, original, feeds) -> float:
+    """The chosen plan's loss as autoprec defines it (mean over outputs; per item), measured in fresh ONNX
+    Runtime sessions against the model as it came, on every speech item (the search saw its evaluation
+    share: the limit bounds the mean there, not any one item)."""
+    sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (chosen, original)]
+    chosen_runs, original_runs = ([{f"out{k}": a[None] for k, a in enumerate(session.run(None, f))} for f in feeds]
+                                  for session in sessions)  # one item per batch
+    loss = loss_from_metrics(compare(original_runs, chosen_runs), "cosine")
+    print(f"loss in fresh sessions over {len(feeds)} items: {loss:.2e}")
+    return loss
+
+
 @pytest.fixture(scope="module")
 def vad_root(tmp_path_factory):
     """The real thing: pip downloads silero-vad and espeakng-loader from PyPI; eSpeak NG speaks, the FP32
@@ -247,14 +260,8 @@ def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatc
     assert result.search["left_out"]["LSTM units"].startswith("kept FP32: ONNX Runtime's CPU kernels")
     assert result.model["searchable_units"] == 6 and result.model["units"] == 16
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
-    feeds = [{"input": data["input"][i : i + 1], "state": data["state"][i][:, None], "sr": np.array(data["sr"][i])} for i in range(0, 64, 4)]
-    best = ort.InferenceSession(str(tmp_path / "out" / "best" / "model.onnx"), providers=["CPUExecutionProvider"])
-    fp32 = ort.InferenceSession(str(vad_root / "zoo" / "silero-vad" / "model.onnx"), providers=["CPUExecutionProvider"])
-    for f in feeds:  # the chosen plan, in a fresh ONNX Runtime session, against the model as it came
-        (prob, state), (want_prob, want_state) = best.run(None, f), fp32.run(None, f)
-        assert state.shape == want_state.shape == (2, 1, 128) and abs(float(prob[0, 0]) - float(want_prob[0, 0])) < 0.1  # one item; the 0.01 limit bounds the mean
-        cosine = np.dot(state.ravel(), want_state.ravel()) / np.linalg.norm(state) / np.linalg.norm(want_state)
-        assert cosine > 0.99
+    speech = [{"input": data["input"][i : i + 1], "state": data["state"][i][:, None], "sr": np.array(data["sr"][i])} for i in range(64)]
+    assert _loss_in_fresh_sessions(tmp_path / "out" / "best" / "model.onnx", vad_root / "zoo" / "silero-vad" / "model.onnx", speech) < 0.015
 
 
 @pytest.mark.parametrize("member, units", [("silero_vad_16k_op15.onnx", 8), ("silero_vad_op18_ifless.onnx", 16)])
@@ -278,8 +285,5 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     result = autoprec.search(path, budget=4, data=samples, shapes=shapes, constants={"sr": 16000}, out=tmp_path / "out",
                              max_loss=0.01, progress=False, isolate=False)
     assert result.chosen.measurement.loss <= 0.01
-    best, original = onnx.load(str(tmp_path / "out" / "best" / "model.onnx")), onnx.load(str(path))
-    for i in range(0, 64, 8):  # the chosen plan, in a fresh ONNX Runtime session, against the model as it came
-        feeds = {"input": data["input"][i : i + 1], "state": data["state"][i][:, None], "sr": np.array(16000, np.int64)}
-        (prob, _), (want, _) = _run(best, feeds), _run(original, feeds)
-        assert abs(float(prob.ravel()[0]) - float(want.ravel()[0])) < 0.05
+    speech = [{"input": data["input"][i : i + 1], "state": data["state"][i][:, None], "sr": np.array(16000, np.int64)} for i in range(64)]
+    assert _loss_in_fresh_sessions(tmp_path / "out" / "best" / "model.onnx", path, speech) < 0.015
