@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
+import math
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +31,13 @@ from autoprec.core import atomic
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Measurement, Screen, measure
+from autoprec.study.search import (
+    default_sampler,
+    finished_records,
+    open_study,
+    run_study,
+    seed_plans,
+)
 
 
 def machine_facts(backend: Backend) -> dict:
@@ -123,3 +132,19 @@ def task_metrics(metrics: dict) -> dict:
     """The task metrics among a measurement's per-output metrics, by output."""
     found = {name: {k: round(v, 4) for k, v in values.items() if k in TASK_KEYS} for name, values in metrics.items()}
     return {name: values for name, values in found.items() if values}
+
+
+def dense_reference(ctx, trials: int, name: str) -> tuple[list, int]:
+    """The reference front's study: every plan where the plan space has at most ``trials`` plans,
+    else ``trials`` of them (the uniform plans first, then multivariate TPE). Returns its finished
+    records and its size."""
+    units = ctx.info.searchable_units
+    space = math.prod(len(u.allowed) for u in units)
+    study = open_study(optuna.storages.InMemoryStorage(), f"{name}-reference", {}, default_sampler(1000))
+    if space <= trials:  # exhaustive
+        for choice in itertools.product(*[[p.value for p in u.allowed] for u in units]):
+            study.enqueue_trial(dict(zip([u.name for u in units], choice)))
+    else:
+        seed_plans(study, ctx)
+    run_study(study, ctx, min(space, trials))
+    return finished_records(study), min(space, trials)

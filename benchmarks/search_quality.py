@@ -34,6 +34,7 @@ from optuna._hypervolume import compute_hypervolume
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
     CachedMeasure,
+    dense_reference,
     machine_facts,
     prepare_zoo,
     run_models,
@@ -45,13 +46,11 @@ from autoprec.measure.measurement import accuracy_loss, screening_batches  # noq
 from autoprec.results.files import decisions  # noqa: E402
 from autoprec.study.search import (  # noqa: E402
     StudyContext,
-    default_sampler,
     finished_records,
     make_sampler,
     open_study,
     run_study,
     run_warm_started,
-    seed_plans,
 )
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
@@ -92,18 +91,7 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     ctx = lambda: StudyContext(info, backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
     started = time.monotonic()
     space = math.prod(len(u.allowed) for u in info.searchable_units)
-    reference = _study(default_sampler(1000), f"{name}-reference")
-    if space <= reference_trials:  # exhaustive
-        import itertools
-
-        for choice in itertools.product(*[[p.value for p in u.allowed] for u in info.searchable_units]):
-            reference.enqueue_trial(dict(zip([u.name for u in info.searchable_units], choice)))
-        reference_budget = space
-    else:
-        seed_plans(reference, ctx())
-        reference_budget = reference_trials
-    run_study(reference, ctx(), reference_budget)
-    reference_records = finished_records(reference)
+    reference_records, reference_budget = dense_reference(ctx(), reference_trials, name)
     all_points = _points(reference_records)
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
 

@@ -6,9 +6,11 @@ build, timing, accuracy evaluation (running the evaluation batches and comparing
 (sampling, serialising the candidate to the worker, bookkeeping); the overhead fraction
 (lowering + other over the trial's wall time: what is not engine work); and the one-time costs
 (analysis, calibration, FP32 reference outputs, worker start). Medians over measured trials
-(duplicates excluded).
+(duplicates excluded). With ``--proposals K`` (default 8: the plans are judged before they are
+built, as on TensorRT), also the builds of the target in every phase, the reference evaluations and
+the latency model's median absolute error on the plans it chose before they were built.
 
-    python benchmarks/trial_cost.py [--quick]
+    python benchmarks/trial_cost.py [--quick] [--proposals 0]
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ QUICK_MODELS = ("ppocr-cls", "magika")
 PARTS = ("lower", "build", "time", "evaluate")
 
 
-def run_model(name: str, budget: int) -> dict:
+def run_model(name: str, budget: int, proposals: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        autoprec.search(f"zoo:{name}", budget=budget, out=Path(tmp) / name, progress=False)
+        autoprec.search(f"zoo:{name}", budget=budget, out=Path(tmp) / name, progress=False, proposals=proposals)
         result = read_result_dir(Path(tmp) / name)
     trials = [t for t in result.trials["trials"] if t["duplicate_of"] is None and "trial" in t["seconds"]]
     per_trial = {part: statistics.median(t["seconds"][part] for t in trials) for part in PARTS}
@@ -48,6 +50,9 @@ def run_model(name: str, budget: int) -> dict:
         "overhead_fraction": round(statistics.median(overhead), 4),
         "one_time_s": result.pareto["search"]["one_time_seconds"],
         "search_wall_s": result.pareto["search"]["wall_seconds"],
+        "engine_builds_by_phase": result.pareto["search"]["engine_builds_by_phase"],
+        "reference_evaluations": result.pareto["search"]["reference_evaluations"],
+        "latency_model_error_percent": result.pareto["search"]["reference"].get("median_abs_error_percent"),
         "input_shapes": {k: v["shape"] for k, v in result.pareto["model"]["inputs"].items()},
     }
 
@@ -56,21 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two small models, budget 10")
     parser.add_argument("--models", nargs="*")
+    parser.add_argument("--proposals", type=int, default=8, help="plans judged per build (0: every trial built)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "trial_cost.json")
     args = parser.parse_args(argv)
     budget = 10 if args.quick else 20
     models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
     report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "budget": budget,
+              "proposals": args.proposals,
               "isolation": "worker process (the default)", "statistic": "median over measured trials", "models": {}}
-    run_models(report, models, lambda name: run_model(name, budget), args.json)
+    run_models(report, models, lambda name: run_model(name, budget, args.proposals), args.json)
     print(f"\ntrial cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {budget}; JSON: {args.json}")
-    print(f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9}   one-time s")
+    print(f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9} "
+          f"{'builds':>7} {'ref evals':>9} {'latency err %':>13}   one-time s")
     for name, m in report["models"].items():
         p = m["per_trial_s"]
         once = ", ".join(f"{k} {v:.2f}" for k, v in m["one_time_s"].items())
         print(f"{name:<10} {m['trial_wall_s_median']:>8.3f} {p['lower']:>7.3f} {p['build']:>7.3f} {p['time']:>7.3f} "
-              f"{p['evaluate']:>7.3f} {p['other']:>7.3f} {m['overhead_fraction']:>8.1%}   {once}")
+              f"{p['evaluate']:>7.3f} {p['other']:>7.3f} {m['overhead_fraction']:>8.1%} "
+              f"{sum(m['engine_builds_by_phase'].values()):>7} {m['reference_evaluations']:>9} "
+              f"{str(m['latency_model_error_percent']):>13}   {once}")
     return 0
 
 

@@ -177,6 +177,27 @@ def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_igno
     assert int8_conv2 and set(int8_conv2) <= set(ignored)
     assert (out / "cache" / "tensorrt.timing-cache").is_file()
     assert "never been executed" in caplog.text  # the caveat is logged as a warning (the CLI shows it)
+    search = pareto["search"]  # builds are slow on TensorRT: plans are judged on the CPU first, 8 per build
+    assert search["reference"]["executor"] == "ONNX Runtime CPU running the graph tensorrt builds (tensorrt Q/DQ form)"
+    assert search["reference"]["proposals_per_build"] == 8 and search["reference"]["predictions"]
+    assert search["engine_builds_by_phase"]["trials"] == 5 and search["engine_builds"] == sum(search["engine_builds_by_phase"].values())
+    assert search["reference_evaluations"] > json.loads((out / "sensitivity.json").read_text())["evaluations"]
+
+
+def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_and_the_search_says_so(
+        trt, tmp_path, conv_model, conv_data, caplog, monkeypatch):
+    from autoprec.backends.onnxruntime import OrtCpuBackend
+
+    def lacks_a_kernel(self, model):
+        raise BackendError("Could not find an implementation for Conv(11) node with name 'conv1'")
+
+    monkeypatch.setattr(OrtCpuBackend, "prepare", lacks_a_kernel)  # the reference executor only: the model runs elsewhere
+    out = tmp_path / "result"
+    autoprec.search(conv_model, budget=4, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
+    search = json.loads((out / "pareto.json").read_text())["search"]
+    assert "the reference executor cannot run this model" in caplog.text and "Could not find an implementation" in caplog.text
+    assert search["reference"]["executor"] == "tensorrt itself (ONNX Runtime CPU could not run the model)"
+    assert search["reference_evaluations"] == 0 and search["engine_builds_by_phase"]["accuracy"] > 0  # counted as builds
 
 
 def test_selecting_tensorrt_without_it_is_a_one_line_error(monkeypatch, conv_model, capsys):

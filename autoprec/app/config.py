@@ -45,6 +45,7 @@ class SearchConfig:
     warm_start: bool = True
     early_reject: bool = True
     build_workers: int | None = None
+    proposals: int | None = None
     heartbeat: int = DEFAULT_HEARTBEAT
     artifacts: str | os.PathLike | None = None
     head: HeadOptions | None = None
@@ -59,6 +60,8 @@ class SearchConfig:
         for option, (value, what) in at_least_one.items():
             if value is not None and value < 1:
                 raise AutoprecError(f"{option} {value}: must be at least 1{what}")
+        if self.proposals is not None and self.proposals < 0:
+            raise AutoprecError(f"--proposals {self.proposals}: must be 0 (every trial built) or more")
         if self.build_workers and self.build_workers > 1 and not self.isolate:
             raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; drop --no-isolation")
         for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import statistics
 import time
 import zlib
 from pathlib import Path
@@ -69,9 +71,12 @@ from autoprec.study.coordination import (
     redacted,
     worker_id,
 )
+from autoprec.study.latency_model import median_error_percent
+from autoprec.study.proposals import Proposer
 from autoprec.study.search import (
     RETIME_ROUNDS,
     StudyContext,
+    built_trials,
     choose,
     counted,
     default_study_name,
@@ -79,6 +84,7 @@ from autoprec.study.search import (
     make_sampler,
     nothing_measured,
     open_study,
+    record,
     rejected_trials,
     retimed_front,
     run_warm_started,
@@ -153,7 +159,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     progress, isolate, trial_timeout, trial_memory_gb = config.progress, config.isolate, config.trial_timeout, config.trial_memory_gb
     precisions, device, sampler, warm_start = config.precisions, config.device, config.sampler, config.warm_start
     early_reject, build_workers, heartbeat, artifacts = config.early_reject, config.build_workers, config.heartbeat, config.artifacts
-    head, constants = config.head, config.constants
+    head, constants, proposals = config.head, config.constants, config.proposals
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
     wanted = resolve_metric(metric, declared_tasks(model), head)
@@ -243,6 +249,11 @@ def run_search(config: SearchConfig) -> SearchResult:
             measurer = InProcessMeasurer(engine, dataset.evaluation, judge, ranking)
             log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, lambda model: measurer.measure(model, screen), calibration, max_loss, locks, me)
+        per_build = engine.default_proposals if proposals is None else proposals
+        reference, executor = (measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)")
+        if per_build or engine.name == "ort-cpu":
+            reference, executor = _reference_executor(engine, measurer, ctx, dataset, judge, ranking,
+                                                      limits if isolate else None, out_dir / "cache", stack)
         unit_sensitivity, from_cache = None, False
         if warm_start:
             if ranking is not judge:
@@ -250,7 +261,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                              "changes few decisions on a quarter of the data: too coarse to rank units by)")
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, lambda model: measurer.accuracy_loss(model, screened), screened, ranking.metric.describe(), calibration,
+                    prepared, engine, lambda model: reference.accuracy_loss(model, screened), screened, ranking.metric.describe(), calibration,
                     out_dir / "sensitivity.json", progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
@@ -260,10 +271,24 @@ def run_search(config: SearchConfig) -> SearchResult:
         log.info(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
         if engine_info.caveat:
             log.warning(engine_info.caveat)
+        proposer = None
+        if per_build:
+            gains = {u.unit: dict(u.gain) for u in unit_sensitivity.units} if unit_sensitivity is not None else {}
+            if any(gains.values()):
+                with locks.hold("identity"):
+                    proposer = Proposer.open(storage_url, name, identity, seed, ctx, lambda model: reference.accuracy_loss(
+                        model, len(dataset.evaluation), constraint=True), gains, per_build)
+                log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {executor}, their "
+                         f"latency by a model fitted to {engine.name}'s profiles (refitted on every build)")
+            else:
+                log.warning(f"--proposals {per_build}: no per-unit profile of {engine.name} to predict latency from "
+                            "(no sensitivity pass, or the engine has no profiler): every trial is built")
         with console.SearchProgress(budget, min(done, budget), max_loss, enabled=progress) as bar:
-            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers)
+            warm, slow = run_warm_started(study, ctx, budget, unit_sensitivity, on_trial=bar.update, workers=workers,
+                                          propose=proposer)
         if unit_sensitivity is not None:
             log.info(f"warm start: {len(warm)} plan(s) from the sensitivity ranking were queued"
+                     + (" as proposals" if proposer is not None else "")
                          + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
         trials = finished_records(study)
@@ -273,6 +298,13 @@ def run_search(config: SearchConfig) -> SearchResult:
             study, lambda plans: measurer.time_interleaved([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
         )
     trials = [retimed.get(t.number, t) for t in trials]
+    builds = _builds(study, unit_sensitivity if not from_cache else None, len(retimed), proposer,
+                     reference is measurer and engine.name != "ort-cpu")
+    predicted = _predictions(study, proposer)
+    log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}); "
+             f"reference evaluations: {builds['reference_evaluations']}"
+             + (f"; latency model error {predicted['median_abs_error_percent']} % (median of {len(predicted['predictions'])} "
+                "prediction(s) made before the build)" if predicted and predicted["predictions"] else ""))
     chosen = choose(front, max_loss)
     changed = decision_changes(metric_used, chosen.measurement.metrics) if chosen is not None else []
     for line in changed:
@@ -312,6 +344,10 @@ def run_search(config: SearchConfig) -> SearchResult:
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
         "rejected": rejected_trials(study),
+        "engine_builds": builds["total"],
+        "engine_builds_by_phase": builds["by_phase"],
+        "reference_evaluations": builds["reference_evaluations"],
+        "reference": {"executor": executor, "proposals_per_build": per_build if proposer is not None else 0, **(predicted or {})},
         "plan_ignored": [t.number for t in trials if plan_ignored(t)],
     }
     if search_facts["plan_ignored"]:
@@ -437,3 +473,58 @@ def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) 
         log.info(f"{engine.name}: {op} units kept FP32 ({engine.float32_ops[op]})")
         left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
 
+
+def _reference_executor(engine: Backend, measurer: Measurer, ctx: StudyContext, dataset, judge, ranking,
+                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str]:
+    """Where a plan's loss is computed without building it on the target: ONNX Runtime on the CPU,
+    running the graph in the target's Q/DQ form. On ort-cpu that is the target itself; where the CPU
+    cannot run the target's form (an op ONNX Runtime lacks), the target measures accuracy, said once."""
+    if engine.name == "ort-cpu":
+        return measurer, "ONNX Runtime CPU (the target engine itself)"
+    if limits is not None:
+        reference: Measurer = stack.enter_context(IsolatedMeasurer("ort-cpu", dataset.evaluation, judge, limits,
+                                                                   cache / "reference-stderr.log", 0, cache))
+    else:
+        reference = InProcessMeasurer(get_backend("ort-cpu"), dataset.evaluation, judge, ranking)
+    executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
+    method = DEFAULT_CALIBRATION if ctx.calibration == "auto" else ctx.calibration
+    try:
+        for precision in (Precision.INT8, Precision.FP16):
+            units = [u.name for u in ctx.info.searchable_units if precision in u.allowed]
+            if units:
+                reference.accuracy_loss(engine.lower(ctx.info, ctx.info.plan_at(precision, units, method), ctx.ranges), 1)
+    except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
+        log.warning(f"the reference executor cannot run this model ({type(exc).__name__}: "
+                    f"{(str(exc).strip().splitlines() or [''])[0][:200]}): {engine.name} measures every plan's accuracy")
+        return measurer, f"{engine.name} itself (ONNX Runtime CPU could not run the model)"
+    return reference, executor
+
+
+def _builds(study: optuna.Study, sensitivity: Sensitivity | None, retimed: int, proposer: Proposer | None,
+            reference_on_target: bool) -> dict:
+    """Builds (or sessions) of the target engine in every phase of this search, and the plans the
+    reference executor evaluated instead (counted as builds where the target had to be the reference)."""
+    by_phase = {"profiles": sensitivity.profiles if sensitivity else 0, "trials": len(built_trials(study)), "retiming": retimed}
+    evaluations = (sensitivity.evaluations if sensitivity else 0) + (proposer.evaluated() if proposer else 0)
+    if reference_on_target:
+        by_phase["accuracy"], evaluations = evaluations, 0
+    return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations}
+
+
+def _predictions(study: optuna.Study, proposer: Proposer | None) -> dict | None:
+    """For each plan built on a proposal: the latency predicted and the reference loss beside what the
+    target measured; the latency model's median error and the reference's loss gap over them."""
+    if proposer is None:
+        return None
+    rows = []
+    for trial in built_trials(study):
+        record_ = record(trial)
+        if record_ is not None and "predicted_ms" in trial.user_attrs:
+            rows.append({"trial": trial.number, "predicted_ms": round(trial.user_attrs["predicted_ms"], 4),
+                         "measured_ms": round(record_.measurement.latency.median_ms, 4),
+                         "reference_loss": trial.user_attrs["reference_loss"], "loss": record_.loss})
+    gaps = [abs(r["loss"] - r["reference_loss"]) for r in rows if math.isfinite(r["loss"])]
+    return {"latency_model": proposer.model.to_json() if proposer.model else None,
+            "median_abs_error_percent": median_error_percent([(r["predicted_ms"], r["measured_ms"]) for r in rows]),
+            "loss_gap": {"median_abs": statistics.median(gaps), "max_abs": max(gaps)} if gaps else None,
+            "predictions": rows}

@@ -130,6 +130,9 @@ class Backend(abc.ABC):
     # Candidates measured side by side by default (--build-workers): worth it where builds are slow
     # next to running a candidate, and safe only where a build does not disturb the timed run.
     default_build_workers: ClassVar[int] = 1
+    # Plans judged on the reference executor (ONNX Runtime, CPU) per build of this engine (--proposals):
+    # worth it where a build costs far more than evaluating a plan there.
+    default_proposals: ClassVar[int] = 0
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

@@ -173,10 +173,10 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 with on_device:
                     timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
                 conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
-            elif kind == "loss":  # ("loss", serialized model, number of batches)
-                model, count = args
+            elif kind == "loss":  # ("loss", serialized model, number of batches, the constraint's judge or the ranking's)
+                model, count, constraint = args
                 with on_device:
-                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], ranking)
+                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge if constraint else ranking)
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
@@ -280,10 +280,9 @@ class IsolatedMeasurer(Measurer):
     def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
         return Measurement.from_json(self._ask(("measure", model.SerializeToString(), screen), self.limits.seconds))
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
-        """:func:`autoprec.measure.measurement.accuracy_loss` on the first ``batches`` evaluation batches, in the worker, as
-        the sensitivity pass ranks units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`)."""
-        return self._ask(("loss", model.SerializeToString(), batches), self.limits.seconds)
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+        """:meth:`Measurer.accuracy_loss`, in the worker."""
+        return self._ask(("loss", model.SerializeToString(), batches, constraint), self.limits.seconds)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
         """:func:`autoprec.measure.measurement.time_interleaved` in the worker, within the time limit per model."""
@@ -326,9 +325,9 @@ class MeasurerPool(Measurer):
         with self._worker() as measurer:
             return measurer.measure(model, screen)
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
         with self._worker() as measurer:
-            return measurer.accuracy_loss(model, batches)
+            return measurer.accuracy_loss(model, batches, constraint)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
         with self._worker() as measurer:

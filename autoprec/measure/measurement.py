@@ -174,9 +174,10 @@ class Measurer(abc.ABC):
         """:func:`measure` on the evaluation batches."""
 
     @abc.abstractmethod
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
         """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity pass ranks
-        units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`)."""
+        units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss`` constrains
+        plans (``constraint``: the search's own judge, what a plan proposed before its build is held to)."""
 
     @abc.abstractmethod
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
@@ -193,8 +194,8 @@ class InProcessMeasurer(Measurer):
     def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
         return measure(self.backend, model, self.batches, self.judge, screen)
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int) -> float:
-        return accuracy_loss(self.backend, model, self.batches[:batches], self.ranking)
+    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+        return accuracy_loss(self.backend, model, self.batches[:batches], self.judge if constraint else self.ranking)
 
     def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
         return time_interleaved(self.backend, models, self.batches[0], rounds)

@@ -260,6 +260,8 @@ SEARCH = {
     "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))), "metric_notes": Optional_([str]), "decision_changes": Optional_([str]),
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
     "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
+    "engine_builds": Optional_(int), "engine_builds_by_phase": Optional_(MapOf(int)), "reference_evaluations": Optional_(int),
+    "reference": Optional_({"executor": str, "proposals_per_build": int}),
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),

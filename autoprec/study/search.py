@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import onnx
 import optuna
@@ -73,6 +73,16 @@ class TrialRecord:
         return self.measurement.loss
 
 
+class Proposals(Protocol):
+    """Plans judged before they are built (:class:`autoprec.study.proposals.Proposer`)."""
+
+    def __call__(self, study: optuna.Study) -> tuple[dict[str, str], dict] | None:
+        """The next plan to build and what was predicted of it; None: the study's sampler proposes."""
+
+    def enqueue(self, plans: list[dict[str, str]]) -> None:
+        """Plans to judge first."""
+
+
 @dataclass
 class StudyContext:
     """Everything a trial needs, prepared once per search."""
@@ -85,6 +95,8 @@ class StudyContext:
     max_loss: float | None
     locks: StudyLocks = field(default_factory=lambda: StudyLocks(None, f"local-{os.getpid()}-{id(object())}"))
     worker: str = field(default_factory=worker_id)
+    # The next plan to build and what was predicted of it (autoprec.study.proposals), once set; None: the sampler's.
+    propose: Proposals | None = None
 
 
 # With --calibration auto the INT8 range method is one more categorical of the study.
@@ -267,6 +279,10 @@ def start_trial(study: optuna.Study, ctx: StudyContext, budget: int, started: li
     died and they are failed and queued again (heartbeat), and this worker runs the re-run.
     """
     while True:
+        proposal = None
+        if ctx.propose is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if sum(counted(t) for t in study.get_trials(deepcopy=False)) < budget:
+                proposal = ctx.propose(study)  # judged on the reference executor, outside the lock
         with ctx.locks.hold("queue"):
             fail_dead_trials(study)
             trials = study.get_trials(deepcopy=False)
@@ -274,6 +290,8 @@ def start_trial(study: optuna.Study, ctx: StudyContext, budget: int, started: li
             if done >= budget:
                 return None
             if done + sum(t.state == TrialState.RUNNING for t in trials) < budget:
+                if proposal is not None:
+                    study.enqueue_trial(proposal[0], user_attrs=proposal[1])
                 with interrupts_deferred():
                     started.append(study.ask(distributions(ctx.info, ctx.calibration)))
                 return started[-1]
@@ -414,9 +432,11 @@ def run_warm_started(
     sensitivity: Sensitivity | None,
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
     workers: int = 1,
+    propose: Proposals | None = None,
 ) -> tuple[list[dict[str, str]], list[str]]:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
-    measured latencies, then the sampler, until ``budget`` trials count.
+    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, the
+    warm-start plans and the sampler's are proposals, judged before any is built.
 
     Returns the warm-start plans and the precisions they left out whose all-units plan was not
     faster than all-FP32.
@@ -429,7 +449,11 @@ def run_warm_started(
         measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
-        seed_plans(study, ctx, warm)
+        if propose is not None:
+            propose.enqueue(warm)
+        else:
+            seed_plans(study, ctx, warm)
+    ctx.propose = propose
     run_study(study, ctx, budget, on_trial, workers)
     return warm, slow
 
@@ -464,6 +488,12 @@ def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
             + (f", {rejected} rejected early" if errors and rejected else "")
             + f". The study and {out_dir} are kept; fix the cause and search again into a new --out "
             "(this study's budget is spent)")
+
+
+def built_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials whose plan the target engine built: measured, rejected after screening, or failed
+    (a duplicate reuses an earlier build)."""
+    return [t for t in study.get_trials(deepcopy=False) if counted(t) and "duplicate_of" not in t.user_attrs]
 
 
 def finished_records(study: optuna.Study) -> list[TrialRecord]:

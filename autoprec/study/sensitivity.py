@@ -68,6 +68,7 @@ class Sensitivity:
     engine: str
     failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
     first_error: str = ""
+    profiles: int = 0  # builds of the engine that profiled a plan (the FP32 model, each all-units plan)
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
@@ -83,7 +84,7 @@ class Sensitivity:
         return {
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
-            "failed": self.failed, "first_error": self.first_error,
+            "failed": self.failed, "first_error": self.first_error, "profiles": self.profiles,
         }
 
     @classmethod
@@ -93,7 +94,7 @@ class Sensitivity:
             for u in data["units"]
         )
         return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"],
-                   data.get("failed", 0), data.get("first_error", ""))
+                   data.get("failed", 0), data.get("first_error", ""), data.get("profiles", 0))
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
@@ -153,12 +154,14 @@ def unit_times(
 
 
 def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | None, batch: Batch,
-               fp32_times: Mapping[str, float], calibration: str) -> dict[str, dict[str, float]]:
+               fp32_times: Mapping[str, float], calibration: str) -> tuple[dict[str, dict[str, float]], int]:
     """precision -> unit -> fraction of FP32 time the unit saves, from one profile of each reduced
-    precision's all-units plan. A plan that cannot be lowered or profiled gives no gains."""
+    precision's all-units plan (and how many plans were profiled). A plan that cannot be lowered or
+    profiled gives no gains."""
     total = sum(fp32_times.values())
     fp32 = unit_times(info, info.model, fp32_times)
     gains: dict[str, dict[str, float]] = {}
+    profiled = 0
     for precision in (Precision.INT8, Precision.FP16):
         lowered_units = [u for u in info.searchable_units if precision in u.allowed]
         if not lowered_units:
@@ -167,6 +170,7 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
         plan = info.plan_at(precision, names, calibration)
         try:
             lowered = backend.lower(info, plan, ranges)
+            profiled += 1
             times = backend.node_times(lowered, batch)
         except Exception:  # noqa: BLE001 - an engine that cannot run it: the warm start falls back to the uniform plan's latency
             continue
@@ -174,7 +178,7 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
             spent = unit_times(info, lowered, times, names)
             # a unit the profile lost track of (renamed beyond recognition) has no measured gain
             gains[precision.value] = {u: (fp32.get(u, 0.0) - spent[u]) / total for u in names if spent.get(u)}
-    return gains
+    return gains, profiled
 
 
 def analyse_sensitivity(
@@ -196,7 +200,7 @@ def analyse_sensitivity(
     fp32_times = backend.node_times(info.model, profile_batch)
     profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
-    gains = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else {}
+    gains, profiles = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)
     steps = [(u, p) for u in info.searchable_units for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.searchable_units}
     failures: list[str] = []
@@ -215,7 +219,7 @@ def analyse_sensitivity(
         for u in info.searchable_units
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
-                       len(failures), failures[0] if failures else "")
+                       len(failures), failures[0] if failures else "", profiles + (fp32_times is not None))
 
 
 def cache_key(info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int) -> str:

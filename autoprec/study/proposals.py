@@ -1,0 +1,152 @@
+"""Builds spent where they decide: plans proposed and judged before any is built on the target.
+
+Before each build the proposer lets a second Optuna study (beside the search's, in the same
+storage, so a killed search resumes it) propose ``per_build`` plans; each is lowered in the
+target's form and its loss computed by the reference executor (ONNX Runtime on the CPU running
+that same explicit-precision graph), its latency predicted by the :class:`LatencyModel`. Of the
+plans proposed so far and not built, the one that decides most is built next: the fastest
+predicted within ``--max-loss``, or without a limit, the one whose predicted point adds most to
+the measured front's hypervolume. The front and the choice stay on measured numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import onnx
+import optuna
+from optuna.trial import TrialState
+
+from autoprec.core.plan import Plan
+from autoprec.study.latency_model import Features, LatencyModel
+from autoprec.study.search import (
+    StudyContext,
+    distributions,
+    finished_records,
+    make_sampler,
+    open_study,
+    plan_from_params,
+    planned_params,
+    uniform_trials,
+)
+
+# Without --max-loss the front's hypervolume is taken as search_quality.py takes it.
+REFERENCE_POINT = (1.5, 1.0)
+LOSS_SCALE = 0.05
+
+
+def hypervolume(points: list[tuple[float, float]], reference: tuple[float, float] = REFERENCE_POINT) -> float:
+    """The area two minimised objectives dominate below ``reference`` (2-D: a sweep)."""
+    inside = sorted((x, y) for x, y in points if x < reference[0] and y < reference[1])
+    area, ceiling = 0.0, reference[1]
+    for x, y in inside:
+        if y < ceiling:
+            area += (reference[0] - x) * (ceiling - y)
+            ceiling = y
+    return area
+
+
+@dataclass
+class Proposer:
+    """``reference_loss``: a lowered plan's loss on the reference executor, as ``--max-loss`` constrains it."""
+
+    ctx: StudyContext
+    reference: optuna.Study
+    reference_loss: Callable[[onnx.ModelProto], float]
+    gains: Mapping[str, Mapping[str, float]]  # the sensitivity's: unit -> precision -> FP32 time saved
+    per_build: int
+    model: LatencyModel | None = None  # made once the all-FP32 plan is measured
+    _features: dict[str, Features] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, storage: str | optuna.storages.BaseStorage, study_name: str, identity: dict, seed: int, ctx: StudyContext,
+             reference_loss: Callable[[onnx.ModelProto], float], gains: Mapping[str, Mapping[str, float]],
+             per_build: int) -> Proposer:
+        """The reference study beside the search's, in its storage (a resumed search keeps its proposals)."""
+        reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
+        return cls(ctx, reference, reference_loss, gains, per_build)
+
+    def features(self, plan: Plan, lowered: onnx.ModelProto | None = None) -> Features:
+        key = plan.key()
+        if key not in self._features:
+            lowered = lowered if lowered is not None else self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
+            self._features[key] = self.model.features(plan, lowered, self.ctx.info.model)
+        return self._features[key]
+
+    def __call__(self, study: optuna.Study) -> tuple[dict[str, str], dict] | None:
+        """The next plan to build (its parameters and what was predicted of it), or None where no
+        proposal is left that was not built (the sampler of ``study`` then proposes as before)."""
+        built = finished_records(study)
+        fp32 = uniform_trials(built).get("fp32")
+        if fp32 is None:
+            return None
+        if self.model is None:
+            self.model = LatencyModel(fp32.latency_ms, self.gains)
+        self.model.refit([(self.features(r.plan), r.latency_ms) for r in built if r.duplicate_of is None])
+        tried = {t.user_attrs.get("plan_key") for t in study.get_trials(deepcopy=False)}
+        for _ in range(self.per_build):
+            self._propose()
+        candidates = []
+        for trial in self.reference.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = trial.user_attrs.get("plan_key")
+            if key in tried or not math.isfinite(trial.user_attrs.get("reference_loss", math.inf)):
+                continue
+            tried.add(key)
+            predicted = self.model.predict(Features.from_json(trial.user_attrs["features"]))
+            candidates.append((predicted, trial.user_attrs["reference_loss"], trial))
+        best = self._decides_most(candidates, built)
+        if best is None:
+            return None
+        predicted, loss, trial = best
+        return dict(trial.params), {"predicted_ms": predicted, "reference_loss": loss}
+
+    def _propose(self) -> None:
+        """One plan from the reference study's sampler, judged by the reference executor (once per plan)."""
+        trial = self.reference.ask(distributions(self.ctx.info, self.ctx.calibration))
+        plan = plan_from_params(self.ctx.info, trial.params, self.ctx.calibration)
+        key = plan.key()
+        earlier = next((t for t in self.reference.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                        if t.user_attrs.get("plan_key") == key), None)
+        if earlier is not None:
+            features, loss = Features.from_json(earlier.user_attrs["features"]), earlier.user_attrs["reference_loss"]
+        else:
+            try:
+                lowered = self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
+                features = self.features(plan, lowered)
+                loss = self.reference_loss(lowered)
+            except Exception:  # noqa: BLE001 - a plan the reference cannot run is not proposed for a build
+                features, loss = Features(0.0, 0.0, 0), math.inf
+            trial.set_user_attr("evaluated", True)
+        trial.set_user_attr("plan_key", key)
+        trial.set_user_attr("features", features.to_json())
+        trial.set_user_attr("reference_loss", loss if math.isfinite(loss) else math.inf)
+        if self.ctx.max_loss is not None:
+            trial.set_constraint("max_loss", loss - self.ctx.max_loss if math.isfinite(loss) else 1e9)
+        self.reference.tell(trial, [self.model.predict(features), loss if math.isfinite(loss) else 1e9])
+
+    def enqueue(self, plans: list[dict[str, str]]) -> None:
+        """Plans to judge first (the warm start's), each once."""
+        queued = [planned_params(t) for t in self.reference.get_trials(deepcopy=False)]
+        for params in plans:
+            if params not in queued:
+                self.reference.enqueue_trial(params)
+
+    def evaluated(self) -> int:
+        """Plans the reference executor evaluated for this study (every worker's, a resumed run's too)."""
+        return sum("evaluated" in t.user_attrs for t in self.reference.get_trials(deepcopy=False))
+
+    def _decides_most(self, candidates: list, built: list):
+        if not candidates:
+            return None
+        if self.ctx.max_loss is not None:
+            feasible = [c for c in candidates if c[1] <= self.ctx.max_loss]
+            return min(feasible, key=lambda c: c[0]) if feasible else None
+
+        def point(ms: float, loss: float) -> tuple[float, float]:
+            return ms / self.model.fp32_ms, min(loss / LOSS_SCALE, 1.0)
+
+        front = [point(r.latency_ms, r.loss) for r in built if math.isfinite(r.loss)]
+        now = hypervolume(front)
+        return max(candidates, key=lambda c: (hypervolume([*front, point(c[0], c[1])]) - now, -c[0]))
