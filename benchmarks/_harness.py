@@ -30,7 +30,7 @@ from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge, resolve_metric
-from autoprec.measure.measurement import Measurement, Screen, measure
+from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
 from autoprec.study.search import (
     default_sampler,
     finished_records,
@@ -105,12 +105,21 @@ class CachedMeasure:
     cache: dict[str, Measurement] = field(default_factory=dict)
     measured: int = 0
 
+    losses: dict[str, float] = field(default_factory=dict)  # plans judged for their loss only (not timed)
+
     def __call__(self, model: onnx.ModelProto) -> Measurement:
         key = hashlib.sha256(model.SerializeToString()).hexdigest()
         if key not in self.cache:
             self.measured += 1
             self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.judge, self.screen)
         return self.cache[key]
+
+    def loss(self, model: onnx.ModelProto) -> float:
+        """The judge's loss on every evaluation batch, untimed (a reference executor's), each plan once."""
+        key = hashlib.sha256(model.SerializeToString()).hexdigest()
+        if key not in self.losses:
+            self.losses[key] = accuracy_loss(self.backend, model, self.prepared.dataset.evaluation, self.judge)
+        return self.losses[key]
 
 
 def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:

@@ -47,7 +47,6 @@ from peers import run_polygraphy_bisect  # noqa: E402
 from search_quality import best_within, hypervolume_fraction  # noqa: E402
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
-from autoprec.study.latency_model import median_error_percent  # noqa: E402
 from autoprec.study.proposals import Proposer  # noqa: E402
 from autoprec.study.search import (  # noqa: E402
     StudyContext,
@@ -78,11 +77,10 @@ def run_seed(ctx: StudyContext, sensitivity, builds: int, proposals: int, seed: 
     run_warm_started(study, ctx, builds - sensitivity.profiles, sensitivity, propose=proposer)
     trials = sorted(built_trials(study), key=lambda t: t.number)
     points = [(r.latency_ms, r.loss) if (r := record(t)) else (math.inf, math.inf) for t in trials]
-    predicted = [(t.user_attrs["predicted_ms"], r.measurement.latency.median_ms) for t in trials
-                 if "predicted_ms" in t.user_attrs and (r := record(t))]
+    report = proposer.report(study) if proposer else {"median_abs_error_percent": None, "predictions": []}
     return {"points": points, "wall": round(time.monotonic() - started, 1),
             "reference_evaluations": sensitivity.evaluations + (proposer.evaluated() if proposer else 0),
-            "latency_model_error_percent": median_error_percent(predicted), "predictions": len(predicted)}
+            "latency_model_error_percent": report["median_abs_error_percent"], "predictions": len(report["predictions"])}
 
 
 def builds_to(points, profiles: int, target_ms: float) -> int | None:
@@ -108,21 +106,13 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
     sensitivity = analyse_sensitivity(info, backend, prepared.ranges,
                                       lambda m: accuracy_loss(backend, m, evaluation[:batches], judge.for_ranking()),
                                       evaluation[0], batches)
-    losses: dict[bytes, float] = {}
-
-    def reference_loss(model) -> float:
-        key = model.SerializeToString()
-        if key not in losses:
-            losses[key] = accuracy_loss(backend, model, evaluation, judge)
-        return losses[key]
-
     bisect_model, bisect = run_polygraphy_bisect(prepared, backend, judge)
     bisect_measured = measure(bisect_model)
     runs = {f"proposals {proposals}": proposals, "proposals 0": 0}
-    per_method = {method: [run_seed(ctx(), sensitivity, builds, k, seed, reference_loss) for seed in range(seeds)]
+    per_method = {method: [run_seed(ctx(), sensitivity, builds, k, seed, measure.loss) for seed in range(seeds)]
                   for method, k in runs.items()}
     # the hypervolume counts the whole front (loss up to 5 %), as search_quality.py's: searched without a limit
-    unlimited = {method: [run_seed(ctx(None), sensitivity, 20, k, seed, reference_loss) for seed in range(seeds)]
+    unlimited = {method: [run_seed(ctx(None), sensitivity, 20, k, seed, measure.loss) for seed in range(seeds)]
                  for method, k in runs.items()}
     for seeds_runs in [*per_method.values(), *unlimited.values()]:
         for run in seeds_runs:

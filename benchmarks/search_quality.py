@@ -10,10 +10,11 @@ Per zoo model, on ONNX Runtime's CPU provider, in one run:
    Optuna's RandomSampler and NSGAIISampler (defaults, no seeding).
 
 Objectives are normalised as x = latency / all-FP32 latency and y = min(loss / 0.05, 1)
-(loss = 1 − mean cosine vs FP32); hypervolume (Optuna's own) is taken against (1.5, 1.0) and
-reported as a fraction of the reference front's, the reference being the Pareto front of every
-plan measured in the run. No study uses --max-loss (the whole front counts). Each distinct plan
-is measured once per run and shared by all studies, so methods are not ranked by timing noise.
+(loss = 1 − mean cosine vs FP32); hypervolume (``autoprec.study.proposals.front_hypervolume``, as the
+proposer scores a front) is taken against (1.5, 1.0) and reported as a fraction of the reference
+front's, the reference being the Pareto front of every plan measured in the run. No study uses
+--max-loss (the whole front counts). Each distinct plan is measured once per run and shared by all
+studies, so methods are not ranked by timing noise.
 
     python benchmarks/search_quality.py            # full: all zoo models (about 1.5 hours on 2 cores)
     python benchmarks/search_quality.py --quick    # ppocr-cls and magika, smaller (< 10 minutes)
@@ -27,9 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import optuna
-from optuna._hypervolume import compute_hypervolume
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
@@ -44,6 +43,7 @@ from _harness import (  # noqa: E402
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
 from autoprec.results.files import decisions  # noqa: E402
+from autoprec.study.proposals import LOSS_SCALE, REFERENCE_POINT, front_hypervolume  # noqa: E402
 from autoprec.study.search import (  # noqa: E402
     StudyContext,
     finished_records,
@@ -54,8 +54,6 @@ from autoprec.study.search import (  # noqa: E402
 )
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
-LOSS_BOUND = 0.05
-REFERENCE_POINT = (1.5, 1.0)
 WITHIN = 0.01  # "best latency within 1 % loss"
 FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
 QUICK_MODELS = ("ppocr-cls", "magika")
@@ -70,12 +68,7 @@ def _points(records) -> list[tuple[float, float]]:
 
 
 def hypervolume_fraction(points, reference_points, fp32_ms: float) -> float:
-    def hv(pts) -> float:
-        norm = np.array([(lat / fp32_ms, min(loss / LOSS_BOUND, 1.0)) for lat, loss in pts])
-        inside = norm[(norm[:, 0] < REFERENCE_POINT[0]) & (norm[:, 1] < REFERENCE_POINT[1])] if len(norm) else norm
-        return float(compute_hypervolume(inside, np.array(REFERENCE_POINT))) if len(inside) else 0.0
-
-    return hv(points) / hv(reference_points)
+    return front_hypervolume(points, fp32_ms) / front_hypervolume(reference_points, fp32_ms)
 
 
 def best_within(points, limit: float = WITHIN) -> float | None:
@@ -183,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         **machine_facts(get_backend("ort-cpu")),
         "mode": "quick" if args.quick else "full",
         "budget": budget, "seeds": seeds, "reference_trials": reference_trials,
-        "normalisation": {"latency": "latency / all-FP32 latency", "loss": f"min(loss / {LOSS_BOUND}, 1), loss = 1 - mean cosine",
+        "normalisation": {"latency": "latency / all-FP32 latency", "loss": f"min(loss / {LOSS_SCALE}, 1), loss = 1 - mean cosine",
                           "reference_point": list(REFERENCE_POINT), "reference_front": "Pareto front of every plan measured in the run"},
         "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
         "models": {},

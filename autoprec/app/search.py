@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import statistics
 import time
 import zlib
 from pathlib import Path
@@ -71,7 +69,6 @@ from autoprec.study.coordination import (
     redacted,
     worker_id,
 )
-from autoprec.study.latency_model import median_error_percent
 from autoprec.study.proposals import Proposer
 from autoprec.study.search import (
     RETIME_ROUNDS,
@@ -84,7 +81,6 @@ from autoprec.study.search import (
     make_sampler,
     nothing_measured,
     open_study,
-    record,
     rejected_trials,
     retimed_front,
     run_warm_started,
@@ -250,10 +246,8 @@ def run_search(config: SearchConfig) -> SearchResult:
             log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
         ctx = StudyContext(info, engine, ranges, lambda model: measurer.measure(model, screen), calibration, max_loss, locks, me)
         per_build = engine.default_proposals if proposals is None else proposals
-        reference, executor = (measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)")
-        if per_build or engine.name == "ort-cpu":
-            reference, executor = _reference_executor(engine, measurer, ctx, dataset, judge, ranking,
-                                                      limits if isolate else None, out_dir / "cache", stack)
+        reference, executor, judged_on_target = _reference_executor(engine, measurer, per_build, ctx, dataset, judge, ranking,
+                                                                    limits if isolate else None, out_dir / "cache", stack)
         unit_sensitivity, from_cache = None, False
         if warm_start:
             if ranking is not judge:
@@ -298,9 +292,8 @@ def run_search(config: SearchConfig) -> SearchResult:
             study, lambda plans: measurer.time_interleaved([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
         )
     trials = [retimed.get(t.number, t) for t in trials]
-    builds = _builds(study, unit_sensitivity if not from_cache else None, len(retimed), proposer,
-                     reference is measurer and engine.name != "ort-cpu")
-    predicted = _predictions(study, proposer)
+    builds = _builds(study, unit_sensitivity if not from_cache else None, len(retimed), proposer, judged_on_target)
+    predicted = proposer.report(study) if proposer is not None else None
     log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}); "
              f"reference evaluations: {builds['reference_evaluations']}"
              + (f"; latency model error {predicted['median_abs_error_percent']} % (median of {len(predicted['predictions'])} "
@@ -474,13 +467,17 @@ def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) 
         left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
 
 
-def _reference_executor(engine: Backend, measurer: Measurer, ctx: StudyContext, dataset, judge, ranking,
-                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str]:
-    """Where a plan's loss is computed without building it on the target: ONNX Runtime on the CPU,
-    running the graph in the target's Q/DQ form. On ort-cpu that is the target itself; where the CPU
-    cannot run the target's form (an op ONNX Runtime lacks), the target measures accuracy, said once."""
+def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, ctx: StudyContext, dataset, judge, ranking,
+                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str, bool]:
+    """Where a plan's loss is computed without building it on the target, what that is, and whether its
+    evaluations are builds of the target: ONNX Runtime on the CPU running the graph in the target's Q/DQ
+    form. On ort-cpu that is the target itself (its untimed sessions are counted as reference
+    evaluations); without proposals, or where the CPU cannot run the target's form (an op ONNX Runtime
+    lacks, said once), the target judges its own plans."""
     if engine.name == "ort-cpu":
-        return measurer, "ONNX Runtime CPU (the target engine itself)"
+        return measurer, "ONNX Runtime CPU (the target engine itself)", False
+    if not per_build:
+        return measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)", True
     if limits is not None:
         reference: Measurer = stack.enter_context(IsolatedMeasurer("ort-cpu", dataset.evaluation, judge, limits,
                                                                    cache / "reference-stderr.log", 0, cache))
@@ -496,35 +493,16 @@ def _reference_executor(engine: Backend, measurer: Measurer, ctx: StudyContext, 
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
         log.warning(f"the reference executor cannot run this model ({type(exc).__name__}: "
                     f"{(str(exc).strip().splitlines() or [''])[0][:200]}): {engine.name} measures every plan's accuracy")
-        return measurer, f"{engine.name} itself (ONNX Runtime CPU could not run the model)"
-    return reference, executor
+        return measurer, f"{engine.name} itself (ONNX Runtime CPU could not run the model)", True
+    return reference, executor, False
 
 
 def _builds(study: optuna.Study, sensitivity: Sensitivity | None, retimed: int, proposer: Proposer | None,
-            reference_on_target: bool) -> dict:
+            judged_on_target: bool) -> dict:
     """Builds (or sessions) of the target engine in every phase of this search, and the plans the
     reference executor evaluated instead (counted as builds where the target had to be the reference)."""
     by_phase = {"profiles": sensitivity.profiles if sensitivity else 0, "trials": len(built_trials(study)), "retiming": retimed}
     evaluations = (sensitivity.evaluations if sensitivity else 0) + (proposer.evaluated() if proposer else 0)
-    if reference_on_target:
+    if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
     return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations}
-
-
-def _predictions(study: optuna.Study, proposer: Proposer | None) -> dict | None:
-    """For each plan built on a proposal: the latency predicted and the reference loss beside what the
-    target measured; the latency model's median error and the reference's loss gap over them."""
-    if proposer is None:
-        return None
-    rows = []
-    for trial in built_trials(study):
-        record_ = record(trial)
-        if record_ is not None and "predicted_ms" in trial.user_attrs:
-            rows.append({"trial": trial.number, "predicted_ms": round(trial.user_attrs["predicted_ms"], 4),
-                         "measured_ms": round(record_.measurement.latency.median_ms, 4),
-                         "reference_loss": trial.user_attrs["reference_loss"], "loss": record_.loss})
-    gaps = [abs(r["loss"] - r["reference_loss"]) for r in rows if math.isfinite(r["loss"])]
-    return {"latency_model": proposer.model.to_json() if proposer.model else None,
-            "median_abs_error_percent": median_error_percent([(r["predicted_ms"], r["measured_ms"]) for r in rows]),
-            "loss_gap": {"median_abs": statistics.median(gaps), "max_abs": max(gaps)} if gaps else None,
-            "predictions": rows}

@@ -12,6 +12,7 @@ the measured front's hypervolume. The front and the choice stay on measured numb
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -20,19 +21,22 @@ import optuna
 from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
-from autoprec.study.latency_model import Features, LatencyModel
+from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
 from autoprec.study.search import (
     StudyContext,
+    built_trials,
     distributions,
     finished_records,
     make_sampler,
     open_study,
     plan_from_params,
     planned_params,
+    record,
     uniform_trials,
 )
 
-# Without --max-loss the front's hypervolume is taken as search_quality.py takes it.
+# Without --max-loss the proposer, like benchmarks/search_quality.py, scores a front by its hypervolume
+# in latency / FP32 latency and loss / LOSS_SCALE (capped at 1), against REFERENCE_POINT.
 REFERENCE_POINT = (1.5, 1.0)
 LOSS_SCALE = 0.05
 
@@ -46,6 +50,11 @@ def hypervolume(points: list[tuple[float, float]], reference: tuple[float, float
             area += (reference[0] - x) * (ceiling - y)
             ceiling = y
     return area
+
+
+def front_hypervolume(points: list[tuple[float, float]], fp32_ms: float) -> float:
+    """The hypervolume of (latency ms, loss) points, normalised by the all-FP32 latency and LOSS_SCALE."""
+    return hypervolume([(ms / fp32_ms, min(loss / LOSS_SCALE, 1.0)) for ms, loss in points])
 
 
 @dataclass
@@ -121,10 +130,13 @@ class Proposer:
             trial.set_user_attr("evaluated", True)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr("features", features.to_json())
-        trial.set_user_attr("reference_loss", loss if math.isfinite(loss) else math.inf)
+        if not math.isfinite(loss):
+            loss = math.inf  # NaN too: never proposed for a build
+        trial.set_user_attr("reference_loss", loss)
+        told = loss if loss < math.inf else 1e9  # Optuna takes no inf: a loss far past any limit
         if self.ctx.max_loss is not None:
-            trial.set_constraint("max_loss", loss - self.ctx.max_loss if math.isfinite(loss) else 1e9)
-        self.reference.tell(trial, [self.model.predict(features), loss if math.isfinite(loss) else 1e9])
+            trial.set_constraint("max_loss", told - self.ctx.max_loss)
+        self.reference.tell(trial, [self.model.predict(features), told])
 
     def enqueue(self, plans: list[dict[str, str]]) -> None:
         """Plans to judge first (the warm start's), each once."""
@@ -132,6 +144,22 @@ class Proposer:
         for params in plans:
             if params not in queued:
                 self.reference.enqueue_trial(params)
+
+    def report(self, study: optuna.Study) -> dict:
+        """For each plan built on a proposal: the latency predicted and the reference loss beside what the
+        target measured; the latency model's median error and the reference's loss gap over them."""
+        rows = []
+        for trial in built_trials(study):
+            measured = record(trial)
+            if measured is not None and "predicted_ms" in trial.user_attrs:
+                rows.append({"trial": trial.number, "predicted_ms": round(trial.user_attrs["predicted_ms"], 4),
+                             "measured_ms": round(measured.measurement.latency.median_ms, 4),
+                             "reference_loss": trial.user_attrs["reference_loss"], "loss": measured.loss})
+        gaps = [abs(r["loss"] - r["reference_loss"]) for r in rows if math.isfinite(r["loss"])]
+        return {"latency_model": self.model.to_json() if self.model else None,
+                "median_abs_error_percent": median_error_percent([(r["predicted_ms"], r["measured_ms"]) for r in rows]),
+                "loss_gap": {"median_abs": statistics.median(gaps), "max_abs": max(gaps)} if gaps else None,
+                "predictions": rows}
 
     def evaluated(self) -> int:
         """Plans the reference executor evaluated for this study (every worker's, a resumed run's too)."""
@@ -143,10 +171,5 @@ class Proposer:
         if self.ctx.max_loss is not None:
             feasible = [c for c in candidates if c[1] <= self.ctx.max_loss]
             return min(feasible, key=lambda c: c[0]) if feasible else None
-
-        def point(ms: float, loss: float) -> tuple[float, float]:
-            return ms / self.model.fp32_ms, min(loss / LOSS_SCALE, 1.0)
-
-        front = [point(r.latency_ms, r.loss) for r in built if math.isfinite(r.loss)]
-        now = hypervolume(front)
-        return max(candidates, key=lambda c: (hypervolume([*front, point(c[0], c[1])]) - now, -c[0]))
+        front = [(r.latency_ms, r.loss) for r in built if math.isfinite(r.loss)]
+        return max(candidates, key=lambda c: (front_hypervolume([*front, (c[0], c[1])], self.model.fp32_ms), -c[0]))
