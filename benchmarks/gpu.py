@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec.analysis.model import load_onnx  # noqa: E402
+from autoprec.analysis.model import batch_axes, declared_inputs, load_onnx  # noqa: E402
 from autoprec.app.prepare import prepare, resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
@@ -70,7 +70,9 @@ def mirrored_items(data: dict[str, np.ndarray], count: int) -> dict[str, np.ndar
 def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, Path, dict[str, list[int]]]:
     """The zoo model, its sample data for ``batch``, and the input shapes."""
     model_path, data_path, shapes, _ = resolve_model(f"zoo:{name}", None, None)
-    shapes = {k: [batch, *v[1:]] for k, v in shapes.items()}
+    declared = {i.name: i.shape for i in declared_inputs(load_onnx(model_path))}
+    axes = dict(zip(declared, batch_axes(list(declared.values()))))  # a state [2, batch, 128] batches along axis 1
+    shapes = {k: [batch if i == axes.get(k) else d for i, d in enumerate(v)] for k, v in shapes.items()}
     if batch == 1:
         return model_path, Path(data_path), shapes
     with np.load(data_path) as loaded:

@@ -4,7 +4,8 @@
 # with their data, and optionally a PostgreSQL server (gpu_postgres.sh), all in ONE stream cut into parts
 # that each fit a call beside .gpu/small and the working tree (64 MiB a call).
 #
-#   here:    benchmarks/gpu_carry.sh stage [--postgres] [ZOO_MODEL ...]   # prints the calls to make
+#   here:    benchmarks/gpu_carry.sh stage [--postgres] [--with DIR] [ZOO_MODEL ...]   # prints the calls to make
+#            (--with DIR: a folder of your own, e.g. AutoCast's models, unpacked at /tmp/carried on the device)
 #   device:  bash benchmarks/gpu_carry.sh device                           # first in every call (it is idempotent)
 #            export PYTHONPATH=/tmp/site:$PYTHONPATH AUTOPREC_CACHE=/tmp/autoprec-cache
 #
@@ -17,8 +18,11 @@ PART=${PART:-54M}
 case "${1:-}" in
   stage)
     shift
-    postgres=0; models=()
-    for arg in "$@"; do [ "$arg" = --postgres ] && postgres=1 || models+=("$arg"); done
+    postgres=0; models=(); with=""
+    while [ $# -gt 0 ]; do
+      case "$1" in --postgres) postgres=1 ;; --with) with=$2; shift ;; *) models+=("$1") ;; esac
+      shift
+    done
     exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
     grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
     plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
@@ -40,6 +44,7 @@ case "${1:-}" in
       done
       tar -C "$cache" -cf .gpu/stream/zoo.tar "${files[@]}"
     fi
+    [ -n "$with" ] && tar -C "$with" -cf .gpu/stream/with.tar .
     [ "$postgres" = 1 ] && { benchmarks/gpu_postgres.sh pack >/dev/null; cp .gpu/pg/* .gpu/stream/; }
     tar -C .gpu/stream -cf .gpu/carry.tar . && sha256sum .gpu/carry.tar | cut -d' ' -f1 > .gpu/small/CARRY_SHA256
     split -b "$PART" -d .gpu/carry.tar .gpu/carry.part_ && rm .gpu/carry.tar
@@ -61,6 +66,7 @@ case "${1:-}" in
     xz -dc /tmp/stream/ort.tar.xz | tar -C /tmp/site -xf -
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/small/*.whl
     [ -f /tmp/stream/zoo.tar ] && tar -C /tmp/autoprec-cache -xf /tmp/stream/zoo.tar
+    [ -f /tmp/stream/with.tar ] && mkdir -p /tmp/carried && tar -C /tmp/carried -xf /tmp/stream/with.tar
     if [ -f /tmp/stream/pg.tar.xz ]; then
       tar -C / -xJf /tmp/stream/pg.tar.xz
       id postgres >/dev/null 2>&1 || useradd -r -M -d /nonexistent postgres

@@ -27,11 +27,26 @@ rounds, so the latencies compare within one run.
 
     python benchmarks/peers.py [--models ppocr-rec yolov8n ...] [--budget 50] [--metric task|cosine]
     # needs nncf, onnxconverter-common
+
+GPU mode, against NVIDIA ModelOpt's AutoCast (``modelopt.onnx.autocast.convert_to_mixed_precision``: the
+whole graph FP16 except the nodes its rules keep FP32), on ONNX Runtime's CUDA provider:
+
+    python benchmarks/peers.py --autocast-export DIR [--models ...] [--batches 32 1]   # where nvidia-modelopt is (CPU)
+    python benchmarks/peers.py --gpu DIR [--models ...] [--batches 32 1] [--budget 20] # on the GPU machine
+
+The first step runs AutoCast on the CPU (``keep_io_types=True``, the batch's calibration half as its
+calibration data) on the very graph autoprec starts from (the zoo model prepared at that batch); the GPU
+machine reaches no registry, so its models are carried there (benchmarks/gpu_carry.sh). The second runs
+``autoprec search --backend ort-cuda --max-loss 0.01`` per model and batch, then builds FP32, autoprec's
+written ``best/model.onnx`` and AutoCast's model once each and times them in interleaved rounds (IO
+binding); loss = 1 - cosine against FP32 on the CPU provider over the same evaluation batches, for all
+three. Writes ``results/peers_gpu.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -255,14 +270,173 @@ def best_within(trials) -> float | None:
     return min(feasible) if feasible else None
 
 
+GPU_ROUNDS = 8
+
+
+def _batch_files(name: str, batch: int, folder: Path):
+    from gpu import batch_data
+
+    return batch_data(name, batch, folder)
+
+
+def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
+    """AutoCast's FP16 model of each zoo model at each batch, in ``folder`` (with what it took, in autocast.json)."""
+    import modelopt
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    from autoprec.analysis.model import analyse
+    from autoprec.core import atomic
+    from autoprec.core.search_space import load_search_space
+
+    folder.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
+    record = {"modelopt": modelopt.__version__, "onnx": onnx.__version__, "call": "convert_to_mixed_precision(path, "
+              "low_precision_type='fp16', keep_io_types=True, calibration_data=<the batch's calibration half>)", "models": earlier}
+    for name in models:
+        for batch in batches:
+            key = f"{name}-b{batch}"
+            print(f"[autocast {key}] …", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            try:
+                model_path, data, shapes = _batch_files(name, batch, folder)
+                info = analyse(model_path, load_search_space(), shapes)
+                fp32 = folder / f"{key}.fp32.onnx"
+                onnx.save(info.model, fp32)
+                with np.load(data) as loaded:
+                    np.savez(folder / f"{key}.calibration.npz", **{i.name: loaded[i.name][:batch] for i in info.inputs})
+                converted = convert_to_mixed_precision(str(fp32), "fp16", keep_io_types=True,
+                                                       calibration_data=str(folder / f"{key}.calibration.npz"))
+                onnx.save(converted, folder / f"{key}.autocast.onnx")
+                casts = sum(n.op_type == "Cast" for n in converted.graph.node)
+                record["models"][key] = {"seconds": round(time.monotonic() - started, 1), "casts": casts}
+            except Exception as exc:  # noqa: BLE001 - a model AutoCast cannot convert is reported, not fatal
+                record["models"][key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.calibration.npz", folder / f"{key}.npz"):
+                leftover.unlink(missing_ok=True)
+            atomic.write_json(folder / "autocast.json", record)
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: int, tmp: Path) -> dict:
+    """autoprec's pick on ort-cuda against AutoCast's model, timed side by side with FP32."""
+    import autoprec
+    from autoprec.analysis.model import load_onnx
+    from autoprec.app.prepare import prepare
+    from autoprec.backends import get_backend
+    from autoprec.core.search_space import load_search_space
+    from autoprec.measure.accuracy import compare
+
+    converted = autocast / f"{name}-b{batch}.autocast.onnx"
+    if not converted.is_file():
+        return {"error": f"no AutoCast model {converted.name}: see {autocast / 'autocast.json'}"}
+    model_path, data, shapes = _batch_files(name, batch, tmp)
+    out = tmp / f"{name}-b{batch}"
+    started = time.monotonic()
+    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=out, backend="ort-cuda",
+                             max_loss=MAX_LOSS, progress=False, device=device)
+    wall = time.monotonic() - started
+    if result.chosen is None:
+        return {"error": f"autoprec chose no plan within {MAX_LOSS}", "search_wall_s": round(wall, 1)}
+    space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
+    prepared = prepare(model_path, space, data, shapes, cache=out / "cache")
+    engine = get_backend("ort-cuda", device)
+    picks = {"fp32": prepared.info.model, "autoprec": load_onnx(out / "best" / "model.onnx"),
+             "modelopt_autocast": load_onnx(converted)}
+    evaluation = prepared.dataset.evaluation
+    losses = {}
+    for method, model in picks.items():
+        with engine.prepare(model) as runner:
+            losses[method] = loss_from_metrics(compare(prepared.reference, [runner.run(b) for b in evaluation]), "cosine")
+    timings = dict(zip(picks, time_interleaved(engine, list(picks.values()), evaluation[0], GPU_ROUNDS)))
+    rounds = {k: [t.median_ms for t in v] for k, v in timings.items()}
+    ms = {k: statistics.median(v) for k, v in rounds.items()}
+    chosen = result.chosen.plan.counts()
+    methods = {m: {"ms": ms[m], "loss": losses[m], "rounds_ms": rounds[m], "speedup_vs_fp32": ms["fp32"] / ms[m],
+                   "casts": sum(n.op_type == "Cast" for n in picks[m].graph.node)} for m in ("autoprec", "modelopt_autocast")}
+    methods["autoprec"].update(plan_counts=chosen, sensitive_units=result.search.get("sensitive_units"),
+                               dimensions=result.search.get("dimensions"), trials=len(result.trials),
+                               search_wall_s=round(wall, 1))
+    mine, theirs = rounds["autoprec"], rounds["modelopt_autocast"]
+    return {
+        "input_shapes": shapes, "fp32_ms": ms["fp32"], "fp32_rounds_ms": rounds["fp32"], "fp32_loss": losses["fp32"],
+        "methods": methods,
+        "autoprec_at_least_as_fast": ms["autoprec"] <= ms["modelopt_autocast"],
+        "autoprec_faster_beyond_rounds": max(mine) < min(theirs),
+        "autocast_faster_beyond_rounds": max(theirs) < min(mine),
+        "autoprec_loss_no_more": losses["autoprec"] <= losses["modelopt_autocast"],
+    }
+
+
+def run_gpu(autocast: Path, models: list[str], batches: list[int], budget: int, device: int, path: Path) -> int:
+    import tempfile
+
+    from autoprec.backends import get_backend
+    from autoprec.core import atomic
+    from autoprec.results.files import json_safe, load_json
+
+    engine = get_backend("ort-cuda", device)
+    info = engine.info()
+    report = {"device": info.device, "onnxruntime": info.version, **machine_facts(engine), "batch": 32,
+              "max_loss": MAX_LOSS, "budget": budget, "autocast": load_json(autocast / "autocast.json"),
+              "metric": "1 - cosine vs FP32 on the CPU provider, mean over the evaluation batches (all three alike)",
+              "timing": f"FP32, autoprec's best/model.onnx and AutoCast's model built once each, {GPU_ROUNDS} interleaved "
+                        "rounds (IO binding), each the median of >= 10 runs and >= 0.2 s; ms = median of the rounds",
+              "models": {}, "batch_1": {"models": {}}}
+    if path.exists():  # runs split over several calls add to one file
+        previous = load_json(path)
+        if previous.get("device") == report["device"]:
+            report["models"], report["batch_1"] = previous.get("models", {}), previous.get("batch_1", {"models": {}})
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            for batch in batches:
+                print(f"[{name} batch {batch}] …", file=sys.stderr, flush=True)
+                try:
+                    found = run_gpu_model(name, batch, budget, autocast, device, Path(tmp))
+                except Exception as exc:  # noqa: BLE001 - one model's failure is reported, the others still run
+                    found = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                (report["models"] if batch == 32 else report["batch_1"]["models"] if batch == 1
+                 else report.setdefault(f"batch_{batch}", {"models": {}})["models"])[name] = found
+                atomic.write_json(path, json_safe(report))
+    print(f"\nautoprec vs ModelOpt AutoCast {report['autocast'].get('modelopt')} — ONNX Runtime {info.version} CUDA on "
+          f"{info.device}; max loss {MAX_LOSS}; JSON: {path}")
+    print(f"{'model':<11} {'batch':>5} {'fp32 ms':>8} {'autoprec':>9} {'autocast':>9} {'ap loss':>9} {'ac loss':>9} "
+          f"{'ap casts':>8} {'ac casts':>8}  faster beyond rounds")
+    for batch, table in ((32, report["models"]), (1, report["batch_1"]["models"])):
+        for name, r in table.items():
+            if "error" in r:
+                print(f"{name:<11} {batch:>5} {r['error'][:90]}")
+                continue
+            a, c = r["methods"]["autoprec"], r["methods"]["modelopt_autocast"]
+            verdict = ("autoprec" if r["autoprec_faster_beyond_rounds"] else "AutoCast" if r["autocast_faster_beyond_rounds"]
+                       else "neither")
+            print(f"{name:<11} {batch:>5} {r['fp32_ms']:>8.3f} {a['ms']:>9.3f} {c['ms']:>9.3f} {a['loss']:>9.2e} "
+                  f"{c['loss']:>9.2e} {a['casts']:>8} {c['casts']:>8}  {verdict}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="*", default=list(MODELS))
-    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--models", nargs="*", default=None)
+    parser.add_argument("--budget", type=int, default=None, help="trials (default 50; 20 in --gpu mode)")
     parser.add_argument("--metric", default="task", help="task (each model's task metric, default) or a --metric name")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "peers.json")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--autocast-export", type=Path, metavar="DIR", help="write AutoCast's models to DIR (CPU, needs nvidia-modelopt)")
+    parser.add_argument("--gpu", type=Path, metavar="DIR", help="GPU mode: autoprec on ort-cuda against AutoCast's models in DIR")
+    parser.add_argument("--batches", nargs="*", type=int, default=[32, 1])
+    parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.autocast_export or args.gpu:
+        from autoprec.zoo import ENTRIES
+
+        models = args.models or list(ENTRIES)
+        if args.autocast_export:
+            return export_autocast(args.autocast_export, models, args.batches)
+        return run_gpu(args.gpu, models, args.batches, args.budget or 20, args.device,
+                       args.json or Path(__file__).parent / "results" / "peers_gpu.json")
+    args.models, args.budget = args.models or list(MODELS), args.budget or 50
+    args.json = args.json or Path(__file__).parent / "results" / "peers.json"
     from autoprec.backends import get_backend
 
     report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "max_loss": MAX_LOSS,

@@ -99,6 +99,39 @@ def attention(tokens: int = 8, dim: int = 16, seed: int = 2) -> onnx.ModelProto:
     return _model(nodes, [x], [y], inits)
 
 
+def transformer_block(tokens: int = 8, dim: int = 16, seed: int = 4) -> onnx.ModelProto:
+    """Projection -> LayerNorm as exporters decompose it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div,
+    scale, shift) -> self-attention with Softmax -> residual Add -> output projection."""
+    rng = np.random.default_rng(seed)
+    inits = [_init(n, rng.normal(0, 0.25, (dim, dim))) for n in ("w_in", "wq", "wk", "w_out")]
+    inits += [_init("two", np.array(2.0)), _init("eps", np.array(1e-5)), _init("gamma", 1 + 0.1 * rng.normal(size=dim)),
+              _init("beta", 0.1 * rng.normal(size=dim)), _init("scale", np.array(1 / np.sqrt(dim)))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h"], "proj_in"),
+        helper.make_node("ReduceMean", ["h"], ["mean"], "ln_mean", axes=[-1]),
+        helper.make_node("Sub", ["h", "mean"], ["centred"], "ln_sub"),
+        helper.make_node("Pow", ["centred", "two"], ["squared"], "ln_pow"),
+        helper.make_node("ReduceMean", ["squared"], ["var"], "ln_var", axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], "ln_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], "ln_sqrt"),
+        helper.make_node("Div", ["centred", "std"], ["normed"], "ln_div"),
+        helper.make_node("Mul", ["normed", "gamma"], ["scaled"], "ln_scale"),
+        helper.make_node("Add", ["scaled", "beta"], ["ln"], "ln_shift"),
+        helper.make_node("MatMul", ["ln", "wq"], ["q"], "q_proj"),
+        helper.make_node("MatMul", ["ln", "wk"], ["k"], "k_proj"),
+        helper.make_node("Transpose", ["k"], ["kt"], "k_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"], "scores"),
+        helper.make_node("Mul", ["qk", "scale"], ["qk_scaled"], "scale_scores"),
+        helper.make_node("Softmax", ["qk_scaled"], ["attn"], "softmax", axis=-1),
+        helper.make_node("MatMul", ["attn", "ln"], ["ctx"], "context"),
+        helper.make_node("Add", ["ctx", "h"], ["res"], "residual"),
+        helper.make_node("MatMul", ["res", "w_out"], ["out"], "proj_out"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, dim])
+    return _model(nodes, [x], [y], inits)
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path

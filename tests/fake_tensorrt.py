@@ -327,21 +327,31 @@ def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {out: n for n in model.graph.node for out in n.output}
 
 
+# Layers the fake's inspector lists: compute layers, and the reductions and normalisations TensorRT runs
+# as layers of their own (a real engine also lists element-wise and shuffle layers).
+_INSPECTED = {"Conv": "CaskConvolution", "MatMul": "CaskGemm", "Gemm": "CaskGemm", "Softmax": "Softmax",
+              "LogSoftmax": "Softmax", "ReduceMean": "Reduce", "ReduceSum": "Reduce", "ReduceMax": "Reduce",
+              "LayerNormalization": "Normalization", "InstanceNormalization": "Normalization"}
+
+
 def inspector_json(model: onnx.ModelProto) -> str:
-    """TensorRT-10-style detailed layer JSON: one layer per Conv/MatMul/Gemm, typed as the model says."""
+    """TensorRT-10-style detailed layer JSON: one layer per inspected node, typed as the model says
+    (INT8 after a DequantizeLinear, else the type ONNX infers for its input)."""
     producers = _producers(model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.input)}
     layers = []
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "MatMul", "Gemm"):
+        if node.op_type not in _INSPECTED:
             continue
         source = producers.get(node.input[0])
         kind = "Int8" if source is not None and source.op_type == "DequantizeLinear" else "Float"
-        if source is not None and source.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in source.attribute):
+        if kind == "Float" and types.get(node.input[0]) == onnx.TensorProto.FLOAT16:
             kind = "Half"
         if node.name in IGNORE_NODES:
             kind = "Float"
         layers.append({
-            "Name": f"{node.name} + fused", "LayerType": "CaskConvolution" if node.op_type == "Conv" else "CaskGemm",
+            "Name": f"{node.name} + fused", "LayerType": _INSPECTED[node.op_type],
             "Inputs": [{"Name": node.input[0], "Location": "Device", "Dimensions": [],
                         "Format/Datatype": f"Row major linear {'FP32' if kind == 'Float' else kind} format"}],
             "Outputs": [{"Name": node.output[0], "Location": "Device", "Dimensions": [], "Format/Datatype": "Row major linear FP32"}],

@@ -105,13 +105,12 @@ def test_mixed_plan_touches_only_its_units(conv):
 
 def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
     info, data, ranges = conv
-    names = [u.name for u in info.units]
-    model = lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.TENSORRT)
+    model = lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.TENSORRT)
     check_valid(model)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     # One Q per distinct activation input of a quantized layer (x, r0, res, flat), none on outputs.
-    assert sorted(n.input[0] for n in quantize) == sorted({t for u in info.units for t in u.activations})
+    assert sorted(n.input[0] for n in quantize) == sorted({t for u in info.units if not u.sensitive for t in u.activations})
     for n in model.graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             zero_point = inits[n.input[2]]
@@ -130,8 +129,7 @@ def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
 
 def test_ort_form_becomes_integer_kernels(conv, tmp_path):
     info, data, ranges = conv
-    names = [u.name for u in info.units]
-    model = lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.ORT_CPU)
+    model = lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.ORT_CPU)
     check_valid(model)
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     activation_q = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
@@ -162,7 +160,7 @@ def test_mlp_all_precisions_run(mlp_model):
     ref = run(info.model, data.evaluation[0])
     for form in QDQForm:
         for precision in Precision:
-            model = lower_plan(info, Plan.uniform([u.name for u in info.units], precision), ranges, form)
+            model = lower_plan(info, info.plan_at(precision), ranges, form)
             check_valid(model)
             cosine = output_metrics(ref, run(model, data.evaluation[0]))["cosine"]
             assert cosine > (0.98 if precision is Precision.INT8 else 0.9999), (form, precision, cosine)
@@ -172,3 +170,27 @@ def test_unknown_unit_in_plan_is_refused(conv):
     info, _, ranges = conv
     with pytest.raises(KeyError, match="nope"):
         lower_plan(info, Plan.from_mapping({"nope": "fp16"}), ranges)
+
+
+def test_sensitive_units_in_fp16_join_the_region_and_a_plan_cannot_give_them_int8(tmp_path):
+    from tests import builders
+
+    info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    compute_only = Plan.from_mapping({u.name: "fp32" if u.sensitive else "fp16" for u in info.units})
+    everything = info.plan_at(Precision.FP16)
+    islands, region = (lower_plan(info, p, ranges, QDQForm.TENSORRT) for p in (compute_only, everything))
+    for model in (islands, region):
+        check_valid(model)
+    # FP32 softmax and LayerNorm split the FP16 region: Casts around each; in FP16 they join it
+    assert sum(map(len, _casts(region))) < sum(map(len, _casts(islands)))
+    assert sum(map(len, _casts(region))) == 2  # one in, one out
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(region).graph.value_info}
+    computes = {n.name: types.get(n.output[0]) for n in region.graph.node}
+    # the LayerNorm's ops, the neutral ops after it, the softmax and the residual Add all compute in FP16
+    assert all(computes[n] == onnx.TensorProto.FLOAT16 for n in ("ln_mean", "ln_div", "ln_shift", "softmax", "residual"))
+    batch = data.evaluation[0]
+    assert output_metrics(run(info.model, batch), run(region, batch))["cosine"] > 0.999
+    with pytest.raises(ValueError, match=r"softmax \(int8; it allows fp16, fp32\)"):
+        lower_plan(info, Plan.from_mapping({"softmax": "int8"}), ranges)

@@ -14,15 +14,16 @@ SPACE = load_search_space()
 
 def test_units_are_compute_layers_in_graph_order_with_fused_neighbours(conv_model):
     info = analyse(conv_model, SPACE)
-    assert [u.name for u in info.units] == ["conv0", "conv1", "conv2", "fc"]
+    assert [u.name for u in info.units] == ["conv0", "conv1", "conv2", "fc", "softmax"]
     units = {u.name: u for u in info.units}
     # BatchNorm is folded into conv0; Relu follows it.
     assert units["conv0"].nodes == ("conv0", "relu0")
     # SiLU (x * sigmoid(x)) is fused as a gated activation; the residual Add is not (two activations).
     assert units["conv1"].nodes == ("conv1", "sig1", "silu1")
     assert units["conv2"].nodes == ("conv2", "relu2")
-    assert units["fc"].nodes == ("fc",)  # Softmax is pinned to fp32, never fused
-    assert all(u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) for u in info.units)
+    assert units["fc"].nodes == ("fc",)  # Softmax is a unit of its own, never fused into a compute unit
+    assert all(u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) and not u.sensitive for u in info.units[:4])
+    assert units["softmax"].sensitive and units["softmax"].allowed == (Precision.FP16, Precision.FP32)
     assert not any(n.op_type == "BatchNormalization" for n in info.model.graph.node)
 
 
@@ -129,7 +130,7 @@ def test_overrides_restrict_allowed_precisions(conv_model):
     assert allowed["conv0"] == (Precision.FP16, Precision.FP32)
     assert allowed["conv2"] == (Precision.FP32,)
     assert allowed["fc"] == (Precision.INT8, Precision.FP16, Precision.FP32)
-    assert [u.name for u in info.searchable_units] == ["conv0", "conv1", "fc"]
+    assert [u.name for u in info.searchable_units] == ["conv0", "conv1", "fc", "softmax"]
 
 
 def test_an_already_quantized_model_is_refused_naming_its_integer_ops(tmp_path):
@@ -148,3 +149,17 @@ def test_an_already_quantized_model_is_refused_naming_its_integer_ops(tmp_path):
     path = builders.save(model, tmp_path / "quantized.onnx")
     with pytest.raises(ModelError, match=r"already quantized \(ConvInteger, DynamicQuantizeLinear\).*give autoprec the FP32 model"):
         analyse(path, load_search_space())
+
+
+def test_sensitive_ops_are_units_of_their_own_and_a_decomposed_layernorm_is_one(tmp_path):
+    info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), SPACE)
+    units = {u.name: u for u in info.units}
+    assert [u.name for u in info.units if u.sensitive] == ["ln_mean", "softmax"]
+    # ReduceMean, Sub, Pow, ReduceMean, Add(eps), Sqrt: joined directly or through one neutral op
+    assert units["ln_mean"].nodes == ("ln_mean", "ln_sub", "ln_pow", "ln_var", "ln_eps", "ln_sqrt")
+    assert units["ln_mean"].activations == ("h",) and units["ln_mean"].weight is None
+    assert units["softmax"].allowed == (Precision.FP16, Precision.FP32)
+    assert not any(u.sensitive for u in info.units if u.op_type == "MatMul")
+    # an engine without FP16 regions pins them: they are no units at all, as before sensitive ops were searched
+    pinned = analyse(tmp_path / "block.onnx", SPACE.with_pinned(SPACE.sensitive))
+    assert [u.name for u in pinned.units] == [u.name for u in info.units if not u.sensitive]

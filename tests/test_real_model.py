@@ -41,14 +41,14 @@ def test_int8_plan_runs_as_integer_kernels_on_ort_cpu(tmp_path):
     from autoprec.analysis.data import build_dataset, item_shapes
     from autoprec.analysis.model import analyse, declared_inputs, load_onnx
     from autoprec.backends import get_backend
-    from autoprec.core.plan import Plan, Precision
+    from autoprec.core.plan import Precision
     from autoprec.core.search_space import load_search_space
 
     raw = load_onnx(MODEL)
     info = analyse(MODEL, load_search_space(), data_shapes=item_shapes(DATA, declared_inputs(raw)), model=raw)
     data = build_dataset(DATA, info.inputs)
     ranges = calibrate(info, data.calibration, data.fingerprint())
-    model = get_backend("ort-cpu").lower(info, Plan.uniform([u.name for u in info.units], Precision.INT8), ranges)
+    model = get_backend("ort-cpu").lower(info, info.plan_at(Precision.INT8), ranges)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), options)

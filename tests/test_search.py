@@ -297,6 +297,16 @@ def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
     assert Precision.INT8 not in space.allowed("conv", "Conv")
     space, searched, _ = _engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
     assert Precision.INT8 in space.allowed("conv", "Conv") and searched == ["int8", "fp16", "fp32"]
+    assert space.allowed("softmax", "Softmax") == (Precision.FP16, Precision.FP32)  # GPU engines search sensitive ops
+
+
+def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
+    from autoprec.app.search import _engine_space
+    from autoprec.backends import get_backend
+
+    space, _, left_out = _engine_space(load_search_space(), get_backend("ort-cpu"), None)
+    assert {"Softmax", "LayerNormalization", "ReduceMean"} <= space.pinned_fp32
+    assert "no FP16 kernels" in left_out["sensitive ops"]
 
 
 @pytest.mark.parametrize("moment", ["created", "starting to beat"])

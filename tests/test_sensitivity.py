@@ -26,7 +26,8 @@ from autoprec.study.warm_start import warm_start_params
 
 @pytest.fixture
 def conv_prepared(conv_model, conv_data):
-    info = analyse(conv_model, load_search_space())
+    space = load_search_space()
+    info = analyse(conv_model, space.with_pinned(space.sensitive))  # as ort-cpu searches it: the softmax stays FP32
     dataset = build_dataset(conv_data, info.inputs, seed=0)
     from autoprec.analysis.calibrate import calibrate
     from autoprec.analysis.reference import reference_outputs
@@ -72,7 +73,7 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     conv1 = next(u for u in found.units if u.unit == "conv1")
     alone = measure(engine, engine.lower(info, info.plan_at(Precision.INT8, ["conv1"]), ranges), batches, Judge(Metric(), refs))
     assert conv1.loss["int8"] == pytest.approx(alone.loss, rel=1e-6, abs=1e-9)
-    assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units)  # FP16 keeps 10 mantissa bits, INT8 256 levels
+    assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units if "int8" in u.loss)  # FP16 keeps 10 mantissa bits, INT8 256 levels
 
 
 def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float], gains: dict[str, dict] | None = None) -> Sensitivity:
@@ -225,3 +226,32 @@ def test_sensitivity_command_writes_its_files(tmp_path, conv_model, conv_data, c
     assert main(["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"),
                  "--no-progress", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["evaluations"] == data["evaluations"]  # read back, same figures
+
+
+def test_a_sensitive_unit_is_searched_only_where_alone_it_stays_within_the_limit_and_saves_time(tmp_path):
+    from autoprec.study.sensitivity import searched_sensitive
+    from tests import builders
+
+    info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), load_search_space())
+    compute = {u.name: UnitSensitivity(u.name, u.op_type, 0.2, {"int8": 1e-3, "fp16": 1e-5}, {"int8": 0.05, "fp16": 0.05})
+               for u in info.searchable_units if not u.sensitive}
+
+    def sensitivity(ln: tuple[float, float], softmax: tuple[float, float]) -> Sensitivity:
+        found = [UnitSensitivity(name, "x", 0.01, {"fp16": loss}, {"fp16": gain})
+                 for name, (loss, gain) in (("ln_mean", ln), ("softmax", softmax))]
+        return Sensitivity((*compute.values(), *found), 0.0, 1, 0, 0.0, "test")
+
+    def searched(found, max_loss=0.01):
+        kept, facts = searched_sensitive(info, found, max_loss)
+        return [u.name for u in kept.searchable_units if u.sensitive], facts, kept
+
+    names, facts, _ = searched(sensitivity((1e-4, 0.01), (1e-5, 0.002)))
+    assert names == ["ln_mean", "softmax"] and facts == {"found": 2, "searched": 2, "too_lossy": 0, "no_gain": 0}
+    names, facts, kept = searched(sensitivity((0.05, 0.01), (1e-5, -0.001)))  # past the limit alone; slower in FP16
+    assert names == [] and facts == {"found": 2, "searched": 0, "too_lossy": 1, "no_gain": 1}
+    assert kept.unit("softmax").allowed == (Precision.FP32,) and "kept out of fp16" in kept.notes[-1]
+    assert len(kept.searchable_units) == len(compute)  # the compute units are untouched
+    names, _, _ = searched(sensitivity((0.05, 0.01), (1e-5, 0.002)), max_loss=None)  # no limit: the loss rules none out
+    assert names == ["ln_mean", "softmax"]
+    names, facts, _ = searched(None)  # no sensitivity pass: nothing shows that lowering them pays
+    assert names == [] and facts["found"] == 2

@@ -94,7 +94,7 @@ def _full_flow(backend, info, data, ranges, plan):
 def test_every_tensorrt_name_the_backend_uses_exists_in_tensorrt_11_4_and_10(monkeypatch, trt, conv, version):
     monkeypatch.setitem(sys.modules, "tensorrt", fake.reset(version))
     info, data, ranges = conv
-    _full_flow(get_backend("tensorrt"), info, data, ranges, Plan.uniform([u.name for u in info.units], Precision.INT8))
+    _full_flow(get_backend("tensorrt"), info, data, ranges, info.plan_at(Precision.INT8))
     assert len(fake.ACCESSED) > 30
     assert unknown_names(fake.ACCESSED) == []
     # the check itself catches a misspelling, on either table
@@ -139,7 +139,7 @@ def test_parser_errors_name_the_node_and_operator(trt, conv):
 
 def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_execute(trt, conv):
     info, data, ranges = conv
-    plan = Plan.uniform([u.name for u in info.units], Precision.INT8)
+    plan = info.plan_at(Precision.INT8)
     model, outputs, timing, report, node_times = _full_flow(get_backend("tensorrt"), info, data, ranges, plan)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, data.evaluation[0])
@@ -147,7 +147,7 @@ def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_exec
     assert timing.median_ms == 1.0 and timing.runs == 100 and timing.warmup == 10  # the fake's events: 1 ms each
     executes = [c for c in fake.CALLS if c[1] == "execute_async_v3"]
     assert executes and all(c[2] == 7 for c in executes)  # on the CUDA stream
-    assert set(node_times) == {"conv0", "conv1", "conv2", "fc"}  # the profiler's layers mapped to ONNX nodes
+    assert set(node_times) == {"conv0", "conv1", "conv2", "fc", "softmax"}  # the profiler's layers mapped to ONNX nodes
     assert report["plan_fidelity"] == {"checked_units": len(info.units), "plan_ignored": False, "ignored_units": [],
                                        "source": "engine inspector"}
     assert report["fidelity_checks"]["network types"]["plan_ignored"] is False  # the fake's network, typed by ONNX
@@ -160,7 +160,7 @@ def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
     backend = get_backend("tensorrt")
     with backend.prepare(backend.lower(info, plan, ranges)) as runner:
         fidelity = runner.build_report()["plan_fidelity"]
-    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 4  # FP32 units checked too
+    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 5  # FP32 units checked too, the softmax unit among them
     assert fidelity["ignored_units"] == [{"unit": "fc", "planned": "int8", "ran": ["fp32"], "layers": ["fc + fused"]}]
 
 
@@ -313,8 +313,8 @@ def test_explicit_precision_models_meet_tensorrts_qdq_rules(tmp_path, build):
     info = analyse(path, load_search_space())
     data = build_dataset(None, info.inputs)
     ranges = calibrate(info, data.calibration, data.fingerprint())
-    names = [u.name for u in info.searchable_units]
-    for plan in (Plan.uniform(names, Precision.INT8), Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)})):
+    names = [u.name for u in info.searchable_units if Precision.INT8 in u.allowed]
+    for plan in (info.plan_at(Precision.INT8), Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)})):
         model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
         onnx.checker.check_model(model)
         assert check_tensorrt_qdq_rules(model) >= plan.counts()["int8"]
@@ -383,7 +383,7 @@ def test_python_export_builds_with_the_api_and_uses_only_real_tensorrt_names(res
     assert (folder / "model.plan").is_file() and (folder / "timing.cache").is_file()
     assert unknown_names(fake.ACCESSED) == [] and len(fake.ACCESSED) > 20
     layers = read_engine_layers(folder / "layers.json")
-    assert layers.precision_counts() == {"int8": 4}
+    assert layers.precision_counts() == {"int8": 4, "fp32": 1}  # and the softmax, a sensitive unit, FP32 as planned
 
 
 def test_markdown_build_card_carries_the_measured_figures_and_every_unit(result):

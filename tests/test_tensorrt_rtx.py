@@ -80,9 +80,8 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
     searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
     assert searched, "the search measured no mixed plan"
     prepared = prepare(fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "out" / "cache")
-    names = [u.name for u in prepared.info.searchable_units]
     op_type = {u.name: u.op_type for u in prepared.info.units}
-    for plan in [*(Plan.uniform(names, p) for p in Precision), searched[0]]:
+    for plan in [*(prepared.info.plan_at(p) for p in Precision), searched[0]]:
         lowered = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT)  # what --backend tensorrt-rtx lowers
         built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, prepared.info, plan))
         assert len(built.serialized) > 10_000
@@ -96,7 +95,7 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
 
 def test_rtx_parser_rejects_the_ort_cpu_form_naming_the_node_and_its_message(conv_model, conv_data, rtx):
     prepared = prepare(conv_model, load_search_space(), conv_data)
-    plan = Plan.uniform([u.name for u in prepared.info.units], Precision.INT8)
+    plan = prepared.info.plan_at(Precision.INT8)
     ort_form = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.ORT_CPU)  # uint8, non-zero zero points
     with pytest.raises(BackendError, match=r"parser rejected the candidate: node '\w+_quantize' \(QuantizeLinear\): "
                                            r".*Non-zero zero point is not supported"):

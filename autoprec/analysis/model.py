@@ -16,7 +16,7 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
-from autoprec.core.search_space import SearchSpace
+from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
 
 # Q/DQ with a per-channel axis needs opset 13; older models are converted once at load.
 MIN_OPSET = 13
@@ -68,6 +68,7 @@ class Unit:
     output: str
     allowed: tuple[Precision, ...]
     scope: tuple[str, ...] = ()  # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
+    sensitive: bool = False  # a numerically sensitive op (softmax, normalisation): FP32 unless a search finds otherwise
 
     @property
     def searchable(self) -> bool:
@@ -595,36 +596,77 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
     return tuple(_units_in(gs.import_onnx(model), space, ()))
 
 
+def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.Node]]:
+    """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
+    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the group's first node's name;
+    the joining neutral nodes are members too. One such group is one unit."""
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    sensitive = {id(n): n for n in graph.nodes
+                 if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32}
+    parent = {key: key for key in sensitive}
+    bridges: dict[int, list[gs.Node]] = {key: [] for key in sensitive}
+
+    def root(key: int) -> int:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for key, node in sensitive.items():
+        for consumer in (c for out in node.outputs for c in out.outputs):
+            if id(consumer) in sensitive:
+                parent[root(id(consumer))] = root(key)
+            elif consumer.op in NEUTRAL_OPS and consumer.op not in space.units:
+                reached = [c for out in consumer.outputs for c in out.outputs if id(c) in sensitive]
+                for other in reached:
+                    parent[root(id(other))] = root(key)
+                if reached:
+                    bridges[key].append(consumer)
+    members: dict[int, list[gs.Node]] = {}
+    for key, node in sensitive.items():
+        members.setdefault(root(key), []).extend([node, *bridges[key]])
+    groups = {}
+    for nodes in members.values():
+        nodes = sorted({id(n): n for n in nodes}.values(), key=lambda n: order[id(n)])
+        groups[nodes[0].name] = nodes
+    return groups
+
+
 def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> list[Unit]:
     units = []
+    groups = _sensitive_groups(graph, space)
     for node in graph.nodes:
         for attribute, value in node.attrs.items():
             if isinstance(value, gs.Graph):
                 units += _units_in(value, space, (*scope, node.name, attribute))
-        if node.op not in space.units:
+        if node.op not in space.units and node.name not in groups:
             continue
+        members = groups.get(node.name, [node])
+        inside = {id(n) for n in members}
         float_inputs = [
-            i for i in node.inputs if i.name and (i.dtype is None or np.dtype(i.dtype).kind == "f")
+            i for n in members for i in n.inputs
+            if i.name and (i.dtype is None or np.dtype(i.dtype).kind == "f") and not (i.inputs and id(i.inputs[0]) in inside)
         ]
-        weight = next((i for i in float_inputs[1:2] if isinstance(i, gs.Constant)), None)
-        activations = tuple(i.name for i in float_inputs if not isinstance(i, gs.Constant))
+        weight = None if node.name in groups else next((i for i in float_inputs[1:2] if isinstance(i, gs.Constant)), None)
+        activations = tuple(dict.fromkeys(i.name for i in float_inputs if not isinstance(i, gs.Constant)))
         if not activations:
             continue  # a constant-only node is folded away by engines; nothing to choose
         # Lowering writes FP16 Casts and INT8 Q/DQ for float32 tensors only: a unit computing in
         # another float type (float64) would be reported lowered while running unchanged.
         float32 = all(i.dtype is None or np.dtype(i.dtype) == np.float32 for i in float_inputs)
-        fused = [] if node.op in space.pinned_fp32 else _fusable_block(node.outputs[0], graph, space)
+        fused = [] if node.op in space.pinned_fp32 else _fusable_block(members[-1].outputs[0], graph, space)
         name = subgraphs.label(scope, node.name)
         units.append(
             Unit(
                 name=name,
                 op_type=node.op,
-                nodes=(node.name, *(n.name for n in fused)),
+                nodes=tuple(dict.fromkeys(n.name for n in (*members, *fused))),
                 activations=activations,
                 weight=weight.name if weight is not None else None,
-                output=(fused[-1] if fused else node).outputs[0].name,
+                output=(fused[-1] if fused else members[-1]).outputs[0].name,
                 allowed=space.allowed(name, node.op) if float32 else (Precision.FP32,),
                 scope=scope,
+                sensitive=node.op not in space.units,
             )
         )
     return units

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -90,6 +91,7 @@ from autoprec.study.sensitivity import (
     analyse_sensitivity,
     cache_key,
     cached_sensitivity,
+    searched_sensitive,
 )
 
 log = logging.getLogger("autoprec")
@@ -259,6 +261,13 @@ def run_search(config: SearchConfig) -> SearchResult:
                     out_dir / "sensitivity.json", progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
+        info, sensitive_units = searched_sensitive(info, unit_sensitivity, max_loss)
+        if sensitive_units["found"]:
+            log.info(f"sensitive units (softmax, normalisations, reductions): {sensitive_units['searched']} of "
+                     f"{sensitive_units['found']} searched, the rest kept FP32 ({sensitive_units['too_lossy']} lose more "
+                     f"than the limit alone, {sensitive_units['no_gain']} save no time in the profile); "
+                     f"{len(info.searchable_units)} unit(s) searched in all")
+            ctx = replace(ctx, info=info)
         if screen is not None:
             log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
                          f"{screen.batches} of {len(dataset.evaluation)} evaluation batches is not timed")
@@ -325,6 +334,8 @@ def run_search(config: SearchConfig) -> SearchResult:
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.to_json(),
         "precisions": searched,
+        "dimensions": len(info.searchable_units),
+        "sensitive_units": sensitive_units,
         "left_out": left_out,
         "wall_seconds": round(time.monotonic() - started, 2),
         "one_time_seconds": {k: round(v, 3) for k, v in one_time.items()},
@@ -457,7 +468,11 @@ def _engine_space(
             if p in engine.slow_precisions:
                 log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
     searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
-    return space.restricted(keep).with_pinned(engine.float32_ops), searched, left_out
+    space = space.restricted(keep).with_pinned(engine.float32_ops)
+    if engine.sensitive_ops_fp32 and space.sensitive:
+        left_out["sensitive ops"] = f"kept FP32: {engine.sensitive_ops_fp32}"
+        space = space.with_pinned(set(space.sensitive) - set(space.units))
+    return space, searched, left_out
 
 
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:

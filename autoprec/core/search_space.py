@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Collection
@@ -15,6 +15,17 @@ import yaml
 from autoprec.core.errors import SearchSpaceError
 from autoprec.core.plan import Precision
 
+# Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
+# the precision of their neighbours where those agree (see autoprec.lower.cast). Softmax,
+# normalisations, reductions, exp/log/pow are not among them: a search space lists those as
+# ``sensitive``.
+NEUTRAL_OPS = frozenset({
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand",
+    "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "AveragePool",
+    "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Relu",
+    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Gelu",
+})
+
 
 @dataclass(frozen=True)
 class SearchSpace:
@@ -23,12 +34,16 @@ class SearchSpace:
     pinned_fp32: frozenset[str]
     overrides: tuple[tuple[str, tuple[Precision, ...]], ...] = field(default=())
     source: str = "default"
+    # Numerically sensitive op types (softmax, normalisations, reductions): units of their own whose safe
+    # default is FP32; uniform plans keep them FP32, and a search lowers only those its sensitivity pass
+    # finds harmless and its profile finds worth it.
+    sensitive: dict[str, tuple[Precision, ...]] = field(default_factory=dict)
 
     def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
         """Precisions a unit may take: its op type's, narrowed by the last matching override."""
         if op_type in self.pinned_fp32:
             return (Precision.FP32,)
-        allowed = self.units[op_type]
+        allowed = self.units.get(op_type) or self.sensitive[op_type]
         for pattern, precisions in self.overrides:
             if fnmatch.fnmatchcase(node_name, pattern):
                 allowed = precisions
@@ -42,15 +57,16 @@ class SearchSpace:
 
         units = {op: narrowed(p) for op, p in self.units.items()}
         overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
-        return SearchSpace(units, self.fusable, self.pinned_fp32, overrides, self.source)
+        sensitive = {op: narrowed(p) for op, p in self.sensitive.items()}
+        return replace(self, units=units, overrides=overrides, sensitive=sensitive)
 
     def with_pinned(self, op_types: Collection[str]) -> SearchSpace:
         """``op_types`` pinned to FP32 (what an engine has no reduced-precision kernels for)."""
-        return SearchSpace(self.units, self.fusable, self.pinned_fp32 | frozenset(op_types), self.overrides, self.source)
+        return replace(self, pinned_fp32=self.pinned_fp32 | frozenset(op_types))
 
     def with_overrides(self, overrides: list[str]) -> SearchSpace:
         parsed = tuple(_parse_override(text) for text in overrides)
-        return SearchSpace(self.units, self.fusable, self.pinned_fp32, self.overrides + parsed, self.source)
+        return replace(self, overrides=self.overrides + parsed)
 
     def to_json(self) -> dict:
         """Everything that decides the units and their precisions (overrides included), so a result can
@@ -60,6 +76,7 @@ class SearchSpace:
             "units": {op: [p.value for p in precisions] for op, precisions in sorted(self.units.items())},
             "fusable": sorted(self.fusable),
             "pinned_fp32": sorted(self.pinned_fp32),
+            "sensitive": {op: [p.value for p in precisions] for op, precisions in sorted(self.sensitive.items())},
             "overrides": [[pattern, [p.value for p in precisions]] for pattern, precisions in self.overrides],
         }
 
@@ -79,6 +96,8 @@ class SearchSpace:
                 overrides=tuple((str(pattern), parse_precisions(list(p), f"recorded override {pattern}"))
                                 for pattern, p in data["overrides"]),
                 source=str(data["source"]),
+                sensitive={str(op): parse_precisions(list(p), f"recorded search space, sensitive.{op}")
+                           for op, p in data.get("sensitive", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SearchSpaceError(f"the recorded search space cannot be read ({type(exc).__name__}: {exc}); "
@@ -131,6 +150,10 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
         raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
     units = {_text(op, source, "units"): parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
+    sensitive = raw.get("sensitive") or {}
+    if not isinstance(sensitive, dict):
+        raise SearchSpaceError(f"search space {source}: 'sensitive:' must map op types to precisions, "
+                               "e.g. sensitive: {Softmax: [fp16, fp32]}")
     overrides = raw.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise SearchSpaceError(f"search space {source}: 'overrides:' must map name patterns to precisions, "
@@ -142,6 +165,8 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         overrides=tuple((_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, overrides.{pattern}"))
                         for pattern, p in overrides.items()),
         source=source,
+        sensitive={_text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, sensitive.{op}")
+                   for op, p in sensitive.items()},
     )
 
 

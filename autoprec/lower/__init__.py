@@ -30,6 +30,11 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
     unknown = sorted(set(precisions) - {u.name for u in info.units})
     if unknown:
         raise KeyError(f"plan names unit(s) the model does not have: {', '.join(unknown[:5])}")
+    # FP32 is always possible (what a unit the plan leaves out runs in, and what pinning leaves)
+    refused = [f"{u.name} ({precisions[u.name]}; it allows {', '.join(map(str, u.allowed))})" for u in info.units
+               if precisions.get(u.name, Precision.FP32) not in (*u.allowed, Precision.FP32)]
+    if refused:
+        raise ValueError(f"plan gives unit(s) a precision they may not take: {', '.join(refused[:3])}")
     graph = gs.import_onnx(info.model)
     for scope in dict.fromkeys(u.scope for u in info.units):  # the top graph, then each subgraph holding units
         units = [u for u in info.units if u.scope == scope]

@@ -12,15 +12,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-# Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
-# the precision of their neighbours where those agree. Softmax, normalisations, reductions, exp/log/pow
-# are not among them.
-NEUTRAL_OPS = frozenset({
-    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand",
-    "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Relu",
-    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Gelu",
-})
+from autoprec.core.search_space import NEUTRAL_OPS
+
 # Inputs ONNX types as float32 whatever the data's type (Resize's roi and scales): never converted.
 FLOAT32_INPUTS = {"Resize": {1, 2}}
 

@@ -117,11 +117,13 @@ def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) 
 
 
 def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
-    """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows."""
+    """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows, and a
+    sensitive one (softmax, normalisation) stays at its safe FP32: the search decides those one by one."""
     widening = [Precision.INT8, Precision.FP16, Precision.FP32]
     candidates = widening[widening.index(precision):]
     return {
-        u.name: next((p for p in candidates if p in u.allowed), u.allowed[-1]).value for u in info.searchable_units
+        u.name: (Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed), u.allowed[-1])).value
+        for u in info.searchable_units
     }
 
 

@@ -222,6 +222,42 @@ def analyse_sensitivity(
                        len(failures), failures[0] if failures else "", profiles + (fp32_times is not None))
 
 
+def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None) -> tuple[ModelInfo, dict]:
+    """``info`` with the sensitive units (softmax, normalisations) that do not pay kept FP32, and what was
+    decided. Each new dimension must earn its place: a sensitive unit is searched in a reduced precision
+    only where, alone, it stays within ``max_loss`` and the engine's profile of the all-units plan shows it
+    saving time (where the engine has no profiler, the loss decides). Without a sensitivity pass nothing
+    shows that any pays: all stay FP32."""
+    candidates = [u for u in info.searchable_units if u.sensitive]
+    facts = {"found": len(candidates), "searched": 0, "too_lossy": 0, "no_gain": 0}
+    if not candidates:
+        return info, facts
+    if sensitivity is None:
+        note = (f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: no sensitivity pass "
+                "measured whether lowering them pays")
+        return info.without([p for p in Precision if p is not Precision.FP32], [u.name for u in candidates], note), facts
+    measured = {u.unit: u for u in sensitivity.units}
+    for precision in (Precision.INT8, Precision.FP16):
+        lossy, idle = [], []
+        for unit in candidates:
+            found = measured.get(unit.name)
+            if precision not in unit.allowed:
+                continue
+            loss = found.loss.get(precision.value, math.inf) if found else math.inf
+            if not math.isfinite(loss) or (max_loss is not None and loss > max_loss):
+                lossy.append(unit.name)
+            elif sensitivity.profiled(precision) and found.gain.get(precision.value, 0.0) <= 0:
+                idle.append(unit.name)
+        if lossy or idle:
+            note = (f"{len(lossy) + len(idle)} of {len(candidates)} sensitive unit(s) kept out of {precision} "
+                    f"({len(lossy)} lose more than the limit alone, {len(idle)} save no time in the {precision} profile)")
+            info = info.without([precision], lossy + idle, note)
+            facts["too_lossy"] += len(lossy)
+            facts["no_gain"] += len(idle)
+    facts["searched"] = sum(1 for u in info.searchable_units if u.sensitive)
+    return info, facts
+
+
 def cache_key(info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int) -> str:
     """What a sensitivity depends on: model, engine (and its Q/DQ form), data, metric, calibration,
     batches, and what each unit may take."""

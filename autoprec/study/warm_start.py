@@ -62,13 +62,19 @@ def warm_start_params(
     plans: list[dict[str, str]] = []
     base = {u.name: u.allowed[-1].value for u in info.searchable_units}
     for precision in (Precision.INT8, Precision.FP16):
+        lowerable = [u.name for u in info.searchable_units if precision in u.allowed]
         faster = faster_than_fp32(uniform, precision.value)
         for by_gain in ([False, True] if faster is None else [not faster]):
             if not by_gain or sensitivity.profiled(precision):
-                _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss)
+                _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss,
+                                  set(lowerable))
+        if faster is not False and any(u.sensitive and precision in u.allowed for u in info.searchable_units):
+            # the uniform plan keeps sensitive units FP32; this one is the widest region the search may use
+            every = dict(base, **{name: precision.value for name in lowerable})
+            if every not in plans:
+                plans.append(every)
         measured = uniform.get(precision.value)
         if faster and max_loss is not None and measured is not None and measured[1] > max_loss:
-            lowerable = [u.name for u in info.searchable_units if precision in u.allowed]
             for kept in LEADING_KEPT:
                 params = dict(base, **{name: precision.value for name in lowerable[kept:]})
                 if kept < len(lowerable) and params not in plans:
@@ -78,9 +84,11 @@ def warm_start_params(
 
 def _add_prefix_plans(plans: list[dict[str, str]], base: dict[str, str], sensitivity: Sensitivity,
                       precision: Precision, by_gain: bool, measured: tuple[float, float] | None,
-                      max_loss: float | None) -> None:
-    """Append (once each) the plans lowering the first k units of one ranking to ``precision``."""
-    ranked = [u for u in sensitivity.ranking(precision, by_gain) if math.isfinite(u.cost(precision.value, by_gain))]
+                      max_loss: float | None, lowerable: set[str]) -> None:
+    """Append (once each) the plans lowering the first k units of one ranking to ``precision``
+    (of the units that may still take it: the search may have kept some FP32 since the pass)."""
+    ranked = [u for u in sensitivity.ranking(precision, by_gain)
+              if u.unit in lowerable and math.isfinite(u.cost(precision.value, by_gain))]
     if not ranked:
         return
     counts = {max(1, round(f * len(ranked))) for f in UNIT_FRACTIONS}

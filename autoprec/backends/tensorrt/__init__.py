@@ -185,7 +185,10 @@ class TimingCache:
 
 
 # Network layers where a unit's arithmetic runs, and the type names TensorRT gives its tensors.
-_COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY")
+# The layers a unit's main node becomes: compute layers, and those of sensitive units (softmax,
+# reductions, normalisations, unary math, Pow).
+_COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "SOFTMAX", "REDUCE", "NORMALIZATION", "UNARY",
+                   "ELEMENTWISE")
 _NETWORK_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT8": "int8", "FP8": "fp8"}
 
 

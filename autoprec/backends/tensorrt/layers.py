@@ -37,6 +37,7 @@ _TYPE_WORDS = (
     ("fp32", "fp32"), ("float", "fp32"), ("bool", "bool"), ("int4", "int4"), ("fp4", "fp4"),
 )
 _REDUCED = ("int8", "fp16", "bf16", "fp8", "int4", "fp4")
+_FLOATS = ("fp32", "fp16", "bf16")
 _ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")
 _PATH_STEP = re.compile(r"^(.*) \(([^()]*)\)$")  # "then (then_branch)", "If_1 (If)"
 
@@ -86,6 +87,18 @@ class EngineLayer:
     origin: str = ""  # "QDQ" for a quantize/dequantize reformat, "REFORMAT", ...
     tactic: str = ""
     constants: tuple[TensorFormat, ...] = ()  # weights the layer holds (TensorRT for RTX's builder log lists them)
+
+    @property
+    def possible_precisions(self) -> frozenset[str]:
+        """What it may compute in: its precision, and for a fused kernel that converts (a Cast fused in, as
+        Myelin fuses a region's border into a softmax: its name says Cast, or its inputs and outputs differ
+        in float type) every float type it touches: the log does not say on which side of the Cast the
+        arithmetic runs."""
+        floats = {t.dtype for t in (*self.inputs, *self.outputs, *self.constants) if t.dtype in _FLOATS}
+        ends = {t.dtype for t in (*self.inputs, *self.outputs) if t.dtype in _FLOATS}
+        if "Cast" in self.name or len(ends) > 1:
+            return frozenset({self.precision, *floats})
+        return frozenset({self.precision})
 
     @property
     def is_bookkeeping(self) -> bool:
@@ -319,7 +332,7 @@ def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]
         precision = spec["precision"]
         checked += 1
         found = next((found for node in spec.get("main", spec["nodes"][:1]) if (found := layers.layers_of_node(node))), [])
-        ran = sorted({layer.precision for layer in found})
+        ran = sorted({p for layer in found for p in layer.possible_precisions})
         if precision not in ran:
             ignored.append({"unit": unit, "planned": precision, "ran": ran or ["not found"],
                             "layers": [layer.name for layer in found]})
