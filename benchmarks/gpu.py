@@ -82,20 +82,26 @@ def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, Path, dict[st
     return model_path, path, shapes
 
 
-def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path) -> dict:
+def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path):
+    """``autoprec search`` of a zoo model at ``batch`` (max loss MAX_LOSS), its wall seconds, and the model
+    prepared again as that search prepared it (same space, data, shapes and cache): what its plans lower on."""
     model_path, data, shapes = batch_data(name, batch, tmp)
     out = tmp / f"{name}-b{batch}"
     t0 = time.monotonic()
     result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=out, backend=backend,
                              max_loss=MAX_LOSS, progress=False, device=device)
-    search_wall = time.monotonic() - t0
+    wall = time.monotonic() - t0
+    space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
+    return result, wall, prepare(model_path, space, data, shapes, cache=out / "cache"), out, shapes
+
+
+def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path) -> dict:
+    result, search_wall, prepared, out, shapes = searched(name, batch, budget, backend, device, tmp)
     files = read_result_dir(out)
     uniform = result.uniform()
     chosen = result.chosen
     if chosen is None or "fp32" not in uniform or "fp16" not in uniform:
         return {"error": f"no chosen plan or no uniform FP32/FP16 trial; see {out} (trials.json)", "search_wall_s": search_wall}
-    space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
-    prepared = prepare(model_path, space, data, shapes, cache=out / "cache")
     engine = get_backend(backend, device)
     plans = {"fp32": uniform["fp32"].plan, "fp16": uniform["fp16"].plan, "chosen": chosen.plan}
     evaluation = prepared.dataset.evaluation

@@ -66,6 +66,7 @@ from _harness import (  # noqa: E402
     task_metrics,
     zoo_judge,
 )
+from gpu import batch_data, searched  # noqa: E402
 
 from autoprec.core.plan import Plan, Precision  # noqa: E402
 from autoprec.measure.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
@@ -273,12 +274,6 @@ def best_within(trials) -> float | None:
 GPU_ROUNDS = 8
 
 
-def _batch_files(name: str, batch: int, folder: Path):
-    from gpu import batch_data
-
-    return batch_data(name, batch, folder)
-
-
 def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     """AutoCast's FP16 model of each zoo model at each batch, in ``folder`` (with what it took, in autocast.json)."""
     import modelopt
@@ -298,7 +293,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
             print(f"[autocast {key}] …", file=sys.stderr, flush=True)
             started = time.monotonic()
             try:
-                model_path, data, shapes = _batch_files(name, batch, folder)
+                model_path, data, shapes = batch_data(name, batch, folder)
                 info = analyse(model_path, load_search_space(), shapes)
                 fp32 = folder / f"{key}.fp32.onnx"
                 onnx.save(info.model, fp32)
@@ -320,26 +315,16 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
 
 def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: int, tmp: Path) -> dict:
     """autoprec's pick on ort-cuda against AutoCast's model, timed side by side with FP32."""
-    import autoprec
     from autoprec.analysis.model import load_onnx
-    from autoprec.app.prepare import prepare
     from autoprec.backends import get_backend
-    from autoprec.core.search_space import load_search_space
     from autoprec.measure.accuracy import compare
 
     converted = autocast / f"{name}-b{batch}.autocast.onnx"
     if not converted.is_file():
         return {"error": f"no AutoCast model {converted.name}: see {autocast / 'autocast.json'}"}
-    model_path, data, shapes = _batch_files(name, batch, tmp)
-    out = tmp / f"{name}-b{batch}"
-    started = time.monotonic()
-    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=out, backend="ort-cuda",
-                             max_loss=MAX_LOSS, progress=False, device=device)
-    wall = time.monotonic() - started
+    result, wall, prepared, out, shapes = searched(name, batch, budget, "ort-cuda", device, tmp)
     if result.chosen is None:
         return {"error": f"autoprec chose no plan within {MAX_LOSS}", "search_wall_s": round(wall, 1)}
-    space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
-    prepared = prepare(model_path, space, data, shapes, cache=out / "cache")
     engine = get_backend("ort-cuda", device)
     picks = {"fp32": prepared.info.model, "autoprec": load_onnx(out / "best" / "model.onnx"),
              "modelopt_autocast": load_onnx(converted)}

@@ -15,6 +15,7 @@ from onnx import version_converter
 
 from autoprec.analysis import subgraphs
 from autoprec.core.errors import ModelError
+from autoprec.core.groups import connected
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
 
@@ -601,34 +602,25 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.
     LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the group's first node's name;
     the joining neutral nodes are members too. One such group is one unit."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}
-    sensitive = {id(n): n for n in graph.nodes
-                 if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32}
-    parent = {key: key for key in sensitive}
-    bridges: dict[int, list[gs.Node]] = {key: [] for key in sensitive}
-
-    def root(key: int) -> int:
-        while parent[key] != key:
-            parent[key] = parent[parent[key]]
-            key = parent[key]
-        return key
-
-    for key, node in sensitive.items():
+    sensitive = [n for n in graph.nodes
+                 if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32]
+    inside = {id(n) for n in sensitive}
+    links: list[tuple[gs.Node, gs.Node]] = []
+    bridges: dict[int, list[gs.Node]] = {}
+    for node in sensitive:
         for consumer in (c for out in node.outputs for c in out.outputs):
-            if id(consumer) in sensitive:
-                parent[root(id(consumer))] = root(key)
+            if id(consumer) in inside:
+                links.append((node, consumer))
             elif consumer.op in NEUTRAL_OPS and consumer.op not in space.units:
-                reached = [c for out in consumer.outputs for c in out.outputs if id(c) in sensitive]
-                for other in reached:
-                    parent[root(id(other))] = root(key)
+                reached = [c for out in consumer.outputs for c in out.outputs if id(c) in inside]
+                links += [(node, other) for other in reached]
                 if reached:
-                    bridges[key].append(consumer)
-    members: dict[int, list[gs.Node]] = {}
-    for key, node in sensitive.items():
-        members.setdefault(root(key), []).extend([node, *bridges[key]])
+                    bridges.setdefault(id(node), []).append(consumer)
     groups = {}
-    for nodes in members.values():
-        nodes = sorted({id(n): n for n in nodes}.values(), key=lambda n: order[id(n)])
-        groups[nodes[0].name] = nodes
+    for members in connected(sensitive, links):
+        nodes = {id(n): n for member in members for n in (member, *bridges.get(id(member), []))}
+        ordered = sorted(nodes.values(), key=lambda n: order[id(n)])
+        groups[ordered[0].name] = ordered
     return groups
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from autoprec.core.groups import connected
 from autoprec.core.search_space import NEUTRAL_OPS
 
 # Inputs ONNX types as float32 whatever the data's type (Resize's roi and scales): never converted.
@@ -29,27 +30,13 @@ def grow_region(graph: gs.Graph, region: set[str]) -> set[str]:
     if not region:
         return region
     own = {id(n) for n in graph.nodes}
-    candidates = {id(n): n for n in graph.nodes if n.name not in region and n.op in NEUTRAL_OPS
+    candidates = [n for n in graph.nodes if n.name not in region and n.op in NEUTRAL_OPS
                   and any(_is_float32(t) for t in n.inputs if isinstance(t, gs.Variable))
-                  and all(_is_float32(t) for t in n.outputs)}
-    group = {key: key for key in candidates}
-
-    def root(key: int) -> int:
-        while group[key] != key:
-            group[key] = group[group[key]]
-            key = group[key]
-        return key
-
-    for key, node in candidates.items():
-        for out in node.outputs:
-            for consumer in out.outputs:
-                if id(consumer) in candidates:
-                    group[root(id(consumer))] = root(key)
-    members: dict[int, list[gs.Node]] = {}
-    for key, node in candidates.items():
-        members.setdefault(root(key), []).append(node)
+                  and all(_is_float32(t) for t in n.outputs)]
+    keys = {id(n) for n in candidates}
+    links = [(node, c) for node in candidates for out in node.outputs for c in out.outputs if id(c) in keys]
     grown = set(region)
-    for nodes in members.values():
+    for nodes in connected(candidates, links):
         inside = {id(n) for n in nodes}
         fed = all(
             t.inputs and (id(t.inputs[0]) in inside or t.inputs[0].name in region)
