@@ -279,7 +279,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     import modelopt
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    from autoprec.analysis.model import analyse
+    from autoprec.app.prepare import load_inputs
     from autoprec.core import atomic
     from autoprec.core.search_space import load_search_space
 
@@ -294,11 +294,11 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
             started = time.monotonic()
             try:
                 model_path, data, shapes = batch_data(name, batch, folder)
-                info = analyse(model_path, load_search_space(), shapes)
+                # prepared as the search prepares it (a scalar input such as silero's sr fed its value)
+                info, dataset, _ = load_inputs(model_path, load_search_space(), data, shapes)
                 fp32 = folder / f"{key}.fp32.onnx"
                 onnx.save(info.model, fp32)
-                with np.load(data) as loaded:
-                    np.savez(folder / f"{key}.calibration.npz", **{i.name: loaded[i.name][:batch] for i in info.inputs})
+                np.savez(folder / f"{key}.calibration.npz", **dataset.calibration[0])
                 converted = convert_to_mixed_precision(str(fp32), "fp16", keep_io_types=True,
                                                        calibration_data=str(folder / f"{key}.calibration.npz"))
                 onnx.save(converted, folder / f"{key}.autocast.onnx")

@@ -73,6 +73,36 @@ def test_fp16_units_make_one_region_with_casts_only_at_its_borders(conv):
     assert m["cosine"] > 0.9999
 
 
+def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it(tmp_path):
+    """The Casts move to the model's input and output, as far as neutral ops reach; a neutral op that
+    does not touch the region stays FP32."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32).ravel())
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, -1])
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["xt"], "t_in", perm=[0, 1, 3, 2]),
+         helper.make_node("Conv", ["xt", "w"], ["c"], "conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["c", "shape"], ["y"], "flat"),
+         helper.make_node("Relu", ["x"], ["z"], "side")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [weight, shape])
+    path = tmp_path / "io.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    info = analyse(path, load_search_space())
+    model = lower_plan(info, Plan.from_mapping({"conv": "fp16"}), None, QDQForm.TENSORRT)
+    check_valid(model)
+    to_half, to_float = _casts(model)
+    by_name = {n.name: n for n in model.graph.node}
+    assert [n.input[0] for n in to_half] == ["x"] and by_name["t_in"].input[0] == to_half[0].output[0]
+    assert [n.output[0] for n in to_float] == ["y"] and by_name["flat"].output[0] == to_float[0].input[0]
+    assert by_name["side"].input[0] == "x"  # reads the input, feeds an output, touches no FP16 node
+    batch = {"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)}
+    assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
+
+
 def test_a_neutral_op_between_precisions_that_disagree_stays_fp32(conv):
     info, _, ranges = conv
     plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp32", "fc": "fp16"})

@@ -155,8 +155,10 @@ def test_sensitive_ops_are_units_of_their_own_and_a_decomposed_layernorm_is_one(
     info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), SPACE)
     units = {u.name: u for u in info.units}
     assert [u.name for u in info.units if u.sensitive] == ["ln_mean", "softmax"]
-    # ReduceMean, Sub, Pow, ReduceMean, Add(eps), Sqrt: joined directly or through one neutral op
-    assert units["ln_mean"].nodes == ("ln_mean", "ln_sub", "ln_pow", "ln_var", "ln_eps", "ln_sqrt")
+    # ReduceMean, Sub, Pow, ReduceMean, Add(eps), Sqrt: joined directly or through one neutral op; the Div
+    # combining them, then scale and shift: the whole LayerNorm, as engines fuse it (and name it after the scale)
+    assert units["ln_mean"].nodes == ("ln_mean", "ln_sub", "ln_pow", "ln_var", "ln_eps", "ln_sqrt", "ln_div",
+                                      "ln_scale", "ln_shift")
     assert units["ln_mean"].activations == ("h",) and units["ln_mean"].weight is None
     assert units["softmax"].allowed == (Precision.FP16, Precision.FP32)
     assert not any(u.sensitive for u in info.units if u.op_type == "MatMul")

@@ -255,3 +255,29 @@ def test_a_sensitive_unit_is_searched_only_where_alone_it_stays_within_the_limit
     assert names == ["ln_mean", "softmax"]
     names, facts, _ = searched(None)  # no sensitivity pass: nothing shows that lowering them pays
     assert names == [] and facts["found"] == 2
+
+
+def test_a_sensitive_unit_kept_fp32_amid_an_fp16_region_is_charged_the_casts_at_its_borders(tmp_path):
+    """Its gain in FP16 is what it costs kept FP32 among FP16 neighbours less what it costs lowered with
+    them: with every node costing the same, a softmax alone is no faster in FP16, but keeping it FP32
+    costs the Cast into it and the Cast out of it."""
+    from autoprec.lower import QDQForm, lower_plan
+    from autoprec.study.sensitivity import unit_gains
+    from tests import builders
+
+    info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), load_search_space())
+
+    class EveryNodeOneSecond:
+        def lower(self, info, plan, ranges):
+            return lower_plan(info, plan, ranges, QDQForm.TENSORRT)
+
+        def node_times(self, model, batch):
+            return {n.name: 1.0 for n in model.graph.node}
+
+    fp32_times = {n.name: 1.0 for n in info.model.graph.node}
+    gains, profiled = unit_gains(info, EveryNodeOneSecond(), None, {}, fp32_times, "max")
+    assert profiled == 2  # the all-FP16 plan and FP16 with the sensitive units FP32 (INT8 cannot lower without ranges)
+    total = len(fp32_times)
+    assert gains["fp16"]["softmax"] == pytest.approx(2 / total)  # scores -> Cast -> softmax -> Cast -> context
+    assert gains["fp16"]["ln_mean"] == pytest.approx(2 / total)  # one Cast into it, one out to its three readers
+    assert all(g <= 0 for u, g in gains["fp16"].items() if not info.unit(u).sensitive)  # no node is faster here

@@ -600,7 +600,8 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
 def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.Node]]:
     """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
     LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the group's first node's name;
-    the joining neutral nodes are members too. One such group is one unit."""
+    the joining neutral nodes and the tail combining their outputs (the Div) are members too. One
+    such group is one unit."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     sensitive = [n for n in graph.nodes
                  if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32]
@@ -619,9 +620,30 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.
     groups = {}
     for members in connected(sensitive, links):
         nodes = {id(n): n for member in members for n in (member, *bridges.get(id(member), []))}
+        nodes.update({id(n): n for n in _combined_tail(nodes, space)})
         ordered = sorted(nodes.values(), key=lambda n: order[id(n)])
         groups[ordered[0].name] = ordered
     return groups
+
+
+def _combined_tail(group: dict[int, gs.Node], space: SearchSpace) -> list[gs.Node]:
+    """Fusable nodes reading only the group's outputs and constants (a LayerNorm's Div of the centred
+    value by the deviation): they complete what the group computes, and engines fuse them into it
+    (ONNX Runtime names its fused LayerNormalization after the scale Mul)."""
+    tail: list[gs.Node] = []
+    inside = set(group)
+    grew = True
+    while grew:
+        grew = False
+        for node in [c for n in [*group.values(), *tail] for out in n.outputs for c in out.outputs]:
+            variables = [i for i in node.inputs if isinstance(i, gs.Variable)]
+            if (id(node) not in inside and node.op in space.fusable and node.op not in space.units
+                    and node.op not in space.pinned_fp32 and len(variables) > 1
+                    and all(i.inputs and id(i.inputs[0]) in inside for i in variables)):
+                tail.append(node)
+                inside.add(id(node))
+                grew = True
+    return tail
 
 
 def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> list[Unit]:

@@ -23,8 +23,9 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
     """The prepared FP32 model rewritten so each unit runs in the plan's precision.
 
     Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
-    TensorRT form, precision-neutral ops between FP16 units run in FP16 with them (one region, Casts
-    at its borders: see autoprec.lower.cast); the ort-cpu form keeps Casts at every unit's borders.
+    TensorRT form, precision-neutral ops between FP16 units (and between them and the model's inputs
+    and outputs) run in FP16 with them (one region, Casts at its borders: see autoprec.lower.cast);
+    the ort-cpu form keeps Casts at every unit's borders.
     """
     precisions = plan.as_dict()
     unknown = sorted(set(precisions) - {u.name for u in info.units})

@@ -24,9 +24,11 @@ def _is_float32(tensor: gs.Tensor) -> bool:
 
 
 def grow_region(graph: gs.Graph, region: set[str]) -> set[str]:
-    """``region`` (node names) and the precision-neutral nodes between its nodes: each connected
-    group of NEUTRAL_OPS nodes joins when all the float32 tensors it reads are made by region nodes
-    and all it makes are read by region nodes only (not a graph output, not from inside a subgraph)."""
+    """``region`` (node names) and the precision-neutral nodes around its nodes: each connected group
+    of NEUTRAL_OPS nodes joins when all the float32 tensors it reads are made by region nodes or are
+    graph inputs, all it makes are read by region nodes only or are graph outputs (not read from
+    inside a subgraph), and it touches the region. A group between the region and the graph's inputs
+    or outputs joins too: the Cast moves to the input or output, and the group runs in FP16."""
     if not region:
         return region
     own = {id(n) for n in graph.nodes}
@@ -38,17 +40,15 @@ def grow_region(graph: gs.Graph, region: set[str]) -> set[str]:
     grown = set(region)
     for nodes in connected(candidates, links):
         inside = {id(n) for n in nodes}
-        fed = all(
-            t.inputs and (id(t.inputs[0]) in inside or t.inputs[0].name in region)
-            for n in nodes for i, t in enumerate(n.inputs)
-            if isinstance(t, gs.Variable) and _is_float32(t) and i not in FLOAT32_INPUTS.get(n.op, ())
-        )
-        read = all(
-            out not in graph.outputs
-            and all(id(c) in inside or (id(c) in own and c.name in region) for c in out.outputs)
-            for n in nodes for out in n.outputs
-        )
-        if fed and read:
+        reads = [t for n in nodes for i, t in enumerate(n.inputs)
+                 if isinstance(t, gs.Variable) and _is_float32(t) and i not in FLOAT32_INPUTS.get(n.op, ())
+                 and not (t.inputs and id(t.inputs[0]) in inside)]
+        makes = [out for n in nodes for out in n.outputs]
+        readers = [c for out in makes for c in out.outputs if id(c) not in inside]
+        fed = all(t.inputs[0].name in region if t.inputs else t in graph.inputs for t in reads)
+        read = all(id(c) in own and c.name in region for c in readers)
+        touches = any(t.inputs for t in reads) or bool(readers)
+        if fed and read and touches:
             grown |= {n.name for n in nodes}
     return grown
 

@@ -5,7 +5,8 @@ else FP32) and its accuracy loss measured: one evaluation per unit and precision
 screening batches, with the search's own calibration and FP32 reference. Each unit's share of the
 FP32 latency comes from the engine's per-node profile, not from FLOP counts; so does the time it
 saves when lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with
-the units beside them). Where a precision's all-units plan is not faster than FP32, only the units
+the units beside them; a sensitive unit's FP16 saving is measured in the FP16 region, against one
+more profile with the sensitive units FP32). Where a precision's all-units plan is not faster than FP32, only the units
 that save time are lowered by the warm start: on many engines only some layers run faster in INT8,
 so such a model can still have fast partial plans. From the ranking (loss per time saved) the
 warm-start plans are built: the k least sensitive units lowered, for several k, so the front's
@@ -113,10 +114,12 @@ def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[st
 
 
 def unit_times(
-    info: ModelInfo, lowered: onnx.ModelProto, times: Mapping[str, float], lowered_units: frozenset[str] = frozenset()
+    info: ModelInfo, lowered: onnx.ModelProto, times: Mapping[str, float], lowered_units: frozenset[str] = frozenset(),
+    through_free_nodes: bool = False,
 ) -> dict[str, float]:
     """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
-    (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to."""
+    (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to (directly, or also through
+    nodes no unit owns where ``through_free_nodes``)."""
     # A node by its own name (ONNX Runtime's profile) and by its path (TensorRT's layers: If_1/then/a).
     owner = {key: u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     original = {n.name for n in all_nodes(info.model)}
@@ -136,7 +139,7 @@ def unit_times(
             for n in neighbours(todo.pop()):
                 if owner.get(n.name) in lowered_units:
                     found.add(owner[n.name])
-                elif n.name not in original and n.name not in seen:
+                elif n.name not in seen and (n.name not in original or (through_free_nodes and n.name not in owner)):
                     seen.add(n.name)
                     todo.append(n)
         return found
@@ -162,23 +165,48 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
     fp32 = unit_times(info, info.model, fp32_times)
     gains: dict[str, dict[str, float]] = {}
     profiled = 0
+
+    def profile(plan) -> tuple[onnx.ModelProto, Mapping[str, float] | None]:
+        nonlocal profiled
+        lowered = backend.lower(info, plan, ranges)
+        profiled += 1
+        return lowered, backend.node_times(lowered, batch)
+
     for precision in (Precision.INT8, Precision.FP16):
         lowered_units = [u for u in info.searchable_units if precision in u.allowed]
         if not lowered_units:
             continue
         names = frozenset(u.name for u in lowered_units)
-        plan = info.plan_at(precision, names, calibration)
         try:
-            lowered = backend.lower(info, plan, ranges)
-            profiled += 1
-            times = backend.node_times(lowered, batch)
+            lowered, times = profile(info.plan_at(precision, names, calibration))
         except Exception:  # noqa: BLE001 - an engine that cannot run it: the warm start falls back to the uniform plan's latency
             continue
-        if times:
-            spent = unit_times(info, lowered, times, names)
-            # a unit the profile lost track of (renamed beyond recognition) has no measured gain
-            gains[precision.value] = {u: (fp32.get(u, 0.0) - spent[u]) / total for u in names if spent.get(u)}
+        if not times:
+            continue
+        spent = unit_times(info, lowered, times, names)
+        # a unit the profile lost track of (renamed beyond recognition) has no measured gain
+        gains[precision.value] = {u: (fp32.get(u, 0.0) - spent[u]) / total for u in names if spent.get(u)}
+        sensitive = frozenset(u.name for u in lowered_units if u.sensitive)
+        if sensitive and sensitive != names:
+            try:
+                kept = profile(info.plan_at(precision, names - sensitive, calibration))
+            except Exception:  # noqa: BLE001 - their gain stays measured against FP32 alone
+                continue
+            if kept[1]:
+                gains[precision.value].update(sensitive_gains(info, kept, sensitive, spent, total))
     return gains, profiled
+
+
+def sensitive_gains(info: ModelInfo, kept_fp32: tuple[onnx.ModelProto, Mapping[str, float]], sensitive: frozenset[str],
+                    spent: Mapping[str, float], total: float) -> dict[str, float]:
+    """Fraction of FP32 time each sensitive unit saves in the reduced-precision region: its cost kept
+    FP32 amid it (its own nodes and the conversions at its borders, found through the neutral nodes
+    between) less its cost lowered with it (``spent``, from the all-units profile). Measured against the
+    FP32 model instead, a softmax between FP16 matrix multiplies would not be credited with the two
+    Casts that keeping it FP32 costs."""
+    lowered, times = kept_fp32
+    cost = unit_times(info, lowered, times, sensitive, through_free_nodes=True)
+    return {u: (cost.get(u, 0.0) - spent.get(u, 0.0)) / total for u in sensitive if cost.get(u) or spent.get(u)}
 
 
 def analyse_sensitivity(
