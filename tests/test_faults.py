@@ -143,3 +143,24 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     pareto = json.loads((out / "pareto.json").read_text())
     assert pareto["search"]["trials"] == 6
     time.sleep(0.1)
+
+
+def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_path):
+    """multiprocessing refuses to start a worker from a script without a __main__ guard; that error is
+    what the user sees, not one from cleaning up a process that never started."""
+    import multiprocessing
+
+    from autoprec.measure.isolation import IsolatedMeasurer, Limits
+
+    class Unstartable:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            raise RuntimeError("An attempt has been made to start a new process before the current process has finished")
+
+    measurer = IsolatedMeasurer("ort-cpu", [], None, Limits(60), tmp_path / "stderr.log")
+    measurer.context = type("Context", (), {"Pipe": staticmethod(multiprocessing.Pipe), "Process": Unstartable})()
+    with pytest.raises(RuntimeError, match="finished"):
+        with measurer:
+            measurer.start()

@@ -103,6 +103,34 @@ def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it
     assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
 
 
+def test_a_region_input_cast_from_integers_is_cast_to_fp16_directly(tmp_path):
+    """A one-hot made by Cast(bool -> float32), as Magika makes from its bytes, is cast straight to FP16:
+    no FP32 copy of the (large) one-hot is written and converted again."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["bytes", "axis"], ["b3"], "expand"),
+         helper.make_node("Equal", ["b3", "symbols"], ["hot"], "one_hot"),
+         helper.make_node("Cast", ["hot"], ["hot_f"], "to_float", to=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["hot_f", "w"], ["y"], "embed")],
+        "g", [helper.make_tensor_value_info("bytes", TensorProto.INT32, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 8])],
+        [helper.make_tensor("axis", TensorProto.INT64, [1], [-1]),
+         helper.make_tensor("symbols", TensorProto.INT32, [4], [0, 1, 2, 3]),
+         helper.make_tensor("w", TensorProto.FLOAT, [4, 8], rng.normal(size=32).astype(np.float32))])
+    path = tmp_path / "hot.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    info = analyse(path, load_search_space())
+    model = lower_plan(info, Plan.from_mapping({"embed": "fp16"}), None, QDQForm.TENSORRT)
+    check_valid(model)
+    to_half, to_float = _casts(model)
+    assert [n.input[0] for n in to_half] == ["hot"] and [n.output[0] for n in to_float] == ["y"]
+    assert "to_float" not in {n.name for n in model.graph.node}  # nothing else read the FP32 one-hot
+    batch = {"bytes": rng.integers(0, 4, (2, 16)).astype(np.int32)}
+    assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
+
+
 def test_a_neutral_op_between_precisions_that_disagree_stays_fp32(conv):
     info, _, ranges = conv
     plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp32", "fc": "fp16"})

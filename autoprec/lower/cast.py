@@ -23,6 +23,17 @@ def _is_float32(tensor: gs.Tensor) -> bool:
     return tensor.dtype is not None and np.dtype(tensor.dtype) == np.float32
 
 
+def _cast_source(tensor: gs.Variable) -> gs.Variable:
+    """What to cast to FP16 for ``tensor``: the integer or boolean tensor it was cast from, where the
+    model makes it by a Cast (a one-hot of bytes), so the FP32 copy is never written; else itself."""
+    producer = tensor.inputs[0] if tensor.inputs else None
+    if producer is not None and producer.op == "Cast" and isinstance(producer.inputs[0], gs.Variable):
+        source = producer.inputs[0]
+        if source.dtype is not None and np.dtype(source.dtype).kind in "biu":
+            return source
+    return tensor
+
+
 def grow_region(graph: gs.Graph, region: set[str]) -> set[str]:
     """``region`` (node names) and the precision-neutral nodes around its nodes: each connected group
     of NEUTRAL_OPS nodes joins when all the float32 tensors it reads are made by region nodes or are
@@ -87,9 +98,8 @@ def apply_fp16(graph: gs.Graph, region: set[str], prefix: str = "") -> None:
             elif _is_float32(inp):
                 if inp.name not in casts_in:
                     casts_in[inp.name] = gs.Variable(f"{prefix}{inp.name}_to_fp16", np.float16, inp.shape)
-                    graph.nodes.append(
-                        gs.Node("Cast", f"{prefix}{inp.name}_cast_fp16", {"to": onnx.TensorProto.FLOAT16}, [inp], [casts_in[inp.name]])
-                    )
+                    graph.nodes.append(gs.Node("Cast", f"{prefix}{inp.name}_cast_fp16", {"to": onnx.TensorProto.FLOAT16},
+                                               [_cast_source(inp)], [casts_in[inp.name]]))
                 node.inputs[i] = casts_in[inp.name]
     for original in originals:
         if original.outputs or original in graph.outputs:

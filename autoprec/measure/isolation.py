@@ -216,8 +216,9 @@ class IsolatedMeasurer(Measurer):
         """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
         self.stderr.write_bytes(b"")
-        self.process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
-        self.process.start()
+        process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
+        process.start()  # where this raises (a script without a __main__ guard), no unstarted process is kept to kill
+        self.process = process
         child.close()
         self.conn = parent
         self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
