@@ -6,9 +6,9 @@ screening batches, with the search's own calibration and FP32 reference. Each un
 FP32 latency comes from the engine's per-node profile, not from FLOP counts; so does the time it
 saves when lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with
 the units beside them; a sensitive unit's FP16 saving is measured in the FP16 region, against one
-more profile with the sensitive units FP32). Where a precision's all-units plan is not faster than FP32, only the units
-that save time are lowered by the warm start: on many engines only some layers run faster in INT8,
-so such a model can still have fast partial plans. From the ranking (loss per time saved) the
+more profile with the sensitive units FP32). Where a precision's all-units plan is not faster than
+FP32, only the units that save time are lowered by the warm start: on many engines only some
+layers run faster in INT8, so such a model can still have fast partial plans. From the ranking (loss per time saved) the
 warm-start plans are built: the k least sensitive units lowered, for several k, so the front's
 shape is known after a handful of trials.
 """
