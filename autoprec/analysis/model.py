@@ -6,7 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -537,12 +537,14 @@ def _take_steps(model: onnx.ModelProto, steps: list[tuple[str, Step]], check: Ca
     return model, notes
 
 
-def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace) -> list[gs.Node]:
+def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace, made: Collection[str] = ()) -> list[gs.Node]:
     """Neighbours TensorRT would fuse into the unit that produces ``tensor``.
 
     Two shapes are recognised, repeatedly: a single-consumer chain of fusable ops whose other
-    inputs are constants (bias Add, BN, Relu, Clip, ...), and a gated activation
-    ``x * f(x)`` (SiLU, HardSwish) where f is a short fusable chain.
+    inputs are constants or tensors the unit itself ``made`` (bias Add, BN, Relu, Clip, ...; a
+    decomposed LayerNorm's Div of its centred value by its deviation, then scale and shift: ONNX
+    Runtime fuses all of it and names it after the scale), and a gated activation ``x * f(x)``
+    (SiLU, HardSwish) where f is a short fusable chain.
     """
     fused: list[gs.Node] = []
 
@@ -556,7 +558,7 @@ def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace) -> 
 
     while tensor not in graph.outputs:
         consumers = list(tensor.outputs)
-        if len(consumers) == 1 and fusable(consumers[0], {tensor.name}):
+        if len(consumers) == 1 and fusable(consumers[0], {tensor.name, *made}):
             fused.append(consumers[0])
             tensor = consumers[0].outputs[0]
             continue
@@ -600,8 +602,7 @@ def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
 def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.Node]]:
     """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
     LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the group's first node's name;
-    the joining neutral nodes and the tail combining their outputs (the Div) are members too. One
-    such group is one unit."""
+    the joining neutral nodes are members too. One such group is one unit."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     sensitive = [n for n in graph.nodes
                  if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32]
@@ -620,30 +621,9 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.
     groups = {}
     for members in connected(sensitive, links):
         nodes = {id(n): n for member in members for n in (member, *bridges.get(id(member), []))}
-        nodes.update({id(n): n for n in _combined_tail(nodes, space)})
         ordered = sorted(nodes.values(), key=lambda n: order[id(n)])
         groups[ordered[0].name] = ordered
     return groups
-
-
-def _combined_tail(group: dict[int, gs.Node], space: SearchSpace) -> list[gs.Node]:
-    """Fusable nodes reading only the group's outputs and constants (a LayerNorm's Div of the centred
-    value by the deviation): they complete what the group computes, and engines fuse them into it
-    (ONNX Runtime names its fused LayerNormalization after the scale Mul)."""
-    tail: list[gs.Node] = []
-    inside = set(group)
-    grew = True
-    while grew:
-        grew = False
-        for node in [c for n in [*group.values(), *tail] for out in n.outputs for c in out.outputs]:
-            variables = [i for i in node.inputs if isinstance(i, gs.Variable)]
-            if (id(node) not in inside and node.op in space.fusable and node.op not in space.units
-                    and node.op not in space.pinned_fp32 and len(variables) > 1
-                    and all(i.inputs and id(i.inputs[0]) in inside for i in variables)):
-                tail.append(node)
-                inside.add(id(node))
-                grew = True
-    return tail
 
 
 def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> list[Unit]:
@@ -668,7 +648,8 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> li
         # Lowering writes FP16 Casts and INT8 Q/DQ for float32 tensors only: a unit computing in
         # another float type (float64) would be reported lowered while running unchanged.
         float32 = all(i.dtype is None or np.dtype(i.dtype) == np.float32 for i in float_inputs)
-        fused = [] if node.op in space.pinned_fp32 else _fusable_block(members[-1].outputs[0], graph, space)
+        made = {out.name for n in members for out in n.outputs}
+        fused = [] if node.op in space.pinned_fp32 else _fusable_block(members[-1].outputs[0], graph, space, made)
         name = subgraphs.label(scope, node.name)
         units.append(
             Unit(

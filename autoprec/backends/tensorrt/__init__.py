@@ -198,8 +198,9 @@ def _enum_name(value) -> str:
 
 def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
     """ONNX node -> (layer, the type its compute layers run in) for every convolution, matrix multiply and
-    sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from INT8,
-    else its output's type. Read before any build, so it needs no GPU."""
+    sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a parsed, strongly
+    typed network: int8 when its input comes through a DequantizeLinear from INT8, else its output's
+    type. Read before any build, so it needs no GPU."""
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     producer = {layer.get_output(j).name: layer for layer in layers for j in range(layer.num_outputs)}
     found: dict[str, list[tuple[str, str]]] = {}
