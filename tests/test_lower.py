@@ -1,9 +1,11 @@
 import collections
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import build_dataset
@@ -73,27 +75,26 @@ def test_fp16_units_make_one_region_with_casts_only_at_its_borders(conv):
     assert m["cosine"] > 0.9999
 
 
+def _one_unit_in_fp16(model: onnx.ModelProto, unit: str, tmp_path):
+    """``model`` analysed, and lowered in the TensorRT form with ``unit`` FP16 (checked valid)."""
+    info = analyse(builders.save(model, tmp_path / "model.onnx"), load_search_space())
+    lowered = lower_plan(info, Plan.from_mapping({unit: "fp16"}), None, QDQForm.TENSORRT)
+    check_valid(lowered)
+    return info, lowered
+
+
 def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it(tmp_path):
     """The Casts move to the model's input and output, as far as neutral ops reach; a neutral op that
     does not touch the region stays FP32."""
-    from onnx import TensorProto, helper
-
     rng = np.random.default_rng(0)
-    weight = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32).ravel())
-    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, -1])
-    graph = helper.make_graph(
+    info, model = _one_unit_in_fp16(builders._model(
         [helper.make_node("Transpose", ["x"], ["xt"], "t_in", perm=[0, 1, 3, 2]),
          helper.make_node("Conv", ["xt", "w"], ["c"], "conv", pads=[1, 1, 1, 1]),
          helper.make_node("Reshape", ["c", "shape"], ["y"], "flat"),
          helper.make_node("Relu", ["x"], ["z"], "side")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [weight, shape])
-    path = tmp_path / "io.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    info = analyse(path, load_search_space())
-    model = lower_plan(info, Plan.from_mapping({"conv": "fp16"}), None, QDQForm.TENSORRT)
-    check_valid(model)
+        [builders._init("w", rng.normal(0, 0.3, (4, 3, 3, 3))), builders._init("shape", np.array([1, -1]))], opset=17), "conv", tmp_path)
     to_half, to_float = _casts(model)
     by_name = {n.name: n for n in model.graph.node}
     assert [n.input[0] for n in to_half] == ["x"] and by_name["t_in"].input[0] == to_half[0].output[0]
@@ -106,24 +107,16 @@ def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it
 def test_a_region_input_cast_from_integers_is_cast_to_fp16_directly(tmp_path):
     """A one-hot made by Cast(bool -> float32), as Magika makes from its bytes, is cast straight to FP16:
     no FP32 copy of the (large) one-hot is written and converted again."""
-    from onnx import TensorProto, helper
-
     rng = np.random.default_rng(1)
-    graph = helper.make_graph(
+    info, model = _one_unit_in_fp16(builders._model(
         [helper.make_node("Unsqueeze", ["bytes", "axis"], ["b3"], "expand"),
          helper.make_node("Equal", ["b3", "symbols"], ["hot"], "one_hot"),
          helper.make_node("Cast", ["hot"], ["hot_f"], "to_float", to=TensorProto.FLOAT),
          helper.make_node("MatMul", ["hot_f", "w"], ["y"], "embed")],
-        "g", [helper.make_tensor_value_info("bytes", TensorProto.INT32, [2, 16])],
+        [helper.make_tensor_value_info("bytes", TensorProto.INT32, [2, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 8])],
-        [helper.make_tensor("axis", TensorProto.INT64, [1], [-1]),
-         helper.make_tensor("symbols", TensorProto.INT32, [4], [0, 1, 2, 3]),
-         helper.make_tensor("w", TensorProto.FLOAT, [4, 8], rng.normal(size=32).astype(np.float32))])
-    path = tmp_path / "hot.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    info = analyse(path, load_search_space())
-    model = lower_plan(info, Plan.from_mapping({"embed": "fp16"}), None, QDQForm.TENSORRT)
-    check_valid(model)
+        [builders._init("axis", np.array([-1])), builders._init("symbols", np.arange(4, dtype=np.int32)),
+         builders._init("w", rng.normal(size=(4, 8)))], opset=17), "embed", tmp_path)
     to_half, to_float = _casts(model)
     assert [n.input[0] for n in to_half] == ["hot"] and [n.output[0] for n in to_float] == ["y"]
     assert "to_float" not in {n.name for n in model.graph.node}  # nothing else read the FP32 one-hot
