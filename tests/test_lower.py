@@ -124,13 +124,23 @@ def test_a_region_input_cast_from_integers_is_cast_to_fp16_directly(tmp_path):
     assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
 
 
-def test_a_neutral_op_between_precisions_that_disagree_stays_fp32(conv):
-    info, _, ranges = conv
+def test_a_neutral_op_between_precisions_that_disagree_runs_where_its_casts_convert_least(conv):
+    info, data, ranges = conv
     plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp32", "fc": "fp16"})
     model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
     by_name = {n.name: n for n in model.graph.node}
-    assert by_name["residual"].input[0] == "silu1"  # conv2 after it is FP32: the Add stays FP32
-    assert not by_name["gap"].input[0].endswith("_fp16")  # read from FP32 conv2
+    to_half, to_float = _casts(model)
+    # The residual Add reads two FP16 tensors and feeds FP32 conv2: FP16, one Cast after it, not two before.
+    assert by_name["residual"].input[0].endswith("_fp16") and by_name["residual"].input[1].endswith("_fp16")
+    assert "res" in [n.output[0] for n in to_float] and by_name["conv2"].input[0] == "res"
+    # The pooling reads FP32 conv2 and feeds FP16 fc: FP32, the Cast after it on 8 values, not before on 2048.
+    assert by_name["gap"].input[0] == "r2" and sorted(n.input[0] for n in to_half) == ["gap", "x"]
+    assert len(to_float) == 2  # res, and the output
+    assert output_metrics(run(info.model, data.evaluation[0]), run(model, data.evaluation[0]))["cosine"] > 0.999
+    # The other way: conv2 FP16, fc FP32: the pooling joins the region and the Cast goes after it.
+    plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp16", "fc": "fp32"})
+    by_name = {n.name: n for n in lower_plan(info, plan, ranges, QDQForm.TENSORRT).graph.node}
+    assert by_name["gap"].input[0].endswith("_fp16") and not by_name["fc"].input[0].endswith("_fp16")
 
 
 def test_fp16_on_the_cpu_form_stays_islands(conv):
@@ -245,3 +255,39 @@ def test_sensitive_units_in_fp16_join_the_region_and_a_plan_cannot_give_them_int
     assert output_metrics(run(info.model, batch), run(region, batch))["cosine"] > 0.999
     with pytest.raises(ValueError, match=r"softmax \(int8; it allows fp16, fp32\)"):
         lower_plan(info, Plan.from_mapping({"softmax": "int8"}), ranges)
+
+
+def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(tmp_path):
+    """A scaling by 4e4 and back, between two FP16 MatMuls (not fused into either), would overflow in the FP16 region: on the
+    data its tensors pass FP16's safe range, so both Muls form one sensitive unit that the widest plan
+    keeps FP32 (where FP16 is searched; without FP16 nothing changes)."""
+    from autoprec.app.prepare import prepare
+
+    rng = np.random.default_rng(0)
+    path = builders.save(builders._model(
+        [helper.make_node("MatMul", ["x", "w0"], ["h"], "fc0"),
+         helper.make_node("Transpose", ["h"], ["ht"], "turn"),  # not fused into fc0: neutral, between units
+         helper.make_node("Mul", ["ht", "big"], ["scaled"], "scale"),
+         helper.make_node("Mul", ["scaled", "small"], ["back"], "unscale"),
+         helper.make_node("Transpose", ["back"], ["bt"], "turn_back"),
+         helper.make_node("MatMul", ["bt", "w1"], ["y"], "fc1")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [builders._init("w0", rng.normal(0, 0.3, (16, 16))), builders._init("big", np.array(4e4)),
+         builders._init("small", np.array(2.5e-5)), builders._init("w1", rng.normal(0, 0.3, (16, 8)))], opset=17),
+        tmp_path / "model.onnx")
+    prepared = prepare(path, load_search_space())  # on random data
+    info = prepared.info
+    assert info.out_of_range == ("scale", "unscale")
+    unit = info.unit("scale")
+    assert unit.sensitive and unit.nodes == ("scale", "unscale") and unit.allowed == (Precision.FP16, Precision.FP32)
+    widest = lower_plan(info, info.plan_at(Precision.FP16, [u.name for u in info.units if not u.sensitive]), None)
+    check_valid(widest)
+    batch = prepared.dataset.evaluation[0]
+    assert output_metrics(run(info.model, batch), run(widest, batch))["cosine"] > 0.999
+    kept = {n.name: n for n in widest.graph.node}
+    assert not any(t.endswith(("_fp16", "_to_fp16")) for t in (*kept["scale"].input, *kept["unscale"].output))
+    every = {n.name: n for n in lower_plan(info, info.plan_at(Precision.FP16), None).graph.node}
+    assert every["scale"].input[0].endswith("_fp16")  # where the search tries it: measured on the target
+    on_the_cpu = prepare(path, load_search_space().restricted([Precision.INT8]))
+    assert on_the_cpu.info.out_of_range == () and [u.name for u in on_the_cpu.info.units] == ["fc0", "fc1"]

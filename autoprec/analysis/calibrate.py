@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import onnx
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo, cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
+from autoprec.core.search_space import NEUTRAL_OPS
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
 HISTOGRAM_BINS = 2048
@@ -23,6 +25,9 @@ CACHE_VERSION = "2"
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller non-zero magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
+# A neutral op whose output reaches this on the data is kept out of FP16 regions by default: a quarter
+# of FP16's largest value, so that data a little wider than the calibration's does not overflow.
+FP16_SAFE_MAX = FP16_MAX / 4
 
 
 @dataclass(frozen=True)
@@ -198,3 +203,33 @@ def calibrate(
     if cache is not None:
         ranges.save(cache)
     return ranges
+
+
+def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch]) -> list[str]:
+    """Precision-neutral nodes of the top graph, in no unit, that read or make a float tensor reaching
+    ``FP16_SAFE_MAX`` on ``batches``: in FP16 they (or the Cast before them) would overflow (a GELU's
+    cube, a sum of squares' square). Each tensor's largest magnitude is reduced inside the run, so no
+    activation is copied out."""
+    graph = info.model.graph
+    in_units = {n for u in info.units for n in u.nodes}
+    constants = {i.name for i in graph.initializer}
+    float32 = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+               if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT} - constants
+    watched = [n for n in graph.node if n.op_type in NEUTRAL_OPS and n.name not in in_units and n.output[0] in float32]
+    tensors = sorted({t for n in watched for t in (*n.input, *n.output) if t in float32})
+    if not tensors:
+        return []
+    probed = onnx.ModelProto()
+    probed.CopyFrom(info.model)
+    del probed.graph.output[:]
+    for i, name in enumerate(tensors):
+        magnitude, peak = f"autoprec_abs/{i}", f"autoprec_peak/{i}"
+        probed.graph.node.extend([onnx.helper.make_node("Abs", [name], [magnitude]),
+                                  onnx.helper.make_node("ReduceMax", [magnitude], [peak], keepdims=0)])
+        probed.graph.output.append(onnx.helper.make_tensor_value_info(peak, onnx.TensorProto.FLOAT, []))
+    session = cpu_session(probed)
+    peaks = np.zeros(len(tensors))
+    for batch in batches:
+        peaks = np.maximum(peaks, [float(v) for v in session.run(None, batch)])
+    wide = {name for name, peak in zip(tensors, peaks) if not peak < FP16_SAFE_MAX}  # NaN counts too
+    return [n.name for n in watched if wide & {*n.input, *n.output}]

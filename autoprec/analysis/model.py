@@ -88,6 +88,7 @@ class ModelInfo:
     units: tuple[Unit, ...]
     notes: tuple[str, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict, compare=False)  # the source model's metadata_props
+    out_of_range: tuple[str, ...] = ()  # neutral nodes made units of their own for their range on the data
 
     @property
     def searchable_units(self) -> tuple[Unit, ...]:
@@ -105,6 +106,11 @@ class ModelInfo:
         units = tuple(replace(u, allowed=tuple(p for p in u.allowed if p not in dropped)) if u.name in names else u
                       for u in self.units)
         return replace(self, units=units, notes=(*self.notes, note))
+
+    def with_out_of_range(self, space: SearchSpace, nodes: Collection[str], note: str) -> ModelInfo:
+        """The units again, the precision-neutral ``nodes`` (labels) among the sensitive ones."""
+        units = find_units(self.model, space, nodes)
+        return replace(self, units=units, out_of_range=tuple(sorted(nodes)), notes=(*self.notes, note))
 
     def plan_at(self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION) -> Plan:
         """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
@@ -593,19 +599,22 @@ def _gated_activation(tensor, consumers, graph, fusable) -> list[gs.Node] | None
     return None
 
 
-def find_units(model: onnx.ModelProto, space: SearchSpace) -> tuple[Unit, ...]:
+def find_units(model: onnx.ModelProto, space: SearchSpace, out_of_range: Collection[str] = ()) -> tuple[Unit, ...]:
     """Every node whose op type the search space lists, in graph order, with its fused neighbours;
-    inside If branches and Loop/Scan bodies too, named by their path (``If_1/then/Conv_3``)."""
-    return tuple(_units_in(gs.import_onnx(model), space, ()))
+    inside If branches and Loop/Scan bodies too, named by their path (``If_1/then/Conv_3``).
+    ``out_of_range``: labels of precision-neutral nodes that count as sensitive (their range on the data)."""
+    return tuple(_units_in(gs.import_onnx(model), space, (), frozenset(out_of_range)))
 
 
-def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.Node]]:
+def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collection[str]) -> dict[str, list[gs.Node]]:
     """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
-    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the group's first node's name;
-    the joining neutral nodes are members too. One such group is one unit."""
+    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by a node's name;
+    the joining neutral nodes are members too. One such group is one unit. ``out_of_range``: names of
+    neutral nodes here that count as sensitive."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     sensitive = [n for n in graph.nodes
-                 if n.op in space.sensitive and n.op not in space.units and n.op not in space.pinned_fp32]
+                 if (n.op in space.sensitive or n.name in out_of_range) and n.op not in space.units
+                 and n.op not in space.pinned_fp32]
     inside = {id(n) for n in sensitive}
     links: list[tuple[gs.Node, gs.Node]] = []
     bridges: dict[int, list[gs.Node]] = {}
@@ -622,17 +631,19 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace) -> dict[str, list[gs.
     for members in connected(sensitive, links):
         nodes = {id(n): n for member in members for n in (member, *bridges.get(id(member), []))}
         ordered = sorted(nodes.values(), key=lambda n: order[id(n)])
-        groups[ordered[0].name] = ordered
+        # named after its first sensitive op, so that a unit keeps its name whether or not neutral ops out
+        # of FP16's range joined it (a plan searched without FP16 fits an analysis with it)
+        groups[next((n for n in ordered if n.op in space.sensitive), ordered[0]).name] = ordered
     return groups
 
 
-def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> list[Unit]:
+def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_of_range: frozenset[str]) -> list[Unit]:
     units = []
-    groups = _sensitive_groups(graph, space)
+    groups = _sensitive_groups(graph, space, {n.name for n in graph.nodes if subgraphs.label(scope, n.name) in out_of_range})
     for node in graph.nodes:
         for attribute, value in node.attrs.items():
             if isinstance(value, gs.Graph):
-                units += _units_in(value, space, (*scope, node.name, attribute))
+                units += _units_in(value, space, (*scope, node.name, attribute), out_of_range)
         if node.op not in space.units and node.name not in groups:
             continue
         members = groups.get(node.name, [node])
@@ -659,7 +670,8 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...]) -> li
                 activations=activations,
                 weight=weight.name if weight is not None else None,
                 output=(fused[-1] if fused else members[-1]).outputs[0].name,
-                allowed=space.allowed(name, node.op) if float32 else (Precision.FP32,),
+                allowed=space.allowed(name, node.op, node.op not in space.units and node.op not in space.sensitive)
+                if float32 else (Precision.FP32,),
                 scope=scope,
                 sensitive=node.op not in space.units,
             )

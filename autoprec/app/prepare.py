@@ -14,9 +14,11 @@ import numpy as np
 
 from autoprec.analysis.calibrate import (
     CALIBRATION_METHODS,
+    FP16_SAFE_MAX,
     ActivationRanges,
     calibrate,
     calibration_cache,
+    out_of_range_nodes,
 )
 from autoprec.analysis.data import (
     Dataset,
@@ -130,8 +132,11 @@ def load_inputs(
     image_mean: Sequence[float] = (0.0,),
     image_std: Sequence[float] = (1.0,),
     constants: Mapping[str, float] | None = None,
+    out_of_range: Sequence[str] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
-    """Analyse the model, load and split the data (the seconds each took)."""
+    """Analyse the model, load and split the data (the seconds each took). Where FP16 is searched,
+    neutral ops out of FP16's range on the calibration data become units (``out_of_range``: the
+    ones a search recorded, instead of measuring them again)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     raw = load_onnx(model_path)
@@ -154,6 +159,15 @@ def load_inputs(
     log.info(
         f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
     )
+    if Precision.FP16 in space.out_of_range:
+        t0 = time.monotonic()
+        found = out_of_range_nodes(info, dataset.calibration) if out_of_range is None else list(out_of_range)
+        if found:
+            info = info.with_out_of_range(space, found, (
+                f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the calibration data "
+                f"(e.g. {found[0]}): units of their own, FP32 unless the search finds FP16 harmless there"))
+            log.info(info.notes[-1])
+        seconds["analyse"] += time.monotonic() - t0
     return info, dataset, seconds
 
 
@@ -311,7 +325,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             "(pareto.json damaged?); rerun the search")
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          seed, norm["mean"], norm["std"],
-                                         facts.get("constants"))
+                                         facts.get("constants"), facts.get("out_of_range", []))
     if info.sha256 != sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
                             f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "

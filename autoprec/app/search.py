@@ -330,6 +330,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                              if ranges is not None else None),
         "image_norm": {"mean": list(image_mean), "std": list(image_std)},
         "constants": dict(constants or {}),
+        "out_of_range": list(info.out_of_range),
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.to_json(),
@@ -471,7 +472,8 @@ def _engine_space(
     space = space.restricted(keep).with_pinned(engine.float32_ops)
     if engine.sensitive_ops_fp32 and space.sensitive:
         left_out["sensitive ops"] = f"kept FP32: {engine.sensitive_ops_fp32}"
-        space = space.with_pinned(set(space.sensitive) - set(space.units))
+        # and so are neutral ops out of FP16's range: between units, this engine's FP16 has no regions
+        space = replace(space.with_pinned(set(space.sensitive) - set(space.units)), out_of_range=())
     return space, searched, left_out
 
 

@@ -38,12 +38,16 @@ class SearchSpace:
     # default is FP32; uniform plans keep them FP32, and a search lowers only those its sensitivity pass
     # finds harmless and its profile finds worth it.
     sensitive: dict[str, tuple[Precision, ...]] = field(default_factory=dict)
+    # Precision-neutral ops whose output on the data leaves FP16's safe range (see
+    # autoprec.analysis.ranges): units of their own like sensitive ones, FP32 by default.
+    out_of_range: tuple[Precision, ...] = ()
 
-    def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
-        """Precisions a unit may take: its op type's, narrowed by the last matching override."""
+    def allowed(self, node_name: str, op_type: str, out_of_range: bool = False) -> tuple[Precision, ...]:
+        """Precisions a unit may take: its op type's (or, for a neutral op out of FP16's range on the
+        data, ``out_of_range``), narrowed by the last matching override."""
         if op_type in self.pinned_fp32:
             return (Precision.FP32,)
-        allowed = self.units.get(op_type) or self.sensitive[op_type]
+        allowed = self.out_of_range if out_of_range else self.units.get(op_type) or self.sensitive[op_type]
         for pattern, precisions in self.overrides:
             if fnmatch.fnmatchcase(node_name, pattern):
                 allowed = precisions
@@ -58,7 +62,8 @@ class SearchSpace:
         units = {op: narrowed(p) for op, p in self.units.items()}
         overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
         sensitive = {op: narrowed(p) for op, p in self.sensitive.items()}
-        return replace(self, units=units, overrides=overrides, sensitive=sensitive)
+        out_of_range = narrowed(self.out_of_range) if self.out_of_range else ()
+        return replace(self, units=units, overrides=overrides, sensitive=sensitive, out_of_range=out_of_range)
 
     def with_pinned(self, op_types: Collection[str]) -> SearchSpace:
         """``op_types`` pinned to FP32 (what an engine has no reduced-precision kernels for)."""
@@ -77,6 +82,7 @@ class SearchSpace:
             "fusable": sorted(self.fusable),
             "pinned_fp32": sorted(self.pinned_fp32),
             "sensitive": {op: [p.value for p in precisions] for op, precisions in sorted(self.sensitive.items())},
+            "out_of_range": [p.value for p in self.out_of_range],
             "overrides": [[pattern, [p.value for p in precisions]] for pattern, precisions in self.overrides],
         }
 
@@ -98,6 +104,8 @@ class SearchSpace:
                 source=str(data["source"]),
                 sensitive={str(op): parse_precisions(list(p), f"recorded search space, sensitive.{op}")
                            for op, p in data.get("sensitive", {}).items()},
+                out_of_range=parse_precisions(list(data["out_of_range"]), "recorded search space, out_of_range")
+                if data.get("out_of_range") else (),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SearchSpaceError(f"the recorded search space cannot be read ({type(exc).__name__}: {exc}); "
@@ -167,6 +175,8 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         source=source,
         sensitive={_text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, sensitive.{op}")
                    for op, p in sensitive.items()},
+        out_of_range=parse_precisions(raw["out_of_range"], f"search space {source}, out_of_range")
+        if raw.get("out_of_range") else (),
     )
 
 

@@ -254,7 +254,7 @@ SEARCH = {
     "budget": int, "trials": int, "metric": str, "max_loss": Nullable(NUMBER), "seed": int, "calibration": str,
     "study_name": str, "storage": str, "data": str, "random_data": bool, "sampler": str, "wall_seconds": NUMBER,
     "batches": {"calibration": int, "evaluation": int}, "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
-    "constants": Optional_(MapOf(NUMBER)),
+    "constants": Optional_(MapOf(NUMBER)), "out_of_range": Optional_([str]),
     "data_path": Optional_(Nullable(str)), "data_fingerprint": Optional_(str), "calibration_file": Optional_(Nullable(str)),
     "search_space": Optional_((dict, str)), "plan_ignored": Optional_([int]),
     "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))), "metric_notes": Optional_([str]), "decision_changes": Optional_([str]),
