@@ -670,8 +670,7 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_o
                 activations=activations,
                 weight=weight.name if weight is not None else None,
                 output=(fused[-1] if fused else members[-1]).outputs[0].name,
-                allowed=space.allowed(name, node.op, node.op not in space.units and node.op not in space.sensitive)
-                if float32 else (Precision.FP32,),
+                allowed=space.allowed(name, node.op) if float32 else (Precision.FP32,),
                 scope=scope,
                 sensitive=node.op not in space.units,
             )

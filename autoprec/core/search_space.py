@@ -42,12 +42,12 @@ class SearchSpace:
     # autoprec.analysis.ranges): units of their own like sensitive ones, FP32 by default.
     out_of_range: tuple[Precision, ...] = ()
 
-    def allowed(self, node_name: str, op_type: str, out_of_range: bool = False) -> tuple[Precision, ...]:
-        """Precisions a unit may take: its op type's (or, for a neutral op out of FP16's range on the
-        data, ``out_of_range``), narrowed by the last matching override."""
+    def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
+        """Precisions a unit may take: its op type's (for a neutral op, a unit only for its range on the
+        data: ``out_of_range``), narrowed by the last matching override."""
         if op_type in self.pinned_fp32:
             return (Precision.FP32,)
-        allowed = self.out_of_range if out_of_range else self.units.get(op_type) or self.sensitive[op_type]
+        allowed = self.units.get(op_type) or self.sensitive.get(op_type) or self.out_of_range
         for pattern, precisions in self.overrides:
             if fnmatch.fnmatchcase(node_name, pattern):
                 allowed = precisions

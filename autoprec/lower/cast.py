@@ -77,7 +77,7 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
     tensors = {id(t): t for n in candidates.values() for t in (*_converted_inputs(n), *n.outputs)}
     for key, tensor in tensors.items():
         producer = side(tensor.inputs[0] if tensor.inputs else None)
-        readers = {side(c) for c in tensor.outputs if not _float32_input_of(c, tensor)}
+        readers = {side(c) for c in tensor.outputs if any(t is tensor for t in _converted_inputs(c))}
         if tensor in graph.outputs:
             readers.add(FP32)
         cost = CAST_LAUNCH_ELEMENTS + _elements(tensor)
@@ -98,12 +98,6 @@ def _converted_inputs(node: gs.Node) -> list[gs.Variable]:
     """The float32 tensors a node reads that FP16 would convert (not Resize's roi and scales)."""
     return [t for i, t in enumerate(node.inputs) if isinstance(t, gs.Variable) and _is_float32(t)
             and i not in FLOAT32_INPUTS.get(node.op, ())]
-
-
-def _float32_input_of(node: gs.Node, tensor: gs.Variable) -> bool:
-    """Whether ``node`` reads ``tensor`` only where ONNX types it float32 whatever the data's type."""
-    positions = [i for i, t in enumerate(node.inputs) if t is tensor]
-    return bool(positions) and all(i in FLOAT32_INPUTS.get(node.op, ()) for i in positions)
 
 
 def _elements(tensor: gs.Variable) -> int:
