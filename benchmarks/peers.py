@@ -286,7 +286,8 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     earlier = json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
     record = {"modelopt": modelopt.__version__, "onnx": onnx.__version__, "call": "convert_to_mixed_precision(path, "
-              "low_precision_type='fp16', keep_io_types=True, calibration_data=<the batch's calibration half>)", "models": earlier}
+              "low_precision_type='fp16', keep_io_types=True, calibration_data=<a folder holding the batch's calibration half "
+              "as one .npz>)", "models": earlier}
     for name in models:
         for batch in batches:
             key = f"{name}-b{batch}"
@@ -298,16 +299,22 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
                 info, dataset, _ = load_inputs(model_path, load_search_space(), data, shapes)
                 fp32 = folder / f"{key}.fp32.onnx"
                 onnx.save(info.model, fp32)
-                np.savez(folder / f"{key}.calibration.npz", **dataset.calibration[0])
+                # a folder of one .npz is fed as that one batch; a lone .npz would be split by ModelOpt's
+                # CalibrationDataProvider, which fails on a scalar input (silero's sr)
+                calibration = folder / f"{key}.calibration"
+                calibration.mkdir(exist_ok=True)
+                np.savez(calibration / "batch.npz", **dataset.calibration[0])
                 converted = convert_to_mixed_precision(str(fp32), "fp16", keep_io_types=True,
-                                                       calibration_data=str(folder / f"{key}.calibration.npz"))
+                                                       calibration_data=str(calibration))
                 onnx.save(converted, folder / f"{key}.autocast.onnx")
                 casts = sum(n.op_type == "Cast" for n in converted.graph.node)
                 record["models"][key] = {"seconds": round(time.monotonic() - started, 1), "casts": casts}
             except Exception as exc:  # noqa: BLE001 - a model AutoCast cannot convert is reported, not fatal
                 record["models"][key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.calibration.npz", folder / f"{key}.npz"):
+            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.calibration" / "batch.npz", folder / f"{key}.npz"):
                 leftover.unlink(missing_ok=True)
+            if (folder / f"{key}.calibration").is_dir():
+                (folder / f"{key}.calibration").rmdir()
             atomic.write_json(folder / "autocast.json", record)
     print(json.dumps(record, indent=1))
     return 0
