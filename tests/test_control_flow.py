@@ -223,6 +223,30 @@ def test_a_preparation_step_that_breaks_the_model_is_left_out_with_a_note(conv_m
     assert np.allclose(_run(info.model, {"x": x})[0], original, rtol=1e-3, atol=1e-5)
 
 
+
+def test_constants_inside_branches_fold_on_an_onnx_runtime_that_refuses_newer_ir_versions(tmp_path, monkeypatch):
+    """ONNX Runtime 1.31 (the GPU machine's) refuses onnx 1.23's newest IR version; folding a branch
+    exports it as a model of its own, which must carry the model's IR version, not the newest."""
+    path = if_model(tmp_path / "if.onnx")
+    model = onnx.load(path)
+    then = next(a.g for a in model.graph.node[-1].attribute if a.name == "then_branch")
+    then.initializer.extend([numpy_helper.from_array(np.float32(2), "two"), numpy_helper.from_array(np.float32(3), "three")])
+    then.node.insert(0, helper.make_node("Mul", ["two", "three"], ["six"], name="constant_scale"))
+    then.node.append(helper.make_node("Mul", ["then_y", "six"], ["then_scaled"], name="scale"))
+    then.output[0].name = "then_scaled"
+    onnx.save(model, path)
+    newest = onnx.helper.make_model(helper.make_graph([], "g", [], [])).ir_version
+    real_session = ort.InferenceSession
+
+    def older_runtime(model_or_path, *args, **kwargs):
+        if isinstance(model_or_path, bytes) and onnx.load_from_string(model_or_path).ir_version >= newest:
+            raise RuntimeError(f"Unsupported model IR version: {newest}, max supported IR version: {newest - 1}")
+        return real_session(model_or_path, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", older_runtime)
+    info = analyse(path, SPACE, constants={"sr": 16000})
+    then_nodes = [n.name for scope, g in graphs(info.model.graph) if scope == ("If_rate", "then_branch") for n in g.node]
+    assert "scale" in then_nodes and "constant_scale" not in then_nodes
 def test_silero_vad_is_a_zoo_model_with_speech_data():
     entry = ENTRIES["silero-vad"]
     assert entry.wheel.requirement == "silero-vad==6.2.3" and entry.shapes["sr"] == ()

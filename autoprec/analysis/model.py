@@ -458,6 +458,8 @@ def _fold_constants(model: onnx.ModelProto, flatten_subgraphs: bool) -> onnx.Mod
     node_count = None
     for _ in range(8):  # folding exposes shapes, shapes expose more folding
         graph = gs.import_onnx(model)
+        for subgraph in graph.subgraphs(recursive=True):  # folded as models of their own: give them the model's IR
+            subgraph.ir_version = graph.ir_version  # version, not onnx's newest, which older ONNX Runtimes refuse
         graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
         model = _infer(gs.export_onnx(graph))
         if len(model.graph.node) == node_count:
