@@ -348,7 +348,8 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
                    "casts": sum(n.op_type == "Cast" for n in picks[m].graph.node)} for m in ("autoprec", "modelopt_autocast")}
     methods["autoprec"].update(plan_counts=chosen, sensitive_units=result.search.get("sensitive_units"),
                                dimensions=result.search.get("dimensions"), trials=len(result.trials),
-                               search_wall_s=round(wall, 1))
+                               search_wall_s=round(wall, 1),
+                               search_vs_fp32=result.speedup_vs_fp32())  # what the search itself claimed, noise verdict included
     mine, theirs = rounds["autoprec"], rounds["modelopt_autocast"]
     return {
         "input_shapes": shapes, "fp32_ms": ms["fp32"], "fp32_rounds_ms": rounds["fp32"], "fp32_loss": losses["fp32"],
