@@ -1,6 +1,6 @@
 """Carry ONNX models that share weights once: a model, its re-exports at other shapes and its mixed-precision
 copies hold many byte-identical tensors (MiniLM at 128 and 256 tokens: 86 MB of the same weights; AutoCast's
-FP16 copies of it: 65 MB each, 21 MB of it new). Each calls carries 64 MiB, so that is calls saved.
+FP16 copies of it: 65 MB each, 21 MB of it new). Each call carries 64 MiB, so that is calls saved.
 
     python benchmarks/carry_weights.py pack TREE      # here: every .onnx under TREE keeps only its small tensors,
                                                       # the rest go once into TREE/weights.bin (+ weights.json)

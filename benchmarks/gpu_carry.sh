@@ -83,5 +83,5 @@ case "${1:-}" in
       [ -d /tmp/autoprec-cache/zoo ] && echo "; zoo: $(ls /tmp/autoprec-cache/zoo | tr '\n' ' ')")$( \
       [ -f /tmp/stream/pg.tar.xz ] && echo '; PostgreSQL: export AUTOPREC_PG_LIBS=/opt/pg-libs')"
     ;;
-  *) echo "usage: $0 stage [--postgres] [ZOO_MODEL ...] | device" >&2; exit 2 ;;
+  *) echo "usage: $0 stage [--postgres] [--with DIR] [ZOO_MODEL ...] | device" >&2; exit 2 ;;
 esac

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -311,10 +312,9 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
                 record["models"][key] = {"seconds": round(time.monotonic() - started, 1), "casts": casts}
             except Exception as exc:  # noqa: BLE001 - a model AutoCast cannot convert is reported, not fatal
                 record["models"][key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.calibration" / "batch.npz", folder / f"{key}.npz"):
+            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.npz"):
                 leftover.unlink(missing_ok=True)
-            if (folder / f"{key}.calibration").is_dir():
-                (folder / f"{key}.calibration").rmdir()
+            shutil.rmtree(folder / f"{key}.calibration", ignore_errors=True)
             atomic.write_json(folder / "autocast.json", record)
     print(json.dumps(record, indent=1))
     return 0
