@@ -24,7 +24,8 @@ SMALL = 64 * 1024  # tensors below this stay in their model
 
 
 def tensors(graph: onnx.GraphProto):
-    """Every tensor a graph holds: initializers and tensor attributes, subgraphs included."""
+    """Every tensor a graph holds: initializers and tensor attributes, subgraphs included. (Not through
+    autoprec.analysis.subgraphs.graphs: unpacking runs on the GPU machine before autoprec is installed.)"""
     yield from graph.initializer
     for node in graph.node:
         for attribute in node.attribute:

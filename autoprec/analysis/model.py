@@ -610,7 +610,7 @@ def find_units(model: onnx.ModelProto, space: SearchSpace, out_of_range: Collect
 
 def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collection[str]) -> dict[str, list[gs.Node]]:
     """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
-    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by a node's name;
+    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the name of its first sensitive op;
     the joining neutral nodes are members too. One such group is one unit. ``out_of_range``: names of
     neutral nodes here that count as sensitive."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}

@@ -38,8 +38,9 @@ class SearchSpace:
     # default is FP32; uniform plans keep them FP32, and a search lowers only those its sensitivity pass
     # finds harmless and its profile finds worth it.
     sensitive: dict[str, tuple[Precision, ...]] = field(default_factory=dict)
-    # Precision-neutral ops whose output on the data leaves FP16's safe range (see
-    # autoprec.analysis.ranges): units of their own like sensitive ones, FP32 by default.
+    # Precision-neutral ops whose tensors on the calibration data leave FP16's safe range (see
+    # autoprec.analysis.calibrate.out_of_range_nodes): units of their own like sensitive ones, FP32
+    # by default.
     out_of_range: tuple[Precision, ...] = ()
 
     def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:

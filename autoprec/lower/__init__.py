@@ -44,7 +44,8 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         if fp16_nodes:
             # GPU engines run FP16 regions; ONNX Runtime's CPU provider has no FP16 kernels to gain from them.
-            region = grow_region(target, fp16_nodes, {n for u in units for n in u.nodes}) if form is not QDQForm.ORT_CPU else fp16_nodes
+            unit_nodes = {n for u in units for n in u.nodes}
+            region = grow_region(target, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
             apply_fp16(target, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:
