@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import math
 import platform
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from autoprec.app.prepare import (
     prepare,
     resolve_model,
 )
+from autoprec.app.search import engine_space
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
@@ -46,14 +48,25 @@ def machine_facts(backend: Backend) -> dict:
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} · {engine.device} · {platform.platform()}",
         "engine": engine.to_json(),
+        "code": source_revision(),
         "versions": {"autoprec": autoprec.__version__, "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
                      "optuna": optuna.__version__, "python": platform.python_version()},
     }
 
 
+def source_revision() -> str | None:
+    """The commit the benchmark ran (``-dirty``: with uncommitted changes), so its figures are tied to the code
+    that produced them; None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, check=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def run_models(report: dict, names: Iterable[str], run: Callable[[str], dict], json_path: Path) -> None:
-    """``report["models"][name] = run(name)`` for each, writing the JSON after each model so that an
-    interrupted run keeps what it measured.
+    """``report["models"][name] = run(name)`` (with the commit that measured it) for each, writing the
+    JSON after each model so that an interrupted run keeps what it measured.
 
     Models an earlier run of the same benchmark wrote to ``json_path`` on the same machine, engine
     and settings are kept (listed under ``"earlier_runs"`` with their date), so a long benchmark can
@@ -65,7 +78,7 @@ def run_models(report: dict, names: Iterable[str], run: Callable[[str], dict], j
         report["earlier_runs"] = earlier["runs"]
     for name in names:
         print(f"[{name}] …", file=sys.stderr, flush=True)
-        report["models"][name] = run(name)
+        report["models"][name] = {**run(name), "code": report.get("code")}
         atomic.write_json(json_path, report)
 
 
@@ -123,8 +136,12 @@ class CachedMeasure:
 
 
 def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:
+    """The zoo model prepared as ``autoprec search zoo:NAME`` on ``backend`` prepares it: in the space
+    that engine searches (its pinned ops and slow precisions left out)."""
     model_path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
-    return prepare(model_path, load_search_space(), data, shapes), get_backend(backend)
+    engine = get_backend(backend)
+    space, _, _ = engine_space(load_search_space(), engine, None)
+    return prepare(model_path, space, data, shapes), engine
 
 
 def zoo_judge(name: str, prepared: Prepared, metric: str = "cosine") -> Judge:

@@ -57,10 +57,11 @@ from autoprec.study.search import (  # noqa: E402
     run_warm_started,
 )
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
+from autoprec.zoo import ENTRIES as ZOO  # noqa: E402
 
 MAX_LOSS = 0.01
 WITHIN = 1.02  # "within 2 % of the reference front's best"
-FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+FULL_MODELS = tuple(ZOO)
 QUICK_MODELS = ("ppocr-cls", "magika")
 
 

@@ -287,24 +287,24 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
 
 
 def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
-    from autoprec.app.search import _engine_space
+    from autoprec.app.search import engine_space
     from autoprec.backends.onnxruntime import OrtCudaBackend
     from autoprec.core.plan import Precision
 
     engine = object.__new__(OrtCudaBackend)  # its declaration only: no GPU needed
-    space, searched, left_out = _engine_space(load_search_space(), engine, None)
+    space, searched, left_out = engine_space(load_search_space(), engine, None)
     assert searched == ["fp16", "fp32"] and "Q/DQ INT8 as float ops" in left_out["int8"]
     assert Precision.INT8 not in space.allowed("conv", "Conv")
-    space, searched, _ = _engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
+    space, searched, _ = engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
     assert Precision.INT8 in space.allowed("conv", "Conv") and searched == ["int8", "fp16", "fp32"]
     assert space.allowed("softmax", "Softmax") == (Precision.FP16, Precision.FP32)  # GPU engines search sensitive ops
 
 
 def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
-    from autoprec.app.search import _engine_space
+    from autoprec.app.search import engine_space
     from autoprec.backends import get_backend
 
-    space, _, left_out = _engine_space(load_search_space(), get_backend("ort-cpu"), None)
+    space, _, left_out = engine_space(load_search_space(), get_backend("ort-cpu"), None)
     assert {"Softmax", "LayerNormalization", "ReduceMean"} <= space.pinned_fp32
     assert "no FP16 kernels" in left_out["sensitive ops"]
 

@@ -163,7 +163,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     wanted = resolve_metric(metric, declared_tasks(model), head)
     engine = get_backend(backend, device, out_dir / "cache")
     workers = _build_workers(build_workers, engine, isolate)
-    space, searched, left_out = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    space, searched, left_out = engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
@@ -437,7 +437,7 @@ def sensitivity(
     engine = get_backend(backend, device, out_dir / "cache")
     if caveat := engine.info().caveat:
         log.warning(caveat)
-    space, _, _ = _engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    space, _, _ = engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache", constants)
     batches = screening_batches(len(prepared.dataset.evaluation))
@@ -453,7 +453,7 @@ def sensitivity(
     return found, out_dir
 
 
-def _engine_space(
+def engine_space(
     space: SearchSpace, engine: Backend, precisions: Sequence[str] | None
 ) -> tuple[SearchSpace, list[str], dict[str, str]]:
     """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
