@@ -81,6 +81,7 @@ from autoprec.study.search import (
     finished_records,
     make_sampler,
     nothing_measured,
+    on_profile_build,
     open_study,
     rejected_trials,
     retimed_front,
@@ -294,6 +295,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                      + (" as proposals" if proposer is not None else "")
                          + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)"
                             if slow else ""))
+        engine.drop_kept_builds()
         trials = finished_records(study)
         log.info(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
                      f"× {RETIME_ROUNDS} interleaved rounds")
@@ -303,7 +305,9 @@ def run_search(config: SearchConfig) -> SearchResult:
     trials = [retimed.get(t.number, t) for t in trials]
     builds = _builds(study, unit_sensitivity if not from_cache else None, len(retimed), proposer, judged_on_target)
     predicted = proposer.report(study) if proposer is not None else None
-    log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}); "
+    log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}"
+             + (f"; {builds['trials_on_profile_builds']} trial(s) timed on the engine built for their profile"
+                if builds["trials_on_profile_builds"] else "") + "); "
              f"reference evaluations: {builds['reference_evaluations']}"
              + (f"; latency model error {predicted['median_abs_error_percent']} % (median of {len(predicted['predictions'])} "
                 "prediction(s) made before the build)" if predicted and predicted["predictions"] else ""))
@@ -351,6 +355,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         "rejected": rejected_trials(study),
         "engine_builds": builds["total"],
         "engine_builds_by_phase": builds["by_phase"],
+        "trials_on_profile_builds": builds["trials_on_profile_builds"],
         "reference_evaluations": builds["reference_evaluations"],
         "reference": {"executor": executor, "proposals_per_build": per_build if proposer is not None else 0, **(predicted or {})},
         "plan_ignored": [t.number for t in trials if plan_ignored(t)],
@@ -449,6 +454,7 @@ def sensitivity(
         prepared, engine, lambda m: measurer.accuracy_loss(m, batches),
         batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
+    engine.drop_kept_builds()  # no trial follows
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
     return found, out_dir
 
@@ -518,8 +524,11 @@ def _builds(study: optuna.Study, sensitivity: Sensitivity | None, retimed: int, 
             judged_on_target: bool) -> dict:
     """Builds (or sessions) of the target engine in every phase of this search, and the plans the
     reference executor evaluated instead (counted as builds where the target had to be the reference)."""
-    by_phase = {"profiles": sensitivity.profiles if sensitivity else 0, "trials": len(built_trials(study)), "retiming": retimed}
+    built = built_trials(study)
+    on_profiled = sum(map(on_profile_build, built))
+    by_phase = {"profiles": sensitivity.profiles if sensitivity else 0, "trials": len(built) - on_profiled, "retiming": retimed}
     evaluations = (sensitivity.evaluations if sensitivity else 0) + (proposer.evaluated() if proposer else 0)
     if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
-    return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations}
+    return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations,
+            "trials_on_profile_builds": on_profiled}

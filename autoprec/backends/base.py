@@ -149,6 +149,10 @@ class Backend(abc.ABC):
         cannot attribute to one is under ``""``), from the engine's own profiler. None: no profiler."""
         return None
 
+    def drop_kept_builds(self) -> None:
+        """Forget builds kept for a later trial of the same graph that never came (TensorRT keeps the
+        engines it profiled); nothing to forget where a build is not kept."""
+
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
         return lower_plan(info, plan, ranges, self.qdq_form)

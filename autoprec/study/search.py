@@ -498,6 +498,12 @@ def built_trials(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if counted(t) and "duplicate_of" not in t.user_attrs]
 
 
+def on_profile_build(trial: FrozenTrial) -> bool:
+    """Whether the trial was timed on the engine built for the sensitivity pass's profile of the same
+    graph (so it is no build of its own; see the TensorRT backend's ProfiledEngines)."""
+    return bool(((trial.user_attrs.get("measurement") or {}).get("build") or {}).get("reused_build"))
+
+
 def finished_records(study: optuna.Study) -> list[TrialRecord]:
     return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (r := record(t))]
 

@@ -225,7 +225,9 @@ def analyse_sensitivity(
     the warm start, and the search may still try it.
     """
     started = time.monotonic()
-    fp32_times = backend.node_times(info.model, profile_batch)
+    # the all-FP32 plan as the engine lowers it (ONNX Runtime: the model itself; TensorRT: stamped with
+    # the plan), so that the study's all-FP32 trial is the very graph profiled here
+    fp32_times = backend.node_times(backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), profile_batch)
     profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
     gains, profiles = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)

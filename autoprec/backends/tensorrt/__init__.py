@@ -26,8 +26,10 @@ that is missing, pycuda.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -560,6 +562,45 @@ def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
     return gpu
 
 
+class ProfiledEngines:
+    """Engines built to be profiled, kept in the study's cache folder (where the worker processes look)
+    until a trial of the same graph loads one instead of building it again: the sensitivity pass
+    profiles the FP32 model and the all-units plans, which are the study's first trials, so each of
+    them costs one build, not two. A trial takes its engine (the files go with it)."""
+
+    REUSED = "built once for the sensitivity pass's profile of this same graph, then timed here"
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+
+    def _paths(self, model: onnx.ModelProto) -> tuple[Path, Path]:
+        key = hashlib.sha256(model.SerializeToString()).hexdigest()[:32]
+        return self.folder / f"{key}.engine", self.folder / f"{key}.json"
+
+    def keep(self, model: onnx.ModelProto, built: BuiltEngine) -> None:
+        if self.folder is None:
+            return
+        engine, facts = self._paths(model)
+        atomic.write_bytes(engine, built.serialized)
+        atomic.write_json(facts, {"report": built.report, "planned": built.planned})  # written last: the engine is whole
+
+    def take(self, model: onnx.ModelProto) -> BuiltEngine | None:
+        if self.folder is None:
+            return None
+        engine, facts = self._paths(model)
+        try:
+            kept, serialized = json.loads(facts.read_text()), engine.read_bytes()
+        except (OSError, ValueError):
+            return None
+        facts.unlink(missing_ok=True)
+        engine.unlink(missing_ok=True)
+        return BuiltEngine(serialized, {**kept["report"], "reused_build": self.REUSED}, kept["planned"])
+
+    def drop(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class TensorRTBackend(Backend):
     """Strongly typed TensorRT builds of the TensorRT Q/DQ form (signed symmetric, inputs only)."""
 
@@ -575,6 +616,7 @@ class TensorRTBackend(Backend):
         folder = Path(cache_dir) if cache_dir else None
         self.timing_cache = TimingCache(folder / f"{self.name}.timing-cache" if folder else None)
         self.runtime_cache = RuntimeCache(folder / f"{self.name}.runtime-cache" if folder else None)
+        self.profiled = ProfiledEngines(folder / f"{self.name}-profiled-engines" if folder else None)
         self._cuda = None
 
     @property
@@ -602,13 +644,21 @@ class TensorRTBackend(Backend):
         return build_engine(self._trt, self.flavour, model, self.timing_cache)
 
     def prepare(self, model: onnx.ModelProto) -> TensorRTRunner:
-        built = self.build(model)
+        return self._runner(self.profiled.take(model) or self.build(model))
+
+    def _runner(self, built: BuiltEngine) -> TensorRTRunner:
         return TensorRTRunner(self._trt, lambda: self.cuda, built, self.runtime_cache if self.flavour.runtime_cache else None)
+
+    def drop_kept_builds(self) -> None:
+        self.profiled.drop()
 
     def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float]:
         """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
-        was built from (Metadata, else its name); layers naming none go to ``""``."""
-        with self.prepare(model) as runner:
+        was built from (Metadata, else its name); layers naming none go to ``""``. The engine is kept
+        for the trial of the same graph (:class:`ProfiledEngines`)."""
+        built = self.build(model)
+        self.profiled.keep(model, built)
+        with self._runner(built) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)
         nodes = {subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.graph) for n in graph.node}
