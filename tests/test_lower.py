@@ -1,4 +1,5 @@
 import collections
+import json
 
 import builders
 import numpy as np
@@ -291,3 +292,35 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
     assert every["scale"].input[0].endswith("_fp16")  # where the search tries it: measured on the target
     on_the_cpu = prepare(path, load_search_space().restricted([Precision.INT8]))
     assert on_the_cpu.info.out_of_range == () and [u.name for u in on_the_cpu.info.units] == ["fc0", "fc1"]
+
+
+def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_the_cache(tmp_path, monkeypatch):
+    """A resumed search and every worker prepare the model again: the FP32 pass over the calibration data that
+    finds ops out of FP16's range is kept in the cache folder (beside calibration) and read back; a damaged
+    file is measured again."""
+    from autoprec.analysis import calibrate
+    from autoprec.app.prepare import prepare
+
+    rng = np.random.default_rng(0)
+    path = builders.save(builders._model(
+        [helper.make_node("MatMul", ["x", "w0"], ["h"], "fc0"),
+         helper.make_node("Transpose", ["h"], ["ht"], "turn"),
+         helper.make_node("Mul", ["ht", "big"], ["scaled"], "scale"),
+         helper.make_node("Transpose", ["scaled"], ["bt"], "turn_back"),
+         helper.make_node("MatMul", ["bt", "w1"], ["y"], "fc1")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [builders._init("w0", rng.normal(0, 0.3, (16, 16))), builders._init("big", np.array(4e4)),
+         builders._init("w1", rng.normal(0, 0.3, (16, 8)))], opset=17),
+        tmp_path / "model.onnx")
+    passes = []
+    measured = calibrate._out_of_range
+    monkeypatch.setattr(calibrate, "_out_of_range", lambda *a: passes.append(1) or measured(*a))
+    cache = tmp_path / "cache"
+    first = prepare(path, load_search_space(), cache=cache).info.out_of_range
+    again = prepare(path, load_search_space(), cache=cache).info.out_of_range
+    assert first == again == ("scale", "turn_back") and len(passes) == 1  # the Transpose reads the scaled tensor
+    [kept] = cache.glob("out-of-range-*.json")
+    kept.write_text('{"not": "a list"}')
+    assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and len(passes) == 2
+    assert json.loads(kept.read_text()) == list(first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -205,11 +206,14 @@ def calibrate(
     return ranges
 
 
-def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch]) -> list[str]:
+def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: str = "",
+                       cache_dir: Path | None = None) -> list[str]:
     """Precision-neutral nodes of the top graph, in no unit, that read or make a float tensor reaching
     ``FP16_SAFE_MAX`` on ``batches``: in FP16 they (or the Cast before them) would overflow (a GELU's
     cube, a sum of squares' square). Each tensor's largest magnitude is reduced inside the run, so no
-    activation is copied out."""
+    activation is copied out. With ``cache_dir``, kept there under the model's and data's
+    (``fingerprint``) content, as calibration is: a resumed search and every worker read it, not
+    one more pass over the calibration batches."""
     graph = info.model.graph
     in_units = {n for u in info.units for n in u.nodes}
     constants = {i.name for i in graph.initializer}
@@ -219,6 +223,23 @@ def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch]) -> list[str]:
     tensors = sorted({t for n in watched for t in (*n.input, *n.output) if t in float32})
     if not tensors:
         return []
+    key = content_key(info, fingerprint, f"{FP16_SAFE_MAX:g}," + ",".join(tensors))
+    cache = cache_dir / f"out-of-range-{key}.json" if cache_dir else None
+    if cache is not None and cache.exists():
+        try:
+            kept = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, list) and all(isinstance(n, str) for n in kept) and set(kept) <= {n.name for n in watched}:
+            return kept
+        # unreadable or damaged: measured again and rewritten
+    found = _out_of_range(info, batches, watched, tensors)
+    if cache is not None:
+        atomic.write_json(cache, found)
+    return found
+
+
+def _out_of_range(info: ModelInfo, batches: Sequence[Batch], watched: list, tensors: list[str]) -> list[str]:
     probed = onnx.ModelProto()
     probed.CopyFrom(info.model)
     del probed.graph.output[:]

@@ -133,10 +133,12 @@ def load_inputs(
     image_std: Sequence[float] = (1.0,),
     constants: Mapping[str, float] | None = None,
     out_of_range: Sequence[str] | None = None,
+    cache: Path | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
     """Analyse the model, load and split the data (the seconds each took). Where FP16 is searched,
     neutral ops out of FP16's range on the calibration data become units (``out_of_range``: the
-    ones a search recorded, instead of measuring them again)."""
+    ones a search recorded, instead of measuring them again; else measured once per model and data
+    and kept in ``cache``)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     raw = load_onnx(model_path)
@@ -161,7 +163,8 @@ def load_inputs(
     )
     if Precision.FP16 in space.out_of_range:
         t0 = time.monotonic()
-        found = out_of_range_nodes(info, dataset.calibration) if out_of_range is None else list(out_of_range)
+        found = (out_of_range_nodes(info, dataset.calibration, dataset.fingerprint(), cache) if out_of_range is None
+                 else list(out_of_range))
         if found:
             info = info.with_out_of_range(space, found, (
                 f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the calibration data "
@@ -255,7 +258,8 @@ def prepare(
     constants: Mapping[str, float] | None = None,
 ) -> Prepared:
     """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants), cache)
+    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants,
+                                          cache=cache), cache)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:

@@ -168,7 +168,8 @@ def run_search(config: SearchConfig) -> SearchResult:
     check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
-    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants)
+    info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants,
+                                          cache=out_dir / "cache")
     _say_pinned_ops(info, engine, left_out)
     fingerprint = dataset.fingerprint()
     metric_used = metric_for(wanted, info, dataset)
