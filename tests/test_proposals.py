@@ -53,6 +53,10 @@ def test_with_proposals_only_the_plans_that_decide_are_built_and_every_build_is_
     assert reference["proposals_per_build"] == 4 and "the target engine itself" in reference["executor"]
     predictions = reference["predictions"]
     assert predictions and all(p["reference_loss"] <= 0.01 for p in predictions)  # only plans the reference let through
+    # the all-FP32 plan is built first (the latency model starts from it); every later build, the other uniform
+    # plans among them, was a proposal chosen on its prediction and its reference loss
+    assert set(trials[0]["plan"]["precisions"].values()) == {"fp32"}
+    assert [p["trial"] for p in predictions] == list(range(1, 8))
     assert reference["loss_gap"]["max_abs"] == 0.0  # on ort-cpu the reference is the target: same graph, same numbers
     assert reference["median_abs_error_percent"] is not None and reference["latency_model"]["fitted_on"] >= 3
     sensitivity = json.loads((out / "sensitivity.json").read_text())

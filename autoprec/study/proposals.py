@@ -84,9 +84,9 @@ class Proposer:
             self._features[key] = self.model.features(plan, lowered, self.ctx.info.model)
         return self._features[key]
 
-    def __call__(self, study: optuna.Study) -> tuple[dict[str, str], dict] | None:
-        """The next plan to build (its parameters and what was predicted of it), or None where no
-        proposal is left that was not built (the sampler of ``study`` then proposes as before)."""
+    def _fit(self, study: optuna.Study) -> list | None:
+        """The latency model refitted on every trial of ``study`` measured so far (those trials); None
+        until the all-FP32 plan is measured (the model starts from its latency)."""
         built = finished_records(study)
         fp32 = uniform_trials(built).get("fp32")
         if fp32 is None:
@@ -94,6 +94,14 @@ class Proposer:
         if self.model is None:
             self.model = LatencyModel(fp32.latency_ms, self.gains)
         self.model.refit([(self.features(r.plan), r.latency_ms) for r in built if r.duplicate_of is None])
+        return built
+
+    def __call__(self, study: optuna.Study) -> tuple[dict[str, str], dict] | None:
+        """The next plan to build (its parameters and what was predicted of it), or None where no
+        proposal is left that was not built (the sampler of ``study`` then proposes as before)."""
+        built = self._fit(study)
+        if built is None:
+            return None
         tried = {t.user_attrs.get("plan_key") for t in study.get_trials(deepcopy=False)}
         for _ in range(self.per_build):
             self._propose()
@@ -114,10 +122,34 @@ class Proposer:
     def _propose(self) -> None:
         """One plan from the reference study's sampler, judged by the reference executor (once per plan)."""
         trial = self.reference.ask(distributions(self.ctx.info, self.ctx.calibration))
-        plan = plan_from_params(self.ctx.info, trial.params, self.ctx.calibration)
+        attrs, values, constraints = self._judged(trial.params)
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        for name, value in constraints.items():
+            trial.set_constraint(name, value)
+        self.reference.tell(trial, values)
+
+    def judge(self, study: optuna.Study, params: dict[str, str]) -> tuple[float, float] | None:
+        """A plan's predicted latency (ms) and reference loss, judged as any proposal is and kept as one
+        (built later where it decides most); None until the all-FP32 plan of ``study`` is measured."""
+        if self._fit(study) is None:
+            return None
+        attrs, values, constraints = self._judged(params)
+        if "evaluated" in attrs:  # not judged before: kept in the reference study like a sampled proposal
+            dists = distributions(self.ctx.info, self.ctx.calibration)
+            self.reference.add_trial(optuna.trial.create_trial(
+                params=params, distributions={k: dists[k] for k in params}, values=values, user_attrs=attrs,
+                constraints=constraints or None))
+        return values[0], attrs["reference_loss"]
+
+    def _judged(self, params: dict[str, str]) -> tuple[dict, list[float], dict[str, float]]:
+        """A plan's user attributes, objective values (predicted ms, loss) and constraint, by the
+        reference executor and the latency model; a plan judged before is not evaluated again."""
+        plan = plan_from_params(self.ctx.info, params, self.ctx.calibration)
         key = plan.key()
         earlier = next((t for t in self.reference.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                         if t.user_attrs.get("plan_key") == key), None)
+        attrs: dict = {"plan_key": key}
         if earlier is not None:
             features, loss = Features.from_json(earlier.user_attrs["features"]), earlier.user_attrs["reference_loss"]
         else:
@@ -127,16 +159,13 @@ class Proposer:
                 loss = self.reference_loss(lowered)
             except Exception:  # noqa: BLE001 - a plan the reference cannot run is not proposed for a build
                 features, loss = Features(0.0, 0.0, 0), math.inf
-            trial.set_user_attr("evaluated", True)
-        trial.set_user_attr("plan_key", key)
-        trial.set_user_attr("features", features.to_json())
+            attrs["evaluated"] = True
         if not math.isfinite(loss):
             loss = math.inf  # NaN too: never proposed for a build
-        trial.set_user_attr("reference_loss", loss)
+        attrs.update(features=features.to_json(), reference_loss=loss)
         told = loss if loss < math.inf else 1e9  # Optuna takes no inf: a loss far past any limit
-        if self.ctx.max_loss is not None:
-            trial.set_constraint("max_loss", told - self.ctx.max_loss)
-        self.reference.tell(trial, [self.model.predict(features), told])
+        constraints = {"max_loss": told - self.ctx.max_loss} if self.ctx.max_loss is not None else {}
+        return attrs, [self.model.predict(features), told], constraints
 
     def enqueue(self, plans: list[dict[str, str]]) -> None:
         """Plans to judge first (the warm start's), each once."""

@@ -82,6 +82,9 @@ class Proposals(Protocol):
     def enqueue(self, plans: list[dict[str, str]]) -> None:
         """Plans to judge first."""
 
+    def judge(self, study: optuna.Study, params: dict[str, str]) -> tuple[float, float] | None:
+        """A plan's predicted latency (ms) and reference loss, without building it; None: not yet known."""
+
 
 @dataclass
 class StudyContext:
@@ -219,15 +222,19 @@ def counted(trial: FrozenTrial) -> bool:
     )
 
 
-def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = ()) -> None:
-    """Enqueue all-FP32, all-FP16, all-INT8 (both ends of the front), then the ``warm`` plans.
+UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8)
+
+
+def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = (),
+               uniform: Sequence[Precision] = UNIFORM) -> None:
+    """Enqueue the ``uniform`` plans (all-FP32, all-FP16, all-INT8: both ends of the front), then the ``warm`` plans.
 
     Each is queued unless some trial already holds it (another worker may have queued it: the
     check and the queueing hold the study's lock), so a kill between two enqueues loses none.
     """
     with ctx.locks.hold("queue"):
         held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
-        for params in [*(uniform_params(ctx.info, p) for p in (Precision.FP32, Precision.FP16, Precision.INT8)), *warm]:
+        for params in [*(uniform_params(ctx.info, p) for p in uniform), *warm]:
             if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
                 held.append(params)
                 study.enqueue_trial(params)
@@ -437,24 +444,32 @@ def run_warm_started(
     propose: Proposals | None = None,
 ) -> tuple[list[dict[str, str]], list[str]]:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
-    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, the
-    warm-start plans and the sampler's are proposals, judged before any is built.
+    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, only the
+    all-FP32 plan is built first: the other uniform plans, the warm-start plans and the sampler's
+    are proposals, judged before any is built (the warm start reads the uniform plans' predicted
+    latency and reference loss), so no build goes to an all-INT8 plan far past the limit.
 
     Returns the warm-start plans and the precisions they left out whose all-units plan was not
     faster than all-FP32.
     """
-    seed_plans(study, ctx)
-    run_study(study, ctx, min(budget, UNIFORM_PLANS), on_trial, workers)
+    seed_plans(study, ctx, uniform=UNIFORM if propose is None else (Precision.FP32,))
+    run_study(study, ctx, min(budget, UNIFORM_PLANS if propose is None else 1), on_trial, workers)
+    measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
+    fp32 = uniform_params(ctx.info, Precision.FP32)
+    reduced = {p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32}  # a precision no unit takes: none
+    if propose is not None:
+        for precision, params in reduced.items():
+            if precision.value not in measured and (judged := propose.judge(study, params)) is not None:
+                measured[precision.value] = judged
     warm: list[dict[str, str]] = []
     slow: list[str] = []
     if sensitivity is not None:
-        measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
-        if propose is not None:
-            propose.enqueue(warm)
-        else:
-            seed_plans(study, ctx, warm)
+    if propose is not None:
+        propose.enqueue([*reduced.values(), *warm])
+    elif warm:
+        seed_plans(study, ctx, warm)
     ctx.propose = propose
     run_study(study, ctx, budget, on_trial, workers)
     return warm, slow
