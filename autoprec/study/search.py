@@ -444,10 +444,11 @@ def run_warm_started(
     propose: Proposals | None = None,
 ) -> tuple[list[dict[str, str]], list[str]]:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
-    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, only the
-    all-FP32 plan is built first: the other uniform plans, the warm-start plans and the sampler's
-    are proposals, judged before any is built (the warm start reads the uniform plans' predicted
-    latency and reference loss), so no build goes to an all-INT8 plan far past the limit.
+    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, the
+    all-FP32 plan is built first; the other uniform plans are judged before they are built (the
+    reference loss, the predicted latency) and only those within the limit built, so no build goes
+    to an all-INT8 plan far past it (the warm start reads its judged numbers instead); the
+    warm-start plans and the sampler's are proposals.
 
     Returns the warm-start plans and the precisions they left out whose all-units plan was not
     faster than all-FP32.
@@ -458,9 +459,16 @@ def run_warm_started(
     fp32 = uniform_params(ctx.info, Precision.FP32)
     reduced = {p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32}  # a precision no unit takes: none
     if propose is not None:
-        for precision, params in reduced.items():
-            if precision.value not in measured and (judged := propose.judge(study, params)) is not None:
-                measured[precision.value] = judged
+        judged = {p: found for p, params in reduced.items()
+                  if p.value not in measured and (found := propose.judge(study, params)) is not None}
+        # within the limit a uniform plan may be the answer (or, without one, is an end of the front): built
+        # as before; past it, its judged numbers stand in for the warm start and it costs no build
+        worth = [reduced[p] for p, (_, loss) in judged.items() if ctx.max_loss is None or loss <= ctx.max_loss]
+        worth = [params for i, params in enumerate(worth) if params not in worth[:i]]  # all-INT8 may be all-FP16
+        seed_plans(study, ctx, worth, uniform=())
+        run_study(study, ctx, min(budget, 1 + len(worth)), on_trial, workers)
+        measured = {**{p.value: found for p, found in judged.items()},
+                    **{p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}}
     warm: list[dict[str, str]] = []
     slow: list[str] = []
     if sensitivity is not None:
