@@ -6,8 +6,9 @@ the loss gap is zero by construction), at a 1 % loss limit (loss = 1 − mean co
 
 1. the dense reference front of search_quality.py (exhaustive when the plan space is that small);
 2. the sensitivity pass once (its profiles are builds: the FP32 model and each all-units plan);
-3. per seed, ``autoprec search --proposals K`` (the warm start's and the sampler's plans judged on
-   the reference executor and the latency model, only the one that decides most built) and
+3. per seed, ``autoprec search --proposals K`` (the all-FP32 plan built, the other uniform plans
+   built only where the reference executor finds them within the limit, the warm start's and the
+   sampler's plans judged on it and the latency model, only the one that decides most built) and
    ``--proposals 0`` (every trial built, as before), each for ``--builds`` builds in all
    (profiles included);
 4. the bisection of Polygraphy's ``debug precision`` (peers.py) over the same units.
