@@ -258,14 +258,10 @@ def test_sensitive_units_in_fp16_join_the_region_and_a_plan_cannot_give_them_int
         lower_plan(info, Plan.from_mapping({"softmax": "int8"}), ranges)
 
 
-def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(tmp_path):
-    """A scaling by 4e4 and back, between two FP16 MatMuls (not fused into either), would overflow in the FP16 region: on the
-    data its tensors pass FP16's safe range, so both Muls form one sensitive unit that the widest plan
-    keeps FP32 (where FP16 is searched; without FP16 nothing changes)."""
-    from autoprec.app.prepare import prepare
-
+def _scaled_between_matmuls(tmp_path):
+    """A scaling by 4e4 and back between two MatMuls, not fused into either: out of FP16's range on the data."""
     rng = np.random.default_rng(0)
-    path = builders.save(builders._model(
+    return builders.save(builders._model(
         [helper.make_node("MatMul", ["x", "w0"], ["h"], "fc0"),
          helper.make_node("Transpose", ["h"], ["ht"], "turn"),  # not fused into fc0: neutral, between units
          helper.make_node("Mul", ["ht", "big"], ["scaled"], "scale"),
@@ -277,6 +273,15 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
         [builders._init("w0", rng.normal(0, 0.3, (16, 16))), builders._init("big", np.array(4e4)),
          builders._init("small", np.array(2.5e-5)), builders._init("w1", rng.normal(0, 0.3, (16, 8)))], opset=17),
         tmp_path / "model.onnx")
+
+
+def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(tmp_path):
+    """A scaling by 4e4 and back, between two FP16 MatMuls (not fused into either), would overflow in the FP16 region: on the
+    data its tensors pass FP16's safe range, so both Muls form one sensitive unit that the widest plan
+    keeps FP32 (where FP16 is searched; without FP16 nothing changes)."""
+    from autoprec.app.prepare import prepare
+
+    path = _scaled_between_matmuls(tmp_path)
     prepared = prepare(path, load_search_space())  # on random data
     info = prepared.info
     assert info.out_of_range == ("scale", "unscale")
@@ -301,25 +306,14 @@ def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_th
     from autoprec.analysis import calibrate
     from autoprec.app.prepare import prepare
 
-    rng = np.random.default_rng(0)
-    path = builders.save(builders._model(
-        [helper.make_node("MatMul", ["x", "w0"], ["h"], "fc0"),
-         helper.make_node("Transpose", ["h"], ["ht"], "turn"),
-         helper.make_node("Mul", ["ht", "big"], ["scaled"], "scale"),
-         helper.make_node("Transpose", ["scaled"], ["bt"], "turn_back"),
-         helper.make_node("MatMul", ["bt", "w1"], ["y"], "fc1")],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
-        [builders._init("w0", rng.normal(0, 0.3, (16, 16))), builders._init("big", np.array(4e4)),
-         builders._init("w1", rng.normal(0, 0.3, (16, 8)))], opset=17),
-        tmp_path / "model.onnx")
+    path = _scaled_between_matmuls(tmp_path)
     passes = []
     measured = calibrate._out_of_range
     monkeypatch.setattr(calibrate, "_out_of_range", lambda *a: passes.append(1) or measured(*a))
     cache = tmp_path / "cache"
     first = prepare(path, load_search_space(), cache=cache).info.out_of_range
     again = prepare(path, load_search_space(), cache=cache).info.out_of_range
-    assert first == again == ("scale", "turn_back") and len(passes) == 1  # the Transpose reads the scaled tensor
+    assert first == again == ("scale", "unscale") and len(passes) == 1
     [kept] = cache.glob("out-of-range-*.json")
     kept.write_text('{"not": "a list"}')
     assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and len(passes) == 2

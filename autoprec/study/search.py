@@ -222,6 +222,7 @@ def counted(trial: FrozenTrial) -> bool:
     )
 
 
+# The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
 UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8)
 
 
@@ -430,10 +431,6 @@ def run_study(
             raise
 
 
-# The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
-UNIFORM_PLANS = 3
-
-
 def run_warm_started(
     study: optuna.Study,
     ctx: StudyContext,
@@ -454,8 +451,8 @@ def run_warm_started(
     faster than all-FP32.
     """
     seed_plans(study, ctx, uniform=UNIFORM if propose is None else (Precision.FP32,))
-    run_study(study, ctx, min(budget, UNIFORM_PLANS if propose is None else 1), on_trial, workers)
-    measured = {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
+    run_study(study, ctx, min(budget, len(UNIFORM) if propose is None else 1), on_trial, workers)
+    measured = uniform_measured(study)
     fp32 = uniform_params(ctx.info, Precision.FP32)
     reduced = {p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32}  # a precision no unit takes: none
     if propose is not None:
@@ -467,8 +464,7 @@ def run_warm_started(
         worth = [params for i, params in enumerate(worth) if params not in worth[:i]]  # all-INT8 may be all-FP16
         seed_plans(study, ctx, worth, uniform=())
         run_study(study, ctx, min(budget, 1 + len(worth)), on_trial, workers)
-        measured = {**{p.value: found for p, found in judged.items()},
-                    **{p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}}
+        measured = {**{p.value: found for p, found in judged.items()}, **uniform_measured(study)}
     warm: list[dict[str, str]] = []
     slow: list[str] = []
     if sensitivity is not None:
@@ -491,6 +487,11 @@ def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
             if n == len(trial.plan.precisions):
                 found.setdefault(precision, trial)
     return found
+
+
+def uniform_measured(study: optuna.Study) -> dict[str, tuple[float, float]]:
+    """(latency ms, loss) of each uniform plan the study has measured, by its precision."""
+    return {p: (t.latency_ms, t.loss) for p, t in uniform_trials(finished_records(study)).items()}
 
 
 def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
