@@ -156,3 +156,58 @@ def image_like(count: int, size: int = 16, seed: int = 3) -> np.ndarray:
         img = np.sin(2 * np.pi * (f[:, :1, None] * xx + f[:, 1:, None] * yy) + phase)
         out.append(img + 0.05 * rng.normal(size=img.shape))
     return np.stack(out).astype(np.float32)
+
+
+def session(model, options=None):
+    """An ONNX Runtime CPU session of a stored model (loaded from a file beside its weights, as engines load
+    it), of a path, or of an in-memory model."""
+    import onnxruntime as ort
+
+    from autoprec.core.stored import StoredModel
+
+    options = options or ort.SessionOptions()
+    if isinstance(model, StoredModel):
+        with model.file() as path:
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def check(model) -> None:
+    """onnx.checker (from its file, where its weights are) and strict shape inference of a stored model."""
+    with model.file() as path:
+        onnx.checker.check_model(str(path))
+    onnx.shape_inference.infer_shapes(model.proto, strict_mode=True)
+
+
+def with_external_data(model: onnx.ModelProto, path: Path) -> Path:
+    """``model`` saved with every initializer over 1 KiB in ``<name>.data`` beside it, as large models come."""
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data", size_threshold=1024)
+    return path
+
+
+def embedding_over_2gb(path: Path, rows: int = 8_400_000, dim: int = 64, used: int = 256, seed: int = 5) -> Path:
+    """ids [1, 8] -> Gather from a float32 table of ``rows`` × ``dim`` (2.15 GB: more than one protobuf can
+    hold) -> MatMul+Relu -> MatMul. Only the first ``used`` rows hold values; the rest of the table is a hole
+    in its data file (no disk, reads as zeros), so the model costs seconds, not gigabytes, to make."""
+    rng = np.random.default_rng(seed)
+    data = path.with_name(path.name + ".data")
+    table = TensorProto(name="table", data_type=TensorProto.FLOAT, dims=[rows, dim])
+    table.data_location = TensorProto.EXTERNAL
+    table.external_data.add(key="location", value=data.name)
+    table.external_data.add(key="length", value=str(rows * dim * 4))
+    with open(data, "wb") as f:
+        f.write(rng.normal(0, 1, (used, dim)).astype(np.float32).tobytes())
+        f.truncate(rows * dim * 4)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], "embed"),
+             helper.make_node("MatMul", ["e", "w0"], ["h"], "fc0"),
+             helper.make_node("Relu", ["h"], ["r"], "relu0"),
+             helper.make_node("MatMul", ["r", "w1"], ["y"], "fc1")]
+    inits = [table, _init("w0", rng.normal(0, 0.2, (dim, 32))), _init("w1", rng.normal(0, 0.2, (32, 4)))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = IR_VERSION
+    path.write_bytes(model.SerializeToString())
+    return path

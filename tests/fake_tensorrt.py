@@ -238,10 +238,18 @@ class OnnxParser(_Recorded):
         object.__setattr__(self, "_errors", [])
 
     def parse(self, model_bytes):
-        model = onnx.load_from_string(model_bytes)
+        CALLS.append(("OnnxParser", "parse", len(model_bytes)))
+        return self._read(onnx.load_from_string(model_bytes))
+
+    def parse_from_file(self, path):
+        CALLS.append(("OnnxParser", "parse_from_file", str(path)))
+        from autoprec.core import stored
+
+        return self._read(stored.inlined(stored.load(path)))  # its external weights read from beside it, as TensorRT does
+
+    def _read(self, model):
         object.__setattr__(self._network, "_model", model)
         self._errors.extend(ParserError(i, n) for i, n in enumerate(model.graph.node) if n.op_type in PARSER_REJECTS)
-        CALLS.append(("OnnxParser", "parse", len(model_bytes)))
         return not self._errors
 
     @property

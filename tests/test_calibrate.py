@@ -1,6 +1,6 @@
+import builders
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from autoprec.analysis.calibrate import (
@@ -25,7 +25,7 @@ def _activations(info, batches, names):
     model = onnx.ModelProto()
     model.CopyFrom(info.model)
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
-    session = ort.InferenceSession(model.SerializeToString())
+    session = builders.session(info.stored.with_proto(model))
     runs = [session.run(names, b) for b in batches]
     return {n: np.concatenate([r[i].ravel() for r in runs]) for i, n in enumerate(names)}
 

@@ -2,6 +2,7 @@
 and searched; preparation never breaks a model that runs; scalar and state inputs take data."""
 
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -9,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
-from autoprec.analysis import model as model_module
+from autoprec.analysis import preparation
 from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import batch_items, build_dataset, random_items
 from autoprec.analysis.model import TensorSpec, analyse, batch_axes, declared_inputs
@@ -85,8 +86,7 @@ def loop_model(path):
 
 
 def _run(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    return builders.session(model).run(None, feeds)
 
 
 def test_units_inside_if_branches_are_found_and_named_by_their_path(tmp_path):
@@ -126,7 +126,7 @@ def test_lowering_puts_qdq_and_casts_inside_the_branch_and_the_model_still_runs(
     for candidate in (lowered, fp16):
         for sr in (16000, 8000):
             got = _run(candidate, {**feeds[0], "sr": np.array(sr, np.int64)})[0]
-            want = _run(info.model, {**feeds[0], "sr": np.array(sr, np.int64)})[0]
+            want = _run(info.stored, {**feeds[0], "sr": np.array(sr, np.int64)})[0]
             cosine = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
             assert got.shape == want.shape and cosine > 0.98
 
@@ -140,7 +140,7 @@ def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowere
     lowered = lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.TENSORRT)
     body = next(g for scope, g in graphs(lowered.graph) if scope)
     assert any(n.op_type == "DequantizeLinear" for n in body.node)
-    got, want = _run(lowered, feeds[0])[0], _run(info.model, feeds[0])[0]
+    got, want = _run(lowered, feeds[0])[0], _run(info.stored, feeds[0])[0]
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
 
 
@@ -210,17 +210,17 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
 def test_a_preparation_step_that_breaks_the_model_is_left_out_with_a_note(conv_model, monkeypatch):
     def corrupting(model):
         broken = onnx.ModelProto()
-        broken.CopyFrom(model)
+        broken.CopyFrom(model.proto)
         for weight in broken.graph.initializer:
-            weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 2 + 1, weight.name))
-        return broken, "folded"
+            weight.CopyFrom(numpy_helper.from_array(np.asarray(model.tensor(weight.name)) * 2 + 1, weight.name))
+        return model.with_proto(broken), "folded"
 
-    monkeypatch.setattr(model_module, "_fold_batchnorms", corrupting)
+    monkeypatch.setattr(preparation, "_fold_batchnorms", corrupting)
     info = analyse(conv_model, SPACE)
     assert any("preparation step 'BatchNorm folding' left out" in n and "changed" in n for n in info.notes)
     x = RNG.random(info.inputs[0].shape, dtype=np.float32)
     original = _run(onnx.load(str(conv_model)), {"x": x})[0]
-    assert np.allclose(_run(info.model, {"x": x})[0], original, rtol=1e-3, atol=1e-5)
+    assert np.allclose(_run(info.stored, {"x": x})[0], original, rtol=1e-3, atol=1e-5)
 
 
 
@@ -303,7 +303,7 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     assert len(info.units) == units
     feeds = {"input": RNG.random((1, 576), dtype=np.float32) - 0.5, "state": np.zeros((2, 1, 128), np.float32),
              "sr": np.array(16000, np.int64)}
-    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(_run(info.model, feeds), _run(onnx.load(str(path)), feeds)))
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(_run(info.stored, feeds), _run(onnx.load(str(path)), feeds)))
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
     samples = tmp_path / "speech.npz"
     np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const

@@ -113,19 +113,22 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
            "--budget", "6", "--no-progress", "--heartbeat", "1"]
-    kills = 0
+    kills, ended = 0, ""
     # Kill during start-up, calibration, trials and result writing, a little later each time.
     for delay in (0.4, 1.0, 1.6, 2.2, 2.8, 3.4, 4.0, 4.6, 5.2, 6.0, 7.0):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=delay)
-            break  # it finished before the kill
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
+        with open(tmp_path / "stderr.log", "w+") as stderr:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+            try:
+                proc.wait(timeout=delay)
+                stderr.seek(0)
+                ended = f"run {kills + 1} ended by itself (exit {proc.returncode}): {stderr.read()[-1500:]}"
+                break  # it finished before the kill
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
         _valid_results(out)
-    assert kills >= 3
+    assert kills >= 3, ended
     final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     _valid_results(out)

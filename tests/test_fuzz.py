@@ -149,9 +149,8 @@ def test_generated_graphs_analyse_and_lower_to_valid_models(tmp_path, layers, he
     ranges = calibrate(info, data.calibration, data.fingerprint())
     plan = Plan.from_mapping({u.name: c for u, c in zip(info.units, choices)})
     lowered = lower_plan(info, plan, ranges, form)
-    onnx.checker.check_model(lowered)
-    onnx.shape_inference.infer_shapes(lowered, strict_mode=True)
+    builders.check(lowered)
     batch = data.evaluation[0]
-    expected = ort.InferenceSession(info.model.SerializeToString()).run(None, batch)[0]
-    got = ort.InferenceSession(lowered.SerializeToString()).run(None, batch)[0]
+    expected = builders.session(info.stored).run(None, batch)[0]
+    got = builders.session(lowered).run(None, batch)[0]
     assert got.shape == expected.shape and got.dtype == expected.dtype

@@ -25,17 +25,15 @@ def conv(conv_model, conv_data):
     return info, data, calibrate(info, data.calibration, data.fingerprint())
 
 
-def run(model: onnx.ModelProto, batch, optimized_path=None):
+def run(model, batch, optimized_path=None):
     options = ort.SessionOptions()
     if optimized_path:
         options.optimized_model_filepath = str(optimized_path)
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, batch)[0]
+    return builders.session(model, options).run(None, batch)[0]
 
 
-def check_valid(model: onnx.ModelProto) -> None:
-    onnx.checker.check_model(model)
-    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+def check_valid(model) -> None:
+    builders.check(model)
 
 
 def ops(model: onnx.ModelProto) -> collections.Counter:
@@ -49,7 +47,7 @@ def test_io_types_are_kept_and_fp16_is_close(conv):
     assert [i.type.tensor_type.elem_type for i in model.graph.input] == [onnx.TensorProto.FLOAT]
     assert [o.type.tensor_type.elem_type for o in model.graph.output] == [onnx.TensorProto.FLOAT]
     batch = data.evaluation[0]
-    m = output_metrics(run(info.model, batch), run(model, batch))
+    m = output_metrics(run(info.stored, batch), run(model, batch))
     # FP16 keeps ~3 decimal digits through 4 layers: stated tolerance cosine > 0.9999, rel-L2 < 1e-2.
     assert m["cosine"] > 0.9999 and m["rel_l2"] < 1e-2
 
@@ -72,7 +70,7 @@ def test_fp16_units_make_one_region_with_casts_only_at_its_borders(conv):
     assert by_name["residual"].input[0].endswith("_fp16") and by_name["gap"].input[0].endswith("_fp16")
     weights = {i.name: i for i in model.graph.initializer}
     assert weights[by_name["conv1"].input[1]].data_type == onnx.TensorProto.FLOAT16
-    m = output_metrics(run(info.model, data.evaluation[0]), run(model, data.evaluation[0]))
+    m = output_metrics(run(info.stored, data.evaluation[0]), run(model, data.evaluation[0]))
     assert m["cosine"] > 0.9999
 
 
@@ -102,7 +100,7 @@ def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it
     assert [n.output[0] for n in to_float] == ["y"] and by_name["flat"].output[0] == to_float[0].input[0]
     assert by_name["side"].input[0] == "x"  # reads the input, feeds an output, touches no FP16 node
     batch = {"x": rng.normal(size=(1, 3, 8, 8)).astype(np.float32)}
-    assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
+    assert output_metrics(run(info.stored, batch), run(model, batch))["cosine"] > 0.9999
 
 
 def test_a_region_input_cast_from_integers_is_cast_to_fp16_directly(tmp_path):
@@ -122,7 +120,7 @@ def test_a_region_input_cast_from_integers_is_cast_to_fp16_directly(tmp_path):
     assert [n.input[0] for n in to_half] == ["hot"] and [n.output[0] for n in to_float] == ["y"]
     assert "to_float" not in {n.name for n in model.graph.node}  # nothing else read the FP32 one-hot
     batch = {"bytes": rng.integers(0, 4, (2, 16)).astype(np.int32)}
-    assert output_metrics(run(info.model, batch), run(model, batch))["cosine"] > 0.9999
+    assert output_metrics(run(info.stored, batch), run(model, batch))["cosine"] > 0.9999
 
 
 def test_a_neutral_op_between_precisions_that_disagree_runs_where_its_casts_convert_least(conv):
@@ -137,7 +135,7 @@ def test_a_neutral_op_between_precisions_that_disagree_runs_where_its_casts_conv
     # The pooling reads FP32 conv2 and feeds FP16 fc: FP32, the Cast after it on 8 values, not before on 2048.
     assert by_name["gap"].input[0] == "r2" and sorted(n.input[0] for n in to_half) == ["gap", "x"]
     assert len(to_float) == 2  # res, and the output
-    assert output_metrics(run(info.model, data.evaluation[0]), run(model, data.evaluation[0]))["cosine"] > 0.999
+    assert output_metrics(run(info.stored, data.evaluation[0]), run(model, data.evaluation[0]))["cosine"] > 0.999
     # The other way: conv2 FP16, fc FP32: the pooling joins the region and the Cast goes after it.
     plan = Plan.from_mapping({"conv0": "fp16", "conv1": "fp16", "conv2": "fp16", "fc": "fp32"})
     by_name = {n.name: n for n in lower_plan(info, plan, ranges, QDQForm.TENSORRT).graph.node}
@@ -162,7 +160,7 @@ def test_mixed_plan_touches_only_its_units(conv):
     assert any(i.endswith("_dq") for i in by_name["conv2"].input)
     assert not any(i.endswith("_dq") for i in by_name["conv1"].input)
     out = run(model, data.evaluation[0])
-    assert output_metrics(run(info.model, data.evaluation[0]), out)["cosine"] > 0.99
+    assert output_metrics(run(info.stored, data.evaluation[0]), out)["cosine"] > 0.99
 
 
 def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
@@ -186,7 +184,7 @@ def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
     fc_dq = next(n for n in model.graph.node if n.output[0] == fc.input[1])
     assert next(a.i for a in fc_dq.attribute if a.name == "axis") == 0  # Gemm transB=1: rows are outputs
     out = run(model, data.evaluation[0])
-    assert output_metrics(run(info.model, data.evaluation[0]), out)["cosine"] > 0.99
+    assert output_metrics(run(info.stored, data.evaluation[0]), out)["cosine"] > 0.99
 
 
 def test_ort_form_becomes_integer_kernels(conv, tmp_path):
@@ -199,7 +197,7 @@ def test_ort_form_becomes_integer_kernels(conv, tmp_path):
     optimized = tmp_path / "optimized.onnx"
     run(model, data.evaluation[0], optimized)
     assert ops(onnx.load(str(optimized)))["QLinearConv"] == 3  # every quantized conv ran as an INT8 kernel
-    fp32 = run(info.model, data.evaluation[0])
+    fp32 = run(info.stored, data.evaluation[0])
     assert output_metrics(fp32, run(model, data.evaluation[0]))["cosine"] > 0.99
 
 
@@ -219,7 +217,7 @@ def test_mlp_all_precisions_run(mlp_model):
     info = analyse(mlp_model, load_search_space())
     data = build_dataset(None, info.inputs, random_count=4)
     ranges = calibrate(info, data.calibration, data.fingerprint())
-    ref = run(info.model, data.evaluation[0])
+    ref = run(info.stored, data.evaluation[0])
     for form in QDQForm:
         for precision in Precision:
             model = lower_plan(info, info.plan_at(precision), ranges, form)
@@ -248,12 +246,12 @@ def test_sensitive_units_in_fp16_join_the_region_and_a_plan_cannot_give_them_int
     # FP32 softmax and LayerNorm split the FP16 region: Casts around each; in FP16 they join it
     assert sum(map(len, _casts(region))) < sum(map(len, _casts(islands)))
     assert sum(map(len, _casts(region))) == 2  # one in, one out
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(region).graph.value_info}
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(region.proto).graph.value_info}
     computes = {n.name: types.get(n.output[0]) for n in region.graph.node}
     # the LayerNorm's ops, the neutral ops after it, the softmax and the residual Add all compute in FP16
     assert all(computes[n] == onnx.TensorProto.FLOAT16 for n in ("ln_mean", "ln_div", "ln_shift", "softmax", "residual"))
     batch = data.evaluation[0]
-    assert output_metrics(run(info.model, batch), run(region, batch))["cosine"] > 0.999
+    assert output_metrics(run(info.stored, batch), run(region, batch))["cosine"] > 0.999
     with pytest.raises(ValueError, match=r"softmax \(int8; it allows fp16, fp32\)"):
         lower_plan(info, Plan.from_mapping({"softmax": "int8"}), ranges)
 
@@ -290,7 +288,7 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
     widest = lower_plan(info, info.plan_at(Precision.FP16, [u.name for u in info.units if not u.sensitive]), None)
     check_valid(widest)
     batch = prepared.dataset.evaluation[0]
-    assert output_metrics(run(info.model, batch), run(widest, batch))["cosine"] > 0.999
+    assert output_metrics(run(info.stored, batch), run(widest, batch))["cosine"] > 0.999
     kept = {n.name: n for n in widest.graph.node}
     assert not any(t.endswith(("_fp16", "_to_fp16")) for t in (*kept["scale"].input, *kept["unscale"].output))
     every = {n.name: n for n in lower_plan(info, info.plan_at(Precision.FP16), None).graph.node}

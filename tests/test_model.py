@@ -33,7 +33,7 @@ def test_batchnorm_folding_preserves_the_function(conv_model, conv_data):
     info = analyse(conv_model, SPACE)
     x = np.load(conv_data)["x"][:1]
     before = ort.InferenceSession(str(conv_model)).run(None, {"x": x})[0]
-    after = ort.InferenceSession(info.model.SerializeToString()).run(None, {"x": x})[0]
+    after = builders.session(info.stored).run(None, {"x": x})[0]
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
 
 

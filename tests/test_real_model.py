@@ -3,6 +3,7 @@
 import collections
 import json
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -29,8 +30,7 @@ def test_search_on_the_bundled_model(tmp_path):
     # INT8 everywhere costs real accuracy on this trained model; FP16 almost none.
     assert uniform["int8"].loss > 10 * uniform["fp16"].loss
     assert uniform["fp32"].loss == 0.0
-    best = onnx.load(str(out / "best" / "model.onnx"))
-    session = ort.InferenceSession(best.SerializeToString())
+    session = ort.InferenceSession(str(out / "best" / "model.onnx"))
     assert session.run(None, {"x": np.load(DATA)["x"][:1].astype(np.float32)})[0].shape == (1, 2)
     plan = json.loads((out / "best" / "plan.json").read_text())
     assert plan["accuracy_loss"] <= 0.01
@@ -51,6 +51,7 @@ def test_int8_plan_runs_as_integer_kernels_on_ort_cpu(tmp_path):
     model = get_backend("ort-cpu").lower(info, info.plan_at(Precision.INT8), ranges)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options)
-    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    builders.session(model, options)
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in optimized.graph.node)
     assert ops["QLinearConv"] == 53  # every Conv unit became an INT8 kernel

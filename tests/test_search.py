@@ -98,8 +98,8 @@ def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
     onnx.checker.check_model(best)
     info = analyse(model, load_search_space())
     dataset = build_dataset(data, info.inputs, seed=1)  # the search's split (same data, same seed)
-    fp32 = ort.InferenceSession(onnx.load(str(model)).SerializeToString())
-    session = ort.InferenceSession(best.SerializeToString())
+    fp32 = ort.InferenceSession(str(model))
+    session = ort.InferenceSession(str(out / "best" / "model.onnx"))
     reference = [{"probs": fp32.run(None, b)[0]} for b in dataset.evaluation]
     candidate = [{"probs": session.run(None, b)[0]} for b in dataset.evaluation]
     metrics = compare(reference, candidate)

@@ -54,7 +54,7 @@ def test_profiled_names_are_mapped_back_to_the_models_nodes():
 
 def test_latency_shares_come_from_the_engines_profile(conv_prepared):
     info, dataset, _, _ = conv_prepared
-    shares, unattributed = latency_shares(info, get_backend("ort-cpu").node_times(info.model, dataset.evaluation[0]))
+    shares, unattributed = latency_shares(info, get_backend("ort-cpu").node_times(info.stored, dataset.evaluation[0]))
     assert set(shares) <= {u.name for u in info.units}
     assert {"conv0", "conv1", "conv2"} <= set(shares)  # the convolutions show up in the profile
     assert all(s > 0 for s in shares.values())

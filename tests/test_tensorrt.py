@@ -30,6 +30,7 @@ from autoprec.backends.tensorrt.layers import parse_engine_layers, plan_fidelity
 from autoprec.core.errors import BackendError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
+from autoprec.core import stored
 from autoprec.lower import QDQForm, lower_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
@@ -141,8 +142,7 @@ def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_exec
     info, data, ranges = conv
     plan = info.plan_at(Precision.INT8)
     model, outputs, timing, report, node_times = _full_flow(get_backend("tensorrt"), info, data, ranges, plan)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    expected = session.run(None, data.evaluation[0])
+    expected = builders.session(model).run(None, data.evaluation[0])
     np.testing.assert_allclose(outputs["probs"], expected[0], rtol=1e-6)
     assert timing.median_ms == 1.0 and timing.runs == 100 and timing.warmup == 10  # the fake's events: 1 ms each
     executes = [c for c in fake.CALLS if c[1] == "execute_async_v3"]
@@ -280,10 +280,10 @@ def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, t
 
 # --- TensorRT's documented Q/DQ rules, on the explicit-precision models autoprec writes ---
 
-def check_tensorrt_qdq_rules(model: onnx.ModelProto) -> int:
+def check_tensorrt_qdq_rules(model) -> int:
     """Zero points 0 (int8), positive finite scales, per-channel weights on the output-channel axis,
-    Q/DQ pairs only in front of Conv/MatMul/Gemm inputs. Returns the number of Q/DQ pairs."""
-    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    Q/DQ pairs only in front of Conv/MatMul/Gemm inputs (``model``: a stored model). Returns the number of Q/DQ pairs."""
+    inits = {i.name: model.tensor(i.name) for i in model.graph.initializer}
     consumers = {}
     for node in model.graph.node:
         for name in node.input:
@@ -322,7 +322,7 @@ def test_explicit_precision_models_meet_tensorrts_qdq_rules(tmp_path, build):
     names = [u.name for u in info.searchable_units if Precision.INT8 in u.allowed]
     for plan in (info.plan_at(Precision.INT8), Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)})):
         model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
-        onnx.checker.check_model(model)
+        builders.check(model)
         assert check_tensorrt_qdq_rules(model) >= plan.counts()["int8"]
 
 
@@ -349,7 +349,7 @@ def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_mode
         assert flag in script
     for not_wanted in ("--fp16", "--int8", "--calib", "--best", "--precisionConstraints", "--minShapes"):
         assert not_wanted not in script  # removed in 11; the model's shapes are static
-    model = onnx.load(str(folder / "model.onnx"))
+    model = stored.load(folder / "model.onnx")
     assert check_tensorrt_qdq_rules(model) >= 4
 
 

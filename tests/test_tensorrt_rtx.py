@@ -20,6 +20,7 @@ import optuna
 import pytest
 
 import autoprec
+from autoprec.core import stored
 from autoprec import zoo
 from autoprec.app.cli import main
 from autoprec.app.prepare import prepare
@@ -229,7 +230,7 @@ def test_rtx_parses_and_builds_the_trtexec_and_trt10_models(quick_start_result, 
     result = json.loads((quick_start_result / "pareto.json").read_text())
     int8 = result["uniform"]["int8"]
     assert _exit(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
-    built = build_engine(trt, TENSORRT_RTX, onnx.load(str(folder / model)))
+    built = build_engine(trt, TENSORRT_RTX, stored.load(folder / model))
     assert len(built.serialized) > 10_000
     if fmt == "trtexec":
         assert not built.report["plan_fidelity"]["plan_ignored"]
@@ -244,7 +245,7 @@ def test_rtx_export_build_refuses_formats_it_does_not_build(quick_start_result, 
 
 
 def test_rtx_inspect_of_a_plan_this_machine_cannot_load_is_one_line(tmp_path, conv_model, capsys):
-    built = build_engine(trt, TENSORRT_RTX, onnx.load(str(conv_model)))
+    built = build_engine(trt, TENSORRT_RTX, stored.load(conv_model))
     (tmp_path / "model.plan").write_bytes(built.serialized)
     assert _exit(["inspect", tmp_path / "model.plan"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]

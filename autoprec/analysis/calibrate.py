@@ -15,7 +15,8 @@ import onnx
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo, cpu_session
+from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
 from autoprec.core.search_space import NEUTRAL_OPS
@@ -179,7 +180,7 @@ def calibrate(
     if cache is not None and cache.exists():
         return ActivationRanges.load(cache)
     exposed, read_as = with_outputs(info.model, names)
-    session = cpu_session(exposed)
+    session = cpu_session(info.stored.with_proto(exposed))
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
     counts = {n: np.zeros(4, np.int64) for n in names}
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
@@ -248,7 +249,7 @@ def _out_of_range(info: ModelInfo, batches: Sequence[Batch], watched: list, tens
         probed.graph.node.extend([onnx.helper.make_node("Abs", [name], [magnitude]),
                                   onnx.helper.make_node("ReduceMax", [magnitude], [peak], keepdims=0)])
         probed.graph.output.append(onnx.helper.make_tensor_value_info(peak, onnx.TensorProto.FLOAT, []))
-    session = cpu_session(probed)
+    session = cpu_session(info.stored.with_proto(probed))
     peaks = np.zeros(len(tensors))
     for batch in batches:
         peaks = np.maximum(peaks, [float(v) for v in session.run(None, batch)])

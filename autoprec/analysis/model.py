@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import version_converter
 
 from autoprec.analysis import subgraphs
+from autoprec.analysis.preparation import first_line, prepared_model
 from autoprec.core.errors import ModelError
 from autoprec.core.groups import connected
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
+from autoprec.core.stored import StoredModel, check_external_data, is_external, tensors
 
-# Q/DQ with a per-channel axis needs opset 13; older models are converted once at load.
-MIN_OPSET = 13
-# onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
-MAX_IR_VERSION = 10
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
 # Integer compute ops of a model quantized already (by ONNX Runtime's quantizer, say).
 RECURRENT_OPS = {"LSTM", "GRU", "RNN"}  # TensorRT makes a loop of layers of one: no precision check reads it
@@ -82,13 +78,20 @@ class ModelInfo:
 
     path: Path
     sha256: str
-    model: onnx.ModelProto = field(repr=False, compare=False)
+    model: onnx.ModelProto = field(repr=False, compare=False)  # the graph; weights over INLINE_BYTES in ``folder``
+    folder: Path = field(compare=False)  # where the prepared model and its weights live (see autoprec.core.stored)
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     units: tuple[Unit, ...]
     notes: tuple[str, ...] = ()
     metadata: dict[str, str] = field(default_factory=dict, compare=False)  # the source model's metadata_props
     out_of_range: tuple[str, ...] = ()  # neutral nodes made units of their own for their range on the data
+    external_data: bool = False  # the given model kept its weights in external data files
+
+    @property
+    def stored(self) -> StoredModel:
+        """The prepared FP32 model, its weights on disk: what engines load and lowering starts from."""
+        return StoredModel(self.model, self.folder)
 
     @property
     def searchable_units(self) -> tuple[Unit, ...]:
@@ -127,18 +130,6 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _tensors(graph: onnx.GraphProto):
-    """Every tensor a graph holds: initializers and attribute tensors, in subgraphs too."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
-                yield from _tensors(subgraph)
-
-
 def model_sha256(path: Path) -> str:
     """What a model *is*: the sha256 of its ONNX file or, when its weights live in external data files,
     of the file and every data file it references (a changed weight file is a changed model)."""
@@ -147,7 +138,7 @@ def model_sha256(path: Path) -> str:
     path = Path(path)
     own = file_sha256(path)
     skeleton = onnx.load(str(path), load_external_data=False)
-    locations = sorted({ExternalDataInfo(t).location for t in _tensors(skeleton.graph) if uses_external_data(t)})
+    locations = sorted({ExternalDataInfo(t).location for t in tensors(skeleton.graph) if uses_external_data(t)})
     if not locations:
         return own
     digest = hashlib.sha256(own.encode())
@@ -157,7 +148,8 @@ def model_sha256(path: Path) -> str:
 
 
 def load_onnx(path: str | Path) -> onnx.ModelProto:
-    """Read and check an ONNX file, raising ModelError that names the file and the fix."""
+    """Read and check an ONNX file, raising ModelError that names the file and the fix. Its external
+    weights are checked to be there, not loaded: the graph comes back with references to them."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file; check the model path")
@@ -170,8 +162,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     if not model.graph.node:
         raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export it")
     try:
-        onnx.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+        check_external_data(model, path.parent, str(path))
+    except (OSError, ValueError) as exc:
         raise ModelError(
             f"{path}: its external weight data cannot be read ({exc}); keep the data files next to the model"
         ) from None
@@ -183,7 +175,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
             "supported engine implements; export the model with standard ONNX ops"
         )
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(path))  # from the file: never the whole model in one protobuf (2 GB at most)
     except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
@@ -303,246 +295,11 @@ def _fmt(shape: Sequence) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
 
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name within its graph: units are identified by node name in plans."""
-    for _, graph in subgraphs.graphs(model.graph):
-        seen: set[str] = set()
-        for i, node in enumerate(graph.node):
-            if not node.name or node.name in seen:
-                node.name = f"{node.op_type}_{i}" if f"{node.op_type}_{i}" not in seen else f"{node.op_type}_{i}_n"
-            seen.add(node.name)
-
-
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX's strict shape inference; where it fails on a model that runs, the lenient one."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except onnx.shape_inference.InferenceError:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    known = {v.name: v for v in inferred.graph.value_info}
-    for out in inferred.graph.output:
-        if not out.type.tensor_type.HasField("shape") and out.name in known:
-            out.type.CopyFrom(known[out.name].type)
-    return inferred
-
-
-def _fold_batchnorm(graph: gs.Graph) -> int:
-    """Fold BatchNormalization into the Conv before it, as TensorRT and ORT do before quantizing.
-
-    Quantizing the folded weights per channel is what the engine will run; quantizing the
-    unfolded conv would measure an error no engine has.
-    """
-    folded = 0
-    for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
-        x = bn.inputs[0]
-        if len(x.inputs) != 1 or len(x.outputs) != 1 or len(bn.outputs) != 1 or x in graph.outputs:
-            continue
-        conv = x.inputs[0]
-        if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
-            continue
-        params = bn.inputs[1:5]
-        if not all(isinstance(p, gs.Constant) for p in params) or (len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant)):
-            continue
-        scale, bias, mean, var = (p.values.astype(np.float64) for p in params)
-        factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
-        weight = conv.inputs[1].values
-        old_bias = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0])
-        new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
-        new_bias = ((old_bias - mean) * factor + bias).astype(weight.dtype)
-        conv.inputs[1] = gs.Constant(f"{conv.name}_weight_bnfolded", new_weight)
-        bias_const = gs.Constant(f"{conv.name}_bias_bnfolded", new_bias)
-        if len(conv.inputs) > 2:
-            conv.inputs[2] = bias_const
-        else:
-            conv.inputs.append(bias_const)
-        conv.outputs = [bn.outputs[0]]
-        bn.outputs.clear()
-        folded += 1
-    return folded
-
-
-def cpu_session(model: onnx.ModelProto, quick: bool = False):
-    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference).
-    ``quick``: basic graph optimisations only, for a single check run, where building the session costs
-    more than running it."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
-    if quick:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def _fill_shapes_by_running(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """Shapes static inference could not find are read off one ORT run."""
-
-    known = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input}
-    known |= {o.name for o in model.graph.output if o.type.tensor_type.HasField("shape")}
-    missing = [t for n in model.graph.node for t in n.output if t and t not in known]
-    if not missing:
-        return model
-    exposed, _ = subgraphs.with_outputs(model, missing)
-    values = cpu_session(exposed).run(missing, dict(feeds))
-    filled = onnx.ModelProto()
-    filled.CopyFrom(model)  # a step returns a new model: the one before it stays, should this one be left out
-    model = filled
-    by_name = {o.name: o for o in model.graph.output}
-    for name, value in zip(missing, values):
-        info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
-        if name in by_name:
-            by_name[name].type.CopyFrom(info.type)
-        else:
-            model.graph.value_info.append(info)
-    return model
-
-
 def check_feeds(inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """What preparation runs the model on: zeros at the given shapes, or the given constant."""
     constants = constants or {}
     return {i.name: np.asarray(constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
             for i in inputs}
-
-
-class _RunCheck:
-    """Runs a model in ONNX Runtime on the check feeds and compares its outputs with the model as given:
-    how preparation knows a step left the model intact."""
-
-    def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], path: Path):
-        self.feeds = dict(feeds)
-        try:
-            self.expected = self._run(model)
-        except Exception as exc:  # ORT raises several types; the model is untrusted input
-            raise ModelError(
-                f"{path}: does not run in ONNX Runtime at input shapes "
-                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({_first_line(exc)}); check --shape "
-                "(and --const), or that the model runs in onnxruntime as it is"
-            ) from None
-
-    def _run(self, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-        session = cpu_session(model, quick=True)
-        names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(names, self.feeds)))
-
-    def __call__(self, model: onnx.ModelProto) -> str | None:
-        """None when the model runs and gives the same outputs, else what went wrong."""
-        try:
-            got = self._run(model)
-        except Exception as exc:
-            return _first_line(exc)
-        for name, want in self.expected.items():
-            have = got.get(name)
-            if have is None or have.shape != want.shape:
-                return f"output {name} is {None if have is None else list(have.shape)}, not {list(want.shape)}"
-            if want.dtype.kind == "f" and want.size:
-                scale = float(np.nanmax(np.abs(want))) if np.isfinite(want).any() else 0.0
-                if not np.allclose(have, want, rtol=1e-3, atol=1e-4 * scale + 1e-6, equal_nan=True):
-                    return f"output {name} changed (largest difference {float(np.nanmax(np.abs(have - want))):.3g})"
-        return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
-
-
-def _fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
-    graph = gs.import_onnx(model)
-    for tensor in graph.tensors().values():
-        if isinstance(tensor, gs.Variable):
-            tensor.shape = shapes[tensor.name] if tensor.name in shapes else None
-    return _infer(gs.export_onnx(graph))
-
-
-def _fold_constants(model: onnx.ModelProto, flatten_subgraphs: bool) -> onnx.ModelProto:
-    node_count = None
-    for _ in range(8):  # folding exposes shapes, shapes expose more folding
-        graph = gs.import_onnx(model)
-        for subgraph in graph.subgraphs(recursive=True):  # folded as models of their own: give them the model's IR
-            subgraph.ir_version = graph.ir_version  # version, not onnx's newest, which older ONNX Runtimes refuse
-        graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
-        model = _infer(gs.export_onnx(graph))
-        if len(model.graph.node) == node_count:
-            break
-        node_count = len(model.graph.node)
-    return model
-
-
-def _fold_batchnorms(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
-    graph = gs.import_onnx(model)
-    folded = _fold_batchnorm(graph)
-    if not folded:
-        return model, None
-    graph.cleanup().toposort()
-    return _infer(gs.export_onnx(graph)), f"folded {folded} BatchNormalization node(s) into the Conv before them"
-
-
-Step = Callable[[onnx.ModelProto], tuple[onnx.ModelProto, "str | None"]]
-
-
-def prepare_graph(
-    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
-) -> tuple[onnx.ModelProto, list[str]]:
-    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from.
-
-    The model as given must run in ONNX Runtime on ``feeds``; the prepared one is checked to run
-    and give the same outputs. Where it does not, the steps are taken again one at a time, each
-    checked, and a step that breaks the model is left out with a note naming it.
-    """
-    check = _RunCheck(model, feeds, path)
-    notes = []
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
-    if opset < MIN_OPSET:
-        try:
-            model = version_converter.convert_version(model, MIN_OPSET)
-            broken = check(model)
-        except Exception as exc:
-            broken = _first_line(exc)
-        if broken:
-            raise ModelError(
-                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({broken}); "
-                f"re-export the model with opset >= {MIN_OPSET}"
-            )
-        notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
-    steps: list[tuple[str, Step]] = [
-        ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
-        ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
-        ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
-        ("BatchNorm folding", _fold_batchnorms),
-        ("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None)),
-    ]
-    prepared, step_notes = _take_steps(model, steps, None)
-    if check(prepared) is not None:
-        prepared, step_notes = _take_steps(model, steps, check)
-    prepared.ir_version = min(max(prepared.ir_version, 7), MAX_IR_VERSION)
-    _name_nodes(prepared)
-    onnx.checker.check_model(prepared)
-    return prepared, notes + step_notes
-
-
-def _take_steps(model: onnx.ModelProto, steps: list[tuple[str, Step]], check: Callable[[onnx.ModelProto], str | None] | None):
-    """Each step in turn; with a ``check``, one whose result fails it is left out with a note.
-    A step named "X (...)" is the fallback of step "X": taken only where "X" was left out."""
-    notes, taken = [], set()
-    for name, step in steps:
-        base = name.split(" (")[0]
-        if base != name and base in taken:
-            continue
-        try:
-            candidate, note = step(model)
-            broken = check(candidate) if check is not None else None
-        except Exception as exc:  # a library failing on the model: the step is left out
-            broken = _first_line(exc)
-        if broken:
-            notes.append(f"preparation step '{name}' left out: it breaks this model ({broken})")
-            continue
-        model = candidate
-        taken.add(base)
-        if base != name:
-            notes.append(f"took '{name}' instead")
-        if note:
-            notes.append(note)
-    return model, notes
 
 
 def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace, made: Collection[str] = ()) -> list[gs.Node]:
@@ -691,21 +448,25 @@ def analyse(
     data_shapes: Mapping[str, tuple[int, ...]] | None = None,
     model: onnx.ModelProto | None = None,
     constants: Mapping[str, float] | None = None,
+    cache: Path | None = None,
 ) -> ModelInfo:
-    """Load (unless given), prepare and analyse a model: the first step of every search.
-    ``constants`` are the values of inputs fed one fixed value (``--const``)."""
+    """Load (unless given: :func:`load_onnx`'s graph), prepare and analyse a model: the first step of every
+    search. ``constants`` are the values of inputs fed one fixed value (``--const``); ``cache``: where the
+    prepared model is kept for the next search of it (else a temporary folder, for this process)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
-    prepared, prep_notes = prepare_graph(raw, fixed, path, check_feeds(inputs, constants))
+    sha256 = model_sha256(path)
+    stored, prep_notes = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
+    prepared = stored.proto
     try:
         units = find_units(prepared, space)
     except Exception as exc:  # the model runs (prepare_graph checked): a failure here is autoprec's
         raise ModelError(
             f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers ({type(exc).__name__}: "
-            f"{_first_line(exc)}); please report it with the model"
+            f"{first_line(exc)}); please report it with the model"
         ) from None
     other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
     if other_floats:
@@ -725,11 +486,13 @@ def analyse(
         )
     return ModelInfo(
         path=path,
-        sha256=model_sha256(path),
+        sha256=sha256,
         model=prepared,
+        folder=stored.folder,
         inputs=inputs,
         outputs=_output_specs(prepared),
         units=units,
         notes=tuple(notes + prep_notes),
         metadata={p.key: p.value for p in raw.metadata_props},
+        external_data=any(is_external(t) for t in tensors(raw.graph)),
     )

@@ -10,7 +10,8 @@ import numpy as np
 
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo, cpu_session
+from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
 
@@ -30,7 +31,7 @@ def reference_outputs(
         with np.load(cache, allow_pickle=False) as npz:
             order = json.loads(str(npz["outputs"]))
             return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
-    session = cpu_session(info.model)
+    session = cpu_session(info.stored)
     outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
     if cache is not None:
         arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
@@ -48,7 +49,7 @@ def units_run(info: ModelInfo, batches: Sequence[Batch]) -> set[str]:
     if not inside:
         return ran
     exposed, read_as = with_outputs(info.model, [u.output for u in inside])
-    session = cpu_session(exposed)
+    session = cpu_session(info.stored.with_proto(exposed))
     for batch in batches:
         ran |= {u.name for u, value in zip(inside, session.run(read_as, batch)) if value.size}
     return ran

@@ -16,7 +16,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.results import console
-from autoprec.results.files import read_result_dir
+from autoprec.results.files import external_weights, read_result_dir
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
 
@@ -483,7 +483,8 @@ def _export(args: argparse.Namespace) -> int:
         from autoprec.export.triton import write_triton_entry
 
         model, note, stem = lowered_for_export(args.result_dir, args.trial)
-        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note)
+        external = external_weights(read_result_dir(args.result_dir).pareto["model"])
+        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note, external)
         console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
         return 0
     from autoprec.app.verbs import tensorrt_build_spec

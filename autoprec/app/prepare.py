@@ -145,7 +145,7 @@ def load_inputs(
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
     info = analyse(model_path, space, given, item_shapes(data, fed), model=raw,
-                   constants={**scalar_values(data, fed), **(constants or {})})
+                   constants={**scalar_values(data, fed), **(constants or {})}, cache=cache)
     seconds["analyse"] = time.monotonic() - t0
     for line in info.notes:
         log.info(line)
@@ -327,9 +327,10 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise AutoprecError(f"{result.out_dir}: its recorded seed {seed!r} is not a whole number of 0 or more "
                             "(pareto.json damaged?); rerun the search")
+    cache = result.out_dir / "cache"
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          seed, norm["mean"], norm["std"],
-                                         facts.get("constants"), facts.get("out_of_range", []))
+                                         facts.get("constants"), facts.get("out_of_range", []), cache)
     if info.sha256 != sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
                             f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
@@ -338,7 +339,6 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
                             "(its content changed): restore it, or pass --data to evaluate on other data")
-    cache = result.out_dir / "cache"
     calibration_file = _recorded(result, "calibration_file", facts, nullable=True)  # None: no INT8 was searched
     ranges = None
     if calibration_file is not None:

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import onnx
 import optuna
 
 from autoprec.analysis.calibrate import (
@@ -22,9 +21,10 @@ from autoprec.app.prepare import (
     result_dir,
 )
 from autoprec.backends import get_backend
-from autoprec.core import atomic
+from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError
 from autoprec.core.search_space import load_search_space
+from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import HeadOptions, resolve_metric
@@ -113,7 +113,7 @@ def check_plan(
     }
 
 
-def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) -> tuple[onnx.ModelProto, str, str]:
+def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) -> tuple[StoredModel, str, str]:
     """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again)."""
     result = read_result_dir(result_dir)
     stem = Path(result.pareto["model"]["path"]).stem
@@ -122,7 +122,7 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
         if result.plan is None:
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
         note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
-        return onnx.load(str(Path(result_dir) / "best" / "model.onnx")), note, stem
+        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem
     context = plan_context(result_dir, trial=trial)
     model = lower_plan(context.prepared.info, context.plan, context.prepared.ranges, QDQForm(engine["qdq_form"]))
     return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem

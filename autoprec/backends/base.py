@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
-import onnx
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
 from autoprec.core.plan import Plan, Precision
+from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 
 
@@ -141,10 +141,10 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def prepare(self, model: onnx.ModelProto) -> Runner:
-        """Build a session/engine for an explicit-precision model."""
+    def prepare(self, model: StoredModel) -> Runner:
+        """Build a session/engine for an explicit-precision model (loaded from a file beside its weights)."""
 
-    def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float] | None:
+    def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float] | None:
         """Seconds per run spent in each node of ``model`` (keyed by its node names; time the engine
         cannot attribute to one is under ``""``), from the engine's own profiler. None: no profiler."""
         return None
@@ -153,6 +153,6 @@ class Backend(abc.ABC):
         """Forget builds kept for a later trial of the same graph that never came (TensorRT keeps the
         engines it profiled); nothing to forget where a build is not kept."""
 
-    def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
+    def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
         return lower_plan(info, plan, ranges, self.qdq_form)

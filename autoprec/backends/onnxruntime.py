@@ -25,6 +25,7 @@ from autoprec.backends.base import (
 from autoprec.backends.gpus import gpu_facts
 from autoprec.core.errors import BackendError
 from autoprec.core.plan import Precision
+from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
 
 
@@ -55,7 +56,7 @@ class OrtRunner(Runner):
 class OrtProfiling:
     """Per-node times from ONNX Runtime's profiler, mapped back to the model's own node names."""
 
-    def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float]:
+    def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
         options = self.session_options()
         with tempfile.TemporaryDirectory(prefix="autoprec-profile-") as folder:
             options.enable_profiling = True
@@ -68,7 +69,7 @@ class OrtProfiling:
                 events = [e for e in json.load(f) if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
         seen: set[str] = set()
         timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]  # each node's first run: warm-up
-        return attribute_node_times(model, timed, runs)
+        return attribute_node_times(model.proto, timed, runs)
 
     def session_options(self):
         return self._ort.SessionOptions()
@@ -139,7 +140,7 @@ class OrtCpuBackend(OrtProfiling, Backend):
             options.intra_op_num_threads = self.threads
         return options
 
-    def prepare(self, model: onnx.ModelProto) -> OrtRunner:
+    def prepare(self, model: StoredModel) -> OrtRunner:
         return OrtRunner(new_session(self._ort, model, self.session_options(), [self.provider]))
 
 
@@ -150,11 +151,13 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
                       backend.qdq_form.value, versions=versions or {}, timing=backend.timing)
 
 
-def new_session(ort, model: onnx.ModelProto, options, providers: list):
+def new_session(ort, model: StoredModel, options, providers: list):
+    """A session loaded from a file beside the model's weights (memory-mapped, never copied through protobuf)."""
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        with model.file() as path:
+            return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types
         raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
 
@@ -249,7 +252,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
     def session_providers(self) -> list:
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
 
-    def prepare(self, model: onnx.ModelProto) -> OrtCudaRunner:
+    def prepare(self, model: StoredModel) -> OrtCudaRunner:
         session = new_session(self._ort, model, self.session_options(), self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})")

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt import (
     TENSORRT,
@@ -29,7 +27,7 @@ from autoprec.backends.tensorrt.layers import (
     parse_engine_layers,
     plan_fidelity,
 )
-from autoprec.core import atomic
+from autoprec.core import atomic, stored
 from autoprec.core.errors import BackendError, ExportError
 
 BUILD_SCHEMA = "autoprec.build/1"
@@ -61,8 +59,7 @@ def build_export(folder: Path, fmt: str) -> ExportBuild:
         raise BackendError("--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, PyPI, builds "
                            f"without a GPU) or {TENSORRT.install.split(': ', 1)[1]}")
     flavour, trt = found
-    model = onnx.load(str(folder / BUILT_MODEL[fmt]))
-    built = build_engine(trt, flavour, model)
+    built = build_engine(trt, flavour, stored.load(folder / BUILT_MODEL[fmt]))
     plan_path = atomic.write_bytes(folder / "model.plan", built.serialized)
     layers, loaded, load_note = built.layers, False, ""
     logger = capturing_logger(trt)

@@ -15,6 +15,7 @@ import onnx
 
 from autoprec.core import atomic
 from autoprec.core.escape import path_component, pbtxt_string, shell_comment
+from autoprec.core.stored import StoredModel, save_models
 
 _TRITON_TYPES = {
     onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.DOUBLE: "TYPE_FP64",
@@ -48,9 +49,10 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str) -> str:
     ])
 
 
-def write_triton_entry(model: onnx.ModelProto, repository: Path, name: str, note: str) -> Path:
-    """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name)."""
+def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, external: bool | None = None) -> Path:
+    """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name);
+    a large model's weights beside ``1/model.onnx`` (``external``: see :func:`autoprec.core.stored.save_models`)."""
     entry = Path(repository) / path_component(name, "model name")
-    atomic.write_bytes(entry / "1" / "model.onnx", model.SerializeToString())
-    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model, name, note).encode())
+    save_models({entry / "1" / "model.onnx": model}, external=external)
+    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model.proto, name, note).encode())
     return entry

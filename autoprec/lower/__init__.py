@@ -6,20 +6,23 @@ engine-independent; the Q/DQ *form* is the engine's choice (see :mod:`autoprec.l
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx
-import onnx_graphsurgeon as gs
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.core.plan import Plan, Precision
+from autoprec.core.stored import StoredModel
 from autoprec.lower.cast import apply_fp16, grow_region
+from autoprec.lower.edit import GraphEdit, index_of
 from autoprec.lower.qdq import QDQForm, apply_int8
 
 __all__ = ["QDQForm", "lower_plan"]
 
 
-def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT) -> onnx.ModelProto:
+def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT) -> StoredModel:
     """The prepared FP32 model rewritten so each unit runs in the plan's precision.
 
     Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
@@ -36,30 +39,33 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
                if precisions.get(u.name, Precision.FP32) not in (*u.allowed, Precision.FP32)]
     if refused:
         raise ValueError(f"plan gives unit(s) a precision they may not take: {', '.join(refused[:3])}")
-    graph = gs.import_onnx(info.model)
+    model = info.stored
+    index = index_of(info.model)
+    released: Counter = Counter()  # references to initializers the edits dropped
+    edits: dict[tuple[str, ...], GraphEdit] = {}
     for scope in dict.fromkeys(u.scope for u in info.units):  # the top graph, then each subgraph holding units
         units = [u for u in info.units if u.scope == scope]
-        target = _subgraph(graph, scope)
+        edit = GraphEdit(index.scopes[scope], released)
         prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         if fp16_nodes:
             # GPU engines run FP16 regions; ONNX Runtime's CPU provider has no FP16 kernels to gain from them.
             unit_nodes = {n for u in units for n in u.nodes}
-            region = grow_region(target, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
-            apply_fp16(target, region, prefix)
+            region = grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
+            apply_fp16(edit, model, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:
             if ranges is None:
                 raise ValueError("INT8 units need calibrated activation ranges")
-            apply_int8(target, int8_units, ranges, plan.calibration, form, prefix)
-    graph.cleanup().toposort()
-    model = gs.export_onnx(graph)
-    model.ir_version = info.model.ir_version
-    return model
-
-
-def _subgraph(graph: gs.Graph, scope: tuple[str, ...]) -> gs.Graph:
-    """The If branch or Loop/Scan body at ``scope`` (see autoprec.analysis.subgraphs)."""
-    for node_name, attribute in zip(scope[::2], scope[1::2]):
-        graph = next(n for n in graph.nodes if n.name == node_name).attrs[attribute]
-    return graph
+            apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix)
+        if edit.edited or edit.added:
+            edits[scope] = edit
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(info.model)
+    for scope in sorted(edits, key=len):  # a graph before the subgraphs inside it: they are found in its new copy
+        edits[scope].apply(subgraphs.graph_at(lowered, scope))
+    for name, dropped in released.items():  # a weight no node reads any more (its INT8 copy does)
+        if dropped >= index.uses[name]:
+            initializers = subgraphs.graph_at(lowered, index.owner[name]).initializer
+            del initializers[next(i for i, t in enumerate(initializers) if t.name == name)]
+    return model.with_proto(lowered)

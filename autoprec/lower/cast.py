@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
 
 from autoprec.core.groups import connected, min_cut
 from autoprec.core.search_space import NEUTRAL_OPS
+from autoprec.core.stored import StoredModel, read_tensor
+from autoprec.lower.edit import GraphEdit
 
 # Inputs ONNX types as float32 whatever the data's type (Resize's roi and scales): never converted.
 FLOAT32_INPUTS = {"Resize": {1, 2}}
@@ -23,21 +25,12 @@ FLOAT32_INPUTS = {"Resize": {1, 2}}
 # million elements takes), so that fewer Casts win unless a tensor is far larger.
 CAST_LAUNCH_ELEMENTS = 1 << 20
 FP16, FP32 = "fp16", "fp32"  # the two sides of the cut
+INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+                 TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64}
 
 
 def _is_float32(tensor: gs.Tensor) -> bool:
     return tensor.dtype is not None and np.dtype(tensor.dtype) == np.float32
-
-
-def _cast_source(tensor: gs.Variable) -> gs.Variable:
-    """What to cast to FP16 for ``tensor``: the integer or boolean tensor it was cast from, where the
-    model makes it by a Cast (a one-hot of bytes), so the FP32 copy is never written; else itself."""
-    producer = tensor.inputs[0] if tensor.inputs else None
-    if producer is not None and producer.op == "Cast" and isinstance(producer.inputs[0], gs.Variable):
-        source = producer.inputs[0]
-        if source.dtype is not None and np.dtype(source.dtype).kind in "biu":
-            return source
-    return tensor
 
 
 def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
@@ -105,45 +98,61 @@ def _elements(tensor: gs.Variable) -> int:
     return math.prod(d if isinstance(d, int) and d > 0 else 1 for d in (tensor.shape or ()))
 
 
-def apply_fp16(graph: gs.Graph, region: set[str], prefix: str = "") -> None:
-    """Put the nodes named in ``region`` (FP16 units and their fused neighbours) in FP16.
+def _cast_source(edit: GraphEdit, name: str) -> str:
+    """What to cast to FP16 for tensor ``name``: the integer or boolean tensor it was cast from, where the
+    model makes it by a Cast (a one-hot of bytes), so the FP32 copy is never written; else itself."""
+    index = edit.index
+    producer = index.graph.node[index.producer[name]] if name in index.producer else None
+    if producer is not None and producer.op_type == "Cast" and producer.input[0] not in index.initializers:
+        source = producer.input[0]
+        if index.dtypes.get(source) in INTEGER_TYPES:
+            return source
+    return name
+
+
+def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: str = "") -> None:
+    """Put the nodes named in ``region`` (FP16 units and their fused neighbours) of one graph in FP16.
 
     Each FP32 tensor entering the region is cast once; each region output keeps its name and
     FP32 type for every consumer outside the region (and for graph outputs), through one Cast
-    back. Tensors passed between FP16 nodes stay FP16. Float constants get FP16 copies, so a
-    constant shared with an FP32 node is left as it was. ``prefix`` starts the names of the Casts
-    and copies of tensors from outside (a subgraph's path: names stay unique across If branches).
+    back. Tensors passed between FP16 nodes stay FP16. Float constants get FP16 copies (made once
+    per model, kept in its folder), so a constant shared with an FP32 node is left as it was.
+    ``prefix`` starts the names of the Casts and copies of tensors from outside (a subgraph's path:
+    names stay unique across If branches).
     """
-    nodes = [n for n in graph.nodes if n.name in region]
-    half: dict[str, gs.Variable] = {}  # FP32 tensor name -> the FP16 tensor a region node now produces
-    originals: list[gs.Variable] = []
-    for node in nodes:
-        for i, out in enumerate(node.outputs):
-            if _is_float32(out):
-                half[out.name] = gs.Variable(f"{out.name}_fp16", np.float16, out.shape)
-                originals.append(out)
-                node.outputs[i] = half[out.name]
-    constants: dict[str, gs.Constant] = {}
-    casts_in: dict[str, gs.Variable] = {}
-    for node in nodes:
-        for i, inp in enumerate(node.inputs):
-            if i in FLOAT32_INPUTS.get(node.op, ()):
+    index = edit.index
+    positions = sorted(index.position[name] for name in region)
+    half: dict[str, str] = {}  # FP32 tensor name -> the FP16 tensor a region node now produces
+    for position in positions:
+        node = edit.node(position)
+        for i, out in enumerate(node.output):
+            if index.is_float32(out):
+                half[out] = node.output[i] = f"{out}_fp16"
+    constants: dict[str, str] = {}
+    casts_in: dict[str, str] = {}
+    for position in positions:
+        node = edit.node(position)
+        for i, name in enumerate(node.input):
+            if not name or i in FLOAT32_INPUTS.get(node.op_type, ()):
                 continue
-            if isinstance(inp, gs.Constant):
-                if inp.values.dtype == np.float32:
-                    if inp.name not in constants:
-                        constants[inp.name] = gs.Constant(f"{prefix}{inp.name}_fp16", inp.values.astype(np.float16))
-                    node.inputs[i] = constants[inp.name]
-            elif inp.name in half:
-                node.inputs[i] = half[inp.name]
-            elif _is_float32(inp):
-                if inp.name not in casts_in:
-                    casts_in[inp.name] = gs.Variable(f"{prefix}{inp.name}_to_fp16", np.float16, inp.shape)
-                    graph.nodes.append(gs.Node("Cast", f"{prefix}{inp.name}_cast_fp16", {"to": onnx.TensorProto.FLOAT16},
-                                               [_cast_source(inp)], [casts_in[inp.name]]))
-                node.inputs[i] = casts_in[inp.name]
-    for original in originals:
-        if original.outputs or original in graph.outputs:
-            graph.nodes.append(
-                gs.Node("Cast", f"{original.name}_cast_fp32", {"to": onnx.TensorProto.FLOAT}, [half[original.name]], [original])
-            )
+            tensor = index.initializers.get(name)
+            if tensor is not None:
+                if tensor.data_type == TensorProto.FLOAT:
+                    if name not in constants:
+                        copy = model.derived(f"{prefix}{name}_fp16",
+                                             lambda t=tensor: read_tensor(t, model.folder).astype(np.float16))
+                        constants[name] = edit.add_initializer(copy)
+                    edit.set_input(node, i, constants[name])
+            elif name in half:
+                edit.set_input(node, i, half[name])
+            elif index.is_float32(name):
+                if name not in casts_in:
+                    casts_in[name] = f"{prefix}{name}_to_fp16"
+                    edit.add("Cast", f"{prefix}{name}_cast_fp16", [_cast_source(edit, name)], [casts_in[name]],
+                             to=TensorProto.FLOAT16)
+                edit.set_input(node, i, casts_in[name])
+    inside = set(positions)
+    for original, fp16 in half.items():
+        outside = [p for p in (*index.readers.get(original, ()), *index.implicit.get(original, ())) if p not in inside]
+        if outside or original in index.outputs:
+            edit.add("Cast", f"{original}_cast_fp32", [fp16], [original], to=TensorProto.FLOAT)

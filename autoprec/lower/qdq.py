@@ -15,12 +15,15 @@ Two forms of the same plan, because engines read Q/DQ differently:
 from __future__ import annotations
 
 import enum
+import functools
 
 import numpy as np
-import onnx_graphsurgeon as gs
+from onnx import NodeProto, helper, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges, TensorRange
 from autoprec.analysis.model import Unit
+from autoprec.core.stored import StoredModel, read_tensor
+from autoprec.lower.edit import GraphEdit
 
 # Ops ORT folds into the Q that follows a quantized layer (zero point at the range minimum).
 _ORT_ABSORBED = {"Relu", "Clip"}
@@ -31,71 +34,82 @@ class QDQForm(str, enum.Enum):
     ORT_CPU = "ort-cpu"
 
 
-def weight_axis(node: gs.Node, weight: np.ndarray) -> int | None:
+# Elements quantized at a time: a weight of any size costs a bounded amount of memory beyond its INT8 copy.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def weight_axis(node: NodeProto, ndim: int) -> int | None:
     """The output-channel axis of a layer's weight, or None for per-tensor."""
-    if node.op == "Conv":
+    if node.op_type == "Conv":
         return 0
-    if node.op == "ConvTranspose":
+    if node.op_type == "ConvTranspose":
         return 1
-    if node.op == "Gemm":
-        return 0 if node.attrs.get("transB", 0) else 1
-    if node.op == "MatMul" and weight.ndim >= 2:
-        return weight.ndim - 1
+    if node.op_type == "Gemm":
+        trans_b = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    if node.op_type == "MatMul" and ndim >= 2:
+        return ndim - 1
     return None
 
 
 def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel."""
+    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel; read and quantized in
+    chunks along the first axis, so a memory-mapped weight of any size is never loaded whole."""
+    flat = weight.reshape(1) if weight.ndim == 0 else weight
+    rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
+    chunks = [slice(start, start + rows) for start in range(0, len(flat), rows)]
     if axis is None:
-        amax = np.abs(weight).max(keepdims=True).reshape(1)
+        amax = np.array([max(float(np.abs(flat[c]).max(initial=0.0)) for c in chunks)])
+    elif axis == 0:
+        amax = np.concatenate([np.abs(flat[c]).reshape(len(flat[c]), -1).max(axis=1, initial=0.0) for c in chunks])
     else:
-        reduce = tuple(a for a in range(weight.ndim) if a != axis)
-        amax = np.abs(weight).max(axis=reduce)
+        reduce = tuple(a for a in range(flat.ndim) if a != axis)
+        amax = np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    shape = [1] * weight.ndim
+    shape = [1] * flat.ndim
     if axis is not None:
         shape[axis] = -1
-    q = np.clip(np.round(weight / scale.reshape(shape)), -127, 127).astype(np.int8)
-    return q, scale
+    per_channel = scale.reshape(shape)
+    q = np.empty(flat.shape, np.int8)
+    for c in chunks:
+        q[c] = np.clip(np.round(flat[c].astype(np.float32) / (per_channel[c] if axis == 0 else per_channel)), -127, 127)
+    return q.reshape(weight.shape), scale
 
 
 class _Quantizer:
-    """Collects the Q/DQ nodes for one lowering; one Q/DQ pair per activation tensor."""
+    """The Q/DQ nodes of one graph's lowering: one Q/DQ pair per activation tensor, one DQ per weight."""
 
-    def __init__(self, graph: gs.Graph, ranges: ActivationRanges, method: str, form: QDQForm, prefix: str):
-        self.graph, self.ranges, self.method, self.form, self.prefix = graph, ranges, method, form, prefix
-        self.tensors = graph.tensors()
-        self.new_nodes: list[gs.Node] = []
-        self.dequantized: dict[str, gs.Variable] = {}
+    def __init__(self, edit: GraphEdit, model: StoredModel, ranges: ActivationRanges, method: str, form: QDQForm,
+                 prefix: str):
+        self.edit, self.model, self.ranges, self.method, self.form, self.prefix = edit, model, ranges, method, form, prefix
+        self.dequantized: dict[str, str] = {}
 
-    def activation(self, name: str) -> gs.Variable:
+    def activation(self, name: str) -> str:
         """The Q→DQ output for an activation tensor, made once and shared."""
         if name not in self.dequantized:
-            tensor = self.tensors[name]
             scale, zero_point = _activation_params(self.ranges[name], self.method, self.form)
             base = self.prefix + name
-            scale_c = gs.Constant(f"{base}_scale", scale)
-            zp_c = gs.Constant(f"{base}_zp", zero_point)
-            quantized = gs.Variable(f"{base}_q", zero_point.dtype, tensor.shape)
-            out = gs.Variable(f"{base}_dq", np.float32, tensor.shape)
-            self.new_nodes.append(gs.Node("QuantizeLinear", f"{base}_quantize", {}, [tensor, scale_c, zp_c], [quantized]))
-            self.new_nodes.append(gs.Node("DequantizeLinear", f"{base}_dequantize", {}, [quantized, scale_c, zp_c], [out]))
-            self.dequantized[name] = out
+            scale_name = self.edit.add_initializer(numpy_helper.from_array(scale, f"{base}_scale"))
+            zp_name = self.edit.add_initializer(numpy_helper.from_array(zero_point, f"{base}_zp"))
+            self.edit.add("QuantizeLinear", f"{base}_quantize", [name, scale_name, zp_name], [f"{base}_q"])
+            self.edit.add("DequantizeLinear", f"{base}_dequantize", [f"{base}_q", scale_name, zp_name], [f"{base}_dq"])
+            self.dequantized[name] = f"{base}_dq"
         return self.dequantized[name]
 
-    def weight(self, unit: Unit, node: gs.Node, weight: gs.Constant) -> gs.Variable:
-        axis = weight_axis(node, weight.values)
-        q, scale = quantize_weight(weight.values.astype(np.float32), axis)
-        prefix = f"{weight.name}_{unit.name}"
-        if axis is None:
-            scale, zero = scale.reshape(()), np.zeros((), np.int8)
-        else:
-            zero = np.zeros(scale.shape, np.int8)
-        inputs = [gs.Constant(f"{prefix}_int8", q), gs.Constant(f"{prefix}_scale", scale), gs.Constant(f"{prefix}_zp", zero)]
-        out = gs.Variable(f"{prefix}_dq", np.float32, weight.shape)
+    def weight(self, unit: Unit, node: NodeProto, name: str) -> str:
+        """A DQ of the weight's INT8 copy (made once per model, kept in its folder) in place of the weight."""
+        tensor = self.edit.index.initializers[name]
+        axis = weight_axis(node, len(tensor.dims))
+        prefix = f"{name}_{unit.name}"
+        quantized = functools.cache(lambda: quantize_weight(read_tensor(tensor, self.model.folder), axis))
+        zero = np.zeros(tensor.dims[axis] if axis is not None else (), np.int8)
+        made = (self.model.derived(f"{prefix}_int8", lambda: quantized()[0]),
+                self.model.derived(f"{prefix}_scale", lambda: quantized()[1].reshape(zero.shape)),
+                self.model.derived(f"{prefix}_zp", lambda: zero))
         attrs = {"axis": axis} if axis is not None else {}
-        self.new_nodes.append(gs.Node("DequantizeLinear", f"{prefix}_dequantize", attrs, inputs, [out]))
-        return out
+        self.edit.add("DequantizeLinear", f"{prefix}_dequantize", [self.edit.add_initializer(t) for t in made],
+                      [f"{prefix}_dq"], **attrs)
+        return f"{prefix}_dq"
 
 
 def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.ndarray, np.ndarray]:
@@ -108,48 +122,44 @@ def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.n
     return np.array(scale, np.float32), np.array(zero_point, np.uint8)
 
 
-def _ort_output_tensor(unit: Unit, nodes: dict[str, gs.Node]) -> gs.Variable:
+def _ort_output_tensor(unit: Unit, edit: GraphEdit) -> str:
     """The layer's output after the activations ORT can absorb into the output Q."""
-    tensor = nodes[unit.nodes[0]].outputs[0]
+    graph, position = edit.index.graph, edit.index.position
+    tensor = graph.node[position[unit.nodes[0]]].output[0]
     for name in unit.nodes[1:]:
-        node = nodes[name]
-        if node.op not in _ORT_ABSORBED or node.inputs[0] is not tensor:
+        node = graph.node[position[name]]
+        if node.op_type not in _ORT_ABSORBED or node.input[0] != tensor:
             break
-        tensor = node.outputs[0]
+        tensor = node.output[0]
     return tensor
 
 
-def apply_int8(graph: gs.Graph, units: list[Unit], ranges: ActivationRanges, method: str, form: QDQForm,
-               prefix: str = "") -> None:
-    """Quantize the given units in place, in the Q/DQ form the target engine needs. ``prefix`` starts the
+def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges, method: str,
+               form: QDQForm, prefix: str = "") -> None:
+    """Quantize the given units of one graph, in the Q/DQ form the target engine needs. ``prefix`` starts the
     names of what it adds: in a subgraph, its path, since an outer tensor quantized in two If branches
     would otherwise give two nodes one name (which TensorRT refuses)."""
-    quantizer = _Quantizer(graph, ranges, method, form, prefix)
-    nodes = {n.name: n for n in graph.nodes}
+    quantizer = _Quantizer(edit, model, ranges, method, form, prefix)
     for unit in units:
-        node = nodes[unit.nodes[0]]
-        for i, inp in enumerate(node.inputs):
-            if inp.name in unit.activations:
-                node.inputs[i] = quantizer.activation(inp.name)
-            elif unit.weight is not None and inp.name == unit.weight:
-                node.inputs[i] = quantizer.weight(unit, node, inp)
+        node = edit.node(edit.index.position[unit.nodes[0]])
+        for i, name in enumerate(node.input):
+            if name in unit.activations:
+                edit.set_input(node, i, quantizer.activation(name))
+            elif unit.weight is not None and name == unit.weight:
+                edit.set_input(node, i, quantizer.weight(unit, node, name))
     if form is QDQForm.ORT_CPU:
         # Whole node units: the unit's output passes through Q/DQ and *every* consumer reads the
         # dequantized value; a second consumer of the raw output would stop ORT's fusion. Nodes
         # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
         # a DQ output read only from inside a subgraph.
-        own = {id(n) for n in graph.nodes}
         for unit in units:
-            out = _ort_output_tensor(unit, nodes)
-            if out in graph.outputs:
+            out = _ort_output_tensor(unit, edit)
+            if out in edit.index.outputs:
                 continue
-            dq = quantizer.activation(out.name)
-            for consumer in list(out.outputs):
-                if id(consumer) not in own:
+            dq = quantizer.activation(out)
+            for reader in edit.readers(out):
+                if reader.op_type == "QuantizeLinear" and reader.output[0] == f"{prefix}{out}_q":
                     continue
-                if consumer.op == "QuantizeLinear" and consumer.outputs[0].name == f"{prefix}{out.name}_q":
-                    continue
-                for i, inp in enumerate(consumer.inputs):
-                    if inp is out:
-                        consumer.inputs[i] = dq
-    graph.nodes.extend(quantizer.new_nodes)
+                for i, name in enumerate(reader.input):
+                    if name == out:
+                        edit.set_input(reader, i, dq)

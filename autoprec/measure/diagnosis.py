@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import onnx
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, FP16_MAX, ActivationRanges
 from autoprec.analysis.data import Batch
@@ -24,6 +23,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.subgraphs import graphs, with_outputs
 from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan, Precision
+from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import output_metrics
 
 FAST_METHODS = tuple(m for m in CALIBRATION_METHODS if m != "entropy")
@@ -47,17 +47,17 @@ class UnitError:
         return asdict(self)
 
 
-def _run(backend: Backend, model: onnx.ModelProto, names: Sequence[str], batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
+def _run(backend: Backend, model: StoredModel, names: Sequence[str], batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
     """The model's outputs and the tensors ``names`` (inside subgraphs too) on each batch."""
-    exposed, read_as = with_outputs(model, names)
-    with backend.prepare(exposed) as runner:
+    exposed, read_as = with_outputs(model.proto, names)
+    with backend.prepare(model.with_proto(exposed)) as runner:
         runs = [runner.run(b) for b in batches]
     return [{**out, **{name: out[read] for name, read in zip(names, read_as)}} for out in runs]
 
 
-def _unit_tensor(model: onnx.ModelProto, name: str) -> str:
+def _unit_tensor(model: StoredModel, name: str) -> str:
     """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16 copy)."""
-    produced = {t for _, graph in graphs(model.graph) for n in graph.node for t in n.output}
+    produced = {t for _, graph in graphs(model.proto.graph) for n in graph.node for t in n.output}
     return name if name in produced else f"{name}_fp16"
 
 
@@ -74,7 +74,7 @@ def diagnose(
     (units the batches never run, in an If branch they do not take, are left out)."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
-    reference = _run(backend, info.model, outputs, batches)
+    reference = _run(backend, info.stored, outputs, batches)
     lowered = backend.lower(info, plan, ranges)
     names = [_unit_tensor(lowered, o) for o in outputs]
     candidate = _run(backend, lowered, names, batches)

@@ -31,6 +31,7 @@ import onnx
 from autoprec.analysis.data import Batch
 from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
+from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
     Measurement,
@@ -168,24 +169,34 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             return
         kind, *args = message
         try:
-            if kind == "retime":  # ("retime", [serialized models], rounds)
+            if kind == "retime":  # ("retime", [sent models], rounds)
                 models, rounds = args
                 with on_device:
-                    timings = time_interleaved(backend, [onnx.load_from_string(m) for m in models], batches[0], rounds)
+                    timings = time_interleaved(backend, [_received(m) for m in models], batches[0], rounds)
                 conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
             elif kind == "loss":  # ("loss", serialized model, number of batches, the constraint's judge or the ranking's)
                 model, count, constraint = args
                 with on_device:
-                    loss = accuracy_loss(backend, onnx.load_from_string(model), batches[:count], judge if constraint else ranking)
+                    loss = accuracy_loss(backend, _received(model), batches[:count], judge if constraint else ranking)
                 conn.send(("ok", loss))
             else:  # ("measure", serialized model, screen or None)
                 model, screen = args
-                result = measure(backend, onnx.load_from_string(model), batches, judge, screen, on_device)
+                result = measure(backend, _received(model), batches, judge, screen, on_device)
                 conn.send(("ok", result.to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
         except Exception as exc:  # reported to the parent, which fails the trial with it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _sent(model: StoredModel) -> tuple[bytes, str]:
+    """What goes through the pipe: the graph (its weights stay in the folder both processes read)."""
+    return model.proto.SerializeToString(), str(model.folder)
+
+
+def _received(sent: tuple[bytes, str]) -> StoredModel:
+    graph, folder = sent
+    return StoredModel(onnx.load_from_string(graph), Path(folder))
 
 
 class IsolatedMeasurer(Measurer):
@@ -278,16 +289,16 @@ class IsolatedMeasurer(Measurer):
             raise Rejected(payload["loss"], payload["batches"], payload["seconds"])
         return payload
 
-    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
-        return Measurement.from_json(self._ask(("measure", model.SerializeToString(), screen), self.limits.seconds))
+    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
+        return Measurement.from_json(self._ask(("measure", _sent(model), screen), self.limits.seconds))
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
         """:meth:`Measurer.accuracy_loss`, in the worker."""
-        return self._ask(("loss", model.SerializeToString(), batches, constraint), self.limits.seconds)
+        return self._ask(("loss", _sent(model), batches, constraint), self.limits.seconds)
 
-    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
         """:func:`autoprec.measure.measurement.time_interleaved` in the worker, within the time limit per model."""
-        payload = self._ask(("retime", [m.SerializeToString() for m in models], rounds), self.limits.seconds * max(1, len(models)))
+        payload = self._ask(("retime", [_sent(m) for m in models], rounds), self.limits.seconds * max(1, len(models)))
         return [None if t is None else [Timing.from_json(x) for x in t] for t in payload]
 
     def close(self) -> None:
@@ -322,14 +333,14 @@ class MeasurerPool(Measurer):
         finally:
             self.free.put(measurer)
 
-    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
         with self._worker() as measurer:
             return measurer.measure(model, screen)
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
         with self._worker() as measurer:
             return measurer.accuracy_loss(model, batches, constraint)
 
-    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
         with self._worker() as measurer:
             return measurer.time_interleaved(models, rounds)

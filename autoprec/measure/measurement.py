@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import onnx
-
 from autoprec.analysis.data import Batch
 from autoprec.backends.base import Backend, Timing
+from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
@@ -88,7 +87,7 @@ class Rejected(Exception):
         return {"loss": self.loss, "batches": self.batches, "seconds": self.seconds}
 
 
-def accuracy_loss(backend: Backend, model: onnx.ModelProto, batches: Sequence[Batch], judge: Judge) -> float:
+def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge) -> float:
     """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
     with backend.prepare(model) as runner:
         outputs = [runner.run(batch) for batch in batches]
@@ -97,7 +96,7 @@ def accuracy_loss(backend: Backend, model: onnx.ModelProto, batches: Sequence[Ba
 
 def measure(
     backend: Backend,
-    model: onnx.ModelProto,
+    model: StoredModel,
     batches: Sequence[Batch],
     judge: Judge,
     screen: Screen | None = None,
@@ -142,7 +141,7 @@ def _run_and_time(runner, batches, judge: Judge, screen, seconds):
     return latency, retimes, outputs
 
 
-def time_interleaved(backend: Backend, models: Sequence[onnx.ModelProto], batch: Batch, rounds: int) -> list[list[Timing] | None]:
+def time_interleaved(backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int) -> list[list[Timing] | None]:
     """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
     clocks) hits all alike. A model that fails to build or run gets None; the others go on."""
     with contextlib.ExitStack() as stack:
@@ -170,17 +169,17 @@ class Measurer(abc.ABC):
     :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot take down."""
 
     @abc.abstractmethod
-    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
         """:func:`measure` on the evaluation batches."""
 
     @abc.abstractmethod
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
         """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity pass ranks
         units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss`` constrains
         plans (``constraint``: the search's own judge, what a plan proposed before its build is held to)."""
 
     @abc.abstractmethod
-    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
         """:func:`time_interleaved` on the first evaluation batch."""
 
 
@@ -191,11 +190,11 @@ class InProcessMeasurer(Measurer):
         """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by."""
         self.backend, self.batches, self.judge, self.ranking = backend, batches, judge, ranking
 
-    def measure(self, model: onnx.ModelProto, screen: Screen | None = None) -> Measurement:
+    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
         return measure(self.backend, model, self.batches, self.judge, screen)
 
-    def accuracy_loss(self, model: onnx.ModelProto, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
         return accuracy_loss(self.backend, model, self.batches[:batches], self.judge if constraint else self.ranking)
 
-    def time_interleaved(self, models: Sequence[onnx.ModelProto], rounds: int) -> list[list[Timing] | None]:
+    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
         return time_interleaved(self.backend, models, self.batches[0], rounds)

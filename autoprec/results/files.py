@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import onnx
-
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
+from autoprec.core.stored import StoredModel, save_models
 from autoprec.study.search import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"
+WEIGHTS_FILE = "model.data"  # best/'s weights, where they are kept beside its models (large, or given so)
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,15 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "units": len(info.units),
         "searchable_units": len(info.searchable_units),
         "preparation": list(info.notes),
+        "weight_bytes": info.stored.weight_bytes(),
+        "external_data": info.external_data,
     }
+
+
+def external_weights(model: dict[str, Any]) -> bool | None:
+    """Whether a result's exported models keep their weights in a data file: as the given model did,
+    else where they are large (None: :func:`autoprec.core.stored.save_models` decides by size)."""
+    return True if model.get("external_data") else None
 
 
 def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
@@ -141,9 +149,10 @@ def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
 
 
 def write_results(
-    result: SearchResult, chosen_model: onnx.ModelProto | None, tensorrt_model: onnx.ModelProto | None
+    result: SearchResult, chosen_model: StoredModel | None, tensorrt_model: StoredModel | None
 ) -> list[Path]:
-    """Write every result file atomically; returns the paths written."""
+    """Write every result file atomically; returns the paths written. The chosen plan's models are
+    self-contained in best/ (their weights in one data file both share where they are large)."""
     out = result.out_dir
     header = {"model": result.model, "engine": result.engine.to_json(), "search": result.search}
     written = [
@@ -180,14 +189,15 @@ def write_results(
             ],
             "files": files,
         }
-        written.append(atomic.write_bytes(best / "model.onnx", chosen_model.SerializeToString()))
+        models = {best / "model.onnx": chosen_model}
         if tensorrt_model is not None:
-            written.append(atomic.write_bytes(best / "model.tensorrt.onnx", tensorrt_model.SerializeToString()))
+            models[best / "model.tensorrt.onnx"] = tensorrt_model
         else:  # a resumed search may have chosen another plan: no stale artifact of the old one
             (best / "model.tensorrt.onnx").unlink(missing_ok=True)
+        written += save_models(models, data=WEIGHTS_FILE, external=external_weights(result.model))
         written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
     else:  # nothing chosen this time: an earlier run's best/ must not pass for this run's result
-        for name in ("plan.json", "model.onnx", "model.tensorrt.onnx"):
+        for name in ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE):
             (out / "best" / name).unlink(missing_ok=True)
     return written
 
@@ -249,7 +259,8 @@ TRIAL = {
 ENGINE = {"backend": str, "engine": str, "version": str, "provider": str, "device": str, "qdq_form": str, "measured": bool,
           "caveat": Optional_(str), "timing": Optional_(str)}
 MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
-         "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str]}
+         "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str],
+         "weight_bytes": Optional_(int), "external_data": Optional_(bool)}
 SEARCH = {
     "budget": int, "trials": int, "metric": str, "max_loss": Nullable(NUMBER), "seed": int, "calibration": str,
     "study_name": str, "storage": str, "data": str, "random_data": bool, "sampler": str, "wall_seconds": NUMBER,

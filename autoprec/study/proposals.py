@@ -16,11 +16,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import onnx
 import optuna
 from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
+from autoprec.core.stored import StoredModel
 from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
 from autoprec.study.search import (
     StudyContext,
@@ -63,7 +63,7 @@ class Proposer:
 
     ctx: StudyContext
     reference: optuna.Study
-    reference_loss: Callable[[onnx.ModelProto], float]
+    reference_loss: Callable[[StoredModel], float]
     gains: Mapping[str, Mapping[str, float]]  # the sensitivity's: unit -> precision -> FP32 time saved
     per_build: int
     model: LatencyModel | None = None  # made once the all-FP32 plan is measured
@@ -71,17 +71,17 @@ class Proposer:
 
     @classmethod
     def open(cls, storage: str | optuna.storages.BaseStorage, study_name: str, identity: dict, seed: int, ctx: StudyContext,
-             reference_loss: Callable[[onnx.ModelProto], float], gains: Mapping[str, Mapping[str, float]],
+             reference_loss: Callable[[StoredModel], float], gains: Mapping[str, Mapping[str, float]],
              per_build: int) -> Proposer:
         """The reference study beside the search's, in its storage (a resumed search keeps its proposals)."""
         reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
         return cls(ctx, reference, reference_loss, gains, per_build)
 
-    def features(self, plan: Plan, lowered: onnx.ModelProto | None = None) -> Features:
+    def features(self, plan: Plan, lowered: StoredModel | None = None) -> Features:
         key = plan.key()
         if key not in self._features:
             lowered = lowered if lowered is not None else self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
-            self._features[key] = self.model.features(plan, lowered, self.ctx.info.model)
+            self._features[key] = self.model.features(plan, lowered.proto, self.ctx.info.model)
         return self._features[key]
 
     def _fit(self, study: optuna.Study) -> list | None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-import onnx
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -28,6 +27,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, Timing
 from autoprec.core.errors import AutoprecError, StudyError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.stored import StoredModel
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Rejected
 from autoprec.study.coordination import (
@@ -93,7 +93,7 @@ class StudyContext:
     info: ModelInfo
     backend: Backend
     ranges: ActivationRanges | None
-    measure: Callable[[onnx.ModelProto], Measurement]  # in a worker process (isolation) or in-process
+    measure: Callable[[StoredModel], Measurement]  # in a worker process (isolation) or in-process
     calibration: str
     max_loss: float | None
     locks: StudyLocks = field(default_factory=lambda: StudyLocks(None, f"local-{os.getpid()}-{id(object())}"))
@@ -376,7 +376,7 @@ def _reject(study: optuna.Study, trial: optuna.Trial, ctx: StudyContext, screene
     study.tell(trial, state=TrialState.PRUNED)
 
 
-def _measure_at_most_twice(ctx: StudyContext, model: onnx.ModelProto) -> Measurement:
+def _measure_at_most_twice(ctx: StudyContext, model: StoredModel) -> Measurement:
     """A crash may be the machine's fault, so it gets one retry in a fresh worker; a second one fails the plan."""
     try:
         return ctx.measure(model)

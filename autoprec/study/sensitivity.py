@@ -33,6 +33,7 @@ from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
+from autoprec.core.stored import StoredModel
 
 
 @dataclass(frozen=True)
@@ -166,11 +167,11 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
     gains: dict[str, dict[str, float]] = {}
     profiled = 0
 
-    def profile(plan) -> tuple[onnx.ModelProto, Mapping[str, float] | None]:
+    def profile(plan) -> tuple[onnx.ModelProto, Mapping[str, float] | None]:  # the lowered graph, its node times
         nonlocal profiled
         lowered = backend.lower(info, plan, ranges)
         profiled += 1
-        return lowered, backend.node_times(lowered, batch)
+        return lowered.proto, backend.node_times(lowered, batch)
 
     for precision in (Precision.INT8, Precision.FP16):
         lowered_units = [u for u in info.searchable_units if precision in u.allowed]
@@ -213,7 +214,7 @@ def analyse_sensitivity(
     info: ModelInfo,
     backend: Backend,
     ranges: ActivationRanges | None,
-    loss_of: Callable[[onnx.ModelProto], float],
+    loss_of: Callable[[StoredModel], float],
     profile_batch: Batch,
     batches: int,
     calibration: str = DEFAULT_CALIBRATION,

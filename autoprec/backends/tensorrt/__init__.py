@@ -55,6 +55,7 @@ from autoprec.backends.tensorrt.layers import (
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
+from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
 
 PLAN_METADATA_KEY = "autoprec.plan_units"
@@ -158,10 +159,12 @@ def capturing_logger(trt):
     return Captured()
 
 
-def parse_onnx(trt, network, logger, model_bytes: bytes) -> None:
+def parse_onnx(trt, network, logger, path: Path):
+    """The parser that read ``path`` (its external weights beside it) into ``network``: kept by the caller
+    until the build is done, since the network's weights live in it."""
     parser = trt.OnnxParser(network, logger)
-    if parser.parse(model_bytes):
-        return
+    if parser.parse_from_file(str(path)):
+        return parser
     errors = []
     for i in range(parser.num_errors):
         error = parser.get_error(i)
@@ -245,7 +248,7 @@ class BuiltEngine:
     layers: EngineLayers | None = None  # the fused layers the builder listed (TensorRT for RTX's verbose log)
 
 
-def build_engine(trt, flavour: Flavour, model: onnx.ModelProto, timing_cache: TimingCache | None = None,
+def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: TimingCache | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL) -> BuiltEngine:
     """Parse, check the network's types against the stamped plan, build; the report holds both checks
     (network types; the builder's own layer list where it writes one) and the build's seconds."""
@@ -253,8 +256,9 @@ def build_engine(trt, flavour: Flavour, model: onnx.ModelProto, timing_cache: Ti
     logger = capturing_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(network_flags(trt, flavour))
-    parse_onnx(trt, network, logger, model.SerializeToString())
-    planned = stamped_plan(model)
+    with model.file() as path:  # parsed from a file, its weights read from beside it: never one 2 GB protobuf
+        parser = parse_onnx(trt, network, logger, path)
+    planned = stamped_plan(model.proto)
     checks = {"network types": network_fidelity(network, planned).to_json()} if planned else {}
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
@@ -265,6 +269,7 @@ def build_engine(trt, flavour: Flavour, model: onnx.ModelProto, timing_cache: Ti
     if flavour.timing_cache and timing_cache is not None:
         timing_cache.attach(config)
     serialized = builder.build_serialized_network(network, config)
+    del parser  # the network's weights were the parser's until the build
     if serialized is None:
         raise BackendError(f"TensorRT could not build the candidate ({logger.last_error() or 'see its log in the worker stderr'})")
     if flavour.timing_cache and timing_cache is not None:
@@ -573,18 +578,18 @@ class ProfiledEngines:
     def __init__(self, folder: Path | None):
         self.folder = folder
 
-    def _paths(self, model: onnx.ModelProto) -> tuple[Path, Path]:
-        key = hashlib.sha256(model.SerializeToString()).hexdigest()[:32]
+    def _paths(self, model: StoredModel) -> tuple[Path, Path]:
+        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[:32]  # the graph; its weights are the folder's
         return self.folder / f"{key}.engine", self.folder / f"{key}.json"
 
-    def keep(self, model: onnx.ModelProto, built: BuiltEngine) -> None:
+    def keep(self, model: StoredModel, built: BuiltEngine) -> None:
         if self.folder is None:
             return
         engine, facts = self._paths(model)
         atomic.write_bytes(engine, built.serialized)
         atomic.write_json(facts, {"report": built.report, "planned": built.planned})  # written last: the engine is whole
 
-    def take(self, model: onnx.ModelProto) -> BuiltEngine | None:
+    def take(self, model: StoredModel) -> BuiltEngine | None:
         if self.folder is None:
             return None
         engine, facts = self._paths(model)
@@ -634,16 +639,16 @@ class TensorRTBackend(Backend):
                           timing=f"CUDA-event time of one execute_async_v3 on one batch, bindings on the GPU; median of "
                                  f"{TIMED_RUNS} runs after {WARMUP_RUNS} warm-up runs (never executed by autoprec's developers)")
 
-    def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> onnx.ModelProto:
+    def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The TensorRT Q/DQ form, stamped with the plan (unit → precision, nodes) so each build can be
         checked against what the network and the engine run."""
         return stamp_plan(super().lower(info, plan, ranges), info, plan)
 
-    def build(self, model: onnx.ModelProto) -> BuiltEngine:
+    def build(self, model: StoredModel) -> BuiltEngine:
         """Parse and build (no GPU needed): the serialized engine and the build's own report."""
         return build_engine(self._trt, self.flavour, model, self.timing_cache)
 
-    def prepare(self, model: onnx.ModelProto) -> TensorRTRunner:
+    def prepare(self, model: StoredModel) -> TensorRTRunner:
         return self._runner(self.profiled.take(model) or self.build(model))
 
     def _runner(self, built: BuiltEngine) -> TensorRTRunner:
@@ -652,7 +657,7 @@ class TensorRTBackend(Backend):
     def drop_kept_builds(self) -> None:
         self.profiled.drop()
 
-    def node_times(self, model: onnx.ModelProto, batch: Batch, runs: int = 10) -> dict[str, float]:
+    def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
         """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
         was built from (Metadata, else its name); layers naming none go to ``""``. The engine is kept
         for the trial of the same graph (:class:`ProfiledEngines`)."""
@@ -661,7 +666,7 @@ class TensorRTBackend(Backend):
         with self._runner(built) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)
-        nodes = {subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.graph) for n in graph.node}
+        nodes = {subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.proto.graph) for n in graph.node}
         times: dict[str, float] = {}
         for name, ms in per_layer.items():
             layer = layers.get(name)
@@ -686,7 +691,7 @@ class TensorRTRtxBackend(TensorRTBackend):
         return f"{self.gpu['name']} (cuda:{self.device}, compute capability {self.gpu.get('compute_capability') or '?'})"
 
 
-def stamp_plan(model: onnx.ModelProto, info: ModelInfo, plan: Plan) -> onnx.ModelProto:
+def stamp_plan(model: StoredModel, info: ModelInfo, plan: Plan) -> StoredModel:
     """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build checks."""
     precisions = plan.as_dict()
     # A node inside an If branch is named by its path in TensorRT's layer metadata, one in a Loop body by
@@ -696,7 +701,7 @@ def stamp_plan(model: onnx.ModelProto, info: ModelInfo, plan: Plan) -> onnx.Mode
                         "nodes": [subgraphs.label(u.scope, n) for n in u.nodes],
                         "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}
                for u in info.units if u.op_type not in RECURRENT_OPS}
-    entry = model.metadata_props.add()
+    entry = model.proto.metadata_props.add()
     entry.key, entry.value = PLAN_METADATA_KEY, json.dumps(planned)
     return model
 

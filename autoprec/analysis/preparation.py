@@ -1,0 +1,382 @@
+"""The FP32 model every candidate starts from: static shapes, opset >= 13, constants and BatchNorm folded.
+
+It is a stored model (see :mod:`autoprec.core.stored`) in a folder of its own: the given model's
+weights copied there once (its data files, or its inline tensors), and what preparation makes beside them. Each step is checked by running the model in ONNX Runtime from a file
+of that folder, never from a serialized copy of the weights. In a cache folder the preparation is kept
+under the model's content and shapes: a resumed search, a worker and a re-created result read it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime
+from onnx import version_converter
+
+from autoprec.analysis import subgraphs
+from autoprec.analysis.surgery import Surgery
+from autoprec.core.errors import ModelError
+from autoprec.core.stored import (
+    DataWriter,
+    StoredModel,
+    external_info,
+    externalize,
+    is_external,
+    copy_external_data,
+    tensors,
+)
+
+# Q/DQ with a per-channel axis needs opset 13; older models are converted once at load.
+MIN_OPSET = 13
+# onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
+MAX_IR_VERSION = 10
+PREPARATION_VERSION = "1"  # part of a kept preparation's key: change it with what preparation does
+PREPARED_FILE = "model.onnx"
+NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only once it is there
+
+
+def cpu_session(model: StoredModel, quick: bool = False):
+    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference),
+    loaded from a file beside its weights. ``quick``: basic graph optimisations only, for a single check run,
+    where building the session costs more than running it."""
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
+    if quick:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    with model.file() as path:
+        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def first_line(exc: BaseException) -> str:
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
+    return (text.splitlines() or [type(exc).__name__])[0][:300]
+
+
+class RunCheck:
+    """Runs a model in ONNX Runtime on the check feeds and compares its outputs with the model as given:
+    how preparation knows a step left the model intact."""
+
+    def __init__(self, model: StoredModel, feeds: Mapping[str, np.ndarray], path: Path):
+        self.feeds = dict(feeds)
+        try:
+            self.expected = self._run(model)
+        except Exception as exc:  # ORT raises several types; the model is untrusted input
+            raise ModelError(
+                f"{path}: does not run in ONNX Runtime at input shapes "
+                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({first_line(exc)}); check --shape "
+                "(and --const), or that the model runs in onnxruntime as it is"
+            ) from None
+
+    def _run(self, model: StoredModel) -> dict[str, np.ndarray]:
+        session = cpu_session(model, quick=True)
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, self.feeds)))
+
+    def __call__(self, model: StoredModel) -> str | None:
+        """None when the model runs and gives the same outputs, else what went wrong."""
+        try:
+            got = self._run(model)
+        except Exception as exc:
+            return first_line(exc)
+        for name, want in self.expected.items():
+            have = got.get(name)
+            if have is None or have.shape != want.shape:
+                return f"output {name} is {None if have is None else list(have.shape)}, not {list(want.shape)}"
+            if want.dtype.kind == "f" and want.size:
+                scale = float(np.nanmax(np.abs(want))) if np.isfinite(want).any() else 0.0
+                if not np.allclose(have, want, rtol=1e-3, atol=1e-4 * scale + 1e-6, equal_nan=True):
+                    return f"output {name} changed (largest difference {float(np.nanmax(np.abs(have - want))):.3g})"
+        return None
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX's strict shape inference; where it fails on a model that runs, the lenient one. (It reads
+    the graph only: external weights need not be loaded.)"""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in inferred.graph.value_info}
+    for out in inferred.graph.output:
+        if not out.type.tensor_type.HasField("shape") and out.name in known:
+            out.type.CopyFrom(known[out.name].type)
+    return inferred
+
+
+def _inferred(model: StoredModel) -> StoredModel:
+    return model.with_proto(infer(model.proto))
+
+
+def _fix_input_shapes(model: StoredModel, shapes: Mapping[str, tuple[int, ...]]) -> StoredModel:
+    surgery = Surgery(model)
+    for tensor in surgery.graph.tensors().values():
+        if isinstance(tensor, gs.Variable):
+            tensor.shape = shapes[tensor.name] if tensor.name in shapes else None
+    return _inferred(surgery.close())
+
+
+def _fold_constants(model: StoredModel, flatten_subgraphs: bool) -> StoredModel:
+    node_count = None
+    for _ in range(8):  # folding exposes shapes, shapes expose more folding
+        surgery = Surgery(model)
+        graph = surgery.graph
+        for subgraph in graph.subgraphs(recursive=True):  # folded as models of their own: give them the model's IR
+            subgraph.ir_version = graph.ir_version  # version, not onnx's newest, which older ONNX Runtimes refuse
+        graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
+        model = _inferred(surgery.close())
+        if len(model.proto.graph.node) == node_count:
+            break
+        node_count = len(model.proto.graph.node)
+    return model
+
+
+def _fold_batchnorm(graph: gs.Graph) -> int:
+    """Fold BatchNormalization into the Conv before it, as TensorRT and ORT do before quantizing.
+
+    Quantizing the folded weights per channel is what the engine will run; quantizing the
+    unfolded conv would measure an error no engine has.
+    """
+    folded = 0
+    for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
+        x = bn.inputs[0]
+        if len(x.inputs) != 1 or len(x.outputs) != 1 or len(bn.outputs) != 1 or x in graph.outputs:
+            continue
+        conv = x.inputs[0]
+        if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
+            continue
+        params = bn.inputs[1:5]
+        if not all(isinstance(p, gs.Constant) for p in params) or (len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant)):
+            continue
+        scale, bias, mean, var = (p.values.astype(np.float64) for p in params)
+        factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        weight = conv.inputs[1].values
+        old_bias = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0])
+        new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
+        new_bias = ((old_bias - mean) * factor + bias).astype(weight.dtype)
+        conv.inputs[1] = gs.Constant(f"{conv.name}_weight_bnfolded", new_weight)
+        bias_const = gs.Constant(f"{conv.name}_bias_bnfolded", new_bias)
+        if len(conv.inputs) > 2:
+            conv.inputs[2] = bias_const
+        else:
+            conv.inputs.append(bias_const)
+        conv.outputs = [bn.outputs[0]]
+        bn.outputs.clear()
+        folded += 1
+    return folded
+
+
+def _fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
+    surgery = Surgery(model)
+    folded = _fold_batchnorm(surgery.graph)
+    if not folded:
+        return model, None
+    surgery.graph.cleanup().toposort()
+    return _inferred(surgery.close()), f"folded {folded} BatchNormalization node(s) into the Conv before them"
+
+
+def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray]) -> StoredModel:
+    """Shapes static inference could not find are read off one ORT run."""
+    graph = model.proto.graph
+    known = {v.name for v in graph.value_info} | {i.name for i in graph.input}
+    known |= {o.name for o in graph.output if o.type.tensor_type.HasField("shape")}
+    missing = [t for n in graph.node for t in n.output if t and t not in known]
+    if not missing:
+        return model
+    exposed, _ = subgraphs.with_outputs(model.proto, missing)
+    values = cpu_session(model.with_proto(exposed)).run(missing, dict(feeds))
+    filled = onnx.ModelProto()
+    filled.CopyFrom(model.proto)  # a step returns a new model: the one before it stays, should this one be left out
+    by_name = {o.name: o for o in filled.graph.output}
+    for name, value in zip(missing, values):
+        info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        if name in by_name:
+            by_name[name].type.CopyFrom(info.type)
+        else:
+            filled.graph.value_info.append(info)
+    return model.with_proto(filled)
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name within its graph: units are identified by node name in plans."""
+    for _, graph in subgraphs.graphs(model.graph):
+        seen: set[str] = set()
+        for i, node in enumerate(graph.node):
+            if not node.name or node.name in seen:
+                node.name = f"{node.op_type}_{i}" if f"{node.op_type}_{i}" not in seen else f"{node.op_type}_{i}_n"
+            seen.add(node.name)
+
+
+Step = Callable[[StoredModel], tuple[StoredModel, "str | None"]]
+
+
+def prepare_graph(
+    model: StoredModel, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
+) -> tuple[StoredModel, list[str]]:
+    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from.
+
+    The model as given must run in ONNX Runtime on ``feeds``; the prepared one is checked to run
+    and give the same outputs. Where it does not, the steps are taken again one at a time, each
+    checked, and a step that breaks the model is left out with a note naming it.
+    """
+    check = RunCheck(model, feeds, path)
+    notes = []
+    opset = next((o.version for o in model.proto.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
+    if opset < MIN_OPSET:
+        try:
+            model = model.with_proto(version_converter.convert_version(model.proto, MIN_OPSET))
+            broken = check(model)
+        except Exception as exc:
+            broken = first_line(exc)
+        if broken:
+            raise ModelError(
+                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({broken}); "
+                f"re-export the model with opset >= {MIN_OPSET}"
+            )
+        notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
+    steps: list[tuple[str, Step]] = [
+        ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
+        ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
+        ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+        ("BatchNorm folding", _fold_batchnorms),
+        ("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None)),
+    ]
+    prepared, step_notes = _take_steps(model, steps, None)
+    if check(prepared) is not None:
+        prepared, step_notes = _take_steps(model, steps, check)
+    proto = prepared.proto
+    proto.ir_version = min(max(proto.ir_version, 7), MAX_IR_VERSION)
+    _name_nodes(proto)
+    with prepared.file() as written:
+        onnx.checker.check_model(str(written))  # from its file: never the whole model in one protobuf
+    return prepared, notes + step_notes
+
+
+def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callable[[StoredModel], str | None] | None):
+    """Each step in turn; with a ``check``, one whose result fails it is left out with a note.
+    A step named "X (...)" is the fallback of step "X": taken only where "X" was left out."""
+    notes, taken = [], set()
+    for name, step in steps:
+        base = name.split(" (")[0]
+        if base != name and base in taken:
+            continue
+        try:
+            candidate, note = step(model)
+            broken = check(candidate) if check is not None else None
+        except Exception as exc:  # a library failing on the model: the step is left out
+            broken = first_line(exc)
+        if broken:
+            notes.append(f"preparation step '{name}' left out: it breaks this model ({broken})")
+            continue
+        model = candidate
+        taken.add(base)
+        if base != name:
+            notes.append(f"took '{name}' instead")
+        if note:
+            notes.append(note)
+    return model, notes
+
+
+def _gathered(model: StoredModel) -> StoredModel:
+    """The tensors the steps wrote (one data file per step) moved into one ``prepared.data``, the step
+    files removed: the folder keeps the given weights and what the prepared model uses, once."""
+    made = [t for t in tensors(model.proto.graph) if is_external(t) and external_info(t)[0].startswith("step-")]
+    if made:
+        writer = DataWriter(model.folder, "prepared.data")
+        try:
+            for tensor in made:
+                writer.copy(tensor, model.folder)
+        finally:
+            writer.close()
+    for leftover in model.folder.glob("step-*.data"):
+        leftover.unlink()
+    return model
+
+
+def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, np.ndarray]) -> str:
+    """What a preparation depends on: the model's content, its input shapes and check feeds, and the code."""
+    parts = [sha256, sorted((k, list(v)) for k, v in shapes.items()),
+             sorted((k, v.dtype.str, list(v.shape), hashlib.sha256(v.tobytes()).hexdigest()) for k, v in feeds.items()),
+             PREPARATION_VERSION, onnx.__version__, onnxruntime.__version__, gs.__version__]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _read(folder: Path) -> tuple[StoredModel, list[str]] | None:
+    try:
+        notes = json.loads((folder / NOTES_FILE).read_text())["notes"]
+        proto = onnx.load(str(folder / PREPARED_FILE), load_external_data=False)
+    except Exception:  # noqa: BLE001 - missing, partial or damaged: prepared again
+        return None
+    return StoredModel(proto, folder), list(notes)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
+                   feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> tuple[StoredModel, list[str]]:
+    """``path`` (read as ``raw``, its weights not loaded) prepared at ``shapes`` (see :func:`prepare_graph`),
+    with the notes that say what preparation did. Under ``cache`` it is kept, and read again by the next
+    caller with the same model and shapes; without one it lives in a temporary folder until the process ends."""
+    if cache is None:
+        folder = Path(tempfile.mkdtemp(prefix="autoprec-model-"))
+        atexit.register(shutil.rmtree, folder, True)
+        return _prepare_in(folder, path, raw, shapes, feeds)
+    key = _key(sha256, shapes, feeds)
+    folder = Path(cache) / f"prepared-{key}"
+    found = _read(folder)
+    if found is not None:
+        return found
+    for stale in Path(cache).glob(f".prepared-{key}.*.tmp"):  # a killed preparation's
+        if not _pid_alive(int(stale.name.split(".")[2])):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(cache) / f".prepared-{key}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model, notes = _prepare_in(staging, path, raw, shapes, feeds)
+        shutil.rmtree(folder, ignore_errors=True)  # an unreadable earlier one
+        os.rename(staging, folder)
+    except OSError:
+        found = _read(folder)  # another worker finished the same preparation first
+        shutil.rmtree(staging, ignore_errors=True)
+        if found is None:
+            raise
+        return found
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StoredModel(model.proto, folder), notes
+
+
+def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                feeds: Mapping[str, np.ndarray]) -> tuple[StoredModel, list[str]]:
+    source = onnx.ModelProto()
+    source.CopyFrom(raw)
+    copied = copy_external_data(source, path.parent, folder)
+    externalize(source, folder, "source.data")
+    model, notes = prepare_graph(StoredModel(source, folder), shapes, path, feeds)
+    model = _gathered(model)
+    if copied:
+        notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB) copied once into {folder.parent} (kept for the "
+                        "next search of this model at these shapes)")
+    (folder / PREPARED_FILE).write_bytes(model.proto.SerializeToString())
+    (folder / NOTES_FILE).write_text(json.dumps({"notes": notes, "model": str(path)}))
+    return model, notes

@@ -1,0 +1,344 @@
+"""ONNX models whose weights stay on disk: a graph in memory, every tensor over ``INLINE_BYTES`` in a data file.
+
+Protobuf cannot hold 2 GB, and each copy of a model's weights costs memory and time, so autoprec keeps
+one copy of every weight in one folder (the prepared model's) and passes graphs around: a
+:class:`StoredModel` is a ``ModelProto`` whose large tensors are external-data references relative to
+its ``folder``. An engine loads it from a file written there (ONNX Runtime memory-maps the weights,
+TensorRT's parser reads them beside the file); lowering adds the tensors it makes (INT8 or FP16 copies
+of weights) to the same folder, once each. Exports copy what they reference into a self-contained file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import itertools
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+INLINE_BYTES = 1024  # smaller tensors stay in the graph: shape constants, scalars, most scales
+ALIGN = 4096  # each tensor starts on a page of its data file: ONNX Runtime memory-maps aligned external data
+COPY_CHUNK = 64 << 20  # bytes per read when a tensor is copied between data files
+# An export at or above this many bytes of weights keeps them in a data file beside the model (ONNX's
+# external data), below it in the .onnx file itself, unless the model came with external data.
+EXTERNAL_EXPORT_BYTES = 1 << 30
+DERIVED = "derived"  # the folder's sub-folder of tensors lowering made
+
+_written = itertools.count()
+_write_lock = threading.Lock()
+_derived: dict[tuple[str, str], TensorProto] = {}  # (folder, name) -> a derived tensor made or found (fixed by its name)
+
+
+def tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every tensor a graph holds: initializers and attribute tensors, in subgraphs too."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
+                yield from tensors(subgraph)
+
+
+def is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def external_info(tensor: TensorProto) -> tuple[str, int, int | None]:
+    """(location, offset, length or None) of an external tensor."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    length = entries.get("length")
+    return entries["location"], int(entries.get("offset", 0)), int(length) if length is not None else None
+
+
+def nbytes(tensor: TensorProto) -> int:
+    """Bytes of a tensor's values (inline or external), from its type and dims."""
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    return math.prod(tensor.dims) * np.dtype(dtype).itemsize
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of every tensor of a model: what "the weights" means in memory and scale figures."""
+    return sum(nbytes(t) for t in tensors(model.graph) if t.data_type != TensorProto.STRING)
+
+
+def _set_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.ClearField("raw_data")
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        tensor.external_data.add(key=key, value=value)
+
+
+def read_tensor(tensor: TensorProto, folder: Path) -> np.ndarray:
+    """A tensor's values: a read-only memory map of its data file where external (nothing is read until
+    used), else decoded from the graph."""
+    if not is_external(tensor):
+        return numpy_helper.to_array(tensor)
+    location, offset, _ = external_info(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    shape = tuple(tensor.dims)
+    if math.prod(shape) == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(Path(folder) / location, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def _next_data(fd: int, at: int, end: int) -> tuple[int, int]:
+    """The next run of written bytes of a file in [at, end), as (start, stop); (end, end) where only a hole is left."""
+    try:
+        data = os.lseek(fd, at, os.SEEK_DATA)
+        return min(data, end), min(os.lseek(fd, data, os.SEEK_HOLE), end)
+    except OSError as exc:
+        return (end, end) if exc.errno == errno.ENXIO else (at, end)  # ENXIO: a hole to the end; else: cannot tell
+
+
+def copy_range(source, start: int, length: int, target) -> None:
+    """``length`` bytes of ``source`` from ``start`` to ``target``'s position, in chunks; a hole of the source
+    (a sparse file's unwritten part) stays a hole: it is skipped, not read and written as zeros."""
+    fd, end, base = source.fileno(), start + length, target.tell()
+    at = start
+    while at < end:
+        data, stop = _next_data(fd, at, end)
+        source.seek(data)
+        target.seek(base + data - start)
+        while data < stop:
+            chunk = source.read(min(COPY_CHUNK, stop - data))
+            if not chunk:
+                raise OSError(f"{source.name}: ends {end - data} bytes short of what a tensor needs")
+            target.write(chunk)
+            data += len(chunk)
+        at = stop
+    target.seek(base + length)
+    if os.fstat(target.fileno()).st_size < base + length:
+        target.truncate(base + length)
+
+
+class DataWriter:
+    """Appends tensors to one data file of ``folder``, each at a page boundary."""
+
+    def __init__(self, folder: Path, location: str):
+        self.folder, self.location = Path(folder), location
+        self.path = self.folder / location
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "ab")
+
+    def add(self, tensor: TensorProto, values: np.ndarray | None = None) -> None:
+        """Move ``tensor``'s values (or ``values``) into the file; ``tensor`` becomes a reference to them."""
+        values = numpy_helper.to_array(tensor) if values is None else values
+        data = np.ascontiguousarray(values)  # little-endian, as ONNX's external data is, on every host autoprec runs on
+        offset = -(-self.file.tell() // ALIGN) * ALIGN
+        self.file.write(b"\0" * (offset - self.file.tell()))
+        self.file.write(memoryview(data.reshape(-1)).cast("B"))
+        _set_external(tensor, self.location, offset, data.nbytes)
+
+    def copy(self, tensor: TensorProto, folder: Path) -> None:
+        """Copy an external tensor of ``folder`` into the file in chunks (never all of it in memory)."""
+        location, start, length = external_info(tensor)
+        length = nbytes(tensor) if length is None else length
+        offset = -(-self.file.tell() // ALIGN) * ALIGN
+        self.file.write(b"\0" * (offset - self.file.tell()))
+        with open(Path(folder) / location, "rb") as source:
+            copy_range(source, start, length, self.file)
+        _set_external(tensor, self.location, offset, length)
+
+    def close(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+
+def externalize(model: onnx.ModelProto, folder: Path, location: str) -> int:
+    """Move every inline tensor of ``model`` over ``INLINE_BYTES`` into ``folder/location`` (appended);
+    returns how many. The graph keeps only references: small enough to copy, write and send."""
+    large = [t for t in tensors(model.graph)
+             if not is_external(t) and t.data_type != TensorProto.STRING and nbytes(t) > INLINE_BYTES]
+    if not large:
+        return 0
+    writer = DataWriter(folder, location)
+    try:
+        for tensor in large:
+            writer.add(tensor)
+    finally:
+        writer.close()
+    return len(large)
+
+
+def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None:
+    """Every external tensor's file exists under ``folder`` (no absolute path, no way out of it) and holds
+    its bytes; raises ValueError naming the first that does not (``what``: the model, for the message)."""
+    root = Path(folder).resolve()
+    sizes: dict[str, int] = {}
+    for tensor in (t for t in tensors(model.graph) if is_external(t)):
+        location, offset, length = external_info(tensor)
+        path = (root / location).resolve()
+        if Path(location).is_absolute() or root not in path.parents:
+            raise ValueError(f"{what}: tensor {tensor.name!r} names external data {location!r} outside its folder")
+        if location not in sizes:
+            sizes[location] = path.stat().st_size if path.is_file() else -1
+        if sizes[location] < 0:
+            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, which is not beside it")
+        if offset + (nbytes(tensor) if length is None else length) > sizes[location]:
+            raise ValueError(f"{what}: {location!r} ends before tensor {tensor.name!r} does (truncated?)")
+
+
+def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> int:
+    """Copy ``model``'s external data files (relative to ``source``) into ``folder`` under the same names.
+    Returns the bytes copied. (A hard link would spare the copy,
+    but raises the user's file's link count, and onnx then refuses to load it: "a potential hardlink attack".)"""
+    copied = 0
+    for location in sorted({external_info(t)[0] for t in tensors(model.graph) if is_external(t)}):
+        target = Path(folder) / location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(Path(source) / location, "rb") as given, open(target, "wb") as copy:
+            copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
+        copied += target.stat().st_size
+    return copied
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """A graph (``proto``) whose external tensors live in ``folder``: what lowering makes, engines load,
+    and exports copy. Small enough to copy, send to a worker process or write per candidate."""
+
+    proto: onnx.ModelProto
+    folder: Path
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.proto.graph
+
+    def tensor(self, name: str) -> np.ndarray:
+        """An initializer's values, read-only (memory-mapped where external)."""
+        return read_tensor(next(t for t in self.proto.graph.initializer if t.name == name), self.folder)
+
+    def weight_bytes(self) -> int:
+        return weight_bytes(self.proto)
+
+    def with_proto(self, proto: onnx.ModelProto) -> StoredModel:
+        return StoredModel(proto, self.folder)
+
+    @contextlib.contextmanager
+    def file(self) -> Iterator[Path]:
+        """The graph written to a file of its own in ``folder`` (where its external data resolves), for an
+        engine to load from; removed afterwards (engines read it while they load)."""
+        with _write_lock:
+            name = f".candidate-{os.getpid()}-{next(_written)}.onnx"
+        path = Path(self.folder) / name
+        path.write_bytes(self.proto.SerializeToString())
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def derived(self, name: str, make: Callable[[], np.ndarray]) -> TensorProto:
+        """A tensor lowering makes from the weights (an INT8 or FP16 copy), named ``name``: inline when
+        small, else written once to the folder's ``derived/`` and referenced from then on by every process
+        that lowers this model (its content is fixed by its name: made from the prepared weights alone)."""
+        key = hashlib.sha256(name.encode()).hexdigest()[:24]
+        location = f"{DERIVED}/{key}.bin"
+        path = Path(self.folder) / location
+        known = _derived.get((str(self.folder), name))
+        if known is not None and (not is_external(known) or path.is_file()):
+            return known
+        meta = path.with_suffix(".npy-header")
+        if path.is_file() and meta.is_file():
+            dtype_name, shape_text = meta.read_text().split("|")
+            shape = tuple(int(d) for d in shape_text.split(",") if d)
+            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)), dims=shape)
+            _set_external(tensor, location, 0, path.stat().st_size)
+            return _derived.setdefault((str(self.folder), name), tensor)
+        values = make()
+        tensor = numpy_helper.from_array(np.ascontiguousarray(values), name)
+        if values.nbytes <= INLINE_BYTES:
+            return _derived.setdefault((str(self.folder), name), tensor)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(memoryview(np.ascontiguousarray(values).reshape(-1)).cast("B"))
+        os.replace(tmp, path)
+        tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp_meta.write_text(f"{values.dtype.name}|{','.join(map(str, values.shape))}")
+        os.replace(tmp_meta, meta)  # written last: a derived tensor is there only when whole
+        _set_external(tensor, location, 0, values.nbytes)
+        return _derived.setdefault((str(self.folder), name), tensor)
+
+
+def inlined(model: StoredModel) -> onnx.ModelProto:
+    """A copy of the graph with every external tensor read back into it (for a small model's one-file form)."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    for tensor in tensors(proto.graph):
+        if is_external(tensor):
+            values = np.array(read_tensor(tensor, model.folder))
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = values.tobytes()
+    return proto
+
+
+def save_models(models: Mapping[Path, StoredModel], data: str | None = None, external: bool | None = None) -> list[Path]:
+    """Write each model to its path, self-contained: its external tensors copied into one data file named
+    ``data`` beside them (shared by all: a weight they have in common is written once), or read back into
+    the .onnx itself. ``external`` None: external data where the models' weights reach
+    ``EXTERNAL_EXPORT_BYTES``. Each file is written whole or not at all (the data file first)."""
+    from autoprec.core import atomic
+
+    paths = list(models)
+    folder = paths[0].parent
+    total = sum(m.weight_bytes() for m in models.values())
+    if external is None:
+        external = total >= EXTERNAL_EXPORT_BYTES
+    if not external:
+        written = [atomic.write_bytes(path, inlined(model).SerializeToString()) for path, model in models.items()]
+        (folder / (data or "model.data")).unlink(missing_ok=True)
+        return written
+    data = data or f"{paths[0].name}.data"
+    protos = {}
+    copied: dict[tuple[str, str], tuple[int, int]] = {}  # (source folder, location:offset) -> its place in data
+    tmp = folder / f".{data}.{os.getpid()}.tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = DataWriter(folder, tmp.name)
+    try:
+        for path, model in models.items():
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model.proto)
+            for tensor in tensors(proto.graph):
+                if tensor.data_type == TensorProto.STRING or (not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES):
+                    continue
+                source = (str(model.folder), ":".join(map(str, external_info(tensor)[:2]))) if is_external(tensor) else None
+                if source is not None and source in copied:
+                    _set_external(tensor, data, *copied[source])
+                    continue
+                if is_external(tensor):
+                    writer.copy(tensor, model.folder)
+                else:
+                    writer.add(tensor)
+                _, offset, length = external_info(tensor)
+                _set_external(tensor, data, offset, length)
+                if source is not None:
+                    copied[source] = (offset, length)
+            protos[path] = proto
+        writer.close()
+        os.replace(tmp, folder / data)
+    except BaseException:
+        if not writer.file.closed:
+            writer.file.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return [atomic.write_bytes(path, proto.SerializeToString()) for path, proto in protos.items()]
+
+
+def load(path: Path) -> StoredModel:
+    """An ONNX file as a stored model (its external data stays where it is, beside the file)."""
+    return StoredModel(onnx.load(str(path), load_external_data=False), Path(path).parent)

@@ -1,0 +1,116 @@
+"""Models of any size: the weights stay on disk, once; what a candidate costs is its own graph, not the model.
+
+The model over 2 GB here is a table of mostly zeros (a hole in its data file), so the test costs seconds:
+protobuf's limit is the same for zeros as for weights (benchmarks/scale.py searches real-sized ones).
+"""
+
+import json
+
+import builders
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import autoprec
+from autoprec.analysis.model import analyse
+from autoprec.app.cli import main
+from autoprec.core import stored
+from autoprec.core.plan import Precision
+from autoprec.core.search_space import load_search_space
+from autoprec.lower import QDQForm, lower_plan
+
+PROTOBUF_LIMIT = 2**31
+
+
+def _ids(path, items=8, used=256):
+    np.savez(path, ids=np.random.default_rng(0).integers(0, used, (items, 8)).astype(np.int64))
+    return path
+
+
+@pytest.fixture(scope="module")
+def over_2gb(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("huge")
+    model = builders.embedding_over_2gb(folder / "huge.onnx")
+    return model, _ids(folder / "ids.npz")
+
+
+def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path):
+    model, data = over_2gb
+    assert stored.weight_bytes(onnx.load(str(model), load_external_data=False)) > PROTOBUF_LIMIT
+    out = tmp_path / "out"
+    result = autoprec.search(model, data=data, out=out, budget=3, progress=False, warm_start=False)
+    assert result.chosen is not None and result.model["external_data"] and result.model["weight_bytes"] > PROTOBUF_LIMIT
+    best = out / "best"
+    assert (best / "model.onnx").stat().st_size < 1 << 20  # the graph; the weights beside it
+    assert (best / "model.data").stat().st_size > PROTOBUF_LIMIT
+    ids = np.load(data)["ids"][:1]
+    got = ort.InferenceSession(str(best / "model.onnx")).run(None, {"ids": ids})[0]
+    want = ort.InferenceSession(str(model)).run(None, {"ids": ids})[0]
+    assert got.shape == want.shape and np.allclose(got, want, rtol=0.1, atol=0.1)
+    prepared = [p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]
+    assert len(prepared) == 1 and (prepared[0] / "huge.onnx.data").stat().st_size == (model.parent / "huge.onnx.data").stat().st_size
+
+
+def test_a_model_over_2gb_exports_for_tensorrt_with_its_weights_beside_it(over_2gb, tmp_path):
+    model, data = over_2gb
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "2", "--no-progress",
+                 "--no-warm-start", "--precisions", "int8,fp32"]) == 0
+    for fmt, name in (("trtexec", "model.onnx"), ("trt10", "model_fp32.onnx")):
+        folder = tmp_path / fmt
+        assert main(["export", str(out), "--format", fmt, "--out", str(folder)]) == 0
+        assert (folder / f"{name}.data").stat().st_size > PROTOBUF_LIMIT
+        onnx.checker.check_model(str(folder / name))  # a valid model with its external data beside it
+    assert main(["export", str(out), "--format", "triton", "--out", str(tmp_path / "triton")]) == 0
+    assert (tmp_path / "triton" / "huge" / "1" / "model.onnx.data").stat().st_size > PROTOBUF_LIMIT
+
+
+def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_path):
+    model = builders.with_external_data(builders.conv_net(), tmp_path / "conv.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, x=builders.image_like(8))
+    out = tmp_path / "out"
+    autoprec.search(model, data=data, out=out, budget=4, progress=False)
+    assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
+    assert not any(i.HasField("raw_data") and len(i.raw_data) > stored.INLINE_BYTES
+                   for i in onnx.load(str(out / "best" / "model.onnx"), load_external_data=False).graph.initializer)
+    assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (1, 5)
+    autoprec.search(model, data=data, out=out, budget=5, progress=False)  # resumed: the preparation is read again
+    assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
+    assert onnx.load(str(model)).graph.initializer  # the given model loads as before (no link of ours on its files)
+
+
+def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_path, monkeypatch):
+    model, data = builders.conv_with_data(tmp_path, 8)
+    out = tmp_path / "out"
+    autoprec.search(model, data=data, out=out, budget=3, progress=False)
+    assert not (out / "best" / "model.data").exists()
+    monkeypatch.setattr(stored, "EXTERNAL_EXPORT_BYTES", 1024)  # as if the weights were a gigabyte
+    assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trt")]) == 0
+    assert (tmp_path / "trt" / "model.onnx.data").is_file()
+    assert ort.InferenceSession(str(tmp_path / "trt" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (1, 5)
+
+
+def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
+    """A candidate is the prepared graph with its lowered units edited: every other node unchanged, in order,
+    the Q/DQ pairs just before the unit, no weight copied."""
+    path = builders.save(builders.mlp(), tmp_path / "mlp.onnx")
+    info = analyse(path, load_search_space())
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.data import build_dataset
+
+    dataset = build_dataset(None, info.inputs)
+    ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
+    for form in QDQForm:
+        lowered = lower_plan(info, info.plan_at(Precision.INT8, ["fc1"]), ranges, form)
+        changed = {"fc1", *(["bias1"] if form is QDQForm.ORT_CPU else [])}  # ONNX Runtime's form: its reader reads the DQ
+        original = [n.SerializeToString() for n in info.model.graph.node if n.name not in changed]
+        kept = [n.SerializeToString() for n in lowered.graph.node if n.name in {m.name for m in info.model.graph.node}
+                and n.name not in changed]
+        assert kept == original
+        names = [n.name for n in lowered.graph.node]
+        assert names.index("h0_quantize") < names.index("h0_dequantize") < names.index("fc1")
+        builders.check(lowered)
+        assert "w1" not in {t.name for t in lowered.graph.initializer}  # its INT8 copy replaced it
+    assert json.loads((info.folder / "prepared.json").read_text())["notes"] == list(info.notes)
