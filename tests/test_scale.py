@@ -114,3 +114,19 @@ def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
         builders.check(lowered)
         assert "w1" not in {t.name for t in lowered.graph.initializer}  # its INT8 copy replaced it
     assert json.loads((info.folder / "prepared.json").read_text())["notes"] == list(info.notes)
+
+
+def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
+    model, data = builders.conv_with_data(tmp_path, 8)
+    out = tmp_path / "out"
+    autoprec.search(model, data=data, out=out, budget=2, progress=False, warm_start=False)
+    prepared = next(p for p in (out / "cache").iterdir() if p.name.startswith("prepared-"))
+    key = prepared.name.removeprefix("prepared-")
+    stale = out / "cache" / f".prepared-{key}.999999999.staging"  # a process that is gone
+    stale.mkdir()
+    (stale / "model.onnx.data").write_bytes(b"half")
+    import shutil
+
+    shutil.rmtree(prepared)  # as if it was killed before its rename
+    autoprec.search(model, data=data, out=out, budget=3, progress=False, warm_start=False)
+    assert not stale.exists() and (out / "cache" / f"prepared-{key}" / "prepared.json").is_file()

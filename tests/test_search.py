@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import statistics
 import time
 
 import onnx
@@ -40,8 +41,11 @@ def test_result_files_and_schema(conv_search):
     assert set(pareto["uniform"]) == {"fp32", "fp16", "int8"}  # the seeded uniform plans ran
     front = pareto["front"]
     assert front and [t["final_latency_ms"] for t in front] == sorted(t["final_latency_ms"] for t in front)
-    assert all(len(t["retimed_ms"]) == 3 for t in front)  # the front was re-timed in 3 interleaved rounds
-    assert all(t["final_latency_ms"] == pytest.approx(sorted(t["retimed_ms"])[1]) for t in front)
+    fp32_number, retiming = pareto["uniform"]["fp32"], pareto["search"]["retiming"]
+    # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds: FP32 ran in every pairing
+    assert all(len(t["retimed_ms"]) == 3 for t in front if t["trial"] != fp32_number)
+    assert all(t["final_latency_ms"] == pytest.approx(statistics.median(t["retimed_ms"])) for t in front)
+    assert retiming["rounds"] == 3 and not retiming["failed"] and retiming["builds"] == 2 * (len(retiming["retimed"]) - 1)
     for t in front:
         lat = t["latency_ms"]
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["runs"] >= 10
@@ -68,7 +72,7 @@ def test_result_files_and_schema(conv_search):
     versus = pareto["chosen_vs_fp32"]
     assert versus["fp32_trial"] == pareto["uniform"]["fp32"]
     fp32 = next(t for t in trials if t["trial"] == versus["fp32_trial"])
-    assert len(fp32["retimed_ms"]) == 3 and versus["retimed"]
+    assert len(fp32["retimed_ms"]) == 3 * (len(retiming["retimed"]) - 1) and versus["retimed"]
     assert versus["speedup"] == pytest.approx(fp32["final_latency_ms"] / chosen["final_latency_ms"])
     assert versus["beyond_timing_noise"] == (max(chosen["retimed_ms"]) < min(fp32["retimed_ms"]))
     # How far the trials' latencies lie from their re-timing, over every re-timed plan.
@@ -227,18 +231,17 @@ def test_timing_noise_verdict():
     assert fast.spread == pytest.approx(0.2)
 
 
-def test_retiming_builds_each_plan_once_interleaves_rounds_and_keeps_a_failing_plan_as_it_was():
+def _clock_engine(events: list, alive: list, failing: str | None = None):
+    """A fake engine whose runners time each run one later than the last (drift), recording builds, timings
+    and how many runners are alive; building ``failing`` raises as an engine crash would."""
     from autoprec.backends.base import Backend, Runner, Timing
     from autoprec.core.errors import BackendError
-    from autoprec.core.plan import Plan
-    from autoprec.measure.measurement import Measurement, time_interleaved
-    from autoprec.study.search import TrialRecord, retime
 
-    events = []
-
-    class Clock(Runner):  # each timing returns a later time: drift
+    class Clock(Runner):
         def __init__(self, name):
             self.name = name
+            alive.append(name)
+            events.append(("alive", len(alive)))
 
         def run(self, batch):
             return {}
@@ -248,6 +251,9 @@ def test_retiming_builds_each_plan_once_interleaves_rounds_and_keeps_a_failing_p
             n = sum(e[0] == "time" for e in events)
             return Timing(n, n, n, 10, 3)
 
+        def close(self):
+            alive.remove(self.name)
+
     class Engine(Backend):
         name = "fake"
 
@@ -256,23 +262,48 @@ def test_retiming_builds_each_plan_once_interleaves_rounds_and_keeps_a_failing_p
 
         def prepare(self, model):
             events.append(("build", model))
-            if model == "int8":
+            if model == failing:
                 raise BackendError("engine crashed")
             return Clock(model)
 
-    def record(number, ms):
-        plan = Plan.from_mapping({"u": ["fp32", "fp16", "int8"][number]})
-        return TrialRecord(number, plan, Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True)
+    return Engine()
 
-    def time_plans(plans):
-        return time_interleaved(Engine(), [p["u"].value for p in plans], {}, rounds=3)
 
-    fp32, fp16, int8 = retime([record(0, 9.0), record(1, 8.0), record(2, 7.0)], time_plans, rounds=3)
-    assert [e for e in events if e[0] == "build"] == [("build", "fp32"), ("build", "fp16"), ("build", "int8")]
-    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16"] * 3  # interleaved: each round times every plan
-    assert fp32.retimed_ms == (1, 3, 5) and fp16.retimed_ms == (2, 4, 6)
-    assert fp32.latency_ms == 3 and fp16.latency_ms == 4  # the re-timed median ranks them
-    assert int8.retimed_ms == () and int8.latency_ms == 7.0
+def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_one_fails():
+    from autoprec.backends.base import Timing
+    from autoprec.core.plan import Plan
+    from autoprec.measure.measurement import Measurement, time_paired
+    from autoprec.study.search import TrialRecord, retime
+
+    events, alive = [], []
+    engine = _clock_engine(events, alive, failing="int8")
+
+    def record(number, ms, precision):
+        return TrialRecord(number, Plan.from_mapping({"u": precision}), Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True)
+
+    def pair(reference, plan, rounds):
+        return time_paired(engine, reference["u"].value, plan["u"].value, {}, rounds)
+
+    trials = [record(0, 9.0, "fp32"), record(1, 8.0, "fp16"), record(2, 7.0, "int8"), record(3, 6.5, "fp16")]
+    retiming = retime(trials, trials[0], pair, rounds=3)
+    assert max(n for kind, n in events if kind == "alive") == 2  # never more than two engines at once
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16"] * 6  # each pairing interleaved round by round
+    fp32, fp16 = retiming.trials[0], retiming.trials[1]
+    assert fp16.retimed_ms == (2, 4, 6) and fp32.retimed_ms == (1, 3, 5, 7, 9, 11)  # FP32's rounds: all its pairings'
+    assert 2 not in retiming.trials and retiming.failed == ({"trial": 2, "error": "BackendError: engine crashed"},)
+    assert retiming.builds == 4 and not retiming.apart
+
+
+def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(monkeypatch):
+    from autoprec.measure import measurement
+
+    events, alive = [], []
+    grown = iter([0, 3 << 30])  # the all-FP32 engine takes 3 GiB
+    monkeypatch.setattr(measurement, "resident_bytes", lambda pid=None: next(grown, 3 << 30))
+    paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", {}, 3)
+    assert paired.apart and paired.builds == 6 and len(paired.reference) == len(paired.candidate) == 3
+    assert max(n for kind, n in events if kind == "alive") == 1
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "int8"] * 3
 
 
 def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
@@ -380,9 +411,9 @@ def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
 
     study, time_plans = _timed_study([(("fp32", "fp32"), 10.0, 0.0, 8.0), (("fp16", "fp32"), 9.0, 1e-4, 9.5),
                                       (("int8", "int8"), 6.0, 1e-2, 5.0)])
-    front, retimed = retimed_front(study, time_plans)
+    front, retiming = retimed_front(study, time_plans)
     assert [r.number for r in front] == [2, 0] and [r.latency_ms for r in front] == [5.0, 8.0]
-    shown = list(retimed.values())
+    shown = list(retiming.trials.values())
     assert not [(a.number, b.number) for a in front for b in shown
                 if b.number != a.number and b.latency_ms <= a.latency_ms and b.loss <= a.loss]
 
@@ -408,7 +439,7 @@ def _timed_study(plans):
     ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
     from autoprec.backends.base import Timing
     from autoprec.core.plan import Plan
-    from autoprec.measure.measurement import Measurement
+    from autoprec.measure.measurement import Measurement, Paired
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     again_ms = {}
@@ -419,7 +450,32 @@ def _timed_study(plans):
         study.tell(trial, [ms, loss])
         again_ms[(a, b)] = again
 
-    def time_plans(plans):
-        return [[Timing(ms, ms, ms, 10, 3)] * 3 for ms in (again_ms[tuple(p.value for _, p in plan.precisions)] for plan in plans)]
+    def time_paired(reference, plan, rounds):
+        reference_ms, plan_ms = (again_ms[tuple(p.value for _, p in each.precisions)] for each in (reference, plan))
+        return Paired((Timing(reference_ms, reference_ms, reference_ms, 10, 3),) * rounds,
+                      (Timing(plan_ms, plan_ms, plan_ms, 10, 3),) * rounds, 2, False)
 
-    return study, time_plans
+    return study, time_paired
+
+
+def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_path, mlp_model, monkeypatch, caplog):
+    """Trial timings taken at different moments never decide "beyond timing noise": without the re-timing
+    (here it runs out of memory) the speed-up is reported without a verdict, and the failure is said."""
+    from autoprec.core.errors import BackendError
+    from autoprec.measure import measurement
+
+    def out_of_memory(*args, **kwargs):
+        raise BackendError("onnxruntime cannot load the candidate: Failed to allocate memory")
+
+    monkeypatch.setattr(measurement, "time_paired", out_of_memory)
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="autoprec"):
+        result = autoprec.search(mlp_model, budget=4, out=out, progress=False, isolate=False, max_loss=1.0)
+    pareto = json.loads((out / "pareto.json").read_text())
+    failed = pareto["search"]["retiming"]["failed"]
+    assert failed and all("Failed to allocate memory" in f["error"] for f in failed)
+    assert {t.number for t in result.front if t.number != pareto["uniform"]["fp32"]} <= {f["trial"] for f in failed}
+    assert any("re-timing trial" in r.message and "no verdict on timing noise" in r.message for r in caplog.records)
+    assert pareto["chosen_vs_fp32"]["beyond_timing_noise"] is None and not pareto["chosen_vs_fp32"]["retimed"]
+    pareto["chosen_vs_fp32"]["fp32_trial"] = -1  # as shown beside a plan other than all-FP32
+    assert "not re-timed: no verdict on timing noise" in chosen_summary(pareto, json.loads((out / "best" / "plan.json").read_text()))[1]

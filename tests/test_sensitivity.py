@@ -66,7 +66,8 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     engine = get_backend("ort-cpu")
     batches, refs = dataset.evaluation[:2], reference[:2]
     found = analyse_sensitivity(
-        info, engine, ranges, lambda m: accuracy_loss(engine, m, batches, Judge(Metric(), refs)), batches[0], 2
+        info, engine, ranges, lambda plan: accuracy_loss(engine, engine.lower(info, plan, ranges), batches, Judge(Metric(), refs)),
+        batches[0], 2
     )
     assert found.evaluations == sum(len(u.allowed) - 1 for u in info.searchable_units)
     assert [u.unit for u in found.units] == [u.name for u in info.searchable_units]

@@ -459,6 +459,7 @@ def analyse(
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
     sha256 = model_sha256(path)
+    external_data = any(is_external(t) for t in tensors(raw.graph))
     stored, prep_notes = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
     prepared = stored.proto
     try:
@@ -494,5 +495,5 @@ def analyse(
         units=units,
         notes=tuple(notes + prep_notes),
         metadata={p.key: p.value for p in raw.metadata_props},
-        external_data=any(is_external(t) for t in tensors(raw.graph)),
+        external_data=external_data,
     )

@@ -332,8 +332,8 @@ def _pid_alive(pid: int) -> bool:
 
 def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
                    feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> tuple[StoredModel, list[str]]:
-    """``path`` (read as ``raw``, its weights not loaded) prepared at ``shapes`` (see :func:`prepare_graph`),
-    with the notes that say what preparation did. Under ``cache`` it is kept, and read again by the next
+    """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of it, to
+    the folder) prepared at ``shapes`` (see :func:`prepare_graph`), with the notes that say what preparation did. Under ``cache`` it is kept, and read again by the next
     caller with the same model and shapes; without one it lives in a temporary folder until the process ends."""
     if cache is None:
         folder = Path(tempfile.mkdtemp(prefix="autoprec-model-"))
@@ -344,10 +344,10 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     found = _read(folder)
     if found is not None:
         return found
-    for stale in Path(cache).glob(f".prepared-{key}.*.tmp"):  # a killed preparation's
+    for stale in Path(cache).glob(f".prepared-{key}.*.staging"):  # a killed preparation's
         if not _pid_alive(int(stale.name.split(".")[2])):
             shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(cache) / f".prepared-{key}.{os.getpid()}.tmp"
+    staging = Path(cache) / f".prepared-{key}.{os.getpid()}.staging"  # (not *.tmp: those are files, removed when stale)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
@@ -368,11 +368,9 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
 
 def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
                 feeds: Mapping[str, np.ndarray]) -> tuple[StoredModel, list[str]]:
-    source = onnx.ModelProto()
-    source.CopyFrom(raw)
-    copied = copy_external_data(source, path.parent, folder)
-    externalize(source, folder, "source.data")
-    model, notes = prepare_graph(StoredModel(source, folder), shapes, path, feeds)
+    copied = copy_external_data(raw, path.parent, folder)
+    externalize(raw, folder, "source.data")  # in place: no second copy of inline weights in memory
+    model, notes = prepare_graph(StoredModel(raw, folder), shapes, path, feeds)
     model = _gathered(model)
     if copied:
         notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB) copied once into {folder.parent} (kept for the "

@@ -46,6 +46,7 @@ from autoprec.measure.isolation import (
 )
 from autoprec.measure.measurement import (
     InProcessMeasurer,
+    Lowering,
     Measurer,
     Screen,
     screening_batches,
@@ -84,6 +85,7 @@ from autoprec.study.search import (
     on_profile_build,
     open_study,
     rejected_trials,
+    Retiming,
     retimed_front,
     run_warm_started,
 )
@@ -220,6 +222,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                         f"after {GRACE_BEATS * heartbeat} s without a heartbeat)" if running else ""))
     screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
     screened = screening_batches(len(dataset.evaluation))
+    lowering = Lowering(info, ranges)  # each worker lowers the plans it is sent: only plans travel
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb, workers)
@@ -228,6 +231,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                 stack.enter_context(IsolatedMeasurer(
                     backend, dataset.evaluation, judge, limits,
                     out_dir / "cache" / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", device, out_dir / "cache", lock,
+                    lowering,
                 ))
                 for i in range(workers)
             ]
@@ -246,12 +250,13 @@ def run_search(config: SearchConfig) -> SearchResult:
                 log.info(f"{workers} workers: candidates are built side by side; evaluation and timing hold "
                              f"{engine_info.device} one candidate at a time")
         else:
-            measurer = InProcessMeasurer(engine, dataset.evaluation, judge, ranking)
+            measurer = InProcessMeasurer(engine, dataset.evaluation, judge, ranking, lowering)
             log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the same command)")
-        ctx = StudyContext(info, engine, ranges, lambda model: measurer.measure(model, screen), calibration, max_loss, locks, me)
+        ctx = StudyContext(info, engine, ranges, lambda plan: measurer.measure(plan, screen), calibration, max_loss, locks, me)
         per_build = engine.default_proposals if proposals is None else proposals
         reference, executor, judged_on_target = _reference_executor(engine, measurer, per_build, ctx, dataset, judge, ranking,
-                                                                    limits if isolate else None, out_dir / "cache", stack)
+                                                                    limits if isolate else None, out_dir / "cache", stack,
+                                                                    lowering)
         unit_sensitivity, from_cache = None, False
         if warm_start:
             if ranking is not judge:
@@ -259,7 +264,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                              "changes few decisions on a quarter of the data: too coarse to rank units by)")
             with shared.once(locks, "sensitivity", [out_dir / "sensitivity.json"], me) as fetched:
                 unit_sensitivity, from_cache = sensitivity_pass(
-                    prepared, engine, lambda model: reference.accuracy_loss(model, screened), screened, ranking.metric.describe(), calibration,
+                    prepared, engine, lambda plan: reference.accuracy_loss(plan, screened), screened, ranking.metric.describe(), calibration,
                     out_dir / "sensitivity.json", progress
                 )
             one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
@@ -281,8 +286,8 @@ def run_search(config: SearchConfig) -> SearchResult:
             gains = {u.unit: dict(u.gain) for u in unit_sensitivity.units} if unit_sensitivity is not None else {}
             if any(gains.values()):
                 with locks.hold("identity"):
-                    proposer = Proposer.open(storage_url, name, identity, seed, ctx, lambda model: reference.accuracy_loss(
-                        model, len(dataset.evaluation), constraint=True), gains, per_build)
+                    proposer = Proposer.open(storage_url, name, identity, seed, ctx, lambda plan: reference.accuracy_loss(
+                        plan, len(dataset.evaluation), constraint=True), gains, per_build)
                 log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {executor}, their "
                          f"latency by a model fitted to {engine.name}'s profiles (refitted on every build)")
             else:
@@ -298,13 +303,12 @@ def run_search(config: SearchConfig) -> SearchResult:
                             if slow else ""))
         engine.drop_kept_builds()
         trials = finished_records(study)
-        log.info(f"re-timing the front, the fastest plans within --max-loss and the all-FP32 plan: each built once, "
-                     f"× {RETIME_ROUNDS} interleaved rounds")
-        front, retimed = retimed_front(
-            study, lambda plans: measurer.time_interleaved([engine.lower(info, p, ranges) for p in plans], RETIME_ROUNDS), max_loss=max_loss
-        )
-    trials = [retimed.get(t.number, t) for t in trials]
-    builds = _builds(study, unit_sensitivity if not from_cache else None, len(retimed), proposer, judged_on_target)
+        log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
+                 f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
+        front, retiming = retimed_front(study, measurer.time_paired, RETIME_ROUNDS, max_loss=max_loss)
+    _say_retiming(retiming)
+    trials = [retiming.trials.get(t.number, t) for t in trials]
+    builds = _builds(study, unit_sensitivity if not from_cache else None, retiming.builds, proposer, judged_on_target)
     predicted = proposer.report(study) if proposer is not None else None
     log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}"
              + (f"; {builds['trials_on_profile_builds']} trial(s) timed on the engine built for their profile"
@@ -350,9 +354,11 @@ def run_search(config: SearchConfig) -> SearchResult:
         "sensitivity": None if unit_sensitivity is None else {
             "evaluations": unit_sensitivity.evaluations, "batches": unit_sensitivity.batches,
             "seconds": round(unit_sensitivity.seconds, 2),
+            "evaluation_seconds": round(unit_sensitivity.evaluation_seconds, 2),
             "from_cache": from_cache, "warm_start_plans": len(warm), "ranked_by": ranking.metric.name,
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
+        "retiming": {"rounds": RETIME_ROUNDS, **retiming.to_json()},
         "rejected": rejected_trials(study),
         "engine_builds": builds["total"],
         "engine_builds_by_phase": builds["by_phase"],
@@ -450,9 +456,9 @@ def sensitivity(
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
     judge = judge_for(metric_used, prepared)[0]
     ranking = judge.for_ranking()
-    measurer = InProcessMeasurer(engine, prepared.dataset.evaluation, judge, ranking)
+    measurer = InProcessMeasurer(engine, prepared.dataset.evaluation, judge, ranking, Lowering(prepared.info, prepared.ranges))
     found, _ = sensitivity_pass(
-        prepared, engine, lambda m: measurer.accuracy_loss(m, batches),
+        prepared, engine, lambda plan: measurer.accuracy_loss(plan, batches),
         batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
     )
     engine.drop_kept_builds()  # no trial follows
@@ -484,6 +490,15 @@ def engine_space(
     return space, searched, left_out
 
 
+def _say_retiming(retiming: Retiming) -> None:
+    """A re-timing that failed is said, with what it leaves: the trial's own figures, and no verdict."""
+    for failed in retiming.failed:
+        log.warning(f"re-timing trial {failed['trial']} beside all-FP32 failed ({failed['error'][:300]}): its latency "
+                    "is the trial's own, and no verdict on timing noise is given for it")
+    if retiming.apart:
+        log.info("re-timing: engines too large to keep two alive were built one at a time, anew in each round")
+
+
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
     """The model's units of op types the engine runs in FP32 only: said once, and kept in ``left_out``."""
     for op in sorted({u.op_type for u in info.units} & set(engine.float32_ops)):
@@ -492,7 +507,8 @@ def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) 
 
 
 def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, ctx: StudyContext, dataset, judge, ranking,
-                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str, bool]:
+                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack,
+                        lowering: Lowering) -> tuple[Measurer, str, bool]:
     """Where a plan's loss is computed without building it on the target, what that is, and whether its
     evaluations are builds of the target: ONNX Runtime on the CPU running the graph in the target's Q/DQ
     form. On ort-cpu that is the target itself (its untimed sessions are counted as reference
@@ -502,18 +518,20 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, ctx
         return measurer, "ONNX Runtime CPU (the target engine itself)", False
     if not per_build:
         return measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)", True
+    in_target_form = replace(lowering, form=engine.qdq_form)  # the graph the target builds, run on the CPU
     if limits is not None:
         reference: Measurer = stack.enter_context(IsolatedMeasurer("ort-cpu", dataset.evaluation, judge, limits,
-                                                                   cache / "reference-stderr.log", 0, cache))
+                                                                   cache / "reference-stderr.log", 0, cache,
+                                                                   lowering=in_target_form))
     else:
-        reference = InProcessMeasurer(get_backend("ort-cpu"), dataset.evaluation, judge, ranking)
+        reference = InProcessMeasurer(get_backend("ort-cpu"), dataset.evaluation, judge, ranking, in_target_form)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
     method = DEFAULT_CALIBRATION if ctx.calibration == "auto" else ctx.calibration
     try:
         for precision in (Precision.INT8, Precision.FP16):
             units = [u.name for u in ctx.info.searchable_units if precision in u.allowed]
             if units:
-                reference.accuracy_loss(engine.lower(ctx.info, ctx.info.plan_at(precision, units, method), ctx.ranges), 1)
+                reference.accuracy_loss(ctx.info.plan_at(precision, units, method), 1)
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
         log.warning(f"the reference executor cannot run this model ({type(exc).__name__}: "
                     f"{(str(exc).strip().splitlines() or [''])[0][:200]}): {engine.name} measures every plan's accuracy")

@@ -66,12 +66,13 @@ class Timing:
         return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
 
 
-def faster_beyond_noise(rounds: Sequence[float], timing: Timing, other_rounds: Sequence[float], other: Timing) -> bool:
+def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
     """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
-    rounds beats every round of the other where both were re-timed, else its p90 beats the other's p10."""
+    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
+    taken at another moment than the other's, never decide it."""
     if rounds and other_rounds:
         return max(rounds) < min(other_rounds)
-    return timing.clearly_faster_than(other)
+    return None
 
 
 TIME_CALLS = "median of >= 10 runs and >= 0.2 s after 3 warm-up runs"

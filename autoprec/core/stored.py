@@ -253,24 +253,23 @@ class StoredModel:
         if known is not None and (not is_external(known) or path.is_file()):
             return known
         meta = path.with_suffix(".npy-header")
-        if path.is_file() and meta.is_file():
-            dtype_name, shape_text = meta.read_text().split("|")
-            shape = tuple(int(d) for d in shape_text.split(",") if d)
-            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)), dims=shape)
-            _set_external(tensor, location, 0, path.stat().st_size)
-            return _derived.setdefault((str(self.folder), name), tensor)
-        values = make()
-        tensor = numpy_helper.from_array(np.ascontiguousarray(values), name)
-        if values.nbytes <= INLINE_BYTES:
-            return _derived.setdefault((str(self.folder), name), tensor)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(memoryview(np.ascontiguousarray(values).reshape(-1)).cast("B"))
-        os.replace(tmp, path)
-        tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp_meta.write_text(f"{values.dtype.name}|{','.join(map(str, values.shape))}")
-        os.replace(tmp_meta, meta)  # written last: a derived tensor is there only when whole
-        _set_external(tensor, location, 0, values.nbytes)
+        if not (path.is_file() and meta.is_file()):
+            values = np.ascontiguousarray(make())
+            if values.nbytes <= INLINE_BYTES:
+                return _derived.setdefault((str(self.folder), name), numpy_helper.from_array(values, name))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(memoryview(values.reshape(-1)).cast("B"))
+            os.replace(tmp, path)
+            tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp_meta.write_text(f"{values.dtype.name}|{','.join(map(str, values.shape))}")
+            os.replace(tmp_meta, meta)  # written last: a derived tensor is there only when whole
+        # made from what the files say, never holding the values: a protobuf keeps the bytes of a field it
+        # once held until the whole message goes, and these are kept for the process's life
+        dtype_name, shape_text = meta.read_text().split("|")
+        shape = tuple(int(d) for d in shape_text.split(",") if d)
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)), dims=shape)
+        _set_external(tensor, location, 0, path.stat().st_size)
         return _derived.setdefault((str(self.folder), name), tensor)
 
 

@@ -1,7 +1,9 @@
 """Candidates measured in a child process: a crash, hang or runaway allocation fails one trial, not the search.
 
-One worker process lives for the whole search (the evaluation data and FP32 reference are sent to
-it once); each candidate is sent as serialized ONNX. With several workers (``--build-workers``),
+One worker process lives for the whole search (the evaluation data, FP32 reference and the prepared
+model's graph with its calibrated ranges are sent to it once); each candidate is sent as its plan,
+which the worker lowers itself (the weights stay in the prepared model's folder, read by the engine
+from there). With several workers (``--build-workers``),
 candidates are built side by side while a device lock lets one at a time run on the device. The
 parent enforces a time limit and a memory limit (the worker's resident set, read from /proc) and
 kills the worker when either is exceeded.
@@ -26,21 +28,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import onnx
-
 from autoprec.analysis.data import Batch
-from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
-from autoprec.core.stored import StoredModel
+from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
+    Lowering,
     Measurement,
     Measurer,
+    Paired,
     Rejected,
     Screen,
     accuracy_loss,
-    measure,
-    time_interleaved,
+    measured,
+    reset_peak,
+    resident_bytes,
+    time_paired,
 )
 
 STARTUP_SECONDS = 120.0
@@ -77,17 +80,6 @@ class Limits:
             return cls(seconds, int(memory_gb * 2**30))
         total = total_memory_bytes()
         return cls(seconds, int(total * 0.75 / workers) if total else None)
-
-
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 class FileLock:
@@ -152,8 +144,9 @@ def device_lock_path(backend: str, device: int) -> Path:
     return private_folder(host_lock_folder()) / f"{backend}-device{device}.lock"
 
 
-def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, stderr_path: str) -> None:
-    """Child process: measure each serialized model it is sent until told to stop (None)."""
+def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
+            stderr_path: str) -> None:
+    """Child process: lower and measure each plan it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
@@ -169,34 +162,24 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             return
         kind, *args = message
         try:
-            if kind == "retime":  # ("retime", [sent models], rounds)
-                models, rounds = args
+            if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds)
+                reference, plan, rounds = args
+                models = lowering(backend, reference), lowering(backend, plan)
                 with on_device:
-                    timings = time_interleaved(backend, [_received(m) for m in models], batches[0], rounds)
-                conn.send(("ok", [None if t is None else [x.to_json() for x in t] for t in timings]))
-            elif kind == "loss":  # ("loss", serialized model, number of batches, the constraint's judge or the ranking's)
-                model, count, constraint = args
+                    conn.send(("ok", time_paired(backend, *models, batches[0], rounds).to_json()))
+            elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
+                plan, count, constraint = args
+                model = lowering(backend, plan)
                 with on_device:
-                    loss = accuracy_loss(backend, _received(model), batches[:count], judge if constraint else ranking)
+                    loss = accuracy_loss(backend, model, batches[:count], judge if constraint else ranking)
                 conn.send(("ok", loss))
-            else:  # ("measure", serialized model, screen or None)
-                model, screen = args
-                result = measure(backend, _received(model), batches, judge, screen, on_device)
-                conn.send(("ok", result.to_json()))
+            else:  # ("measure", plan, screen or None)
+                plan, screen = args
+                conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device).to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
         except Exception as exc:  # reported to the parent, which fails the trial with it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
-
-
-def _sent(model: StoredModel) -> tuple[bytes, str]:
-    """What goes through the pipe: the graph (its weights stay in the folder both processes read)."""
-    return model.proto.SerializeToString(), str(model.folder)
-
-
-def _received(sent: tuple[bytes, str]) -> StoredModel:
-    graph, folder = sent
-    return StoredModel(onnx.load_from_string(graph), Path(folder))
 
 
 class IsolatedMeasurer(Measurer):
@@ -212,11 +195,12 @@ class IsolatedMeasurer(Measurer):
         device: int = 0,
         cache_dir: Path | None = None,
         device_lock: FileLock | None = None,
+        lowering: Lowering | None = None,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
         is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
-        workers of one device."""
-        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge)
+        workers of one device; ``lowering`` turns the plans it is sent into models."""
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
@@ -259,20 +243,27 @@ class IsolatedMeasurer(Measurer):
             return f"worker killed by signal {signal.Signals(-code).name}"
         return f"worker exited with status {code}"
 
+    def _check_memory(self, peak: bool) -> None:
+        """The worker's resident memory now (or at its peak since this candidate was sent) against the limit."""
+        rss = resident_bytes(self.process.pid, peak)
+        limit = self.limits.memory_bytes
+        if limit is not None and rss is not None and rss > limit:
+            raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > {limit / 2**30:.2f} GiB"
+                              + (" (at its peak)" if peak else ""))
+
     def _wait(self, deadline: float, starting: bool = False):
         while True:
             try:
                 if self.conn.poll(POLL_SECONDS):
-                    return self.conn.recv()
+                    reply = self.conn.recv()
+                    self._check_memory(peak=True)  # a candidate done between two looks is held to the limit too
+                    return reply
             except (EOFError, OSError):
                 pass
             if not self.process.is_alive():
                 self.process.join(1)
                 raise self._crash(self._exit_cause() + (" while starting" if starting else ""))
-            rss = _rss_bytes(self.process.pid)
-            limit = self.limits.memory_bytes
-            if limit is not None and rss is not None and rss > limit:
-                raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > {limit / 2**30:.2f} GiB")
+            self._check_memory(peak=False)
             if time.monotonic() > deadline:
                 what = "starting" if starting else "measuring the candidate"
                 seconds = STARTUP_SECONDS if starting else self.limits.seconds
@@ -281,6 +272,7 @@ class IsolatedMeasurer(Measurer):
     def _ask(self, message: tuple, seconds: float):
         if self.process is None or not self.process.is_alive():
             self.start()
+        reset_peak(self.process.pid)
         self.conn.send(message)
         kind, payload = self._wait(time.monotonic() + seconds)
         if kind == "error":
@@ -289,17 +281,16 @@ class IsolatedMeasurer(Measurer):
             raise Rejected(payload["loss"], payload["batches"], payload["seconds"])
         return payload
 
-    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
-        return Measurement.from_json(self._ask(("measure", _sent(model), screen), self.limits.seconds))
+    def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
+        return Measurement.from_json(self._ask(("measure", plan, screen), self.limits.seconds))
 
-    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
         """:meth:`Measurer.accuracy_loss`, in the worker."""
-        return self._ask(("loss", _sent(model), batches, constraint), self.limits.seconds)
+        return self._ask(("loss", plan, batches, constraint), self.limits.seconds)
 
-    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
-        """:func:`autoprec.measure.measurement.time_interleaved` in the worker, within the time limit per model."""
-        payload = self._ask(("retime", [_sent(m) for m in models], rounds), self.limits.seconds * max(1, len(models)))
-        return [None if t is None else [Timing.from_json(x) for x in t] for t in payload]
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+        """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
+        return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
 
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -333,14 +324,14 @@ class MeasurerPool(Measurer):
         finally:
             self.free.put(measurer)
 
-    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
+    def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
         with self._worker() as measurer:
-            return measurer.measure(model, screen)
+            return measurer.measure(plan, screen)
 
-    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
         with self._worker() as measurer:
-            return measurer.accuracy_loss(model, batches, constraint)
+            return measurer.accuracy_loss(plan, batches, constraint)
 
-    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
         with self._worker() as measurer:
-            return measurer.time_interleaved(models, rounds)
+            return measurer.time_paired(reference, plan, rounds)

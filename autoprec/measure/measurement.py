@@ -1,16 +1,21 @@
-"""One candidate, measured: build it on the engine, run the evaluation set, time it, compare."""
+"""One candidate, measured: lower its plan, build it on the engine, run the evaluation set, time it, compare."""
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, Timing
+from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
+from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
@@ -141,60 +146,146 @@ def _run_and_time(runner, batches, judge: Judge, screen, seconds):
     return latency, retimes, outputs
 
 
-def time_interleaved(backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int) -> list[list[Timing] | None]:
-    """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
-    clocks) hits all alike. A model that fails to build or run gets None; the others go on."""
+@dataclass(frozen=True)
+class Lowering:
+    """What turns a plan into the model an engine builds: the prepared model, its calibrated ranges and,
+    for a reference executor judging another engine's graphs, that engine's Q/DQ form. A measurer holds
+    it (a worker process gets it once), so a plan travels as itself, never as a model."""
+
+    info: ModelInfo
+    ranges: ActivationRanges | None
+    form: QDQForm | None = None  # None: the measuring engine's own form
+
+    def __call__(self, backend: Backend, plan: Plan) -> StoredModel:
+        if self.form in (None, backend.qdq_form):
+            return backend.lower(self.info, plan, self.ranges)
+        return lower_plan(self.info, plan, self.ranges, self.form)
+
+
+def resident_bytes(pid: int | None = None, peak: bool = False) -> int | None:
+    """A process's resident memory (this one's by default), or its peak since it started or since
+    :func:`reset_peak`; None where the system does not say."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    try:
+        with open(f"/proc/{pid or os.getpid()}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(field)), None)
+    except (OSError, ValueError):
+        return None
+
+
+def reset_peak(pid: int) -> None:
+    """Start a process's peak resident memory afresh (Linux: ``clear_refs``), so the next peak is one candidate's."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+# An engine that takes more memory than this is never kept beside another: the re-timing then builds the
+# all-FP32 engine and the candidate's anew in each round, one at a time (their builds cost less than
+# holding two such engines; memory stays at one engine whatever the model's size).
+PAIR_ENGINE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A re-timing of one plan beside all-FP32: their timings round by round."""
+
+    reference: tuple[Timing, ...]  # the all-FP32 plan's
+    candidate: tuple[Timing, ...]
+    builds: int
+    apart: bool  # engines built one at a time, anew each round (see PAIR_ENGINE_BYTES)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reference": [t.to_json() for t in self.reference], "candidate": [t.to_json() for t in self.candidate],
+                "builds": self.builds, "apart": self.apart}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Paired:
+        return cls(tuple(Timing.from_json(t) for t in data["reference"]), tuple(Timing.from_json(t) for t in data["candidate"]),
+                   data["builds"], data["apart"])
+
+
+def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, batch: Batch, rounds: int) -> Paired:
+    """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift (a busy
+    neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's engine takes
+    more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
+    timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
+    models = {"reference": reference, "candidate": candidate}
+    before = resident_bytes() or 0
+    builds = 1
     with contextlib.ExitStack() as stack:
-        runners = []
-        for model in models:
-            try:
-                runner = stack.enter_context(backend.prepare(model))
-                runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
-                runners.append(runner)
-            except Exception:  # noqa: BLE001 - engines raise their own types; this model is left out
-                runners.append(None)
-        timings: list[list[Timing] | None] = [[] if r is not None else None for r in runners]
-        for _ in range(rounds):
-            for i, runner in enumerate(runners):
-                if timings[i] is not None:
-                    try:
-                        timings[i].append(runner.time(batch))
-                    except Exception:  # noqa: BLE001
-                        timings[i] = None
-    return timings
+        runners = {"reference": stack.enter_context(backend.prepare(reference))}
+        runners["reference"].run(batch)  # first run: allocations and kernel selection stay out of the rounds
+        apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
+        if apart:
+            timings["reference"].append(runners["reference"].time(batch))
+            stack.close()
+        else:
+            runners["candidate"] = stack.enter_context(backend.prepare(candidate))
+            runners["candidate"].run(batch)
+            builds += 1
+        for round_ in range(rounds):
+            for which in ("reference", "candidate"):
+                if not apart:
+                    timings[which].append(runners[which].time(batch))
+                elif len(timings[which]) <= round_:
+                    with backend.prepare(models[which]) as runner:
+                        runner.run(batch)
+                        timings[which].append(runner.time(batch))
+                    builds += 1
+    return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
 
 class Measurer(abc.ABC):
-    """Where a search's candidates are measured: :class:`InProcessMeasurer` here, or
+    """Where a search's plans are lowered and measured: :class:`InProcessMeasurer` here, or
     :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot take down."""
 
     @abc.abstractmethod
-    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
-        """:func:`measure` on the evaluation batches."""
+    def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
+        """:func:`measure` of the lowered plan on the evaluation batches (``seconds["lower"]``: its lowering)."""
 
     @abc.abstractmethod
-    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
         """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity pass ranks
         units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss`` constrains
         plans (``constraint``: the search's own judge, what a plan proposed before its build is held to)."""
 
     @abc.abstractmethod
-    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
-        """:func:`time_interleaved` on the first evaluation batch."""
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+        """:func:`time_paired` on the first evaluation batch."""
+
+
+def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
+             screen: Screen | None = None, device: contextlib.AbstractContextManager | None = None) -> Measurement:
+    """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the rest."""
+    t0 = time.perf_counter()
+    model = lowering(backend, plan)
+    lower_s = time.perf_counter() - t0
+    try:
+        result = measure(backend, model, batches, judge, screen, device)
+    except Rejected as rejected:
+        rejected.seconds["lower"] = lower_s
+        raise
+    result.seconds["lower"] = lower_s
+    return result
 
 
 class InProcessMeasurer(Measurer):
     """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash ends the search."""
 
-    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge):
+    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge, lowering: Lowering):
         """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by."""
-        self.backend, self.batches, self.judge, self.ranking = backend, batches, judge, ranking
+        self.backend, self.batches, self.judge, self.ranking, self.lowering = backend, batches, judge, ranking, lowering
 
-    def measure(self, model: StoredModel, screen: Screen | None = None) -> Measurement:
-        return measure(self.backend, model, self.batches, self.judge, screen)
+    def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
+        return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen)
 
-    def accuracy_loss(self, model: StoredModel, batches: int, constraint: bool = False) -> float:
-        return accuracy_loss(self.backend, model, self.batches[:batches], self.judge if constraint else self.ranking)
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
+        return accuracy_loss(self.backend, self.lowering(self.backend, plan), self.batches[:batches],
+                             self.judge if constraint else self.ranking)
 
-    def time_interleaved(self, models: Sequence[StoredModel], rounds: int) -> list[list[Timing] | None]:
-        return time_interleaved(self.backend, models, self.batches[0], rounds)
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+        return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
+                           self.batches[0], rounds)

@@ -30,6 +30,7 @@ from autoprec.results.files import (
     ShownTrial,
     decisions,
     drifted,
+    noise_verdict,
     shown_front,
 )
 from autoprec.study.search import TrialRecord
@@ -233,7 +234,7 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
              f"int8/fp16/fp32 = {shown.mix}"]
     versus = pareto.get("chosen_vs_fp32")
     if versus and versus["fp32_trial"] != shown.number:
-        verdict = "beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise: no real gain measured"
+        verdict = noise_verdict(versus["beyond_timing_noise"])
         how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
         lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
     if drift := drifted(pareto["search"]):
@@ -303,7 +304,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         v = r.pareto.get("chosen_vs_fp32")
         if not v:
             return "—"
-        return f"{v['speedup']:.2f}× ({'beyond' if v['beyond_timing_noise'] else 'within'} timing noise)"
+        return f"{v['speedup']:.2f}× ({noise_verdict(v['beyond_timing_noise'], short=True)})"
 
     def uniform(r: ResultFiles, precision: str) -> str:
         t = r.shown_trial(r.pareto.get("uniform", {}).get(precision))

@@ -43,8 +43,7 @@ class SearchResult:
         fp32 = self.uniform().get("fp32")
         if fp32 is None or self.chosen is None:
             return None
-        beyond = faster_beyond_noise(self.chosen.retimed_ms, self.chosen.measurement.latency, fp32.retimed_ms,
-                                     fp32.measurement.latency)
+        beyond = faster_beyond_noise(self.chosen.retimed_ms, fp32.retimed_ms)
         return {
             "fp32_trial": fp32.number,
             "speedup": fp32.latency_ms / self.chosen.latency_ms,
@@ -72,6 +71,15 @@ def timing_drift(trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
 
 
 DRIFT_WORTH_SAYING = 10.0  # percent
+
+
+def noise_verdict(beyond: bool | None, short: bool = False) -> str:
+    """What a speed-up's verdict on timing noise says (None: not re-timed, so there is none)."""
+    if beyond is None:
+        return "not re-timed" if short else "not re-timed: no verdict on timing noise"
+    if beyond:
+        return "beyond timing noise"
+    return "within timing noise" if short else "WITHIN timing noise: no real gain measured"
 
 
 def drifted(search: dict[str, Any]) -> str | None:
@@ -276,7 +284,7 @@ SEARCH = {
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
-          "chosen_vs_fp32": Nullable({"fp32_trial": int, "speedup": NUMBER, "beyond_timing_noise": bool})}
+          "chosen_vs_fp32": Nullable({"fp32_trial": int, "speedup": NUMBER, "beyond_timing_noise": Nullable(bool)})}
 TRIALS = {**HEADER, "trials": [TRIAL]}
 CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
@@ -359,8 +367,8 @@ class ShownTrial:
     def high_ms(self) -> float:
         return max(self.rounds) if self.rounds else self.timing.p90_ms
 
-    def faster_beyond_noise_than(self, other: ShownTrial) -> bool:
-        return faster_beyond_noise(self.rounds, self.timing, other.rounds, other.timing)
+    def faster_beyond_noise_than(self, other: ShownTrial) -> bool | None:
+        return faster_beyond_noise(self.rounds, other.rounds)
 
     @property
     def mix(self) -> str:

@@ -20,7 +20,6 @@ import optuna
 from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
-from autoprec.core.stored import StoredModel
 from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
 from autoprec.study.search import (
     StudyContext,
@@ -63,7 +62,7 @@ class Proposer:
 
     ctx: StudyContext
     reference: optuna.Study
-    reference_loss: Callable[[StoredModel], float]
+    reference_loss: Callable[[Plan], float]  # lowered and judged on the reference executor
     gains: Mapping[str, Mapping[str, float]]  # the sensitivity's: unit -> precision -> FP32 time saved
     per_build: int
     model: LatencyModel | None = None  # made once the all-FP32 plan is measured
@@ -71,16 +70,18 @@ class Proposer:
 
     @classmethod
     def open(cls, storage: str | optuna.storages.BaseStorage, study_name: str, identity: dict, seed: int, ctx: StudyContext,
-             reference_loss: Callable[[StoredModel], float], gains: Mapping[str, Mapping[str, float]],
+             reference_loss: Callable[[Plan], float], gains: Mapping[str, Mapping[str, float]],
              per_build: int) -> Proposer:
         """The reference study beside the search's, in its storage (a resumed search keeps its proposals)."""
         reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
         return cls(ctx, reference, reference_loss, gains, per_build)
 
-    def features(self, plan: Plan, lowered: StoredModel | None = None) -> Features:
+    def features(self, plan: Plan) -> Features:
+        """What the latency model reads of a plan: its lowered graph's conversions (lowering edits the graph
+        alone, in milliseconds) and its units' profiled savings."""
         key = plan.key()
         if key not in self._features:
-            lowered = lowered if lowered is not None else self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
+            lowered = self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
             self._features[key] = self.model.features(plan, lowered.proto, self.ctx.info.model)
         return self._features[key]
 
@@ -154,9 +155,8 @@ class Proposer:
             features, loss = Features.from_json(earlier.user_attrs["features"]), earlier.user_attrs["reference_loss"]
         else:
             try:
-                lowered = self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
-                features = self.features(plan, lowered)
-                loss = self.reference_loss(lowered)
+                features = self.features(plan)
+                loss = self.reference_loss(plan)
             except Exception:  # noqa: BLE001 - a plan the reference cannot run is not proposed for a build
                 features, loss = Features(0.0, 0.0, 0), math.inf
             attrs["evaluated"] = True

@@ -24,12 +24,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
-from autoprec.backends.base import Backend, Timing
+from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, StudyError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
-from autoprec.core.stored import StoredModel
 from autoprec.measure.isolation import TrialCrash
-from autoprec.measure.measurement import Measurement, Rejected
+from autoprec.measure.measurement import Measurement, Paired, Rejected
 from autoprec.study.coordination import (
     DEFAULT_HEARTBEAT,
     StudyLocks,
@@ -93,7 +92,7 @@ class StudyContext:
     info: ModelInfo
     backend: Backend
     ranges: ActivationRanges | None
-    measure: Callable[[StoredModel], Measurement]  # in a worker process (isolation) or in-process
+    measure: Callable[[Plan], Measurement]  # lowered and measured in a worker process (isolation) or in-process
     calibration: str
     max_loss: float | None
     locks: StudyLocks = field(default_factory=lambda: StudyLocks(None, f"local-{os.getpid()}-{id(object())}"))
@@ -348,10 +347,7 @@ def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: P
         _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
         return None
     try:
-        t0 = time.perf_counter()
-        model = ctx.backend.lower(ctx.info, plan, ctx.ranges)
-        lower_s = time.perf_counter() - t0
-        result = _measure_at_most_twice(ctx, model)
+        result = _measure_at_most_twice(ctx, plan)
     except Rejected as rejected:
         _reject(study, trial, ctx, rejected.to_json())
         return None
@@ -359,7 +355,6 @@ def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: P
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
         return None
-    result.seconds["lower"] = lower_s
     result.seconds["trial"] = time.perf_counter() - started  # all of it: sampling, lowering, IPC, engine work
     trial.set_user_attr("measurement", result.to_json())
     if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
@@ -376,13 +371,13 @@ def _reject(study: optuna.Study, trial: optuna.Trial, ctx: StudyContext, screene
     study.tell(trial, state=TrialState.PRUNED)
 
 
-def _measure_at_most_twice(ctx: StudyContext, model: StoredModel) -> Measurement:
+def _measure_at_most_twice(ctx: StudyContext, plan: Plan) -> Measurement:
     """A crash may be the machine's fault, so it gets one retry in a fresh worker; a second one fails the plan."""
     try:
-        return ctx.measure(model)
+        return ctx.measure(plan)
     except TrialCrash as first:
         try:
-            return ctx.measure(model)
+            return ctx.measure(plan)
         except TrialCrash as second:
             raise TrialCrash(f"crashed twice, not retried again. First: {first}. Second: {second}") from None
 
@@ -543,20 +538,44 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
     return front
 
 
-def retime(
-    records: Sequence[TrialRecord], time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = 3
-) -> list[TrialRecord]:
-    """Time the given plans again in interleaved rounds (``time_plans``, e.g.
-    :func:`autoprec.measure.measurement.time_interleaved`), so the choice does not rest on one lucky or unlucky
-    trial. A plan that fails keeps its trial's timing."""
-    try:
-        timings = time_plans([r.plan for r in records])
-    except (AutoprecError, RuntimeError, ValueError):
-        return list(records)
-    return [
-        replace(r, retimed_ms=tuple(t.median_ms for t in rounds_of)) if rounds_of and len(rounds_of) == rounds else r
-        for r, rounds_of in zip(records, timings)
-    ]
+@dataclass(frozen=True)
+class Retiming:
+    """What the re-timing measured: each re-timed trial again, the engine builds it took, and each plan
+    whose re-timing failed (its figures stay the trial's own: no verdict on timing noise rests on them)."""
+
+    trials: dict[int, TrialRecord]
+    builds: int = 0
+    apart: bool = False  # engines built one at a time, anew each round (too large to keep two)
+    failed: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"retimed": sorted(self.trials), "builds": self.builds, "one_engine_at_a_time": self.apart,
+                "failed": list(self.failed)}
+
+
+def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired: Callable[[Plan, Plan, int], Paired],
+           rounds: int = 3) -> Retiming:
+    """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved rounds
+    (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the choice does not rest
+    on one lucky or unlucky trial, and memory does not grow with the plans re-timed. The all-FP32 plan's
+    re-timed figure is every round it ran beside them. A plan whose re-timing fails (a crash, the memory or
+    time limit) keeps its trial's timing, and is said in ``failed``."""
+    if fp32 is None:
+        return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to re-time it beside"}
+                                         for r in records))
+    trials, reference, failed, builds, apart = {}, [], [], 0, False
+    for record in (r for r in records if r.plan.key() != fp32.plan.key()):
+        try:
+            paired = time_paired(fp32.plan, record.plan, rounds)
+        except (AutoprecError, RuntimeError, ValueError) as exc:
+            failed.append({"trial": record.number, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            continue
+        trials[record.number] = replace(record, retimed_ms=tuple(t.median_ms for t in paired.candidate))
+        reference += [t.median_ms for t in paired.reference]
+        builds, apart = builds + paired.builds, apart or paired.apart
+    if reference:
+        trials[fp32.number] = replace(fp32, retimed_ms=tuple(reference))
+    return Retiming(trials, builds, apart, tuple(failed))
 
 
 # Final re-timing of the front: enough rounds for a max/min comparison to mean something.
@@ -570,13 +589,12 @@ RETIME_FEASIBLE = 3
 
 
 def retimed_front(
-    study: optuna.Study, time_plans: Callable[[list[Plan]], list[list[Timing] | None]], rounds: int = RETIME_ROUNDS,
+    study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired], rounds: int = RETIME_ROUNDS,
     max_loss: float | None = None,
-) -> tuple[list[TrialRecord], dict[int, TrialRecord]]:
-    """The Pareto front, fastest first, after it, the all-FP32 plan (beside it, so that the
-    comparison with FP32 uses the same rounds) and the ``RETIME_FEASIBLE`` fastest other plans
-    within ``max_loss`` were timed again in ``rounds`` interleaved rounds; and every re-timed trial
-    by number.
+) -> tuple[list[TrialRecord], Retiming]:
+    """The Pareto front, fastest first, after it and the ``RETIME_FEASIBLE`` fastest other plans within
+    ``max_loss`` were timed again beside the all-FP32 plan in ``rounds`` interleaved rounds (see
+    :func:`retime`); and the re-timing.
 
     Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
     than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
@@ -594,15 +612,15 @@ def retimed_front(
             seen.add(r.plan.key())
             extra.append(r)
     candidates = [*front, *extra, *([fp32] if fp32 else [])]
-    again = {r.number: r for r in retime(list({r.number: r for r in candidates}.values()), time_plans, rounds)}
+    retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds)
     shown, plans = [], set()
     for r in candidates:  # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
         if r.plan.key() not in plans:
             plans.add(r.plan.key())
-            shown.append(again[r.number])
+            shown.append(retiming.trials.get(r.number, r))
     # the all-FP32 plan rejoins the front when the re-timing shows nothing faster at its (zero) loss
     kept = [r for r in shown if not any(_dominates(other, r) for other in shown)]
-    return sorted(kept, key=lambda r: r.latency_ms), again
+    return sorted(kept, key=lambda r: r.latency_ms), retiming
 
 
 def _dominates(a: TrialRecord, b: TrialRecord) -> bool:

@@ -32,8 +32,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
-from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
-from autoprec.core.stored import StoredModel
+from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,7 @@ class Sensitivity:
     failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
     first_error: str = ""
     profiles: int = 0  # builds of the engine that profiled a plan (the FP32 model, each all-units plan)
+    evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the profiles)
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
@@ -87,6 +87,7 @@ class Sensitivity:
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
             "failed": self.failed, "first_error": self.first_error, "profiles": self.profiles,
+            "evaluation_seconds": round(self.evaluation_seconds, 3),
         }
 
     @classmethod
@@ -96,7 +97,8 @@ class Sensitivity:
             for u in data["units"]
         )
         return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"],
-                   data.get("failed", 0), data.get("first_error", ""), data.get("profiles", 0))
+                   data.get("failed", 0), data.get("first_error", ""), data.get("profiles", 0),
+                   data.get("evaluation_seconds", 0.0))
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
@@ -214,7 +216,7 @@ def analyse_sensitivity(
     info: ModelInfo,
     backend: Backend,
     ranges: ActivationRanges | None,
-    loss_of: Callable[[StoredModel], float],
+    loss_of: Callable[[Plan], float],
     profile_batch: Batch,
     batches: int,
     calibration: str = DEFAULT_CALIBRATION,
@@ -235,9 +237,10 @@ def analyse_sensitivity(
     steps = [(u, p) for u in info.searchable_units for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.searchable_units}
     failures: list[str] = []
+    evaluating = time.monotonic()
     for i, (unit, precision) in enumerate(steps):
         try:
-            loss = loss_of(backend.lower(info, info.plan_at(precision, [unit.name], calibration), ranges))
+            loss = loss_of(info.plan_at(precision, [unit.name], calibration))
         except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
             failures.append(f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
@@ -250,7 +253,8 @@ def analyse_sensitivity(
         for u in info.searchable_units
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
-                       len(failures), failures[0] if failures else "", profiles + (fp32_times is not None))
+                       len(failures), failures[0] if failures else "", profiles + (fp32_times is not None),
+                       time.monotonic() - evaluating)
 
 
 def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None) -> tuple[ModelInfo, dict]:
