@@ -1,7 +1,9 @@
-"""Shared pieces of the benchmarks: machine facts, the per-model loop, one prepared zoo model, a measurement cache."""
+"""Shared pieces of the benchmarks: machine facts, the per-model loop, one prepared zoo model, a measurement cache,
+models timed side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import itertools
@@ -11,13 +13,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import onnx
 import onnxruntime
 import optuna
 
 import autoprec
+from autoprec.analysis.data import Batch
 from autoprec.app.prepare import (
     Prepared,
     declared_tasks,
@@ -28,9 +31,11 @@ from autoprec.app.prepare import (
 )
 from autoprec.app.search import engine_space
 from autoprec.backends import get_backend
-from autoprec.backends.base import Backend
+from autoprec.backends.base import Backend, Timing
 from autoprec.core import atomic
+from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
+from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
 from autoprec.study.search import (
@@ -103,6 +108,14 @@ def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
     return {"models": kept, "runs": runs} if kept else {}
 
 
+def model_key(model: StoredModel) -> str:
+    """What a model is within one run: its graph and the folder its weights live in (equal graphs in one
+    folder are equal models; the graph alone holds no weights over 1 KiB)."""
+    digest = hashlib.sha256(model.proto.SerializeToString())
+    digest.update(str(model.folder).encode())
+    return digest.hexdigest()
+
+
 @dataclass
 class CachedMeasure:
     """In-process measurement, each distinct lowered model measured once across every study of a run.
@@ -120,19 +133,53 @@ class CachedMeasure:
 
     losses: dict[str, float] = field(default_factory=dict)  # plans judged for their loss only (not timed)
 
-    def __call__(self, model: onnx.ModelProto) -> Measurement:
-        key = hashlib.sha256(model.SerializeToString()).hexdigest()
+    def __call__(self, plan: Plan) -> Measurement:
+        """A study's ``measure``: the plan lowered here, then :meth:`measure_model`."""
+        return self.measure_model(self._lower(plan))
+
+    def measure_model(self, model: StoredModel) -> Measurement:
+        key = model_key(model)
         if key not in self.cache:
             self.measured += 1
             self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.judge, self.screen)
         return self.cache[key]
 
-    def loss(self, model: onnx.ModelProto) -> float:
+    def loss(self, plan: Plan) -> float:
         """The judge's loss on every evaluation batch, untimed (a reference executor's), each plan once."""
-        key = hashlib.sha256(model.SerializeToString()).hexdigest()
+        model = self._lower(plan)
+        key = model_key(model)
         if key not in self.losses:
             self.losses[key] = accuracy_loss(self.backend, model, self.prepared.dataset.evaluation, self.judge)
         return self.losses[key]
+
+    def _lower(self, plan: Plan) -> StoredModel:
+        return self.backend.lower(self.prepared.info, plan, self.prepared.ranges)
+
+
+def time_interleaved(backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int) -> list[list[Timing] | None]:
+    """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
+    clocks) hits all alike. A model that fails to build or run gets None; the others go on.
+
+    Every model's engine stays alive to the end: fine for the zoo's small models, not for large ones
+    (the search itself times one plan at a time beside all-FP32: ``autoprec.measure.measurement.time_paired``)."""
+    with contextlib.ExitStack() as stack:
+        runners = []
+        for model in models:
+            try:
+                runner = stack.enter_context(backend.prepare(model))
+                runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
+                runners.append(runner)
+            except Exception:  # noqa: BLE001 - engines raise their own types; this model is left out
+                runners.append(None)
+        timings: list[list[Timing] | None] = [[] if r is not None else None for r in runners]
+        for _ in range(rounds):
+            for i, runner in enumerate(runners):
+                if timings[i] is not None:
+                    try:
+                        timings[i].append(runner.time(batch))
+                    except Exception:  # noqa: BLE001
+                        timings[i] = None
+    return timings
 
 
 def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:

@@ -106,10 +106,11 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
     batches = screening_batches(len(evaluation))
     sensitivity = analyse_sensitivity(info, backend, prepared.ranges,
-                                      lambda m: accuracy_loss(backend, m, evaluation[:batches], judge.for_ranking()),
+                                      lambda plan: accuracy_loss(backend, backend.lower(info, plan, prepared.ranges),
+                                                                 evaluation[:batches], judge.for_ranking()),
                                       evaluation[0], batches)
     bisect_model, bisect = run_polygraphy_bisect(prepared, backend, judge)
-    bisect_measured = measure(bisect_model)
+    bisect_measured = measure.measure_model(bisect_model)
     runs = {f"proposals {proposals}": proposals, "proposals 0": 0}
     per_method = {method: [run_seed(ctx(), sensitivity, builds, k, seed, measure.loss) for seed in range(seeds)]
                   for method, k in runs.items()}

@@ -67,9 +67,9 @@ def unpack(tree: Path) -> None:
             path = tree / name
             model = onnx.load_from_string(path.read_bytes())
             for tensor in tensors(model.graph):
-                if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                    continue
                 entries = {e.key: e.value for e in tensor.external_data}
+                if tensor.data_location != onnx.TensorProto.EXTERNAL or entries.get("location") != BLOB:
+                    continue  # a model's own external data (autoprec writes large models so) stays as it came
                 blob.seek(int(entries["offset"]))
                 tensor.raw_data = blob.read(int(entries["length"]))
                 tensor.ClearField("external_data")

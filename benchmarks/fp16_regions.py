@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts  # noqa: E402
+from _harness import machine_facts, time_interleaved  # noqa: E402
 from gpu import mirrored_items  # noqa: E402
 
 from autoprec.analysis.data import build_dataset  # noqa: E402
@@ -38,7 +38,6 @@ from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
 from autoprec.measure.accuracy import output_metrics  # noqa: E402
-from autoprec.measure.measurement import time_interleaved  # noqa: E402
 from autoprec.results.files import json_safe  # noqa: E402
 
 MODELS = ("ppocr-det", "ppocr-rec", "ppocr-cls", "yolov8n", "magika")
@@ -66,7 +65,7 @@ def measure_model(name: str, batch: int, backend, cpu, rounds: int) -> dict:
     reference = reference_outputs(info, batches, dataset.fingerprint())
     plan = info.plan_at(Precision.FP16)
     models = {
-        "fp32": info.model,
+        "fp32": info.stored,
         "fp16_islands": lower_plan(info, plan, None, QDQForm.ORT_CPU),  # no INT8 in the plan: the pre-region lowering
         "fp16_regions": lower_plan(info, plan, None, QDQForm.TENSORRT),
     }

@@ -33,17 +33,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts  # noqa: E402
+from _harness import machine_facts, time_interleaved  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.analysis.model import batch_axes, declared_inputs, load_onnx  # noqa: E402
 from autoprec.app.prepare import prepare, resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
+from autoprec.core import atomic, stored  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.measure.accuracy import compare, loss_from_metrics  # noqa: E402
-from autoprec.measure.measurement import time_interleaved  # noqa: E402
 from autoprec.results.files import json_safe, load_json, read_result_dir  # noqa: E402
 
 MODELS = ("ppocr-det", "ppocr-rec", "yolov8n", "minilm")
@@ -109,7 +108,7 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
     timings = dict(zip(plans, time_interleaved(engine, models, evaluation[0], ROUNDS)))
     medians = {k: [t.median_ms for t in v] for k, v in timings.items()}
     spreads = {k: [t.p90_ms - t.p10_ms for t in v] for k, v in timings.items()}
-    with engine.prepare(load_onnx(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
+    with engine.prepare(stored.load(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
         fresh_loss = loss_from_metrics(compare(prepared.reference, [fresh.run(b) for b in evaluation]), "cosine")
     ms = {k: statistics.median(v) for k, v in medians.items()}
     return {

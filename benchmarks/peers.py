@@ -7,7 +7,7 @@ decisions; ppocr-det, which has none, 1 - mean cosine), or on ``--metric cosine`
 on the zoo's evaluation batches, in one run:
 
 - ``autoprec``: its search (sensitivity pass, uniform plans, warm start, multivariate TPE, cheap
-  rejection), budget 50, the fastest plan within the limit once its front and all-FP32 were re-timed
+  rejection), budget 50, the fastest plan within the limit once its front was re-timed beside all-FP32
   in 3 interleaved rounds (as ``autoprec search`` does before it chooses).
 - ``polygraphy_bisect``: the strategy of Polygraphy's ``debug precision`` (bisect mode, forward
   direction), re-implemented over the same backend and units: the smallest number of leading
@@ -65,18 +65,20 @@ from _harness import (  # noqa: E402
     prepare_zoo,
     run_models,
     task_metrics,
+    time_interleaved,
     zoo_judge,
 )
 from gpu import batch_data, searched  # noqa: E402
 
 from autoprec.core.plan import Plan, Precision  # noqa: E402
+from autoprec.core.stored import StoredModel, inlined  # noqa: E402
 from autoprec.measure.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
 from autoprec.measure.measurement import (  # noqa: E402
     Screen,
     accuracy_loss,
     measure,
     screening_batches,
-    time_interleaved,
+    time_paired,
 )
 from autoprec.results.files import decisions  # noqa: E402
 from autoprec.study.search import (  # noqa: E402
@@ -99,22 +101,27 @@ TASK_METRIC = {"ppocr-rec": "ctc-text@labels", "ppocr-cls": "top1@labels", "magi
                "minilm": "embedding", "ppocr-det": "cosine"}
 
 
-def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[onnx.ModelProto, dict, list]:
+def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[StoredModel, dict, list]:
     info, evaluation = prepared.info, prepared.dataset.evaluation
     batches = screening_batches(len(evaluation))
+
+    def lowered(plan: Plan) -> StoredModel:
+        return backend.lower(info, plan, prepared.ranges)
+
     sensitivity = analyse_sensitivity(
-        info, backend, prepared.ranges, lambda m: accuracy_loss(backend, m, evaluation[:batches], judge), evaluation[0], batches,
+        info, backend, prepared.ranges, lambda plan: accuracy_loss(backend, lowered(plan), evaluation[:batches], judge),
+        evaluation[0], batches,
     )
     measure_ = CachedMeasure(backend, prepared, judge, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
     ctx = StudyContext(info, backend, prepared.ranges, measure_, "percentile-99.99", MAX_LOSS)
     study = open_study(optuna.storages.InMemoryStorage(), "peers", {}, make_sampler("tpe", 0))
     started = time.monotonic()
     run_warm_started(study, ctx, budget, sensitivity)
-    front, _ = retimed_front(study, lambda plans: time_interleaved(  # as the search does before it chooses
-        backend, [backend.lower(info, p, prepared.ranges) for p in plans], evaluation[0], RETIME_ROUNDS), max_loss=MAX_LOSS)
+    front, _ = retimed_front(study, lambda reference, plan, rounds: time_paired(  # as the search does before it chooses
+        backend, lowered(reference), lowered(plan), evaluation[0], rounds), RETIME_ROUNDS, max_loss=MAX_LOSS)
     chosen = choose(front, MAX_LOSS)
     trials = sorted(finished_records(study), key=lambda r: r.number)
-    return backend.lower(info, chosen.plan, prepared.ranges), {
+    return lowered(chosen.plan), {
         "evaluations": measure_.measured,
         "sensitivity_evaluations": sensitivity.evaluations,
         "sensitivity_seconds": round(sensitivity.seconds, 1),
@@ -124,7 +131,7 @@ def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[onnx.Mod
     }, trials
 
 
-def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[onnx.ModelProto, dict]:
+def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[StoredModel, dict]:
     """Bisection over k, the number of leading units kept in FP32 (the rest INT8); k = all passes."""
     info = prepared.info
     units = [u for u in info.searchable_units if Precision.INT8 in u.allowed]
@@ -165,7 +172,7 @@ def score(judge: Judge, indices, outputs) -> float:
     return float(np.mean([1.0 - v if key == "cer_labels" else v for v in values]))
 
 
-def run_nncf(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
+def run_nncf(prepared, judge: Judge) -> tuple[StoredModel, dict]:
     import nncf
     import onnxruntime as ort
 
@@ -182,7 +189,7 @@ def run_nncf(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
         return score(judge, chosen, outputs)
 
     quantized = nncf.quantize_with_accuracy_control(
-        prepared.info.model,
+        inlined(prepared.info.stored),  # NNCF edits a model in memory, weights and all
         nncf.Dataset(list(prepared.dataset.calibration)),
         nncf.Dataset(list(range(len(evaluation)))),
         validate,
@@ -190,10 +197,16 @@ def run_nncf(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
         drop_type=nncf.DropType.ABSOLUTE,
         subset_size=max(1, len(prepared.dataset.calibration)),
     )
-    return quantized, {"evaluations": calls, "version": nncf.__version__}
+    return peer_model(quantized, prepared), {"evaluations": calls, "version": nncf.__version__}
 
 
-def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[onnx.ModelProto, dict]:
+def peer_model(model: onnx.ModelProto, prepared) -> StoredModel:
+    """A peer's model (in memory, its weights inline) as the engine loads it: written whole, beside the prepared
+    model's weights, whenever it is built (the zoo's models are small)."""
+    return StoredModel(model, prepared.info.folder)
+
+
+def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[StoredModel, dict]:
     import onnxconverter_common
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
 
@@ -209,15 +222,15 @@ def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[onnx.ModelProt
         outputs = [dict(zip(names, [a.astype(np.float32) for a in actual]))]
         return one.loss(one.metrics(outputs), outputs) <= MAX_LOSS
 
-    converted = auto_convert_mixed_precision(onnx.ModelProto.FromString(prepared.info.model.SerializeToString()),
-                                             dict(batch), validate_fn=validate, keep_io_types=True)
-    return converted, {"evaluations": calls, "version": onnxconverter_common.__version__}
+    converted = auto_convert_mixed_precision(inlined(prepared.info.stored), dict(batch), validate_fn=validate,
+                                             keep_io_types=True)
+    return peer_model(converted, prepared), {"evaluations": calls, "version": onnxconverter_common.__version__}
 
 
 def run_model(name: str, budget: int, metric: str) -> dict:
     prepared, backend = prepare_zoo(name)
     judge = zoo_judge(name, prepared, TASK_METRIC.get(name, "cosine") if metric == "task" else metric)
-    picks: dict[str, onnx.ModelProto] = {"fp32": prepared.info.model}
+    picks: dict[str, StoredModel] = {"fp32": prepared.info.stored}
     methods: dict[str, dict] = {}
     model, facts, trials = run_autoprec(prepared, backend, budget, judge)
     picks["autoprec"], methods["autoprec"] = model, facts
@@ -283,6 +296,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     from autoprec.app.prepare import load_inputs
     from autoprec.core import atomic
     from autoprec.core.search_space import load_search_space
+    from autoprec.core.stored import save_models
 
     folder.mkdir(parents=True, exist_ok=True)
     earlier = json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
@@ -299,7 +313,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
                 # prepared as the search prepares it (a scalar input such as silero's sr fed its value)
                 info, dataset, _ = load_inputs(model_path, load_search_space(), data, shapes)
                 fp32 = folder / f"{key}.fp32.onnx"
-                onnx.save(info.model, fp32)
+                save_models({fp32: info.stored}, data=f"{fp32.name}.data")  # self-contained: AutoCast reads the file
                 # a folder of one .npz is fed as that one batch; a lone .npz would be split by ModelOpt's
                 # CalibrationDataProvider, which fails on a scalar input (silero's sr)
                 calibration = folder / f"{key}.calibration"
@@ -312,7 +326,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
                 record["models"][key] = {"seconds": round(time.monotonic() - started, 1), "casts": casts}
             except Exception as exc:  # noqa: BLE001 - a model AutoCast cannot convert is reported, not fatal
                 record["models"][key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.npz"):
+            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.fp32.onnx.data", folder / f"{key}.npz"):
                 leftover.unlink(missing_ok=True)
             shutil.rmtree(folder / f"{key}.calibration", ignore_errors=True)
             atomic.write_json(folder / "autocast.json", record)
@@ -322,8 +336,8 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
 
 def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: int, tmp: Path) -> dict:
     """autoprec's pick on ort-cuda against AutoCast's model, timed side by side with FP32."""
-    from autoprec.analysis.model import load_onnx
     from autoprec.backends import get_backend
+    from autoprec.core import stored
     from autoprec.measure.accuracy import compare
 
     converted = autocast / f"{name}-b{batch}.autocast.onnx"
@@ -333,8 +347,8 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
     if result.chosen is None:
         return {"error": f"autoprec chose no plan within {MAX_LOSS}", "search_wall_s": round(wall, 1)}
     engine = get_backend("ort-cuda", device)
-    picks = {"fp32": prepared.info.model, "autoprec": load_onnx(out / "best" / "model.onnx"),
-             "modelopt_autocast": load_onnx(converted)}
+    picks = {"fp32": prepared.info.stored, "autoprec": stored.load(out / "best" / "model.onnx"),
+             "modelopt_autocast": stored.load(converted)}
     evaluation = prepared.dataset.evaluation
     losses = {}
     for method, model in picks.items():

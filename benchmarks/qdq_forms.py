@@ -26,7 +26,7 @@ from autoprec.analysis.model import analyse, declared_inputs, load_onnx
 from autoprec.analysis.reference import reference_outputs
 from autoprec.backends import get_backend
 from autoprec.core import atomic
-from autoprec.core.plan import Plan, Precision
+from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import compare
@@ -59,12 +59,12 @@ def bench_model(name: str, path: Path, data: Path | None, rounds: int) -> dict:
     ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
     backend = get_backend("ort-cpu")
-    names = [u.name for u in info.units]
+    # every unit that may take the precision at it (a sensitive op such as Softmax takes no INT8), the rest FP32
     variants = {
-        "fp32": lower_plan(info, Plan.uniform(names, Precision.FP32), ranges),
-        "fp16 (Cast)": lower_plan(info, Plan.uniform(names, Precision.FP16), ranges),
-        "int8 tensorrt form": lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.TENSORRT),
-        "int8 ort-cpu form": lower_plan(info, Plan.uniform(names, Precision.INT8), ranges, QDQForm.ORT_CPU),
+        "fp32": lower_plan(info, info.plan_at(Precision.FP32), ranges),
+        "fp16 (Cast)": lower_plan(info, info.plan_at(Precision.FP16), ranges),
+        "int8 tensorrt form": lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.TENSORRT),
+        "int8 ort-cpu form": lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.ORT_CPU),
     }
     runners = {k: backend.prepare(m) for k, m in variants.items()}
     cosines = {k: min(m["cosine"] for m in compare(reference, [r.run(b) for b in dataset.evaluation]).values())

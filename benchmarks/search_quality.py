@@ -5,7 +5,9 @@ Per zoo model, on ONNX Runtime's CPU provider, in one run:
 2. the sensitivity pass, once per model (its evaluations and seconds are reported: they are spent
    before the budget's trials, accuracy only, on a quarter of the evaluation batches);
 3. at the budget (default 50) with 3 seeds each: autoprec's search (uniform plans, then the
-   sensitivity warm start, then multivariate TPE), the same warm start followed by NSGA-II or by
+   sensitivity warm start, then multivariate TPE; the units of a repeated pattern decided together),
+   the same with every unit decided on its own (``--separate-repeats``, where the model has repeated
+   patterns: its sensitivity pass is then per unit), the same warm start followed by NSGA-II or by
    Optuna's GP sampler, TPE without the warm start (autoprec before the sensitivity pass), and
    Optuna's RandomSampler and NSGAIISampler (defaults, no seeding).
 
@@ -81,41 +83,46 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     info = prepared.info
     judge = zoo_judge(name, prepared)
     measure = CachedMeasure(backend, prepared, judge)
-    ctx = lambda: StudyContext(info, backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
+    tied = {True: info, False: info.untied()}  # repeated patterns decided together, or each unit on its own
+    ctx = lambda together=True: StudyContext(tied[together], backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
     started = time.monotonic()
     space = math.prod(len(u.allowed) for u in info.searchable_units)
-    reference_records, reference_budget = dense_reference(ctx(), reference_trials, name)
+    reference_records, reference_budget = dense_reference(ctx(False), reference_trials, name)  # the whole plan space
     all_points = _points(reference_records)
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
 
     evaluation = prepared.dataset.evaluation
     batches = screening_batches(len(evaluation))
-    sensitivity = analyse_sensitivity(
-        info, backend, prepared.ranges,
-        lambda m: accuracy_loss(backend, m, evaluation[:batches], judge),
+    repeats = len(info.dimensions) < len(info.searchable_units)
+    sensitivity = {together: analyse_sensitivity(
+        tied[together], backend, prepared.ranges,
+        lambda plan: accuracy_loss(backend, backend.lower(info, plan, prepared.ranges), evaluation[:batches], judge),
         evaluation[0], batches,
-    )
-    # method -> (sampler, warm start): warm-started methods run autoprec's own flow (run_warm_started).
+    ) for together in ((True, False) if repeats else (True,))}
+    # method -> (sampler, warm start, repeats decided together): warm-started methods run autoprec's own flow.
     methods = {
-        "autoprec": ("tpe", True),
-        "warm+nsga2": ("nsga2", True),
-        "warm+gp": ("gp", True),
-        "tpe": ("tpe", False),
-        "random": ("random", None),
-        "nsga2": ("nsga2", None),
+        "autoprec": ("tpe", True, True),
+        "separate": ("tpe", True, False),
+        "warm+nsga2": ("nsga2", True, True),
+        "warm+gp": ("gp", True, True),
+        "tpe": ("tpe", False, True),
+        "random": ("random", None, True),
+        "nsga2": ("nsga2", None, True),
     }
     if not gp_available():
         methods.pop("warm+gp")
+    if not repeats:
+        methods.pop("separate")  # no repeated pattern: the same search as autoprec's
     runs, walls, tasks_at = {}, {}, {}
-    for method, (sampler, warm) in methods.items():
+    for method, (sampler, warm, together) in methods.items():
         runs[method], walls[method], tasks_at[method] = [], [], []
         for seed in range(seeds):
             t0 = time.monotonic()
             study = _study(make_sampler(sampler, seed), f"{name}-{method}-{seed}")
             if warm is None:  # a plain sampler, as Optuna users would run it
-                run_study(study, ctx(), budget)
+                run_study(study, ctx(together), budget)
             else:
-                run_warm_started(study, ctx(), budget, sensitivity if warm else None)
+                run_warm_started(study, ctx(together), budget, sensitivity[together] if warm else None)
             walls[method].append(round(time.monotonic() - t0, 1))
             records = finished_records(study)
             points = _points(records)
@@ -132,10 +139,12 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
             "trials": budget,
             "sampler": methods[method][0],
             "warm_start": bool(methods[method][1]),
+            "repeats_together": methods[method][2],
             "wall_seconds": walls[method],
         }
     return {
         "units": len(info.searchable_units),
+        "dimensions": len(info.dimensions),
         "plan_space": space,
         "reference_front_trials": reference_budget,
         "reference_exhaustive": space <= reference_trials,
@@ -145,8 +154,10 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
         "wall_seconds": round(time.monotonic() - started, 1),
         "input_shapes": {i.name: list(i.shape) for i in info.inputs},
         "task_metrics_fp32_on_labels": judge.fp32_scores(len(evaluation)),
-        "sensitivity": {"evaluations": sensitivity.evaluations, "batches": sensitivity.batches,
-                        "seconds": round(sensitivity.seconds, 1)},
+        "sensitivity": {"evaluations": sensitivity[True].evaluations, "batches": sensitivity[True].batches,
+                        "seconds": round(sensitivity[True].seconds, 1),
+                        **({"separate_evaluations": sensitivity[False].evaluations,
+                            "separate_seconds": round(sensitivity[False].seconds, 1)} if repeats else {})},
         "methods": results,
     }
 

@@ -7,7 +7,8 @@ again in two fresh Python processes:
 - independent: nothing of autoprec, plain ``onnxruntime.InferenceSession`` with its defaults (on the
   CUDA provider with IO binding, inputs and outputs on the GPU, synchronised after every run),
   20 warm-up runs, then 10 interleaved rounds of 50 runs per model;
-- autoprec's own timer (``measure.time_interleaved``, the re-timing's code) outside the search.
+- autoprec's own timer (its runners' ``time``, in the interleaved rounds of ``_harness.time_interleaved``)
+  outside the search.
 
 Per plan it reports autoprec's trial median and its re-timed median (the number the choice used)
 against the independent per-run median and its p10–p90, the ratios, and whether each autoprec number
@@ -36,6 +37,7 @@ import autoprec  # noqa: E402
 from autoprec.app.prepare import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core.plan import Plan  # noqa: E402
+from autoprec.core.stored import save_models  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
 from autoprec.results.files import read_result_dir  # noqa: E402
 
@@ -84,15 +86,19 @@ print(json.dumps({name: {"median_ms": float(np.median(v)), "p10_ms": float(np.pe
                          "back_to_back_mean_ms": float(np.median(back_to_back[name]))} for name, v in per_run.items()}))
 """
 
-# Runs in a fresh interpreter: autoprec's re-timing code, nothing of the search around it.
+# Runs in a fresh interpreter: autoprec's timer, nothing of the search around it.
 AUTOPREC_TIMER = r"""
-import json, sys, numpy as np, onnx
-from autoprec.backends import get_backend
-from autoprec.measure.measurement import time_interleaved
+import json, sys, numpy as np
+from pathlib import Path
 spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["benchmarks"])
+from _harness import time_interleaved
+from autoprec.backends import get_backend
+from autoprec.core import stored
 batch = dict(np.load(spec["batch"]))
 names = list(spec["models"])
-timings = time_interleaved(get_backend(spec["backend"]), [onnx.load(spec["models"][n]) for n in names], batch, spec["rounds"])
+timings = time_interleaved(get_backend(spec["backend"]), [stored.load(Path(spec["models"][n])) for n in names], batch,
+                           spec["rounds"])
 print(json.dumps({n: float(np.median([t.median_ms for t in ts])) for n, ts in zip(names, timings)}))
 """
 
@@ -116,15 +122,16 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
         plans = {f"trial {t['trial']}": t for t in result.pareto["front"]}
         plans.setdefault(f"trial {fp32['trial']}", fp32)
         prepared, form = recreate(result), QDQForm(result.pareto["engine"]["qdq_form"])  # the search's analysis, once
-        models = {}
+        lowered = {}
         for label, trial in plans.items():
             path = Path(folder) / f"{label.replace(' ', '-')}.onnx"
-            path.write_bytes(lower_plan(prepared.info, Plan.from_json(trial["plan"]), prepared.ranges, form).SerializeToString())
-            models[label] = str(path)
+            lowered[path] = lower_plan(prepared.info, Plan.from_json(trial["plan"]), prepared.ranges, form)
+        save_models(lowered)  # self-contained files: the fresh processes load them, weights and all
+        models = {label: str(path) for label, path in zip(plans, lowered)}
         batch_path = Path(folder) / "batch.npz"
         np.savez(batch_path, **prepared.dataset.evaluation[0])  # the batch the search timed
         spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "backend": backend,
-                "warmup": WARMUP, "rounds": ROUNDS, "runs": RUNS}
+                "warmup": WARMUP, "rounds": ROUNDS, "runs": RUNS, "benchmarks": str(Path(__file__).parent)}
         independent = fresh_process(INDEPENDENT, spec)
         own_timer = fresh_process(AUTOPREC_TIMER, spec)
     rows = {}
@@ -160,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
               "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
                              f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
                              "time (median, p10-p90) and the mean of back-to-back runs",
-              "autoprec_timer_fresh_process": f"autoprec.measure.measurement.time_interleaved in a fresh process, {ROUNDS} rounds, "
-                                              "median of the rounds' medians", "models": {}}
+              "autoprec_timer_fresh_process": f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
+                                              f"{ROUNDS} rounds, median of the rounds' medians", "models": {}}
     run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
     print(f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
           f"on {report['engine']['device']}; JSON: {args.json}")

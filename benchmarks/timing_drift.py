@@ -20,19 +20,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
+from autoprec.core import atomic, stored  # noqa: E402
 
 RUNS_PER_BLOCK, WARMUP = 100, 20
 
 
 def block_medians(model_path: str, data_path: str, backend: str, blocks: int) -> list[dict]:
-    data, model = np.load(data_path), onnx.load(model_path)
+    data, model = np.load(data_path), stored.load(Path(model_path))
     batch = {name: data[name][:1] for name in data.files if name in {i.name for i in model.graph.input}}
     with get_backend(backend).prepare(model) as runner:
         runner.run(batch)

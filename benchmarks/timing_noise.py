@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, prepare_zoo, run_models  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core.plan import Plan, Precision  # noqa: E402
+from autoprec.core.plan import Precision  # noqa: E402
 
 FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
 QUICK_MODELS = ("ppocr-cls", "yolov8n")
@@ -33,9 +33,9 @@ QUICK_MODELS = ("ppocr-cls", "yolov8n")
 
 def run_model(name: str, repeats: int) -> dict:
     prepared, backend = prepare_zoo(name)
-    units = [u.name for u in prepared.info.units]
     batch = prepared.dataset.evaluation[0]
-    plans = {p: backend.lower(prepared.info, Plan.uniform(units, p), prepared.ranges) for p in (Precision.FP32, Precision.INT8)}
+    # every unit that may take the precision at it (a sensitive op such as Softmax takes no INT8), the rest FP32
+    plans = {p: backend.lower(prepared.info, prepared.info.plan_at(p), prepared.ranges) for p in (Precision.FP32, Precision.INT8)}
     runners = {p: backend.prepare(m) for p, m in plans.items()}
     timings = {p: [] for p in plans}
     for _ in range(repeats):

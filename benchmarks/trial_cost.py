@@ -1,9 +1,9 @@
 """Where a search's time goes: per-trial split and the one-time costs, as the product runs it.
 
 Per zoo model: a real `autoprec.search` (worker-process isolation on, default settings, budget 20),
-then from its result files: each trial's wall time split into lowering (plan -> ONNX), session
-build, timing, accuracy evaluation (running the evaluation batches and comparing), and other
-(sampling, serialising the candidate to the worker, bookkeeping); the overhead fraction
+then from its result files: each trial's wall time split into lowering (plan -> ONNX, in the worker),
+session build, timing, accuracy evaluation (running the evaluation batches and comparing), and other
+(sampling, sending the plan to the worker, bookkeeping); the overhead fraction
 (lowering + other over the trial's wall time: what is not engine work); and the one-time costs
 (analysis, calibration, FP32 reference outputs, worker start). Medians over measured trials
 (duplicates excluded). With ``--proposals K`` (default 8: the plans are judged before they are

@@ -12,6 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from autoprec.analysis import subgraphs
+from autoprec.analysis.patterns import tie_repeats
 from autoprec.analysis.preparation import first_line, prepared_model
 from autoprec.core.errors import ModelError
 from autoprec.core.groups import connected
@@ -66,6 +67,7 @@ class Unit:
     allowed: tuple[Precision, ...]
     scope: tuple[str, ...] = ()  # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
     sensitive: bool = False  # a numerically sensitive op (softmax, normalisation): FP32 unless a search finds otherwise
+    tied_to: str | None = None  # the unit of the same repeated pattern whose precision it takes (autoprec.analysis.patterns)
 
     @property
     def searchable(self) -> bool:
@@ -97,6 +99,19 @@ class ModelInfo:
     def searchable_units(self) -> tuple[Unit, ...]:
         return tuple(u for u in self.units if u.searchable)
 
+    @property
+    def dimensions(self) -> tuple[Unit, ...]:
+        """The searchable units a search decides: each stands for the units tied to it (a repeated pattern)."""
+        return tuple(u for u in self.searchable_units if u.tied_to is None)
+
+    def members(self, name: str) -> list[str]:
+        """A unit and the units tied to it."""
+        return [u.name for u in self.units if u.name == name or u.tied_to == name]
+
+    def untied(self) -> ModelInfo:
+        """Every unit decided on its own (``--separate-repeats``)."""
+        return replace(self, units=tuple(replace(u, tied_to=None) for u in self.units))
+
     def unit(self, name: str) -> Unit:
         for u in self.units:
             if u.name == name:
@@ -106,20 +121,35 @@ class ModelInfo:
     def without(self, precisions: Iterable[Precision], names: Iterable[str], note: str) -> ModelInfo:
         """The same model with ``precisions`` taken from the units ``names``, saying why in ``note``."""
         names, dropped = set(names), set(precisions)
+        names |= {u.name for u in self.units if u.tied_to in names}  # a pattern's units go together
         units = tuple(replace(u, allowed=tuple(p for p in u.allowed if p not in dropped)) if u.name in names else u
                       for u in self.units)
-        return replace(self, units=units, notes=(*self.notes, note))
+        return replace(self, units=_retied(units), notes=(*self.notes, note))
 
     def with_out_of_range(self, space: SearchSpace, nodes: Collection[str], note: str) -> ModelInfo:
         """The units again, the precision-neutral ``nodes`` (labels) among the sensitive ones."""
         units = find_units(self.model, space, nodes)
+        if any(u.tied_to for u in self.units):
+            units = tie_repeats(self.model, units)
         return replace(self, units=units, out_of_range=tuple(sorted(nodes)), notes=(*self.notes, note))
 
     def plan_at(self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION) -> Plan:
         """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
         the plan that shows what lowering just those units costs and saves."""
         lowered = set(units) if units is not None else {u.name for u in self.units if precision in u.allowed}
+        lowered |= {u.name for u in self.units if u.tied_to in lowered}  # a pattern's units go together
         return Plan.from_mapping({u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration)
+
+
+def _retied(units: Sequence[Unit]) -> tuple[Unit, ...]:
+    """Ties kept where the units of a pattern still take the same precisions; where narrowing split them,
+    each part follows its own first unit (a unit that may take one precision follows none)."""
+    leaders: dict[tuple, str] = {}
+    tied = []
+    for unit in units:
+        leader = leaders.setdefault((unit.tied_to or unit.name, unit.allowed), unit.name) if unit.searchable else unit.name
+        tied.append(replace(unit, tied_to=leader if leader != unit.name else None))
+    return tuple(tied)
 
 
 def file_sha256(path: Path) -> str:
@@ -463,7 +493,7 @@ def analyse(
     stored, prep_notes = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
     prepared = stored.proto
     try:
-        units = find_units(prepared, space)
+        units = tie_repeats(prepared, find_units(prepared, space))
     except Exception as exc:  # the model runs (prepare_graph checked): a failure here is autoprec's
         raise ModelError(
             f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers ({type(exc).__name__}: "

@@ -271,6 +271,9 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
                         "the drop against the data's labels), or module:function — that imports and RUNS your code. "
                         "Every other metric that applies is recorded beside it")
     _head_arguments(p)
+    p.add_argument("--separate-repeats", action="store_true",
+                   help="decide every unit on its own (default: the units of a repeated block at the same position — "
+                        "a transformer's 12 query projections — are decided together, one dimension for all)")
     p.add_argument("--calibration", default=default_calibration, choices=(*calibrations, "auto"),
                    help=f"INT8 activation range method (default {default_calibration}); auto: the study chooses "
                         "per trial (entropy costs ~0.7 s per tensor once)")
@@ -290,6 +293,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
         search_space=args.search_space, overrides=args.override, calibration=args.calibration,
         image_mean=args.image_mean, image_std=args.image_std, precisions=args.precisions, device=args.device,
         progress=not args.no_progress, head=head_options(args), constants=dict(args.const),
+        tie_repeats=not args.separate_repeats,
     )
     if args.json:
         console.stdout.print_json(data=json_safe(found.to_json()))
@@ -328,6 +332,7 @@ def _search(args: argparse.Namespace) -> int:
         device=args.device,
         sampler=args.sampler,
         warm_start=not args.no_warm_start,
+        tie_repeats=not args.separate_repeats,
         early_reject=not args.no_early_reject,
         build_workers=args.build_workers,
         proposals=args.proposals,

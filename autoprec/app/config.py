@@ -43,6 +43,7 @@ class SearchConfig:
     device: int = 0
     sampler: str = "tpe"
     warm_start: bool = True
+    tie_repeats: bool = True
     early_reject: bool = True
     build_workers: int | None = None
     proposals: int | None = None

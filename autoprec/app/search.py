@@ -159,6 +159,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     overrides, calibration, image_mean, image_std = config.overrides, config.calibration, config.image_mean, config.image_std
     progress, isolate, trial_timeout, trial_memory_gb = config.progress, config.isolate, config.trial_timeout, config.trial_memory_gb
     precisions, device, sampler, warm_start = config.precisions, config.device, config.sampler, config.warm_start
+    tie_repeats = config.tie_repeats
     early_reject, build_workers, heartbeat, artifacts = config.early_reject, config.build_workers, config.heartbeat, config.artifacts
     head, constants, proposals = config.head, config.constants, config.proposals
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
@@ -172,6 +173,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         atomic.remove_stale(folder)
     info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants,
                                           cache=out_dir / "cache")
+    info = repeats_decided(info, tie_repeats)
     _say_pinned_ops(info, engine, left_out)
     fingerprint = dataset.fingerprint()
     metric_used = metric_for(wanted, info, dataset)
@@ -191,6 +193,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         "precisions": searched,
         "search_space": space.digest(),
         "shapes": {i.name: list(i.shape) for i in info.inputs},
+        "tie_repeats": tie_repeats,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     locks = StudyLocks(storage_url, name)
@@ -273,7 +276,7 @@ def run_search(config: SearchConfig) -> SearchResult:
             log.info(f"sensitive units (softmax, normalisations, reductions): {sensitive_units['searched']} of "
                      f"{sensitive_units['found']} searched, the rest kept FP32 ({sensitive_units['too_lossy']} lose more "
                      f"than the limit alone, {sensitive_units['no_gain']} save no time in the profile); "
-                     f"{len(info.searchable_units)} unit(s) searched in all")
+                     f"{len(info.searchable_units)} unit(s) searched in all, {len(info.dimensions)} dimension(s)")
             ctx = replace(ctx, info=info)
         if screen is not None:
             log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
@@ -344,7 +347,9 @@ def run_search(config: SearchConfig) -> SearchResult:
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
         "search_space": space.to_json(),
         "precisions": searched,
-        "dimensions": len(info.searchable_units),
+        "dimensions": len(info.dimensions),
+        "tied_units": len(info.searchable_units) - len(info.dimensions),
+        "tie_repeats": tie_repeats,
         "sensitive_units": sensitive_units,
         "left_out": left_out,
         "wall_seconds": round(time.monotonic() - started, 2),
@@ -401,7 +406,7 @@ def sensitivity_pass(
     """The sensitivity of every searchable unit, read from ``path`` when it was measured the same way."""
     method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
     key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), metric, method, batches)
-    steps = sum(len(u.allowed) - 1 for u in prepared.info.searchable_units)
+    steps = sum(len(u.allowed) - 1 for u in prepared.info.dimensions)
     with console.StepProgress("sensitivity", steps, enabled=progress) as bar:
         found, from_cache = cached_sensitivity(path, key, lambda: analyse_sensitivity(
             prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
@@ -435,6 +440,7 @@ def sensitivity(
     progress: bool = False,
     head: HeadOptions | None = None,
     constants: Mapping[str, float] | None = None,
+    tie_repeats: bool = True,
 ) -> tuple[Sensitivity, Path]:
     """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
 
@@ -452,6 +458,7 @@ def sensitivity(
     space, _, _ = engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
     prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache", constants)
+    prepared = replace(prepared, info=repeats_decided(prepared.info, tie_repeats))
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
     judge = judge_for(metric_used, prepared)[0]
@@ -488,6 +495,19 @@ def engine_space(
         # and so are neutral ops out of FP16's range: between units, this engine's FP16 has no regions
         space = replace(space.with_pinned(set(space.sensitive) - set(space.units)), out_of_range=())
     return space, searched, left_out
+
+
+def repeats_decided(info: ModelInfo, tie: bool) -> ModelInfo:
+    """``info`` with the units of repeated patterns decided together (``tie``, said once), or each on its own."""
+    if not tie:
+        return info.untied()
+    tied = len(info.searchable_units) - len(info.dimensions)
+    if tied:
+        patterns = sum(1 for u in info.dimensions if len(info.members(u.name)) > 1)
+        log.info(f"{tied + patterns} unit(s) of {patterns} repeated pattern(s) are decided together: "
+                 f"{len(info.dimensions)} dimension(s) for {len(info.searchable_units)} searched unit(s) "
+                 "(--separate-repeats decides each on its own)")
+    return info
 
 
 def _say_retiming(retiming: Retiming) -> None:

@@ -151,7 +151,8 @@ def external_weights(model: dict[str, Any]) -> bool | None:
 
 def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
     return tuple(
-        {"name": u.name, "op_type": u.op_type, "fused": list(u.nodes[1:]), "allowed": [p.value for p in u.allowed]}
+        {"name": u.name, "op_type": u.op_type, "fused": list(u.nodes[1:]), "allowed": [p.value for p in u.allowed],
+         "tied_to": u.tied_to}
         for u in info.units
     )
 

@@ -48,7 +48,7 @@ from autoprec.study.warm_start import not_faster_than_fp32, warm_start_params
 # Study attributes that must match for a resumed or shared study: mixing them would compare
 # latencies or losses that were not measured the same way (or constrained differently).
 IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss", "precisions",
-                 "search_space", "shapes")
+                 "search_space", "shapes", "tie_repeats")
 
 
 @dataclass(frozen=True)
@@ -106,16 +106,17 @@ CALIBRATION_PARAM = "@calibration"
 
 
 def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> dict[str, CategoricalDistribution]:
-    found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.searchable_units}
+    """One categorical per dimension: a searchable unit, with the units of its repeated pattern tied to it."""
+    found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.dimensions}
     if calibration == "auto":
         found[CALIBRATION_PARAM] = CategoricalDistribution(list(CALIBRATION_METHODS))
     return found
 
 
 def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
-    """Searched units take the trial's choice; pinned units their only precision."""
+    """Searched units take the trial's choice (a tied unit its pattern's); pinned units their only precision."""
     method = params.get(CALIBRATION_PARAM, DEFAULT_CALIBRATION if calibration == "auto" else calibration)
-    return Plan.from_mapping({u.name: params.get(u.name, u.allowed[0].value) for u in info.units}, method)
+    return Plan.from_mapping({u.name: params.get(u.tied_to or u.name, u.allowed[0].value) for u in info.units}, method)
 
 
 def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
@@ -125,7 +126,7 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     candidates = widening[widening.index(precision):]
     return {
         u.name: (Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed), u.allowed[-1])).value
-        for u in info.searchable_units
+        for u in info.dimensions
     }
 
 

@@ -44,6 +44,7 @@ class UnitSensitivity:
     # precision -> fraction of the FP32 time saved by this unit in the profiled all-units plan
     # (negative: slower than FP32); empty when the engine has no profiler
     gain: dict[str, float] = field(default_factory=dict)
+    members: int = 1  # the units it stands for: itself and those of its repeated pattern, decided with it
 
     def cost(self, precision: str, by_gain: bool = False) -> float:
         """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves nothing.
@@ -93,7 +94,8 @@ class Sensitivity:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sensitivity:
         units = tuple(
-            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"])
+            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"],
+                            u.get("members", 1))
             for u in data["units"]
         )
         return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"],
@@ -102,10 +104,10 @@ class Sensitivity:
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
-    """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times), and
-    the share no unit owns."""
+    """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times; a tied unit's
+    counted in the unit it is tied to, which stands for its pattern), and the share no unit owns."""
     total = sum(times.values())
-    owner = {key: u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
+    owner = {key: u.tied_to or u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     shares: dict[str, float] = {}
     unattributed = 0.0
     for node, seconds in times.items():
@@ -234,8 +236,8 @@ def analyse_sensitivity(
     profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
     gains, profiles = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)
-    steps = [(u, p) for u in info.searchable_units for p in u.allowed if p is not Precision.FP32]
-    losses: dict[str, dict[str, float]] = {u.name: {} for u in info.searchable_units}
+    steps = [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
+    losses: dict[str, dict[str, float]] = {u.name: {} for u in info.dimensions}
     failures: list[str] = []
     evaluating = time.monotonic()
     for i, (unit, precision) in enumerate(steps):
@@ -247,14 +249,24 @@ def analyse_sensitivity(
         losses[unit.name][precision.value] = loss
         if on_step is not None:
             on_step(i + 1, len(steps))
+    gains = {p: _by_dimension(info, by_unit) for p, by_unit in gains.items()}
     units = tuple(
         UnitSensitivity(u.name, u.op_type, shares.get(u.name, 0.0) if profiled else None, losses[u.name],
-                        {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit})
-        for u in info.searchable_units
+                        {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit}, len(info.members(u.name)))
+        for u in info.dimensions
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
                        len(failures), failures[0] if failures else "", profiles + (fp32_times is not None),
                        time.monotonic() - evaluating)
+
+
+def _by_dimension(info: ModelInfo, per_unit: Mapping[str, float]) -> dict[str, float]:
+    """A per-unit figure summed into the units that stand for their repeated patterns."""
+    leader = {u.name: u.tied_to or u.name for u in info.units}
+    summed: dict[str, float] = defaultdict(float)
+    for unit, value in per_unit.items():
+        summed[leader.get(unit, unit)] += value
+    return dict(summed)
 
 
 def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None) -> tuple[ModelInfo, dict]:
@@ -263,7 +275,7 @@ def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_los
     only where, alone, it stays within ``max_loss`` and the engine's profile of the all-units plan shows it
     saving time (where the engine has no profiler, the loss decides). Without a sensitivity pass nothing
     shows that any pays: all stay FP32."""
-    candidates = [u for u in info.searchable_units if u.sensitive]
+    candidates = [u for u in info.dimensions if u.sensitive]
     facts = {"found": len(candidates), "searched": 0, "too_lossy": 0, "no_gain": 0}
     if not candidates:
         return info, facts
@@ -289,14 +301,14 @@ def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_los
             info = info.without([precision], lossy + idle, note)
             facts["too_lossy"] += len(lossy)
             facts["no_gain"] += len(idle)
-    facts["searched"] = sum(1 for u in info.searchable_units if u.sensitive)
+    facts["searched"] = sum(1 for u in info.dimensions if u.sensitive)
     return info, facts
 
 
 def cache_key(info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int) -> str:
     """What a sensitivity depends on: model, engine (and its Q/DQ form), data, metric, calibration,
-    batches, and what each unit may take."""
-    allowed = {u.name: [p.value for p in u.allowed] for u in info.searchable_units}
+    batches, and what each unit may take (each dimension: with the units tied to it)."""
+    allowed = {u.name: [[p.value for p in u.allowed], info.members(u.name)] for u in info.dimensions}
     payload = json.dumps([info.sha256, backend.name, backend.qdq_form.value, data_fingerprint, metric, calibration,
                           batches, allowed], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -60,15 +60,15 @@ def warm_start_params(
     """
     uniform = uniform or {}
     plans: list[dict[str, str]] = []
-    base = {u.name: u.allowed[-1].value for u in info.searchable_units}
+    base = {u.name: u.allowed[-1].value for u in info.dimensions}
     for precision in (Precision.INT8, Precision.FP16):
-        lowerable = [u.name for u in info.searchable_units if precision in u.allowed]
+        lowerable = [u.name for u in info.dimensions if precision in u.allowed]
         faster = faster_than_fp32(uniform, precision.value)
         for by_gain in ([False, True] if faster is None else [not faster]):
             if not by_gain or sensitivity.profiled(precision):
                 _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss,
                                   set(lowerable))
-        if faster is not False and any(u.sensitive and precision in u.allowed for u in info.searchable_units):
+        if faster is not False and any(u.sensitive and precision in u.allowed for u in info.dimensions):
             # the uniform plan keeps sensitive units FP32; this one is the widest region the search may use
             every = dict(base, **{name: precision.value for name in lowerable})
             if every not in plans:
