@@ -246,12 +246,12 @@ class StoredModel:
         """A tensor lowering makes from the weights (an INT8 or FP16 copy), named ``name``: inline when
         small, else written once to the folder's ``derived/`` and referenced from then on by every process
         that lowers this model (its content is fixed by its name: made from the prepared weights alone)."""
+        known = _derived.get((str(self.folder), name))
+        if known is not None and (not is_external(known) or os.path.isfile(os.path.join(self.folder, known.external_data[0].value))):
+            return known  # (checked still there: a folder removed and made again within one process)
         key = hashlib.sha256(name.encode()).hexdigest()[:24]
         location = f"{DERIVED}/{key}.bin"
         path = Path(self.folder) / location
-        known = _derived.get((str(self.folder), name))
-        if known is not None and (not is_external(known) or path.is_file()):
-            return known
         meta = path.with_suffix(".npy-header")
         if not (path.is_file() and meta.is_file()):
             values = np.ascontiguousarray(make())

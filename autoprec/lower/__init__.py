@@ -64,8 +64,12 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
     lowered.CopyFrom(info.model)
     for scope in sorted(edits, key=len):  # a graph before the subgraphs inside it: they are found in its new copy
         edits[scope].apply(subgraphs.graph_at(lowered, scope))
-    for name, dropped in released.items():  # a weight no node reads any more (its INT8 copy does)
+    unread: dict[tuple[str, ...], set[str]] = {}  # a weight no node reads any more (its INT8 copy does), by graph
+    for name, dropped in released.items():
         if dropped >= index.uses[name]:
-            initializers = subgraphs.graph_at(lowered, index.owner[name]).initializer
-            del initializers[next(i for i, t in enumerate(initializers) if t.name == name)]
+            unread.setdefault(index.owner[name], set()).add(name)
+    for scope, names in unread.items():
+        initializers = subgraphs.graph_at(lowered, scope).initializer
+        for position in sorted((i for i, t in enumerate(initializers) if t.name in names), reverse=True):
+            del initializers[position]
     return model.with_proto(lowered)

@@ -125,14 +125,15 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
     half: dict[str, str] = {}  # FP32 tensor name -> the FP16 tensor a region node now produces
     for position in positions:
         node = edit.node(position)
-        for i, out in enumerate(node.output):
+        for i, out in enumerate(edit.outs[id(node)]):
             if index.is_float32(out):
-                half[out] = node.output[i] = f"{out}_fp16"
+                half[out] = f"{out}_fp16"
+                edit.set_output(node, i, half[out])
     constants: dict[str, str] = {}
     casts_in: dict[str, str] = {}
     for position in positions:
         node = edit.node(position)
-        for i, name in enumerate(node.input):
+        for i, name in enumerate(edit.ins[id(node)]):
             if not name or i in FLOAT32_INPUTS.get(node.op_type, ()):
                 continue
             tensor = index.initializers.get(name)

@@ -128,7 +128,9 @@ def index_of(model: onnx.ModelProto) -> ModelIndex:
 
 
 class GraphEdit:
-    """The changes lowering makes to one graph, written by :meth:`apply`."""
+    """The changes lowering makes to one graph, written by :meth:`apply`. Each node it changes or adds is
+    mirrored by plain lists of its inputs and outputs (``ins``/``outs``, by ``id``): placing and pruning
+    read those, not the protobuf fields, which cost far more to read a thousand times."""
 
     def __init__(self, index: ScopeIndex, released: Counter):
         self.index = index
@@ -137,7 +139,14 @@ class GraphEdit:
         self.added: list[NodeProto] = []
         self.initializers: dict[str, TensorProto] = {}
         self.unread: set[str] = set()  # tensors of this graph a rewired input no longer reads
-        self.reads: dict[str, list[NodeProto]] = defaultdict(list)  # name -> changed or added nodes that read it
+        self.ins: dict[int, list[str]] = {}
+        self.outs: dict[int, list[str]] = {}
+        self.reads: dict[str, list[NodeProto]] = defaultdict(list)  # name -> changed or added nodes that read (or once read) it
+
+    def _mirror(self, node: NodeProto, inputs: list[str], outputs: list[str]) -> None:
+        self.ins[id(node)], self.outs[id(node)] = list(inputs), list(outputs)
+        for name in inputs:
+            self.reads[name].append(node)
 
     def node(self, position: int) -> NodeProto:
         """The node at ``position``, as this lowering changes it (a copy, made on first use)."""
@@ -145,23 +154,27 @@ class GraphEdit:
             copy = NodeProto()
             copy.CopyFrom(self.index.graph.node[position])
             self.edited[position] = copy
-            for name in copy.input:
-                self.reads[name].append(copy)
+            self._mirror(copy, copy.input, copy.output)
         return self.edited[position]
 
     def set_input(self, node: NodeProto, slot: int, name: str) -> None:
-        if node.input[slot] in self.index.initializers:
-            self.released[node.input[slot]] += 1
+        old = self.ins[id(node)][slot]
+        if old in self.index.initializers:
+            self.released[old] += 1
         else:
-            self.unread.add(node.input[slot])
-        node.input[slot] = name
+            self.unread.add(old)
+        node.input[slot] = self.ins[id(node)][slot] = name
         self.reads[name].append(node)
 
+    def set_output(self, node: NodeProto, slot: int, name: str) -> None:
+        node.output[slot] = self.outs[id(node)][slot] = name
+
     def add(self, op: str, name: str, inputs: list[str], outputs: list[str], **attrs) -> NodeProto:
-        node = helper.make_node(op, inputs, outputs, name, **attrs)
+        node = NodeProto(op_type=op, name=name, input=inputs, output=outputs)
+        if attrs:
+            node.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
         self.added.append(node)
-        for read in inputs:
-            self.reads[read].append(node)
+        self._mirror(node, inputs, outputs)
         return node
 
     def add_initializer(self, tensor: TensorProto) -> str:
@@ -172,7 +185,7 @@ class GraphEdit:
         """Nodes of this graph (as changed so far) with ``name`` as a direct input."""
         for position in self.index.readers.get(name, ()):
             self.node(position)
-        return [n for n in {id(n): n for n in self.reads.get(name, ())}.values() if name in n.input]
+        return [n for n in {id(n): n for n in self.reads.get(name, ())}.values() if name in self.ins[id(n)]]
 
     def apply(self, graph: onnx.GraphProto) -> None:
         """Write the changes into ``graph`` (a copy of the indexed one)."""
@@ -201,11 +214,12 @@ class GraphEdit:
             if producer is None or producer in dead:
                 continue
             node = self.edited.get(producer, self.index.graph.node[producer])
-            if any(self._read(out, dead, gone) for out in node.output if out):
+            outputs = self.outs[id(node)] if producer in self.edited else list(node.output)
+            if any(self._read(out, dead, gone) for out in outputs if out):
                 continue
             dead.add(producer)
             gone.add(id(node))
-            for name in node.input:
+            for name in (self.ins[id(node)] if producer in self.edited else node.input):
                 if name in self.index.initializers:
                     self.released[name] += 1
                 elif name:
@@ -218,49 +232,48 @@ class GraphEdit:
             return True
         if any(p not in dead and p not in self.edited for p in self.index.readers.get(name, ())):
             return True
-        return any(id(n) not in gone and name in n.input for n in self.reads.get(name, ()))
+        return any(id(n) not in gone and name in self.ins[id(n)] for n in self.reads.get(name, ()))
 
     def _placed(self) -> dict[int, list[NodeProto]]:
         """Each added node under the position it goes before: that of the first node reading what it makes
         (its output read by none: just after what it reads), dependencies first within one position."""
-        made = {o: i for i, node in enumerate(self.added) for o in node.output}
-        renamed = {o: p for p, node in self.edited.items() for o in node.output}  # an FP16 node's new output
-        reads: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for position, node in self.edited.items():
-            for name in node.input:
-                reads[name].append(("node", position))
-        for i, node in enumerate(self.added):
-            for name in node.input:
-                reads[name].append(("added", i))
+        added = {id(node): i for i, node in enumerate(self.added)}
+        made = {o: i for i, node in enumerate(self.added) for o in self.outs[id(node)]}
+        renamed = {o: p for p, node in self.edited.items() for o in self.outs[id(node)]}  # an FP16 node's new output
+        position = {id(node): p for p, node in self.edited.items()}
         anchors: dict[int, int] = {}
 
         def anchor(i: int) -> int:
             if i not in anchors:
                 before = []
-                for out in self.added[i].output:
+                for out in self.outs[id(self.added[i])]:
                     before += [p for p in self.index.readers.get(out, ()) if p not in self.edited]
                     before += self.index.implicit.get(out, [])
-                    before += [p if kind == "node" else anchor(p) for kind, p in reads.get(out, ())]
+                    before += [position[id(n)] if id(n) in position else anchor(added[id(n)])
+                               for n in {id(n): n for n in self.reads.get(out, ())}.values() if out in self.ins[id(n)]]
                 if before:
                     anchors[i] = min(before)
                 else:
                     after = [anchor(made[n]) if n in made else renamed.get(n, self.index.producer.get(n, _OUTER)) + 1
-                             for n in self.added[i].input if n]
+                             for n in self.ins[id(self.added[i])] if n]
                     anchors[i] = max(after, default=0)
             return anchors[i]
 
         buckets: dict[int, list[int]] = defaultdict(list)
         for i in range(len(self.added)):
             buckets[anchor(i)].append(i)
-        return {position: [self.added[i] for i in _in_order(members, self.added, made)] for position, members in buckets.items()}
+        ins = [self.ins[id(node)] for node in self.added]
+        return {at: [self.added[i] for i in _in_order(members, ins, made)] for at, members in buckets.items()}
 
 
-def _in_order(members: list[int], added: list[NodeProto], made: dict[str, int]) -> list[int]:
+def _in_order(members: list[int], ins: list[list[str]], made: dict[str, int]) -> list[int]:
     """``members`` (added nodes at one position) with each after the members whose outputs it reads."""
+    if len(members) == 1:
+        return members
     left, done, ordered = list(members), set(), []
     inside = set(members)
     while left:
-        ready = next(i for i in left if all(made[n] in done or made[n] not in inside for n in added[i].input if n in made))
+        ready = next(i for i in left if all(made[n] in done or made[n] not in inside for n in ins[i] if n in made))
         left.remove(ready)
         done.add(ready)
         ordered.append(ready)

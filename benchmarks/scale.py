@@ -1,0 +1,279 @@
+"""Models of any size: what a search costs as weights and units grow, and what one evaluation costs against
+the engine's own bare cost.
+
+For each generated model (random weights: cost and scale, not accuracy; benchmarks/synthetic.py), on ONNX
+Runtime's CPU provider, in one run:
+1. ``autoprec search MODEL --budget B`` in a child process, every process of its tree sampled every
+   0.2 s for its peak resident memory (VmHWM: main process, measuring worker);
+2. the bare cost, in a fresh process after it: an ONNX Runtime session created from the prepared FP32
+   model's file and the screening batches run once (what one sensitivity evaluation needs at the
+   least), median of 3; and the same for the candidates' extremes (every unit INT8, every unit FP16),
+   saved as plain ONNX files: what the engine itself costs to load them;
+3. from the search's pareto.json: wall time by phase, evaluations, seconds per sensitivity evaluation
+   (IPC, lowering in the worker, session, run, loss) and per trial (its whole cost but the timing
+   loop), builds, and the disk the cache and best/ hold.
+
+    python benchmarks/scale.py                 # the ladder: about 25 minutes on 2 cores, 6 GB of disk
+    python benchmarks/scale.py --models chain300 encoder6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import synthetic  # noqa: E402
+from _harness import machine_facts  # noqa: E402
+
+from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
+
+BUDGET = 8
+VOCAB = 1000
+# name -> (generator, its arguments, search options beyond the budget)
+LADDER = {
+    "encoder6": (synthetic.encoder, {"layers": 6, "hidden": 256, "tokens": 64, "vocab": VOCAB}, []),
+    "bert-base": (synthetic.encoder, {"layers": 12, "hidden": 768, "tokens": 128}, []),
+    "wide-2.3GB": (synthetic.wide, {"width": 17000}, []),
+    "chain300": (synthetic.chain, {"units": 300}, []),
+    "chain300-separate": (synthetic.chain, {"units": 300}, ["--separate-repeats"]),
+    "chain600": (synthetic.chain, {"units": 600}, []),
+    "encoder24": (synthetic.encoder, {"layers": 24, "hidden": 256, "tokens": 64, "vocab": VOCAB}, []),
+    "encoder24-separate": (synthetic.encoder, {"layers": 24, "hidden": 256, "tokens": 64, "vocab": VOCAB}, ["--separate-repeats"]),
+}
+BARE = """
+import json, sys, time, statistics, numpy as np, onnxruntime as ort
+spec = json.loads(sys.argv[1])
+batches = {which: [dict(np.load(p)) for p in paths] for which, paths in spec["batches"].items()}
+found = {}
+for name, (path, which, repeats) in spec["models"].items():
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        for batch in batches[which]:
+            session.run(None, batch)
+        runs.append(time.perf_counter() - t0)
+        del session
+    found[name] = statistics.median(runs)
+print(json.dumps(found))
+"""
+
+
+class PeakMemory:
+    """Every process of a tree sampled for its peak resident memory (VmHWM) until stopped."""
+
+    def __init__(self, root: int, every: float = 0.2):
+        self.root, self.every, self.peaks = root, every, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(parent, []).append(int(entry))
+        found, todo = [], [self.root]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += children.get(pid, [])
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid in self._tree():
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+                role = "worker" if "spawn_main" in command else "main" if "autoprec" in command else "other"
+                key = (pid, role)
+                self.peaks[key] = max(self.peaks.get(key, 0), peak)
+            time.sleep(self.every)
+
+    def stop(self) -> dict[str, int]:
+        """The largest peak of each role (main, worker, other) in bytes."""
+        self._stop.set()
+        self._thread.join()
+        by_role: dict[str, int] = {}
+        for (_, role), peak in self.peaks.items():
+            by_role[role] = max(by_role.get(role, 0), peak)
+        return by_role
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes a folder holds on disk (its files' allocated blocks: a sparse file counts what it stores)."""
+    return sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
+
+
+def _data(model: Path, folder: Path) -> Path | None:
+    """Sample inputs an encoder's token ids can take (random data would draw ids past a small vocabulary)."""
+    if not model.stem.startswith("encoder"):
+        return None
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    tokens = graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    path = folder / "ids.npz"
+    np.savez(path, input_ids=np.random.default_rng(0).integers(0, VOCAB, (8, 1, tokens)).astype(np.int64))
+    return path
+
+
+def _search(model: Path, out: Path, data: Path | None, options: list[str], budget: int) -> tuple[dict, dict, float]:
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--out", str(out), "--budget", str(budget),
+           "--no-progress", *(["--data", str(data)] if data else []), *options]
+    started = time.monotonic()
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        memory = PeakMemory(process.pid)
+        code = process.wait()
+    peaks = memory.stop()
+    if code != 0:
+        raise RuntimeError(f"search exited {code}: see {out.parent / (out.name + '.log')}")
+    return json.loads((out / "pareto.json").read_text()), peaks, time.monotonic() - started
+
+
+def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
+    """Seconds a plain ONNX Runtime session takes, in a fresh process, to be created from a model's file and
+    run once: the prepared FP32 model on the screening batches (what a sensitivity evaluation runs; median
+    of 3) and on every evaluation batch (what a trial runs before its timing; median of 3), and each plan
+    the sensitivity pass evaluated, saved as a plain ONNX file (once each): what the engine itself costs."""
+    from autoprec.app.prepare import plan_context
+    from autoprec.core.plan import Precision
+    from autoprec.core.stored import save_models
+    from autoprec.measure.measurement import screening_batches
+
+    context = plan_context(out, trial=pareto["uniform"]["fp32"])
+    info, ranges, evaluation = context.prepared.info, context.prepared.ranges, context.prepared.dataset.evaluation
+    if not pareto["search"].get("tie_repeats", True):
+        info = info.untied()
+    engine = get_backend("ort-cpu")
+    fp32 = str(info.folder / "model.onnx")
+    models = {"fp32 screening": (fp32, "screening", 3), "fp32 evaluation": (fp32, "evaluation", 3)}
+    passed = json.loads((out / "sensitivity.json").read_text())["units"]
+    for i, unit in enumerate(passed):
+        for precision in unit["loss"]:
+            path = work / "pass" / f"{i}-{precision}.onnx"
+            path.parent.mkdir(exist_ok=True)
+            save_models({path: engine.lower(info, info.plan_at(Precision(precision), [unit["unit"]]), ranges)}, external=True)
+            models[f"pass {i} {precision}"] = (str(path), "screening", 1)
+    paths = []
+    for i, batch in enumerate(evaluation):
+        np.savez(work / f"batch{i}.npz", **batch)
+        paths.append(str(work / f"batch{i}.npz"))
+    spec = {"models": models, "batches": {"screening": paths[:screening_batches(len(paths))], "evaluation": paths}}
+    done = subprocess.run([sys.executable, "-c", BARE, json.dumps(spec)], capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    pass_runs = [v for k, v in found.items() if k.startswith("pass ")]
+    return {"fp32_screening": found["fp32 screening"], "fp32_evaluation": found["fp32 evaluation"],
+            "pass_plans_mean": statistics.mean(pass_runs) if pass_runs else None, "pass_plans": len(pass_runs)}
+
+
+def _trial_seconds(out: Path) -> list[dict]:
+    """Where each trial's wall time went, as the study recorded it."""
+    import optuna
+
+    storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+    return [(t.user_attrs.get("measurement") or {}).get("seconds") or {} for t in study.trials
+            if "duplicate_of" not in t.user_attrs]
+
+
+def run_model(name: str, root: Path, budget: int) -> dict:
+    generator, arguments, options = LADDER[name]
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / f"{name.removesuffix('-separate')}.onnx"
+    if not model.exists():
+        generator(model, **arguments)
+    weights = synthetic.weight_bytes(model)
+    out = folder / "out"
+    pareto, peaks, wall = _search(model, out, _data(model, folder), options, budget)
+    bare = _bare(out, pareto, folder)
+    facts = pareto["search"]
+    sensitivity = facts["sensitivity"] or {}
+    per_eval = sensitivity["evaluation_seconds"] / sensitivity["evaluations"] if sensitivity.get("evaluations") else None
+    # a trial's whole cost but its timing loop (>= 10 runs and 0.2 s, more where noisy): IPC, lowering, session, evaluation
+    trial_cost = [s["trial"] - s.get("time", 0.0) for s in _trial_seconds(out) if "trial" in s]
+    return {
+        "model": {"kind": generator.__name__, **arguments, "weight_bytes": weights, "units": pareto["model"]["units"],
+                  "searchable_units": pareto["model"]["searchable_units"], "dimensions": facts.get("dimensions"),
+                  "options": options},
+        "wall_seconds": round(wall, 1),
+        "phases_seconds": {**facts["one_time_seconds"], "trials_and_retiming": round(
+            facts["wall_seconds"] - sum(facts["one_time_seconds"].values()), 2)},
+        "sensitivity_share_of_wall": round(sensitivity.get("seconds", 0.0) / facts["wall_seconds"], 3) if sensitivity else None,
+        "evaluations": sensitivity.get("evaluations"),
+        "seconds_per_evaluation": round(per_eval, 4) if per_eval else None,
+        "bare_seconds": {k: round(v, 4) if isinstance(v, float) else v for k, v in bare.items()},
+        "evaluation_vs_bare_fp32": round(per_eval / bare["fp32_screening"], 3) if per_eval else None,
+        "evaluation_vs_bare_same_plans": round(per_eval / bare["pass_plans_mean"], 3) if per_eval and bare["pass_plans_mean"] else None,
+        "trial_seconds_but_timing_median": round(statistics.median(trial_cost), 3) if trial_cost else None,
+        "trial_vs_bare_fp32": round(statistics.median(trial_cost) / bare["fp32_evaluation"], 3) if trial_cost else None,
+        "engine_builds": facts.get("engine_builds"), "engine_builds_by_phase": facts.get("engine_builds_by_phase"),
+        "retiming": facts.get("retiming"),
+        "peak_memory_bytes": peaks,
+        "largest_process_vs_weights": round(max(peaks.get("main", 0), peaks.get("worker", 0)) / weights, 3),
+        "disk_bytes": {"model": disk_bytes(folder) - disk_bytes(out), "cache": disk_bytes(out / "cache"),
+                       "best": disk_bytes(out / "best")},
+        "chosen_vs_fp32": pareto.get("chosen_vs_fp32"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", choices=list(LADDER), help="default: the whole ladder")
+    parser.add_argument("--budget", type=int, default=BUDGET, help=f"trials per search (default {BUDGET})")
+    parser.add_argument("--work", type=Path, help="where models and results go (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "scale.json")
+    args = parser.parse_args(argv)
+    root = args.work or Path(tempfile.mkdtemp(prefix="autoprec-scale-"))
+    report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "work": str(root), "models": {},
+              "bare": "a plain ONNX Runtime CPU session created from the model's file and the screening batches run "
+                      "once, in a fresh process, median of 3",
+              "evaluation": "one sensitivity evaluation as the search's main process timed it: the plan sent to the "
+                            "worker, lowered there, its session created, the screening batches run, the loss computed"}
+    for name in args.models or list(LADDER):
+        print(f"[{name}] …", file=sys.stderr, flush=True)
+        report["models"][name] = run_model(name, root, args.budget)
+        atomic.write_json(args.json, report)
+    print(f"\nscale — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
+          f"budget {args.budget}; JSON: {args.json}")
+    print("ratio fp32: seconds per sensitivity evaluation / bare FP32 session + screening run; ratio same: / the mean "
+          "bare cost of the very plans the pass evaluated (the engine's own cost for them)")
+    print(f"{'model':<20} {'weights':>9} {'units':>6} {'dims':>5} {'wall s':>7} {'sens %':>6} {'evals':>6} {'s/eval':>7} "
+          f"{'bare s':>7} {'ratio fp32':>10} {'ratio same':>10} {'main GiB':>8} {'worker GiB':>10} {'max/w':>6} {'cache GB':>8}")
+    for name, m in report["models"].items():
+        peaks = m["peak_memory_bytes"]
+        print(f"{name:<20} {m['model']['weight_bytes'] / 1e6:>7.0f}MB {m['model']['searchable_units']:>6} "
+              f"{m['model']['dimensions']:>5} {m['wall_seconds']:>7.0f} {100 * (m['sensitivity_share_of_wall'] or 0):>6.0f} "
+              f"{m['evaluations'] or 0:>6} {m['seconds_per_evaluation'] or 0:>7.3f} {m['bare_seconds']['fp32_screening']:>7.3f} "
+              f"{m['evaluation_vs_bare_fp32'] or 0:>10.2f} {m['evaluation_vs_bare_same_plans'] or 0:>10.2f} "
+              f"{peaks.get('main', 0) / 2**30:>8.2f} {peaks.get('worker', 0) / 2**30:>10.2f} "
+              f"{m['largest_process_vs_weights']:>6.2f} {m['disk_bytes']['cache'] / 1e9:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
