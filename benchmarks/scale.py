@@ -158,7 +158,7 @@ def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
     """Seconds a plain ONNX Runtime session takes, in a fresh process, to be created from a model's file and
     run once: the prepared FP32 model on the screening batches (what a sensitivity evaluation runs; median
     of 3) and on every evaluation batch (what a trial runs before its timing; median of 3), and each plan
-    the sensitivity pass evaluated, saved as a plain ONNX file (once each): what the engine itself costs."""
+    the sensitivity pass evaluated, saved as a plain ONNX file (median of 3 each): what the engine itself costs."""
     from autoprec.app.prepare import plan_context
     from autoprec.core.plan import Precision
     from autoprec.core.stored import save_models
@@ -177,7 +177,7 @@ def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
             path = work / "pass" / f"{i}-{precision}.onnx"
             path.parent.mkdir(exist_ok=True)
             save_models({path: engine.lower(info, info.plan_at(Precision(precision), [unit["unit"]]), ranges)}, external=True)
-            models[f"pass {i} {precision}"] = (str(path), "screening", 1)
+            models[f"pass {i} {precision}"] = (str(path), "screening", 3)
     paths = []
     for i, batch in enumerate(evaluation):
         np.savez(work / f"batch{i}.npz", **batch)

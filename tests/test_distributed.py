@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import builders
 import numpy as np
@@ -34,10 +35,24 @@ def postgres_url():
         yield url
 
 
+# A metric that takes its time: each trial lasts long enough for the test to catch one running and kill it.
+SLOW_METRIC = """
+import time
+import numpy as np
+
+def loss(reference, candidate):
+    time.sleep(0.3)
+    return float(np.mean([np.abs(r[k] - c[k]).mean() for r, c in zip(reference, candidate) for k in r]))
+"""
+
+
 def _worker(url, model, data, out, budget=15):
+    (Path(out).parent / "slow_metric.py").write_text(SLOW_METRIC)
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
-           "--storage", url, "--study-name", "shared", "--budget", str(budget), "--heartbeat", "1", "--no-progress"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+           "--storage", url, "--study-name", "shared", "--budget", str(budget), "--heartbeat", "1", "--no-progress",
+           "--metric", "slow_metric:loss"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=Path(out).parent)
 
 
 def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path, postgres_url):

@@ -125,6 +125,13 @@ class ActivationRanges:
     def __getitem__(self, name: str) -> TensorRange:
         return self.tensors[name]
 
+    def with_thresholds(self, method: str) -> ActivationRanges:
+        """These ranges with every tensor's ``method`` threshold computed now, once: each worker process that
+        gets a copy reads it instead of computing its own."""
+        for tensor in self.tensors.values():
+            tensor.amax(method)
+        return self
+
     def save(self, path: Path) -> None:
         names = sorted(self.tensors)
         arrays = {"names": np.array(names)}

@@ -225,7 +225,8 @@ def run_search(config: SearchConfig) -> SearchResult:
                         f"after {GRACE_BEATS * heartbeat} s without a heartbeat)" if running else ""))
     screen = Screen.for_search(max_loss, len(dataset.evaluation)) if early_reject else None
     screened = screening_batches(len(dataset.evaluation))
-    lowering = Lowering(info, ranges)  # each worker lowers the plans it is sent: only plans travel
+    method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
+    lowering = Lowering(info, ranges.with_thresholds(method) if ranges is not None else None)  # only plans travel
     with contextlib.ExitStack() as stack:
         if isolate:
             limits = Limits.default(trial_timeout, trial_memory_gb, workers)

@@ -16,7 +16,7 @@ from onnx import TensorProto
 
 from autoprec.core.groups import connected, min_cut
 from autoprec.core.search_space import NEUTRAL_OPS
-from autoprec.core.stored import StoredModel, read_tensor
+from autoprec.core.stored import StoredModel
 from autoprec.lower.edit import GraphEdit
 
 # Inputs ONNX types as float32 whatever the data's type (Resize's roi and scales): never converted.
@@ -140,8 +140,8 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
             if tensor is not None:
                 if tensor.data_type == TensorProto.FLOAT:
                     if name not in constants:
-                        copy = model.derived(f"{prefix}{name}_fp16",
-                                             lambda t=tensor: read_tensor(t, model.folder).astype(np.float16))
+                        copy = model.derived(f"{prefix}{name}_fp16", lambda n=name: index.values(n, model.folder).astype(np.float16),
+                                             2 * math.prod(tensor.dims))
                         constants[name] = edit.add_initializer(copy)
                     edit.set_input(node, i, constants[name])
             elif name in half:

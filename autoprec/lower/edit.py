@@ -15,11 +15,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from pathlib import Path
+
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import NodeProto, TensorProto, helper
 
 from autoprec.analysis.subgraphs import Scope, graphs
+from autoprec.core.stored import external_info, is_external, read_tensor
 
 _OUTER = -1  # "position" of a tensor made outside the graph (an input, an initializer, an outer scope's)
 
@@ -49,6 +53,7 @@ class ScopeIndex:
     outputs: frozenset[str] = field(init=False)
 
     def __post_init__(self):
+        self._where: dict[str, tuple | None] = {}
         graph = self.graph
         self.position = {n.name: p for p, n in enumerate(graph.node)}
         self.producer = {o: p for p, n in enumerate(graph.node) for o in n.output if o}
@@ -83,6 +88,13 @@ class ScopeIndex:
 
     def is_float32(self, name: str) -> bool:
         return self.dtypes.get(name) == TensorProto.FLOAT
+
+    def values(self, name: str, folder: Path) -> np.ndarray:
+        """An initializer's values (read, or memory-mapped where large: see autoprec.core.stored.read_tensor),
+        its data file's place looked up once: reading it off the protobuf costs more than a small read."""
+        if name not in self._where:
+            self._where[name] = external_info(self.initializers[name]) if is_external(self.initializers[name]) else None
+        return read_tensor(self.initializers[name], folder, self._where[name])
 
 
 @dataclass

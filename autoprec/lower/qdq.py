@@ -15,13 +15,14 @@ Two forms of the same plan, because engines read Q/DQ differently:
 from __future__ import annotations
 
 import enum
+import math
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from autoprec.analysis.calibrate import ActivationRanges, TensorRange
 from autoprec.analysis.model import Unit
-from autoprec.core.stored import StoredModel, read_tensor
+from autoprec.core.stored import StoredModel
 from autoprec.lower.edit import GraphEdit
 
 # Ops ORT folds into the Q that follows a quantized layer (zero point at the range minimum).
@@ -57,21 +58,25 @@ def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, n
     flat = weight.reshape(1) if weight.ndim == 0 else weight
     rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
     chunks = [slice(start, start + rows) for start in range(0, len(flat), rows)]
+    magnitude = np.abs(flat) if len(chunks) == 1 else None  # small: one pass, no chunking
     if axis is None:
         amax = np.array([max(float(np.abs(flat[c]).max(initial=0.0)) for c in chunks)])
     elif axis == 0:
         amax = np.concatenate([np.abs(flat[c]).reshape(len(flat[c]), -1).max(axis=1, initial=0.0) for c in chunks])
     else:
         reduce = tuple(a for a in range(flat.ndim) if a != axis)
-        amax = np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0)
+        amax = (magnitude.max(axis=reduce) if magnitude is not None
+                else np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0))
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     shape = [1] * flat.ndim
     if axis is not None:
         shape[axis] = -1
     per_channel = scale.reshape(shape)
+    if magnitude is not None:
+        return np.clip(np.rint(flat / per_channel), -127, 127).astype(np.int8).reshape(weight.shape), scale
     q = np.empty(flat.shape, np.int8)
     for c in chunks:
-        q[c] = np.clip(np.round(flat[c].astype(np.float32) / (per_channel[c] if axis == 0 else per_channel)), -127, 127)
+        q[c] = np.clip(np.rint(flat[c].astype(np.float32) / (per_channel[c] if axis == 0 else per_channel)), -127, 127)
     return q.reshape(weight.shape), scale
 
 
@@ -104,13 +109,13 @@ class _Quantizer:
 
         def quantized() -> tuple[np.ndarray, np.ndarray]:
             if not made:
-                made.append(quantize_weight(read_tensor(tensor, self.model.folder), axis))
+                made.append(quantize_weight(self.edit.index.values(name, self.model.folder), axis))
             return made[0]
 
         zero = np.zeros(tensor.dims[axis] if axis is not None else (), np.int8)
-        copies = (self.model.derived(f"{prefix}_int8", lambda: quantized()[0]),
-                  self.model.derived(f"{prefix}_scale", lambda: quantized()[1].reshape(zero.shape)),
-                  self.model.derived(f"{prefix}_zp", lambda: zero))
+        copies = (self.model.derived(f"{prefix}_int8", lambda: quantized()[0], math.prod(tensor.dims)),
+                  self.model.derived(f"{prefix}_scale", lambda: quantized()[1].reshape(zero.shape), 4 * zero.size),
+                  self.model.derived(f"{prefix}_zp", lambda: zero, zero.size))
         attrs = {"axis": axis} if axis is not None else {}
         self.edit.add("DequantizeLinear", f"{prefix}_dequantize", [self.edit.add_initializer(t) for t in copies],
                       [f"{prefix}_dq"], **attrs)
