@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from autoprec.core import atomic
+
 INLINE_BYTES = 1024  # smaller tensors stay in the graph: shape constants, scalars, most scales
 ALIGN = 4096  # each tensor starts on a page of its data file: ONNX Runtime memory-maps aligned external data
 COPY_CHUNK = 64 << 20  # bytes per read when a tensor is copied between data files
@@ -295,54 +297,52 @@ def inlined(model: StoredModel) -> onnx.ModelProto:
 
 def save_models(models: Mapping[Path, StoredModel], data: str | None = None, external: bool | None = None) -> list[Path]:
     """Write each model to its path, self-contained: its external tensors copied into one data file named
-    ``data`` beside them (shared by all: a weight they have in common is written once), or read back into
-    the .onnx itself. ``external`` None: external data where the models' weights reach
-    ``EXTERNAL_EXPORT_BYTES``. Each file is written whole or not at all (the data file first)."""
-    from autoprec.core import atomic
-
+    ``data`` (default ``<first model's name>.data``) beside them, shared by all (a weight they have in
+    common is written once), or read back into each .onnx. ``external`` None: external data where the
+    models' weights reach ``EXTERNAL_EXPORT_BYTES``. Each file is written whole or not at all."""
     paths = list(models)
     folder = paths[0].parent
-    total = sum(m.weight_bytes() for m in models.values())
-    if external is None:
-        external = total >= EXTERNAL_EXPORT_BYTES
-    if not external:
-        written = [atomic.write_bytes(path, inlined(model).SerializeToString()) for path, model in models.items()]
-        (folder / (data or "model.data")).unlink(missing_ok=True)
-        return written
     data = data or f"{paths[0].name}.data"
-    protos = {}
-    copied: dict[tuple[str, str], tuple[int, int]] = {}  # (source folder, location:offset) -> its place in data
+    if external is None:
+        external = sum(m.weight_bytes() for m in models.values()) >= EXTERNAL_EXPORT_BYTES
+    if not external:
+        (folder / data).unlink(missing_ok=True)  # an earlier save's, of a plan whose weights were larger
+        return [atomic.write_bytes(path, inlined(model).SerializeToString()) for path, model in models.items()]
+    protos = _gathered(models, folder, data)
+    return [atomic.write_bytes(path, proto.SerializeToString()) for path, proto in protos.items()]
+
+
+def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> dict[Path, onnx.ModelProto]:
+    """Copies of the models' graphs whose every tensor over ``INLINE_BYTES`` lies in ``folder/data``, written
+    (to a temporary name, renamed when whole) with each tensor the models share copied once."""
+    protos: dict[Path, onnx.ModelProto] = {}
+    copied: dict[tuple[str, str, int], tuple[int, int]] = {}  # (folder, location, offset) -> its place in data
     tmp = folder / f".{data}.{os.getpid()}.tmp"
     folder.mkdir(parents=True, exist_ok=True)
     writer = DataWriter(folder, tmp.name)
     try:
         for path, model in models.items():
-            proto = onnx.ModelProto()
+            protos[path] = proto = onnx.ModelProto()
             proto.CopyFrom(model.proto)
             for tensor in tensors(proto.graph):
                 if tensor.data_type == TensorProto.STRING or (not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES):
                     continue
-                source = (str(model.folder), ":".join(map(str, external_info(tensor)[:2]))) if is_external(tensor) else None
-                if source is not None and source in copied:
-                    _set_external(tensor, data, *copied[source])
-                    continue
-                if is_external(tensor):
-                    writer.copy(tensor, model.folder)
+                if not is_external(tensor):
+                    writer.add(tensor)  # a large tensor held in the graph itself
                 else:
-                    writer.add(tensor)
-                _, offset, length = external_info(tensor)
-                _set_external(tensor, data, offset, length)
-                if source is not None:
-                    copied[source] = (offset, length)
-            protos[path] = proto
+                    source = (str(model.folder), *external_info(tensor)[:2])
+                    if source not in copied:
+                        writer.copy(tensor, model.folder)
+                        copied[source] = external_info(tensor)[1:]
+                    _set_external(tensor, tmp.name, *copied[source])
+                _set_external(tensor, data, *external_info(tensor)[1:])
         writer.close()
         os.replace(tmp, folder / data)
     except BaseException:
-        if not writer.file.closed:
-            writer.file.close()
+        writer.file.close()
         tmp.unlink(missing_ok=True)
         raise
-    return [atomic.write_bytes(path, proto.SerializeToString()) for path, proto in protos.items()]
+    return protos
 
 
 def load(path: Path) -> StoredModel:

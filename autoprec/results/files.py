@@ -204,6 +204,8 @@ def write_results(
         else:  # a resumed search may have chosen another plan: no stale artifact of the old one
             (best / "model.tensorrt.onnx").unlink(missing_ok=True)
         written += save_models(models, data=WEIGHTS_FILE, external=external_weights(result.model))
+        if (best / WEIGHTS_FILE).is_file():
+            files[WEIGHTS_FILE] = "the weights of the models beside it (ONNX external data): keep it with them"
         written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
     else:  # nothing chosen this time: an earlier run's best/ must not pass for this run's result
         for name in ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE):
