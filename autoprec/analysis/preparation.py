@@ -373,8 +373,8 @@ def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[
     model, notes = prepare_graph(StoredModel(raw, folder), shapes, path, feeds)
     model = _gathered(model)
     if copied:
-        notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB) copied once into {folder.parent} (kept for the "
-                        "next search of this model at these shapes)")
+        notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in {folder.parent}, made by the first "
+                        "run at these shapes and read by every later one")
     (folder / PREPARED_FILE).write_bytes(model.proto.SerializeToString())
     (folder / NOTES_FILE).write_text(json.dumps({"notes": notes, "model": str(path)}))
     return model, notes
