@@ -236,7 +236,7 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
     if versus and versus["fp32_trial"] != shown.number:
         verdict = noise_verdict(versus["beyond_timing_noise"])
         how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
-        lines.append(f"        {versus['speedup']:.2f}× the all-FP32 latency ({verdict}{how})")
+        lines.append(f"        speed-up over all-FP32 {versus['speedup']:.2f}× ({verdict}{how})")
     if drift := drifted(pareto["search"]):
         lines.append(f"        ⚠ {drift}")
     if said := decisions(shown.metrics):

@@ -124,7 +124,7 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
                    f"{counts['int8']}/{counts['fp16']}/{counts['fp32']} units.")
         versus = p.get("chosen_vs_fp32")
         if versus and versus["fp32_trial"] != chosen["trial"]:
-            summary += f" {versus['speedup']:.2f}× the all-FP32 latency ({noise_verdict(versus['beyond_timing_noise'], short=True)})."
+            summary += f" Speed-up over all-FP32 {versus['speedup']:.2f}× ({noise_verdict(versus['beyond_timing_noise'], short=True)})."
         if drift := drifted(p["search"]):
             summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
     title = f"autoprec — {Path(p['model']['path']).name} on {p['engine']['engine']} {p['engine']['provider']}"
