@@ -42,7 +42,7 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
     [
         (["search", "{missing}"], "missing.onnx: no such file"),
         (["search", "{truncated}"], "truncated.onnx: not a readable ONNX file.*re-export"),
-        (["search", "{external}"], "external.onnx: its external weight data cannot be read.*keep the data files next to the model"),
+        (["search", "{external}"], "external.onnx: tensor .* keeps its values in 'external.weights', which is not beside it; keep the data files next to the model"),
         (["search", "{dynamic}"], r"input x has dynamic dim 2 \(H\).*pass --shape x=1x3xD2xD3 with D2, D3 filled in"),
         (["search", "{model}", "--data", "{missing}"], "--data .*missing.onnx: no such file or folder"),
         (["search", "{model}", "--budget", "0"], "--budget: invalid _positive_int value|must be at least 1"),

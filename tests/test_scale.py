@@ -5,6 +5,7 @@ protobuf's limit is the same for zeros as for weights (benchmarks/scale.py searc
 """
 
 import json
+import re
 
 import builders
 import numpy as np
@@ -49,7 +50,7 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
     want = ort.InferenceSession(str(model)).run(None, {"ids": ids})[0]
     assert got.shape == want.shape and np.allclose(got, want, rtol=0.1, atol=0.1)
     prepared = [p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]
-    assert len(prepared) == 1 and (prepared[0] / "huge.onnx.data").stat().st_size == (model.parent / "huge.onnx.data").stat().st_size
+    assert len(prepared) == 1 and (prepared[0] / "given" / "huge.onnx.data").stat().st_size == (model.parent / "huge.onnx.data").stat().st_size
 
 
 def test_a_model_over_2gb_exports_for_tensorrt_with_its_weights_beside_it(over_2gb, tmp_path):
@@ -130,3 +131,76 @@ def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     shutil.rmtree(prepared)  # as if it was killed before its rename
     autoprec.search(model, data=data, out=out, budget=3, progress=False, warm_start=False)
     assert not stale.exists() and (out / "cache" / f"prepared-{key}" / "prepared.json").is_file()
+
+
+def _external_mlp(folder, location="mlp.onnx.data"):
+    """The MLP saved with its weights in ``location`` beside it; returns the path and the loaded skeleton."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "mlp.onnx"
+    onnx.save_model(builders.mlp(), str(path), save_as_external_data=True, location=location, size_threshold=1024)
+    return path, onnx.load(str(path), load_external_data=False)
+
+
+def _set_field(path, model, key, value):
+    tensor = next(t for t in model.graph.initializer if t.external_data)
+    next(e for e in tensor.external_data if e.key == key).value = value
+    onnx.save(model, str(path))
+    return tensor.name
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("offset", "-4096", r"says offset -4096, length \d+ in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save"),
+    ("length", "16", r"says offset \d+, length 16 in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save"),
+    ("offset", "abc", r"has unreadable external-data fields .*'offset': 'abc'.*; re-save"),
+])
+def test_external_data_fields_that_cannot_be_right_get_one_line_naming_the_tensor(tmp_path, capsys, key, value, message):
+    path, model = _external_mlp(tmp_path / "m")
+    name = _set_field(path, model, key, value)
+    assert main(["search", str(path), "--budget", "2", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "a bug in autoprec" not in err
+    assert re.search(f"tensor '{re.escape(name)}' " + message, err), err
+    assert not (tmp_path / "out" / "cache").exists() or not any((tmp_path / "out" / "cache").iterdir())
+
+
+def test_a_data_file_reached_through_a_symbolic_link_is_named_as_one(tmp_path, capsys):
+    path, _ = _external_mlp(tmp_path / "m")
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (tmp_path / "m" / "mlp.onnx.data").rename(blobs / "abc123")
+    (tmp_path / "m" / "mlp.onnx.data").symlink_to(blobs / "abc123")  # as a Hugging Face cache keeps files
+    assert main(["search", str(path), "--budget", "2", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert "'mlp.onnx.data', a symbolic link" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("location", ["prepared.json", "model.onnx", "source.data"])
+def test_data_files_named_like_the_caches_own_files_are_kept_apart_from_them(tmp_path, location):
+    path, _ = _external_mlp(tmp_path / "m", location)
+    out = tmp_path / "out"
+    autoprec.search(path, out=out, budget=2, progress=False)
+    autoprec.search(path, out=out, budget=3, progress=False)  # resumed: the kept preparation is whole
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": x})[0].shape == (4, 3)
+
+
+def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept(tmp_path, capsys):
+    path, _ = _external_mlp(tmp_path / "m")
+    before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
+    out = tmp_path / "out"
+    autoprec.search(path, out=out, budget=2, progress=False)
+    assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(path.parent)]) == 2
+    assert "the export's model.onnx and weights would overwrite files there" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
+
+
+def test_a_changed_model_is_refused_before_its_weights_are_copied_again(tmp_path, capsys):
+    path, _ = _external_mlp(tmp_path / "m")
+    out = tmp_path / "out"
+    autoprec.search(path, out=out, budget=2, progress=False)
+    data = path.parent / "mlp.onnx.data"
+    changed = bytearray(data.read_bytes())
+    changed[-4:] = b"\x00\x00\x80\x3f"
+    data.write_bytes(bytes(changed))
+    assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(tmp_path / "trt")]) == 2
+    assert "its weights or external data changed" in capsys.readouterr().err
+    assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1

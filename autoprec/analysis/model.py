@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Collection, Iterable, Mapping, Sequence
@@ -153,6 +155,13 @@ def _retied(units: Sequence[Unit]) -> tuple[Unit, ...]:
 
 
 def file_sha256(path: Path) -> str:
+    stat = os.stat(path)
+    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, modified_ns: int) -> str:
+    """Hashed once per process while the file's size and modification time stay (a 2 GB data file takes seconds)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -193,10 +202,11 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export it")
     try:
         check_external_data(model, path.parent, str(path))
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"{path}: its external weight data cannot be read ({exc}); keep the data files next to the model"
-        ) from None
+    except ValueError as exc:  # says which tensor and file, and the fix
+        raise ModelError(str(exc)) from None
+    except OSError as exc:
+        raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data files' "
+                         "permissions beside the model") from None
     unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
     if unknown:
         nodes = [n.name or n.op_type for n in model.graph.node if n.domain in unknown][:3]

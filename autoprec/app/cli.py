@@ -479,6 +479,10 @@ def _check(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
+    source = Path(read_result_dir(args.result_dir).pareto["model"]["path"])
+    if args.format != "triton" and out.resolve() == source.resolve().parent:
+        raise AutoprecError(f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
+                            "the export's model.onnx and weights would overwrite files there: give another folder")
     if args.build:
         from autoprec.export.build import check_buildable
 

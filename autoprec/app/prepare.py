@@ -27,7 +27,7 @@ from autoprec.analysis.data import (
     item_shapes,
     scalar_values,
 )
-from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
@@ -328,13 +328,15 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         raise AutoprecError(f"{result.out_dir}: its recorded seed {seed!r} is not a whole number of 0 or more "
                             "(pareto.json damaged?); rerun the search")
     cache = result.out_dir / "cache"
+    load_onnx(path)  # a missing or broken model: its own message; a changed one is refused before any copy of it
+    found = model_sha256(path)
+    if found != sha256:
+        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
+                            f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
+                            "or search again")
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          seed, norm["mean"], norm["std"],
                                          facts.get("constants"), facts.get("out_of_range", []), cache)
-    if info.sha256 != sha256:
-        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {info.sha256[:12]}…, "
-                            f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
-                            "or search again")
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "

@@ -184,35 +184,70 @@ def externalize(model: onnx.ModelProto, folder: Path, location: str) -> int:
 
 
 def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None:
-    """Every external tensor's file exists under ``folder`` (no absolute path, no way out of it) and holds
-    its bytes; raises ValueError naming the first that does not (``what``: the model, for the message)."""
+    """Every external tensor's file is a plain file under ``folder`` (no absolute path, no way out of it, no
+    link) holding its bytes where its fields say; raises ValueError naming the first that does not and the
+    fix (``what``: the model, for the message)."""
     root = Path(folder).resolve()
     sizes: dict[str, int] = {}
+    resave = "re-save the model with onnx.save_model(model, path, save_as_external_data=True)"
     for tensor in (t for t in tensors(model.graph) if is_external(t)):
-        location, offset, length = external_info(tensor)
-        path = (root / location).resolve()
+        try:
+            location, offset, length = external_info(tensor)
+        except (KeyError, ValueError):
+            fields = {e.key: e.value for e in tensor.external_data}
+            raise ValueError(f"{what}: tensor {tensor.name!r} has unreadable external-data fields {fields}; {resave}") from None
+        if offset < 0 or (length is not None and length != nbytes(tensor)):
+            raise ValueError(f"{what}: tensor {tensor.name!r} says offset {offset}, length {length} in {location!r}, "
+                             f"but its type and dims take {nbytes(tensor)} bytes; {resave}")
+        given = root / location
+        if given.is_symlink():
+            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, a symbolic link "
+                             f"(onnx refuses external data through links): copy the file itself beside the model")
+        path = given.resolve()
         if Path(location).is_absolute() or root not in path.parents:
-            raise ValueError(f"{what}: tensor {tensor.name!r} names external data {location!r} outside its folder")
+            raise ValueError(f"{what}: tensor {tensor.name!r} names external data {location!r} outside its folder; "
+                             "keep the data files next to the model and name them relative to it")
         if location not in sizes:
             sizes[location] = path.stat().st_size if path.is_file() else -1
         if sizes[location] < 0:
-            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, which is not beside it")
+            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, which is not beside "
+                             "it; keep the data files next to the model")
         if offset + (nbytes(tensor) if length is None else length) > sizes[location]:
-            raise ValueError(f"{what}: {location!r} ends before tensor {tensor.name!r} does (truncated?)")
+            raise ValueError(f"{what}: {location!r} ends before tensor {tensor.name!r} does (truncated?); "
+                             "copy or download the data file again")
+
+
+GIVEN = "given"  # the given model's data files, copied under their own names: none takes a name the folder uses
 
 
 def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> int:
-    """Copy ``model``'s external data files (relative to ``source``) into ``folder`` under the same names.
-    Returns the bytes copied. (A hard link would spare the copy,
-    but raises the user's file's link count, and onnx then refuses to load it: "a potential hardlink attack".)"""
+    """Copy ``model``'s external data files (relative to ``source``) into ``folder``/``GIVEN`` under their
+    own names, and point ``model``'s tensors there. Returns the bytes copied. (A hard link would spare the
+    copy, but raises the user's file's link count, and onnx then refuses to load it: "a potential hardlink attack".)"""
     copied = 0
-    for location in sorted({external_info(t)[0] for t in tensors(model.graph) if is_external(t)}):
-        target = Path(folder) / location
+    external = [t for t in tensors(model.graph) if is_external(t)]
+    for location in sorted({external_info(t)[0] for t in external}):
+        target = Path(folder) / GIVEN / location
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(Path(source) / location, "rb") as given, open(target, "wb") as copy:
             copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
         copied += target.stat().st_size
+    for tensor in external:
+        location, offset, length = external_info(tensor)
+        _set_external(tensor, f"{GIVEN}/{location}", offset, nbytes(tensor) if length is None else length)
     return copied
+
+
+def _write_whole(path: Path, data: bytes | memoryview) -> None:
+    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (this process's and
+    thread's: several may make the same file at once), renamed when done, removed when the write fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)
@@ -244,8 +279,8 @@ class StoredModel:
         with _write_lock:
             name = f".candidate-{os.getpid()}-{next(_written)}.onnx"
         path = Path(self.folder) / name
-        path.write_bytes(self.proto.SerializeToString())
         try:
+            path.write_bytes(self.proto.SerializeToString())  # (a disk full half-way leaves nothing behind)
             yield path
         finally:
             path.unlink(missing_ok=True)
@@ -267,12 +302,8 @@ class StoredModel:
         if not (path.is_file() and meta.is_file()):
             values = np.ascontiguousarray(make())
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(memoryview(values.reshape(-1)).cast("B"))
-            os.replace(tmp, path)
-            tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp_meta.write_text(f"{values.dtype.name}|{','.join(map(str, values.shape))}")
-            os.replace(tmp_meta, meta)  # written last: a derived tensor is there only when whole
+            _write_whole(path, memoryview(values.reshape(-1)).cast("B"))
+            _write_whole(meta, f"{values.dtype.name}|{','.join(map(str, values.shape))}".encode())  # last: whole
         # made from what the files say, never holding the values: a protobuf keeps the bytes of a field it
         # once held until the whole message goes, and these are kept for the process's life
         dtype_name, shape_text = meta.read_text().split("|")
