@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from autoprec.analysis.calibrate import (
     CALIBRATION_METHODS,
@@ -134,14 +135,15 @@ def load_inputs(
     constants: Mapping[str, float] | None = None,
     out_of_range: Sequence[str] | None = None,
     cache: Path | None = None,
+    raw: onnx.ModelProto | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
-    """Analyse the model, load and split the data (the seconds each took). Where FP16 is searched,
-    neutral ops out of FP16's range on the calibration data become units (``out_of_range``: the
-    ones a search recorded, instead of measuring them again; else measured once per model and data
-    and kept in ``cache``)."""
+    """Analyse the model (``raw``: its graph, if the caller loaded it), load and split the data (the seconds
+    each took). Where FP16 is searched, neutral ops out of FP16's range on the calibration data become units
+    (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured once per
+    model and data and kept in ``cache``)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    raw = load_onnx(model_path)
+    raw = raw if raw is not None else load_onnx(model_path)
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
     info = analyse(model_path, space, given, item_shapes(data, fed), model=raw,
@@ -328,7 +330,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         raise AutoprecError(f"{result.out_dir}: its recorded seed {seed!r} is not a whole number of 0 or more "
                             "(pareto.json damaged?); rerun the search")
     cache = result.out_dir / "cache"
-    load_onnx(path)  # a missing or broken model: its own message; a changed one is refused before any copy of it
+    raw = load_onnx(path)  # a missing or broken model: its own message; a changed one is refused before any copy of it
     found = model_sha256(path)
     if found != sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
@@ -336,7 +338,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             "or search again")
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          seed, norm["mean"], norm["std"],
-                                         facts.get("constants"), facts.get("out_of_range", []), cache)
+                                         facts.get("constants"), facts.get("out_of_range", []), cache, raw)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
