@@ -132,6 +132,36 @@ def transformer_block(tokens: int = 8, dim: int = 16, seed: int = 4) -> onnx.Mod
     return _model(nodes, [x], [y], inits)
 
 
+def line_reader(seed: int = 6) -> onnx.ModelProto:
+    """A CTC-recognizer-like model with a dynamic batch and width, x [N, 3, 8, W] -> [N, W, 6]: Conv+Relu,
+    Conv+Relu, the height averaged away, per column MatMul+Softmax; a Reshape whose target is read off the
+    tensor's Shape, which preparation folds to constants only where the shapes are fixed."""
+    rng = np.random.default_rng(seed)
+    w = lambda *shape: rng.normal(0, 0.3, shape)  # noqa: E731
+    inits = [_init("w0", w(8, 3, 3, 3)), _init("b0", w(8)), _init("w1", w(8, 8, 3, 3)), _init("b1", w(8)),
+             _init("fc", w(8, 6)), _init("fc_b", w(6)), _init("first", np.array([0], np.int64)),
+             _init("minus_one", np.array([-1], np.int64)), _init("two", np.array([2], np.int64))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], "conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"], "relu0"),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        helper.make_node("ReduceMean", ["r1"], ["m"], "height_mean", axes=[2], keepdims=0),  # [N, 8, W]
+        helper.make_node("Transpose", ["m"], ["cols"], "to_columns", perm=[0, 2, 1]),  # [N, W, 8]
+        helper.make_node("Shape", ["cols"], ["shape"], "shape"),
+        helper.make_node("Gather", ["shape", "first"], ["n"], "batch_of", axis=0),
+        helper.make_node("Concat", ["n", "minus_one", "two"], ["target"], "target", axis=0),
+        helper.make_node("Reshape", ["cols", "target"], ["pairs"], "pairs"),  # [N, 4W, 2]
+        helper.make_node("Reshape", ["pairs", "shape"], ["back"], "back"),  # [N, W, 8] again
+        helper.make_node("MatMul", ["back", "fc"], ["logits0"], "classifier"),
+        helper.make_node("Add", ["logits0", "fc_b"], ["logits"], "classifier_bias"),
+        helper.make_node("Softmax", ["logits"], ["probs"], "softmax", axis=-1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, "W"])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", "W", 6])
+    return _model(nodes, [x], [y], inits)
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path

@@ -78,7 +78,9 @@ def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(host
     trial = result.uniform()[precision].number
     assert _exit(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
     text = (folder / script).read_text()
-    assert "\ntouch" not in text  # the input's line breaks stayed inside the comment, escaped
+    comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert CANARY not in comments.replace(f"touch {CANARY}", "")  # the line breaks stayed inside the comment, escaped
+    assert "\ntouch" not in text.split("trtexec", 1)[0]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "trtexec").write_text(RECORDING_TRTEXEC)
@@ -93,6 +95,8 @@ def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(host
         assert f"{HOSTILE_NODE}:fp16" in precisions
     else:
         assert "--onnx=model.onnx" in args
+    # the hostile input reaches trtexec's shape flags as one exact argument (quoted, its line breaks inside)
+    assert f"--minShapes={HOSTILE_INPUT}:1x3x16x16" in args
 
 
 def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result, tmp_path):
@@ -103,9 +107,9 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
     tree = ast.parse(source)
     constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
                  if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in
-                 ("SOURCE_MODEL", "SHAPES")}
+                 ("SOURCE_MODEL", "PROFILE")}
     assert constants["SOURCE_MODEL"] == HOSTILE_FILE.removesuffix(".onnx")
-    assert list(constants["SHAPES"]) == [HOSTILE_INPUT]
+    assert list(constants["PROFILE"]) == [HOSTILE_INPUT]
     assert CANARY not in ast.get_docstring(tree)
     # run it: with TensorRT for RTX installed it builds the hostile model's plan (no GPU needed), else it
     # stops at the import; either way no name ran as code
@@ -122,7 +126,7 @@ def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
     folder = tmp_path / "md"
     assert _exit(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
     card = (folder / "BUILD.md").read_text()
-    rows = [line for line in card.splitlines() if line.startswith("| `")]
+    rows = [line for line in card.split("## Per-unit precision")[1].splitlines() if line.startswith("| `")]
     assert len(rows) == len(result.units)  # one table row per unit: no name added or broke a row
     assert all(line.count(" | ") == 3 for line in rows)  # four cells each: the hostile '|' is escaped
     outside_code = re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", card)  # code spans show their text as is, HTML included

@@ -347,8 +347,10 @@ def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_mode
     for flag in ("--onnx=model.onnx", "--saveEngine=model.plan", "--timingCacheFile=timing.cache",
                  "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--memPoolSize=workspace:4096"):
         assert flag in script
-    for not_wanted in ("--fp16", "--int8", "--calib", "--best", "--precisionConstraints", "--minShapes"):
-        assert not_wanted not in script  # removed in 11; the model's shapes are static
+    for not_wanted in ("--fp16", "--int8", "--calib", "--best", "--precisionConstraints"):
+        assert not_wanted not in script  # removed in 11
+    for point in ("min", "opt", "max"):  # the model keeps its dynamic batch: a profile of the one measured shape
+        assert f"--{point}Shapes=x:1x3x16x16" in script
     model = stored.load(folder / "model.onnx")
     assert check_tensorrt_qdq_rules(model) >= 4
 
@@ -361,11 +363,12 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
     assert "--int8" in script and "--calib=calibration.cache" in script and "--precisionConstraints=obey" in script
     precisions = script.split("--layerPrecisions=")[1].split()[0].strip("'")
     assert set(precisions.split(",")) >= {"conv0:int8", "conv1:int8", "conv2:int8", "fc:int8"}
-    # the FP32 model as autoprec analysed it: every node the flags name is in it, inputs at the measured shape
+    # the FP32 model as autoprec analysed it: every node the flags name is in it, its dynamic batch kept
     assert "--onnx=model_fp32.onnx" in script
     fp32 = onnx.load(str(folder / "model_fp32.onnx"))
     assert {p.split(":")[0] for p in precisions.split(",")} <= {n.name for n in fp32.graph.node}
-    assert [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 16, 16]
+    assert [d.dim_param or d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim] == ["N", 3, 16, 16]
+    assert "--minShapes=x:1x3x16x16" in script
     assert not any(n.op_type in ("QuantizeLinear", "Cast") for n in fp32.graph.node)
     lines = (folder / "calibration.cache").read_text().splitlines()
     assert lines[0] == "TRT-100000-EntropyCalibration2"

@@ -36,6 +36,7 @@ from autoprec.core.errors import BackendError, SearchFailed
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.results.files import recorded_profile
 
 if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
     if os.environ.get("AUTOPREC_REQUIRE_TENSORRT_RTX"):
@@ -232,11 +233,39 @@ def test_rtx_parses_and_builds_the_trtexec_and_trt10_models(quick_start_result, 
     result = json.loads((quick_start_result / "pareto.json").read_text())
     int8 = result["uniform"]["int8"]
     assert _exit(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
-    built = build_engine(trt, TENSORRT_RTX, stored.load(folder / model))
+    profile = recorded_profile(result)
+    assert profile.dynamic  # the bundled classifier's batch: kept dynamic in the exports
+    with pytest.raises(BackendError, match="no shape profile"):
+        build_engine(trt, TENSORRT_RTX, stored.load(folder / model))
+    built = build_engine(trt, TENSORRT_RTX, stored.load(folder / model), profile=profile)
     assert len(built.serialized) > 10_000
     if fmt == "trtexec":
         assert not built.report["plan_fidelity"]["plan_ignored"]
         assert built.report["builder_layers"]["precision_counts"].get("int8", 0) > 0
+
+
+def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
+    """A recognizer with dynamic batch and width, searched with a min/opt/max profile: export --build and the
+    exported Python script both build it with that profile (the dims stay dynamic in the model they parse)."""
+    import numpy as np
+
+    from builders import line_reader, save
+
+    model = save(line_reader(), tmp_path / "reader.onnx")
+    out = tmp_path / "out"
+    autoprec.search(model, budget=3, out=out, progress=False, warm_start=False, shapes={"x": (1, 3, 8, 16)},
+                    min_shapes={"x": (1, 3, 8, 8)}, max_shapes={"x": (4, 3, 8, 64)})
+    folder = tmp_path / "built"
+    assert _exit(["export", out, "--format", "python", "--build", "--out", folder]) == 0
+    report = json.loads((folder / "build_report.json").read_text())
+    assert report["shape_profile"]["inputs"][0]["max"] == [4, 3, 8, 64] and report["plan_bytes"] > 1000
+    dims = onnx.load(str(folder / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["N", 3, 8, "W"]
+    proc = subprocess.run([sys.executable, "build_engine.py", "model.onnx", "script.plan"], cwd=folder, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (folder / "script.plan").stat().st_size > 1000
+    assert np.isfinite(report["build_seconds"])
 
 
 def test_rtx_export_build_refuses_formats_it_does_not_build(quick_start_result, tmp_path, capsys):

@@ -40,6 +40,9 @@ class Dataset:
     source: str
     random: bool
     labels: tuple[Batch, ...] | None = None
+    # Items the data holds at other shapes than the search's, a batch of one each: not searched on (every
+    # candidate is measured at one shape), but the shipped model is checked on them (see measure.deployment).
+    other_shapes: tuple[Batch, ...] = ()
 
     def fingerprint(self) -> str:
         """Content hash: cached ranges and references are valid only for the same data."""
@@ -138,13 +141,62 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                         items[n].append(npz[n])
         except UNREADABLE as exc:
             raise DataError(f"--data {f}: cannot be read as a NumPy file ({exc}); re-save it with numpy.save") from None
-    stacked = {}
-    for n, arrays in items.items():
-        shapes = {a.shape for a in arrays}
-        if len(shapes) != 1:
-            raise DataError(f"--data {path}: arrays for input {n} have different shapes {sorted(shapes)}; make them equal")
-        stacked[n] = np.stack(arrays)
-    return stacked
+    main = _main_group(items, inputs)
+    return {n: np.stack([a for i, a in enumerate(arrays) if i in main]) for n, arrays in items.items()}
+
+
+def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSpec]) -> set[int]:
+    """The files whose items the search measures on: where their shapes differ (a folder of text lines of
+    several widths), those at the inputs' shapes where these are fixed, else the most of one shape; the
+    others are kept apart (:func:`other_shapes`) for the check of the shipped model."""
+    signatures = [tuple(arrays[i].shape for arrays in items.values()) for i in range(len(next(iter(items.values()), [])))]
+    if len(set(signatures)) <= 1:
+        return set(range(len(signatures)))
+    fitting = [i for i, sign in enumerate(signatures) if all(_fits(shape, spec) for shape, spec in zip(sign, inputs))]
+    if fitting:
+        return set(fitting)
+    common = max(set(signatures), key=lambda sign: (signatures.count(sign), -signatures.index(sign)))
+    return {i for i, sign in enumerate(signatures) if sign == common}
+
+
+def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:
+    """Whether an item of ``shape`` is one of ``spec``'s (fixed) items, alone or saved whole with a batch of 1."""
+    if not all(isinstance(d, int) for d in spec.shape):
+        return False
+    whole = tuple(1 if a == spec.batch_axis else d for a, d in enumerate(spec.shape))
+    return shape in (tuple(spec.item_shape), whole)
+
+
+def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple[Batch, ...]:
+    """The data's items at other shapes than the search's (see :func:`_main_group`), each a batch of one, in
+    file order: the shipped model, whose dims stay dynamic, is checked on them against the given model."""
+    if path is None:
+        return ()
+    path = Path(path)
+    files = _files(path)
+    if path.is_file() or not all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
+        return ()
+    names = [i.name for i in inputs]
+    items: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for f in files:  # (read once already by load_items, which said what is wrong with any of them)
+        if f.suffix.lower() == ".npy":
+            items[names[0]].append(np.load(f, allow_pickle=False))
+            continue
+        with np.load(f, allow_pickle=False) as found:
+            for n in names:
+                items[n].append(found[n])
+    main = _main_group(items, inputs)
+    batches = []
+    for i in range(len(files)):
+        if i in main:
+            continue
+        batch = {}
+        for spec in inputs:
+            item = np.asarray(items[spec.name][i], dtype=spec.dtype)
+            whole = spec.batch_axis is None or item.ndim == len(spec.shape)
+            batch[spec.name] = item if whole else np.expand_dims(item, spec.batch_axis)
+        batches.append(batch)
+    return tuple(batches)
 
 
 def _stack_of_items(array: np.ndarray, path: Path, name: str) -> np.ndarray:
@@ -428,9 +480,13 @@ def build_dataset(
     order = np.random.default_rng(seed).permutation(len(batches))
     batches = [batches[i] for i in order]
     truths = [truths[i] for i in order] if truths else None
+    fixed = {name: batches[0][name] for name in constants}  # (as every batch feeds them)
+    others = tuple({**batch, **fixed} for batch in other_shapes(path, fed)) if fed else ()
+    if others:
+        source += f" ({len(others)} item(s) at other shapes: checked on the shipped model, not searched on)"
     if len(batches) == 1:
         return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None,
-                       tuple(truths) if truths else None)
+                       tuple(truths) if truths else None, others)
     n_calib = max(1, len(batches) // 2)
     return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None,
-                   tuple(truths[n_calib:]) if truths else None)
+                   tuple(truths[n_calib:]) if truths else None, others)

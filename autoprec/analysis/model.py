@@ -19,6 +19,7 @@ from autoprec.analysis.preparation import first_line, prepared_model
 from autoprec.core.errors import ModelError
 from autoprec.core.groups import connected
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.profile import ShapeProfile, shape_profile
 from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
 from autoprec.core.stored import StoredModel, check_external_data, is_external, tensors
 
@@ -91,6 +92,19 @@ class ModelInfo:
     metadata: dict[str, str] = field(default_factory=dict, compare=False)  # the source model's metadata_props
     out_of_range: tuple[str, ...] = ()  # neutral nodes made units of their own for their range on the data
     external_data: bool = False  # the given model kept its weights in external data files
+    # The prepared model before its input shapes were fixed (the source's dynamic dims kept), same nodes by
+    # the same names, weights in ``folder``: what best/ and the exports lower a plan onto (None: ``model``).
+    deployable: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+    profile: ShapeProfile | None = field(default=None, compare=False)  # the shapes it is deployed across
+
+    @property
+    def shape_profile(self) -> ShapeProfile:
+        """The deployment profile: as given, else the one shape measured."""
+        return self.profile or ShapeProfile.fixed({i.name: i.shape for i in self.inputs})
+
+    def for_deployment(self) -> ModelInfo:
+        """The same units on the deployable graph (the source's dims): a plan lowered onto it is the shipped model."""
+        return self if self.deployable is None else replace(self, model=self.deployable, deployable=None)
 
     @property
     def stored(self) -> StoredModel:
@@ -489,19 +503,23 @@ def analyse(
     model: onnx.ModelProto | None = None,
     constants: Mapping[str, float] | None = None,
     cache: Path | None = None,
+    min_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    max_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> ModelInfo:
     """Load (unless given: :func:`load_onnx`'s graph), prepare and analyse a model: the first step of every
     search. ``constants`` are the values of inputs fed one fixed value (``--const``); ``cache``: where the
-    prepared model is kept for the next search of it (else a temporary folder, for this process)."""
+    prepared model is kept for the next search of it (else a temporary folder, for this process);
+    ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed across (opt: the fixed shapes)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
+    profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
     sha256 = model_sha256(path)
     external_data = any(is_external(t) for t in tensors(raw.graph))
-    stored, prep_notes = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
-    prepared = stored.proto
+    made = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
+    stored, prep_notes, prepared = made.model, made.notes, made.model.proto
     try:
         units = tie_repeats(prepared, find_units(prepared, space))
     except Exception as exc:  # the model runs (prepare_graph checked): a failure here is autoprec's
@@ -536,4 +554,6 @@ def analyse(
         notes=tuple(notes + prep_notes),
         metadata={p.key: p.value for p in raw.metadata_props},
         external_data=external_data,
+        deployable=made.deployable if made.deployable is not prepared else None,
+        profile=profile,
     )

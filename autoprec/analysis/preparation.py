@@ -1,5 +1,10 @@
 """The FP32 model every candidate starts from: static shapes, opset >= 13, constants and BatchNorm folded.
 
+Preparation makes it in two stages: first what holds at any input shape (opset, constant and BatchNorm
+folding, node names), which gives the *deployable* graph, keeping the source's dynamic dims; then the
+input shapes fixed and what they let fold. Both have the same nodes by the same names, so a plan lowers
+onto either: the fixed one is measured, the deployable one is what best/ and the exports ship.
+
 It is a stored model (see :mod:`autoprec.core.stored`) in a folder of its own: the given model's
 weights copied there once (its data files, or its inline tensors), and what preparation makes beside them. Each step is checked by running the model in ONNX Runtime from a file
 of that folder, never from a serialized copy of the weights. In a cache folder the preparation is kept
@@ -15,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -41,8 +47,9 @@ from autoprec.core.stored import (
 MIN_OPSET = 13
 # onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 10
-PREPARATION_VERSION = "1"  # part of a kept preparation's key: change it with what preparation does
+PREPARATION_VERSION = "3"  # part of a kept preparation's key: change it with what preparation does
 PREPARED_FILE = "model.onnx"
+DEPLOYABLE_FILE = "deployable.onnx"  # only where it differs from the prepared model (a dynamic dim)
 NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only once it is there
 
 
@@ -220,16 +227,27 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 Step = Callable[[StoredModel], tuple[StoredModel, "str | None"]]
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """The prepared model (shapes fixed) and its deployable twin (the source's dims kept), sharing weights."""
+
+    model: StoredModel
+    deployable: onnx.ModelProto
+    notes: list[str]
+
+
 def prepare_graph(
     model: StoredModel, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
-) -> tuple[StoredModel, list[str]]:
-    """Static shapes, opset >= 13, constants and BatchNorm folded: the FP32 model every candidate starts from.
+) -> Preparation:
+    """Opset >= 13, constants and BatchNorm folded, then static shapes: the FP32 model every candidate
+    starts from, and before its shapes were fixed, the deployable one.
 
-    The model as given must run in ONNX Runtime on ``feeds``; the prepared one is checked to run
-    and give the same outputs. Where it does not, the steps are taken again one at a time, each
-    checked, and a step that breaks the model is left out with a note naming it.
+    The model as given must run in ONNX Runtime on ``feeds``; each stage is checked to run and give
+    the same outputs. Where it does not, its steps are taken again one at a time, each checked, and a
+    step that breaks the model is left out with a note naming it.
     """
-    check = RunCheck(model, feeds, path)
+    runs = RunCheck(model, feeds, path)
+    check = lambda m: runs(m) or _invalid(m)  # noqa: E731 - ONNX Runtime runs some graphs onnx.checker refuses
     notes = []
     opset = next((o.version for o in model.proto.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
     if opset < MIN_OPSET:
@@ -244,22 +262,86 @@ def prepare_graph(
                 f"re-export the model with opset >= {MIN_OPSET}"
             )
         notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
-    steps: list[tuple[str, Step]] = [
-        ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
+    model.proto.ir_version = min(max(model.proto.ir_version, 7), MAX_IR_VERSION)  # what ONNX Runtime loads
+    any_shape: list[tuple[str, Step]] = [
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
         ("BatchNorm folding", _fold_batchnorms),
-        ("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None)),
     ]
-    prepared, step_notes = _take_steps(model, steps, None)
-    if check(prepared) is not None:
-        prepared, step_notes = _take_steps(model, steps, check)
+    deployable, step_notes = _checked_steps(model, any_shape, check)
+    notes += step_notes + _distinct_dim_names(deployable.proto, shapes)
+    _name_nodes(deployable.proto)
+    at_shapes: list[tuple[str, Step]] = [("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None))]
+    if _dynamic(deployable.proto, shapes):  # what fixed shapes let fold (Shape, Reshape targets), on a copy
+        at_shapes[:0] = [
+            ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
+            ("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
+            ("constant folding at these shapes (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+        ]
+    dynamic = _dynamic(deployable.proto, shapes)
+    prepared, step_notes = _checked_steps(deployable, at_shapes, check)
+    notes += step_notes
     proto = prepared.proto
-    proto.ir_version = min(max(proto.ir_version, 7), MAX_IR_VERSION)
     _name_nodes(proto)
     with prepared.file() as written:
         onnx.checker.check_model(str(written))  # from its file: never the whole model in one protobuf
-    return prepared, notes + step_notes
+    return Preparation(prepared, _typed_like(deployable.proto, proto) if dynamic else proto, notes)
+
+
+def _invalid(model: StoredModel) -> str | None:
+    """What onnx.checker finds wrong with the model (read from its file), or None."""
+    try:
+        with model.file() as written:
+            onnx.checker.check_model(str(written))
+    except Exception as exc:  # noqa: BLE001 - ValidationError and friends
+        return f"onnx.checker: {first_line(exc)}"
+    return None
+
+
+def _checked_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callable[[StoredModel], str | None]):
+    """The steps at once; where the result fails ``check``, again one at a time, each checked."""
+    taken, notes = _take_steps(model, steps, None)
+    if check(taken) is not None:
+        taken, notes = _take_steps(model, steps, check)
+    return taken, notes
+
+
+def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Input dims that share a name but were given different sizes (Paddle's '?' for both height and width)
+    renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size, and the deployable model
+    keeps its dims dynamic. Returns the notes that say so."""
+    named: dict[str, list[tuple[onnx.TensorShapeProto.Dimension, str, int]]] = {}
+    for value in model.graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param and value.name in shapes:
+                named.setdefault(dim.dim_param, []).append((dim, value.name, axis))
+    notes = []
+    for name, dims in named.items():
+        if len({shapes[value][axis] for _, value, axis in dims}) > 1:
+            for dim, value, axis in dims:
+                dim.dim_param = f"{value}_dim{axis}"
+            notes.append(f"input dims named '{name}' were given different sizes: named "
+                         f"{', '.join(d.dim_param for d, _, _ in dims)} in the shipped model (TensorRT takes one name for one size)")
+    return notes
+
+
+def _dynamic(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether any input is declared otherwise than at ``shapes`` (a dynamic dim)."""
+    declared = {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
+                for v in model.graph.input}
+    return any(declared.get(name) != tuple(dims) for name, dims in shapes.items())
+
+
+def _typed_like(deployable: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.ModelProto:
+    """The deployable graph told every element type the prepared one knows (where inference at dynamic
+    dims found none), without shapes: lowering converts float32 tensors only, so both must know the same."""
+    known = {v.name for v in [*deployable.graph.value_info, *deployable.graph.input, *deployable.graph.output]
+             if v.type.tensor_type.elem_type}
+    produced = {t for n in deployable.graph.node for t in n.output}
+    for value in prepared.graph.value_info:
+        if value.name in produced and value.name not in known and value.type.tensor_type.elem_type:
+            deployable.graph.value_info.append(onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None))
+    return deployable
 
 
 def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callable[[StoredModel], str | None] | None):
@@ -272,6 +354,7 @@ def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callab
             continue
         try:
             candidate, note = step(model)
+            candidate.proto.ir_version = min(max(candidate.proto.ir_version, 7), MAX_IR_VERSION)  # as it will be saved
             broken = check(candidate) if check is not None else None
         except Exception as exc:  # a library failing on the model: the step is left out
             broken = first_line(exc)
@@ -287,20 +370,28 @@ def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callab
     return model, notes
 
 
-def _gathered(model: StoredModel) -> StoredModel:
+def _gathered(models: list[StoredModel]) -> None:
     """The tensors the steps wrote (one data file per step) moved into one ``prepared.data``, the step
-    files removed: the folder keeps the given weights and what the prepared model uses, once."""
-    made = [t for t in tensors(model.proto.graph) if is_external(t) and external_info(t)[0].startswith("step-")]
-    if made:
-        writer = DataWriter(model.folder, "prepared.data")
-        try:
-            for tensor in made:
-                writer.copy(tensor, model.folder)
-        finally:
-            writer.close()
-    for leftover in model.folder.glob("step-*.data"):
+    files removed: the folder keeps the given weights and what the prepared models use, each once."""
+    folder = models[0].folder
+    writer = DataWriter(folder, "prepared.data")
+    moved: dict[tuple[str, int], onnx.TensorProto] = {}  # a step's tensor, shared by both models: copied once
+    try:
+        for model in models:
+            for tensor in tensors(model.proto.graph):
+                if not (is_external(tensor) and external_info(tensor)[0].startswith("step-")):
+                    continue
+                where = external_info(tensor)[:2]
+                if where not in moved:
+                    writer.copy(tensor, folder)
+                    moved[where] = tensor
+                else:
+                    del tensor.external_data[:]
+                    tensor.external_data.extend(moved[where].external_data)
+    finally:
+        writer.close()
+    for leftover in folder.glob("step-*.data"):
         leftover.unlink()
-    return model
 
 
 def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, np.ndarray]) -> str:
@@ -311,13 +402,15 @@ def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str,
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def _read(folder: Path) -> tuple[StoredModel, list[str]] | None:
+def _read(folder: Path) -> Preparation | None:
     try:
         notes = json.loads((folder / NOTES_FILE).read_text())["notes"]
         proto = onnx.load(str(folder / PREPARED_FILE), load_external_data=False)
+        deployable = (onnx.load(str(folder / DEPLOYABLE_FILE), load_external_data=False)
+                      if (folder / DEPLOYABLE_FILE).is_file() else proto)
     except Exception:  # noqa: BLE001 - missing, partial or damaged: prepared again
         return None
-    return StoredModel(proto, folder), list(notes)
+    return Preparation(StoredModel(proto, folder), deployable, list(notes))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -331,10 +424,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
-                   feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> tuple[StoredModel, list[str]]:
+                   feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> Preparation:
     """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of it, to
-    the folder) prepared at ``shapes`` (see :func:`prepare_graph`), with the notes that say what preparation did. Under ``cache`` it is kept, and read again by the next
-    caller with the same model and shapes; without one it lives in a temporary folder until the process ends."""
+    the folder) prepared at ``shapes`` (see :func:`prepare_graph`). Under ``cache`` it is kept, and read again
+    by the next caller with the same model and shapes; without one it lives in a temporary folder until the
+    process ends."""
     if cache is None:
         folder = Path(tempfile.mkdtemp(prefix="autoprec-model-"))
         atexit.register(shutil.rmtree, folder, True)
@@ -351,7 +445,7 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        model, notes = _prepare_in(staging, path, raw, shapes, feeds)
+        made = _prepare_in(staging, path, raw, shapes, feeds)
         shutil.rmtree(folder, ignore_errors=True)  # an unreadable earlier one
         os.rename(staging, folder)
     except OSError:
@@ -363,18 +457,20 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return StoredModel(model.proto, folder), notes
+    return Preparation(StoredModel(made.model.proto, folder), made.deployable, made.notes)
 
 
 def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
-                feeds: Mapping[str, np.ndarray]) -> tuple[StoredModel, list[str]]:
+                feeds: Mapping[str, np.ndarray]) -> Preparation:
     copied = copy_external_data(raw, path.parent, folder)
     externalize(raw, folder, "source.data")  # in place: no second copy of inline weights in memory
-    model, notes = prepare_graph(StoredModel(raw, folder), shapes, path, feeds)
-    model = _gathered(model)
+    made = prepare_graph(StoredModel(raw, folder), shapes, path, feeds)
+    _gathered([made.model, made.model.with_proto(made.deployable)])
     if copied:
-        notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in {folder.parent}, made by the first "
-                        "run at these shapes and read by every later one")
-    (folder / PREPARED_FILE).write_bytes(model.proto.SerializeToString())
-    (folder / NOTES_FILE).write_text(json.dumps({"notes": notes, "model": str(path)}))
-    return model, notes
+        made.notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in {folder.parent}, made by the "
+                             "first run at these shapes and read by every later one")
+    if made.deployable is not made.model.proto:
+        (folder / DEPLOYABLE_FILE).write_bytes(made.deployable.SerializeToString())
+    (folder / PREPARED_FILE).write_bytes(made.model.proto.SerializeToString())
+    (folder / NOTES_FILE).write_text(json.dumps({"notes": made.notes, "model": str(path)}))
+    return made

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 from onnx_graphsurgeon.ir.tensor import LazyValues
@@ -42,7 +43,9 @@ class Surgery:
 
     def __init__(self, model: StoredModel):
         self.source = model
-        self.graph = gs.import_onnx(model.proto)
+        graph = onnx.ModelProto()
+        graph.CopyFrom(model.proto)  # graphsurgeon's folding of If branches writes into the protos it imported
+        self.graph = gs.import_onnx(graph)
         self.external: dict[int, tuple[np.ndarray, TensorProto]] = {}  # id of a memory map -> it, its reference
         for constant in _constants(self.graph):
             values = constant._values

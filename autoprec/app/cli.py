@@ -16,7 +16,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.results import console
-from autoprec.results.files import external_weights, read_result_dir
+from autoprec.results.files import external_weights, read_result_dir, recorded_profile
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
 
@@ -96,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
     _model_arguments(s, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "search")
+    s.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                   help="the smallest shape input NAME takes in deployment, e.g. x=1x3x48x160 (repeatable; default: "
+                        "--shape, which is the opt shape the search measures at). With --max-shape it is the shape "
+                        "profile every export carries (TensorRT's min/opt/max, Triton's -1 dims)")
+    s.add_argument("--max-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                   help="the largest shape input NAME takes in deployment, e.g. x=8x3x48x960 (see --min-shape)")
+    s.add_argument("--time-shapes", action="store_true",
+                   help="also time the front's plans at the profile's min and max shapes, as deployed (the source's "
+                        "dims kept), and say which plan holds up across the range (the choice stays on opt; "
+                        "ONNX Runtime backends)")
     s.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
     s.add_argument("--max-loss", type=float, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
@@ -317,6 +327,9 @@ def _search(args: argparse.Namespace) -> int:
         storage=args.storage,
         study_name=args.study_name,
         shapes=dict(args.shape),
+        min_shapes=dict(args.min_shape),
+        max_shapes=dict(args.max_shape),
+        time_shapes=args.time_shapes,
         metric=args.metric,
         search_space=args.search_space,
         overrides=args.override,
@@ -371,6 +384,8 @@ def _print_front(files) -> None:
     if (table := console.decisions_table(files.pareto)) is not None:
         console.stdout.print(table)
     for line in console.chosen_summary(files.pareto, files.chosen):
+        console.stdout.print(line)
+    for line in console.deployment_lines(files.pareto, files.plan):
         console.stdout.print(line)
 
 
@@ -492,20 +507,22 @@ def _export(args: argparse.Namespace) -> int:
         from autoprec.export.triton import write_triton_entry
 
         model, note, stem = lowered_for_export(args.result_dir, args.trial)
-        external = external_weights(read_result_dir(args.result_dir).pareto["model"])
-        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note, external)
+        pareto = read_result_dir(args.result_dir).pareto
+        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note, recorded_profile(pareto),
+                                   external_weights(pareto["model"]))
         console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
         return 0
     from autoprec.app.verbs import tensorrt_build_spec
     from autoprec.export.build import build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
-    for path in write_tensorrt_export(tensorrt_build_spec(args.result_dir, args.trial), args.format, out):
+    spec = tensorrt_build_spec(args.result_dir, args.trial)
+    for path in write_tensorrt_export(spec, args.format, out):
         console.stdout.print(f"wrote {path}")
     if not args.build:
         console.warn(NOT_RUN)
         return 0
-    outcome = build_export(out, args.format)
+    outcome = build_export(out, args.format, spec.profile)
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
     for line in summary_lines(outcome):

@@ -28,6 +28,9 @@ class SearchConfig:
     storage: str | None = None
     study_name: str | None = None
     shapes: Mapping[str, Sequence[int]] | None = None
+    min_shapes: Mapping[str, Sequence[int]] | None = None
+    max_shapes: Mapping[str, Sequence[int]] | None = None
+    time_shapes: bool = False
     metric: str = "cosine"
     search_space: str | os.PathLike | None = None
     overrides: Sequence[str] = ()
@@ -74,4 +77,8 @@ class SearchConfig:
             raise AutoprecError(f"--max-loss {self.max_loss}: must be a loss of 0 or more")
         if self.calibration not in (*CALIBRATION_METHODS, "auto"):
             raise AutoprecError(f"--calibration {self.calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
+        if self.time_shapes and self.backend.startswith("tensorrt"):
+            raise AutoprecError(f"--time-shapes on {self.backend}: autoprec's TensorRT backends build for one shape (no "
+                                "optimisation profile yet); time the exported engine with trtexec --shapes at min, opt "
+                                "and max, or search with --backend ort-cpu / ort-cuda")
         return self

@@ -32,6 +32,7 @@ from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_on
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.results.files import (
@@ -136,9 +137,10 @@ def load_inputs(
     out_of_range: Sequence[str] | None = None,
     cache: Path | None = None,
     raw: onnx.ModelProto | None = None,
+    bounds: tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[int]]] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
-    """Analyse the model (``raw``: its graph, if the caller loaded it), load and split the data (the seconds
-    each took). Where FP16 is searched, neutral ops out of FP16's range on the calibration data become units
+    """Analyse the model (``raw``: its graph, if the caller loaded it; ``bounds``: its deployment profile's
+    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took). Where FP16 is searched, neutral ops out of FP16's range on the calibration data become units
     (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured once per
     model and data and kept in ``cache``)."""
     seconds: dict[str, float] = {}
@@ -146,8 +148,10 @@ def load_inputs(
     raw = raw if raw is not None else load_onnx(model_path)
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
+    low, high = bounds or ({}, {})
     info = analyse(model_path, space, given, item_shapes(data, fed), model=raw,
-                   constants={**scalar_values(data, fed), **(constants or {})}, cache=cache)
+                   constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
+                   min_shapes={k: tuple(v) for k, v in low.items()}, max_shapes={k: tuple(v) for k, v in high.items()})
     seconds["analyse"] = time.monotonic() - t0
     for line in info.notes:
         log.info(line)
@@ -309,6 +313,14 @@ def _recorded(result: ResultFiles, key: str, where: dict, nullable: bool = False
     return where[key]
 
 
+def _recorded_bounds(facts: dict) -> tuple[dict, dict] | None:
+    """The min and max shapes a search recorded (None: an older result, measured at one shape)."""
+    if not facts.get("profile"):
+        return None
+    profile = ShapeProfile.from_json(facts["profile"])
+    return profile.at("min"), profile.at("max")
+
+
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
              shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
@@ -338,7 +350,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             "or search again")
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          seed, norm["mean"], norm["std"],
-                                         facts.get("constants"), facts.get("out_of_range", []), cache, raw)
+                                         facts.get("constants"), facts.get("out_of_range", []), cache, raw,
+                                         _recorded_bounds(facts))
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "

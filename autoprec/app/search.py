@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 
-from autoprec.analysis.calibrate import calibration_cache
+from autoprec.analysis.calibrate import ActivationRanges, calibration_cache
+from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
@@ -32,10 +33,11 @@ from autoprec.app.prepare import (
 from autoprec.backends import Backend, get_backend
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, SearchFailed
-from autoprec.core.plan import DEFAULT_CALIBRATION, Precision
+from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import HeadOptions, decision_changes, resolve_metric
+from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
 from autoprec.measure.isolation import (
     FileLock,
     IsolatedMeasurer,
@@ -86,6 +88,7 @@ from autoprec.study.search import (
     open_study,
     rejected_trials,
     Retiming,
+    TrialRecord,
     retimed_front,
     run_warm_started,
 )
@@ -139,6 +142,11 @@ def search(model: str | os.PathLike, **options: Any) -> SearchResult:
     Every other metric that applies is recorded beside it; ``head`` says how to decode outputs
     whose shape does not (CTC blank and dictionary, YOLO layout, thresholds, which output).
 
+    ``shapes`` (``--shape``) fix each input's shape for measuring: the profile's opt. ``min_shapes`` and
+    ``max_shapes`` bound the shapes the model is deployed at: best/model.onnx keeps the source's dynamic
+    dims and is checked against the given model at min, opt and max; the exports carry the profile.
+    ``time_shapes`` also times the front's plans there, as deployed.
+
     ``constants`` feed inputs one fixed value each (``{"sr": 16000}``): a scalar setting such as a
     sample rate, which random data cannot choose and the data need not hold.
 
@@ -172,7 +180,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
     info, dataset, one_time = load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants,
-                                          cache=out_dir / "cache")
+                                          cache=out_dir / "cache", bounds=(config.min_shapes or {}, config.max_shapes or {}))
     info = repeats_decided(info, tie_repeats)
     _say_pinned_ops(info, engine, left_out)
     fingerprint = dataset.fingerprint()
@@ -365,6 +373,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         },
         "early_reject": None if screen is None else {"batches": screen.batches, "reject_above": screen.reject_above},
         "retiming": {"rounds": RETIME_ROUNDS, **retiming.to_json()},
+        "profile": info.shape_profile.to_json(),
         "rejected": rejected_trials(study),
         "engine_builds": builds["total"],
         "engine_builds_by_phase": builds["by_phase"],
@@ -376,17 +385,36 @@ def run_search(config: SearchConfig) -> SearchResult:
     if search_facts["plan_ignored"]:
         log.warning(f"{engine_info.engine} did not run some units at their planned precision in trial(s) "
                      f"{', '.join(map(str, search_facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
+    deployment = _deployment(info, engine, chosen.plan, ranges, dataset) if chosen is not None else None
+    if config.time_shapes and front:
+        search_facts["profile_timing"] = _timed_across(info, engine, front, max_loss, ranges, dataset).to_json()
     result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
-    chosen_model = tensorrt_model = None
-    if chosen is not None:
-        chosen_model = engine.lower(info, chosen.plan, ranges)
-        if engine.qdq_form is not QDQForm.TENSORRT and chosen.plan.counts()["int8"]:
-            tensorrt_model = lower_plan(info, chosen.plan, ranges, QDQForm.TENSORRT)
-    write_results(result, chosen_model, tensorrt_model)
+    write_results(result, deployment)
     plot_result_dir(read_result_dir(out_dir))
     if not trials:
         raise SearchFailed(nothing_measured(study, out_dir))
     return result
+
+
+def _deployment(info: ModelInfo, engine: Backend, plan: Plan, ranges: ActivationRanges | None, dataset: Dataset) -> Deployment:
+    """The chosen plan as best/ ships it (the source's dims kept where it can be), checked across the profile."""
+    tensorrt = None
+    if engine.qdq_form is not QDQForm.TENSORRT and plan.counts()["int8"]:
+        tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
+    return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt, dataset.evaluation[:CHECKED_BATCHES],
+                  dataset.other_shapes)
+
+
+def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord], max_loss: float | None,
+                  ranges: ActivationRanges | None, dataset: Dataset) -> ProfileTiming:
+    """``--time-shapes``: the front's plans timed as deployed at min, opt and max."""
+    log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max shapes, as deployed")
+    feasible = [t.number for t in front if max_loss is None or t.feasible]
+    timing = time_across(engine, info, {t.number: t.plan for t in front}, feasible, ranges, dataset.evaluation[0])
+    if timing.feasible:
+        log.info("fastest at " + ", ".join(f"{p}: trial {timing.fastest(p, timing.feasible)}" for p in ("min", "opt", "max"))
+                 + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at its worst shape)")
+    return timing
 
 
 def _build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -12,7 +13,9 @@ import optuna
 from autoprec.analysis.calibrate import (
     CALIBRATION_METHODS,
 )
+from autoprec.analysis.model import ModelInfo
 from autoprec.app.prepare import (
+    PlanContext,
     judge_for,
     metric_for,
     plan_context,
@@ -28,6 +31,7 @@ from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import HeadOptions, resolve_metric
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
 from autoprec.measure.measurement import measure
 from autoprec.results.files import (
     json_safe,
@@ -39,6 +43,8 @@ from autoprec.study.coordination import (
     redacted,
     without_password,
 )
+
+log = logging.getLogger("autoprec")
 
 
 def diagnose_plan(
@@ -124,8 +130,24 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
         note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
         return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem
     context = plan_context(result_dir, trial=trial)
-    model = lower_plan(context.prepared.info, context.plan, context.prepared.ranges, QDQForm(engine["qdq_form"]))
+    form = QDQForm(engine["qdq_form"])
+    model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
     return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem
+
+
+def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo]:
+    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), and the model
+    information of the graph it was lowered onto."""
+    info = context.prepared.info
+    deployment = deploy(info, lower, None, context.prepared.dataset.evaluation[:CHECKED_BATCHES])
+    if deployment.fixed_because:
+        log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
+        return deployment.model, info
+    for check in deployment.checks:
+        if not check.passed:
+            log.warning(f"at the profile's {check.point} shape the exported model "
+                        f"{check.error or 'gives outputs of other shapes than the given model'}")
+    return deployment.model, info.for_deployment()
 
 
 def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
@@ -139,10 +161,10 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     context = plan_context(result_dir, trial=trial)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
     fp32 = result.pareto.get("uniform", {}).get("fp32")
+    model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
+                                                             graph, plan))
     return BuildSpec(
-        name=model_path.stem, original_model=model_path,
-        model=stamp_plan(lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), prepared.info, plan),
-        plan=plan, info=prepared.info,
+        name=model_path.stem, original_model=model_path, model=model, plan=plan, info=info,
         ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
         engine=result.pareto["engine"], search=result.pareto["search"],
     )

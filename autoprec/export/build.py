@@ -29,6 +29,7 @@ from autoprec.backends.tensorrt.layers import (
 )
 from autoprec.core import atomic, stored
 from autoprec.core.errors import BackendError, ExportError
+from autoprec.core.profile import ShapeProfile
 
 BUILD_SCHEMA = "autoprec.build/1"
 # What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak typing, ONNX Runtime).
@@ -51,15 +52,16 @@ def check_buildable(fmt: str) -> None:
         raise ExportError(f"--build: --format {fmt} is not built by autoprec ({why}); use --format trtexec or python")
 
 
-def build_export(folder: Path, fmt: str) -> ExportBuild:
-    """Build ``folder``'s model (``--format fmt``'s) into ``model.plan`` and write ``build_report.json``."""
+def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) -> ExportBuild:
+    """Build ``folder``'s model (``--format fmt``'s) into ``model.plan`` (for ``profile`` where its inputs are
+    dynamic) and write ``build_report.json``."""
     check_buildable(fmt)
     found = installed()
     if found is None:
         raise BackendError("--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, PyPI, builds "
                            f"without a GPU) or {TENSORRT.install.split(': ', 1)[1]}")
     flavour, trt = found
-    built = build_engine(trt, flavour, stored.load(folder / BUILT_MODEL[fmt]))
+    built = build_engine(trt, flavour, stored.load(folder / BUILT_MODEL[fmt]), profile=profile)
     plan_path = atomic.write_bytes(folder / "model.plan", built.serialized)
     layers, loaded, load_note = built.layers, False, ""
     logger = capturing_logger(trt)
@@ -85,6 +87,7 @@ def build_export(folder: Path, fmt: str) -> ExportBuild:
         "model": BUILT_MODEL[fmt],
         "plan": plan_path.name,
         "plan_bytes": len(built.serialized),
+        "shape_profile": profile.to_json() if profile is not None else None,
         "build_seconds": round(built.report["build_seconds"], 3),
         "engine_loaded_here": loaded,
         "note": load_note or "engine loaded here; layers from its inspector (layers.json)",

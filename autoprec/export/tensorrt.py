@@ -23,6 +23,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import ExportError
 from autoprec.core.escape import markdown_code, markdown_text, printable, shell_comment
 from autoprec.core.plan import Plan, Precision
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel, save_models
 from autoprec.results.files import ShownTrial, drifted, noise_verdict
 
@@ -51,22 +52,55 @@ class BuildSpec:
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
         return {i.name: tuple(i.shape) for i in self.info.inputs}
 
+    @property
+    def profile(self) -> ShapeProfile:
+        return self.info.shape_profile
+
+    @property
+    def keeps_source_dims(self) -> bool:
+        """Whether the exported models have the source's dynamic dims (else the measured, fixed shapes)."""
+        return self.profile.dynamic and _declared_dynamic(self.model)
+
     def units(self) -> list[tuple[str, str, tuple[str, ...], Precision]]:
         precisions = self.plan.as_dict()
         return [(u.name, u.op_type, u.nodes, precisions.get(u.name, Precision.FP32)) for u in self.info.units]
+
+
+def _declared_dynamic(model: StoredModel) -> bool:
+    return any(d.dim_value <= 0 for v in model.graph.input for d in v.type.tensor_type.shape.dim)
+
+
+def shape_flags(spec: BuildSpec, shown: bool = False) -> list[str]:
+    """trtexec's ``--minShapes/--optShapes/--maxShapes`` for the exported model's dynamic inputs (none where it
+    has none): the same flags in TensorRT 10 and 11. ``shown``: for reading (a name's control characters
+    escaped, as the build card shows it), not for running."""
+    if not spec.keeps_source_dims:
+        return []
+    inputs = [i for i in spec.profile.inputs if i.dynamic_axes]
+    for found in inputs:
+        _check_trtexec_name(found.name, "--minShapes")
+    name = (lambda text: printable(_shape_name(text))) if shown else _shape_name
+    return [f"--{point}Shapes=" + ",".join(f"{name(i.name)}:{'x'.join(map(str, i.at(point)))}" for i in inputs)
+            for point in ("min", "opt", "max")]
+
+
+def _shape_name(name: str) -> str:
+    """trtexec reads ``name:dims`` up to the last ':'; a name holding one is quoted ('input:0':1x3)."""
+    return f"'{name}'" if ":" in name else name
 
 
 def _command(args: list[str]) -> str:
     return " \\\n    ".join(shlex.quote(a) if i else a for i, a in enumerate(args))
 
 
-def trtexec_command(spec: BuildSpec, onnx_file: str = "model.onnx") -> str:
-    """TensorRT 11: strong typing is always on, precision comes from the ONNX itself."""
+def trtexec_command(spec: BuildSpec, onnx_file: str = "model.onnx", shown: bool = False) -> str:
+    """TensorRT 11: strong typing is always on, precision comes from the ONNX itself (``shown``: see
+    :func:`shape_flags`)."""
     return _command([
-        "trtexec", f"--onnx={onnx_file}", "--saveEngine=model.plan", "--timingCacheFile=timing.cache",
+        "trtexec", f"--onnx={onnx_file}", "--saveEngine=model.plan", *shape_flags(spec, shown), "--timingCacheFile=timing.cache",
         f"--memPoolSize=workspace:{WORKSPACE_MIB}", f"--builderOptimizationLevel={OPTIMIZATION_LEVEL}",
         "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--exportProfile=profile.json",
-    ])  # model.onnx has the measured (static) input shapes: no --minShapes/--optShapes/--maxShapes
+    ])
 
 
 _TRT10_NAMES = {Precision.FP32: "fp32", Precision.FP16: "fp16", Precision.INT8: "int8"}
@@ -77,8 +111,8 @@ def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibrati
     precision (--precisionConstraints=obey), FP16/FP32 outputs typed, INT8 ranges from a cache.
 
     The FP32 model is the one autoprec analysed (``model_fp32.onnx``: the source model with its
-    nodes named, BatchNormalization folded, inputs at the measured shapes), because
-    --layerPrecisions and the calibration cache name its nodes and tensors."""
+    nodes named, BatchNormalization folded, its dynamic dims kept where the chosen model keeps them),
+    because --layerPrecisions and the calibration cache name its nodes and tensors."""
     planned = spec.plan.as_dict()
     inside = [u.name for u in spec.info.units if u.scope and planned.get(u.name, Precision.FP32) is not Precision.FP32]
     if inside:
@@ -95,19 +129,21 @@ def trt10_command(spec: BuildSpec, fp32_file: str = "model_fp32.onnx", calibrati
     counts = spec.plan.counts()
     flags = (["--fp16"] if counts["fp16"] else []) + (["--int8", f"--calib={calibration_file}"] if counts["int8"] else [])
     return _command([
-        "trtexec", f"--onnx={fp32_file}", "--saveEngine=model.plan", *flags,
+        "trtexec", f"--onnx={fp32_file}", "--saveEngine=model.plan", *shape_flags(spec), *flags,
         "--precisionConstraints=obey", f"--layerPrecisions={','.join(precisions)}",
         f"--layerOutputTypes={','.join(outputs)}", "--timingCacheFile=timing.cache",
         f"--memPoolSize=workspace:{WORKSPACE_MIB}", "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json",
     ])
 
 
-def _check_trtexec_name(node: str) -> None:
-    """trtexec splits --layerPrecisions on ',' and strips every "'" from a name: such a node cannot be named."""
-    if "," in node or "'" in node:
-        raise ExportError(f"node '{printable(node)}': trtexec's --layerPrecisions cannot name a node whose name holds "
-                          "',' or \"'\"; rename the node in the model, or export --format trtexec (TensorRT 11: no "
-                          "per-layer flags)")
+def _check_trtexec_name(name: str, flag: str = "--layerPrecisions") -> None:
+    """trtexec splits its lists on ',' and strips every "'" from a name: such a node or input cannot be named."""
+    if "," in name or "'" in name:
+        kind, fix = (("node", "rename the node in the model, or export --format trtexec (TensorRT 11: no per-layer flags)")
+                     if flag == "--layerPrecisions" else
+                     ("input", "rename the input in the model, or build with export --format python"))
+        raise ExportError(f"{kind} '{printable(name)}': trtexec's {flag} cannot name a {kind} whose name holds ',' or "
+                          f"\"'\"; {fix}")
 
 
 def calibration_cache(spec: BuildSpec, header_version: str = "100000") -> str:
@@ -152,7 +188,7 @@ SOURCE_MODEL = {name!r}  # the FP32 model autoprec searched
 TRIAL = {trial!r}
 ONNX = sys.argv[1] if len(sys.argv) > 1 else "model.onnx"
 PLAN = sys.argv[2] if len(sys.argv) > 2 else "model.plan"
-SHAPES = {shapes!r}  # the shapes autoprec measured; used for dynamic inputs
+PROFILE = {profile!r}  # per dynamic input: (min, opt, max), the shapes autoprec's search was given
 TIMING_CACHE = Path("timing.cache")
 RTX = trt.__name__.startswith("tensorrt_rtx")  # compiles kernels at run time: no build-time timing cache
 
@@ -175,7 +211,7 @@ dynamic = [network.get_input(i) for i in range(network.num_inputs) if any(d < 0 
 if dynamic:
     profile = builder.create_optimization_profile()
     for tensor in dynamic:
-        profile.set_shape(tensor.name, SHAPES[tensor.name], SHAPES[tensor.name], SHAPES[tensor.name])
+        profile.set_shape(tensor.name, *PROFILE[tensor.name])
     config.add_optimization_profile(profile)
 if not RTX:
     cache = config.create_timing_cache(TIMING_CACHE.read_bytes() if TIMING_CACHE.is_file() else b"")
@@ -201,8 +237,16 @@ def python_script(spec: BuildSpec) -> str:
     """Every value taken from the model or the result is written as a Python literal (``repr``), never
     into the docstring or a comment, so no name can become code."""
     return PYTHON_SCRIPT.format(name=spec.name, trial=int(spec.trial["trial"]), not_run=NOT_RUN,
-                                shapes={k: list(v) for k, v in spec.input_shapes.items()},
+                                profile={i.name: (list(i.min), list(i.opt), list(i.max)) for i in spec.profile.inputs},
                                 workspace=WORKSPACE_MIB, level=OPTIMIZATION_LEVEL)
+
+
+def _dims(dims) -> str:
+    return "x".join(map(str, dims))
+
+
+def _declared(dims) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) + "]"
 
 
 def _ms(trial: ShownTrial | None) -> str:
@@ -233,6 +277,11 @@ def markdown_card(spec: BuildSpec) -> str:
         for name, op, nodes, precision in spec.units()
     )
     shapes = ", ".join(f"{markdown_code(k)} {list(v)}" for k, v in spec.input_shapes.items())
+    profile = "\n".join(
+        f"| {markdown_code(i.name)} | {markdown_text(_declared(i.declared))} | {_dims(i.min)} | {_dims(i.opt)} | {_dims(i.max)} |"
+        for i in spec.profile.inputs)
+    dims = ("the source's dims (dynamic ones kept); the engine is built for the profile below" if spec.keeps_source_dims
+            else "fixed at the measured shapes")
     measured_on = markdown_text(f"{engine['engine']} {engine['version']} ({engine['provider']}) on {engine['device']}")
     max_loss = spec.search.get("max_loss")
     return f"""# Build card: {markdown_text(spec.name)}, autoprec trial {number}
@@ -245,7 +294,7 @@ def markdown_card(spec: BuildSpec) -> str:
 |---|---|
 | Source model | {markdown_code(spec.original_model)} |
 | Explicit-precision model | `model.onnx` (TensorRT Q/DQ form: signed symmetric INT8, zero point 0, per-channel weights; FP16 via Cast) |
-| Input shapes | {shapes} |
+| Input shapes | measured at {shapes}; model inputs: {dims} |
 | Units | {counts['int8']} INT8 · {counts['fp16']} FP16 · {counts['fp32']} FP32 |
 | INT8 calibration | {markdown_text(spec.plan.calibration)} |
 | Accuracy metric | {markdown_text(spec.search.get('metric'))}, {f"--max-loss {float(max_loss):g}" if max_loss is not None else "no --max-loss"} |
@@ -263,7 +312,7 @@ Speed-up: {speedup}.{f" ⚠ {markdown_text(drift)}." if (drift := drifted(spec.s
 ## Build (TensorRT 11, strongly typed)
 
 ```bash
-{trtexec_command(spec)}
+{trtexec_command(spec, shown=True)}
 ```
 
 ```mermaid
@@ -273,6 +322,15 @@ flowchart LR
   C -->|--exportLayerInfo| D["layers.json"]
   D -->|autoprec inspect| E["per-layer precision check"]
 ```
+
+## Shape profile
+
+| input | declared | min | opt (measured) | max |
+|---|---|---|---|---|
+{profile}
+
+The search timed at opt; best/plan.json's `deployment` says how close the chosen model came to the
+source at each shape (ONNX Runtime CPU).
 
 ## Per-unit precision
 
@@ -290,15 +348,17 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
     if fmt in ("trtexec", "python", "markdown"):
         written += save_models({out / "model.onnx": spec.model}, external=external)
     shapes = ", ".join(f"{printable(name)} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
+    inputs = (f"Inputs keep the source's dynamic dims, built for the shape profile (the plan was measured at {shapes})"
+              if spec.keeps_source_dims else f"Inputs are fixed at the shapes the plan was measured at: {shapes}")
     if fmt == "trtexec":
-        header = f"{NOT_RUN}\nTensorRT 11 (strongly typed, always). Inputs are fixed at the shapes the plan was measured at: {shapes}"
+        header = f"{NOT_RUN}\nTensorRT 11 (strongly typed, always). {inputs}"
         written.append(_script(out / "build.sh", f"{shell_comment(header)}\n{trtexec_command(spec)}\n"))
     elif fmt == "trt10":
         written += save_models({out / "model_fp32.onnx": spec.info.stored}, external=external)
         if spec.plan.counts()["int8"] and spec.ranges is not None:
             written.append(atomic.write_bytes(out / "calibration.cache", calibration_cache(spec).encode()))
         header = (f"{NOT_RUN}\nTensorRT <= 10, weak typing with precision constraints, on the FP32 model autoprec "
-                  f"analysed (inputs: {shapes})")
+                  f"analysed. {inputs}")
         written.append(_script(out / "build_trt10.sh", f"{shell_comment(header)}\n{trt10_command(spec)}\n"))
     elif fmt == "python":
         written.append(_script(out / "build_engine.py", python_script(spec)))

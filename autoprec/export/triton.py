@@ -1,7 +1,10 @@
 """A Triton Inference Server model-repository entry for a result's chosen (or any) plan.
 
-Writes ``NAME/config.pbtxt`` and ``NAME/1/model.onnx`` (platform ``onnxruntime_onnx``). Shapes
-are the fixed ones autoprec measured, batch dimension included, so ``max_batch_size: 0``.
+Writes ``NAME/config.pbtxt`` and ``NAME/1/model.onnx`` (platform ``onnxruntime_onnx``). Dims are the
+model's: ``-1`` where it keeps the source's dynamic ones. Where every input and output has a dynamic first
+dim (a batch) and the shape profile's batch goes beyond one, Triton batches: ``max_batch_size`` is the
+profile's largest batch, the dims leave it out, and ``dynamic_batching`` gathers requests; otherwise
+``max_batch_size: 0``, the full dims.
 For TensorRT, the same entry would use ``platform: "tensorrt_plan"`` and ``1/model.plan``, an
 engine built from ``best/model.tensorrt.onnx`` (see the config's comment) — not generated here,
 because no TensorRT can run here.
@@ -15,6 +18,7 @@ import onnx
 
 from autoprec.core import atomic
 from autoprec.core.escape import path_component, pbtxt_string, shell_comment
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel, save_models
 
 _TRITON_TYPES = {
@@ -25,34 +29,53 @@ _TRITON_TYPES = {
 }
 
 
-def _tensor_block(value: onnx.ValueInfoProto) -> str:
-    t = value.type.tensor_type
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-    return (f'  {{\n    name: {pbtxt_string(value.name)}\n    data_type: {_TRITON_TYPES.get(t.elem_type, "TYPE_FP32")}\n'
+def _dims(value: onnx.ValueInfoProto) -> list[int]:
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in value.type.tensor_type.shape.dim]
+
+
+def _tensor_block(value: onnx.ValueInfoProto, batched: bool) -> str:
+    dims = _dims(value)[1 if batched else 0:]
+    return (f'  {{\n    name: {pbtxt_string(value.name)}\n    data_type: {_TRITON_TYPES.get(value.type.tensor_type.elem_type, "TYPE_FP32")}\n'
             f"    dims: [ {', '.join(map(str, dims))} ]\n  }}")
 
 
-def config_pbtxt(model: onnx.ModelProto, name: str, note: str) -> str:
+def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:
+    """Triton's ``max_batch_size``: the profile's largest batch where every input and output of ``model`` has a
+    dynamic first dim, the profile one batch range, and a batch of more than one; 0 (no batching by Triton,
+    every dim as the model has it) otherwise."""
+    initializers = {i.name for i in model.graph.initializer}
+    values = [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]
+    batch = profile.batch_range()
+    if batch is None or batch[1] < 2 or not values or not all(_dims(v)[:1] == [-1] for v in values):
+        return 0
+    return batch[1]
+
+
+def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile) -> str:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
+    batch = max_batch(model, profile)
     return "\n".join([
         shell_comment(note),  # protobuf text format comments are '#' to the end of the line, like the shell's
         "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from",
         "# best/model.tensorrt.onnx, e.g. trtexec --onnx=best/model.tensorrt.onnx --saveEngine=1/model.plan",
+        "# with the --minShapes/--optShapes/--maxShapes of export --format trtexec",
         f"name: {pbtxt_string(name)}",
         'platform: "onnxruntime_onnx"',
-        "max_batch_size: 0",
-        "input [", ",\n".join(_tensor_block(v) for v in inputs), "]",
-        "output [", ",\n".join(_tensor_block(v) for v in model.graph.output), "]",
+        f"max_batch_size: {batch}",
+        "input [", ",\n".join(_tensor_block(v, batch > 0) for v in inputs), "]",
+        "output [", ",\n".join(_tensor_block(v, batch > 0) for v in model.graph.output), "]",
+        *(["dynamic_batching { }"] if batch else []),
         "instance_group [ { kind: KIND_AUTO } ]",
         "",
     ])
 
 
-def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, external: bool | None = None) -> Path:
+def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, profile: ShapeProfile,
+                       external: bool | None = None) -> Path:
     """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name);
     a large model's weights beside ``1/model.onnx`` (``external``: see :func:`autoprec.core.stored.save_models`)."""
     entry = Path(repository) / path_component(name, "model name")
     save_models({entry / "1" / "model.onnx": model}, external=external)
-    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model.proto, name, note).encode())
+    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model.proto, name, note, profile).encode())
     return entry

@@ -31,6 +31,7 @@ from autoprec.results.files import (
     decisions,
     drifted,
     noise_verdict,
+    recorded_profile,
     shown_front,
 )
 from autoprec.study.search import TrialRecord
@@ -245,6 +246,63 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
         lines.append(f"        FP32 against the labels: {decisions({name: values})}")
     lines += [f"        ⚠ {line}" for line in pareto["search"].get("decision_changes") or []]
     return lines
+
+
+def _dims(dims: list) -> str:
+    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+
+
+def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> list[str]:
+    """What best/model.onnx is across the shapes it is deployed at: the source's dims kept (or why not), the
+    profile, and how close it came to the given model at each of its points."""
+    deployment = (plan or {}).get("deployment")
+    if deployment is None:
+        return []
+    profile = recorded_profile(pareto)
+    lines = []
+    if timing := pareto["search"].get("profile_timing"):
+        lines.append("        timed as deployed (--time-shapes): " + "; ".join(
+            f"trial {trial} " + " · ".join(f"{p} {ms[p]:.3f} ms" for p in ("min", "opt", "max"))
+            for trial, ms in timing["ms"].items()))
+        if timing["across_range"] is not None:
+            lines.append(f"        fastest at min / opt / max: trial {' / '.join(str(timing['fastest'][p]) for p in ('min', 'opt', 'max'))}"
+                         f"; to deploy across the range: trial {timing['across_range']} (least slowdown at its worst shape)")
+    if deployment["fixed_because"]:
+        lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({deployment['fixed_because']})")
+    elif profile.dynamic:
+        lines.append("best/model.onnx keeps the source's input dims: " + "; ".join(
+            f"{i.name} [{', '.join(str(d) if isinstance(d, int) else (d or '?') for d in i.declared)}] min {_dims(list(i.min))} · opt {_dims(list(i.opt))} · max {_dims(list(i.max))}"
+            for i in profile.inputs))
+    checks = deployment["checked_against_source"]
+    points = [c for c in checks if c["point"] != "data"]
+    if points:
+        lines.append("        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): " + ", ".join(
+            f"{c['point']} {_verdict(c)}" for c in points))
+    for check in (c for c in checks if c["point"] == "data"):
+        lines.append(f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}: {_verdict(check)}")
+    at_opt = next((c["cosine_loss"] for c in checks if c["point"] == "opt" and c["cosine_loss"] is not None), None)
+    for check in checks:
+        if check["error"] or not check["same_output_shapes"]:
+            what = check["error"] or "its outputs have other shapes than the given model's"
+            lines.append(f"        ⚠ at {check['point']} ({_at(check['shapes'])}): {what}")
+        elif at_opt is not None and float(check["cosine_loss"]) > max(FARTHER * float(at_opt), LOSS_FLOOR):
+            lines.append(f"        ⚠ at {check['point']} ({_at(check['shapes'])}) the plan strays further from the given model "
+                         f"(cosine loss {_loss(check['cosine_loss'])}) than at opt ({_loss(at_opt)}), where it was searched: "
+                         "it may not hold there; search at that shape (--shape) or with data of it")
+    return lines
+
+
+# A point of the profile is said to stray where its loss is this many times opt's, and above this floor
+# (below it, a loss is rounding in any metric a plan is chosen by).
+FARTHER, LOSS_FLOOR = 3.0, 1e-3
+
+
+def _at(shapes: dict[str, list]) -> str:
+    return ", ".join(f"{k} {_dims(v)}" for k, v in shapes.items())
+
+
+def _verdict(check: dict[str, Any]) -> str:
+    return f"cosine loss {_loss(check['cosine_loss'])}" if check["cosine_loss"] is not None else "FAILED"
 
 
 def plan_table(plan: dict[str, Any]) -> Table:

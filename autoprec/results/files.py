@@ -17,7 +17,9 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
-from autoprec.core.stored import StoredModel, save_models
+from autoprec.core.profile import POINTS, ShapeProfile
+from autoprec.core.stored import save_models
+from autoprec.measure.deployment import Deployment
 from autoprec.study.search import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
@@ -143,6 +145,13 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     }
 
 
+def recorded_profile(pareto: dict[str, Any]) -> ShapeProfile:
+    """The shape profile a search recorded (an older result's: its one measured shape)."""
+    if pareto["search"].get("profile"):
+        return ShapeProfile.from_json(pareto["search"]["profile"])
+    return ShapeProfile.fixed({name: spec["shape"] for name, spec in pareto["model"]["inputs"].items()})
+
+
 def external_weights(model: dict[str, Any]) -> bool | None:
     """Whether a result's exported models keep their weights in a data file: as the given model did,
     else where they are large (None: :func:`autoprec.core.stored.save_models` decides by size)."""
@@ -157,11 +166,10 @@ def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
     )
 
 
-def write_results(
-    result: SearchResult, chosen_model: StoredModel | None, tensorrt_model: StoredModel | None
-) -> list[Path]:
-    """Write every result file atomically; returns the paths written. The chosen plan's models are
-    self-contained in best/ (their weights in one data file both share where they are large)."""
+def write_results(result: SearchResult, deployment: Deployment | None) -> list[Path]:
+    """Write every result file atomically; returns the paths written. The chosen plan's models
+    (``deployment``'s) are self-contained in best/ (their weights in one data file both share where they
+    are large)."""
     out = result.out_dir
     header = {"model": result.model, "engine": result.engine.to_json(), "search": result.search}
     written = [
@@ -180,9 +188,13 @@ def write_results(
         ),
         atomic.write_json(out / "trials.json", json_safe({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]})),
     ]
-    if result.chosen is not None and chosen_model is not None:
+    if result.chosen is not None and deployment is not None:
         best = out / "best"
-        files = {"model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); the model that was measured"}
+        chosen_model, tensorrt_model = deployment.model, deployment.tensorrt_model
+        files = {"model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); "
+                               + ("the model that was measured, at its fixed input shapes" if deployment.fixed_because else
+                                  "the measured plan on the source's input dims (dynamic ones kept), checked against the "
+                                  "measured model at opt and against the given model across the profile")}
         if tensorrt_model is not None:
             files["model.tensorrt.onnx"] = (
                 "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a strongly typed "
@@ -197,6 +209,7 @@ def write_results(
                 {**unit, "precision": result.chosen.plan[unit["name"]].value} for unit in result.units
             ],
             "files": files,
+            "deployment": deployment.to_json(),
         }
         models = {best / "model.onnx": chosen_model}
         if tensorrt_model is not None:
@@ -284,12 +297,19 @@ SEARCH = {
     "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
     "engine_builds": Optional_(int), "engine_builds_by_phase": Optional_(MapOf(int)), "reference_evaluations": Optional_(int),
     "reference": Optional_({"executor": str, "proposals_per_build": int}),
+    "profile": Optional_({"inputs": [{"name": str, "declared": [(int, str, type(None))], "min": [int], "opt": [int],
+                                      "max": [int]}]}),
+    "profile_timing": Optional_({"ms": MapOf({p: NUMBER for p in POINTS}), "feasible": [int], "fastest": MapOf(int),
+                                 "across_range": Nullable(int), "how": str}),
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
           "chosen_vs_fp32": Nullable({"fp32_trial": int, "speedup": NUMBER, "beyond_timing_noise": Nullable(bool)})}
 TRIALS = {**HEADER, "trials": [TRIAL]}
-CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str),
+DEPLOYMENT = {"keeps_source_dims": bool, "fixed_because": Nullable(str), "checked_against_source": [{
+    "point": OneOf((*POINTS, "data")), "shapes": MapOf([int]), "same_output_shapes": bool, "cosine_loss": Nullable(NUMBER),
+    "error": Nullable(str), "items": Optional_(int)}]}
+CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
 SENSITIVITY = {"engine": str, "batches": int, "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
                                                           "loss": MapOf(NUMBER), "gain": MapOf(NUMBER)}]}

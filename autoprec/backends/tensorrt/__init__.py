@@ -55,6 +55,7 @@ from autoprec.backends.tensorrt.layers import (
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
 
@@ -249,9 +250,11 @@ class BuiltEngine:
 
 
 def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: TimingCache | None = None,
-                 workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL) -> BuiltEngine:
+                 workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL,
+                 profile: ShapeProfile | None = None) -> BuiltEngine:
     """Parse, check the network's types against the stamped plan, build; the report holds both checks
-    (network types; the builder's own layer list where it writes one) and the build's seconds."""
+    (network types; the builder's own layer list where it writes one) and the build's seconds. A network
+    with dynamic inputs is built for ``profile`` (one optimisation profile: its min, opt and max)."""
     started = time.perf_counter()
     logger = capturing_logger(trt)
     builder = trt.Builder(logger)
@@ -264,8 +267,11 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.builder_optimization_level = optimization_level
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    # No optimization profile: autoprec's analysis fixed every input to the data's shapes, so each
-    # engine is built for exactly the shapes it is timed at.
+    # A search's candidates have every input fixed (the shapes they are timed at): no profile. An export
+    # keeps the source's dynamic dims: one profile, the search's min / opt / max.
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if any(d < 0 for d in network.get_input(i).shape)]
+    if dynamic:
+        config.add_optimization_profile(optimization_profile(builder, dynamic, profile))
     if flavour.timing_cache and timing_cache is not None:
         timing_cache.attach(config)
     serialized = builder.build_serialized_network(network, config)
@@ -283,6 +289,20 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
             checks["builder log"] = fidelity.to_json()
     report.update(fidelity_report(checks))
     return BuiltEngine(bytes(serialized), report, planned, layers)
+
+
+def optimization_profile(builder, inputs: list, profile: ShapeProfile | None):
+    """TensorRT's optimisation profile for the network's dynamic ``inputs``, from ``profile``."""
+    ranges = {i.name: i for i in (profile.inputs if profile is not None else ())}
+    missing = [tensor.name for tensor in inputs if tensor.name not in ranges]
+    if missing:
+        raise BackendError(f"input {missing[0]} has dynamic dims and no shape profile to build it for; export a result "
+                           "(it records --shape, --min-shape, --max-shape) rather than a bare model")
+    made = builder.create_optimization_profile()
+    for tensor in inputs:
+        found = ranges[tensor.name]
+        made.set_shape(tensor.name, found.min, found.opt, found.max)
+    return made
 
 
 # The more a check saw of what the engine runs, the more it is trusted: the inspector reads the loaded

@@ -1,0 +1,127 @@
+"""The input shapes a plan is deployed across: per input, the dims as declared and min, opt, max.
+
+The search measures at opt (``--shape``); min and max (``--min-shape``, ``--max-shape``) are where a
+dynamic dim may go in deployment. It is what TensorRT's optimisation profile holds (trtexec
+``--minShapes/--optShapes/--maxShapes``, ``IOptimizationProfile.set_shape``) and what Triton's ``-1`` dims
+and ``max_batch_size`` say, so every export writes it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from autoprec.core.errors import ModelError
+
+POINTS = ("min", "opt", "max")
+Dims = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InputRange:
+    """One input: its dims as the source declares them (an int, or a name / None where dynamic), and the
+    three shapes of its profile."""
+
+    name: str
+    declared: tuple[int | str | None, ...]
+    min: Dims
+    opt: Dims
+    max: Dims
+
+    @property
+    def dynamic_axes(self) -> tuple[int, ...]:
+        return tuple(a for a, d in enumerate(self.declared) if not isinstance(d, int))
+
+    @property
+    def varies(self) -> bool:
+        """Whether the profile lets a dim of this input take more than one value."""
+        return self.min != self.max
+
+    def at(self, point: str) -> Dims:
+        return getattr(self, point)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "declared": list(self.declared), "min": list(self.min), "opt": list(self.opt),
+                "max": list(self.max)}
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """Every input's range, in the model's input order."""
+
+    inputs: tuple[InputRange, ...]
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether any input declares a dynamic dim (the deployed model keeps it)."""
+        return any(i.dynamic_axes for i in self.inputs)
+
+    @property
+    def varies(self) -> bool:
+        return any(i.varies for i in self.inputs)
+
+    def at(self, point: str) -> dict[str, Dims]:
+        """Each input's shape at ``point`` (min, opt or max)."""
+        return {i.name: i.at(point) for i in self.inputs}
+
+    def points(self) -> list[str]:
+        """The profile's distinct points, opt first (min and max where they differ from it)."""
+        return ["opt", *(p for p in ("min", "max") if self.at(p) != self.at("opt"))]
+
+    def batch_range(self) -> tuple[int, int] | None:
+        """(min, max) of a batch dim every input shares as its dynamic first dim; None where there is none
+        (Triton's ``max_batch_size`` and dynamic batching need one)."""
+        if not self.inputs or not all(i.declared and not isinstance(i.declared[0], int) for i in self.inputs):
+            return None
+        lows, highs = {i.min[0] for i in self.inputs}, {i.max[0] for i in self.inputs}
+        return (lows.pop(), highs.pop()) if len(lows) == len(highs) == 1 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": [i.to_json() for i in self.inputs]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShapeProfile:
+        return cls(tuple(InputRange(i["name"], tuple(i["declared"]), tuple(i["min"]), tuple(i["opt"]), tuple(i["max"]))
+                         for i in data["inputs"]))
+
+    @classmethod
+    def fixed(cls, shapes: Mapping[str, Sequence[int]]) -> ShapeProfile:
+        """A profile of one point: a model (or an older result) with no dynamic dim."""
+        return cls(tuple(InputRange(k, tuple(v), tuple(v), tuple(v), tuple(v)) for k, v in shapes.items()))
+
+
+def _text(dims: Sequence) -> str:
+    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+
+
+def shape_profile(
+    declared: Sequence[tuple[str, tuple[int | str | None, ...]]],
+    opt: Mapping[str, Dims],
+    low: Mapping[str, Dims] | None = None,
+    high: Mapping[str, Dims] | None = None,
+) -> ShapeProfile:
+    """The profile of inputs ``declared`` (name, dims) at ``opt`` (every dim fixed), with ``low`` / ``high``
+    (``--min-shape`` / ``--max-shape``) where given; an input not given one is at opt there. Refused in
+    one line naming the option and input: an unknown input, another rank, a fixed dim changed, or
+    not min <= opt <= max."""
+    low, high = dict(low or {}), dict(high or {})
+    names = [name for name, _ in declared]
+    for option, given in (("--min-shape", low), ("--max-shape", high)):
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ModelError(f"{option} names {', '.join(unknown)}, which the model does not have as input(s); its "
+                             f"inputs are: {', '.join(names)}")
+    ranges = []
+    for name, dims in declared:
+        best = tuple(opt[name])
+        lo, hi = tuple(low.get(name, best)), tuple(high.get(name, best))
+        for option, shape in (("--min-shape", lo), ("--max-shape", hi)):
+            if len(shape) != len(dims) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
+                raise ModelError(f"{option} {name}={_text(shape)} does not fit the model's declared shape "
+                                 f"[{', '.join(str(d) if isinstance(d, int) else (d or '?') for d in dims)}]; give {len(dims)} dims that keep the fixed ones")
+        if not all(a <= b <= c for a, b, c in zip(lo, best, hi)):
+            raise ModelError(f"input {name}: the profile needs min <= opt <= max in every dim; got min {_text(lo)}, "
+                             f"opt {_text(best)} (--shape), max {_text(hi)}: change --min-shape / --max-shape "
+                             "(or --shape, the shape the search measures at)")
+        ranges.append(InputRange(name, tuple(dims), lo, best, hi))
+    return ShapeProfile(tuple(ranges))

@@ -1,0 +1,195 @@
+"""The chosen plan as it ships: lowered onto the deployable graph (the source's dynamic dims kept) and
+checked, by ONNX Runtime on the CPU, against the model that was measured (at opt) and against the
+user's own file at every point of the shape profile (min, opt, max).
+
+A deployable model that cannot be made (a unit whose nodes only the fixed-shape graph has) or that
+computes other values than the measured one at opt is not shipped: best/ then holds the measured,
+fixed-shape model, and the reason is said and recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnxruntime
+
+from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.data import Batch
+from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.preparation import cpu_session, first_line
+from autoprec.backends.base import Backend
+from autoprec.core.plan import Plan
+from autoprec.core.profile import ShapeProfile
+from autoprec.core.stored import StoredModel
+from autoprec.measure.accuracy import loss_from_metrics, output_metrics
+
+# The deployable model against the measured one at opt: the same graph and weights, so only kernel choice
+# (ONNX Runtime picks others for dynamic dims) may move a value. Below this cosine loss, they are one model.
+SAME_MODEL_LOSS = 1e-4
+CHECKED_BATCHES = 4  # evaluation batches the shipped model is checked on at each point of the profile
+
+
+@dataclass(frozen=True)
+class PointCheck:
+    """The shipped model at one point of the profile against the user's file: outputs of the same shape,
+    and the cosine loss between them (1 - cosine; the relative L2 error of narrow outputs)."""
+
+    point: str  # min, opt, max, or "data": items the data holds at this shape
+    shapes: dict[str, tuple[int, ...]]
+    same_shapes: bool
+    loss: float | None  # None: it did not run
+    error: str | None = None
+    items: int = 1  # batches run (the data's items at this shape; evaluation batches fitted to a point)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.same_shapes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"point": self.point, "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "same_output_shapes": self.same_shapes, "cosine_loss": self.loss, "error": self.error, "items": self.items}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What best/model.onnx is: the plan on the source's dims (``fixed_because`` None), or the measured
+    fixed-shape model and why; with its checks against the given model."""
+
+    model: StoredModel
+    tensorrt_model: StoredModel | None
+    fixed_because: str | None
+    checks: tuple[PointCheck, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keeps_source_dims": self.fixed_because is None, "fixed_because": self.fixed_because,
+                "checked_against_source": [c.to_json() for c in self.checks]}
+
+
+def fitted(values: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``values`` cut to their middle or repeated (wrapping round) along each axis to ``shape``: data of the
+    right kind at another size (an image's centre, an image tiled wider, a token sequence repeated, a batch
+    of the same items)."""
+    for axis, size in enumerate(shape):
+        have = max(values.shape[axis], 1)
+        if have != size:
+            start = (have - size) // 2 if size < have else 0
+            values = np.take(values, (start + np.arange(size)) % have, axis=axis)
+    return values
+
+
+Lower = Callable[[ModelInfo], StoredModel]  # a plan lowered onto one of the model's graphs
+
+
+def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Sequence[Batch],
+           others: Sequence[Batch] = ()) -> Deployment:
+    """The chosen plan for best/ (see the module docstring): ``lower`` in the measured engine's form,
+    ``tensorrt`` in TensorRT's (where that differs); checked on ``samples`` (evaluation batches, at opt)
+    fitted to each point of the profile, and on ``others``, the data's items at other shapes, by shape."""
+    profile, measured = info.shape_profile, lower(info)
+    also = tensorrt or (lambda graph: None)
+    if info.deployable is None:
+        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"])))
+    try:
+        model = lower(info.for_deployment())
+        differs = _differs(model, measured, samples[0])
+    except Exception as exc:  # noqa: BLE001 - a lowering or a run the fixed graph allowed: said, and not shipped
+        differs = f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)})"
+    if differs:
+        why = f"the model at the source's dims is not the measured one: {differs}"
+        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"])))
+    return Deployment(model, also(info.for_deployment()), None,
+                      tuple(_checks(info.path, model, profile, samples, profile.points(), others)))
+
+
+def _run(session: onnxruntime.InferenceSession, feeds: Batch) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    wanted = {i.name for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+
+
+def _loss(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> float:
+    return loss_from_metrics({name: output_metrics(reference[name], candidate[name]) for name in reference}, "cosine")
+
+
+def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | None:
+    """None where ``model`` gives ``measured``'s outputs on ``sample``, else how it does not."""
+    want, got = _run(cpu_session(measured), sample), _run(cpu_session(model), sample)
+    shapes = [name for name in want if got[name].shape != want[name].shape]
+    if shapes:
+        return f"output {shapes[0]} is {list(got[shapes[0]].shape)}, not {list(want[shapes[0]].shape)}"
+    loss = _loss(want, got)
+    return None if loss <= SAME_MODEL_LOSS else f"outputs differ at the measured shape (cosine loss {loss:.3g})"
+
+
+def _checks(source: Path, model: StoredModel, profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str],
+            others: Sequence[Batch] = ()) -> list[PointCheck]:
+    """``model`` against the given file at each point (``samples`` fitted to it), then on the data's items at
+    other shapes (one check per shape): the file is run as the user has it (from its path, external data
+    beside it)."""
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    given = onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    shipped = cpu_session(model)
+    runs = [(point, [_at(sample, profile.at(point)) for sample in samples]) for point in points]
+    by_shape: dict[tuple, list[Batch]] = {}
+    for batch in others:
+        by_shape.setdefault(tuple((k, v.shape) for k, v in batch.items()), []).append(batch)
+    runs += [("data", batches) for batches in by_shape.values()]
+    return [_check(point, batches, given, shipped) for point, batches in runs]
+
+
+def _check(point: str, batches: Sequence[Batch], given, shipped) -> PointCheck:
+    shapes = {name: tuple(values.shape) for name, values in batches[0].items() if values.ndim}
+    try:
+        pairs = [(_run(given, feeds), _run(shipped, feeds)) for feeds in batches]
+    except Exception as exc:  # noqa: BLE001 - the model as shipped does not run there: the check says so
+        return PointCheck(point, shapes, False, None, first_line(exc), len(batches))
+    if not all(got[name].shape == want[name].shape for want, got in pairs for name in want):
+        return PointCheck(point, shapes, False, None, None, len(batches))
+    stacked = [{name: np.concatenate([pair[k][name] for pair in pairs]) for name in pairs[0][0]} for k in (0, 1)]
+    return PointCheck(point, shapes, True, _loss(*stacked), None, len(batches))
+
+
+@dataclass(frozen=True)
+class ProfileTiming:
+    """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after another on
+    one engine: milliseconds by trial and point."""
+
+    ms: dict[int, dict[str, float]]
+    feasible: tuple[int, ...]  # the trials within --max-loss, in the order of the front
+
+    def fastest(self, point: str, among: Sequence[int] | None = None) -> int:
+        return min(among or self.ms, key=lambda trial: self.ms[trial][point])
+
+    def across_range(self) -> int | None:
+        """The plan within the loss limit whose worst latency, against the fastest such plan at each point,
+        is least: the one to deploy across the range (None: no plan is within the limit)."""
+        if not self.feasible:
+            return None
+        points = next(iter(self.ms.values()))
+        best = {p: self.ms[self.fastest(p, self.feasible)][p] for p in points}
+        return min(self.feasible, key=lambda trial: max(self.ms[trial][p] / best[p] for p in points))
+
+    def to_json(self) -> dict[str, Any]:
+        points = list(next(iter(self.ms.values()), {}))
+        return {"ms": {str(t): v for t, v in self.ms.items()}, "feasible": list(self.feasible),
+                "fastest": {p: self.fastest(p, self.feasible or None) for p in points}, "across_range": self.across_range(),
+                "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another"}
+
+
+def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],
+                ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
+    """Each plan as deployed (on the deployable graph), timed on ``backend`` at every point of the profile."""
+    profile, graph = info.shape_profile, info.for_deployment()
+    ms: dict[int, dict[str, float]] = {}
+    for trial, plan in plans.items():
+        with backend.prepare(backend.lower(graph, plan, ranges)) as runner:
+            ms[trial] = {point: runner.time(_at(sample, profile.at(point))).median_ms for point in ("min", "opt", "max")}
+    return ProfileTiming(ms, tuple(feasible))
+
+
+def _at(sample: Batch, shapes: Mapping[str, tuple[int, ...]]) -> Batch:
+    return {name: fitted(values, shapes[name]) if name in shapes else values for name, values in sample.items()}

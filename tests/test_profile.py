@@ -1,0 +1,166 @@
+"""Deployable plans: a dynamic model stays dynamic in best/ and every export, which carry the shape profile."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import autoprec
+from autoprec.app.cli import main
+from autoprec.app.prepare import prepare
+from autoprec.core.errors import ModelError
+from autoprec.core.plan import Precision
+from autoprec.core.search_space import load_search_space
+from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure.deployment import deploy, fitted
+from builders import conv_with_data, line_reader, save, session
+
+OPT, LOW, HIGH = "1x3x8x16", "1x3x8x8", "4x3x8x32"
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.split("x"))
+
+
+def _lines(count: int, width: int = 16, seed: int = 7) -> np.ndarray:
+    """Text-line-like inputs: smooth strokes along the width, of ``width`` columns."""
+    rng = np.random.default_rng(seed)
+    columns = np.linspace(0, 6.3, width)
+    strokes = np.sin(columns[None, None, None, :] * rng.uniform(1, 3, (count, 3, 1, 1)) + rng.uniform(0, 6, (count, 3, 8, 1)))
+    return (strokes + 0.05 * rng.normal(size=strokes.shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("profile")
+    model = save(line_reader(), folder / "reader.onnx")
+    np.savez(folder / "data.npz", x=_lines(8))
+    out = folder / "out"
+    autoprec.search(model, budget=6, data=folder / "data.npz", out=out, max_loss=0.05, seed=1, progress=False,
+                    shapes={"x": _dims(OPT)}, min_shapes={"x": _dims(LOW)}, max_shapes={"x": _dims(HIGH)},
+                    time_shapes=True)
+    return model, out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_the_chosen_model_keeps_the_source_dims_and_runs_like_it_across_the_profile(searched):
+    model, out = searched
+    best = onnx.load(str(out / "best" / "model.onnx"))
+    dims = [d.dim_param or d.dim_value for d in best.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["N", 3, 8, "W"]
+    shipped, given = session(out / "best" / "model.onnx"), session(model)
+    for shape in (LOW, OPT, HIGH, "2x3x8x24"):  # the profile's points, and one inside it
+        x = fitted(_lines(1, 16, seed=11), _dims(shape))
+        want, got = given.run(None, {"x": x})[0], shipped.run(None, {"x": x})[0]
+        assert got.shape == want.shape == (x.shape[0], x.shape[3], 6)
+        assert _cosine(got, want) > 0.99
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    assert plan["deployment"]["keeps_source_dims"] is True
+    checks = {c["point"]: c for c in plan["deployment"]["checked_against_source"]}
+    assert set(checks) == {"min", "opt", "max"}
+    assert all(c["same_output_shapes"] and c["cosine_loss"] < 0.05 for c in checks.values())
+    assert checks["max"]["shapes"] == {"x": list(_dims(HIGH))}
+
+
+def test_the_profile_is_recorded_and_the_plans_are_timed_across_it(searched):
+    _, out = searched
+    pareto = json.loads((out / "pareto.json").read_text())
+    (recorded,) = pareto["search"]["profile"]["inputs"]
+    assert recorded == {"name": "x", "declared": ["N", 3, 8, "W"], "min": list(_dims(LOW)), "opt": list(_dims(OPT)),
+                        "max": list(_dims(HIGH))}
+    timing = pareto["search"]["profile_timing"]
+    assert {int(t) for t in timing["ms"]} == set(pareto["search"]["profile_timing"]["feasible"]) | {
+        int(t) for t in timing["ms"]}
+    for ms in timing["ms"].values():
+        assert ms["min"] > 0 and ms["max"] > ms["min"]  # 8x the pixels at max
+    assert timing["across_range"] in timing["feasible"]
+
+
+def _export(out: Path, fmt: str, target: Path, *extra: str) -> None:
+    assert main(["export", str(out), "--format", fmt, "--out", str(target), *extra]) == 0
+
+
+def test_every_export_carries_the_profile(searched, tmp_path):
+    _, out = searched
+    for fmt in ("trtexec", "trt10", "python", "markdown", "triton"):
+        _export(out, fmt, tmp_path / fmt)
+    for script in (tmp_path / "trtexec" / "build.sh", tmp_path / "trt10" / "build_trt10.sh"):
+        text = script.read_text()
+        assert f"--minShapes=x:{LOW}" in text and f"--optShapes=x:{OPT}" in text and f"--maxShapes=x:{HIGH}" in text
+    for name in ("trtexec/model.onnx", "trt10/model_fp32.onnx"):
+        dims = onnx.load(str(tmp_path / name), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        assert [d.dim_param or d.dim_value for d in dims] == ["N", 3, 8, "W"]
+    assert "PROFILE = {'x': ([1, 3, 8, 8], [1, 3, 8, 16], [4, 3, 8, 32])}" in (tmp_path / "python" / "build_engine.py").read_text()
+    card = (tmp_path / "markdown" / "BUILD.md").read_text()
+    assert f"| `x` | \\[N, 3, 8, W\\] | {LOW} | {OPT} | {HIGH} |" in card
+    config = (tmp_path / "triton" / "reader" / "config.pbtxt").read_text()
+    assert "max_batch_size: 4" in config and "dynamic_batching { }" in config
+    assert "dims: [ 3, 8, -1 ]" in config and "dims: [ -1, 6 ]" in config
+
+
+def test_a_fixed_model_exports_fixed(tmp_path):
+    model, data = conv_with_data(tmp_path, items=4)
+    out = tmp_path / "out"
+    autoprec.search(model, budget=3, data=data, out=out, progress=False, warm_start=False)
+    _export(out, "trtexec", tmp_path / "trtexec")
+    _export(out, "triton", tmp_path / "triton")
+    assert "Shapes=" not in (tmp_path / "trtexec" / "build.sh").read_text()
+    config = (tmp_path / "triton" / "conv" / "config.pbtxt").read_text()
+    assert "max_batch_size: 0" in config and "dims: [ 1, 3, 16, 16 ]" in config
+    checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
+    assert [c["point"] for c in checks] == ["opt"]
+
+
+@pytest.mark.parametrize("low, high, says", [
+    ({"x": (1, 3, 8, 32)}, {}, "min <= opt <= max"),
+    ({}, {"x": (1, 3, 8)}, "--max-shape x=1x3x8 does not fit the model's declared shape [N, 3, 8, W]"),
+    ({"x": (1, 4, 8, 8)}, {}, "keep the fixed ones"),
+    ({"y": (1, 3, 8, 8)}, {}, "--min-shape names y, which the model does not have"),
+])
+def test_a_profile_that_cannot_be_is_refused_in_one_line(tmp_path, low, high, says):
+    model = save(line_reader(), tmp_path / "reader.onnx")
+    with pytest.raises(ModelError, match=r"(?s).*" + says.replace("[", r"\[").replace("]", r"\]")):
+        autoprec.search(model, budget=1, out=tmp_path / "out", progress=False, shapes={"x": _dims(OPT)},
+                        min_shapes=low, max_shapes=high)
+
+
+def test_a_plan_the_source_dims_cannot_take_ships_the_measured_model_and_says_why(tmp_path):
+    model = save(line_reader(), tmp_path / "reader.onnx")
+    np.savez(tmp_path / "data.npz", x=_lines(4))
+    prepared = prepare(model, load_search_space(), tmp_path / "data.npz", {"x": _dims(OPT)})
+    info, ranges = prepared.info, prepared.ranges
+    plan = info.plan_at(Precision.INT8)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(info.deployable)
+    next(n for n in broken.graph.node if n.name == "classifier").name = "renamed"
+    lower = lambda graph: lower_plan(graph, plan, ranges, QDQForm.ORT_CPU)  # noqa: E731
+    shipped = deploy(replace(info, deployable=broken), lower, None, prepared.dataset.evaluation[:1])
+    assert "does not lower onto it" in shipped.fixed_because
+    dims = [d.dim_value for d in shipped.model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == list(_dims(OPT))
+    assert deploy(info, lower, None, prepared.dataset.evaluation[:1]).fixed_because is None
+
+
+def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_the_rest(tmp_path):
+    model = save(line_reader(), tmp_path / "reader.onnx")
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    for i, width in enumerate([16] * 6 + [24, 24, 12]):
+        np.savez(folder / f"line{i}.npz", x=_lines(1, width, seed=i)[0])
+    out = tmp_path / "out"
+    result = autoprec.search(model, budget=3, data=folder, out=out, progress=False, warm_start=False,
+                             shapes={"x": _dims(OPT)}, max_shapes={"x": (1, 3, 8, 32)})
+    assert result.model["inputs"]["x"]["shape"] == list(_dims(OPT))  # searched at the width --shape names
+    checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
+    by_width = {c["shapes"]["x"][3]: c for c in checks if c["point"] == "data"}
+    assert set(by_width) == {24, 12} and by_width[24]["items"] == 2 and by_width[12]["items"] == 1
+    assert all(c["same_output_shapes"] and c["cosine_loss"] < 0.05 for c in by_width.values())
