@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
+from autoprec import zoo  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
 from autoprec.app.prepare import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core.plan import Plan  # noqa: E402
@@ -73,16 +75,20 @@ for run in runs.values():
         run()
 per_run = {name: [] for name in sessions}
 back_to_back = {name: [] for name in sessions}
+round_ms = {name: [] for name in sessions}
 for _ in range(spec["rounds"]):
     for name, run in runs.items():
         t_round = time.perf_counter()
+        this_round = []
         for _ in range(spec["runs"]):
             t0 = time.perf_counter()
             run()
-            per_run[name].append((time.perf_counter() - t0) * 1e3)
+            this_round.append((time.perf_counter() - t0) * 1e3)
+        per_run[name] += this_round
+        round_ms[name].append(float(np.median(this_round)))
         back_to_back[name].append((time.perf_counter() - t_round) * 1e3 / spec["runs"])
 print(json.dumps({name: {"median_ms": float(np.median(v)), "p10_ms": float(np.percentile(v, 10)),
-                         "p90_ms": float(np.percentile(v, 90)), "runs": len(v),
+                         "p90_ms": float(np.percentile(v, 90)), "runs": len(v), "round_ms": round_ms[name],
                          "back_to_back_mean_ms": float(np.median(back_to_back[name]))} for name, v in per_run.items()}))
 """
 
@@ -128,6 +134,8 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             lowered[path] = lower_plan(prepared.info, Plan.from_json(trial["plan"]), prepared.ranges, form)
         save_models(lowered)  # self-contained files: the fresh processes load them, weights and all
         models = {label: str(path) for label, path in zip(plans, lowered)}
+        models["source"] = str(zoo.fetch(name).model if not data else Path(model).resolve())  # the file as given
+        models["best"] = str(out / "best" / "model.onnx")  # what the search shipped
         batch_path = Path(folder) / "batch.npz"
         np.savez(batch_path, **prepared.dataset.evaluation[0])  # the batch the search timed
         spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "backend": backend,
@@ -151,7 +159,24 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             "retimed_over_independent": final / ind["median_ms"] if final else None,
             "trial_inside_independent_p10_p90": inside(trial_ms), "retimed_inside_independent_p10_p90": inside(final),
         }
-    return {"engine_timing": result.pareto["engine"].get("timing"), "chosen": result.pareto["chosen"], "plans": rows}
+    fp32_label = f"trial {fp32['trial']}"
+    claims = {"vs_source": (result.pareto.get("chosen_vs_source"), "source", "best"),
+              "vs_fp32": (result.pareto.get("chosen_vs_fp32"), fp32_label, "best")}
+    agreement = {key: _agreement(claim, independent[reference]["round_ms"], independent[shipped]["round_ms"])
+                 for key, (claim, reference, shipped) in claims.items() if claim}
+    return {"engine_timing": result.pareto["engine"].get("timing"), "chosen": result.pareto["chosen"],
+            "not_shipped": result.pareto.get("not_shipped"), "plans": rows, "interval_agreement": agreement}
+
+
+def _agreement(claim: dict, reference_rounds: list[float], shipped_rounds: list[float]) -> dict:
+    """The independent clock's speed-up (geometric mean of its per-round ratios, and their range) against the
+    interval the search claimed: inside it, and inside it widened by 10 % on each side."""
+    ratios = np.asarray(reference_rounds) / np.asarray(shipped_rounds)
+    independent = float(np.exp(np.log(ratios).mean()))
+    low, high = float(claim["low"]), float(claim["high"])
+    return {"claimed": {k: claim[k] for k in ("speedup", "low", "high", "confidence", "rounds", "beyond_timing_noise")},
+            "independent": independent, "independent_round_range": [float(ratios.min()), float(ratios.max())],
+            "inside": low <= independent <= high, "inside_10_percent": low / 1.1 <= independent <= high * 1.1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
               "autoprec_timer_fresh_process": f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
                                               f"{ROUNDS} rounds, median of the rounds' medians", "models": {}}
     run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
+    checks = [a for m in report["models"].values() if "interval_agreement" in m for a in m["interval_agreement"].values()]
+    report["interval_agreement"] = {"claims": len(checks), "inside": sum(a["inside"] for a in checks),
+                                    "inside_10_percent": sum(a["inside_10_percent"] for a in checks)}
+    atomic.write_json(args.json, report)
     print(f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
           f"on {report['engine']['device']}; JSON: {args.json}")
     print(f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'own timer':>9} {'indep. ms':>9} "
@@ -184,6 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ind['median_ms']:>9.3f} {ind['p10_ms']:>7.3f}–{ind['p90_ms']:<7.3f} {ind['back_to_back_mean_ms']:>9.3f} "
                   f"{r['trial_over_independent']:>9.2f} {ratio:>10}  {r['trial_inside_independent_p10_p90']}, "
                   f"{r['retimed_inside_independent_p10_p90']}")
+    print(f"\nclaimed speed-up intervals against an independent interleaved clock ({ROUNDS} rounds, plain onnxruntime)")
+    print(f"{'model':<10} {'against':<10} {'claimed':<26} {'independent':>11} {'its rounds':>13}  inside  inside ±10 %")
+    for name, m in report["models"].items():
+        for key, a in m.get("interval_agreement", {}).items():
+            c = a["claimed"]
+            claimed = f"{c['speedup']:.2f}× ({c['low']:.2f}–{c['high']:.2f}, {c['rounds']} r)"
+            lo, hi = a["independent_round_range"]
+            print(f"{Path(name.partition('=')[0]).stem:<10} {key.removeprefix('vs_'):<10} {claimed:<26} {a['independent']:>10.2f}× "
+                  f"{lo:>6.2f}–{hi:<6.2f}  {str(a['inside']):<6}  {a['inside_10_percent']}")
+    agreement = report["interval_agreement"]
+    print(f"independent ratio inside the claimed interval: {agreement['inside']} of {agreement['claims']}; "
+          f"inside it ±10 %: {agreement['inside_10_percent']} of {agreement['claims']}")
     return 0
 
 

@@ -164,3 +164,44 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
     by_width = {c["shapes"]["x"][3]: c for c in checks if c["point"] == "data"}
     assert set(by_width) == {24, 12} and by_width[24]["items"] == 2 and by_width[12]["items"] == 1
     assert all(c["same_output_shapes"] and c["cosine_loss"] < 0.05 for c in by_width.values())
+
+
+def test_inputs_that_share_a_dim_name_share_its_size_at_every_point():
+    from autoprec.core.profile import shape_profile
+
+    declared = [("input_ids", ("batch", "seq")), ("attention_mask", ("batch", "seq"))]
+    opt = {"input_ids": (2, 16), "attention_mask": (2, 16)}
+    profile = shape_profile(declared, opt, {"input_ids": (1, 4)}, {"input_ids": (8, 64)})
+    assert profile.at("min")["attention_mask"] == (1, 4) and profile.at("max")["attention_mask"] == (8, 64)
+    with pytest.raises(ModelError, match="share the dim 'batch' but are given 8 and 4"):
+        shape_profile(declared, opt, None, {"input_ids": (8, 64), "attention_mask": (4, 64)})
+
+
+def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
+    from autoprec.analysis.data import load_items
+    from autoprec.analysis.model import TensorSpec
+
+    for i in range(3):
+        np.savez(tmp_path / f"alone{i}.npz", x=_lines(1, 16, seed=i)[0])
+    np.savez(tmp_path / "whole.npz", x=_lines(1, 16, seed=9))  # [1, 3, 8, 16]: the same item with its batch of 1
+    items = load_items(tmp_path, [TensorSpec("x", (1, 3, 8, 16), "float32", 0)])
+    assert items["x"].shape == (3, 3, 8, 16)
+
+
+def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (4, 3, 5, 5)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], "conv")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9
+    path = save(model, tmp_path / "nopad.onnx")
+    out = tmp_path / "out"
+    autoprec.search(path, budget=2, out=out, progress=False, warm_start=False, shapes={"x": (1, 3, 16, 16)},
+                    min_shapes={"x": (1, 3, 2, 2)}, time_shapes=True)  # a 5x5 kernel cannot slide over 2x2
+    pareto = json.loads((out / "pareto.json").read_text())
+    assert all(ms["min"] is None and ms["opt"] > 0 for ms in pareto["search"]["profile_timing"]["ms"].values())
+    checks = {c["point"]: c for c in json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]}
+    assert checks["min"]["error"].startswith("the given model itself does not run there")

@@ -152,11 +152,9 @@ def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSp
     signatures = [tuple(arrays[i].shape for arrays in items.values()) for i in range(len(next(iter(items.values()), [])))]
     if len(set(signatures)) <= 1:
         return set(range(len(signatures)))
-    fitting = [i for i, sign in enumerate(signatures) if all(_fits(shape, spec) for shape, spec in zip(sign, inputs))]
-    if fitting:
-        return set(fitting)
-    common = max(set(signatures), key=lambda sign: (signatures.count(sign), -signatures.index(sign)))
-    return {i for i, sign in enumerate(signatures) if sign == common}
+    fitting = [sign for sign in signatures if all(_fits(shape, spec) for shape, spec in zip(sign, inputs))]
+    common = max(set(fitting or signatures), key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign)))
+    return {i for i, sign in enumerate(signatures) if sign == common}  # one shape exactly: they stack
 
 
 def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:

@@ -96,6 +96,9 @@ class ModelInfo:
     # the same names, weights in ``folder``: what best/ and the exports lower a plan onto (None: ``model``).
     deployable: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
     profile: ShapeProfile | None = field(default=None, compare=False)  # the shapes it is deployed across
+    # The given graph unchanged but for its inputs' dims (the measured shapes), weights in ``folder``: what the
+    # chosen plan's speed-up is also stated against (the user's own model, before any preparation).
+    source: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
 
     @property
     def shape_profile(self) -> ShapeProfile:
@@ -556,4 +559,5 @@ def analyse(
         external_data=external_data,
         deployable=made.deployable if made.deployable is not prepared else None,
         profile=profile,
+        source=made.source,
     )

@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -47,8 +47,9 @@ from autoprec.core.stored import (
 MIN_OPSET = 13
 # onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 10
-PREPARATION_VERSION = "3"  # part of a kept preparation's key: change it with what preparation does
+PREPARATION_VERSION = "5"  # part of a kept preparation's key: change it with what preparation does
 PREPARED_FILE = "model.onnx"
+SOURCE_FILE = "source.onnx"  # the given graph, inputs at the shapes: timed beside the plans (weights shared)
 DEPLOYABLE_FILE = "deployable.onnx"  # only where it differs from the prepared model (a dynamic dim)
 NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only once it is there
 
@@ -234,6 +235,7 @@ class Preparation:
     model: StoredModel
     deployable: onnx.ModelProto
     notes: list[str]
+    source: onnx.ModelProto | None = None  # the given graph as it is, its inputs at the shapes: what it is timed against
 
 
 def prepare_graph(
@@ -306,9 +308,24 @@ def _checked_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Cal
     return taken, notes
 
 
+def _at_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``model``'s graph, nothing changed but its inputs' dims, set to ``shapes`` (an engine builds
+    for the shapes it is timed at) and an IR version ONNX Runtime reads."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    fixed.ir_version = min(max(fixed.ir_version, 7), MAX_IR_VERSION)
+    for value in fixed.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shapes[value.name]:
+                dims.add().dim_value = size
+    return fixed
+
+
 def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
-    """Input dims that share a name but were given different sizes (Paddle's '?' for both height and width)
-    renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size, and the deployable model
+    """Input dims that share a name but were given different sizes, or that one input has on several axes
+    (Paddle's '?' for both height and width), renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size, and the deployable model
     keeps its dims dynamic. Returns the notes that say so."""
     named: dict[str, list[tuple[onnx.TensorShapeProto.Dimension, str, int]]] = {}
     for value in model.graph.input:
@@ -317,10 +334,11 @@ def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, 
                 named.setdefault(dim.dim_param, []).append((dim, value.name, axis))
     notes = []
     for name, dims in named.items():
-        if len({shapes[value][axis] for _, value, axis in dims}) > 1:
+        one_input_twice = len({value for _, value, _ in dims}) < len(dims)  # H and W both '?': sizes that may differ
+        if one_input_twice or len({shapes[value][axis] for _, value, axis in dims}) > 1:
             for dim, value, axis in dims:
                 dim.dim_param = f"{value}_dim{axis}"
-            notes.append(f"input dims named '{name}' were given different sizes: named "
+            notes.append(f"input dims named '{name}' on several axes of one input or at different sizes: named "
                          f"{', '.join(d.dim_param for d, _, _ in dims)} in the shipped model (TensorRT takes one name for one size)")
     return notes
 
@@ -408,9 +426,10 @@ def _read(folder: Path) -> Preparation | None:
         proto = onnx.load(str(folder / PREPARED_FILE), load_external_data=False)
         deployable = (onnx.load(str(folder / DEPLOYABLE_FILE), load_external_data=False)
                       if (folder / DEPLOYABLE_FILE).is_file() else proto)
+        source = onnx.load(str(folder / SOURCE_FILE), load_external_data=False)
     except Exception:  # noqa: BLE001 - missing, partial or damaged: prepared again
         return None
-    return Preparation(StoredModel(proto, folder), deployable, list(notes))
+    return Preparation(StoredModel(proto, folder), deployable, list(notes), source)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -457,20 +476,22 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Preparation(StoredModel(made.model.proto, folder), made.deployable, made.notes)
+    return replace(made, model=StoredModel(made.model.proto, folder))
 
 
 def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
                 feeds: Mapping[str, np.ndarray]) -> Preparation:
     copied = copy_external_data(raw, path.parent, folder)
     externalize(raw, folder, "source.data")  # in place: no second copy of inline weights in memory
-    made = prepare_graph(StoredModel(raw, folder), shapes, path, feeds)
+    source = _at_shapes(raw, shapes)
+    made = replace(prepare_graph(StoredModel(raw, folder), shapes, path, feeds), source=source)
     _gathered([made.model, made.model.with_proto(made.deployable)])
     if copied:
         made.notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in {folder.parent}, made by the "
                              "first run at these shapes and read by every later one")
     if made.deployable is not made.model.proto:
         (folder / DEPLOYABLE_FILE).write_bytes(made.deployable.SerializeToString())
+    (folder / SOURCE_FILE).write_bytes(source.SerializeToString())
     (folder / PREPARED_FILE).write_bytes(made.model.proto.SerializeToString())
     (folder / NOTES_FILE).write_text(json.dumps({"notes": made.notes, "model": str(path)}))
     return made

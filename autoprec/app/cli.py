@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the front's plans at the profile's min and max shapes, as deployed (the source's "
                         "dims kept), and say which plan holds up across the range (the choice stays on opt; "
                         "ONNX Runtime backends)")
+    s.add_argument("--retime-seconds", type=float, default=20.0, metavar="S",
+                   help="the chosen plan is timed beside all-FP32 and the given model in interleaved rounds until its "
+                        "speed-ups' 95 %% intervals are within 4 %% or S seconds pass (default 20; at least 6 rounds)")
+    s.add_argument("--ship-within-noise", action="store_true",
+                   help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
+                        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json not_shipped)")
+    s.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="ONNX Runtime's intra-op threads for every timed run (default 0: its own, one per core); "
+                        "latencies hold for the thread count they were taken at")
     s.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
     s.add_argument("--max-loss", type=float, help="accuracy-loss limit: the chosen plan is the fastest within it")
     s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
@@ -330,6 +339,9 @@ def _search(args: argparse.Namespace) -> int:
         min_shapes=dict(args.min_shape),
         max_shapes=dict(args.max_shape),
         time_shapes=args.time_shapes,
+        retime_seconds=args.retime_seconds,
+        ship_within_noise=args.ship_within_noise,
+        threads=args.threads,
         metric=args.metric,
         search_space=args.search_space,
         overrides=args.override,
@@ -374,7 +386,9 @@ def _search(args: argparse.Namespace) -> int:
 
 def _print_json(files) -> None:
 
-    summary = {k: files.pareto.get(k) for k in ("engine", "model", "search", "chosen", "chosen_vs_fp32", "uniform", "front")}
+    summary = {k: files.pareto.get(k) for k in ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source",
+                                                 "not_shipped", "uniform", "front")}
+    summary["deployment"] = (files.plan or {}).get("deployment")
     console.stdout.print_json(data=summary)
 
 

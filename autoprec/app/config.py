@@ -31,6 +31,9 @@ class SearchConfig:
     min_shapes: Mapping[str, Sequence[int]] | None = None
     max_shapes: Mapping[str, Sequence[int]] | None = None
     time_shapes: bool = False
+    retime_seconds: float = 20.0
+    ship_within_noise: bool = False
+    threads: int = 0
     metric: str = "cosine"
     search_space: str | os.PathLike | None = None
     overrides: Sequence[str] = ()
@@ -68,7 +71,10 @@ class SearchConfig:
             raise AutoprecError(f"--proposals {self.proposals}: must be 0 (every trial built) or more")
         if self.build_workers and self.build_workers > 1 and not self.isolate:
             raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; drop --no-isolation")
-        for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
+            raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX Runtime's default)")
+        for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb),
+                              ("--retime-seconds", self.retime_seconds)):
             if value is not None and not value > 0:
                 raise AutoprecError(f"{option} {value}: must be more than 0")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

@@ -37,6 +37,7 @@ from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import HeadOptions, decision_changes, resolve_metric
+from autoprec.measure import speedup
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
 from autoprec.measure.isolation import (
     FileLock,
@@ -90,6 +91,7 @@ from autoprec.study.search import (
     Retiming,
     TrialRecord,
     retimed_front,
+    uniform_trials,
     run_warm_started,
 )
 from autoprec.study.sensitivity import (
@@ -173,7 +175,7 @@ def run_search(config: SearchConfig) -> SearchResult:
     model_path, data, shapes, default_out = resolve_model(model, data, shapes)
     out_dir = result_dir(out, default_out)
     wanted = resolve_metric(metric, declared_tasks(model), head)
-    engine = get_backend(backend, device, out_dir / "cache")
+    engine = get_backend(backend, device, out_dir / "cache", config.threads)
     workers = _build_workers(build_workers, engine, isolate)
     space, searched, left_out = engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
     check_out_dir(out_dir)
@@ -243,7 +245,7 @@ def run_search(config: SearchConfig) -> SearchResult:
                 stack.enter_context(IsolatedMeasurer(
                     backend, dataset.evaluation, judge, limits,
                     out_dir / "cache" / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", device, out_dir / "cache", lock,
-                    lowering,
+                    lowering, config.threads,
                 ))
                 for i in range(workers)
             ]
@@ -318,8 +320,11 @@ def run_search(config: SearchConfig) -> SearchResult:
         log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
                  f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
         front, retiming = retimed_front(study, measurer.time_paired, RETIME_ROUNDS, max_loss=max_loss)
+        trials = [retiming.trials.get(t.number, t) for t in trials]
+        chosen, versus = _compare_chosen(measurer, trials, choose(front, max_loss), config, retiming.apart)
     _say_retiming(retiming)
-    trials = [retiming.trials.get(t.number, t) for t in trials]
+    if chosen is not None and chosen.number not in {t.number for t in front}:  # all-FP32, shipped for want of a proven gain
+        front = sorted([*front, chosen], key=lambda r: r.latency_ms)
     builds = _builds(study, unit_sensitivity if not from_cache else None, retiming.builds, proposer, judged_on_target)
     predicted = proposer.report(study) if proposer is not None else None
     log.info(f"{engine.name} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}"
@@ -328,7 +333,6 @@ def run_search(config: SearchConfig) -> SearchResult:
              f"reference evaluations: {builds['reference_evaluations']}"
              + (f"; latency model error {predicted['median_abs_error_percent']} % (median of {len(predicted['predictions'])} "
                 "prediction(s) made before the build)" if predicted and predicted["predictions"] else ""))
-    chosen = choose(front, max_loss)
     changed = decision_changes(metric_used, chosen.measurement.metrics) if chosen is not None else []
     for line in changed:
         log.warning(f"the chosen plan keeps {metric_used.name} within the limit, but on {line}")
@@ -388,12 +392,43 @@ def run_search(config: SearchConfig) -> SearchResult:
     deployment = _deployment(info, engine, chosen.plan, ranges, dataset) if chosen is not None else None
     if config.time_shapes and front:
         search_facts["profile_timing"] = _timed_across(info, engine, front, max_loss, ranges, dataset).to_json()
-    result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen, units_json(info))
+    result = SearchResult(out_dir, model_json(info), engine_info, search_facts, tuple(trials), tuple(front), chosen,
+                          units_json(info), versus)
     write_results(result, deployment)
     plot_result_dir(read_result_dir(out_dir))
     if not trials:
         raise SearchFailed(nothing_measured(study, out_dir))
     return result
+
+
+def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
+                    apart: bool) -> tuple[TrialRecord | None, dict[str, Any]]:
+    """The chosen plan timed beside all-FP32 and the given model until its speed-ups are known (see
+    :mod:`autoprec.measure.speedup`): the plan to ship (all-FP32 where the chosen one is not faster beyond
+    timing noise, unless ``--ship-within-noise``) and pareto.json's ``chosen_vs_fp32`` / ``chosen_vs_source``."""
+    fp32 = uniform_trials(trials).get("fp32")
+    if chosen is None or fp32 is None:
+        return chosen, {}
+    log.info(f"timing the chosen plan (trial {chosen.number}) beside all-FP32 and the given model until the speed-ups "
+             f"are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}, or {config.retime_seconds:g} s)")
+    try:
+        found = speedup.compared(measurer.time_compared(fp32.plan, chosen.plan, config.retime_seconds, apart))
+    except (AutoprecError, RuntimeError, ValueError) as exc:
+        log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
+        return chosen, {}
+    versus_fp32, versus_source, preparation = found[("fp32", "chosen")], found.get(("source", "chosen")), found.get(("source", "fp32"))
+    versus: dict[str, Any] = {}
+    if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not config.ship_within_noise:
+        versus["not_shipped"] = {"trial": chosen.number, **versus_fp32.to_json(), "why": (
+            f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
+            "(--ship-within-noise ships it anyway)")}
+        log.warning(f"trial {chosen.number}: {versus['not_shipped']['why']}")
+        chosen, versus_source = fp32, preparation
+    versus["chosen_vs_fp32"] = {"fp32_trial": fp32.number, **versus_fp32.to_json(), "retimed": True} \
+        if chosen is not fp32 else None
+    if versus_source is not None:
+        versus["chosen_vs_source"] = {**versus_source.to_json(), "preparation": preparation.to_json()}
+    return chosen, versus
 
 
 def _deployment(info: ModelInfo, engine: Backend, plan: Plan, ranges: ActivationRanges | None, dataset: Dataset) -> Deployment:
@@ -411,9 +446,12 @@ def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord]
     log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max shapes, as deployed")
     feasible = [t.number for t in front if max_loss is None or t.feasible]
     timing = time_across(engine, info, {t.number: t.plan for t in front}, feasible, ranges, dataset.evaluation[0])
+    for trial, why in timing.failed.items():
+        log.warning(f"--time-shapes: trial {trial} could not be built as deployed ({why})")
     if timing.feasible:
         log.info("fastest at " + ", ".join(f"{p}: trial {timing.fastest(p, timing.feasible)}" for p in ("min", "opt", "max"))
-                 + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at its worst shape)")
+                 + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at its worst shape; "
+                 "timed one plan after another, so a few percent apart is noise)")
     return timing
 
 

@@ -145,8 +145,8 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
         return deployment.model, info
     for check in deployment.checks:
         if not check.passed:
-            log.warning(f"at the profile's {check.point} shape the exported model "
-                        f"{check.error or 'gives outputs of other shapes than the given model'}")
+            log.warning(f"at the profile's {check.point} shape: "
+                        f"{check.error or 'the exported model gives outputs of other shapes than the given model'}")
     return deployment.model, info.for_deployment()
 
 
@@ -167,6 +167,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         name=model_path.stem, original_model=model_path, model=model, plan=plan, info=info,
         ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
         engine=result.pareto["engine"], search=result.pareto["search"],
+        versus={k: result.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")} if context.trial == result.pareto["chosen"] else None,
     )
 
 

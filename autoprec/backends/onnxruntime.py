@@ -74,8 +74,13 @@ class OrtProfiling:
         timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]  # each node's first run: warm-up
         return attribute_node_times(model.proto, timed, runs)
 
+    threads = 0  # ONNX Runtime's intra-op threads (0: its default, one per core)
+
     def session_options(self):
-        return self._ort.SessionOptions()
+        options = self._ort.SessionOptions()
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        return options
 
     def session_providers(self) -> list:
         return [self.provider]
@@ -136,12 +141,6 @@ class OrtCpuBackend(OrtProfiling, Backend):
         import os
 
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"
-
-    def session_options(self):
-        options = self._ort.SessionOptions()
-        if self.threads:
-            options.intra_op_num_threads = self.threads
-        return options
 
     def prepare(self, model: StoredModel) -> OrtRunner:
         return OrtRunner(new_session(self._ort, model, self.session_options(), [self.provider]))
@@ -226,7 +225,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
         "only TensorRT turns Q/DQ into INT8 kernels",
     }
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, threads: int = 0):
         import onnxruntime as ort
 
         if self.provider not in ort.get_available_providers():
@@ -239,7 +238,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
             ort.preload_dlls()
         ort.set_default_logger_severity(3)  # ORT 1.31 warns about plugin EP devices for every classic CUDA session
         self._ort = ort
-        self.device = device
+        self.device, self.threads = device, threads
         gpus = gpu_facts()
         if gpus and not 0 <= device < len(gpus):
             raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")
@@ -253,7 +252,8 @@ class OrtCudaBackend(OrtProfiling, Backend):
         for key in ("cuda_version", "cudnn_version"):
             if getattr(build, key, None):
                 versions[key.removesuffix("_version")] = str(getattr(build, key))
-        return engine_info(self, f"{gpu['name']} (cuda:{self.device})", versions)
+        return engine_info(self, f"{gpu['name']} (cuda:{self.device}" + (f", {self.threads} CPU threads" if self.threads else "")
+                           + ")", versions)
 
     def session_providers(self) -> list:
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]

@@ -94,6 +94,26 @@ def _text(dims: Sequence) -> str:
     return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
 
 
+def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims], given: dict[str, Dims],
+                 option: str) -> dict[str, Dims]:
+    """``given`` with the inputs it leaves out filled in where they share a dim name with one it names
+    (``input_ids`` and ``attention_mask``, both ``[batch, seq]``): one name is one size, at every point."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, dims in declared:
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, str) and dim and name in given and axis < len(given[name]):
+                size = given[name][axis]
+                first, owner = sizes.setdefault(dim, (size, name))
+                if first != size and owner != name:  # (one input's own axes may share a name: Paddle's '?')
+                    raise ModelError(f"{option}: inputs {sizes[dim][1]} and {name} share the dim '{dim}' but are given "
+                                     f"{sizes[dim][0]} and {size} there; give them the same size")
+    filled = dict(given)
+    for name, dims in declared:
+        if name not in given and any(isinstance(d, str) and d in sizes for d in dims):
+            filled[name] = tuple(sizes[d][0] if isinstance(d, str) and d in sizes else s for d, s in zip(dims, opt[name]))
+    return filled
+
+
 def shape_profile(
     declared: Sequence[tuple[str, tuple[int | str | None, ...]]],
     opt: Mapping[str, Dims],
@@ -111,6 +131,7 @@ def shape_profile(
         if unknown:
             raise ModelError(f"{option} names {', '.join(unknown)}, which the model does not have as input(s); its "
                              f"inputs are: {', '.join(names)}")
+    low, high = _shared_dims(declared, opt, low, "--min-shape"), _shared_dims(declared, opt, high, "--max-shape")
     ranges = []
     for name, dims in declared:
         best = tuple(opt[name])

@@ -9,7 +9,7 @@ fixed-shape model, and the reason is said and recorded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -43,6 +43,7 @@ class PointCheck:
     loss: float | None  # None: it did not run
     error: str | None = None
     items: int = 1  # batches run (the data's items at this shape; evaluation batches fitted to a point)
+    outside_profile: bool = False  # data at a shape beyond the profile's min..max: an engine built for it refuses it
 
     @property
     def passed(self) -> bool:
@@ -50,7 +51,8 @@ class PointCheck:
 
     def to_json(self) -> dict[str, Any]:
         return {"point": self.point, "shapes": {k: list(v) for k, v in self.shapes.items()},
-                "same_output_shapes": self.same_shapes, "cosine_loss": self.loss, "error": self.error, "items": self.items}
+                "same_output_shapes": self.same_shapes, "cosine_loss": self.loss, "error": self.error, "items": self.items,
+                "outside_profile": self.outside_profile}
 
 
 @dataclass(frozen=True)
@@ -91,15 +93,16 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
     if info.deployable is None:
-        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"])))
+        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"], others)))
     try:
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
     except Exception as exc:  # noqa: BLE001 - a lowering or a run the fixed graph allowed: said, and not shipped
-        differs = f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)})"
+        differs = (f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a weight the fixed-shape "
+                   "graph folded to a constant, which the graph at the source's dims computes from the input shapes)")
     if differs:
         why = f"the model at the source's dims is not the measured one: {differs}"
-        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"])))
+        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"], others)))
     return Deployment(model, also(info.for_deployment()), None,
                       tuple(_checks(info.path, model, profile, samples, profile.points(), others)))
 
@@ -138,19 +141,33 @@ def _checks(source: Path, model: StoredModel, profile: ShapeProfile, samples: Se
     for batch in others:
         by_shape.setdefault(tuple((k, v.shape) for k, v in batch.items()), []).append(batch)
     runs += [("data", batches) for batches in by_shape.values()]
-    return [_check(point, batches, given, shipped) for point, batches in runs]
+    return [_check(point, batches, given, shipped, profile) for point, batches in runs]
 
 
-def _check(point: str, batches: Sequence[Batch], given, shipped) -> PointCheck:
+def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeProfile) -> PointCheck:
     shapes = {name: tuple(values.shape) for name, values in batches[0].items() if values.ndim}
     try:
-        pairs = [(_run(given, feeds), _run(shipped, feeds)) for feeds in batches]
+        wanted = [_run(given, feeds) for feeds in batches]
+    except Exception as exc:  # noqa: BLE001 - the user's own model does not run there: nothing to compare with
+        return PointCheck(point, shapes, False, None, f"the given model itself does not run there ({first_line(exc)})",
+                          len(batches))
+    try:
+        pairs = [(want, _run(shipped, feeds)) for want, feeds in zip(wanted, batches)]
     except Exception as exc:  # noqa: BLE001 - the model as shipped does not run there: the check says so
-        return PointCheck(point, shapes, False, None, first_line(exc), len(batches))
+        return PointCheck(point, shapes, False, None, f"the shipped model does not run there ({first_line(exc)})",
+                          len(batches))
+    outside = point == "data" and not _inside(shapes, profile)
     if not all(got[name].shape == want[name].shape for want, got in pairs for name in want):
-        return PointCheck(point, shapes, False, None, None, len(batches))
+        return PointCheck(point, shapes, False, None, None, len(batches), outside)
     stacked = [{name: np.concatenate([pair[k][name] for pair in pairs]) for name in pairs[0][0]} for k in (0, 1)]
-    return PointCheck(point, shapes, True, _loss(*stacked), None, len(batches))
+    return PointCheck(point, shapes, True, max(0.0, _loss(*stacked)), None, len(batches), outside)
+
+
+def _inside(shapes: Mapping[str, tuple[int, ...]], profile: ShapeProfile) -> bool:
+    """Whether every input's shape lies within the profile's min and max (what an engine built for it takes)."""
+    ranges = {i.name: i for i in profile.inputs}
+    return all(name not in ranges or (len(dims) == len(ranges[name].min) and all(
+        lo <= d <= hi for d, lo, hi in zip(dims, ranges[name].min, ranges[name].max))) for name, dims in shapes.items())
 
 
 @dataclass(frozen=True)
@@ -158,11 +175,13 @@ class ProfileTiming:
     """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after another on
     one engine: milliseconds by trial and point."""
 
-    ms: dict[int, dict[str, float]]
-    feasible: tuple[int, ...]  # the trials within --max-loss, in the order of the front
+    ms: dict[int, dict[str, float | None]]  # None: the plan did not run at that point
+    feasible: tuple[int, ...]  # the trials within --max-loss that ran at every point, in the order of the front
+    failed: dict[int, str] = field(default_factory=dict)  # trials that could not be built as deployed, and why
 
-    def fastest(self, point: str, among: Sequence[int] | None = None) -> int:
-        return min(among or self.ms, key=lambda trial: self.ms[trial][point])
+    def fastest(self, point: str, among: Sequence[int] | None = None) -> int | None:
+        timed = [t for t in (among or self.ms) if self.ms[t][point] is not None]
+        return min(timed, key=lambda trial: self.ms[trial][point]) if timed else None
 
     def across_range(self) -> int | None:
         """The plan within the loss limit whose worst latency, against the fastest such plan at each point,
@@ -177,18 +196,33 @@ class ProfileTiming:
         points = list(next(iter(self.ms.values()), {}))
         return {"ms": {str(t): v for t, v in self.ms.items()}, "feasible": list(self.feasible),
                 "fastest": {p: self.fastest(p, self.feasible or None) for p in points}, "across_range": self.across_range(),
-                "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another"}
+                "failed": {str(t): why for t, why in self.failed.items()},
+                "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
+                       "(not interleaved: differences of a few percent are noise)"}
 
 
 def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],
                 ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
     """Each plan as deployed (on the deployable graph), timed on ``backend`` at every point of the profile."""
     profile, graph = info.shape_profile, info.for_deployment()
-    ms: dict[int, dict[str, float]] = {}
+    ms: dict[int, dict[str, float | None]] = {}
+    failed: dict[int, str] = {}
     for trial, plan in plans.items():
-        with backend.prepare(backend.lower(graph, plan, ranges)) as runner:
-            ms[trial] = {point: runner.time(_at(sample, profile.at(point))).median_ms for point in ("min", "opt", "max")}
-    return ProfileTiming(ms, tuple(feasible))
+        try:
+            with backend.prepare(backend.lower(graph, plan, ranges)) as runner:
+                ms[trial] = {point: _timed(runner, _at(sample, profile.at(point))) for point in ("min", "opt", "max")}
+        except Exception as exc:  # noqa: BLE001 - a plan the deployable graph does not take: no figures, said
+            ms[trial] = {point: None for point in ("min", "opt", "max")}
+            failed[trial] = first_line(exc)
+    return ProfileTiming(ms, tuple(t for t in feasible if None not in ms[t].values()), failed)
+
+
+def _timed(runner, batch: Batch) -> float | None:
+    """A point's median, or None where the plan does not run at that shape (a Conv whose kernel outgrows it)."""
+    try:
+        return runner.time(batch).median_ms
+    except Exception:  # noqa: BLE001 - ONNX Runtime raises several types for a shape a model cannot take
+        return None
 
 
 def _at(sample: Batch, shapes: Mapping[str, tuple[int, ...]]) -> Batch:

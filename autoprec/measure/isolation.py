@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from autoprec.analysis.data import Batch
+from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
@@ -43,6 +44,7 @@ from autoprec.measure.measurement import (
     measured,
     reset_peak,
     resident_bytes,
+    time_compared,
     time_paired,
 )
 
@@ -145,14 +147,14 @@ def device_lock_path(backend: str, device: int) -> Path:
 
 
 def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
-            stderr_path: str) -> None:
+            threads: int, stderr_path: str) -> None:
     """Child process: lower and measure each plan it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
     from autoprec.backends import get_backend
 
-    backend = get_backend(backend_name, device, cache_dir)
+    backend = get_backend(backend_name, device, cache_dir, threads)
     on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
     ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
     conn.send(("ready", None))
@@ -167,6 +169,10 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device:
                     conn.send(("ok", time_paired(backend, *models, batches[0], rounds).to_json()))
+            elif kind == "compare":  # ("compare", the all-FP32 plan, the chosen plan, seconds, apart)
+                with on_device:
+                    found = time_compared(backend, lowering, *args[:2], batches[0], *args[2:])
+                conn.send(("ok", {name: [t.to_json() for t in timings] for name, timings in found.items()}))
             elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
                 plan, count, constraint = args
                 model = lowering(backend, plan)
@@ -196,11 +202,13 @@ class IsolatedMeasurer(Measurer):
         cache_dir: Path | None = None,
         device_lock: FileLock | None = None,
         lowering: Lowering | None = None,
+        threads: int = 0,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
         is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
-        workers of one device; ``lowering`` turns the plans it is sent into models."""
-        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering)
+        workers of one device; ``lowering`` turns the plans it is sent into models; ``threads``: the engine's
+        (see :func:`autoprec.backends.get_backend`)."""
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering, threads)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
@@ -292,6 +300,11 @@ class IsolatedMeasurer(Measurer):
         """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
         return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
 
+    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+        """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds' own)."""
+        found = self._ask(("compare", fp32, chosen, seconds, apart), self.limits.seconds + seconds)
+        return {name: tuple(Timing.from_json(t) for t in timings) for name, timings in found.items()}
+
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():
             try:
@@ -335,3 +348,7 @@ class MeasurerPool(Measurer):
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
         with self._worker() as measurer:
             return measurer.time_paired(reference, plan, rounds)
+
+    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+        with self._worker() as measurer:
+            return measurer.time_compared(fp32, chosen, seconds, apart)

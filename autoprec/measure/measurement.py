@@ -17,6 +17,7 @@ from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
+from autoprec.measure.speedup import COMPARED, time_until_known
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
@@ -238,6 +239,18 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
 
+def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, chosen: Plan, batch: Batch, seconds: float,
+                  apart: bool = False) -> dict[str, tuple[Timing, ...]]:
+    """The chosen plan, the all-FP32 plan and the given model as it is (``source``), timed until their
+    speed-ups (see COMPARED) are known: what a search states its gain by."""
+    info = lowering.info
+    models = {"fp32": lowering(backend, fp32), "chosen": lowering(backend, chosen)}
+    if info.source is not None:
+        models["source"] = StoredModel(info.source, info.folder)
+    pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
+    return time_until_known(backend, models, batch, pairs, seconds, apart)
+
+
 class Measurer(abc.ABC):
     """Where a search's plans are lowered and measured: :class:`InProcessMeasurer` here, or
     :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot take down."""
@@ -255,6 +268,10 @@ class Measurer(abc.ABC):
     @abc.abstractmethod
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
         """:func:`time_paired` on the first evaluation batch."""
+
+    @abc.abstractmethod
+    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+        """:func:`time_compared` on the first evaluation batch."""
 
 
 def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
@@ -289,3 +306,6 @@ class InProcessMeasurer(Measurer):
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
         return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
                            self.batches[0], rounds)
+
+    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+        return time_compared(self.backend, self.lowering, fp32, chosen, self.batches[0], seconds, apart)

@@ -33,6 +33,7 @@ from autoprec.results.files import (
     noise_verdict,
     recorded_profile,
     shown_front,
+    speedup_text,
 )
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
@@ -236,8 +237,16 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
     versus = pareto.get("chosen_vs_fp32")
     if versus and versus["fp32_trial"] != shown.number:
         verdict = noise_verdict(versus["beyond_timing_noise"])
-        how = ", re-timed in interleaved rounds" if versus.get("retimed") else ""
-        lines.append(f"        speed-up over all-FP32 {versus['speedup']:.2f}× ({verdict}{how})")
+        how = (f", {versus['rounds']} interleaved rounds" if versus.get("rounds") else
+               ", re-timed in interleaved rounds" if versus.get("retimed") else "")
+        lines.append(f"        speed-up over all-FP32 {speedup_text(versus)} ({verdict}{how})")
+    if source := pareto.get("chosen_vs_source"):
+        line = f"        over the given model as it is: {speedup_text(source)} ({noise_verdict(source['beyond_timing_noise'], short=True)})"
+        if prepared := source.get("preparation"):
+            line += f"; of that, autoprec's FP32 preparation (folding) alone: {speedup_text(prepared)}"
+        lines.append(line)
+    if unproven := pareto.get("not_shipped"):
+        lines.append(f"        ⚠ trial {unproven['trial']} was the fastest within the limit but is {unproven['why']}")
     if drift := drifted(pareto["search"]):
         lines.append(f"        ⚠ {drift}")
     if said := decisions(shown.metrics):
@@ -249,7 +258,7 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
 
 
 def _dims(dims: list) -> str:
-    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) or "scalar"
 
 
 def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> list[str]:
@@ -261,8 +270,8 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
     profile = recorded_profile(pareto)
     lines = []
     if timing := pareto["search"].get("profile_timing"):
-        lines.append("        timed as deployed (--time-shapes): " + "; ".join(
-            f"trial {trial} " + " · ".join(f"{p} {ms[p]:.3f} ms" for p in ("min", "opt", "max"))
+        lines.append("        timed as deployed (--time-shapes, one plan after another): " + "; ".join(
+            f"trial {trial} " + " · ".join(f"{p} {_ms(ms[p])}" for p in ("min", "opt", "max"))
             for trial, ms in timing["ms"].items()))
         if timing["across_range"] is not None:
             lines.append(f"        fastest at min / opt / max: trial {' / '.join(str(timing['fastest'][p]) for p in ('min', 'opt', 'max'))}"
@@ -279,7 +288,8 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
         lines.append("        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): " + ", ".join(
             f"{c['point']} {_verdict(c)}" for c in points))
     for check in (c for c in checks if c["point"] == "data"):
-        lines.append(f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}: {_verdict(check)}")
+        beyond = " (outside the shape profile: an engine built for it refuses this shape)" if check.get("outside_profile") else ""
+        lines.append(f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}{beyond}: {_verdict(check)}")
     at_opt = next((c["cosine_loss"] for c in checks if c["point"] == "opt" and c["cosine_loss"] is not None), None)
     for check in checks:
         if check["error"] or not check["same_output_shapes"]:
@@ -299,6 +309,10 @@ FARTHER, LOSS_FLOOR = 3.0, 1e-3
 
 def _at(shapes: dict[str, list]) -> str:
     return ", ".join(f"{k} {_dims(v)}" for k, v in shapes.items())
+
+
+def _ms(value: float | None) -> str:
+    return "did not run" if value is None else f"{value:.3f} ms"
 
 
 def _verdict(check: dict[str, Any]) -> str:
@@ -362,7 +376,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         v = r.pareto.get("chosen_vs_fp32")
         if not v:
             return "—"
-        return f"{v['speedup']:.2f}× ({noise_verdict(v['beyond_timing_noise'], short=True)})"
+        return f"{speedup_text(v)} ({noise_verdict(v['beyond_timing_noise'], short=True)})"
 
     def uniform(r: ResultFiles, precision: str) -> str:
         t = r.shown_trial(r.pareto.get("uniform", {}).get(precision))

@@ -39,9 +39,15 @@ class SearchResult:
     front: tuple[TrialRecord, ...]
     chosen: TrialRecord | None
     units: tuple[dict[str, Any], ...] = field(default=())
+    # The chosen plan's speed-ups with their intervals (chosen_vs_fp32, chosen_vs_source) and the plan not
+    # shipped for want of a proven gain (not_shipped), from the final timing (see autoprec.measure.speedup).
+    versus: dict[str, Any] = field(default_factory=dict)
 
     def speedup_vs_fp32(self) -> dict[str, Any] | None:
-        """The chosen plan against all-FP32, measured in the same study, and whether it beats timing noise."""
+        """The chosen plan against all-FP32, measured in the same study, and whether it beats timing noise:
+        the final timing's interval, else (where it failed) the re-timing's rounds."""
+        if "chosen_vs_fp32" in self.versus:
+            return self.versus["chosen_vs_fp32"]
         fp32 = self.uniform().get("fp32")
         if fp32 is None or self.chosen is None:
             return None
@@ -73,6 +79,14 @@ def timing_drift(trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
 
 
 DRIFT_WORTH_SAYING = 10.0  # percent
+
+
+def speedup_text(versus: dict[str, Any]) -> str:
+    """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where a result recorded no interval."""
+    if versus.get("low") is None:
+        return f"{float(versus['speedup']):.2f}×"
+    return (f"{float(versus['speedup']):.2f}× ({float(versus['low']):.2f}–{float(versus['high']):.2f}, "
+            f"{100 * float(versus['confidence']):.0f} %)")
 
 
 def noise_verdict(beyond: bool | None, short: bool = False) -> str:
@@ -182,6 +196,8 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
                     "front": [trial_json(t) for t in result.front],
                     "chosen": result.chosen.number if result.chosen else None,
                     "chosen_vs_fp32": result.speedup_vs_fp32(),
+                    "chosen_vs_source": result.versus.get("chosen_vs_source"),
+                    "not_shipped": result.versus.get("not_shipped"),
                     "uniform": {p: t.number for p, t in result.uniform().items()},
                 }
             ),
@@ -299,16 +315,21 @@ SEARCH = {
     "reference": Optional_({"executor": str, "proposals_per_build": int}),
     "profile": Optional_({"inputs": [{"name": str, "declared": [(int, str, type(None))], "min": [int], "opt": [int],
                                       "max": [int]}]}),
-    "profile_timing": Optional_({"ms": MapOf({p: NUMBER for p in POINTS}), "feasible": [int], "fastest": MapOf(int),
-                                 "across_range": Nullable(int), "how": str}),
+    "profile_timing": Optional_({"ms": MapOf({p: Nullable(NUMBER) for p in POINTS}), "feasible": [int],
+                                 "fastest": MapOf(Nullable(int)), "across_range": Nullable(int), "how": str,
+                                 "failed": Optional_(MapOf(str))}),
 }
+SPEEDUP = {"speedup": NUMBER, "beyond_timing_noise": Nullable(bool), "low": Optional_(NUMBER), "high": Optional_(NUMBER),
+           "confidence": Optional_(NUMBER), "rounds": Optional_(int)}
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
-          "chosen_vs_fp32": Nullable({"fp32_trial": int, "speedup": NUMBER, "beyond_timing_noise": Nullable(bool)})}
+          "chosen_vs_fp32": Nullable({"fp32_trial": int, **SPEEDUP}),
+          "chosen_vs_source": Optional_(Nullable({**SPEEDUP, "preparation": Optional_(SPEEDUP)})),
+          "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str}))}
 TRIALS = {**HEADER, "trials": [TRIAL]}
 DEPLOYMENT = {"keeps_source_dims": bool, "fixed_because": Nullable(str), "checked_against_source": [{
     "point": OneOf((*POINTS, "data")), "shapes": MapOf([int]), "same_output_shapes": bool, "cosine_loss": Nullable(NUMBER),
-    "error": Nullable(str), "items": Optional_(int)}]}
+    "error": Nullable(str), "items": Optional_(int), "outside_profile": Optional_(bool)}]}
 CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
 SENSITIVITY = {"engine": str, "batches": int, "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),

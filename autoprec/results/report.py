@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.core import atomic
-from autoprec.results.files import ResultFiles, decisions, drifted, noise_verdict
+from autoprec.results.files import ResultFiles, decisions, drifted, noise_verdict, speedup_text
 from autoprec.results.plots import plot_result_dir
 
 STYLE = """
@@ -124,7 +124,11 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
                    f"{counts['int8']}/{counts['fp16']}/{counts['fp32']} units.")
         versus = p.get("chosen_vs_fp32")
         if versus and versus["fp32_trial"] != chosen["trial"]:
-            summary += f" Speed-up over all-FP32 {versus['speedup']:.2f}× ({noise_verdict(versus['beyond_timing_noise'], short=True)})."
+            summary += f" Speed-up over all-FP32 {speedup_text(versus)} ({noise_verdict(versus['beyond_timing_noise'], short=True)})."
+        if source := p.get("chosen_vs_source"):
+            summary += f" Over the given model as it is: {speedup_text(source)}."
+        if unproven := p.get("not_shipped"):
+            summary += f" Trial {unproven['trial']} was the fastest within the limit but is {unproven['why']}."
         if drift := drifted(p["search"]):
             summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
     title = f"autoprec — {Path(p['model']['path']).name} on {p['engine']['engine']} {p['engine']['provider']}"

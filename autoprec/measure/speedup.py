@@ -1,0 +1,105 @@
+"""A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
+
+Each round times every model once (each a :class:`~autoprec.backends.base.Timing`: a median of runs),
+one after another, so drift (a busy neighbour, clocks) hits all of a round alike. A round's ratio is
+the reference's median over the candidate's; the speed-up is the geometric mean of the rounds' ratios,
+and its interval the percentile bootstrap of that mean over the rounds (paired: a round is resampled
+whole). Rounds go on until every interval asked for is narrow enough or the time runs out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from autoprec.analysis.data import Batch
+from autoprec.backends.base import Backend, Timing
+from autoprec.core.stored import StoredModel
+
+CONFIDENCE = 0.95
+RESAMPLES = 4000
+MIN_ROUNDS = 6  # fewer: the bootstrap's interval of so few ratios is too narrow to trust
+MAX_ROUNDS = 60
+NARROW = 0.04  # an interval is known when high / low - 1 is at most this
+METHOD = f"paired percentile bootstrap ({RESAMPLES} resamples) of the geometric mean of per-round ratios"
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """``speedup`` × the reference's speed, ``low``–``high`` at ``confidence``, from ``rounds`` paired rounds."""
+
+    speedup: float
+    low: float
+    high: float
+    confidence: float
+    rounds: int
+
+    @property
+    def beyond_timing_noise(self) -> bool:
+        """Faster beyond noise: the whole interval lies above 1."""
+        return self.low > 1.0
+
+    @property
+    def narrow(self) -> bool:
+        return self.high / self.low - 1.0 <= NARROW
+
+    def to_json(self) -> dict[str, Any]:
+        return {"speedup": self.speedup, "low": self.low, "high": self.high, "confidence": self.confidence,
+                "rounds": self.rounds, "beyond_timing_noise": self.beyond_timing_noise, "method": METHOD}
+
+    def label(self) -> str:
+        return f"{self.speedup:.2f}× ({self.low:.2f}–{self.high:.2f}, {100 * self.confidence:.0f} %)"
+
+
+def speedup(reference: Sequence[float], candidate: Sequence[float], confidence: float = CONFIDENCE) -> Speedup:
+    """The candidate's speed-up over the reference from paired rounds' milliseconds (see the module docstring).
+    The bootstrap's draws are seeded: the same rounds give the same interval."""
+    ratios = np.log(np.asarray(reference, float) / np.asarray(candidate, float))
+    draws = np.random.default_rng(0).integers(0, len(ratios), (RESAMPLES, len(ratios)))
+    means = ratios[draws].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return Speedup(math.exp(ratios.mean()), math.exp(low), math.exp(high), confidence, len(ratios))
+
+
+def time_until_known(backend: Backend, models: Mapping[str, StoredModel], batch: Batch,
+                     pairs: Sequence[tuple[str, str]], seconds: float, apart: bool = False) -> dict[str, tuple[Timing, ...]]:
+    """``models`` timed in interleaved rounds until the speed-up of each (reference, candidate) name pair is
+    :attr:`Speedup.narrow`, ``seconds`` pass, or MAX_ROUNDS; MIN_ROUNDS at least. All alive at once, or
+    (``apart``: engines too large to keep several) each built anew for its turn in every round."""
+    timings: dict[str, list[Timing]] = {name: [] for name in models}
+    with contextlib.ExitStack() as stack:
+        kept = {} if apart else {name: stack.enter_context(backend.prepare(model)) for name, model in models.items()}
+        for runner in kept.values():
+            runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
+        started = time.monotonic()
+        while True:
+            for name, model in models.items():
+                timings[name].append(kept[name].time(batch) if kept else _timed_alone(backend, model, batch))
+            rounds = len(timings[next(iter(models))])
+            if rounds >= MAX_ROUNDS or (rounds >= MIN_ROUNDS and (time.monotonic() - started > seconds or all(
+                    speedup(_ms(timings[a]), _ms(timings[b])).narrow for a, b in pairs))):
+                return {name: tuple(found) for name, found in timings.items()}
+
+
+def _timed_alone(backend: Backend, model: StoredModel, batch: Batch) -> Timing:
+    with backend.prepare(model) as runner:
+        runner.run(batch)
+        return runner.time(batch)
+
+
+COMPARED = (("fp32", "chosen"), ("source", "chosen"), ("source", "fp32"))  # (reference, candidate)
+
+
+def compared(timings: Mapping[str, Sequence[Timing]]) -> dict[tuple[str, str], Speedup]:
+    """Each COMPARED pair's speed-up from :func:`time_compared`'s rounds."""
+    return {(a, b): speedup(_ms(timings[a]), _ms(timings[b])) for a, b in COMPARED if a in timings and b in timings}
+
+
+def _ms(timings: Sequence[Timing]) -> list[float]:
+    return [t.median_ms for t in timings]

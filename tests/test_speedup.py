@@ -1,0 +1,89 @@
+"""Speed-ups an independent clock reproduces: an interval from paired rounds, against all-FP32 and the
+given model, and no unproven gain shipped."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import autoprec
+from autoprec.app.cli import main
+from autoprec.backends.base import Timing
+from autoprec.core.errors import AutoprecError
+from autoprec.measure.measurement import InProcessMeasurer
+from autoprec.measure.speedup import speedup
+from builders import conv_with_data
+
+pytestmark = pytest.mark.final_timing
+
+
+def _rounds(ms: float, spread: float, count: int, seed: int) -> list[float]:
+    return list(ms * (1 + spread * np.random.default_rng(seed).normal(size=count)))
+
+
+def test_two_samples_of_one_plan_are_not_called_faster():
+    for seed in range(20):  # the old verdict (every round beats every round) fell for 1 in 20 of these
+        found = speedup(_rounds(10.0, 0.05, 6, seed), _rounds(10.0, 0.05, 6, 100 + seed))
+        assert found.low < 1.0 < found.high or not found.beyond_timing_noise
+
+
+def test_a_real_gain_has_an_interval_around_it_and_beyond_noise():
+    found = speedup(_rounds(13.0, 0.02, 12, 1), _rounds(10.0, 0.02, 12, 2))
+    assert found.beyond_timing_noise and found.low > 1.2 and found.high < 1.4
+    assert found.low < found.speedup < found.high and found.rounds == 12 and found.confidence == 0.95
+    assert speedup(_rounds(13.0, 0.02, 12, 1), _rounds(10.0, 0.02, 12, 2)) == found  # seeded: the same rounds, the same interval
+
+
+def test_drift_that_hits_a_round_alike_does_not_widen_the_interval():
+    drift = np.linspace(1.0, 1.6, 10)  # the machine slows down by 60 % over the rounds
+    found = speedup(list(13.0 * drift), list(10.0 * drift))
+    assert found.low == pytest.approx(1.3) and found.high == pytest.approx(1.3)
+
+
+def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
+    model, data = conv_with_data(tmp_path, items=12)
+    out = tmp_path / "out"
+    autoprec.search(model, budget=4, data=data, out=out, progress=False, warm_start=False, retime_seconds=2,
+                    ship_within_noise=True)
+    pareto = json.loads((out / "pareto.json").read_text())
+    for key in ("chosen_vs_fp32", "chosen_vs_source"):
+        versus = pareto[key]
+        if versus is None:  # the all-FP32 plan chosen: no speed-up over itself
+            assert key == "chosen_vs_fp32" and pareto["chosen"] == pareto["uniform"]["fp32"]
+            continue
+        assert versus["low"] <= versus["speedup"] <= versus["high"] and versus["confidence"] == 0.95
+        assert versus["rounds"] >= 6 and versus["beyond_timing_noise"] == (versus["low"] > 1)
+    assert "preparation" in pareto["chosen_vs_source"]  # how much of the gain is autoprec's FP32 preparation
+
+
+def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, capsys):
+    """Timings in which the chosen plan and all-FP32 are one distribution: best/ holds all-FP32, and the plan is named."""
+
+    def alike(self, fp32, chosen, seconds, apart):
+        return {name: tuple(Timing(ms, ms, ms, 10, 3) for ms in _rounds(5.0, 0.03, 8, seed))
+                for seed, name in enumerate(("fp32", "chosen", "source"))}
+
+    monkeypatch.setattr(InProcessMeasurer, "time_compared", alike)
+    model, data = conv_with_data(tmp_path, items=12)
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "4", "--no-isolation",
+                 "--no-progress", "--no-warm-start", "--max-loss", "0.5"]) == 0
+    pareto = json.loads((out / "pareto.json").read_text())
+    plan = json.loads((out / "best" / "plan.json").read_text())
+    unproven = pareto["not_shipped"]  # (--max-loss 0.5: an INT8 plan is within it, and all-INT8 is a trial)
+    assert unproven is not None and unproven["trial"] != pareto["uniform"]["fp32"]
+    assert unproven["beyond_timing_noise"] is False and unproven["low"] <= 1
+    assert pareto["chosen"] == pareto["uniform"]["fp32"] == plan["trial"] and plan["plan"]["counts"]["int8"] == 0
+    assert pareto["chosen"] in [t["trial"] for t in pareto["front"]]
+    assert f"trial {unproven['trial']} was the fastest within the limit but is not faster than all-FP32" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
+    model, data = conv_with_data(tmp_path, items=4)
+    result = autoprec.search(model, budget=2, data=data, out=tmp_path / "out", progress=False, warm_start=False, threads=1)
+    assert "1 threads" in result.engine.device
+    with pytest.raises(AutoprecError, match="--threads 2: sets ONNX Runtime's intra-op threads"):
+        autoprec.search(model, budget=1, out=tmp_path / "trt", backend="tensorrt-rtx", threads=2, progress=False)
