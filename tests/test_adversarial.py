@@ -421,7 +421,39 @@ MISC = [  # (argv after the verb's model/result, files to write, phrase the one 
     (["search", "{model}", "--trial-memory", "0.01", "--budget", "1"], {}, "--trial-memory"),
     (["report", "{result}", "--output", "{folder}"], {}, "/folder: Is a directory"),
     (["inspect", "{model}"], {}, "an ONNX model, not an engine"),
+    (["search", "{model}", "--trial-memory", "inf", "--budget", "1"], {}, "--trial-memory inf: must be a finite number"),
+    (["search", "{model}", "--seed", "4294967296", "--budget", "1"], {}, "--seed 4294967296: must be a whole number from 0"),
+    (["search", "{model}", "--retime-seconds", "nan", "--budget", "1"], {}, "--retime-seconds nan: must be a finite"),
+    (["search", "{model}", "--metric", "top1", "--task-output", "nope", "--budget", "1"], {},
+     "--task-output nope: the model has no such output; its outputs are: probs"),
 ]
+
+
+def test_a_float16_model_is_told_its_type_not_float64(tmp_path, capsys):
+    model = builders.conv_net()
+    from onnx import TensorProto, numpy_helper
+
+    for tensor in model.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype("float16"), tensor.name))
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    path = builders.save(model, tmp_path / "half.onnx")
+    code, err = run(["search", path, "--out", tmp_path / "o", "--budget", "1"], capsys)
+    clean(code, err, allowed=(2,))
+    last = err.strip().splitlines()[-1]
+    assert "compute in float16, not float32" in last and "float64" not in last and "pinned" not in last
+
+
+def test_names_holding_math_text_are_drawn_as_text(tmp_path, capsys):
+    model = builders.conv_net()
+    for node in model.graph.node:
+        node.name = f"conv $\\x{{$ {node.name}" if node.op_type == "Conv" else node.name
+    path = builders.save(model, tmp_path / "file $\\foo{$.onnx")
+    out = tmp_path / "o"
+    for argv in (["search", path, "--out", out, "--budget", "2", "--no-warm-start"], ["plot", out], ["report", out]):
+        code, err = run(argv, capsys)
+        clean(code, err, allowed=(0,))
+    assert (out / "pareto.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("case", range(len(MISC)), ids=[" ".join(m[0][:3]) + f" {i}" for i, m in enumerate(MISC)])

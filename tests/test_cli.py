@@ -140,9 +140,9 @@ def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, ml
 @pytest.mark.parametrize("option, value, said", [
     ("budget", 0, "--budget 0: must be at least 1 (the number of trials to run)"),
     ("heartbeat", -2, "--heartbeat -2: must be at least 1"),
-    ("trial_timeout", 0.0, "--trial-timeout 0.0: must be more than 0"),
+    ("trial_timeout", 0.0, "--trial-timeout 0.0: must be a finite number more than 0"),
     ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
-    ("seed", -1, "--seed -1: must be a whole number of 0 or more"),
+    ("seed", -1, "--seed -1: must be a whole number from 0 to 4294967295 (NumPy's and Optuna's samplers take 32-bit seeds)"),
     ("proposals", -1, "--proposals -1: must be 0 (every trial built) or more"),
 ])
 def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(tmp_path, conv_model, capsys, option, value, said):

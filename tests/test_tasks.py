@@ -294,7 +294,7 @@ def test_top1_against_the_bundled_models_labels(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--metric", "top1@labels"], "no 'labels' array"),
     (["--metric", "ctc-text@labels"], "no 'text' array"),
-    (["--metric", "embedding", "--task-output", "nothing"], "--metric embedding: no model output it applies to"),
+    (["--metric", "embedding", "--task-output", "nothing"], "--task-output nothing: the model has no such output; its outputs are: probs"),
     (["--metric", "detection", "--det-conf", "2"], "--det-conf: .*between 0 and 1"),
 ])
 def test_bad_metric_options_and_missing_labels_give_one_line(tmp_path, conv_model, conv_data, args, message):

@@ -348,6 +348,15 @@ def resolve_input_shapes(
     return shapes, notes
 
 
+def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
+    """The element types of the first inputs of ``nodes`` (top-graph node names), as NumPy names."""
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    found = {types.get(n.input[0]) for n in graph.node if n.name in nodes and n.input}
+    return sorted(_dtype(t) for t in found if t) or ["a float type other than float32"]
+
+
 def _fmt(shape: Sequence) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
@@ -539,12 +548,19 @@ def analyse(
         raise ModelError(f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
                          "precision for; give autoprec the FP32 model it was quantized from")
     if not any(u.searchable for u in units):
+        if other_floats:
+            kinds = _compute_types(prepared, {u.nodes[0] for u in units if u.name in other_floats})
+            raise ModelError(
+                f"{path}: no searchable layers: its layers compute in {' and '.join(kinds)}, not float32, and autoprec "
+                "lowers float32 layers only; give it the float32 model"
+                + (" (a float16 model is already reduced: its FP32 original is what the search starts from)"
+                   if "float16" in kinds else "")
+            )
         raise ModelError(
             f"{path}: no searchable layers: the search space ({space.source}) lists "
             f"{', '.join(sorted(space.units))}, and the model has "
             + ("none of them" if not units else "only pinned ones")
-            + ("; they compute in float64: convert the model to float32" if other_floats else
-               "; add its compute op types under 'units:' in a --search-space file")
+            + "; add its compute op types under 'units:' in a --search-space file"
         )
     return ModelInfo(
         path=path,

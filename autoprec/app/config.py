@@ -75,10 +75,11 @@ class SearchConfig:
             raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX Runtime's default)")
         for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb),
                               ("--retime-seconds", self.retime_seconds)):
-            if value is not None and not value > 0:
-                raise AutoprecError(f"{option} {value}: must be more than 0")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise AutoprecError(f"--seed {self.seed}: must be a whole number of 0 or more")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise AutoprecError(f"{option} {value}: must be a finite number more than 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise AutoprecError(f"--seed {self.seed}: must be a whole number from 0 to {2**32 - 1} (NumPy's and "
+                                "Optuna's samplers take 32-bit seeds)")
         if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
             raise AutoprecError(f"--max-loss {self.max_loss}: must be a loss of 0 or more")
         if self.calibration not in (*CALIBRATION_METHODS, "auto"):

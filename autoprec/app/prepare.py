@@ -92,6 +92,10 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
     """The metric as this model and data call for it: the tasks the data's labels imply (text: CTC,
     boxes: detection), and the model's own CTC dictionary (RapidOCR's ``character`` metadata) where
     ground-truth text needs one and --ctc-charset gave none."""
+    outputs = [o.name for o in info.outputs]
+    if metric.options.output is not None and metric.options.output not in outputs:
+        raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; its outputs are: "
+                            f"{', '.join(outputs)}")
     labels = dataset.labels[0] if dataset.labels else {}
     implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection")) if key in labels]
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))

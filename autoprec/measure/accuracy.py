@@ -194,7 +194,7 @@ def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -
                       for m in per_output]
         else:
             values = [1.0 - m["equal"] if "equal" in m else m[metric] for m in per_output]
-        return float(np.mean(values))
+        return max(0.0, float(np.mean(values)))  # (1 - cosine rounds to -2e-16 on equal outputs)
     key, to_loss = {"top1": ("top1", lambda v: 1.0 - v), "ctc-text": ("cer", lambda v: v),
                     "detection": ("map50", lambda v: 1.0 - v), "embedding": ("embedding_loss", lambda v: v)}[metric]
     values = [m[key] for m in per_output if key in m]

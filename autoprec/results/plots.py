@@ -28,6 +28,8 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
+    # Names come from the model and the file system: '$x$' or '$\\foo{$' in one is text, never math to parse.
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
@@ -181,10 +183,7 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
 def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
     """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
     adds alone (bars). Bottom: the model's loss with only that unit reduced; the worst five named."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     def positive(values):  # log axes: zero (an FP32 unit adds nothing) is left out, not floored
         return [v if v > 0 and math.isfinite(v) else np.nan for v in values]
