@@ -90,8 +90,14 @@ class ShapeProfile:
         return cls(tuple(InputRange(k, tuple(v), tuple(v), tuple(v), tuple(v)) for k, v in shapes.items()))
 
 
-def _text(dims: Sequence) -> str:
+def dims_text(dims: Sequence) -> str:
+    """``1x3x48x320``; a dynamic dim by its name, or ``?``."""
     return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+
+
+def declared_text(dims: Sequence) -> str:
+    """``[N, 3, 48, W]``: dims as a model declares them."""
+    return "[" + ", ".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) + "]"
 
 
 def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims], given: dict[str, Dims],
@@ -138,11 +144,11 @@ def shape_profile(
         lo, hi = tuple(low.get(name, best)), tuple(high.get(name, best))
         for option, shape in (("--min-shape", lo), ("--max-shape", hi)):
             if len(shape) != len(dims) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
-                raise ModelError(f"{option} {name}={_text(shape)} does not fit the model's declared shape "
-                                 f"[{', '.join(str(d) if isinstance(d, int) else (d or '?') for d in dims)}]; give {len(dims)} dims that keep the fixed ones")
+                raise ModelError(f"{option} {name}={dims_text(shape)} does not fit the model's declared shape "
+                                 f"{declared_text(dims)}; give {len(dims)} dims that keep the fixed ones")
         if not all(a <= b <= c for a, b, c in zip(lo, best, hi)):
-            raise ModelError(f"input {name}: the profile needs min <= opt <= max in every dim; got min {_text(lo)}, "
-                             f"opt {_text(best)} (--shape), max {_text(hi)}: change --min-shape / --max-shape "
+            raise ModelError(f"input {name}: the profile needs min <= opt <= max in every dim; got min {dims_text(lo)}, "
+                             f"opt {dims_text(best)} (--shape), max {dims_text(hi)}: change --min-shape / --max-shape "
                              "(or --shape, the shape the search measures at)")
         ranges.append(InputRange(name, tuple(dims), lo, best, hi))
     return ShapeProfile(tuple(ranges))

@@ -23,7 +23,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import ExportError
 from autoprec.core.escape import markdown_code, markdown_text, printable, shell_comment
 from autoprec.core.plan import Plan, Precision
-from autoprec.core.profile import ShapeProfile
+from autoprec.core.profile import ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
 from autoprec.results.files import ShownTrial, drifted, noise_verdict, speedup_text
 
@@ -242,14 +242,6 @@ def python_script(spec: BuildSpec) -> str:
                                 workspace=WORKSPACE_MIB, level=OPTIMIZATION_LEVEL)
 
 
-def _dims(dims) -> str:
-    return "x".join(map(str, dims))
-
-
-def _declared(dims) -> str:
-    return "[" + ", ".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) + "]"
-
-
 def _ms(trial: ShownTrial | None) -> str:
     return "—" if trial is None else f"{trial.final_ms:.3f} ms"
 
@@ -285,7 +277,7 @@ def markdown_card(spec: BuildSpec) -> str:
     )
     shapes = ", ".join(f"{markdown_code(k)} {list(v)}" for k, v in spec.input_shapes.items())
     profile = "\n".join(
-        f"| {markdown_code(i.name)} | {markdown_text(_declared(i.declared))} | {_dims(i.min)} | {_dims(i.opt)} | {_dims(i.max)} |"
+        f"| {markdown_code(i.name)} | {markdown_text(declared_text(i.declared))} | {dims_text(i.min)} | {dims_text(i.opt)} | {dims_text(i.max)} |"
         for i in spec.profile.inputs)
     dims = ("the source's dims (dynamic ones kept); the engine is built for the profile below" if spec.keeps_source_dims
             else "fixed at the measured shapes")

@@ -24,6 +24,7 @@ from rich.text import Text
 from autoprec.backends.tensorrt.layers import EngineLayers
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
+from autoprec.core.profile import declared_text, dims_text
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.results.files import (
     ResultFiles,
@@ -258,7 +259,7 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
 
 
 def _dims(dims: list) -> str:
-    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) or "scalar"
+    return dims_text(dims) or "scalar"
 
 
 def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> list[str]:
@@ -280,7 +281,7 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
         lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({deployment['fixed_because']})")
     elif profile.dynamic:
         lines.append("best/model.onnx keeps the source's input dims: " + "; ".join(
-            f"{i.name} [{', '.join(str(d) if isinstance(d, int) else (d or '?') for d in i.declared)}] min {_dims(list(i.min))} · opt {_dims(list(i.opt))} · max {_dims(list(i.max))}"
+            f"{i.name} {declared_text(i.declared)} min {_dims(list(i.min))} · opt {_dims(list(i.opt))} · max {_dims(list(i.max))}"
             for i in profile.inputs))
     checks = deployment["checked_against_source"]
     points = [c for c in checks if c["point"] != "data"]
