@@ -32,11 +32,6 @@ class InputRange:
     def dynamic_axes(self) -> tuple[int, ...]:
         return tuple(a for a, d in enumerate(self.declared) if not isinstance(d, int))
 
-    @property
-    def varies(self) -> bool:
-        """Whether the profile lets a dim of this input take more than one value."""
-        return self.min != self.max
-
     def at(self, point: str) -> Dims:
         return getattr(self, point)
 
@@ -55,10 +50,6 @@ class ShapeProfile:
     def dynamic(self) -> bool:
         """Whether any input declares a dynamic dim (the deployed model keeps it)."""
         return any(i.dynamic_axes for i in self.inputs)
-
-    @property
-    def varies(self) -> bool:
-        return any(i.varies for i in self.inputs)
 
     def at(self, point: str) -> dict[str, Dims]:
         """Each input's shape at ``point`` (min, opt or max)."""
