@@ -8,7 +8,8 @@ The pipelines behind them live in :mod:`autoprec.app`; nothing here prints unles
 """
 
 from autoprec.app.prepare import recreate
-from autoprec.app.search import search, sensitivity
+from autoprec.app.search import search
+from autoprec.app.sensitivity import sensitivity
 from autoprec.app.verbs import (
     activation_report,
     check_plan,

@@ -24,12 +24,12 @@ from autoprec.analysis.data import Batch
 from autoprec.app.prepare import (
     Prepared,
     declared_tasks,
+    engine_space,
     judge_for,
     metric_for,
     prepare,
     resolve_model,
 )
-from autoprec.app.search import engine_space
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend, Timing
 from autoprec.core import atomic
@@ -156,7 +156,9 @@ class CachedMeasure:
         return self.backend.lower(self.prepared.info, plan, self.prepared.ranges)
 
 
-def time_interleaved(backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int) -> list[list[Timing] | None]:
+def time_interleaved(
+    backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int
+) -> list[list[Timing] | None]:
     """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
     clocks) hits all alike. A model that fails to build or run gets None; the others go on.
 

@@ -80,9 +80,13 @@ def run_seed(ctx: StudyContext, sensitivity, builds: int, proposals: int, seed: 
     trials = sorted(built_trials(study), key=lambda t: t.number)
     points = [(r.latency_ms, r.loss) if (r := record(t)) else (math.inf, math.inf) for t in trials]
     report = proposer.report(study) if proposer else {"median_abs_error_percent": None, "predictions": []}
-    return {"points": points, "wall": round(time.monotonic() - started, 1),
-            "reference_evaluations": sensitivity.evaluations + (proposer.evaluated() if proposer else 0),
-            "latency_model_error_percent": report["median_abs_error_percent"], "predictions": len(report["predictions"])}
+    return {
+        "points": points,
+        "wall": round(time.monotonic() - started, 1),
+        "reference_evaluations": sensitivity.evaluations + (proposer.evaluated() if proposer else 0),
+        "latency_model_error_percent": report["median_abs_error_percent"],
+        "predictions": len(report["predictions"]),
+    }
 
 
 def builds_to(points, profiles: int, target_ms: float) -> int | None:
@@ -126,11 +130,16 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
     for method, seeds_runs in per_method.items():
         methods[method] = {
             "builds_to_2pct": [builds_to(r["points"], sensitivity.profiles, ref_best) for r in seeds_runs],
-            "hv_at_20_builds": [round(hypervolume_fraction(r["points"][:at_20], all_points, fp32_ms), 4) for r in unlimited[method]],
+            "hv_at_20_builds": [
+                round(hypervolume_fraction(r["points"][:at_20], all_points, fp32_ms), 4) for r in unlimited[method]
+            ],
             "best_ms_at_1pct": [round(b, 4) if (b := best_within(r["points"], MAX_LOSS)) else None for r in seeds_runs],
             "autoprec_at_bisection_count_ms": [
-                round(b, 4) if (b := best_within(r["points"][:max(0, bisect["evaluations"] - sensitivity.profiles)], MAX_LOSS))
-                else None for r in seeds_runs],
+                round(b, 4)
+                if (b := best_within(r["points"][: max(0, bisect["evaluations"] - sensitivity.profiles)], MAX_LOSS))
+                else None
+                for r in seeds_runs
+            ],
             "reference_evaluations": [r["reference_evaluations"] for r in seeds_runs],
             "latency_model_error_percent": [r["latency_model_error_percent"] for r in seeds_runs],
             "wall_seconds": [r["wall"] for r in seeds_runs],
@@ -172,16 +181,26 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         **machine_facts(get_backend("ort-cpu")),
-        "mode": "quick" if args.quick else "full", "budget": args.builds, "seeds": seeds, "reference_trials": reference_trials,
-        "max_loss": MAX_LOSS, "proposals": args.proposals,
+        "mode": "quick" if args.quick else "full",
+        "budget": args.builds,
+        "seeds": seeds,
+        "reference_trials": reference_trials,
+        "max_loss": MAX_LOSS,
+        "proposals": args.proposals,
         "reference_executor": "ONNX Runtime CPU: here the target engine itself (an untimed session); loss gap 0 by construction",
         "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
         "models": {},
     }
-    run_models(report, models, lambda name: run_model(name, args.builds, seeds, reference_trials, args.proposals), args.json)
-    print(f"\nbuilds per answer — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-          f"on {report['engine']['device']}; {args.builds} builds per search, {seeds} seeds, --max-loss {MAX_LOSS}; JSON: {args.json}")
-    print(f"{'model':<10} {'method':<12} {'builds to 2 %':<16} {'HV @20':<16} {'ms @bisect count':<20} {'latency err %':<16} {'ref evals':<12}")
+    run_models(
+        report, models, lambda name: run_model(name, args.builds, seeds, reference_trials, args.proposals), args.json
+    )
+    print(
+        f"\nbuilds per answer — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
+        f"on {report['engine']['device']}; {args.builds} builds per search, {seeds} seeds, --max-loss {MAX_LOSS}; JSON: {args.json}"
+    )
+    print(
+        f"{'model':<10} {'method':<12} {'builds to 2 %':<16} {'HV @20':<16} {'ms @bisect count':<20} {'latency err %':<16} {'ref evals':<12}"
+    )
     for name, m in report["models"].items():
         for method, r in m["methods"].items():
             def cells(values):
@@ -190,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cells(r['autoprec_at_bisection_count_ms']):<20} {cells(r['latency_model_error_percent']):<16} "
                   f"{cells(r['reference_evaluations']):<12}")
         b = m["bisection"]
-        print(f"{name:<10} {'bisection':<12} {b['evaluations']} evaluations → {b['latency_ms']:.3f} ms (loss {b['loss']:.2g}); "
-              f"reference best {m['reference_best_ms_at_1pct']} ms, FP32 {m['fp32_ms']} ms")
+        print(
+            f"{name:<10} {'bisection':<12} {b['evaluations']} evaluations → {b['latency_ms']:.3f} ms (loss {b['loss']:.2g}); "
+            f"reference best {m['reference_best_ms_at_1pct']} ms, FP32 {m['fp32_ms']} ms"
+        )
     return 0
 
 

@@ -54,7 +54,9 @@ from autoprec.study.search import (  # noqa: E402
 WORKER_COUNTS = (1, 2, 3)
 
 
-def run_workers(url: str, name: str, commands: list[list[str]]) -> tuple[optuna.Study, list, float, float, dict[str, int]]:
+def run_workers(
+    url: str, name: str, commands: list[list[str]]
+) -> tuple[optuna.Study, list, float, float, dict[str, int]]:
     """The worker commands side by side on study ``name``: the study, its counted trials, the wall clock,
     the trial loop's seconds (first trial started -> last finished) and the trials each worker ran."""
     started = time.monotonic()
@@ -108,12 +110,18 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
     chosen = next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), {})
     latency = chosen.get("latency_ms")
     return {
-        "trials_per_hour": round(len(done) / loop_s * 3600), "trials": len(done), "budget_kept": len(done) == budget,
-        "distinct_plans": len(plans), "trials_per_worker": sorted(per_worker.values(), reverse=True),
-        "trial_loop_s": round(loop_s, 1), "wall_s": round(wall, 1),
+        "trials_per_hour": round(len(done) / loop_s * 3600),
+        "trials": len(done),
+        "budget_kept": len(done) == budget,
+        "distinct_plans": len(plans),
+        "trials_per_worker": sorted(per_worker.values(), reverse=True),
+        "trial_loop_s": round(loop_s, 1),
+        "wall_s": round(wall, 1),
         "trials_per_hour_wall": round(len(done) / wall * 3600),
-        "chosen_ms": chosen.get("final_latency_ms") or (latency.get("median_ms") if isinstance(latency, dict) else latency),
-        "chosen_loss": chosen.get("accuracy_loss"), "chosen_trial": chosen.get("trial"),
+        "chosen_ms": chosen.get("final_latency_ms")
+        or (latency.get("median_ms") if isinstance(latency, dict) else latency),
+        "chosen_loss": chosen.get("accuracy_loss"),
+        "chosen_trial": chosen.get("trial"),
     }
 
 
@@ -125,7 +133,9 @@ def gpu_main(args) -> int:
 
     binaries = postgres.server_binaries()
     if binaries is None:
-        raise SystemExit("needs PostgreSQL's server binaries (apt-get install postgresql; see docs/workers.md to carry them)")
+        raise SystemExit(
+            "needs PostgreSQL's server binaries (apt-get install postgresql; see docs/workers.md to carry them)"
+        )
     model = args.models[0]
     backend = get_backend(args.backend)
     _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
@@ -138,7 +148,10 @@ def gpu_main(args) -> int:
         samples = folder / "samples.npz"
         with np.load(data) as npz:
             np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * args.batch))
-        env = {**os.environ, **({"LD_LIBRARY_PATH": os.environ["AUTOPREC_PG_LIBS"]} if "AUTOPREC_PG_LIBS" in os.environ else {})}
+        env = {
+            **os.environ,
+            **({"LD_LIBRARY_PATH": os.environ["AUTOPREC_PG_LIBS"]} if "AUTOPREC_PG_LIBS" in os.environ else {}),
+        }
         report["postgresql"] = subprocess.run([str(binaries / "postgres"), "--version"], capture_output=True,
                                               text=True, env=env).stdout.strip()
         for gpus in (1, args.gpus):

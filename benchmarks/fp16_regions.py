@@ -104,11 +104,16 @@ def main() -> None:
             row = measure_model(name, batch, backend, cpu, args.rounds)
             result["models"].setdefault(name, {})[str(batch)] = row
             p = row["plans"]
-            speed = {k: p["fp32"]["ms"] / p[k]["ms"] if p[k]["ms"] else float("nan") for k in ("fp16_islands", "fp16_regions")}
-            print(f"{name:<10} {batch:>5} {p['fp32']['ms']:>8.3f} {p['fp16_islands']['ms']:>8.3f} {p['fp16_regions']['ms']:>8.3f} "
-                  f"{speed['fp16_islands']:>6.2f} {speed['fp16_regions']:>6.2f} "
-                  f"{p['fp16_islands']['casts']:>4}/{p['fp16_regions']['casts']:<4} "
-                  f"{p['fp16_islands']['loss_engine']:>9.2e} {p['fp16_regions']['loss_engine']:>9.2e}")
+            speed = {
+                k: p["fp32"]["ms"] / p[k]["ms"] if p[k]["ms"] else float("nan")
+                for k in ("fp16_islands", "fp16_regions")
+            }
+            print(
+                f"{name:<10} {batch:>5} {p['fp32']['ms']:>8.3f} {p['fp16_islands']['ms']:>8.3f} {p['fp16_regions']['ms']:>8.3f} "
+                f"{speed['fp16_islands']:>6.2f} {speed['fp16_regions']:>6.2f} "
+                f"{p['fp16_islands']['casts']:>4}/{p['fp16_regions']['casts']:<4} "
+                f"{p['fp16_islands']['loss_engine']:>9.2e} {p['fp16_regions']['loss_engine']:>9.2e}"
+            )
     atomic.write_json(Path(args.json), json_safe(result))
     print(f"wrote {args.json}")
 

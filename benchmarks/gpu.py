@@ -100,7 +100,10 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
     uniform = result.uniform()
     chosen = result.chosen
     if chosen is None or "fp32" not in uniform or "fp16" not in uniform:
-        return {"error": f"no chosen plan or no uniform FP32/FP16 trial; see {out} (trials.json)", "search_wall_s": search_wall}
+        return {
+            "error": f"no chosen plan or no uniform FP32/FP16 trial; see {out} (trials.json)",
+            "search_wall_s": search_wall,
+        }
     engine = get_backend(backend, device)
     plans = {"fp32": uniform["fp32"].plan, "fp16": uniform["fp16"].plan, "chosen": chosen.plan}
     evaluation = prepared.dataset.evaluation
@@ -140,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 32])
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--backend", default="ort-cuda", help="ort-cpu runs the same comparison on the CPU (to try the script)")
+    parser.add_argument(
+        "--backend", default="ort-cuda", help="ort-cpu runs the same comparison on the CPU (to try the script)"
+    )
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "gpu.json")
     args = parser.parse_args(argv)
     engine = get_backend(args.backend, args.device)
@@ -161,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             for batch in args.batches:
                 print(f"[{name} batch {batch}] …", file=sys.stderr, flush=True)
-                report["models"].setdefault(name, {})[str(batch)] = run_one(name, batch, args.budget, args.backend, args.device, Path(tmp))
+                report["models"].setdefault(name, {})[str(batch)] = run_one(
+                    name, batch, args.budget, args.backend, args.device, Path(tmp)
+                )
                 atomic.write_json(args.json, json_safe(report))
     print(f"\nONNX Runtime {info.version} {info.provider} on {info.device}, driver {info.versions.get('driver')}; "
           f"budget {args.budget}, max loss {MAX_LOSS}; JSON: {args.json}")

@@ -75,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     report = {**machine_facts(get_backend(args.backend)), "backend": args.backend, "models": {}}
-    run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.batch, args.repeats), args.json)
-    print(f"\nparallel builds — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-          f"on {report['engine']['device']}; JSON: {args.json}")
+    run_models(
+        report,
+        args.models,
+        lambda name: run_model(name, args.backend, args.budget, args.batch, args.repeats),
+        args.json,
+    )
+    print(
+        f"\nparallel builds — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
+        f"on {report['engine']['device']}; JSON: {args.json}"
+    )
     print(f"{'model':<10} {'workers':>7} {'trials/h (runs)':<24} {'device wait s':>13} {'fp32 ms (runs)':<20}")
     for name, m in report["models"].items():
         for w in (1, 2):

@@ -97,8 +97,14 @@ MAX_LOSS = 0.01
 ROUNDS = 5
 MODELS = ("ppocr-rec", "yolov8n", "minilm", "ppocr-det")
 # Each zoo model's task metric as the constraint: against its labels where it has them.
-TASK_METRIC = {"ppocr-rec": "ctc-text@labels", "ppocr-cls": "top1@labels", "magika": "top1@labels", "yolov8n": "detection",
-               "minilm": "embedding", "ppocr-det": "cosine"}
+TASK_METRIC = {
+    "ppocr-rec": "ctc-text@labels",
+    "ppocr-cls": "top1@labels",
+    "magika": "top1@labels",
+    "yolov8n": "detection",
+    "minilm": "embedding",
+    "ppocr-det": "cosine",
+}
 
 
 def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[StoredModel, dict, list]:
@@ -274,9 +280,15 @@ def run_model(name: str, budget: int, metric: str) -> dict:
         peer: best_within(trials[: facts["evaluations"]]) for peer, facts in methods.items()
         if peer != "autoprec" and "evaluations" in facts
     }
-    return {"max_loss": MAX_LOSS, "metric": judge.metric.name, "fp32_on_labels": judge.fp32_scores(len(judge.reference)),
-            "fp32_ms": fp32_ms, "units": len(prepared.info.searchable_units),
-            "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs}, "methods": methods}
+    return {
+        "max_loss": MAX_LOSS,
+        "metric": judge.metric.name,
+        "fp32_on_labels": judge.fp32_scores(len(judge.reference)),
+        "fp32_ms": fp32_ms,
+        "units": len(prepared.info.searchable_units),
+        "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs},
+        "methods": methods,
+    }
 
 
 def best_within(trials) -> float | None:
@@ -299,10 +311,17 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     from autoprec.core.stored import save_models
 
     folder.mkdir(parents=True, exist_ok=True)
-    earlier = json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
-    record = {"modelopt": modelopt.__version__, "onnx": onnx.__version__, "call": "convert_to_mixed_precision(path, "
-              "low_precision_type='fp16', keep_io_types=True, calibration_data=<a folder holding the batch's calibration half "
-              "as one .npz>)", "models": earlier}
+    earlier = (
+        json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
+    )
+    record = {
+        "modelopt": modelopt.__version__,
+        "onnx": onnx.__version__,
+        "call": "convert_to_mixed_precision(path, "
+        "low_precision_type='fp16', keep_io_types=True, calibration_data=<a folder holding the batch's calibration half "
+        "as one .npz>)",
+        "models": earlier,
+    }
     for name in models:
         for batch in batches:
             key = f"{name}-b{batch}"
@@ -353,17 +372,31 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
     losses = {}
     for method, model in picks.items():
         with engine.prepare(model) as runner:
-            losses[method] = loss_from_metrics(compare(prepared.reference, [runner.run(b) for b in evaluation]), "cosine")
+            losses[method] = loss_from_metrics(
+                compare(prepared.reference, [runner.run(b) for b in evaluation]), "cosine"
+            )
     timings = dict(zip(picks, time_interleaved(engine, list(picks.values()), evaluation[0], GPU_ROUNDS)))
     rounds = {k: [t.median_ms for t in v] for k, v in timings.items()}
     ms = {k: statistics.median(v) for k, v in rounds.items()}
     chosen = result.chosen.plan.counts()
-    methods = {m: {"ms": ms[m], "loss": losses[m], "rounds_ms": rounds[m], "speedup_vs_fp32": ms["fp32"] / ms[m],
-                   "casts": sum(n.op_type == "Cast" for n in picks[m].graph.node)} for m in ("autoprec", "modelopt_autocast")}
-    methods["autoprec"].update(plan_counts=chosen, sensitive_units=result.search.get("sensitive_units"),
-                               dimensions=result.search.get("dimensions"), trials=len(result.trials),
-                               search_wall_s=round(wall, 1),
-                               search_vs_fp32=result.speedup_vs_fp32())  # what the search itself claimed, noise verdict included
+    methods = {
+        m: {
+            "ms": ms[m],
+            "loss": losses[m],
+            "rounds_ms": rounds[m],
+            "speedup_vs_fp32": ms["fp32"] / ms[m],
+            "casts": sum(n.op_type == "Cast" for n in picks[m].graph.node),
+        }
+        for m in ("autoprec", "modelopt_autocast")
+    }
+    methods["autoprec"].update(
+        plan_counts=chosen,
+        sensitive_units=result.search.get("sensitive_units"),
+        dimensions=result.search.get("dimensions"),
+        trials=len(result.trials),
+        search_wall_s=round(wall, 1),
+        search_vs_fp32=result.speedup_vs_fp32(),
+    )  # what the search itself claimed, noise verdict included
     mine, theirs = rounds["autoprec"], rounds["modelopt_autocast"]
     return {
         "input_shapes": shapes, "fp32_ms": ms["fp32"], "fp32_rounds_ms": rounds["fp32"], "fp32_loss": losses["fp32"],
@@ -384,12 +417,20 @@ def run_gpu(autocast: Path, models: list[str], batches: list[int], budget: int, 
 
     engine = get_backend("ort-cuda", device)
     info = engine.info()
-    report = {"device": info.device, "onnxruntime": info.version, **machine_facts(engine), "batch": 32,
-              "max_loss": MAX_LOSS, "budget": budget, "autocast": load_json(autocast / "autocast.json"),
-              "metric": "1 - cosine vs FP32 on the CPU provider, mean over the evaluation batches (all three alike)",
-              "timing": f"FP32, autoprec's best/model.onnx and AutoCast's model built once each, {GPU_ROUNDS} interleaved "
-                        "rounds (IO binding), each the median of >= 10 runs and >= 0.2 s; ms = median of the rounds",
-              "models": {}, "batch_1": {"models": {}}}
+    report = {
+        "device": info.device,
+        "onnxruntime": info.version,
+        **machine_facts(engine),
+        "batch": 32,
+        "max_loss": MAX_LOSS,
+        "budget": budget,
+        "autocast": load_json(autocast / "autocast.json"),
+        "metric": "1 - cosine vs FP32 on the CPU provider, mean over the evaluation batches (all three alike)",
+        "timing": f"FP32, autoprec's best/model.onnx and AutoCast's model built once each, {GPU_ROUNDS} interleaved "
+        "rounds (IO binding), each the median of >= 10 runs and >= 0.2 s; ms = median of the rounds",
+        "models": {},
+        "batch_1": {"models": {}},
+    }
     if path.exists():  # runs split over several calls add to one file
         previous = load_json(path)
         if previous.get("device") == report["device"]:
@@ -415,8 +456,13 @@ def run_gpu(autocast: Path, models: list[str], batches: list[int], budget: int, 
                 print(f"{name:<11} {batch:>5} {r['error'][:90]}")
                 continue
             a, c = r["methods"]["autoprec"], r["methods"]["modelopt_autocast"]
-            verdict = ("autoprec" if r["autoprec_faster_beyond_rounds"] else "AutoCast" if r["autocast_faster_beyond_rounds"]
-                       else "neither")
+            verdict = (
+                "autoprec"
+                if r["autoprec_faster_beyond_rounds"]
+                else "AutoCast"
+                if r["autocast_faster_beyond_rounds"]
+                else "neither"
+            )
             print(f"{name:<11} {batch:>5} {r['fp32_ms']:>8.3f} {a['ms']:>9.3f} {c['ms']:>9.3f} {a['loss']:>9.2e} "
                   f"{c['loss']:>9.2e} {a['casts']:>8} {c['casts']:>8}  {verdict}")
     return 0
@@ -428,8 +474,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=None, help="trials (default 50; 20 in --gpu mode)")
     parser.add_argument("--metric", default="task", help="task (each model's task metric, default) or a --metric name")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--autocast-export", type=Path, metavar="DIR", help="write AutoCast's models to DIR (CPU, needs nvidia-modelopt)")
-    parser.add_argument("--gpu", type=Path, metavar="DIR", help="GPU mode: autoprec on ort-cuda against AutoCast's models in DIR")
+    parser.add_argument(
+        "--autocast-export",
+        type=Path,
+        metavar="DIR",
+        help="write AutoCast's models to DIR (CPU, needs nvidia-modelopt)",
+    )
+    parser.add_argument(
+        "--gpu", type=Path, metavar="DIR", help="GPU mode: autoprec on ort-cuda against AutoCast's models in DIR"
+    )
     parser.add_argument("--batches", nargs="*", type=int, default=[32, 1])
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args(argv)
@@ -457,17 +510,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<10} {'method':<25} {'ms':>8} {'×fp32':>6} {'loss':>9} {'cosine':>9} {'evals':>6}  "
           "autoprec best at that many · task metrics")
     for name, m in report["models"].items():
-        print(f"{name:<10} constraint {m.get('metric', 'cosine')}; FP32 vs labels: {decisions(m.get('fp32_on_labels') or {}) or '—'}")
+        print(
+            f"{name:<10} constraint {m.get('metric', 'cosine')}; FP32 vs labels: {decisions(m.get('fp32_on_labels') or {}) or '—'}"
+        )
         best = m["methods"]["autoprec"].get("best_at_peer_evaluations", {})
         for method, r in m["methods"].items():
             if "error" in r:
                 print(f"{name:<10} {method:<25} {r['error'][:70]}")
                 continue
             at = best.get(method)
-            print(f"{name:<10} {method:<25} {r.get('latency_ms', math.nan):>8.3f} {r.get('speedup_vs_fp32', math.nan):>6.2f} "
-                  f"{r.get('loss', math.nan):>9.2e} {r.get('cosine_loss', math.nan):>9.2e} {r.get('evaluations', 0):>6}  "
-                  + ("" if method == "autoprec" else (f"{at:.3f} ms" if at is not None else "none feasible yet"))
-                  + f" · {decisions(r.get('task_metrics') or {})}")
+            print(
+                f"{name:<10} {method:<25} {r.get('latency_ms', math.nan):>8.3f} {r.get('speedup_vs_fp32', math.nan):>6.2f} "
+                f"{r.get('loss', math.nan):>9.2e} {r.get('cosine_loss', math.nan):>9.2e} {r.get('evaluations', 0):>6}  "
+                + ("" if method == "autoprec" else (f"{at:.3f} ms" if at is not None else "none feasible yet"))
+                + f" · {decisions(r.get('task_metrics') or {})}"
+            )
     return 0
 
 

@@ -84,13 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     report = {**machine_facts(get_backend("ort-cpu")), "rounds": args.rounds, "runs_per_round": args.runs, "models": {}}
     run_models(report, args.models, lambda name: run_model(name, args.rounds, args.runs), args.json)
     engine = report["engine"]
-    print(f"\nprofiled vs plain sessions — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}; "
-          f"{args.rounds} alternating rounds × median of {args.runs} runs; JSON: {args.json}")
-    print(f"{'model':<11} {'profiled A':>11} {'plain A':>9} {'profiled B':>11} {'plain B':>9} {'profiled/plain':>15} {'plain B/A':>10}")
+    print(
+        f"\nprofiled vs plain sessions — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}; "
+        f"{args.rounds} alternating rounds × median of {args.runs} runs; JSON: {args.json}"
+    )
+    print(
+        f"{'model':<11} {'profiled A':>11} {'plain A':>9} {'profiled B':>11} {'plain B':>9} {'profiled/plain':>15} {'plain B/A':>10}"
+    )
     for name, m in report["models"].items():
         ms = m["median_ms"]
-        print(f"{name:<11} {ms['profiled A']:>11.3f} {ms['plain A']:>9.3f} {ms['profiled B']:>11.3f} {ms['plain B']:>9.3f} "
-              f"{m['profiled_over_plain']:>15.3f} {m['plain_b_over_plain_a']:>10.3f}")
+        print(
+            f"{name:<11} {ms['profiled A']:>11.3f} {ms['plain A']:>9.3f} {ms['profiled B']:>11.3f} {ms['plain B']:>9.3f} "
+            f"{m['profiled_over_plain']:>15.3f} {m['plain_b_over_plain_a']:>10.3f}"
+        )
     return 0
 
 

@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<52} {'variant':<20} {'median ms':>10} {'vs fp32':>8} {'cosine':>9}")
     for m in models:
         for k, v in m["variants"].items():
-            print(f"{m['model']:<52} {k:<20} {v['median_ms']:>10.3f} {v['speedup_vs_fp32']:>7.2f}× {v['min_output_cosine']:>9.5f}")
+            print(
+                f"{m['model']:<52} {k:<20} {v['median_ms']:>10.3f} {v['speedup_vs_fp32']:>7.2f}× {v['min_output_cosine']:>9.5f}"
+            )
     return 0
 
 

@@ -57,13 +57,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] …", file=sys.stderr, flush=True)
             report["models"][name] = run_one(name, args.batch, args.budget, args.proposals, args.backend, Path(tmp))
             atomic.write_json(args.json, report)
-    print(f"\nreference executor vs {report['engine']['engine']} {report['engine']['provider']} on {report['engine']['device']}, "
-          f"batch {args.batch}, --proposals {args.proposals}; JSON: {args.json}")
-    print(f"{'model':<10} {'builds':>6} {'ref evals':>9} {'latency err %':>13} {'loss gap median':>16} {'max':>9} {'chosen ms':>9}")
+    print(
+        f"\nreference executor vs {report['engine']['engine']} {report['engine']['provider']} on {report['engine']['device']}, "
+        f"batch {args.batch}, --proposals {args.proposals}; JSON: {args.json}"
+    )
+    print(
+        f"{'model':<10} {'builds':>6} {'ref evals':>9} {'latency err %':>13} {'loss gap median':>16} {'max':>9} {'chosen ms':>9}"
+    )
     for name, m in report["models"].items():
         gap = m["loss_gap"] or {}
-        print(f"{name:<10} {m['engine_builds']:>6} {m['reference_evaluations']:>9} {str(m['latency_model_error_percent']):>13} "
-              f"{gap.get('median_abs', float('nan')):>16.2e} {gap.get('max_abs', float('nan')):>9.2e} {m['chosen_ms'] or float('nan'):>9.3f}")
+        print(
+            f"{name:<10} {m['engine_builds']:>6} {m['reference_evaluations']:>9} {str(m['latency_model_error_percent']):>13} "
+            f"{gap.get('median_abs', float('nan')):>16.2e} {gap.get('max_abs', float('nan')):>9.2e} {m['chosen_ms'] or float('nan'):>9.3f}"
+        )
     return 0
 
 

@@ -51,7 +51,11 @@ LADDER = {
     "chain300-separate": (synthetic.chain, {"units": 300}, ["--separate-repeats"]),
     "chain600": (synthetic.chain, {"units": 600}, []),
     "encoder24": (synthetic.encoder, {"layers": 24, "hidden": 256, "tokens": 64, "vocab": VOCAB}, []),
-    "encoder24-separate": (synthetic.encoder, {"layers": 24, "hidden": 256, "tokens": 64, "vocab": VOCAB}, ["--separate-repeats"]),
+    "encoder24-separate": (
+        synthetic.encoder,
+        {"layers": 24, "hidden": 256, "tokens": 64, "vocab": VOCAB},
+        ["--separate-repeats"],
+    ),
 }
 BARE = """
 import json, sys, time, statistics, numpy as np, onnxruntime as ort
@@ -107,7 +111,9 @@ class PeakMemory:
                     command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
-                peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+                peak = next(
+                    (int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0
+                )
                 role = "worker" if "spawn_main" in command else "main" if "autoprec" in command else "other"
                 key = (pid, role)
                 self.peaks[key] = max(self.peaks.get(key, 0), peak)
@@ -217,30 +223,48 @@ def run_model(name: str, root: Path, budget: int) -> dict:
     bare = _bare(out, pareto, folder)
     facts = pareto["search"]
     sensitivity = facts["sensitivity"] or {}
-    per_eval = sensitivity["evaluation_seconds"] / sensitivity["evaluations"] if sensitivity.get("evaluations") else None
+    per_eval = (
+        sensitivity["evaluation_seconds"] / sensitivity["evaluations"] if sensitivity.get("evaluations") else None
+    )
     # a trial's whole cost but its timing loop (>= 10 runs and 0.2 s, more where noisy): IPC, lowering, session, evaluation
     trial_cost = [s["trial"] - s.get("time", 0.0) for s in _trial_seconds(out) if "trial" in s]
     return {
-        "model": {"kind": generator.__name__, **arguments, "weight_bytes": weights, "units": pareto["model"]["units"],
-                  "searchable_units": pareto["model"]["searchable_units"], "dimensions": facts.get("dimensions"),
-                  "options": options},
+        "model": {
+            "kind": generator.__name__,
+            **arguments,
+            "weight_bytes": weights,
+            "units": pareto["model"]["units"],
+            "searchable_units": pareto["model"]["searchable_units"],
+            "dimensions": facts.get("dimensions"),
+            "options": options,
+        },
         "wall_seconds": round(wall, 1),
-        "phases_seconds": {**facts["one_time_seconds"], "trials_and_retiming": round(
-            facts["wall_seconds"] - sum(facts["one_time_seconds"].values()), 2)},
-        "sensitivity_share_of_wall": round(sensitivity.get("seconds", 0.0) / facts["wall_seconds"], 3) if sensitivity else None,
+        "phases_seconds": {
+            **facts["one_time_seconds"],
+            "trials_and_retiming": round(facts["wall_seconds"] - sum(facts["one_time_seconds"].values()), 2),
+        },
+        "sensitivity_share_of_wall": round(sensitivity.get("seconds", 0.0) / facts["wall_seconds"], 3)
+        if sensitivity
+        else None,
         "evaluations": sensitivity.get("evaluations"),
         "seconds_per_evaluation": round(per_eval, 4) if per_eval else None,
         "bare_seconds": {k: round(v, 4) if isinstance(v, float) else v for k, v in bare.items()},
         "evaluation_vs_bare_fp32": round(per_eval / bare["fp32_screening"], 3) if per_eval else None,
-        "evaluation_vs_bare_same_plans": round(per_eval / bare["pass_plans_mean"], 3) if per_eval and bare["pass_plans_mean"] else None,
+        "evaluation_vs_bare_same_plans": round(per_eval / bare["pass_plans_mean"], 3)
+        if per_eval and bare["pass_plans_mean"]
+        else None,
         "trial_seconds_but_timing_median": round(statistics.median(trial_cost), 3) if trial_cost else None,
         "trial_vs_bare_fp32": round(statistics.median(trial_cost) / bare["fp32_evaluation"], 3) if trial_cost else None,
-        "engine_builds": facts.get("engine_builds"), "engine_builds_by_phase": facts.get("engine_builds_by_phase"),
+        "engine_builds": facts.get("engine_builds"),
+        "engine_builds_by_phase": facts.get("engine_builds_by_phase"),
         "retiming": facts.get("retiming"),
         "peak_memory_bytes": peaks,
         "largest_process_vs_weights": round(max(peaks.get("main", 0), peaks.get("worker", 0)) / weights, 3),
-        "disk_bytes": {"model": sum(disk_bytes(f) for f in folder.glob(f"{model.name}*")), "cache": disk_bytes(out / "cache"),
-                       "best": disk_bytes(out / "best")},
+        "disk_bytes": {
+            "model": sum(disk_bytes(f) for f in folder.glob(f"{model.name}*")),
+            "cache": disk_bytes(out / "cache"),
+            "best": disk_bytes(out / "best"),
+        },
         "chosen_vs_fp32": pareto.get("chosen_vs_fp32"),
     }
 
@@ -266,16 +290,20 @@ def main(argv: list[str] | None = None) -> int:
           f"budget {args.budget}; JSON: {args.json}")
     print("ratio fp32: seconds per sensitivity evaluation / bare FP32 session + screening run; ratio same: / the mean "
           "bare cost of the very plans the pass evaluated (the engine's own cost for them)")
-    print(f"{'model':<20} {'weights':>9} {'units':>6} {'dims':>5} {'wall s':>7} {'sens %':>6} {'evals':>6} {'s/eval':>7} "
-          f"{'bare s':>7} {'ratio fp32':>10} {'ratio same':>10} {'main GiB':>8} {'worker GiB':>10} {'max/w':>6} {'cache GB':>8}")
+    print(
+        f"{'model':<20} {'weights':>9} {'units':>6} {'dims':>5} {'wall s':>7} {'sens %':>6} {'evals':>6} {'s/eval':>7} "
+        f"{'bare s':>7} {'ratio fp32':>10} {'ratio same':>10} {'main GiB':>8} {'worker GiB':>10} {'max/w':>6} {'cache GB':>8}"
+    )
     for name, m in report["models"].items():
         peaks = m["peak_memory_bytes"]
-        print(f"{name:<20} {m['model']['weight_bytes'] / 1e6:>7.0f}MB {m['model']['searchable_units']:>6} "
-              f"{m['model']['dimensions']:>5} {m['wall_seconds']:>7.0f} {100 * (m['sensitivity_share_of_wall'] or 0):>6.0f} "
-              f"{m['evaluations'] or 0:>6} {m['seconds_per_evaluation'] or 0:>7.3f} {m['bare_seconds']['fp32_screening']:>7.3f} "
-              f"{m['evaluation_vs_bare_fp32'] or 0:>10.2f} {m['evaluation_vs_bare_same_plans'] or 0:>10.2f} "
-              f"{peaks.get('main', 0) / 2**30:>8.2f} {peaks.get('worker', 0) / 2**30:>10.2f} "
-              f"{m['largest_process_vs_weights']:>6.2f} {m['disk_bytes']['cache'] / 1e9:>8.2f}")
+        print(
+            f"{name:<20} {m['model']['weight_bytes'] / 1e6:>7.0f}MB {m['model']['searchable_units']:>6} "
+            f"{m['model']['dimensions']:>5} {m['wall_seconds']:>7.0f} {100 * (m['sensitivity_share_of_wall'] or 0):>6.0f} "
+            f"{m['evaluations'] or 0:>6} {m['seconds_per_evaluation'] or 0:>7.3f} {m['bare_seconds']['fp32_screening']:>7.3f} "
+            f"{m['evaluation_vs_bare_fp32'] or 0:>10.2f} {m['evaluation_vs_bare_same_plans'] or 0:>10.2f} "
+            f"{peaks.get('main', 0) / 2**30:>8.2f} {peaks.get('worker', 0) / 2**30:>10.2f} "
+            f"{m['largest_process_vs_weights']:>6.2f} {m['disk_bytes']['cache'] / 1e9:>8.2f}"
+        )
     return 0
 
 

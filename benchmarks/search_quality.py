@@ -84,7 +84,9 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     judge = zoo_judge(name, prepared)
     measure = CachedMeasure(backend, prepared, judge)
     tied = {True: info, False: info.untied()}  # repeated patterns decided together, or each unit on its own
-    ctx = lambda together=True: StudyContext(tied[together], backend, prepared.ranges, measure, "percentile-99.99", None)  # noqa: E731
+    def ctx(together=True):
+        return StudyContext(tied[together], backend, prepared.ranges, measure, "percentile-99.99", None)
+
     started = time.monotonic()
     space = math.prod(len(u.allowed) for u in info.searchable_units)
     reference_records, reference_budget = dense_reference(ctx(False), reference_trials, name)  # the whole plan space
@@ -186,16 +188,26 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         **machine_facts(get_backend("ort-cpu")),
         "mode": "quick" if args.quick else "full",
-        "budget": budget, "seeds": seeds, "reference_trials": reference_trials,
-        "normalisation": {"latency": "latency / all-FP32 latency", "loss": f"min(loss / {LOSS_SCALE}, 1), loss = 1 - mean cosine",
-                          "reference_point": list(REFERENCE_POINT), "reference_front": "Pareto front of every plan measured in the run"},
+        "budget": budget,
+        "seeds": seeds,
+        "reference_trials": reference_trials,
+        "normalisation": {
+            "latency": "latency / all-FP32 latency",
+            "loss": f"min(loss / {LOSS_SCALE}, 1), loss = 1 - mean cosine",
+            "reference_point": list(REFERENCE_POINT),
+            "reference_front": "Pareto front of every plan measured in the run",
+        },
         "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
         "models": {},
     }
     run_models(report, models, lambda name: run_model(name, budget, seeds, reference_trials), args.json)
-    print(f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-          f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}")
-    print(f"{'model':<10} {'ref':>5} {'method':<10} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}")
+    print(
+        f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
+        f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}"
+    )
+    print(
+        f"{'model':<10} {'ref':>5} {'method':<10} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}"
+    )
     for name, m in report["models"].items():
         for method, r in m["methods"].items():
             hv = ", ".join(f"{v:.3f}" for v in r["hv_fraction"])

@@ -92,13 +92,22 @@ def encoder(path: Path, layers: int = 12, hidden: int = 768, tokens: int = 128, 
 
 
 def _linear(w: _Writer, nodes: list, x: str, name: str, rows: int, cols: int) -> str:
-    nodes.append(helper.make_node("MatMul", [x, w.random(f"{name}.weight", (rows, cols), 0.02)], [f"{name}.mm"], f"{name}/MatMul"))
-    nodes.append(helper.make_node("Add", [f"{name}.mm", w.random(f"{name}.bias", (cols,), 0.02)], [f"{name}.out"], f"{name}/Add"))
+    nodes.append(
+        helper.make_node(
+            "MatMul", [x, w.random(f"{name}.weight", (rows, cols), 0.02)], [f"{name}.mm"], f"{name}/MatMul"
+        )
+    )
+    nodes.append(
+        helper.make_node("Add", [f"{name}.mm", w.random(f"{name}.bias", (cols,), 0.02)], [f"{name}.out"], f"{name}/Add")
+    )
     return f"{name}.out"
 
 
 def _layer_norm(w: _Writer, nodes: list, x: str, name: str, hidden: int) -> str:
-    gamma, beta = w.add(f"{name}.gamma", np.ones(hidden, np.float32)), w.add(f"{name}.beta", np.zeros(hidden, np.float32))
+    gamma, beta = (
+        w.add(f"{name}.gamma", np.ones(hidden, np.float32)),
+        w.add(f"{name}.beta", np.zeros(hidden, np.float32)),
+    )
     n = lambda op, ins, out, **kw: nodes.append(helper.make_node(op, ins, [f"{name}.{out}"], f"{name}/{out}", **kw))  # noqa: E731
     n("ReduceMean", [x], "mean", axes=[-1])
     n("Sub", [x, f"{name}.mean"], "centred")

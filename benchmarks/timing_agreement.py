@@ -35,9 +35,9 @@ from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec import zoo  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.app.prepare import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Plan  # noqa: E402
 from autoprec.core.stored import save_models  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
@@ -110,7 +110,9 @@ print(json.dumps({n: float(np.median([t.median_ms for t in ts])) for n, ts in zi
 
 
 def fresh_process(script: str, spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True, timeout=3600
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,12 +154,17 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             return ms is not None and ind["p10_ms"] <= ms <= ind["p90_ms"]
 
         rows[label] = {
-            "counts": trial["plan"]["counts"], "loss": trial["accuracy_loss"],
-            "autoprec_trial_ms": trial_ms, "autoprec_trial_p10_p90": [trial["latency_ms"]["p10_ms"], trial["latency_ms"]["p90_ms"]],
-            "autoprec_retimed_ms": final, "independent": ind, "autoprec_timer_fresh_process_ms": own_timer[label],
+            "counts": trial["plan"]["counts"],
+            "loss": trial["accuracy_loss"],
+            "autoprec_trial_ms": trial_ms,
+            "autoprec_trial_p10_p90": [trial["latency_ms"]["p10_ms"], trial["latency_ms"]["p90_ms"]],
+            "autoprec_retimed_ms": final,
+            "independent": ind,
+            "autoprec_timer_fresh_process_ms": own_timer[label],
             "trial_over_independent": trial_ms / ind["median_ms"],
             "retimed_over_independent": final / ind["median_ms"] if final else None,
-            "trial_inside_independent_p10_p90": inside(trial_ms), "retimed_inside_independent_p10_p90": inside(final),
+            "trial_inside_independent_p10_p90": inside(trial_ms),
+            "retimed_inside_independent_p10_p90": inside(final),
         }
     fp32_label = f"trial {fp32['trial']}"
     claims = {"vs_source": (result.pareto.get("chosen_vs_source"), "source", "best"),
@@ -188,31 +195,44 @@ def main(argv: list[str] | None = None) -> int:
                         help="search with candidates measured in this process (autoprec search --no-isolation)")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "timing_agreement.json")
     args = parser.parse_args(argv)
-    report = {**machine_facts(get_backend(args.backend)), "budget": args.budget, "isolated_search": args.isolate,
-              "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
-                             f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
-                             "time (median, p10-p90) and the mean of back-to-back runs",
-              "autoprec_timer_fresh_process": f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
-                                              f"{ROUNDS} rounds, median of the rounds' medians", "models": {}}
+    report = {
+        **machine_facts(get_backend(args.backend)),
+        "budget": args.budget,
+        "isolated_search": args.isolate,
+        "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
+        f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
+        "time (median, p10-p90) and the mean of back-to-back runs",
+        "autoprec_timer_fresh_process": f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
+        f"{ROUNDS} rounds, median of the rounds' medians",
+        "models": {},
+    }
     run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
-    checks = [a for m in report["models"].values() if "interval_agreement" in m for a in m["interval_agreement"].values()]
+    checks = [
+        a for m in report["models"].values() if "interval_agreement" in m for a in m["interval_agreement"].values()
+    ]
     report["interval_agreement"] = {"claims": len(checks), "inside": sum(a["inside"] for a in checks),
                                     "inside_10_percent": sum(a["inside_10_percent"] for a in checks)}
     atomic.write_json(args.json, report)
-    print(f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-          f"on {report['engine']['device']}; JSON: {args.json}")
-    print(f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'own timer':>9} {'indep. ms':>9} "
-          f"{'indep p10–p90':>15} {'b2b mean':>9} {'trial/ind':>9} {'retime/ind':>10}  inside p10–p90 (trial, re-timed)")
+    print(
+        f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
+        f"on {report['engine']['device']}; JSON: {args.json}"
+    )
+    print(
+        f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'own timer':>9} {'indep. ms':>9} "
+        f"{'indep p10–p90':>15} {'b2b mean':>9} {'trial/ind':>9} {'retime/ind':>10}  inside p10–p90 (trial, re-timed)"
+    )
     for name, m in report["models"].items():
         for label, r in m["plans"].items():
             c, ind = r["counts"], r["independent"]
             retimed = f"{r['autoprec_retimed_ms']:.3f}" if r["autoprec_retimed_ms"] else "—"
             ratio = f"{r['retimed_over_independent']:.2f}" if r["retimed_over_independent"] else "—"
-            print(f"{Path(name.partition('=')[0]).stem:<10} {label:<10} {c['int8']}/{c['fp16']}/{c['fp32']:<6} "
-                  f"{r['autoprec_trial_ms']:>9.3f} {retimed:>9} {r['autoprec_timer_fresh_process_ms']:>9.3f} "
-                  f"{ind['median_ms']:>9.3f} {ind['p10_ms']:>7.3f}–{ind['p90_ms']:<7.3f} {ind['back_to_back_mean_ms']:>9.3f} "
-                  f"{r['trial_over_independent']:>9.2f} {ratio:>10}  {r['trial_inside_independent_p10_p90']}, "
-                  f"{r['retimed_inside_independent_p10_p90']}")
+            print(
+                f"{Path(name.partition('=')[0]).stem:<10} {label:<10} {c['int8']}/{c['fp16']}/{c['fp32']:<6} "
+                f"{r['autoprec_trial_ms']:>9.3f} {retimed:>9} {r['autoprec_timer_fresh_process_ms']:>9.3f} "
+                f"{ind['median_ms']:>9.3f} {ind['p10_ms']:>7.3f}–{ind['p90_ms']:<7.3f} {ind['back_to_back_mean_ms']:>9.3f} "
+                f"{r['trial_over_independent']:>9.2f} {ratio:>10}  {r['trial_inside_independent_p10_p90']}, "
+                f"{r['retimed_inside_independent_p10_p90']}"
+            )
     print(f"\nclaimed speed-up intervals against an independent interleaved clock ({ROUNDS} rounds, plain onnxruntime)")
     print(f"{'model':<10} {'against':<10} {'claimed':<26} {'independent':>11} {'its rounds':>13}  inside  inside ±10 %")
     for name, m in report["models"].items():
@@ -220,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             c = a["claimed"]
             claimed = f"{c['speedup']:.2f}× ({c['low']:.2f}–{c['high']:.2f}, {c['rounds']} r)"
             lo, hi = a["independent_round_range"]
-            print(f"{Path(name.partition('=')[0]).stem:<10} {key.removeprefix('vs_'):<10} {claimed:<26} {a['independent']:>10.2f}× "
-                  f"{lo:>6.2f}–{hi:<6.2f}  {str(a['inside']):<6}  {a['inside_10_percent']}")
+            print(
+                f"{Path(name.partition('=')[0]).stem:<10} {key.removeprefix('vs_'):<10} {claimed:<26} {a['independent']:>10.2f}× "
+                f"{lo:>6.2f}–{hi:<6.2f}  {str(a['inside']):<6}  {a['inside_10_percent']}"
+            )
     agreement = report["interval_agreement"]
     print(f"independent ratio inside the claimed interval: {agreement['inside']} of {agreement['claims']}; "
           f"inside it ±10 %: {agreement['inside_10_percent']} of {agreement['claims']}")

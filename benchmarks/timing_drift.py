@@ -60,19 +60,40 @@ def main(argv: list[str] | None = None) -> int:
               "timer": "autoprec's runner.time per block (3 warm-ups, >= 10 runs and >= 0.2 s), blocks back to back",
               "this_process": block_medians(args.model, args.data, args.backend, args.blocks), "pinned": {}}
     for cpu in args.pin:
-        child = [sys.executable, __file__, args.model, args.data, "--backend", args.backend, "--blocks", str(args.blocks // 4 or 1), "--child"]
-        proc = subprocess.run(child, capture_output=True, text=True, preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu}))
-        report["pinned"][str(cpu)] = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else proc.stderr[-500:]
+        child = [
+            sys.executable,
+            __file__,
+            args.model,
+            args.data,
+            "--backend",
+            args.backend,
+            "--blocks",
+            str(args.blocks // 4 or 1),
+            "--child",
+        ]
+        proc = subprocess.run(
+            child, capture_output=True, text=True, preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu})
+        )
+        report["pinned"][str(cpu)] = (
+            json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else proc.stderr[-500:]
+        )
     atomic.write_json(args.json, report)
-    print(f"timing drift — {report['engine']['engine']} {report['engine']['provider']} on {report['engine']['device']}, "
-          f"{report['model']}; JSON: {args.json}")
-    for label, rows in [("this process", report["this_process"]), *((f"pinned to CPU {c}", r) for c, r in report["pinned"].items())]:
+    print(
+        f"timing drift — {report['engine']['engine']} {report['engine']['provider']} on {report['engine']['device']}, "
+        f"{report['model']}; JSON: {args.json}"
+    )
+    for label, rows in [
+        ("this process", report["this_process"]),
+        *((f"pinned to CPU {c}", r) for c, r in report["pinned"].items()),
+    ]:
         if isinstance(rows, str):
             print(f"{label:<18} failed: {rows}")
             continue
         medians = [r["median_ms"] for r in rows]
-        print(f"{label:<18} block medians {min(medians):.3f}–{max(medians):.3f} ms (max/min {max(medians) / min(medians):.2f}) "
-              f"over {rows[-1]['seconds']:.0f} s: " + " ".join(f"{m:.2f}" for m in medians))
+        print(
+            f"{label:<18} block medians {min(medians):.3f}–{max(medians):.3f} ms (max/min {max(medians) / min(medians):.2f}) "
+            f"over {rows[-1]['seconds']:.0f} s: " + " ".join(f"{m:.2f}" for m in medians)
+        )
     return 0
 
 

@@ -35,7 +35,10 @@ def run_model(name: str, repeats: int) -> dict:
     prepared, backend = prepare_zoo(name)
     batch = prepared.dataset.evaluation[0]
     # every unit that may take the precision at it (a sensitive op such as Softmax takes no INT8), the rest FP32
-    plans = {p: backend.lower(prepared.info, prepared.info.plan_at(p), prepared.ranges) for p in (Precision.FP32, Precision.INT8)}
+    plans = {
+        p: backend.lower(prepared.info, prepared.info.plan_at(p), prepared.ranges)
+        for p in (Precision.FP32, Precision.INT8)
+    }
     runners = {p: backend.prepare(m) for p, m in plans.items()}
     timings = {p: [] for p in plans}
     for _ in range(repeats):
@@ -80,18 +83,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeats = args.repeats or (10 if args.quick else 20)
     models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
-    report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "repeats": repeats,
-              "timing": "each repeat: median of >= 10 runs and >= 0.2 s after 3 warm-ups, plans alternated", "models": {}}
+    report = {
+        **machine_facts(get_backend("ort-cpu")),
+        "mode": "quick" if args.quick else "full",
+        "repeats": repeats,
+        "timing": "each repeat: median of >= 10 runs and >= 0.2 s after 3 warm-ups, plans alternated",
+        "models": {},
+    }
     run_models(report, models, lambda name: run_model(name, repeats), args.json)
-    print(f"\ntiming noise — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
-          f"{repeats} alternated repeats per plan; JSON: {args.json}")
+    print(
+        f"\ntiming noise — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
+        f"{repeats} alternated repeats per plan; JSON: {args.json}"
+    )
     print(f"{'model':<10} {'fp32 ms':>9} {'spread':>7} {'int8 ms':>9} {'spread':>7} {'fp32/int8':>9} "
           f"{'single misranked':>17} {'rule right':>11} {'rule wrong':>11} {'within noise':>13}")
     for name, m in report["models"].items():
         f, i, fr = m["plans"]["fp32"], m["plans"]["int8"], m["fractions"]
-        print(f"{name:<10} {f['median_ms']:>9.3f} {f['repeat_spread']:>6.1%} {i['median_ms']:>9.3f} {i['repeat_spread']:>6.1%} "
-              f"{m['speed_ratio_fp32_over_int8']:>9.2f} {fr['single_timing_misranked']:>16.1%} {fr['rule_right']:>10.1%} "
-              f"{fr['rule_wrong']:>10.1%} {fr['rule_within_noise']:>12.1%}")
+        print(
+            f"{name:<10} {f['median_ms']:>9.3f} {f['repeat_spread']:>6.1%} {i['median_ms']:>9.3f} {i['repeat_spread']:>6.1%} "
+            f"{m['speed_ratio_fp32_over_int8']:>9.2f} {fr['single_timing_misranked']:>16.1%} {fr['rule_right']:>10.1%} "
+            f"{fr['rule_wrong']:>10.1%} {fr['rule_within_noise']:>12.1%}"
+        )
     return 0
 
 

@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     run_models(report, models, lambda name: run_model(name, budget, args.proposals), args.json)
     print(f"\ntrial cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {budget}; JSON: {args.json}")
-    print(f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9} "
-          f"{'builds':>7} {'ref evals':>9} {'latency err %':>13}   one-time s")
+    print(
+        f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9} "
+        f"{'builds':>7} {'ref evals':>9} {'latency err %':>13}   one-time s"
+    )
     for name, m in report["models"].items():
         p = m["per_trial_s"]
         once = ", ".join(f"{k} {v:.2f}" for k, v in m["one_time_s"].items())

@@ -143,8 +143,14 @@ class ITensor(_Recorded):
         return self._dtype
 
 
-_LAYER_TYPES = {"Conv": "CONVOLUTION", "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "DequantizeLinear": "DEQUANTIZE",
-                "QuantizeLinear": "QUANTIZE", "Cast": "CAST"}
+_LAYER_TYPES = {
+    "Conv": "CONVOLUTION",
+    "MatMul": "MATRIX_MULTIPLY",
+    "Gemm": "MATRIX_MULTIPLY",
+    "DequantizeLinear": "DEQUANTIZE",
+    "QuantizeLinear": "QUANTIZE",
+    "Cast": "CAST",
+}
 _TYPES = {onnx.TensorProto.FLOAT: "FLOAT", onnx.TensorProto.FLOAT16: "HALF", onnx.TensorProto.INT8: "INT8"}
 
 
@@ -210,8 +216,11 @@ class INetworkDefinition(_Recorded):
 
     def _inputs(self):
         initializers = {i.name for i in self._model.graph.initializer}
-        return [ITensor(v.name, tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim))
-                for v in self._model.graph.input if v.name not in initializers]
+        return [
+            ITensor(v.name, tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim))
+            for v in self._model.graph.input
+            if v.name not in initializers
+        ]
 
 
 class ParserError(_Recorded):
@@ -245,7 +254,9 @@ class OnnxParser(_Recorded):
         CALLS.append(("OnnxParser", "parse_from_file", str(path)))
         from autoprec.core import stored
 
-        return self._read(stored.inlined(stored.load(path)))  # its external weights read from beside it, as TensorRT does
+        return self._read(
+            stored.inlined(stored.load(path))
+        )  # its external weights read from beside it, as TensorRT does
 
     def _read(self, model):
         object.__setattr__(self._network, "_model", model)
@@ -358,14 +369,32 @@ def inspector_json(model: onnx.ModelProto) -> str:
             kind = "Half"
         if node.name in IGNORE_NODES:
             kind = "Float"
-        layers.append({
-            "Name": f"{node.name} + fused", "LayerType": _INSPECTED[node.op_type],
-            "Inputs": [{"Name": node.input[0], "Location": "Device", "Dimensions": [],
-                        "Format/Datatype": f"Row major linear {'FP32' if kind == 'Float' else kind} format"}],
-            "Outputs": [{"Name": node.output[0], "Location": "Device", "Dimensions": [], "Format/Datatype": "Row major linear FP32"}],
-            "Metadata": f"[ONNX Layer: {node.name}]",
-        })
-    return json.dumps({"Layers": layers, "Bindings": [v.name for v in model.graph.input] + [v.name for v in model.graph.output]})
+        layers.append(
+            {
+                "Name": f"{node.name} + fused",
+                "LayerType": _INSPECTED[node.op_type],
+                "Inputs": [
+                    {
+                        "Name": node.input[0],
+                        "Location": "Device",
+                        "Dimensions": [],
+                        "Format/Datatype": f"Row major linear {'FP32' if kind == 'Float' else kind} format",
+                    }
+                ],
+                "Outputs": [
+                    {
+                        "Name": node.output[0],
+                        "Location": "Device",
+                        "Dimensions": [],
+                        "Format/Datatype": "Row major linear FP32",
+                    }
+                ],
+                "Metadata": f"[ONNX Layer: {node.name}]",
+            }
+        )
+    return json.dumps(
+        {"Layers": layers, "Bindings": [v.name for v in model.graph.input] + [v.name for v in model.graph.output]}
+    )
 
 
 class EngineInspector(_Recorded):
@@ -499,8 +528,23 @@ class FakeCuda:
 
 
 _EXPORTS = {
-    name: value for name, value in globals().items()
-    if name in {"NetworkDefinitionCreationFlag", "MemoryPoolType", "ProfilingVerbosity", "LayerInformationFormat",
-                "TensorIOMode", "DataType", "LayerType", "ILogger", "Logger", "IProfiler", "nptype", "Builder", "OnnxParser",
-                "Runtime"}
+    name: value
+    for name, value in globals().items()
+    if name
+    in {
+        "NetworkDefinitionCreationFlag",
+        "MemoryPoolType",
+        "ProfilingVerbosity",
+        "LayerInformationFormat",
+        "TensorIOMode",
+        "DataType",
+        "LayerType",
+        "ILogger",
+        "Logger",
+        "IProfiler",
+        "nptype",
+        "Builder",
+        "OnnxParser",
+        "Runtime",
+    }
 }

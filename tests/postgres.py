@@ -48,6 +48,9 @@ def local_server(binaries: Path):
             c.execute("CREATE DATABASE autoprec")
         yield f"postgresql://autoprec@127.0.0.1:{port}/autoprec"
     finally:
-        subprocess.run([*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                       env=env)
+        subprocess.run(
+            [*run_as, str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            env=env,
+        )
         shutil.rmtree(folder, ignore_errors=True)

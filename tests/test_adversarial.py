@@ -194,7 +194,12 @@ def _png_claiming(width: int, height: int) -> bytes:
     """A PNG whose header claims ``width`` × ``height`` pixels (no pixel data follows)."""
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _data_probe(kind: str, folder: Path) -> list:
@@ -245,7 +250,16 @@ DATA_PROBES = ["corrupt npz", "dev null", "object array", "inf", "huge image", "
 @pytest.mark.parametrize("kind", DATA_PROBES)
 def test_bad_data_is_one_line(workdir, capsys, monkeypatch, kind):
     monkeypatch.chdir(workdir)
-    argv = ["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", workdir / "out", *_data_probe(kind, workdir)]
+    argv = [
+        "search",
+        workdir / "conv.onnx",
+        "--budget",
+        1,
+        "--no-progress",
+        "--out",
+        workdir / "out",
+        *_data_probe(kind, workdir),
+    ]
     code, err = run(argv, capsys)
     clean(code, err, allowed=(2,))
 
@@ -343,9 +357,17 @@ def test_a_sequence_input_is_one_line(tmp_path, capsys):
 
     seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
-    inits = [onnx.numpy_helper.from_array(np.array(0, np.int64), "i"), onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")]
-    nodes = [helper.make_node("SequenceAt", ["s", "i"], ["t"], "at"), helper.make_node("MatMul", ["t", "w"], ["y"], "mm")]
-    model = helper.make_model(helper.make_graph(nodes, "g", [seq], [y], inits), opset_imports=[helper.make_opsetid("", 13)])
+    inits = [
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "i"),
+        onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("SequenceAt", ["s", "i"], ["t"], "at"),
+        helper.make_node("MatMul", ["t", "w"], ["y"], "mm"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [seq], [y], inits), opset_imports=[helper.make_opsetid("", 13)]
+    )
     model.ir_version = builders.IR_VERSION
     onnx.checker.check_model(model)
     path = builders.save(model, tmp_path / "m.onnx")
@@ -357,8 +379,9 @@ def test_a_sequence_input_is_one_line(tmp_path, capsys):
 def test_unreachable_storages_and_stores_are_one_line(workdir, tmp_path, capsys):
     pytest.importorskip("psycopg")
     for extra in (["--storage", "postgresql://user:pw@127.0.0.1:1/nodb"], ["--artifacts", workdir / "conv.onnx"]):
-        code, err = run(["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", tmp_path / "o", *extra],
-                        capsys)
+        code, err = run(
+            ["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", tmp_path / "o", *extra], capsys
+        )
         clean(code, err, allowed=(2,))
         assert ":pw@" not in err
 
@@ -372,8 +395,20 @@ def test_a_damaged_study_value_is_one_line_and_the_study_is_kept(result_dir, tmp
         db.execute("UPDATE trial_user_attributes SET value_json = '\"garbage\"' WHERE key = 'measurement'")
     facts = json.loads((out / "pareto.json").read_text())
     before = sorted((out / "best").iterdir())
-    code, err = run(["search", facts["model"]["path"], "--data", facts["search"]["data_path"], "--budget", 5, "--out", out,
-                     "--no-progress"], capsys)
+    code, err = run(
+        [
+            "search",
+            facts["model"]["path"],
+            "--data",
+            facts["search"]["data_path"],
+            "--budget",
+            5,
+            "--out",
+            out,
+            "--no-progress",
+        ],
+        capsys,
+    )
     clean(code, err, allowed=(2,))
     assert "stored plan or measurement is damaged" in err.strip().splitlines()[-1]
     assert sorted((out / "best").iterdir()) == before and (out / "pareto.json").is_file()  # nothing lost
@@ -392,8 +427,20 @@ def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_pa
         def limited():
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-        cmd = [sys.executable, "-m", "autoprec.app.cli", "search", "conv.onnx", "--budget", str(budget), "--no-progress",
-               "--no-warm-start", "--out", str(out)]
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "autoprec.app.cli",
+            "search",
+            "conv.onnx",
+            "--budget",
+            str(budget),
+            "--no-progress",
+            "--no-warm-start",
+            "--out",
+            str(out),
+        ]
         return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
                               preexec_fn=limited if limit else None)
 
@@ -408,24 +455,41 @@ def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_pa
 def test_verbose_shows_the_traceback_behind_the_line(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     builders.save(builders.conv_net(), tmp_path / "m.onnx")
-    code, err = run(["search", tmp_path / "m.onnx", "--data", tmp_path / "bad.npz", "--out", tmp_path / "o", "--verbose"], capsys)
+    code, err = run(
+        ["search", tmp_path / "m.onnx", "--data", tmp_path / "bad.npz", "--out", tmp_path / "o", "--verbose"], capsys
+    )
     assert code == 2 and "Traceback" in err and "DataError" in err
     assert err.strip().splitlines()[-1].startswith("autoprec: error: --data")
 
 
 MISC = [  # (argv after the verb's model/result, files to write, phrase the one line must hold)
     (["search", "{model}", "--metric", "broken:f"], {"broken.py": "def f(:\n"}, "importing broken raised SyntaxError"),
-    (["search", "{model}", "--metric", "loud:f"], {"loud.py": "raise RuntimeError('at import')\n"}, "raised RuntimeError"),
+    (
+        ["search", "{model}", "--metric", "loud:f"],
+        {"loud.py": "raise RuntimeError('at import')\n"},
+        "raised RuntimeError",
+    ),
     (["search", "{model}", "--study-name", ""], {}, "--study-name '': empty"),
     (["search", "{model}", "--artifacts", ""], {}, "--artifacts '': empty"),
     (["search", "{model}", "--trial-memory", "0.01", "--budget", "1"], {}, "--trial-memory"),
     (["report", "{result}", "--output", "{folder}"], {}, "/folder: Is a directory"),
     (["inspect", "{model}"], {}, "an ONNX model, not an engine"),
-    (["search", "{model}", "--trial-memory", "inf", "--budget", "1"], {}, "--trial-memory inf: must be a finite number"),
-    (["search", "{model}", "--seed", "4294967296", "--budget", "1"], {}, "--seed 4294967296: must be a whole number from 0"),
+    (
+        ["search", "{model}", "--trial-memory", "inf", "--budget", "1"],
+        {},
+        "--trial-memory inf: must be a finite number",
+    ),
+    (
+        ["search", "{model}", "--seed", "4294967296", "--budget", "1"],
+        {},
+        "--seed 4294967296: must be a whole number from 0",
+    ),
     (["search", "{model}", "--retime-seconds", "nan", "--budget", "1"], {}, "--retime-seconds nan: must be a finite"),
-    (["search", "{model}", "--metric", "top1", "--task-output", "nope", "--budget", "1"], {},
-     "--task-output nope: the model has no such output; its outputs are: probs"),
+    (
+        ["search", "{model}", "--metric", "top1", "--task-output", "nope", "--budget", "1"],
+        {},
+        "--task-output nope: the model has no such output; its outputs are: probs",
+    ),
 ]
 
 

@@ -78,5 +78,7 @@ def test_calibration_and_reference_are_cached_and_reused(conv, tmp_path, monkeyp
     ref_again = reference_outputs(info, data.evaluation, data.fingerprint(), tmp_path)
     assert again.tensors.keys() == first.tensors.keys()
     for name in first.tensors:
-        assert again[name].min == first[name].min and again[name].amax("percentile-99.9") == first[name].amax("percentile-99.9")
+        assert again[name].min == first[name].min and again[name].amax("percentile-99.9") == first[name].amax(
+            "percentile-99.9"
+        )
     np.testing.assert_array_equal(ref_again[0]["probs"], ref[0]["probs"])

@@ -16,7 +16,11 @@ from autoprec.core.errors import AutoprecError
 
 def run_cli(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
     )
 
 
@@ -42,7 +46,11 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
     [
         (["search", "{missing}"], "missing.onnx: no such file"),
         (["search", "{truncated}"], "truncated.onnx: not a readable ONNX file.*re-export"),
-        (["search", "{external}"], "external.onnx: tensor .* keeps its values in 'external.weights', which is not beside it; keep the data files next to the model"),
+        (
+            ["search", "{external}"],
+            "external.onnx: tensor .* keeps its values in 'external.weights', which is not beside it; "
+            "keep the data files next to the model",
+        ),
         (["search", "{dynamic}"], r"input x has dynamic dim 2 \(H\).*pass --shape x=1x3xD2xD3 with D2, D3 filled in"),
         (["search", "{model}", "--data", "{missing}"], "--data .*missing.onnx: no such file or folder"),
         (["search", "{model}", "--budget", "0"], "--budget: invalid _positive_int value|must be at least 1"),
@@ -62,10 +70,13 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
         (["search", "{model}", "--max-loss", "-1"], "must be a loss of 0 or more"),
         (["search", "{model}", "--precisions", "fp16,fp17"], "--precisions.*is not a list of precisions"),
         (["search", "{model}", "--device", "-1"], "must be a GPU index"),
-        pytest.param(["search", "{model}", "--backend", "ort-cuda"],
-                     "--backend ort-cuda: onnxruntime .* has no CUDA execution provider.*pip install onnxruntime-gpu",
-                     marks=pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
-                                              reason="this machine has the CUDA provider")),
+        pytest.param(
+            ["search", "{model}", "--backend", "ort-cuda"],
+            "--backend ort-cuda: onnxruntime .* has no CUDA execution provider.*pip install onnxruntime-gpu",
+            marks=pytest.mark.skipif(
+                "CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has the CUDA provider"
+            ),
+        ),
     ],
 )
 def test_bad_input_gets_one_clear_line(tmp_path, conv_model, capsys, args, message):
@@ -90,10 +101,17 @@ def test_bad_input_gets_one_clear_line(tmp_path, conv_model, capsys, args, messa
     dims[2].dim_param, dims[3].dim_param = "H", "W"
     onnx.save(model, str(tmp_path / "dynamic.onnx"))
     fill = {
-        "model": conv_model, "missing": tmp_path / "missing.onnx", "empty": empty,
-        "truncated": tmp_path / "truncated.onnx", "external": tmp_path / "external.onnx", "dynamic": tmp_path / "dynamic.onnx",
-        "wrong_name": tmp_path / "wrong_name.npz", "wrong_shape": tmp_path / "wrong_shape.npz",
-        "wrong_dtype": tmp_path / "wrong_dtype.npz", "bad_image": images, "unwritable": blocker / "out",
+        "model": conv_model,
+        "missing": tmp_path / "missing.onnx",
+        "empty": empty,
+        "truncated": tmp_path / "truncated.onnx",
+        "external": tmp_path / "external.onnx",
+        "dynamic": tmp_path / "dynamic.onnx",
+        "wrong_name": tmp_path / "wrong_name.npz",
+        "wrong_shape": tmp_path / "wrong_shape.npz",
+        "wrong_dtype": tmp_path / "wrong_dtype.npz",
+        "bad_image": images,
+        "unwritable": blocker / "out",
     }
     argv = [a.format(**fill) for a in args]
     if "--out" not in argv:
@@ -115,8 +133,19 @@ def exit_code(argv):
 
 def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):
     out = tmp_path / "out"
-    proc = run_cli("search", mlp_model, "--budget", 2, "--out", out, "--override", "*=int8,fp32", "--override", "fc*=int8",
-                   "--no-progress")
+    proc = run_cli(
+        "search",
+        mlp_model,
+        "--budget",
+        2,
+        "--out",
+        out,
+        "--override",
+        "*=int8,fp32",
+        "--override",
+        "fc*=int8",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((out / "best" / "plan.json").read_text())
     # fc0 and fc1 may only be int8: every plan has INT8 units, so the TensorRT-form artifact exists.
@@ -137,15 +166,24 @@ def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, ml
     assert len(optuna.load_study(study_name="team-study", storage=storage).trials) == before  # nothing mixed in
 
 
-@pytest.mark.parametrize("option, value, said", [
-    ("budget", 0, "--budget 0: must be at least 1 (the number of trials to run)"),
-    ("heartbeat", -2, "--heartbeat -2: must be at least 1"),
-    ("trial_timeout", 0.0, "--trial-timeout 0.0: must be a finite number more than 0"),
-    ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
-    ("seed", -1, "--seed -1: must be a whole number from 0 to 4294967295 (NumPy's and Optuna's samplers take 32-bit seeds)"),
-    ("proposals", -1, "--proposals -1: must be 0 (every trial built) or more"),
-])
-def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(tmp_path, conv_model, capsys, option, value, said):
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("budget", 0, "--budget 0: must be at least 1 (the number of trials to run)"),
+        ("heartbeat", -2, "--heartbeat -2: must be at least 1"),
+        ("trial_timeout", 0.0, "--trial-timeout 0.0: must be a finite number more than 0"),
+        ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
+        (
+            "seed",
+            -1,
+            "--seed -1: must be a whole number from 0 to 4294967295 (NumPy's and Optuna's samplers take 32-bit seeds)",
+        ),
+        ("proposals", -1, "--proposals -1: must be 0 (every trial built) or more"),
+    ],
+)
+def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(
+    tmp_path, conv_model, capsys, option, value, said
+):
     """One check (SearchConfig) for both ways in, before any work: nothing is written."""
     out = tmp_path / "out"
     with pytest.raises(AutoprecError) as refused:

@@ -47,8 +47,10 @@ def if_model(path):
     then_graph = helper.make_graph(then_nodes, "then", [], [out("then_y")], then_inits)
     else_graph = helper.make_graph(else_nodes, "else", [], [out("else_y")], else_inits)
     inits.append(numpy_helper.from_array(np.array(16000, np.int64), "wide"))
-    nodes += [helper.make_node("Equal", ["sr", "wide"], ["is_wide"], name="is_wide"),
-              helper.make_node("If", ["is_wide"], ["y"], name="If_rate", then_branch=then_graph, else_branch=else_graph)]
+    nodes += [
+        helper.make_node("Equal", ["sr", "wide"], ["is_wide"], name="is_wide"),
+        helper.make_node("If", ["is_wide"], ["y"], name="If_rate", then_branch=then_graph, else_branch=else_graph),
+    ]
     graph = helper.make_graph(
         nodes, "if_model",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8]),
@@ -68,11 +70,19 @@ def loop_model(path):
     body_nodes += [helper.make_node("Relu", ["h_conv"], ["h_out"], name="step_relu"),
                    helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")]
     body = helper.make_graph(
-        body_nodes, "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None)],
-        body_inits)
+        body_nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None),
+        ],
+        body_inits,
+    )
     inits = [numpy_helper.from_array(np.array(3, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go")]
     graph = helper.make_graph(
         [helper.make_node("Loop", ["trips", "go", "x"], ["y"], name="Loop_steps", body=body)], "loop_model",
@@ -93,7 +103,10 @@ def test_units_inside_if_branches_are_found_and_named_by_their_path(tmp_path):
     info = analyse(if_model(tmp_path / "if.onnx"), SPACE, constants={"sr": 16000})
     names = [u.name for u in info.units]
     assert sorted(names) == ["If_rate/else/c", "If_rate/then/a", "If_rate/then/b", "stem"]
-    assert info.unit("If_rate/then/a").nodes == ("a", "a_relu") and info.unit("If_rate/then/a").scope == ("If_rate", "then_branch")
+    assert info.unit("If_rate/then/a").nodes == ("a", "a_relu") and info.unit("If_rate/then/a").scope == (
+        "If_rate",
+        "then_branch",
+    )
     assert all(u.searchable for u in info.units)
 
 
@@ -146,7 +159,9 @@ def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowere
 
 def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_the_other(tmp_path):
     path = if_model(tmp_path / "if.onnx")
-    result = autoprec.search(path, budget=5, out=tmp_path / "out", constants={"sr": 16000}, progress=False, isolate=False)
+    result = autoprec.search(
+        path, budget=5, out=tmp_path / "out", constants={"sr": 16000}, progress=False, isolate=False
+    )
     assert result.search["constants"] == {"sr": 16000}
     assert result.model["searchable_units"] == 3  # the else branch never runs on sr 16000: pinned FP32
     assert any("never run on the data (e.g. If_rate/else/c" in note for note in result.model["preparation"])
@@ -190,8 +205,16 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
     state = helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3])
     out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, "batch", 3])
     w = numpy_helper.from_array(np.ones((3, 4), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Gemm", ["input", "w"], ["g"], name="gemm", transB=1),
-                               helper.make_node("Add", ["g", "state"], ["out"], name="add")], "state", [x, state], [out], [w])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["input", "w"], ["g"], name="gemm", transB=1),
+            helper.make_node("Add", ["g", "state"], ["out"], name="add"),
+        ],
+        "state",
+        [x, state],
+        [out],
+        [w],
+    )
     path = tmp_path / "state.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     data = tmp_path / "data.npz"
@@ -201,9 +224,14 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
     assert dataset.evaluation[0]["state"].shape == (2, 2, 3) and dataset.evaluation[0]["input"].shape == (2, 4)
     assert [s.batch_axis for s in declared_inputs(onnx.load(str(path)))] == [0, 1]
     np.savez(data, input=RNG.random((6, 4), dtype=np.float32), state=RNG.random((6, 5), dtype=np.float32))
-    with pytest.raises(DataError, match=r"items for input state have shape \[5\].*takes \[2, 3\] per item.*batch on axis 1"):
+    with pytest.raises(
+        DataError, match=r"items for input state have shape \[5\].*takes \[2, 3\] per item.*batch on axis 1"
+    ):
         build_dataset(data, info.inputs)
-    with pytest.raises(ModelError, match=r"does not run in ONNX Runtime at input shapes input \[2, 4\], state \[2, 3, 3\].*check --shape"):
+    with pytest.raises(
+        ModelError,
+        match=r"does not run in ONNX Runtime at input shapes input \[2, 4\], state \[2, 3, 3\].*check --shape",
+    ):
         analyse(path, SPACE, {"input": (2, 4), "state": (2, 3, 3)})
 
 
@@ -230,7 +258,9 @@ def test_constants_inside_branches_fold_on_an_onnx_runtime_that_refuses_newer_ir
     path = if_model(tmp_path / "if.onnx")
     model = onnx.load(path)
     then = next(a.g for a in model.graph.node[-1].attribute if a.name == "then_branch")
-    then.initializer.extend([numpy_helper.from_array(np.float32(2), "two"), numpy_helper.from_array(np.float32(3), "three")])
+    then.initializer.extend(
+        [numpy_helper.from_array(np.float32(2), "two"), numpy_helper.from_array(np.float32(3), "three")]
+    )
     then.node.insert(0, helper.make_node("Mul", ["two", "three"], ["six"], name="constant_scale"))
     then.node.append(helper.make_node("Mul", ["then_y", "six"], ["then_scaled"], name="scale"))
     then.output[0].name = "then_scaled"
@@ -245,7 +275,9 @@ def test_constants_inside_branches_fold_on_an_onnx_runtime_that_refuses_newer_ir
 
     monkeypatch.setattr(ort, "InferenceSession", older_runtime)
     info = analyse(path, SPACE, constants={"sr": 16000})
-    then_nodes = [n.name for scope, g in graphs(info.model.graph) if scope == ("If_rate", "then_branch") for n in g.node]
+    then_nodes = [
+        n.name for scope, g in graphs(info.model.graph) if scope == ("If_rate", "then_branch") for n in g.node
+    ]
     assert "scale" in then_nodes and "constant_scale" not in then_nodes
 def test_silero_vad_is_a_zoo_model_with_speech_data():
     entry = ENTRIES["silero-vad"]
@@ -288,12 +320,18 @@ def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatc
     assert any("6 unit(s) never run on the data" in n for n in notes)  # the 8 kHz branch
     assert result.search["left_out"]["LSTM units"].startswith("kept FP32: ONNX Runtime's CPU kernels")
     assert result.model["searchable_units"] == 6 and result.model["units"] == 16
-    assert _loss_in_fresh_sessions(tmp_path / "out" / "best" / "model.onnx", vad_root / "zoo" / "silero-vad" / "model.onnx",
-                                   tmp_path / "out") < 0.015
+    assert (
+        _loss_in_fresh_sessions(
+            tmp_path / "out" / "best" / "model.onnx", vad_root / "zoo" / "silero-vad" / "model.onnx", tmp_path / "out"
+        )
+        < 0.015
+    )
 
 
 # compute units, then sensitive ones (the STFT magnitude's Pow and a ReduceMean: in each If branch where there are two)
-@pytest.mark.parametrize("member, units", [("silero_vad_16k_op15.onnx", 8 + 2), ("silero_vad_op18_ifless.onnx", 16 + 4)])
+@pytest.mark.parametrize(
+    "member, units", [("silero_vad_16k_op15.onnx", 8 + 2), ("silero_vad_op18_ifless.onnx", 16 + 4)]
+)
 def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path, member, units):
     import zipfile
 
@@ -307,7 +345,9 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     assert len(info.units) == units
     feeds = {"input": RNG.random((1, 576), dtype=np.float32) - 0.5, "state": np.zeros((2, 1, 128), np.float32),
              "sr": np.array(16000, np.int64)}
-    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(_run(info.stored, feeds), _run(onnx.load(str(path)), feeds)))
+    assert all(
+        np.allclose(a, b, atol=1e-5) for a, b in zip(_run(info.stored, feeds), _run(onnx.load(str(path)), feeds))
+    )
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
     samples = tmp_path / "speech.npz"
     np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const

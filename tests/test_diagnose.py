@@ -54,7 +54,9 @@ def test_diagnose_names_the_culprit_and_sending_it_back_recovers_the_loss(fragil
     assert [u["unit"] for u in written["units"]] == ["fc0", "fc1", "head"]
     worst = check_plan(model, plan, max_loss=1.0, data=data)["measurement"]["loss"]
     fixed = root / "fixed.json"
-    fixed.write_text(json.dumps({"precisions": {"fc0": "fp16", "fc1": "fp32", "head": "fp16"}, "calibration": "minmax"}))
+    fixed.write_text(
+        json.dumps({"precisions": {"fc0": "fp16", "fc1": "fp32", "head": "fp16"}, "calibration": "minmax"})
+    )
     repaired = check_plan(model, fixed, max_loss=1.0, data=data)["measurement"]["loss"]
     assert repaired < worst / 10
 
@@ -86,7 +88,9 @@ def test_calibration_methods_from_one_histogram():
         step = amax / 127
         return float(((np.clip(np.round(values / step), -127, 127) * step - values) ** 2).mean())
 
-    errors = {m: quantization_mse(r.amax(m)) for m in ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")}
+    errors = {
+        m: quantization_mse(r.amax(m)) for m in ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
+    }
     assert errors["mse"] == min(errors.values())  # the MSE-optimal threshold is what it says
     assert 0 < r.amax("entropy") < r.amax("minmax")
 

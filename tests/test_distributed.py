@@ -28,7 +28,9 @@ def postgres_url():
     binaries = postgres.server_binaries()
     if binaries is None:
         if os.environ.get("AUTOPREC_REQUIRE_POSTGRES"):
-            pytest.fail("AUTOPREC_REQUIRE_POSTGRES is set but no PostgreSQL server is installed (apt-get install postgresql)")
+            pytest.fail(
+                "AUTOPREC_REQUIRE_POSTGRES is set but no PostgreSQL server is installed (apt-get install postgresql)"
+            )
         pytest.skip("no PostgreSQL server installed (apt-get install postgresql)")
     pytest.importorskip("psycopg")
     with postgres.local_server(binaries) as url:
@@ -97,7 +99,10 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
     assert {t.user_attrs[WORKER_ATTR]["id"] for t in trials if WORKER_ATTR in t.user_attrs} >= {victim}
 
     stored_front = {r.number for r in pareto_front(study)}
-    for i in (1, 2):  # what each surviving worker wrote is the storage's front, less what its re-timing showed dominated
+    for i in (
+        1,
+        2,
+    ):  # what each surviving worker wrote is the storage's front, less what its re-timing showed dominated
         written = json.loads((tmp_path / f"out{i}" / "pareto.json").read_text())
         assert {t["trial"] for t in written["front"]} <= stored_front and written["front"]
         assert written["search"]["trials"] == sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
@@ -123,17 +128,40 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
 
 def test_a_password_in_the_storage_url_is_never_written_nor_shown(tmp_path, postgres_url):
     secret = "S3cret-pw"
-    url = postgres_url.replace("autoprec@", f"autoprec:{secret}@")  # the test server trusts loopback: any password works
+    url = postgres_url.replace(
+        "autoprec@", f"autoprec:{secret}@"
+    )  # the test server trusts loopback: any password works
     model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
     out = tmp_path / "out"
-    search = subprocess.run([sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--out", str(out), "--storage", url,
-                             "--study-name", "pw", "--budget", "2", "--no-progress", "--no-warm-start"],
-                            capture_output=True, text=True, timeout=300)
+    search = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoprec.app.cli",
+            "search",
+            str(model),
+            "--out",
+            str(out),
+            "--storage",
+            url,
+            "--study-name",
+            "pw",
+            "--budget",
+            "2",
+            "--no-progress",
+            "--no-warm-start",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert search.returncode == 0, search.stderr
     shown = [search.stdout, search.stderr]
     for verb in (["report", str(out)], ["show", str(out), "--json"], ["status", "--storage", url, "--study-name", "pw"],
                  ["status", "--storage", url, "--study-name", "nope"]):
-        proc = subprocess.run([sys.executable, "-m", "autoprec.app.cli", *verb], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "autoprec.app.cli", *verb], capture_output=True, text=True, timeout=120
+        )
         shown += [proc.stdout, proc.stderr]
     assert proc.returncode == 2 and "no study 'nope'" in proc.stderr and "autoprec:***@" in proc.stderr
     written = [p.read_text(errors="replace") for p in out.rglob("*") if p.suffix in (".json", ".html", ".txt", ".log")]

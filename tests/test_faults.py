@@ -64,7 +64,11 @@ def _errors(out):
     [
         ("segfault", {}, "worker killed by signal SIGSEGV; worker stderr: Fatal Python error: Segmentation fault"),
         # no sensitivity pass: each of its one-unit plans would hang to the limit too (12 s of the suite)
-        ("hang", {"trial_timeout": 2, "warm_start": False}, "time limit exceeded: measuring the candidate took over 2 s"),
+        (
+            "hang",
+            {"trial_timeout": 2, "warm_start": False},
+            "time limit exceeded: measuring the candidate took over 2 s",
+        ),
         ("hog", {"trial_memory_gb": 0.75}, "memory limit exceeded: worker RSS [0-9.]+ GiB > 0.75 GiB"),
     ],
 )
@@ -160,7 +164,9 @@ def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_p
             pass
 
         def start(self):
-            raise RuntimeError("An attempt has been made to start a new process before the current process has finished")
+            raise RuntimeError(
+                "An attempt has been made to start a new process before the current process has finished"
+            )
 
     measurer = IsolatedMeasurer("ort-cpu", [], None, Limits(60), tmp_path / "stderr.log")
     measurer.context = type("Context", (), {"Pipe": staticmethod(multiprocessing.Pipe), "Process": Unstartable})()

@@ -8,7 +8,6 @@ import os
 import builders
 import numpy as np
 import onnx
-import onnxruntime as ort
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -24,7 +23,11 @@ from autoprec.lower import QDQForm, lower_plan
 SPACE = load_search_space()
 # CI runs a quick pass; AUTOPREC_FUZZ_SCALE=20 runs a deep one.
 SCALE = int(os.environ.get("AUTOPREC_FUZZ_SCALE", "1"))
-SEEDS = [builders.conv_net().SerializeToString(), builders.mlp().SerializeToString(), builders.attention().SerializeToString()]
+SEEDS = [
+    builders.conv_net().SerializeToString(),
+    builders.mlp().SerializeToString(),
+    builders.attention().SerializeToString(),
+]
 
 mutation = st.one_of(
     st.tuples(st.just("truncate"), st.floats(0, 1)),
@@ -82,7 +85,9 @@ def build_cnn(layers, head: bool, seed: int) -> onnx.ModelProto:
         out = f"t{i}"
         if kind == "conv":
             _, cout, k, bias = spec
-            inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, channels, k, k)).astype(np.float32), f"w{i}"))
+            inits.append(
+                numpy_helper.from_array(rng.normal(0, 0.3, (cout, channels, k, k)).astype(np.float32), f"w{i}")
+            )
             inputs = [x, f"w{i}"]
             if bias:
                 inits.append(numpy_helper.from_array(rng.normal(0, 0.1, cout).astype(np.float32), f"b{i}"))
@@ -92,14 +97,24 @@ def build_cnn(layers, head: bool, seed: int) -> onnx.ModelProto:
         elif kind == "relu":
             nodes.append(helper.make_node("Relu", [x], [out], f"relu{i}"))
         elif kind == "silu":
-            nodes += [helper.make_node("Sigmoid", [x], [f"s{i}"], f"sig{i}"), helper.make_node("Mul", [x, f"s{i}"], [out], f"silu{i}")]
+            nodes += [
+                helper.make_node("Sigmoid", [x], [f"s{i}"], f"sig{i}"),
+                helper.make_node("Mul", [x, f"s{i}"], [out], f"silu{i}"),
+            ]
         elif kind == "hardswish":
-            nodes += [helper.make_node("HardSigmoid", [x], [f"h{i}"], f"hsig{i}"), helper.make_node("Mul", [x, f"h{i}"], [out], f"hswish{i}")]
+            nodes += [
+                helper.make_node("HardSigmoid", [x], [f"h{i}"], f"hsig{i}"),
+                helper.make_node("Mul", [x, f"h{i}"], [out], f"hswish{i}"),
+            ]
         elif kind == "bn":
             for name, values in (("scale", 1 + 0.1 * rng.random(channels)), ("shift", rng.normal(0, 0.1, channels)),
                                  ("mean", rng.normal(0, 0.1, channels)), ("var", 1 + rng.random(channels))):
                 inits.append(numpy_helper.from_array(values.astype(np.float32), f"{name}{i}"))
-            nodes.append(helper.make_node("BatchNormalization", [x, f"scale{i}", f"shift{i}", f"mean{i}", f"var{i}"], [out], f"bn{i}"))
+            nodes.append(
+                helper.make_node(
+                    "BatchNormalization", [x, f"scale{i}", f"shift{i}", f"mean{i}", f"var{i}"], [out], f"bn{i}"
+                )
+            )
         elif kind == "bias":
             inits.append(numpy_helper.from_array(rng.normal(0, 0.1, (channels, 1, 1)).astype(np.float32), f"c{i}"))
             nodes.append(helper.make_node("Add", [x, f"c{i}"], [out], f"add{i}"))
@@ -116,13 +131,18 @@ def build_cnn(layers, head: bool, seed: int) -> onnx.ModelProto:
         x = out
     if head:
         inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (channels, 3)).astype(np.float32), "fc_w"))
-        nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"], "gap"), helper.make_node("Flatten", ["gap"], ["flat"], "flat"),
-                  helper.make_node("MatMul", ["flat", "fc_w"], ["y"], "fc")]
+        nodes += [
+            helper.make_node("GlobalAveragePool", [x], ["gap"], "gap"),
+            helper.make_node("Flatten", ["gap"], ["flat"], "flat"),
+            helper.make_node("MatMul", ["flat", "fc_w"], ["y"], "fc"),
+        ]
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
     else:
         nodes.append(helper.make_node("Identity", [x], ["y"], "out"))
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size, size])
-    graph = helper.make_graph(nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])], [y], inits)
+    graph = helper.make_graph(
+        nodes, "fuzz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])], [y], inits
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = builders.IR_VERSION
     return model

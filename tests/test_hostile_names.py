@@ -28,7 +28,9 @@ CANARY = "PWNED"
 HOSTILE_INPUT = f"x\ntouch {CANARY}_input\n#"
 HOSTILE_NODE = f'conv1 $(touch {CANARY}_subst) `touch {CANARY}_tick` "q" <b>|*'
 HOSTILE_FILE = f'm""";__import__("os").system("touch {CANARY}_py");""".onnx'
-RECORDING_TRTEXEC = '#!/bin/sh\npython3 -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@" > trtexec_args.json\n'
+RECORDING_TRTEXEC = (
+    "#!/bin/sh\npython3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" > trtexec_args.json\n"
+)
 
 
 def _hostile_model(node_name: str = HOSTILE_NODE) -> onnx.ModelProto:
@@ -71,8 +73,12 @@ def test_the_crafted_model_is_searched_with_its_names_intact(hostile_result):
     assert any(u["name"] == HOSTILE_NODE for u in result.units)
 
 
-@pytest.mark.parametrize("fmt, script, precision", [("trtexec", "build.sh", "int8"), ("trt10", "build_trt10.sh", "fp16")])
-def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(hostile_result, tmp_path, fmt, script, precision):
+@pytest.mark.parametrize(
+    "fmt, script, precision", [("trtexec", "build.sh", "int8"), ("trt10", "build_trt10.sh", "fp16")]
+)
+def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(
+    hostile_result, tmp_path, fmt, script, precision
+):
     root, out, result = hostile_result
     folder = tmp_path / fmt
     trial = result.uniform()[precision].number
@@ -102,7 +108,10 @@ def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(host
 def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result, tmp_path):
     root, out, result = hostile_result
     folder = tmp_path / "python"
-    assert _exit(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)]) == 0
+    assert (
+        _exit(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)])
+        == 0
+    )
     source = (folder / "build_engine.py").read_text()
     tree = ast.parse(source)
     constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
@@ -113,7 +122,9 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
     assert CANARY not in ast.get_docstring(tree)
     # run it: with TensorRT for RTX installed it builds the hostile model's plan (no GPU needed), else it
     # stops at the import; either way no name ran as code
-    proc = subprocess.run([sys.executable, "-I", "build_engine.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-I", "build_engine.py"], cwd=folder, capture_output=True, text=True, timeout=300
+    )
     if importlib.util.find_spec("tensorrt_rtx_bindings") or importlib.util.find_spec("tensorrt"):
         assert proc.returncode == 0 and (folder / "model.plan").stat().st_size > 0, proc.stderr[-2000:]
     else:
@@ -158,7 +169,10 @@ def test_trt10_refuses_a_tensor_name_a_calibration_cache_cannot_hold(hostile_res
     trial = result.uniform()["int8"].number
     assert _exit(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("autoprec: error: ") and "a calibration cache cannot hold a name with a control character" in last
+    assert (
+        last.startswith("autoprec: error: ")
+        and "a calibration cache cannot hold a name with a control character" in last
+    )
     assert not (tmp_path / "calibration.cache").exists()
 
 

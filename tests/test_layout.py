@@ -43,7 +43,12 @@ def imported(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("autoprec.")}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "autoprec":
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] == "autoprec"
+        ):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 if sub in MODULES:
@@ -96,3 +101,22 @@ def test_no_import_cycle():
         if name not in index:
             visit(name)
     assert cycles == []
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A function you can read at once (ruff's mccabe limit, in pyproject.toml, bounds its branches)."""
+    long = sorted(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                  for path in MODULES.values() for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80)
+    assert long == []
+
+
+def test_ruff_passes():
+    """pyproject.toml's lint rules (pycodestyle, pyflakes, import order, mccabe <= 15) hold everywhere."""
+    import subprocess
+    import sys
+
+    repo = PACKAGE.parent
+    found = subprocess.run([sys.executable, "-m", "ruff", "check", "autoprec", "tests", "benchmarks"], cwd=repo,
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout[-3000:]

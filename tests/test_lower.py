@@ -86,14 +86,25 @@ def test_neutral_ops_between_the_region_and_the_graphs_inputs_or_outputs_join_it
     """The Casts move to the model's input and output, as far as neutral ops reach; a neutral op that
     does not touch the region stays FP32."""
     rng = np.random.default_rng(0)
-    info, model = _one_unit_in_fp16(builders._model(
-        [helper.make_node("Transpose", ["x"], ["xt"], "t_in", perm=[0, 1, 3, 2]),
-         helper.make_node("Conv", ["xt", "w"], ["c"], "conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Reshape", ["c", "shape"], ["y"], "flat"),
-         helper.make_node("Relu", ["x"], ["z"], "side")],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [builders._init("w", rng.normal(0, 0.3, (4, 3, 3, 3))), builders._init("shape", np.array([1, -1]))], opset=17), "conv", tmp_path)
+    info, model = _one_unit_in_fp16(
+        builders._model(
+            [
+                helper.make_node("Transpose", ["x"], ["xt"], "t_in", perm=[0, 1, 3, 2]),
+                helper.make_node("Conv", ["xt", "w"], ["c"], "conv", pads=[1, 1, 1, 1]),
+                helper.make_node("Reshape", ["c", "shape"], ["y"], "flat"),
+                helper.make_node("Relu", ["x"], ["z"], "side"),
+            ],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+            [
+                helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256]),
+                helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 8, 8]),
+            ],
+            [builders._init("w", rng.normal(0, 0.3, (4, 3, 3, 3))), builders._init("shape", np.array([1, -1]))],
+            opset=17,
+        ),
+        "conv",
+        tmp_path,
+    )
     to_half, to_float = _casts(model)
     by_name = {n.name: n for n in model.graph.node}
     assert [n.input[0] for n in to_half] == ["x"] and by_name["t_in"].input[0] == to_half[0].output[0]
@@ -156,7 +167,9 @@ def test_mixed_plan_touches_only_its_units(conv):
     model = lower_plan(info, plan, ranges)
     check_valid(model)
     by_name = {n.name: n for n in model.graph.node}
-    assert by_name["conv0"].input[1] == next(i.name for i in info.model.graph.initializer if i.name == by_name["conv0"].input[1])
+    assert by_name["conv0"].input[1] == next(
+        i.name for i in info.model.graph.initializer if i.name == by_name["conv0"].input[1]
+    )
     assert any(i.endswith("_dq") for i in by_name["conv2"].input)
     assert not any(i.endswith("_dq") for i in by_name["conv1"].input)
     out = run(model, data.evaluation[0])
@@ -170,7 +183,9 @@ def test_tensorrt_form_qdq_is_signed_symmetric_on_inputs_only(conv):
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     # One Q per distinct activation input of a quantized layer (x, r0, res, flat), none on outputs.
-    assert sorted(n.input[0] for n in quantize) == sorted({t for u in info.units if not u.sensitive for t in u.activations})
+    assert sorted(n.input[0] for n in quantize) == sorted(
+        {t for u in info.units if not u.sensitive for t in u.activations}
+    )
     for n in model.graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             zero_point = inits[n.input[2]]
@@ -246,10 +261,14 @@ def test_sensitive_units_in_fp16_join_the_region_and_a_plan_cannot_give_them_int
     # FP32 softmax and LayerNorm split the FP16 region: Casts around each; in FP16 they join it
     assert sum(map(len, _casts(region))) < sum(map(len, _casts(islands)))
     assert sum(map(len, _casts(region))) == 2  # one in, one out
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(region.proto).graph.value_info}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(region.proto).graph.value_info
+    }
     computes = {n.name: types.get(n.output[0]) for n in region.graph.node}
     # the LayerNorm's ops, the neutral ops after it, the softmax and the residual Add all compute in FP16
-    assert all(computes[n] == onnx.TensorProto.FLOAT16 for n in ("ln_mean", "ln_div", "ln_shift", "softmax", "residual"))
+    assert all(
+        computes[n] == onnx.TensorProto.FLOAT16 for n in ("ln_mean", "ln_div", "ln_shift", "softmax", "residual")
+    )
     batch = data.evaluation[0]
     assert output_metrics(run(info.stored, batch), run(region, batch))["cosine"] > 0.999
     with pytest.raises(ValueError, match=r"softmax \(int8; it allows fp16, fp32\)"):

@@ -22,7 +22,9 @@ def test_units_are_compute_layers_in_graph_order_with_fused_neighbours(conv_mode
     assert units["conv1"].nodes == ("conv1", "sig1", "silu1")
     assert units["conv2"].nodes == ("conv2", "relu2")
     assert units["fc"].nodes == ("fc",)  # Softmax is a unit of its own, never fused into a compute unit
-    assert all(u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) and not u.sensitive for u in info.units[:4])
+    assert all(
+        u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) and not u.sensitive for u in info.units[:4]
+    )
     assert units["softmax"].sensitive and units["softmax"].allowed == (Precision.FP16, Precision.FP32)
     assert not any(n.op_type == "BatchNormalization" for n in info.model.graph.node)
 
@@ -147,7 +149,9 @@ def test_an_already_quantized_model_is_refused_naming_its_integer_ops(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = builders.IR_VERSION
     path = builders.save(model, tmp_path / "quantized.onnx")
-    with pytest.raises(ModelError, match=r"already quantized \(ConvInteger, DynamicQuantizeLinear\).*give autoprec the FP32 model"):
+    with pytest.raises(
+        ModelError, match=r"already quantized \(ConvInteger, DynamicQuantizeLinear\).*give autoprec the FP32 model"
+    ):
         analyse(path, load_search_space())
 
 

@@ -61,8 +61,12 @@ def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
     backend, lock = SlowBackend(), threading.Lock()
     batches = [{"x": np.ones(2, np.float32)}]
     reference = [{"y": np.ones(2, np.float32)}]
-    threads = [threading.Thread(target=measure, args=(backend, None, batches, Judge(Metric(), reference), None, lock), name=f"w{i}")
-               for i in range(2)]
+    threads = [
+        threading.Thread(
+            target=measure, args=(backend, None, batches, Judge(Metric(), reference), None, lock), name=f"w{i}"
+        )
+        for i in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from builders import conv_with_data, line_reader, save, session
 
 import autoprec
 from autoprec.app.cli import main
@@ -18,7 +19,6 @@ from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.deployment import deploy, fitted
-from builders import conv_with_data, line_reader, save, session
 
 OPT, LOW, HIGH = "1x3x8x16", "1x3x8x8", "4x3x8x32"
 
@@ -31,7 +31,9 @@ def _lines(count: int, width: int = 16, seed: int = 7) -> np.ndarray:
     """Text-line-like inputs: smooth strokes along the width, of ``width`` columns."""
     rng = np.random.default_rng(seed)
     columns = np.linspace(0, 6.3, width)
-    strokes = np.sin(columns[None, None, None, :] * rng.uniform(1, 3, (count, 3, 1, 1)) + rng.uniform(0, 6, (count, 3, 8, 1)))
+    strokes = np.sin(
+        columns[None, None, None, :] * rng.uniform(1, 3, (count, 3, 1, 1)) + rng.uniform(0, 6, (count, 3, 8, 1))
+    )
     return (strokes + 0.05 * rng.normal(size=strokes.shape)).astype(np.float32)
 
 
@@ -99,7 +101,10 @@ def test_every_export_carries_the_profile(searched, tmp_path):
     for name in ("trtexec/model.onnx", "trt10/model_fp32.onnx"):
         dims = onnx.load(str(tmp_path / name), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
         assert [d.dim_param or d.dim_value for d in dims] == ["N", 3, 8, "W"]
-    assert "PROFILE = {'x': ([1, 3, 8, 8], [1, 3, 8, 16], [4, 3, 8, 32])}" in (tmp_path / "python" / "build_engine.py").read_text()
+    assert (
+        "PROFILE = {'x': ([1, 3, 8, 8], [1, 3, 8, 16], [4, 3, 8, 32])}"
+        in (tmp_path / "python" / "build_engine.py").read_text()
+    )
     card = (tmp_path / "markdown" / "BUILD.md").read_text()
     assert f"| `x` | \\[N, 3, 8, W\\] | {LOW} | {OPT} | {HIGH} |" in card
     config = (tmp_path / "triton" / "reader" / "config.pbtxt").read_text()
@@ -203,5 +208,8 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
                     min_shapes={"x": (1, 3, 2, 2)}, time_shapes=True)  # a 5x5 kernel cannot slide over 2x2
     pareto = json.loads((out / "pareto.json").read_text())
     assert all(ms["min"] is None and ms["opt"] > 0 for ms in pareto["search"]["profile_timing"]["ms"].values())
-    checks = {c["point"]: c for c in json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]}
+    checks = {
+        c["point"]: c
+        for c in json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
+    }
     assert checks["min"]["error"].startswith("the given model itself does not run there")

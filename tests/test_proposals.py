@@ -15,7 +15,9 @@ def test_the_latency_model_reads_the_profiles_then_learns_what_a_mixed_plan_cost
     assert model.predict(Features(0.4, 0.0, 0)) == pytest.approx(6.0)  # before any trial: the profiles' reading
     truth = (0.7, 0.9, 0.05)  # savings hold at 70 % / 90 % in mixed plans; each conversion costs 0.05 ms
     plans = [Features(i8, f16, n) for i8 in (0.0, 0.2, 0.4) for f16 in (0.0, 0.1, 0.3) for n in (0, 4, 12)]
-    measured = [(f, 10.0 * (1 - truth[0] * f.saved_int8 - truth[1] * f.saved_fp16) + truth[2] * f.conversions) for f in plans]
+    measured = [
+        (f, 10.0 * (1 - truth[0] * f.saved_int8 - truth[1] * f.saved_fp16) + truth[2] * f.conversions) for f in plans
+    ]
     model.refit(measured)
     assert model.coefficients == pytest.approx(truth, abs=0.03)
     assert median_error_percent([(model.predict(f), ms) for f, ms in measured]) < 1.0
@@ -83,7 +85,9 @@ def test_with_proposals_a_uniform_plan_past_the_limit_costs_no_build(tmp_path):
     autoprec.search(model, budget=6, data=data, out=out, max_loss=1e-6, proposals=4, progress=False, isolate=False)
     built = [t["plan"]["precisions"] for t in json.loads((out / "trials.json").read_text())["trials"]]
     storage = f"sqlite:///{out / 'study.db'}"
-    reference = next(s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.endswith("/reference"))
+    reference = next(
+        s.study_name for s in optuna.get_all_study_summaries(storage) if s.study_name.endswith("/reference")
+    )
     judged = optuna.load_study(study_name=reference, storage=storage).get_trials()
     all_int8 = [t for t in judged if set(t.params.values()) == {"int8"}]
     assert all_int8 and all_int8[0].user_attrs["reference_loss"] > 1e-6  # judged, and past the limit

@@ -55,7 +55,9 @@ def test_the_result_records_what_re_creates_its_analysis(seeded):
     root, out, result = seeded
     pareto = json.loads((out / "pareto.json").read_text())
     facts = pareto["search"]
-    assert facts["seed"] == 3 and facts["data_fingerprint"] and facts["calibration_file"].startswith("cache/calibration-")
+    assert (
+        facts["seed"] == 3 and facts["data_fingerprint"] and facts["calibration_file"].startswith("cache/calibration-")
+    )
     assert facts["search_space"]["fusable"] == [] and facts["search_space"]["overrides"] == [["fc", ["fp16", "fp32"]]]
     assert pareto["model"]["path"] == str(root / "conv.onnx")  # absolute, whatever the working directory was
 
@@ -64,7 +66,10 @@ def test_an_exported_trial_is_the_model_that_was_measured(seeded, tmp_path):
     """--seed 3 split the data its own way; export re-creates that split's calibration, not seed 0's."""
     _, out, result = seeded
     chosen = result.chosen.number
-    assert _exit(["export", str(out), "--format", "triton", "--trial", str(chosen), "--out", str(tmp_path), "--name", "m"]) == 0
+    assert (
+        _exit(["export", str(out), "--format", "triton", "--trial", str(chosen), "--out", str(tmp_path), "--name", "m"])
+        == 0
+    )
     exported = onnx.load(str(tmp_path / "m" / "1" / "model.onnx"))
     measured = onnx.load(str(out / "best" / "model.onnx"))
     assert _initializers(exported) == _initializers(measured)
@@ -86,7 +91,9 @@ def test_a_changed_model_at_the_recorded_path_is_refused(seeded, tmp_path):
     copy = tmp_path / "result"
     shutil.copytree(out, copy)
     pareto = json.loads((copy / "pareto.json").read_text())
-    other = builders.save(builders.conv_net(batch="N", seed=7), tmp_path / "conv.onnx")  # same architecture, other weights
+    other = builders.save(
+        builders.conv_net(batch="N", seed=7), tmp_path / "conv.onnx"
+    )  # same architecture, other weights
     pareto["model"]["path"] = str(other)
     (copy / "pareto.json").write_text(json.dumps(pareto))
     with pytest.raises(AutoprecError, match="not the model .* was searched with"):
@@ -168,8 +175,9 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = builders.IR_VERSION
-    result = autoprec.search(builders.save(model, tmp_path / "mixed.onnx"), budget=3, out=tmp_path / "out", progress=False,
-                             warm_start=False)
+    result = autoprec.search(
+        builders.save(model, tmp_path / "mixed.onnx"), budget=3, out=tmp_path / "out", progress=False, warm_start=False
+    )
     units = {u["name"]: u["allowed"] for u in result.units}
     assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}
     assert all(t.plan["fp64_layer"].value == "fp32" for t in result.trials)

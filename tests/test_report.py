@@ -93,7 +93,9 @@ def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path)
     assert page.count("data:image/png;base64,") == 2 and "src=\"http" not in page
     assert pareto["engine"]["device"] in page and pareto["engine"]["version"] in page
     browser = _chromium() + [f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run(browser + ["--dump-dom", (a / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    dom = subprocess.run(
+        browser + ["--dump-dom", (a / "report.html").as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert "Pareto front" in dom.stdout and f"Chosen: trial {chosen['trial']}" in dom.stdout
     shot = tmp_path / "report.png"
     subprocess.run(browser + ["--window-size=1280,1600", f"--screenshot={shot}", (a / "report.html").as_uri()],

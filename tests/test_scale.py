@@ -50,7 +50,11 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
     want = ort.InferenceSession(str(model)).run(None, {"ids": ids})[0]
     assert got.shape == want.shape and np.allclose(got, want, rtol=0.1, atol=0.1)
     prepared = [p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]
-    assert len(prepared) == 1 and (prepared[0] / "given" / "huge.onnx.data").stat().st_size == (model.parent / "huge.onnx.data").stat().st_size
+    assert (
+        len(prepared) == 1
+        and (prepared[0] / "given" / "huge.onnx.data").stat().st_size
+        == (model.parent / "huge.onnx.data").stat().st_size
+    )
 
 
 def test_a_model_over_2gb_exports_for_tensorrt_with_its_weights_beside_it(over_2gb, tmp_path):
@@ -76,7 +80,10 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
     assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
     assert not any(i.HasField("raw_data") and len(i.raw_data) > stored.INLINE_BYTES
                    for i in onnx.load(str(out / "best" / "model.onnx"), load_external_data=False).graph.initializer)
-    assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (1, 5)
+    assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (
+        1,
+        5,
+    )
     autoprec.search(model, data=data, out=out, budget=5, progress=False)  # resumed: the preparation is read again
     assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
     assert onnx.load(str(model)).graph.initializer  # the given model loads as before (no link of ours on its files)
@@ -90,7 +97,9 @@ def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_p
     monkeypatch.setattr(stored, "EXTERNAL_EXPORT_BYTES", 1024)  # as if the weights were a gigabyte
     assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trt")]) == 0
     assert (tmp_path / "trt" / "model.onnx.data").is_file()
-    assert ort.InferenceSession(str(tmp_path / "trt" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (1, 5)
+    assert ort.InferenceSession(str(tmp_path / "trt" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[
+        0
+    ].shape == (1, 5)
 
 
 def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
@@ -105,7 +114,10 @@ def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
     ranges = calibrate(info, dataset.calibration, dataset.fingerprint())
     for form in QDQForm:
         lowered = lower_plan(info, info.plan_at(Precision.INT8, ["fc1"]), ranges, form)
-        changed = {"fc1", *(["bias1"] if form is QDQForm.ORT_CPU else [])}  # ONNX Runtime's form: its reader reads the DQ
+        changed = {
+            "fc1",
+            *(["bias1"] if form is QDQForm.ORT_CPU else []),
+        }  # ONNX Runtime's form: its reader reads the DQ
         original = [n.SerializeToString() for n in info.model.graph.node if n.name not in changed]
         kept = [n.SerializeToString() for n in lowered.graph.node if n.name in {m.name for m in info.model.graph.node}
                 and n.name not in changed]
@@ -148,12 +160,25 @@ def _set_field(path, model, key, value):
     return tensor.name
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("offset", "-4096", r"says offset -4096, length \d+ in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save"),
-    ("length", "16", r"says offset \d+, length 16 in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save"),
-    ("offset", "abc", r"has unreadable external-data fields .*'offset': 'abc'.*; re-save"),
-])
-def test_external_data_fields_that_cannot_be_right_get_one_line_naming_the_tensor(tmp_path, capsys, key, value, message):
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "offset",
+            "-4096",
+            r"says offset -4096, length \d+ in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save",
+        ),
+        (
+            "length",
+            "16",
+            r"says offset \d+, length 16 in 'mlp.onnx.data', but its type and dims take \d+ bytes; re-save",
+        ),
+        ("offset", "abc", r"has unreadable external-data fields .*'offset': 'abc'.*; re-save"),
+    ],
+)
+def test_external_data_fields_that_cannot_be_right_get_one_line_naming_the_tensor(
+    tmp_path, capsys, key, value, message
+):
     path, model = _external_mlp(tmp_path / "m")
     name = _set_field(path, model, key, value)
     assert main(["search", str(path), "--budget", "2", "--out", str(tmp_path / "out"), "--no-progress"]) == 2

@@ -45,7 +45,9 @@ def test_result_files_and_schema(conv_search):
     # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds: FP32 ran in every pairing
     assert all(len(t["retimed_ms"]) == 3 for t in front if t["trial"] != fp32_number)
     assert all(t["final_latency_ms"] == pytest.approx(statistics.median(t["retimed_ms"])) for t in front)
-    assert retiming["rounds"] == 3 and not retiming["failed"] and retiming["builds"] == 2 * (len(retiming["retimed"]) - 1)
+    assert (
+        retiming["rounds"] == 3 and not retiming["failed"] and retiming["builds"] == 2 * (len(retiming["retimed"]) - 1)
+    )
     for t in front:
         lat = t["latency_ms"]
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["runs"] >= 10
@@ -89,8 +91,14 @@ def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(lar
     assert (line is not None) == said
     if said:
         assert f"up to {largest:.0f} %" in line and f"{outside} of 5 plans" in line
-    chosen = {"trial": 3, "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}, "precisions": {}}, "final_latency_ms": 2.0,
-              "latency_ms": {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1, "runs": 10, "warmup": 3}, "accuracy_loss": 0.001, "metrics": {}}
+    chosen = {
+        "trial": 3,
+        "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}, "precisions": {}},
+        "final_latency_ms": 2.0,
+        "latency_ms": {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1, "runs": 10, "warmup": 3},
+        "accuracy_loss": 0.001,
+        "metrics": {},
+    }
     summary = chosen_summary({"search": {"max_loss": 0.01, **search}, "chosen_vs_fp32": None}, chosen)
     assert any(line in row for row in summary) if said else not any("drifted" in row for row in summary)
 
@@ -114,7 +122,10 @@ def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
 def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
     model, data, out, _ = conv_search
     storage = f"sqlite:///{out / 'study.db'}"
-    before = {t.number: (t.values, t.params) for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials}
+    before = {
+        t.number: (t.values, t.params)
+        for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
+    }
     autoprec.search(model, budget=10, data=data, out=out, max_loss=0.02, seed=1, progress=False)
     trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     assert len(trials) == 10
@@ -183,7 +194,11 @@ def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
     fail_dead_trials(study)  # a second look (another worker) queues nothing more
     retries = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert study.trials[queued.number].state.name == "FAIL"
-    assert len(retries) == 1 and retries[0].system_attrs["fixed_params"] == plan and retried_trial(retries[0]) == queued.number
+    assert (
+        len(retries) == 1
+        and retries[0].system_attrs["fixed_params"] == plan
+        and retried_trial(retries[0]) == queued.number
+    )
     rerun = study.ask()  # the re-run dies too: given up, not queued a third time
     assert rerun.number == retries[0].number
     time.sleep(5)
@@ -279,7 +294,9 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     engine = _clock_engine(events, alive, failing="int8")
 
     def record(number, ms, precision):
-        return TrialRecord(number, Plan.from_mapping({"u": precision}), Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True)
+        return TrialRecord(
+            number, Plan.from_mapping({"u": precision}), Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True
+        )
 
     def pair(reference, plan, rounds):
         return time_paired(engine, reference["u"].value, plan["u"].value, {}, rounds)
@@ -313,12 +330,14 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
     assert {"fp16", "fp32"} <= set(result.uniform())
     facts = json.loads((out / "pareto.json").read_text())["search"]
     assert facts["precisions"] == ["fp16", "fp32"] and "int8" in facts["left_out"]
-    with pytest.raises(autoprec.AutoprecError, match="different search"):  # the same study with INT8 back is another search
+    with pytest.raises(
+        autoprec.AutoprecError, match="different search"
+    ):  # the same study with INT8 back is another search
         autoprec.search(mlp_model, budget=5, out=out, progress=False)
 
 
 def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
-    from autoprec.app.search import engine_space
+    from autoprec.app.prepare import engine_space
     from autoprec.backends.onnxruntime import OrtCudaBackend
     from autoprec.core.plan import Precision
 
@@ -332,7 +351,7 @@ def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
 
 
 def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
-    from autoprec.app.search import engine_space
+    from autoprec.app.prepare import engine_space
     from autoprec.backends import get_backend
 
     space, _, left_out = engine_space(load_search_space(), get_backend("ort-cpu"), None)
@@ -393,7 +412,9 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
     study.enqueue_trial({"conv1": "int8"})
     orphan = study.ask()
     study._storage.record_heartbeat(orphan._trial_id)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     orphan.set_user_attr(WORKER_ATTR, {"id": f"{socket.gethostname()}:{gone}", "trial": orphan.number})
     alive = study.ask()
     study._storage.record_heartbeat(alive._trial_id)
@@ -478,4 +499,7 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
     assert any("re-timing trial" in r.message and "no verdict on timing noise" in r.message for r in caplog.records)
     assert pareto["chosen_vs_fp32"]["beyond_timing_noise"] is None and not pareto["chosen_vs_fp32"]["retimed"]
     pareto["chosen_vs_fp32"]["fp32_trial"] = -1  # as shown beside a plan other than all-FP32
-    assert "not re-timed: no verdict on timing noise" in chosen_summary(pareto, json.loads((out / "best" / "plan.json").read_text()))[1]
+    assert (
+        "not re-timed: no verdict on timing noise"
+        in chosen_summary(pareto, json.loads((out / "best" / "plan.json").read_text()))[1]
+    )

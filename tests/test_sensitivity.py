@@ -66,18 +66,28 @@ def test_each_units_loss_is_that_of_the_one_unit_plan_measured_on_its_own(conv_p
     engine = get_backend("ort-cpu")
     batches, refs = dataset.evaluation[:2], reference[:2]
     found = analyse_sensitivity(
-        info, engine, ranges, lambda plan: accuracy_loss(engine, engine.lower(info, plan, ranges), batches, Judge(Metric(), refs)),
-        batches[0], 2
+        info,
+        engine,
+        ranges,
+        lambda plan: accuracy_loss(engine, engine.lower(info, plan, ranges), batches, Judge(Metric(), refs)),
+        batches[0],
+        2,
     )
     assert found.evaluations == sum(len(u.allowed) - 1 for u in info.searchable_units)
     assert [u.unit for u in found.units] == [u.name for u in info.searchable_units]
     conv1 = next(u for u in found.units if u.unit == "conv1")
-    alone = measure(engine, engine.lower(info, info.plan_at(Precision.INT8, ["conv1"]), ranges), batches, Judge(Metric(), refs))
+    alone = measure(
+        engine, engine.lower(info, info.plan_at(Precision.INT8, ["conv1"]), ranges), batches, Judge(Metric(), refs)
+    )
     assert conv1.loss["int8"] == pytest.approx(alone.loss, rel=1e-6, abs=1e-9)
-    assert all(u.loss["fp16"] < u.loss["int8"] for u in found.units if "int8" in u.loss)  # FP16 keeps 10 mantissa bits, INT8 256 levels
+    assert all(
+        u.loss["fp16"] < u.loss["int8"] for u in found.units if "int8" in u.loss
+    )  # FP16 keeps 10 mantissa bits, INT8 256 levels
 
 
-def _sens(losses: dict[str, tuple[float, float]], shares: dict[str, float], gains: dict[str, dict] | None = None) -> Sensitivity:
+def _sens(
+    losses: dict[str, tuple[float, float]], shares: dict[str, float], gains: dict[str, dict] | None = None
+) -> Sensitivity:
     units = tuple(UnitSensitivity(n, "Conv", shares[n], {"int8": i8, "fp16": f16}, (gains or {}).get(n, {}))
                   for n, (i8, f16) in losses.items())
     return Sensitivity(units, 0.0, 1, 2 * len(units), 0.0, "test")
@@ -94,8 +104,13 @@ def test_inserted_qdq_time_is_charged_to_the_lowered_units_beside_it(conv_prepar
     assert spent["conv0"] == 2 + len(inserted)  # Conv + Relu + all lowering added around it
     assert spent["conv1"] == 3 and spent["conv2"] == 2 and spent["fc"] == 1  # FP32 units: their own nodes only
     # the same Q/DQ between two lowered units is shared between them
-    both = engine.lower(info, Plan.from_mapping({u.name: Precision.INT8 if u.name in ("conv0", "conv1") else Precision.FP32
-                                                 for u in info.units}), ranges)
+    both = engine.lower(
+        info,
+        Plan.from_mapping(
+            {u.name: Precision.INT8 if u.name in ("conv0", "conv1") else Precision.FP32 for u in info.units}
+        ),
+        ranges,
+    )
     shared = unit_times(info, both, {n.name: 1.0 for n in both.graph.node}, frozenset({"conv0", "conv1"}))
     added = {n.name for n in both.graph.node} - {n.name for n in info.model.graph.node}
     assert shared["conv0"] == 2 + 3 + 2 / 2  # its own, x's Q/DQ and its weight's DQ, half the Q/DQ it shares with conv1
@@ -151,7 +166,9 @@ def test_warm_start_lowers_only_units_that_save_time_even_when_the_all_units_pla
     # without a profile, the slower all-units plan rules INT8 out
     assert warm_start_params(info, _sens(losses, shares), max_loss=None, uniform=uniform) == []
     # where the all-units plan is faster, lowering pays on the whole: ranked per share, losers included
-    faster = warm_start_params(info, _sens(losses, shares, gains), max_loss=None, uniform={**uniform, "int8": (7.0, 0.002)})
+    faster = warm_start_params(
+        info, _sens(losses, shares, gains), max_loss=None, uniform={**uniform, "int8": (7.0, 0.002)}
+    )
     assert {frozenset(n for n, p in plan.items() if p == "int8") for plan in faster} >= {frozenset(names[:3])}
     # all-INT8 never timed (rejected early for its loss): not known which holds, so both rankings seed plans
     untimed = {k: v for k, v in uniform.items() if k != "int8"}
@@ -216,7 +233,9 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
 def test_sensitivity_command_writes_its_files(tmp_path, conv_model, conv_data, capsys):
     from autoprec.app.cli import main
 
-    code = main(["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"), "--no-progress"])
+    code = main(
+        ["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"), "--no-progress"]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "sensitivity" in printed and "conv1" in printed and "onnxruntime" in printed
@@ -234,8 +253,11 @@ def test_a_sensitive_unit_is_searched_only_where_alone_it_stays_within_the_limit
     from tests import builders
 
     info = analyse(builders.save(builders.transformer_block(), tmp_path / "block.onnx"), load_search_space())
-    compute = {u.name: UnitSensitivity(u.name, u.op_type, 0.2, {"int8": 1e-3, "fp16": 1e-5}, {"int8": 0.05, "fp16": 0.05})
-               for u in info.searchable_units if not u.sensitive}
+    compute = {
+        u.name: UnitSensitivity(u.name, u.op_type, 0.2, {"int8": 1e-3, "fp16": 1e-5}, {"int8": 0.05, "fp16": 0.05})
+        for u in info.searchable_units
+        if not u.sensitive
+    }
 
     def sensitivity(ln: tuple[float, float], softmax: tuple[float, float]) -> Sensitivity:
         found = [UnitSensitivity(name, "x", 0.01, {"fp16": loss}, {"fp16": gain})

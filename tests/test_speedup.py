@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from builders import conv_with_data
 
 import autoprec
 from autoprec.app.cli import main
@@ -14,7 +15,6 @@ from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.measurement import InProcessMeasurer, Paired
 from autoprec.measure.speedup import speedup
-from builders import conv_with_data
 
 pytestmark = pytest.mark.final_timing
 
@@ -33,7 +33,9 @@ def test_a_real_gain_has_an_interval_around_it_and_beyond_noise():
     found = speedup(_rounds(13.0, 0.02, 12, 1), _rounds(10.0, 0.02, 12, 2))
     assert found.beyond_timing_noise and found.low > 1.2 and found.high < 1.4
     assert found.low < found.speedup < found.high and found.rounds == 12 and found.confidence == 0.95
-    assert speedup(_rounds(13.0, 0.02, 12, 1), _rounds(10.0, 0.02, 12, 2)) == found  # seeded: the same rounds, the same interval
+    assert (
+        speedup(_rounds(13.0, 0.02, 12, 1), _rounds(10.0, 0.02, 12, 2)) == found
+    )  # seeded: the same rounds, the same interval
 
 
 def test_drift_that_hits_a_round_alike_does_not_widen_the_interval():
@@ -90,7 +92,9 @@ def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, ca
 
 def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
     model, data = conv_with_data(tmp_path, items=4)
-    result = autoprec.search(model, budget=2, data=data, out=tmp_path / "out", progress=False, warm_start=False, threads=1)
+    result = autoprec.search(
+        model, budget=2, data=data, out=tmp_path / "out", progress=False, warm_start=False, threads=1
+    )
     assert "1 threads" in result.engine.device
     with pytest.raises(AutoprecError, match="--threads 2: sets ONNX Runtime's intra-op threads"):
         autoprec.search(model, budget=1, out=tmp_path / "trt", backend="tensorrt-rtx", threads=2, progress=False)

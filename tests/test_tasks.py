@@ -29,7 +29,9 @@ BUNDLED = "datasets/ppocr_cls"
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600
+    )
 
 
 def one_hot_steps(ids, classes):
@@ -184,7 +186,9 @@ def test_a_plan_chosen_on_a_similarity_says_when_decisions_changed():
 
 def test_labels_from_an_npz_and_from_an_image_folder_sidecar(tmp_path):
     spec = (TensorSpec("x", (1, 2), "float32"),)
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(4), text=np.array(["a", "b", "c", "d"]))
+    np.savez(
+        tmp_path / "d.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(4), text=np.array(["a", "b", "c", "d"])
+    )
     found = load_labels(tmp_path / "d.npz", spec, 4)
     assert list(found["labels"]) == [0, 1, 2, 3] and list(found["text"]) == ["a", "b", "c", "d"]
     dataset = build_dataset(tmp_path / "d.npz", spec, seed=0)
@@ -285,20 +289,30 @@ def test_top1_against_the_bundled_models_labels(tmp_path):
     # the FP32 model's accuracy on the evaluation half, computed here
     dataset = build_dataset(f"{BUNDLED}/textlines.npz", (TensorSpec("x", (1, 3, 48, 192), "float32"),), seed=0)
     session = ort.InferenceSession(f"{BUNDLED}/model.onnx")
-    right = [session.run(None, b)[0].argmax(-1)[0] == t["labels"][0] for b, t in zip(dataset.evaluation, dataset.labels)]
+    right = [
+        session.run(None, b)[0].argmax(-1)[0] == t["labels"][0] for b, t in zip(dataset.evaluation, dataset.labels)
+    ]
     assert fp32["top1_labels"] == pytest.approx(np.mean(right))
     for trial in json.loads((out / "trials.json").read_text())["trials"]:
         assert trial["accuracy_loss"] == pytest.approx(fp32["top1_labels"] - trial["metrics"][name]["top1_labels"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--metric", "top1@labels"], "no 'labels' array"),
-    (["--metric", "ctc-text@labels"], "no 'text' array"),
-    (["--metric", "embedding", "--task-output", "nothing"], "--task-output nothing: the model has no such output; its outputs are: probs"),
-    (["--metric", "detection", "--det-conf", "2"], "--det-conf: .*between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--metric", "top1@labels"], "no 'labels' array"),
+        (["--metric", "ctc-text@labels"], "no 'text' array"),
+        (
+            ["--metric", "embedding", "--task-output", "nothing"],
+            "--task-output nothing: the model has no such output; its outputs are: probs",
+        ),
+        (["--metric", "detection", "--det-conf", "2"], "--det-conf: .*between 0 and 1"),
+    ],
+)
 def test_bad_metric_options_and_missing_labels_give_one_line(tmp_path, conv_model, conv_data, args, message):
-    proc = run_cli("search", conv_model, "--data", conv_data, "--budget", 2, "--out", tmp_path / "o", "--no-progress", *args)
+    proc = run_cli(
+        "search", conv_model, "--data", conv_data, "--budget", 2, "--out", tmp_path / "o", "--no-progress", *args
+    )
     assert proc.returncode == 2
     assert any(re.search(message, line) for line in proc.stderr.splitlines()), proc.stderr
     assert "Traceback" not in proc.stderr

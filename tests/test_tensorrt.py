@@ -16,7 +16,6 @@ import builders
 import fake_tensorrt as fake
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import autoprec
@@ -27,10 +26,10 @@ from autoprec.app.cli import main
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import read_engine_layers
 from autoprec.backends.tensorrt.layers import parse_engine_layers, plan_fidelity
+from autoprec.core import stored
 from autoprec.core.errors import BackendError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
-from autoprec.core import stored
 from autoprec.lower import QDQForm, lower_plan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
@@ -103,7 +102,9 @@ def test_every_tensorrt_name_the_backend_uses_exists_in_tensorrt_11_4_and_10(mon
         "IBuilderConfig.set_memory_pool_limt", "ICudaEngine.num_io_tensor"]
 
 
-def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_shared_timing_cache(monkeypatch, trt, tmp_path, conv_data):
+def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_shared_timing_cache(
+    monkeypatch, trt, tmp_path, conv_data
+):
     model_path = builders.save(builders.conv_net(batch="N"), tmp_path / "dynamic.onnx")
     info = analyse(model_path, load_search_space(), shapes={"x": (1, 3, 16, 16)})
     plan = Plan.uniform([u.name for u in info.units], Precision.FP16)
@@ -114,7 +115,10 @@ def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_sha
     assert ("Builder", "create_network", 0) in calls  # TensorRT 11: always strongly typed, no flag
     assert ("IBuilderConfig", "set_memory_pool_limit", "MemoryPoolType.WORKSPACE", 4 << 30) in calls
     assert ("IBuilderConfig", "builder_optimization_level", 3) in calls
-    assert any(c[:2] == ("IBuilderConfig", "profiling_verbosity") and repr(c[2]) == "ProfilingVerbosity.DETAILED" for c in calls)
+    assert any(
+        c[:2] == ("IBuilderConfig", "profiling_verbosity") and repr(c[2]) == "ProfilingVerbosity.DETAILED"
+        for c in calls
+    )
     assert not any(c[0] == "IOptimizationProfile" for c in calls)  # the candidate's inputs are static
     assert ("IBuilderConfig", "create_timing_cache", b"") in calls  # first build of the study: empty cache
     cache_file = tmp_path / "cache" / "tensorrt.timing-cache"
@@ -160,11 +164,15 @@ def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
     backend = get_backend("tensorrt")
     with backend.prepare(backend.lower(info, plan, ranges)) as runner:
         fidelity = runner.build_report()["plan_fidelity"]
-    assert fidelity["plan_ignored"] and fidelity["checked_units"] == 5  # FP32 units checked too, the softmax unit among them
+    assert (
+        fidelity["plan_ignored"] and fidelity["checked_units"] == 5
+    )  # FP32 units checked too, the softmax unit among them
     assert fidelity["ignored_units"] == [{"unit": "fc", "planned": "int8", "ran": ["fp32"], "layers": ["fc + fused"]}]
 
 
-def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_ignored_the_plan(trt, tmp_path, conv_model, conv_data, caplog):
+def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_ignored_the_plan(
+    trt, tmp_path, conv_model, conv_data, caplog
+):
     fake.IGNORE_NODES.add("conv2")
     out = tmp_path / "result"
     autoprec.search(conv_model, budget=5, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
@@ -197,13 +205,20 @@ def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_an
     def lacks_a_kernel(self, model):
         raise BackendError("Could not find an implementation for Conv(11) node with name 'conv1'")
 
-    monkeypatch.setattr(OrtCpuBackend, "prepare", lacks_a_kernel)  # the reference executor only: the model runs elsewhere
+    monkeypatch.setattr(
+        OrtCpuBackend, "prepare", lacks_a_kernel
+    )  # the reference executor only: the model runs elsewhere
     out = tmp_path / "result"
     autoprec.search(conv_model, budget=4, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
     search = json.loads((out / "pareto.json").read_text())["search"]
-    assert "the reference executor cannot run this model" in caplog.text and "Could not find an implementation" in caplog.text
+    assert (
+        "the reference executor cannot run this model" in caplog.text
+        and "Could not find an implementation" in caplog.text
+    )
     assert search["reference"]["executor"] == "tensorrt itself (ONNX Runtime CPU could not run the model)"
-    assert search["reference_evaluations"] == 0 and search["engine_builds_by_phase"]["accuracy"] > 0  # counted as builds
+    assert (
+        search["reference_evaluations"] == 0 and search["engine_builds_by_phase"]["accuracy"] > 0
+    )  # counted as builds
 
 
 def test_selecting_tensorrt_without_it_is_a_one_line_error(monkeypatch, conv_model, capsys):
@@ -249,9 +264,16 @@ def test_tensorrt_11_schema_split_fields_and_io_tensors():
 
 def test_fp32_layers_of_a_reduced_precision_engine_are_listed_first():
     def layer(name, dtype):
-        return {"Name": name, "LayerType": "CaskConvolution", "Inputs": [{"Name": "t", "Format/Datatype": dtype}], "Outputs": []}
+        return {
+            "Name": name,
+            "LayerType": "CaskConvolution",
+            "Inputs": [{"Name": "t", "Format/Datatype": dtype}],
+            "Outputs": [],
+        }
 
-    layers = parse_engine_layers({"Layers": [layer("a", "Int8"), layer("b", "Half"), layer("c", "Float")], "Bindings": []})
+    layers = parse_engine_layers(
+        {"Layers": [layer("a", "Int8"), layer("b", "Half"), layer("c", "Float")], "Bindings": []}
+    )
     assert [x.name for x in layers.ordered()] == ["c", "a", "b"]
     assert layers.summary()["fp32_in_reduced_precision_engine"] == ["c"]
 
@@ -264,7 +286,10 @@ def test_inspect_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     written = json.loads(out.read_text())
     assert written["precision_counts"] == {"int8": 4, "fp16": 1} and len(written["layer_table"]) == 5
     pool = next(x for x in written["layer_table"] if x["name"] == "GlobalAveragePool_843")
-    assert pool["precision"] == "fp16" and pool["inputs"][0]["format"] == "Two wide channel vectorized row major FP16 format"
+    assert (
+        pool["precision"] == "fp16"
+        and pool["inputs"][0]["format"] == "Two wide channel vectorized row major FP16 format"
+    )
 
 
 def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, tmp_path, capsys):
@@ -320,7 +345,10 @@ def test_explicit_precision_models_meet_tensorrts_qdq_rules(tmp_path, build):
     data = build_dataset(None, info.inputs)
     ranges = calibrate(info, data.calibration, data.fingerprint())
     names = [u.name for u in info.searchable_units if Precision.INT8 in u.allowed]
-    for plan in (info.plan_at(Precision.INT8), Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)})):
+    for plan in (
+        info.plan_at(Precision.INT8),
+        Plan.from_mapping({n: ("int8", "fp16")[i % 2] for i, n in enumerate(names)}),
+    ):
         model = lower_plan(info, plan, ranges, QDQForm.TENSORRT)
         builders.check(model)
         assert check_tensorrt_qdq_rules(model) >= plan.counts()["int8"]
@@ -372,12 +400,20 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
     assert not any(n.op_type in ("QuantizeLinear", "Cast") for n in fp32.graph.node)
     lines = (folder / "calibration.cache").read_text().splitlines()
     assert lines[0] == "TRT-100000-EntropyCalibration2"
-    cache = {name: struct.unpack(">f", bytes.fromhex(value))[0] for name, value in (line.split(": ") for line in lines[1:])}
+    cache = {
+        name: struct.unpack(">f", bytes.fromhex(value))[0] for name, value in (line.split(": ") for line in lines[1:])
+    }
     # the same scales as the explicit-precision model's activation Q nodes
-    assert _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial), "--out", str(folder / "q")]) == 0
+    assert (
+        _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial), "--out", str(folder / "q")]) == 0
+    )
     model = onnx.load(str(folder / "q" / "model.onnx"))
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-    quantized = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+    quantized = {
+        n.input[0]: float(inits[n.input[1]])
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits
+    }
     assert quantized and all(cache[name] == pytest.approx(scale, rel=1e-6) for name, scale in quantized.items())
 
 
@@ -421,7 +457,12 @@ def test_builder_log_layers_of_tensorrt_for_rtx_are_read_without_tensorrt():
     assert by_name["conv2_myl0_4"].precision == "fp32" and by_name["fc_myl0_6"].precision == "int8"
     planned = {"conv0": "int8", "conv1": "fp16", "conv2": "fp32", "fc": "int8"}
     fidelity = plan_fidelity(layers, {u: {"precision": p, "nodes": [u]} for u, p in planned.items()})
-    assert fidelity.to_json() == {"checked_units": 4, "plan_ignored": False, "ignored_units": [], "source": "builder log"}
+    assert fidelity.to_json() == {
+        "checked_units": 4,
+        "plan_ignored": False,
+        "ignored_units": [],
+        "source": "builder log",
+    }
     wrong = plan_fidelity(layers, {"conv2": {"precision": "fp16", "nodes": ["conv2"]}})
     assert wrong.ignored == ({"unit": "conv2", "planned": "fp16", "ran": ["fp32"], "layers": ["conv2_myl0_4"]},)
 

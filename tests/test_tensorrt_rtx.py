@@ -20,7 +20,6 @@ import optuna
 import pytest
 
 import autoprec
-from autoprec.core import stored
 from autoprec import zoo
 from autoprec.app.cli import main
 from autoprec.app.prepare import prepare
@@ -32,6 +31,7 @@ from autoprec.backends.tensorrt import (
     import_tensorrt,
     stamp_plan,
 )
+from autoprec.core import stored
 from autoprec.core.errors import BackendError, SearchFailed
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
@@ -81,17 +81,31 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
     result = autoprec.search(f"zoo:{name}", budget=4, out=tmp_path / "out", warm_start=False, progress=False)
     searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
     assert searched, "the search measured no mixed plan"
-    prepared = prepare(fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "out" / "cache")
+    prepared = prepare(
+        fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "out" / "cache"
+    )
     op_type = {u.name: u.op_type for u in prepared.info.units}
     for plan in [*(prepared.info.plan_at(p) for p in Precision), searched[0]]:
-        lowered = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT)  # what --backend tensorrt-rtx lowers
+        lowered = lower_plan(
+            prepared.info, plan, prepared.ranges, QDQForm.TENSORRT
+        )  # what --backend tensorrt-rtx lowers
         built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, prepared.info, plan))
         assert len(built.serialized) > 10_000
         checks = built.report["fidelity_checks"]
         assert set(checks) == {"network types", "builder log"}
-        assert not checks["network types"]["plan_ignored"], (name, plan.counts(), checks["network types"]["ignored_units"][:3])
-        assert checks["network types"]["checked_units"] == checks["builder log"]["checked_units"] == len(prepared.info.units)
-        otherwise = {(op_type[u["unit"]], u["planned"], tuple(u["ran"])) for u in checks["builder log"]["ignored_units"]}
+        assert not checks["network types"]["plan_ignored"], (
+            name,
+            plan.counts(),
+            checks["network types"]["ignored_units"][:3],
+        )
+        assert (
+            checks["network types"]["checked_units"]
+            == checks["builder log"]["checked_units"]
+            == len(prepared.info.units)
+        )
+        otherwise = {
+            (op_type[u["unit"]], u["planned"], tuple(u["ran"])) for u in checks["builder log"]["ignored_units"]
+        }
         # a dequantized deconvolution runs in float: FP32, or FP16 beside an FP16 region of a mixed plan
         assert all(op == "ConvTranspose" and planned == "int8" and set(ran) <= {"fp16", "fp32"}
                    for op, planned, ran in otherwise), (name, plan.counts(), otherwise)
@@ -119,7 +133,9 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
         autoprec.search(conv_model, budget=3, data=conv_data, out=out, backend="tensorrt-rtx", isolate=False,
                         warm_start=False, progress=False)
     study = optuna.load_study(study_name="autoprec-conv-tensorrt-rtx", storage=f"sqlite:///{out / 'study.db'}")
-    errors = {t.user_attrs["plan"]["counts"]["int8"]: t.user_attrs["error"] for t in study.trials if t.state.name == "FAIL"}
+    errors = {
+        t.user_attrs["plan"]["counts"]["int8"]: t.user_attrs["error"] for t in study.trials if t.state.name == "FAIL"
+    }
     assert "Non-zero zero point is not supported" in errors[4] and "QuantizeLinear" in errors[4]
     assert "could not load the engine it just built" in errors[0]  # all-FP32: built, not loadable without a GPU
 
@@ -129,7 +145,9 @@ def test_rtx_network_types_and_builder_log_catch_a_plan_the_model_does_not_follo
     prepared = prepare(conv_model, load_search_space(), conv_data)
     names = [u.name for u in prepared.info.units]
     lowered = lower_plan(prepared.info, Plan.uniform(names, Precision.FP32), prepared.ranges)
-    claimed = stamp_plan(lowered, prepared.info, Plan.from_mapping({n: "fp16" if n == "conv1" else "fp32" for n in names}))
+    claimed = stamp_plan(
+        lowered, prepared.info, Plan.from_mapping({n: "fp16" if n == "conv1" else "fp32" for n in names})
+    )
     built = build_engine(trt, TENSORRT_RTX, claimed)
     for source in ("network types", "builder log"):
         check = built.report["fidelity_checks"][source]
@@ -194,8 +212,15 @@ def quick_start_result(tmp_path_factory):
     """A search of the bundled PP-OCR classifier on its text lines, small budget."""
     out = tmp_path_factory.mktemp("quick") / "result"
     repo = __import__("conftest").REPO
-    autoprec.search(repo / "datasets" / "ppocr_cls" / "model.onnx", budget=6, data=repo / "datasets" / "ppocr_cls" / "textlines.npz",
-                    out=out, max_loss=0.01, progress=False, warm_start=False)
+    autoprec.search(
+        repo / "datasets" / "ppocr_cls" / "model.onnx",
+        budget=6,
+        data=repo / "datasets" / "ppocr_cls" / "textlines.npz",
+        out=out,
+        max_loss=0.01,
+        progress=False,
+        warm_start=False,
+    )
     return out
 
 
@@ -248,7 +273,6 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
     """A recognizer with dynamic batch and width, searched with a min/opt/max profile: export --build and the
     exported Python script both build it with that profile (the dims stay dynamic in the model they parse)."""
     import numpy as np
-
     from builders import line_reader, save
 
     model = save(line_reader(), tmp_path / "reader.onnx")
@@ -261,8 +285,13 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
     assert report["shape_profile"]["inputs"][0]["max"] == [4, 3, 8, 64] and report["plan_bytes"] > 1000
     dims = onnx.load(str(folder / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in dims] == ["N", 3, 8, "W"]
-    proc = subprocess.run([sys.executable, "build_engine.py", "model.onnx", "script.plan"], cwd=folder, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "build_engine.py", "model.onnx", "script.plan"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (folder / "script.plan").stat().st_size > 1000
     assert np.isfinite(report["build_seconds"])

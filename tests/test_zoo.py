@@ -13,7 +13,16 @@ from autoprec.zoo import recipes
 
 
 def test_entries_pin_a_version_and_a_hash():
-    assert set(zoo.ENTRIES) == {"ppocr-det", "ppocr-rec", "ppocr-cls", "yolov8n", "magika", "minilm", "minilm-256", "silero-vad"}
+    assert set(zoo.ENTRIES) == {
+        "ppocr-det",
+        "ppocr-rec",
+        "ppocr-cls",
+        "yolov8n",
+        "magika",
+        "minilm",
+        "minilm-256",
+        "silero-vad",
+    }
     for e in zoo.ENTRIES.values():
         assert e.wheel.version and len(e.sha256) == 64 and e.licence and e.data
         assert all(all(isinstance(d, int) and d > 0 for d in shape) for shape in e.shapes.values())  # () for a scalar

@@ -169,7 +169,10 @@ def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
 
 def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
     """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
-    return cache_dir / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
+    return (
+        cache_dir
+        / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
+    )
 
 
 def calibrate(
@@ -206,7 +209,11 @@ def calibrate(
     tensors = {}
     for name, (hist, edges, lo, hi, _threshold) in collector.get_histogram_dict().items():
         tensors[name] = TensorRange(
-            float(lo), float(hi), np.asarray(hist), np.asarray(edges, dtype=np.float64), tuple(int(c) for c in counts[name])
+            float(lo),
+            float(hi),
+            np.asarray(hist),
+            np.asarray(edges, dtype=np.float64),
+            tuple(int(c) for c in counts[name]),
         )
     ranges = ActivationRanges(tensors)
     if cache is not None:

@@ -93,7 +93,9 @@ def _files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise DataError(f"--data {path}: neither a file nor a folder (a device or pipe?); give .npy/.npz files or images")
+        raise DataError(
+            f"--data {path}: neither a file nor a folder (a device or pipe?); give .npy/.npz files or images"
+        )
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | ARRAY_SUFFIXES)
     if not files:
         raise DataError(
@@ -119,7 +121,9 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                     )
                 return {n: _stack_of_items(npz[n], path, n) for n in names}
         except UNREADABLE as exc:
-            raise DataError(f"--data {path}: cannot be read as a NumPy .npz file ({exc}); re-save it with numpy.savez") from None
+            raise DataError(
+                f"--data {path}: cannot be read as a NumPy .npz file ({exc}); re-save it with numpy.savez"
+            ) from None
     items: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
         try:
@@ -149,11 +153,15 @@ def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSp
     """The files whose items the search measures on: where their shapes differ (a folder of text lines of
     several widths), those at the inputs' shapes where these are fixed, else the most of one shape; the
     others are kept apart (:func:`other_shapes`) for the check of the shipped model."""
-    signatures = [tuple(arrays[i].shape for arrays in items.values()) for i in range(len(next(iter(items.values()), [])))]
+    signatures = [
+        tuple(arrays[i].shape for arrays in items.values()) for i in range(len(next(iter(items.values()), [])))
+    ]
     if len(set(signatures)) <= 1:
         return set(range(len(signatures)))
     fitting = [sign for sign in signatures if all(_fits(shape, spec) for shape, spec in zip(sign, inputs))]
-    common = max(set(fitting or signatures), key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign)))
+    common = max(
+        set(fitting or signatures), key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign))
+    )
     return {i for i, sign in enumerate(signatures) if sign == common}  # one shape exactly: they stack
 
 
@@ -263,7 +271,11 @@ def load_items(
         if axis is None and spec.shape and spec.shape[0] == 1 and arr.shape[1:] == tuple(spec.shape[1:]):
             arr = arr[:, None]  # an input that is not batched, its leading 1 left out
         if arr.shape[1:] != want:
-            whole = "" if axis is None else f" or whole inputs of {[1 if a == axis else d for a, d in enumerate(spec.shape)]}"
+            whole = (
+                ""
+                if axis is None
+                else f" or whole inputs of {[1 if a == axis else d for a, d in enumerate(spec.shape)]}"
+            )
             where = "" if axis in (0, None) else f", batch on axis {axis}"
             raise DataError(
                 f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
@@ -336,15 +348,21 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
         document = json.loads(sidecar.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"--data {sidecar}: cannot be read as JSON ({exc}); fix or remove it") from None
-    if not isinstance(document, dict) or not set(document) <= set(LABEL_ARRAYS) or not all(isinstance(v, dict) for v in document.values()):
+    if (
+        not isinstance(document, dict)
+        or not set(document) <= set(LABEL_ARRAYS)
+        or not all(isinstance(v, dict) for v in document.values())
+    ):
         raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\" and/or \"boxes\", each mapping "
                         "an image file name to its value")
     found = {}
     for key, by_file in document.items():
         missing = [f.name for f in files if f.name not in by_file]
         if missing:
-            raise DataError(f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first {missing[0]!r}; "
-                            "give every image one (a negative class marks one not labelled)")
+            raise DataError(
+                f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first {missing[0]!r}; "
+                "give every image one (a negative class marks one not labelled)"
+            )
         values = [by_file[f.name] for f in files]
         try:
             if key == "boxes":
@@ -352,7 +370,9 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
             else:
                 found[key] = np.asarray(values, str if key == "text" else None)
         except (ValueError, TypeError) as exc:
-            raise DataError(f"--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, \"Labels\"") from None
+            raise DataError(
+                f'--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, "Labels"'
+            ) from None
     return found
 
 
@@ -433,8 +453,10 @@ def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -
             axis = axes.get(name, 0)
             if axis is None:
                 if (part != part[0]).any():
-                    raise DataError(f"--data: input {name} takes one value per run, but items {start}-{start + size - 1} "
-                                    f"of one batch differ; give them equal values or a batch of 1 (--shape)")
+                    raise DataError(
+                        f"--data: input {name} takes one value per run, but items {start}-{start + size - 1} "
+                        f"of one batch differ; give them equal values or a batch of 1 (--shape)"
+                    )
                 batch[name] = np.array(part[0])  # 0-d: ascontiguousarray would make it 1-d
             else:
                 batch[name] = np.ascontiguousarray(np.moveaxis(part, 0, axis))

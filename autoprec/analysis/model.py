@@ -70,7 +70,9 @@ class Unit:
     allowed: tuple[Precision, ...]
     scope: tuple[str, ...] = ()  # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
     sensitive: bool = False  # a numerically sensitive op (softmax, normalisation): FP32 unless a search finds otherwise
-    tied_to: str | None = None  # the unit of the same repeated pattern whose precision it takes (autoprec.analysis.patterns)
+    tied_to: str | None = (
+        None  # the unit of the same repeated pattern whose precision it takes (autoprec.analysis.patterns)
+    )
 
     @property
     def searchable(self) -> bool:
@@ -152,12 +154,16 @@ class ModelInfo:
             units = tie_repeats(self.model, units)
         return replace(self, units=units, out_of_range=tuple(sorted(nodes)), notes=(*self.notes, note))
 
-    def plan_at(self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION) -> Plan:
+    def plan_at(
+        self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION
+    ) -> Plan:
         """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
         the plan that shows what lowering just those units costs and saves."""
         lowered = set(units) if units is not None else {u.name for u in self.units if precision in u.allowed}
         lowered |= {u.name for u in self.units if u.tied_to in lowered}  # a pattern's units go together
-        return Plan.from_mapping({u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration)
+        return Plan.from_mapping(
+            {u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration
+        )
 
 
 def _retied(units: Sequence[Unit]) -> tuple[Unit, ...]:
@@ -166,7 +172,9 @@ def _retied(units: Sequence[Unit]) -> tuple[Unit, ...]:
     leaders: dict[tuple, str] = {}
     tied = []
     for unit in units:
-        leader = leaders.setdefault((unit.tied_to or unit.name, unit.allowed), unit.name) if unit.searchable else unit.name
+        leader = (
+            leaders.setdefault((unit.tied_to or unit.name, unit.allowed), unit.name) if unit.searchable else unit.name
+        )
         tied.append(replace(unit, tied_to=leader if leader != unit.name else None))
     return tuple(tied)
 
@@ -241,8 +249,10 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         kind = value.type.WhichOneof("value")
         if kind != "tensor_type":
             role = "output" if value in model.graph.output else "input"
-            raise ModelError(f"{path}: {role} {value.name} is a {(kind or 'untyped value').removesuffix('_type')}, not a "
-                             f"tensor; autoprec feeds and compares tensors only: export the model with tensor {role}s")
+            raise ModelError(
+                f"{path}: {role} {value.name} is a {(kind or 'untyped value').removesuffix('_type')}, not a "
+                f"tensor; autoprec feeds and compares tensors only: export the model with tensor {role}s"
+            )
     return model
 
 
@@ -262,7 +272,9 @@ def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
     initializers = {i.name for i in model.graph.initializer}
     values = [v for v in model.graph.input if v.name not in initializers]
     axes = batch_axes([_dims(v) for v in values])
-    return tuple(TensorSpec(v.name, _dims(v), _dtype(v.type.tensor_type.elem_type), axis) for v, axis in zip(values, axes))
+    return tuple(
+        TensorSpec(v.name, _dims(v), _dtype(v.type.tensor_type.elem_type), axis) for v, axis in zip(values, axes)
+    )
 
 
 def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | None]:
@@ -334,7 +346,11 @@ def resolve_input_shapes(
             elif item is not None:
                 shape.append(item[item_axis])
             else:
-                free = [f"D{a}" for a, d in enumerate(spec.shape) if a != spec.batch_axis and not (isinstance(d, int) and d > 0)]
+                free = [
+                    f"D{a}"
+                    for a, d in enumerate(spec.shape)
+                    if a != spec.batch_axis and not (isinstance(d, int) and d > 0)
+                ]
                 example = "x".join(
                     str(d) if isinstance(d, int) and d > 0 else ("1" if a == spec.batch_axis else f"D{a}")
                     for a, d in enumerate(spec.shape)
@@ -361,14 +377,18 @@ def _fmt(shape: Sequence) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
 
-def check_feeds(inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def check_feeds(
+    inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     """What preparation runs the model on: zeros at the given shapes, or the given constant."""
     constants = constants or {}
     return {i.name: np.asarray(constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
             for i in inputs}
 
 
-def _fusable_block(tensor: gs.Variable, graph: gs.Graph, space: SearchSpace, made: Collection[str] = ()) -> list[gs.Node]:
+def _fusable_block(
+    tensor: gs.Variable, graph: gs.Graph, space: SearchSpace, made: Collection[str] = ()
+) -> list[gs.Node]:
     """Neighbours TensorRT would fuse into the unit that produces ``tensor``.
 
     Two shapes are recognised, repeatedly: a single-consumer chain of fusable ops whose other
@@ -464,7 +484,9 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collect
 
 def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_of_range: frozenset[str]) -> list[Unit]:
     units = []
-    groups = _sensitive_groups(graph, space, {n.name for n in graph.nodes if subgraphs.label(scope, n.name) in out_of_range})
+    groups = _sensitive_groups(
+        graph, space, {n.name for n in graph.nodes if subgraphs.label(scope, n.name) in out_of_range}
+    )
     for node in graph.nodes:
         for attribute, value in node.attrs.items():
             if isinstance(value, gs.Graph):
@@ -474,10 +496,16 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_o
         members = groups.get(node.name, [node])
         inside = {id(n) for n in members}
         float_inputs = [
-            i for n in members for i in n.inputs
-            if i.name and (i.dtype is None or np.dtype(i.dtype).kind == "f") and not (i.inputs and id(i.inputs[0]) in inside)
+            i
+            for n in members
+            for i in n.inputs
+            if i.name
+            and (i.dtype is None or np.dtype(i.dtype).kind == "f")
+            and not (i.inputs and id(i.inputs[0]) in inside)
         ]
-        weight = None if node.name in groups else next((i for i in float_inputs[1:2] if isinstance(i, gs.Constant)), None)
+        weight = (
+            None if node.name in groups else next((i for i in float_inputs[1:2] if isinstance(i, gs.Constant)), None)
+        )
         activations = tuple(dict.fromkeys(i.name for i in float_inputs if not isinstance(i, gs.Constant)))
         if not activations:
             continue  # a constant-only node is folded away by engines; nothing to choose
@@ -541,12 +569,16 @@ def analyse(
         ) from None
     other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
     if other_floats:
-        notes.append(f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
-                     "kept FP32, since lowering converts float32 tensors only")
+        notes.append(
+            f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
+            "kept FP32, since lowering converts float32 tensors only"
+        )
     quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
     if not units and quantized:
-        raise ModelError(f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
-                         "precision for; give autoprec the FP32 model it was quantized from")
+        raise ModelError(
+            f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
+            "precision for; give autoprec the FP32 model it was quantized from"
+        )
     if not any(u.searchable for u in units):
         if other_floats:
             kinds = _compute_types(prepared, {u.nodes[0] for u in units if u.name in other_floats})

@@ -60,10 +60,14 @@ def node_labels(graph: onnx.GraphProto, rounds: int = ROUNDS) -> dict[str, str]:
                               [(slot, types[i]) for slot, i in enumerate(n.input) if types.get(i, ("",))[0] == "const"])
               for n in graph.node}
     for _ in range(rounds):
-        labels = {n.name: _digest(labels[n.name],
-                                  [(slot, labels.get(producer.get(i, ""), "outside")) for slot, i in enumerate(n.input)],
-                                  sorted((slot, labels[reader]) for o in n.output for slot, reader in readers.get(o, ())))
-                  for n in graph.node}
+        labels = {
+            n.name: _digest(
+                labels[n.name],
+                [(slot, labels.get(producer.get(i, ""), "outside")) for slot, i in enumerate(n.input)],
+                sorted((slot, labels[reader]) for o in n.output for slot, reader in readers.get(o, ())),
+            )
+            for n in graph.node
+        }
     return labels
 
 

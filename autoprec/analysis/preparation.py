@@ -6,7 +6,8 @@ input shapes fixed and what they let fold. Both have the same nodes by the same 
 onto either: the fixed one is measured, the deployable one is what best/ and the exports ship.
 
 It is a stored model (see :mod:`autoprec.core.stored`) in a folder of its own: the given model's
-weights copied there once (its data files, or its inline tensors), and what preparation makes beside them. Each step is checked by running the model in ONNX Runtime from a file
+weights copied there once (its data files, or its inline tensors), and what preparation makes beside them.
+Each step is checked by running the model in ONNX Runtime from a file
 of that folder, never from a serialized copy of the weights. In a cache folder the preparation is kept
 under the model's content and shapes: a resumed search, a worker and a re-created result read it.
 """
@@ -36,10 +37,10 @@ from autoprec.core.errors import ModelError
 from autoprec.core.stored import (
     DataWriter,
     StoredModel,
+    copy_external_data,
     external_info,
     externalize,
     is_external,
-    copy_external_data,
     tensors,
 )
 
@@ -164,7 +165,9 @@ def _fold_batchnorm(graph: gs.Graph) -> int:
         if conv.op != "Conv" or not isinstance(conv.inputs[1], gs.Constant):
             continue
         params = bn.inputs[1:5]
-        if not all(isinstance(p, gs.Constant) for p in params) or (len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant)):
+        if not all(isinstance(p, gs.Constant) for p in params) or (
+            len(conv.inputs) > 2 and not isinstance(conv.inputs[2], gs.Constant)
+        ):
             continue
         scale, bias, mean, var = (p.values.astype(np.float64) for p in params)
         factor = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
@@ -235,7 +238,9 @@ class Preparation:
     model: StoredModel
     deployable: onnx.ModelProto
     notes: list[str]
-    source: onnx.ModelProto | None = None  # the given graph as it is, its inputs at the shapes: what it is timed against
+    source: onnx.ModelProto | None = (
+        None  # the given graph as it is, its inputs at the shapes: what it is timed against
+    )
 
 
 def prepare_graph(
@@ -278,7 +283,10 @@ def prepare_graph(
         at_shapes[:0] = [
             ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
             ("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
-            ("constant folding at these shapes (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+            (
+                "constant folding at these shapes (If nodes kept)",
+                lambda m: (_fold_constants(m, flatten_subgraphs=False), None),
+            ),
         ]
     dynamic = _dynamic(deployable.proto, shapes)
     prepared, step_notes = _checked_steps(deployable, at_shapes, check)
@@ -325,7 +333,8 @@ def _at_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) ->
 
 def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
     """Input dims that share a name but were given different sizes, or that one input has on several axes
-    (Paddle's '?' for both height and width), renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size, and the deployable model
+    (Paddle's '?' for both height and width), renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size,
+    and the deployable model
     keeps its dims dynamic. Returns the notes that say so."""
     named: dict[str, list[tuple[onnx.TensorShapeProto.Dimension, str, int]]] = {}
     for value in model.graph.input:
@@ -338,8 +347,10 @@ def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, 
         if one_input_twice or len({shapes[value][axis] for _, value, axis in dims}) > 1:
             for dim, value, axis in dims:
                 dim.dim_param = f"{value}_dim{axis}"
-            notes.append(f"input dims named '{name}' on several axes of one input or at different sizes: named "
-                         f"{', '.join(d.dim_param for d, _, _ in dims)} in the shipped model (TensorRT takes one name for one size)")
+            notes.append(
+                f"input dims named '{name}' on several axes of one input or at different sizes: named "
+                f"{', '.join(d.dim_param for d, _, _ in dims)} in the shipped model (TensorRT takes one name for one size)"
+            )
     return notes
 
 
@@ -358,7 +369,9 @@ def _typed_like(deployable: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.
     produced = {t for n in deployable.graph.node for t in n.output}
     for value in prepared.graph.value_info:
         if value.name in produced and value.name not in known and value.type.tensor_type.elem_type:
-            deployable.graph.value_info.append(onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None))
+            deployable.graph.value_info.append(
+                onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None)
+            )
     return deployable
 
 

@@ -99,7 +99,9 @@ def _pass_out(model: onnx.ModelProto, scope: Scope, name: str, index: int) -> st
         sub.node.append(helper.make_node("Identity", [current], [local], name=f"{local}/identity"))
         sub.output.append(helper.make_tensor_value_info(local, elem_type, None))
         if node.op_type == "If":
-            other = next(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH and a.name != attribute_name)
+            other = next(
+                a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH and a.name != attribute_name
+            )
             empty = f"{local}/empty"
             other.node.append(helper.make_node("Constant", [], [empty], name=f"{empty}/constant",
                                                value=helper.make_tensor(empty, elem_type, [0], [])))

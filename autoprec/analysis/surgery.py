@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx

@@ -28,7 +28,9 @@ def _shape(text: str) -> tuple[str, tuple[int, ...]]:
         if not sep or not name or any(d <= 0 for d in shape):
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224"
+        ) from None
     return name, shape
 
 
@@ -47,7 +49,9 @@ def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406"
+        ) from None
 
 
 def _number(convert, acceptable, requirement: str):
@@ -74,14 +78,9 @@ _gpu_index = _number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autoprec.analysis.calibrate import CALIBRATION_METHODS
-    from autoprec.backends import BACKENDS
-    from autoprec.core.plan import DEFAULT_CALIBRATION
-    from autoprec.measure.accuracy import BUILTIN_METRICS
-    from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
-    from autoprec.study.search import SAMPLERS
-
-    parser = argparse.ArgumentParser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
+    parser = argparse.ArgumentParser(
+        prog="autoprec", description="Per-layer precision search for ONNX models, by measurement."
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true",
@@ -89,6 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     def verb(name: str, **kwargs) -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[common], **kwargs)
+
+    _search_verb(verb)
+    _sensitivity_verb(verb)
+    _result_verbs(verb)
+    _plan_verbs(verb)
+    _artifact_verbs(verb)
+    return parser
+
+
+def _search_verb(verb) -> None:
+    """autoprec search."""
+    from autoprec.analysis.calibrate import CALIBRATION_METHODS
+    from autoprec.backends import BACKENDS
+    from autoprec.core.plan import DEFAULT_CALIBRATION
+    from autoprec.measure.accuracy import BUILTIN_METRICS
+    from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
+    from autoprec.study.search import SAMPLERS
 
     s = verb(
         "search",
@@ -109,9 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--retime-seconds", type=float, default=20.0, metavar="S",
                    help="the chosen plan is timed beside all-FP32 and the given model in interleaved rounds until its "
                         "speed-ups' 95 %% intervals are within 4 %% or S seconds pass (default 20; at least 6 rounds)")
-    s.add_argument("--ship-within-noise", action="store_true",
-                   help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
-                        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json not_shipped)")
+    s.add_argument(
+        "--ship-within-noise",
+        action="store_true",
+        help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
+        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json not_shipped)",
+    )
     s.add_argument("--threads", type=int, default=0, metavar="N",
                    help="ONNX Runtime's intra-op threads for every timed run (default 0: its own, one per core); "
                         "latencies hold for the thread count they were taken at")
@@ -151,17 +170,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
 
+
+
+def _sensitivity_verb(verb) -> None:
+    """autoprec sensitivity."""
+    from autoprec.analysis.calibrate import CALIBRATION_METHODS
+    from autoprec.backends import BACKENDS
+    from autoprec.core.plan import DEFAULT_CALIBRATION
+    from autoprec.measure.accuracy import BUILTIN_METRICS
+
     sens = verb(
         "sensitivity",
         help="each unit lowered alone: its accuracy loss per precision and its share of FP32 latency",
         description="The search's first phase on its own: one evaluation per unit and precision (on the first "
-                    "quarter of the evaluation batches), each unit's share of FP32 time from the engine's profiler. "
-                    "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out reuses them.",
+        "quarter of the evaluation batches), each unit's share of FP32 time from the engine's profiler. "
+        "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out reuses them.",
     )
     _model_arguments(sens, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "sensitivity")
     sens.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     sens.add_argument("--json", action="store_true", help="print sensitivity.json on stdout")
 
+
+
+def _result_verbs(verb) -> None:
+    """The verbs that read a result or a study: status, show, plot, report."""
     st = verb("status", help="a (shared) study as its storage holds it: trials per worker, the current front")
     st.add_argument("--storage", required=True, help="the study's Optuna storage URL")
     st.add_argument("--study-name", required=True, help="the study's name")
@@ -175,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = verb("report", help="write one self-contained HTML report of a result")
     report.add_argument("result_dir", help="the --out folder of a search")
     report.add_argument("--output", help="where to write it (default RESULT_DIR/report.html)")
+
+
+def _plan_verbs(verb) -> None:
+    """The verbs that re-measure a plan: diagnose, ranges, check."""
+    from autoprec.backends import BACKENDS
+
     d = verb("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
     d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
@@ -204,18 +242,29 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metric", default="cosine", help="the loss --max-loss limits (see search --help)")
     _head_arguments(c)
     c.add_argument("--json", action="store_true")
+
+
+def _artifact_verbs(verb) -> None:
+    """export, inspect, zoo, compare."""
     e = verb("export", help="production artifacts from a result")
     e.add_argument("result_dir")
-    e.add_argument("--format", required=True, choices=EXPORT_FORMATS,
-                   help="triton: a model-repository entry (ONNX Runtime); trtexec: TensorRT 11 build command and "
-                        "explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
-                        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card")
+    e.add_argument(
+        "--format",
+        required=True,
+        choices=EXPORT_FORMATS,
+        help="triton: a model-repository entry (ONNX Runtime); trtexec: TensorRT 11 build command and "
+        "explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
+        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card",
+    )
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
-    e.add_argument("--build", action="store_true",
-                   help="also build the exported model with the installed TensorRT (TensorRT for RTX builds without a "
-                        "GPU): model.plan and build_report.json (per-layer types, fused nodes, checked against the plan)")
+    e.add_argument(
+        "--build",
+        action="store_true",
+        help="also build the exported model with the installed TensorRT (TensorRT for RTX builds without a "
+        "GPU): model.plan and build_report.json (per-layer types, fused nodes, checked against the plan)",
+    )
     i = verb("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
     i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
                                   "the engine inspector (read without TensorRT)")
@@ -227,14 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare = verb("compare", help="two results side by side (e.g. two engines)")
     compare.add_argument("dir_a")
     compare.add_argument("dir_b")
-    return parser
 
 
 def _head_arguments(p) -> None:
     """How task metrics decode an output whose shape does not say it all."""
     from autoprec.measure.tasks import DETECTION_LAYOUTS
 
-    p.add_argument("--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)")
+    p.add_argument(
+        "--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)"
+    )
     p.add_argument("--ctc-charset", metavar="FILE",
                    help="ctc-text against labelled text: the recognizer's characters, one per line: every class in "
                         "order (an empty line for the blank), or PaddleOCR's dictionary (default: the model's "
@@ -243,9 +293,13 @@ def _head_arguments(p) -> None:
                    help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, classes; YOLOX "
                         "exported decoded too) or yolox (YOLOX's raw head: boxes per grid cell, strides 8/16/32); "
                         "inferred for channels-first heads")
-    p.add_argument("--det-conf", type=_fraction, default=0.25, metavar="SCORE", help="detection: score threshold (default 0.25)")
+    p.add_argument(
+        "--det-conf", type=_fraction, default=0.25, metavar="SCORE", help="detection: score threshold (default 0.25)"
+    )
     p.add_argument("--det-iou", type=_fraction, default=0.45, metavar="IOU", help="detection: NMS IoU (default 0.45)")
-    p.add_argument("--task-output", metavar="NAME", help="the output task metrics read (default: every output that fits)")
+    p.add_argument(
+        "--task-output", metavar="NAME", help="the output task metrics read (default: every output that fits)"
+    )
 
 
 def head_options(args: argparse.Namespace):
@@ -268,12 +322,18 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
     p.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
     p.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
     p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
-    p.add_argument("--backend", default="ort-cpu", choices=backends,
-                   help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt "
-                        "needs TensorRT 10.12+ and cuda-python; tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of "
-                        "compute capability 8.0/8.6/8.9/12.x. Both TensorRT backends' builds run in autoprec's CI; their "
-                        "engine runs and timing have never been executed by its developers)")
-    p.add_argument("--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda/tensorrt (default 0)")
+    p.add_argument(
+        "--backend",
+        default="ort-cpu",
+        choices=backends,
+        help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt "
+        "needs TensorRT 10.12+ and cuda-python; tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of "
+        "compute capability 8.0/8.6/8.9/12.x. Both TensorRT backends' builds run in autoprec's CI; their "
+        "engine runs and timing have never been executed by its developers)",
+    )
+    p.add_argument(
+        "--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda/tensorrt (default 0)"
+    )
     p.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
                    help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
                         "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
@@ -284,11 +344,14 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
                         "(repeatable; the data need not hold it). Random data cannot choose a scalar integer input: "
                         f"it needs this or --data; other integer inputs are drawn from [{RANDOM_INTEGERS[0]}, "
                         f"{RANDOM_INTEGERS[1]})")
-    p.add_argument("--metric", default="cosine",
-                   help=f"the accuracy loss --max-loss constrains: {', '.join(metrics)} (default cosine = 1 - mean cosine "
-                        "similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; TASK@labels: "
-                        "the drop against the data's labels), or module:function — that imports and RUNS your code. "
-                        "Every other metric that applies is recorded beside it")
+    p.add_argument(
+        "--metric",
+        default="cosine",
+        help=f"the accuracy loss --max-loss constrains: {', '.join(metrics)} (default cosine = 1 - mean cosine "
+        "similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; TASK@labels: "
+        "the drop against the data's labels), or module:function — that imports and RUNS your code. "
+        "Every other metric that applies is recorded beside it",
+    )
     _head_arguments(p)
     p.add_argument("--separate-repeats", action="store_true",
                    help="decide every unit on its own (default: the units of a repeated block at the same position — "
@@ -304,7 +367,7 @@ def _model_arguments(p, backends, metrics, calibrations, default_calibration, ve
 
 
 def _sensitivity(args: argparse.Namespace) -> int:
-    from autoprec.app.search import sensitivity
+    from autoprec.app.sensitivity import sensitivity
     from autoprec.results.files import json_safe
 
     found, out = sensitivity(
@@ -372,8 +435,10 @@ def _search(args: argparse.Namespace) -> int:
     _print_front(files)
     out = result.out_dir
     figures = [out / name for name in ("pareto.png", "layers.png", "sensitivity.png") if (out / name).exists()]
-    console.stdout.print(f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
-                         + ", ".join(map(str, figures)))
+    console.stdout.print(
+        f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
+        + ", ".join(map(str, figures))
+    )
     console.stdout.print(f"latencies measured by {result.engine.label()}"
                          + (f" — {result.engine.timing}" if result.engine.timing else ""))
     if (out / "best" / "model.tensorrt.onnx").exists():
@@ -386,8 +451,20 @@ def _search(args: argparse.Namespace) -> int:
 
 def _print_json(files) -> None:
 
-    summary = {k: files.pareto.get(k) for k in ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source",
-                                                 "not_shipped", "uniform", "front")}
+    summary = {
+        k: files.pareto.get(k)
+        for k in (
+            "engine",
+            "model",
+            "search",
+            "chosen",
+            "chosen_vs_fp32",
+            "chosen_vs_source",
+            "not_shipped",
+            "uniform",
+            "front",
+        )
+    }
     summary["deployment"] = (files.plan or {}).get("deployment")
     console.stdout.print_json(data=summary)
 
@@ -442,15 +519,27 @@ def _diagnose(args: argparse.Namespace) -> int:
         return 0
     table = Table(title="error by unit (rel-L2 vs FP32), graph order", title_justify="left")
     for column in ("#", "unit", "op", "prec", "accumulated", "added alone", "model loss alone"):
-        table.add_column(column, justify="right" if column in ("#", "accumulated", "added alone", "model loss alone") else "left")
+        table.add_column(
+            column, justify="right" if column in ("#", "accumulated", "added alone", "model loss alone") else "left"
+        )
     worst = {r.unit for r in culprits(rows)}
     for r in rows:
         mark = "bold red" if r.unit in worst else ("dim" if r.precision == "fp32" else "")
-        cells = [str(r.index), r.unit, r.op_type, r.precision, f"{r.rel_l2:.2e}", f"{r.added_rel_l2:.2e}", f"{r.alone_loss:.2e}"]
+        cells = [
+            str(r.index),
+            r.unit,
+            r.op_type,
+            r.precision,
+            f"{r.rel_l2:.2e}",
+            f"{r.added_rel_l2:.2e}",
+            f"{r.alone_loss:.2e}",
+        ]
         table.add_row(*(Text(printable(c), style=mark) for c in cells))
     console.stdout.print(table)
-    console.stdout.print("where the accumulated error jumps (≥3× anything before it): "
-                         + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere"))
+    console.stdout.print(
+        "where the accumulated error jumps (≥3× anything before it): "
+        + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere")
+    )
     console.stdout.print("units costing the model's output the most by themselves (send these back to FP32 first): "
                          + ", ".join(f"{r.unit} ({r.precision}, loss {r.alone_loss:.2e})" for r in culprits(rows)))
     console.stdout.print(f"wrote {out / 'diagnosis.json'}, {out / 'error_by_layer.png'}")
@@ -461,7 +550,9 @@ def _ranges(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import activation_report
     from autoprec.results.files import json_safe
 
-    rows = activation_report(args.model, args.data, dict(args.shape) or None, args.entropy, args.image_mean, args.image_std)
+    rows = activation_report(
+        args.model, args.data, dict(args.shape) or None, args.entropy, args.image_mean, args.image_std
+    )
     if args.json:
         console.stdout.print_json(data=json_safe(rows))
         return 0
@@ -480,8 +571,10 @@ def _ranges(args: argparse.Namespace) -> int:
                       row["histogram"], ", ".join(row["flags"]))
     console.stdout.print(table)
     flagged = [r for r in rows if r["flags"]]
-    console.stdout.print(f"{len(flagged)} of {len(rows)} tensors flagged"
-                         + (": " + ", ".join(f"{r['tensor']} ({', '.join(r['flags'])})" for r in flagged[:8]) if flagged else ""))
+    console.stdout.print(
+        f"{len(flagged)} of {len(rows)} tensors flagged"
+        + (": " + ", ".join(f"{r['tensor']} ({', '.join(r['flags'])})" for r in flagged[:8]) if flagged else "")
+    )
     return 0
 
 
@@ -510,8 +603,10 @@ def _export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
     source = Path(read_result_dir(args.result_dir).pareto["model"]["path"])
     if args.format != "triton" and out.resolve() == source.resolve().parent:
-        raise AutoprecError(f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
-                            "the export's model.onnx and weights would overwrite files there: give another folder")
+        raise AutoprecError(
+            f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
+            "the export's model.onnx and weights would overwrite files there: give another folder"
+        )
     if args.build:
         from autoprec.export.build import check_buildable
 
@@ -524,7 +619,9 @@ def _export(args: argparse.Namespace) -> int:
         pareto = read_result_dir(args.result_dir).pareto
         entry = write_triton_entry(model, out, stem if args.name is None else args.name, note, recorded_profile(pareto),
                                    external_weights(pareto["model"]))
-        console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+        console.stdout.print(
+            f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)"
+        )
         return 0
     from autoprec.app.verbs import tensorrt_build_spec
     from autoprec.export.build import build_export, summary_lines
@@ -554,7 +651,9 @@ def _inspect(args: argparse.Namespace) -> int:
     console.stdout.print(console.engine_layers_table(layers))
     fp32 = layers.summary()["fp32_in_reduced_precision_engine"]
     if fp32:
-        console.stdout.print(f"{len(fp32)} compute layer(s) stayed FP32 in this reduced-precision engine (listed first)")
+        console.stdout.print(
+            f"{len(fp32)} compute layer(s) stayed FP32 in this reduced-precision engine (listed first)"
+        )
     if args.json:
         console.stdout.print(f"wrote {atomic.write_json(Path(args.json), layers.to_json())}")
     return 0
@@ -643,8 +742,10 @@ def _failure(exc: BaseException) -> tuple[str, int]:
     if _storage_failure(exc):  # the study's database, from deep inside Optuna (e.g. its disk is full)
         cause = exc.__cause__ or exc
         first = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [""])[0][:300]
-        return (f"the study's storage failed ({type(cause).__name__}: {first}); if its disk is full, free space and run "
-                "the same command again (finished trials are kept)"), 2
+        return (
+            f"the study's storage failed ({type(cause).__name__}: {first}); if its disk is full, free space and run "
+            "the same command again (finished trials are kept)"
+        ), 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
     return (f"internal error ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}): a bug in "
@@ -654,9 +755,21 @@ def _failure(exc: BaseException) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    verbs = {"search": _search, "sensitivity": _sensitivity, "show": _show, "plot": _plot, "report": _report, "compare": _compare, "zoo": _zoo, "status": _status,
-             "diagnose": _diagnose, "ranges": _ranges, "check": _check, "export": _export,
-             "inspect": _inspect}
+    verbs = {
+        "search": _search,
+        "sensitivity": _sensitivity,
+        "show": _show,
+        "plot": _plot,
+        "report": _report,
+        "compare": _compare,
+        "zoo": _zoo,
+        "status": _status,
+        "diagnose": _diagnose,
+        "ranges": _ranges,
+        "check": _check,
+        "export": _export,
+        "inspect": _inspect,
+    }
     if not args.verbose:
         _quiet()
     console.show_log()

@@ -59,11 +59,18 @@ class SearchConfig:
 
     def checked(self) -> SearchConfig:
         """This configuration, or one line naming the option that cannot be used and why."""
-        for option, value in (("--study-name", self.study_name), ("--artifacts", self.artifacts), ("--storage", self.storage)):
+        for option, value in (
+            ("--study-name", self.study_name),
+            ("--artifacts", self.artifacts),
+            ("--storage", self.storage),
+        ):
             if value is not None and not str(value).strip():
                 raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
-        at_least_one = {"--budget": (self.budget, " (the number of trials to run)"), "--heartbeat": (self.heartbeat, ""),
-                        "--build-workers": (self.build_workers, "")}
+        at_least_one = {
+            "--budget": (self.budget, " (the number of trials to run)"),
+            "--heartbeat": (self.heartbeat, ""),
+            "--build-workers": (self.build_workers, ""),
+        }
         for option, (value, what) in at_least_one.items():
             if value is not None and value < 1:
                 raise AutoprecError(f"{option} {value}: must be at least 1{what}")
@@ -83,9 +90,13 @@ class SearchConfig:
         if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
             raise AutoprecError(f"--max-loss {self.max_loss}: must be a loss of 0 or more")
         if self.calibration not in (*CALIBRATION_METHODS, "auto"):
-            raise AutoprecError(f"--calibration {self.calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}")
+            raise AutoprecError(
+                f"--calibration {self.calibration!r}: choose auto or one of {', '.join(CALIBRATION_METHODS)}"
+            )
         if self.time_shapes and self.backend.startswith("tensorrt"):
-            raise AutoprecError(f"--time-shapes on {self.backend}: autoprec's TensorRT backends build for one shape (no "
-                                "optimisation profile yet); time the exported engine with trtexec --shapes at min, opt "
-                                "and max, or search with --backend ort-cpu / ort-cuda")
+            raise AutoprecError(
+                f"--time-shapes on {self.backend}: autoprec's TensorRT backends build for one shape (no "
+                "optimisation profile yet); time the exported engine with trtexec --shapes at min, opt "
+                "and max, or search with --backend ort-cpu / ort-cuda"
+            )
         return self

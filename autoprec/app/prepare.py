@@ -1,4 +1,5 @@
-"""What a verb starts from: the model and data analysed, calibrated and referenced once, or a result re-created as it was searched."""
+"""What a verb starts from: the model and data analysed, calibrated and referenced once, or a result re-created
+as it was searched."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from autoprec.analysis.data import (
 )
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
+from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import ShapeProfile
-from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.results.files import (
     ResultFiles,
@@ -100,7 +102,9 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
     implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection")) if key in labels]
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
     if "text" in labels and metric.options.charset is None and "character" in info.metadata:
-        metric = replace(metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines())))
+        metric = replace(
+            metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines()))
+        )
     return metric
 
 
@@ -144,7 +148,8 @@ def load_inputs(
     bounds: tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[int]]] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
     """Analyse the model (``raw``: its graph, if the caller loaded it; ``bounds``: its deployment profile's
-    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took). Where FP16 is searched, neutral ops out of FP16's range on the calibration data become units
+    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took). Where FP16 is
+    searched, neutral ops out of FP16's range on the calibration data become units
     (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured once per
     model and data and kept in ``cache``)."""
     seconds: dict[str, float] = {}
@@ -165,7 +170,9 @@ def load_inputs(
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RandomDataWarning)
-        dataset = build_dataset(data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std, constants=constants)
+        dataset = build_dataset(
+            data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std, constants=constants
+        )
     for w in caught:
         log.warning(str(w.message))
     log.info(
@@ -211,7 +218,11 @@ def prepare_reference(
     seconds["calibrate"] = time.monotonic() - t0
     info = ranged(info, ranges)
     where = f"; cached in {cache}" if cache else ""
-    ready = "calibration ranges and FP32 reference" if ranges is not None else "FP32 reference (no INT8 searched: no calibration)"
+    ready = (
+        "calibration ranges and FP32 reference"
+        if ranges is not None
+        else "FP32 reference (no INT8 searched: no calibration)"
+    )
     log.info(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
     return Prepared(info, dataset, ranges, reference, seconds)
 
@@ -335,7 +346,9 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     path, sha256 = Path(_recorded(result, "path", model)), _recorded(result, "sha256", model)
     space = SearchSpace.from_json(_recorded(result, "search_space", facts))
     recorded_shapes = {name: tuple(spec["shape"]) for name, spec in _recorded(result, "inputs", model).items()}
-    if shapes and {k: tuple(v) for k, v in shapes.items()} != {k: recorded_shapes[k] for k in shapes if k in recorded_shapes}:
+    if shapes and {k: tuple(v) for k, v in shapes.items()} != {
+        k: recorded_shapes[k] for k in shapes if k in recorded_shapes
+    }:
         raise AutoprecError(f"--shape: {result.out_dir} was searched at "
                             + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in recorded_shapes.items())
                             + "; its plans are measured at those shapes (search again for others)")
@@ -404,5 +417,43 @@ def plan_context(
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
     prepared = recreate(result, data, shapes)
-    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}" if plan is not None else str(target)), prepared, number)
+    return PlanContext(
+        _fits(chosen, prepared.info, f"--plan {plan}" if plan is not None else str(target)), prepared, number
+    )
 
+
+def engine_space(
+    space: SearchSpace, engine: Backend, precisions: Sequence[str] | None
+) -> tuple[SearchSpace, list[str], dict[str, str]]:
+    """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
+    if precisions is None:
+        keep = [p for p in Precision if p not in engine.slow_precisions]
+        left_out = {p.value: why for p, why in engine.slow_precisions.items()}
+        for p, why in left_out.items():
+            log.info(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+    else:
+        keep = list(parse_precisions(list(precisions), "--precisions"))
+        left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
+        for p in keep:
+            if p in engine.slow_precisions:
+                log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
+    searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
+    space = space.restricted(keep).with_pinned(engine.float32_ops)
+    if engine.sensitive_ops_fp32 and space.sensitive:
+        left_out["sensitive ops"] = f"kept FP32: {engine.sensitive_ops_fp32}"
+        # and so are neutral ops out of FP16's range: between units, this engine's FP16 has no regions
+        space = replace(space.with_pinned(set(space.sensitive) - set(space.units)), out_of_range=())
+    return space, searched, left_out
+
+
+def repeats_decided(info: ModelInfo, tie: bool) -> ModelInfo:
+    """``info`` with the units of repeated patterns decided together (``tie``, said once), or each on its own."""
+    if not tie:
+        return info.untied()
+    tied = len(info.searchable_units) - len(info.dimensions)
+    if tied:
+        patterns = sum(1 for u in info.dimensions if len(info.members(u.name)) > 1)
+        log.info(f"{tied + patterns} unit(s) of {patterns} repeated pattern(s) are decided together: "
+                 f"{len(info.dimensions)} dimension(s) for {len(info.searchable_units)} searched unit(s) "
+                 "(--separate-repeats decides each on its own)")
+    return info

@@ -71,7 +71,8 @@ def diagnose_plan(
         "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
         "batches": min(batches, len(prepared.dataset.evaluation)), "units": [r.to_json() for r in rows],
     }))
-    title = f"{model_path.name} · {label} ({found.counts()['int8']} int8 / {found.counts()['fp16']} fp16) · {engine.info().label()}"
+    counts = found.counts()
+    title = f"{model_path.name} · {label} ({counts['int8']} int8 / {counts['fp16']} fp16) · {engine.info().label()}"
     plot_errors(rows, title, out_dir / "error_by_layer.png")
     return rows, out_dir
 
@@ -164,10 +165,19 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
                                                              graph, plan))
     return BuildSpec(
-        name=model_path.stem, original_model=model_path, model=model, plan=plan, info=info,
-        ranges=prepared.ranges, trial=result.trial(context.trial), fp32_trial=result.trial(fp32) if fp32 is not None else None,
-        engine=result.pareto["engine"], search=result.pareto["search"],
-        versus={k: result.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")} if context.trial == result.pareto["chosen"] else None,
+        name=model_path.stem,
+        original_model=model_path,
+        model=model,
+        plan=plan,
+        info=info,
+        ranges=prepared.ranges,
+        trial=result.trial(context.trial),
+        fp32_trial=result.trial(fp32) if fp32 is not None else None,
+        engine=result.pareto["engine"],
+        search=result.pareto["search"],
+        versus={k: result.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")}
+        if context.trial == result.pareto["chosen"]
+        else None,
     )
 
 
@@ -184,7 +194,9 @@ def study_status(storage: str, study_name: str) -> dict:
         with locks.hold("identity") if locks.ever_held else contextlib.nullcontext():
             study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise StudyError(f"no study {study_name!r} in {redacted(storage)}; see the --study-name a search printed") from None
+        raise StudyError(
+            f"no study {study_name!r} in {redacted(storage)}; see the --study-name a search printed"
+        ) from None
     except AutoprecError:
         raise
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL

@@ -8,8 +8,11 @@ from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
 from autoprec.core.errors import BackendError
 
 BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "tensorrt-rtx")
+# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
+# Q/DQ form) and computes the FP32 reference.
+REFERENCE_BACKEND = "ort-cpu"
 
-__all__ = ["BACKENDS", "Backend", "EngineInfo", "Runner", "Timing", "get_backend"]
+__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "Timing", "get_backend"]
 
 
 def get_backend(name: str, device: int = 0, cache_dir: Path | None = None, threads: int = 0) -> Backend:
@@ -17,7 +20,9 @@ def get_backend(name: str, device: int = 0, cache_dir: Path | None = None, threa
     engine reuses across candidates and runs (TensorRT's timing cache, TensorRT for RTX's runtime cache);
     ``threads``: ONNX Runtime's intra-op threads (0: its default)."""
     if threads and not name.startswith("ort-"):
-        raise BackendError(f"--threads {threads}: sets ONNX Runtime's intra-op threads; --backend {name} has no such setting")
+        raise BackendError(
+            f"--threads {threads}: sets ONNX Runtime's intra-op threads; --backend {name} has no such setting"
+        )
     if name == "ort-cpu":
         from autoprec.backends.onnxruntime import OrtCpuBackend
 

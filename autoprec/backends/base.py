@@ -78,7 +78,9 @@ def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) 
 TIME_CALLS = "median of >= 10 runs and >= 0.2 s after 3 warm-up runs"
 
 
-def time_calls(call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500) -> Timing:
+def time_calls(
+    call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500
+) -> Timing:
     """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs."""
     for _ in range(warmup):
         call()
@@ -89,7 +91,9 @@ def time_calls(call: Callable[[], object], warmup: int = 3, min_runs: int = 10, 
         call()
         samples.append((time.perf_counter() - t0) * 1e3)
     arr = np.asarray(samples)
-    return Timing(float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup)
+    return Timing(
+        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup
+    )
 
 
 class Runner(abc.ABC):
@@ -136,6 +140,11 @@ class Backend(abc.ABC):
     # Plans judged on the reference executor (ONNX Runtime, CPU) per build of this engine (--proposals):
     # worth it where a build costs far more than evaluating a plan there.
     default_proposals: ClassVar[int] = 0
+    # Whether it runs on a GPU chosen by --device (a worker of a shared study is named by it).
+    uses_device: ClassVar[bool] = True
+    # Whether it is the reference executor itself (see autoprec.backends.REFERENCE_BACKEND): its plans'
+    # losses need no other engine.
+    is_reference: ClassVar[bool] = False
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

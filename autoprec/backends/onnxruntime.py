@@ -69,7 +69,9 @@ class OrtProfiling:
             for _ in range(runs + 1):
                 session.run(names, batch)
             with open(session.end_profiling()) as f:
-                events = [e for e in json.load(f) if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+                events = [
+                    e for e in json.load(f) if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+                ]
         seen: set[str] = set()
         timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]  # each node's first run: warm-up
         return attribute_node_times(model.proto, timed, runs)
@@ -121,6 +123,8 @@ class OrtCpuBackend(OrtProfiling, Backend):
     name = "ort-cpu"
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
+    uses_device = False
+    is_reference = True
     float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
     sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to join: "
@@ -252,8 +256,11 @@ class OrtCudaBackend(OrtProfiling, Backend):
         for key in ("cuda_version", "cudnn_version"):
             if getattr(build, key, None):
                 versions[key.removesuffix("_version")] = str(getattr(build, key))
-        return engine_info(self, f"{gpu['name']} (cuda:{self.device}" + (f", {self.threads} CPU threads" if self.threads else "")
-                           + ")", versions)
+        return engine_info(
+            self,
+            f"{gpu['name']} (cuda:{self.device}" + (f", {self.threads} CPU threads" if self.threads else "") + ")",
+            versions,
+        )
 
     def session_providers(self) -> list:
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
@@ -261,5 +268,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
     def prepare(self, model: StoredModel) -> OrtCudaRunner:
         session = new_session(self._ort, model, self.session_options(), self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
-            raise BackendError(f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})")
+            raise BackendError(
+                f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
+            )
         return OrtCudaRunner(session, self.device)

@@ -107,7 +107,9 @@ def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims],
     filled = dict(given)
     for name, dims in declared:
         if name not in given and any(isinstance(d, str) and d in sizes for d in dims):
-            filled[name] = tuple(sizes[d][0] if isinstance(d, str) and d in sizes else s for d, s in zip(dims, opt[name]))
+            filled[name] = tuple(
+                sizes[d][0] if isinstance(d, str) and d in sizes else s for d, s in zip(dims, opt[name])
+            )
     return filled
 
 
@@ -138,8 +140,10 @@ def shape_profile(
                 raise ModelError(f"{option} {name}={dims_text(shape)} does not fit the model's declared shape "
                                  f"{declared_text(dims)}; give {len(dims)} dims that keep the fixed ones")
         if not all(a <= b <= c for a, b, c in zip(lo, best, hi)):
-            raise ModelError(f"input {name}: the profile needs min <= opt <= max in every dim; got min {dims_text(lo)}, "
-                             f"opt {dims_text(best)} (--shape), max {dims_text(hi)}: change --min-shape / --max-shape "
-                             "(or --shape, the shape the search measures at)")
+            raise ModelError(
+                f"input {name}: the profile needs min <= opt <= max in every dim; got min {dims_text(lo)}, "
+                f"opt {dims_text(best)} (--shape), max {dims_text(hi)}: change --min-shape / --max-shape "
+                "(or --shape, the shape the search measures at)"
+            )
         ranges.append(InputRange(name, tuple(dims), lo, best, hi))
     return ShapeProfile(tuple(ranges))

@@ -97,16 +97,24 @@ class SearchSpace:
         """The space a result recorded (see :meth:`to_json`); a damaged record is a :class:`SearchSpaceError`."""
         try:
             return cls(
-                units={str(op): parse_precisions(list(p), f"recorded search space, units.{op}") for op, p in data["units"].items()},
+                units={
+                    str(op): parse_precisions(list(p), f"recorded search space, units.{op}")
+                    for op, p in data["units"].items()
+                },
                 fusable=frozenset(map(str, data["fusable"])),
                 pinned_fp32=frozenset(map(str, data["pinned_fp32"])),
-                overrides=tuple((str(pattern), parse_precisions(list(p), f"recorded override {pattern}"))
-                                for pattern, p in data["overrides"]),
+                overrides=tuple(
+                    (str(pattern), parse_precisions(list(p), f"recorded override {pattern}"))
+                    for pattern, p in data["overrides"]
+                ),
                 source=str(data["source"]),
-                sensitive={str(op): parse_precisions(list(p), f"recorded search space, sensitive.{op}")
-                           for op, p in data.get("sensitive", {}).items()},
+                sensitive={
+                    str(op): parse_precisions(list(p), f"recorded search space, sensitive.{op}")
+                    for op, p in data.get("sensitive", {}).items()
+                },
                 out_of_range=parse_precisions(list(data["out_of_range"]), "recorded search space, out_of_range")
-                if data.get("out_of_range") else (),
+                if data.get("out_of_range")
+                else (),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SearchSpaceError(f"the recorded search space cannot be read ({type(exc).__name__}: {exc}); "
@@ -115,7 +123,9 @@ class SearchSpace:
 
 def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
     if not isinstance(text, (str, list, tuple)):
-        raise SearchSpaceError(f"{where}: {text!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'")
+        raise SearchSpaceError(
+            f"{where}: {text!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'"
+        )
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
@@ -158,7 +168,10 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
         raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
-    units = {_text(op, source, "units"): parse_precisions(p, f"search space {source}, units.{op}") for op, p in raw["units"].items()}
+    units = {
+        _text(op, source, "units"): parse_precisions(p, f"search space {source}, units.{op}")
+        for op, p in raw["units"].items()
+    }
     sensitive = raw.get("sensitive") or {}
     if not isinstance(sensitive, dict):
         raise SearchSpaceError(f"search space {source}: 'sensitive:' must map op types to precisions, "
@@ -171,13 +184,18 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         units=units,
         fusable=_op_types(raw, "fusable", source),
         pinned_fp32=_op_types(raw, "pinned_fp32", source),
-        overrides=tuple((_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, overrides.{pattern}"))
-                        for pattern, p in overrides.items()),
+        overrides=tuple(
+            (_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, overrides.{pattern}"))
+            for pattern, p in overrides.items()
+        ),
         source=source,
-        sensitive={_text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, sensitive.{op}")
-                   for op, p in sensitive.items()},
+        sensitive={
+            _text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, sensitive.{op}")
+            for op, p in sensitive.items()
+        },
         out_of_range=parse_precisions(raw["out_of_range"], f"search space {source}, out_of_range")
-        if raw.get("out_of_range") else (),
+        if raw.get("out_of_range")
+        else (),
     )
 
 
@@ -191,5 +209,7 @@ def _op_types(raw: dict, key: str, source: str) -> frozenset[str]:
     """A list of op type names (``fusable:``, ``pinned_fp32:``)."""
     value = raw.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SearchSpaceError(f"search space {source}: '{key}:' must be a list of op type names, e.g. {key}: [Relu, Add]")
+        raise SearchSpaceError(
+            f"search space {source}: '{key}:' must be a list of op type names, e.g. {key}: [Relu, Add]"
+        )
     return frozenset(value)

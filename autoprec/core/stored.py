@@ -41,7 +41,9 @@ DERIVED_INLINE_BYTES = 16 << 10
 
 _written = itertools.count()
 _write_lock = threading.Lock()
-_derived: dict[tuple[str, str], TensorProto] = {}  # (folder, name) -> a derived tensor made or found (fixed by its name)
+_derived: dict[
+    tuple[str, str], TensorProto
+] = {}  # (folder, name) -> a derived tensor made or found (fixed by its name)
 
 
 def tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
@@ -195,7 +197,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
             location, offset, length = external_info(tensor)
         except (KeyError, ValueError):
             fields = {e.key: e.value for e in tensor.external_data}
-            raise ValueError(f"{what}: tensor {tensor.name!r} has unreadable external-data fields {fields}; {resave}") from None
+            raise ValueError(
+                f"{what}: tensor {tensor.name!r} has unreadable external-data fields {fields}; {resave}"
+            ) from None
         if offset < 0 or (length is not None and length != nbytes(tensor)):
             raise ValueError(f"{what}: tensor {tensor.name!r} says offset {offset}, length {length} in {location!r}, "
                              f"but its type and dims take {nbytes(tensor)} bytes; {resave}")
@@ -291,10 +295,14 @@ class StoredModel:
         ``derived/`` and referenced from then on by every process that lowers this model (its content is
         fixed by its name: made from the prepared weights alone)."""
         known = _derived.get((str(self.folder), name))
-        if known is not None and (not is_external(known) or os.path.isfile(os.path.join(self.folder, known.external_data[0].value))):
+        if known is not None and (
+            not is_external(known) or os.path.isfile(os.path.join(self.folder, known.external_data[0].value))
+        ):
             return known  # (checked still there: a folder removed and made again within one process)
         if size <= DERIVED_INLINE_BYTES:
-            return _derived.setdefault((str(self.folder), name), numpy_helper.from_array(np.ascontiguousarray(make()), name))
+            return _derived.setdefault(
+                (str(self.folder), name), numpy_helper.from_array(np.ascontiguousarray(make()), name)
+            )
         key = hashlib.sha256(name.encode()).hexdigest()[:24]
         location = f"{DERIVED}/{key}.bin"
         path = Path(self.folder) / location
@@ -326,7 +334,9 @@ def inlined(model: StoredModel) -> onnx.ModelProto:
     return proto
 
 
-def save_models(models: Mapping[Path, StoredModel], data: str | None = None, external: bool | None = None) -> list[Path]:
+def save_models(
+    models: Mapping[Path, StoredModel], data: str | None = None, external: bool | None = None
+) -> list[Path]:
     """Write each model to its path, self-contained: its external tensors copied into one data file named
     ``data`` (default ``<first model's name>.data``) beside them, shared by all (a weight they have in
     common is written once), or read back into each .onnx. ``external`` None: external data where the
@@ -356,7 +366,9 @@ def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> di
             protos[path] = proto = onnx.ModelProto()
             proto.CopyFrom(model.proto)
             for tensor in tensors(proto.graph):
-                if tensor.data_type == TensorProto.STRING or (not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES):
+                if tensor.data_type == TensorProto.STRING or (
+                    not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES
+                ):
                     continue
                 if not is_external(tensor):
                     writer.add(tensor)  # a large tensor held in the graph itself

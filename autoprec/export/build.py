@@ -47,8 +47,12 @@ class ExportBuild:
 def check_buildable(fmt: str) -> None:
     """Refuse, before anything is written, a format whose model TensorRT's strongly typed builder is not for."""
     if fmt not in BUILT_MODEL:
-        why = ("its --layerPrecisions build is TensorRT <= 10's weak typing, which only trtexec of those versions runs: "
-               "run build_trt10.sh there" if fmt == "trt10" else "it is an ONNX Runtime model repository")
+        why = (
+            "its --layerPrecisions build is TensorRT <= 10's weak typing, which only trtexec of those versions runs: "
+            "run build_trt10.sh there"
+            if fmt == "trt10"
+            else "it is an ONNX Runtime model repository"
+        )
         raise ExportError(f"--build: --format {fmt} is not built by autoprec ({why}); use --format trtexec or python")
 
 
@@ -58,8 +62,10 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) ->
     check_buildable(fmt)
     found = installed()
     if found is None:
-        raise BackendError("--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, PyPI, builds "
-                           f"without a GPU) or {TENSORRT.install.split(': ', 1)[1]}")
+        raise BackendError(
+            "--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, PyPI, builds "
+            f"without a GPU) or {TENSORRT.install.split(': ', 1)[1]}"
+        )
     flavour, trt = found
     built = build_engine(trt, flavour, stored.load(folder / BUILT_MODEL[fmt]), profile=profile)
     plan_path = atomic.write_bytes(folder / "model.plan", built.serialized)
@@ -69,8 +75,9 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) ->
     checks = dict(built.report.get("fidelity_checks") or {})
     if engine is not None:  # a GPU this TensorRT runs on: the inspector's view of the loaded engine
         loaded = True
-        layers = parse_engine_layers(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON),
-                                     "engine inspector")
+        layers = parse_engine_layers(
+            engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON), "engine inspector"
+        )
         atomic.write_json(folder / "layers.json", layers.to_json())
         if built.planned and (fidelity := plan_fidelity(layers, built.planned)) is not None:
             checks["engine inspector"] = fidelity.to_json()
@@ -106,8 +113,13 @@ def summary_lines(outcome: ExportBuild) -> list[str]:
              f"{report['build_seconds']:.2f} s; report {outcome.report_path}", report["note"]]
     if fidelity is not None:
         ignored = fidelity["ignored_units"]
-        lines.append(f"plan check ({fidelity['source']}): {fidelity['checked_units']} units checked, "
-                     + ("all at their planned precision" if not ignored else
-                        f"{len(ignored)} NOT at their planned precision: "
-                        + ", ".join(f"{u['unit']} planned {u['planned']}, ran {'/'.join(u['ran'])}" for u in ignored[:5])))
+        lines.append(
+            f"plan check ({fidelity['source']}): {fidelity['checked_units']} units checked, "
+            + (
+                "all at their planned precision"
+                if not ignored
+                else f"{len(ignored)} NOT at their planned precision: "
+                + ", ".join(f"{u['unit']} planned {u['planned']}, ran {'/'.join(u['ran'])}" for u in ignored[:5])
+            )
+        )
     return lines

@@ -30,13 +30,18 @@ _TRITON_TYPES = {
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[int]:
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in value.type.tensor_type.shape.dim]
+    return [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in value.type.tensor_type.shape.dim
+    ]
 
 
 def _tensor_block(value: onnx.ValueInfoProto, batched: bool) -> str:
     dims = _dims(value)[1 if batched else 0:]
-    return (f'  {{\n    name: {pbtxt_string(value.name)}\n    data_type: {_TRITON_TYPES.get(value.type.tensor_type.elem_type, "TYPE_FP32")}\n'
-            f"    dims: [ {', '.join(map(str, dims))} ]\n  }}")
+    return (
+        f"  {{\n    name: {pbtxt_string(value.name)}\n"
+        f"    data_type: {_TRITON_TYPES.get(value.type.tensor_type.elem_type, 'TYPE_FP32')}\n"
+        f"    dims: [ {', '.join(map(str, dims))} ]\n  }}"
+    )
 
 
 def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:

@@ -22,7 +22,9 @@ from autoprec.lower.qdq import QDQForm, apply_int8
 __all__ = ["QDQForm", "lower_plan"]
 
 
-def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT) -> StoredModel:
+def lower_plan(
+    info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, form: QDQForm = QDQForm.TENSORRT
+) -> StoredModel:
     """The prepared FP32 model rewritten so each unit runs in the plan's precision.
 
     Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
@@ -51,7 +53,9 @@ def lower_plan(info: ModelInfo, plan: Plan, ranges: ActivationRanges | None, for
         if fp16_nodes:
             # GPU engines run FP16 regions; ONNX Runtime's CPU provider has no FP16 kernels to gain from them.
             unit_nodes = {n for u in units for n in u.nodes}
-            region = grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
+            region = (
+                grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
+            )
             apply_fp16(edit, model, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:

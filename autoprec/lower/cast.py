@@ -50,7 +50,9 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
     candidates = {id(n): n for n in graph.nodes if n.name not in units and n.op in NEUTRAL_OPS
                   and any(_is_float32(t) for t in n.inputs if isinstance(t, gs.Variable))
                   and all(_is_float32(t) for t in n.outputs)}
-    links = [(node, c) for node in candidates.values() for out in node.outputs for c in out.outputs if id(c) in candidates]
+    links = [
+        (node, c) for node in candidates.values() for out in node.outputs for c in out.outputs if id(c) in candidates
+    ]
     touching = [group for group in connected(list(candidates.values()), links)
                 if any(t.inputs and t.inputs[0].name in region for n in group for t in _converted_inputs(n))
                 or any(c.name in region for n in group for out in n.outputs for c in out.outputs)]
@@ -140,8 +142,11 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
             if tensor is not None:
                 if tensor.data_type == TensorProto.FLOAT:
                     if name not in constants:
-                        copy = model.derived(f"{prefix}{name}_fp16", lambda n=name: index.values(n, model.folder).astype(np.float16),
-                                             2 * math.prod(tensor.dims))
+                        copy = model.derived(
+                            f"{prefix}{name}_fp16",
+                            lambda n=name: index.values(n, model.folder).astype(np.float16),
+                            2 * math.prod(tensor.dims),
+                        )
                         constants[name] = edit.add_initializer(copy)
                     edit.set_input(node, i, constants[name])
             elif name in half:

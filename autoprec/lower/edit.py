@@ -14,7 +14,6 @@ import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,9 @@ _OUTER = -1  # "position" of a tensor made outside the graph (an input, an initi
 
 def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
     """Names a subgraph reads from outside itself (its nodes' inputs it does not make or hold), at any depth."""
-    own = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    own = (
+        {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    )
     reads = {i for n in graph.node for i in n.input if i}
     for node in graph.node:
         for attribute in node.attribute:
@@ -153,7 +154,9 @@ class GraphEdit:
         self.unread: set[str] = set()  # tensors of this graph a rewired input no longer reads
         self.ins: dict[int, list[str]] = {}
         self.outs: dict[int, list[str]] = {}
-        self.reads: dict[str, list[NodeProto]] = defaultdict(list)  # name -> changed or added nodes that read (or once read) it
+        self.reads: dict[str, list[NodeProto]] = defaultdict(
+            list
+        )  # name -> changed or added nodes that read (or once read) it
 
     def _mirror(self, node: NodeProto, inputs: list[str], outputs: list[str]) -> None:
         self.ins[id(node)], self.outs[id(node)] = list(inputs), list(outputs)

@@ -85,7 +85,14 @@ class _Quantizer:
 
     def __init__(self, edit: GraphEdit, model: StoredModel, ranges: ActivationRanges, method: str, form: QDQForm,
                  prefix: str):
-        self.edit, self.model, self.ranges, self.method, self.form, self.prefix = edit, model, ranges, method, form, prefix
+        self.edit, self.model, self.ranges, self.method, self.form, self.prefix = (
+            edit,
+            model,
+            ranges,
+            method,
+            form,
+            prefix,
+        )
         self.dequantized: dict[str, str] = {}
 
     def activation(self, name: str) -> str:

@@ -95,8 +95,11 @@ def resolve_metric(spec: str, tasks_beside: Sequence[str] = (), options: HeadOpt
     It receives (reference_outputs, candidate_outputs), each a list of {output name: array} per
     evaluation batch, and returns a float loss (lower is better).
     """
-    metric = Metric(spec, tuple(dict.fromkeys(t for t in (spec.removesuffix("@labels"), *tasks_beside) if t in TASK_METRICS)),
-                    options or HeadOptions())
+    metric = Metric(
+        spec,
+        tuple(dict.fromkeys(t for t in (spec.removesuffix("@labels"), *tasks_beside) if t in TASK_METRICS)),
+        options or HeadOptions(),
+    )
     if spec not in BUILTIN_METRICS:
         module_name, sep, func_name = spec.partition(":")
         if not sep or not module_name or not func_name:
@@ -117,7 +120,9 @@ def _import_function(spec: str) -> LossFunction:
     except (ImportError, AttributeError) as exc:
         raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on the path") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported (a syntax error, its own code)
-        raise AutoprecError(f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module") from None
+        raise AutoprecError(
+            f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module"
+        ) from None
     if not callable(func):
         raise AutoprecError(f"--metric {spec}: {func_name} is not a function")
     return func
@@ -167,7 +172,9 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     metrics["cosine"] = float(cosines.mean())
     metrics["rel_l2"] = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
     metrics["max_abs"] = float(np.abs(cand - ref).max()) if ref.size else 0.0
-    metrics["snr_db"] = 10 * math.log10(signal / noise) if noise > 0 and signal > 0 else (math.inf if noise == 0 else -math.inf)
+    metrics["snr_db"] = (
+        10 * math.log10(signal / noise) if noise > 0 and signal > 0 else (math.inf if noise == 0 else -math.inf)
+    )
     metrics["nonfinite"] = 0.0
     if _looks_like_scores(reference):
         metrics["top1"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
@@ -231,15 +238,21 @@ class Judge:
                     f"--metric {self.metric.name}: the data holds no {wanted!r} array; add one to the .npz beside the "
                     f"inputs ({LABEL_FORMS[wanted]}), or use --metric {self.metric.task} (agreement with FP32)")
             if wanted == "text" and self.metric.options.charset is None:
-                raise AutoprecError(f"--metric {self.metric.name}: ground-truth text needs the head's characters; the model "
-                                    "has no 'character' metadata: give --ctc-charset FILE (one character per line, "
-                                    "PaddleOCR's dictionary order)")
+                raise AutoprecError(
+                    f"--metric {self.metric.name}: ground-truth text needs the head's characters; the model "
+                    "has no 'character' metadata: give --ctc-charset FILE (one character per line, "
+                    "PaddleOCR's dictionary order)"
+                )
         if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
             self.loss(self._own(len(self.reference)), self.reference)
-        if self.metric.against_labels and not any(LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()):
-            raise AutoprecError(f"--metric {self.metric.name}: the data's {LABELLED[self.metric.task]!r} array fits no output "
-                                f"(it must have one entry per item: {LABEL_FORMS[LABELLED[self.metric.task]]}); name the "
-                                "output with --task-output")
+        if self.metric.against_labels and not any(
+            LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()
+        ):
+            raise AutoprecError(
+                f"--metric {self.metric.name}: the data's {LABELLED[self.metric.task]!r} array fits no output "
+                f"(it must have one entry per item: {LABEL_FORMS[LABELLED[self.metric.task]]}); name the "
+                "output with --task-output"
+            )
         return self.fp32_scores(len(self.reference))
 
     def for_ranking(self) -> Judge:
@@ -254,8 +267,12 @@ class Judge:
         """Outputs the constraint would be blind to, and what reads them instead."""
         if self.metric.name not in SIMILARITY_METRICS:
             return []
-        notes = [f"output {name!r} holds integers ({value.dtype}): its share of the loss is the share of its values "
-                 "that differ from FP32's (equal)" for name, value in self.reference[0].items() if value.dtype.kind in "iub"]
+        notes = [
+            f"output {name!r} holds integers ({value.dtype}): its share of the loss is the share of its values "
+            "that differ from FP32's (equal)"
+            for name, value in self.reference[0].items()
+            if value.dtype.kind in "iub"
+        ]
         if self.metric.name == "cosine":
             notes += [f"output {name!r} has {value.size // max(1, len(value))} value(s) per item: cosine cannot see it "
                       "change, so its share of the loss is its relative L2 error (rel_l2)"
@@ -309,7 +326,9 @@ class Judge:
         drops = [(m[key] - fp32[n][key]) if key == "cer_labels" else (fp32[n][key] - m[key])
                  for n, m in metrics.items() if key in m and key in fp32.get(n, {})]
         if not drops:
-            raise AutoprecError(f"--metric {self.metric.name}: no output scored against the labels; {HOW_TO[self.metric.task]}")
+            raise AutoprecError(
+                f"--metric {self.metric.name}: no output scored against the labels; {HOW_TO[self.metric.task]}"
+            )
         return float(np.mean(drops))
 
     def _applies(self, task: str, name: str, ref: np.ndarray) -> bool:
@@ -323,7 +342,9 @@ class Judge:
             return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f"
         return "embedding" in self.metric.tasks and ref.ndim in (2, 3) and ref.dtype.kind == "f"
 
-    def _decisions(self, name: str, ref: np.ndarray, cand: np.ndarray, labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+    def _decisions(
+        self, name: str, ref: np.ndarray, cand: np.ndarray, labels: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
         options, found = self.metric.options, {}
         truth = labels.get("labels")
         if (truth is not None and _looks_like_scores(ref) and truth.shape == ref.shape[:-1]
@@ -334,14 +355,17 @@ class Judge:
             ref_ids, cand_ids = tasks.greedy_ctc(ref, options.blank), tasks.greedy_ctc(cand, options.blank)
             found["cer"] = tasks.character_error_rate(cand_ids, ref_ids)
             if "text" in labels and options.charset is not None:
-                charset = tasks.class_characters(options.charset, ref.shape[2] if ref.ndim == 3 else None, options.blank)
+                charset = tasks.class_characters(
+                    options.charset, ref.shape[2] if ref.ndim == 3 else None, options.blank
+                )
                 if charset is None:
                     raise AutoprecError(
                         f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} with "
                         f"{ref.shape[2] if ref.ndim == 3 else 'its'} classes (every class in order, or PaddleOCR's "
                         "order: blank, the dictionary, a space when there is room); give the model's own dictionary")
                 found["cer_labels"] = tasks.character_error_rate(
-                    [tasks.ctc_text(ids, charset).strip() for ids in cand_ids], [str(t).strip() for t in labels["text"]])
+                    [tasks.ctc_text(ids, charset).strip() for ids in cand_ids], [str(t).strip() for t in labels["text"]]
+                )
         if self._applies("detection", name, ref):
             layout = options.layout or _inferred_layout(name, ref)
             ref_boxes = tasks.yolo_detections(ref, layout, options.conf, options.iou)
@@ -381,7 +405,8 @@ def _inferred_layout(name: str, ref: np.ndarray) -> str:
     raise AutoprecError(
         f"--metric detection: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5 or decoded YOLOX "
         "(objectness in column 5), YOLOX's raw head (boxes still per grid cell), or a transposed YOLOv8 (no objectness)? "
-        "give --det-layout yolov5, yolox or yolov8")
+        "give --det-layout yolov5, yolox or yolov8"
+    )
 
 
 def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
@@ -395,8 +420,10 @@ def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]])
                                    ("map50", 1 - m.get("map50", 1.0), "detections (1 - mAP@0.5)"),
                                    ("nn_agreement", 1 - m.get("nn_agreement", 1.0), "nearest neighbours")):
             if changed > DECISION_CHANGE_LIMIT:
-                found.append(f"output {name!r}: {changed:.1%} of its {what} differ from FP32's (--metric {_task_of[key]} "
-                             "constrains them)")
+                found.append(
+                    f"output {name!r}: {changed:.1%} of its {what} differ from FP32's (--metric {_task_of[key]} "
+                    "constrains them)"
+                )
     return found
 
 

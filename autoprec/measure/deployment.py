@@ -50,9 +50,15 @@ class PointCheck:
         return self.error is None and self.same_shapes
 
     def to_json(self) -> dict[str, Any]:
-        return {"point": self.point, "shapes": {k: list(v) for k, v in self.shapes.items()},
-                "same_output_shapes": self.same_shapes, "cosine_loss": self.loss, "error": self.error, "items": self.items,
-                "outside_profile": self.outside_profile}
+        return {
+            "point": self.point,
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "same_output_shapes": self.same_shapes,
+            "cosine_loss": self.loss,
+            "error": self.error,
+            "items": self.items,
+            "outside_profile": self.outside_profile,
+        }
 
 
 @dataclass(frozen=True)
@@ -93,16 +99,22 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
     if info.deployable is None:
-        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"], others)))
+        return Deployment(
+            measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"], others))
+        )
     try:
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
     except Exception as exc:  # noqa: BLE001 - a lowering or a run the fixed graph allowed: said, and not shipped
-        differs = (f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a weight the fixed-shape "
-                   "graph folded to a constant, which the graph at the source's dims computes from the input shapes)")
+        differs = (
+            f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a weight the fixed-shape "
+            "graph folded to a constant, which the graph at the source's dims computes from the input shapes)"
+        )
     if differs:
         why = f"the model at the source's dims is not the measured one: {differs}"
-        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"], others)))
+        return Deployment(
+            measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"], others))
+        )
     return Deployment(model, also(info.for_deployment()), None,
                       tuple(_checks(info.path, model, profile, samples, profile.points(), others)))
 
@@ -194,11 +206,15 @@ class ProfileTiming:
 
     def to_json(self) -> dict[str, Any]:
         points = list(next(iter(self.ms.values()), {}))
-        return {"ms": {str(t): v for t, v in self.ms.items()}, "feasible": list(self.feasible),
-                "fastest": {p: self.fastest(p, self.feasible or None) for p in points}, "across_range": self.across_range(),
-                "failed": {str(t): why for t, why in self.failed.items()},
-                "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
-                       "(not interleaved: differences of a few percent are noise)"}
+        return {
+            "ms": {str(t): v for t, v in self.ms.items()},
+            "feasible": list(self.feasible),
+            "fastest": {p: self.fastest(p, self.feasible or None) for p in points},
+            "across_range": self.across_range(),
+            "failed": {str(t): why for t, why in self.failed.items()},
+            "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
+            "(not interleaved: differences of a few percent are noise)",
+        }
 
 
 def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],

@@ -47,7 +47,9 @@ class UnitError:
         return asdict(self)
 
 
-def _run(backend: Backend, model: StoredModel, names: Sequence[str], batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
+def _run(
+    backend: Backend, model: StoredModel, names: Sequence[str], batches: Sequence[Batch]
+) -> list[dict[str, np.ndarray]]:
     """The model's outputs and the tensors ``names`` (inside subgraphs too) on each batch."""
     exposed, read_as = with_outputs(model.proto, names)
     with backend.prepare(model.with_proto(exposed)) as runner:
@@ -129,7 +131,9 @@ def _spark(hist: np.ndarray, edges: np.ndarray, buckets: int = 16) -> str:
     return "".join(SPARK[min(int(v * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in levels)
 
 
-def activation_ranges(info: ModelInfo, ranges: ActivationRanges, methods: Sequence[str] = FAST_METHODS) -> list[dict[str, Any]]:
+def activation_ranges(
+    info: ModelInfo, ranges: ActivationRanges, methods: Sequence[str] = FAST_METHODS
+) -> list[dict[str, Any]]:
     """Per calibrated tensor, in graph order: range, thresholds, clipped shares, FP16 counts, flags.
 
     Flags: ``int8-outliers`` when the min-max range is over 10× the 99.99th percentile (outliers

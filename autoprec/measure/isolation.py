@@ -99,7 +99,9 @@ class FileLock:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             what = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
-            raise AutoprecError(f"lock file {self.path} {what}; remove it (autoprec makes its own) and run again") from None
+            raise AutoprecError(
+                f"lock file {self.path} {what}; remove it (autoprec makes its own) and run again"
+            ) from None
 
     def check(self) -> FileLock:
         """Open the lock file once without taking it: a bad lock file is refused here, before any work starts."""
@@ -126,7 +128,9 @@ def private_folder(folder: Path) -> Path:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         found = os.lstat(folder)
     except OSError as exc:
-        raise AutoprecError(f"lock folder {folder}: cannot be made ({exc.strerror}); set TMPDIR to a writable folder") from None
+        raise AutoprecError(
+            f"lock folder {folder}: cannot be made ({exc.strerror}); set TMPDIR to a writable folder"
+        ) from None
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
         raise AutoprecError(f"lock folder {folder} is not a directory of this user's own (a link, or another user's); "
                             "remove it, or set TMPDIR to a folder of yours")

@@ -51,8 +51,14 @@ class Measurement:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(Timing.from_json(data["latency"]), data["metrics"], data["loss"], data.get("seconds", {}), data.get("retimes", 0),
-                   data.get("build"))
+        return cls(
+            Timing.from_json(data["latency"]),
+            data["metrics"],
+            data["loss"],
+            data.get("seconds", {}),
+            data.get("retimes", 0),
+            data.get("build"),
+        )
 
 
 @dataclass(frozen=True)
@@ -204,8 +210,12 @@ class Paired:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Paired:
-        return cls(tuple(Timing.from_json(t) for t in data["reference"]), tuple(Timing.from_json(t) for t in data["candidate"]),
-                   data["builds"], data["apart"])
+        return cls(
+            tuple(Timing.from_json(t) for t in data["reference"]),
+            tuple(Timing.from_json(t) for t in data["candidate"]),
+            data["builds"],
+            data["apart"],
+        )
 
 
 def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, batch: Batch, rounds: int) -> Paired:

@@ -67,8 +67,14 @@ def speedup(reference: Sequence[float], candidate: Sequence[float], confidence: 
     return Speedup(math.exp(ratios.mean()), math.exp(low), math.exp(high), confidence, len(ratios))
 
 
-def time_until_known(backend: Backend, models: Mapping[str, StoredModel], batch: Batch,
-                     pairs: Sequence[tuple[str, str]], seconds: float, apart: bool = False) -> dict[str, tuple[Timing, ...]]:
+def time_until_known(
+    backend: Backend,
+    models: Mapping[str, StoredModel],
+    batch: Batch,
+    pairs: Sequence[tuple[str, str]],
+    seconds: float,
+    apart: bool = False,
+) -> dict[str, tuple[Timing, ...]]:
     """``models`` timed in interleaved rounds until the speed-up of each (reference, candidate) name pair is
     :attr:`Speedup.narrow`, ``seconds`` pass, or MAX_ROUNDS; MIN_ROUNDS at least. All alive at once, or
     (``apart``: engines too large to keep several) each built anew for its turn in every round."""

@@ -156,13 +156,24 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     for i, u in sorted(enumerate(sensitivity.units), key=lambda iu: order.get(iu[1].unit, iu[0])):
         share = f"{u.share:.1%}" if u.share is not None else "—"
         saves = [f"{u.gain[p]:+.1%}" if p in u.gain else "—" for p in saving]
-        table.add_row(str(i), plain(u.unit), plain(u.op_type), share, *saves, *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions))
+        table.add_row(
+            str(i),
+            plain(u.unit),
+            plain(u.op_type),
+            share,
+            *saves,
+            *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions),
+        )
     notes = []
     if sensitivity.unattributed_share is not None:
-        notes.append(f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)")
+        notes.append(
+            f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)"
+        )
     if saving:
-        notes.append("saves: share of FP32 time the unit gains in the profiled all-units plan (with its Q/DQ or Casts); "
-                     "where that plan is not faster than FP32, the warm start lowers only units that gain")
+        notes.append(
+            "saves: share of FP32 time the unit gains in the profiled all-units plan (with its Q/DQ or Casts); "
+            "where that plan is not faster than FP32, the warm start lowers only units that gain"
+        )
     table.caption = "\n".join(notes) or None
     table.caption_justify = "left"
     return table
@@ -171,9 +182,21 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
 def front_table(pareto: dict[str, Any]) -> Table:
     """The Pareto front of a result (pareto.json), fastest first, the chosen plan marked."""
     engine = pareto["engine"]
-    table = Table(title=plain(f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}"),
-                  title_justify="left")
-    for column in ("trial", "ms", "trial p10–p90", "×fp32", plain(f"loss ({pareto['search']['metric']})"), "i8/f16/f32", ""):
+    table = Table(
+        title=plain(
+            f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}"
+        ),
+        title_justify="left",
+    )
+    for column in (
+        "trial",
+        "ms",
+        "trial p10–p90",
+        "×fp32",
+        plain(f"loss ({pareto['search']['metric']})"),
+        "i8/f16/f32",
+        "",
+    ):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     front = shown_front(pareto)
     versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in front if t.number == pareto["chosen"]), None)
@@ -189,7 +212,8 @@ def front_table(pareto: dict[str, Any]) -> Table:
             Text("chosen", style="bold red") if t.number == pareto["chosen"] else "",
         )
     if any(t.unstable for t in front):
-        table.caption = f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) after re-timing"
+        table.caption = (f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
+                         "after re-timing")
         table.caption_justify = "left"
     return table
 
@@ -242,7 +266,8 @@ def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> lis
                ", re-timed in interleaved rounds" if versus.get("retimed") else "")
         lines.append(f"        speed-up over all-FP32 {speedup_text(versus)} ({verdict}{how})")
     if source := pareto.get("chosen_vs_source"):
-        line = f"        over the given model as it is: {speedup_text(source)} ({noise_verdict(source['beyond_timing_noise'], short=True)})"
+        verdict = noise_verdict(source["beyond_timing_noise"], short=True)
+        line = f"        over the given model as it is: {speedup_text(source)} ({verdict})"
         if prepared := source.get("preparation"):
             line += f"; of that, autoprec's FP32 preparation (folding) alone: {speedup_text(prepared)}"
         lines.append(line)
@@ -275,31 +300,49 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
             f"trial {trial} " + " · ".join(f"{p} {_ms(ms[p])}" for p in ("min", "opt", "max"))
             for trial, ms in timing["ms"].items()))
         if timing["across_range"] is not None:
-            lines.append(f"        fastest at min / opt / max: trial {' / '.join(str(timing['fastest'][p]) for p in ('min', 'opt', 'max'))}"
-                         f"; to deploy across the range: trial {timing['across_range']} (least slowdown at its worst shape)")
+            lines.append(
+                "        fastest at min / opt / max: trial "
+                + " / ".join(str(timing["fastest"][p]) for p in ("min", "opt", "max"))
+                + f"; to deploy across the range: trial {timing['across_range']} (least slowdown at its worst shape)"
+            )
     if deployment["fixed_because"]:
         lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({deployment['fixed_because']})")
     elif profile.dynamic:
-        lines.append("best/model.onnx keeps the source's input dims: " + "; ".join(
-            f"{i.name} {declared_text(i.declared)} min {_dims(list(i.min))} · opt {_dims(list(i.opt))} · max {_dims(list(i.max))}"
-            for i in profile.inputs))
+        lines.append(
+            "best/model.onnx keeps the source's input dims: "
+            + "; ".join(
+                f"{i.name} {declared_text(i.declared)} min {_dims(list(i.min))} · opt {_dims(list(i.opt))} "
+                f"· max {_dims(list(i.max))}"
+                for i in profile.inputs
+            )
+        )
     checks = deployment["checked_against_source"]
     points = [c for c in checks if c["point"] != "data"]
     if points:
-        lines.append("        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): " + ", ".join(
-            f"{c['point']} {_verdict(c)}" for c in points))
+        lines.append(
+            "        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): "
+            + ", ".join(f"{c['point']} {_verdict(c)}" for c in points)
+        )
     for check in (c for c in checks if c["point"] == "data"):
-        beyond = " (outside the shape profile: an engine built for it refuses this shape)" if check.get("outside_profile") else ""
-        lines.append(f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}{beyond}: {_verdict(check)}")
+        beyond = (
+            " (outside the shape profile: an engine built for it refuses this shape)"
+            if check.get("outside_profile")
+            else ""
+        )
+        lines.append(
+            f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}{beyond}: {_verdict(check)}"
+        )
     at_opt = next((c["cosine_loss"] for c in checks if c["point"] == "opt" and c["cosine_loss"] is not None), None)
     for check in checks:
         if check["error"] or not check["same_output_shapes"]:
             what = check["error"] or "its outputs have other shapes than the given model's"
             lines.append(f"        ⚠ at {check['point']} ({_at(check['shapes'])}): {what}")
         elif at_opt is not None and float(check["cosine_loss"]) > max(FARTHER * float(at_opt), LOSS_FLOOR):
-            lines.append(f"        ⚠ at {check['point']} ({_at(check['shapes'])}) the plan strays further from the given model "
-                         f"(cosine loss {_loss(check['cosine_loss'])}) than at opt ({_loss(at_opt)}), where it was searched: "
-                         "it may not hold there; search at that shape (--shape) or with data of it")
+            lines.append(
+                f"        ⚠ at {check['point']} ({_at(check['shapes'])}) the plan strays further from the given model "
+                f"(cosine loss {_loss(check['cosine_loss'])}) than at opt ({_loss(at_opt)}), where it was searched: "
+                "it may not hold there; search at that shape (--shape) or with data of it"
+            )
     return lines
 
 
@@ -336,9 +379,16 @@ def plan_table(plan: dict[str, Any]) -> Table:
 def engine_layers_table(layers: EngineLayers) -> Table:
     """Per-layer precision of a TensorRT engine; FP32 layers first in a reduced-precision engine."""
     summary = layers.summary()
-    shares = ", ".join(f"{p} {n} ({summary['precision_shares'][p]:.0%})" for p, n in sorted(summary["precision_counts"].items()))
-    table = Table(title=plain(f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
-                              f"{layers.schema} JSON): {shares}"), title_justify="left")
+    shares = ", ".join(
+        f"{p} {n} ({summary['precision_shares'][p]:.0%})" for p, n in sorted(summary["precision_counts"].items())
+    )
+    table = Table(
+        title=plain(
+            f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
+            f"{layers.schema} JSON): {shares}"
+        ),
+        title_justify="left",
+    )
     for column in ("layer", "type", "precision", "inputs", "outputs", "fused from"):
         table.add_column(column, overflow="fold")
     fp32_flag = bool(summary["fp32_in_reduced_precision_engine"])
@@ -348,8 +398,14 @@ def engine_layers_table(layers: EngineLayers) -> Table:
 
     for layer in layers.ordered():
         mark = Text(layer.precision, style="bold red" if fp32_flag and layer.precision == "fp32" else "")
-        table.add_row(plain(layer.name), plain(layer.layer_type), mark, plain(tensors(layer.inputs)), plain(tensors(layer.outputs)),
-                      plain(", ".join(layer.fused_from) if len(layer.fused_from) > 1 else ""))
+        table.add_row(
+            plain(layer.name),
+            plain(layer.layer_type),
+            mark,
+            plain(tensors(layer.inputs)),
+            plain(tensors(layer.outputs)),
+            plain(", ".join(layer.fused_from) if len(layer.fused_from) > 1 else ""),
+        )
     return table
 
 

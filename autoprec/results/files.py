@@ -104,9 +104,11 @@ def drifted(search: dict[str, Any]) -> str | None:
     drift = search.get("timing_drift")
     if not drift or not drift["outside_trial_spread"] or drift["largest_percent"] < DRIFT_WORTH_SAYING:
         return None
-    return (f"latencies on this machine drifted up to {drift['largest_percent']:.0f} % between the trials and the re-timing "
-            f"({drift['outside_trial_spread']} of {drift['plans']} plans beyond their trial's p10–p90): absolute figures "
-            "are good to about that much; the speed-up comes from interleaved rounds, which drift hits alike")
+    return (
+        f"latencies on this machine drifted up to {drift['largest_percent']:.0f} % between the trials and the re-timing "
+        f"({drift['outside_trial_spread']} of {drift['plans']} plans beyond their trial's p10–p90): absolute figures "
+        "are good to about that much; the speed-up comes from interleaved rounds, which drift hits alike"
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -202,15 +204,23 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
                 }
             ),
         ),
-        atomic.write_json(out / "trials.json", json_safe({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]})),
+        atomic.write_json(
+            out / "trials.json",
+            json_safe({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]}),
+        ),
     ]
     if result.chosen is not None and deployment is not None:
         best = out / "best"
         chosen_model, tensorrt_model = deployment.model, deployment.tensorrt_model
-        files = {"model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); "
-                               + ("the model that was measured, at its fixed input shapes" if deployment.fixed_because else
-                                  "the measured plan on the source's input dims (dynamic ones kept), checked against the "
-                                  "measured model at opt and against the given model across the profile")}
+        files = {
+            "model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); "
+            + (
+                "the model that was measured, at its fixed input shapes"
+                if deployment.fixed_because
+                else "the measured plan on the source's input dims (dynamic ones kept), checked against the "
+                "measured model at opt and against the given model across the profile"
+            )
+        }
         if tensorrt_model is not None:
             files["model.tensorrt.onnx"] = (
                 "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a strongly typed "
@@ -243,8 +253,16 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
 
 
 # What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
-DECISIONS = (("equal", "values same"), ("top1", "top-1 same"), ("cer", "CER vs FP32"), ("map50", "mAP50 vs FP32"), ("nn_agreement", "NN same"),
-             ("top1_labels", "top-1 vs labels"), ("cer_labels", "CER vs labels"), ("map50_labels", "mAP50 vs labels"))
+DECISIONS = (
+    ("equal", "values same"),
+    ("top1", "top-1 same"),
+    ("cer", "CER vs FP32"),
+    ("map50", "mAP50 vs FP32"),
+    ("nn_agreement", "NN same"),
+    ("top1_labels", "top-1 vs labels"),
+    ("cer_labels", "CER vs labels"),
+    ("map50_labels", "mAP50 vs labels"),
+)
 
 
 def decisions(metrics: dict[str, dict[str, Any]]) -> str:
@@ -296,40 +314,94 @@ TRIAL = {
     "accuracy_loss": NUMBER, "feasible": bool, "metrics": MapOf(MapOf(NUMBER)), "duplicate_of": Nullable(int),
     "plan": PLAN, "build": Nullable(dict),
 }
-ENGINE = {"backend": str, "engine": str, "version": str, "provider": str, "device": str, "qdq_form": str, "measured": bool,
-          "caveat": Optional_(str), "timing": Optional_(str)}
+ENGINE = {
+    "backend": str,
+    "engine": str,
+    "version": str,
+    "provider": str,
+    "device": str,
+    "qdq_form": str,
+    "measured": bool,
+    "caveat": Optional_(str),
+    "timing": Optional_(str),
+}
 MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
          "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str],
          "weight_bytes": Optional_(int), "external_data": Optional_(bool)}
 SEARCH = {
-    "budget": int, "trials": int, "metric": str, "max_loss": Nullable(NUMBER), "seed": int, "calibration": str,
-    "study_name": str, "storage": str, "data": str, "random_data": bool, "sampler": str, "wall_seconds": NUMBER,
-    "batches": {"calibration": int, "evaluation": int}, "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
-    "constants": Optional_(MapOf(NUMBER)), "out_of_range": Optional_([str]),
-    "data_path": Optional_(Nullable(str)), "data_fingerprint": Optional_(str), "calibration_file": Optional_(Nullable(str)),
-    "search_space": Optional_((dict, str)), "plan_ignored": Optional_([int]),
-    "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))), "metric_notes": Optional_([str]), "decision_changes": Optional_([str]),
+    "budget": int,
+    "trials": int,
+    "metric": str,
+    "max_loss": Nullable(NUMBER),
+    "seed": int,
+    "calibration": str,
+    "study_name": str,
+    "storage": str,
+    "data": str,
+    "random_data": bool,
+    "sampler": str,
+    "wall_seconds": NUMBER,
+    "batches": {"calibration": int, "evaluation": int},
+    "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
+    "constants": Optional_(MapOf(NUMBER)),
+    "out_of_range": Optional_([str]),
+    "data_path": Optional_(Nullable(str)),
+    "data_fingerprint": Optional_(str),
+    "calibration_file": Optional_(Nullable(str)),
+    "search_space": Optional_((dict, str)),
+    "plan_ignored": Optional_([int]),
+    "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))),
+    "metric_notes": Optional_([str]),
+    "decision_changes": Optional_([str]),
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
     "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
-    "engine_builds": Optional_(int), "engine_builds_by_phase": Optional_(MapOf(int)), "reference_evaluations": Optional_(int),
+    "engine_builds": Optional_(int),
+    "engine_builds_by_phase": Optional_(MapOf(int)),
+    "reference_evaluations": Optional_(int),
     "reference": Optional_({"executor": str, "proposals_per_build": int}),
-    "profile": Optional_({"inputs": [{"name": str, "declared": [(int, str, type(None))], "min": [int], "opt": [int],
-                                      "max": [int]}]}),
-    "profile_timing": Optional_({"ms": MapOf({p: Nullable(NUMBER) for p in POINTS}), "feasible": [int],
-                                 "fastest": MapOf(Nullable(int)), "across_range": Nullable(int), "how": str,
-                                 "failed": Optional_(MapOf(str))}),
+    "profile": Optional_(
+        {"inputs": [{"name": str, "declared": [(int, str, type(None))], "min": [int], "opt": [int], "max": [int]}]}
+    ),
+    "profile_timing": Optional_(
+        {
+            "ms": MapOf({p: Nullable(NUMBER) for p in POINTS}),
+            "feasible": [int],
+            "fastest": MapOf(Nullable(int)),
+            "across_range": Nullable(int),
+            "how": str,
+            "failed": Optional_(MapOf(str)),
+        }
+    ),
 }
-SPEEDUP = {"speedup": NUMBER, "beyond_timing_noise": Nullable(bool), "low": Optional_(NUMBER), "high": Optional_(NUMBER),
-           "confidence": Optional_(NUMBER), "rounds": Optional_(int)}
+SPEEDUP = {
+    "speedup": NUMBER,
+    "beyond_timing_noise": Nullable(bool),
+    "low": Optional_(NUMBER),
+    "high": Optional_(NUMBER),
+    "confidence": Optional_(NUMBER),
+    "rounds": Optional_(int),
+}
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
           "chosen_vs_fp32": Nullable({"fp32_trial": int, **SPEEDUP}),
           "chosen_vs_source": Optional_(Nullable({**SPEEDUP, "preparation": Optional_(SPEEDUP)})),
           "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str}))}
 TRIALS = {**HEADER, "trials": [TRIAL]}
-DEPLOYMENT = {"keeps_source_dims": bool, "fixed_because": Nullable(str), "checked_against_source": [{
-    "point": OneOf((*POINTS, "data")), "shapes": MapOf([int]), "same_output_shapes": bool, "cosine_loss": Nullable(NUMBER),
-    "error": Nullable(str), "items": Optional_(int), "outside_profile": Optional_(bool)}]}
+DEPLOYMENT = {
+    "keeps_source_dims": bool,
+    "fixed_because": Nullable(str),
+    "checked_against_source": [
+        {
+            "point": OneOf((*POINTS, "data")),
+            "shapes": MapOf([int]),
+            "same_output_shapes": bool,
+            "cosine_loss": Nullable(NUMBER),
+            "error": Nullable(str),
+            "items": Optional_(int),
+            "outside_profile": Optional_(bool),
+        }
+    ],
+}
 CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
 SENSITIVITY = {"engine": str, "batches": int, "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
@@ -347,7 +419,11 @@ def _problem(value: Any, schema: Any, where: str) -> str | None:
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("inf", "-inf", "nan")
         return None if ok else f"{name} is {value!r:.60}, not a number"
     if isinstance(schema, OneOf):
-        return None if value in schema.values else f"{name} is {value!r:.60}, not one of {', '.join(map(str, schema.values))}"
+        return (
+            None
+            if value in schema.values
+            else f"{name} is {value!r:.60}, not one of {', '.join(map(str, schema.values))}"
+        )
     if isinstance(schema, (type, tuple)):
         kinds = schema if isinstance(schema, tuple) else (schema,)
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
@@ -475,11 +551,15 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
             raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
                                 "to rewrite the result files") from None
     if isinstance(read["pareto"], dict) and read["pareto"].get("schema") != PARETO_SCHEMA:
-        raise AutoprecError(f"{pareto_path}: schema {read['pareto'].get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search")
+        raise AutoprecError(
+            f"{pareto_path}: schema {read['pareto'].get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search"
+        )
     pareto = validated(read["pareto"], PARETO, pareto_path)
     trials = validated(read["trials"], TRIALS, files["trials"])
     plan = validated(read["plan"], CHOSEN_PLAN, files["plan"]) if read["plan"] is not None else None
-    sensitivity = validated(read["sensitivity"], SENSITIVITY, files["sensitivity"]) if read["sensitivity"] is not None else None
+    sensitivity = (
+        validated(read["sensitivity"], SENSITIVITY, files["sensitivity"]) if read["sensitivity"] is not None else None
+    )
     _check_consistent(out_dir, pareto, trials, plan)
     return ResultFiles(out_dir, pareto, trials, plan, sensitivity)
 
@@ -493,7 +573,8 @@ def _check_consistent(out_dir: Path, pareto: dict, trials: dict, plan: dict | No
     if pareto["chosen"] is not None and pareto["chosen"] not in front:
         problem = f"pareto.json chooses trial {pareto['chosen']}, which is not on its front"
     elif plan is not None and plan["trial"] != pareto["chosen"]:
-        problem = f"best/plan.json holds trial {plan['trial']}, but pareto.json chose {pareto['chosen']} (best/ is from another run)"
+        problem = (f"best/plan.json holds trial {plan['trial']}, but pareto.json chose {pareto['chosen']} "
+                   "(best/ is from another run)")
     elif any(n not in numbers for n in pareto["uniform"].values()):
         problem = "pareto.json names a uniform plan that trials.json does not have"
     elif len({tuple(t["plan"]["precisions"]) for t in pareto["front"]}) > 1:

@@ -63,11 +63,15 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
     for precision, number in pareto.get("uniform", {}).items():
         p = _point(by_number[number]) if number in by_number else None
         if p:
-            ax.annotate(f"all {precision}", (p[0], p[1]), textcoords="offset points", xytext=(6, 6), fontsize=9, color="0.3")
+            ax.annotate(
+                f"all {precision}", (p[0], p[1]), textcoords="offset points", xytext=(6, 6), fontsize=9, color="0.3"
+            )
             ax.scatter([p[0]], [p[1]], s=30, facecolors="none", edgecolors="0.3", zorder=4)
     chosen = by_number.get(pareto.get("chosen"))
     if chosen and (p := _point(chosen)):
-        ax.scatter([p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen.number})", zorder=5)
+        ax.scatter(
+            [p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen.number})", zorder=5
+        )
     max_loss = pareto["search"].get("max_loss")
     if max_loss is not None:
         ax.axhline(max_loss, color="tab:red", ls="--", lw=1, label=f"--max-loss {max_loss:g}")
@@ -150,7 +154,9 @@ def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Pat
                          color=PRECISION_COLOURS[precision], label=f"{precision} alone", zorder=3)
         failed = [i for i, v in points if not math.isfinite(v)]
         if failed:
-            left.scatter([1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf")
+            left.scatter(
+                [1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf"
+            )
     left.set_xscale("log")
     left.set_xlabel("accuracy loss with only this unit lowered (log)")
     left.grid(axis="x", color="0.9")
@@ -161,7 +167,9 @@ def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Pat
     labels = [u["unit"] for u in units] if len(units) <= 60 else [str(i) for i in rows]
     left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
     left.invert_yaxis()
-    fig.suptitle(f"Sensitivity: {title}\n{sensitivity['engine']} · {sensitivity['batches']} evaluation batch(es)", fontsize=9)
+    fig.suptitle(
+        f"Sensitivity: {title}\n{sensitivity['engine']} · {sensitivity['batches']} evaluation batch(es)", fontsize=9
+    )
     fig.tight_layout()
     atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
     plt.close(fig)
@@ -191,8 +199,12 @@ def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
     x = [r.index for r in rows]
     colours = [PRECISION_COLOURS[r.precision] if r.precision != "fp32" else "#BBBBBB" for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(min(24, max(9, 0.12 * len(rows) + 4)), 7), dpi=120)
-    top.bar(x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone (fed FP32 inputs)")
-    top.plot(x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2, label="accumulated at its output")
+    top.bar(
+        x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone (fed FP32 inputs)"
+    )
+    top.plot(
+        x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2, label="accumulated at its output"
+    )
     top.set_yscale("log")
     top.set_ylabel("rel. L2 error vs FP32")
     top.legend(fontsize=8, loc="lower right", framealpha=0.9)

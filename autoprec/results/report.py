@@ -67,21 +67,48 @@ def _facts(result: ResultFiles) -> str:
         ("wall time", f"{search['wall_seconds']:.1f} s"),
     ]
     body = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in rows)
-    warning = ('<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search["random_data"] else "")
+    warning = (
+        '<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search["random_data"] else ""
+    )
     return f"<table>{body}</table>{warning}"
 
 
 def _front(result: ResultFiles) -> str:
     front = result.shown_front()
     outputs = list(front[0].metrics) if front else []
-    metric_names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
-    head = ["trial", "final ms", "re-timed rounds ms", "trial median ms", "p10 ms", "p90 ms", "runs", "loss", "int8", "fp16", "fp32"]
+    metric_names = sorted(
+        {m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")}
+    )
+    head = [
+        "trial",
+        "final ms",
+        "re-timed rounds ms",
+        "trial median ms",
+        "p10 ms",
+        "p90 ms",
+        "runs",
+        "loss",
+        "int8",
+        "fp16",
+        "fp32",
+    ]
     rows = []
     for t in front:
         rounds = ", ".join(_num(v, ".4g") for v in t.rounds) or "—"
         lat = t.timing
-        cells = [t.number, _num(t.final_ms, ".4g"), rounds, _num(lat.median_ms, ".4g"), _num(lat.p10_ms, ".4g"),
-                 _num(lat.p90_ms, ".4g"), lat.runs, _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
+        cells = [
+            t.number,
+            _num(t.final_ms, ".4g"),
+            rounds,
+            _num(lat.median_ms, ".4g"),
+            _num(lat.p10_ms, ".4g"),
+            _num(lat.p90_ms, ".4g"),
+            lat.runs,
+            _num(t.loss, ".3e"),
+            t.counts["int8"],
+            t.counts["fp16"],
+            t.counts["fp32"],
+        ]
         cells += [_num(t.metrics[out][m]) if m in t.metrics[out] else "—" for out in outputs for m in metric_names]
         cls = ' class="chosen"' if t.number == result.pareto["chosen"] else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
@@ -124,7 +151,8 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
                    f"{counts['int8']}/{counts['fp16']}/{counts['fp32']} units.")
         versus = p.get("chosen_vs_fp32")
         if versus and versus["fp32_trial"] != chosen["trial"]:
-            summary += f" Speed-up over all-FP32 {speedup_text(versus)} ({noise_verdict(versus['beyond_timing_noise'], short=True)})."
+            verdict = noise_verdict(versus["beyond_timing_noise"], short=True)
+            summary += f" Speed-up over all-FP32 {speedup_text(versus)} ({verdict})."
         if source := p.get("chosen_vs_source"):
             summary += f" Over the given model as it is: {speedup_text(source)}."
         if unproven := p.get("not_shipped"):

@@ -82,7 +82,9 @@ def check_storage(url: str, existing: bool = False) -> None:
     if existing and not path.is_file():
         raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the storage a search wrote")
     if not path.parent.is_dir():
-        raise StudyError(f"--storage {redacted(url)}: folder {path.parent} does not exist; create it or choose another path")
+        raise StudyError(
+            f"--storage {redacted(url)}: folder {path.parent} does not exist; create it or choose another path"
+        )
 
 
 def worker_id(device: int | None = None) -> str:
@@ -112,7 +114,8 @@ def _quiet_heartbeat_notices() -> None:
     that are not shown: only those messages, only from Optuna's modules, from the moment autoprec
     switches heartbeats on (not at import)."""
     warnings.filterwarnings(
-        "ignore", message=r".*(heartbeat_interval|fail_stale_trials|RetryHeartbeatStaleTrialCallback|Heartbeat of storage).*",
+        "ignore",
+        message=r".*(heartbeat_interval|fail_stale_trials|RetryHeartbeatStaleTrialCallback|Heartbeat of storage).*",
         module="optuna",
     )
 
@@ -308,7 +311,9 @@ class SharedInputs:
             downloaded = path.with_suffix(".download")
             if file_sha256(downloaded) != entry["sha256"]:
                 downloaded.unlink()
-                raise StudyError(f"shared {path.name} does not match its recorded sha256: the artifact store was altered")
+                raise StudyError(
+                    f"shared {path.name} does not match its recorded sha256: the artifact store was altered"
+                )
             os.replace(downloaded, path)
         return True
 

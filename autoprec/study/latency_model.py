@@ -69,19 +69,26 @@ class LatencyModel:
 
     def predict(self, features: Features) -> float:
         int8, fp16, per_conversion = self.coefficients
-        return self.fp32_ms * (1.0 - int8 * features.saved_int8 - fp16 * features.saved_fp16) + per_conversion * features.conversions
+        return (
+            self.fp32_ms * (1.0 - int8 * features.saved_int8 - fp16 * features.saved_fp16)
+            + per_conversion * features.conversions
+        )
 
     def refit(self, measured: Sequence[tuple[Features, float]]) -> None:
         """Least squares on (features, measured ms), with the prior's rows beside the trials'."""
         if not measured:
             return
-        rows = np.asarray([[-self.fp32_ms * f.saved_int8, -self.fp32_ms * f.saved_fp16, float(f.conversions)] for f, _ in measured])
+        rows = np.asarray(
+            [[-self.fp32_ms * f.saved_int8, -self.fp32_ms * f.saved_fp16, float(f.conversions)] for f, _ in measured]
+        )
         targets = np.asarray([ms - self.fp32_ms for _, ms in measured])
         # one prior row per coefficient, as large as PRIOR_WEIGHT trials' typical entries in its column
         typical = np.sqrt((rows**2).mean(axis=0))
         weights = np.sqrt(PRIOR_WEIGHT) * np.where(typical > 0, typical, 1.0)
         prior = np.asarray([1.0, 1.0, 0.0])
-        solution, *_ = np.linalg.lstsq(np.vstack([rows, np.diag(weights)]), np.concatenate([targets, weights * prior]), rcond=None)
+        solution, *_ = np.linalg.lstsq(
+            np.vstack([rows, np.diag(weights)]), np.concatenate([targets, weights * prior]), rcond=None
+        )
         self.coefficients = tuple(float(c) for c in solution)
         self.fitted_on = len(measured)
 

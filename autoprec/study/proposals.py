@@ -69,9 +69,17 @@ class Proposer:
     _features: dict[str, Features] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, storage: str | optuna.storages.BaseStorage, study_name: str, identity: dict, seed: int, ctx: StudyContext,
-             reference_loss: Callable[[Plan], float], gains: Mapping[str, Mapping[str, float]],
-             per_build: int) -> Proposer:
+    def open(
+        cls,
+        storage: str | optuna.storages.BaseStorage,
+        study_name: str,
+        identity: dict,
+        seed: int,
+        ctx: StudyContext,
+        reference_loss: Callable[[Plan], float],
+        gains: Mapping[str, Mapping[str, float]],
+        per_build: int,
+    ) -> Proposer:
         """The reference study beside the search's, in its storage (a resumed search keeps its proposals)."""
         reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
         return cls(ctx, reference, reference_loss, gains, per_build)

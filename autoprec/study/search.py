@@ -125,7 +125,9 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     widening = [Precision.INT8, Precision.FP16, Precision.FP32]
     candidates = widening[widening.index(precision):]
     return {
-        u.name: (Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed), u.allowed[-1])).value
+        u.name: (
+            Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed), u.allowed[-1])
+        ).value
         for u in info.dimensions
     }
 
@@ -148,7 +150,9 @@ def make_sampler(name: str, seed: int, parallel: bool = False) -> optuna.sampler
         try:
             import torch  # noqa: F401 - Optuna's GPSampler needs it
         except ImportError:
-            raise AutoprecError("--sampler gp: Optuna's GPSampler needs PyTorch; pip install torch, or use --sampler tpe") from None
+            raise AutoprecError(
+                "--sampler gp: Optuna's GPSampler needs PyTorch; pip install torch, or use --sampler tpe"
+            ) from None
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=10)
     raise AutoprecError(f"--sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
 
@@ -280,7 +284,9 @@ def interrupts_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def start_trial(study: optuna.Study, ctx: StudyContext, budget: int, started: list[optuna.Trial]) -> optuna.Trial | None:
+def start_trial(
+    study: optuna.Study, ctx: StudyContext, budget: int, started: list[optuna.Trial]
+) -> optuna.Trial | None:
     """A new trial while the study's budget has room, counting every worker's trials; None once
     ``budget`` trials count. The trial is appended to ``started`` as it is created, so whatever
     stops this worker next can give it back.
@@ -330,7 +336,9 @@ def _earlier(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
     return None
 
 
-def _settle(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str, started: float) -> TrialRecord | None:
+def _settle(
+    study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str, started: float
+) -> TrialRecord | None:
     earlier = _earlier(study, key, trial.number)
     if earlier is not None and earlier.state == TrialState.COMPLETE:
         trial.set_user_attr("measurement", earlier.user_attrs["measurement"])
@@ -450,7 +458,9 @@ def run_warm_started(
     run_study(study, ctx, min(budget, len(UNIFORM) if propose is None else 1), on_trial, workers)
     measured = uniform_measured(study)
     fp32 = uniform_params(ctx.info, Precision.FP32)
-    reduced = {p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32}  # a precision no unit takes: none
+    reduced = {
+        p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32
+    }  # a precision no unit takes: none
     if propose is not None:
         judged = {p: found for p, params in reduced.items()
                   if p.value not in measured and (found := propose.judge(study, params)) is not None}
@@ -605,8 +615,14 @@ def retimed_front(
     finished = finished_records(study)
     fp32 = uniform_trials(finished).get("fp32")
     on_front = {r.plan.key() for r in front}
-    feasible = sorted((r for r in finished if max_loss is not None and r.loss <= max_loss and r.plan.key() not in on_front
-                       and r.duplicate_of is None), key=lambda r: r.latency_ms)
+    feasible = sorted(
+        (
+            r
+            for r in finished
+            if max_loss is not None and r.loss <= max_loss and r.plan.key() not in on_front and r.duplicate_of is None
+        ),
+        key=lambda r: r.latency_ms,
+    )
     extra, seen = [], set(on_front)
     for r in feasible:
         if r.plan.key() not in seen and len(extra) < RETIME_FEASIBLE:

@@ -75,7 +75,9 @@ class Sensitivity:
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
-        return sorted((u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain))
+        return sorted(
+            (u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain)
+        )
 
     def profiled(self, precision: Precision) -> bool:
         """Whether the time each unit saves in ``precision`` was measured."""
@@ -83,7 +85,9 @@ class Sensitivity:
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON: a loss that is not finite (a failed or overflowing plan) is written "inf"."""
-        units = [{**asdict(u), "loss": {p: v if math.isfinite(v) else "inf" for p, v in u.loss.items()}} for u in self.units]
+        units = [
+            {**asdict(u), "loss": {p: v if math.isfinite(v) else "inf" for p, v in u.loss.items()}} for u in self.units
+        ]
         return {
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
@@ -98,9 +102,18 @@ class Sensitivity:
                             u.get("members", 1))
             for u in data["units"]
         )
-        return cls(units, data["unattributed_share"], data["batches"], data["evaluations"], data["seconds"], data["engine"],
-                   data.get("failed", 0), data.get("first_error", ""), data.get("profiles", 0),
-                   data.get("evaluation_seconds", 0.0))
+        return cls(
+            units,
+            data["unattributed_share"],
+            data["batches"],
+            data["evaluations"],
+            data["seconds"],
+            data["engine"],
+            data.get("failed", 0),
+            data.get("first_error", ""),
+            data.get("profiles", 0),
+            data.get("evaluation_seconds", 0.0),
+        )
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
@@ -232,10 +245,14 @@ def analyse_sensitivity(
     started = time.monotonic()
     # the all-FP32 plan as the engine lowers it (ONNX Runtime: the model itself; TensorRT: stamped with
     # the plan), so that the study's all-FP32 trial is the very graph profiled here
-    fp32_times = backend.node_times(backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), profile_batch)
+    fp32_times = backend.node_times(
+        backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), profile_batch
+    )
     profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
-    gains, profiles = unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)
+    gains, profiles = (
+        unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)
+    )
     steps = [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.dimensions}
     failures: list[str] = []
@@ -245,14 +262,22 @@ def analyse_sensitivity(
             loss = loss_of(info.plan_at(precision, [unit.name], calibration))
         except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
-            failures.append(f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+            failures.append(
+                f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            )
         losses[unit.name][precision.value] = loss
         if on_step is not None:
             on_step(i + 1, len(steps))
     gains = {p: _by_dimension(info, by_unit) for p, by_unit in gains.items()}
     units = tuple(
-        UnitSensitivity(u.name, u.op_type, shares.get(u.name, 0.0) if profiled else None, losses[u.name],
-                        {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit}, len(info.members(u.name)))
+        UnitSensitivity(
+            u.name,
+            u.op_type,
+            shares.get(u.name, 0.0) if profiled else None,
+            losses[u.name],
+            {p: by_unit[u.name] for p, by_unit in gains.items() if u.name in by_unit},
+            len(info.members(u.name)),
+        )
         for u in info.dimensions
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
@@ -269,7 +294,9 @@ def _by_dimension(info: ModelInfo, per_unit: Mapping[str, float]) -> dict[str, f
     return dict(summed)
 
 
-def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None) -> tuple[ModelInfo, dict]:
+def searched_sensitive(
+    info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None
+) -> tuple[ModelInfo, dict]:
     """``info`` with the sensitive units (softmax, normalisations) that do not pay kept FP32, and what was
     decided. Each new dimension must earn its place: a sensitive unit is searched in a reduced precision
     only where, alone, it stays within ``max_loss`` and the engine's profile of the all-units plan shows it
@@ -280,9 +307,13 @@ def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_los
     if not candidates:
         return info, facts
     if sensitivity is None:
-        note = (f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: no sensitivity pass "
-                "measured whether lowering them pays")
-        return info.without([p for p in Precision if p is not Precision.FP32], [u.name for u in candidates], note), facts
+        note = (
+            f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: no sensitivity pass "
+            "measured whether lowering them pays"
+        )
+        return info.without(
+            [p for p in Precision if p is not Precision.FP32], [u.name for u in candidates], note
+        ), facts
     measured = {u.unit: u for u in sensitivity.units}
     for precision in (Precision.INT8, Precision.FP16):
         lossy, idle = [], []
@@ -296,8 +327,10 @@ def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_los
             elif sensitivity.profiled(precision) and found.gain.get(precision.value, 0.0) <= 0:
                 idle.append(unit.name)
         if lossy or idle:
-            note = (f"{len(lossy) + len(idle)} of {len(candidates)} sensitive unit(s) kept out of {precision} "
-                    f"({len(lossy)} lose more than the limit alone, {len(idle)} save no time in the {precision} profile)")
+            note = (
+                f"{len(lossy) + len(idle)} of {len(candidates)} sensitive unit(s) kept out of {precision} "
+                f"({len(lossy)} lose more than the limit alone, {len(idle)} save no time in the {precision} profile)"
+            )
             info = info.without([precision], lossy + idle, note)
             facts["too_lossy"] += len(lossy)
             facts["no_gain"] += len(idle)
@@ -305,7 +338,9 @@ def searched_sensitive(info: ModelInfo, sensitivity: Sensitivity | None, max_los
     return info, facts
 
 
-def cache_key(info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int) -> str:
+def cache_key(
+    info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int
+) -> str:
     """What a sensitivity depends on: model, engine (and its Q/DQ form), data, metric, calibration,
     batches, and what each unit may take (each dimension: with the units tied to it)."""
     allowed = {u.name: [[p.value for p in u.allowed], info.members(u.name)] for u in info.dimensions}

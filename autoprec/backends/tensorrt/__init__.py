@@ -95,12 +95,16 @@ TENSORRT = Flavour(
            "execution, timing, inspector, profiler) never ran — check its first results with trtexec",
 )
 TENSORRT_RTX = Flavour(
-    "tensorrt-rtx", ("tensorrt_rtx", "tensorrt_rtx_bindings"),
+    "tensorrt-rtx",
+    ("tensorrt_rtx", "tensorrt_rtx_bindings"),
     "--backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): pip install 'autoprec[tensorrt-rtx]'",
-    always_strongly_typed=True, timing_cache=False, runtime_cache=True, gpus=("8.0", "8.6", "8.9", "12.0", "12.1"),
+    always_strongly_typed=True,
+    timing_cache=False,
+    runtime_cache=True,
+    gpus=("8.0", "8.6", "8.9", "12.0", "12.1"),
     caveat="the run half of the TensorRT for RTX backend (engine execution, CUDA-event timing, inspector, profiler, "
-           "runtime cache) has never been executed by autoprec's developers (no GPU it runs on where it was made); "
-           "its build half runs in every CI run",
+    "runtime cache) has never been executed by autoprec's developers (no GPU it runs on where it was made); "
+    "its build half runs in every CI run",
 )
 FLAVOURS = {f.backend: f for f in (TENSORRT, TENSORRT_RTX)}
 
@@ -169,7 +173,9 @@ def parse_onnx(trt, network, logger, path: Path):
     errors = []
     for i in range(parser.num_errors):
         error = parser.get_error(i)
-        where = f"node {error.node_name()!r} ({error.node_operator()})" if error.node_name() else f"node #{error.node()}"
+        where = (
+            f"node {error.node_name()!r} ({error.node_operator()})" if error.node_name() else f"node #{error.node()}"
+        )
         errors.append(f"{where}: {error.desc()}")
     raise BackendError("TensorRT's ONNX parser rejected the candidate: " + "; ".join(errors or ["no error reported"]))
 
@@ -214,10 +220,16 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
         if _enum_name(layer.type) not in _COMPUTE_LAYERS:
             continue
         source = producer.get(layer.get_input(0).name) if layer.num_inputs else None
-        if source is not None and _enum_name(source.type) == "DEQUANTIZE" and _enum_name(source.get_input(0).dtype) == "INT8":
+        if (
+            source is not None
+            and _enum_name(source.type) == "DEQUANTIZE"
+            and _enum_name(source.get_input(0).dtype) == "INT8"
+        ):
             precision = "int8"
         else:
-            precision = _NETWORK_TYPES.get(_enum_name(layer.get_output(0).dtype), _enum_name(layer.get_output(0).dtype).lower())
+            precision = _NETWORK_TYPES.get(
+                _enum_name(layer.get_output(0).dtype), _enum_name(layer.get_output(0).dtype).lower()
+            )
         for node in onnx_nodes(layer.metadata or "") or [layer.name]:
             found.setdefault(node, []).append((layer.name, precision))
     return found
@@ -269,7 +281,9 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     # A search's candidates have every input fixed (the shapes they are timed at): no profile. An export
     # keeps the source's dynamic dims: one profile, the search's min / opt / max.
-    dynamic = [network.get_input(i) for i in range(network.num_inputs) if any(d < 0 for d in network.get_input(i).shape)]
+    dynamic = [
+        network.get_input(i) for i in range(network.num_inputs) if any(d < 0 for d in network.get_input(i).shape)
+    ]
     if dynamic:
         config.add_optimization_profile(optimization_profile(builder, dynamic, profile))
     if flavour.timing_cache and timing_cache is not None:
@@ -277,11 +291,16 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     serialized = builder.build_serialized_network(network, config)
     del parser  # the network's weights were the parser's until the build
     if serialized is None:
-        raise BackendError(f"TensorRT could not build the candidate ({logger.last_error() or 'see its log in the worker stderr'})")
+        raise BackendError(
+            f"TensorRT could not build the candidate ({logger.last_error() or 'see its log in the worker stderr'})"
+        )
     if flavour.timing_cache and timing_cache is not None:
         timing_cache.save(config)
-    report: dict[str, Any] = {"built_with": f"{trt.__name__} {trt.__version__}", "build_seconds": time.perf_counter() - started,
-                              "warnings": logger.warnings()}
+    report: dict[str, Any] = {
+        "built_with": f"{trt.__name__} {trt.__version__}",
+        "build_seconds": time.perf_counter() - started,
+        "warnings": logger.warnings(),
+    }
     layers = parse_builder_layers(logger.text())
     if layers is not None:
         report["builder_layers"] = layers.summary()
@@ -325,8 +344,10 @@ def engine_information(serialized: bytes) -> str:
     logger = capturing_logger(trt)
     engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
     if engine is None:
-        raise BackendError(f"{trt.__name__} {trt.__version__} could not load the engine ({logger.last_error() or 'no reason given'}); "
-                           "inspect it on a GPU it was built for, with the TensorRT that built it")
+        raise BackendError(
+            f"{trt.__name__} {trt.__version__} could not load the engine ({logger.last_error() or 'no reason given'}); "
+            "inspect it on a GPU it was built for, with the TensorRT that built it"
+        )
     return engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
 
 
@@ -358,10 +379,14 @@ class CudaPython:
         self.rt.cudaFree(pointer)
 
     def to_device(self, pointer: int, array: np.ndarray) -> None:
-        self._check(self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        self._check(
+            self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice)
+        )
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
-        self._check(self.rt.cudaMemcpy(array.ctypes.data, pointer, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+        self._check(
+            self.rt.cudaMemcpy(array.ctypes.data, pointer, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+        )
 
     def synchronize(self) -> None:
         self._check(self.rt.cudaStreamSynchronize(self.stream))
@@ -477,7 +502,9 @@ class TensorRTRunner(Runner):
         self.logger = capturing_logger(trt)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(built.serialized)
         if self.engine is None:
-            raise BackendError(f"TensorRT could not load the engine it just built ({self.logger.last_error() or 'no reason given'})")
+            raise BackendError(
+                f"TensorRT could not load the engine it just built ({self.logger.last_error() or 'no reason given'})"
+            )
         self.cuda = cuda()
         self.runtime_cache = runtime_cache
         self.cache = None
@@ -599,7 +626,9 @@ class ProfiledEngines:
         self.folder = folder
 
     def _paths(self, model: StoredModel) -> tuple[Path, Path]:
-        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[:32]  # the graph; its weights are the folder's
+        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[
+            :32
+        ]  # the graph; its weights are the folder's
         return self.folder / f"{key}.engine", self.folder / f"{key}.json"
 
     def keep(self, model: StoredModel, built: BuiltEngine) -> None:
@@ -607,7 +636,9 @@ class ProfiledEngines:
             return
         engine, facts = self._paths(model)
         atomic.write_bytes(engine, built.serialized)
-        atomic.write_json(facts, {"report": built.report, "planned": built.planned})  # written last: the engine is whole
+        atomic.write_json(
+            facts, {"report": built.report, "planned": built.planned}
+        )  # written last: the engine is whole
 
     def take(self, model: StoredModel) -> BuiltEngine | None:
         if self.folder is None:
@@ -654,10 +685,17 @@ class TensorRTBackend(Backend):
         return f"CUDA device {self.device}"
 
     def info(self) -> EngineInfo:
-        return EngineInfo(self.name, self.name, str(self._trt.__version__), "strongly typed", self.device_label(),
-                          self.qdq_form.value, caveat=self.flavour.caveat,
-                          timing=f"CUDA-event time of one execute_async_v3 on one batch, bindings on the GPU; median of "
-                                 f"{TIMED_RUNS} runs after {WARMUP_RUNS} warm-up runs (never executed by autoprec's developers)")
+        return EngineInfo(
+            self.name,
+            self.name,
+            str(self._trt.__version__),
+            "strongly typed",
+            self.device_label(),
+            self.qdq_form.value,
+            caveat=self.flavour.caveat,
+            timing=f"CUDA-event time of one execute_async_v3 on one batch, bindings on the GPU; median of "
+            f"{TIMED_RUNS} runs after {WARMUP_RUNS} warm-up runs (never executed by autoprec's developers)",
+        )
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The TensorRT Q/DQ form, stamped with the plan (unit → precision, nodes) so each build can be
@@ -672,7 +710,9 @@ class TensorRTBackend(Backend):
         return self._runner(self.profiled.take(model) or self.build(model))
 
     def _runner(self, built: BuiltEngine) -> TensorRTRunner:
-        return TensorRTRunner(self._trt, lambda: self.cuda, built, self.runtime_cache if self.flavour.runtime_cache else None)
+        return TensorRTRunner(
+            self._trt, lambda: self.cuda, built, self.runtime_cache if self.flavour.runtime_cache else None
+        )
 
     def drop_kept_builds(self) -> None:
         self.profiled.drop()
@@ -686,7 +726,9 @@ class TensorRTBackend(Backend):
         with self._runner(built) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)
-        nodes = {subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.proto.graph) for n in graph.node}
+        nodes = {
+            subgraphs.label(scope, n.name) for scope, graph in subgraphs.graphs(model.proto.graph) for n in graph.node
+        }
         times: dict[str, float] = {}
         for name, ms in per_layer.items():
             layer = layers.get(name)
@@ -708,7 +750,9 @@ class TensorRTRtxBackend(TensorRTBackend):
         self.gpu = check_gpu(self.flavour, device)  # refused now, before any candidate is built
 
     def device_label(self) -> str:
-        return f"{self.gpu['name']} (cuda:{self.device}, compute capability {self.gpu.get('compute_capability') or '?'})"
+        return (
+            f"{self.gpu['name']} (cuda:{self.device}, compute capability {self.gpu.get('compute_capability') or '?'})"
+        )
 
 
 def stamp_plan(model: StoredModel, info: ModelInfo, plan: Plan) -> StoredModel:
@@ -739,14 +783,18 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
     if not path.is_file():
         raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
     if path.suffix.lower() == ".onnx":
-        raise AutoprecError(f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
-                            "trtexec, then its build.sh) and inspect the engine or its layers.json")
+        raise AutoprecError(
+            f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
+            "trtexec, then its build.sh) and inspect the engine or its layers.json"
+        )
     raw = path.read_bytes()
     if raw.lstrip()[:1] in (b"{", b"["):
         return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
     if not raw.strip() or (b"\0" not in raw[:4096] and _is_text(raw[:4096])):
-        raise AutoprecError(f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
-                            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON")
+        raise AutoprecError(
+            f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
+            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON"
+        )
     return parse_engine_layers(engine_information(raw), str(path))
 
 

@@ -166,8 +166,10 @@ def _entries(value: Any, what: str, source: str) -> list:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, (dict, str)) for v in value):
-        raise AutoprecError(f"{source or 'layer information'}: {what} is not a list of objects; give the file written by "
-                            "trtexec --exportLayerInfo or by the engine inspector")
+        raise AutoprecError(
+            f"{source or 'layer information'}: {what} is not a list of objects; give the file written by "
+            "trtexec --exportLayerInfo or by the engine inspector"
+        )
     return value
 
 
@@ -245,7 +247,10 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
         io = tuple(t for t in _entries(document["I/O Tensors"], '"I/O Tensors"', source) if isinstance(t, dict))
         schema = "tensorrt-11"
     else:
-        io, schema = tuple({"Name": str(n)} for n in _entries(document.get("Bindings"), '"Bindings"', source)), "tensorrt-10"
+        io, schema = (
+            tuple({"Name": str(n)} for n in _entries(document.get("Bindings"), '"Bindings"', source)),
+            "tensorrt-10",
+        )
     if raw_layers and all(isinstance(entry, str) for entry in raw_layers):
         schema = "names-only"
     return EngineLayers(layers, io, schema, source)
@@ -331,7 +336,9 @@ def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]
     for unit, spec in planned.items():
         precision = spec["precision"]
         checked += 1
-        found = next((found for node in spec.get("main", spec["nodes"][:1]) if (found := layers.layers_of_node(node))), [])
+        found = next(
+            (found for node in spec.get("main", spec["nodes"][:1]) if (found := layers.layers_of_node(node))), []
+        )
         ran = sorted({p for layer in found for p in layer.possible_precisions})
         if precision not in ran:
             ignored.append({"unit": unit, "planned": precision, "ran": ran or ["not found"],
