@@ -1,15 +1,18 @@
 """autoprec's Python API: one function per verb of the command line, same options as keywords.
 
     import autoprec.api as ap
-    result = ap.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
-    ap.check_plan(result.out_dir, None, max_loss=0.01)
+    result = ap.search(ap.SearchConfig(ap.InputSpec("model.onnx", data="samples/"), judge=ap.JudgeSpec(max_loss=0.01),
+                                       study=ap.StudySpec(budget=50)))
+    ap.check_plan(result.out_dir)  # the search's own judge, engine and data
 
 The pipelines behind them live in :mod:`autoprec.app`; nothing here prints unless asked to.
 """
 
-from autoprec.app.prepare import recreate
+from autoprec.app.config import SearchConfig
+from autoprec.app.prepare import recorded_config, recreate
 from autoprec.app.search import search
 from autoprec.app.sensitivity import sensitivity
+from autoprec.app.specs import EngineSpec, InputSpec, IsolationSpec, JudgeSpec, SpaceSpec, StudySpec
 from autoprec.app.verbs import (
     activation_report,
     check_plan,
@@ -19,5 +22,6 @@ from autoprec.app.verbs import (
     tensorrt_build_spec,
 )
 
-__all__ = ["activation_report", "check_plan", "diagnose_plan", "lowered_for_export", "recreate", "search",
-           "sensitivity", "study_status", "tensorrt_build_spec"]
+__all__ = ["EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "SearchConfig", "SpaceSpec", "StudySpec",
+           "activation_report", "check_plan", "diagnose_plan", "lowered_for_export", "recorded_config", "recreate",
+           "search", "sensitivity", "study_status", "tensorrt_build_spec"]

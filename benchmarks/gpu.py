@@ -87,8 +87,16 @@ def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp:
     model_path, data, shapes = batch_data(name, batch, tmp)
     out = tmp / f"{name}-b{batch}"
     t0 = time.monotonic()
-    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=out, backend=backend,
-                             max_loss=MAX_LOSS, progress=False, device=device)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model_path, data=data, shapes=shapes),
+            engine=autoprec.EngineSpec(backend=backend, device=device),
+            judge=autoprec.JudgeSpec(max_loss=MAX_LOSS),
+            study=autoprec.StudySpec(budget=budget),
+            out=out,
+            progress=False,
+        )
+    )
     wall = time.monotonic() - t0
     space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
     return result, wall, prepare(model_path, space, data, shapes, cache=out / "cache"), out, shapes

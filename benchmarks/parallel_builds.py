@@ -33,8 +33,16 @@ from autoprec.results.files import load_json  # noqa: E402
 
 def one_search(name: str, backend: str, workers: int, budget: int, batch: int, out: Path) -> dict:
     model_path, data, shapes = batch_data(name, batch, out.parent)
-    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, backend=backend, out=out,
-                             build_workers=workers, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model_path, data=data, shapes=shapes),
+            engine=autoprec.EngineSpec(backend=backend),
+            study=autoprec.StudySpec(budget=budget),
+            isolation=autoprec.IsolationSpec(build_workers=workers),
+            out=out,
+            progress=False,
+        )
+    )
     study = optuna.load_study(study_name=result.search["study_name"], storage=result.search["storage"])
     done = [t for t in study.trials if t.datetime_complete is not None]
     loop_s = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds()

@@ -27,8 +27,15 @@ from autoprec.core import atomic  # noqa: E402
 
 def run_one(name: str, batch: int, budget: int, proposals: int, backend: str, tmp: Path) -> dict:
     model_path, data, shapes = batch_data(name, batch, tmp)
-    result = autoprec.search(model_path, budget=budget, data=data, shapes=shapes, out=tmp / f"{name}-b{batch}",
-                             backend=backend, max_loss=0.01, proposals=proposals)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model_path, data=data, shapes=shapes),
+            engine=autoprec.EngineSpec(backend=backend),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=budget, proposals=proposals),
+            out=tmp / f"{name}-b{batch}",
+        )
+    )
     search = result.search
     reference = search["reference"]
     return {"input_shapes": shapes, "budget": budget, "engine_builds": search["engine_builds"],

@@ -123,8 +123,17 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
     model, _, data = name.partition("=")
     with tempfile.TemporaryDirectory(prefix="autoprec-timing-") as folder:
         out = Path(folder) / "result"
-        autoprec.search(model if data else f"zoo:{name}", data=data or None, budget=budget, out=out, backend=backend,
-                        max_loss=0.01, progress=False, isolate=isolate)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(model if data else f"zoo:{name}", data=data or None),
+                engine=autoprec.EngineSpec(backend=backend),
+                judge=autoprec.JudgeSpec(max_loss=0.01),
+                study=autoprec.StudySpec(budget=budget),
+                isolation=autoprec.IsolationSpec(isolate=isolate),
+                out=out,
+                progress=False,
+            )
+        )
         result = read_result_dir(out)
         fp32 = result.trial(result.pareto["uniform"]["fp32"])
         plans = {f"trial {t['trial']}": t for t in result.pareto["front"]}

@@ -35,7 +35,14 @@ PARTS = ("lower", "build", "time", "evaluate")
 
 def run_model(name: str, budget: int, proposals: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        autoprec.search(f"zoo:{name}", budget=budget, out=Path(tmp) / name, progress=False, proposals=proposals)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(f"zoo:{name}"),
+                study=autoprec.StudySpec(budget=budget, proposals=proposals),
+                out=Path(tmp) / name,
+                progress=False,
+            )
+        )
         result = read_result_dir(Path(tmp) / name)
     trials = [t for t in result.trials["trials"] if t["duplicate_of"] is None and "trial" in t["seconds"]]
     per_trial = {part: statistics.median(t["seconds"][part] for t in trials) for part in PARTS}

@@ -134,7 +134,7 @@ def result_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("victim")
     model, data = builders.conv_with_data(root, 12)
     out = root / "result"
-    api.search(model, budget=4, data=data, out=out, progress=False)
+    api.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
     return out
 
 

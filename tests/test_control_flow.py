@@ -160,7 +160,13 @@ def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowere
 def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_the_other(tmp_path):
     path = if_model(tmp_path / "if.onnx")
     result = autoprec.search(
-        path, budget=5, out=tmp_path / "out", constants={"sr": 16000}, progress=False, isolate=False
+        autoprec.SearchConfig(
+            autoprec.InputSpec(path, constants={"sr": 16000}),
+            study=autoprec.StudySpec(budget=5),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
     )
     assert result.search["constants"] == {"sr": 16000}
     assert result.model["searchable_units"] == 3  # the else branch never runs on sr 16000: pinned FP32
@@ -314,7 +320,15 @@ def vad_root(tmp_path_factory):
 
 def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(vad_root))
-    result = autoprec.search("zoo:silero-vad", budget=6, out=tmp_path / "out", max_loss=0.01, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec("zoo:silero-vad"),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=6),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     notes = result.model["preparation"]
     assert any("'input shape fixing' left out: it breaks this model" in n for n in notes)  # and the model still runs
     assert any("6 unit(s) never run on the data" in n for n in notes)  # the 8 kHz branch
@@ -351,7 +365,15 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
     samples = tmp_path / "speech.npz"
     np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const
-    result = autoprec.search(path, budget=4, data=samples, shapes=shapes, constants={"sr": 16000}, out=tmp_path / "out",
-                             max_loss=0.01, progress=False, isolate=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(path, data=samples, shapes=shapes, constants={"sr": 16000}),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=4),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     assert result.chosen.measurement.loss <= 0.01
     assert _loss_in_fresh_sessions(tmp_path / "out" / "best" / "model.onnx", path, tmp_path / "out") < 0.015

@@ -74,7 +74,10 @@ def _errors(out):
 )
 def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_model, function, options, cause):
     out = plugin / "out"
-    result = autoprec.search(mlp_model, budget=3, out=out, metric=f"misbehaving:{function}", progress=False, **options)
+    config = autoprec.SearchConfig(autoprec.InputSpec(mlp_model), judge=autoprec.JudgeSpec(f"misbehaving:{function}"),
+                                   study=autoprec.StudySpec(budget=3, warm_start=options.pop("warm_start", True)),
+                                   isolation=autoprec.IsolationSpec(**options), out=out)
+    result = autoprec.search(config)
     # The seeded all-fp32 plan is exact and completes; all-fp16 and all-int8 crash twice each.
     assert [t.plan.counts()["fp32"] for t in result.trials] == [3]
     assert result.chosen is not None and result.chosen.number == 0
@@ -89,8 +92,16 @@ def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_
 def test_an_error_in_the_worker_is_not_retried_and_a_failed_plan_is_not_measured_again(plugin, mlp_model):
     out = plugin / "out"
     # fc0 and fc1 in fp16 or fp32, head fixed: 4 distinct plans, 9 trials.
-    autoprec.search(mlp_model, budget=9, out=out, metric="misbehaving:raises", overrides=["*=fp16,fp32", "head=fp32"],
-                    progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            judge=autoprec.JudgeSpec(metric="misbehaving:raises"),
+            space=autoprec.SpaceSpec(overrides=["*=fp16,fp32", "head=fp32"]),
+            study=autoprec.StudySpec(budget=9),
+            out=out,
+            progress=False,
+        )
+    )
     study, errors = _errors(out)
     measured = [e for e in errors.values() if e.startswith("TrialError")]
     assert measured and all("ValueError: metric cannot handle this candidate" in e for e in measured)
@@ -100,7 +111,15 @@ def test_an_error_in_the_worker_is_not_retried_and_a_failed_plan_is_not_measured
 
 
 def test_no_isolation_measures_in_process(tmp_path, mlp_model):
-    result = autoprec.search(mlp_model, budget=3, out=tmp_path / "out", isolate=False, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            study=autoprec.StudySpec(budget=3),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     assert len(result.trials) == 3
 
 

@@ -51,7 +51,11 @@ def hostile_result(tmp_path_factory):
     data = root / "data.npz"
     np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
     out = root / "result"
-    result = autoprec.search(model, budget=3, data=data, out=out, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out, progress=False
+        )
+    )
     return root, out, result
 
 
@@ -180,7 +184,14 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
     model = builders.save(_hostile_model(node_name="conv1,conv0:fp32"), tmp_path / "comma.onnx")
     data = tmp_path / "data.npz"
     np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
-    autoprec.search(model, budget=1, data=data, out=tmp_path / "r", progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=1, warm_start=False),
+            out=tmp_path / "r",
+            progress=False,
+        )
+    )
     assert _exit(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("autoprec: error: ") and "trtexec's --layerPrecisions cannot name a node" in last

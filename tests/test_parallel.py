@@ -123,7 +123,15 @@ def test_a_plan_held_by_one_worker_waits_in_another(tmp_path):
 
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):
     out = tmp_path / "result"
-    autoprec.search(conv_model, budget=12, data=conv_data, out=out, build_workers=2, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            study=autoprec.StudySpec(budget=12),
+            isolation=autoprec.IsolationSpec(build_workers=2),
+            out=out,
+            progress=False,
+        )
+    )
     pareto = json.loads((out / "pareto.json").read_text())
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert pareto["search"]["build_workers"] == 2 and pareto["search"]["trials"] == 12 and len(trials) == 12
@@ -136,4 +144,11 @@ def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tm
 
 def test_build_workers_need_worker_processes(conv_model):
     with pytest.raises(autoprec.AutoprecError, match="--build-workers 2 needs worker processes"):
-        autoprec.search(conv_model, budget=2, build_workers=2, isolate=False, progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(conv_model),
+                study=autoprec.StudySpec(budget=2),
+                isolation=autoprec.IsolationSpec(build_workers=2, isolate=False),
+                progress=False,
+            )
+        )

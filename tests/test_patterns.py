@@ -50,9 +50,23 @@ def test_a_tied_pattern_takes_one_precision_and_separate_repeats_undoes_it(encod
 def test_the_sensitivity_pass_evaluates_each_pattern_once(encoders, tmp_path):
     ids = tmp_path / "ids.npz"
     np.savez(ids, input_ids=np.random.default_rng(0).integers(0, 50, (8, 8)).astype(np.int64))
-    result = autoprec.search(encoders[6], data=ids, out=tmp_path / "tied", budget=3, progress=False)
-    separate = autoprec.search(encoders[6], data=ids, out=tmp_path / "separate", budget=3, progress=False,
-                               tie_repeats=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(encoders[6], data=ids),
+            study=autoprec.StudySpec(budget=3),
+            out=tmp_path / "tied",
+            progress=False,
+        )
+    )
+    separate = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(encoders[6], data=ids),
+            space=autoprec.SpaceSpec(tie_repeats=False),
+            study=autoprec.StudySpec(budget=3),
+            out=tmp_path / "separate",
+            progress=False,
+        )
+    )
     tied, apart = (r.search["sensitivity"]["evaluations"] for r in (result, separate))
     assert apart > 4 * tied
     assert result.search["dimensions"] < separate.search["dimensions"]

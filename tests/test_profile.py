@@ -43,9 +43,22 @@ def searched(tmp_path_factory):
     model = save(line_reader(), folder / "reader.onnx")
     np.savez(folder / "data.npz", x=_lines(8))
     out = folder / "out"
-    autoprec.search(model, budget=6, data=folder / "data.npz", out=out, max_loss=0.05, seed=1, progress=False,
-                    shapes={"x": _dims(OPT)}, min_shapes={"x": _dims(LOW)}, max_shapes={"x": _dims(HIGH)},
-                    time_shapes=True)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(
+                model,
+                data=folder / "data.npz",
+                shapes={"x": _dims(OPT)},
+                min_shapes={"x": _dims(LOW)},
+                max_shapes={"x": _dims(HIGH)},
+            ),
+            judge=autoprec.JudgeSpec(max_loss=0.05),
+            study=autoprec.StudySpec(budget=6, seed=1),
+            out=out,
+            progress=False,
+            time_shapes=True,
+        )
+    )
     return model, out
 
 
@@ -115,7 +128,14 @@ def test_every_export_carries_the_profile(searched, tmp_path):
 def test_a_fixed_model_exports_fixed(tmp_path):
     model, data = conv_with_data(tmp_path, items=4)
     out = tmp_path / "out"
-    autoprec.search(model, budget=3, data=data, out=out, progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     _export(out, "trtexec", tmp_path / "trtexec")
     _export(out, "triton", tmp_path / "triton")
     assert "Shapes=" not in (tmp_path / "trtexec" / "build.sh").read_text()
@@ -134,8 +154,14 @@ def test_a_fixed_model_exports_fixed(tmp_path):
 def test_a_profile_that_cannot_be_is_refused_in_one_line(tmp_path, low, high, says):
     model = save(line_reader(), tmp_path / "reader.onnx")
     with pytest.raises(ModelError, match=r"(?s).*" + says.replace("[", r"\[").replace("]", r"\]")):
-        autoprec.search(model, budget=1, out=tmp_path / "out", progress=False, shapes={"x": _dims(OPT)},
-                        min_shapes=low, max_shapes=high)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(model, shapes={"x": _dims(OPT)}, min_shapes=low, max_shapes=high),
+                study=autoprec.StudySpec(budget=1),
+                out=tmp_path / "out",
+                progress=False,
+            )
+        )
 
 
 def test_a_plan_the_source_dims_cannot_take_ships_the_measured_model_and_says_why(tmp_path):
@@ -162,8 +188,14 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
     for i, width in enumerate([16] * 6 + [24, 24, 12]):
         np.savez(folder / f"line{i}.npz", x=_lines(1, width, seed=i)[0])
     out = tmp_path / "out"
-    result = autoprec.search(model, budget=3, data=folder, out=out, progress=False, warm_start=False,
-                             shapes={"x": _dims(OPT)}, max_shapes={"x": (1, 3, 8, 32)})
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=folder, shapes={"x": _dims(OPT)}, max_shapes={"x": (1, 3, 8, 32)}),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     assert result.model["inputs"]["x"]["shape"] == list(_dims(OPT))  # searched at the width --shape names
     checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
     by_width = {c["shapes"]["x"][3]: c for c in checks if c["point"] == "data"}
@@ -204,8 +236,15 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
     model.ir_version = 9
     path = save(model, tmp_path / "nopad.onnx")
     out = tmp_path / "out"
-    autoprec.search(path, budget=2, out=out, progress=False, warm_start=False, shapes={"x": (1, 3, 16, 16)},
-                    min_shapes={"x": (1, 3, 2, 2)}, time_shapes=True)  # a 5x5 kernel cannot slide over 2x2
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(path, shapes={"x": (1, 3, 16, 16)}, min_shapes={"x": (1, 3, 2, 2)}),
+            study=autoprec.StudySpec(budget=2, warm_start=False),
+            out=out,
+            progress=False,
+            time_shapes=True,
+        )
+    )  # a 5x5 kernel cannot slide over 2x2
     pareto = json.loads((out / "pareto.json").read_text())
     assert all(ms["min"] is None and ms["opt"] > 0 for ms in pareto["search"]["profile_timing"]["ms"].values())
     checks = {

@@ -37,7 +37,15 @@ def proposed(tmp_path_factory):
     root = tmp_path_factory.mktemp("proposals")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = autoprec.search(model, budget=8, data=data, out=out, max_loss=0.01, proposals=4, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=8, proposals=4),
+            out=out,
+            progress=False,
+        )
+    )
     return out, result
 
 
@@ -82,7 +90,16 @@ def test_with_proposals_a_uniform_plan_past_the_limit_costs_no_build(tmp_path):
 
     model, data = builders.conv_with_data(tmp_path, 12)
     out = tmp_path / "out"
-    autoprec.search(model, budget=6, data=data, out=out, max_loss=1e-6, proposals=4, progress=False, isolate=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            judge=autoprec.JudgeSpec(max_loss=1e-6),
+            study=autoprec.StudySpec(budget=6, proposals=4),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=out,
+            progress=False,
+        )
+    )
     built = [t["plan"]["precisions"] for t in json.loads((out / "trials.json").read_text())["trials"]]
     storage = f"sqlite:///{out / 'study.db'}"
     reference = next(

@@ -44,8 +44,15 @@ def seeded(tmp_path_factory):
     here = os.getcwd()
     os.chdir(root)
     try:
-        result = autoprec.search(model.name, budget=6, data=data, out=out, seed=3, search_space=space,
-                                 overrides=["fc=fp16,fp32"], progress=False)
+        result = autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(model.name, data=data),
+                space=autoprec.SpaceSpec(search_space=space, overrides=["fc=fp16,fp32"]),
+                study=autoprec.StudySpec(budget=6, seed=3),
+                out=out,
+                progress=False,
+            )
+        )
     finally:
         os.chdir(here)
     return root, out, result
@@ -121,8 +128,15 @@ def test_changed_data_is_refused_and_other_data_keeps_the_searched_scales(seeded
 def test_resuming_with_another_override_or_space_is_refused(seeded):
     root, out, _ = seeded
     with pytest.raises(StudyError, match="made for a different search .*search_space"):
-        autoprec.search(root / "conv.onnx", budget=7, data=root / "data.npz", out=out, seed=3,
-                        search_space=root / "space.yaml", overrides=["fc=int8,fp32"], progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(root / "conv.onnx", data=root / "data.npz"),
+                space=autoprec.SpaceSpec(search_space=root / "space.yaml", overrides=["fc=int8,fp32"]),
+                study=autoprec.StudySpec(budget=7, seed=3),
+                out=out,
+                progress=False,
+            )
+        )
 
 
 def test_changed_external_weights_are_a_different_model(tmp_path):
@@ -130,13 +144,34 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
     onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location="ext.data", size_threshold=0)
     out = tmp_path / "out"
-    autoprec.search(tmp_path / "ext.onnx", budget=1, out=out, progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(tmp_path / "ext.onnx"),
+            study=autoprec.StudySpec(budget=1, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     weights = bytearray((tmp_path / "ext.data").read_bytes())
     weights[8:12] = np.float32(3.0).tobytes()
     (tmp_path / "ext.data").write_bytes(bytes(weights))
     with pytest.raises(StudyError, match="model_sha256"):
-        autoprec.search(tmp_path / "ext.onnx", budget=2, out=out, progress=False, warm_start=False)
-    fresh = autoprec.search(tmp_path / "ext.onnx", budget=1, out=tmp_path / "fresh", progress=False, warm_start=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(tmp_path / "ext.onnx"),
+                study=autoprec.StudySpec(budget=2, warm_start=False),
+                out=out,
+                progress=False,
+            )
+        )
+    fresh = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(tmp_path / "ext.onnx"),
+            study=autoprec.StudySpec(budget=1, warm_start=False),
+            out=tmp_path / "fresh",
+            progress=False,
+        )
+    )
     assert fresh.trials[0].loss == 0.0  # all-FP32 against its own (new) reference, not a stale cached one
 
 
@@ -144,11 +179,22 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
     (tmp_path / "failing.py").write_text("def loss(reference, candidate):\n    raise ValueError('metric broke')\n")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    autoprec.search(mlp_model, budget=1, out=out, progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out, progress=False
+        )
+    )
     assert (out / "best" / "plan.json").is_file()
     with pytest.raises(SearchFailed, match=r"no candidate was measured: of 2 trial\(s\), all 2 failed .*metric broke"):
-        autoprec.search(mlp_model, budget=2, out=out, study_name="another", metric="failing:loss", progress=False,
-                        warm_start=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(mlp_model),
+                judge=autoprec.JudgeSpec(metric="failing:loss"),
+                study=autoprec.StudySpec(budget=2, study_name="another", warm_start=False),
+                out=out,
+                progress=False,
+            )
+        )
     assert not (out / "best").exists() or not any((out / "best").iterdir())
     assert json.loads((out / "pareto.json").read_text())["chosen"] is None
     assert _exit(["export", str(out), "--format", "markdown"]) == 2
@@ -159,7 +205,14 @@ def test_data_with_nan_is_refused_before_anything_runs(tmp_path, conv_model):
     data[5, 0, 3, 3] = np.nan
     np.savez(tmp_path / "nan.npz", x=data)
     with pytest.raises(DataError, match="holds NaN or Inf in 1 item.*item 5"):
-        autoprec.search(conv_model, budget=1, data=tmp_path / "nan.npz", out=tmp_path / "out", progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(conv_model, data=tmp_path / "nan.npz"),
+                study=autoprec.StudySpec(budget=1),
+                out=tmp_path / "out",
+                progress=False,
+            )
+        )
 
 
 def test_float64_units_are_not_reported_lowered(tmp_path):
@@ -176,7 +229,12 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = builders.IR_VERSION
     result = autoprec.search(
-        builders.save(model, tmp_path / "mixed.onnx"), budget=3, out=tmp_path / "out", progress=False, warm_start=False
+        autoprec.SearchConfig(
+            autoprec.InputSpec(builders.save(model, tmp_path / "mixed.onnx")),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
     )
     units = {u["name"]: u["allowed"] for u in result.units}
     assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}

@@ -24,7 +24,15 @@ def test_bundled_model_and_data_are_real():
 
 def test_search_on_the_bundled_model(tmp_path):
     out = tmp_path / "out"
-    result = autoprec.search(MODEL, budget=5, data=DATA, out=out, max_loss=0.01, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(MODEL, data=DATA),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=5),
+            out=out,
+            progress=False,
+        )
+    )
     assert len(result.units) == 54 and result.model["preparation"]
     uniform = result.uniform()
     # INT8 everywhere costs real accuracy on this trained model; FP16 almost none.

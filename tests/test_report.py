@@ -20,8 +20,20 @@ def result_dirs(tmp_path_factory):
     model, data = builders.conv_with_data(root, 8)
     a = root / "a"
     b = root / "b"
-    autoprec.search(model, budget=6, data=data, out=a, max_loss=0.05, progress=False)
-    autoprec.search(model, budget=5, data=data, out=b, seed=7, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            judge=autoprec.JudgeSpec(max_loss=0.05),
+            study=autoprec.StudySpec(budget=6),
+            out=a,
+            progress=False,
+        )
+    )
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5, seed=7), out=b, progress=False
+        )
+    )
     return a, b
 
 

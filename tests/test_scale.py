@@ -40,7 +40,14 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
     model, data = over_2gb
     assert stored.weight_bytes(onnx.load(str(model), load_external_data=False)) > PROTOBUF_LIMIT
     out = tmp_path / "out"
-    result = autoprec.search(model, data=data, out=out, budget=3, progress=False, warm_start=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     assert result.chosen is not None and result.model["external_data"] and result.model["weight_bytes"] > PROTOBUF_LIMIT
     best = out / "best"
     assert (best / "model.onnx").stat().st_size < 1 << 20  # the graph; the weights beside it
@@ -76,7 +83,11 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
     data = tmp_path / "data.npz"
     np.savez(data, x=builders.image_like(8))
     out = tmp_path / "out"
-    autoprec.search(model, data=data, out=out, budget=4, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out, progress=False
+        )
+    )
     assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
     assert not any(i.HasField("raw_data") and len(i.raw_data) > stored.INLINE_BYTES
                    for i in onnx.load(str(out / "best" / "model.onnx"), load_external_data=False).graph.initializer)
@@ -84,7 +95,11 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
         1,
         5,
     )
-    autoprec.search(model, data=data, out=out, budget=5, progress=False)  # resumed: the preparation is read again
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5), out=out, progress=False
+        )
+    )  # resumed: the preparation is read again
     assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
     assert onnx.load(str(model)).graph.initializer  # the given model loads as before (no link of ours on its files)
 
@@ -92,7 +107,11 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
 def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_path, monkeypatch):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
-    autoprec.search(model, data=data, out=out, budget=3, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out, progress=False
+        )
+    )
     assert not (out / "best" / "model.data").exists()
     monkeypatch.setattr(stored, "EXTERNAL_EXPORT_BYTES", 1024)  # as if the weights were a gigabyte
     assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trt")]) == 0
@@ -132,7 +151,14 @@ def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
 def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
-    autoprec.search(model, data=data, out=out, budget=2, progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=2, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     prepared = next(p for p in (out / "cache").iterdir() if p.name.startswith("prepared-"))
     key = prepared.name.removeprefix("prepared-")
     stale = out / "cache" / f".prepared-{key}.999999999.staging"  # a process that is gone
@@ -141,7 +167,14 @@ def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     import shutil
 
     shutil.rmtree(prepared)  # as if it was killed before its rename
-    autoprec.search(model, data=data, out=out, budget=3, progress=False, warm_start=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     assert not stale.exists() and (out / "cache" / f"prepared-{key}" / "prepared.json").is_file()
 
 
@@ -202,8 +235,12 @@ def test_a_data_file_reached_through_a_symbolic_link_is_named_as_one(tmp_path, c
 def test_data_files_named_like_the_caches_own_files_are_kept_apart_from_them(tmp_path, location):
     path, _ = _external_mlp(tmp_path / "m", location)
     out = tmp_path / "out"
-    autoprec.search(path, out=out, budget=2, progress=False)
-    autoprec.search(path, out=out, budget=3, progress=False)  # resumed: the kept preparation is whole
+    autoprec.search(
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+    )
+    autoprec.search(
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=3), out=out, progress=False)
+    )  # resumed: the kept preparation is whole
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": x})[0].shape == (4, 3)
 
@@ -212,7 +249,9 @@ def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept
     path, _ = _external_mlp(tmp_path / "m")
     before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
     out = tmp_path / "out"
-    autoprec.search(path, out=out, budget=2, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+    )
     assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(path.parent)]) == 2
     assert "the export's model.onnx and weights would overwrite files there" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in path.parent.iterdir()} == before
@@ -221,7 +260,9 @@ def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept
 def test_a_changed_model_is_refused_before_its_weights_are_copied_again(tmp_path, capsys):
     path, _ = _external_mlp(tmp_path / "m")
     out = tmp_path / "out"
-    autoprec.search(path, out=out, budget=2, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+    )
     data = path.parent / "mlp.onnx.data"
     changed = bytearray(data.read_bytes())
     changed[-4:] = b"\x00\x00\x80\x3f"

@@ -27,7 +27,15 @@ def conv_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = autoprec.search(model, budget=8, data=data, out=out, max_loss=0.02, seed=1, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            judge=autoprec.JudgeSpec(max_loss=0.02),
+            study=autoprec.StudySpec(budget=8, seed=1),
+            out=out,
+            progress=False,
+        )
+    )
     return model, data, out, result
 
 
@@ -126,7 +134,15 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
         t.number: (t.values, t.params)
         for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     }
-    autoprec.search(model, budget=10, data=data, out=out, max_loss=0.02, seed=1, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            judge=autoprec.JudgeSpec(max_loss=0.02),
+            study=autoprec.StudySpec(budget=10, seed=1),
+            out=out,
+            progress=False,
+        )
+    )
     trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     assert len(trials) == 10
     for t in trials[:8]:
@@ -136,12 +152,28 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
 def test_study_for_another_setting_is_refused(conv_search):
     model, data, out, _ = conv_search
     with pytest.raises(autoprec.AutoprecError, match="different search.*max_loss"):
-        autoprec.search(model, budget=10, data=data, out=out, max_loss=0.5, seed=1, progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(model, data=data),
+                judge=autoprec.JudgeSpec(max_loss=0.5),
+                study=autoprec.StudySpec(budget=10, seed=1),
+                out=out,
+                progress=False,
+            )
+        )
 
 
 def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
     # Two searchable units x 3 precisions = 9 distinct plans; 14 trials must repeat some.
-    result = autoprec.search(mlp_model, budget=14, out=tmp_path / "out", overrides=["head=fp32"], progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            space=autoprec.SpaceSpec(overrides=["head=fp32"]),
+            study=autoprec.StudySpec(budget=14),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     assert len(result.trials) == 14
     first = {}
     for t in result.trials:
@@ -159,7 +191,14 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
 def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     out = tmp_path / "out"
     # No warm start: its plans would stay queued ahead of the re-run at this small budget.
-    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, heartbeat=1)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            study=autoprec.StudySpec(budget=3, warm_start=False, heartbeat=1),
+            out=out,
+            progress=False,
+        )
+    )
     storage = f"sqlite:///{out / 'study.db'}"
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
@@ -168,7 +207,14 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
-    autoprec.search(mlp_model, budget=5, out=out, progress=False, warm_start=False, heartbeat=1)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            study=autoprec.StudySpec(budget=5, warm_start=False, heartbeat=1),
+            out=out,
+            progress=False,
+        )
+    )
     trials = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage).trials
     states = {t.number: t.state for t in trials}
     assert states[dangling.number] == optuna.trial.TrialState.FAIL
@@ -208,7 +254,11 @@ def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
 
 
 def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):
-    result = autoprec.search(mlp_model, budget=5, out=tmp_path / "out", progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=tmp_path / "out", progress=False
+        )
+    )
     assert result.search["max_loss"] is None
     assert result.chosen in result.front
     pareto = json.loads((tmp_path / "out" / "pareto.json").read_text())
@@ -325,7 +375,15 @@ def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(
 
 def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
     out = tmp_path / "out"
-    result = autoprec.search(mlp_model, budget=4, out=out, progress=False, precisions=["fp16", "fp32"])
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            space=autoprec.SpaceSpec(precisions=["fp16", "fp32"]),
+            study=autoprec.StudySpec(budget=4),
+            out=out,
+            progress=False,
+        )
+    )
     assert result.trials and all(t.plan.counts()["int8"] == 0 for t in result.trials)
     assert {"fp16", "fp32"} <= set(result.uniform())
     facts = json.loads((out / "pareto.json").read_text())["search"]
@@ -333,7 +391,11 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
     with pytest.raises(
         autoprec.AutoprecError, match="different search"
     ):  # the same study with INT8 back is another search
-        autoprec.search(mlp_model, budget=5, out=out, progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=out, progress=False
+            )
+        )
 
 
 def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
@@ -369,7 +431,15 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     search = importlib.import_module("autoprec.study.search")  # the module (autoprec.study.search is the function)
 
     out = tmp_path / "out"
-    autoprec.search(mlp_model, budget=1, out=out, progress=False, warm_start=False, isolate=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            study=autoprec.StudySpec(budget=1, warm_start=False),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=out,
+            progress=False,
+        )
+    )
     real_ask = optuna.Study.ask
 
     def ask_then_interrupted(self, *args, **kwargs):
@@ -385,7 +455,15 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     else:
         monkeypatch.setattr(search, "beating", beating_interrupted)
     with pytest.raises(KeyboardInterrupt):
-        autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, isolate=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(mlp_model),
+                study=autoprec.StudySpec(budget=3, warm_start=False),
+                isolation=autoprec.IsolationSpec(isolate=False),
+                out=out,
+                progress=False,
+            )
+        )
     monkeypatch.undo()
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
     assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
@@ -393,7 +471,15 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(interrupted) == 1 and [retried_trial(t) for t in waiting].count(interrupted[0].number) == 1
     started = time.monotonic()
-    autoprec.search(mlp_model, budget=3, out=out, progress=False, warm_start=False, isolate=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=out,
+            progress=False,
+        )
+    )
     assert time.monotonic() - started < 30  # no wait for a stale heartbeat (4 beats of 10 s)
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=f"sqlite:///{out / 'study.db'}")
     assert sum(t.state.name == "COMPLETE" for t in study.trials) == 3
@@ -491,7 +577,16 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
     monkeypatch.setattr(measurement, "time_paired", out_of_memory)
     out = tmp_path / "out"
     with caplog.at_level("WARNING", logger="autoprec"):
-        result = autoprec.search(mlp_model, budget=4, out=out, progress=False, isolate=False, max_loss=1.0)
+        result = autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(mlp_model),
+                judge=autoprec.JudgeSpec(max_loss=1.0),
+                study=autoprec.StudySpec(budget=4),
+                isolation=autoprec.IsolationSpec(isolate=False),
+                out=out,
+                progress=False,
+            )
+        )
     pareto = json.loads((out / "pareto.json").read_text())
     failed = pareto["search"]["retiming"]["failed"]
     assert failed and all("Failed to allocate memory" in f["error"] for f in failed)

@@ -214,7 +214,15 @@ def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_
 def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path, conv_model, conv_data):
     out = tmp_path / "out"
     max_loss = 1e-7  # so tight that lowered plans fail on their first batch
-    result = autoprec.search(conv_model, budget=8, data=conv_data, out=out, max_loss=max_loss, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            judge=autoprec.JudgeSpec(max_loss=max_loss),
+            study=autoprec.StudySpec(budget=8),
+            out=out,
+            progress=False,
+        )
+    )
     facts = json.loads((out / "pareto.json").read_text())["search"]
     assert facts["sensitivity"]["evaluations"] > 0 and not facts["sensitivity"]["from_cache"]
     assert (out / "sensitivity.json").exists() and (out / "sensitivity.png").read_bytes()[:4] == b"\x89PNG"
@@ -225,7 +233,15 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
     assert len(result.trials) + len(pruned) + sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials) == 8
     assert not ({t.number for t in pruned} & {t.number for t in result.trials})  # rejected: never on the front
     # Running it again reuses the sensitivity and the measured trials.
-    autoprec.search(conv_model, budget=9, data=conv_data, out=out, max_loss=max_loss, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            judge=autoprec.JudgeSpec(max_loss=max_loss),
+            study=autoprec.StudySpec(budget=9),
+            out=out,
+            progress=False,
+        )
+    )
     again = json.loads((out / "pareto.json").read_text())["search"]
     assert again["sensitivity"]["from_cache"] and again["trials"] + len(again["rejected"]) <= 9
 

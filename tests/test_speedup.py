@@ -47,8 +47,16 @@ def test_drift_that_hits_a_round_alike_does_not_widen_the_interval():
 def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
     model, data = conv_with_data(tmp_path, items=12)
     out = tmp_path / "out"
-    autoprec.search(model, budget=4, data=data, out=out, progress=False, warm_start=False, retime_seconds=2,
-                    ship_within_noise=True)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            study=autoprec.StudySpec(budget=4, warm_start=False),
+            out=out,
+            progress=False,
+            retime_seconds=2,
+            ship_within_noise=True,
+        )
+    )
     pareto = json.loads((out / "pareto.json").read_text())
     for key in ("chosen_vs_fp32", "chosen_vs_source"):
         versus = pareto[key]
@@ -93,8 +101,22 @@ def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, ca
 def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
     model, data = conv_with_data(tmp_path, items=4)
     result = autoprec.search(
-        model, budget=2, data=data, out=tmp_path / "out", progress=False, warm_start=False, threads=1
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data),
+            engine=autoprec.EngineSpec(threads=1),
+            study=autoprec.StudySpec(budget=2, warm_start=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
     )
     assert "1 threads" in result.engine.device
     with pytest.raises(AutoprecError, match="--threads 2: sets ONNX Runtime's intra-op threads"):
-        autoprec.search(model, budget=1, out=tmp_path / "trt", backend="tensorrt-rtx", threads=2, progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(model),
+                engine=autoprec.EngineSpec(backend="tensorrt-rtx", threads=2),
+                study=autoprec.StudySpec(budget=1),
+                out=tmp_path / "trt",
+                progress=False,
+            )
+        )

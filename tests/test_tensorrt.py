@@ -175,7 +175,16 @@ def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_igno
 ):
     fake.IGNORE_NODES.add("conv2")
     out = tmp_path / "result"
-    autoprec.search(conv_model, budget=5, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            engine=autoprec.EngineSpec(backend="tensorrt"),
+            study=autoprec.StudySpec(budget=5),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=out,
+            progress=False,
+        )
+    )
     pareto = json.loads((out / "pareto.json").read_text())
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert pareto["engine"]["engine"] == "tensorrt" and "never been executed" in pareto["engine"]["caveat"]
@@ -209,7 +218,16 @@ def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_an
         OrtCpuBackend, "prepare", lacks_a_kernel
     )  # the reference executor only: the model runs elsewhere
     out = tmp_path / "result"
-    autoprec.search(conv_model, budget=4, data=conv_data, out=out, backend="tensorrt", isolate=False, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            engine=autoprec.EngineSpec(backend="tensorrt"),
+            study=autoprec.StudySpec(budget=4),
+            isolation=autoprec.IsolationSpec(isolate=False),
+            out=out,
+            progress=False,
+        )
+    )
     search = json.loads((out / "pareto.json").read_text())["search"]
     assert (
         "the reference executor cannot run this model" in caplog.text
@@ -361,7 +379,11 @@ def result(tmp_path_factory):
     root = tmp_path_factory.mktemp("trt-export")
     model, data = builders.conv_with_data(root, 12, batch="N", name="dynamic.onnx")
     out = root / "result"
-    autoprec.search(model, budget=4, data=data, out=out, progress=False)
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out, progress=False
+        )
+    )
     pareto = json.loads((out / "pareto.json").read_text())
     return out, pareto["uniform"]["int8"], model
 

@@ -78,7 +78,14 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
     planned INT8 (ppocr-det: a dequantized float deconvolution) — what no fake could have told."""
     monkeypatch.setenv("AUTOPREC_CACHE", str(zoo_root))
     fetched = zoo.fetch(name)
-    result = autoprec.search(f"zoo:{name}", budget=4, out=tmp_path / "out", warm_start=False, progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(f"zoo:{name}"),
+            study=autoprec.StudySpec(budget=4, warm_start=False),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
     assert searched, "the search measured no mixed plan"
     prepared = prepare(
@@ -130,8 +137,16 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
     monkeypatch.setattr("autoprec.app.search.get_backend", lambda *args, **kwargs: rtx)
     out = tmp_path / "out"
     with pytest.raises(SearchFailed, match="no candidate was measured"):
-        autoprec.search(conv_model, budget=3, data=conv_data, out=out, backend="tensorrt-rtx", isolate=False,
-                        warm_start=False, progress=False)
+        autoprec.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(conv_model, data=conv_data),
+                engine=autoprec.EngineSpec(backend="tensorrt-rtx"),
+                study=autoprec.StudySpec(budget=3, warm_start=False),
+                isolation=autoprec.IsolationSpec(isolate=False),
+                out=out,
+                progress=False,
+            )
+        )
     study = optuna.load_study(study_name="autoprec-conv-tensorrt-rtx", storage=f"sqlite:///{out / 'study.db'}")
     errors = {
         t.user_attrs["plan"]["counts"]["int8"]: t.user_attrs["error"] for t in study.trials if t.state.name == "FAIL"
@@ -213,13 +228,15 @@ def quick_start_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("quick") / "result"
     repo = __import__("conftest").REPO
     autoprec.search(
-        repo / "datasets" / "ppocr_cls" / "model.onnx",
-        budget=6,
-        data=repo / "datasets" / "ppocr_cls" / "textlines.npz",
-        out=out,
-        max_loss=0.01,
-        progress=False,
-        warm_start=False,
+        autoprec.SearchConfig(
+            autoprec.InputSpec(
+                repo / "datasets" / "ppocr_cls" / "model.onnx", data=repo / "datasets" / "ppocr_cls" / "textlines.npz"
+            ),
+            judge=autoprec.JudgeSpec(max_loss=0.01),
+            study=autoprec.StudySpec(budget=6, warm_start=False),
+            out=out,
+            progress=False,
+        )
     )
     return out
 
@@ -277,8 +294,16 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
 
     model = save(line_reader(), tmp_path / "reader.onnx")
     out = tmp_path / "out"
-    autoprec.search(model, budget=3, out=out, progress=False, warm_start=False, shapes={"x": (1, 3, 8, 16)},
-                    min_shapes={"x": (1, 3, 8, 8)}, max_shapes={"x": (4, 3, 8, 64)})
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(
+                model, shapes={"x": (1, 3, 8, 16)}, min_shapes={"x": (1, 3, 8, 8)}, max_shapes={"x": (4, 3, 8, 64)}
+            ),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+            progress=False,
+        )
+    )
     folder = tmp_path / "built"
     assert _exit(["export", out, "--format", "python", "--build", "--out", folder]) == 0
     report = json.loads((folder / "build_report.json").read_text())
@@ -336,3 +361,24 @@ def test_rtx_builds_plans_that_lower_units_inside_if_branches_and_loop_bodies(bu
     # unit is found at its planned precision, in the network's types and in the builder's own layer list
     checks = built.report["fidelity_checks"]
     assert all(c["checked_units"] == len(info.units) and not c["ignored_units"] for c in checks.values()), checks
+
+
+def test_an_export_folder_holds_one_trials_files(tmp_path, conv_model, conv_data):
+    """export --build, then export --trial N into the same folder: no model.plan or build report of the first
+    trial stays beside the second's model; the build report and the manifest name the trial and the model."""
+    out = tmp_path / "result"
+    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(conv_model, data=conv_data),
+                                          study=autoprec.StudySpec(budget=3, warm_start=False), out=out))
+    chosen = json.loads((out / "best" / "plan.json").read_text())["trial"]
+    other = next(t["trial"] for t in json.loads((out / "trials.json").read_text())["trials"] if t["trial"] != chosen)
+    folder = tmp_path / "trt"
+    assert _exit(["export", out, "--format", "trtexec", "--build", "--out", folder]) == 0
+    report, manifest = (json.loads((folder / name).read_text()) for name in ("build_report.json", "export.json"))
+    assert report["trial"] == manifest["trial"] == chosen and "model.plan" in manifest["files"]
+    assert report["model_sha256"] == manifest["model_sha256"]
+    assert _exit(["export", out, "--format", "trtexec", "--trial", other, "--out", folder]) == 0
+    assert not (folder / "model.plan").exists() and not (folder / "build_report.json").exists()
+    assert json.loads((folder / "export.json").read_text())["trial"] == other
+    assert _exit(["export", out, "--format", "triton", "--trial", other, "--out", tmp_path / "triton"]) == 0
+    config = next((tmp_path / "triton").glob("*/config.pbtxt")).read_text()
+    assert f"--format trtexec --trial {other}" in config and "best/model.tensorrt.onnx" not in config

@@ -55,7 +55,14 @@ def test_fetch_extracts_checks_fixes_shapes_and_keeps_the_licence(fetched_cls):
 def test_search_takes_a_zoo_name(fetched_cls, tmp_path, monkeypatch):
     root, _ = fetched_cls
     monkeypatch.setenv("AUTOPREC_CACHE", str(root))
-    result = autoprec.search("zoo:ppocr-cls", budget=3, out=tmp_path / "out", progress=False)
+    result = autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec("zoo:ppocr-cls"),
+            study=autoprec.StudySpec(budget=3),
+            out=tmp_path / "out",
+            progress=False,
+        )
+    )
     assert result.search["data"].endswith("zoo/ppocr-cls/data.npz") and not result.search["random_data"]
     assert result.model["inputs"]["x"]["shape"] == [1, 3, 48, 192]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import sys
 import traceback
 from pathlib import Path
@@ -12,6 +11,17 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from autoprec.app.config import SearchConfig
+from autoprec.app.specs import (
+    EngineSpec,
+    InputSpec,
+    IsolationSpec,
+    JudgeSpec,
+    SpaceSpec,
+    StudySpec,
+    count,
+    positive,
+)
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
@@ -19,62 +29,6 @@ from autoprec.results import console
 from autoprec.results.files import external_weights, read_result_dir, recorded_profile
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
-
-
-def _shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x"))
-        if not sep or not name or any(d <= 0 for d in shape):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224"
-        ) from None
-    return name, shape
-
-
-def _constant(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
-    try:
-        number = float(value)
-        if not sep or not name or not math.isfinite(number):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. sr=16000") from None
-    return name, int(number) if number.is_integer() else number
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406"
-        ) from None
-
-
-def _number(convert, acceptable, requirement: str):
-    """An argparse type: a number of type ``convert`` that satisfies ``acceptable``."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if convert is int else ''}number") from None
-        if not acceptable(value):
-            raise argparse.ArgumentTypeError(f"{text}: {requirement}")
-        return value
-
-    return parse
-
-
-_count = _number(int, lambda v: v >= 1, "must be at least 1")
-_positive_float = _number(float, lambda v: v > 0, "must be more than 0")
-_loss = _number(float, lambda v: v >= 0, "must be a loss of 0 or more, e.g. 0.01")
-_count_or_zero = _number(int, lambda v: v >= 0, "must be 0 or more")
-_fraction = _number(float, lambda v: 0 <= v <= 1, "must be between 0 and 1")
-_gpu_index = _number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,88 +51,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _search_verb(verb) -> None:
-    """autoprec search."""
-    from autoprec.analysis.calibrate import CALIBRATION_METHODS
-    from autoprec.backends import BACKENDS
-    from autoprec.core.plan import DEFAULT_CALIBRATION
-    from autoprec.measure.accuracy import BUILTIN_METRICS
-    from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
-    from autoprec.study.search import SAMPLERS
+MODEL_HELP = "the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)"
 
+
+def _search_verb(verb) -> None:
+    """autoprec search: every spec group, and the options of the search alone."""
     s = verb(
         "search",
         help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
         description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
     )
-    _model_arguments(s, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "search")
-    s.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
-                   help="the smallest shape input NAME takes in deployment, e.g. x=1x3x48x160 (repeatable; default: "
-                        "--shape, which is the opt shape the search measures at). With --max-shape it is the shape "
-                        "profile every export carries (TensorRT's min/opt/max, Triton's -1 dims)")
-    s.add_argument("--max-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
-                   help="the largest shape input NAME takes in deployment, e.g. x=8x3x48x960 (see --min-shape)")
-    s.add_argument("--time-shapes", action="store_true",
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
+    InputSpec.add_arguments(s, profile=True)
+    EngineSpec.add_arguments(s)
+    JudgeSpec.add_arguments(s)
+    SpaceSpec.add_arguments(s, "search")
+    StudySpec.add_arguments(s)
+    IsolationSpec.add_arguments(s)
+    g = s.add_argument_group("the chosen plan")
+    g.add_argument("--time-shapes", action="store_true",
                    help="also time the front's plans at the profile's min and max shapes, as deployed (the source's "
                         "dims kept), and say which plan holds up across the range (the choice stays on opt; "
                         "ONNX Runtime backends)")
-    s.add_argument("--retime-seconds", type=float, default=20.0, metavar="S",
+    g.add_argument("--retime-seconds", type=float, default=20.0, metavar="S",
                    help="the chosen plan is timed beside all-FP32 and the given model in interleaved rounds until its "
                         "speed-ups' 95 %% intervals are within 4 %% or S seconds pass (default 20; at least 6 rounds)")
-    s.add_argument(
-        "--ship-within-noise",
-        action="store_true",
-        help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
-        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json not_shipped)",
-    )
-    s.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="ONNX Runtime's intra-op threads for every timed run (default 0: its own, one per core); "
-                        "latencies hold for the thread count they were taken at")
-    s.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
-    s.add_argument("--max-loss", type=float, help="accuracy-loss limit: the chosen plan is the fastest within it")
-    s.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
-    s.add_argument("--sampler", default="tpe", choices=SAMPLERS,
-                   help="Optuna sampler after the warm start (default tpe: multi-objective TPE; gp needs torch)")
-    s.add_argument("--no-warm-start", action="store_true",
-                   help="skip the sensitivity pass and its warm-start plans (the study starts from the uniform plans)")
-    s.add_argument("--no-early-reject", action="store_true",
-                   help="evaluate and time every candidate fully, even one far past --max-loss on the first batches")
-    s.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db); workers given the same "
-                                     "postgresql://… URL and --study-name share one study and its --budget")
-    s.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
-    s.add_argument("--artifacts", metavar="DIR",
-                   help="Optuna artifact store where the first worker leaves calibration, reference and sensitivity "
-                        "for the others (default: beside a SQLite storage, else ~/.cache/autoprec/artifacts; "
-                        "across hosts: a shared directory)")
-    s.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
-                   help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats (dead worker) is re-run "
-                        f"once by another worker (default {DEFAULT_HEARTBEAT})")
-    s.add_argument("--trial-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="time limit to build and measure one candidate (default 600)")
-    s.add_argument("--trial-memory", type=float, metavar="GB",
-                   help="memory limit of the worker measuring candidates (default 75%% of RAM)")
-    s.add_argument("--build-workers", type=int, metavar="N",
-                   help="worker processes measuring candidates side by side: builds overlap, evaluation and timing "
-                        "take the device one at a time (default 2 on tensorrt, 1 on ONNX Runtime)")
-    s.add_argument("--proposals", type=int, metavar="N",
-                   help="plans judged before each build: ONNX Runtime on the CPU computes each one's loss on the "
-                        "graph the engine would build, a latency model fitted to the engine's profiles predicts its "
-                        "latency, and only the plan that decides most is built and timed (0: every trial is built; "
-                        "default 8 on tensorrt, where builds are slow, 0 on ONNX Runtime)")
-    s.add_argument("--no-isolation", action="store_true",
-                   help="measure candidates in this process (debugging; an engine crash then ends the search)")
+    g.add_argument("--ship-within-noise", action="store_true",
+                   help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
+                        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json "
+                        "not_shipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
 
 
-
 def _sensitivity_verb(verb) -> None:
-    """autoprec sensitivity."""
-    from autoprec.analysis.calibrate import CALIBRATION_METHODS
-    from autoprec.backends import BACKENDS
-    from autoprec.core.plan import DEFAULT_CALIBRATION
-    from autoprec.measure.accuracy import BUILTIN_METRICS
-
+    """autoprec sensitivity: the inputs, engine, judge and space of a search."""
     sens = verb(
         "sensitivity",
         help="each unit lowered alone: its accuracy loss per precision and its share of FP32 latency",
@@ -186,10 +94,25 @@ def _sensitivity_verb(verb) -> None:
         "quarter of the evaluation batches), each unit's share of FP32 time from the engine's profiler. "
         "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out reuses them.",
     )
-    _model_arguments(sens, BACKENDS, BUILTIN_METRICS, CALIBRATION_METHODS, DEFAULT_CALIBRATION, "sensitivity")
+    sens.add_argument("model", help=MODEL_HELP)
+    sens.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
+    InputSpec.add_arguments(sens)
+    EngineSpec.add_arguments(sens)
+    JudgeSpec.add_arguments(sens, limit=False)
+    SpaceSpec.add_arguments(sens, "sensitivity")
     sens.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     sens.add_argument("--json", action="store_true", help="print sensitivity.json on stdout")
 
+
+def config_from(args: argparse.Namespace) -> SearchConfig:
+    """The spec groups the command line gave (a group it has no option of keeps its defaults)."""
+    return SearchConfig(
+        InputSpec.from_args(args), EngineSpec(**EngineSpec.given(args)), JudgeSpec.from_args(args),
+        SpaceSpec(**SpaceSpec.given(args)), StudySpec(**StudySpec.given(args)),
+        IsolationSpec(**IsolationSpec.given(args)), out=args.out, progress=not args.no_progress,
+        time_shapes=getattr(args, "time_shapes", False), retime_seconds=getattr(args, "retime_seconds", 20.0),
+        ship_within_noise=getattr(args, "ship_within_noise", False),
+    )
 
 
 def _result_verbs(verb) -> None:
@@ -210,38 +133,30 @@ def _result_verbs(verb) -> None:
 
 
 def _plan_verbs(verb) -> None:
-    """The verbs that re-measure a plan: diagnose, ranges, check."""
-    from autoprec.backends import BACKENDS
-
+    """The verbs that re-measure a plan: diagnose, ranges, check. Those that start from a result take its
+    recorded inputs, engine and judge; an option given here overrides the recorded one (and is said)."""
     d = verb("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
     d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
     d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the chosen plan")
-    d.add_argument("--data", help="sample inputs (default: the result's)")
-    d.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
-    d.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
-    d.add_argument("--batches", type=_count, default=4, help="evaluation batches to use (default 4)")
+    d.add_argument("--batches", type=count, default=4, help="evaluation batches to use (default 4)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
+    InputSpec.add_arguments(d, overriding=True)
+    EngineSpec.add_arguments(d, overriding=True)
     r = verb("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
-    r.add_argument("model", help="MODEL.onnx or zoo:NAME")
-    r.add_argument("--data")
-    r.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
+    r.add_argument("model", help=MODEL_HELP)
     r.add_argument("--entropy", action="store_true", help="also the entropy (KL) thresholds (~0.7 s per tensor)")
-    r.add_argument("--image-mean", type=_floats, default=(0.0,))
-    r.add_argument("--image-std", type=_floats, default=(1.0,))
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
+    InputSpec.add_arguments(r)
     c = verb("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
     c.add_argument("target", help="a result directory (its chosen plan) or MODEL.onnx with --plan")
-    c.add_argument("--plan")
-    c.add_argument("--max-loss", type=_loss, required=True)
-    c.add_argument("--latency-budget", type=_positive_float, metavar="MS")
-    c.add_argument("--data")
-    c.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS")
-    c.add_argument("--backend", default="ort-cpu", choices=BACKENDS)
-    c.add_argument("--metric", default="cosine", help="the loss --max-loss limits (see search --help)")
-    _head_arguments(c)
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--plan", help="a plan file (best/plan.json of a search, or a bare plan)")
+    c.add_argument("--latency-budget", type=positive, metavar="MS", help="fail when the median latency is above MS")
+    c.add_argument("--json", action="store_true", help="the report as JSON, for scripts")
+    JudgeSpec.add_arguments(c, overriding=True, limit_help="the accuracy-loss limit the plan must stay within")
+    InputSpec.add_arguments(c, overriding=True)
+    EngineSpec.add_arguments(c, overriding=True)
 
 
 def _artifact_verbs(verb) -> None:
@@ -278,105 +193,11 @@ def _artifact_verbs(verb) -> None:
     compare.add_argument("dir_b")
 
 
-def _head_arguments(p) -> None:
-    """How task metrics decode an output whose shape does not say it all."""
-    from autoprec.measure.tasks import DETECTION_LAYOUTS
-
-    p.add_argument(
-        "--ctc-blank", type=_count_or_zero, default=0, metavar="INDEX", help="ctc-text: the blank class (default 0)"
-    )
-    p.add_argument("--ctc-charset", metavar="FILE",
-                   help="ctc-text against labelled text: the recognizer's characters, one per line: every class in "
-                        "order (an empty line for the blank), or PaddleOCR's dictionary (default: the model's "
-                        "'character' metadata, as RapidOCR's models carry it)")
-    p.add_argument("--det-layout", choices=DETECTION_LAYOUTS,
-                   help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, classes; YOLOX "
-                        "exported decoded too) or yolox (YOLOX's raw head: boxes per grid cell, strides 8/16/32); "
-                        "inferred for channels-first heads")
-    p.add_argument(
-        "--det-conf", type=_fraction, default=0.25, metavar="SCORE", help="detection: score threshold (default 0.25)"
-    )
-    p.add_argument("--det-iou", type=_fraction, default=0.45, metavar="IOU", help="detection: NMS IoU (default 0.45)")
-    p.add_argument(
-        "--task-output", metavar="NAME", help="the output task metrics read (default: every output that fits)"
-    )
-
-
-def head_options(args: argparse.Namespace):
-    from autoprec.measure.accuracy import HeadOptions
-
-    charset = None
-    if args.ctc_charset is not None:
-        try:
-            charset = tuple(Path(args.ctc_charset).read_text(encoding="utf-8").splitlines())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise AutoprecError(f"--ctc-charset {args.ctc_charset}: cannot be read ({exc}); give a UTF-8 text file, "
-                                "one character per line") from None
-    return HeadOptions(args.ctc_blank, charset, args.det_layout, args.det_conf, args.det_iou, args.task_output)
-
-
-def _model_arguments(p, backends, metrics, calibrations, default_calibration, verb: str) -> None:
-    """What search and sensitivity share: the model, its data and shapes, the engine, the space, the metric."""
-    from autoprec.analysis.data import RANDOM_INTEGERS
-
-    p.add_argument("model", help="the FP32 ONNX model, or zoo:NAME (see autoprec zoo list)")
-    p.add_argument("--data", help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs")
-    p.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
-    p.add_argument(
-        "--backend",
-        default="ort-cpu",
-        choices=backends,
-        help="inference engine (default ort-cpu; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt "
-        "needs TensorRT 10.12+ and cuda-python; tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of "
-        "compute capability 8.0/8.6/8.9/12.x. Both TensorRT backends' builds run in autoprec's CI; their "
-        "engine runs and timing have never been executed by its developers)",
-    )
-    p.add_argument(
-        "--device", type=_gpu_index, default=0, metavar="N", help="GPU index for ort-cuda/tensorrt (default 0)"
-    )
-    p.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
-                   help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
-                        "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
-    p.add_argument("--shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
-                   help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)")
-    p.add_argument("--const", action="append", type=_constant, default=[], metavar="NAME=VALUE",
-                   help="feed input NAME this one value on every run, e.g. sr=16000 for a sample-rate scalar "
-                        "(repeatable; the data need not hold it). Random data cannot choose a scalar integer input: "
-                        f"it needs this or --data; other integer inputs are drawn from [{RANDOM_INTEGERS[0]}, "
-                        f"{RANDOM_INTEGERS[1]})")
-    p.add_argument(
-        "--metric",
-        default="cosine",
-        help=f"the accuracy loss --max-loss constrains: {', '.join(metrics)} (default cosine = 1 - mean cosine "
-        "similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; TASK@labels: "
-        "the drop against the data's labels), or module:function — that imports and RUNS your code. "
-        "Every other metric that applies is recorded beside it",
-    )
-    _head_arguments(p)
-    p.add_argument("--separate-repeats", action="store_true",
-                   help="decide every unit on its own (default: the units of a repeated block at the same position — "
-                        "a transformer's 12 query projections — are decided together, one dimension for all)")
-    p.add_argument("--calibration", default=default_calibration, choices=(*calibrations, "auto"),
-                   help=f"INT8 activation range method (default {default_calibration}); auto: the study chooses "
-                        "per trial (entropy costs ~0.7 s per tensor once)")
-    p.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
-    p.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
-                   help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' (repeatable)")
-    p.add_argument("--image-mean", type=_floats, default=(0.0,), help="image preprocessing: (pixel/255 - mean) / std")
-    p.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
-
-
 def _sensitivity(args: argparse.Namespace) -> int:
     from autoprec.app.sensitivity import sensitivity
     from autoprec.results.files import json_safe
 
-    found, out = sensitivity(
-        args.model, data=args.data, out=args.out, backend=args.backend, shapes=dict(args.shape), metric=args.metric,
-        search_space=args.search_space, overrides=args.override, calibration=args.calibration,
-        image_mean=args.image_mean, image_std=args.image_std, precisions=args.precisions, device=args.device,
-        progress=not args.no_progress, head=head_options(args), constants=dict(args.const),
-        tie_repeats=not args.separate_repeats,
-    )
+    found, out = sensitivity(config_from(args))
     if args.json:
         console.stdout.print_json(data=json_safe(found.to_json()))
         return 0
@@ -388,46 +209,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     from autoprec.app.search import search
 
-    result = search(
-        args.model,
-        budget=args.budget,
-        data=args.data,
-        out=args.out,
-        backend=args.backend,
-        max_loss=args.max_loss,
-        seed=args.seed,
-        storage=args.storage,
-        study_name=args.study_name,
-        shapes=dict(args.shape),
-        min_shapes=dict(args.min_shape),
-        max_shapes=dict(args.max_shape),
-        time_shapes=args.time_shapes,
-        retime_seconds=args.retime_seconds,
-        ship_within_noise=args.ship_within_noise,
-        threads=args.threads,
-        metric=args.metric,
-        search_space=args.search_space,
-        overrides=args.override,
-        calibration=args.calibration,
-        image_mean=args.image_mean,
-        image_std=args.image_std,
-        constants=dict(args.const),
-        progress=not args.no_progress,
-        isolate=not args.no_isolation,
-        trial_timeout=args.trial_timeout,
-        trial_memory_gb=args.trial_memory,
-        precisions=args.precisions,
-        device=args.device,
-        sampler=args.sampler,
-        warm_start=not args.no_warm_start,
-        tie_repeats=not args.separate_repeats,
-        early_reject=not args.no_early_reject,
-        build_workers=args.build_workers,
-        proposals=args.proposals,
-        heartbeat=args.heartbeat,
-        artifacts=args.artifacts,
-        head=head_options(args),
-    )
+    result = search(config_from(args))
     files = read_result_dir(result.out_dir)
     if args.json:
         _print_json(files)
@@ -508,12 +290,24 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recorded_or_given(args: argparse.Namespace, verb: str) -> tuple[JudgeSpec, EngineSpec]:
+    """The judge and engine the search recorded, with what the command line gave instead (said); for a
+    bare plan, what the command line gave."""
+    from autoprec.app.prepare import recorded_config
+
+    recorded = recorded_config(args.target, args.plan)
+    if recorded is None:
+        return JudgeSpec.from_args(args), EngineSpec(**EngineSpec.given(args))
+    return recorded.judge.overridden(args, verb), recorded.engine.overridden(args, verb)
+
+
 def _diagnose(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import diagnose_plan
     from autoprec.measure.diagnosis import culprits, jumps
 
-    rows, out = diagnose_plan(args.target, args.plan, args.trial, args.data, dict(args.shape) or None, args.backend,
-                              args.batches, args.out)
+    _, engine = _recorded_or_given(args, "diagnose")
+    rows, out = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
+                              dict(getattr(args, "shape", [])) or None, engine, args.batches, args.out)
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
         return 0
@@ -550,9 +344,7 @@ def _ranges(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import activation_report
     from autoprec.results.files import json_safe
 
-    rows = activation_report(
-        args.model, args.data, dict(args.shape) or None, args.entropy, args.image_mean, args.image_std
-    )
+    rows = activation_report(InputSpec.from_args(args), args.entropy)
     if args.json:
         console.stdout.print_json(data=json_safe(rows))
         return 0
@@ -582,8 +374,9 @@ def _check(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import check_plan
     from autoprec.results.files import json_safe
 
-    report = check_plan(args.target, args.plan, args.max_loss, args.latency_budget, args.data,
-                        dict(args.shape) or None, args.backend, args.metric, head_options(args))
+    judge, engine = _recorded_or_given(args, "check")
+    report = check_plan(args.target, args.plan, judge=judge, engine=engine, data=getattr(args, "data", None),
+                        shapes=dict(getattr(args, "shape", [])) or None, latency_budget_ms=args.latency_budget)
     if args.json:
         console.stdout.print_json(data=json_safe(report))
     else:
@@ -600,6 +393,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    """One trial's files in the export folder (see autoprec.export.folder): what an earlier export wrote there goes."""
+    from autoprec.export import folder
+
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
     source = Path(read_result_dir(args.result_dir).pareto["model"]["path"])
     if args.format != "triton" and out.resolve() == source.resolve().parent:
@@ -612,32 +408,46 @@ def _export(args: argparse.Namespace) -> int:
 
         check_buildable(args.format)
     if args.format == "triton":
-        from autoprec.app.verbs import lowered_for_export
-        from autoprec.export.triton import write_triton_entry
-
-        model, note, stem = lowered_for_export(args.result_dir, args.trial)
-        pareto = read_result_dir(args.result_dir).pareto
-        entry = write_triton_entry(model, out, stem if args.name is None else args.name, note, recorded_profile(pareto),
-                                   external_weights(pareto["model"]))
-        console.stdout.print(
-            f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)"
-        )
-        return 0
+        return _export_triton(args, out)
     from autoprec.app.verbs import tensorrt_build_spec
-    from autoprec.export.build import build_export, summary_lines
+    from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
     spec = tensorrt_build_spec(args.result_dir, args.trial)
-    for path in write_tensorrt_export(spec, args.format, out):
+    trial = spec.trial["trial"]
+    folder.clear(out)
+    written = write_tensorrt_export(spec, args.format, out)
+    for path in written:
         console.stdout.print(f"wrote {path}")
+    model = out / BUILT_MODEL.get(args.format, "model_fp32.onnx")
     if not args.build:
+        folder.record(out, written, trial, args.format, model)
         console.warn(NOT_RUN)
         return 0
-    outcome = build_export(out, args.format, spec.profile)
+    outcome = build_export(out, args.format, spec.profile, trial)
+    folder.record(out, [*written, *outcome.files], trial, args.format, model)
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
     for line in summary_lines(outcome):
         console.stdout.print(line)
+    return 0
+
+
+def _export_triton(args: argparse.Namespace, out: Path) -> int:
+    from autoprec.app.verbs import lowered_for_export
+    from autoprec.core.escape import path_component
+    from autoprec.export import folder
+    from autoprec.export.triton import write_triton_entry
+
+    model, note, stem, trial = lowered_for_export(args.result_dir, args.trial)
+    pareto = read_result_dir(args.result_dir).pareto
+    name = stem if args.name is None else args.name
+    entry = out / path_component(name, "model name")
+    folder.clear(entry)
+    written = write_triton_entry(model, out, name, note, recorded_profile(pareto), trial,
+                                 external_weights(pareto["model"]))
+    folder.record(entry, written, trial, "triton", entry / "1" / "model.onnx")
+    console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
     return 0
 
 

@@ -31,6 +31,8 @@ from autoprec.analysis.data import (
 )
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
+from autoprec.app.config import SearchConfig
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
@@ -283,10 +285,22 @@ def prepare(
                                           cache=cache), cache)
 
 
+def load_plan_document(path: str | os.PathLike) -> dict:
+    """A plan file as JSON: best/plan.json of a result (the plan under ``plan``, the search's record beside
+    it), or a bare plan."""
+    try:
+        document = load_json(Path(path))
+    except (OSError, ValueError) as exc:
+        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+    if not isinstance(document, dict):
+        raise AutoprecError(f"--plan {path}: not a readable plan (not a JSON object); give best/plan.json of a search")
+    return document
+
+
 def load_plan(path: str | os.PathLike) -> Plan:
     """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
     try:
-        data = load_json(Path(path))
+        data = load_plan_document(path)
         plan = data.get("plan", data)
         if not isinstance(plan.get("precisions"), dict) or not isinstance(plan.get("calibration", ""), str):
             raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": method}')
@@ -317,6 +331,7 @@ class PlanContext:
 
     plan: Plan
     prepared: Prepared
+    config: SearchConfig  # the spec groups the search recorded (a bare plan: the defaults, on the model given)
     trial: int | None = None  # the result's trial the plan is, where it is one
 
 
@@ -392,18 +407,42 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     return Prepared(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
 
 
+def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = None) -> SearchConfig | None:
+    """The spec groups a search recorded: a result directory's, or (MODEL + --plan) those in the header of a
+    result's best/plan.json. None for a bare plan."""
+    if Path(target).is_dir():
+        return config_of(read_result_dir(target).pareto)
+    document = load_plan_document(plan) if plan is not None else {}
+    return config_of(document) if "search" in document and "model" in document else None
+
+
+def config_of(record: dict) -> SearchConfig:
+    """The spec groups of a result's record (pareto.json, or best/plan.json's header); for a result written
+    before they were recorded, what its record says of them."""
+    facts, model, engine = record["search"], record["model"], record.get("engine", {})
+    if "spec" in facts:
+        return SearchConfig.from_json(facts["spec"])
+    return SearchConfig(InputSpec(model["path"]), EngineSpec(engine.get("backend", "ort-cpu")),
+                        JudgeSpec(facts.get("metric", "cosine"), facts.get("max_loss")))
+
+
 def plan_context(
     target: str | os.PathLike, plan: str | os.PathLike | None = None, trial: int | None = None,
     data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> PlanContext:
     """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
-    (:func:`recreate`); or MODEL + --plan, analysed with the default space on ``data``."""
+    (:func:`recreate`); MODEL + a result's best/plan.json, re-created from the record in its header; or
+    MODEL + a bare plan, analysed with the default space on ``data``."""
     target = Path(target)
     if not target.is_dir():
         if plan is None:
             raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
+        document = load_plan_document(plan)
+        if "search" in document and "model" in document:  # a result's best/plan.json: its search's analysis
+            return _from_plan_file(target, Path(plan), document, data, shapes)
         prepared = prepare(target, load_search_space(), data, shapes)
-        return PlanContext(_fits(load_plan(plan), prepared.info, f"--plan {plan}"), prepared)
+        return PlanContext(_fits(load_plan(plan), prepared.info, f"--plan {plan}"), prepared,
+                           SearchConfig(InputSpec(target)))
     result = read_result_dir(target)
     if trial is not None:
         found = result.trial(trial)
@@ -417,9 +456,18 @@ def plan_context(
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
     prepared = recreate(result, data, shapes)
-    return PlanContext(
-        _fits(chosen, prepared.info, f"--plan {plan}" if plan is not None else str(target)), prepared, number
-    )
+    where = f"--plan {plan}" if plan is not None else str(target)
+    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.pareto), number)
+
+
+def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
+    """MODEL + a result's best/plan.json: the analysis its search recorded (space, shapes, data split,
+    calibration in the result folder beside it), on MODEL (checked to be the searched model)."""
+    header = {**document, "model": {**document["model"], "path": str(model)}}
+    result = ResultFiles(plan.resolve().parent.parent, header, {"trials": []}, document)
+    prepared = recreate(result, data, shapes)
+    chosen = Plan.from_json(document["plan"])
+    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(header), document.get("trial"))
 
 
 def engine_space(

@@ -32,6 +32,7 @@ from autoprec.app.prepare import (
     shared_files,
 )
 from autoprec.app.sensitivity import sensitivity_pass
+from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, get_backend
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, SearchFailed
@@ -104,15 +105,20 @@ from autoprec.study.sensitivity import (
 log = logging.getLogger("autoprec")
 
 
-def search(model: str | os.PathLike, **options: Any) -> SearchResult:
-    """Search per-unit precisions for ``model`` and write the result directory. ``options`` are
-    :class:`~autoprec.app.config.SearchConfig`'s fields, checked once there.
+def search(config: SearchConfig | str | os.PathLike) -> SearchResult:
+    """Search per-unit precisions for a model and write the result directory. ``config`` holds the spec
+    groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the defaults.
 
     Example::
 
-        result = autoprec.search("model.onnx", budget=50, data="samples/", max_loss=0.01)
-        result = autoprec.search("zoo:ppocr-det", budget=50)  # a zoo model, with its own real data
+        from autoprec import InputSpec, JudgeSpec, SearchConfig, StudySpec, search
+        result = search(SearchConfig(InputSpec("model.onnx", data="samples/"), judge=JudgeSpec(max_loss=0.01),
+                                     study=StudySpec(budget=50)))
+        result = search("zoo:ppocr-det")  # a zoo model, with its own real data
         print(result.chosen.latency_ms, result.chosen.plan.counts())
+
+    The fields named below are those of the groups (``budget``: ``StudySpec.budget``, ``data``:
+    ``InputSpec.data``, ...).
 
     The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
     same arguments resumes it: finished trials are kept, an interrupted one is re-run.
@@ -156,7 +162,9 @@ def search(model: str | os.PathLike, **options: Any) -> SearchResult:
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
     at small batch on the GPU, would disturb the timed candidate).
     """
-    return run_search(SearchConfig(model=model, **options).checked())
+    if not isinstance(config, SearchConfig):
+        config = SearchConfig(InputSpec(config))
+    return run_search(config.checked())
 
 
 def run_search(config: SearchConfig) -> SearchResult:
@@ -197,13 +205,18 @@ class Setup:
 
 
 def _set_up(config: SearchConfig) -> Setup:
-    model_path, data, shapes, default_out = resolve_model(config.model, config.data, config.shapes)
+    model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data, config.inputs.shapes)
     out_dir = result_dir(config.out, default_out)
-    wanted = resolve_metric(config.metric, declared_tasks(config.model), config.head)
-    engine = get_backend(config.backend, config.device, out_dir / "cache", config.threads)
-    workers = _build_workers(config.build_workers, engine, config.isolate)
+    wanted = resolve_metric(config.judge.metric, declared_tasks(config.inputs.model), config.judge.head)
+    engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
+    if config.time_shapes and engine.one_shape_only:
+        raise AutoprecError(f"--time-shapes on {engine.name}: {engine.one_shape_only}, or search with an engine "
+                            "that times shape profiles (ort-cpu, ort-cuda)")
+    workers = _build_workers(config.isolation.build_workers, engine, config.isolation.isolate)
     space, searched, left_out = engine_space(
-        load_search_space(config.search_space).with_overrides(list(config.overrides)), engine, config.precisions
+        load_search_space(config.space.search_space).with_overrides(list(config.space.overrides)),
+        engine,
+        config.space.precisions,
     )
     check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
@@ -213,14 +226,14 @@ def _set_up(config: SearchConfig) -> Setup:
         space,
         data,
         shapes,
-        config.seed,
-        config.image_mean,
-        config.image_std,
-        config.constants,
+        config.study.seed,
+        config.inputs.image_mean,
+        config.inputs.image_std,
+        config.inputs.constants,
         cache=out_dir / "cache",
-        bounds=(config.min_shapes or {}, config.max_shapes or {}),
+        bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
     )
-    info = repeats_decided(info, config.tie_repeats)
+    info = repeats_decided(info, config.space.tie_repeats)
     _say_pinned_ops(info, engine, left_out)
     return Setup(model_path, data, out_dir, engine, workers, space, searched, left_out, info, dataset, one_time,
                  metric_for(wanted, info, dataset))
@@ -238,36 +251,47 @@ class Joined:
     me: str
     shared: SharedInputs
     done: int  # trials the study counted when this process joined it
+    run: str  # this run of this worker, among the study's runs
 
 
 def _join_study(config: SearchConfig, setup: Setup) -> Joined:
-    storage_url = config.storage or f"sqlite:///{(setup.out_dir / 'study.db').resolve()}"
+    storage_url = config.study.storage or f"sqlite:///{(setup.out_dir / 'study.db').resolve()}"
     check_storage(storage_url)
-    name = config.study_name or default_study_name(setup.model_path, config.backend)
+    name = config.study.study_name or default_study_name(setup.model_path, config.engine.backend)
     info = setup.info
     identity = {
-        "model_sha256": info.sha256, "backend": config.backend, "data": setup.dataset.fingerprint(),
-        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.calibration,
-        "max_loss": config.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
-        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.tie_repeats,
+        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
+        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
+        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
     }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     locks = StudyLocks(storage_url, name)
     # Trials in flight elsewhere too (threads here, or other workers of a --storage): TPE's constant liar.
-    parallel = setup.workers > 1 or config.storage is not None
-    me = worker_id(config.device if setup.engine.uses_device else None)
+    parallel = setup.workers > 1 or config.study.storage is not None
+    me = worker_id(config.engine.device if setup.engine.uses_device else None)
     with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
         study = open_study(
-            storage_url, name, identity, make_sampler(config.sampler, config.seed, parallel), config.heartbeat
+            storage_url,
+            name,
+            identity,
+            make_sampler(config.study.sampler, config.study.seed, parallel),
+            config.study.heartbeat,
         )
         if study.get_trials(deepcopy=False) or "budget" in study.user_attrs:
             # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
-            study.sampler = make_sampler(config.sampler, zlib.crc32(f"{config.seed}:{me}".encode()), parallel)
-        study.set_user_attr("budget", config.budget)  # for `autoprec status`; each worker stops at its own --budget
-    shared = SharedInputs(study, Path(config.artifacts) if config.artifacts else default_artifacts(storage_url))
+            study.sampler = make_sampler(
+                config.study.sampler, zlib.crc32(f"{config.study.seed}:{me}".encode()), parallel
+            )
+        study.set_user_attr(
+            "budget", config.study.budget
+        )  # for `autoprec status`; each worker stops at its own --budget
+    shared = SharedInputs(
+        study, Path(config.study.artifacts) if config.study.artifacts else default_artifacts(storage_url)
+    )
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
-    return Joined(study, name, storage_url, identity, locks, me, shared, done)
+    return Joined(study, name, storage_url, identity, locks, me, shared, done, f"{me}:{time.time_ns()}")
 
 
 @dataclass(frozen=True)
@@ -296,11 +320,13 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
     judge, judged = judge_for(setup.metric, prepared)
     running = [t.number for t in joined.study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
     if joined.done or running:
-        log.info(f"joining study {joined.name!r}: {joined.done} of {config.budget} trials done"
+        log.info(f"joining study {joined.name!r}: {joined.done} of {config.study.budget} trials done"
                  + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
-                    f"after {GRACE_BEATS * config.heartbeat} s without a heartbeat)" if running else ""))
-    screen = Screen.for_search(config.max_loss, len(setup.dataset.evaluation)) if config.early_reject else None
-    method = DEFAULT_CALIBRATION if config.calibration == "auto" else config.calibration
+                    f"after {GRACE_BEATS * config.study.heartbeat} s without a heartbeat)" if running else ""))
+    screen = (
+        Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
+    )
+    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
     ranges = prepared.ranges
     lowering = Lowering(
         prepared.info, ranges.with_thresholds(method) if ranges is not None else None
@@ -324,8 +350,8 @@ class Measuring:
 def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: contextlib.ExitStack) -> Measuring:
     one_time = dict(shared.prepared.seconds)
     limits = None
-    if config.isolate:
-        limits = Limits.default(config.trial_timeout, config.trial_memory_gb, setup.workers)
+    if config.isolation.isolate:
+        limits = Limits.default(config.isolation.trial_timeout, config.isolation.trial_memory_gb, setup.workers)
         measurer: Measurer = _isolated_measurers(config, setup, shared, limits, stack, one_time)
     else:
         measurer = InProcessMeasurer(
@@ -333,7 +359,7 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
         )
         log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
                     "same command)")
-    per_build = setup.engine.default_proposals if config.proposals is None else config.proposals
+    per_build = setup.engine.default_proposals if config.study.proposals is None else config.study.proposals
     reference, executor, judged_on_target = _reference_executor(setup.engine, measurer, per_build, shared, config,
                                                                  setup.dataset, limits, setup.cache, stack)
     return Measuring(measurer, limits, reference, executor, judged_on_target, per_build, one_time)
@@ -342,12 +368,12 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
 def _isolated_measurers(config: SearchConfig, setup: Setup, shared: Shared, limits: Limits, stack: contextlib.ExitStack,
                         one_time: dict[str, float]) -> Measurer:
     """``setup.workers`` worker processes measuring candidates, started (the time it took in ``one_time``)."""
-    lock = FileLock(device_lock_path(config.backend, config.device)).check()
+    lock = FileLock(device_lock_path(config.engine.backend, config.engine.device)).check()
     measurers = [
         stack.enter_context(IsolatedMeasurer(
-            config.backend, setup.dataset.evaluation, shared.judge, limits,
-            setup.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", config.device, setup.cache, lock,
-            shared.lowering, config.threads,
+            config.engine.backend, setup.dataset.evaluation, shared.judge, limits,
+            setup.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", config.engine.device, setup.cache, lock,
+            shared.lowering, config.engine.threads,
         ))
         for i in range(setup.workers)
     ]
@@ -379,7 +405,7 @@ class WarmStart:
 
 def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring) -> WarmStart:
     unit_sensitivity, from_cache = None, False
-    if config.warm_start:
+    if config.study.warm_start:
         if shared.ranking is not shared.judge:
             log.info(f"sensitivity: units are ranked by their cosine loss (the constraint, {setup.metric.name}, "
                      "changes few decisions on a quarter of the data: too coarse to rank units by)")
@@ -391,12 +417,12 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
                 lambda plan: measuring.reference.accuracy_loss(plan, screened),
                 screened,
                 shared.ranking.metric.describe(),
-                config.calibration,
+                config.space.calibration,
                 setup.out_dir / "sensitivity.json",
                 config.progress,
             )
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
-    info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.max_loss)
+    info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.judge.max_loss)
     if sensitive_units["found"]:
         log.info(f"sensitive units (softmax, normalisations, reductions): {sensitive_units['searched']} of "
                  f"{sensitive_units['found']} searched, the rest kept FP32 ({sensitive_units['too_lossy']} lose more "
@@ -426,8 +452,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         setup.engine,
         shared.prepared.ranges,
         lambda plan: measuring.measurer.measure(plan, screen),
-        config.calibration,
-        config.max_loss,
+        config.space.calibration,
+        config.judge.max_loss,
         joined.locks,
         joined.me,
     )
@@ -439,10 +465,17 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     if engine_info.caveat:
         log.warning(engine_info.caveat)
     proposer = _proposer(config, setup, joined, measuring, warm, ctx)
-    with console.SearchProgress(config.budget, min(joined.done, config.budget), config.max_loss,
+    with console.SearchProgress(config.study.budget, min(joined.done, config.study.budget), config.judge.max_loss,
                                 enabled=config.progress) as bar:
-        warm_plans, slow = run_warm_started(joined.study, ctx, config.budget, warm.sensitivity, on_trial=bar.update,
-                                            workers=setup.workers, propose=proposer)
+        warm_plans, slow = run_warm_started(
+            joined.study,
+            ctx,
+            config.study.budget,
+            warm.sensitivity,
+            on_trial=bar.update,
+            workers=setup.workers,
+            propose=proposer,
+        )
     if warm.sensitivity is not None:
         log.info(f"warm start: {len(warm_plans)} plan(s) from the sensitivity ranking were queued"
                  + (" as proposals" if proposer is not None else "")
@@ -452,10 +485,12 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
              f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
     front, retiming = retimed_front(
-        joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.max_loss
+        joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
     )
     trials = [retiming.trials.get(t.number, t) for t in trials]
-    chosen, versus = _compare_chosen(measuring.measurer, trials, choose(front, config.max_loss), config, retiming.apart)
+    chosen, versus = _compare_chosen(
+        measuring.measurer, trials, choose(front, config.judge.max_loss), config, retiming.apart
+    )
     if chosen is not None and chosen.number not in {
         t.number for t in front
     }:  # all-FP32, shipped for want of a proven gain
@@ -476,7 +511,7 @@ def _proposer(config: SearchConfig, setup: Setup, joined: Joined, measuring: Mea
         return None
     evaluations = len(setup.dataset.evaluation)
     with joined.locks.hold("identity"):
-        proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, config.seed, ctx,
+        proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, config.study.seed, ctx,
                                  lambda plan: measuring.reference.accuracy_loss(plan, evaluations, constraint=True),
                                  gains, per_build)
     log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {measuring.executor}, their "
@@ -488,8 +523,14 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
            outcome: Outcome, wall_seconds: float) -> SearchResult:
     """The result files, the chosen plan as deployed, the plots; a search that measured nothing ends in one line."""
     info, engine, chosen = warm.info, setup.engine, outcome.chosen
-    builds = _builds(joined.study, warm.sensitivity if not warm.from_cache else None, outcome.retiming.builds,
-                     outcome.proposer, measuring.judged_on_target)
+    builds = _builds(
+        joined.study,
+        joined.run,
+        warm.sensitivity if not warm.from_cache else None,
+        outcome.retiming.builds,
+        outcome.proposer,
+        measuring.judged_on_target,
+    )
     predicted = outcome.proposer.report(joined.study) if outcome.proposer is not None else None
     _say_builds(engine.name, builds, predicted)
     changed = decision_changes(setup.metric, chosen.measurement.metrics) if chosen is not None else []
@@ -503,7 +544,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     ranges = shared.prepared.ranges
     deployment = _deployment(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
     if config.time_shapes and outcome.front:
-        facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.max_loss, ranges,
+        facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
                                                 setup.dataset).to_json()
     result = SearchResult(setup.out_dir, model_json(info), engine.info(), facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
@@ -520,14 +561,15 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
     info, dataset, sensitivity = warm.info, setup.dataset, warm.sensitivity
     fingerprint = dataset.fingerprint()
     return {
-        "budget": config.budget,
+        "spec": config.to_json(),
+        "budget": config.study.budget,
         "trials": len(outcome.trials),
         "metric": setup.metric.name,
         **shared.judged,
         "timing_drift": timing_drift(outcome.trials),
-        "max_loss": config.max_loss,
-        "seed": config.seed,
-        "calibration": config.calibration,
+        "max_loss": config.judge.max_loss,
+        "seed": config.study.seed,
+        "calibration": config.space.calibration,
         "study_name": joined.name,
         "storage": redacted(joined.storage_url),
         "data": dataset.source,
@@ -538,8 +580,8 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
             if shared.prepared.ranges is not None
             else None
         ),
-        "image_norm": {"mean": list(config.image_mean), "std": list(config.image_std)},
-        "constants": dict(config.constants or {}),
+        "image_norm": {"mean": list(config.inputs.image_mean), "std": list(config.inputs.image_std)},
+        "constants": dict(config.inputs.constants or {}),
         "out_of_range": list(info.out_of_range),
         "random_data": dataset.random,
         "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
@@ -547,7 +589,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         "precisions": setup.searched,
         "dimensions": len(info.dimensions),
         "tied_units": len(info.searchable_units) - len(info.dimensions),
-        "tie_repeats": config.tie_repeats,
+        "tie_repeats": config.space.tie_repeats,
         "sensitive_units": warm.sensitive_units,
         "left_out": setup.left_out,
         "wall_seconds": round(wall_seconds, 2),
@@ -581,6 +623,7 @@ def _builds_facts(
     return {
         "engine_builds": builds["total"],
         "engine_builds_by_phase": builds["by_phase"],
+        "engine_builds_scope": f"the study: its {builds['runs']} run(s) that wrote a result, workers included",
         "trials_on_profile_builds": builds["trials_on_profile_builds"],
         "reference_evaluations": builds["reference_evaluations"],
         "reference": {"executor": measuring.executor,
@@ -589,13 +632,23 @@ def _builds_facts(
 
 
 def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
-    log.info(f"{engine} builds: {builds['total']} ({', '.join(f'{k} {v}' for k, v in builds['by_phase'].items())}"
-             + (f"; {builds['trials_on_profile_builds']} trial(s) timed on the engine built for their profile"
-                if builds["trials_on_profile_builds"] else "") + "); "
-             f"reference evaluations: {builds['reference_evaluations']}"
-             + (f"; latency model error {predicted['median_abs_error_percent']} % (median of "
-                f"{len(predicted['predictions'])} prediction(s) made before the build)"
-                if predicted and predicted["predictions"] else ""))
+    log.info(
+        f"{engine} builds in the study ({builds['runs']} run(s)): {builds['total']} ("
+        + ", ".join(f"{k} {v}" for k, v in builds["by_phase"].items())
+        + (
+            f"; {builds['trials_on_profile_builds']} trial(s) timed on the engine built for their profile"
+            if builds["trials_on_profile_builds"]
+            else ""
+        )
+        + "); "
+        f"reference evaluations: {builds['reference_evaluations']}"
+        + (
+            f"; latency model error {predicted['median_abs_error_percent']} % (median of "
+            f"{len(predicted['predictions'])} prediction(s) made before the build)"
+            if predicted and predicted["predictions"]
+            else ""
+        )
+    )
 
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
@@ -712,7 +765,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
         reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), dataset.evaluation, shared.judge, shared.ranking,
                                       in_target_form)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
-    method = DEFAULT_CALIBRATION if config.calibration == "auto" else config.calibration
+    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
     try:
         for precision in (Precision.INT8, Precision.FP16):
             units = [u.name for u in shared.info.searchable_units if precision in u.allowed]
@@ -727,19 +780,28 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
     return reference, executor, False
 
 
-def _builds(study: optuna.Study, sensitivity: Sensitivity | None, retimed: int, proposer: Proposer | None,
+BUILDS_ATTR = "autoprec:builds:"  # + a run of one worker: the builds it made outside the study's trials
+
+
+def _builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposer: Proposer | None,
             judged_on_target: bool) -> dict:
-    """Builds (or sessions) of the target engine in every phase of this search, and the plans the
-    reference executor evaluated instead (counted as builds where the target had to be the reference)."""
+    """Builds (or sessions) of the target engine in every phase of the study, over every run and worker that
+    wrote to it (this ``run``'s recorded in the study first; another worker's once it wrote its result), and
+    the plans the reference executor evaluated instead (counted as builds where the target had to be the
+    reference). ``sensitivity``: the pass this run made (None where it read the study's)."""
+    study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.profiles if sensitivity else 0,
+                                            "retiming": retimed,
+                                            "evaluations": sensitivity.evaluations if sensitivity else 0})
+    runs = [v for k, v in study.user_attrs.items() if k.startswith(BUILDS_ATTR)]
     built = built_trials(study)
     on_profiled = sum(map(on_profile_build, built))
     by_phase = {
-        "profiles": sensitivity.profiles if sensitivity else 0,
+        "profiles": sum(r["profiles"] for r in runs),
         "trials": len(built) - on_profiled,
-        "retiming": retimed,
+        "retiming": sum(r["retiming"] for r in runs),
     }
-    evaluations = (sensitivity.evaluations if sensitivity else 0) + (proposer.evaluated() if proposer else 0)
+    evaluations = sum(r["evaluations"] for r in runs) + (proposer.evaluated() if proposer else 0)
     if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
     return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations,
-            "trials_on_profile_builds": on_profiled}
+            "trials_on_profile_builds": on_profiled, "runs": len(runs)}

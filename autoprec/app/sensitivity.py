@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
+from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
     check_out_dir,
@@ -23,7 +22,7 @@ from autoprec.app.prepare import (
 from autoprec.backends import Backend, get_backend
 from autoprec.core.plan import DEFAULT_CALIBRATION
 from autoprec.core.search_space import load_search_space
-from autoprec.measure.accuracy import HeadOptions, resolve_metric
+from autoprec.measure.accuracy import resolve_metric
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
 from autoprec.results import console
 from autoprec.study.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
@@ -65,25 +64,7 @@ def sensitivity_pass(
     return found, from_cache
 
 
-def sensitivity(
-    model: str | os.PathLike,
-    data: str | os.PathLike | None = None,
-    out: str | os.PathLike | None = None,
-    backend: str = "ort-cpu",
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    metric: str = "cosine",
-    search_space: str | os.PathLike | None = None,
-    overrides: Sequence[str] = (),
-    calibration: str = DEFAULT_CALIBRATION,
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
-    precisions: Sequence[str] | None = None,
-    device: int = 0,
-    progress: bool = False,
-    head: HeadOptions | None = None,
-    constants: Mapping[str, float] | None = None,
-    tie_repeats: bool = True,
-) -> tuple[Sensitivity, Path]:
+def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     """Each unit lowered alone to each precision it may take: loss, and its share of FP32 latency.
 
     Writes ``sensitivity.json`` and ``sensitivity.png`` in ``out`` (the same files a search writes
@@ -91,16 +72,19 @@ def sensitivity(
     """
     from autoprec.results.plots import plot_sensitivity
 
-    model_path, data, shapes, default_out = resolve_model(model, data, shapes)
-    out_dir = result_dir(out, default_out)
-    wanted = resolve_metric(metric, declared_tasks(model), head)
-    engine = get_backend(backend, device, out_dir / "cache")
+    inputs, engine_spec, space_spec = config.inputs, config.engine, config.space
+    model_path, data, shapes, default_out = resolve_model(inputs.model, inputs.data, inputs.shapes)
+    out_dir = result_dir(config.out, default_out)
+    wanted = resolve_metric(config.judge.metric, declared_tasks(inputs.model), config.judge.head)
+    engine = get_backend(engine_spec.backend, engine_spec.device, out_dir / "cache", engine_spec.threads)
     if caveat := engine.info().caveat:
         log.warning(caveat)
-    space, _, _ = engine_space(load_search_space(search_space).with_overrides(list(overrides)), engine, precisions)
+    space, _, _ = engine_space(load_search_space(space_spec.search_space).with_overrides(list(space_spec.overrides)),
+                               engine, space_spec.precisions)
     check_out_dir(out_dir)
-    prepared = prepare(model_path, space, data, shapes, 0, image_mean, image_std, out_dir / "cache", constants)
-    prepared = replace(prepared, info=repeats_decided(prepared.info, tie_repeats))
+    prepared = prepare(model_path, space, data, shapes, config.study.seed, inputs.image_mean, inputs.image_std,
+                       out_dir / "cache", inputs.constants)
+    prepared = replace(prepared, info=repeats_decided(prepared.info, space_spec.tie_repeats))
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)
     judge = judge_for(metric_used, prepared)[0]
@@ -110,7 +94,7 @@ def sensitivity(
     )
     found, _ = sensitivity_pass(
         prepared, engine, lambda plan: measurer.accuracy_loss(plan, batches),
-        batches, ranking.metric.describe(), calibration, out_dir / "sensitivity.json", progress,
+        batches, ranking.metric.describe(), space_spec.calibration, out_dir / "sensitivity.json", config.progress,
     )
     engine.drop_kept_builds()  # no trial follows
     plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")

@@ -16,6 +16,7 @@ from autoprec.analysis.calibrate import (
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.prepare import (
     PlanContext,
+    declared_tasks,
     judge_for,
     metric_for,
     plan_context,
@@ -23,6 +24,7 @@ from autoprec.app.prepare import (
     resolve_model,
     result_dir,
 )
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
 from autoprec.backends import get_backend
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError
@@ -30,7 +32,7 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.accuracy import HeadOptions, resolve_metric
+from autoprec.measure.accuracy import resolve_metric
 from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
 from autoprec.measure.measurement import measure
 from autoprec.results.files import (
@@ -53,7 +55,7 @@ def diagnose_plan(
     trial: int | None = None,
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    backend: str = "ort-cpu",
+    engine: EngineSpec | None = None,
     batches: int = 4,
     out: str | os.PathLike | None = None,
 ) -> tuple[list, Path]:
@@ -63,7 +65,7 @@ def diagnose_plan(
 
     context = plan_context(target, plan, trial, data, shapes)
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
-    engine = get_backend(backend)
+    engine = _engine(engine or context.config.engine)
     rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
     label = f"trial {trial}" if trial is not None else "plan"
@@ -77,37 +79,40 @@ def diagnose_plan(
     return rows, out_dir
 
 
-def activation_report(
-    model: str | os.PathLike, data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
-    entropy: bool = False, image_mean: Sequence[float] = (0.0,), image_std: Sequence[float] = (1.0,),
-) -> list[dict]:
+def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
     """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges)."""
     from autoprec.measure.diagnosis import FAST_METHODS, activation_ranges
 
-    model_path, data, shapes, _ = resolve_model(model, data, shapes)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, image_mean, image_std)
+    model_path, data, shapes, _ = resolve_model(inputs.model, inputs.data, inputs.shapes)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, inputs.image_mean, inputs.image_std,
+                       constants=inputs.constants)
     methods = CALIBRATION_METHODS if entropy else FAST_METHODS
     return activation_ranges(prepared.info, prepared.ranges, methods)
 
 
 def check_plan(
     target: str | os.PathLike,
-    plan: str | os.PathLike | None,
-    max_loss: float,
-    latency_budget_ms: float | None = None,
+    plan: str | os.PathLike | None = None,
+    *,
+    judge: JudgeSpec | None = None,
+    engine: EngineSpec | None = None,
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
-    backend: str = "ort-cpu",
-    metric: str = "cosine",
-    head: HeadOptions | None = None,
+    latency_budget_ms: float | None = None,
 ) -> dict:
-    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits."""
-    wanted = resolve_metric(metric, (), head)
+    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
+    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
     context = plan_context(target, plan, None, data, shapes)
+    judge, engine_spec = judge or context.config.judge, engine or context.config.engine
+    if judge.max_loss is None:
+        raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
+    max_loss = judge.max_loss
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
-    engine = get_backend(backend)
-    judge, _ = judge_for(metric_for(wanted, prepared.info, prepared.dataset), prepared)
-    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation, judge)
+    wanted = resolve_metric(judge.metric, declared_tasks(context.config.inputs.model), judge.head)
+    engine = _engine(engine_spec)
+    metric = metric_for(wanted, prepared.info, prepared.dataset)
+    judge_of, _ = judge_for(metric, prepared)
+    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation, judge_of)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
@@ -115,13 +120,19 @@ def check_plan(
         failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
     return {
         "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
-        "metric": wanted.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "metric": metric.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
         "measurement": result.to_json(), "plan": found.to_json(),
     }
 
 
-def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) -> tuple[StoredModel, str, str]:
-    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again)."""
+def _engine(spec: EngineSpec):
+    return get_backend(spec.backend, spec.device, None, spec.threads)
+
+
+def lowered_for_export(result_dir: str | os.PathLike,
+                       trial: int | None = None) -> tuple[StoredModel, str, str, int]:
+    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again), with
+    the note that says which, the model's stem and the trial's number."""
     result = read_result_dir(result_dir)
     stem = Path(result.pareto["model"]["path"]).stem
     engine = result.pareto["engine"]
@@ -129,11 +140,11 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None) 
         if result.plan is None:
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
         note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
-        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem
+        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, result.plan["trial"]
     context = plan_context(result_dir, trial=trial)
     form = QDQForm(engine["qdq_form"])
     model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
-    return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem
+    return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem, trial
 
 
 def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo]:

@@ -145,6 +145,8 @@ class Backend(abc.ABC):
     # Whether it is the reference executor itself (see autoprec.backends.REFERENCE_BACKEND): its plans'
     # losses need no other engine.
     is_reference: ClassVar[bool] = False
+    # Why it cannot time a plan across a shape profile (--time-shapes); "": it can.
+    one_shape_only: ClassVar[str] = ""
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

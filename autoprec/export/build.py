@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoprec.analysis.model import model_sha256
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt import (
     TENSORRT,
@@ -42,6 +43,7 @@ class ExportBuild:
     report_path: Path
     report: dict[str, Any]
     layers: EngineLayers | None  # the engine's layers: the inspector's where the engine loads, else the builder's
+    files: tuple[Path, ...]  # what the build wrote: the plan, the report, the inspector's layers.json
 
 
 def check_buildable(fmt: str) -> None:
@@ -56,9 +58,9 @@ def check_buildable(fmt: str) -> None:
         raise ExportError(f"--build: --format {fmt} is not built by autoprec ({why}); use --format trtexec or python")
 
 
-def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) -> ExportBuild:
-    """Build ``folder``'s model (``--format fmt``'s) into ``model.plan`` (for ``profile`` where its inputs are
-    dynamic) and write ``build_report.json``."""
+def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, trial: int | None = None) -> ExportBuild:
+    """Build ``folder``'s model (``--format fmt``'s, the result's ``trial``) into ``model.plan`` (for ``profile``
+    where its inputs are dynamic) and write ``build_report.json``, which names the trial and the model's sha256."""
     check_buildable(fmt)
     found = installed()
     if found is None:
@@ -92,6 +94,8 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) ->
         "built_with": built.report["built_with"],
         "machine": {"platform": platform.platform(), "gpus": gpu_facts()},
         "model": BUILT_MODEL[fmt],
+        "model_sha256": model_sha256(folder / BUILT_MODEL[fmt]),
+        "trial": trial,
         "plan": plan_path.name,
         "plan_bytes": len(built.serialized),
         "shape_profile": profile.to_json() if profile is not None else None,
@@ -102,7 +106,9 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None) ->
         "layers": layers.to_json() if layers is not None else None,
         "warnings": built.report.get("warnings", []),
     }
-    return ExportBuild(plan_path, atomic.write_json(folder / "build_report.json", report), report, layers)
+    report_path = atomic.write_json(folder / "build_report.json", report)
+    files = (plan_path, report_path, *([folder / "layers.json"] if loaded else []))
+    return ExportBuild(plan_path, report_path, report, layers, files)
 
 
 def summary_lines(outcome: ExportBuild) -> list[str]:

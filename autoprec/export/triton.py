@@ -6,7 +6,7 @@ dim (a batch) and the shape profile's batch goes beyond one, Triton batches: ``m
 profile's largest batch, the dims leave it out, and ``dynamic_batching`` gathers requests; otherwise
 ``max_batch_size: 0``, the full dims.
 For TensorRT, the same entry would use ``platform: "tensorrt_plan"`` and ``1/model.plan``, an
-engine built from ``best/model.tensorrt.onnx`` (see the config's comment) — not generated here,
+engine built from the trtexec export's model.onnx (see the config's comment) — not generated here,
 because no TensorRT can run here.
 """
 
@@ -56,15 +56,15 @@ def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:
     return batch[1]
 
 
-def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile) -> str:
+def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile, trial: int) -> str:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
     batch = max_batch(model, profile)
     return "\n".join([
         shell_comment(note),  # protobuf text format comments are '#' to the end of the line, like the shell's
-        "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from",
-        "# best/model.tensorrt.onnx, e.g. trtexec --onnx=best/model.tensorrt.onnx --saveEngine=1/model.plan",
-        "# with the --minShapes/--optShapes/--maxShapes of export --format trtexec",
+        "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from the",
+        f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes (TensorRT's Q/DQ form),",
+        "# with its build.sh (--saveEngine=model.plan and the --minShapes/--optShapes/--maxShapes)",
         f"name: {pbtxt_string(name)}",
         'platform: "onnxruntime_onnx"',
         f"max_batch_size: {batch}",
@@ -77,10 +77,11 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
 
 
 def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, profile: ShapeProfile,
-                       external: bool | None = None) -> Path:
+                       trial: int, external: bool | None = None) -> list[Path]:
     """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name);
-    a large model's weights beside ``1/model.onnx`` (``external``: see :func:`autoprec.core.stored.save_models`)."""
+    a large model's weights beside ``1/model.onnx`` (``external``: see :func:`autoprec.core.stored.save_models`).
+    Returns the files written."""
     entry = Path(repository) / path_component(name, "model name")
-    save_models({entry / "1" / "model.onnx": model}, external=external)
-    atomic.write_bytes(entry / "config.pbtxt", config_pbtxt(model.proto, name, note, profile).encode())
-    return entry
+    written = save_models({entry / "1" / "model.onnx": model}, external=external)
+    config = config_pbtxt(model.proto, name, note, profile, trial).encode()
+    return [*written, atomic.write_bytes(entry / "config.pbtxt", config)]

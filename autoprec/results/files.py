@@ -356,7 +356,7 @@ SEARCH = {
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
     "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
     "engine_builds": Optional_(int),
-    "engine_builds_by_phase": Optional_(MapOf(int)),
+    "engine_builds_by_phase": Optional_(MapOf(int)), "engine_builds_scope": Optional_(str),
     "reference_evaluations": Optional_(int),
     "reference": Optional_({"executor": str, "proposals_per_build": int}),
     "profile": Optional_(

@@ -665,6 +665,8 @@ class TensorRTBackend(Backend):
     qdq_form = QDQForm.TENSORRT
     default_build_workers = 2  # an engine build takes seconds to minutes: build the next one while one is timed
     default_proposals = 8  # and evaluating a plan on ONNX Runtime's CPU takes a fraction of one
+    one_shape_only = ("autoprec's TensorRT backends build for one shape (no optimisation profile yet); time the "
+                      "exported engine with trtexec --shapes at min, opt and max")
 
     def __init__(self, device: int = 0, cache_dir: Path | None = None):
         self._trt = import_tensorrt(self.flavour)

@@ -1,0 +1,41 @@
+"""An export folder holds the files of one trial: a manifest (``export.json``) names the trial, the format, the
+model's sha256 and every file written; exporting into the folder again first removes what the earlier export
+wrote, so no model.plan or build report of another trial stays beside the new model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from autoprec.analysis.model import model_sha256
+from autoprec.core import atomic
+
+MANIFEST = "export.json"
+EXPORT_SCHEMA = "autoprec.export/1"
+# What export --build adds (an export folder written before manifests existed may hold them unlisted).
+BUILD_FILES = ("model.plan", "build_report.json", "layers.json")
+
+
+def clear(folder: Path) -> None:
+    """Remove what an earlier export wrote into ``folder``: the files its manifest lists, and a build's."""
+    folder = Path(folder)
+    listed: list[str] = []
+    try:
+        listed = list(json.loads((folder / MANIFEST).read_text()).get("files", []))
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # no manifest (a first export, or one by an older autoprec): only the build files go
+    root = folder.resolve()
+    for name in {*map(str, listed), *BUILD_FILES, MANIFEST}:
+        path = folder / name
+        if path.resolve().is_relative_to(root) and path.is_file():  # a hand-edited '../x' is not followed
+            path.unlink()
+
+
+def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path) -> Path:
+    """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data files included)."""
+    folder = Path(folder)
+    files = sorted({str(Path(p).resolve().relative_to(folder.resolve())) for p in written})
+    return atomic.write_json(folder / MANIFEST, {"schema": EXPORT_SCHEMA, "trial": trial, "format": fmt,
+                                                 "model": str(model.relative_to(folder)),
+                                                 "model_sha256": model_sha256(model), "files": files})

@@ -1,0 +1,81 @@
+"""One search record that every verb follows: check, diagnose and export start from what the search recorded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from builders import save
+from test_tasks import ctc_head
+
+import autoprec
+from autoprec.app.cli import main
+from autoprec.app.prepare import recorded_config
+
+
+@pytest.fixture(scope="module")
+def ctc_result(tmp_path_factory):
+    """A CTC recognizer searched with --metric ctc-text and a loss limit (its Softmax is a unit the default
+    space has and the CPU engine's space keeps FP32)."""
+    root = tmp_path_factory.mktemp("ctc")
+    model = save(ctc_head(), root / "rec.onnx")
+    np.savez(root / "d.npz", x=np.random.default_rng(1).normal(0, 1, (16, 12, 8)).astype(np.float32))
+    out = root / "out"
+    assert main(["search", str(model), "--data", str(root / "d.npz"), "--metric", "ctc-text", "--max-loss", "0.5",
+                 "--budget", "4", "--out", str(out), "--no-progress"]) == 0
+    return model, root / "d.npz", out
+
+
+def test_the_search_records_its_spec_groups_and_the_api_reads_them_back(ctc_result):
+    model, data, out = ctc_result
+    config = recorded_config(out)
+    assert config.judge == autoprec.JudgeSpec("ctc-text", 0.5)
+    assert config.inputs.model == str(model) and config.inputs.data == str(data)
+    assert config.engine == autoprec.EngineSpec("ort-cpu") and config.study.budget == 4
+    assert recorded_config(model, out / "best" / "plan.json") == config  # best/plan.json carries the same record
+
+
+def test_check_passes_the_searchs_own_choice_with_no_option_repeated(ctc_result, capsys):
+    _, _, out = ctc_result
+    chosen = json.loads((out / "best" / "plan.json").read_text())
+    assert main(["check", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["metric"] == "ctc-text" and report["max_loss"] == 0.5
+    assert report["measurement"]["loss"] == pytest.approx(chosen["accuracy_loss"], abs=1e-9)
+    # an option given overrides the recorded one, and says so
+    assert main(["check", str(out), "--metric", "cosine", "--max-loss", "1"]) == 0
+    said = capsys.readouterr()
+    assert "metric cosine instead of the search's ctc-text" in said.err + said.out
+
+
+def test_diagnose_a_result_and_a_model_with_its_best_plan(ctc_result, tmp_path):
+    model, _, out = ctc_result
+    assert main(["diagnose", str(out), "--out", str(tmp_path / "a")]) == 0
+    # MODEL + best/plan.json: the search's own space (its Softmax is no unit there), not the default one
+    assert main(["diagnose", str(model), "--plan", str(out / "best" / "plan.json"), "--out", str(tmp_path / "b")]) == 0
+    units = [u["unit"] for u in json.loads((tmp_path / "b" / "diagnosis.json").read_text())["units"]]
+    assert units == [u["unit"] for u in json.loads((tmp_path / "a" / "diagnosis.json").read_text())["units"]]
+
+
+def test_check_without_a_limit_anywhere_asks_for_one(tmp_path, mlp_model, capsys):
+    out = tmp_path / "out"
+    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1,
+                                                                                                  warm_start=False),
+                                          out=out))
+    assert main(["check", str(out)]) == 2
+    assert "no loss limit; give --max-loss" in capsys.readouterr().err
+
+
+def test_build_counts_are_the_studys_after_a_resume(tmp_path, mlp_model):
+    """A re-run of a finished search counts the study's builds: the sensitivity pass's profiles of the first
+    run (read from its cache now), every run's re-timing, every trial once."""
+    out = tmp_path / "out"
+    config = autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=3), out=out)
+    first = autoprec.search(config).search
+    second = autoprec.search(config).search
+    assert second["sensitivity"]["from_cache"] and first["engine_builds_by_phase"]["profiles"] > 0
+    phases = first["engine_builds_by_phase"], second["engine_builds_by_phase"]
+    assert phases[1]["profiles"] == phases[0]["profiles"] and phases[1]["trials"] == phases[0]["trials"]
+    assert phases[1]["retiming"] >= phases[0]["retiming"] and "2 run(s)" in second["engine_builds_scope"]
+    assert second["engine_builds"] == sum(phases[1].values())
