@@ -382,11 +382,14 @@ def _check(args: argparse.Namespace) -> int:
     else:
         m = report["measurement"]
         verdict = Text("PASS", style="bold green") if report["passed"] else Text("FAIL", style="bold red")
-        console.stdout.print(verdict, f"{report['model']}: loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
-                             f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
-                             f"{m['latency']['p90_ms']:.4g})" + (f", budget {report['latency_budget_ms']:g} ms"
-                                                                  if report["latency_budget_ms"] else "")
-                             + f" on {report['engine']['engine']} {report['engine']['provider']}")
+        console.stdout.print(
+            verdict,
+            f"{report['model']}: {report['metric']} loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
+            f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
+            f"{m['latency']['p90_ms']:.4g})"
+            + (f", budget {report['latency_budget_ms']:g} ms" if report["latency_budget_ms"] else "")
+            + f" on {report['engine']['engine']} {report['engine']['provider']}",
+        )
         for failure in report["failures"]:
             console.stdout.print(f"  regression: {failure}")
     return 0 if report["passed"] else 1
