@@ -94,7 +94,6 @@ def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp:
             judge=autoprec.JudgeSpec(max_loss=MAX_LOSS),
             study=autoprec.StudySpec(budget=budget),
             out=out,
-            progress=False,
         )
     )
     wall = time.monotonic() - t0

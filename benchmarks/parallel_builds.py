@@ -40,7 +40,6 @@ def one_search(name: str, backend: str, workers: int, budget: int, batch: int, o
             study=autoprec.StudySpec(budget=budget),
             isolation=autoprec.IsolationSpec(build_workers=workers),
             out=out,
-            progress=False,
         )
     )
     study = optuna.load_study(study_name=result.search["study_name"], storage=result.search["storage"])

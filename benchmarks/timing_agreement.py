@@ -131,7 +131,6 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
                 study=autoprec.StudySpec(budget=budget),
                 isolation=autoprec.IsolationSpec(isolate=isolate),
                 out=out,
-                progress=False,
             )
         )
         result = read_result_dir(out)

@@ -40,7 +40,6 @@ def run_model(name: str, budget: int, proposals: int) -> dict:
                 autoprec.InputSpec(f"zoo:{name}"),
                 study=autoprec.StudySpec(budget=budget, proposals=proposals),
                 out=Path(tmp) / name,
-                progress=False,
             )
         )
         result = read_result_dir(Path(tmp) / name)

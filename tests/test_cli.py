@@ -189,7 +189,9 @@ def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(
     with pytest.raises(AutoprecError) as refused:
         group = {"trial_timeout": "isolation", "max_loss": "judge"}.get(option, "study")
         spec = {"study": autoprec.StudySpec, "isolation": autoprec.IsolationSpec, "judge": autoprec.JudgeSpec}[group]
-        autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(conv_model), out=out, **{group: spec(**{option: value})}))
+        autoprec.search(
+            autoprec.SearchConfig(autoprec.InputSpec(conv_model), out=out, **{group: spec(**{option: value})})
+        )
     assert str(refused.value) == said
     assert main(["search", str(conv_model), "--out", str(out), f"--{option.replace('_', '-')}", str(value)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"autoprec: error: {said}"

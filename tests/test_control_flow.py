@@ -165,7 +165,6 @@ def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_t
             study=autoprec.StudySpec(budget=5),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     assert result.search["constants"] == {"sr": 16000}
@@ -326,7 +325,6 @@ def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatc
             judge=autoprec.JudgeSpec(max_loss=0.01),
             study=autoprec.StudySpec(budget=6),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     notes = result.model["preparation"]
@@ -372,7 +370,6 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
             study=autoprec.StudySpec(budget=4),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     assert result.chosen.measurement.loss <= 0.01

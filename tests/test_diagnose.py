@@ -103,7 +103,6 @@ def test_calibration_auto_makes_the_method_a_search_dimension(tmp_path, mlp_mode
             space=autoprec.SpaceSpec(calibration="auto"),
             study=autoprec.StudySpec(budget=8),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     methods = {t.plan.calibration for t in result.trials}
@@ -127,7 +126,7 @@ def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys
     out = tmp_path / "result"
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(conv_model, data=conv_data), study=autoprec.StudySpec(budget=4), out=out, progress=False
+            autoprec.InputSpec(conv_model, data=conv_data), study=autoprec.StudySpec(budget=4), out=out
         )
     )
     assert _exit(["export", str(out), "--format", "triton", "--name", "conv"]) == 0

@@ -74,9 +74,13 @@ def _errors(out):
 )
 def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_model, function, options, cause):
     out = plugin / "out"
-    config = autoprec.SearchConfig(autoprec.InputSpec(mlp_model), judge=autoprec.JudgeSpec(f"misbehaving:{function}"),
-                                   study=autoprec.StudySpec(budget=3, warm_start=options.pop("warm_start", True)),
-                                   isolation=autoprec.IsolationSpec(**options), out=out)
+    config = autoprec.SearchConfig(
+        autoprec.InputSpec(mlp_model),
+        judge=autoprec.JudgeSpec(f"misbehaving:{function}"),
+        study=autoprec.StudySpec(budget=3, warm_start=options.pop("warm_start", True)),
+        isolation=autoprec.IsolationSpec(**options),
+        out=out,
+    )
     result = autoprec.search(config)
     # The seeded all-fp32 plan is exact and completes; all-fp16 and all-int8 crash twice each.
     assert [t.plan.counts()["fp32"] for t in result.trials] == [3]
@@ -99,7 +103,6 @@ def test_an_error_in_the_worker_is_not_retried_and_a_failed_plan_is_not_measured
             space=autoprec.SpaceSpec(overrides=["*=fp16,fp32", "head=fp32"]),
             study=autoprec.StudySpec(budget=9),
             out=out,
-            progress=False,
         )
     )
     study, errors = _errors(out)
@@ -117,7 +120,6 @@ def test_no_isolation_measures_in_process(tmp_path, mlp_model):
             study=autoprec.StudySpec(budget=3),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     assert len(result.trials) == 3

@@ -52,9 +52,7 @@ def hostile_result(tmp_path_factory):
     np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
     out = root / "result"
     result = autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out)
     )
     return root, out, result
 
@@ -189,7 +187,6 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
             autoprec.InputSpec(model, data=data),
             study=autoprec.StudySpec(budget=1, warm_start=False),
             out=tmp_path / "r",
-            progress=False,
         )
     )
     assert _exit(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2

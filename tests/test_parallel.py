@@ -129,7 +129,6 @@ def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tm
             study=autoprec.StudySpec(budget=12),
             isolation=autoprec.IsolationSpec(build_workers=2),
             out=out,
-            progress=False,
         )
     )
     pareto = json.loads((out / "pareto.json").read_text())
@@ -149,6 +148,5 @@ def test_build_workers_need_worker_processes(conv_model):
                 autoprec.InputSpec(conv_model),
                 study=autoprec.StudySpec(budget=2),
                 isolation=autoprec.IsolationSpec(build_workers=2, isolate=False),
-                progress=False,
             )
         )

@@ -52,10 +52,7 @@ def test_the_sensitivity_pass_evaluates_each_pattern_once(encoders, tmp_path):
     np.savez(ids, input_ids=np.random.default_rng(0).integers(0, 50, (8, 8)).astype(np.int64))
     result = autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(encoders[6], data=ids),
-            study=autoprec.StudySpec(budget=3),
-            out=tmp_path / "tied",
-            progress=False,
+            autoprec.InputSpec(encoders[6], data=ids), study=autoprec.StudySpec(budget=3), out=tmp_path / "tied"
         )
     )
     separate = autoprec.search(
@@ -64,7 +61,6 @@ def test_the_sensitivity_pass_evaluates_each_pattern_once(encoders, tmp_path):
             space=autoprec.SpaceSpec(tie_repeats=False),
             study=autoprec.StudySpec(budget=3),
             out=tmp_path / "separate",
-            progress=False,
         )
     )
     tied, apart = (r.search["sensitivity"]["evaluations"] for r in (result, separate))

@@ -55,7 +55,6 @@ def searched(tmp_path_factory):
             judge=autoprec.JudgeSpec(max_loss=0.05),
             study=autoprec.StudySpec(budget=6, seed=1),
             out=out,
-            progress=False,
             time_shapes=True,
         )
     )
@@ -130,10 +129,7 @@ def test_a_fixed_model_exports_fixed(tmp_path):
     out = tmp_path / "out"
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            study=autoprec.StudySpec(budget=3, warm_start=False),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
     )
     _export(out, "trtexec", tmp_path / "trtexec")
@@ -159,7 +155,6 @@ def test_a_profile_that_cannot_be_is_refused_in_one_line(tmp_path, low, high, sa
                 autoprec.InputSpec(model, shapes={"x": _dims(OPT)}, min_shapes=low, max_shapes=high),
                 study=autoprec.StudySpec(budget=1),
                 out=tmp_path / "out",
-                progress=False,
             )
         )
 
@@ -193,7 +188,6 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
             autoprec.InputSpec(model, data=folder, shapes={"x": _dims(OPT)}, max_shapes={"x": (1, 3, 8, 32)}),
             study=autoprec.StudySpec(budget=3, warm_start=False),
             out=out,
-            progress=False,
         )
     )
     assert result.model["inputs"]["x"]["shape"] == list(_dims(OPT))  # searched at the width --shape names
@@ -241,7 +235,6 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
             autoprec.InputSpec(path, shapes={"x": (1, 3, 16, 16)}, min_shapes={"x": (1, 3, 2, 2)}),
             study=autoprec.StudySpec(budget=2, warm_start=False),
             out=out,
-            progress=False,
             time_shapes=True,
         )
     )  # a 5x5 kernel cannot slide over 2x2

@@ -43,7 +43,6 @@ def proposed(tmp_path_factory):
             judge=autoprec.JudgeSpec(max_loss=0.01),
             study=autoprec.StudySpec(budget=8, proposals=4),
             out=out,
-            progress=False,
         )
     )
     return out, result
@@ -93,11 +92,10 @@ def test_with_proposals_a_uniform_plan_past_the_limit_costs_no_build(tmp_path):
     autoprec.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data),
-            judge=autoprec.JudgeSpec(max_loss=1e-6),
+            judge=autoprec.JudgeSpec(max_loss=1e-06),
             study=autoprec.StudySpec(budget=6, proposals=4),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=out,
-            progress=False,
         )
     )
     built = [t["plan"]["precisions"] for t in json.loads((out / "trials.json").read_text())["trials"]]

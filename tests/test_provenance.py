@@ -50,7 +50,6 @@ def seeded(tmp_path_factory):
                 space=autoprec.SpaceSpec(search_space=space, overrides=["fc=fp16,fp32"]),
                 study=autoprec.StudySpec(budget=6, seed=3),
                 out=out,
-                progress=False,
             )
         )
     finally:
@@ -134,7 +133,6 @@ def test_resuming_with_another_override_or_space_is_refused(seeded):
                 space=autoprec.SpaceSpec(search_space=root / "space.yaml", overrides=["fc=int8,fp32"]),
                 study=autoprec.StudySpec(budget=7, seed=3),
                 out=out,
-                progress=False,
             )
         )
 
@@ -144,34 +142,18 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
     onnx.save(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location="ext.data", size_threshold=0)
     out = tmp_path / "out"
-    autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(tmp_path / "ext.onnx"),
-            study=autoprec.StudySpec(budget=1, warm_start=False),
-            out=out,
-            progress=False,
-        )
-    )
+
+    def search(budget, folder):
+        return autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(tmp_path / "ext.onnx"), out=folder,
+                                                     study=autoprec.StudySpec(budget=budget, warm_start=False)))
+
+    search(1, out)
     weights = bytearray((tmp_path / "ext.data").read_bytes())
     weights[8:12] = np.float32(3.0).tobytes()
     (tmp_path / "ext.data").write_bytes(bytes(weights))
     with pytest.raises(StudyError, match="model_sha256"):
-        autoprec.search(
-            autoprec.SearchConfig(
-                autoprec.InputSpec(tmp_path / "ext.onnx"),
-                study=autoprec.StudySpec(budget=2, warm_start=False),
-                out=out,
-                progress=False,
-            )
-        )
-    fresh = autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(tmp_path / "ext.onnx"),
-            study=autoprec.StudySpec(budget=1, warm_start=False),
-            out=tmp_path / "fresh",
-            progress=False,
-        )
-    )
+        search(2, out)
+    fresh = search(1, tmp_path / "fresh")
     assert fresh.trials[0].loss == 0.0  # all-FP32 against its own (new) reference, not a stale cached one
 
 
@@ -181,7 +163,7 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
     out = tmp_path / "out"
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out, progress=False
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out
         )
     )
     assert (out / "best" / "plan.json").is_file()
@@ -192,7 +174,6 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
                 judge=autoprec.JudgeSpec(metric="failing:loss"),
                 study=autoprec.StudySpec(budget=2, study_name="another", warm_start=False),
                 out=out,
-                progress=False,
             )
         )
     assert not (out / "best").exists() or not any((out / "best").iterdir())
@@ -210,7 +191,6 @@ def test_data_with_nan_is_refused_before_anything_runs(tmp_path, conv_model):
                 autoprec.InputSpec(conv_model, data=tmp_path / "nan.npz"),
                 study=autoprec.StudySpec(budget=1),
                 out=tmp_path / "out",
-                progress=False,
             )
         )
 
@@ -233,7 +213,6 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
             autoprec.InputSpec(builders.save(model, tmp_path / "mixed.onnx")),
             study=autoprec.StudySpec(budget=3, warm_start=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     units = {u["name"]: u["allowed"] for u in result.units}

@@ -30,7 +30,6 @@ def test_search_on_the_bundled_model(tmp_path):
             judge=autoprec.JudgeSpec(max_loss=0.01),
             study=autoprec.StudySpec(budget=5),
             out=out,
-            progress=False,
         )
     )
     assert len(result.units) == 54 and result.model["preparation"]

@@ -47,6 +47,8 @@ def test_check_passes_the_searchs_own_choice_with_no_option_repeated(ctc_result,
     assert main(["check", str(out), "--metric", "cosine", "--max-loss", "1"]) == 0
     said = capsys.readouterr()
     assert "metric cosine instead of the search's ctc-text" in said.err + said.out
+    assert main(["check", str(out), "--max-loss", "-1"]) == 2  # the limit is checked where the search's is
+    assert capsys.readouterr().err.strip().endswith("--max-loss -1.0: must be a loss of 0 or more")
 
 
 def test_diagnose_a_result_and_a_model_with_its_best_plan(ctc_result, tmp_path):
@@ -60,9 +62,11 @@ def test_diagnose_a_result_and_a_model_with_its_best_plan(ctc_result, tmp_path):
 
 def test_check_without_a_limit_anywhere_asks_for_one(tmp_path, mlp_model, capsys):
     out = tmp_path / "out"
-    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1,
-                                                                                                  warm_start=False),
-                                          out=out))
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out
+        )
+    )
     assert main(["check", str(out)]) == 2
     assert "no loss limit; give --max-loss" in capsys.readouterr().err
 

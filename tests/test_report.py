@@ -26,13 +26,10 @@ def result_dirs(tmp_path_factory):
             judge=autoprec.JudgeSpec(max_loss=0.05),
             study=autoprec.StudySpec(budget=6),
             out=a,
-            progress=False,
         )
     )
     autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5, seed=7), out=b, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5, seed=7), out=b)
     )
     return a, b
 

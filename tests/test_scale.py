@@ -42,10 +42,7 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
     out = tmp_path / "out"
     result = autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            study=autoprec.StudySpec(budget=3, warm_start=False),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
     )
     assert result.chosen is not None and result.model["external_data"] and result.model["weight_bytes"] > PROTOBUF_LIMIT
@@ -84,9 +81,7 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
     np.savez(data, x=builders.image_like(8))
     out = tmp_path / "out"
     autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out)
     )
     assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
     assert not any(i.HasField("raw_data") and len(i.raw_data) > stored.INLINE_BYTES
@@ -96,9 +91,7 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
         5,
     )
     autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5), out=out, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5), out=out)
     )  # resumed: the preparation is read again
     assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
     assert onnx.load(str(model)).graph.initializer  # the given model loads as before (no link of ours on its files)
@@ -108,9 +101,7 @@ def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_p
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
     autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out)
     )
     assert not (out / "best" / "model.data").exists()
     monkeypatch.setattr(stored, "EXTERNAL_EXPORT_BYTES", 1024)  # as if the weights were a gigabyte
@@ -153,10 +144,7 @@ def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     out = tmp_path / "out"
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            study=autoprec.StudySpec(budget=2, warm_start=False),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=2, warm_start=False), out=out
         )
     )
     prepared = next(p for p in (out / "cache").iterdir() if p.name.startswith("prepared-"))
@@ -169,10 +157,7 @@ def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     shutil.rmtree(prepared)  # as if it was killed before its rename
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            study=autoprec.StudySpec(budget=3, warm_start=False),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
     )
     assert not stale.exists() and (out / "cache" / f"prepared-{key}" / "prepared.json").is_file()
@@ -236,10 +221,10 @@ def test_data_files_named_like_the_caches_own_files_are_kept_apart_from_them(tmp
     path, _ = _external_mlp(tmp_path / "m", location)
     out = tmp_path / "out"
     autoprec.search(
-        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
     autoprec.search(
-        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=3), out=out, progress=False)
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=3), out=out)
     )  # resumed: the kept preparation is whole
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": x})[0].shape == (4, 3)
@@ -250,7 +235,7 @@ def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept
     before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
     out = tmp_path / "out"
     autoprec.search(
-        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
     assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(path.parent)]) == 2
     assert "the export's model.onnx and weights would overwrite files there" in capsys.readouterr().err
@@ -261,7 +246,7 @@ def test_a_changed_model_is_refused_before_its_weights_are_copied_again(tmp_path
     path, _ = _external_mlp(tmp_path / "m")
     out = tmp_path / "out"
     autoprec.search(
-        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out, progress=False)
+        autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
     data = path.parent / "mlp.onnx.data"
     changed = bytearray(data.read_bytes())

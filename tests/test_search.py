@@ -27,16 +27,14 @@ def conv_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            judge=autoprec.JudgeSpec(max_loss=0.02),
-            study=autoprec.StudySpec(budget=8, seed=1),
-            out=out,
-            progress=False,
-        )
-    )
+    result = autoprec.search(conv_config(model, data, out, budget=8))
     return model, data, out, result
+
+
+def conv_config(model, data, out, budget, max_loss=0.02):
+    """The conv search the tests below resume and vary: one seed, one result folder."""
+    return autoprec.SearchConfig(autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=max_loss),
+                                 study=autoprec.StudySpec(budget=budget, seed=1), out=out)
 
 
 def test_result_files_and_schema(conv_search):
@@ -134,15 +132,7 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
         t.number: (t.values, t.params)
         for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     }
-    autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data),
-            judge=autoprec.JudgeSpec(max_loss=0.02),
-            study=autoprec.StudySpec(budget=10, seed=1),
-            out=out,
-            progress=False,
-        )
-    )
+    autoprec.search(conv_config(model, data, out, budget=10))
     trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     assert len(trials) == 10
     for t in trials[:8]:
@@ -152,15 +142,7 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
 def test_study_for_another_setting_is_refused(conv_search):
     model, data, out, _ = conv_search
     with pytest.raises(autoprec.AutoprecError, match="different search.*max_loss"):
-        autoprec.search(
-            autoprec.SearchConfig(
-                autoprec.InputSpec(model, data=data),
-                judge=autoprec.JudgeSpec(max_loss=0.5),
-                study=autoprec.StudySpec(budget=10, seed=1),
-                out=out,
-                progress=False,
-            )
-        )
+        autoprec.search(conv_config(model, data, out, budget=10, max_loss=0.5))
 
 
 def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
@@ -171,7 +153,6 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
             space=autoprec.SpaceSpec(overrides=["head=fp32"]),
             study=autoprec.StudySpec(budget=14),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     assert len(result.trials) == 14
@@ -193,10 +174,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     # No warm start: its plans would stay queued ahead of the re-run at this small budget.
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(mlp_model),
-            study=autoprec.StudySpec(budget=3, warm_start=False, heartbeat=1),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=3, warm_start=False, heartbeat=1), out=out
         )
     )
     storage = f"sqlite:///{out / 'study.db'}"
@@ -209,10 +187,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     dangling = study.ask(distributions(info))
     autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec(mlp_model),
-            study=autoprec.StudySpec(budget=5, warm_start=False, heartbeat=1),
-            out=out,
-            progress=False,
+            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5, warm_start=False, heartbeat=1), out=out
         )
     )
     trials = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage).trials
@@ -255,9 +230,7 @@ def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
 
 def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):
     result = autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=tmp_path / "out", progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=tmp_path / 'out')
     )
     assert result.search["max_loss"] is None
     assert result.chosen in result.front
@@ -381,7 +354,6 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
             space=autoprec.SpaceSpec(precisions=["fp16", "fp32"]),
             study=autoprec.StudySpec(budget=4),
             out=out,
-            progress=False,
         )
     )
     assert result.trials and all(t.plan.counts()["int8"] == 0 for t in result.trials)
@@ -392,9 +364,7 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
         autoprec.AutoprecError, match="different search"
     ):  # the same study with INT8 back is another search
         autoprec.search(
-            autoprec.SearchConfig(
-                autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=out, progress=False
-            )
+            autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=out)
         )
 
 
@@ -437,7 +407,6 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
             study=autoprec.StudySpec(budget=1, warm_start=False),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=out,
-            progress=False,
         )
     )
     real_ask = optuna.Study.ask
@@ -461,7 +430,6 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
                 study=autoprec.StudySpec(budget=3, warm_start=False),
                 isolation=autoprec.IsolationSpec(isolate=False),
                 out=out,
-                progress=False,
             )
         )
     monkeypatch.undo()
@@ -477,7 +445,6 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
             study=autoprec.StudySpec(budget=3, warm_start=False),
             isolation=autoprec.IsolationSpec(isolate=False),
             out=out,
-            progress=False,
         )
     )
     assert time.monotonic() - started < 30  # no wait for a stale heartbeat (4 beats of 10 s)
@@ -584,7 +551,6 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
                 study=autoprec.StudySpec(budget=4),
                 isolation=autoprec.IsolationSpec(isolate=False),
                 out=out,
-                progress=False,
             )
         )
     pareto = json.loads((out / "pareto.json").read_text())

@@ -220,7 +220,6 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
             judge=autoprec.JudgeSpec(max_loss=max_loss),
             study=autoprec.StudySpec(budget=8),
             out=out,
-            progress=False,
         )
     )
     facts = json.loads((out / "pareto.json").read_text())["search"]
@@ -239,7 +238,6 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
             judge=autoprec.JudgeSpec(max_loss=max_loss),
             study=autoprec.StudySpec(budget=9),
             out=out,
-            progress=False,
         )
     )
     again = json.loads((out / "pareto.json").read_text())["search"]

@@ -52,7 +52,6 @@ def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
             autoprec.InputSpec(model, data=data),
             study=autoprec.StudySpec(budget=4, warm_start=False),
             out=out,
-            progress=False,
             retime_seconds=2,
             ship_within_noise=True,
         )
@@ -106,7 +105,6 @@ def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
             engine=autoprec.EngineSpec(threads=1),
             study=autoprec.StudySpec(budget=2, warm_start=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     assert "1 threads" in result.engine.device
@@ -117,6 +115,5 @@ def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
                 engine=autoprec.EngineSpec(backend="tensorrt-rtx", threads=2),
                 study=autoprec.StudySpec(budget=1),
                 out=tmp_path / "trt",
-                progress=False,
             )
         )

@@ -175,16 +175,7 @@ def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_igno
 ):
     fake.IGNORE_NODES.add("conv2")
     out = tmp_path / "result"
-    autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(conv_model, data=conv_data),
-            engine=autoprec.EngineSpec(backend="tensorrt"),
-            study=autoprec.StudySpec(budget=5),
-            isolation=autoprec.IsolationSpec(isolate=False),
-            out=out,
-            progress=False,
-        )
-    )
+    _search_in_process(conv_model, conv_data, out, budget=5)
     pareto = json.loads((out / "pareto.json").read_text())
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert pareto["engine"]["engine"] == "tensorrt" and "never been executed" in pareto["engine"]["caveat"]
@@ -214,20 +205,10 @@ def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_an
     def lacks_a_kernel(self, model):
         raise BackendError("Could not find an implementation for Conv(11) node with name 'conv1'")
 
-    monkeypatch.setattr(
-        OrtCpuBackend, "prepare", lacks_a_kernel
-    )  # the reference executor only: the model runs elsewhere
+    # the reference executor only: the model runs elsewhere
+    monkeypatch.setattr(OrtCpuBackend, "prepare", lacks_a_kernel)
     out = tmp_path / "result"
-    autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(conv_model, data=conv_data),
-            engine=autoprec.EngineSpec(backend="tensorrt"),
-            study=autoprec.StudySpec(budget=4),
-            isolation=autoprec.IsolationSpec(isolate=False),
-            out=out,
-            progress=False,
-        )
-    )
+    _search_in_process(conv_model, conv_data, out, budget=4)
     search = json.loads((out / "pareto.json").read_text())["search"]
     assert (
         "the reference executor cannot run this model" in caplog.text
@@ -380,9 +361,7 @@ def result(tmp_path_factory):
     model, data = builders.conv_with_data(root, 12, batch="N", name="dynamic.onnx")
     out = root / "result"
     autoprec.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out, progress=False
-        )
+        autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out)
     )
     pareto = json.loads((out / "pareto.json").read_text())
     return out, pareto["uniform"]["int8"], model
@@ -510,3 +489,11 @@ def test_layer_metadata_names_nodes_inside_if_branches_by_their_path():
     nested = "[ONNX Layer: conv | else (else_branch) | If_2 (If) | body (body) | Loop_0 (Loop)]"
     assert onnx_nodes(nested) == ["Loop_0/body/If_2/else/conv"]
     assert onnx_nodes("[ONNX Layer: /model/x | odd]") == ["/model/x | odd"]  # not the branch form: kept as written
+
+
+def _search_in_process(model, data, out, budget):
+    """A search on the recording fake TensorRT, in this process (the fake is installed here, not in workers)."""
+    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), out=out,
+                                          engine=autoprec.EngineSpec(backend="tensorrt"),
+                                          study=autoprec.StudySpec(budget=budget),
+                                          isolation=autoprec.IsolationSpec(isolate=False)))

@@ -83,7 +83,6 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
             autoprec.InputSpec(f"zoo:{name}"),
             study=autoprec.StudySpec(budget=4, warm_start=False),
             out=tmp_path / "out",
-            progress=False,
         )
     )
     searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
@@ -144,7 +143,6 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
                 study=autoprec.StudySpec(budget=3, warm_start=False),
                 isolation=autoprec.IsolationSpec(isolate=False),
                 out=out,
-                progress=False,
             )
         )
     study = optuna.load_study(study_name="autoprec-conv-tensorrt-rtx", storage=f"sqlite:///{out / 'study.db'}")
@@ -235,7 +233,6 @@ def quick_start_result(tmp_path_factory):
             judge=autoprec.JudgeSpec(max_loss=0.01),
             study=autoprec.StudySpec(budget=6, warm_start=False),
             out=out,
-            progress=False,
         )
     )
     return out
@@ -301,7 +298,6 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
             ),
             study=autoprec.StudySpec(budget=3, warm_start=False),
             out=out,
-            progress=False,
         )
     )
     folder = tmp_path / "built"
@@ -367,8 +363,13 @@ def test_an_export_folder_holds_one_trials_files(tmp_path, conv_model, conv_data
     """export --build, then export --trial N into the same folder: no model.plan or build report of the first
     trial stays beside the second's model; the build report and the manifest name the trial and the model."""
     out = tmp_path / "result"
-    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(conv_model, data=conv_data),
-                                          study=autoprec.StudySpec(budget=3, warm_start=False), out=out))
+    autoprec.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            study=autoprec.StudySpec(budget=3, warm_start=False),
+            out=out,
+        )
+    )
     chosen = json.loads((out / "best" / "plan.json").read_text())["trial"]
     other = next(t["trial"] for t in json.loads((out / "trials.json").read_text())["trials"] if t["trial"] != chosen)
     folder = tmp_path / "trt"

@@ -57,10 +57,7 @@ def test_search_takes_a_zoo_name(fetched_cls, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(root))
     result = autoprec.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec("zoo:ppocr-cls"),
-            study=autoprec.StudySpec(budget=3),
-            out=tmp_path / "out",
-            progress=False,
+            autoprec.InputSpec("zoo:ppocr-cls"), study=autoprec.StudySpec(budget=3), out=tmp_path / "out"
         )
     )
     assert result.search["data"].endswith("zoo/ppocr-cls/data.npz") and not result.search["random_data"]

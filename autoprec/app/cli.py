@@ -107,9 +107,8 @@ def _sensitivity_verb(verb) -> None:
 def config_from(args: argparse.Namespace) -> SearchConfig:
     """The spec groups the command line gave (a group it has no option of keeps its defaults)."""
     return SearchConfig(
-        InputSpec.from_args(args), EngineSpec(**EngineSpec.given(args)), JudgeSpec.from_args(args),
-        SpaceSpec(**SpaceSpec.given(args)), StudySpec(**StudySpec.given(args)),
-        IsolationSpec(**IsolationSpec.given(args)), out=args.out, progress=not args.no_progress,
+        InputSpec.from_args(args), EngineSpec.from_args(args), JudgeSpec.from_args(args), SpaceSpec.from_args(args),
+        StudySpec.from_args(args), IsolationSpec.from_args(args), out=args.out, progress=not args.no_progress,
         time_shapes=getattr(args, "time_shapes", False), retime_seconds=getattr(args, "retime_seconds", 20.0),
         ship_within_noise=getattr(args, "ship_within_noise", False),
     )
@@ -297,7 +296,7 @@ def _recorded_or_given(args: argparse.Namespace, verb: str) -> tuple[JudgeSpec, 
 
     recorded = recorded_config(args.target, args.plan)
     if recorded is None:
-        return JudgeSpec.from_args(args), EngineSpec(**EngineSpec.given(args))
+        return JudgeSpec.from_args(args), EngineSpec.from_args(args)
     return recorded.judge.overridden(args, verb), recorded.engine.overridden(args, verb)
 
 
@@ -400,7 +399,8 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.export import folder
 
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
-    source = Path(read_result_dir(args.result_dir).pareto["model"]["path"])
+    pareto = read_result_dir(args.result_dir).pareto
+    source = Path(pareto["model"]["path"])
     if args.format != "triton" and out.resolve() == source.resolve().parent:
         raise AutoprecError(
             f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
@@ -411,7 +411,7 @@ def _export(args: argparse.Namespace) -> int:
 
         check_buildable(args.format)
     if args.format == "triton":
-        return _export_triton(args, out)
+        return _export_triton(args, out, pareto)
     from autoprec.app.verbs import tensorrt_build_spec
     from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
@@ -428,7 +428,7 @@ def _export(args: argparse.Namespace) -> int:
         console.warn(NOT_RUN)
         return 0
     outcome = build_export(out, args.format, spec.profile, trial)
-    folder.record(out, [*written, *outcome.files], trial, args.format, model)
+    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"])
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
     for line in summary_lines(outcome):
@@ -436,14 +436,13 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_triton(args: argparse.Namespace, out: Path) -> int:
+def _export_triton(args: argparse.Namespace, out: Path, pareto: dict) -> int:
     from autoprec.app.verbs import lowered_for_export
     from autoprec.core.escape import path_component
     from autoprec.export import folder
     from autoprec.export.triton import write_triton_entry
 
     model, note, stem, trial = lowered_for_export(args.result_dir, args.trial)
-    pareto = read_result_dir(args.result_dir).pareto
     name = stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.clear(entry)

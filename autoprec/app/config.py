@@ -35,12 +35,7 @@ class SearchConfig:
     def checked(self) -> SearchConfig:
         """This configuration, or one line naming the option that cannot be used and why."""
         for group in GROUPS:
-            checked = getattr(getattr(self, group), "checked", None)
-            if checked is not None:
-                checked()
-        if self.isolation.build_workers and self.isolation.build_workers > 1 and not self.isolation.isolate:
-            raise AutoprecError(f"--build-workers {self.isolation.build_workers} needs worker processes; drop "
-                                "--no-isolation")
+            getattr(self, group).checked()
         if not (self.retime_seconds > 0 and math.isfinite(self.retime_seconds)):
             raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number more than 0")
         return self

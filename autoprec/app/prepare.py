@@ -38,7 +38,7 @@ from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
-from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.accuracy import Judge, Metric, resolve_metric
 from autoprec.results.files import (
     ResultFiles,
     load_json,
@@ -80,6 +80,12 @@ def resolve_model(
         log.info(f"zoo:{fetched.name}: {fetched.model} (licence: {fetched.notice})")
         return fetched.model, data if data is not None else fetched.data, shapes or fetched.shapes, fetched.name
     return Path(model), data, shapes, Path(model).stem
+
+
+def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
+    """The metric ``judge`` names, with the task metric a zoo ``model`` declares computed beside it; resolved
+    (a module:function imported) before any work, so a bad one is named first."""
+    return resolve_metric(judge.metric, declared_tasks(model), judge.head)
 
 
 def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
@@ -299,9 +305,13 @@ def load_plan_document(path: str | os.PathLike) -> dict:
 
 def load_plan(path: str | os.PathLike) -> Plan:
     """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
+    return plan_in(load_plan_document(path), path)
+
+
+def plan_in(document: dict, path: str | os.PathLike) -> Plan:
+    """The plan of a plan file's JSON (see :func:`load_plan`), or one line saying why it is none."""
     try:
-        data = load_plan_document(path)
-        plan = data.get("plan", data)
+        plan = document.get("plan", document)
         if not isinstance(plan.get("precisions"), dict) or not isinstance(plan.get("calibration", ""), str):
             raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": method}')
         return Plan.from_json(plan)
@@ -441,7 +451,7 @@ def plan_context(
         if "search" in document and "model" in document:  # a result's best/plan.json: its search's analysis
             return _from_plan_file(target, Path(plan), document, data, shapes)
         prepared = prepare(target, load_search_space(), data, shapes)
-        return PlanContext(_fits(load_plan(plan), prepared.info, f"--plan {plan}"), prepared,
+        return PlanContext(_fits(plan_in(document, plan), prepared.info, f"--plan {plan}"), prepared,
                            SearchConfig(InputSpec(target)))
     result = read_result_dir(target)
     if trial is not None:

@@ -20,7 +20,6 @@ from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
     check_out_dir,
-    declared_tasks,
     engine_space,
     judge_for,
     load_inputs,
@@ -30,17 +29,18 @@ from autoprec.app.prepare import (
     resolve_model,
     result_dir,
     shared_files,
+    wanted_metric,
 )
 from autoprec.app.sensitivity import sensitivity_pass
 from autoprec.app.specs import InputSpec
-from autoprec.backends import REFERENCE_BACKEND, Backend, get_backend
+from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, SearchFailed
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import speedup
-from autoprec.measure.accuracy import Judge, Metric, decision_changes, resolve_metric
+from autoprec.measure.accuracy import Judge, Metric, decision_changes
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
 from autoprec.measure.isolation import (
     FileLock,
@@ -190,6 +190,7 @@ class Setup:
     data: str | os.PathLike | None
     out_dir: Path
     engine: Backend
+    engine_info: EngineInfo  # asked once: a GPU engine's asks the driver
     workers: int
     space: SearchSpace
     searched: list[str]
@@ -207,7 +208,7 @@ class Setup:
 def _set_up(config: SearchConfig) -> Setup:
     model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data, config.inputs.shapes)
     out_dir = result_dir(config.out, default_out)
-    wanted = resolve_metric(config.judge.metric, declared_tasks(config.inputs.model), config.judge.head)
+    wanted = wanted_metric(config.judge, config.inputs.model)
     engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
     if config.time_shapes and engine.one_shape_only:
         raise AutoprecError(f"--time-shapes on {engine.name}: {engine.one_shape_only}, or search with an engine "
@@ -235,8 +236,21 @@ def _set_up(config: SearchConfig) -> Setup:
     )
     info = repeats_decided(info, config.space.tie_repeats)
     _say_pinned_ops(info, engine, left_out)
-    return Setup(model_path, data, out_dir, engine, workers, space, searched, left_out, info, dataset, one_time,
-                 metric_for(wanted, info, dataset))
+    return Setup(
+        model_path,
+        data,
+        out_dir,
+        engine,
+        engine.info(),
+        workers,
+        space,
+        searched,
+        left_out,
+        info,
+        dataset,
+        one_time,
+        metric_for(wanted, info, dataset),
+    )
 
 
 @dataclass(frozen=True)
@@ -251,6 +265,7 @@ class Joined:
     me: str
     shared: SharedInputs
     done: int  # trials the study counted when this process joined it
+    running: list[int]  # and those running elsewhere then
     run: str  # this run of this worker, among the study's runs
 
 
@@ -291,7 +306,8 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
     )
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
-    return Joined(study, name, storage_url, identity, locks, me, shared, done, f"{me}:{time.time_ns()}")
+    running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
+    return Joined(study, name, storage_url, identity, locks, me, shared, done, running, f"{me}:{time.time_ns()}")
 
 
 @dataclass(frozen=True)
@@ -318,7 +334,7 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
                      f"({joined.shared.store_dir})")
         prepared = prepare_reference(setup.info, setup.dataset, setup.one_time, setup.cache)
     judge, judged = judge_for(setup.metric, prepared)
-    running = [t.number for t in joined.study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+    running = joined.running
     if joined.done or running:
         log.info(f"joining study {joined.name!r}: {joined.done} of {config.study.budget} trials done"
                  + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
@@ -389,7 +405,7 @@ def _isolated_measurers(config: SearchConfig, setup: Setup, shared: Shared, limi
     log.info(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
     if setup.workers > 1:
         log.info(f"{setup.workers} workers: candidates are built side by side; evaluation and timing hold "
-                 f"{setup.engine.info().device} one candidate at a time")
+                 f"{setup.engine_info.device} one candidate at a time")
     return MeasurerPool(measurers)
 
 
@@ -460,7 +476,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     if screen is not None:
         log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
                  f"{screen.batches} of {len(setup.dataset.evaluation)} evaluation batches is not timed")
-    engine_info = setup.engine.info()
+    engine_info = setup.engine_info
     log.info(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
     if engine_info.caveat:
         log.warning(engine_info.caveat)
@@ -539,14 +555,14 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     facts = _search_facts(config, setup, joined, shared, measuring, warm, outcome, wall_seconds)
     facts.update(decision_changes=changed, **_builds_facts(builds, measuring, outcome.proposer, predicted))
     if facts["plan_ignored"]:
-        log.warning(f"{engine.info().engine} did not run some units at their planned precision in trial(s) "
+        log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision in trial(s) "
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     ranges = shared.prepared.ranges
     deployment = _deployment(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
     if config.time_shapes and outcome.front:
         facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
                                                 setup.dataset).to_json()
-    result = SearchResult(setup.out_dir, model_json(info), engine.info(), facts, tuple(outcome.trials),
+    result = SearchResult(setup.out_dir, model_json(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
     plot_result_dir(read_result_dir(setup.out_dir))

@@ -10,7 +10,6 @@ from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
     check_out_dir,
-    declared_tasks,
     engine_space,
     judge_for,
     metric_for,
@@ -18,11 +17,11 @@ from autoprec.app.prepare import (
     repeats_decided,
     resolve_model,
     result_dir,
+    wanted_metric,
 )
 from autoprec.backends import Backend, get_backend
 from autoprec.core.plan import DEFAULT_CALIBRATION
 from autoprec.core.search_space import load_search_space
-from autoprec.measure.accuracy import resolve_metric
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
 from autoprec.results import console
 from autoprec.study.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
@@ -75,7 +74,7 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     inputs, engine_spec, space_spec = config.inputs, config.engine, config.space
     model_path, data, shapes, default_out = resolve_model(inputs.model, inputs.data, inputs.shapes)
     out_dir = result_dir(config.out, default_out)
-    wanted = resolve_metric(config.judge.metric, declared_tasks(inputs.model), config.judge.head)
+    wanted = wanted_metric(config.judge, inputs.model)
     engine = get_backend(engine_spec.backend, engine_spec.device, out_dir / "cache", engine_spec.threads)
     if caveat := engine.info().caveat:
         log.warning(caveat)

@@ -75,7 +75,6 @@ def number(convert, acceptable, requirement: str):
 
 count = number(int, lambda v: v >= 1, "must be at least 1")
 positive = number(float, lambda v: v > 0 and math.isfinite(v), "must be a finite number more than 0")
-loss = number(float, lambda v: v >= 0 and math.isfinite(v), "must be a loss of 0 or more, e.g. 0.01")
 count_or_zero = number(int, lambda v: v >= 0, "must be 0 or more")
 fraction = number(float, lambda v: 0 <= v <= 1, "must be between 0 and 1")
 gpu_index = number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
@@ -89,7 +88,6 @@ class Group:
     """A spec group: its fields are options; ``add_arguments`` declares them (``overriding``: a verb that starts
     from a recorded search, so an option left out keeps the recorded value); ``given`` reads them back."""
 
-    TITLE: ClassVar[str]
     # field name -> argparse dest, where they differ or the option is negated (``not``-prefixed)
     DESTS: ClassVar[dict[str, str]] = {}
 
@@ -103,12 +101,20 @@ class Group:
             dest = dest.removeprefix("not ")
             if hasattr(args, dest):
                 value = getattr(args, dest)
-                values[f.name] = (not value) if negated else cls._converted(f.name, value)
+                values[f.name] = (not value) if negated else value
         return values
 
+    def replaced(self, args: argparse.Namespace):
+        """This group with the fields the command line set."""
+        return replace(self, **self.given(args))
+
     @classmethod
-    def _converted(cls, name: str, value: Any) -> Any:
-        return dict(value) if isinstance(value, list) and value and isinstance(value[0], tuple) else value
+    def from_args(cls, args: argparse.Namespace):
+        return cls().replaced(args)
+
+    def checked(self):
+        """This group, or one line naming the option that cannot be used and why."""
+        return self
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
@@ -120,10 +126,12 @@ class Group:
 
     def overridden(self, args: argparse.Namespace, verb: str):
         """This recorded group with what the command line gave instead, each change said once."""
-        given = {k: v for k, v in self.given(args).items() if v != getattr(self, k)}
-        for name, value in given.items():
-            log.info(f"{verb}: {name.replace('_', ' ')} {_shown(value)} instead of the search's {_shown(getattr(self, name))}")
-        return replace(self, **given)
+        changed = self.replaced(args)
+        for f in fields(self):
+            old, new = getattr(self, f.name), getattr(changed, f.name)
+            if new != old:
+                log.info(f"{verb}: {f.name.replace('_', ' ')} {_shown(new)} instead of the search's {_shown(old)}")
+        return changed
 
 
 def _jsonable(value: Any) -> Any:
@@ -139,6 +147,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def _shown(value: Any) -> str:
+    """An option's value in a line (head options with their charset's digest, not its thousands of characters)."""
+    if isinstance(value, HeadOptions):
+        return str(value.to_json())
     return "none" if value is None else str(_jsonable(value))
 
 
@@ -160,7 +171,6 @@ class InputSpec(Group):
     image_mean: Sequence[float] = (0.0,)
     image_std: Sequence[float] = (1.0,)
 
-    TITLE = "inputs"
     DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape", "constants": "const"}
 
     @staticmethod
@@ -195,8 +205,8 @@ class InputSpec(Group):
         group.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, model_arg: str = "model") -> InputSpec:
-        return cls(getattr(args, model_arg), **cls.given(args))
+    def from_args(cls, args: argparse.Namespace) -> InputSpec:
+        return cls(args.model, **cls.given(args))
 
     @classmethod
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:
@@ -213,7 +223,6 @@ class EngineSpec(Group):
     device: int = 0
     threads: int = 0
 
-    TITLE = "engine"
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False) -> None:
@@ -248,7 +257,6 @@ class JudgeSpec(Group):
     max_loss: float | None = None
     head: HeadOptions = field(default_factory=HeadOptions)
 
-    TITLE = "judge"
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False, limit_help: str = "",
@@ -299,17 +307,10 @@ class JudgeSpec(Group):
             values["head"] = head
         return values
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> JudgeSpec:
-        values = cls.given(args)
-        return cls(**{**values, "head": HeadOptions(**values.get("head", {}))})
-
-    def overridden(self, args: argparse.Namespace, verb: str) -> JudgeSpec:
+    def replaced(self, args: argparse.Namespace) -> JudgeSpec:
+        """The head options given replace those of this group one by one."""
         values = self.given(args)
         head = replace(self.head, **values.pop("head", {}))
-        for name, old, new in [*((k, getattr(self, k), v) for k, v in values.items()), ("head options", self.head, head)]:
-            if new != old:
-                log.info(f"{verb}: {name.replace('_', ' ')} {_shown(new)} instead of the search's {_shown(old)}")
         return replace(self, **values, head=head)
 
     @classmethod
@@ -345,7 +346,6 @@ class SpaceSpec(Group):
     calibration: str = DEFAULT_CALIBRATION
     tie_repeats: bool = True
 
-    TITLE = "space"
     DESTS = {"overrides": "override", "tie_repeats": "not separate_repeats"}
 
     @staticmethod
@@ -394,7 +394,6 @@ class StudySpec(Group):
     early_reject: bool = True
     proposals: int | None = None
 
-    TITLE = "study"
     DESTS = {"warm_start": "not no_warm_start", "early_reject": "not no_early_reject"}
 
     @staticmethod
@@ -468,7 +467,6 @@ class IsolationSpec(Group):
     trial_memory_gb: float | None = None
     build_workers: int | None = None
 
-    TITLE = "isolation"
     DESTS = {"isolate": "not no_isolation", "trial_memory_gb": "trial_memory"}
 
     @staticmethod

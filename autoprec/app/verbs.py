@@ -16,13 +16,13 @@ from autoprec.analysis.calibrate import (
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.prepare import (
     PlanContext,
-    declared_tasks,
     judge_for,
     metric_for,
     plan_context,
     prepare,
     resolve_model,
     result_dir,
+    wanted_metric,
 )
 from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
 from autoprec.backends import get_backend
@@ -32,7 +32,6 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.accuracy import resolve_metric
 from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
 from autoprec.measure.measurement import measure
 from autoprec.results.files import (
@@ -102,13 +101,15 @@ def check_plan(
 ) -> dict:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
     judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
+    if judge is not None:
+        judge.checked()  # a limit given is refused before the plan's analysis is re-created
     context = plan_context(target, plan, None, data, shapes)
     judge, engine_spec = judge or context.config.judge, engine or context.config.engine
     if judge.max_loss is None:
         raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
     max_loss = judge.max_loss
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
-    wanted = resolve_metric(judge.metric, declared_tasks(context.config.inputs.model), judge.head)
+    wanted = wanted_metric(judge, context.config.inputs.model)
     engine = _engine(engine_spec)
     metric = metric_for(wanted, prepared.info, prepared.dataset)
     judge_of, _ = judge_for(metric, prepared)

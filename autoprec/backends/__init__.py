@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
+from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner, Timing
 from autoprec.core.errors import BackendError
 
 BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "tensorrt-rtx")
-# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
-# Q/DQ form) and computes the FP32 reference.
-REFERENCE_BACKEND = "ort-cpu"
 
 __all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "Timing", "get_backend"]
 

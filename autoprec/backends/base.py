@@ -16,6 +16,10 @@ from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 
+# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
+# Q/DQ form) and computes the FP32 reference.
+REFERENCE_BACKEND = "ort-cpu"
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -142,11 +146,13 @@ class Backend(abc.ABC):
     default_proposals: ClassVar[int] = 0
     # Whether it runs on a GPU chosen by --device (a worker of a shared study is named by it).
     uses_device: ClassVar[bool] = True
-    # Whether it is the reference executor itself (see autoprec.backends.REFERENCE_BACKEND): its plans'
-    # losses need no other engine.
-    is_reference: ClassVar[bool] = False
     # Why it cannot time a plan across a shape profile (--time-shapes); "": it can.
     one_shape_only: ClassVar[str] = ""
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether it is the reference executor itself: its plans' losses need no other engine."""
+        return self.name == REFERENCE_BACKEND
 
     @abc.abstractmethod
     def info(self) -> EngineInfo:

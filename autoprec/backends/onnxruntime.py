@@ -124,7 +124,6 @@ class OrtCpuBackend(OrtProfiling, Backend):
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
     uses_device = False
-    is_reference = True
     float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
     sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to join: "

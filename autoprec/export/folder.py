@@ -32,10 +32,11 @@ def clear(folder: Path) -> None:
             path.unlink()
 
 
-def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path) -> Path:
-    """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data files included)."""
+def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path, sha256: str | None = None) -> Path:
+    """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data files included;
+    ``sha256`` where a build report already has it: a large model is read once)."""
     folder = Path(folder)
     files = sorted({str(Path(p).resolve().relative_to(folder.resolve())) for p in written})
     return atomic.write_json(folder / MANIFEST, {"schema": EXPORT_SCHEMA, "trial": trial, "format": fmt,
                                                  "model": str(model.relative_to(folder)),
-                                                 "model_sha256": model_sha256(model), "files": files})
+                                                 "model_sha256": sha256 or model_sha256(model), "files": files})
