@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autoprec.app.specs import EngineSpec, InputSpec, IsolationSpec, JudgeSpec, SpaceSpec, StudySpec
+from autoprec.backends import BACKENDS, backend_class
 from autoprec.core.errors import AutoprecError
 
 GROUPS = {"inputs": InputSpec, "engine": EngineSpec, "judge": JudgeSpec, "space": SpaceSpec, "study": StudySpec,
@@ -36,6 +37,10 @@ class SearchConfig:
         """This configuration, or one line naming the option that cannot be used and why."""
         for group in GROUPS:
             getattr(self, group).checked()
+        if self.time_shapes and (why := backend_class(self.engine.backend).one_shape_only):
+            able = [name for name in BACKENDS if not backend_class(name).one_shape_only]
+            raise AutoprecError(f"--time-shapes on {self.engine.backend}: {why}, or search with --backend "
+                                f"{' / '.join(able)}")
         if not (self.retime_seconds > 0 and math.isfinite(self.retime_seconds)):
             raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number more than 0")
         return self

@@ -210,9 +210,6 @@ def _set_up(config: SearchConfig) -> Setup:
     out_dir = result_dir(config.out, default_out)
     wanted = wanted_metric(config.judge, config.inputs.model)
     engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
-    if config.time_shapes and engine.one_shape_only:
-        raise AutoprecError(f"--time-shapes on {engine.name}: {engine.one_shape_only}, or search with an engine "
-                            "that times shape profiles (ort-cpu, ort-cuda)")
     workers = _build_workers(config.isolation.build_workers, engine, config.isolation.isolate)
     space, searched, left_out = engine_space(
         load_search_space(config.space.search_space).with_overrides(list(config.space.overrides)),

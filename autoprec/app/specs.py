@@ -244,6 +244,9 @@ class EngineSpec(Group):
                                 "core); latencies hold for the thread count they were taken at")
 
     def checked(self) -> EngineSpec:
+        from autoprec.backends import backend_class
+
+        backend_class(self.backend)  # an engine autoprec has, or one line listing them
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX Runtime's default)")
         return self

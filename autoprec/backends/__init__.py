@@ -2,38 +2,40 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner, Timing
 from autoprec.core.errors import BackendError
 
-BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "tensorrt-rtx")
+# name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
+# module under backends/, one line here, and its run of tests/test_backend_contract.py.
+REGISTRY = {
+    "ort-cpu": ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
+    "ort-cuda": ("autoprec.backends.onnxruntime", "OrtCudaBackend"),
+    "tensorrt": ("autoprec.backends.tensorrt", "TensorRTBackend"),
+    "tensorrt-rtx": ("autoprec.backends.tensorrt", "TensorRTRtxBackend"),
+}
+BACKENDS = tuple(REGISTRY)
 
-__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "Timing", "get_backend"]
+__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "Timing", "backend_class", "get_backend"]
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of engine ``name``, for what it can do before one is made (its capabilities)."""
+    if name not in REGISTRY:
+        raise BackendError(f"--backend {name!r} is not available; choose one of: {', '.join(BACKENDS)}")
+    module, cls = REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)
 
 
 def get_backend(name: str, device: int = 0, cache_dir: Path | None = None, threads: int = 0) -> Backend:
     """The engine ``name``; ``device`` picks the GPU for GPU engines; ``cache_dir`` keeps what an
     engine reuses across candidates and runs (TensorRT's timing cache, TensorRT for RTX's runtime cache);
-    ``threads``: ONNX Runtime's intra-op threads (0: its default)."""
-    if threads and not name.startswith("ort-"):
+    ``threads``: the engine's intra-op threads where it has them (0: its default)."""
+    engine = backend_class(name)
+    if threads and not engine.has_threads:
         raise BackendError(
             f"--threads {threads}: sets ONNX Runtime's intra-op threads; --backend {name} has no such setting"
         )
-    if name == "ort-cpu":
-        from autoprec.backends.onnxruntime import OrtCpuBackend
-
-        return OrtCpuBackend(threads)
-    if name == "ort-cuda":
-        from autoprec.backends.onnxruntime import OrtCudaBackend
-
-        return OrtCudaBackend(device, threads)
-    if name == "tensorrt":
-        from autoprec.backends.tensorrt import TensorRTBackend
-
-        return TensorRTBackend(device, cache_dir)
-    if name == "tensorrt-rtx":
-        from autoprec.backends.tensorrt import TensorRTRtxBackend
-
-        return TensorRTRtxBackend(device, cache_dir)
-    raise BackendError(f"--backend {name!r} is not available; choose one of: {', '.join(BACKENDS)}")
+    return engine.create(device, cache_dir, threads)

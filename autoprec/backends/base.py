@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
@@ -148,6 +149,13 @@ class Backend(abc.ABC):
     uses_device: ClassVar[bool] = True
     # Why it cannot time a plan across a shape profile (--time-shapes); "": it can.
     one_shape_only: ClassVar[str] = ""
+    # Whether --threads sets its intra-op threads.
+    has_threads: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, device: int, cache_dir: Path | None, threads: int) -> Backend:
+        """The engine for ``get_backend``'s settings (each takes those it has)."""
+        return cls()
 
     @property
     def is_reference(self) -> bool:

@@ -8,6 +8,7 @@ import platform
 import tempfile
 from collections import defaultdict
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -124,12 +125,17 @@ class OrtCpuBackend(OrtProfiling, Backend):
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
     uses_device = False
+    has_threads = True
     float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
     sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to join: "
                           "they would run in FP32 between inserted Casts")
     timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs and outputs "
               f"in host memory; {TIME_CALLS}")
+
+    @classmethod
+    def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtCpuBackend:
+        return cls(threads)
 
     def __init__(self, threads: int = 0):
         import onnxruntime as ort
@@ -227,6 +233,12 @@ class OrtCudaBackend(OrtProfiling, Backend):
         Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than FP32; "
         "only TensorRT turns Q/DQ into INT8 kernels",
     }
+
+    has_threads = True
+
+    @classmethod
+    def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtCudaBackend:
+        return cls(device, threads)
 
     def __init__(self, device: int = 0, threads: int = 0):
         import onnxruntime as ort

@@ -51,11 +51,8 @@ def lower_plan(
         prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         if fp16_nodes:
-            # GPU engines run FP16 regions; ONNX Runtime's CPU provider has no FP16 kernels to gain from them.
             unit_nodes = {n for u in units for n in u.nodes}
-            region = (
-                grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form is not QDQForm.ORT_CPU else fp16_nodes
-            )
+            region = grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form.fp16_regions else fp16_nodes
             apply_fp16(edit, model, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:

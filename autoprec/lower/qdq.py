@@ -33,6 +33,12 @@ class QDQForm(str, enum.Enum):
     TENSORRT = "tensorrt"
     ORT_CPU = "ort-cpu"
 
+    @property
+    def fp16_regions(self) -> bool:
+        """Whether FP16 units grow into regions (the precision-neutral ops between them run in FP16 too): GPU
+        engines gain from them; ONNX Runtime's CPU provider has no FP16 kernels to gain from."""
+        return self is not QDQForm.ORT_CPU
+
 
 # Elements quantized at a time: a weight of any size costs a bounded amount of memory beyond its INT8 copy.
 CHUNK_ELEMENTS = 1 << 22
