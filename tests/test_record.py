@@ -83,3 +83,16 @@ def test_build_counts_are_the_studys_after_a_resume(tmp_path, mlp_model):
     assert phases[1]["profiles"] == phases[0]["profiles"] and phases[1]["trials"] == phases[0]["trials"]
     assert phases[1]["retiming"] >= phases[0]["retiming"] and "2 run(s)" in second["engine_builds_scope"]
     assert second["engine_builds"] == sum(phases[1].values())
+
+
+def test_a_result_that_does_not_record_how_it_measured_is_refused_naming_the_field(ctc_result, tmp_path, capsys):
+    import shutil
+
+    _, _, out = ctc_result
+    older = shutil.copytree(out, tmp_path / "older")
+    pareto = json.loads((older / "pareto.json").read_text())
+    del pareto["search"]["data_fingerprint"]  # as a result written before it was recorded
+    (older / "pareto.json").write_text(json.dumps(pareto))
+    for verb in (["check"], ["diagnose", "--out", str(tmp_path / "d")], ["export", "--format", "markdown"]):
+        assert main([verb[0], str(older), *verb[1:]]) == 2
+        assert "do not record 'data_fingerprint' (written by an older autoprec)" in capsys.readouterr().err

@@ -26,7 +26,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.results import console
-from autoprec.results.files import external_weights, read_result_dir, recorded_profile
+from autoprec.results.files import ResultFiles, read_result_dir
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
 
@@ -399,8 +399,8 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.export import folder
 
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
-    pareto = read_result_dir(args.result_dir).pareto
-    source = Path(pareto["model"]["path"])
+    result = read_result_dir(args.result_dir)
+    source = result.model_path
     if args.format != "triton" and out.resolve() == source.resolve().parent:
         raise AutoprecError(
             f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
@@ -411,7 +411,7 @@ def _export(args: argparse.Namespace) -> int:
 
         check_buildable(args.format)
     if args.format == "triton":
-        return _export_triton(args, out, pareto)
+        return _export_triton(args, out, result)
     from autoprec.app.verbs import tensorrt_build_spec
     from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
@@ -436,7 +436,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_triton(args: argparse.Namespace, out: Path, pareto: dict) -> int:
+def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> int:
     from autoprec.app.verbs import lowered_for_export
     from autoprec.core.escape import path_component
     from autoprec.export import folder
@@ -446,8 +446,7 @@ def _export_triton(args: argparse.Namespace, out: Path, pareto: dict) -> int:
     name = stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.clear(entry)
-    written = write_triton_entry(model, out, name, note, recorded_profile(pareto), trial,
-                                 external_weights(pareto["model"]))
+    written = write_triton_entry(model, out, name, note, result.profile, trial, result.external_weights)
     folder.record(entry, written, trial, "triton", entry / "1" / "model.onnx")
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
     return 0

@@ -36,10 +36,10 @@ from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
-from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import SearchSpace, load_search_space, parse_precisions
 from autoprec.measure.accuracy import Judge, Metric, resolve_metric
 from autoprec.results.files import (
+    HowMeasured,
     ResultFiles,
     load_json,
     read_result_dir,
@@ -345,60 +345,38 @@ class PlanContext:
     trial: int | None = None  # the result's trial the plan is, where it is one
 
 
-def _recorded(result: ResultFiles, key: str, where: dict, nullable: bool = False):
-    """``where[key]`` of a result's record; one line when an older result does not record it."""
-    if key not in where or (where[key] is None and not nullable):
-        raise AutoprecError(f"{result.out_dir}: its result files do not record {key!r} (written by an older autoprec); "
-                            "rerun the search to re-create, check or export its plans")
-    return where[key]
-
-
-def _recorded_bounds(facts: dict) -> tuple[dict, dict] | None:
-    """The min and max shapes a search recorded (None: an older result, measured at one shape)."""
-    if not facts.get("profile"):
-        return None
-    profile = ShapeProfile.from_json(facts["profile"])
-    return profile.at("min"), profile.at("max")
-
-
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
              shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
     external data included), search space and overrides, input shapes, data split (seed) and
     normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
     INT8 scales stay those the search calibrated. Anything that differs is refused with one line."""
-    facts, model = result.pareto["search"], result.pareto["model"]
-    path, sha256 = Path(_recorded(result, "path", model)), _recorded(result, "sha256", model)
-    space = SearchSpace.from_json(_recorded(result, "search_space", facts))
-    recorded_shapes = {name: tuple(spec["shape"]) for name, spec in _recorded(result, "inputs", model).items()}
+    measured = result.how_measured()
+    path, recorded_shapes, fingerprint = measured.model_path, measured.shapes, measured.data_fingerprint
+    space = SearchSpace.from_json(measured.search_space)
     if shapes and {k: tuple(v) for k, v in shapes.items()} != {
         k: recorded_shapes[k] for k in shapes if k in recorded_shapes
     }:
         raise AutoprecError(f"--shape: {result.out_dir} was searched at "
                             + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in recorded_shapes.items())
                             + "; its plans are measured at those shapes (search again for others)")
-    norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
-    recorded_data, fingerprint = facts.get("data_path"), _recorded(result, "data_fingerprint", facts)
-    seed = _recorded(result, "seed", facts)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise AutoprecError(f"{result.out_dir}: its recorded seed {seed!r} is not a whole number of 0 or more "
-                            "(pareto.json damaged?); rerun the search")
     cache = result.out_dir / "cache"
     raw = load_onnx(path)  # a missing or broken model: its own message; a changed one is refused before any copy of it
     found = model_sha256(path)
-    if found != sha256:
+    if found != measured.model_sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
-                            f"recorded {str(sha256)[:12]}…; its weights or external data changed): restore that model "
-                            "or search again")
+                            f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
+                            "that model or search again")
+    bounds = (measured.profile.at("min"), measured.profile.at("max")) if measured.profile else None
+    recorded_data = measured.data_path
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
-                                         seed, norm["mean"], norm["std"],
-                                         facts.get("constants"), facts.get("out_of_range", []), cache, raw,
-                                         _recorded_bounds(facts))
+                                         measured.seed, measured.image_mean, measured.image_std, measured.constants,
+                                         measured.out_of_range, cache, raw, bounds)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
                             "(its content changed): restore it, or pass --data to evaluate on other data")
-    calibration_file = _recorded(result, "calibration_file", facts, nullable=True)  # None: no INT8 was searched
+    calibration_file = measured.calibration_file  # None: no INT8 was searched
     ranges = None
     if calibration_file is not None:
         stored = result.out_dir / calibration_file
@@ -421,19 +399,20 @@ def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = 
     """The spec groups a search recorded: a result directory's, or (MODEL + --plan) those in the header of a
     result's best/plan.json. None for a bare plan."""
     if Path(target).is_dir():
-        return config_of(read_result_dir(target).pareto)
+        return config_of(read_result_dir(target).how_measured())
     document = load_plan_document(plan) if plan is not None else {}
-    return config_of(document) if "search" in document and "model" in document else None
+    if "search" not in document or "model" not in document:
+        return None
+    return config_of(HowMeasured.from_record(document, Path(plan).resolve().parent.parent))
 
 
-def config_of(record: dict) -> SearchConfig:
-    """The spec groups of a result's record (pareto.json, or best/plan.json's header); for a result written
-    before they were recorded, what its record says of them."""
-    facts, model, engine = record["search"], record["model"], record.get("engine", {})
-    if "spec" in facts:
-        return SearchConfig.from_json(facts["spec"])
-    return SearchConfig(InputSpec(model["path"]), EngineSpec(engine.get("backend", "ort-cpu")),
-                        JudgeSpec(facts.get("metric", "cosine"), facts.get("max_loss")))
+def config_of(measured: HowMeasured) -> SearchConfig:
+    """The spec groups a result recorded; for a result written before they were recorded, what its record
+    says of them."""
+    if measured.spec is not None:
+        return SearchConfig.from_json(measured.spec)
+    return SearchConfig(InputSpec(str(measured.model_path)), EngineSpec(measured.backend),
+                        JudgeSpec(measured.metric, measured.max_loss))
 
 
 def plan_context(
@@ -467,7 +446,7 @@ def plan_context(
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
     prepared = recreate(result, data, shapes)
     where = f"--plan {plan}" if plan is not None else str(target)
-    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.pareto), number)
+    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number)
 
 
 def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
@@ -477,7 +456,8 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     result = ResultFiles(plan.resolve().parent.parent, header, {"trials": []}, document)
     prepared = recreate(result, data, shapes)
     chosen = Plan.from_json(document["plan"])
-    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(header), document.get("trial"))
+    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),
+                       document.get("trial"))
 
 
 def engine_space(

@@ -135,17 +135,16 @@ def lowered_for_export(result_dir: str | os.PathLike,
     """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again), with
     the note that says which, the model's stem and the trial's number."""
     result = read_result_dir(result_dir)
-    stem = Path(result.pareto["model"]["path"]).stem
-    engine = result.pareto["engine"]
+    stem, engine = result.model_path.stem, result.engine
     if trial is None:
         if result.plan is None:
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
-        note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine['engine']} {engine['provider']}"
+        note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine.engine} {engine.provider}"
         return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, result.plan["trial"]
     context = plan_context(result_dir, trial=trial)
-    form = QDQForm(engine["qdq_form"])
+    form = QDQForm(engine.qdq_form)
     model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
-    return model, f"autoprec: trial {trial}, measured on {engine['engine']} {engine['provider']}", stem, trial
+    return model, f"autoprec: trial {trial}, measured on {engine.engine} {engine.provider}", stem, trial
 
 
 def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo]:
@@ -173,7 +172,6 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     result = read_result_dir(result_dir)
     context = plan_context(result_dir, trial=trial)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
-    fp32 = result.pareto.get("uniform", {}).get("fp32")
     model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
                                                              graph, plan))
     return BuildSpec(
@@ -184,12 +182,12 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         info=info,
         ranges=prepared.ranges,
         trial=result.trial(context.trial),
-        fp32_trial=result.trial(fp32) if fp32 is not None else None,
-        engine=result.pareto["engine"],
-        search=result.pareto["search"],
-        versus={k: result.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")}
-        if context.trial == result.pareto["chosen"]
-        else None,
+        fp32_trial=result.uniform_trial("fp32"),
+        engine=result.engine,
+        metric=context.config.judge.metric,
+        max_loss=context.config.judge.max_loss,
+        drift=result.drift,
+        versus=result.versus() if context.trial == result.chosen_number else None,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -39,6 +39,12 @@ class EngineInfo:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EngineInfo:
+        """As a result recorded it (an older result's may lack the fields added since: their defaults)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def label(self) -> str:
         return f"{self.engine} {self.version} {self.provider} on {self.device}"

@@ -496,6 +496,58 @@ class ShownTrial:
 
 
 @dataclass(frozen=True)
+class HowMeasured:
+    """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or best/plan.json's
+    header), read here once: enough to re-create its analysis exactly (:func:`autoprec.app.prepare.recreate`)
+    and the option groups it was asked (``spec``; see :mod:`autoprec.app.specs`). A field an older result
+    does not record is refused, naming it."""
+
+    model_path: Path
+    model_sha256: str
+    shapes: dict[str, tuple[int, ...]]
+    search_space: dict[str, Any] | str
+    data_path: str | None
+    data_fingerprint: str
+    seed: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    constants: dict[str, float]
+    out_of_range: tuple[str, ...]
+    calibration_file: str | None  # None: no INT8 was searched
+    profile: ShapeProfile | None  # None: an older result, measured at one shape
+    spec: dict[str, Any] | None  # None: a result written before the option groups were recorded
+    backend: str
+    metric: str
+    max_loss: float | None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], where: Path) -> HowMeasured:
+        facts, model = record["search"], record["model"]
+
+        def recorded(key: str, within: dict[str, Any], nullable: bool = False) -> Any:
+            if key not in within or (within[key] is None and not nullable):
+                raise AutoprecError(f"{where}: its result files do not record {key!r} (written by an older autoprec); "
+                                    "rerun the search to re-create, check or export its plans")
+            return within[key]
+
+        path, sha256 = Path(recorded("path", model)), recorded("sha256", model)
+        space, inputs = recorded("search_space", facts), recorded("inputs", model)
+        fingerprint, seed = recorded("data_fingerprint", facts), recorded("seed", facts)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise AutoprecError(f"{where}: its recorded seed {seed!r} is not a whole number of 0 or more "
+                                "(pareto.json damaged?); rerun the search")
+        norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
+        return cls(
+            path, sha256, {name: tuple(spec["shape"]) for name, spec in inputs.items()}, space,
+            facts.get("data_path"), fingerprint, seed, tuple(norm["mean"]), tuple(norm["std"]),
+            dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
+            recorded("calibration_file", facts, nullable=True),
+            ShapeProfile.from_json(facts["profile"]) if facts.get("profile") else None, facts.get("spec"),
+            record.get("engine", {}).get("backend", "ort-cpu"), facts.get("metric", "cosine"), facts.get("max_loss"),
+        )
+
+
+@dataclass(frozen=True)
 class ResultFiles:
     """A result directory as written by a search: what plots, reports and comparisons read."""
 
@@ -511,6 +563,47 @@ class ResultFiles:
 
     def trial(self, number: int) -> dict[str, Any] | None:
         return next((t for t in self.trials["trials"] if t["trial"] == number), None)
+
+    def how_measured(self) -> HowMeasured:
+        return HowMeasured.from_record(self.pareto, self.out_dir)
+
+    @property
+    def engine(self) -> EngineInfo:
+        """The engine every trial of the result was measured on."""
+        return EngineInfo.from_json(self.pareto["engine"])
+
+    @property
+    def model_path(self) -> Path:
+        """The model the search was given."""
+        return Path(self.pareto["model"]["path"])
+
+    @property
+    def chosen_number(self) -> int | None:
+        return self.pareto["chosen"]
+
+    def uniform_trial(self, precision: str) -> dict[str, Any] | None:
+        """The all-``precision`` trial, where the study has one."""
+        number = self.pareto["uniform"].get(precision)
+        return self.trial(number) if number is not None else None
+
+    def versus(self) -> dict[str, Any]:
+        """The chosen plan's speed-ups with their intervals (chosen_vs_fp32, chosen_vs_source)."""
+        return {k: self.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")}
+
+    @property
+    def profile(self) -> ShapeProfile:
+        """The shape profile the search recorded (see :func:`recorded_profile`)."""
+        return recorded_profile(self.pareto)
+
+    @property
+    def drift(self) -> str | None:
+        """What a reader of its absolute latencies must know of this machine's drift (see :func:`drifted`)."""
+        return drifted(self.pareto["search"])
+
+    @property
+    def external_weights(self) -> bool | None:
+        """Whether exports keep their weights in a data file (see :func:`external_weights`)."""
+        return external_weights(self.pareto["model"])
 
     def shown_front(self) -> list[ShownTrial]:
         return shown_front(self.pareto)
