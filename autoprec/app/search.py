@@ -271,6 +271,8 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
     check_storage(storage_url)
     name = config.study.study_name or default_study_name(setup.model_path, config.engine.backend)
     info = setup.info
+    # What must match for a resumed or shared study: mixing would compare latencies or losses that were not
+    # measured the same way (or constrained differently).
     identity = {
         "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
         "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,

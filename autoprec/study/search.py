@@ -45,11 +45,6 @@ from autoprec.study.sensitivity import (
 )
 from autoprec.study.warm_start import not_faster_than_fp32, warm_start_params
 
-# Study attributes that must match for a resumed or shared study: mixing them would compare
-# latencies or losses that were not measured the same way (or constrained differently).
-IDENTITY_KEYS = ("model_sha256", "backend", "data", "metric", "units", "calibration", "max_loss", "precisions",
-                 "search_space", "shapes", "tie_repeats")
-
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -168,7 +163,8 @@ def open_study(
     heartbeat: int = DEFAULT_HEARTBEAT,
 ) -> optuna.Study:
     """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.study.coordination`);
-    refuse one that was made for another model, data or engine."""
+    refuse one that was made for another model, data or engine: every field of ``identity`` (what makes
+    latencies and losses comparable) must match what the study recorded."""
     shown = redacted(storage) if isinstance(storage, str) else type(storage).__name__
     try:
         study = optuna.create_study(
@@ -188,11 +184,11 @@ def open_study(
                 "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
-    if not any(k in existing for k in IDENTITY_KEYS):
+    if not any(k in existing for k in identity):
         for key, value in identity.items():
             study.set_user_attr(key, value)
         return study
-    differs = [k for k in IDENTITY_KEYS if k in existing and existing[k] != identity.get(k)]
+    differs = [k for k in identity if k in existing and existing[k] != identity[k]]
     if differs == ["metric"] and not study.get_trials(deepcopy=False):
         # nothing measured yet (a run refused for its metric's options, say): the study takes the new metric
         study.set_user_attr("metric", identity["metric"])
