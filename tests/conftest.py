@@ -31,9 +31,10 @@ def _no_final_timing():
     speed-up as where the final timing fails: from the re-timing's rounds. Session-wide, so module-scoped
     searches go without it too; yields the real one."""
     import autoprec.app.search as search
+    from autoprec.results.record import Versus
 
     real, patch = search._compare_chosen, pytest.MonkeyPatch()
-    patch.setattr(search, "_compare_chosen", lambda measurer, trials, chosen, config, apart: (chosen, {}))
+    patch.setattr(search, "_compare_chosen", lambda measurer, trials, chosen, config, apart: (chosen, Versus()))
     yield real
     patch.undo()
 

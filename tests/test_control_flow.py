@@ -168,8 +168,8 @@ def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_t
         )
     )
     assert result.search["constants"] == {"sr": 16000}
-    assert result.model["searchable_units"] == 3  # the else branch never runs on sr 16000: pinned FP32
-    assert any("never run on the data (e.g. If_rate/else/c" in note for note in result.model["preparation"])
+    assert result.model.searchable_units == 3  # the else branch never runs on sr 16000: pinned FP32
+    assert any("never run on the data (e.g. If_rate/else/c" in note for note in result.model.preparation)
     chosen = result.chosen.plan.as_dict()
     assert chosen["If_rate/else/c"] is Precision.FP32
     exported = onnx.load(str(tmp_path / "out" / "best" / "model.onnx"))
@@ -327,11 +327,11 @@ def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatc
             out=tmp_path / "out",
         )
     )
-    notes = result.model["preparation"]
+    notes = result.model.preparation
     assert any("'input shape fixing' left out: it breaks this model" in n for n in notes)  # and the model still runs
     assert any("6 unit(s) never run on the data" in n for n in notes)  # the 8 kHz branch
     assert result.search["left_out"]["LSTM units"].startswith("kept FP32: ONNX Runtime's CPU kernels")
-    assert result.model["searchable_units"] == 6 and result.model["units"] == 16
+    assert result.model.searchable_units == 6 and result.model.units == 16
     assert (
         _loss_in_fresh_sessions(
             tmp_path / "out" / "best" / "model.onnx", vad_root / "zoo" / "silero-vad" / "model.onnx", tmp_path / "out"

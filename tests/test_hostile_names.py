@@ -71,7 +71,7 @@ def _canaries(folder):
 def test_the_crafted_model_is_searched_with_its_names_intact(hostile_result):
     _, out, result = hostile_result
     assert result.chosen is not None
-    assert HOSTILE_INPUT in result.model["inputs"]
+    assert HOSTILE_INPUT in result.model.inputs
     assert any(u["name"] == HOSTILE_NODE for u in result.units)
 
 

@@ -190,7 +190,7 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
             out=out,
         )
     )
-    assert result.model["inputs"]["x"]["shape"] == list(_dims(OPT))  # searched at the width --shape names
+    assert result.model.inputs["x"][0] == list(_dims(OPT))  # searched at the width --shape names
     checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
     by_width = {c["shapes"]["x"][3]: c for c in checks if c["point"] == "data"}
     assert set(by_width) == {24, 12} and by_width[24]["items"] == 2 and by_width[12]["items"] == 1

@@ -13,7 +13,8 @@ import pytest
 import autoprec
 from autoprec.app.cli import main
 from autoprec.app.prepare import plan_context
-from autoprec.app.verbs import tensorrt_build_spec
+from autoprec.app.specs import InputSpec
+from autoprec.app.verbs import activation_report, tensorrt_build_spec
 from autoprec.core.errors import AutoprecError, DataError, SearchFailed, StudyError
 
 FUSE_NOTHING = """units: {Conv: [int8, fp16, fp32], Gemm: [int8, fp16, fp32]}
@@ -124,6 +125,18 @@ def test_changed_data_is_refused_and_other_data_keeps_the_searched_scales(seeded
                for t in searched.prepared.ranges.tensors)
 
 
+def test_ranges_of_a_result_are_its_search_calibration(seeded, capsys):
+    """`ranges RESULT` shows the ranges the search's INT8 scales came from (its model, seed's split, data),
+    not a fresh calibration of options given again; input options that would change them are refused."""
+    root, out, _ = seeded
+    searched = plan_context(out).prepared.ranges
+    rows = {r["tensor"]: r for r in activation_report(InputSpec(str(out)))}
+    assert rows.keys() == searched.tensors.keys()
+    assert all(rows[t]["max"] == pytest.approx(searched[t].max) for t in rows)
+    assert _exit(["ranges", str(out), "--image-mean", "0.5"]) == 2
+    assert "image_mean given" in capsys.readouterr().err
+
+
 def test_resuming_with_another_override_or_space_is_refused(seeded):
     root, out, _ = seeded
     with pytest.raises(StudyError, match="made for a different search .*search_space"):
@@ -218,4 +231,4 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
     units = {u["name"]: u["allowed"] for u in result.units}
     assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}
     assert all(t.plan["fp64_layer"].value == "fp32" for t in result.trials)
-    assert any("float type other than float32" in note for note in result.model["preparation"])
+    assert any("float type other than float32" in note for note in result.model.preparation)

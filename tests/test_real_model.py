@@ -32,7 +32,7 @@ def test_search_on_the_bundled_model(tmp_path):
             out=out,
         )
     )
-    assert len(result.units) == 54 and result.model["preparation"]
+    assert len(result.units) == 54 and result.model.preparation
     uniform = result.uniform()
     # INT8 everywhere costs real accuracy on this trained model; FP16 almost none.
     assert uniform["int8"].loss > 10 * uniform["fp16"].loss

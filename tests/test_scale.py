@@ -45,7 +45,7 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
             autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
     )
-    assert result.chosen is not None and result.model["external_data"] and result.model["weight_bytes"] > PROTOBUF_LIMIT
+    assert result.chosen is not None and result.model.external_data and result.model.weight_bytes > PROTOBUF_LIMIT
     best = out / "best"
     assert (best / "model.onnx").stat().st_size < 1 << 20  # the graph; the weights beside it
     assert (best / "model.data").stat().st_size > PROTOBUF_LIMIT

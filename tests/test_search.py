@@ -3,6 +3,7 @@ import math
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import onnx
 import onnxruntime as ort
@@ -16,7 +17,8 @@ from autoprec.core import atomic
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import compare, loss_from_metrics
 from autoprec.results.console import chosen_summary
-from autoprec.results.files import drifted
+from autoprec.results.files import ShownTrial, read_result_dir
+from autoprec.results.record import Drift, SearchFacts, Versus
 from autoprec.study.coordination import retried_trial
 
 
@@ -92,20 +94,22 @@ def test_result_files_and_schema(conv_search):
 
 @pytest.mark.parametrize("largest, outside, said", [(35.0, 2, True), (35.0, 0, False), (4.0, 3, False)])
 def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(largest, outside, said):
-    search = {"timing_drift": {"plans": 5, "largest_percent": largest, "outside_trial_spread": outside}}
-    line = drifted(search)
+    drift = Drift(plans=5, largest_percent=largest, outside_trial_spread=outside)
+    line = drift.said()
     assert (line is not None) == said
     if said:
         assert f"up to {largest:.0f} %" in line and f"{outside} of 5 plans" in line
-    chosen = {
+    chosen = ShownTrial.from_json({
         "trial": 3,
         "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}, "precisions": {}},
         "final_latency_ms": 2.0,
         "latency_ms": {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1, "runs": 10, "warmup": 3},
         "accuracy_loss": 0.001,
         "metrics": {},
-    }
-    summary = chosen_summary({"search": {"max_loss": 0.01, **search}, "chosen_vs_fp32": None}, chosen)
+    })
+    facts = SearchFacts("cosine", 0.01, 8, 8, 0, "tpe", 0, "max", "s", "sqlite://", "random", (1, 1), True, 1.0,
+                        drift=drift)
+    summary = chosen_summary(facts, Versus(), chosen)
     assert any(line in row for row in summary) if said else not any("drifted" in row for row in summary)
 
 
@@ -559,8 +563,7 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
     assert {t.number for t in result.front if t.number != pareto["uniform"]["fp32"]} <= {f["trial"] for f in failed}
     assert any("re-timing trial" in r.message and "no verdict on timing noise" in r.message for r in caplog.records)
     assert pareto["chosen_vs_fp32"]["beyond_timing_noise"] is None and not pareto["chosen_vs_fp32"]["retimed"]
-    pareto["chosen_vs_fp32"]["fp32_trial"] = -1  # as shown beside a plan other than all-FP32
-    assert (
-        "not re-timed: no verdict on timing noise"
-        in chosen_summary(pareto, json.loads((out / "best" / "plan.json").read_text()))[1]
-    )
+    files = read_result_dir(out)
+    shown_beside_another = replace(files.versus, fp32_trial=-1)  # as shown beside a plan other than all-FP32
+    assert "not re-timed: no verdict on timing noise" in chosen_summary(files.facts, shown_beside_another,
+                                                                        files.shown_chosen())[1]

@@ -144,7 +144,8 @@ def _plan_verbs(verb) -> None:
     InputSpec.add_arguments(d, overriding=True)
     EngineSpec.add_arguments(d, overriding=True)
     r = verb("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
-    r.add_argument("model", help=MODEL_HELP)
+    r.add_argument("model", help=MODEL_HELP + "; or a result directory: its search's model, data, shapes and "
+                   "calibration (only --data and --shape may be given with it)")
     r.add_argument("--entropy", action="store_true", help="also the entropy (KL) thresholds (~0.7 s per tensor)")
     r.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(r)
@@ -252,12 +253,12 @@ def _print_json(files) -> None:
 
 def _print_front(files) -> None:
 
-    console.stdout.print(console.front_table(files.pareto))
-    if (table := console.decisions_table(files.pareto)) is not None:
+    console.stdout.print(console.front_table(files))
+    if (table := console.decisions_table(files)) is not None:
         console.stdout.print(table)
-    for line in console.chosen_summary(files.pareto, files.chosen):
+    for line in console.chosen_summary(files.facts, files.versus, files.shown_chosen()):
         console.stdout.print(line)
-    for line in console.deployment_lines(files.pareto, files.plan):
+    for line in console.deployment_lines(files):
         console.stdout.print(line)
 
 
@@ -269,7 +270,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     _print_front(files)
     if files.plan is not None:
-        console.stdout.print(console.plan_table(files.plan))
+        console.stdout.print(console.plan_table(files))
     return 0
 
 
@@ -417,7 +418,7 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
     spec = tensorrt_build_spec(args.result_dir, args.trial)
-    trial = spec.trial["trial"]
+    trial = spec.trial.number
     folder.clear(out)
     written = write_tensorrt_export(spec, args.format, out)
     for path in written:
@@ -446,7 +447,7 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     name = stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.clear(entry)
-    written = write_triton_entry(model, out, name, note, result.profile, trial, result.external_weights)
+    written = write_triton_entry(model, out, name, note, result.profile, trial, result.model.external_weights)
     folder.record(entry, written, trial, "triton", entry / "1" / "model.onnx")
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
     return 0

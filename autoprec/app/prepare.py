@@ -434,14 +434,13 @@ def plan_context(
                            SearchConfig(InputSpec(target)))
     result = read_result_dir(target)
     if trial is not None:
-        found = result.trial(trial)
-        if found is None:
+        chosen, number = result.plan_of(trial), trial
+        if chosen is None:
             raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
-        chosen, number = Plan.from_json(found["plan"]), trial
     elif plan is not None:
         chosen, number = load_plan(plan), None
-    elif result.plan is not None:
-        chosen, number = Plan.from_json(result.plan["plan"]), result.plan["trial"]
+    elif result.best_plan is not None:
+        chosen, number = result.best_plan
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
     prepared = recreate(result, data, shapes)
@@ -455,9 +454,9 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     header = {**document, "model": {**document["model"], "path": str(model)}}
     result = ResultFiles(plan.resolve().parent.parent, header, {"trials": []}, document)
     prepared = recreate(result, data, shapes)
-    chosen = Plan.from_json(document["plan"])
+    chosen, number = result.best_plan
     return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),
-                       document.get("trial"))
+                       number)
 
 
 def engine_space(

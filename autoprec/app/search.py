@@ -60,14 +60,13 @@ from autoprec.measure.measurement import (
 from autoprec.results import console
 from autoprec.results.files import (
     SearchResult,
-    model_json,
     plan_ignored,
     read_result_dir,
-    timing_drift,
     units_json,
     write_results,
 )
 from autoprec.results.plots import plot_result_dir
+from autoprec.results.record import Claim, Drift, ModelRecord, NotShipped, Versus
 from autoprec.study.coordination import (
     GRACE_BEATS,
     SharedInputs,
@@ -453,7 +452,7 @@ class Outcome:
     trials: list[TrialRecord]
     front: list[TrialRecord]
     chosen: TrialRecord | None
-    versus: dict[str, Any]
+    versus: Versus
     retiming: Retiming
     warm_plans: int
     proposer: Proposer | None
@@ -561,7 +560,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     if config.time_shapes and outcome.front:
         facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
                                                 setup.dataset).to_json()
-    result = SearchResult(setup.out_dir, model_json(info), setup.engine_info, facts, tuple(outcome.trials),
+    result = SearchResult(setup.out_dir, ModelRecord.of(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
     plot_result_dir(read_result_dir(setup.out_dir))
@@ -581,7 +580,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         "trials": len(outcome.trials),
         "metric": setup.metric.name,
         **shared.judged,
-        "timing_drift": timing_drift(outcome.trials),
+        "timing_drift": drift.to_json() if (drift := Drift.of(outcome.trials)) else None,
         "max_loss": config.judge.max_loss,
         "seed": config.study.seed,
         "calibration": config.space.calibration,
@@ -667,13 +666,13 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
 
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
-                    apart: bool) -> tuple[TrialRecord | None, dict[str, Any]]:
+                    apart: bool) -> tuple[TrialRecord | None, Versus]:
     """The chosen plan timed beside all-FP32 and the given model until its speed-ups are known (see
     :mod:`autoprec.measure.speedup`): the plan to ship (all-FP32 where the chosen one is not faster beyond
     timing noise, unless ``--ship-within-noise``) and pareto.json's ``chosen_vs_fp32`` / ``chosen_vs_source``."""
     fp32 = uniform_trials(trials).get("fp32")
     if chosen is None or fp32 is None:
-        return chosen, {}
+        return chosen, Versus()
     log.info(
         f"timing the chosen plan (trial {chosen.number}) beside all-FP32 and the given model until the speed-ups "
         f"are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}, or {config.retime_seconds:g} s)"
@@ -682,24 +681,24 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
         found = speedup.compared(measurer.time_compared(fp32.plan, chosen.plan, config.retime_seconds, apart))
     except (AutoprecError, RuntimeError, ValueError) as exc:
         log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
-        return chosen, {}
+        return chosen, Versus()
     versus_fp32, versus_source, preparation = (
         found[("fp32", "chosen")],
         found.get(("source", "chosen")),
         found.get(("source", "fp32")),
     )
-    versus: dict[str, Any] = {}
+    not_shipped = None
     if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not config.ship_within_noise:
-        versus["not_shipped"] = {"trial": chosen.number, **versus_fp32.to_json(), "why": (
+        not_shipped = NotShipped(chosen.number, Claim.measured(versus_fp32), (
             f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
-            "(--ship-within-noise ships it anyway)")}
-        log.warning(f"trial {chosen.number}: {versus['not_shipped']['why']}")
+            "(--ship-within-noise ships it anyway)"))
+        log.warning(f"trial {chosen.number}: {not_shipped.why}")
         chosen, versus_source = fp32, preparation
-    versus["chosen_vs_fp32"] = {"fp32_trial": fp32.number, **versus_fp32.to_json(), "retimed": True} \
-        if chosen is not fp32 else None
-    if versus_source is not None:
-        versus["chosen_vs_source"] = {**versus_source.to_json(), "preparation": preparation.to_json()}
-    return chosen, versus
+    shipped_fp32 = chosen is fp32
+    return chosen, Versus(
+        None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
+        Claim.measured(versus_source) if versus_source else None,
+        Claim.measured(preparation) if versus_source and preparation else None, not_shipped)
 
 
 def _deployment(

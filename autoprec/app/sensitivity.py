@@ -96,5 +96,5 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
         batches, ranking.metric.describe(), space_spec.calibration, out_dir / "sensitivity.json", config.progress,
     )
     engine.drop_kept_builds()  # no trial follows
-    plot_sensitivity(found.to_json(), model_path.name, out_dir / "sensitivity.png")
+    plot_sensitivity(found, model_path.name, out_dir / "sensitivity.png")
     return found, out_dir

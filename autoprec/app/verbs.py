@@ -10,9 +10,7 @@ from typing import Mapping, Sequence
 
 import optuna
 
-from autoprec.analysis.calibrate import (
-    CALIBRATION_METHODS,
-)
+from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.prepare import (
     PlanContext,
@@ -20,6 +18,7 @@ from autoprec.app.prepare import (
     metric_for,
     plan_context,
     prepare,
+    recreate,
     resolve_model,
     result_dir,
     wanted_metric,
@@ -79,14 +78,34 @@ def diagnose_plan(
 
 
 def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
-    """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges)."""
+    """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges):
+    of a model, or of a result directory's search as it calibrated (its model, data, shapes, normalisation)."""
     from autoprec.measure.diagnosis import FAST_METHODS, activation_ranges
 
+    methods = CALIBRATION_METHODS if entropy else FAST_METHODS
+    if Path(inputs.model).is_dir():
+        info, ranges = _searched_ranges(inputs)
+        return activation_ranges(info, ranges, methods)
     model_path, data, shapes, _ = resolve_model(inputs.model, inputs.data, inputs.shapes)
     prepared = prepare(model_path, load_search_space(), data, shapes, 0, inputs.image_mean, inputs.image_std,
                        constants=inputs.constants)
-    methods = CALIBRATION_METHODS if entropy else FAST_METHODS
     return activation_ranges(prepared.info, prepared.ranges, methods)
+
+
+def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
+    """A result's model and calibration ranges as its search had them (calibrated on its data where it searched
+    no INT8); only --data (evaluation data) and --shape (checked against the search's) may be given."""
+    default = InputSpec(inputs.model)
+    given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std")
+             if (getattr(inputs, name) or None) != (getattr(default, name) or None)]
+    if given:
+        raise AutoprecError(f"{inputs.model}: a result's ranges come from its search's own inputs ({', '.join(given)} "
+                            "given); give only --data or --shape with it, or the model itself with any input options")
+    result = read_result_dir(inputs.model)
+    prepared = recreate(result, inputs.data, inputs.shapes)
+    ranges = prepared.ranges or calibrate(prepared.info, prepared.dataset.calibration, prepared.dataset.fingerprint(),
+                                          result.out_dir / "cache")
+    return prepared.info, ranges
 
 
 def check_plan(
@@ -137,10 +156,11 @@ def lowered_for_export(result_dir: str | os.PathLike,
     result = read_result_dir(result_dir)
     stem, engine = result.model_path.stem, result.engine
     if trial is None:
-        if result.plan is None:
+        if result.best_plan is None:
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
-        note = f"autoprec: trial {result.plan['trial']} (chosen), measured on {engine.engine} {engine.provider}"
-        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, result.plan["trial"]
+        number = result.best_plan[1]
+        note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
+        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number
     context = plan_context(result_dir, trial=trial)
     form = QDQForm(engine.qdq_form)
     model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
@@ -181,13 +201,13 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         plan=plan,
         info=info,
         ranges=prepared.ranges,
-        trial=result.trial(context.trial),
+        trial=result.shown_trial(context.trial),
         fp32_trial=result.uniform_trial("fp32"),
         engine=result.engine,
         metric=context.config.judge.metric,
         max_loss=context.config.judge.max_loss,
-        drift=result.drift,
-        versus=result.versus() if context.trial == result.chosen_number else None,
+        drift=result.facts.drift_said,
+        versus=result.versus if context.trial == result.chosen_number else None,
     )
 
 

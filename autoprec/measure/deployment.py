@@ -60,6 +60,13 @@ class PointCheck:
             "outside_profile": self.outside_profile,
         }
 
+    @classmethod
+    def from_json(cls, check: dict[str, Any]) -> PointCheck:
+        loss = check["cosine_loss"]
+        return cls(check["point"], {k: tuple(v) for k, v in check["shapes"].items()}, check["same_output_shapes"],
+                   float(loss) if loss is not None else None, check["error"], check.get("items", 1),
+                   bool(check.get("outside_profile")))
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -215,6 +222,11 @@ class ProfileTiming:
             "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
             "(not interleaved: differences of a few percent are noise)",
         }
+
+    @classmethod
+    def from_json(cls, timing: dict[str, Any]) -> ProfileTiming:
+        ms = {int(t): {p: float(v) if v is not None else None for p, v in at.items()} for t, at in timing["ms"].items()}
+        return cls(ms, tuple(timing["feasible"]), {int(t): why for t, why in (timing.get("failed") or {}).items()})
 
 
 def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],

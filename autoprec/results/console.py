@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,23 +20,18 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from autoprec.backends.tensorrt.layers import EngineLayers
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
 from autoprec.core.profile import declared_text, dims_text
+from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
-from autoprec.results.files import (
-    ResultFiles,
-    ShownTrial,
-    decisions,
-    drifted,
-    noise_verdict,
-    recorded_profile,
-    shown_front,
-    speedup_text,
-)
+from autoprec.results.files import ResultFiles, ShownTrial, decisions
+from autoprec.results.record import SearchFacts, Versus
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
+
+if TYPE_CHECKING:  # shown here, read by the TensorRT backend (the --layers of export --build and inspect)
+    from autoprec.backends.tensorrt.layers import EngineLayers
 
 console = Console(stderr=True)
 # Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints holds
@@ -179,28 +173,19 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     return table
 
 
-def front_table(pareto: dict[str, Any]) -> Table:
-    """The Pareto front of a result (pareto.json), fastest first, the chosen plan marked."""
-    engine = pareto["engine"]
+def front_table(result: ResultFiles) -> Table:
+    """The Pareto front of a result, fastest first, the chosen plan marked."""
+    engine, chosen_number = result.engine, result.chosen_number
     table = Table(
-        title=plain(
-            f"Pareto front — {engine['engine']} {engine['version']} {engine['provider']} on {engine['device']}"
-        ),
+        title=plain(f"Pareto front — {engine.engine} {engine.version} {engine.provider} on {engine.device}"),
         title_justify="left",
     )
-    for column in (
-        "trial",
-        "ms",
-        "trial p10–p90",
-        "×fp32",
-        plain(f"loss ({pareto['search']['metric']})"),
-        "i8/f16/f32",
-        "",
-    ):
+    metric = plain(f"loss ({result.facts.metric})")
+    for column in ("trial", "ms", "trial p10–p90", "×fp32", metric, "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    front = shown_front(pareto)
-    versus, chosen = pareto.get("chosen_vs_fp32"), next((t for t in front if t.number == pareto["chosen"]), None)
-    fp32_ms = chosen.final_ms * versus["speedup"] if versus and chosen else None
+    front, versus = result.shown_front(), result.versus.fp32
+    chosen = next((t for t in front if t.number == chosen_number), None)
+    fp32_ms = chosen.final_ms * versus.speedup if versus and chosen else None
     for t in front:
         table.add_row(
             str(t.number),
@@ -209,7 +194,7 @@ def front_table(pareto: dict[str, Any]) -> Table:
             f"{fp32_ms / t.final_ms:.2f}" if fp32_ms else "—",
             _loss(t.loss),
             t.mix,
-            Text("chosen", style="bold red") if t.number == pareto["chosen"] else "",
+            Text("chosen", style="bold red") if t.number == chosen_number else "",
         )
     if any(t.unstable for t in front):
         table.caption = (f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
@@ -218,9 +203,9 @@ def front_table(pareto: dict[str, Any]) -> Table:
     return table
 
 
-def decisions_table(pareto: dict[str, Any]) -> Table | None:
+def decisions_table(result: ResultFiles) -> Table | None:
     """What each front plan decides (task metrics against FP32 and the labels); None when no output has any."""
-    rows = [(t.number, decisions(t.metrics)) for t in shown_front(pareto)]
+    rows = [(t.number, decisions(t.metrics)) for t in result.shown_front()]
     if not any(said for _, said in rows):
         return None
     table = Table(title="what the front's plans decide, against FP32 (and the data's labels)", title_justify="left")
@@ -251,35 +236,30 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     return [workers, front]
 
 
-def chosen_summary(pareto: dict[str, Any], chosen: dict[str, Any] | None) -> list[str]:
+def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None) -> list[str]:
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
     if chosen is None:
         return ["no plan was chosen (no trial finished)"]
-    shown, max_loss = ShownTrial.from_json(chosen), pareto["search"]["max_loss"]
+    max_loss = facts.max_loss
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
-    lines = [f"chosen: trial {shown.number} ({rule}): {shown.final_ms:.3f} ms, loss {_loss(shown.loss)}, "
-             f"int8/fp16/fp32 = {shown.mix}"]
-    versus = pareto.get("chosen_vs_fp32")
-    if versus and versus["fp32_trial"] != shown.number:
-        verdict = noise_verdict(versus["beyond_timing_noise"])
-        how = (f", {versus['rounds']} interleaved rounds" if versus.get("rounds") else
-               ", re-timed in interleaved rounds" if versus.get("retimed") else "")
-        lines.append(f"        speed-up over all-FP32 {speedup_text(versus)} ({verdict}{how})")
-    if source := pareto.get("chosen_vs_source"):
-        verdict = noise_verdict(source["beyond_timing_noise"], short=True)
-        line = f"        over the given model as it is: {speedup_text(source)} ({verdict})"
-        if prepared := source.get("preparation"):
-            line += f"; of that, autoprec's FP32 preparation (folding) alone: {speedup_text(prepared)}"
+    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.final_ms:.3f} ms, loss {_loss(chosen.loss)}, "
+             f"int8/fp16/fp32 = {chosen.mix}"]
+    if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
+        lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
+    if source := versus.source:
+        line = f"        over the given model as it is: {source.text()} ({source.verdict(short=True)})"
+        if versus.preparation:
+            line += f"; of that, autoprec's FP32 preparation (folding) alone: {versus.preparation.text()}"
         lines.append(line)
-    if unproven := pareto.get("not_shipped"):
-        lines.append(f"        ⚠ trial {unproven['trial']} was the fastest within the limit but is {unproven['why']}")
-    if drift := drifted(pareto["search"]):
+    if unproven := versus.not_shipped:
+        lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
+    if drift := facts.drift_said:
         lines.append(f"        ⚠ {drift}")
-    if said := decisions(shown.metrics):
+    if said := decisions(chosen.metrics):
         lines.append(f"        decisions: {said}")
-    for name, values in (pareto["search"].get("fp32_on_labels") or {}).items():
+    for name, values in facts.fp32_on_labels.items():
         lines.append(f"        FP32 against the labels: {decisions({name: values})}")
-    lines += [f"        ⚠ {line}" for line in pareto["search"].get("decision_changes") or []]
+    lines += [f"        ⚠ {line}" for line in facts.decision_changes]
     return lines
 
 
@@ -287,26 +267,16 @@ def _dims(dims: list) -> str:
     return dims_text(dims) or "scalar"
 
 
-def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> list[str]:
+def deployment_lines(result: ResultFiles) -> list[str]:
     """What best/model.onnx is across the shapes it is deployed at: the source's dims kept (or why not), the
     profile, and how close it came to the given model at each of its points."""
-    deployment = (plan or {}).get("deployment")
-    if deployment is None:
+    shipped = result.shipped_as
+    if shipped is None:
         return []
-    profile = recorded_profile(pareto)
-    lines = []
-    if timing := pareto["search"].get("profile_timing"):
-        lines.append("        timed as deployed (--time-shapes, one plan after another): " + "; ".join(
-            f"trial {trial} " + " · ".join(f"{p} {_ms(ms[p])}" for p in ("min", "opt", "max"))
-            for trial, ms in timing["ms"].items()))
-        if timing["across_range"] is not None:
-            lines.append(
-                "        fastest at min / opt / max: trial "
-                + " / ".join(str(timing["fastest"][p]) for p in ("min", "opt", "max"))
-                + f"; to deploy across the range: trial {timing['across_range']} (least slowdown at its worst shape)"
-            )
-    if deployment["fixed_because"]:
-        lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({deployment['fixed_because']})")
+    lines = _timed_as_deployed(result.facts.profile_timing)
+    profile = result.profile
+    if shipped.fixed_because:
+        lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({shipped.fixed_because})")
     elif profile.dynamic:
         lines.append(
             "best/model.onnx keeps the source's input dims: "
@@ -316,31 +286,43 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
                 for i in profile.inputs
             )
         )
-    checks = deployment["checked_against_source"]
-    points = [c for c in checks if c["point"] != "data"]
-    if points:
+    return lines + _checked_against_source(shipped.checks)
+
+
+def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
+    """--time-shapes: each front plan at min, opt and max, and the one to deploy across the range."""
+    if timing is None:
+        return []
+    lines = ["        timed as deployed (--time-shapes, one plan after another): " + "; ".join(
+        f"trial {trial} " + " · ".join(f"{p} {_ms(ms[p])}" for p in ("min", "opt", "max"))
+        for trial, ms in timing.ms.items())]
+    if (across := timing.across_range()) is not None:
+        fastest = " / ".join(str(timing.fastest(p, timing.feasible)) for p in ("min", "opt", "max"))
+        lines.append(f"        fastest at min / opt / max: trial {fastest}; to deploy across the range: trial {across} "
+                     "(least slowdown at its worst shape)")
+    return lines
+
+
+def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
+    """The shipped model against the given one at each point of the profile and at the data's own shapes."""
+    lines = []
+    if points := [c for c in checks if c.point != "data"]:
         lines.append(
             "        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): "
-            + ", ".join(f"{c['point']} {_verdict(c)}" for c in points)
+            + ", ".join(f"{c.point} {_verdict(c)}" for c in points)
         )
-    for check in (c for c in checks if c["point"] == "data"):
-        beyond = (
-            " (outside the shape profile: an engine built for it refuses this shape)"
-            if check.get("outside_profile")
-            else ""
-        )
-        lines.append(
-            f"        the data's {check.get('items', 1)} item(s) at {_at(check['shapes'])}{beyond}: {_verdict(check)}"
-        )
-    at_opt = next((c["cosine_loss"] for c in checks if c["point"] == "opt" and c["cosine_loss"] is not None), None)
+    for check in (c for c in checks if c.point == "data"):
+        beyond = " (outside the shape profile: an engine built for it refuses this shape)" if check.outside_profile else ""
+        lines.append(f"        the data's {check.items} item(s) at {_at(check.shapes)}{beyond}: {_verdict(check)}")
+    at_opt = next((c.loss for c in checks if c.point == "opt" and c.loss is not None), None)
     for check in checks:
-        if check["error"] or not check["same_output_shapes"]:
-            what = check["error"] or "its outputs have other shapes than the given model's"
-            lines.append(f"        ⚠ at {check['point']} ({_at(check['shapes'])}): {what}")
-        elif at_opt is not None and float(check["cosine_loss"]) > max(FARTHER * float(at_opt), LOSS_FLOOR):
+        if check.error or not check.same_shapes:
+            what = check.error or "its outputs have other shapes than the given model's"
+            lines.append(f"        ⚠ at {check.point} ({_at(check.shapes)}): {what}")
+        elif at_opt is not None and check.loss > max(FARTHER * at_opt, LOSS_FLOOR):
             lines.append(
-                f"        ⚠ at {check['point']} ({_at(check['shapes'])}) the plan strays further from the given model "
-                f"(cosine loss {_loss(check['cosine_loss'])}) than at opt ({_loss(at_opt)}), where it was searched: "
+                f"        ⚠ at {check.point} ({_at(check.shapes)}) the plan strays further from the given model "
+                f"(cosine loss {_loss(check.loss)}) than at opt ({_loss(at_opt)}), where it was searched: "
                 "it may not hold there; search at that shape (--shape) or with data of it"
             )
     return lines
@@ -351,7 +333,7 @@ def deployment_lines(pareto: dict[str, Any], plan: dict[str, Any] | None) -> lis
 FARTHER, LOSS_FLOOR = 3.0, 1e-3
 
 
-def _at(shapes: dict[str, list]) -> str:
+def _at(shapes: Mapping[str, Sequence[int]]) -> str:
     return ", ".join(f"{k} {_dims(v)}" for k, v in shapes.items())
 
 
@@ -359,20 +341,19 @@ def _ms(value: float | None) -> str:
     return "did not run" if value is None else f"{value:.3f} ms"
 
 
-def _verdict(check: dict[str, Any]) -> str:
-    return f"cosine loss {_loss(check['cosine_loss'])}" if check["cosine_loss"] is not None else "FAILED"
+def _verdict(check: PointCheck) -> str:
+    return f"cosine loss {_loss(check.loss)}" if check.loss is not None else "FAILED"
 
 
-def plan_table(plan: dict[str, Any]) -> Table:
+def plan_table(result: ResultFiles) -> Table:
     """The chosen plan, unit by unit in graph order."""
-    table = Table(title=f"chosen plan (trial {plan['trial']}), units in graph order", title_justify="left")
+    table = Table(title=f"chosen plan (trial {result.chosen_number}), units in graph order", title_justify="left")
     for column in ("#", "unit", "op", "fused", "precision"):
         table.add_column(column, justify="right" if column == "#" else "left")
     style = {"int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
-    for i, unit in enumerate(plan["units"]):
-        p = unit["precision"]
-        table.add_row(str(i), plain(unit["name"]), plain(unit["op_type"]), plain(", ".join(unit["fused"]) or "—"),
-                      Text(p, style=style[p]))
+    for i, unit in enumerate(result.chosen_units):
+        table.add_row(str(i), plain(unit.name), plain(unit.op_type), plain(", ".join(unit.fused) or "—"),
+                      Text(unit.precision, style=style[unit.precision]))
     return table
 
 
@@ -417,8 +398,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     table.add_column(plain(b.out_dir))
 
     def engine(r: ResultFiles) -> str:
-        e = r.pareto["engine"]
-        return f"{e['engine']} {e['version']} {e['provider']}"
+        return f"{r.engine.engine} {r.engine.version} {r.engine.provider}"
 
     def chosen(r: ResultFiles, field: str) -> str:
         c = r.shown_chosen()
@@ -427,31 +407,31 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         if field == "latency":
             rounds = ", ".join(f"{v:.3f}" for v in c.rounds)
             return f"{c.final_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
+        if field == "decisions":
+            return decisions(c.metrics) or "—"
         return _loss(c.loss) if field == "loss" else c.mix
 
     def speedup(r: ResultFiles) -> str:
-        v = r.pareto.get("chosen_vs_fp32")
-        if not v:
-            return "—"
-        return f"{speedup_text(v)} ({noise_verdict(v['beyond_timing_noise'], short=True)})"
+        v = r.versus.fp32
+        return f"{v.text()} ({v.verdict(short=True)})" if v else "—"
 
     def uniform(r: ResultFiles, precision: str) -> str:
-        t = r.shown_trial(r.pareto.get("uniform", {}).get(precision))
+        t = r.uniform_trial(precision)
         return f"{t.final_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
 
     rows = [
-        ("model", lambda r: f"{Path(r.pareto['model']['path']).name} ({r.pareto['model']['sha256'][:12]})"),
+        ("model", lambda r: f"{r.model.path.name} ({r.model.sha256[:12]})"),
         ("engine", engine),
-        ("device", lambda r: r.pareto["engine"]["device"]),
-        ("metric / max loss", lambda r: f"{r.pareto['search']['metric']} / {r.pareto['search']['max_loss']}"),
-        ("trials / budget", lambda r: f"{r.pareto['search']['trials']} / {r.pareto['search']['budget']}"),
-        ("wall time", lambda r: f"{r.pareto['search']['wall_seconds']:.1f} s"),
-        ("front size", lambda r: str(len(r.pareto["front"]))),
+        ("device", lambda r: r.engine.device),
+        ("metric / max loss", lambda r: f"{r.facts.metric} / {r.facts.max_loss}"),
+        ("trials / budget", lambda r: f"{r.facts.trials} / {r.facts.budget}"),
+        ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
+        ("front size", lambda r: str(len(r.shown_front()))),
         ("chosen latency", lambda r: chosen(r, "latency")),
         ("chosen loss", lambda r: chosen(r, "loss")),
         ("chosen int8/fp16/fp32", lambda r: chosen(r, "counts")),
-        ("chosen decisions", lambda r: decisions(r.shown_chosen().metrics) or "—" if r.chosen else "—"),
-        ("FP32 vs labels", lambda r: decisions(r.pareto["search"].get("fp32_on_labels") or {}) or "—"),
+        ("chosen decisions", lambda r: chosen(r, "decisions")),
+        ("FP32 vs labels", lambda r: decisions(r.facts.fp32_on_labels) or "—"),
         ("chosen vs all-fp32", speedup),
         ("all fp32", lambda r: uniform(r, "fp32")),
         ("all fp16", lambda r: uniform(r, "fp16")),
@@ -459,8 +439,9 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     ]
     for label, value in rows:
         table.add_row(label, plain(value(a)), plain(value(b)))
-    if a.chosen and b.chosen and a.pareto["model"]["sha256"] == b.pareto["model"]["sha256"]:
-        pa, pb = a.shown_chosen().precisions, b.shown_chosen().precisions
+    ca, cb = a.shown_chosen(), b.shown_chosen()
+    if ca and cb and a.model.sha256 == b.model.sha256:
+        pa, pb = ca.precisions, cb.precisions
         differ = [u for u in pa if pa[u] != pb.get(u)]
         shown = ", ".join(f"{u}: {pa[u]}→{pb.get(u)}" for u in differ[:6]) + (" …" if len(differ) > 6 else "")
         table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", plain(shown or "—"))

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
+from autoprec.core.plan import Plan
 from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.core.stored import save_models
 from autoprec.measure.deployment import Deployment
+from autoprec.results.record import ChosenUnit, Claim, ModelRecord, SearchFacts, ShippedAs, Versus
 from autoprec.study.search import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
@@ -32,83 +34,31 @@ class SearchResult:
     """What a search found: every finished trial, the Pareto front, and the chosen plan."""
 
     out_dir: Path
-    model: dict[str, Any]
+    model: ModelRecord
     engine: EngineInfo
     search: dict[str, Any]
     trials: tuple[TrialRecord, ...]
     front: tuple[TrialRecord, ...]
     chosen: TrialRecord | None
     units: tuple[dict[str, Any], ...] = field(default=())
-    # The chosen plan's speed-ups with their intervals (chosen_vs_fp32, chosen_vs_source) and the plan not
-    # shipped for want of a proven gain (not_shipped), from the final timing (see autoprec.measure.speedup).
-    versus: dict[str, Any] = field(default_factory=dict)
+    # The chosen plan's speed-ups with their intervals and the plan not shipped for want of a proven gain,
+    # from the final timing (see autoprec.measure.speedup); empty where it did not run.
+    versus: Versus = field(default_factory=Versus)
 
-    def speedup_vs_fp32(self) -> dict[str, Any] | None:
-        """The chosen plan against all-FP32, measured in the same study, and whether it beats timing noise:
-        the final timing's interval, else (where it failed) the re-timing's rounds."""
-        if "chosen_vs_fp32" in self.versus:
-            return self.versus["chosen_vs_fp32"]
+    def stated_versus(self) -> Versus:
+        """The speed-ups the result states: the final timing's, else (where it failed) the chosen plan against
+        all-FP32 from the re-timing's rounds."""
         fp32 = self.uniform().get("fp32")
-        if fp32 is None or self.chosen is None:
-            return None
-        beyond = faster_beyond_noise(self.chosen.retimed_ms, fp32.retimed_ms)
-        return {
-            "fp32_trial": fp32.number,
-            "speedup": fp32.latency_ms / self.chosen.latency_ms,
-            "beyond_timing_noise": beyond,
-            "retimed": bool(self.chosen.retimed_ms and fp32.retimed_ms),
-        }
+        if self.versus != Versus() or fp32 is None or self.chosen is None:
+            return self.versus
+        retimed = bool(self.chosen.retimed_ms and fp32.retimed_ms)
+        claim = Claim(fp32.latency_ms / self.chosen.latency_ms,
+                      faster_beyond_noise(self.chosen.retimed_ms, fp32.retimed_ms), retimed=retimed)
+        return replace(self.versus, fp32=claim, fp32_trial=fp32.number)
 
     def uniform(self) -> dict[str, TrialRecord]:
         """The all-fp32 / all-fp16 / all-int8 trials, where the study has them."""
         return uniform_trials(self.trials)
-
-
-def timing_drift(trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
-    """How far each re-timed plan's trial latency lies from its re-timing. A host that drifts between
-    the two (a busy neighbour; on a shared GPU host, launch-bound latencies that shift by a third for
-    seconds at a time) moves absolute figures; interleaved rounds see it alike, so the choice holds."""
-    pairs = [(t.measurement.latency, t.latency_ms) for t in trials if t.retimed_ms]  # latency_ms: the re-timed median
-    if not pairs:
-        return None
-    return {
-        "plans": len(pairs),
-        "largest_percent": 100 * max(abs(trial.median_ms / final - 1) for trial, final in pairs),
-        "outside_trial_spread": sum(not trial.p10_ms <= final <= trial.p90_ms for trial, final in pairs),
-    }
-
-
-DRIFT_WORTH_SAYING = 10.0  # percent
-
-
-def speedup_text(versus: dict[str, Any]) -> str:
-    """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where a result recorded no interval."""
-    if versus.get("low") is None:
-        return f"{float(versus['speedup']):.2f}×"
-    return (f"{float(versus['speedup']):.2f}× ({float(versus['low']):.2f}–{float(versus['high']):.2f}, "
-            f"{100 * float(versus['confidence']):.0f} %)")
-
-
-def noise_verdict(beyond: bool | None, short: bool = False) -> str:
-    """What a speed-up's verdict on timing noise says (None: not re-timed, so there is none)."""
-    if beyond is None:
-        return "not re-timed" if short else "not re-timed: no verdict on timing noise"
-    if beyond:
-        return "beyond timing noise"
-    return "within timing noise" if short else "WITHIN timing noise: no real gain measured"
-
-
-def drifted(search: dict[str, Any]) -> str | None:
-    """A sentence when this machine's latencies moved between the trials and the re-timing beyond the
-    trials' own spread: absolute figures are then good to that much, ratios of interleaved rounds are not hit."""
-    drift = search.get("timing_drift")
-    if not drift or not drift["outside_trial_spread"] or drift["largest_percent"] < DRIFT_WORTH_SAYING:
-        return None
-    return (
-        f"latencies on this machine drifted up to {drift['largest_percent']:.0f} % between the trials and the re-timing "
-        f"({drift['outside_trial_spread']} of {drift['plans']} plans beyond their trial's p10–p90): absolute figures "
-        "are good to about that much; the speed-up comes from interleaved rounds, which drift hits alike"
-    )
 
 
 def json_safe(value: Any) -> Any:
@@ -147,31 +97,11 @@ def plan_ignored(trial: TrialRecord) -> bool:
     return bool(fidelity.get("plan_ignored"))
 
 
-def model_json(info: ModelInfo) -> dict[str, Any]:
-    return {
-        "path": str(Path(info.path).resolve()),
-        "sha256": info.sha256,
-        "inputs": {i.name: {"shape": list(i.shape), "dtype": i.dtype} for i in info.inputs},
-        "outputs": {o.name: {"shape": list(o.shape), "dtype": o.dtype} for o in info.outputs},
-        "units": len(info.units),
-        "searchable_units": len(info.searchable_units),
-        "preparation": list(info.notes),
-        "weight_bytes": info.stored.weight_bytes(),
-        "external_data": info.external_data,
-    }
-
-
 def recorded_profile(pareto: dict[str, Any]) -> ShapeProfile:
     """The shape profile a search recorded (an older result's: its one measured shape)."""
     if pareto["search"].get("profile"):
         return ShapeProfile.from_json(pareto["search"]["profile"])
     return ShapeProfile.fixed({name: spec["shape"] for name, spec in pareto["model"]["inputs"].items()})
-
-
-def external_weights(model: dict[str, Any]) -> bool | None:
-    """Whether a result's exported models keep their weights in a data file: as the given model did,
-    else where they are large (None: :func:`autoprec.core.stored.save_models` decides by size)."""
-    return True if model.get("external_data") else None
 
 
 def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
@@ -187,7 +117,7 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
     (``deployment``'s) are self-contained in best/ (their weights in one data file both share where they
     are large)."""
     out = result.out_dir
-    header = {"model": result.model, "engine": result.engine.to_json(), "search": result.search}
+    header = {"model": result.model.to_json(), "engine": result.engine.to_json(), "search": result.search}
     written = [
         atomic.write_json(
             out / "pareto.json",
@@ -197,9 +127,7 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
                     **header,
                     "front": [trial_json(t) for t in result.front],
                     "chosen": result.chosen.number if result.chosen else None,
-                    "chosen_vs_fp32": result.speedup_vs_fp32(),
-                    "chosen_vs_source": result.versus.get("chosen_vs_source"),
-                    "not_shipped": result.versus.get("not_shipped"),
+                    **result.stated_versus().to_json(),
                     "uniform": {p: t.number for p, t in result.uniform().items()},
                 }
             ),
@@ -242,7 +170,7 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
             models[best / "model.tensorrt.onnx"] = tensorrt_model
         else:  # a resumed search may have chosen another plan: no stale artifact of the old one
             (best / "model.tensorrt.onnx").unlink(missing_ok=True)
-        written += save_models(models, data=WEIGHTS_FILE, external=external_weights(result.model))
+        written += save_models(models, data=WEIGHTS_FILE, external=result.model.external_weights)
         if (best / WEIGHTS_FILE).is_file():
             files[WEIGHTS_FILE] = "the weights of the models beside it (ONNX external data): keep it with them"
         written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
@@ -404,7 +332,8 @@ DEPLOYMENT = {
 }
 CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
-SENSITIVITY = {"engine": str, "batches": int, "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
+SENSITIVITY = {"engine": str, "batches": int, "evaluations": int, "seconds": NUMBER,
+               "unattributed_share": Nullable(NUMBER), "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
                                                           "loss": MapOf(NUMBER), "gain": MapOf(NUMBER)}]}
 
 
@@ -557,12 +486,18 @@ class ResultFiles:
     plan: dict[str, Any] | None
     sensitivity: dict[str, Any] | None = None  # sensitivity.json, when the search ran its sensitivity pass
 
-    @property
-    def chosen(self) -> dict[str, Any] | None:
-        return next((t for t in self.pareto["front"] if t["trial"] == self.pareto["chosen"]), None)
-
     def trial(self, number: int) -> dict[str, Any] | None:
         return next((t for t in self.trials["trials"] if t["trial"] == number), None)
+
+    def plan_of(self, number: int) -> Plan | None:
+        """Trial ``number``'s plan (None: the study has no such finished trial)."""
+        found = self.trial(number)
+        return Plan.from_json(found["plan"]) if found else None
+
+    @property
+    def best_plan(self) -> tuple[Plan, int] | None:
+        """best/'s plan and its trial (None: no plan was chosen)."""
+        return (Plan.from_json(self.plan["plan"]), self.plan["trial"]) if self.plan else None
 
     def how_measured(self) -> HowMeasured:
         return HowMeasured.from_record(self.pareto, self.out_dir)
@@ -581,14 +516,23 @@ class ResultFiles:
     def chosen_number(self) -> int | None:
         return self.pareto["chosen"]
 
-    def uniform_trial(self, precision: str) -> dict[str, Any] | None:
+    def uniform_trial(self, precision: str) -> ShownTrial | None:
         """The all-``precision`` trial, where the study has one."""
-        number = self.pareto["uniform"].get(precision)
-        return self.trial(number) if number is not None else None
+        return self.shown_trial(self.pareto["uniform"].get(precision))
 
-    def versus(self) -> dict[str, Any]:
-        """The chosen plan's speed-ups with their intervals (chosen_vs_fp32, chosen_vs_source)."""
-        return {k: self.pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source")}
+    @property
+    def versus(self) -> Versus:
+        """The chosen plan's speed-ups with their intervals, and the plan not shipped, if one was not."""
+        return Versus.from_json(self.pareto)
+
+    @property
+    def model(self) -> ModelRecord:
+        return ModelRecord.from_json(self.pareto["model"])
+
+    @property
+    def facts(self) -> SearchFacts:
+        """How the search ran, as a reader is shown it."""
+        return SearchFacts.from_json(self.pareto["search"])
 
     @property
     def profile(self) -> ShapeProfile:
@@ -596,20 +540,26 @@ class ResultFiles:
         return recorded_profile(self.pareto)
 
     @property
-    def drift(self) -> str | None:
-        """What a reader of its absolute latencies must know of this machine's drift (see :func:`drifted`)."""
-        return drifted(self.pareto["search"])
+    def chosen_units(self) -> list[ChosenUnit]:
+        """The chosen plan's units in graph order (none where no plan was chosen)."""
+        return [ChosenUnit.from_json(u) for u in self.plan["units"]] if self.plan else []
 
     @property
-    def external_weights(self) -> bool | None:
-        """Whether exports keep their weights in a data file (see :func:`external_weights`)."""
-        return external_weights(self.pareto["model"])
+    def best_files(self) -> dict[str, str]:
+        """best/'s files and what each is."""
+        return dict(self.plan["files"]) if self.plan else {}
+
+    @property
+    def shipped_as(self) -> ShippedAs | None:
+        """How best/model.onnx ships (None: no plan chosen, or a result older than the record of it)."""
+        deployment = (self.plan or {}).get("deployment")
+        return ShippedAs.from_json(deployment) if deployment else None
 
     def shown_front(self) -> list[ShownTrial]:
-        return shown_front(self.pareto)
+        return [ShownTrial.from_json(t) for t in self.pareto["front"]]
 
     def shown_chosen(self) -> ShownTrial | None:
-        return ShownTrial.from_json(self.chosen) if self.chosen else None
+        return next((t for t in self.shown_front() if t.number == self.chosen_number), None)
 
     def shown_trial(self, number: int | None) -> ShownTrial | None:
         found = self.trial(number) if number is not None else None
@@ -617,11 +567,6 @@ class ResultFiles:
 
     def shown_trials(self) -> list[ShownTrial]:
         return [ShownTrial.from_json(t) for t in self.trials["trials"]]
-
-
-def shown_front(pareto: dict[str, Any]) -> list[ShownTrial]:
-    """The front of a pareto.json, as views show it."""
-    return [ShownTrial.from_json(t) for t in pareto["front"]]
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from autoprec.core import atomic
 from autoprec.measure.diagnosis import UnitError, culprits
-from autoprec.results.files import ResultFiles, ShownTrial, shown_front
+from autoprec.results.files import ResultFiles, ShownTrial
+from autoprec.study.sensitivity import Sensitivity
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
 PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
@@ -35,44 +36,41 @@ def _pyplot():
     return plt
 
 
-def _subtitle(pareto: dict[str, Any]) -> str:
-    engine = pareto["engine"]
-    return (
-        f"{Path(pareto['model']['path']).name} · loss = {pareto['search']['metric']} vs FP32\n"
-        f"{engine['engine']} {engine['version']} {engine['provider']} · {engine['device']}"
-    )
+def _subtitle(result: ResultFiles) -> str:
+    engine = result.engine
+    return (f"{result.model.path.name} · loss = {result.facts.metric} vs FP32\n"
+            f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
 
 
-def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> Path:
+def plot_pareto(result: ResultFiles, path: Path) -> Path:
     """Latency vs accuracy loss: every trial grey, the front joined, uniform plans and the chosen one labelled."""
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    shown = [ShownTrial.from_json(t) for t in trials["trials"]]
+    shown = result.shown_trials()
     points = [p for t in shown if (p := _point(t))]
     if points:
         ax.scatter([p[0] for p in points], [p[1] for p in points], s=14, color="0.75", label="trials", zorder=1)
-    front = [(t, p) for t in shown_front(pareto) if (p := _point(t))]
+    front = [(t, p) for t in result.shown_front() if (p := _point(t))]
     if front:
         xs, ys = [p[0] for _, p in front], [p[1] for _, p in front]
         ax.errorbar(
             xs, ys, xerr=[[p[2] for _, p in front], [p[3] for _, p in front]], fmt="o-", color="tab:blue",
             ms=5, lw=1.5, capsize=2, label="Pareto front (bars: re-timing rounds' range)", zorder=3,
         )
-    by_number = {t.number: t for t in shown}
-    for precision, number in pareto.get("uniform", {}).items():
-        p = _point(by_number[number]) if number in by_number else None
+    for precision in ("fp32", "fp16", "int8"):
+        p = _point(uniform) if (uniform := result.uniform_trial(precision)) else None
         if p:
             ax.annotate(
                 f"all {precision}", (p[0], p[1]), textcoords="offset points", xytext=(6, 6), fontsize=9, color="0.3"
             )
             ax.scatter([p[0]], [p[1]], s=30, facecolors="none", edgecolors="0.3", zorder=4)
-    chosen = by_number.get(pareto.get("chosen"))
+    chosen = result.shown_chosen()
     if chosen and (p := _point(chosen)):
         ax.scatter(
             [p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen.number})", zorder=5
         )
-    max_loss = pareto["search"].get("max_loss")
+    max_loss = result.facts.max_loss
     if max_loss is not None:
         ax.axhline(max_loss, color="tab:red", ls="--", lw=1, label=f"--max-loss {max_loss:g}")
     losses = [p[1] for p in points] + ([max_loss] if max_loss is not None else [])
@@ -85,8 +83,8 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
         ax.set_xscale("log")
     ax.margins(x=0.1)
     ax.set_xlabel("latency per batch, ms (front: median of the final interleaved re-timing)")
-    ax.set_ylabel(f"accuracy loss ({pareto['search']['metric']}) vs FP32")
-    ax.set_title(_subtitle(pareto), fontsize=9)
+    ax.set_ylabel(f"accuracy loss ({result.facts.metric}) vs FP32")
+    ax.set_title(_subtitle(result), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
     fig.tight_layout()
@@ -95,16 +93,17 @@ def plot_pareto(pareto: dict[str, Any], trials: dict[str, Any], path: Path) -> P
     return path
 
 
-def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
+def plot_layers(result: ResultFiles, path: Path) -> Path:
     """Units in graph order (columns) coloured by precision; one row per front member, the chosen one on top."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
     plt = _pyplot()
     order = ["int8", "fp16", "fp32"]
-    front = sorted(pareto["front"], key=lambda t: (t["trial"] != pareto["chosen"], t["final_latency_ms"]))
-    units = list(front[0]["plan"]["precisions"]) if front else []
-    grid = [[order.index(t["plan"]["precisions"][u]) for u in units] for t in front]
+    chosen = result.chosen_number
+    front = sorted(result.shown_front(), key=lambda t: (t.number != chosen, t.final_ms))
+    units = list(front[0].precisions) if front else []
+    grid = [[order.index(t.precisions[u]) for u in units] for t in front]
     width = min(24.0, max(8.0, 0.09 * len(units) + 3.5))
     height = 1.6 + 0.32 * len(front)
     fig, ax = plt.subplots(figsize=(width, height), dpi=120)
@@ -113,10 +112,9 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
                   cmap=ListedColormap([PRECISION_COLOURS[p] for p in order]))
     labels = []
     for t in front:
-        loss = float(t["accuracy_loss"])
-        loss_text = f"{loss:.1e}" if math.isfinite(loss) else "inf"
-        mark = "chosen · " if t["trial"] == pareto["chosen"] else ""
-        labels.append(f"{mark}trial {t['trial']}: {t['final_latency_ms']:.3g} ms, loss {loss_text}")
+        loss_text = f"{t.loss:.1e}" if math.isfinite(t.loss) else "inf"
+        mark = "chosen · " if t.number == chosen else ""
+        labels.append(f"{mark}trial {t.number}: {t.final_ms:.3g} ms, loss {loss_text}")
     ax.set_yticks(range(len(front)), labels, fontsize=8)
     if len(units) <= 40:
         ax.set_xticks(range(len(units)), units, rotation=90, fontsize=7)
@@ -128,7 +126,7 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
     ax.set_yticks([y - 0.5 for y in range(1, len(front))], minor=True)
     ax.grid(which="minor", color="white", linewidth=0.6 if len(units) <= 60 else 0.2)
     ax.tick_params(which="minor", length=0)
-    ax.set_title(f"Precision per unit on the Pareto front: {_subtitle(pareto)}", fontsize=9)
+    ax.set_title(f"Precision per unit on the Pareto front: {_subtitle(result)}", fontsize=9)
     handles = [Patch(color=PRECISION_COLOURS[p], label=p) for p in order]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
@@ -137,17 +135,17 @@ def plot_layers(pareto: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Path:
+def plot_sensitivity(sensitivity: Sensitivity, title: str, path: Path) -> Path:
     """Per unit in graph order: the loss when it alone is lowered (per precision, log scale) beside its
     share of the FP32 latency, so cheap-to-lower and costly units stand out together."""
     plt = _pyplot()
-    units = sensitivity["units"]
+    units = sensitivity.units
     rows = list(range(len(units)))
     fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)), dpi=120,
                                       gridspec_kw={"width_ratios": [3, 1.2]})
     floor = 1e-9  # a loss of 0 (bit-identical outputs) drawn at the axis' floor
     for precision, marker in (("int8", "s"), ("fp16", "o")):
-        points = [(i, float(u["loss"][precision])) for i, u in enumerate(units) if precision in u["loss"]]
+        points = [(i, u.loss[precision]) for i, u in enumerate(units) if precision in u.loss]
         finite = [(i, max(v, floor)) for i, v in points if math.isfinite(v)]
         if finite:
             left.scatter([v for _, v in finite], [i for i, _ in finite], marker=marker, s=18,
@@ -161,14 +159,14 @@ def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Pat
     left.set_xlabel("accuracy loss with only this unit lowered (log)")
     left.grid(axis="x", color="0.9")
     left.legend(fontsize=8, loc="lower right")
-    shares = [u["share"] if u["share"] is not None else 0.0 for u in units]
+    shares = [u.share if u.share is not None else 0.0 for u in units]
     right.barh(rows, [100 * s for s in shares], color="0.55")
-    right.set_xlabel("share of FP32 latency, %" if any(u["share"] is not None for u in units) else "no engine profile")
-    labels = [u["unit"] for u in units] if len(units) <= 60 else [str(i) for i in rows]
+    right.set_xlabel("share of FP32 latency, %" if any(u.share is not None for u in units) else "no engine profile")
+    labels = [u.unit for u in units] if len(units) <= 60 else [str(i) for i in rows]
     left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
     left.invert_yaxis()
     fig.suptitle(
-        f"Sensitivity: {title}\n{sensitivity['engine']} · {sensitivity['batches']} evaluation batch(es)", fontsize=9
+        f"Sensitivity: {title}\n{sensitivity.engine} · {sensitivity.batches} evaluation batch(es)", fontsize=9
     )
     fig.tight_layout()
     atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
@@ -179,12 +177,12 @@ def plot_sensitivity(sensitivity: dict[str, Any], title: str, path: Path) -> Pat
 def plot_result_dir(result: ResultFiles) -> list[Path]:
     """Every figure a result directory supports, written next to its results."""
     written = [
-        plot_pareto(result.pareto, result.trials, result.out_dir / "pareto.png"),
-        plot_layers(result.pareto, result.out_dir / "layers.png"),
+        plot_pareto(result, result.out_dir / "pareto.png"),
+        plot_layers(result, result.out_dir / "layers.png"),
     ]
     if result.sensitivity is not None:
-        title = Path(result.pareto["model"]["path"]).name
-        written.append(plot_sensitivity(result.sensitivity, title, result.out_dir / "sensitivity.png"))
+        found = Sensitivity.from_json(result.sensitivity)
+        written.append(plot_sensitivity(found, result.model.path.name, result.out_dir / "sensitivity.png"))
     return written
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.core import atomic
-from autoprec.results.files import ResultFiles, decisions, drifted, noise_verdict, speedup_text
+from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
 
 STYLE = """
@@ -41,35 +41,31 @@ def _img(path: Path, alt: str) -> str:
 
 
 def _facts(result: ResultFiles) -> str:
-    p = result.pareto
-    engine, search, model = p["engine"], p["search"], p["model"]
+    engine, search, model = result.engine, result.facts, result.model
     rows = [
-        ("model", f"{model['path']} (sha256 {model['sha256'][:16]}…)"),
-        ("inputs", ", ".join(f"{n} {v['shape']} {v['dtype']}" for n, v in model["inputs"].items())),
-        ("units", f"{model['units']} ({model['searchable_units']} searched)"),
-        ("preparation", "; ".join(model["preparation"]) or "—"),
-        ("engine", f"{engine['engine']} {engine['version']}, {engine['provider']} ({engine['qdq_form']} Q/DQ form)"),
-        ("device", engine["device"]),
-        ("latency", engine.get("timing") or "—"),
-        ("measured", "yes" if engine["measured"] else "NO — described only, never executed"),
-        ("data", f"{search['data']} — {search['batches']['calibration']} calibration / "
-                 f"{search['batches']['evaluation']} evaluation batch(es)"),
-        ("metric", f"{search['metric']} (loss 0 = as good as FP32)"),
-        *(("FP32 against the labels", decisions(search["fp32_on_labels"])),) * bool(search.get("fp32_on_labels")),
-        *(("note", line) for line in search.get("metric_notes") or []),
-        *(("⚠ decisions changed", line) for line in search.get("decision_changes") or []),
-        ("max loss", search["max_loss"] if search["max_loss"] is not None else "none (the knee is chosen)"),
-        ("budget", f"{search['budget']} trials: {search['trials']} measured, {len(search.get('rejected') or [])} "
+        ("model", f"{model.path} (sha256 {model.sha256[:16]}…)"),
+        ("inputs", ", ".join(f"{n} {shape} {dtype}" for n, (shape, dtype) in model.inputs.items())),
+        ("units", f"{model.units} ({model.searchable_units} searched)"),
+        ("preparation", "; ".join(model.preparation) or "—"),
+        ("engine", f"{engine.engine} {engine.version}, {engine.provider} ({engine.qdq_form} Q/DQ form)"),
+        ("device", engine.device),
+        ("latency", engine.timing or "—"),
+        ("measured", "yes" if engine.measured else "NO — described only, never executed"),
+        ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
+        ("metric", f"{search.metric} (loss 0 = as good as FP32)"),
+        *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
+        *(("note", line) for line in search.metric_notes),
+        *(("⚠ decisions changed", line) for line in search.decision_changes),
+        ("max loss", search.max_loss if search.max_loss is not None else "none (the knee is chosen)"),
+        ("budget", f"{search.budget} trials: {search.trials} measured, {search.rejected} "
                    "rejected early (counted against the budget, as on the terminal)"),
-        ("sampler / seed", f"{search['sampler']} / {search['seed']}"),
-        ("calibration", search["calibration"]),
-        ("study", f"{search['study_name']} in {search['storage']}"),
-        ("wall time", f"{search['wall_seconds']:.1f} s"),
+        ("sampler / seed", f"{search.sampler} / {search.seed}"),
+        ("calibration", search.calibration),
+        ("study", f"{search.study} in {search.storage}"),
+        ("wall time", f"{search.wall_seconds:.1f} s"),
     ]
     body = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in rows)
-    warning = (
-        '<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search["random_data"] else ""
-    )
+    warning = '<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search.random_data else ""
     return f"<table>{body}</table>{warning}"
 
 
@@ -110,7 +106,7 @@ def _front(result: ResultFiles) -> str:
             t.counts["fp32"],
         ]
         cells += [_num(t.metrics[out][m]) if m in t.metrics[out] else "—" for out in outputs for m in metric_names]
-        cls = ' class="chosen"' if t.number == result.pareto["chosen"] else ""
+        cls = ' class="chosen"' if t.number == result.chosen_number else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     # Two header rows: each output's name once over its metrics, so long tensor names stay readable.
     top = "".join(f'<th rowspan="2">{_e(h)}</th>' for h in head)
@@ -124,17 +120,35 @@ def _front(result: ResultFiles) -> str:
             "*_labels: against the data's ground truth).</p>")
 
 
-def _plan(plan: dict[str, Any] | None) -> str:
-    if plan is None:
+def _plan(result: ResultFiles) -> str:
+    if result.plan is None:
         return "<p>No plan was chosen.</p>"
     rows = "".join(
-        f'<tr><td>{i}</td><td class="l">{_e(u["name"])}</td><td class="l">{_e(u["op_type"])}</td>'
-        f'<td class="l">{_e(", ".join(u["fused"]) or "—")}</td><td class="l {u["precision"]}">{u["precision"]}</td></tr>'
-        for i, u in enumerate(plan["units"])
+        f'<tr><td>{i}</td><td class="l">{_e(u.name)}</td><td class="l">{_e(u.op_type)}</td>'
+        f'<td class="l">{_e(", ".join(u.fused) or "—")}</td><td class="l {u.precision}">{u.precision}</td></tr>'
+        for i, u in enumerate(result.chosen_units)
     )
-    files = "".join(f"<li><code>best/{_e(k)}</code>: {_e(v)}</li>" for k, v in plan["files"].items())
+    files = "".join(f"<li><code>best/{_e(k)}</code>: {_e(v)}</li>" for k, v in result.best_files.items())
     return ('<table><tr><th>#</th><th class="l">unit</th><th class="l">op</th><th class="l">fused</th>'
             f'<th class="l">precision</th></tr>{rows}</table><ul>{files}</ul>')
+
+
+def _summary(result: ResultFiles) -> str:
+    """The report's first paragraph: the choice and its speed-ups, as the terminal says them."""
+    chosen, versus = result.shown_chosen(), result.versus
+    if chosen is None:
+        return "No plan was chosen."
+    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.final_ms, '.4g')} ms per batch, accuracy loss "
+               f"{_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
+    if versus.fp32 and versus.fp32_trial != chosen.number:
+        summary += f" Speed-up over all-FP32 {versus.fp32.text()} ({versus.fp32.verdict(short=True)})."
+    if versus.source:
+        summary += f" Over the given model as it is: {versus.source.text()}."
+    if unproven := versus.not_shipped:
+        summary += f" Trial {unproven.trial} was the fastest within the limit but is {unproven.why}."
+    if drift := result.facts.drift_said:
+        summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
+    return summary
 
 
 def write_report(result: ResultFiles, path: Path | None = None) -> Path:
@@ -142,34 +156,18 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
     figures = {"pareto.png": "latency vs accuracy loss", "layers.png": "precision per unit"}
     if not all((result.out_dir / f).exists() for f in figures):
         plot_result_dir(result)
-    p, chosen = result.pareto, result.chosen
-    summary = "No plan was chosen."
-    if chosen is not None:
-        counts = chosen["plan"]["counts"]
-        summary = (f"Chosen: trial {chosen['trial']}, {_num(chosen['final_latency_ms'], '.4g')} ms per batch, "
-                   f"accuracy loss {_num(chosen['accuracy_loss'])}, int8/fp16/fp32 = "
-                   f"{counts['int8']}/{counts['fp16']}/{counts['fp32']} units.")
-        versus = p.get("chosen_vs_fp32")
-        if versus and versus["fp32_trial"] != chosen["trial"]:
-            verdict = noise_verdict(versus["beyond_timing_noise"], short=True)
-            summary += f" Speed-up over all-FP32 {speedup_text(versus)} ({verdict})."
-        if source := p.get("chosen_vs_source"):
-            summary += f" Over the given model as it is: {speedup_text(source)}."
-        if unproven := p.get("not_shipped"):
-            summary += f" Trial {unproven['trial']} was the fastest within the limit but is {unproven['why']}."
-        if drift := drifted(p["search"]):
-            summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
-    title = f"autoprec — {Path(p['model']['path']).name} on {p['engine']['engine']} {p['engine']['provider']}"
+    engine = result.engine
+    title = f"autoprec — {result.model.path.name} on {engine.engine} {engine.provider}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
 <body>
 <h1>{_e(title)}</h1>
-<p id="summary">{_e(summary)}</p>
+<p id="summary">{_e(_summary(result))}</p>
 <h2>Run</h2>{_facts(result)}
 <h2>Trade-off</h2>{_img(result.out_dir / "pareto.png", figures["pareto.png"])}
 <h2>Pareto front</h2>{_front(result)}
 <h2>Precision per unit</h2>{_img(result.out_dir / "layers.png", figures["layers.png"])}
-<h2>Chosen plan</h2>{_plan(result.plan)}
+<h2>Chosen plan</h2>{_plan(result)}
 <p class="note">Made by autoprec from {_e(result.out_dir)}. Every latency was measured by the engine named above.</p>
 </body></html>
 """
