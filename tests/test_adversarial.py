@@ -490,6 +490,12 @@ MISC = [  # (argv after the verb's model/result, files to write, phrase the one 
         {},
         "--task-output nope: the model has no such output; its outputs are: probs",
     ),
+    (["search", "{model}", "--trial-timeout", "1e-9"], {}, "--trial-timeout 1e-09: a candidate is built"),
+    (
+        ["search", "{model}", "--metric", "negative:loss", "--budget", "3", "--no-warm-start"],
+        {"negative.py": "def loss(reference, outputs):\n    return -1e308\n"},
+        "--metric negative:loss: returned -1e+308 for a plan; a loss is 0 or more",
+    ),
 ]
 
 
@@ -518,6 +524,128 @@ def test_names_holding_math_text_are_drawn_as_text(tmp_path, capsys):
         code, err = run(argv, capsys)
         clean(code, err, allowed=(0,))
     assert (out / "pareto.png").stat().st_size > 1000
+
+
+def _graph(nodes, inputs, outputs, initializers=()):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_model_that_disagrees_with_itself_is_refused_naming_its_random_op(tmp_path, capsys):
+    """RandomNormalLike: no exact FP32 reference exists, so no loss against it means anything."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32), "w")
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                    helper.make_node("RandomNormalLike", ["a"], ["n"], name="noise"),
+                    helper.make_node("Add", ["a", "n"], ["y"], name="add")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
+    code, err = run(["search", builders.save(model, tmp_path / "noisy.onnx"), "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    last = err.strip().splitlines()[-1]
+    assert "other outputs for the same input on a second run" in last and "RandomNormalLike 'noise'" in last
+
+
+def test_a_metric_that_does_not_agree_with_itself_is_refused_before_any_trial(tmp_path, capsys):
+    """A head that is no YOLO head, judged with --det-layout yolov5: FP32 against itself must score 0."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(32, 450)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 50, 9], np.int64), "shape")
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                    helper.make_node("Reshape", ["a", "shape"], ["y"], name="rs")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 50, 9])], [weight, shape])
+    out = tmp_path / "o"
+    code, err = run(["search", builders.save(model, tmp_path / "head.onnx"), "--metric", "detection", "--det-layout",
+                     "yolov5", "--out", out], capsys)
+    clean(code, err, allowed=(2,))
+    assert "--metric detection: the FP32 model's outputs score loss" in err.strip().splitlines()[-1]
+    assert not (out / "pareto.json").exists()
+
+
+def test_weights_given_as_an_input_are_fed_whole_with_random_data(tmp_path, capsys):
+    """MatMul(x[4,16], w[16,8]) with w an input: w is one tensor per run, not 16 items cut into batches of 4."""
+    from onnx import TensorProto, helper
+
+    model = _graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]),
+                    helper.make_tensor_value_info("w", TensorProto.FLOAT, [16, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    out = tmp_path / "o"
+    code, err = run(["search", builders.save(model, tmp_path / "wi.onnx"), "--out", out, "--budget", "3"], capsys)
+    clean(code, err, allowed=(0,))
+    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 3
+
+
+def test_string_inputs_are_fed_from_data_and_refused_for_random_data(tmp_path, capsys):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    model = _graph([helper.make_node("Identity", ["s"], ["t"], name="id"),
+                    helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                   [helper.make_tensor_value_info("s", TensorProto.STRING, [1]),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                   [helper.make_tensor_value_info("t", TensorProto.STRING, [1]),
+                    helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [weight])
+    path = builders.save(model, tmp_path / "strings.onnx")
+    code, err = run(["search", path, "--out", tmp_path / "random"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "input s takes strings, which random data cannot choose" in err.strip().splitlines()[-1]
+    np.savez(tmp_path / "d.npz", s=np.array([["a"], ["b"]] * 4), x=np.random.default_rng(0).random((8, 8), np.float32))
+    code, err = run(["search", path, "--data", tmp_path / "d.npz", "--out", tmp_path / "o", "--budget", "2"], capsys)
+    clean(code, err, allowed=(0,))
+
+
+def test_a_failed_write_names_its_file(tmp_path):
+    import errno
+
+    from autoprec.core import atomic
+
+    def full(_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as raised:
+        atomic.write_with(tmp_path / "pareto.json", full)
+    assert raised.value.filename == str(tmp_path / "pareto.json") and not list(tmp_path.iterdir())
+
+
+def test_a_background_threads_failure_is_one_line(capsys):
+    """Optuna's heartbeat thread, when the database stops: a warning line, no traceback."""
+    import threading
+
+    from autoprec.app import cli
+
+    before = threading.excepthook
+    try:
+        cli._quiet()
+        worker = threading.Thread(target=lambda: 1 / 0, name="optuna-heartbeat")
+        worker.start()
+        worker.join()
+    finally:
+        threading.excepthook = before
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip() == "autoprec: warning: optuna-heartbeat failed " \
+        "(ZeroDivisionError: division by zero)"
+
+
+@pytest.mark.parametrize("message, said", [
+    ("connection failed: connection to server at \"127.0.0.1\", port 5432 failed: Connection refused", "stopped"),
+    ("consuming input failed: server closed the connection unexpectedly", "stopped"),
+    ("database or disk is full", "disk is full"),
+])
+def test_a_storage_failure_says_what_fits_its_cause(message, said):
+    from autoprec.study.coordination import storage_hint
+
+    assert said in storage_hint(message) and (said == "disk is full") == ("disk" in storage_hint(message))
 
 
 @pytest.mark.parametrize("case", range(len(MISC)), ids=[" ".join(m[0][:3]) + f" {i}" for i, m in enumerate(MISC)])

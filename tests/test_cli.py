@@ -172,6 +172,8 @@ def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, ml
         ("budget", 0, "--budget 0: must be at least 1 (the number of trials to run)"),
         ("heartbeat", -2, "--heartbeat -2: must be at least 1"),
         ("trial_timeout", 0.0, "--trial-timeout 0.0: must be a finite number more than 0"),
+        ("trial_timeout", 1e-9, "--trial-timeout 1e-09: a candidate is built, then timed for at least 0.2 s of runs; "
+                                "give 1 second(s) or more"),
         ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
         (
             "seed",

@@ -112,6 +112,49 @@ def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path)
     assert shot.exists() and _not_blank(shot)
 
 
+def test_the_report_fits_a_1280_pixel_window_whatever_the_outputs_and_names_a_zoo_model(result_dirs, tmp_path):
+    """Six outputs with long names, each with every metric: the page still fits 1280 pixels in chromium (was
+    one column per output and metric, cut off at the window's edge); a zoo model is titled by its zoo name."""
+    import shutil as sh
+
+    a, _ = result_dirs
+    copy = tmp_path / "wide"
+    sh.copytree(a, copy)
+    pareto = json.loads((copy / "pareto.json").read_text())
+    for trial in pareto["front"]:
+        values = next(iter(trial["metrics"].values()))
+        trial["metrics"] = {f"detections_at_stride_{8 * 2 ** i}_of_the_feature_pyramid": values for i in range(6)}
+    pareto["search"]["spec"]["inputs"]["model"] = "zoo:ppocr-cls"
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    assert _code(["report", str(copy)]) == 0
+    page = (copy / "report.html").read_text()
+    assert "<title>autoprec — zoo:ppocr-cls on " in page
+    probe = copy / "probe.html"
+    widest = "Math.max(...Array.from(document.querySelectorAll('table'), t => t.getBoundingClientRect().right))"
+    probe.write_text(page.replace("</body>", f"<script>document.title = 'width ' + Math.ceil({widest})</script></body>"))
+    browser = _chromium() + [f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1600"]
+    dom = subprocess.run(browser + ["--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    width = int(dom.split("<title>width ")[1].split("<")[0])
+    assert width <= 1280, width
+
+
+def test_show_in_a_log_cuts_no_cell(result_dirs, tmp_path, capsys, monkeypatch):
+    """Written to a pipe or a CI log (no terminal, no $COLUMNS), a front table wider than 80 columns keeps every
+    number and the chosen mark (rich cut it to 80: "tri…", "×fp…", the mark gone)."""
+    import shutil as sh
+
+    a, _ = result_dirs
+    copy = tmp_path / "long"
+    sh.copytree(a, copy)
+    pareto = json.loads((copy / "pareto.json").read_text())
+    pareto["search"]["metric"] = "cosine-of-every-output-concatenated"
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _code(["show", str(copy)]) == 0
+    shown = capsys.readouterr().out
+    assert "…" not in shown and "chosen" in shown and "loss (cosine-of-every-output-concatenated)" in shown
+
+
 def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_mark(result_dirs, tmp_path):
     from rich.console import Console
 

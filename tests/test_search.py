@@ -129,18 +129,22 @@ def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
     assert metrics["probs"]["max_abs"] == pytest.approx(plan["metrics"]["probs"]["max_abs"], rel=1e-4, abs=1e-7)
 
 
-def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search):
+def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search, caplog):
     model, data, out, _ = conv_search
     storage = f"sqlite:///{out / 'study.db'}"
     before = {
         t.number: (t.values, t.params)
         for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     }
-    autoprec.search(conv_config(model, data, out, budget=10))
+    with caplog.at_level("INFO", logger="autoprec"):
+        autoprec.search(conv_config(model, data, out, budget=10))
     trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     assert len(trials) == 10
     for t in trials[:8]:
         assert (t.values, t.params) == before[t.number]  # kept, not re-measured
+    warm = next(r.message for r in caplog.records if r.message.startswith("warm start:"))
+    planned = int(warm.split()[2])  # the first run queued (and ran) them: not said as queued now
+    assert planned == 0 or f"({planned} already in the study from an earlier run)" in warm, warm
 
 
 def test_study_for_another_setting_is_refused(conv_search):

@@ -282,10 +282,12 @@ def load_items(
                 f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)}"
                 f"{whole}, stacked along a first axis, or pass --shape"
             )
+        if spec.dtype == "object" and arr.dtype.kind in "US":  # a string input: ONNX Runtime takes str objects
+            arr = arr.astype(object)
         if np.dtype(arr.dtype).kind != np.dtype(spec.dtype).kind:
             raise DataError(
-                f"--data {path}: input {spec.name} is {arr.dtype} in the data, but the model takes {spec.dtype}; "
-                "convert the arrays"
+                f"--data {path}: input {spec.name} is {arr.dtype} in the data, but the model takes "
+                f"{dtype_text(spec.dtype)}; convert the arrays"
             )
         items[spec.name] = arr.astype(spec.dtype, copy=False)
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
@@ -391,6 +393,11 @@ def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
 RANDOM_INTEGERS = (0, 100)  # what random data draws integer inputs from, upper bound excluded
 
 
+def dtype_text(dtype: str) -> str:
+    """A tensor type as a user knows it (an ONNX string tensor is numpy's object)."""
+    return "string" if dtype == "object" else dtype
+
+
 def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int = 1) -> dict[str, np.ndarray]:
     """Uniform [0, 1) floats, integers in RANDOM_INTEGERS: only for trying a model without data. An
     input that is not batched gets one value per batch of ``size`` items. A scalar integer input (a
@@ -400,6 +407,9 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int 
     for spec in inputs:
         drawn = count if spec.batch_axis is not None else -(-count // size)
         shape = (drawn, *spec.item_shape)
+        if spec.dtype == "object":
+            raise DataError(f"input {spec.name} takes strings, which random data cannot choose: pass --data with an "
+                            f"{spec.name!r} array of strings")
         if not spec.shape and np.dtype(spec.dtype).kind in "iub":
             raise DataError(f"input {spec.name} is a {spec.dtype} scalar, which random data cannot choose: pass "
                             f"--const {spec.name}=VALUE (e.g. the sample rate it expects), or --data with an "

@@ -279,7 +279,8 @@ def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
 
 def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | None]:
     """Each input's batch axis, read off the declared shapes: the axis carrying the first input's
-    batch dim by name (``batch``), or by size where all are fixed. Beside a dynamic batch, an input
+    batch dim by name (``batch``), or by size where all are fixed (an input with no dim of that size, such as
+    weights given as an input, is not batched). Beside a dynamic batch, an input
     with one dynamic axis after a fixed first one batches along it (a state [2, ?, 128]), and one
     with no dynamic axis is one tensor per run, not batched (None, as a scalar); else axis 0."""
     first = next((dims for dims in shapes if dims), None)
@@ -291,8 +292,8 @@ def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | Non
             axes.append(None)
         elif isinstance(batch, str) and batch in dims:
             axes.append(dims.index(batch))
-        elif isinstance(batch, int):
-            axes.append(dims.index(batch) if dims[0] != batch and batch in dims else 0)
+        elif isinstance(batch, int):  # all fixed: an input without the batch's size is one tensor per run (weights)
+            axes.append(0 if dims[0] == batch else dims.index(batch) if batch in dims else None)
         elif not dynamic:
             axes.append(None)
         elif isinstance(dims[0], int) and len(dynamic) == 1:

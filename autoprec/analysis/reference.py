@@ -14,6 +14,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
+from autoprec.core.errors import ModelError
 
 
 def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
@@ -33,12 +34,40 @@ def reference_outputs(
             return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
     session = cpu_session(info.stored)
     outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
+    if outputs:  # refused before the cache is written: a second run of the first batch must agree with the first
+        check_deterministic(info, outputs[0], dict(zip(names, session.run(names, batches[0]))))
     if cache is not None:
         arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
         for i, out in enumerate(outputs):
             arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
         atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
     return outputs
+
+
+# Ops whose output is drawn at random on every run: a model with one has no exact FP32 reference.
+RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
+DETERMINISTIC_REL_L2 = 1e-5  # two runs of one session on one input: equal but for reduction order, if that
+
+
+def check_deterministic(info: ModelInfo, first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> None:
+    """Refuse, in one line naming the output and any random op, a model whose FP32 outputs change from one run
+    to the next on the same input: every candidate's loss against FP32 would be that noise, not its precision."""
+    for name, a in first.items():
+        b = second[name]
+        if a.dtype.kind not in "fc":
+            differ = a.shape != b.shape or not np.array_equal(a, b)
+            said = "other values"
+        else:
+            error = float(np.linalg.norm((a - b).ravel()) / max(np.linalg.norm(a.ravel()), 1e-30))
+            differ = a.shape != b.shape or not (error <= DETERMINISTIC_REL_L2 or np.array_equal(a, b, equal_nan=True))
+            said = f"relative error {error:.3g}"
+        if differ:
+            random = [f"{n.op_type} {n.name!r}" for n in info.model.graph.node if n.op_type in RANDOM_OPS]
+            cause = f"; it draws random values ({', '.join(random[:3])})" if random else ""
+            raise ModelError(
+                f"{info.path.name}: the FP32 model gives other outputs for the same input on a second run (output "
+                f"{name}: {said}){cause}: a plan's loss against FP32 would be that noise. Give a deterministic model "
+                "(random ops removed or fixed, exported for inference)")
 
 
 def units_run(info: ModelInfo, batches: Sequence[Batch]) -> set[str]:

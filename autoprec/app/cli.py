@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -351,7 +352,7 @@ def _ranges(args: argparse.Namespace) -> int:
     methods = list(rows[0]["thresholds"]) if rows else []
     table = Table(title="activation ranges from calibration (graph order); clipped: share beyond each "
                         f"method's INT8 threshold ({', '.join(methods)})", title_justify="left")
-    table.add_column("tensor", max_width=32, overflow="ellipsis", no_wrap=True)
+    table.add_column("tensor", max_width=32, overflow="fold")
     table.add_column("min … max", no_wrap=True)
     table.add_column("p99.99|x|", justify="right")
     table.add_column("clipped", no_wrap=True)
@@ -520,6 +521,20 @@ def _quiet() -> None:
 
     onnxruntime.set_default_logger_severity(3)
     G_LOGGER.severity = G_LOGGER.CRITICAL
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. its storage's "falling back" warning, SQL and all
+    threading.excepthook = _one_line_thread_error
+
+
+def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
+    """A background thread's failure (Optuna's heartbeat when the database stops) is one line, not a traceback:
+    the search's own error, when it comes, says what to do."""
+    if args.exc_type is SystemExit:
+        return
+    first = (str(args.exc_value).strip().splitlines() or [""])[0][:300]
+    where = args.thread.name if args.thread is not None else "a thread"
+    print(f"autoprec: warning: {where} failed ({args.exc_type.__name__}: {printable(first)})", file=sys.stderr)
 
 
 _OS_HINTS = {
@@ -551,13 +566,12 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         where = exc.filename if exc.filename is not None else "a file"
         hint = _OS_HINTS.get(exc.errno, "check the file system and run again")
         return f"{where}: {exc.strerror or exc}; {hint}", 2
-    if _storage_failure(exc):  # the study's database, from deep inside Optuna (e.g. its disk is full)
+    if _storage_failure(exc):  # the study's database, from deep inside Optuna (a full disk, a stopped server)
+        from autoprec.study.coordination import storage_hint
+
         cause = exc.__cause__ or exc
         first = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [""])[0][:300]
-        return (
-            f"the study's storage failed ({type(cause).__name__}: {first}); if its disk is full, free space and run "
-            "the same command again (finished trials are kept)"
-        ), 2
+        return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
     return (f"internal error ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}): a bug in "
@@ -585,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         _quiet()
     console.show_log()
+    console.widen_when_not_a_terminal()
     try:
         return verbs[args.verb](args)
     except KeyboardInterrupt:

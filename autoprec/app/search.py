@@ -481,7 +481,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     proposer = _proposer(config, setup, joined, measuring, warm, ctx)
     with console.SearchProgress(config.study.budget, min(joined.done, config.study.budget), config.judge.max_loss,
                                 enabled=config.progress) as bar:
-        warm_plans, slow = run_warm_started(
+        started = run_warm_started(
             joined.study,
             ctx,
             config.study.budget,
@@ -491,8 +491,10 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
             propose=proposer,
         )
     if warm.sensitivity is not None:
-        log.info(f"warm start: {len(warm_plans)} plan(s) from the sensitivity ranking were queued"
-                 + (" as proposals" if proposer is not None else "")
+        slow, earlier = started.slow, len(started.plans) - started.queued
+        log.info(f"warm start: {len(started.plans)} plan(s) from the sensitivity ranking"
+                 + (f" ({earlier} already in the study from an earlier run)" if earlier else "")
+                 + (" queued as proposals" if proposer is not None else "")
                  + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)" if slow else ""))
     setup.engine.drop_kept_builds()
     trials = finished_records(joined.study)
@@ -509,7 +511,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         t.number for t in front
     }:  # all-FP32, shipped for want of a proven gain
         front = sorted([*front, chosen], key=lambda r: r.latency_ms)
-    return Outcome(trials, front, chosen, versus, retiming, len(warm_plans), proposer)
+    return Outcome(trials, front, chosen, versus, retiming, len(started.plans), proposer)
 
 
 def _proposer(config: SearchConfig, setup: Setup, joined: Joined, measuring: Measuring, warm: WarmStart,

@@ -461,6 +461,9 @@ def _bad_whole(value: Any) -> bool:
     return isinstance(value, bool) or not isinstance(value, int)
 
 
+MIN_TRIAL_SECONDS = 1.0  # below this no candidate could be measured within its limit
+
+
 @dataclass(frozen=True)
 class IsolationSpec(Group):
     """Where candidates run: worker processes limited in time and memory (a crash fails one trial), how many."""
@@ -493,4 +496,7 @@ class IsolationSpec(Group):
         for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise AutoprecError(f"{option} {value}: must be a finite number more than 0")
+        if self.trial_timeout < MIN_TRIAL_SECONDS:
+            raise AutoprecError(f"--trial-timeout {self.trial_timeout:g}: a candidate is built, then timed for at least "
+                                f"0.2 s of runs; give {MIN_TRIAL_SECONDS:g} second(s) or more")
         return self

@@ -31,3 +31,8 @@ class BackendError(AutoprecError):
 
 class ExportError(AutoprecError):
     """An export cannot represent the result faithfully (or safely) in the requested format."""
+
+
+class MetricError(AutoprecError):
+    """The accuracy metric itself is wrong (a user's loss function below 0): not one plan's fault, so the
+    search stops rather than failing every trial with it."""

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoprec.core.errors import AutoprecError
+from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.measure import tasks
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
@@ -151,7 +151,7 @@ def narrow(arr: np.ndarray) -> bool:
 def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
     """Similarity metrics for one output over all batches (arrays stacked along the batch axis), and
     top-1 agreement when it looks like class scores."""
-    if reference.dtype.kind in "iub":  # class ids, counts, masks: a value is right or wrong, not near
+    if reference.dtype.kind in "iubOUS":  # class ids, counts, masks, strings: a value is right or wrong, not near
         same = reference.reshape(len(reference), -1) == candidate.reshape(len(candidate), -1)
         return {"equal": float(same.mean()) if same.size else 1.0, "nonfinite": 0.0}
     ref = reference.astype(np.float64).reshape(len(reference), -1)
@@ -210,6 +210,7 @@ def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -
     return float(np.mean([to_loss(v) for v in values]))
 
 
+SELF_AGREEMENT = 1e-6  # the most a metric may score FP32's outputs against themselves (rounding)
 HOW_TO = {
     "top1": "it needs class scores shaped N×C or N×T×C: choose cosine or rel_l2",
     "ctc-text": "it needs per-step class scores shaped N×T×C (name the output with --task-output)",
@@ -244,7 +245,7 @@ class Judge:
                     "PaddleOCR's dictionary order)"
                 )
         if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
-            self.loss(self._own(len(self.reference)), self.reference)
+            self._agrees_with_itself()
         if self.metric.against_labels and not any(
             LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()
         ):
@@ -254,6 +255,16 @@ class Judge:
                 "output with --task-output"
             )
         return self.fp32_scores(len(self.reference))
+
+    def _agrees_with_itself(self) -> None:
+        """FP32's outputs must score 0 against themselves; a metric that does not decodes something else
+        (a head of another layout, the wrong output) and would judge every plan by that."""
+        own = self.loss(self._own(len(self.reference)), self.reference)
+        if own > SELF_AGREEMENT:
+            hint = HOW_TO.get(self.metric.task, "check --task-output")
+            raise AutoprecError(
+                f"--metric {self.metric.name}: the FP32 model's outputs score loss {own:.3g} against themselves, not "
+                f"0: the metric does not decode this model's outputs ({hint}); or use --metric cosine")
 
     def for_ranking(self) -> Judge:
         """The judge the sensitivity pass ranks units with: the constraint where it is continuous (a
@@ -318,7 +329,10 @@ class Judge:
         function = self.metric.user_function
         if function is not None:
             loss = float(function(self.reference[: len(outputs)], outputs))
-            return math.inf if math.isnan(loss) else loss
+            if loss < -SELF_AGREEMENT:
+                raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a loss is 0 or more "
+                                  "(0: as good as FP32, larger: worse): fix the function")
+            return math.inf if math.isnan(loss) else max(loss, 0.0)
         if not self.metric.against_labels:
             return loss_from_metrics(metrics, self.metric.name)
         key = LABEL_KEYS[self.metric.task]

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from autoprec.analysis.data import Batch
 from autoprec.backends.base import Timing
-from autoprec.core.errors import AutoprecError
+from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
@@ -188,6 +188,8 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device).to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
+        except MetricError as exc:  # the parent stops the search with it
+            conn.send(("metric", str(exc)))
         except Exception as exc:  # reported to the parent, which fails the trial with it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -289,6 +291,8 @@ class IsolatedMeasurer(Measurer):
         kind, payload = self._wait(time.monotonic() + seconds)
         if kind == "error":
             raise TrialError(payload)
+        if kind == "metric":
+            raise MetricError(payload)
         if kind == "rejected":
             raise Rejected(payload["loss"], payload["batches"], payload["seconds"])
         return payload

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -37,6 +38,14 @@ console = Console(stderr=True)
 # Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints holds
 # paths and names from the user, the model and result files; styles come as Text objects.
 stdout = Console(markup=False)
+LOG_WIDTH = 160  # columns of tables written to a file or a pipe (rich's own default there is 80)
+
+
+def widen_when_not_a_terminal() -> None:
+    """Tables written to a CI log or a pipe get room (``$COLUMNS`` where set): rich would fit them to 80 columns
+    and squeeze the marks and numbers out of them."""
+    if not stdout.is_terminal and "COLUMNS" not in os.environ:
+        stdout.width = LOG_WIDTH
 
 
 def plain(value: Any) -> Text:
@@ -182,7 +191,7 @@ def front_table(result: ResultFiles) -> Table:
     )
     metric = plain(f"loss ({result.facts.metric})")
     for column in ("trial", "ms", "trial p10–p90", "×fp32", metric, "i8/f16/f32", ""):
-        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+        table.add_column(column, justify="left" if not column else "right")
     front, versus = result.shown_front(), result.versus.fp32
     chosen = next((t for t in front if t.number == chosen_number), None)
     fp32_ms = chosen.final_ms * versus.speedup if versus and chosen else None
@@ -209,7 +218,7 @@ def decisions_table(result: ResultFiles) -> Table | None:
     if not any(said for _, said in rows):
         return None
     table = Table(title="what the front's plans decide, against FP32 (and the data's labels)", title_justify="left")
-    table.add_column("trial", justify="right", no_wrap=True)
+    table.add_column("trial", justify="right")
     table.add_column("decisions")
     for trial, said in rows:
         table.add_row(str(trial), plain(said or "—"))
@@ -223,12 +232,12 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
                                 f"{f' of {budget}' if budget else ''} trials counted, {status['waiting']} queued"),
                     title_justify="left")
     for column in ("worker", "done", "running", "failed", "rejected", "died (re-run)"):
-        workers.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
+        workers.add_column(column, justify="left" if column == "worker" else "right")
     for who, tally in sorted(status["workers"].items()):
         workers.add_row(plain(who), *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
     front = Table(title="current Pareto front (each trial's own timing)", title_justify="left")
     for column in ("trial", "ms", "loss", "i8/f16/f32", "worker"):
-        front.add_column(column, justify="left" if column == "worker" else "right", no_wrap=True)
+        front.add_column(column, justify="left" if column == "worker" else "right")
     for t in status["front"]:
         counts = t["counts"]
         front.add_row(str(t["trial"]), f"{t['latency_ms']:.3f}", _loss(t["loss"]),
@@ -393,7 +402,7 @@ def engine_layers_table(layers: EngineLayers) -> Table:
 def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
     """Two runs side by side: where they ran, what they chose, and the uniform plans' latencies."""
     table = Table(title="autoprec compare", title_justify="left")
-    table.add_column("", no_wrap=True)
+    table.add_column("")
     table.add_column(plain(a.out_dir))
     table.add_column(plain(b.out_dir))
 
@@ -420,7 +429,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         return f"{t.final_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
 
     rows = [
-        ("model", lambda r: f"{r.model.path.name} ({r.model.sha256[:12]})"),
+        ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
         ("device", lambda r: r.engine.device),
         ("metric / max loss", lambda r: f"{r.facts.metric} / {r.facts.max_loss}"),

@@ -530,6 +530,12 @@ class ResultFiles:
         return ModelRecord.from_json(self.pareto["model"])
 
     @property
+    def model_name(self) -> str:
+        """What to call the model in titles: ``zoo:NAME`` as the user named it, else its file's name."""
+        given = self.facts.given_model
+        return given if given and given.startswith("zoo:") else self.model.path.name
+
+    @property
     def facts(self) -> SearchFacts:
         """How the search ran, as a reader is shown it."""
         return SearchFacts.from_json(self.pareto["search"])

@@ -38,7 +38,7 @@ def _pyplot():
 
 def _subtitle(result: ResultFiles) -> str:
     engine = result.engine
-    return (f"{result.model.path.name} · loss = {result.facts.metric} vs FP32\n"
+    return (f"{result.model_name} · loss = {result.facts.metric} vs FP32\n"
             f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
 
 
@@ -182,7 +182,7 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
     ]
     if result.sensitivity is not None:
         found = Sensitivity.from_json(result.sensitivity)
-        written.append(plot_sensitivity(found, result.model.path.name, result.out_dir / "sensitivity.png"))
+        written.append(plot_sensitivity(found, result.model_name, result.out_dir / "sensitivity.png"))
     return written
 
 

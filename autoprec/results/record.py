@@ -179,6 +179,7 @@ class SearchFacts:
     decision_changes: tuple[str, ...] = ()
     drift: Drift | None = None
     profile_timing: ProfileTiming | None = None  # --time-shapes
+    given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
 
     @classmethod
     def from_json(cls, search: dict[str, Any]) -> SearchFacts:
@@ -191,6 +192,7 @@ class SearchFacts:
             float(search["wall_seconds"]), dict(search.get("fp32_on_labels") or {}),
             tuple(search.get("metric_notes") or ()), tuple(search.get("decision_changes") or ()),
             Drift.from_json(search.get("timing_drift")), ProfileTiming.from_json(timing) if timing else None,
+            str((search.get("spec") or {}).get("inputs", {}).get("model") or "") or None,
         )
 
     @property

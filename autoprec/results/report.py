@@ -20,6 +20,7 @@ table { border-collapse: collapse; margin: 0.5em 0; font-variant-numeric: tabula
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
 td.l, th.l { text-align: left; } tr.chosen { background: #fff4d6; font-weight: 600; }
 .int8 { background: #E69F00; } .fp16 { background: #0072B2; color: #fff; } .fp32 { background: #eee; }
+table.metrics td.l { max-width: 24em; overflow-wrap: anywhere; }
 img { max-width: 100%; border: 1px solid #eee; } .note { color: #666; } .warn { color: #a40; font-weight: 600; }
 """
 
@@ -70,54 +71,42 @@ def _facts(result: ResultFiles) -> str:
 
 
 def _front(result: ResultFiles) -> str:
+    """The front's timings and mixes, then its metrics per output in a table of their own (a row per trial and
+    output), so a model with many outputs widens neither past the page."""
     front = result.shown_front()
-    outputs = list(front[0].metrics) if front else []
-    metric_names = sorted(
-        {m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")}
-    )
-    head = [
-        "trial",
-        "final ms",
-        "re-timed rounds ms",
-        "trial median ms",
-        "p10 ms",
-        "p90 ms",
-        "runs",
-        "loss",
-        "int8",
-        "fp16",
-        "fp32",
-    ]
+    head = ["trial", "final ms", "re-timed rounds ms", "trial median ms", "p10 ms", "p90 ms", "runs", "loss", "int8",
+            "fp16", "fp32"]
     rows = []
     for t in front:
-        rounds = ", ".join(_num(v, ".4g") for v in t.rounds) or "—"
         lat = t.timing
-        cells = [
-            t.number,
-            _num(t.final_ms, ".4g"),
-            rounds,
-            _num(lat.median_ms, ".4g"),
-            _num(lat.p10_ms, ".4g"),
-            _num(lat.p90_ms, ".4g"),
-            lat.runs,
-            _num(t.loss, ".3e"),
-            t.counts["int8"],
-            t.counts["fp16"],
-            t.counts["fp32"],
-        ]
-        cells += [_num(t.metrics[out][m]) if m in t.metrics[out] else "—" for out in outputs for m in metric_names]
-        cls = ' class="chosen"' if t.number == result.chosen_number else ""
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
-    # Two header rows: each output's name once over its metrics, so long tensor names stay readable.
-    top = "".join(f'<th rowspan="2">{_e(h)}</th>' for h in head)
-    top += "".join(f'<th colspan="{len(metric_names)}">output {_e(out)}</th>' for out in outputs)
-    sub = "".join(f"<th>{_e(m)}</th>" for _ in outputs for m in metric_names)
-    return (f'<div style="overflow-x:auto"><table><tr>{top}</tr><tr>{sub}</tr>{"".join(rows)}</table></div>'
+        cells = [t.number, _num(t.final_ms, ".4g"), ", ".join(_num(v, ".4g") for v in t.rounds) or "—",
+                 _num(lat.median_ms, ".4g"), _num(lat.p10_ms, ".4g"), _num(lat.p90_ms, ".4g"), lat.runs,
+                 _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
+        rows.append(_row(cells, t.number == result.chosen_number))
+    return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
             "<p class='note'>Highlighted: the chosen plan. Latency is for one batch. Trial median, p10–p90: the "
             "trial's own timed runs. Final: the median of the re-timing rounds, in which the front and the all-FP32 "
-            "plan were timed again, interleaved, after the search (the choice uses it). Metrics compare each output "
-            "with the FP32 model's on the evaluation batches (top1, cer, map50, nn_agreement: its decisions; "
-            "*_labels: against the data's ground truth).</p>")
+            "plan were timed again, interleaved, after the search (the choice uses it).</p>" + _metrics(result))
+
+
+def _metrics(result: ResultFiles) -> str:
+    front = result.shown_front()
+    names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
+    rows = [
+        _row([t.number, output, *(_num(values[m]) if m in values else "—" for m in names)],
+             t.number == result.chosen_number, left=(1,))
+        for t in front for output, values in t.metrics.items()
+    ]
+    head = "".join(f"<th>{_e(h)}</th>" for h in ["trial", "output", *names])
+    return (f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
+            "<p class='note'>Metrics compare each output with the FP32 model's on the evaluation batches (top1, cer, "
+            "map50, nn_agreement: its decisions; *_labels: against the data's ground truth).</p>")
+
+
+def _row(cells: list, chosen: bool, left: tuple[int, ...] = ()) -> str:
+    left_cell, chosen_row = ' class="l"', ' class="chosen"'
+    tds = "".join(f"<td{left_cell if i in left else ''}>{_e(c)}</td>" for i, c in enumerate(cells))
+    return f"<tr{chosen_row if chosen else ''}>{tds}</tr>"
 
 
 def _plan(result: ResultFiles) -> str:
@@ -157,7 +146,7 @@ def write_report(result: ResultFiles, path: Path | None = None) -> Path:
     if not all((result.out_dir / f).exists() for f in figures):
         plot_result_dir(result)
     engine = result.engine
-    title = f"autoprec — {result.model.path.name} on {engine.engine} {engine.provider}"
+    title = f"autoprec — {result.model_name} on {engine.engine} {engine.provider}"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style></head>
 <body>

@@ -66,6 +66,19 @@ def without_password(text: str, url: str) -> str:
     return text.replace(str(password), "***") if password else text
 
 
+def storage_hint(message: str) -> str:
+    """What to do about a storage failure, from its driver's message: a full disk, a server that stopped or
+    cannot be reached, or something else about the database."""
+    text = message.lower()
+    if any(word in text for word in ("disk", "no space", "database or disk is full", "file too large")):
+        return "its disk is full: free space and run the same command again (finished trials are kept)"
+    if any(word in text for word in ("connect", "server closed", "terminating connection", "refused", "timeout",
+                                     "shutting down", "could not receive", "the database system is")):
+        return ("the database server stopped or cannot be reached: start it (or check the URL and the network) and run "
+                "the same command again (finished trials are kept)")
+    return "check the database and run the same command again (finished trials are kept)"
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a ``sqlite:///`` storage URL; None for other storages (and in-memory SQLite)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":

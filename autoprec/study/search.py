@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend
-from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.errors import AutoprecError, MetricError, StudyError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
@@ -37,6 +37,7 @@ from autoprec.study.coordination import (
     give_back,
     redacted,
     storage_for,
+    storage_hint,
     without_password,
     worker_id,
 )
@@ -180,7 +181,7 @@ def open_study(
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
         first = without_password((str(cause).strip().splitlines() or [""])[0], str(storage))
-        hint = ("if its disk is full, free space and run the same command again" if "disk" in first.lower() else
+        hint = (storage_hint(first) if "disk" in first.lower() or "connect" in first.lower() else
                 "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
@@ -227,18 +228,22 @@ UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8)
 
 
 def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = (),
-               uniform: Sequence[Precision] = UNIFORM) -> None:
-    """Enqueue the ``uniform`` plans (all-FP32, all-FP16, all-INT8: both ends of the front), then the ``warm`` plans.
+               uniform: Sequence[Precision] = UNIFORM) -> int:
+    """Enqueue the ``uniform`` plans (all-FP32, all-FP16, all-INT8: both ends of the front), then the ``warm`` plans;
+    returns how many were queued now.
 
-    Each is queued unless some trial already holds it (another worker may have queued it: the
-    check and the queueing hold the study's lock), so a kill between two enqueues loses none.
+    Each is queued unless some trial already holds it (another worker, or an earlier run of this search, queued
+    it: the check and the queueing hold the study's lock), so a kill between two enqueues loses none.
     """
+    queued = 0
     with ctx.locks.hold("queue"):
         held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
         for params in [*(uniform_params(ctx.info, p) for p in uniform), *warm]:
             if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
                 held.append(params)
                 study.enqueue_trial(params)
+                queued += 1
+    return queued
 
 
 def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
@@ -356,6 +361,9 @@ def _settle(
     except Rejected as rejected:
         _reject(study, trial, ctx, rejected.to_json())
         return None
+    except MetricError:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
     except (AutoprecError, RuntimeError, ValueError, KeyError) as exc:
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
@@ -431,6 +439,16 @@ def run_study(
             raise
 
 
+@dataclass(frozen=True)
+class WarmStarted:
+    """The warm-start plans, how many of them this run queued (a resumed study holds the rest already), and the
+    precisions they left out (their all-units plan was not faster than all-FP32)."""
+
+    plans: list[dict[str, str]]
+    slow: list[str]
+    queued: int
+
+
 def run_warm_started(
     study: optuna.Study,
     ctx: StudyContext,
@@ -439,7 +457,7 @@ def run_warm_started(
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
     workers: int = 1,
     propose: Proposals | None = None,
-) -> tuple[list[dict[str, str]], list[str]]:
+) -> WarmStarted:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
     measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, the
     all-FP32 plan is built first; the other uniform plans are judged before they are built (the
@@ -447,8 +465,8 @@ def run_warm_started(
     to an all-INT8 plan far past it (the warm start reads its judged numbers instead); the
     warm-start plans and the sampler's are proposals.
 
-    Returns the warm-start plans and the precisions they left out whose all-units plan was not
-    faster than all-FP32.
+    Returns the warm-start plans (how many were new to the study) and the precisions they left out whose
+    all-units plan was not faster than all-FP32.
     """
     seed_plans(study, ctx, uniform=UNIFORM if propose is None else (Precision.FP32,))
     run_study(study, ctx, min(budget, len(UNIFORM) if propose is None else 1), on_trial, workers)
@@ -472,13 +490,14 @@ def run_warm_started(
     if sensitivity is not None:
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
+    queued = len(warm)
     if propose is not None:
         propose.enqueue([*reduced.values(), *warm])
     elif warm:
-        seed_plans(study, ctx, warm)
+        queued = seed_plans(study, ctx, warm, uniform=())
     ctx.propose = propose
     run_study(study, ctx, budget, on_trial, workers)
-    return warm, slow
+    return WarmStarted(warm, slow, queued)
 
 
 def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
