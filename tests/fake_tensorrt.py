@@ -21,6 +21,8 @@ CALLS: list[tuple] = []
 IGNORE_NODES: set[str] = set()  # compute nodes the fake engine runs in FP32 whatever the model says
 PARSER_REJECTS: set[str] = set()  # op types the fake parser fails on
 MEMORY: dict[int, np.ndarray] = {}
+# The GPU the fake's engines "run" on, as nvidia-smi would list it (autoprec.backends.gpus.gpu_facts).
+GPUS = [{"name": "the fake's GPU", "driver": "fake", "compute_capability": "9.0"}]
 
 
 def reset(version: str = "11.4.0.106") -> types.ModuleType:

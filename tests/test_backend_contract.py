@@ -15,6 +15,7 @@ import pytest
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
 from autoprec.backends import BACKENDS, Backend, backend_class, get_backend
+from autoprec.core.errors import BackendError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 
@@ -79,9 +80,22 @@ class TestOrtCuda(BackendContract):
         return get_backend("ort-cuda")
 
 
+class TestOrtTensorRT(BackendContract):
+    @pytest.fixture
+    def backend(self, tmp_path):
+        if "TensorrtExecutionProvider" not in ort.get_available_providers():
+            pytest.skip("ONNX Runtime here has no TensorRT provider (onnxruntime-gpu with TensorRT's libraries and an "
+                        "NVIDIA GPU): never run by autoprec's developers")
+        try:
+            return get_backend("ort-tensorrt", cache_dir=tmp_path / "cache")
+        except BackendError as exc:  # onnxruntime-gpu lists it, TensorRT's libraries are missing (the GPU machine)
+            pytest.skip(str(exc))
+
+
 class TestTensorRTThroughTheRecordingFake(BackendContract):
     @pytest.fixture
     def backend(self, monkeypatch, tmp_path):
         monkeypatch.setitem(sys.modules, "tensorrt", fake.reset())
         monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
+        monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: fake.GPUS)
         return get_backend("tensorrt", cache_dir=tmp_path / "cache")

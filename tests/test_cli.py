@@ -72,7 +72,7 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
         (["search", "{model}", "--device", "-1"], "must be a GPU index"),
         pytest.param(
             ["search", "{model}", "--backend", "ort-cuda"],
-            "--backend ort-cuda: onnxruntime .* has no CUDA execution provider.*pip install onnxruntime-gpu",
+            "--backend ort-cuda: onnxruntime .* has no CUDAExecutionProvider.*pip install onnxruntime-gpu",
             marks=pytest.mark.skipif(
                 "CUDAExecutionProvider" in ort.get_available_providers(), reason="this machine has the CUDA provider"
             ),

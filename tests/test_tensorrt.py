@@ -70,6 +70,7 @@ def trt(monkeypatch):
     module = fake.reset()
     monkeypatch.setitem(sys.modules, "tensorrt", module)
     monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: fake.GPUS)
     return module
 
 
@@ -374,8 +375,10 @@ def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_mode
     script = (folder / "build.sh").read_text()
     assert "NOT run by autoprec" in script and "NOT run by autoprec" in capsys.readouterr().err
     for flag in ("--onnx=model.onnx", "--saveEngine=model.plan", "--timingCacheFile=timing.cache",
-                 "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--memPoolSize=workspace:4096"):
+                 "--profilingVerbosity=detailed", "--exportLayerInfo=layers.json", "--memPoolSize=workspace:4096",
+                 "--stronglyTyped"):  # required on 10.12-10.x; 11's trtexec takes it as always on
         assert flag in script
+    assert "Builds on TensorRT 10.12 or newer, 11 included" in script
     for not_wanted in ("--fp16", "--int8", "--calib", "--best", "--precisionConstraints"):
         assert not_wanted not in script  # removed in 11
     for point in ("min", "opt", "max"):  # the model keeps its dynamic batch: a profile of the one measured shape
@@ -497,3 +500,31 @@ def _search_in_process(model, data, out, budget):
                                           engine=autoprec.EngineSpec(backend="tensorrt"),
                                           study=autoprec.StudySpec(budget=budget),
                                           isolation=autoprec.IsolationSpec(isolate=False)))
+
+
+def test_the_polygraphy_export_is_read_by_polygraphy_and_its_reference_runs(result, tmp_path):
+    """Polygraphy (pip) reads inputs.json; the FP32 reference command runs (ONNX Runtime is here); the TensorRT
+    comparison, which needs a GPU, is parsed into Polygraphy's own script (--gen-script) without running."""
+    import shlex
+    import subprocess
+
+    from polygraphy.json import load_json
+
+    out, int8_trial, model = result
+    folder = tmp_path / "pg"
+    assert _exit(["export", str(out), "--format", "polygraphy", "--trial", str(int8_trial), "--out", str(folder)]) == 0
+    feeds = load_json(str(folder / "inputs.json"))
+    assert feeds and all(set(feed) == {"x"} and feed["x"].shape == (1, 3, 16, 16) for feed in feeds)
+    script = (folder / "check.sh").read_text()
+    commands = [shlex.split(block.replace("\\\n", " ")) for block in script.split("\n\n") if block.startswith("polygraphy")]
+    assert [c[:2] for c in commands] == [["polygraphy", "run"], ["polygraphy", "run"], ["polygraphy", "inspect"]]
+    polygraphy = str(Path(sys.executable).parent / "polygraphy")
+    reference = subprocess.run([polygraphy, *commands[0][1:]], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert reference.returncode == 0 and (folder / "fp32_outputs.json").is_file(), reference.stdout[-2000:]
+    compare = subprocess.run([polygraphy, *commands[1][1:], "--gen-script", "check.py"], cwd=folder,
+                             capture_output=True, text=True, timeout=120)
+    assert compare.returncode == 0, compare.stdout[-2000:] + compare.stderr[-2000:]
+    generated = (folder / "check.py").read_text()
+    assert "strongly_typed=True" in generated and "atol={'probs'" in generated
+    assert "Profile().add('x', min=[1, 3, 16, 16]" in generated  # the dynamic batch's profile, as searched
+    assert str(model) in script and "NOT run by autoprec" in script

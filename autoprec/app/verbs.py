@@ -208,6 +208,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         max_loss=context.config.judge.max_loss,
         drift=result.facts.drift_said,
         versus=result.versus if context.trial == result.chosen_number else None,
+        samples=tuple(prepared.dataset.evaluation[:CHECKED_BATCHES]),
     )
 
 

@@ -13,6 +13,7 @@ from autoprec.core.errors import BackendError
 REGISTRY = {
     "ort-cpu": ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
     "ort-cuda": ("autoprec.backends.onnxruntime", "OrtCudaBackend"),
+    "ort-tensorrt": ("autoprec.backends.onnxruntime", "OrtTensorRTBackend"),
     "tensorrt": ("autoprec.backends.tensorrt", "TensorRTBackend"),
     "tensorrt-rtx": ("autoprec.backends.tensorrt", "TensorRTRtxBackend"),
 }

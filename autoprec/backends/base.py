@@ -13,6 +13,7 @@ import numpy as np
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
+from autoprec.backends.doctor import DoctorCase, Made, Step, running_steps
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
@@ -188,3 +189,35 @@ class Backend(abc.ABC):
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
         return lower_plan(info, plan, ranges, self.qdq_form)
+
+    @classmethod
+    def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
+        """Every call a search makes of this engine, in order, on ``case`` (see :mod:`autoprec.backends.doctor`).
+        Engines with more to check (a build without the device, a cache, an inspector) list their own."""
+
+        def create() -> str:
+            made["engine"] = engine = cls.create(device, None, 0)
+            return engine.info().label()
+
+        def lower() -> str:
+            made["lowered"] = lowered = made["engine"].lower(case.info, case.plan, case.ranges)
+            return f"{len(lowered.proto.graph.node)} nodes in the {cls.qdq_form.value} Q/DQ form"
+
+        def load() -> str:
+            made["runner"] = made.stack.enter_context(made["engine"].prepare(made["lowered"]))
+            return "loaded"
+
+        def profile() -> str:
+            times = made["engine"].node_times(made["lowered"], case.batch, runs=3)
+            return "no profiler (the search ranks units by loss alone)" if times is None else \
+                f"{len(times)} nodes timed by the engine's profiler"
+
+        return [
+            Step("engine", create, "install the engine (see the message), or choose another --backend / --device"),
+            Step("lower the plan", lower, "a bug in autoprec's lowering: report it with --verbose", ("engine",)),
+            Step("load", load, "the engine cannot load the lowered plan: run again with --verbose for its log",
+                 ("lower the plan",)),
+            *running_steps(made, case, "load"),
+            Step("profile", profile, "the engine's profiler fails: the search still runs, without its ranking by time",
+                 ("lower the plan",), needed=False),
+        ]

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
+from autoprec.analysis.preparation import first_line
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import (
     TIME_CALLS,
@@ -159,7 +160,8 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
     import onnxruntime as ort
 
     return EngineInfo(backend.name, "onnxruntime", ort.__version__, backend.provider, device,
-                      backend.qdq_form.value, versions=versions or {}, timing=backend.timing)
+                      backend.qdq_form.value, versions=versions or {}, timing=backend.timing,
+                      caveat=getattr(backend, "caveat", ""))
 
 
 def new_session(ort, model: StoredModel, options, providers: list):
@@ -227,6 +229,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
     name = "ort-cuda"
     qdq_form = QDQForm.TENSORRT
     provider = "CUDAExecutionProvider"
+    install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
     timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and outputs on the GPU, "
               f"synchronised after every run (launch overhead counted, not hidden by back-to-back runs); {TIME_CALLS}")
     slow_precisions = {
@@ -245,9 +248,8 @@ class OrtCudaBackend(OrtProfiling, Backend):
 
         if self.provider not in ort.get_available_providers():
             raise BackendError(
-                f"--backend ort-cuda: onnxruntime {ort.__version__} here has no CUDA execution provider "
-                f"(available: {', '.join(ort.get_available_providers())}); "
-                "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
+                f"--backend {self.name}: onnxruntime {ort.__version__} here has no {self.provider} "
+                f"(available: {', '.join(ort.get_available_providers())}); {self.install}"
             )
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
@@ -283,3 +285,64 @@ class OrtCudaBackend(OrtProfiling, Backend):
                 f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
             )
         return OrtCudaRunner(session, self.device)
+
+
+class OrtTensorRTBackend(OrtCudaBackend):
+    """ONNX Runtime's TensorRT execution provider: the CUDA provider's runner and timing, the graph handed to
+    TensorRT, which fuses the TensorRT Q/DQ form into INT8 kernels (int8 on: explicit quantization from the
+    graph's Q/DQ, no calibration table) and keeps the Casts' FP16 (fp16 off: no precision beyond the graph's).
+    Engines and timings are cached in the study's cache folder. NEVER executed by autoprec's developers: neither
+    TensorRT nor ONNX Runtime's TensorRT provider libraries can be installed where autoprec is made."""
+
+    name = "ort-tensorrt"
+    provider = "TensorrtExecutionProvider"
+    install = ("install onnxruntime-gpu built with the TensorRT provider and TensorRT's libraries (see ONNX Runtime's "
+               "TensorRT execution provider page for the versions that match), on a machine with an NVIDIA GPU")
+    slow_precisions = {}
+    caveat = ("ONNX Runtime's TensorRT execution provider has never been executed by autoprec's developers (its "
+              "libraries cannot be installed where autoprec is made): check its first results with trtexec")
+
+    @classmethod
+    def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtTensorRTBackend:
+        return cls(device, threads, cache_dir)
+
+    def __init__(self, device: int = 0, threads: int = 0, cache_dir: Path | None = None):
+        super().__init__(device, threads)
+        self._check_the_provider_loads()
+        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="autoprec-ort-tensorrt-")) / "ort-tensorrt"
+        for folder in ("engines", "timing"):
+            (self.cache / folder).mkdir(parents=True, exist_ok=True)
+
+    def session_providers(self) -> list:
+        options = {"device_id": self.device, "trt_int8_enable": True, "trt_fp16_enable": False,
+                   "trt_engine_cache_enable": True, "trt_engine_cache_path": str(self.cache / "engines"),
+                   "trt_timing_cache_enable": True, "trt_timing_cache_path": str(self.cache / "timing")}
+        return [(self.provider, options), ("CUDAExecutionProvider", {"device_id": self.device}), "CPUExecutionProvider"]
+
+    def _check_the_provider_loads(self) -> None:
+        """onnxruntime-gpu lists the TensorRT provider whether or not TensorRT's libraries are there; without them
+        a session falls back to CUDA, printing its reason: refused now, in one line with that reason."""
+        import contextlib
+        import io
+
+        graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                       [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+        probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+        probe.ir_version = 8  # what every onnxruntime reads (onnx writes its newest by default)
+        printed = io.StringIO()
+        self._ort.set_default_logger_severity(4)  # its provider bridge logs the failure as an error: said below
+        try:
+            with contextlib.redirect_stdout(printed):
+                session = self._ort.InferenceSession(probe.SerializeToString(),
+                                                     providers=[(self.provider, {"device_id": self.device})])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own error types: the provider cannot be used
+            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__} cannot make a session "
+                               f"with its TensorRT provider ({first_line(exc)}); {self.install}") from None
+        finally:
+            self._ort.set_default_logger_severity(3)
+        if self.provider not in session.get_providers():
+            lines = [line.strip() for line in printed.getvalue().splitlines() if "TensorRT" in line]
+            reason = lines[0][lines[0].find("Please"):] if lines and "Please" in lines[0] else (lines or [""])[0][-200:]
+            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__}'s TensorRT provider does not "
+                               f"load here ({reason or 'no reason given'}); {self.install}")

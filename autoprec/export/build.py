@@ -34,7 +34,7 @@ from autoprec.core.profile import ShapeProfile
 
 BUILD_SCHEMA = "autoprec.build/1"
 # What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak typing, ONNX Runtime).
-BUILT_MODEL = {"trtexec": "model.onnx", "python": "model.onnx", "markdown": "model.onnx"}
+BUILT_MODEL = {"trtexec": "model.onnx", "python": "model.onnx", "markdown": "model.onnx", "polygraphy": "model.onnx"}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoprec.analysis.calibrate import ActivationRanges
+from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo
 from autoprec.backends.tensorrt import OPTIMIZATION_LEVEL, WORKSPACE_BYTES
@@ -54,6 +55,7 @@ class BuildSpec:
     max_loss: float | None
     drift: str | None  # the search's timing drift, where worth saying (autoprec.results.record.Drift)
     versus: Versus | None = None  # the chosen plan's speed-ups with their intervals, if it is the chosen one
+    samples: tuple[Batch, ...] = ()  # evaluation batches of the search's data, for a check of the built engine
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -100,14 +102,19 @@ def _command(args: list[str]) -> str:
     return " \\\n    ".join(shlex.quote(a) if i else a for i, a in enumerate(args))
 
 
+# Who builds the default export: --stronglyTyped is required on TensorRT 10.12-10.x and accepted (always on)
+# by 11.x, whose trtexec migration guide says "--stronglyTyped is no longer needed - it is always enabled".
+BUILDS_ON = "TensorRT 10.12 or newer, 11 included (strongly typed: --stronglyTyped, which 11 takes as always on)"
+
+
 def trtexec_command(spec: BuildSpec, onnx_file: str = "model.onnx", shown: bool = False) -> str:
-    """TensorRT 11: strong typing is always on, precision comes from the ONNX itself (``shown``: see
-    :func:`shape_flags`)."""
+    """Strongly typed (see BUILDS_ON): precision comes from the ONNX itself (``shown``: see :func:`shape_flags`)."""
     return _command(
         [
             "trtexec",
             f"--onnx={onnx_file}",
             "--saveEngine=model.plan",
+            "--stronglyTyped",
             *shape_flags(spec, shown),
             "--timingCacheFile=timing.cache",
             f"--memPoolSize=workspace:{WORKSPACE_MIB}",
@@ -339,7 +346,7 @@ FP16 via Cast) |
 Speed-up: {speedup}.{drift} Re-measure on TensorRT: build, then `trtexec --loadEngine=model.plan` and \
 `autoprec inspect layers.json`.
 
-## Build (TensorRT 11, strongly typed)
+## Build ({BUILDS_ON})
 
 ```bash
 {trtexec_command(spec, shown=True)}
@@ -371,17 +378,18 @@ source at each shape (ONNX Runtime CPU).
 
 
 def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
-    """Write the files of one export format into ``out``; returns them."""
+    """Write the files of one export format into ``out``; returns them (polygraphy: its model; the rest is
+    :func:`autoprec.export.polygraphy.write_polygraphy_export`'s)."""
     out = Path(out)
     written = []
     external = True if spec.info.external_data else None  # weights beside the model as given, or where large
-    if fmt in ("trtexec", "python", "markdown"):
+    if fmt in ("trtexec", "python", "markdown", "polygraphy"):
         written += save_models({out / "model.onnx": spec.model}, external=external)
     shapes = ", ".join(f"{printable(name)} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
     inputs = (f"Inputs keep the source's dynamic dims, built for the shape profile (the plan was measured at {shapes})"
               if spec.keeps_source_dims else f"Inputs are fixed at the shapes the plan was measured at: {shapes}")
     if fmt == "trtexec":
-        header = f"{NOT_RUN}\nTensorRT 11 (strongly typed, always). {inputs}"
+        header = f"{NOT_RUN}\nBuilds on {BUILDS_ON}. {inputs}"
         written.append(_script(out / "build.sh", f"{shell_comment(header)}\n{trtexec_command(spec)}\n"))
     elif fmt == "trt10":
         written += save_models({out / "model_fp32.onnx": spec.info.stored}, external=external)
@@ -394,6 +402,7 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
         written.append(_script(out / "build_engine.py", python_script(spec)))
     elif fmt == "markdown":
         written.append(atomic.write_bytes(out / "BUILD.md", markdown_card(spec).encode()))
+
     return written
 
 

@@ -39,6 +39,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, EngineInfo
+from autoprec.backends.doctor import DoctorCase, Made, Step
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import EngineLayers, parse_engine_layers
 from autoprec.backends.tensorrt.loader import (
@@ -56,7 +57,14 @@ from autoprec.backends.tensorrt.loader import (
     installed,
     stamp_plan,
 )
-from autoprec.backends.tensorrt.runner import TIMED_RUNS, WARMUP_RUNS, RuntimeCache, TensorRTRunner, cuda_api
+from autoprec.backends.tensorrt.runner import (
+    TIMED_RUNS,
+    WARMUP_RUNS,
+    RuntimeCache,
+    TensorRTRunner,
+    cuda_api,
+    cuda_importable,
+)
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
@@ -163,7 +171,10 @@ class TensorRTBackend(Backend):
         return cls(device, cache_dir)
 
     def __init__(self, device: int = 0, cache_dir: Path | None = None):
+        # The doctor's fast steps, before any candidate is built: TensorRT, a GPU it runs engines on, CUDA from Python.
         self._trt = import_tensorrt(self.flavour)
+        self.gpu = check_gpu(self.flavour, device)
+        cuda_importable(self.flavour)
         self.device = device
         folder = Path(cache_dir) if cache_dir else None
         self.timing_cache = TimingCache(folder / f"{self.name}.timing-cache" if folder else None)
@@ -213,6 +224,15 @@ class TensorRTBackend(Backend):
     def drop_kept_builds(self) -> None:
         self.profiled.drop()
 
+    @classmethod
+    def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
+        """Import, build at the measured shapes and with a profile (no GPU needed), then on the GPU: load,
+        inspect, execute, compare, time, profile (see :mod:`autoprec.backends.tensorrt.doctor`)."""
+        from autoprec.backends.tensorrt.doctor import tensorrt_steps
+
+        return tensorrt_steps(cls, case, made, lambda: check_gpu(cls.flavour, device),
+                              lambda: cuda_api(device, cls.flavour))
+
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
         """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
         was built from (Metadata, else its name); layers naming none go to ``""``. The engine is kept
@@ -240,10 +260,6 @@ class TensorRTRtxBackend(TensorRTBackend):
 
     name = "tensorrt-rtx"
     flavour = TENSORRT_RTX
-
-    def __init__(self, device: int = 0, cache_dir: Path | None = None):
-        super().__init__(device, cache_dir)
-        self.gpu = check_gpu(self.flavour, device)  # refused now, before any candidate is built
 
     def device_label(self) -> str:
         return (

@@ -3,6 +3,7 @@ the per-layer profiler, TensorRT for RTX's runtime cache."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,6 +117,20 @@ class PyCuda:
         end.record(self.stream)
         end.synchronize()
         return float(end.time_since(start))
+
+
+def cuda_importable(flavour: Flavour = TENSORRT) -> None:
+    """cuda-python or PyCUDA can be imported (without touching the GPU: a search's parent process must not
+    make a CUDA context its workers would inherit); else the one line that says how to get it."""
+    if not any(_findable(name) for name in ("cuda.bindings", "cuda.cudart", "pycuda")):
+        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)")
+
+
+def _findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing
+        return False
 
 
 def cuda_api(device: int, flavour: Flavour = TENSORRT):

@@ -1,0 +1,83 @@
+"""``export --format polygraphy``: NVIDIA's own way to trust an engine, for the chosen plan. ``check.sh`` runs
+the given FP32 model on ONNX Runtime over the search's own evaluation data (``inputs.json``, in Polygraphy's
+input format), builds model.onnx strongly typed with TensorRT and compares the two, each output within
+tolerances taken from what the search measured of this plan; then lists the engine's layers."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from autoprec.analysis.data import Batch
+from autoprec.core import atomic
+from autoprec.export.tensorrt import NOT_RUN, BuildSpec
+
+# The engine's outputs may differ from FP32 by this many times the largest error the search measured of the plan
+# (ONNX Runtime ran its Q/DQ and Casts; TensorRT picks other kernels), and by at least this much.
+TOLERANCE_FACTOR, TOLERANCE_FLOOR = 2.0, 1e-5
+
+
+def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
+    """The batches as ``polygraphy run --load-inputs`` reads them (polygraphy.json: a list of feed dicts, each
+    array a base64 ``np.save`` tagged ``ndarray``), written without importing Polygraphy."""
+    def encoded(array: np.ndarray) -> dict[str, str]:
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+        return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
+
+    return json.dumps([{name: encoded(np.asarray(value)) for name, value in batch.items()} for batch in batches],
+                      indent=1).encode()
+
+
+def tolerances(spec: BuildSpec) -> dict[str, float]:
+    """Per output: the absolute tolerance (see TOLERANCE_FACTOR) from the trial's measured largest error."""
+    found = {}
+    for output, metrics in spec.trial.metrics.items():
+        largest = float(metrics.get("max_abs", 0.0))
+        if math.isfinite(largest):
+            found[output] = max(TOLERANCE_FACTOR * largest, TOLERANCE_FLOOR)
+    return found
+
+
+def _shapes(spec: BuildSpec, point: str) -> list[str]:
+    return [f"{i.name}:[{','.join(map(str, i.at(point)))}]" for i in spec.profile.inputs if i.dynamic_axes]
+
+
+def check_script(spec: BuildSpec) -> str:
+    """The commands: the FP32 reference, the strongly typed build compared with it, the engine's layers."""
+    quoted = shlex.quote
+    reference = [f"polygraphy run {quoted(str(spec.original_model))} --onnxrt", "--load-inputs inputs.json",
+                 "--save-outputs fp32_outputs.json"]
+    compare = ["polygraphy run model.onnx --trt --strongly-typed", "--load-inputs inputs.json",
+               "--load-outputs fp32_outputs.json", "--save-engine model.plan --profiling-verbosity DETAILED",
+               "--check-error-stat max"]
+    if limits := tolerances(spec):
+        compare.append(" ".join(["--atol", *(quoted(f"{name}:{limit:.3g}") for name, limit in limits.items()),
+                                 "--rtol 0"]))
+    if spec.keeps_source_dims:
+        for point in ("min", "opt", "max"):
+            if shapes := _shapes(spec, point):
+                compare.append(" ".join([f"--trt-{point}-shapes", *map(quoted, shapes)]))
+    inspect = ["polygraphy inspect model model.plan --model-type engine --show layers"]
+    header = "\n".join(f"# {line}" for line in (
+        NOT_RUN,
+        f"Polygraphy's check of trial {spec.trial.number}: TensorRT (strongly typed) against the given FP32 model on "
+        "ONNX Runtime, on the search's evaluation data;",
+        f"each output's tolerance: {TOLERANCE_FACTOR:g}x the largest absolute error the search measured of this plan "
+        "against FP32 (ONNX Runtime ran it). TensorRT picks other kernels: a failure is a reason to look, not proof.",
+    ))
+    commands = (" \\\n    ".join(command) for command in (reference, compare, inspect))
+    return "\n\n".join(["#!/bin/sh\nset -e", header, *commands]) + "\n"
+
+
+def write_polygraphy_export(spec: BuildSpec, batches: Sequence[Batch], out: Path) -> list[Path]:
+    script = atomic.write_bytes(out / "check.sh", check_script(spec).encode())
+    script.chmod(0o755)
+    return [atomic.write_bytes(out / "inputs.json", polygraphy_inputs(batches)), script]
