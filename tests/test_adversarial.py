@@ -549,7 +549,23 @@ def test_a_model_that_disagrees_with_itself_is_refused_naming_its_random_op(tmp_
     code, err = run(["search", builders.save(model, tmp_path / "noisy.onnx"), "--out", tmp_path / "o"], capsys)
     clean(code, err, allowed=(2,))
     last = err.strip().splitlines()[-1]
-    assert "other outputs for the same input on a second run" in last and "RandomNormalLike 'noise'" in last
+    assert "it draws random values (RandomNormalLike 'noise')" in last
+
+
+def test_outputs_that_change_between_two_runs_are_refused_whatever_the_cause(tmp_path):
+    """The run-time check behind the graph's: any op that makes two runs of one input differ."""
+    import numpy as np
+
+    from autoprec.analysis.model import analyse
+    from autoprec.analysis.reference import check_deterministic
+    from autoprec.core.errors import ModelError
+    from autoprec.core.search_space import load_search_space
+
+    info = analyse(builders.save(builders.mlp(), tmp_path / "mlp.onnx"), load_search_space())
+    first = {"probs": np.ones((4, 10), np.float32)}
+    check_deterministic(info, first, {"probs": first["probs"] + 1e-7})  # reduction order: the same model
+    with pytest.raises(ModelError, match="other outputs for the same input on a second run .output probs"):
+        check_deterministic(info, first, {"probs": first["probs"] * 2})
 
 
 def test_a_metric_that_does_not_agree_with_itself_is_refused_before_any_trial(tmp_path, capsys):
@@ -659,3 +675,104 @@ def test_more_mistakes_are_one_line(result_dir, workdir, capsys, monkeypatch, ca
     code, err = run([fill.get(a, a) for a in argv] + ["--out", workdir / "o"] * (argv[0] == "search"), capsys)
     clean(code, err, allowed=(2,))
     assert phrase in err.strip().splitlines()[-1]
+
+
+def _mlp_with(extra_nodes, extra_inputs=(), outputs=None, name="m.onnx", folder=None):
+    """x[1,16] → MatMul → a[1,32], then ``extra_nodes`` (their last output is y unless ``outputs`` says)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"), *extra_nodes]
+    outs = outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])]
+    model = _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]), *extra_inputs], outs,
+                   [weight])
+    return builders.save(model, folder / name)
+
+
+@pytest.mark.parametrize("op, attrs", [("RandomNormal", {"seed": 5.0}), ("RandomNormal", {"scale": 0.0}),
+                                       ("RandomUniform", {"seed": 3.0, "dtype": 1})])
+def test_a_seeded_or_degenerate_random_op_is_refused_before_preparation_folds_it(tmp_path, capsys, op, attrs):
+    """Seeded, constant folding froze the draw into a constant and the search shipped that model; with scale 0
+    ONNX Runtime aborted the process."""
+    from onnx import helper
+
+    path = _mlp_with([helper.make_node(op, [], ["r"], name="draw", shape=[1, 32], **attrs),
+                      helper.make_node("Add", ["a", "r"], ["y"], name="add")], folder=tmp_path)
+    code, err = run(["search", path, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert f"it draws random values ({op} 'draw')" in err.strip().splitlines()[-1]
+
+
+def test_a_scalar_output_is_judged(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    path = _mlp_with([helper.make_node("ReduceSum", ["a"], ["y"], name="sum", keepdims=0)],
+                     outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], folder=tmp_path)
+    code, err = run(["search", path, "--out", tmp_path / "o", "--budget", "3"], capsys)
+    clean(code, err, allowed=(0,))
+
+
+def test_an_index_input_random_data_cannot_fill_is_one_line(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    path = _mlp_with([helper.make_node("Gather", ["a", "k"], ["y"], name="pick", axis=1)],
+                     [helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], folder=tmp_path)
+    code, err = run(["search", path, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "does not run on the evaluation data" in err.strip().splitlines()[-1]
+
+
+def test_a_yolo_head_without_classes_is_one_line(tmp_path, capsys):
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 4, 8], np.int64), "shape")
+    path = _mlp_with([helper.make_node("Reshape", ["a", "shape"], ["y"], name="rs")], folder=tmp_path,
+                     outputs=[helper.make_tensor_value_info("y", 1, [1, 4, 8])])
+    model = onnx.load(str(path))
+    model.graph.initializer.append(shape)
+    onnx.save(model, str(path))
+    code, err = run(["search", path, "--metric", "detection", "--det-layout", "yolov8", "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "needs 4 box values and at least one class score" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("body, said", [
+    ("return float('nan')", "returned nan for the FP32 outputs against themselves"),
+    ("raise RuntimeError('boom')", "raised RuntimeError: boom"),
+    ("return 'abc'", "returned str 'abc', not one number"),
+])
+def test_a_user_metric_that_gives_no_number_stops_the_search_naming_it(workdir, capsys, monkeypatch, body, said):
+    monkeypatch.chdir(workdir)
+    (workdir / "odd.py").write_text(f"def loss(reference, outputs):\n    {body}\n")
+    code, err = run(["search", "conv.onnx", "--metric", "odd:loss", "--budget", "3", "--out", workdir / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert err.strip().splitlines()[-1] == f"autoprec: error: --metric odd:loss: {said}" + (
+        "; a loss is a finite number (0: as good as FP32): fix the function" if "nan" in said else
+        "; fix the function" if "raised" in said else "; return a float (lower is better, 0: as good as FP32)")
+
+
+def test_braces_in_the_model_name_or_out_never_reach_the_storage_url(workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    shutil.copy(workdir / "conv.onnx", workdir / "{brace}.onnx")
+    code, err = run(["search", "{brace}.onnx", "--budget", "2"], capsys)
+    clean(code, err, allowed=(0,))
+    assert (workdir / "autoprec_out" / "_brace_" / "pareto.json").is_file()
+    code, err = run(["search", "conv.onnx", "--out", "o{x}", "--budget", "2"], capsys)
+    clean(code, err, allowed=(2,))
+    assert err.strip().splitlines()[-1].startswith("autoprec: error: --out o{x}: its path holds")
+    assert not (workdir / "o{x}").exists()
+
+
+def test_more_threads_than_the_machine_can_run_are_refused(workdir, capsys):
+    code, err = run(["search", workdir / "conv.onnx", "--threads", "100000", "--out", workdir / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "--threads 100000: more than 4× this machine's" in err.strip().splitlines()[-1]
+
+
+def test_a_number_that_is_not_one_is_one_line_too(workdir, capsys):
+    code, err = run(["search", workdir / "conv.onnx", "--budget", "1.5"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("autoprec: error: argument --budget") and "(see autoprec search --help)" in err

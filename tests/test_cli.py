@@ -67,7 +67,7 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
         (["search", "{model}", "--override", "conv0"], "expected PATTERN=PRECISIONS"),
         (["search", "{model}", "--override", "conv0=int4"], "is not a list of precisions"),
         (["search", "{model}", "--metric", "nope"], "unknown --metric"),
-        (["search", "{model}", "--max-loss", "-1"], "must be a loss of 0 or more"),
+        (["search", "{model}", "--max-loss", "-1"], "must be a finite loss of 0 or more"),
         (["search", "{model}", "--precisions", "fp16,fp17"], "--precisions.*is not a list of precisions"),
         (["search", "{model}", "--device", "-1"], "must be a GPU index"),
         pytest.param(
@@ -174,7 +174,7 @@ def test_a_study_name_made_for_another_model_is_refused(tmp_path, conv_model, ml
         ("trial_timeout", 0.0, "--trial-timeout 0.0: must be a finite number more than 0"),
         ("trial_timeout", 1e-9, "--trial-timeout 1e-09: a candidate is built, then timed for at least 0.2 s of runs; "
                                 "give 1 second(s) or more"),
-        ("max_loss", float("nan"), "--max-loss nan: must be a loss of 0 or more"),
+        ("max_loss", float("nan"), "--max-loss nan: must be a finite loss of 0 or more"),
         (
             "seed",
             -1,

@@ -171,7 +171,10 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
 
 
 def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_model, monkeypatch):
-    (tmp_path / "failing.py").write_text("def loss(reference, candidate):\n    raise ValueError('metric broke')\n")
+    (tmp_path / "failing.py").write_text(  # FP32 against itself is fine; every measured plan's outputs break it
+        "def loss(reference, candidate):\n"
+        "    if all(r[k] is c[k] for r, c in zip(reference, candidate) for k in r):\n        return 0.0\n"
+        "    raise ValueError('metric broke')\n")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     autoprec.search(

@@ -48,7 +48,7 @@ def test_check_passes_the_searchs_own_choice_with_no_option_repeated(ctc_result,
     said = capsys.readouterr()
     assert "metric cosine instead of the search's ctc-text" in said.err + said.out
     assert main(["check", str(out), "--max-loss", "-1"]) == 2  # the limit is checked where the search's is
-    assert capsys.readouterr().err.strip().endswith("--max-loss -1.0: must be a loss of 0 or more")
+    assert capsys.readouterr().err.strip().endswith("--max-loss -1.0: must be a finite loss of 0 or more")
 
 
 def test_diagnose_a_result_and_a_model_with_its_best_plan(ctc_result, tmp_path):

@@ -536,6 +536,23 @@ def _output_specs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(o.name, _dims(o), _dtype(o.type.tensor_type.elem_type)) for o in model.graph.output)
 
 
+# Ops whose output is drawn at random on every run: a model with one has no exact FP32 reference.
+RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
+
+
+def refuse_random_ops(model, path: Path) -> None:
+    """A graph drawing random values (any subgraph) has no FP32 reference to judge plans against, and
+    preparation would fold a seeded draw into a constant: refused before either, naming the op."""
+    used = {name for _, graph in subgraphs.graphs(model.graph) for node in graph.node for name in node.input} | {
+        o.name for o in model.graph.output}
+    found = [f"{node.op_type} {node.name!r}" for _, graph in subgraphs.graphs(model.graph) for node in graph.node
+             if node.op_type in RANDOM_OPS and any(out in used for out in node.output)]
+    if found:
+        raise ModelError(f"{path.name}: it draws random values ({', '.join(found[:3])}): its FP32 outputs change from "
+                         "run to run, so a plan's loss against FP32 would be that noise. Give a deterministic model "
+                         "(random ops removed, or exported for inference)")
+
+
 def analyse(
     path: str | Path,
     space: SearchSpace,
@@ -553,6 +570,7 @@ def analyse(
     ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed across (opt: the fixed shapes)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
+    refuse_random_ops(raw, path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)

@@ -10,11 +10,11 @@ import numpy as np
 
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.preparation import cpu_session
+from autoprec.analysis.model import RANDOM_OPS, ModelInfo
+from autoprec.analysis.preparation import cpu_session, first_line
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
-from autoprec.core.errors import ModelError
+from autoprec.core.errors import DataError, ModelError
 
 
 def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
@@ -33,7 +33,12 @@ def reference_outputs(
             order = json.loads(str(npz["outputs"]))
             return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
     session = cpu_session(info.stored)
-    outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
+    try:
+        outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for inputs a model cannot take
+        raise DataError(f"{info.path.name}: the FP32 model does not run on the evaluation data ({first_line(exc)}); "
+                        "random data draws integers from [0, 100) and floats from [0, 1), which an index or a size "
+                        "input may not take: give --data with real inputs, or --const NAME=VALUE for a setting") from None
     if outputs:  # refused before the cache is written: a second run of the first batch must agree with the first
         check_deterministic(info, outputs[0], dict(zip(names, session.run(names, batches[0]))))
     if cache is not None:
@@ -44,8 +49,6 @@ def reference_outputs(
     return outputs
 
 
-# Ops whose output is drawn at random on every run: a model with one has no exact FP32 reference.
-RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
 DETERMINISTIC_REL_L2 = 1e-5  # two runs of one session on one input: equal but for reduction order, if that
 
 

@@ -34,12 +34,17 @@ from autoprec.results.files import ResultFiles, read_result_dir
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraphy")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusal (a number that is not one, a missing argument) as one line, like autoprec's own."""
+
+    def error(self, message: str):
+        self.exit(2, f"autoprec: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="autoprec", description="Per-layer precision search for ONNX models, by measurement."
-    )
+    parser = _Parser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--verbose", action="store_true",
                         help="show the engines' own logs and warnings, and the traceback of a failure")
 

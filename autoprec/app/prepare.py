@@ -55,7 +55,7 @@ def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
         if not str(out).strip():
             raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out results/model")
         return Path(out)
-    name = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in default_name).strip()
+    name = "".join(c if c.isprintable() and c not in "/\\%{}" else "_" for c in default_name).strip()
     return Path("autoprec_out") / (name if name.strip(".") else "model")
 
 

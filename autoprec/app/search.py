@@ -207,6 +207,9 @@ class Setup:
 def _set_up(config: SearchConfig) -> Setup:
     model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data, config.inputs.shapes)
     out_dir = result_dir(config.out, default_out)
+    if config.study.storage is None and any(c in str(out_dir.resolve()) for c in "%{}"):
+        raise AutoprecError(f"--out {out_dir}: its path holds '%', '{{' or '}}', which the study's default SQLite URL "
+                            "cannot carry; choose another --out, or give --storage")
     wanted = wanted_metric(config.judge, config.inputs.model)
     engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
     workers = _build_workers(config.isolation.build_workers, engine, config.isolation.isolate)

@@ -215,6 +215,9 @@ class InputSpec(Group):
         return {k: (dict(v) if k.endswith("shapes") or k == "constants" else v) for k, v in values.items()}
 
 
+MAX_THREADS_PER_CORE = 4
+
+
 @dataclass(frozen=True)
 class EngineSpec(Group):
     """The engine that builds, runs and times candidates, on which device, with how many threads."""
@@ -249,6 +252,10 @@ class EngineSpec(Group):
         backend_class(self.backend)  # an engine autoprec has, or one line listing them
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX Runtime's default)")
+        cores = os.cpu_count() or 1
+        if self.threads > MAX_THREADS_PER_CORE * cores:
+            raise AutoprecError(f"--threads {self.threads}: more than {MAX_THREADS_PER_CORE}× this machine's {cores} "
+                                "cores; timings with threads fighting over cores measure the contention")
         return self
 
 
@@ -325,7 +332,7 @@ class JudgeSpec(Group):
 
     def checked(self) -> JudgeSpec:
         if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
-            raise AutoprecError(f"--max-loss {self.max_loss}: must be a loss of 0 or more")
+            raise AutoprecError(f"--max-loss {self.max_loss}: must be a finite loss of 0 or more")
         return self
 
 

@@ -145,7 +145,7 @@ def _looks_like_ctc(arr: np.ndarray) -> bool:
 
 def narrow(arr: np.ndarray) -> bool:
     """A handful of values per item (a score, a probability, a box): cosine per item cannot see it change."""
-    return arr.size // max(1, len(arr)) <= NARROW_OUTPUT
+    return arr.ndim == 0 or arr.size // max(1, len(arr)) <= NARROW_OUTPUT
 
 
 def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
@@ -228,6 +228,7 @@ class Judge:
     reference: Outputs
     labels: Labels | None = None
     _fp32: dict[int, dict] = field(default_factory=dict, repr=False)
+    _fp32_checked: bool = field(default=False, repr=False)  # a user's function scored FP32 against itself
 
     def check(self) -> dict[str, dict[str, float]]:
         """Refuse, in one line, a constraint that cannot be computed here (a head it cannot decode, labels
@@ -285,7 +286,8 @@ class Judge:
             if value.dtype.kind in "iub"
         ]
         if self.metric.name == "cosine":
-            notes += [f"output {name!r} has {value.size // max(1, len(value))} value(s) per item: cosine cannot see it "
+            notes += [f"output {name!r} has {value.size // max(1, len(np.atleast_1d(value)))} value(s) per item: cosine "
+                      "cannot see it "
                       "change, so its share of the loss is its relative L2 error (rel_l2)"
                       for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
         return notes
@@ -295,7 +297,7 @@ class Judge:
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
         metrics = {}
         for name in reference[0]:
-            refs, cands = [r[name] for r in reference], [c[name] for c in outputs]
+            refs, cands = [np.atleast_1d(r[name]) for r in reference], [np.atleast_1d(c[name]) for c in outputs]
             if self._time_major(name, refs[0]):  # (T, 1, C) per batch: a CTC head that keeps time first
                 refs, cands = [a.transpose(1, 0, 2) for a in refs], [a.transpose(1, 0, 2) for a in cands]
             ref, cand = np.concatenate(refs), np.concatenate(cands)
@@ -328,7 +330,13 @@ class Judge:
             return math.inf
         function = self.metric.user_function
         if function is not None:
-            loss = float(function(self.reference[: len(outputs)], outputs))
+            if not self._fp32_checked:
+                own = self._user_loss(function, self.reference[: len(outputs)], MetricError)
+                if not math.isfinite(own):
+                    raise MetricError(f"--metric {self.metric.name}: returned {own} for the FP32 outputs against "
+                                      "themselves; a loss is a finite number (0: as good as FP32): fix the function")
+                self._fp32_checked = True
+            loss = self._user_loss(function, outputs, AutoprecError)
             if loss < -SELF_AGREEMENT:
                 raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a loss is 0 or more "
                                   "(0: as good as FP32, larger: worse): fix the function")
@@ -344,6 +352,20 @@ class Judge:
                 f"--metric {self.metric.name}: no output scored against the labels; {HOW_TO[self.metric.task]}"
             )
         return float(np.mean(drops))
+
+    def _user_loss(self, function: LossFunction, outputs: Outputs, failure: type[AutoprecError]) -> float:
+        """The user's function on ``outputs``, as a float; else ``failure`` naming it: a MetricError (the search
+        stops) on FP32's own outputs, where it can only be the function's fault; one failed trial on a plan's."""
+        try:
+            value = function(self.reference[: len(outputs)], outputs)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
+            raise failure(f"--metric {self.metric.name}: raised {type(exc).__name__}: "
+                          f"{(str(exc).splitlines() or [''])[0][:200]}; fix the function") from None
+        try:
+            return float(np.asarray(value).item())
+        except (TypeError, ValueError):
+            raise failure(f"--metric {self.metric.name}: returned {type(value).__name__} {str(value)[:60]!r}, not one "
+                          "number; return a float (lower is better, 0: as good as FP32)") from None
 
     def _applies(self, task: str, name: str, ref: np.ndarray) -> bool:
         if self.metric.options.output is not None and name != self.metric.options.output:

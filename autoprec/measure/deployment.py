@@ -178,7 +178,7 @@ def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeP
     outside = point == "data" and not _inside(shapes, profile)
     if not all(got[name].shape == want[name].shape for want, got in pairs for name in want):
         return PointCheck(point, shapes, False, None, None, len(batches), outside)
-    stacked = [{name: np.concatenate([pair[k][name] for pair in pairs]) for name in pairs[0][0]} for k in (0, 1)]
+    stacked = [{name: np.concatenate([np.atleast_1d(pair[k][name]) for pair in pairs]) for name in pairs[0][0]} for k in (0, 1)]
     return PointCheck(point, shapes, True, max(0.0, _loss(*stacked)), None, len(batches), outside)
 
 

@@ -237,7 +237,12 @@ class IsolatedMeasurer(Measurer):
             text = self.stderr.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.strip().splitlines()[-lines:])[-2000:]
+        kept = text.strip().splitlines()
+        tail = kept[-lines:]
+        fatal = [line for line in kept if line.startswith("Fatal Python error")]  # the cause, above a deep stack
+        if fatal and fatal[-1] not in tail:
+            tail = [fatal[-1], "…", *tail[2 - lines:]]
+        return "\n".join(tail)[-2000:]
 
     def _kill(self) -> None:
         if self.process is not None and self.process.is_alive():

@@ -10,6 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
+from autoprec.core.errors import AutoprecError
+
 # --- CTC text -------------------------------------------------------------------------------------
 
 
@@ -81,6 +83,10 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
         boxes, scores = output[..., :4], output[..., 5:] * output[..., 4:5]
         if layout == "yolox":
             boxes = yolox_boxes(boxes)
+    if scores.shape[-1] == 0:
+        raise AutoprecError(f"--metric detection: a {layout} head needs 4 box values and at least one class score "
+                            f"per box, and this output has {boxes.shape[-1]} values per box; check --det-layout and "
+                            "--task-output, or use --metric cosine")
     result = []
     for image_boxes, image_scores in zip(boxes, scores):
         classes = image_scores.argmax(-1)

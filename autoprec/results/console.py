@@ -44,8 +44,9 @@ LOG_WIDTH = 160  # columns of tables written to a file or a pipe (rich's own def
 def widen_when_not_a_terminal() -> None:
     """Tables written to a CI log or a pipe get room (``$COLUMNS`` where set): rich would fit them to 80 columns
     and squeeze the marks and numbers out of them."""
-    if not stdout.is_terminal and "COLUMNS" not in os.environ:
-        stdout.width = LOG_WIDTH
+    if not stdout.is_terminal:
+        columns = os.environ.get("COLUMNS", "")
+        stdout.width = int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
 
 
 def plain(value: Any) -> Text:
@@ -191,7 +192,7 @@ def front_table(result: ResultFiles) -> Table:
     )
     metric = plain(f"loss ({result.facts.metric})")
     for column in ("trial", "ms", "trial p10–p90", "×fp32", metric, "i8/f16/f32", ""):
-        table.add_column(column, justify="left" if not column else "right")
+        table.add_column(column, justify="left" if not column else "right", overflow="fold")
     front, versus = result.shown_front(), result.versus.fp32
     chosen = next((t for t in front if t.number == chosen_number), None)
     fp32_ms = chosen.final_ms * versus.speedup if versus and chosen else None
@@ -248,7 +249,7 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
 def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None) -> list[str]:
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
     if chosen is None:
-        return ["no plan was chosen (no trial finished)"]
+        return ["no plan was chosen (no trial finished with a finite loss)"]
     max_loss = facts.max_loss
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
     lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.final_ms:.3f} ms, loss {_loss(chosen.loss)}, "
@@ -358,7 +359,7 @@ def plan_table(result: ResultFiles) -> Table:
     """The chosen plan, unit by unit in graph order."""
     table = Table(title=f"chosen plan (trial {result.chosen_number}), units in graph order", title_justify="left")
     for column in ("#", "unit", "op", "fused", "precision"):
-        table.add_column(column, justify="right" if column == "#" else "left")
+        table.add_column(column, justify="right" if column == "#" else "left", overflow="fold")
     style = {"int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
     for i, unit in enumerate(result.chosen_units):
         table.add_row(str(i), plain(unit.name), plain(unit.op_type), plain(", ".join(unit.fused) or "—"),

@@ -17,6 +17,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
+from autoprec.core.escape import printable
 from autoprec.core.plan import Plan
 from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.core.stored import save_models
@@ -199,7 +200,7 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
     for name, values in metrics.items():
         found = [f"{label} {float(values[key]):.1%}" for key, label in DECISIONS if key in values]
         if found:
-            parts.append((f"{name}: " if len(metrics) > 1 else "") + ", ".join(found))
+            parts.append((f"{printable(name)}: " if len(metrics) > 1 else "") + ", ".join(found))
     return "; ".join(parts)
 
 

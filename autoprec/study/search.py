@@ -674,7 +674,9 @@ def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord 
         feasible = [r for r in front if r.loss <= max_loss]
         if feasible:
             return min(feasible, key=lambda r: r.latency_ms)
-    finite = [r for r in front if math.isfinite(r.loss)] or list(front)
+    finite = [r for r in front if math.isfinite(r.loss)]  # an overflowing or unjudged plan is never the answer
+    if not finite:
+        return None
     lats = [r.latency_ms for r in finite]
     losses = [r.loss for r in finite]
 
