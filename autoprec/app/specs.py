@@ -283,7 +283,8 @@ class JudgeSpec(Group):
         group.add_argument(
             "--metric", default=_suppressed(overriding, "cosine"),
             help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean "
-                 "cosine similarity; top1/ctc-text/detection/embedding: the decisions FP32 makes, changed; "
+                 "cosine similarity; top1/ctc-text/detection/embedding/text-regions/segmentation: the decisions FP32 "
+                 "makes, changed; "
                  "TASK@labels: the drop against the data's labels), or module:function — that imports and RUNS "
                  "your code. Every other metric that applies is recorded beside it" + recorded)
         default = HeadOptions()
@@ -301,11 +302,15 @@ class JudgeSpec(Group):
                            metavar="SCORE", help="detection: score threshold (default 0.25)")
         group.add_argument("--det-iou", type=fraction, default=_suppressed(overriding, default.iou), metavar="IOU",
                            help="detection: NMS IoU (default 0.45)")
+        group.add_argument("--db-thresh", type=fraction, default=_suppressed(overriding, default.db_thresh),
+                           metavar="P", help="text-regions: a pixel's probability of text (default 0.3, PaddleOCR's)")
+        group.add_argument("--db-box-thresh", type=fraction, default=_suppressed(overriding, default.db_box_thresh),
+                           metavar="P", help="text-regions: a region's mean probability to keep it (default 0.6)")
         group.add_argument("--task-output", metavar="NAME", default=_suppressed(overriding, None),
                            help="the output task metrics read (default: every output that fits)")
 
     HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout", "det_conf": "conf",
-            "det_iou": "iou", "task_output": "output"}
+            "det_iou": "iou", "task_output": "output", "db_thresh": "db_thresh", "db_box_thresh": "db_box_thresh"}
 
     @classmethod
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:

@@ -21,15 +21,16 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from autoprec.core.errors import AutoprecError, MetricError
-from autoprec.measure import tasks
+from autoprec.measure import regions, tasks
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"
 LossFunction = Callable[[Outputs, Outputs], float]
 
 SIMILARITY_METRICS = ("cosine", "rel_l2", "max_abs")
-TASK_METRICS = ("top1", "ctc-text", "detection", "embedding")
-LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes"}  # metric -> the label array it reads
+TASK_METRICS = ("top1", "ctc-text", "detection", "embedding", "text-regions", "segmentation")
+# metric -> the label array it reads
+LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes", "text-regions": "boxes"}
 BUILTIN_METRICS = (*SIMILARITY_METRICS, *TASK_METRICS, *(f"{m}@labels" for m in LABELLED))
 # An output with this many values per item or fewer: cosine sees (almost) nothing of it.
 NARROW_OUTPUT = 4
@@ -47,11 +48,13 @@ class HeadOptions:
     conf: float = 0.25  # --det-conf
     iou: float = 0.45  # --det-iou (NMS)
     output: str | None = None  # --task-output: the output the task metrics read
+    db_thresh: float = regions.DB_THRESHOLD  # --db-thresh: text-regions' pixel threshold
+    db_box_thresh: float = regions.DB_BOX_THRESHOLD  # --db-box-thresh: a region's mean probability to keep it
 
     def to_json(self) -> dict[str, Any]:
         charset = hashlib.sha256("\n".join(self.charset).encode()).hexdigest()[:12] if self.charset else None
-        return {"blank": self.blank, "charset": charset, "layout": self.layout,
-                "conf": self.conf, "iou": self.iou, "output": self.output}
+        return {"blank": self.blank, "charset": charset, "layout": self.layout, "conf": self.conf, "iou": self.iou,
+                "output": self.output, "db_thresh": self.db_thresh, "db_box_thresh": self.db_box_thresh}
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,8 @@ def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -
             values = [1.0 - m["equal"] if "equal" in m else m[metric] for m in per_output]
         return max(0.0, float(np.mean(values)))  # (1 - cosine rounds to -2e-16 on equal outputs)
     key, to_loss = {"top1": ("top1", lambda v: 1.0 - v), "ctc-text": ("cer", lambda v: v),
-                    "detection": ("map50", lambda v: 1.0 - v), "embedding": ("embedding_loss", lambda v: v)}[metric]
+                    "detection": ("map50", lambda v: 1.0 - v), "embedding": ("embedding_loss", lambda v: v),
+                    "text-regions": ("region_f", lambda v: 1.0 - v), "segmentation": ("miou", lambda v: 1.0 - v)}[metric]
     values = [m[key] for m in per_output if key in m]
     if not values:
         raise AutoprecError(f"--metric {metric}: no model output it applies to; {HOW_TO[metric]}")
@@ -216,6 +220,8 @@ HOW_TO = {
     "ctc-text": "it needs per-step class scores shaped N×T×C (name the output with --task-output)",
     "detection": "it needs a YOLO head shaped N×(4+classes)×boxes or N×boxes×(5+classes) (--task-output, --det-layout)",
     "embedding": "it needs embeddings shaped N×D or N×T×D (--task-output)",
+    "text-regions": "it needs a DBNet probability map shaped N×1×H×W or N×H×W, values in [0, 1] (--task-output)",
+    "segmentation": "it needs per-pixel class scores N×C×H×W or class ids N×H×W (--task-output)",
 }
 
 
@@ -376,6 +382,10 @@ class Judge:
             return ref.ndim == 3 and ref.dtype.kind == "f" and ("ctc-text" in self.metric.tasks or _looks_like_ctc(ref))
         if task == "detection":
             return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f"
+        if task == "text-regions":
+            return "text-regions" in self.metric.tasks and regions.probability_maps(ref) is not None
+        if task == "segmentation":
+            return "segmentation" in self.metric.tasks and regions.class_map(ref) is not None
         return "embedding" in self.metric.tasks and ref.ndim in (2, 3) and ref.dtype.kind == "f"
 
     def _decisions(
@@ -411,6 +421,7 @@ class Judge:
             found["box_count_change"] = (sum(len(b) for b in cand_boxes) - count) / max(1, count)
             if "boxes" in labels:
                 found["map50_labels"] = tasks.mean_average_precision(cand_boxes, tasks.padded_boxes(labels["boxes"]))
+        found.update(self._region_decisions(name, ref, cand, labels))
         if self._applies("embedding", name, ref):
             ref_emb, cand_emb = tasks.pooled(ref), tasks.pooled(cand)
             found["embedding_cosine"] = float((tasks.unit_rows(ref_emb) * tasks.unit_rows(cand_emb)).sum(1).mean())
@@ -422,7 +433,29 @@ class Judge:
         return found
 
 
-LABEL_KEYS = {"top1": "top1_labels", "ctc-text": "cer_labels", "detection": "map50_labels"}
+    def _region_decisions(
+        self, name: str, ref: np.ndarray, cand: np.ndarray, labels: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        """Text regions (a DBNet map binarised as PaddleOCR does) and per-pixel classes, against FP32's."""
+        found, options = {}, self.metric.options
+        if self._applies("text-regions", name, ref):
+            boxes = [[regions.text_regions(m, options.db_thresh, options.db_box_thresh)
+                      for m in regions.probability_maps(out)] for out in (ref, cand)]
+            found["region_f"] = regions.region_f_score(boxes[1], boxes[0])
+            found["region_count_change"] = (sum(map(len, boxes[1])) - sum(map(len, boxes[0]))) / max(
+                1, sum(map(len, boxes[0])))
+            if "boxes" in labels:
+                truth = [b[:, 1:5] for b in tasks.padded_boxes(labels["boxes"])]
+                found["region_f_labels"] = regions.region_f_score(boxes[1], truth)
+        if self._applies("segmentation", name, ref):
+            ref_ids, cand_ids = regions.class_map(ref), regions.class_map(cand)
+            found["pixel_agreement"] = float((ref_ids == cand_ids).mean())
+            found["miou"] = float(np.mean([regions.mean_iou(c, r) for c, r in zip(cand_ids, ref_ids)]))
+        return found
+
+
+LABEL_KEYS = {"top1": "top1_labels", "ctc-text": "cer_labels", "detection": "map50_labels",
+              "text-regions": "region_f_labels"}
 LABEL_FORMS = {
     "labels": "integer class per item, shaped N or N×T; negative = not labelled",
     "text": "one string per item",

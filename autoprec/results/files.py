@@ -188,9 +188,12 @@ DECISIONS = (
     ("cer", "CER vs FP32"),
     ("map50", "mAP50 vs FP32"),
     ("nn_agreement", "NN same"),
+    ("region_f", "text regions F vs FP32"),
+    ("miou", "mIoU vs FP32"),
     ("top1_labels", "top-1 vs labels"),
     ("cer_labels", "CER vs labels"),
     ("map50_labels", "mAP50 vs labels"),
+    ("region_f_labels", "text regions F vs labels"),
 )
 
 

@@ -85,7 +85,7 @@ ENTRIES: dict[str, ZooEntry] = {
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", {"x": (1, 3, 640, 640)},
                  "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no labels: agreement with FP32)",
-                 _PPOCR_LICENCE, (SKIMAGE,)),
+                 _PPOCR_LICENCE, (SKIMAGE,), task="text-regions"),
         ZooEntry("ppocr-rec", "PP-OCRv4 text recognition (SVTR-LCNet), 48×320", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", {"x": (1, 3, 48, 320)},

@@ -1,0 +1,121 @@
+"""Text regions (DBNet maps) and segmentation: the decisions decoded the same way from FP32 and from a plan."""
+
+import json
+
+import builders
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import autoprec
+from autoprec.measure import regions
+
+
+def test_regions_are_the_connected_pixels_above_the_threshold_kept_by_their_mean():
+    probability = np.zeros((64, 64), np.float32)
+    probability[4:12, 5:40] = 0.9  # a text line
+    probability[20:30, 50:54] = 0.5  # above the pixel threshold, below the box threshold: dropped
+    probability[40:60, 10:12] = 0.95  # two pixels wide: under PaddleOCR's min size
+    probability[40:44, 30:60] = 0.8  # an L: one region
+    probability[44:60, 56:60] = 0.8
+    boxes = regions.text_regions(probability)
+    assert boxes.tolist() == [[5, 4, 40, 12], [30, 40, 60, 60]]
+    assert regions.region_f_score([boxes], [boxes]) == 1.0
+    assert regions.region_f_score([boxes[:1]], [boxes]) == pytest.approx(2 / 3)
+    assert regions.region_f_score([np.zeros((0, 4))], [np.zeros((0, 4))]) == 1.0
+    shifted = boxes + [0, 0, 0, 30]  # same corner, far taller: IoU below 0.5
+    assert regions.region_f_score([shifted[:1]], [boxes[:1]]) == 0.0
+
+
+def test_a_long_winding_region_is_one_region():
+    mask = np.zeros((40, 200), bool)
+    mask[::4, :] = True  # rows joined at alternate ends: a snake 1,000 pixels long
+    for row in range(0, 36, 4):
+        mask[row:row + 5, 199 if row % 8 == 0 else 0] = True
+    assert regions.components(mask).max() == 1
+
+
+def test_mean_iou_counts_each_class_present():
+    truth = np.array([[0, 0, 1, 1], [0, 0, 1, 1]])
+    assert regions.mean_iou(truth, truth) == 1.0
+    predicted = np.array([[0, 0, 0, 1], [0, 0, 1, 1]])
+    assert regions.mean_iou(predicted, truth) == pytest.approx((4 / 5 + 3 / 4) / 2)
+    unlabelled = np.where(truth == 1, -1, truth)  # only the left half scored
+    assert regions.mean_iou(predicted, unlabelled) == 1.0
+    assert regions.mean_iou(np.array([[0, 1, 0, 1], [0, 0, 1, 1]]), unlabelled) == pytest.approx((3 / 4 + 0) / 2)
+
+
+def _db_like(folder, classes=None):
+    """Conv 3×3 layers then a sigmoid map (DBNet's head), or per-pixel class scores (a segmenter)."""
+    rng = np.random.default_rng(0)
+    out_channels = classes or 1
+    weights = [numpy_helper.from_array((rng.normal(0, 0.3, (8, 1, 3, 3)) + 1 / 9).astype(np.float32), "w0"),
+               numpy_helper.from_array(np.zeros(8, np.float32), "b0"),
+               numpy_helper.from_array((rng.normal(0, 0.1, (out_channels, 8, 3, 3)) + 0.15).astype(np.float32), "w1"),
+               numpy_helper.from_array(np.full(out_channels, -2.5, np.float32), "b1")]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["logits" if classes else "c1"], name="conv1",
+                              pads=[1, 1, 1, 1])]
+    if not classes:
+        nodes.append(helper.make_node("Sigmoid", ["c1"], ["prob"], name="sigmoid"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 32, 32])],
+                              [helper.make_tensor_value_info("logits" if classes else "prob", TensorProto.FLOAT,
+                                                             [1, out_channels, 32, 32])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = builders.save(model, folder / ("seg.onnx" if classes else "db.onnx"))
+    items, boxes = np.zeros((16, 1, 32, 32), np.float32), np.full((16, 2, 5), -1.0)
+    for i in range(16):
+        for j, (y, x, h, w) in enumerate([(3 + i % 5, 2, 6, 20), (18, 8 + i % 7, 7, 14)]):
+            items[i, 0, y:y + h, x:x + w] = 1.0
+            boxes[i, j] = (0, x, y, x + w, y + h)
+    np.savez(folder / "data.npz", x=items, boxes=boxes)
+    return path, folder / "data.npz"
+
+
+def test_a_text_detector_is_searched_by_its_regions(tmp_path):
+    model, data = _db_like(tmp_path)
+    result = autoprec.search(autoprec.SearchConfig(
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("text-regions@labels", max_loss=0.05),
+        study=autoprec.StudySpec(budget=5), out=tmp_path / "out"))
+    pareto = json.loads((tmp_path / "out" / "pareto.json").read_text())
+    assert pareto["search"]["fp32_on_labels"]["prob"]["region_f_labels"] > 0.5  # the map finds the drawn boxes
+    fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))
+    assert fp32.measurement.metrics["prob"]["region_f"] == 1.0 and fp32.loss == 0.0
+    assert all("region_f" in t.measurement.metrics["prob"] for t in result.trials)
+
+
+def test_a_segmenter_is_searched_by_its_classes(tmp_path):
+    model, data = _db_like(tmp_path, classes=3)
+    result = autoprec.search(autoprec.SearchConfig(
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("segmentation", max_loss=0.05),
+        study=autoprec.StudySpec(budget=5), out=tmp_path / "out"))
+    for trial in result.trials:
+        metrics = trial.measurement.metrics["logits"]
+        assert trial.loss == pytest.approx(1 - metrics["miou"]) and 0 <= metrics["pixel_agreement"] <= 1
+    fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))
+    assert fp32.measurement.metrics["logits"]["miou"] == 1.0
+
+
+def test_the_documented_custom_head_metric_judges_a_decoded_box_head(tmp_path, monkeypatch):
+    """docs/examples/custom_head.py, as docs/design.md shows it: FP32 scores 0, every plan gets a loss in [0, 1]."""
+    from pathlib import Path
+
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.5, (16, 60)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array([1, 10, 6], np.int64), "shape")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="head"),
+             helper.make_node("Reshape", ["m", "shape"], ["r"], name="rows"),
+             helper.make_node("Sigmoid", ["r"], ["boxes"], name="squash")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 10, 6])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = builders.save(model, tmp_path / "detector.onnx")
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "docs" / "examples"))
+    result = autoprec.search(autoprec.SearchConfig(
+        autoprec.InputSpec(path), judge=autoprec.JudgeSpec("custom_head:loss", max_loss=0.5),
+        study=autoprec.StudySpec(budget=4), out=tmp_path / "out"))
+    fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))
+    assert fp32.loss == 0.0 and all(0.0 <= t.loss <= 1.0 for t in result.trials)
