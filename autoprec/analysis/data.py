@@ -121,8 +121,11 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                     )
                 return {n: _stack_of_items(npz[n], path, n) for n in names}
         except UNREADABLE as exc:
+            pickled = "allow_pickle" in str(exc)  # an object array (Python strings, ragged lists): never unpickled
             raise DataError(
-                f"--data {path}: cannot be read as a NumPy .npz file ({exc}); re-save it with numpy.savez"
+                f"--data {path}: cannot be read as a NumPy .npz file ({exc}); "
+                + ("store its strings as a str array (np.array(texts, dtype=str)) and numbers as numeric arrays, "
+                   "then numpy.savez" if pickled else "re-save it with numpy.savez")
             ) from None
     items: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
@@ -261,10 +264,14 @@ def load_items(
         items = {inputs[0].name: _read_images(files, inputs[0], image_mean, image_std)}
     else:
         items = _read_arrays(path, files, inputs)
+    once = set()  # inputs given as one tensor for every run (weights fed as an input): repeated for each item
     for spec in inputs:
         arr = items[spec.name]
         want = spec.item_shape
         axis = spec.batch_axis
+        if axis is None and spec.shape and arr.shape == tuple(spec.shape):
+            arr = arr[None]
+            once.add(spec.name)
         if axis is not None and arr.ndim == len(spec.shape) + 1 and arr.shape[1 + axis] == 1 \
                 and arr.shape[1 : 1 + axis] + arr.shape[2 + axis :] == want:
             arr = arr.reshape(arr.shape[0], *want)  # items saved whole, with a batch dim of 1
@@ -296,9 +303,12 @@ def load_items(
                 f"--data {path}: input {spec.name} holds NaN or Inf in {len(bad)} item(s) (the first is item {bad[0]}); "
                 "every accuracy would be infinite: remove or repair those items"
             )
-    counts = {len(a) for a in items.values()}
+    counts = {len(a) for name, a in items.items() if name not in once} or {1}
     if len(counts) != 1:
         raise DataError(f"--data {path}: inputs have different item counts {sorted(counts)}; give each the same")
+    count = next(iter(counts))
+    for name in once:  # a view: the one tensor, read as every item's
+        items[name] = np.broadcast_to(items[name], (count, *items[name].shape[1:]))
     return items
 
 
@@ -411,9 +421,9 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int 
             raise DataError(f"input {spec.name} takes strings, which random data cannot choose: pass --data with an "
                             f"{spec.name!r} array of strings")
         if not spec.shape and np.dtype(spec.dtype).kind in "iub":
-            raise DataError(f"input {spec.name} is a {spec.dtype} scalar, which random data cannot choose: pass "
-                            f"--const {spec.name}=VALUE (e.g. the sample rate it expects), or --data with an "
-                            f"{spec.name!r} array")
+            example = " (e.g. the sample rate it expects)" if np.dtype(spec.dtype).kind in "iu" else " (1 or 0)"
+            raise DataError(f"input {spec.name} is a scalar of type {spec.dtype}, which random data cannot choose: "
+                            f"pass --const {spec.name}=VALUE{example}, or --data with an array named {spec.name!r}")
         if np.dtype(spec.dtype).kind == "f":
             items[spec.name] = rng.random(shape, dtype=np.float32).astype(spec.dtype)
         elif np.dtype(spec.dtype).kind == "b":

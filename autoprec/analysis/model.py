@@ -362,6 +362,29 @@ def resolve_input_shapes(
                     "or --data with arrays of that shape"
                 )
         shapes[spec.name] = tuple(shape)
+    return _shared_dims(inputs, shapes, given, notes)
+
+
+def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
+                 notes: list[str]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """A dim name inputs share is one size: the one --shape gives, carried to the inputs it does not name;
+    two --shape values that disagree on it are refused naming both."""
+    sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input whose --shape gave it)
+    for spec in (s for s in inputs if s.name in given):
+        named = {d: size for d, size in zip(spec.shape, shapes[spec.name]) if isinstance(d, str) and d not in ("", "?")}
+        for dim, size in named.items():  # axes of one input sharing a name are named apart elsewhere
+            if dim in sizes and sizes[dim][0] != size:
+                raise ModelError(f"--shape {sizes[dim][1]} and --shape {spec.name} give dim {dim!r}, which both inputs "
+                                 f"share, the sizes {sizes[dim][0]} and {size}; give it one size")
+            sizes.setdefault(dim, (size, spec.name))
+    for spec in (s for s in inputs if s.name not in given):
+        shape = list(shapes[spec.name])
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, str) and dim not in ("", "?") and dim in sizes and shape[axis] != sizes[dim][0]:
+                shape[axis] = sizes[dim][0]
+                notes[:] = [n for n in notes if not n.startswith(f"input {spec.name}: dynamic batch dim {dim} ")]
+                notes.append(f"input {spec.name}: dim {dim} set to {sizes[dim][0]}, as --shape {sizes[dim][1]} gives it")
+        shapes[spec.name] = tuple(shape)
     return shapes, notes
 
 

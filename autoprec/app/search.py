@@ -337,7 +337,10 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
     judge, judged = judge_for(setup.metric, prepared)
     running = joined.running
     if joined.done or running:
-        log.info(f"joining study {joined.name!r}: {joined.done} of {config.study.budget} trials done"
+        budget = config.study.budget
+        done = (f"{joined.done} of {budget} trials done" if joined.done < budget else
+                f"{joined.done} trials done, the budget of {budget} reached: no new trial runs")
+        log.info(f"joining study {joined.name!r}: {done}"
                  + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
                     f"after {GRACE_BEATS * config.study.heartbeat} s without a heartbeat)" if running else ""))
     screen = (

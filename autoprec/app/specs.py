@@ -309,6 +309,10 @@ class JudgeSpec(Group):
         group.add_argument("--task-output", metavar="NAME", default=_suppressed(overriding, None),
                            help="the output task metrics read (default: every output that fits)")
 
+    def __post_init__(self) -> None:
+        if isinstance(self.max_loss, float) and self.max_loss == 0:  # -0.0 (from "--max-loss -0") is said as 0
+            object.__setattr__(self, "max_loss", 0.0)
+
     HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout", "det_conf": "conf",
             "det_iou": "iou", "task_output": "output", "db_thresh": "db_thresh", "db_box_thresh": "db_box_thresh"}
 

@@ -9,6 +9,7 @@ A candidate whose outputs hold NaN or Inf has infinite loss: overflow is never a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import math
@@ -192,7 +193,7 @@ def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float
     return Judge(Metric(), reference).metrics(candidate)
 
 
-def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -> float:
+def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str, outputs: str = "") -> float:
     """The label-free scalar losses (lower is better, 0 = identical to FP32), averaged over the outputs
     they apply to. ``cosine`` reads the relative L2 error of narrow outputs, where cosine is blind."""
     per_output = list(metrics.values())
@@ -210,7 +211,8 @@ def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str) -
                     "text-regions": ("region_f", lambda v: 1.0 - v), "segmentation": ("miou", lambda v: 1.0 - v)}[metric]
     values = [m[key] for m in per_output if key in m]
     if not values:
-        raise AutoprecError(f"--metric {metric}: no model output it applies to; {HOW_TO[metric]}")
+        raise AutoprecError(f"--metric {metric}: no model output it applies to; {HOW_TO[metric]}"
+                            + (f"; the model's outputs: {outputs}" if outputs else ""))
     return float(np.mean([to_loss(v) for v in values]))
 
 
@@ -348,7 +350,8 @@ class Judge:
                                   "(0: as good as FP32, larger: worse): fix the function")
             return math.inf if math.isnan(loss) else max(loss, 0.0)
         if not self.metric.against_labels:
-            return loss_from_metrics(metrics, self.metric.name)
+            shapes = ", ".join(f"{name} {list(np.shape(v))} {np.asarray(v).dtype}" for name, v in self.reference[0].items())
+            return loss_from_metrics(metrics, self.metric.name, shapes)
         key = LABEL_KEYS[self.metric.task]
         fp32 = self.fp32_scores(len(outputs))
         drops = [(m[key] - fp32[n][key]) if key == "cer_labels" else (fp32[n][key] - m[key])
@@ -363,7 +366,8 @@ class Judge:
         """The user's function on ``outputs``, as a float; else ``failure`` naming it: a MetricError (the search
         stops) on FP32's own outputs, where it can only be the function's fault; one failed trial on a plan's."""
         try:
-            value = function(self.reference[: len(outputs)], outputs)
+            with contextlib.redirect_stdout(sys.stderr):  # what it prints is not autoprec's output (--json)
+                value = function(self.reference[: len(outputs)], outputs)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
             raise failure(f"--metric {self.metric.name}: raised {type(exc).__name__}: "
                           f"{(str(exc).splitlines() or [''])[0][:200]}; fix the function") from None
