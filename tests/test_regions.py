@@ -66,11 +66,14 @@ def _db_like(folder, classes=None):
     model.ir_version = 8
     path = builders.save(model, folder / ("seg.onnx" if classes else "db.onnx"))
     items, boxes = np.zeros((16, 1, 32, 32), np.float32), np.full((16, 2, 5), -1.0)
+    masks = np.zeros((16, 32, 32), np.int64)
     for i in range(16):
         for j, (y, x, h, w) in enumerate([(3 + i % 5, 2, 6, 20), (18, 8 + i % 7, 7, 14)]):
             items[i, 0, y:y + h, x:x + w] = 1.0
             boxes[i, j] = (0, x, y, x + w, y + h)
-    np.savez(folder / "data.npz", x=items, boxes=boxes)
+            masks[i, y:y + h, x:x + w] = j + 1
+    masks[:, :, 28:] = -1  # not labelled
+    np.savez(folder / "data.npz", x=items, **({"masks": masks} if classes else {"boxes": boxes}))
     return path, folder / "data.npz"
 
 
@@ -96,6 +99,17 @@ def test_a_segmenter_is_searched_by_its_classes(tmp_path):
         assert trial.loss == pytest.approx(1 - metrics["miou"]) and 0 <= metrics["pixel_agreement"] <= 1
     fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))
     assert fp32.measurement.metrics["logits"]["miou"] == 1.0
+
+
+def test_a_segmenter_is_searched_against_its_masks(tmp_path):
+    model, data = _db_like(tmp_path, classes=3)
+    result = autoprec.search(autoprec.SearchConfig(
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("segmentation@labels", max_loss=0.05),
+        study=autoprec.StudySpec(budget=4), out=tmp_path / "out"))
+    fp32 = json.loads((tmp_path / "out" / "pareto.json").read_text())["search"]["fp32_on_labels"]["logits"]["miou_labels"]
+    assert 0 < fp32 < 1
+    for trial in result.trials:  # the drop of the mean IoU against the masks from FP32's own
+        assert trial.loss == pytest.approx(fp32 - trial.measurement.metrics["logits"]["miou_labels"])
 
 
 def test_the_documented_custom_head_metric_judges_a_decoded_box_head(tmp_path, monkeypatch):

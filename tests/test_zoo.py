@@ -17,6 +17,7 @@ def test_entries_pin_a_version_and_a_hash():
         "ppocr-det",
         "ppocr-rec",
         "ppocr-cls",
+        "picodet-layout",
         "yolov8n",
         "magika",
         "minilm",
@@ -94,6 +95,25 @@ def test_rendered_text_lines_recipe():
     assert x.shape == (16, 3, 48, 320) and x.dtype == np.float32
     assert x.min() >= -1.0 and x.max() <= 1.0
     assert all(np.unique(item).size > 10 for item in x)  # real glyphs, not blank lines
+
+
+def test_rendered_document_pages_recipe():
+    """Every page differs (its photo, its block order, its table), and is ImageNet-normalised RGB."""
+    import io
+
+    from PIL import Image
+
+    def png(colour):
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48), colour).save(buffer, "PNG")
+        return buffer.getvalue()
+
+    photos = {name: png((40 * i, 200 - 30 * i, 90)) for i, name in enumerate(zoo.SKIMAGE_FILES)}
+    x = recipes.doc_layout(photos, height=200, width=152, count=4)["image"]
+    assert x.shape == (4, 3, 200, 152) and x.dtype == np.float32
+    white = (1 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(x[0, :, 0, 0], white, rtol=1e-5)  # the page's margin
+    assert len({item.tobytes() for item in x}) == 4
 
 
 def test_magika_features_follow_its_config():

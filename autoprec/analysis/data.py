@@ -20,7 +20,7 @@ ARRAY_SUFFIXES = {".npy", ".npz"}
 
 Batch = dict[str, np.ndarray]
 # Ground truth the data may carry beside the inputs, one entry per item (see accuracy.LABEL_FORMS).
-LABEL_ARRAYS = ("labels", "text", "boxes")
+LABEL_ARRAYS = ("labels", "text", "boxes", "masks")
 LABELS_SIDECAR = "labels.json"  # in an image folder: {"labels" | "text" | "boxes": {file name: value}}
 # What NumPy raises for a file that is not a (readable) .npy/.npz: object arrays need pickle, which is never allowed.
 UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
@@ -313,7 +313,7 @@ def load_items(
 
 
 def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> dict[str, np.ndarray]:
-    """Ground truth beside the inputs: arrays named ``labels``/``text``/``boxes`` in the .npz file(s), or
+    """Ground truth beside the inputs: arrays named ``labels``/``text``/``boxes``/``masks`` in the .npz file(s), or
     ``labels.json`` in an image folder; checked to hold one entry per item."""
     path = Path(path)
     files = _files(path)
@@ -365,8 +365,8 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
         or not set(document) <= set(LABEL_ARRAYS)
         or not all(isinstance(v, dict) for v in document.values())
     ):
-        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\" and/or \"boxes\", each mapping "
-                        "an image file name to its value")
+        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\", \"boxes\" and/or \"masks\", "
+                        "each mapping an image file name to its value")
     found = {}
     for key, by_file in document.items():
         missing = [f.name for f in files if f.name not in by_file]
@@ -389,13 +389,16 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
 
 
 def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
-    kind = {"labels": "iu", "text": "US", "boxes": "fiu"}[key]
+    kind = {"labels": "iu", "text": "US", "boxes": "fiu", "masks": "iu"}[key]
     if array.dtype.kind not in kind or array.ndim == 0:
         raise DataError(f"--data {path}: {key!r} is {array.dtype} shaped {list(array.shape)}: it must be "
                         + {"labels": "integer classes, one per item (N or N×T)", "text": "strings, one per item",
-                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class pads)"}[key])
+                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class pads)",
+                           "masks": "integer classes per pixel, N×H×W (negative: not labelled)"}[key])
     if key == "boxes" and (array.ndim != 3 or array.shape[2] != 5):
         raise DataError(f"--data {path}: 'boxes' is shaped {list(array.shape)}, not N×M×5 (class, x1, y1, x2, y2)")
+    if key == "masks" and array.ndim != 3:
+        raise DataError(f"--data {path}: 'masks' is shaped {list(array.shape)}, not N×H×W (a class per pixel)")
     if len(array) != count:
         raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
 

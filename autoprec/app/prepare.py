@@ -83,9 +83,15 @@ def resolve_model(
 
 
 def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
-    """The metric ``judge`` names, with the task metric a zoo ``model`` declares computed beside it; resolved
-    (a module:function imported) before any work, so a bad one is named first."""
-    return resolve_metric(judge.metric, declared_tasks(model), judge.head)
+    """The metric ``judge`` names, with the task metric a zoo ``model`` declares computed beside it (and its
+    head's layout, unless --det-layout gave one); resolved (a module:function imported) before any work, so a
+    bad one is named first."""
+    head = judge.head
+    if str(model).startswith("zoo:") and head.layout is None:
+        from autoprec import zoo
+
+        head = replace(head, layout=zoo.entry(str(model)).layout)
+    return resolve_metric(judge.metric, declared_tasks(model), head)
 
 
 def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
@@ -107,13 +113,23 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
         raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; its outputs are: "
                             f"{', '.join(outputs)}")
     labels = dataset.labels[0] if dataset.labels else {}
-    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection")) if key in labels]
+    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection"), ("masks", "segmentation"))
+               if key in labels]
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
+    if metric.options.layout == "picodet":
+        metric = replace(metric, options=replace(metric.options, image=image_size(dataset)))
     if "text" in labels and metric.options.charset is None and "character" in info.metadata:
         metric = replace(
             metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines()))
         )
     return metric
+
+
+def image_size(dataset: Dataset) -> tuple[int, int] | None:
+    """H, W of the model's image input (N×C×H×W, C ≤ 4, or N×H×W×C) in the data; the largest where several."""
+    sizes = [tuple(int(d) for d in (shape[2:] if shape[1] <= 4 else shape[1:3]))
+             for shape in (np.shape(v) for v in dataset.evaluation[0].values()) if len(shape) == 4]
+    return max(sizes, key=lambda hw: hw[0] * hw[1], default=None)
 
 
 def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:

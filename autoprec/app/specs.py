@@ -296,8 +296,9 @@ class JudgeSpec(Group):
                                 "the model's 'character' metadata, as RapidOCR's models carry it)")
         group.add_argument("--det-layout", choices=DETECTION_LAYOUTS, default=_suppressed(overriding, None),
                            help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, "
-                                "classes; YOLOX exported decoded too) or yolox (YOLOX's raw head: boxes per grid "
-                                "cell, strides 8/16/32); inferred for channels-first heads")
+                                "classes; YOLOX exported decoded too), yolox (YOLOX's raw head: boxes per grid "
+                                "cell, strides 8/16/32) or picodet (PicoDet/GFL: per stride scores and box "
+                                "distributions, read together); inferred for channels-first heads")
         group.add_argument("--det-conf", type=fraction, default=_suppressed(overriding, default.conf),
                            metavar="SCORE", help="detection: score threshold (default 0.25)")
         group.add_argument("--det-iou", type=fraction, default=_suppressed(overriding, default.iou), metavar="IOU",
@@ -337,6 +338,8 @@ class JudgeSpec(Group):
         head = dict(data.get("head") or {})
         if head.get("charset") is not None:
             head["charset"] = tuple(head["charset"])
+        if head.get("image") is not None:
+            head["image"] = tuple(head["image"])
         return cls(data.get("metric", "cosine"), data.get("max_loss"), HeadOptions(**head))
 
     def checked(self) -> JudgeSpec:

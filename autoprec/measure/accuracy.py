@@ -15,14 +15,14 @@ import importlib
 import math
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from autoprec.core.errors import AutoprecError, MetricError
-from autoprec.measure import regions, tasks
+from autoprec.measure import gfl, regions, tasks
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"
@@ -31,7 +31,7 @@ LossFunction = Callable[[Outputs, Outputs], float]
 SIMILARITY_METRICS = ("cosine", "rel_l2", "max_abs")
 TASK_METRICS = ("top1", "ctc-text", "detection", "embedding", "text-regions", "segmentation")
 # metric -> the label array it reads
-LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes", "text-regions": "boxes"}
+LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes", "text-regions": "boxes", "segmentation": "masks"}
 BUILTIN_METRICS = (*SIMILARITY_METRICS, *TASK_METRICS, *(f"{m}@labels" for m in LABELLED))
 # An output with this many values per item or fewer: cosine sees (almost) nothing of it.
 NARROW_OUTPUT = 4
@@ -51,11 +51,13 @@ class HeadOptions:
     output: str | None = None  # --task-output: the output the task metrics read
     db_thresh: float = regions.DB_THRESHOLD  # --db-thresh: text-regions' pixel threshold
     db_box_thresh: float = regions.DB_BOX_THRESHOLD  # --db-box-thresh: a region's mean probability to keep it
+    image: tuple[int, int] | None = None  # the model's image input (H, W), from the data: where PicoDet's anchors lie
 
     def to_json(self) -> dict[str, Any]:
         charset = hashlib.sha256("\n".join(self.charset).encode()).hexdigest()[:12] if self.charset else None
         return {"blank": self.blank, "charset": charset, "layout": self.layout, "conf": self.conf, "iou": self.iou,
-                "output": self.output, "db_thresh": self.db_thresh, "db_box_thresh": self.db_box_thresh}
+                "output": self.output, "db_thresh": self.db_thresh, "db_box_thresh": self.db_box_thresh,
+                "image": list(self.image) if self.image else None}
 
 
 @dataclass(frozen=True)
@@ -303,18 +305,41 @@ class Judge:
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         reference = self.reference[: len(outputs)]
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
-        metrics = {}
+        metrics, stacked = {}, ({}, {})
         for name in reference[0]:
             refs, cands = [np.atleast_1d(r[name]) for r in reference], [np.atleast_1d(c[name]) for c in outputs]
             if self._time_major(name, refs[0]):  # (T, 1, C) per batch: a CTC head that keeps time first
                 refs, cands = [a.transpose(1, 0, 2) for a in refs], [a.transpose(1, 0, 2) for a in cands]
             ref, cand = np.concatenate(refs), np.concatenate(cands)
+            stacked[0][name], stacked[1][name] = ref, cand
             metrics[name] = values = output_metrics(ref, cand)
             if not values.get("nonfinite"):
                 values.update(self._decisions(name, ref, cand, labels))
             if self._applies("detection", name, ref) or self._applies("embedding", name, ref):
                 values.pop("top1", None)  # boxes or vectors, not class scores: an argmax over them decides nothing
+        if self._picodet and not any(m.get("nonfinite") for m in metrics.values()):
+            head = self._gfl_head
+            for name in (*head.scores, *head.boxes):
+                metrics[name].pop("top1", None)  # per anchor: not a decision
+            metrics[head.scores[0]].update(self._picodet_decisions(*stacked, labels))
         return metrics
+
+    @property
+    def _picodet(self) -> bool:
+        return "detection" in self.metric.tasks and self.metric.options.layout == "picodet"
+
+    @cached_property
+    def _gfl_head(self) -> gfl.Head:
+        shapes = {name: np.shape(value) for name, value in self.reference[0].items()}
+        return gfl.find_head(shapes, self.metric.options.image)
+
+    def _picodet_decisions(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray],
+                           labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """A PicoDet head's boxes (every output of it at once) against FP32's; scores outside [0, 1] are logits."""
+        head, options = self._gfl_head, self.metric.options
+        logits = any(ref[n].min() < 0 or ref[n].max() > 1 for n in head.scores)
+        ref_boxes, cand_boxes = (gfl.detections(o, head, options.conf, options.iou, logits) for o in (ref, cand))
+        return _box_decisions(ref_boxes, cand_boxes, labels)
 
     def _time_major(self, name: str, first: np.ndarray) -> bool:
         """A per-batch (T > 1, 1, C) output that CTC reads: time first, the batch of one second."""
@@ -384,8 +409,8 @@ class Judge:
             if ref.ndim == 2 and ref.dtype.kind in "iu":  # class ids: the head took the argmax itself
                 return "ctc-text" in self.metric.tasks
             return ref.ndim == 3 and ref.dtype.kind == "f" and ("ctc-text" in self.metric.tasks or _looks_like_ctc(ref))
-        if task == "detection":
-            return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f"
+        if task == "detection":  # a PicoDet head is read from all its outputs at once (metrics)
+            return "detection" in self.metric.tasks and ref.ndim == 3 and ref.dtype.kind == "f" and not self._picodet
         if task == "text-regions":
             return "text-regions" in self.metric.tasks and regions.probability_maps(ref) is not None
         if task == "segmentation":
@@ -420,11 +445,7 @@ class Judge:
             layout = options.layout or _inferred_layout(name, ref)
             ref_boxes = tasks.yolo_detections(ref, layout, options.conf, options.iou)
             cand_boxes = tasks.yolo_detections(cand, layout, options.conf, options.iou)
-            found["map50"] = tasks.mean_average_precision(cand_boxes, tasks.as_truths(ref_boxes))
-            count = sum(len(b) for b in ref_boxes)
-            found["box_count_change"] = (sum(len(b) for b in cand_boxes) - count) / max(1, count)
-            if "boxes" in labels:
-                found["map50_labels"] = tasks.mean_average_precision(cand_boxes, tasks.padded_boxes(labels["boxes"]))
+            found.update(_box_decisions(ref_boxes, cand_boxes, labels))
         found.update(self._region_decisions(name, ref, cand, labels))
         if self._applies("embedding", name, ref):
             ref_emb, cand_emb = tasks.pooled(ref), tasks.pooled(cand)
@@ -455,16 +476,31 @@ class Judge:
             ref_ids, cand_ids = regions.class_map(ref), regions.class_map(cand)
             found["pixel_agreement"] = float((ref_ids == cand_ids).mean())
             found["miou"] = float(np.mean([regions.mean_iou(c, r) for c, r in zip(cand_ids, ref_ids)]))
+            truth = labels.get("masks")
+            if truth is not None and truth.shape == cand_ids.shape:
+                found["miou_labels"] = float(np.mean([regions.mean_iou(c, t) for c, t in zip(cand_ids, truth)]))
         return found
 
 
 LABEL_KEYS = {"top1": "top1_labels", "ctc-text": "cer_labels", "detection": "map50_labels",
-              "text-regions": "region_f_labels"}
+              "text-regions": "region_f_labels", "segmentation": "miou_labels"}
 LABEL_FORMS = {
     "labels": "integer class per item, shaped N or N×T; negative = not labelled",
     "text": "one string per item",
     "boxes": "N×M×5 rows of class, x1, y1, x2, y2 in input pixels; a negative class pads",
+    "masks": "N×H×W integer class per pixel, as the output's map; negative = not labelled",
 }
+
+
+def _box_decisions(ref_boxes: list[np.ndarray], cand_boxes: list[np.ndarray],
+                   labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Detections against FP32's (mAP@0.5, the change in their count) and against the data's boxes."""
+    count = sum(len(b) for b in ref_boxes)
+    found = {"map50": tasks.mean_average_precision(cand_boxes, tasks.as_truths(ref_boxes)),
+             "box_count_change": (sum(len(b) for b in cand_boxes) - count) / max(1, count)}
+    if "boxes" in labels:
+        found["map50_labels"] = tasks.mean_average_precision(cand_boxes, tasks.padded_boxes(labels["boxes"]))
+    return found
 
 
 def _stacked(labels: Labels) -> dict[str, np.ndarray]:

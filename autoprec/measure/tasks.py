@@ -70,7 +70,7 @@ def class_characters(dictionary: Sequence[str], classes: int | None, blank: int 
 # Box layouts of YOLO-family heads: channels first (4 box + classes, no objectness: YOLOv8 and later),
 # channels last with objectness in column 4 (YOLOv5, YOLOX exported decoded), or YOLOX's raw head
 # (the same columns, boxes still relative to their grid cell at strides 8, 16, 32).
-DETECTION_LAYOUTS = ("yolov8", "yolov5", "yolox")
+DETECTION_LAYOUTS = ("yolov8", "yolov5", "yolox", "picodet")  # picodet: autoprec.measure.gfl
 YOLOX_STRIDES = (8, 16, 32)
 
 
@@ -94,7 +94,7 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
         keep = best >= conf
         cx, cy, w, h = image_boxes[keep].T
         corners = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-        found = _nms(corners, best[keep], classes[keep], iou)[:max_boxes]
+        found = class_nms(corners, best[keep], classes[keep], iou)[:max_boxes]
         result.append(np.column_stack([corners[found], best[keep][found], classes[keep][found]]).astype(np.float64))
     return result
 
@@ -128,7 +128,7 @@ def box_iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.where(union > 0, overlap / np.where(union > 0, union, 1), 0.0)
 
 
-def _nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> list[int]:
+def class_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> list[int]:
     order = list(np.argsort(-scores, kind="stable"))
     kept: list[int] = []
     while order:

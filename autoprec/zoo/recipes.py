@@ -245,3 +245,69 @@ def silero_vad(model: bytes, audio: np.ndarray, count: int = 64, rate: int = 160
     picked = np.linspace(0, len(inputs) - 1, min(count, len(inputs))).round().astype(int)
     return {"input": np.stack(inputs)[picked], "state": np.stack(states)[picked],
             "sr": np.full(len(picked), rate, np.int64)}
+
+
+def _paragraph(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, sentences: Sequence[str],
+               font: ImageFont.FreeTypeFont) -> int:
+    """Sentences set as a justified-left paragraph between ``left`` and ``right``; returns the bottom."""
+    line, y = "", top
+    for word in " ".join(sentences).split():
+        if line and draw.textlength(f"{line} {word}", font=font) > right - left:
+            draw.text((left, y), line, fill=20, font=font)
+            line, y = word, y + font.size + 4
+        else:
+            line = f"{line} {word}".strip()
+    draw.text((left, y), line, fill=20, font=font)
+    return y + font.size + 4
+
+
+def _table(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, rows: int, font: ImageFont.FreeTypeFont) -> int:
+    """A ruled table of figures, ``rows`` rows of four columns; returns the bottom."""
+    height, width = font.size + 10, (right - left) // 4
+    for r in range(rows + 1):
+        draw.line((left, top + r * height, right, top + r * height), fill=40, width=1)
+    for c in range(5):
+        draw.line((left + c * width, top, left + c * width, top + rows * height), fill=40, width=1)
+    for r in range(rows):
+        for c in range(4):
+            cell = ("Item", "Count", "Share", "Change")[c] if r == 0 else f"{(r * 37 + c * 11) % 97}.{r + c}"
+            draw.text((left + c * width + 6, top + r * height + 4), cell, fill=20, font=font)
+    return top + rows * height
+
+
+def _sentences(start: int, count: int) -> tuple[str, ...]:
+    return tuple(SENTENCES[(start + k) % len(SENTENCES)] for k in range(count))
+
+
+def doc_layout(images: Mapping[str, bytes], height: int = 800, width: int = 608, count: int = 24) -> dict[str, np.ndarray]:
+    """Document pages rendered as a layout detector sees them: a title, paragraphs, a photo (scikit-image's)
+    with its caption, a ruled table, a page header and footer, in an order, size and place that change per
+    page; resized to height×width, RGB, ImageNet normalisation (PaddleDetection's PicoDet preprocessing)."""
+    photos = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png")
+    pages = []
+    for i in range(count):
+        page = Image.new("RGB", (1224, 1584), "white")
+        draw = ImageDraw.Draw(page)
+        body, small = _font(22), _font(18)
+        draw.text((90, 40), f"Technical report {i + 1}", fill=90, font=small)
+        draw.text((90, 100), SENTENCES[i % len(SENTENCES)].rstrip("."), fill=0, font=_font(40))
+        y = _paragraph(draw, 190, 90, 1134, _sentences(i, 2 + i % 4), body) + 40
+        blocks = (["figure", "table", "text"], ["text", "table", "figure"], ["table", "figure", "text"])[i % 3]
+        for block in blocks:
+            if block == "figure":
+                photo = _image(images[photos[i % len(photos)]])
+                side = 360 + (i % 4) * 80
+                photo = photo.resize((side, round(side * photo.height / photo.width)), Image.BILINEAR)
+                left = 90 + (i % 3) * (1044 - side) // 2
+                page.paste(photo, (left, y))
+                y += photo.height + 10
+                draw.text((left, y), f"Figure {i + 1}. {SENTENCES[(i + 5) % len(SENTENCES)]}", fill=30, font=small)
+                y += 60
+            elif block == "table":
+                y = _table(draw, y, 90, 1134, 3 + i % 4, small) + 40
+            else:
+                y = _paragraph(draw, y, 90, 1134, _sentences(i + 7, 2 + (i // 3) % 3), body) + 40
+        draw.text((560, 1520), f"- {i + 1} -", fill=60, font=small)
+        resized = np.asarray(page.resize((width, height), Image.BILINEAR))
+        pages.append(_normalise(resized, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
+    return {"image": np.stack(pages)}
