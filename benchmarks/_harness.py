@@ -38,6 +38,7 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
+from autoprec.measure.speedup import in_turn
 from autoprec.study.search import (
     default_sampler,
     finished_records,
@@ -108,6 +109,16 @@ def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
     return {"models": kept, "runs": runs} if kept else {}
 
 
+def model_sources(zoo: str, given: Iterable[str]) -> dict[str, tuple[str, Path | None]]:
+    """name -> (model, data): zoo entries by name (comma-separated), and ``NAME=MODEL.onnx[:DATA.npz]`` models."""
+    sources: dict[str, tuple[str, Path | None]] = {name: (f"zoo:{name}", None) for name in filter(None, zoo.split(","))}
+    for spec in given:
+        name, _, rest = spec.partition("=")
+        model, _, data = rest.partition(":")
+        sources[name] = (model, Path(data) if data else None)
+    return sources
+
+
 def model_key(model: StoredModel) -> str:
     """What a model is within one run: its graph and the folder its weights live in (equal graphs in one
     folder are equal models; the graph alone holds no weights over 1 KiB)."""
@@ -160,7 +171,7 @@ def time_interleaved(
     backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int
 ) -> list[list[Timing] | None]:
     """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
-    clocks) hits all alike. A model that fails to build or run gets None; the others go on.
+    clocks) hits all alike, each round starting one model later (``in_turn``). A model that fails to build or run gets None; the others go on.
 
     Every model's engine stays alive to the end: fine for the zoo's small models, not for large ones
     (the search itself times one plan at a time beside all-FP32: ``autoprec.measure.measurement.time_paired``)."""
@@ -174,8 +185,9 @@ def time_interleaved(
             except Exception:  # noqa: BLE001 - engines raise their own types; this model is left out
                 runners.append(None)
         timings: list[list[Timing] | None] = [[] if r is not None else None for r in runners]
-        for _ in range(rounds):
-            for i, runner in enumerate(runners):
+        for round_ in range(rounds):
+            for i in in_turn(range(len(runners)), round_):
+                runner = runners[i]
                 if timings[i] is not None:
                     try:
                         timings[i].append(runner.time(batch))

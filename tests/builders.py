@@ -56,6 +56,31 @@ def conv_net(batch: int | str = 1, size: int = 16, opset: int = 13, seed: int = 
     return _model(nodes, [x], [y], inits, opset)
 
 
+def residual_net(channels: int = 8, size: int = 16, bias_as_add: bool = False, seed: int = 7) -> onnx.ModelProto:
+    """A ResNet block: Conv "stem" → Relu → Conv "inner" → Relu → Conv "outer", whose output the Add "residual"
+    sums with the block's input (the skip), then Conv "last". ``bias_as_add``: every Conv adds its bias after
+    itself, as PaddlePaddle exports convolutions."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, made = [], [], "x"
+    for i, name in enumerate(("stem", "inner", "outer", "last")):
+        inits.append(_init(f"w{i}", rng.normal(0, np.sqrt(2 / (9 * channels)), (channels, channels, 3, 3))))
+        inits.append(_init(f"b{i}", rng.normal(0, 0.1, (1, channels, 1, 1) if bias_as_add else (channels,))))
+        source = {"stem": "x", "inner": "r0", "outer": "r1", "last": "sum"}[name]
+        nodes.append(helper.make_node("Conv", [source, f"w{i}"] + ([] if bias_as_add else [f"b{i}"]), [f"c{i}"],
+                                      name=name, pads=[1, 1, 1, 1]))
+        made = f"c{i}"
+        if bias_as_add:
+            nodes.append(helper.make_node("Add", [made, f"b{i}"], [f"a{i}"], name=f"bias{i}"))
+            made = f"a{i}"
+        if name in ("stem", "inner"):
+            nodes.append(helper.make_node("Relu", [made], [f"r{i}"], name=f"relu{i}"))
+        elif name == "outer":
+            nodes.append(helper.make_node("Add", ["r0", made], ["sum"], name="residual"))
+    shape = [1, channels, size, size]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                  [helper.make_tensor_value_info(made, TensorProto.FLOAT, shape)], inits)
+
+
 def mlp(batch: int = 4, features: int = 16, hidden: int = 32, seed: int = 1) -> onnx.ModelProto:
     """MatMul+Add+Relu twice, then MatMul: two hidden layers and a linear head."""
     rng = np.random.default_rng(seed)

@@ -250,7 +250,7 @@ def test_a_preparation_step_that_breaks_the_model_is_left_out_with_a_note(conv_m
 
     monkeypatch.setattr(preparation, "_fold_batchnorms", corrupting)
     info = analyse(conv_model, SPACE)
-    assert any("preparation step 'BatchNorm folding' left out" in n and "changed" in n for n in info.notes)
+    assert any("preparation step 'BatchNorm and bias folding' left out" in n and "changed" in n for n in info.notes)
     x = RNG.random(info.inputs[0].shape, dtype=np.float32)
     original = _run(onnx.load(str(conv_model)), {"x": x})[0]
     assert np.allclose(_run(info.stored, {"x": x})[0], original, rtol=1e-3, atol=1e-5)

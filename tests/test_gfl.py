@@ -35,6 +35,22 @@ def test_a_box_is_its_cells_centre_plus_the_expected_distances_times_the_stride(
     np.testing.assert_allclose(found, [[4, 0, 20, 12, 0.9, 1], [8, 8, 24, 24, 0.6, 2]], atol=1e-6)
 
 
+def test_logit_scores_and_another_bin_count_decode_the_same_boxes():
+    """PicoDet-L's 17 bins a side (reg_max 16) over one concatenated pair, its scores as logits: the same box as
+    the probabilities give."""
+    bins = 17
+    scores, boxes = np.full((1, 20, 2), 0.01, np.float32), np.zeros((1, 20, 4 * bins), np.float32)
+    scores[0, 17, 1] = 0.8  # stride 16, row 0, column 1: centre (24, 8)
+    sides = np.full((4, bins), -50.0, np.float32)
+    sides[range(4), (0, 0, 1, 0)] = 50.0  # right 16, the rest 0
+    boxes[0, 17] = sides.ravel()
+    head = gfl.find_head({"s": scores.shape, "b": boxes.shape}, (32, 32))
+    logits = {"s": np.log(scores / (1 - scores)), "b": boxes}
+    found = gfl.detections({"s": scores, "b": boxes}, head, 0.25, 0.45, logits=False)[0]
+    np.testing.assert_allclose(found, [[24, 8, 32, 8, 0.8, 1]], atol=1e-5)
+    np.testing.assert_allclose(gfl.detections(logits, head, 0.25, 0.45, logits=True)[0], found, atol=1e-5)
+
+
 def test_one_pair_over_every_stride_is_read_too_and_outputs_that_do_not_fit_are_named():
     head = gfl.find_head({"scores": (1, 20, 3), "boxes": (1, 20, 32)}, (32, 32))  # 16 + 4 cells at strides 8, 16
     assert head.strides == ((8, 16),)

@@ -335,3 +335,94 @@ def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_th
     kept.write_text('{"not": "a list"}')
     assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and len(passes) == 2
     assert json.loads(kept.read_text()) == list(first)
+
+
+def test_ort_form_keeps_int8_through_a_residual_add_between_int8_units(tmp_path):
+    """The Add reads both its inputs dequantized (the skip tensor too, quantized for the Conv it also feeds):
+    ONNX Runtime runs it as QLinearAdd instead of leaving float between the INT8 convolutions."""
+    info = analyse(builders.save(builders.residual_net(), tmp_path / "block.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    model = lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.ORT_CPU)
+    optimized = tmp_path / "optimized.onnx"
+    out = run(model, data.evaluation[0], optimized)
+    kernels = ops(onnx.load(str(optimized)))
+    assert kernels["QLinearAdd"] == 1 and kernels["Add"] == 0 and kernels["QLinearConv"] == 3  # the last: the output
+    assert output_metrics(run(info.stored, data.evaluation[0]), out)["cosine"] > 0.99
+
+
+def test_tensorrt_form_quantizes_the_skip_input_of_a_residual_add_and_leaves_the_convolution_output(tmp_path):
+    """NVIDIA's residual placement (ModelOpt's too): TensorRT fuses the Add into the INT8 convolution before it
+    and reads the skip tensor as INT8; a Q/DQ on the convolution's output would split that fusion."""
+    info = analyse(builders.save(builders.residual_net(), tmp_path / "block.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    lowered = {n.name: n for n in lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.TENSORRT).graph.node}
+    skip, convolved = lowered["residual"].input
+    assert lowered[skip.removesuffix("_dq") + "_dequantize"].op_type == "DequantizeLinear"
+    assert convolved == lowered["outer"].output[0]
+    fp32_outer = Plan.from_mapping({u.name: "fp32" if "outer" in u.nodes else "int8" for u in info.units})
+    lowered = {n.name: n for n in lower_plan(info, fp32_outer, ranges, QDQForm.TENSORRT).graph.node}
+    assert lowered["residual"].input[0] == "r0"  # no INT8 convolution to fuse with: the Add stays float
+
+
+def test_ort_form_leaves_an_fp32_unit_reading_a_quantized_input_unrounded(tmp_path):
+    """x feeds an INT8 Conv, an FP32 Conv and the Add of both: the Add reads x dequantized, the FP32 unit x itself."""
+    weights = [onnx.numpy_helper.from_array(np.full((4, 4, 1, 1), 0.1 * (i + 1), np.float32), f"w{i}") for i in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], name="int8_conv"),
+             helper.make_node("Conv", ["x", "w1"], ["b"], name="fp32_conv"),
+             helper.make_node("Add", ["x", "a"], ["xa"], name="skip"),
+             helper.make_node("Add", ["xa", "b"], ["y"], name="join")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    info = analyse(builders.save(model, tmp_path / "two.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    plan = Plan.from_mapping({u.name: "int8" if "int8_conv" in u.nodes else "fp32" for u in info.units})
+    lowered = {n.name: n for n in lower_plan(info, plan, ranges, QDQForm.ORT_CPU).graph.node}
+    assert lowered["int8_conv"].input[0].endswith("_dq") and lowered["skip"].input[0].endswith("_dq")
+    assert lowered["fp32_conv"].input[0] == "x"
+
+
+def test_a_bias_added_after_a_conv_is_folded_into_it(tmp_path):
+    path = builders.save(builders.residual_net(bias_as_add=True), tmp_path / "paddle.onnx")
+    info = analyse(path, load_search_space())
+    assert not [n for n in info.model.graph.node if n.name.startswith("bias")]
+    assert any("folded 4 bias Add(s) into the Conv before them" in note for note in info.notes)
+    data = build_dataset(None, info.inputs, random_count=2)
+    given = ort.InferenceSession(str(tmp_path / "paddle.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(run(info.stored, data.evaluation[0]), given.run(None, data.evaluation[0])[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_ort_form_keeps_an_add_and_the_layernorm_after_it_apart(tmp_path):
+    """ONNX Runtime's CPU provider would fuse a residual Add into the LayerNormalization reading it (its slow
+    SkipLayerNormalization): the CPU form writes the Add as a Sum, which it leaves alone; same outputs, and
+    the TensorRT form keeps the Add."""
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+             onnx.numpy_helper.from_array(np.zeros(16, np.float32), "beta")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+             helper.make_node("Add", ["x", "h"], ["sum"], name="residual"),
+             helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], name="norm", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    info = analyse(builders.save(model, tmp_path / "block.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=2)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    for precision in (Precision.FP32, Precision.INT8):
+        lowered = lower_plan(info, info.plan_at(precision), ranges, QDQForm.ORT_CPU)
+        assert {n.name: n.op_type for n in lowered.proto.graph.node}["residual"] == "Sum"
+        run(lowered, data.evaluation[0], tmp_path / "optimized.onnx")
+        assert ops(onnx.load(str(tmp_path / "optimized.onnx")))["SkipLayerNormalization"] == 0
+    np.testing.assert_allclose(run(lower_plan(info, info.plan_at(Precision.FP32), ranges, QDQForm.ORT_CPU),
+                                   data.evaluation[0]), run(info.stored, data.evaluation[0]), rtol=1e-6, atol=1e-6)
+    run(info.stored, data.evaluation[0], tmp_path / "fused.onnx")  # the prepared model as ORT would run it
+    assert ops(onnx.load(str(tmp_path / "fused.onnx")))["SkipLayerNormalization"] == 1
+    tensorrt = lower_plan(info, info.plan_at(Precision.FP32), ranges, QDQForm.TENSORRT)
+    assert {n.name: n.op_type for n in tensorrt.proto.graph.node}["residual"] == "Add"

@@ -335,9 +335,10 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     trials = [record(0, 9.0, "fp32"), record(1, 8.0, "fp16"), record(2, 7.0, "int8"), record(3, 6.5, "fp16")]
     retiming = retime(trials, trials[0], pair, rounds=3)
     assert max(n for kind, n in events if kind == "alive") == 2  # never more than two engines at once
-    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16"] * 6  # each pairing interleaved round by round
+    # each pairing interleaved round by round, each round starting with the other of the two (no order favoured)
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16", "fp16", "fp32", "fp32", "fp16"] * 2
     fp32, fp16 = retiming.trials[0], retiming.trials[1]
-    assert fp16.retimed_ms == (2, 4, 6) and fp32.retimed_ms == (1, 3, 5, 7, 9, 11)  # FP32's rounds: all its pairings'
+    assert fp16.retimed_ms == (2, 3, 6) and fp32.retimed_ms == (1, 4, 5, 7, 10, 11)  # FP32's rounds: all its pairings'
     assert 2 not in retiming.trials and retiming.failed == ({"trial": 2, "error": "BackendError: engine crashed"},)
     assert retiming.builds == 4 and not retiming.apart
 
@@ -351,7 +352,7 @@ def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(
     paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", {}, 3)
     assert paired.apart and paired.builds == 6 and len(paired.reference) == len(paired.candidate) == 3
     assert max(n for kind, n in events if kind == "alive") == 1
-    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "int8"] * 3
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "int8", "int8", "fp32", "fp32", "int8"]
 
 
 def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
@@ -397,6 +398,21 @@ def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
     space, _, left_out = engine_space(load_search_space(), get_backend("ort-cpu"), None)
     assert {"Softmax", "LayerNormalization", "ReduceMean"} <= space.pinned_fp32
     assert "no FP16 kernels" in left_out["sensitive ops"]
+
+
+@pytest.mark.parametrize("backend", ["ort-cpu", "tensorrt-rtx"])
+def test_an_engine_without_an_integer_convtranspose_searches_it_in_float_only(backend):
+    """ONNX Runtime's CPU provider and TensorRT for RTX run a ConvTranspose between Q/DQ as float arithmetic
+    around a float kernel: no INT8 for it, unless --precisions asks; Conv keeps INT8."""
+    from autoprec.app.prepare import engine_space
+    from autoprec.backends import backend_class
+    from autoprec.core.plan import Precision
+
+    engine = object.__new__(backend_class(backend))  # its declaration only: no engine needed
+    space, _, _ = engine_space(load_search_space(), engine, None)
+    assert Precision.INT8 not in space.allowed("up", "ConvTranspose") and Precision.INT8 in space.allowed("c", "Conv")
+    space, _, _ = engine_space(load_search_space(), engine, ["int8", "fp16", "fp32"])
+    assert Precision.INT8 in space.allowed("up", "ConvTranspose")
 
 
 @pytest.mark.parametrize("moment", ["created", "starting to beat"])

@@ -14,7 +14,7 @@ from autoprec.app.cli import main
 from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.measurement import InProcessMeasurer, Paired
-from autoprec.measure.speedup import speedup
+from autoprec.measure.speedup import contender, speedup
 
 pytestmark = pytest.mark.final_timing
 
@@ -67,26 +67,35 @@ def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
     assert "preparation" in pareto["chosen_vs_source"]  # how much of the gain is autoprec's FP32 preparation
 
 
+def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: float):
+    """A search in this process whose re-timing ties every reduced plan and whose final timing is
+    ``final_timing``: its result folder and pareto.json."""
+    monkeypatch.setattr(InProcessMeasurer, "time_compared", final_timing)
+    monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
+    model, data = conv_with_data(tmp_path, items=12)
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", str(budget),
+                 "--no-isolation", "--no-progress", "--no-warm-start", "--max-loss", str(max_loss)]) == 0
+    return out, json.loads((out / "pareto.json").read_text())
+
+
+def _reduced_twice_as_fast(self, reference, plan, rounds):
+    """A re-timing in which every reduced plan runs twice as fast as all-FP32: they all tie, one is chosen."""
+    ms = 10.0 if plan.counts()["int8"] + plan.counts()["fp16"] == 0 else 5.0
+    return Paired(tuple(Timing(10.0, 10.0, 10.0, 10, 3) for _ in range(rounds)),
+                  tuple(Timing(ms, ms, ms, 10, 3) for _ in range(rounds)), 0, False)
+
+
 def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, capsys):
     """A re-timing that makes a reduced plan the choice, then final timings in which it and all-FP32 are one
     distribution: best/ holds all-FP32, and the plan is named."""
 
-    def alike(self, fp32, chosen, seconds, apart):
+    def alike(self, fp32, contenders, seconds, apart):
+        names = ["fp32", "source", *(contender(i) for i in range(len(contenders)))]
         return {name: tuple(Timing(ms, ms, ms, 10, 3) for ms in _rounds(5.0, 0.03, 8, seed))
-                for seed, name in enumerate(("fp32", "chosen", "source"))}
+                for seed, name in enumerate(names)}
 
-    def faster(self, reference, plan, rounds):  # the re-timing: every reduced plan twice as fast, so one is chosen
-        ms = 10.0 if plan.counts()["int8"] + plan.counts()["fp16"] == 0 else 5.0
-        return Paired(tuple(Timing(10.0, 10.0, 10.0, 10, 3) for _ in range(rounds)),
-                      tuple(Timing(ms, ms, ms, 10, 3) for _ in range(rounds)), 0, False)
-
-    monkeypatch.setattr(InProcessMeasurer, "time_compared", alike)
-    monkeypatch.setattr(InProcessMeasurer, "time_paired", faster)
-    model, data = conv_with_data(tmp_path, items=12)
-    out = tmp_path / "out"
-    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "4", "--no-isolation",
-                 "--no-progress", "--no-warm-start", "--max-loss", "0.5"]) == 0
-    pareto = json.loads((out / "pareto.json").read_text())
+    out, pareto = _searched_with(tmp_path, monkeypatch, alike, budget=4, max_loss=0.5)
     plan = json.loads((out / "best" / "plan.json").read_text())
     unproven = pareto["not_shipped"]  # (--max-loss 0.5: an INT8 plan is within it, and all-INT8 is a trial)
     assert unproven is not None and unproven["trial"] != pareto["uniform"]["fp32"]
@@ -95,6 +104,31 @@ def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, ca
     assert pareto["chosen"] in [t["trial"] for t in pareto["front"]]
     assert f"trial {unproven['trial']} was the fastest within the limit but is not faster than all-FP32" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_the_fastest_of_the_plans_the_retiming_cannot_tell_apart_in_the_final_rounds_is_shipped(
+        tmp_path, monkeypatch, capsys):
+    """Every reduced plan ties in the re-timing; in the final timing's rounds the first rival runs at 3 ms, the
+    chosen plan at 5 and all-FP32 at 10: the rival is shipped, and the plan it beat is recorded as its rival."""
+    asked = []
+
+    def final(self, fp32, contenders, seconds, apart):
+        asked.append(len(contenders))
+        ms = {"fp32": 10.0, "source": 10.0, "chosen": 5.0, **{contender(i): 2.0 + i for i in range(1, len(contenders))}}
+        return {name: tuple(Timing(v, v, v, 10, 3) for v in _rounds(ms[name], 0.01, 8, seed))
+                for seed, name in enumerate(["fp32", "source", *(contender(i) for i in range(len(contenders)))])}
+
+    out, pareto = _searched_with(tmp_path, monkeypatch, final, budget=6, max_loss=1)
+    assert asked and asked[0] > 1  # the chosen plan had rivals
+    assert pareto["chosen_vs_fp32"]["speedup"] == pytest.approx(10 / 3, rel=0.03)
+    rivals = pareto["final_rivals"]
+    assert len(rivals) == asked[0] - 1 and pareto["chosen"] not in [r["trial"] for r in rivals]
+    assert any(r["speedup"] == pytest.approx(2.0, rel=0.03) for r in rivals)  # the plan first chosen, at 5 ms
+    assert json.loads((out / "best" / "plan.json").read_text())["trial"] == pareto["chosen"]
+    assert pareto["chosen"] in [t["trial"] for t in pareto["front"]]
+    printed = capsys.readouterr()
+    said = " ".join((printed.out + printed.err).split())
+    assert f"trial {pareto['chosen']} ran faster than trial" in said and "could not tell from it: trial" in said
 
 
 def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):

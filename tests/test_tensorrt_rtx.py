@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import builders
 import onnx
 import optuna
 import pytest
@@ -167,6 +168,21 @@ def test_rtx_network_types_and_builder_log_catch_a_plan_the_model_does_not_follo
         assert check["plan_ignored"] and [u["unit"] for u in check["ignored_units"]] == ["conv1"], source
         assert check["ignored_units"][0]["ran"] == ["fp32"]
     assert built.report["plan_fidelity"]["source"] == "builder log"
+
+
+def test_rtx_builds_the_tensorrt_form_int8_as_planned_and_reads_a_residual_skip_as_int8(tmp_path):
+    """The all-INT8 plan of a ResNet block in TensorRT's Q/DQ form: every unit INT8 in the builder's layers,
+    no reformat layer, and the Add fused after the last convolution reads the skip tensor in INT8."""
+    model = builders.save(builders.residual_net(channels=32, size=32), tmp_path / "block.onnx")
+    prepared = prepare(model, load_search_space(), None)
+    plan = prepared.info.plan_at(Precision.INT8)
+    built = build_engine(trt, TENSORRT_RTX, stamp_plan(
+        lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), prepared.info, plan))
+    check = built.report["fidelity_checks"]["builder log"]
+    assert check["checked_units"] == 4 and not check["plan_ignored"]
+    assert not [layer for layer in built.layers.layers if layer.layer_type == "Reformat"]
+    residual = [layer for layer in built.layers.layers if "residual" in layer.fused_from]
+    assert residual and "int8" in {t.dtype for layer in residual for t in layer.inputs}
 
 
 def test_rtx_backend_refuses_a_machine_without_a_supported_gpu(monkeypatch, conv_model, capsys):

@@ -48,7 +48,7 @@ from autoprec.core.stored import (
 MIN_OPSET = 13
 # onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 10
-PREPARATION_VERSION = "5"  # part of a kept preparation's key: change it with what preparation does
+PREPARATION_VERSION = "6"  # part of a kept preparation's key: change it with what preparation does
 PREPARED_FILE = "model.onnx"
 SOURCE_FILE = "source.onnx"  # the given graph, inputs at the shapes: timed beside the plans (weights shared)
 DEPLOYABLE_FILE = "deployable.onnx"  # only where it differs from the prepared model (a dynamic dim)
@@ -176,24 +176,62 @@ def _fold_batchnorm(graph: gs.Graph) -> int:
         new_weight = (weight * factor.reshape(-1, *([1] * (weight.ndim - 1)))).astype(weight.dtype)
         new_bias = ((old_bias - mean) * factor + bias).astype(weight.dtype)
         conv.inputs[1] = gs.Constant(f"{conv.name}_weight_bnfolded", new_weight)
-        bias_const = gs.Constant(f"{conv.name}_bias_bnfolded", new_bias)
-        if len(conv.inputs) > 2:
-            conv.inputs[2] = bias_const
-        else:
-            conv.inputs.append(bias_const)
-        conv.outputs = [bn.outputs[0]]
-        bn.outputs.clear()
+        _absorb(conv, gs.Constant(f"{conv.name}_bias_bnfolded", new_bias), bn)
         folded += 1
+    return folded
+
+
+def _absorb(conv: gs.Node, bias: gs.Constant, after: gs.Node) -> None:
+    """``conv`` takes ``bias`` and the place of the node ``after`` it, whose work it now does."""
+    if len(conv.inputs) > 2:
+        conv.inputs[2] = bias
+    else:
+        conv.inputs.append(bias)
+    conv.outputs = [after.outputs[0]]
+    after.outputs.clear()
+
+
+def _channel_bias(added: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """An Add's constant as a per-output-channel bias of an N×C×… Conv output, or None where it is not one."""
+    if added.size == 1:
+        return np.full(channels, added.item(), added.dtype)
+    shape = (1,) * (rank - added.ndim) + added.shape
+    if added.ndim > rank or shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return added.reshape(channels)
+
+
+def _fold_bias_adds(graph: gs.Graph) -> int:
+    """Fold an Add of a per-channel constant into the Conv before it (PaddlePaddle exports every Conv bias as
+    one). Unfolded, the Q that ends an INT8 Conv sits before the Add, and the Add, its activation and a second
+    Q/DQ run in float: ONNX Runtime's QLinearConv takes the bias; exact in FP32."""
+    folded = 0
+    for add in [n for n in graph.nodes if n.op == "Add"]:
+        for x, constant in (add.inputs, add.inputs[::-1]):
+            if not (isinstance(constant, gs.Constant) and len(x.inputs) == 1 and len(x.outputs) == 1):
+                continue
+            conv = x.inputs[0]
+            if conv.op != "Conv" or x in graph.outputs or not all(isinstance(i, gs.Constant) for i in conv.inputs[1:]):
+                continue
+            weight = conv.inputs[1].values
+            bias = _channel_bias(constant.values, weight.shape[0], weight.ndim)
+            if bias is None or bias.dtype != weight.dtype:
+                continue
+            old = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
+            _absorb(conv, gs.Constant(f"{conv.name}_bias_added", (old + bias).astype(weight.dtype)), add)
+            folded += 1
+            break
     return folded
 
 
 def _fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
     surgery = Surgery(model)
-    folded = _fold_batchnorm(surgery.graph)
-    if not folded:
+    folded, biases = _fold_batchnorm(surgery.graph), _fold_bias_adds(surgery.graph)
+    if not folded and not biases:
         return model, None
     surgery.graph.cleanup().toposort()
-    return _inferred(surgery.close()), f"folded {folded} BatchNormalization node(s) into the Conv before them"
+    said = [f"{folded} BatchNormalization node(s)" if folded else "", f"{biases} bias Add(s)" if biases else ""]
+    return _inferred(surgery.close()), f"folded {' and '.join(filter(None, said))} into the Conv before them"
 
 
 def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray]) -> StoredModel:
@@ -273,7 +311,7 @@ def prepare_graph(
     any_shape: list[tuple[str, Step]] = [
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
-        ("BatchNorm folding", _fold_batchnorms),
+        ("BatchNorm and bias folding", _fold_batchnorms),
     ]
     deployable, step_notes = _checked_steps(model, any_shape, check)
     notes += step_notes + _distinct_dim_names(deployable.proto, shapes)

@@ -258,6 +258,7 @@ def _print_json(files) -> None:
             "chosen_vs_fp32",
             "chosen_vs_source",
             "not_shipped",
+            "final_rivals",
             "uniform",
             "front",
         )

@@ -484,6 +484,8 @@ def engine_space(
         left_out = {p.value: why for p, why in engine.slow_precisions.items()}
         for p, why in left_out.items():
             log.info(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+        if Precision.INT8 in keep:
+            space = space.without(Precision.INT8, engine.float_int8_ops)
     else:
         keep = list(parse_precisions(list(precisions), "--precisions"))
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}

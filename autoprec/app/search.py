@@ -66,7 +66,7 @@ from autoprec.results.files import (
     write_results,
 )
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.record import Claim, Drift, ModelRecord, NotShipped, Versus
+from autoprec.results.record import Claim, Drift, ModelRecord, NotShipped, Rival, Versus
 from autoprec.study.coordination import (
     GRACE_BEATS,
     SharedInputs,
@@ -93,6 +93,7 @@ from autoprec.study.search import (
     open_study,
     rejected_trials,
     retimed_front,
+    rivals,
     run_warm_started,
     uniform_trials,
 )
@@ -675,21 +676,41 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
                     apart: bool) -> tuple[TrialRecord | None, Versus]:
-    """The chosen plan timed beside all-FP32 and the given model until its speed-ups are known (see
-    :mod:`autoprec.measure.speedup`): the plan to ship (all-FP32 where the chosen one is not faster beyond
-    timing noise, unless ``--ship-within-noise``) and pareto.json's ``chosen_vs_fp32`` / ``chosen_vs_source``."""
+    """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
+    all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
+    fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
+    unless ``--ship-within-noise``), with pareto.json's ``chosen_vs_fp32`` / ``chosen_vs_source``."""
     fp32 = uniform_trials(trials).get("fp32")
     if chosen is None or fp32 is None:
         return chosen, Versus()
+    contenders = [chosen, *rivals(trials, chosen, fp32, config.judge.max_loss)]
+    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
+        "tell from it," if len(contenders) > 1 else ""
     log.info(
-        f"timing the chosen plan (trial {chosen.number}) beside all-FP32 and the given model until the speed-ups "
-        f"are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}, or {config.retime_seconds:g} s)"
+        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
+        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}, or "
+        f"{config.retime_seconds:g} s)"
     )
     try:
-        found = speedup.compared(measurer.time_compared(fp32.plan, chosen.plan, config.retime_seconds, apart))
+        timings = measurer.time_compared(fp32.plan, [r.plan for r in contenders], config.retime_seconds, apart)
+        winner, over_fp32 = speedup.fastest(timings, len(contenders))
+        found = speedup.compared(timings, winner)
     except (AutoprecError, RuntimeError, ValueError) as exc:
         log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
         return chosen, Versus()
+    named = {speedup.contender(i): r for i, r in enumerate(contenders)}
+    if named[winner] is not chosen:
+        log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
+                 f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
+        chosen = named[winner]
+    rivals_found = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
+    return _shipped(chosen, fp32, found, rivals_found, config)
+
+
+def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: tuple[Rival, ...],
+             config: SearchConfig) -> tuple[TrialRecord, Versus]:
+    """The chosen plan, or all-FP32 where the chosen one is not faster beyond timing noise; and what it is said to
+    gain."""
     versus_fp32, versus_source, preparation = (
         found[("fp32", "chosen")],
         found.get(("source", "chosen")),
@@ -706,7 +727,7 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
     return chosen, Versus(
         None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
         Claim.measured(versus_source) if versus_source else None,
-        Claim.measured(preparation) if versus_source and preparation else None, not_shipped)
+        Claim.measured(preparation) if versus_source and preparation else None, not_shipped, rivals_found)
 
 
 def _deployment(
@@ -760,10 +781,14 @@ def _say_retiming(retiming: Retiming) -> None:
 
 
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
-    """The model's units of op types the engine runs in FP32 only: said once, and kept in ``left_out``."""
+    """The model's units of op types the engine runs in FP32 only, or without INT8: said once, and kept in
+    ``left_out``."""
     for op in sorted({u.op_type for u in info.units} & set(engine.float32_ops)):
         log.info(f"{engine.name}: {op} units kept FP32 ({engine.float32_ops[op]})")
         left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
+    for op in sorted({u.op_type for u in info.units if Precision.INT8 not in u.allowed} & set(engine.float_int8_ops)):
+        log.info(f"{engine.name}: {op} units take no INT8 ({engine.float_int8_ops[op]})")
+        left_out[f"{op} units"] = f"no INT8: {engine.float_int8_ops[op]}"
 
 
 def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, shared: Shared, config: SearchConfig,

@@ -144,6 +144,8 @@ class Backend(abc.ABC):
     slow_precisions: ClassVar[dict[Precision, str]] = {}
     # Op types this engine runs in FP32 only, with why: their units are kept FP32.
     float32_ops: ClassVar[dict[str, str]] = {}
+    # Op types whose INT8 this engine runs as float between Q/DQ (no integer kernel), with why: no INT8 for them.
+    float_int8_ops: ClassVar[dict[str, str]] = {}
     # Why this engine keeps the search space's sensitive ops (softmax, normalisations) FP32; "": it searches them.
     sensitive_ops_fp32: ClassVar[str] = ""
     # Candidates measured side by side by default (--build-workers): worth it where builds are slow

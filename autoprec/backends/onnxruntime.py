@@ -129,6 +129,8 @@ class OrtCpuBackend(OrtProfiling, Backend):
     has_threads = True
     float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
+    float_int8_ops = {"ConvTranspose": "ONNX Runtime's CPU provider has no integer ConvTranspose: it runs its Q/DQ "
+                                       "as float ops around a float kernel, slower than FP32"}
     sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to join: "
                           "they would run in FP32 between inserted Casts")
     timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs and outputs "

@@ -66,6 +66,11 @@ class SearchSpace:
         out_of_range = narrowed(self.out_of_range) if self.out_of_range else ()
         return replace(self, units=units, overrides=overrides, sensitive=sensitive, out_of_range=out_of_range)
 
+    def without(self, precision: Precision, op_types: Collection[str]) -> SearchSpace:
+        """Units of ``op_types`` no longer take ``precision`` (an engine without a kernel for it)."""
+        units = {op: tuple(p for p in ps if p is not precision or op not in op_types) for op, ps in self.units.items()}
+        return replace(self, units=units)
+
     def with_pinned(self, op_types: Collection[str]) -> SearchSpace:
         """``op_types`` pinned to FP32 (what an engine has no reduced-precision kernels for)."""
         return replace(self, pinned_fp32=self.pinned_fp32 | frozenset(op_types))

@@ -17,6 +17,7 @@ from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.lower.cast import apply_fp16, grow_region
 from autoprec.lower.edit import GraphEdit, index_of
+from autoprec.lower.layernorm import sums_before_layer_norms
 from autoprec.lower.qdq import QDQForm, apply_int8
 
 __all__ = ["QDQForm", "lower_plan"]
@@ -30,7 +31,8 @@ def lower_plan(
     Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
     TensorRT form, precision-neutral ops between FP16 units (and between them and the model's inputs
     and outputs) run in FP16 with them (one region, Casts at its borders: see autoprec.lower.cast);
-    the ort-cpu form keeps Casts at every unit's borders.
+    the ort-cpu form keeps Casts at every unit's borders, and writes an Add that a LayerNormalization
+    reads as a Sum (see autoprec.lower.layernorm).
     """
     precisions = plan.as_dict()
     unknown = sorted(set(precisions) - {u.name for u in info.units})
@@ -50,17 +52,22 @@ def lower_plan(
         edit = GraphEdit(index.scopes[scope], released)
         prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
+        unit_nodes = {n for u in units for n in u.nodes}
         if fp16_nodes:
-            unit_nodes = {n for u in units for n in u.nodes}
             region = grow_region(edit.index.surgeon, fp16_nodes, unit_nodes) if form.fp16_regions else fp16_nodes
             apply_fp16(edit, model, region, prefix)
         int8_units = [u for u in units if precisions.get(u.name) is Precision.INT8]
         if int8_units:
             if ranges is None:
                 raise ValueError("INT8 units need calibrated activation ranges")
-            apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix)
+            apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix, frozenset(unit_nodes))
         if edit.edited or edit.added:
             edits[scope] = edit
+    if form.sums_before_layer_norms:
+        top = edits.get(()) or GraphEdit(index.scopes[()], released)
+        sums_before_layer_norms(top)
+        if top.edited:
+            edits[()] = top
     lowered = onnx.ModelProto()
     lowered.CopyFrom(info.model)
     for scope in sorted(edits, key=len):  # a graph before the subgraphs inside it: they are found in its new copy

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Callable
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
@@ -38,6 +39,12 @@ class QDQForm(str, enum.Enum):
         """Whether FP16 units grow into regions (the precision-neutral ops between them run in FP16 too): GPU
         engines gain from them; ONNX Runtime's CPU provider has no FP16 kernels to gain from."""
         return self is not QDQForm.ORT_CPU
+
+    @property
+    def sums_before_layer_norms(self) -> bool:
+        """Whether an Add a LayerNormalization reads is written as a Sum: ONNX Runtime's CPU provider would
+        fuse the two into its slow SkipLayerNormalization (see autoprec.lower.layernorm)."""
+        return self is QDQForm.ORT_CPU
 
 
 # Elements quantized at a time: a weight of any size costs a bounded amount of memory beyond its INT8 copy.
@@ -100,6 +107,7 @@ class _Quantizer:
             prefix,
         )
         self.dequantized: dict[str, str] = {}
+        self.quantize_nodes: dict[str, NodeProto] = {}  # tensor -> the Q reading it
 
     def activation(self, name: str) -> str:
         """The Q→DQ output for an activation tensor, made once and shared."""
@@ -108,7 +116,8 @@ class _Quantizer:
             base = self.prefix + name
             scale_name = self.edit.add_initializer(_scalar(scale, f"{base}_scale"))
             zp_name = self.edit.add_initializer(_scalar(zero_point, f"{base}_zp"))
-            self.edit.add("QuantizeLinear", f"{base}_quantize", [name, scale_name, zp_name], [f"{base}_q"])
+            self.quantize_nodes[name] = self.edit.add("QuantizeLinear", f"{base}_quantize", [name, scale_name, zp_name],
+                                                      [f"{base}_q"])
             self.edit.add("DequantizeLinear", f"{base}_dequantize", [f"{base}_q", scale_name, zp_name], [f"{base}_dq"])
             self.dequantized[name] = f"{base}_dq"
         return self.dequantized[name]
@@ -163,10 +172,11 @@ def _ort_output_tensor(unit: Unit, edit: GraphEdit) -> str:
 
 
 def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges, method: str,
-               form: QDQForm, prefix: str = "") -> None:
+               form: QDQForm, prefix: str = "", unit_nodes: frozenset[str] = frozenset()) -> None:
     """Quantize the given units of one graph, in the Q/DQ form the target engine needs. ``prefix`` starts the
     names of what it adds: in a subgraph, its path, since an outer tensor quantized in two If branches
-    would otherwise give two nodes one name (which TensorRT refuses)."""
+    would otherwise give two nodes one name (which TensorRT refuses). ``unit_nodes``: the nodes of every
+    unit of the graph, whatever its precision (an FP32 or FP16 unit keeps reading the raw tensors)."""
     quantizer = _Quantizer(edit, model, ranges, method, form, prefix)
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
@@ -175,19 +185,54 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
                 edit.set_input(node, i, quantizer.activation(name))
             elif unit.weight is not None and name == unit.weight:
                 edit.set_input(node, i, quantizer.weight(unit, node, name))
+    if form is QDQForm.TENSORRT:
+        _quantize_skip_inputs(edit, quantizer, units)
     if form is QDQForm.ORT_CPU:
+        # The precision-neutral ops reading a quantized input (a residual Add, a Concat, a pooling) read
+        # its dequantized value too: ORT then sees them between Q/DQ and runs them on INT8 (QLinearAdd,
+        # QLinearConcat, ...) where it has the kernel, instead of breaking the chain in float.
+        added = {id(node) for node in edit.added}
+        for name, dequantized in list(quantizer.dequantized.items()):
+            _read_dequantized(edit, name, dequantized, lambda node: id(node) in added or node.name in unit_nodes)
         # Whole node units: the unit's output passes through Q/DQ and *every* consumer reads the
         # dequantized value; a second consumer of the raw output would stop ORT's fusion. Nodes
         # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
         # a DQ output read only from inside a subgraph.
         for unit in units:
             out = _ort_output_tensor(unit, edit)
-            if out in edit.index.outputs:
-                continue
-            dq = quantizer.activation(out)
-            for reader in edit.readers(out):
-                if reader.op_type == "QuantizeLinear" and edit.outs[id(reader)][0] == f"{prefix}{out}_q":
-                    continue
-                for i, name in enumerate(edit.ins[id(reader)]):
-                    if name == out:
-                        edit.set_input(reader, i, dq)
+            if out not in edit.index.outputs:
+                dequantized = quantizer.activation(out)
+                _read_dequantized(edit, out, dequantized, lambda node: node is quantizer.quantize_nodes[out])
+
+
+def _read_dequantized(edit: GraphEdit, name: str, dequantized: str, keeps_raw: Callable[[NodeProto], bool]) -> None:
+    """Every node of the graph reading ``name`` reads ``dequantized`` instead, but those ``keeps_raw`` names."""
+    for reader in edit.readers(name):
+        if not keeps_raw(reader):
+            for i, read in enumerate(edit.ins[id(reader)]):
+                if read == name:
+                    edit.set_input(reader, i, dequantized)
+
+
+def _quantize_skip_inputs(edit: GraphEdit, quantizer: _Quantizer, units: list[Unit]) -> None:
+    """NVIDIA's placement for a residual block: where an Add joins an INT8 convolution's output (read by it
+    alone) with a skip connection, the skip input gets the Q/DQ and the convolution's output none, so
+    TensorRT fuses the Add into the convolution's epilogue and reads the skip tensor as INT8 (ModelOpt's
+    residual-Add rule: ``build_non_residual_input_map``). Where both inputs are such outputs, the second."""
+    index = edit.index
+    fusible = set()
+    for unit in units:
+        node = index.graph.node[index.position[unit.nodes[0]]]
+        if node.op_type in ("Conv", "ConvTranspose") and len(index.readers.get(node.output[0], ())) == 1:
+            fusible.add(node.output[0])
+    adds = {p for name in fusible for p in index.readers[name] if index.graph.node[p].op_type == "Add"}
+    for position in sorted(adds):
+        add = edit.node(position)
+        inputs = edit.ins[id(add)]
+        if len(inputs) != 2:
+            continue
+        slot = 1 if inputs[0] in fusible else 0
+        skip = inputs[slot]
+        if skip in index.initializers or skip not in quantizer.ranges.tensors:
+            continue
+        edit.set_input(add, slot, quantizer.activation(skip))

@@ -173,7 +173,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device:
                     conn.send(("ok", time_paired(backend, *models, batches[0], rounds).to_json()))
-            elif kind == "compare":  # ("compare", the all-FP32 plan, the chosen plan, seconds, apart)
+            elif kind == "compare":  # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
                 with on_device:
                     found = time_compared(backend, lowering, *args[:2], batches[0], *args[2:])
                 conn.send(("ok", {name: [t.to_json() for t in timings] for name, timings in found.items()}))
@@ -313,9 +313,10 @@ class IsolatedMeasurer(Measurer):
         """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
         return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
 
-    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
+                      apart: bool) -> dict[str, tuple[Timing, ...]]:
         """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds' own)."""
-        found = self._ask(("compare", fp32, chosen, seconds, apart), self.limits.seconds + seconds)
+        found = self._ask(("compare", fp32, list(contenders), seconds, apart), self.limits.seconds + seconds)
         return {name: tuple(Timing.from_json(t) for t in timings) for name, timings in found.items()}
 
     def close(self) -> None:
@@ -362,6 +363,7 @@ class MeasurerPool(Measurer):
         with self._worker() as measurer:
             return measurer.time_paired(reference, plan, rounds)
 
-    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
+                      apart: bool) -> dict[str, tuple[Timing, ...]]:
         with self._worker() as measurer:
-            return measurer.time_compared(fp32, chosen, seconds, apart)
+            return measurer.time_compared(fp32, contenders, seconds, apart)

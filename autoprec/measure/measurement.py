@@ -17,7 +17,7 @@ from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
-from autoprec.measure.speedup import COMPARED, time_until_known
+from autoprec.measure.speedup import COMPARED, contender, in_turn, time_until_known
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
@@ -238,7 +238,7 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
             runners["candidate"].run(batch)
             builds += 1
         for round_ in range(rounds):
-            for which in ("reference", "candidate"):
+            for which in in_turn(["reference", "candidate"], round_):
                 if not apart:
                     timings[which].append(runners[which].time(batch))
                 elif len(timings[which]) <= round_:
@@ -249,15 +249,18 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
 
-def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, chosen: Plan, batch: Batch, seconds: float,
-                  apart: bool = False) -> dict[str, tuple[Timing, ...]]:
-    """The chosen plan, the all-FP32 plan and the given model as it is (``source``), timed until their
-    speed-ups (see COMPARED) are known: what a search states its gain by."""
+def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], batch: Batch,
+                  seconds: float, apart: bool = False) -> dict[str, tuple[Timing, ...]]:
+    """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the given model as
+    it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known:
+    what a search picks its plan and states its gain by."""
     info = lowering.info
-    models = {"fp32": lowering(backend, fp32), "chosen": lowering(backend, chosen)}
+    models = {"fp32": lowering(backend, fp32), **{contender(i): lowering(backend, plan)
+                                                  for i, plan in enumerate(contenders)}}
     if info.source is not None:
         models["source"] = StoredModel(info.source, info.folder)
     pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
+    pairs += [("fp32", contender(i)) for i in range(1, len(contenders))]
     return time_until_known(backend, models, batch, pairs, seconds, apart)
 
 
@@ -280,7 +283,8 @@ class Measurer(abc.ABC):
         """:func:`time_paired` on the first evaluation batch."""
 
     @abc.abstractmethod
-    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
+                      apart: bool) -> dict[str, tuple[Timing, ...]]:
         """:func:`time_compared` on the first evaluation batch."""
 
 
@@ -317,5 +321,6 @@ class InProcessMeasurer(Measurer):
         return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
                            self.batches[0], rounds)
 
-    def time_compared(self, fp32: Plan, chosen: Plan, seconds: float, apart: bool) -> dict[str, tuple[Timing, ...]]:
-        return time_compared(self.backend, self.lowering, fp32, chosen, self.batches[0], seconds, apart)
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
+                      apart: bool) -> dict[str, tuple[Timing, ...]]:
+        return time_compared(self.backend, self.lowering, fp32, contenders, self.batches[0], seconds, apart)

@@ -85,12 +85,19 @@ def time_until_known(
             runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
         started = time.monotonic()
         while True:
-            for name, model in models.items():
-                timings[name].append(kept[name].time(batch) if kept else _timed_alone(backend, model, batch))
+            for name in in_turn(list(models), len(timings[next(iter(models))])):
+                timings[name].append(kept[name].time(batch) if kept else _timed_alone(backend, models[name], batch))
             rounds = len(timings[next(iter(models))])
             if rounds >= MAX_ROUNDS or (rounds >= MIN_ROUNDS and (time.monotonic() - started > seconds or all(
                     speedup(_ms(timings[a]), _ms(timings[b])).narrow for a, b in pairs))):
                 return {name: tuple(found) for name, found in timings.items()}
+
+
+def in_turn(names: Sequence[str], round_: int) -> list[str]:
+    """The order of one round: each round starts one later, so that no model is always timed in the same place,
+    after the same other (a cache or clock state one leaves behind favours the next alike in every round)."""
+    shift = round_ % max(1, len(names))
+    return [*names[shift:], *names[:shift]]
 
 
 def _timed_alone(backend: Backend, model: StoredModel, batch: Batch) -> Timing:
@@ -102,9 +109,21 @@ def _timed_alone(backend: Backend, model: StoredModel, batch: Batch) -> Timing:
 COMPARED = (("fp32", "chosen"), ("source", "chosen"), ("source", "fp32"))  # (reference, candidate)
 
 
-def compared(timings: Mapping[str, Sequence[Timing]]) -> dict[tuple[str, str], Speedup]:
-    """Each COMPARED pair's speed-up from :func:`time_compared`'s rounds."""
-    return {(a, b): speedup(_ms(timings[a]), _ms(timings[b])) for a, b in COMPARED if a in timings and b in timings}
+def contender(index: int) -> str:
+    """The name of the ``index``-th plan timed in a final timing: the chosen one first, then its rivals."""
+    return "chosen" if index == 0 else f"rival {index}"
+
+
+def compared(timings: Mapping[str, Sequence[Timing]], winner: str = "chosen") -> dict[tuple[str, str], Speedup]:
+    """Each COMPARED pair's speed-up from :func:`time_compared`'s rounds, ``winner``'s rounds as the chosen plan's."""
+    named = {**timings, "chosen": timings[winner]}
+    return {(a, b): speedup(_ms(named[a]), _ms(named[b])) for a, b in COMPARED if a in named and b in named}
+
+
+def fastest(timings: Mapping[str, Sequence[Timing]], contenders: int) -> tuple[str, dict[str, Speedup]]:
+    """The contender with the largest speed-up over all-FP32 in the same rounds, and each contender's."""
+    found = {contender(i): speedup(_ms(timings["fp32"]), _ms(timings[contender(i)])) for i in range(contenders)}
+    return max(found, key=lambda name: found[name].speedup), found
 
 
 def _ms(timings: Sequence[Timing]) -> list[float]:

@@ -256,10 +256,12 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
              f"int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
+    if rivals := versus.rivals_said():
+        lines.append(f"        in the same rounds, the plans the re-timing could not tell from it: {rivals}")
     if source := versus.source:
         line = f"        over the given model as it is: {source.text()} ({source.verdict(short=True)})"
         if versus.preparation:
-            line += f"; of that, autoprec's FP32 preparation (folding) alone: {versus.preparation.text()}"
+            line += f"; of that, autoprec's all-FP32 graph alone: {versus.preparation.text()}"
         lines.append(line)
     if unproven := versus.not_shipped:
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")

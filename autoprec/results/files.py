@@ -338,7 +338,8 @@ HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
           "chosen_vs_fp32": Nullable({"fp32_trial": int, **SPEEDUP}),
           "chosen_vs_source": Optional_(Nullable({**SPEEDUP, "preparation": Optional_(SPEEDUP)})),
-          "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str}))}
+          "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str})),
+          "final_rivals": Optional_([{"trial": int, **SPEEDUP}])}
 TRIALS = {**HEADER, "trials": [TRIAL]}
 DEPLOYMENT = {
     "keeps_source_dims": bool,

@@ -131,6 +131,8 @@ def _summary(result: ResultFiles) -> str:
                f"{_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
     if versus.fp32 and versus.fp32_trial != chosen.number:
         summary += f" Speed-up over all-FP32 {versus.fp32.text()} ({versus.fp32.verdict(short=True)})."
+    if rivals := versus.rivals_said():
+        summary += f" In the same rounds, the plans the re-timing could not tell from it: {rivals}."
     if versus.source:
         summary += f" Over the given model as it is: {versus.source.text()}."
     if unproven := versus.not_shipped:

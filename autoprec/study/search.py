@@ -662,6 +662,29 @@ def _dominates(a: TrialRecord, b: TrialRecord) -> bool:
     return a.latency_ms <= b.latency_ms and a.loss <= b.loss and (a.latency_ms < b.latency_ms or a.loss < b.loss)
 
 
+# Re-timed plans this close to the chosen one's latency (a fraction of it) are its rivals in the final timing.
+RIVAL_BAND = 0.15
+RIVALS = 3
+
+
+def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord,
+           max_loss: float | None) -> list[TrialRecord]:
+    """Re-timed plans within --max-loss whose latency lies within RIVAL_BAND of the chosen one's (at most
+    RIVALS, fastest first): a few interleaved rounds cannot rank plans that close, so the final timing, which
+    runs them in the same rounds until their speed-ups are known, does. None without a limit (the knee is
+    chosen by loss as much as by speed)."""
+    if max_loss is None:
+        return []
+    seen = {chosen.plan.key(), fp32.plan.key()}
+    close = []
+    for t in sorted(trials, key=lambda r: r.latency_ms):
+        if (t.retimed_ms and t.plan.key() not in seen and t.loss <= max_loss
+                and t.latency_ms <= chosen.latency_ms * (1 + RIVAL_BAND)):
+            seen.add(t.plan.key())
+            close.append(t)
+    return close[:RIVALS]
+
+
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
     """Fastest plan within --max-loss; without a limit, the knee of the front.
 

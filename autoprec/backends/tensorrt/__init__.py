@@ -260,6 +260,10 @@ class TensorRTRtxBackend(TensorRTBackend):
 
     name = "tensorrt-rtx"
     flavour = TENSORRT_RTX
+    # Seen in its builder's layer list (benchmarks/tensorrt_form.py): never run, as no engine of it runs here.
+    float_int8_ops = {"ConvTranspose": "TensorRT for RTX 1.7 builds a ConvTranspose between Q/DQ as an FP32 "
+                                       "deconvolution after float Q/DQ arithmetic (its builder's layer list): "
+                                       "slower than FP32"}
 
     def device_label(self) -> str:
         return (
