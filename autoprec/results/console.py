@@ -252,6 +252,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         return ["no plan was chosen (no trial finished with a finite loss)"]
     max_loss = facts.max_loss
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
+    if versus.rivals:
+        rule += ", re-timed with its rivals"
     lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.final_ms:.3f} ms, loss {_loss(chosen.loss)}, "
              f"int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
