@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 from builders import conv_with_data
 
@@ -151,3 +152,59 @@ def test_threads_are_the_engines_and_said_with_its_figures(tmp_path):
                 out=tmp_path / "trt",
             )
         )
+
+
+def _one_matmul(folder, calibration_items: np.ndarray, evaluation_items: np.ndarray):
+    """y = x·W, no bias, with ``data.npz`` whose calibration and evaluation batches are the given items."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from autoprec.analysis.data import build_dataset
+    from autoprec.analysis.model import TensorSpec
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], "fc")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+    model = folder / "fc.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    count = len(calibration_items) + len(evaluation_items)
+    data = folder / "data.npz"
+    np.savez(data, x=np.arange(count, dtype=np.float32)[:, None].repeat(16, axis=1))  # which item lands where
+    split = build_dataset(data, [TensorSpec("x", (1, 16), "float32")])
+    calibrating = [int(batch["x"][0, 0]) for batch in split.calibration]
+    items = np.empty((count, 16), np.float32)
+    items[calibrating] = calibration_items
+    items[[i for i in range(count) if i not in calibrating]] = evaluation_items
+    np.savez(data, x=items)
+    return model, data
+
+
+def test_the_shipped_plan_is_judged_on_the_calibration_batches_and_a_loss_past_the_limit_is_said(
+        tmp_path, monkeypatch, capsys):
+    """The calibration items are tiny but for one as large as the evaluation items: INT8 ranges fit the large ones,
+    so the all-INT8 plan is within the limit on the evaluation batches and turns the tiny items to zeros. The
+    search ships it (it is twice as fast) and says, and records, its loss on the calibration batches."""
+    rng = np.random.default_rng(1)
+    calibration = rng.normal(0, 1e-3, (6, 16))
+    calibration[0] = rng.normal(0, 50, 16)
+    model, data = _one_matmul(tmp_path, calibration, rng.normal(0, 50, (6, 16)))
+
+    def final(self, fp32, contenders, seconds, apart):
+        ms = {"fp32": 10.0, "source": 10.0, **{contender(i): 5.0 for i in range(len(contenders))}}
+        return {name: tuple(Timing(v, v, v, 10, 3) for v in _rounds(ms[name], 0.01, 8, seed))
+                for seed, name in enumerate(["fp32", "source", *(contender(i) for i in range(len(contenders)))])}
+
+    monkeypatch.setattr(InProcessMeasurer, "time_compared", final)
+    monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "3", "--no-isolation",
+                 "--no-progress", "--no-warm-start", "--max-loss", "0.01", "--precisions", "int8,fp32"]) == 0
+    pareto = json.loads((out / "pareto.json").read_text())
+    held = pareto["search"]["held_out"]
+    chosen = next(t for t in pareto["front"] if t["trial"] == pareto["chosen"])
+    assert held["trial"] == pareto["chosen"] and chosen["plan"]["counts"]["int8"] == 1
+    assert chosen["accuracy_loss"] <= 0.01 < held["loss"] and held["batches"] == 6
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"on the 6 calibration batches, which judged no trial (ONNX Runtime CPU): cosine loss {held['loss']:.3g}, " \
+           "past --max-loss 0.01" in said and "give more data" in said
+    assert main(["show", str(out)]) == 0 and "past --max-loss 0.01" in " ".join(capsys.readouterr().out.split())

@@ -43,6 +43,12 @@ class Dataset:
     # Items the data holds at other shapes than the search's, a batch of one each: not searched on (every
     # candidate is measured at one shape), but the shipped model is checked on them (see measure.deployment).
     other_shapes: tuple[Batch, ...] = ()
+    calibration_labels: tuple[Batch, ...] | None = None  # the calibration batches' ground truth, likewise
+
+    @property
+    def calibration_apart(self) -> bool:
+        """Whether the calibration batches are others than the evaluation batches (not one batch for both)."""
+        return not any(c is e for c in self.calibration for e in self.evaluation)
 
     def fingerprint(self) -> str:
         """Content hash: cached ranges and references are valid only for the same data."""
@@ -529,7 +535,7 @@ def build_dataset(
         source += f" ({len(others)} item(s) at other shapes: checked on the shipped model, not searched on)"
     if len(batches) == 1:
         return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None,
-                       tuple(truths) if truths else None, others)
+                       tuple(truths) if truths else None, others, tuple(truths) if truths else None)
     n_calib = max(1, len(batches) // 2)
     return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None,
-                   tuple(truths[n_calib:]) if truths else None, others)
+                   tuple(truths[n_calib:]) if truths else None, others, tuple(truths[:n_calib]) if truths else None)

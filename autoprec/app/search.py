@@ -16,6 +16,7 @@ import optuna
 from autoprec.analysis.calibrate import ActivationRanges, calibration_cache
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.preparation import first_line
 from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
@@ -39,7 +40,7 @@ from autoprec.core.errors import AutoprecError, SearchFailed
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure import speedup
+from autoprec.measure import confirmation, speedup
 from autoprec.measure.accuracy import Judge, Metric, decision_changes
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
 from autoprec.measure.isolation import (
@@ -566,6 +567,8 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     ranges = shared.prepared.ranges
     deployment = _deployment(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
+    if deployment is not None and (held := _held_out(config, setup, shared, chosen, deployment)) is not None:
+        facts["held_out"] = held.to_json()
     if config.time_shapes and outcome.front:
         facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
                                                 setup.dataset).to_json()
@@ -739,6 +742,29 @@ def _deployment(
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
     return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt, dataset.evaluation[:CHECKED_BATCHES],
                   dataset.other_shapes)
+
+
+def _held_out(config: SearchConfig, setup: Setup, shared: Shared, chosen: TrialRecord,
+              deployment: Deployment) -> confirmation.HeldOut | None:
+    """The shipped plan judged on the calibration batches (:mod:`autoprec.measure.confirmation`); None for
+    all-FP32, a user's metric (its code runs in the measuring worker only) or one batch (it judged the trials)."""
+    dataset, metric = setup.dataset, setup.metric
+    if (not any(n for p, n in chosen.plan.counts().items() if p != Precision.FP32.value)
+            or metric.user_function is not None or not dataset.calibration_apart):
+        return None
+    try:
+        held = confirmation.held_out(chosen.number, shared.prepared.info.stored, deployment.model, dataset.calibration,
+                        dataset.calibration_labels, metric, config.judge.max_loss)
+    except Exception as exc:  # noqa: BLE001 - a check after the choice: said, and the result still written
+        log.warning(f"the shipped plan could not be judged on the calibration batches ({first_line(exc)})")
+        return None
+    said = f"the shipped plan (trial {chosen.number}) on the {held.batches} calibration batches, which judged no " \
+        f"trial: {metric.name} loss {held.loss:.3g}"
+    if held.past_limit:
+        log.warning(f"{said}, past --max-loss {held.max_loss:g}: {confirmation.ADVICE}")
+    else:
+        log.info(said)
+    return held
 
 
 def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord], max_loss: float | None,

@@ -265,6 +265,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         if versus.preparation:
             line += f"; of that, autoprec's all-FP32 graph alone: {versus.preparation.text()}"
         lines.append(line)
+    if held := facts.held_out_said:
+        lines.append(f"        {held}")
     if unproven := versus.not_shipped:
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
     if drift := facts.drift_said:

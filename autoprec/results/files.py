@@ -307,6 +307,7 @@ SEARCH = {
     "metric_notes": Optional_([str]),
     "decision_changes": Optional_([str]),
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
+    "held_out": Optional_({"trial": int, "loss": NUMBER, "batches": int, "max_loss": Nullable(NUMBER), "engine": str}),
     "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
     "engine_builds": Optional_(int),
     "engine_builds_by_phase": Optional_(MapOf(int)), "engine_builds_scope": Optional_(str),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoprec.analysis.model import ModelInfo
+from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.speedup import METHOD, Speedup
 from autoprec.study.search import TrialRecord
@@ -197,6 +198,7 @@ class SearchFacts:
     drift: Drift | None = None
     profile_timing: ProfileTiming | None = None  # --time-shapes
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
+    held_out: HeldOut | None = None  # the shipped plan on the calibration batches
 
     @classmethod
     def from_json(cls, search: dict[str, Any]) -> SearchFacts:
@@ -210,11 +212,22 @@ class SearchFacts:
             tuple(search.get("metric_notes") or ()), tuple(search.get("decision_changes") or ()),
             Drift.from_json(search.get("timing_drift")), ProfileTiming.from_json(timing) if timing else None,
             str((search.get("spec") or {}).get("inputs", {}).get("model") or "") or None,
+            HeldOut.from_json(search["held_out"]) if search.get("held_out") else None,
         )
 
     @property
     def drift_said(self) -> str | None:
         return self.drift.said() if self.drift else None
+
+    @property
+    def held_out_said(self) -> str | None:
+        """The shipped plan's loss on the calibration batches, with a ⚠ and what to do where it passes the limit."""
+        held = self.held_out
+        if held is None:
+            return None
+        said = (f"on the {held.batches} calibration batches, which judged no trial (ONNX Runtime CPU): "
+                f"{self.metric} loss {held.loss:.3g}")
+        return f"⚠ {said}, past --max-loss {held.max_loss:g}: {ADVICE}" if held.past_limit else said
 
 
 @dataclass(frozen=True)
