@@ -34,7 +34,7 @@ def _no_final_timing():
     from autoprec.results.record import Versus
 
     real, patch = search._compare_chosen, pytest.MonkeyPatch()
-    patch.setattr(search, "_compare_chosen", lambda measurer, trials, chosen, config, apart: (chosen, Versus()))
+    patch.setattr(search, "_compare_chosen", lambda measurer, trials, chosen, config, apart, holding: (chosen, Versus()))
     yield real
     patch.undo()
 

@@ -80,6 +80,7 @@ from autoprec.study.coordination import (
 from autoprec.study.proposals import Proposer
 from autoprec.study.search import (
     RETIME_ROUNDS,
+    Holding,
     Retiming,
     StudyContext,
     TrialRecord,
@@ -464,6 +465,7 @@ class Outcome:
     retiming: Retiming
     warm_plans: int
     proposer: Proposer | None
+    held_out: confirmation.HeldOut | None = None
 
 
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
@@ -512,14 +514,19 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
     )
     trials = [retiming.trials.get(t.number, t) for t in trials]
+    holding = Holding(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
+                      config.judge.max_loss)
     chosen, versus = _compare_chosen(
-        measuring.measurer, trials, choose(front, config.judge.max_loss), config, retiming.apart
+        measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials), config,
+        retiming.apart, holding,
     )
+    if chosen is not None:
+        holding.judged(chosen)  # (the knee, chosen without a limit: its loss there for the record)
     if chosen is not None and chosen.number not in {
         t.number for t in front
     }:  # all-FP32, shipped for want of a proven gain
         front = sorted([*front, chosen], key=lambda r: r.latency_ms)
-    return Outcome(trials, front, chosen, versus, retiming, len(started.plans), proposer)
+    return Outcome(trials, front, chosen, versus, retiming, len(started.plans), proposer, holding.record())
 
 
 def _proposer(config: SearchConfig, setup: Setup, joined: Joined, measuring: Measuring, warm: WarmStart,
@@ -567,8 +574,8 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     ranges = shared.prepared.ranges
     deployment = _deployment(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
-    if deployment is not None and (held := _held_out(config, setup, shared, chosen, deployment)) is not None:
-        facts["held_out"] = held.to_json()
+    if outcome.held_out is not None:
+        facts["held_out"] = outcome.held_out.to_json()
     if config.time_shapes and outcome.front:
         facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
                                                 setup.dataset).to_json()
@@ -678,7 +685,7 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
 
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
-                    apart: bool) -> tuple[TrialRecord | None, Versus]:
+                    apart: bool, holding: Holding) -> tuple[TrialRecord | None, Versus]:
     """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
     all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
     fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
@@ -686,7 +693,8 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
     fp32 = uniform_trials(trials).get("fp32")
     if chosen is None or fp32 is None:
         return chosen, Versus()
-    contenders = [chosen, *rivals(trials, chosen, fp32, config.judge.max_loss)]
+    contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, config.judge.max_loss)
+                            if holding(r))]
     beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
         "tell from it," if len(contenders) > 1 else ""
     log.info(
@@ -744,27 +752,18 @@ def _deployment(
                   dataset.other_shapes)
 
 
-def _held_out(config: SearchConfig, setup: Setup, shared: Shared, chosen: TrialRecord,
-              deployment: Deployment) -> confirmation.HeldOut | None:
-    """The shipped plan judged on the calibration batches (:mod:`autoprec.measure.confirmation`); None for
-    all-FP32, a user's metric (its code runs in the measuring worker only) or one batch (it judged the trials)."""
+def _held_out_judge(setup: Setup, shared: Shared) -> confirmation.HeldOutJudge | None:
+    """The judge of plans on the calibration batches; None for a user's metric (its code runs in the measuring
+    worker only), where one batch both calibrated and judged, or where the FP32 model does not run there."""
     dataset, metric = setup.dataset, setup.metric
-    if (not any(n for p, n in chosen.plan.counts().items() if p != Precision.FP32.value)
-            or metric.user_function is not None or not dataset.calibration_apart):
+    if metric.user_function is not None or not dataset.calibration_apart:
         return None
     try:
-        held = confirmation.held_out(chosen.number, shared.prepared.info.stored, deployment.model, dataset.calibration,
-                        dataset.calibration_labels, metric, config.judge.max_loss)
-    except Exception as exc:  # noqa: BLE001 - a check after the choice: said, and the result still written
-        log.warning(f"the shipped plan could not be judged on the calibration batches ({first_line(exc)})")
+        return confirmation.HeldOutJudge(shared.prepared.info.stored, dataset.calibration, dataset.calibration_labels,
+                                         metric)
+    except Exception as exc:  # noqa: BLE001 - a second look at the choice: said, and the search goes on without it
+        log.warning(f"the plans will not be judged on the calibration batches ({first_line(exc)})")
         return None
-    said = f"the shipped plan (trial {chosen.number}) on the {held.batches} calibration batches, which judged no " \
-        f"trial: {metric.name} loss {held.loss:.3g}"
-    if held.past_limit:
-        log.warning(f"{said}, past --max-loss {held.max_loss:g}: {confirmation.ADVICE}")
-    else:
-        log.info(said)
-    return held
 
 
 def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord], max_loss: float | None,

@@ -1,8 +1,10 @@
-"""The shipped plan judged once more, on the calibration batches: data that set its ranges but judged no
-trial. The search keeps the fastest of many plans the evaluation batches found within the limit, so the one
-it keeps tends to have done better there than it does on other data; with few items (a box, a word, a
-class is a large step of a task metric) that gap can pass the limit. Its loss on the calibration batches,
-run by ONNX Runtime on the CPU like the deployment checks, says how large it is."""
+"""Plans judged once more, on the calibration batches: data that set their ranges but judged no trial.
+
+The search keeps the fastest of many plans the evaluation batches found within --max-loss, so the one it keeps
+tends to have done better there than it does on other data; with few items (a box, a word, a class is a large
+step of a task metric) that gap can pass the limit. A plan is shipped only where it holds the limit on the
+calibration batches too, run by ONNX Runtime on the CPU (like the deployment checks) and judged as every trial
+was."""
 
 from __future__ import annotations
 
@@ -14,43 +16,48 @@ from autoprec.analysis.preparation import cpu_session
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, Metric
 
-CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each twice)
-ADVICE = ("it was kept as the fastest of the plans within the limit on the evaluation batches, which are too few "
-          "to hold the limit on other data: give more data (--data), or a lower --max-loss")
+CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
+ENGINE = "onnxruntime CPUExecutionProvider"
+ADVICE = ("the evaluation batches are too few to hold the limit on other data: more data (--data) judges plans "
+          "better")
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The shipped plan's loss on ``batches`` calibration batches, against --max-loss (None: no limit)."""
+    """Each judged plan's loss on ``batches`` calibration batches (by trial), against --max-loss (None: no limit)."""
 
-    trial: int
-    loss: float
     batches: int
     max_loss: float | None
+    losses: dict[int, float]
 
-    @property
-    def past_limit(self) -> bool:
-        return self.max_loss is not None and not self.loss <= self.max_loss
+    def holds(self, trial: int) -> bool:
+        return self.max_loss is None or self.losses[trial] <= self.max_loss
+
+    def failed(self) -> dict[int, float]:
+        return {trial: loss for trial, loss in self.losses.items() if not self.holds(trial)}
 
     def to_json(self) -> dict[str, Any]:
-        return {"trial": self.trial, "loss": self.loss, "batches": self.batches, "max_loss": self.max_loss,
-                "engine": "onnxruntime CPUExecutionProvider"}
+        return {"batches": self.batches, "max_loss": self.max_loss, "engine": ENGINE,
+                "judged": [{"trial": trial, "loss": loss} for trial, loss in self.losses.items()]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HeldOut:
         max_loss = data["max_loss"]
-        return cls(data["trial"], float(data["loss"]), data["batches"],
-                   float(max_loss) if max_loss is not None else None)
+        return cls(data["batches"], float(max_loss) if max_loss is not None else None,
+                   {j["trial"]: float(j["loss"]) for j in data["judged"]})
 
 
-def held_out(trial: int, fp32: StoredModel, shipped: StoredModel, batches: Sequence[Batch],
-             labels: Sequence[Batch] | None, metric: Metric, max_loss: float | None) -> HeldOut:
-    """``shipped`` against the FP32 model on the calibration ``batches`` (their ``labels`` where the metric
-    reads labels), judged as every trial was."""
-    batches = batches[:CONFIRMING_BATCHES]
-    reference, candidate = (_outputs(model, batches) for model in (fp32, shipped))
-    judge = Judge(metric, reference, tuple(labels[: len(batches)]) if labels else None)
-    return HeldOut(trial, judge.loss(judge.metrics(candidate), candidate), len(batches), max_loss)
+class HeldOutJudge:
+    """Judges models on the calibration batches against the FP32 model's outputs there (run once), with the
+    search's metric and the batches' labels."""
+
+    def __init__(self, fp32: StoredModel, batches: Sequence[Batch], labels: Sequence[Batch] | None, metric: Metric):
+        self.batches = tuple(batches[:CONFIRMING_BATCHES])
+        self.judge = Judge(metric, _outputs(fp32, self.batches), tuple(labels[: len(self.batches)]) if labels else None)
+
+    def loss(self, model: StoredModel) -> float:
+        outputs = _outputs(model, self.batches)
+        return self.judge.loss(self.judge.metrics(outputs), outputs)
 
 
 def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:

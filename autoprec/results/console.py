@@ -252,6 +252,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         return ["no plan was chosen (no trial finished with a finite loss)"]
     max_loss = facts.max_loss
     rule = f"fastest within --max-loss {max_loss:g}" if max_loss is not None else "knee of the front"
+    if facts.held_out and facts.held_out.failed():
+        rule += " on the evaluation and the calibration batches"
     if versus.rivals:
         rule += ", re-timed with its rivals"
     lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.final_ms:.3f} ms, loss {_loss(chosen.loss)}, "
@@ -265,8 +267,7 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         if versus.preparation:
             line += f"; of that, autoprec's all-FP32 graph alone: {versus.preparation.text()}"
         lines.append(line)
-    if held := facts.held_out_said:
-        lines.append(f"        {held}")
+    lines += [f"        {line}" for line in facts.held_out_said(chosen.number)]
     if unproven := versus.not_shipped:
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
     if drift := facts.drift_said:

@@ -219,15 +219,18 @@ class SearchFacts:
     def drift_said(self) -> str | None:
         return self.drift.said() if self.drift else None
 
-    @property
-    def held_out_said(self) -> str | None:
-        """The shipped plan's loss on the calibration batches, with a ⚠ and what to do where it passes the limit."""
+    def held_out_said(self, chosen: int | None) -> list[str]:
+        """The shipped plan's loss on the calibration batches, and the plans left out for passing the limit there."""
         held = self.held_out
         if held is None:
-            return None
-        said = (f"on the {held.batches} calibration batches, which judged no trial (ONNX Runtime CPU): "
-                f"{self.metric} loss {held.loss:.3g}")
-        return f"⚠ {said}, past --max-loss {held.max_loss:g}: {ADVICE}" if held.past_limit else said
+            return []
+        where = f"the {held.batches} calibration batches, which judged no trial (ONNX Runtime CPU)"
+        lines = [f"on {where}: {self.metric} loss {held.losses[chosen]:.3g}"] if chosen in held.losses else []
+        if failed := held.failed():
+            lines.append(f"⚠ within --max-loss {held.max_loss:g} on the evaluation batches but not on {where}, so not "
+                         "chosen: " + ", ".join(f"trial {t} (loss {loss:.3g})" for t, loss in failed.items())
+                         + f"; {ADVICE}")
+        return lines
 
 
 @dataclass(frozen=True)

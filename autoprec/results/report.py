@@ -135,8 +135,8 @@ def _summary(result: ResultFiles) -> str:
         summary += f" In the same rounds, the plans the re-timing could not tell from it: {rivals}."
     if versus.source:
         summary += f" Over the given model as it is: {versus.source.text()}."
-    if held := result.facts.held_out_said:
-        summary += f" {held[0].upper()}{held[1:]}."
+    for line in result.facts.held_out_said(chosen.number):
+        summary += f" {line[0].upper()}{line[1:]}."
     if unproven := versus.not_shipped:
         summary += f" Trial {unproven.trial} was the fastest within the limit but is {unproven.why}."
     if drift := result.facts.drift_said:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -24,9 +25,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.preparation import first_line
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError, StudyError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.stored import StoredModel
+from autoprec.measure.confirmation import HeldOut, HeldOutJudge
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
 from autoprec.study.coordination import (
@@ -45,6 +49,8 @@ from autoprec.study.sensitivity import (
     Sensitivity,
 )
 from autoprec.study.warm_start import not_faster_than_fp32, warm_start_params
+
+log = logging.getLogger("autoprec")
 
 
 @dataclass(frozen=True)
@@ -710,6 +716,58 @@ def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord 
         finite,
         key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)), scaled(r.loss, min(losses), max(losses))),
     )
+
+
+# Plans judged on the calibration batches, at most, while looking for the fastest that holds the limit there.
+HELD_OUT_TRIES = 8
+
+
+class Holding:
+    """Which plans hold --max-loss on the calibration batches too (:mod:`autoprec.measure.confirmation`), each
+    judged once, when first asked; every plan holds where there is no judge or no limit."""
+
+    def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel], max_loss: float | None):
+        self.judge, self.lower, self.max_loss = judge, lower, max_loss
+        self.batches = len(judge.batches) if judge is not None else 0
+        self.losses: dict[int, float] = {}
+
+    def __call__(self, trial: TrialRecord) -> bool:
+        if self.max_loss is None or not self.judged(trial):
+            return True
+        return self.losses[trial.number] <= self.max_loss
+
+    def judged(self, trial: TrialRecord) -> bool:
+        """Whether ``trial`` has its loss on the calibration batches, judged now if need be (all-FP32 needs none)."""
+        if self.judge is None or all(n == 0 for p, n in trial.plan.counts().items() if p != Precision.FP32.value):
+            return False
+        if trial.number not in self.losses:
+            try:
+                self.losses[trial.number] = loss = self.judge.loss(self.lower(trial.plan))
+            except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run an engine's form: said, not judged
+                log.warning(f"the plans could not be judged on the calibration batches (trial {trial.number}: "
+                            f"{first_line(exc)})")
+                self.judge = None
+                return False
+            if self.max_loss is not None and not loss <= self.max_loss:
+                log.warning(f"trial {trial.number} is within --max-loss {self.max_loss:g} on the evaluation batches, "
+                            f"but loses {loss:.3g} on the {self.batches} calibration batches, which judged no trial: "
+                            "not chosen")
+        return True
+
+    def first(self, chosen: TrialRecord | None, trials: Sequence[TrialRecord]) -> TrialRecord | None:
+        """``chosen``, or where it does not hold the limit on the calibration batches, the next fastest re-timed plan
+        within it that does (all-FP32 at the latest, which holds it by definition)."""
+        if chosen is None or self(chosen):
+            return chosen
+        others = sorted((t for t in trials if t.retimed_ms and t.loss <= self.max_loss and t.duplicate_of is None
+                         and t.number != chosen.number), key=lambda t: t.latency_ms)
+        return next((t for t in others[:HELD_OUT_TRIES] if self(t)), uniform_trials(trials).get("fp32", chosen))
+
+    def without_failed(self, trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+        return [t for t in trials if t.number not in self.losses or self(t)]
+
+    def record(self) -> HeldOut | None:
+        return HeldOut(self.batches, self.max_loss, dict(self.losses)) if self.losses else None
 
 
 def default_study_name(model_path: Path, backend: str) -> str:
