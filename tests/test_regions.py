@@ -133,3 +133,17 @@ def test_the_documented_custom_head_metric_judges_a_decoded_box_head(tmp_path, m
         study=autoprec.StudySpec(budget=4), out=tmp_path / "out"))
     fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))
     assert fp32.loss == 0.0 and all(0.0 <= t.loss <= 1.0 for t in result.trials)
+
+
+def test_a_map_past_one_by_a_rounding_step_is_still_a_probability_map():
+    """ONNX Runtime's CPU Sigmoid gave 1.0000001 on one page of PP-OCRv5's map: text-regions was refused for it
+    ('no model output it applies to'); so were PicoDet scores read as logits. A map past [0, 1] by more is not one."""
+    from autoprec.measure.accuracy import Judge, Metric
+
+    page = np.zeros((1, 1, 32, 32), np.float32)
+    page[0, 0, 4:12, 2:20] = np.nextafter(np.float32(1), np.float32(2))
+    judge = Judge(Metric("text-regions", ("text-regions",)), [{"prob": page}])
+    judge.check()
+    assert judge.metrics([{"prob": page}])["prob"]["region_f"] == 1.0
+    assert regions.probabilities(np.float32([-1e-7, 0.5, 1.0000001]))
+    assert not regions.probabilities(np.float32([0.0, 1.01])) and not regions.probabilities(np.float32([-0.5, 0.5]))

@@ -337,7 +337,7 @@ class Judge:
                            labels: Mapping[str, np.ndarray]) -> dict[str, float]:
         """A PicoDet head's boxes (every output of it at once) against FP32's; scores outside [0, 1] are logits."""
         head, options = self._gfl_head, self.metric.options
-        logits = any(ref[n].min() < 0 or ref[n].max() > 1 for n in head.scores)
+        logits = not all(regions.probabilities(ref[n]) for n in head.scores)
         ref_boxes, cand_boxes = (gfl.detections(o, head, options.conf, options.iou, logits) for o in (ref, cand))
         return _box_decisions(ref_boxes, cand_boxes, labels)
 

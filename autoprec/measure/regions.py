@@ -10,6 +10,14 @@ DB_THRESHOLD = 0.3  # PaddleOCR's det_db_thresh: a pixel of text
 DB_BOX_THRESHOLD = 0.6  # det_db_box_thresh: a region kept when its mean probability reaches this
 MIN_SIDE = 3  # PaddleOCR's min_size: smaller regions are noise
 MATCH_IOU = 0.5
+# A sigmoid computed in float may pass 1 by a rounding step (ONNX Runtime's CPU gave 1.0000001 on one page of
+# PP-OCRv5's map): probabilities may lie this far outside [0, 1].
+ROUNDING = 1e-5
+
+
+def probabilities(values: np.ndarray) -> bool:
+    """Whether ``values`` are probabilities: in [0, 1] but for float rounding."""
+    return values.size > 0 and bool(values.min() >= -ROUNDING and values.max() <= 1 + ROUNDING)
 
 
 def probability_maps(output: np.ndarray) -> np.ndarray | None:
@@ -17,7 +25,7 @@ def probability_maps(output: np.ndarray) -> np.ndarray | None:
     if output.dtype.kind != "f" or output.ndim not in (3, 4) or (output.ndim == 4 and output.shape[1] != 1):
         return None
     maps = output[:, 0] if output.ndim == 4 else output
-    if maps.shape[-1] < 8 or maps.shape[-2] < 8 or maps.min() < 0 or maps.max() > 1:
+    if maps.shape[-1] < 8 or maps.shape[-2] < 8 or not probabilities(maps):
         return None
     return maps
 
