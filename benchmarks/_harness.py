@@ -171,7 +171,8 @@ def time_interleaved(
     backend: Backend, models: Sequence[StoredModel], batch: Batch, rounds: int
 ) -> list[list[Timing] | None]:
     """Build each model once, then time them in turn, ``rounds`` times, so drift (a busy neighbour,
-    clocks) hits all alike, each round starting one model later (``in_turn``). A model that fails to build or run gets None; the others go on.
+    clocks) hits all alike, each round starting one model later (``in_turn``). A model that fails to build or
+    run gets None; the others go on.
 
     Every model's engine stays alive to the end: fine for the zoo's small models, not for large ones
     (the search itself times one plan at a time beside all-FP32: ``autoprec.measure.measurement.time_paired``)."""

@@ -16,7 +16,6 @@ import optuna
 from autoprec.analysis.calibrate import ActivationRanges, calibration_cache
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.preparation import first_line
 from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
     Prepared,
@@ -754,16 +753,12 @@ def _deployment(
 
 def _held_out_judge(setup: Setup, shared: Shared) -> confirmation.HeldOutJudge | None:
     """The judge of plans on the calibration batches; None for a user's metric (its code runs in the measuring
-    worker only), where one batch both calibrated and judged, or where the FP32 model does not run there."""
+    worker only), or where one batch both calibrated and judged."""
     dataset, metric = setup.dataset, setup.metric
     if metric.user_function is not None or not dataset.calibration_apart:
         return None
-    try:
-        return confirmation.HeldOutJudge(shared.prepared.info.stored, dataset.calibration, dataset.calibration_labels,
-                                         metric)
-    except Exception as exc:  # noqa: BLE001 - a second look at the choice: said, and the search goes on without it
-        log.warning(f"the plans will not be judged on the calibration batches ({first_line(exc)})")
-        return None
+    return confirmation.HeldOutJudge(shared.prepared.info.stored, dataset.calibration, dataset.calibration_labels,
+                                     metric)
 
 
 def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord], max_loss: float | None,

@@ -9,12 +9,14 @@ was."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 from autoprec.analysis.data import Batch
 from autoprec.analysis.preparation import cpu_session
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.deployment import session_outputs
 
 CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
 ENGINE = "onnxruntime CPUExecutionProvider"
@@ -48,12 +50,18 @@ class HeldOut:
 
 
 class HeldOutJudge:
-    """Judges models on the calibration batches against the FP32 model's outputs there (run once), with the
-    search's metric and the batches' labels."""
+    """Judges models on the calibration batches against the FP32 model's outputs there, with the search's metric
+    and the batches' labels. The FP32 model runs there once, when the first plan is judged: a search that ships
+    all-FP32 never runs it."""
 
     def __init__(self, fp32: StoredModel, batches: Sequence[Batch], labels: Sequence[Batch] | None, metric: Metric):
+        self.fp32, self.metric = fp32, metric
         self.batches = tuple(batches[:CONFIRMING_BATCHES])
-        self.judge = Judge(metric, _outputs(fp32, self.batches), tuple(labels[: len(self.batches)]) if labels else None)
+        self.labels = tuple(labels[: len(self.batches)]) if labels else None
+
+    @cached_property
+    def judge(self) -> Judge:
+        return Judge(self.metric, _outputs(self.fp32, self.batches), self.labels)
 
     def loss(self, model: StoredModel) -> float:
         outputs = _outputs(model, self.batches)
@@ -62,6 +70,4 @@ class HeldOutJudge:
 
 def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:
     session = cpu_session(model)
-    names = [o.name for o in session.get_outputs()]
-    wanted = {i.name for i in session.get_inputs()}
-    return [dict(zip(names, session.run(names, {k: v for k, v in b.items() if k in wanted}))) for b in batches]
+    return [session_outputs(session, batch) for batch in batches]

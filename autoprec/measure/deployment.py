@@ -126,7 +126,8 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
                       tuple(_checks(info.path, model, profile, samples, profile.points(), others)))
 
 
-def _run(session: onnxruntime.InferenceSession, feeds: Batch) -> dict[str, np.ndarray]:
+def session_outputs(session: onnxruntime.InferenceSession, feeds: Batch) -> dict[str, np.ndarray]:
+    """Every output of ``session`` on ``feeds`` (inputs it does not take left out), by name."""
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
     return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
@@ -138,7 +139,7 @@ def _loss(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarra
 
 def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | None:
     """None where ``model`` gives ``measured``'s outputs on ``sample``, else how it does not."""
-    want, got = _run(cpu_session(measured), sample), _run(cpu_session(model), sample)
+    want, got = session_outputs(cpu_session(measured), sample), session_outputs(cpu_session(model), sample)
     shapes = [name for name in want if got[name].shape != want[name].shape]
     if shapes:
         return f"output {shapes[0]} is {list(got[shapes[0]].shape)}, not {list(want[shapes[0]].shape)}"
@@ -166,12 +167,12 @@ def _checks(source: Path, model: StoredModel, profile: ShapeProfile, samples: Se
 def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeProfile) -> PointCheck:
     shapes = {name: tuple(values.shape) for name, values in batches[0].items() if values.ndim}
     try:
-        wanted = [_run(given, feeds) for feeds in batches]
+        wanted = [session_outputs(given, feeds) for feeds in batches]
     except Exception as exc:  # noqa: BLE001 - the user's own model does not run there: nothing to compare with
         return PointCheck(point, shapes, False, None, f"the given model itself does not run there ({first_line(exc)})",
                           len(batches))
     try:
-        pairs = [(want, _run(shipped, feeds)) for want, feeds in zip(wanted, batches)]
+        pairs = [(want, session_outputs(shipped, feeds)) for want, feeds in zip(wanted, batches)]
     except Exception as exc:  # noqa: BLE001 - the model as shipped does not run there: the check says so
         return PointCheck(point, shapes, False, None, f"the shipped model does not run there ({first_line(exc)})",
                           len(batches))

@@ -198,7 +198,7 @@ class SearchFacts:
     drift: Drift | None = None
     profile_timing: ProfileTiming | None = None  # --time-shapes
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
-    held_out: HeldOut | None = None  # the shipped plan on the calibration batches
+    held_out: HeldOut | None = None  # the plans judged on the calibration batches, the shipped one among them
 
     @classmethod
     def from_json(cls, search: dict[str, Any]) -> SearchFacts:

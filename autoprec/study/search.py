@@ -738,12 +738,13 @@ class Holding:
 
     def judged(self, trial: TrialRecord) -> bool:
         """Whether ``trial`` has its loss on the calibration batches, judged now if need be (all-FP32 needs none)."""
-        if self.judge is None or all(n == 0 for p, n in trial.plan.counts().items() if p != Precision.FP32.value):
+        if self.judge is None or trial.plan.counts()[Precision.FP32.value] == len(trial.plan.precisions):
             return False
         if trial.number not in self.losses:
             try:
                 self.losses[trial.number] = loss = self.judge.loss(self.lower(trial.plan))
-            except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run an engine's form: said, not judged
+            except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run the FP32 model or an engine's
+                # form on the calibration batches: said, and no plan judged
                 log.warning(f"the plans could not be judged on the calibration batches (trial {trial.number}: "
                             f"{first_line(exc)})")
                 self.judge = None
