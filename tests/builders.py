@@ -187,6 +187,71 @@ def line_reader(seed: int = 6) -> onnx.ModelProto:
     return _model(nodes, [x], [y], inits)
 
 
+def exported_classifier(seed: int = 8) -> onnx.ModelProto:
+    """A classifier as PyTorch's TorchScript exporter writes code made for mixed precision, NHWC x [N, 16, 16, 3]:
+    a Transpose to NCHW; Casts to float of float tensors before each layer (``x.float()``) and one feeding the
+    output; a float64 round trip (``.double().float()``); a Conv followed by a per-channel scale Mul (tf2onnx's
+    BatchNorm after a depthwise Conv); the global average pooling as the dynamo exporter writes it (ReduceMean
+    over H and W); a Gemm."""
+    rng = np.random.default_rng(seed)
+    w = lambda *shape: rng.normal(0, 0.3, shape)  # noqa: E731
+    inits = [_init("w0", w(8, 3, 3, 3)), _init("b0", w(8)), _init("scale0", 1 + 0.2 * rng.random((1, 8, 1, 1))),
+             _init("w1", w(8, 8, 3, 3)), _init("b1", w(8)), _init("fc_w", w(4, 8)), _init("fc_b", w(4))]
+    to = {"float": TensorProto.FLOAT, "double": TensorProto.DOUBLE}
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["nchw"], "to_nchw", perm=[0, 3, 1, 2]),
+        helper.make_node("Cast", ["nchw"], ["nchw_f"], "cast_in", to=to["float"]),
+        helper.make_node("Conv", ["nchw_f", "w0", "b0"], ["c0"], "conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c0", "scale0"], ["s0"], "scale0"),
+        helper.make_node("Relu", ["s0"], ["r0"], "relu0"),
+        helper.make_node("Cast", ["r0"], ["r0_wide"], "cast_wide", to=to["double"]),
+        helper.make_node("Cast", ["r0_wide"], ["r0_back"], "cast_back", to=to["float"]),
+        helper.make_node("Cast", ["r0_back"], ["r0_f"], "cast_1", to=to["float"]),
+        helper.make_node("Conv", ["r0_f", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        helper.make_node("ReduceMean", ["r1"], ["pooled"], "mean_hw", axes=[2, 3], keepdims=1),
+        helper.make_node("Flatten", ["pooled"], ["flat"], "flatten"),
+        helper.make_node("Cast", ["flat"], ["flat_f"], "cast_2", to=to["float"]),
+        helper.make_node("Gemm", ["flat_f", "fc_w", "fc_b"], ["logits_f"], "fc", transB=1),
+        helper.make_node("Cast", ["logits_f"], ["logits"], "cast_out", to=to["float"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 16, 3])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])
+    return _model(nodes, [x], [y], inits)
+
+
+def masked_encoder(tokens: int = 8, dim: int = 16, vocab: int = 32, seed: int = 9) -> onnx.ModelProto:
+    """Token ids and an attention mask, as Hugging Face exports write them (opset 15): an embedding Gather, the
+    sequence length read as ``Shape(mask, start=1, end=2)``, scores masked by ``Where`` with float32's lowest
+    (``finfo(float32).min``), Softmax, a projection. Dynamic batch and sequence."""
+    rng = np.random.default_rng(seed)
+    inits = [_init("table", rng.normal(0, 0.5, (vocab, dim))), _init("wq", rng.normal(0, 0.25, (dim, dim))),
+             _init("wk", rng.normal(0, 0.25, (dim, dim))), _init("wo", rng.normal(0, 0.25, (dim, dim))),
+             _init("lowest", np.array(np.finfo(np.float32).min)), _init("zero", np.array([0], np.int64)),
+             _init("one", np.array([1], np.int64)), _init("dims", np.array([dim], np.int64))]
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], "embed", axis=0),
+        helper.make_node("Shape", ["mask"], ["length"], "length", start=1, end=2),
+        helper.make_node("Concat", ["zero", "length", "dims"], ["target"], "target", axis=0),
+        helper.make_node("Reshape", ["emb", "target"], ["h"], "h"),
+        helper.make_node("MatMul", ["h", "wq"], ["q"], "q_proj"),
+        helper.make_node("MatMul", ["h", "wk"], ["k"], "k_proj"),
+        helper.make_node("Transpose", ["k"], ["kt"], "k_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"], "scores"),
+        helper.make_node("Unsqueeze", ["mask", "one"], ["mask_rows"], "mask_rows"),
+        helper.make_node("Cast", ["mask_rows"], ["keep"], "keep", to=TensorProto.BOOL),
+        helper.make_node("Not", ["keep"], ["hidden"], "hidden"),
+        helper.make_node("Where", ["hidden", "lowest", "scores"], ["masked"], "masked"),
+        helper.make_node("Softmax", ["masked"], ["attn"], "softmax", axis=-1),
+        helper.make_node("MatMul", ["attn", "h"], ["ctx"], "context"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["out"], "out_proj"),
+    ]
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", "T"])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", "T", dim])
+    return _model(nodes, [ids, mask], [y], inits, opset=15)
+
+
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path

@@ -30,6 +30,10 @@ FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
 # A neutral op whose output reaches this on the data is kept out of FP16 regions by default: a quarter
 # of FP16's largest value, so that data a little wider than the calibration's does not overflow.
 FP16_SAFE_MAX = FP16_MAX / 4
+# Magnitudes from here on are a float32 lowest or highest standing for an infinity (an attention mask's
+# ``finfo(float32).min``): FP16 holds them as its own extreme (constants are clamped: autoprec.lower.cast), a
+# softmax or max reads them alike, so they make no tensor out of FP16's range.
+SENTINEL = 1e30
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,7 @@ def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: s
     tensors = sorted({t for n in watched for t in (*n.input, *n.output) if t in float32})
     if not tensors:
         return []
-    key = content_key(info, fingerprint, f"{FP16_SAFE_MAX:g}," + ",".join(tensors))
+    key = content_key(info, fingerprint, f"{FP16_SAFE_MAX:g},{SENTINEL:g}," + ",".join(tensors))
     cache = cache_dir / f"out-of-range-{key}.json" if cache_dir else None
     if cache is not None and cache.exists():
         try:
@@ -258,10 +262,14 @@ def _out_of_range(info: ModelInfo, batches: Sequence[Batch], watched: list, tens
     probed = onnx.ModelProto()
     probed.CopyFrom(info.model)
     del probed.graph.output[:]
+    probed.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(SENTINEL, np.float32), "autoprec_sentinel"),
+                                     onnx.numpy_helper.from_array(np.array(0, np.float32), "autoprec_zero")])
     for i, name in enumerate(tensors):
-        magnitude, peak = f"autoprec_abs/{i}", f"autoprec_peak/{i}"
+        magnitude, sentinel, kept, peak = (f"autoprec_{part}/{i}" for part in ("abs", "sentinel", "kept", "peak"))
         probed.graph.node.extend([onnx.helper.make_node("Abs", [name], [magnitude]),
-                                  onnx.helper.make_node("ReduceMax", [magnitude], [peak], keepdims=0)])
+                                  onnx.helper.make_node("Greater", [magnitude, "autoprec_sentinel"], [sentinel]),
+                                  onnx.helper.make_node("Where", [sentinel, "autoprec_zero", magnitude], [kept]),
+                                  onnx.helper.make_node("ReduceMax", [kept], [peak], keepdims=0)])
         probed.graph.output.append(onnx.helper.make_tensor_value_info(peak, onnx.TensorProto.FLOAT, []))
     session = cpu_session(info.stored.with_proto(probed))
     peaks = np.zeros(len(tensors))

@@ -32,6 +32,7 @@ import onnxruntime
 from onnx import version_converter
 
 from autoprec.analysis import subgraphs
+from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
 from autoprec.core.errors import ModelError
 from autoprec.core.stored import (
@@ -48,7 +49,7 @@ from autoprec.core.stored import (
 MIN_OPSET = 13
 # onnxruntime accepts IR versions up to 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 10
-PREPARATION_VERSION = "6"  # part of a kept preparation's key: change it with what preparation does
+PREPARATION_VERSION = "7"  # part of a kept preparation's key: change it with what preparation does
 PREPARED_FILE = "model.onnx"
 SOURCE_FILE = "source.onnx"  # the given graph, inputs at the shapes: timed beside the plans (weights shared)
 DEPLOYABLE_FILE = "deployable.onnx"  # only where it differs from the prepared model (a dynamic dim)
@@ -135,6 +136,21 @@ def _fix_input_shapes(model: StoredModel, shapes: Mapping[str, tuple[int, ...]])
     return _inferred(surgery.close())
 
 
+def _sliced_shapes(graph: gs.Graph) -> None:
+    """Each ``Shape(x, start, end)`` (opset 15) written as ``Slice(Shape(x))``, the same at any shape: graphsurgeon
+    folds a Shape to the whole shape whatever its start and end (0.6.1), which the dynamo exporter's
+    ``Shape(mask, start=1, end=2)`` turned into a sequence length of two values."""
+    for g in (graph, *graph.subgraphs(recursive=True)):
+        for node in [n for n in g.nodes if n.op == "Shape" and ("start" in n.attrs or "end" in n.attrs)]:
+            start, end = node.attrs.pop("start", 0), node.attrs.pop("end", None)
+            whole = gs.Variable(f"{node.outputs[0].name}_whole", np.int64)
+            bounds = [gs.Constant(f"{node.outputs[0].name}_{name}", np.array([value], np.int64))
+                      for name, value in (("start", start), ("end", np.iinfo(np.int64).max if end is None else end))]
+            g.nodes.append(gs.Node("Slice", f"{node.name}_slice", inputs=[whole, *bounds], outputs=[node.outputs[0]]))
+            node.outputs = [whole]
+        g.toposort()
+
+
 def _fold_constants(model: StoredModel, flatten_subgraphs: bool) -> StoredModel:
     node_count = None
     for _ in range(8):  # folding exposes shapes, shapes expose more folding
@@ -142,6 +158,7 @@ def _fold_constants(model: StoredModel, flatten_subgraphs: bool) -> StoredModel:
         graph = surgery.graph
         for subgraph in graph.subgraphs(recursive=True):  # folded as models of their own: give them the model's IR
             subgraph.ir_version = graph.ir_version  # version, not onnx's newest, which older ONNX Runtimes refuse
+        _sliced_shapes(graph)
         graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
         model = _inferred(surgery.close())
         if len(model.proto.graph.node) == node_count:
@@ -191,47 +208,78 @@ def _absorb(conv: gs.Node, bias: gs.Constant, after: gs.Node) -> None:
     after.outputs.clear()
 
 
-def _channel_bias(added: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """An Add's constant as a per-output-channel bias of an N×C×… Conv output, or None where it is not one."""
-    if added.size == 1:
-        return np.full(channels, added.item(), added.dtype)
-    shape = (1,) * (rank - added.ndim) + added.shape
-    if added.ndim > rank or shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+def _per_channel(constant: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """An Add's or Mul's constant as one value per output channel of an N×C×… Conv output, or None where it is
+    not one."""
+    if constant.size == 1:
+        return np.full(channels, constant.item(), constant.dtype)
+    shape = (1,) * (rank - constant.ndim) + constant.shape
+    if constant.ndim > rank or shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
         return None
-    return added.reshape(channels)
+    return constant.reshape(channels)
 
 
-def _fold_bias_adds(graph: gs.Graph) -> int:
-    """Fold an Add of a per-channel constant into the Conv before it (PaddlePaddle exports every Conv bias as
-    one). Unfolded, the Q that ends an INT8 Conv sits before the Add, and the Add, its activation and a second
-    Q/DQ run in float: ONNX Runtime's QLinearConv takes the bias; exact in FP32."""
-    folded = 0
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        for x, constant in (add.inputs, add.inputs[::-1]):
-            if not (isinstance(constant, gs.Constant) and len(x.inputs) == 1 and len(x.outputs) == 1):
+def _conv_and_constant(node: gs.Node, graph: gs.Graph) -> tuple[gs.Node, np.ndarray] | None:
+    """The Conv (all its weights constant) that alone feeds a two-input ``node``, and ``node``'s other input as
+    one value per output channel; None where ``node`` is not such a per-channel step after a Conv."""
+    for x, constant in (node.inputs, node.inputs[::-1]):
+        if not (isinstance(constant, gs.Constant) and len(x.inputs) == 1 and len(x.outputs) == 1):
+            continue
+        conv = x.inputs[0]
+        if conv.op != "Conv" or x in graph.outputs or not all(isinstance(i, gs.Constant) for i in conv.inputs[1:]):
+            continue
+        weight = conv.inputs[1].values
+        values = _per_channel(constant.values, weight.shape[0], weight.ndim)
+        if values is not None and values.dtype == weight.dtype:
+            return conv, values
+    return None
+
+
+def _fold_channel_steps(graph: gs.Graph) -> tuple[int, int]:
+    """Fold a Mul by a per-channel constant (tf2onnx's BatchNorm scale after a depthwise Conv), then an Add of one
+    (PaddlePaddle exports every Conv bias as one), into the Conv before it. Unfolded, the Q that ends an INT8
+    Conv sits before them, and they, the activation and a second Q/DQ run in float: ONNX Runtime's QLinearConv
+    takes a bias; exact in FP32 but for rounding. Returns the scales and the biases folded."""
+    folded = {"Mul": 0, "Add": 0}
+    for op in ("Mul", "Add"):
+        for node in [n for n in graph.nodes if n.op == op and len(n.inputs) == 2]:
+            found = _conv_and_constant(node, graph)
+            if found is None:
                 continue
-            conv = x.inputs[0]
-            if conv.op != "Conv" or x in graph.outputs or not all(isinstance(i, gs.Constant) for i in conv.inputs[1:]):
-                continue
+            conv, values = found
             weight = conv.inputs[1].values
-            bias = _channel_bias(constant.values, weight.shape[0], weight.ndim)
-            if bias is None or bias.dtype != weight.dtype:
-                continue
-            old = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
-            _absorb(conv, gs.Constant(f"{conv.name}_bias_added", (old + bias).astype(weight.dtype)), add)
-            folded += 1
-            break
-    return folded
+            bias = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
+            if op == "Mul":
+                scaled = weight * values.reshape(-1, *([1] * (weight.ndim - 1)))
+                conv.inputs[1] = gs.Constant(f"{conv.name}_weight_scaled", scaled.astype(weight.dtype))
+                bias = bias * values
+            _absorb(conv, gs.Constant(f"{conv.name}_bias_{op.lower()}", (bias if op == "Mul" else bias + values)
+                                      .astype(weight.dtype)), node)
+            folded[op] += 1
+    return folded["Mul"], folded["Add"]
 
 
 def _fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
     surgery = Surgery(model)
-    folded, biases = _fold_batchnorm(surgery.graph), _fold_bias_adds(surgery.graph)
-    if not folded and not biases:
+    folded = _fold_batchnorm(surgery.graph)
+    scales, biases = _fold_channel_steps(surgery.graph)
+    if not folded and not scales and not biases:
         return model, None
     surgery.graph.cleanup().toposort()
-    said = [f"{folded} BatchNormalization node(s)" if folded else "", f"{biases} bias Add(s)" if biases else ""]
+    said = [f"{folded} BatchNormalization node(s)" if folded else "", f"{scales} scale Mul(s)" if scales else "",
+            f"{biases} bias Add(s)" if biases else ""]
     return _inferred(surgery.close()), f"folded {' and '.join(filter(None, said))} into the Conv before them"
+
+
+def _one_way(model: StoredModel) -> tuple[StoredModel, str | None]:
+    """The exporter's artifacts written one way (see autoprec.analysis.artifacts)."""
+    surgery = Surgery(model)
+    dropped, pools = drop_idle_casts(surgery.graph), pools_from_means(surgery.graph)
+    if not dropped and not pools:
+        return model, None
+    said = [f"took out {dropped} Cast(s) that change no value (to the type a tensor has)" if dropped else "",
+            f"wrote {pools} ReduceMean(s) over every spatial axis as the GlobalAveragePool they are" if pools else ""]
+    return _inferred(surgery.close()), "; ".join(filter(None, said))
 
 
 def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray]) -> StoredModel:
@@ -311,6 +359,7 @@ def prepare_graph(
     any_shape: list[tuple[str, Step]] = [
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+        ("export artifacts", _one_way),
         ("BatchNorm and bias folding", _fold_batchnorms),
     ]
     deployable, step_notes = _checked_steps(model, any_shape, check)

@@ -16,7 +16,8 @@ from autoprec.core.errors import SearchSpaceError
 from autoprec.core.plan import Precision
 
 # Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
-# the precision of their neighbours where those agree (see autoprec.lower.cast). Softmax,
+# the precision of their neighbours where those agree (see autoprec.lower.cast). Erf is bounded with a bounded
+# slope (the GELU that TorchScript exports as Div, Erf, Add, Mul, Mul). Softmax,
 # normalisations, reductions, exp/log/pow are not among them: a search space lists those as
 # ``sensitive``.
 NEUTRAL_OPS = frozenset({
@@ -24,6 +25,7 @@ NEUTRAL_OPS = frozenset({
     "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "AveragePool",
     "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Relu",
     "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Gelu",
+    "Where", "Erf",
 })
 
 

@@ -47,9 +47,7 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
     if not region:
         return region
     own = {id(n) for n in graph.nodes}
-    candidates = {id(n): n for n in graph.nodes if n.name not in units and n.op in NEUTRAL_OPS
-                  and any(_is_float32(t) for t in n.inputs if isinstance(t, gs.Variable))
-                  and all(_is_float32(t) for t in n.outputs)}
+    candidates = {id(n): n for n in graph.nodes if n.name not in units and n.op in NEUTRAL_OPS and _floats(n)}
     links = [
         (node, c) for node in candidates.values() for out in node.outputs for c in out.outputs if id(c) in candidates
     ]
@@ -89,6 +87,13 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
     return region | {node.name for key, node in candidates.items() if key in fp16_side}
 
 
+def _floats(node: gs.Node) -> bool:
+    """Whether a neutral node computes on float32 tensors that FP16 could hold: a float32 input (a tensor, or a
+    constant beside a tensor: an embedding table that a Gather reads by its indices) and float32 outputs only."""
+    computed = any(isinstance(t, gs.Variable) for t in node.inputs)
+    return computed and any(_is_float32(t) for t in node.inputs) and all(_is_float32(t) for t in node.outputs)
+
+
 def _converted_inputs(node: gs.Node) -> list[gs.Variable]:
     """The float32 tensors a node reads that FP16 would convert (not Resize's roi and scales)."""
     return [t for i, t in enumerate(node.inputs) if isinstance(t, gs.Variable) and _is_float32(t)
@@ -110,6 +115,14 @@ def _cast_source(edit: GraphEdit, name: str) -> str:
         if index.dtypes.get(source) in INTEGER_TYPES:
             return source
     return name
+
+
+def _to_fp16(values: np.ndarray) -> np.ndarray:
+    """A constant in FP16, its finite values held to FP16's range: a mask's float32 minimum (-3.4e38, as
+    exporters write ``finfo(float32).min``) becomes FP16's lowest (-65504), not -inf, so that a fully masked row
+    still softmaxes to numbers, as it does in FP32."""
+    limit = float(np.finfo(np.float16).max)
+    return np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype(np.float16)
 
 
 def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: str = "") -> None:
@@ -144,7 +157,7 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
                     if name not in constants:
                         copy = model.derived(
                             f"{prefix}{name}_fp16",
-                            lambda n=name: index.values(n, model.folder).astype(np.float16),
+                            lambda n=name: _to_fp16(index.values(n, model.folder)),
                             2 * math.prod(tensor.dims),
                         )
                         constants[name] = edit.add_initializer(copy)
