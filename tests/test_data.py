@@ -3,6 +3,7 @@ import pytest
 from PIL import Image
 
 from autoprec.analysis.data import build_dataset, item_shapes, load_items
+from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import TensorSpec
 from autoprec.core.errors import DataError
 
@@ -12,12 +13,40 @@ IMAGE_INPUT = (TensorSpec("x", (1, 3, 8, 12), "float32"),)
 def test_image_folder_is_resized_and_normalised(tmp_path):
     for i, colour in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255)]):
         Image.new("RGB", (40, 30), colour).save(tmp_path / f"{i}.png")
-    items = load_items(tmp_path, IMAGE_INPUT, image_mean=(0.5,), image_std=(0.5,))
+    items = load_items(tmp_path, IMAGE_INPUT, ImageOptions(mean=(0.5,), std=(0.5,)))
     x = items["x"]
     assert x.shape == (3, 3, 8, 12) and x.dtype == np.float32
     np.testing.assert_allclose(x[0, 0], 1.0)  # red channel of the red image: (1 - 0.5) / 0.5
     np.testing.assert_allclose(x[0, 1], -1.0)
     np.testing.assert_allclose(x[2, 2], 1.0)
+
+
+def test_an_image_folder_fills_an_nhwc_input_in_the_order_scale_and_crop_asked_for(tmp_path):
+    """Keras/TensorFlow classifiers take N×H×W×C: the layout is read off the shape, and Caffe-style preprocessing
+    (BGR, pixels 0..255 less a per-channel mean) is named by options, as is torchvision's resize-and-crop."""
+    image = np.zeros((30, 60, 3), np.uint8)
+    image[:, :15] = (255, 0, 0)  # a red band outside the centre square, blue inside
+    image[:, 15:45] = (0, 0, 255)
+    Image.fromarray(image).save(tmp_path / "band.png")
+    spec = (TensorSpec("input", (1, 10, 10, 3), "float32"),)
+    caffe = ImageOptions(mean=(100.0, 110.0, 120.0), order="BGR", scale=255.0, resize="crop")
+    dataset = build_dataset(tmp_path, spec, image=caffe)
+    x = dataset.calibration[0]["input"]
+    assert x.shape == (1, 10, 10, 3)
+    np.testing.assert_allclose(x[0, 2:8, 2:8], [[[155.0, -110.0, -120.0]] * 6] * 6)  # B, G, R less their means
+    assert "1 images into input as NHWC, BGR, resized and centre-cropped to 10×10, pixels 0..255" in dataset.source
+    stretched = load_items(tmp_path, spec, ImageOptions())["input"]
+    assert stretched[0, 5, 0, 0] > 0.9 and stretched[0, 5, 5, 2] > 0.9  # red at the left edge, blue in the middle
+
+
+def test_an_integer_image_input_takes_pixels_as_they_are_and_no_layout_is_refused_naming_both(tmp_path):
+    Image.new("RGB", (12, 8), (10, 20, 30)).save(tmp_path / "a.png")
+    items = load_items(tmp_path, (TensorSpec("pixels", (1, 8, 12, 3), "uint8"),))["pixels"]
+    assert items.dtype == np.uint8 and items[0, 0, 0].tolist() == [10, 20, 30]
+    with pytest.raises(DataError, match="--image-mean, --image-std and --image-scale do not apply"):
+        load_items(tmp_path, (TensorSpec("pixels", (1, 8, 12, 3), "uint8"),), ImageOptions(mean=(0.5,)))
+    with pytest.raises(DataError, match=r"N×C×H×W or N×H×W×C input with C of 1 or 3, but input x is \[1, 4, 8, 12\]"):
+        load_items(tmp_path, (TensorSpec("x", (1, 4, 8, 12), "float32"),))
 
 
 def test_npy_folder_npz_folder_and_single_npz_agree(tmp_path):

@@ -12,10 +12,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
 from autoprec.analysis.model import TensorSpec
 from autoprec.core.errors import DataError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
 Batch = dict[str, np.ndarray]
@@ -220,54 +220,24 @@ def _stack_of_items(array: np.ndarray, path: Path, name: str) -> np.ndarray:
     return array
 
 
-def _read_images(files: list[Path], spec: TensorSpec, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    shape = spec.shape
-    if len(shape) != 4 or shape[1] not in (1, 3):
-        raise DataError(
-            f"--data: images need an N×C×H×W input with C of 1 or 3, but input {spec.name} is {list(shape)}; "
-            "pass .npy/.npz arrays instead"
-        )
-    channels, height, width = shape[1], shape[2], shape[3]
-    for option, values in (("--image-mean", mean), ("--image-std", std)):
-        if len(values) not in (1, channels):
-            raise DataError(f"{option} has {len(values)} values, but input {spec.name} has {channels} channel(s); "
-                            f"give 1 value or {channels}")
-    if not all(np.isfinite(v) for v in (*mean, *std)) or any(v == 0 for v in std):
-        raise DataError(f"--image-mean {list(mean)} / --image-std {list(std)}: need finite numbers and a non-zero std")
-    out = []
-    for f in files:
-        if f.suffix.lower() not in IMAGE_SUFFIXES:
-            raise DataError(f"--data {f}: mixes arrays and images in one folder; keep one kind")
-        try:
-            with Image.open(f) as img:
-                img = img.convert("RGB" if channels == 3 else "L").resize((width, height), Image.BILINEAR)
-                arr = np.asarray(img, dtype=np.float32) / 255.0
-        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
-            raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
-        arr = arr.reshape(height, width, channels).transpose(2, 0, 1)
-        m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
-        s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
-        out.append((arr - m) / s)
-    return np.stack(out)
-
-
-def load_items(
-    path: str | Path,
-    inputs: Sequence[TensorSpec],
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
-) -> dict[str, np.ndarray]:
+def load_items(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions = ImageOptions()
+               ) -> dict[str, np.ndarray]:
     """Items stacked per input, checked against the (static) input shapes and dtypes."""
+    return _loaded(path, inputs, image)[0]
+
+
+def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions) -> tuple[dict[str, np.ndarray], str]:
+    """:func:`load_items`, and how images were read ("" for arrays)."""
     path = Path(path)
     files = _files(path)
+    described = ""
     if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
         if len(inputs) != 1:
             raise DataError(
                 f"--data {path}: images feed one input, but the model has {len(inputs)}; use .npz files"
             )
-        items = {inputs[0].name: _read_images(files, inputs[0], image_mean, image_std)}
+        images, how = read_images(files, inputs[0], image)
+        items, described = {inputs[0].name: images}, f" ({len(files)} images into {inputs[0].name} as {how})"
     else:
         items = _read_arrays(path, files, inputs)
     once = set()  # inputs given as one tensor for every run (weights fed as an input): repeated for each item
@@ -315,7 +285,7 @@ def load_items(
     count = next(iter(counts))
     for name in once:  # a view: the one tensor, read as every item's
         items[name] = np.broadcast_to(items[name], (count, *items[name].shape[1:]))
-    return items
+    return items, described
 
 
 def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> dict[str, np.ndarray]:
@@ -498,8 +468,7 @@ def build_dataset(
     inputs: Sequence[TensorSpec],
     seed: int = 0,
     random_count: int = 8,
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
+    image: ImageOptions = ImageOptions(),
     constants: Mapping[str, float] | None = None,
 ) -> Dataset:
     """Load (or make) the inputs and split the batches: up to half for calibration, the rest for evaluation.
@@ -518,7 +487,8 @@ def build_dataset(
         size = batch_size(inputs)
         items, source = random_items(fed, random_count * size, seed, size), f"random (seed {seed})"
     else:
-        items, source = (load_items(path, fed, image_mean, image_std) if fed else {}), str(path)
+        items, described = _loaded(path, fed, image) if fed else ({}, "")
+        source = f"{path}{described}"
     count = len(next(iter(items.values()))) if items else random_count * batch_size(inputs)
     items.update(constant_items(inputs, constants, count))
     if constants:

@@ -29,6 +29,7 @@ from autoprec.analysis.data import (
     item_shapes,
     scalar_values,
 )
+from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.app.config import SearchConfig
@@ -163,8 +164,7 @@ def load_inputs(
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
+    image: ImageOptions = ImageOptions(),
     constants: Mapping[str, float] | None = None,
     out_of_range: Sequence[str] | None = None,
     cache: Path | None = None,
@@ -195,7 +195,7 @@ def load_inputs(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RandomDataWarning)
         dataset = build_dataset(
-            data, info.inputs, seed=seed, image_mean=image_mean, image_std=image_std, constants=constants
+            data, info.inputs, seed=seed, image=image, constants=constants
         )
     for w in caught:
         log.warning(str(w.message))
@@ -297,14 +297,12 @@ def prepare(
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
-    image_mean: Sequence[float] = (0.0,),
-    image_std: Sequence[float] = (1.0,),
+    image: ImageOptions = ImageOptions(),
     cache: Path | None = None,
     constants: Mapping[str, float] | None = None,
 ) -> Prepared:
     """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image_mean, image_std, constants,
-                                          cache=cache), cache)
+    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)
 
 
 def load_plan_document(path: str | os.PathLike) -> dict:
@@ -386,7 +384,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     bounds = (measured.profile.at("min"), measured.profile.at("max")) if measured.profile else None
     recorded_data = measured.data_path
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
-                                         measured.seed, measured.image_mean, measured.image_std, measured.constants,
+                                         measured.seed, measured.image, measured.constants,
                                          measured.out_of_range, cache, raw, bounds)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:

@@ -229,8 +229,7 @@ def _set_up(config: SearchConfig) -> Setup:
         data,
         shapes,
         config.study.seed,
-        config.inputs.image_mean,
-        config.inputs.image_std,
+        config.inputs.image,
         config.inputs.constants,
         cache=out_dir / "cache",
         bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
@@ -612,7 +611,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
             if shared.prepared.ranges is not None
             else None
         ),
-        "image_norm": {"mean": list(config.inputs.image_mean), "std": list(config.inputs.image_std)},
+        "image_norm": config.inputs.image.to_json(),
         "constants": dict(config.inputs.constants or {}),
         "out_of_range": list(info.out_of_range),
         "random_data": dataset.random,

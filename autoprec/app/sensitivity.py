@@ -81,8 +81,8 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     space, _, _ = engine_space(load_search_space(space_spec.search_space).with_overrides(list(space_spec.overrides)),
                                engine, space_spec.precisions)
     check_out_dir(out_dir)
-    prepared = prepare(model_path, space, data, shapes, config.study.seed, inputs.image_mean, inputs.image_std,
-                       out_dir / "cache", inputs.constants)
+    prepared = prepare(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
+                       inputs.constants)
     prepared = replace(prepared, info=repeats_decided(prepared.info, space_spec.tie_repeats))
     batches = screening_batches(len(prepared.dataset.evaluation))
     metric_used = metric_for(wanted, prepared.info, prepared.dataset)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS
+from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import DEFAULT_CALIBRATION
 from autoprec.measure.accuracy import HeadOptions
@@ -170,6 +171,15 @@ class InputSpec(Group):
     constants: Mapping[str, float] | None = None
     image_mean: Sequence[float] = (0.0,)
     image_std: Sequence[float] = (1.0,)
+    image_order: str = "RGB"
+    image_scale: float = 1.0
+    image_resize: str = "stretch"
+
+    @property
+    def image(self) -> ImageOptions:
+        """How a folder of images becomes the input (see autoprec.analysis.images)."""
+        return ImageOptions(tuple(self.image_mean), tuple(self.image_std), self.image_order, float(self.image_scale),
+                            self.image_resize)
 
     DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape", "constants": "const"}
 
@@ -201,8 +211,17 @@ class InputSpec(Group):
                                 f"input: it needs this or --data; other integer inputs are drawn from "
                                 f"[{RANDOM_INTEGERS[0]}, {RANDOM_INTEGERS[1]})")
         group.add_argument("--image-mean", type=_floats, default=(0.0,),
-                           help="image preprocessing: (pixel/255 - mean) / std")
-        group.add_argument("--image-std", type=_floats, default=(1.0,), help="see --image-mean")
+                           help="images (a --data folder of them): per-channel mean, as in (pixel - mean) / std "
+                                "with pixels in 0..1 (--image-scale 255: 0..255), e.g. 0.485,0.456,0.406. The layout "
+                                "(N×C×H×W or N×H×W×C) is read off the input's shape")
+        group.add_argument("--image-std", type=_floats, default=(1.0,), help="per-channel std (see --image-mean)")
+        group.add_argument("--image-order", choices=ORDERS, type=str.upper, default="RGB",
+                           help="channel order the model takes (BGR: Caffe-style models such as Keras' ResNet50)")
+        group.add_argument("--image-scale", type=float, choices=SCALES, default=1.0,
+                           help="a white pixel's value before mean and std: 1 (pixels 0..1, default) or 255")
+        group.add_argument("--image-resize", choices=RESIZES, default="stretch",
+                           help="stretch each image to the input's height and width (default), or crop: its shorter "
+                                "side resized to them and the centre cut out (torchvision's Resize + CenterCrop)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> InputSpec:

@@ -87,8 +87,7 @@ def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
         info, ranges = _searched_ranges(inputs)
         return activation_ranges(info, ranges, methods)
     model_path, data, shapes, _ = resolve_model(inputs.model, inputs.data, inputs.shapes)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, inputs.image_mean, inputs.image_std,
-                       constants=inputs.constants)
+    prepared = prepare(model_path, load_search_space(), data, shapes, 0, inputs.image, constants=inputs.constants)
     return activation_ranges(prepared.info, prepared.ranges, methods)
 
 
@@ -96,7 +95,8 @@ def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
     """A result's model and calibration ranges as its search had them (calibrated on its data where it searched
     no INT8); only --data (evaluation data) and --shape (checked against the search's) may be given."""
     default = InputSpec(inputs.model)
-    given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std")
+    given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std", "image_order",
+                               "image_scale", "image_resize")
              if (getattr(inputs, name) or None) != (getattr(default, name) or None)]
     if given:
         raise AutoprecError(f"{inputs.model}: a result's ranges come from its search's own inputs ({', '.join(given)} "

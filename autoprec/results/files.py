@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
@@ -264,7 +265,8 @@ SHAPES = Nullable(MapOf([int]))
 # pareto.json search.spec: the option groups of autoprec.app.specs as their to_json writes them
 SPEC = {
     "inputs": {"model": str, "data": Nullable(str), "shapes": SHAPES, "min_shapes": SHAPES, "max_shapes": SHAPES,
-               "constants": Nullable(MapOf(NUMBER)), "image_mean": [NUMBER], "image_std": [NUMBER]},
+               "constants": Nullable(MapOf(NUMBER)), "image_mean": [NUMBER], "image_std": [NUMBER],
+               "image_order": Optional_(str), "image_scale": Optional_(NUMBER), "image_resize": Optional_(str)},
     "engine": {"backend": str, "device": int, "threads": int},
     "judge": {"metric": str, "max_loss": Nullable(NUMBER),
               "head": {"blank": int, "charset": Nullable([str]), "layout": Nullable(str), "conf": NUMBER, "iou": NUMBER,
@@ -295,7 +297,8 @@ SEARCH = {
     "sampler": str,
     "wall_seconds": NUMBER,
     "batches": {"calibration": int, "evaluation": int},
-    "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER]}),
+    "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER], "order": Optional_(str), "scale": Optional_(NUMBER),
+                             "resize": Optional_(str)}),
     "constants": Optional_(MapOf(NUMBER)),
     "out_of_range": Optional_([str]),
     "data_path": Optional_(Nullable(str)),
@@ -466,8 +469,7 @@ class HowMeasured:
     data_path: str | None
     data_fingerprint: str
     seed: int
-    image_mean: tuple[float, ...]
-    image_std: tuple[float, ...]
+    image: ImageOptions
     constants: dict[str, float]
     out_of_range: tuple[str, ...]
     calibration_file: str | None  # None: no INT8 was searched
@@ -493,10 +495,9 @@ class HowMeasured:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise AutoprecError(f"{where}: its recorded seed {seed!r} is not a whole number of 0 or more "
                                 "(pareto.json damaged?); rerun the search")
-        norm = facts.get("image_norm") or {"mean": [0.0], "std": [1.0]}
         return cls(
             path, sha256, {name: tuple(spec["shape"]) for name, spec in inputs.items()}, space,
-            facts.get("data_path"), fingerprint, seed, tuple(norm["mean"]), tuple(norm["std"]),
+            facts.get("data_path"), fingerprint, seed, ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
             recorded("calibration_file", facts, nullable=True),
             ShapeProfile.from_json(facts["profile"]) if facts.get("profile") else None, facts.get("spec"),

@@ -1,0 +1,131 @@
+"""A folder of images as a model's input, in the layout and preprocessing the model was trained with.
+
+The layout is read off the input's shape (N×C×H×W from PyTorch, N×H×W×C from Keras/TensorFlow); the
+preprocessing is what people name it by: channel order (RGB, or BGR as Caffe-style models want), how an image
+reaches the input's size (stretched, or its shorter side resized and the centre cropped, as torchvision's
+``Resize`` + ``CenterCrop`` do), the pixel scale (0..1 or 0..255) and the per-channel mean and std.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from autoprec.analysis.model import TensorSpec
+from autoprec.core.errors import DataError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+ORDERS = ("RGB", "BGR")
+RESIZES = ("stretch", "crop")
+SCALES = (1.0, 255.0)
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How each image becomes an item: ``order`` of the channels, ``resize`` to the input's height and width,
+    pixels at ``scale`` (a white pixel's value: 1 or 255), then ``(pixel - mean) / std`` per channel."""
+
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    order: str = "RGB"
+    scale: float = 1.0
+    resize: str = "stretch"
+
+    def checked(self, channels: int, name: str) -> ImageOptions:
+        for option, values in (("--image-mean", self.mean), ("--image-std", self.std)):
+            if len(values) not in (1, channels):
+                raise DataError(f"{option} has {len(values)} values, but input {name} has {channels} channel(s); "
+                                f"give 1 value or {channels}")
+        if not all(np.isfinite(v) for v in (*self.mean, *self.std)) or any(v == 0 for v in self.std):
+            raise DataError(f"--image-mean {list(self.mean)} / --image-std {list(self.std)}: need finite numbers and "
+                            "a non-zero std")
+        if self.order not in ORDERS or self.resize not in RESIZES or float(self.scale) not in SCALES:
+            raise DataError(f"--image-order {self.order} / --image-resize {self.resize} / --image-scale {self.scale:g}:"
+                            f" give one of {'/'.join(ORDERS)}, {'/'.join(RESIZES)} and 1/255")
+        return self
+
+    def to_json(self) -> dict:
+        return {"mean": list(self.mean), "std": list(self.std), "order": self.order, "scale": self.scale,
+                "resize": self.resize}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ImageOptions:
+        """As a search recorded it (pareto.json's ``image_norm``; a result older than the order, scale and resize
+        options recorded mean and std alone, which those defaults read as they ran)."""
+        data = data or {}
+        return cls(tuple(data.get("mean", (0.0,))), tuple(data.get("std", (1.0,))), data.get("order", "RGB"),
+                   float(data.get("scale", 1.0)), data.get("resize", "stretch"))
+
+    def describe(self, layout: str, height: int, width: int, raw: bool) -> str:
+        """What was done to the images, as the terminal says it."""
+        sized = f"{'stretched' if self.resize == 'stretch' else 'resized and centre-cropped'} to {height}×{width}"
+        if raw:
+            return f"{layout}, {self.order}, {sized}, pixels 0..255 as they are"
+        return (f"{layout}, {self.order}, {sized}, pixels 0..{self.scale:g}, mean {_values(self.mean)}, "
+                f"std {_values(self.std)}")
+
+
+def _values(values: Sequence[float]) -> str:
+    return "/".join(f"{v:g}" for v in values)
+
+
+def image_layout(spec: TensorSpec) -> str:
+    """``NCHW`` or ``NHWC``, from where a channel axis of 1 or 3 sits in the input's shape (NCHW where both
+    could be); one line naming the input where neither can."""
+    shape = spec.shape
+    if len(shape) == 4 and shape[1] in (1, 3):
+        return "NCHW"
+    if len(shape) == 4 and shape[3] in (1, 3):
+        return "NHWC"
+    raise DataError(f"--data: images need an N×C×H×W or N×H×W×C input with C of 1 or 3, but input {spec.name} is "
+                    f"{list(shape)}; pass .npy/.npz arrays instead")
+
+
+def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> tuple[np.ndarray, str]:
+    """The images stacked as the input takes them, and what was done to them. An integer input (uint8 pixels,
+    as some TensorFlow exports take) is fed the pixels as they are."""
+    from PIL import Image, UnidentifiedImageError
+
+    layout = image_layout(spec)
+    channels, height, width = (spec.shape[1], spec.shape[2], spec.shape[3]) if layout == "NCHW" else \
+        (spec.shape[3], spec.shape[1], spec.shape[2])
+    options = options.checked(channels, spec.name)
+    raw = np.dtype(spec.dtype).kind in "iu"
+    if raw and options != ImageOptions(order=options.order, resize=options.resize):
+        raise DataError(f"--data: input {spec.name} takes {spec.dtype} pixels as they are; --image-mean, --image-std and"
+                        " --image-scale do not apply to it (leave them out)")
+    out = []
+    for f in files:
+        if f.suffix.lower() not in IMAGE_SUFFIXES:
+            raise DataError(f"--data {f}: mixes arrays and images in one folder; keep one kind")
+        try:
+            with Image.open(f) as img:
+                pixels = np.asarray(_sized(img.convert("RGB" if channels == 3 else "L"), width, height, options.resize))
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
+            raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
+        pixels = pixels.reshape(height, width, channels)
+        if options.order == "BGR":
+            pixels = pixels[..., ::-1]
+        out.append(pixels if raw else _normalised(pixels, options))
+    items = np.stack(out).astype(spec.dtype)
+    return (items.transpose(0, 3, 1, 2) if layout == "NCHW" else items), options.describe(layout, height, width, raw)
+
+
+def _sized(img, width: int, height: int, resize: str):
+    from PIL import Image
+
+    if resize == "stretch":
+        return img.resize((width, height), Image.BILINEAR)
+    factor = max(width / img.width, height / img.height)  # the shorter side to the input's, then the centre
+    scaled = img.resize((max(width, round(img.width * factor)), max(height, round(img.height * factor))),
+                        Image.BILINEAR)
+    left, top = (scaled.width - width) // 2, (scaled.height - height) // 2
+    return scaled.crop((left, top, left + width, top + height))
+
+
+def _normalised(pixels: np.ndarray, options: ImageOptions) -> np.ndarray:
+    values = pixels.astype(np.float32) * (options.scale / 255.0)
+    return (values - np.asarray(options.mean, np.float32)) / np.asarray(options.std, np.float32)
