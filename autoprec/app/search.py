@@ -697,23 +697,27 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
         "tell from it," if len(contenders) > 1 else ""
     log.info(
         f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}, or "
-        f"{config.retime_seconds:g} s)"
+        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
+        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {config.retime_seconds:g} s)"
     )
     try:
-        timings = measurer.time_compared(fp32.plan, [r.plan for r in contenders], config.retime_seconds, apart)
-        winner, over_fp32 = speedup.fastest(timings, len(contenders))
-        found = speedup.compared(timings, winner)
+        rounds = measurer.time_compared(fp32.plan, [r.plan for r in contenders], config.retime_seconds, apart)
+        winner, over_fp32 = speedup.fastest(rounds, len(contenders))
+        found = speedup.compared(rounds, winner)
     except (AutoprecError, RuntimeError, ValueError) as exc:
         log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
         return chosen, Versus()
+    steadiness = rounds.steadiness()
+    if said := steadiness.said():
+        log.warning(said)
     named = {speedup.contender(i): r for i, r in enumerate(contenders)}
     if named[winner] is not chosen:
         log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
                  f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
         chosen = named[winner]
     rivals_found = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
-    return _shipped(chosen, fp32, found, rivals_found, config)
+    chosen, versus = _shipped(chosen, fp32, found, rivals_found, config)
+    return chosen, replace(versus, steadiness=steadiness)
 
 
 def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: tuple[Rival, ...],
@@ -727,12 +731,15 @@ def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: 
     )
     not_shipped = None
     if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not config.ship_within_noise:
+        unknown = "" if versus_fp32.narrow else (
+            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
+            f"{speedup.ADVICE}")
         not_shipped = NotShipped(chosen.number, Claim.measured(versus_fp32), (
             f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
-            "(--ship-within-noise ships it anyway)"))
+            f"(--ship-within-noise ships it anyway){unknown}"))
         log.warning(f"trial {chosen.number}: {not_shipped.why}")
         chosen, versus_source = fp32, preparation
-    shipped_fp32 = chosen is fp32
+    shipped_fp32 = chosen.plan.key() == fp32.plan.key()
     return chosen, Versus(
         None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
         Claim.measured(versus_source) if versus_source else None,

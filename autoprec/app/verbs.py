@@ -194,6 +194,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
     model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
                                                              graph, plan))
+    steadiness = result.versus.steadiness
     return BuildSpec(
         name=model_path.stem,
         original_model=model_path,
@@ -206,7 +207,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         engine=result.engine,
         metric=context.config.judge.metric,
         max_loss=context.config.judge.max_loss,
-        drift=result.facts.drift_said,
+        drift="; ".join(filter(None, [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
         versus=result.versus if context.trial == result.chosen_number else None,
         samples=tuple(prepared.dataset.evaluation[:CHECKED_BATCHES]),
     )

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Sequence
 
 from autoprec.analysis.data import Batch
-from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
@@ -47,6 +46,7 @@ from autoprec.measure.measurement import (
     time_compared,
     time_paired,
 )
+from autoprec.measure.speedup import Rounds
 
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
@@ -176,7 +176,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             elif kind == "compare":  # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
                 with on_device:
                     found = time_compared(backend, lowering, *args[:2], batches[0], *args[2:])
-                conn.send(("ok", {name: [t.to_json() for t in timings] for name, timings in found.items()}))
+                conn.send(("ok", found.to_json()))
             elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
                 plan, count, constraint = args
                 model = lowering(backend, plan)
@@ -313,11 +313,10 @@ class IsolatedMeasurer(Measurer):
         """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
         return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
 
-    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
-                      apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds' own)."""
-        found = self._ask(("compare", fp32, list(contenders), seconds, apart), self.limits.seconds + seconds)
-        return {name: tuple(Timing.from_json(t) for t in timings) for name, timings in found.items()}
+        return Rounds.from_json(self._ask(("compare", fp32, list(contenders), seconds, apart),
+                                          self.limits.seconds + seconds))
 
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -363,7 +362,6 @@ class MeasurerPool(Measurer):
         with self._worker() as measurer:
             return measurer.time_paired(reference, plan, rounds)
 
-    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
-                      apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         with self._worker() as measurer:
             return measurer.time_compared(fp32, contenders, seconds, apart)

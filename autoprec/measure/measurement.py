@@ -17,7 +17,7 @@ from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
-from autoprec.measure.speedup import COMPARED, contender, in_turn, time_until_known
+from autoprec.measure.speedup import COMPARED, Rounds, contender, in_turn, time_until_known
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
@@ -250,7 +250,7 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
 
 
 def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], batch: Batch,
-                  seconds: float, apart: bool = False) -> dict[str, tuple[Timing, ...]]:
+                  seconds: float, apart: bool = False) -> Rounds:
     """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the given model as
     it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known:
     what a search picks its plan and states its gain by."""
@@ -283,8 +283,7 @@ class Measurer(abc.ABC):
         """:func:`time_paired` on the first evaluation batch."""
 
     @abc.abstractmethod
-    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
-                      apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         """:func:`time_compared` on the first evaluation batch."""
 
 
@@ -321,6 +320,5 @@ class InProcessMeasurer(Measurer):
         return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
                            self.batches[0], rounds)
 
-    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float,
-                      apart: bool) -> dict[str, tuple[Timing, ...]]:
+    def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         return time_compared(self.backend, self.lowering, fp32, contenders, self.batches[0], seconds, apart)

@@ -1,16 +1,25 @@
 """A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
 
-Each round times every model once (each a :class:`~autoprec.backends.base.Timing`: a median of runs),
-one after another, so drift (a busy neighbour, clocks) hits all of a round alike. A round's ratio is
-the reference's median over the candidate's; the speed-up is the geometric mean of the rounds' ratios,
-and its interval the percentile bootstrap of that mean over the rounds (paired: a round is resampled
-whole). Rounds go on until every interval asked for is narrow enough or the time runs out.
+Each round times every model once (each a :class:`~autoprec.backends.base.Timing`: a median of runs), one
+after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds run in *blocks*: each
+block builds every model's session (engine) anew, so what differs between two sessions of one graph (memory
+placement, thread pools, kernels chosen at creation: 1–3 % on a CPU) is sampled too, not frozen into every
+round. A block's ratio is the mean over its rounds of the log of the reference's median over the candidate's;
+the speed-up is the geometric mean over blocks, its interval Student's t over the blocks' ratios. Timed
+against itself, a plan so measured is "beyond timing noise" no more often than the interval's level says
+(benchmarks/a_over_a.py measures how often).
+
+The machine's load is watched while it runs (what other processes used of its cores, per block). Where that
+load, or all-FP32's own level, moved between blocks, a plan's speed-up depends on when it was timed: the
+interval then reaches to the blocks' extremes, and the result says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -22,22 +31,44 @@ from autoprec.backends.base import Backend, Timing
 from autoprec.core.stored import StoredModel
 
 CONFIDENCE = 0.95
-RESAMPLES = 4000
-MIN_ROUNDS = 6  # fewer: the bootstrap's interval of so few ratios is too narrow to trust
-MAX_ROUNDS = 60
+ROUNDS_PER_BLOCK = 2
+MIN_BLOCKS = 6  # fewer: a t-interval over so few sessions is too wide to find a few per cent
+MAX_BLOCKS = 30
 NARROW = 0.04  # an interval is known when high / low - 1 is at most this
-METHOD = f"paired percentile bootstrap ({RESAMPLES} resamples) of the geometric mean of per-round ratios"
+LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than this between blocks
+LEVEL_MOVED = 0.10  # all-FP32's latency moving more than this between blocks
+METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; Student's t interval over "
+          "the blocks' mean log ratios (widened to the blocks' extremes where the machine's load moved)")
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, else the normal quantile's Cornish–Fisher
+    expansion (within 1e-3 from 3 on; NumPy has no t distribution and SciPy is no dependency)."""
+    if dof == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if dof == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = statistics.NormalDist().inv_cdf(p)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / dof + g2 / dof**2 + g3 / dof**3 + g4 / dof**4
 
 
 @dataclass(frozen=True)
 class Speedup:
-    """``speedup`` × the reference's speed, ``low``–``high`` at ``confidence``, from ``rounds`` paired rounds."""
+    """``speedup`` × the reference's speed, ``low``–``high`` at ``confidence``, from ``rounds`` paired rounds in
+    ``blocks`` sessions each; ``unsteady``: the machine's load moved while they ran (the interval then spans the
+    blocks' extremes)."""
 
     speedup: float
     low: float
     high: float
     confidence: float
     rounds: int
+    blocks: int = 0
+    unsteady: bool = False
 
     @property
     def beyond_timing_noise(self) -> bool:
@@ -50,21 +81,153 @@ class Speedup:
 
     def to_json(self) -> dict[str, Any]:
         return {"speedup": self.speedup, "low": self.low, "high": self.high, "confidence": self.confidence,
-                "rounds": self.rounds, "beyond_timing_noise": self.beyond_timing_noise, "method": METHOD}
+                "rounds": self.rounds, "blocks": self.blocks, "unsteady": self.unsteady,
+                "beyond_timing_noise": self.beyond_timing_noise, "method": METHOD}
 
     def label(self) -> str:
         return f"{self.speedup:.2f}× ({self.low:.2f}–{self.high:.2f}, {100 * self.confidence:.0f} %)"
 
 
-def speedup(reference: Sequence[float], candidate: Sequence[float], confidence: float = CONFIDENCE) -> Speedup:
-    """The candidate's speed-up over the reference from paired rounds' milliseconds (see the module docstring).
-    The bootstrap's draws are seeded: the same rounds give the same interval."""
+def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
+            confidence: float = CONFIDENCE, unsteady: bool = False) -> Speedup:
+    """The candidate's speed-up over the reference from paired rounds' milliseconds, ``blocks`` naming the session
+    block of each round (None: every round a block of its own); see the module docstring."""
     ratios = np.log(np.asarray(reference, float) / np.asarray(candidate, float))
-    draws = np.random.default_rng(0).integers(0, len(ratios), (RESAMPLES, len(ratios)))
-    means = ratios[draws].mean(axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return Speedup(math.exp(ratios.mean()), math.exp(low), math.exp(high), confidence, len(ratios))
+    blocks = list(range(len(ratios))) if blocks is None else list(blocks)
+    per_block = np.array([ratios[[i for i, b in enumerate(blocks) if b == block]].mean()
+                          for block in dict.fromkeys(blocks)])
+    centre = float(per_block.mean())
+    if len(per_block) > 1:
+        half = t_quantile(1 - (1 - confidence) / 2, len(per_block) - 1) * per_block.std(ddof=1) / math.sqrt(
+            len(per_block))
+    else:
+        half = math.inf
+    low, high = centre - half, centre + half
+    if unsteady:
+        low, high = min(low, float(per_block.min())), max(high, float(per_block.max()))
+    return Speedup(math.exp(centre), math.exp(low), math.exp(high), confidence, len(ratios), len(per_block),
+                   bool(unsteady))
+
+
+class LoadProbe:
+    """What other processes used of this machine's cores while a block ran: the CPU time every other process spent
+    (``/proc/<pid>/stat``) over the wall time. (Not the machine's busy time less this process's: ONNX Runtime's
+    threads spin while they wait, so on a busy machine this process seems to take the cores the others share.)
+    None where the system does not say (not Linux)."""
+
+    def __init__(self):
+        self.started: tuple[float, float] | None = None
+
+    @staticmethod
+    def _read() -> tuple[float, float] | None:
+        own = os.getpid()
+        try:
+            pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != own]
+        except OSError:
+            return None
+        ticks = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th of the whole line)
+            except (OSError, ValueError, IndexError):
+                continue  # a process that ended meanwhile
+        return ticks / os.sysconf("SC_CLK_TCK"), time.monotonic()
+
+    def start(self) -> None:
+        self.started = self._read()
+
+    def others(self) -> float | None:
+        """Cores other processes kept busy since :meth:`start`."""
+        ended = self._read()
+        if self.started is None or ended is None or ended[1] <= self.started[1]:
+            return None
+        return max(0.0, (ended[0] - self.started[0]) / (ended[1] - self.started[1]))
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """What a final timing measured: each model's timing per round, the block (sessions) each round ran in, and per
+    block the cores other processes used (None: not known here)."""
+
+    timings: Mapping[str, tuple[Timing, ...]]
+    blocks: tuple[int, ...]
+    load: tuple[float | None, ...] = ()
+
+    def ms(self, name: str) -> list[float]:
+        return [t.median_ms for t in self.timings[name]]
+
+    @property
+    def count(self) -> int:
+        return len(self.blocks)
+
+    def steadiness(self, reference: str = "fp32") -> Steadiness:
+        known = [v for v in self.load if v is not None]
+        levels = [statistics.median(m for m, b in zip(self.ms(reference), self.blocks) if b == block)
+                  for block in dict.fromkeys(self.blocks)] if reference in self.timings else []
+        return Steadiness((float(min(known)), float(max(known))) if known else None,
+                          float(max(levels) / min(levels) - 1) if len(levels) > 1 else 0.0, os.cpu_count() or 1)
+
+    def speedup(self, reference: str, candidate: str) -> Speedup:
+        return speedup(self.ms(reference), self.ms(candidate), self.blocks, unsteady=self.steadiness().moved)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timings": {name: [t.to_json() for t in found] for name, found in self.timings.items()},
+                "blocks": list(self.blocks), "load": list(self.load)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Rounds:
+        return cls({name: tuple(Timing.from_json(t) for t in found) for name, found in data["timings"].items()},
+                   tuple(data["blocks"]), tuple(data.get("load") or ()))
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """How steady the machine was during a final timing: the range of cores other processes used per block, and
+    how far all-FP32's level moved between blocks (a fraction)."""
+
+    others: tuple[float, float] | None
+    level_moved: float
+    cores: int
+
+    @property
+    def moved(self) -> bool:
+        load_moved = self.others is not None and self.others[1] - self.others[0] > LOAD_MOVED
+        return bool(load_moved or self.level_moved > LEVEL_MOVED)
+
+    @property
+    def busy(self) -> bool:
+        return self.others is not None and self.others[1] > LOAD_MOVED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"others_cores": list(self.others) if self.others else None, "fp32_level_moved": self.level_moved,
+                "cores": self.cores, "moved": self.moved}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Steadiness | None:
+        if not data:
+            return None
+        others = data.get("others_cores")
+        return cls(tuple(others) if others else None, float(data["fp32_level_moved"]), int(data["cores"]))
+
+    def said(self) -> str | None:
+        """A sentence where the load or all-FP32's level moved, or the machine was busy: what the figures hold
+        for, and what to do for steadier ones."""
+        load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's {self.cores} cores"
+                if self.others else "")
+        if self.moved:
+            level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
+            what = "; ".join(filter(None, [load, level]))
+            return (f"the machine's load moved during the final timing ({what}): the intervals span the sessions' "
+                    f"extremes; {ADVICE}")
+        if self.busy:
+            return f"the machine was busy during the final timing ({load}): the speed-ups hold for a machine that busy"
+        return None
+
+
+ADVICE = ("for steadier figures time on a quieter machine, fix the threads (--threads N, fewer than the cores), or "
+          "give the final timing longer (--retime-seconds)")
 
 
 def time_until_known(
@@ -74,23 +237,42 @@ def time_until_known(
     pairs: Sequence[tuple[str, str]],
     seconds: float,
     apart: bool = False,
-) -> dict[str, tuple[Timing, ...]]:
-    """``models`` timed in interleaved rounds until the speed-up of each (reference, candidate) name pair is
-    :attr:`Speedup.narrow`, ``seconds`` pass, or MAX_ROUNDS; MIN_ROUNDS at least. All alive at once, or
-    (``apart``: engines too large to keep several) each built anew for its turn in every round."""
+) -> Rounds:
+    """``models`` timed in blocks of interleaved rounds, every model's session built anew for each block, until
+    the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow` or ``seconds`` pass (after
+    MIN_BLOCKS at least, however long those take: a slow model is known by its rounds, not by a clock), or
+    MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in every round:
+    every round is a block."""
     timings: dict[str, list[Timing]] = {name: [] for name in models}
+    blocks: list[int] = []
+    load: list[float | None] = []
+    started = time.monotonic()
+    probe = LoadProbe()
+    for block in range(MAX_BLOCKS):
+        probe.start()
+        _time_block(backend, models, batch, timings, blocks, block, apart)
+        load.append(probe.others())
+        found = Rounds({k: tuple(v) for k, v in timings.items()}, tuple(blocks), tuple(load))
+        if block + 1 >= MIN_BLOCKS and (time.monotonic() - started > seconds
+                                        or all(found.speedup(a, b).narrow for a, b in pairs)):
+            return found
+    return found
+
+
+def _time_block(backend: Backend, models: Mapping[str, StoredModel], batch: Batch, timings: dict[str, list[Timing]],
+                blocks: list[int], block: int, apart: bool) -> None:
+    """One block: every model's session built (in this block's order), run once, then timed in interleaved
+    rounds."""
     with contextlib.ExitStack() as stack:
-        kept = {} if apart else {name: stack.enter_context(backend.prepare(model)) for name, model in models.items()}
-        for runner in kept.values():
-            runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
-        started = time.monotonic()
-        while True:
-            for name in in_turn(list(models), len(timings[next(iter(models))])):
+        kept = {}
+        if not apart:
+            for name in in_turn(list(models), block):
+                kept[name] = stack.enter_context(backend.prepare(models[name]))
+                kept[name].run(batch)  # first run: allocations and kernel selection stay out of the rounds
+        for _ in range(1 if apart else ROUNDS_PER_BLOCK):
+            for name in in_turn(list(models), len(blocks)):
                 timings[name].append(kept[name].time(batch) if kept else _timed_alone(backend, models[name], batch))
-            rounds = len(timings[next(iter(models))])
-            if rounds >= MAX_ROUNDS or (rounds >= MIN_ROUNDS and (time.monotonic() - started > seconds or all(
-                    speedup(_ms(timings[a]), _ms(timings[b])).narrow for a, b in pairs))):
-                return {name: tuple(found) for name, found in timings.items()}
+            blocks.append(block)
 
 
 def in_turn(names: Sequence[str], round_: int) -> list[str]:
@@ -114,17 +296,14 @@ def contender(index: int) -> str:
     return "chosen" if index == 0 else f"rival {index}"
 
 
-def compared(timings: Mapping[str, Sequence[Timing]], winner: str = "chosen") -> dict[tuple[str, str], Speedup]:
-    """Each COMPARED pair's speed-up from :func:`time_compared`'s rounds, ``winner``'s rounds as the chosen plan's."""
-    named = {**timings, "chosen": timings[winner]}
-    return {(a, b): speedup(_ms(named[a]), _ms(named[b])) for a, b in COMPARED if a in named and b in named}
+def compared(rounds: Rounds, winner: str = "chosen") -> dict[tuple[str, str], Speedup]:
+    """Each COMPARED pair's speed-up from :func:`time_until_known`'s rounds, ``winner``'s rounds as the chosen
+    plan's."""
+    named = Rounds({**rounds.timings, "chosen": rounds.timings[winner]}, rounds.blocks, rounds.load)
+    return {(a, b): named.speedup(a, b) for a, b in COMPARED if a in named.timings and b in named.timings}
 
 
-def fastest(timings: Mapping[str, Sequence[Timing]], contenders: int) -> tuple[str, dict[str, Speedup]]:
+def fastest(rounds: Rounds, contenders: int) -> tuple[str, dict[str, Speedup]]:
     """The contender with the largest speed-up over all-FP32 in the same rounds, and each contender's."""
-    found = {contender(i): speedup(_ms(timings["fp32"]), _ms(timings[contender(i)])) for i in range(contenders)}
+    found = {contender(i): rounds.speedup("fp32", contender(i)) for i in range(contenders)}
     return max(found, key=lambda name: found[name].speedup), found
-
-
-def _ms(timings: Sequence[Timing]) -> list[float]:
-    return [t.median_ms for t in timings]

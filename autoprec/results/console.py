@@ -272,6 +272,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
     if drift := facts.drift_said:
         lines.append(f"        ⚠ {drift}")
+    if versus.steadiness and (unsteady := versus.steadiness.said()):
+        lines.append(f"        ⚠ {unsteady}")
     if said := decisions(chosen.metrics):
         lines.append(f"        decisions: {said}")
     for name, values in facts.fp32_on_labels.items():

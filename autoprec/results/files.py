@@ -338,13 +338,17 @@ SPEEDUP = {
     "high": Optional_(NUMBER),
     "confidence": Optional_(NUMBER),
     "rounds": Optional_(int),
+    "blocks": Optional_(Nullable(int)),
+    "unsteady": Optional_(bool),
 }
 HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
 PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
           "chosen_vs_fp32": Nullable({"fp32_trial": int, **SPEEDUP}),
           "chosen_vs_source": Optional_(Nullable({**SPEEDUP, "preparation": Optional_(SPEEDUP)})),
           "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str})),
-          "final_rivals": Optional_([{"trial": int, **SPEEDUP}])}
+          "final_rivals": Optional_([{"trial": int, **SPEEDUP}]),
+          "final_timing": Optional_(Nullable({"others_cores": Nullable([NUMBER]), "fp32_level_moved": NUMBER,
+                                              "cores": int, "moved": bool}))}
 TRIALS = {**HEADER, "trials": [TRIAL]}
 DEPLOYMENT = {
     "keeps_source_dims": bool,

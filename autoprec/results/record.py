@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from autoprec.analysis.model import ModelInfo
 from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
-from autoprec.measure.speedup import METHOD, Speedup
+from autoprec.measure.speedup import METHOD, Speedup, Steadiness
 from autoprec.study.search import TrialRecord
 
 
@@ -36,11 +36,13 @@ class Claim:
     confidence: float | None = None
     rounds: int | None = None
     retimed: bool = False
+    blocks: int | None = None  # the sessions each model was built in (None: a result older than that method)
+    unsteady: bool = False  # the machine's load moved during the timing: the interval spans the blocks' extremes
 
     @classmethod
     def measured(cls, found: Speedup) -> Claim:
         return cls(found.speedup, found.beyond_timing_noise, found.low, found.high, found.confidence, found.rounds,
-                   True)
+                   True, found.blocks, found.unsteady)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Claim:
@@ -48,11 +50,13 @@ class Claim:
             return float(data[key]) if data.get(key) is not None else None
 
         return cls(float(data["speedup"]), data["beyond_timing_noise"], number("low"), number("high"),
-                   number("confidence"), data.get("rounds"), bool(data.get("retimed") or data.get("rounds")))
+                   number("confidence"), data.get("rounds"), bool(data.get("retimed") or data.get("rounds")),
+                   data.get("blocks"), bool(data.get("unsteady")))
 
     def to_json(self) -> dict[str, Any]:
         interval = {} if self.low is None else {"low": self.low, "high": self.high, "confidence": self.confidence,
-                                                "rounds": self.rounds, "method": METHOD}
+                                                "rounds": self.rounds, "blocks": self.blocks,
+                                                "unsteady": self.unsteady, "method": METHOD}
         return {"speedup": self.speedup, **interval, "beyond_timing_noise": self.beyond_timing_noise,
                 "retimed": self.retimed}
 
@@ -67,6 +71,8 @@ class Claim:
 
     def how(self) -> str:
         """How it was timed, for the terminal's line."""
+        if self.rounds and self.blocks:
+            return f", {self.rounds} interleaved rounds in {self.blocks} sessions each"
         if self.rounds:
             return f", {self.rounds} interleaved rounds"
         return ", re-timed in interleaved rounds" if self.retimed else ""
@@ -102,6 +108,7 @@ class Versus:
     preparation: Claim | None = None
     not_shipped: NotShipped | None = None
     rivals: tuple[Rival, ...] = ()
+    steadiness: Steadiness | None = None  # the machine during the final timing (None: an older result)
 
     def rivals_said(self) -> str | None:
         """``trial 2 1.38× (1.35–1.41, 95 %), trial 9 …``: what the rivals ran at in the chosen plan's rounds."""
@@ -118,6 +125,7 @@ class Versus:
             "not_shipped": {"trial": unproven.trial, **unproven.claim.to_json(), "why": unproven.why}
             if unproven else None,
             "final_rivals": [{"trial": r.trial, **r.claim.to_json()} for r in self.rivals],
+            "final_timing": self.steadiness.to_json() if self.steadiness else None,
         }
 
     @classmethod
@@ -130,6 +138,7 @@ class Versus:
             Claim.from_json(source["preparation"]) if source and source.get("preparation") else None,
             NotShipped(unproven["trial"], Claim.from_json(unproven), unproven["why"]) if unproven else None,
             tuple(Rival(r["trial"], Claim.from_json(r)) for r in pareto.get("final_rivals") or ()),
+            Steadiness.from_json(pareto.get("final_timing")),
         )
 
 

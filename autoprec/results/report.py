@@ -139,8 +139,9 @@ def _summary(result: ResultFiles) -> str:
         summary += f" {line[0].upper()}{line[1:]}."
     if unproven := versus.not_shipped:
         summary += f" Trial {unproven.trial} was the fastest within the limit but is {unproven.why}."
-    if drift := result.facts.drift_said:
-        summary += f" ⚠ {drift[0].upper()}{drift[1:]}."
+    for said in (result.facts.drift_said, versus.steadiness.said() if versus.steadiness else None):
+        if said:
+            summary += f" ⚠ {said[0].upper()}{said[1:]}."
     return summary
 
 

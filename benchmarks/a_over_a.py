@@ -1,0 +1,209 @@
+"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often it finds a
+small real gain (its power), through the path a search takes (autoprec.measure.measurement.time_compared).
+
+Per model and engine setting, ``--repeats`` times:
+
+- **A/A**: the all-FP32 plan against a separately lowered and built all-FP32 plan, with the given model beside
+  them, as a search's final timing runs them: the share of comparisons whose 95 % interval lies wholly above 1
+  ("faster", the false claim) or below it, the intervals' median width, rounds, sessions and seconds;
+- **A/B**: all-FP32 against the same graph with extra element-wise work on its output (Mul by 1.0001 then by
+  1/1.0001, ``--extra`` times: about ``--gain`` slower, measured first), the plain graph as the plan: the share
+  found beyond noise;
+- **before**: the method this replaced (one session per model for all rounds, >= 6 rounds until a 4 % interval or
+  the seconds pass, a percentile bootstrap of the rounds' mean log ratio), on the same A/A pairs, in the same run.
+
+Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models (``--zoo``); settings:
+ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda where ``--cuda`` is given.
+
+    python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads 1] [--cuda] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+import builders  # noqa: E402
+from _harness import machine_facts, prepare_zoo  # noqa: E402
+
+from autoprec.app.prepare import prepare  # noqa: E402
+from autoprec.backends import get_backend  # noqa: E402
+from autoprec.core import atomic  # noqa: E402
+from autoprec.core.plan import Precision  # noqa: E402
+from autoprec.core.search_space import load_search_space  # noqa: E402
+from autoprec.core.stored import StoredModel  # noqa: E402
+from autoprec.measure import speedup  # noqa: E402
+from autoprec.measure.measurement import Lowering, time_compared  # noqa: E402
+
+GENERATED = {"conv": lambda: builders.conv_net(size=48), "mlp": lambda: builders.mlp(batch=16, hidden=256),
+             "attention": lambda: builders.attention(tokens=64, dim=64)}
+SECONDS = 20.0  # a search's default --retime-seconds
+
+
+def generated(name: str, folder: Path):
+    path = builders.save(GENERATED[name](), folder / f"{name}.onnx")
+    return prepare(path, load_search_space(), None, None)
+
+
+def slowed(model: StoredModel, extra: int) -> StoredModel:
+    """The model with ``extra`` pairs of Muls (by 1.0001, then by its inverse) on its first output: more work, the
+    same outputs to 1e-7, no op ONNX Runtime removes."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    graph = proto.graph
+    out = graph.output[0].name
+    graph.initializer.extend([onnx.numpy_helper.from_array(np.array(1.0001, np.float32), "aa_up"),
+                              onnx.numpy_helper.from_array(np.array(1 / 1.0001, np.float32), "aa_down")])
+    for node in graph.node:
+        node.output[:] = [f"{o}_aa0" if o == out else o for o in node.output]
+    tensor = f"{out}_aa0"
+    for i in range(extra):
+        last = i == extra - 1
+        graph.node.extend([onnx.helper.make_node("Mul", [tensor, "aa_up"], [f"{out}_aa{i}u"], f"aa_up_{i}"),
+                           onnx.helper.make_node("Mul", [f"{out}_aa{i}u", "aa_down"],
+                                                 [out if last else f"{out}_aa{i + 1}"], f"aa_down_{i}")])
+        tensor = f"{out}_aa{i + 1}"
+    return model.with_proto(proto)
+
+
+def before(backend, models: dict, batch, seconds: float) -> speedup.Speedup:
+    """The replaced method: each model's one session for every round, >= 6 rounds until a 4 % interval or
+    ``seconds``, a percentile bootstrap (4000 resamples) of the rounds' mean log ratio."""
+    runners = {name: backend.prepare(model).__enter__() for name, model in models.items()}
+    try:
+        for runner in runners.values():
+            runner.run(batch)
+        ms: dict[str, list[float]] = {name: [] for name in models}
+        started = time.monotonic()
+        while True:
+            for name in speedup.in_turn(list(models), len(ms["fp32"])):
+                ms[name].append(runners[name].time(batch).median_ms)
+            found = _bootstrap(ms["fp32"], ms["chosen"])
+            if len(ms["fp32"]) >= 60 or (len(ms["fp32"]) >= 6 and (time.monotonic() - started > seconds
+                                                                     or found.high / found.low - 1 <= 0.04)):
+                return found
+    finally:
+        for runner in runners.values():
+            runner.__exit__(None, None, None)
+
+
+def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedup:
+    ratios = np.log(np.asarray(reference) / np.asarray(candidate))
+    means = ratios[np.random.default_rng(0).integers(0, len(ratios), (4000, len(ratios)))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return speedup.Speedup(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
+
+
+def one_setting(name: str, prepared, backend, repeats: int, gain: float, seconds: float) -> dict:
+    info = prepared.info
+    plan = info.plan_at(Precision.FP32)
+    lowering = Lowering(info, prepared.ranges)
+    batch = prepared.dataset.evaluation[0]
+    fp32 = lowering(backend, plan)
+    extra = calibrated_extra(backend, fp32, batch, gain)
+    aa, ab, old = [], [], []
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        rounds = time_compared(backend, lowering, plan, [plan], batch, seconds)
+        aa.append((rounds.speedup("fp32", "chosen"), time.monotonic() - t0, rounds.steadiness()))
+        fast = speedup.time_until_known(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, batch,
+                                        [("fp32", "chosen")], seconds)
+        ab.append(fast.speedup("fp32", "chosen"))
+        old.append(before(backend, {"fp32": fp32, "chosen": lowering(backend, plan)}, batch, seconds))
+    return summary(name, backend, aa, ab, old, extra)
+
+
+def calibrated_extra(backend, model: StoredModel, batch, gain: float) -> int:
+    """How many Mul pairs make the model about ``gain`` slower (one session each, 5 timings)."""
+    def ms(m):
+        with backend.prepare(m) as runner:
+            runner.run(batch)
+            return statistics.median(runner.time(batch).median_ms for _ in range(5))
+    base, one = ms(model), ms(slowed(model, 8))
+    per_pair = max((one - base) / 8, 1e-6)
+    return max(1, round(base * (gain - 1) / per_pair))
+
+
+def summary(name: str, backend, aa, ab, old, extra: int) -> dict:
+    def width(s):
+        return s.high / s.low - 1
+
+    claims = [s for s, _, _ in aa]
+    return {
+        "model": name, "engine": backend.info().label(), "comparisons": len(aa),
+        "aa_faster_beyond_noise": sum(s.low > 1 for s in claims), "aa_slower_beyond_noise": sum(s.high < 1 for s in claims),
+        "aa_median_width": statistics.median(width(s) for s in claims),
+        "aa_median_rounds": statistics.median(s.rounds for s in claims),
+        "aa_median_blocks": statistics.median(s.blocks for s in claims),
+        "aa_median_seconds": statistics.median(t for _, t, _ in aa),
+        "aa_unsteady": sum(s.unsteady for s in claims),
+        "aa_speedups": [round(s.speedup, 4) for s in claims],
+        "ab_extra_mul_pairs": extra, "ab_found": sum(s.low > 1 for s in ab),
+        "ab_median_speedup": statistics.median(s.speedup for s in ab),
+        "before_faster_beyond_noise": sum(s.low > 1 for s in old),
+        "before_slower_beyond_noise": sum(s.high < 1 for s in old),
+        "before_median_width": statistics.median(width(s) for s in old),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--models", nargs="*", default=list(GENERATED))
+    parser.add_argument("--zoo", nargs="*", default=[])
+    parser.add_argument("--threads", type=int, default=1, help="the fixed-threads setting (beside the default)")
+    parser.add_argument("--cuda", action="store_true", help="ort-cuda instead of the CPU settings")
+    parser.add_argument("--gain", type=float, default=1.03)
+    parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "a_over_a.json")
+    args = parser.parse_args(argv)
+    engines = [get_backend("ort-cuda")] if args.cuda else [get_backend("ort-cpu"),
+                                                           get_backend("ort-cpu", threads=args.threads)]
+    report = {**machine_facts(engines[0]), "repeats": args.repeats, "gain": args.gain, "seconds": args.seconds,
+              "method": speedup.METHOD, "min_blocks": speedup.MIN_BLOCKS, "rounds_per_block": speedup.ROUNDS_PER_BLOCK,
+              "settings": []}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = {name: (lambda n=name: generated(n, Path(tmp))) for name in args.models}
+        sources.update({f"zoo:{name}": (lambda n=name: prepare_zoo(n)[0]) for name in args.zoo})
+        for name, make in sources.items():
+            prepared = make()
+            for backend in engines:
+                print(f"[{name} · {backend.info().device}] …", file=sys.stderr, flush=True)
+                report["settings"].append(one_setting(name, prepared, backend, args.repeats, args.gain, args.seconds))
+                atomic.write_json(args.json, report)
+    print_table(report)
+    return 0
+
+
+def print_table(report: dict) -> None:
+    rows = report["settings"]
+    total = sum(r["comparisons"] for r in rows)
+    faster = sum(r["aa_faster_beyond_noise"] for r in rows)
+    old = sum(r["before_faster_beyond_noise"] for r in rows)
+    found = sum(r["ab_found"] for r in rows)
+    print(f"\nA/A and A/B through the final timing ({report['method']}); {report['date']}, {report['machine']}")
+    print(f"{'model':<16} {'engine':<58} {'A/A n':>5} {'faster':>6} {'slower':>6} {'width':>6} {'rounds':>6} "
+          f"{'s':>5} {'A/B found':>9} {'×':>6} {'before: faster':>14} {'width':>6}")
+    for r in rows:
+        print(f"{r['model']:<16} {r['engine'][:58]:<58} {r['comparisons']:>5} {r['aa_faster_beyond_noise']:>6} "
+              f"{r['aa_slower_beyond_noise']:>6} {100 * r['aa_median_width']:>5.1f}% {r['aa_median_rounds']:>6.0f} "
+              f"{r['aa_median_seconds']:>5.1f} {r['ab_found']:>4}/{r['comparisons']:<4} {r['ab_median_speedup']:>6.3f} "
+              f"{r['before_faster_beyond_noise']:>14} {100 * r['before_median_width']:>5.1f}%")
+    print(f"A/A called faster beyond noise: {faster} of {total} ({100 * faster / max(total, 1):.1f} %; before: {old} of "
+          f"{total}, {100 * old / max(total, 1):.1f} %); A/B ({report['gain']:.2f}×) found: {found} of {total} "
+          f"({100 * found / max(total, 1):.0f} %)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
