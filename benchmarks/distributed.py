@@ -14,18 +14,23 @@ contention; the figure says how much.
     python benchmarks/distributed.py                      # zoo:ppocr-cls, budget 40, 1/2/3 workers
     python benchmarks/distributed.py --models ppocr-rec --budget 30
 
-GPU mode (``--gpus N``): one worker per GPU (``--device i``, ort-cuda) on one study, with 1 and then N
-GPUs in the same run, a zoo model at ``--batch`` (its real samples and their mirror images, as
-gpu.py makes them); per run the trials per hour, distinct plans measured, that the budget was kept,
-and the chosen plan's latency and loss (worker 0's result). Writes distributed_gpu.json:
+GPU mode (``--gpus N``): one worker per GPU (``--device i``, ort-cuda) on one study, with 1, 2, 4 … and N
+GPUs in the same run, per zoo model at ``--batch`` (its real samples and their mirror images, as gpu.py makes
+them), the same budget for every run; per run the trials per hour (of the trial loop, first trial started →
+last finished, and of the whole wall clock), distinct plans measured, that the budget was kept, the front's
+hypervolume (``autoprec.study.proposals.front_hypervolume``, the all-FP32 latency of the 1-GPU run as the unit)
+against the 1-GPU run's at the same trial count, each worker's idle time inside the loop (gaps between its
+trials) and how long after the first trial its own first one started, and the chosen plan's latency and loss
+(worker 0's result). Writes distributed_gpu.json:
 
-    python benchmarks/distributed.py --gpus 2 --models ppocr-rec --batch 32 --budget 40
+    python benchmarks/distributed.py --gpus 4 --models ppocr-cls ppocr-det --batch 32 --budget 40
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -97,18 +102,20 @@ def shared_search(url: str, model: str, workers: int, budget: int, folder: Path)
 
 def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget: int, folder: Path,
                backend: str = "ort-cuda") -> dict:
-    """One study shared by one worker per GPU; its rate, plans and answer."""
+    """One study shared by one worker per GPU; its rate, plans, front and answer."""
     name = f"gpu-{model}-{gpus}"
     shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--data", str(data), *shape_args,
            "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", "0.01",
            "--artifacts", str(folder / "artifacts"), "--no-progress"]
     study, done, wall, loop_s, per_worker = run_workers(
-        url, name, [[*cmd, "--device", str(i), "--out", str(folder / f"g{gpus}-{i}")] for i in range(gpus)])
+        url, name, [[*cmd, "--device", str(i), "--out", str(folder / f"{model}-g{gpus}-{i}")] for i in range(gpus)])
     plans = {json.dumps(planned_params(t), sort_keys=True) for t in done if "duplicate_of" not in t.user_attrs}
-    pareto = json.loads((folder / f"g{gpus}-0" / "pareto.json").read_text())
+    pareto = json.loads((folder / f"{model}-g{gpus}-0" / "pareto.json").read_text())
     chosen = next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), {})
     latency = chosen.get("latency_ms")
+    records = finished_records(study)
+    fp32 = uniform_trials(records).get("fp32")
     return {
         "trials_per_hour": round(len(done) / loop_s * 3600),
         "trials": len(done),
@@ -118,6 +125,9 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
         "trial_loop_s": round(loop_s, 1),
         "wall_s": round(wall, 1),
         "trials_per_hour_wall": round(len(done) / wall * 3600),
+        **idle(done),
+        "points": [(r.latency_ms, r.loss) for r in records if math.isfinite(r.loss)],
+        "fp32_ms": fp32.latency_ms if fp32 else None,
         "chosen_ms": chosen.get("final_latency_ms")
         or (latency.get("median_ms") if isinstance(latency, dict) else latency),
         "chosen_loss": chosen.get("accuracy_loss"),
@@ -125,50 +135,89 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
     }
 
 
-def gpu_main(args) -> int:
+def idle(done: list) -> dict:
+    """Each worker's seconds between its own trials inside the loop, and how long after the study's first trial
+    its own first one started (the start-up it waited out: the shared inputs, its measurer)."""
+    first = min(t.datetime_start for t in done)
+    by_worker: dict[str, list] = {}
+    for t in done:
+        by_worker.setdefault(t.user_attrs.get(WORKER_ATTR, {}).get("id", "?"), []).append(t)
+    gaps, late = [], []
+    for trials in by_worker.values():
+        trials.sort(key=lambda t: t.datetime_start)
+        gaps.append(sum(max(0.0, (b.datetime_start - a.datetime_complete).total_seconds())
+                        for a, b in zip(trials, trials[1:])))
+        late.append((trials[0].datetime_start - first).total_seconds())
+    return {"idle_s_per_worker": [round(g, 1) for g in gaps], "first_trial_after_s": [round(x, 1) for x in late]}
+
+
+def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
+    """One zoo model searched with 1, 2, 4 … and ``args.gpus`` workers, one per GPU, each run on a fresh study
+    (the report written after each run: a run cut short keeps the ones before it)."""
     import numpy as np
     from gpu import mirrored_items
 
     from autoprec.app.prepare import resolve_model
+    from autoprec.study.proposals import front_hypervolume
 
+    _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
+    shapes = {k: (args.batch, *v[1:]) for k, v in shapes.items()}
+    samples = folder / f"{model}-samples.npz"
+    with np.load(data) as npz:
+        np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * args.batch))
+    counts = sorted({*(2**k for k in range(args.gpus.bit_length()) if 2**k <= args.gpus), args.gpus})
+    runs = {}
+    for gpus in counts:
+        runs[str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend)
+        print(f"{model}, {gpus} GPU(s): { {k: v for k, v in runs[str(gpus)].items() if k != 'points'} }", flush=True)
+        report["models"][model] = {"batch": args.batch, "budget": args.budget, "runs": runs, "partial": True}
+        atomic.write_json(args.json, json_safe(report))
+    one = runs["1"]
+    unit = one["fp32_ms"] or 1.0
+    base = front_hypervolume(one["points"], unit)
+    for run in runs.values():
+        run["hypervolume_vs_1"] = round(front_hypervolume(run.pop("points"), unit) / base, 4) if base else None
+        run["speedup_vs_1"] = round(run["trials_per_hour"] / one["trials_per_hour"], 2)
+        run["speedup_wall_vs_1"] = round(run["trials_per_hour_wall"] / one["trials_per_hour_wall"], 2)
+    return {"batch": args.batch, "budget": args.budget, "runs": runs}
+
+
+def gpu_main(args) -> int:
     binaries = postgres.server_binaries()
     if binaries is None:
         raise SystemExit(
             "needs PostgreSQL's server binaries (apt-get install postgresql; see docs/workers.md to carry them)"
         )
-    model = args.models[0]
     backend = get_backend(args.backend)
-    _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
-    shapes = {k: (args.batch, *v[1:]) for k, v in shapes.items()}
     engine = backend.info()
-    report = {**machine_facts(backend), "device": f"{engine.device.split(' (')[0]} × {args.gpus}", "model": model,
-              "batch": args.batch, "budget": args.budget, "storage": "PostgreSQL (local, loopback)", "runs": {}}
+    report = {**machine_facts(backend), "device": f"{engine.device.split(' (')[0]} × {args.gpus}", "batch": args.batch,
+              "budget": args.budget, "storage": "PostgreSQL (local, loopback)", "models": {}}
     with tempfile.TemporaryDirectory(prefix="autoprec-gpus-") as tmp, postgres.local_server(binaries) as url:
-        folder = Path(tmp)
-        samples = folder / "samples.npz"
-        with np.load(data) as npz:
-            np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * args.batch))
         env = {
             **os.environ,
             **({"LD_LIBRARY_PATH": os.environ["AUTOPREC_PG_LIBS"]} if "AUTOPREC_PG_LIBS" in os.environ else {}),
         }
         report["postgresql"] = subprocess.run([str(binaries / "postgres"), "--version"], capture_output=True,
                                               text=True, env=env).stdout.strip()
-        for gpus in (1, args.gpus):
-            report["runs"][str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend)
-            print(f"{gpus} GPU(s): {report['runs'][str(gpus)]}", flush=True)
-    one, many = report["runs"]["1"], report["runs"][str(args.gpus)]
-    report["speedup"] = round(many["trials_per_hour"] / one["trials_per_hour"], 2)
-    print(f"\n{report['device']}, {model} batch {args.batch}, budget {args.budget}, {report['postgresql']}")
-    print(f"{'GPUs':>5}{'trials/h':>10}{'trials':>8}{'plans':>7}{'per worker':>12}{'chosen ms':>11}{'loss':>10}")
-    for gpus, run in report["runs"].items():
-        print(f"{gpus:>5}{run['trials_per_hour']:>10}{run['trials']:>8}{run['distinct_plans']:>7}"
-              f"{'/'.join(map(str, run['trials_per_worker'])):>12}{run['chosen_ms'] or float('nan'):>11.3f}"
-              f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
-    print(f"{args.gpus} GPUs: {report['speedup']}× the trials per hour of 1")
-    atomic.write_json(args.json, json_safe(report))
+        for model in args.models:
+            report["models"][model] = gpu_model(url, model, args, Path(tmp), report)
+            atomic.write_json(args.json, json_safe(report))
+    print_gpu_table(report)
     print(f"wrote {args.json}")
     return 0
+
+
+def print_gpu_table(report: dict) -> None:
+    print(f"\n{report['device']}, batch {report['batch']}, budget {report['budget']}, {report['postgresql']}")
+    print(f"{'model':<11}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
+          f"{'HV ×1':>7}{'per worker':>13}{'idle s':>14}{'chosen ms':>10}{'loss':>10}")
+    for model, entry in report["models"].items():
+        for gpus, run in entry["runs"].items():
+            print(f"{model:<11}{gpus:>5}{run['trials_per_hour']:>10}{run['speedup_vs_1']:>6.2f}{run['wall_s']:>8.0f}"
+                  f"{run['speedup_wall_vs_1']:>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
+                  f"{run['hypervolume_vs_1'] or float('nan'):>7.3f}{'/'.join(map(str, run['trials_per_worker'])):>13}"
+                  f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run['chosen_ms'] or float('nan'):>10.3f}"
+                  f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
 
 
 def run_model(url: str, model: str, budget: int) -> dict:
