@@ -65,3 +65,37 @@ def test_a_mask_of_float32_lowest_and_an_embedding_stay_in_the_fp16_region(tmp_p
     session = builders.session(fp16)
     out = session.run(None, dataset.evaluation[0])[0]
     assert np.isfinite(out).all()
+
+
+def test_a_shape_path_reads_an_fp16_tensor_without_a_cast_back(tmp_path):
+    """In a deployable model (its dims dynamic) Shape nodes read region tensors: they read the FP16 tensor (its
+    shape is the same), where each was a Cast of a whole activation back to FP32 (25 in a ViT-S/16 export)."""
+    path = builders.save(builders.line_reader(), tmp_path / "reader.onnx")
+    info = analyse(path, SPACE.restricted([Precision.FP16]), {"x": (2, 3, 8, 16)})
+    deployable = info.for_deployment()
+    model = lower_plan(deployable, deployable.plan_at(Precision.FP16), None, QDQForm.TENSORRT).proto
+    readers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    shapes = [n for n in model.graph.node if n.op_type == "Shape"]
+    assert shapes and all(not n.input[0].endswith("_cast_fp32") and n.input[0] != "cols" for n in shapes)
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert all(readers.get(n.output[0]) != ["Shape"] for n in casts)
+    x = np.random.default_rng(0).random((3, 3, 8, 24), np.float32)  # another batch and width than measured
+    got = builders.session(model).run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=2e-2)
+
+
+def test_fp16_graphs_leave_out_the_cpu_layout_optimizer_that_crashes_on_them():
+    """ONNX Runtime 1.32's NCHWc transformer ended the process building a CPU session of a ViT-S/16 export's
+    all-FP16 deployable model (the deployment check ran in the search's own process: the search died). An FP16
+    graph's CPU sessions leave it off; an FP32 graph keeps every optimizer."""
+    from autoprec.analysis.preparation import crashing_cpu_optimizers
+
+    fp32 = builders.exported_classifier()
+    assert crashing_cpu_optimizers(fp32) == []
+    half = builders.exported_classifier()
+    half.graph.node[1].attribute[0].i = 10  # the input's Cast to FP16
+    assert crashing_cpu_optimizers(half) == ["NchwcTransformer"]

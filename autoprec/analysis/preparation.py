@@ -57,15 +57,28 @@ NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only 
 
 
 def cpu_session(model: StoredModel, quick: bool = False):
-    """An ONNX Runtime CPU session for autoprec's own runs of the FP32 model (shapes, calibration, reference),
-    loaded from a file beside its weights. ``quick``: basic graph optimisations only, for a single check run,
-    where building the session costs more than running it."""
+    """An ONNX Runtime CPU session for autoprec's own runs of a model (shapes, calibration, reference, the checks
+    of a lowered plan), loaded from a file beside its weights. ``quick``: basic graph optimisations only, for a
+    single check run, where building the session costs more than running it."""
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with model.file() as path:
-        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=crashing_cpu_optimizers(model.proto))
+
+
+def crashing_cpu_optimizers(model: onnx.ModelProto) -> list[str]:
+    """The ONNX Runtime CPU optimizers to leave off for this graph: its NCHWc layout transformer crashes the process
+    (a segmentation fault, ONNX Runtime 1.32) building a session of an FP16 Conv whose batch is dynamic — ViT-S/16's
+    patch embedding in an FP16 plan's deployable model. A layout for speed, never for numbers: without it the CPU
+    runs such a graph as it is."""
+    graph = model.graph
+    fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+        for n in graph.node)
+    return ["NchwcTransformer"] if fp16 else []
 
 
 def first_line(exc: BaseException) -> str:

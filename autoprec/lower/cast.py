@@ -25,6 +25,10 @@ FLOAT32_INPUTS = {"Resize": {1, 2}}
 # million elements takes), so that fewer Casts win unless a tensor is far larger.
 CAST_LAUNCH_ELEMENTS = 1 << 20
 FP16, FP32 = "fp16", "fp32"  # the two sides of the cut
+# Readers of a tensor's shape alone: outside an FP16 region they read the FP16 tensor, not a Cast of it back (a
+# deployable model's shape paths, kept where its dims are dynamic, read many region tensors: the all-FP16 plan of a
+# ViT-S/16 export cast 25 activations back to FP32 for their Shape alone).
+TYPE_BLIND = {"Shape", "Size"}
 INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
                  TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64}
 
@@ -173,5 +177,10 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
     inside = set(positions)
     for original, fp16 in half.items():
         outside = [p for p in (*index.readers.get(original, ()), *index.implicit.get(original, ())) if p not in inside]
+        for position in [p for p in outside if index.graph.node[p].op_type in TYPE_BLIND and p not in
+                         index.implicit.get(original, ())]:  # its shape is the same in FP16: no Cast for it
+            node = edit.node(position)
+            edit.set_input(node, list(edit.ins[id(node)]).index(original), fp16)
+            outside.remove(position)
         if outside or original in index.outputs:
             edit.add("Cast", f"{original}_cast_fp32", [fp16], [original], to=TensorProto.FLOAT)
