@@ -182,3 +182,42 @@ def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_m
     screen = Console(record=True, width=200)
     screen.print(console.front_table(files))
     assert ("timing stayed spread" in screen.export_text()) == any(t["latency_unstable"] for t in files.pareto["front"])
+
+
+def _diagnosis_rows(names):
+    from autoprec.measure.diagnosis import UnitError
+
+    return [UnitError(i, name, "Conv", ("int8", "fp16", "fp32")[i % 3], f"{name}_out", 10.0 ** -(i % 7), 1.0, 0.1,
+                      10.0 ** -(1 + i % 5) if i % 3 != 2 else 0.0, 10.0 ** -(2 + i % 6) if i % 3 != 2 else 0.0)
+            for i, name in enumerate(names)]
+
+
+def test_every_figure_reads_once_drawn(result_dirs):
+    """The trade-off, layers, sensitivity and diagnosis figures, drawn and read back: no tick label in raw math text
+    (log axes printed '$\\mathdefault{10^{-2}}$' with math text off), no title or label past the canvas' edge (the
+    layers figure cut its title, its row labels and every unit name), no tick labels over one another."""
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+    from autoprec.study.sensitivity import Sensitivity
+
+    result = read_result_dir(result_dirs[0])
+    assert result.sensitivity is not None
+    drawn = {
+        "pareto": plots.pareto_figure(result),
+        "layers": plots.layers_figure(result),
+        "sensitivity": plots.sensitivity_figure(Sensitivity.from_json(result.sensitivity), result.model_name),
+        "diagnosis": plots.errors_figure(_diagnosis_rows([f"block{i}/conv/Conv_{i}" for i in range(30)]), "t"),
+    }
+    for name, fig in drawn.items():
+        assert figures.problems(fig) == [], name
+        assert all("$" not in text for text in figures.tick_texts(fig)), name
+    assert any(text in ("10⁻³", "0.001") for text in figures.tick_texts(drawn["diagnosis"]))
+
+
+def test_tick_values_read_as_plain_numbers():
+    from autoprec.results.plots import number_text
+
+    assert [number_text(v) for v in (0, 0.01, 0.25, 300, 1e-5, 2e-5, -1e-9, 3e5)] == [
+        "0", "0.01", "0.25", "300", "10⁻⁵", "2×10⁻⁵", "-10⁻⁹", "3×10⁵"]

@@ -27,6 +27,7 @@ from autoprec.core.escape import markdown_code, markdown_text, printable, shell_
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
+from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ShownTrial
 from autoprec.results.record import Versus, noise_verdict
 
@@ -290,7 +291,8 @@ def _versus_fp32(spec: BuildSpec, trial: ShownTrial, fp32: ShownTrial | None) ->
         source = spec.versus.source
         said = f"{versus.text()} all-FP32 ({versus.verdict()})"
         return said + (f"; {source.text()} the given model as it is" if source else "")
-    return f"{fp32.final_ms / trial.final_ms:.2f}× all-FP32 ({noise_verdict(trial.faster_beyond_noise_than(fp32))})"
+    return (f"{ratio_text(fp32.final_ms / trial.final_ms)}× all-FP32 "
+            f"({noise_verdict(trial.faster_beyond_noise_than(fp32))})")
 
 
 def _profile_row(i: InputRange) -> str:

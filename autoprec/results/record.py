@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from autoprec.analysis.model import ModelInfo
 from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
-from autoprec.measure.speedup import METHOD, Speedup
+from autoprec.measure.speedup import METHOD, Speedup, interval_text, ratio_text
 from autoprec.study.search import TrialRecord
 
 
@@ -59,8 +59,8 @@ class Claim:
     def text(self) -> str:
         """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where no interval was measured."""
         if self.low is None:
-            return f"{self.speedup:.2f}×"
-        return f"{self.speedup:.2f}× ({self.low:.2f}–{self.high:.2f}, {100 * self.confidence:.0f} %)"
+            return f"{ratio_text(self.speedup)}×"
+        return interval_text(self.speedup, self.low, self.high, self.confidence)
 
     def verdict(self, short: bool = False) -> str:
         return noise_verdict(self.beyond_timing_noise, short)
