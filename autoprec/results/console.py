@@ -26,8 +26,10 @@ from autoprec.core.plan import Precision
 from autoprec.core.profile import declared_text, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
+from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, ShownTrial, decisions
 from autoprec.results.record import SearchFacts, Versus
+from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
@@ -184,32 +186,38 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
 
 
 def front_table(result: ResultFiles) -> Table:
-    """The Pareto front of a result, fastest first, the chosen plan marked."""
-    engine, chosen_number = result.engine, result.chosen_number
+    """The Pareto front of a result, fastest first, the chosen plan marked; then the other trials its lines name
+    (see :mod:`autoprec.results.rows` for what each column is)."""
+    engine = result.engine
+    rows = trial_rows(result)
+    named = len(rows) > len(result.pareto["front"])
     table = Table(
-        title=plain(f"Pareto front — {engine.engine} {engine.version} {engine.provider} on {engine.device}"),
+        title=plain(f"Pareto front{' and the plans named below' if named else ''} — {engine.engine} {engine.version} "
+                    f"{engine.provider} on {engine.device}"),
         title_justify="left",
     )
     metric = plain(f"loss ({result.facts.metric})")
-    for column in ("trial", "ms", "trial p10–p90", "×fp32", metric, "i8/f16/f32", ""):
+    for column in ("trial", "ms", "range", "×fp32", metric, "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", overflow="fold")
-    front, versus = result.shown_front(), result.versus.fp32
-    chosen = next((t for t in front if t.number == chosen_number), None)
-    fp32_ms = chosen.final_ms * versus.speedup if versus and chosen else None
-    for t in front:
+    for row in rows:
+        t = row.trial
         table.add_row(
             str(t.number),
-            f"{t.final_ms:.3f}" + (" ⚠" if t.unstable else ""),
-            f"{t.timing.p10_ms:.3f}–{t.timing.p90_ms:.3f}",
-            f"{fp32_ms / t.final_ms:.2f}" if fp32_ms else "—",
+            f"{row.ms:.3f}" + (" ⚠" if t.unstable else ""),
+            f"{row.low:.3f}–{row.high:.3f}",
+            ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             _loss(t.loss),
             t.mix,
-            Text("chosen", style="bold red") if t.number == chosen_number else "",
+            Text(", ".join(row.roles), style="bold red" if row.chosen else ""),
         )
-    if any(t.unstable for t in front):
-        table.caption = (f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
-                         "after re-timing")
-        table.caption_justify = "left"
+    notes = [COLUMNS_SAID]
+    if said := roles_said(rows):
+        notes.append(said)
+    if any(row.trial.unstable for row in rows):
+        notes.append(f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
+                     "after re-timing")
+    table.caption = "\n".join(notes)
+    table.caption_justify = "left"
     return table
 
 
