@@ -359,6 +359,14 @@ class PlanContext:
     prepared: Prepared
     config: SearchConfig  # the spec groups the search recorded (a bare plan: the defaults, on the model given)
     trial: int | None = None  # the result's trial the plan is, where it is one
+    named: str = "the plan"  # which plan it is, for the lines that state what was checked or diagnosed
+    recorded_loss: float | None = None  # its loss as the search recorded it (by its metric, on its engine and data)
+
+    def same_judging(self, judge: JudgeSpec, engine: EngineSpec, data: str | os.PathLike | None) -> bool:
+        """Whether a loss measured with ``judge`` on ``engine`` and ``data`` is the figure the search recorded."""
+        recorded = self.config
+        return (self.recorded_loss is not None and data is None and engine.backend == recorded.engine.backend
+                and replace(judge, max_loss=None) == replace(recorded.judge, max_loss=None))
 
 
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
@@ -447,21 +455,24 @@ def plan_context(
             return _from_plan_file(target, Path(plan), document, data, shapes)
         prepared = prepare(target, load_search_space(), data, shapes)
         return PlanContext(_fits(plan_in(document, plan), prepared.info, f"--plan {plan}"), prepared,
-                           SearchConfig(InputSpec(target)))
+                           SearchConfig(InputSpec(target)), named=f"the plan in {plan}")
     result = read_result_dir(target)
     if trial is not None:
-        chosen, number = result.plan_of(trial), trial
+        chosen, number, named = result.plan_of(trial), trial, f"trial {trial} of {target}"
         if chosen is None:
             raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
     elif plan is not None:
-        chosen, number = load_plan(plan), None
+        chosen, number, named = load_plan(plan), None, f"the plan in {plan}"
     elif result.best_plan is not None:
         chosen, number = result.best_plan
+        named = f"trial {number} of {target}, the chosen plan (best/plan.json)"
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
     prepared = recreate(result, data, shapes)
     where = f"--plan {plan}" if plan is not None else str(target)
-    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number)
+    shown = result.shown_trial(number)
+    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number, named,
+                       shown.loss if shown else None)
 
 
 def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
@@ -472,7 +483,15 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     prepared = recreate(result, data, shapes)
     chosen, number = result.best_plan
     return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),
-                       number)
+                       number, f"trial {number} in {plan}, as its search recorded it", _loss_in(document))
+
+
+def _loss_in(document: dict) -> float | None:
+    """A plan file's recorded loss (``accuracy_loss``); None where it has none it can be read as."""
+    try:
+        return float(document["accuracy_loss"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def engine_space(

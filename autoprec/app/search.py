@@ -438,7 +438,7 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
                 setup.engine,
                 lambda plan: measuring.reference.accuracy_loss(plan, screened),
                 screened,
-                shared.ranking.metric.describe(),
+                shared.ranking,
                 config.space.calibration,
                 setup.out_dir / "sensitivity.json",
                 config.progress,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -32,7 +33,8 @@ from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
-from autoprec.measure.measurement import measure
+from autoprec.measure.diagnosis import UnitError
+from autoprec.measure.measurement import measure, screening_batches
 from autoprec.results.files import (
     json_safe,
     read_result_dir,
@@ -47,6 +49,24 @@ from autoprec.study.coordination import (
 log = logging.getLogger("autoprec")
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """What ``diagnose`` found: per unit (see :class:`autoprec.measure.diagnosis.UnitError`), each one's
+    ``alone_loss`` by the judge the search's sensitivity pass ranks with (``alone_said``: its metric, in words);
+    the plan's own loss by the search's metric on every evaluation batch (``loss_said``), and the figure the
+    search recorded for it where this is the same judging (None otherwise)."""
+
+    rows: list[UnitError]
+    out_dir: Path
+    named: str  # which plan
+    batches: int  # evaluation batches the units were diagnosed on
+    alone_said: str
+    loss: float
+    loss_said: str
+    evaluation_batches: int
+    recorded_loss: float | None
+
+
 def diagnose_plan(
     target: str | os.PathLike,
     plan: str | os.PathLike | None = None,
@@ -54,27 +74,41 @@ def diagnose_plan(
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     engine: EngineSpec | None = None,
-    batches: int = 4,
+    batches: int | None = None,
     out: str | os.PathLike | None = None,
-) -> tuple[list, Path]:
-    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis)."""
-    from autoprec.measure.diagnosis import diagnose
+) -> Diagnosis:
+    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis).
+    The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
+    evaluation batches (``batches``, default a quarter of them), so a unit's figure is the one sensitivity.json
+    holds; the plan's own loss by the search's metric on them all, the figure the search recorded."""
+    from autoprec.measure.diagnosis import diagnose, model_outputs
     from autoprec.results.plots import plot_errors
 
     context = plan_context(target, plan, trial, data, shapes)
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
-    engine = _engine(engine or context.config.engine)
-    rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
+    engine_spec = engine or context.config.engine
+    engine_ = _engine(engine_spec)
+    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), prepared.info,
+                                    prepared.dataset), prepared)
+    ranking = judge.for_ranking()
+    evaluation = list(prepared.dataset.evaluation)
+    used = evaluation[:batches or screening_batches(len(evaluation))]
+    rows = diagnose(prepared.info, engine_, prepared.ranges, found, used, ranking.loss_of)
+    loss = judge.loss_of(model_outputs(engine_, engine_.lower(prepared.info, found, prepared.ranges), evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    label = f"trial {trial}" if trial is not None else "plan"
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(), len(evaluation),
+                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
-        "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
-        "batches": min(batches, len(prepared.dataset.evaluation)), "units": [r.to_json() for r in rows],
+        "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
+        "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
+        "loss": {"value": loss, "metric": diagnosis.loss_said, "batches": len(evaluation),
+                 "recorded": diagnosis.recorded_loss},
     }))
     counts = found.counts()
-    title = f"{model_path.name} · {label} ({counts['int8']} int8 / {counts['fp16']} fp16) · {engine.info().label()}"
-    plot_errors(rows, title, out_dir / "error_by_layer.png")
-    return rows, out_dir
+    label = f"trial {context.trial}" if context.trial is not None else "plan"
+    title = f"{model_path.name} · {label} ({counts['int8']} int8 / {counts['fp16']} fp16) · {engine_.info().label()}"
+    plot_errors(rows, title, out_dir / "error_by_layer.png", f"model loss ({diagnosis.alone_said})")
+    return diagnosis
 
 
 def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
@@ -119,7 +153,9 @@ def check_plan(
     latency_budget_ms: float | None = None,
 ) -> dict:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
-    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
+    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu). The report names
+    the plan checked, says what its loss is (``loss_said``: the metric, with what it reads on the outputs it is
+    blind to) and, where this is the search's own judging, the figure the search recorded (``recorded_loss``)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
     context = plan_context(target, plan, None, data, shapes)
@@ -139,8 +175,10 @@ def check_plan(
     if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
         failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
     return {
-        "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
-        "metric": metric.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "passed": not failures, "failures": failures, "checked": context.named, "trial": context.trial,
+        "model": str(model_path), "engine": engine.info().to_json(), "metric": metric.name,
+        "loss_said": judge_of.said(), "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "recorded_loss": context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
         "measurement": result.to_json(), "plan": found.to_json(),
     }
 

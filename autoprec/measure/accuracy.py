@@ -302,6 +302,22 @@ class Judge:
                       for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
         return notes
 
+    def said(self) -> str:
+        """What the constraint's figure is, in words every verb shows it in: the metric's name, with what it reads
+        instead on the outputs it is blind to (``cosine (as rel_l2 on 'y': 2 values per item)``)."""
+        if self.metric.name not in SIMILARITY_METRICS:
+            return self.metric.name
+        instead = [f"share of differing values on {name!r}" for name, value in self.reference[0].items()
+                   if value.dtype.kind in "iub"]
+        if self.metric.name == "cosine":
+            instead += [f"rel_l2 on {name!r}: {value.size // max(1, len(np.atleast_1d(value)))} value(s) per item"
+                        for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
+        return self.metric.name + (f" (as {'; '.join(instead)})" if instead else "")
+
+    def loss_of(self, outputs: Outputs) -> float:
+        """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""
+        return self.loss(self.metrics(outputs), outputs)
+
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         reference = self.reference[: len(outputs)]
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}

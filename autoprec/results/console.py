@@ -152,7 +152,8 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     """Units least sensitive per time saved first (the order the warm start lowers them in)."""
     precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
     saving = [p for p in precisions if sensitivity.profiled(Precision(p))]
-    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
+    judged = f" ({sensitivity.judged})" if sensitivity.judged else ""
+    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this unit lowered, "
                               f"{sensitivity.batches} batch(es)"), title_justify="left")
     columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving), *(f"{p}\nloss" for p in precisions))
     for column in columns:

@@ -245,12 +245,14 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
                 [1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf"
             )
     left.set_xscale("log")
-    left.set_xlabel("accuracy loss with only this unit lowered (log"
-                    + (f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"))
+    judged = f" ({printable(sensitivity.judged)})" if sensitivity.judged else ""
+    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log"
+                                  + (f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"), 90))
     left.grid(axis="x", color="0.9")
-    left.legend(fontsize=8, loc="lower right")
+    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)  # above: no point hid
     shares = [u.share if u.share is not None else 0.0 for u in units]
     right.barh(rows, [100 * s for s in shares], color="0.55")
+    right.set_xlim(0, 1.05 * max(100 * max(shares, default=0.0), 1.0))  # a share is 0 % or more
     right.set_xlabel("share of FP32 latency, %" if any(u.share is not None for u in units) else "no engine profile")
     labels = [_name(u.unit) for u in units] if len(units) <= 60 else [str(i) for i in rows]
     left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
@@ -280,6 +282,8 @@ def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model
     """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
     adds alone (bars). Bottom: the model's loss (``loss_name``: the judge's) with only that unit reduced; the
     worst five named."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
 
     def positive(values):  # log axes: zero (an FP32 unit adds nothing) is left out, not floored
@@ -300,12 +304,13 @@ def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model
     top.set_title(_wrapped(printable(title), fig.get_size_inches()[0], 9), fontsize=9)
     bottom.bar(x, positive([r.alone_loss for r in rows]), color=colours)
     bottom.set_yscale("log")
-    bottom.set_ylabel(printable(f"{loss_name}, unit alone"))
+    bottom.set_ylabel(textwrap.fill(printable(f"{loss_name}, unit alone"), 34))  # no taller than its axes
     for r in culprits(rows):
         if r.alone_loss > 0:
             bottom.annotate(_name(r.unit), (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4),
                             ha="center", fontsize=7, rotation=60, color="tab:red", annotation_clip=False)
     bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, blue fp16, grey fp32)")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (top, bottom):
         ax.grid(True, axis="y", alpha=0.3)
     bottom.margins(y=0.35)
