@@ -18,6 +18,7 @@ from autoprec.app.specs import (
     InputSpec,
     IsolationSpec,
     JudgeSpec,
+    ProfileSpec,
     SpaceSpec,
     StudySpec,
     count,
@@ -28,6 +29,7 @@ from autoprec.backends import BACKENDS
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
+from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
 
@@ -184,6 +186,7 @@ def _artifact_verbs(verb) -> None:
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
+    ProfileSpec.add_arguments(e)
     e.add_argument(
         "--build",
         action="store_true",
@@ -445,7 +448,8 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
-    spec = tensorrt_build_spec(args.result_dir, args.trial)
+    profile = ProfileSpec.from_args(args)
+    spec = tensorrt_build_spec(args.result_dir, args.trial, profile)
     trial = spec.trial.number
     folder.clear(out)
     written = write_tensorrt_export(spec, args.format, out)
@@ -455,13 +459,16 @@ def _export(args: argparse.Namespace) -> int:
         written += write_polygraphy_export(spec, spec.samples, out)
     for path in written:
         console.stdout.print(f"wrote {path}")
+    _say_profile(spec.profile if spec.keeps_source_dims else ShapeProfile.fixed(spec.input_shapes), spec.checks,
+                 args.result_dir, profile)
     model = out / BUILT_MODEL.get(args.format, "model_fp32.onnx")
     if not args.build:
-        folder.record(out, written, trial, args.format, model)
+        folder.record(out, written, trial, args.format, model, profile=spec.profile, checks=spec.checks)
         console.warn(NOT_RUN)
         return 0
     outcome = build_export(out, args.format, spec.profile, trial)
-    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"])
+    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"],
+                  spec.profile, spec.checks)
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
     for line in summary_lines(outcome):
@@ -475,14 +482,24 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     from autoprec.export import folder
     from autoprec.export.triton import write_triton_entry
 
-    model, note, stem, trial = lowered_for_export(args.result_dir, args.trial)
-    name = stem if args.name is None else args.name
+    profile = ProfileSpec.from_args(args)
+    found = lowered_for_export(args.result_dir, args.trial, profile)
+    name = found.stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.clear(entry)
-    written = write_triton_entry(model, out, name, note, result.profile, trial, result.model.external_weights)
-    folder.record(entry, written, trial, "triton", entry / "1" / "model.onnx")
+    written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
+                                 result.model.external_weights)
+    folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx", profile=found.profile,
+                  checks=found.checks)
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+    _say_profile(found.profile, found.checks, args.result_dir, profile)
     return 0
+
+
+def _say_profile(profile: ShapeProfile, checks, result_dir: str, asked: ProfileSpec) -> None:
+    """The deployment profile an export was written for, its checks there, and how to widen it."""
+    for line in console.export_profile_lines(profile, checks, result_dir, asked.widens):
+        console.stdout.print(console.plain(line))
 
 
 def _inspect(args: argparse.Namespace) -> int:

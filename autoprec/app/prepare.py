@@ -32,7 +32,7 @@ from autoprec.analysis.data import (
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.app.config import SearchConfig
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
@@ -370,11 +370,12 @@ class PlanContext:
 
 
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
-             shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
+             shapes: Mapping[str, Sequence[int]] | None = None, profile: ProfileSpec | None = None) -> Prepared:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
     external data included), search space and overrides, input shapes, data split (seed) and
     normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
-    INT8 scales stay those the search calibrated. Anything that differs is refused with one line."""
+    INT8 scales stay those the search calibrated; ``profile`` widens the deployment profile (the measured
+    shapes stay). Anything that differs is refused with one line."""
     measured = result.how_measured()
     path, recorded_shapes, fingerprint = measured.model_path, measured.shapes, measured.data_fingerprint
     space = SearchSpace.from_json(measured.search_space)
@@ -391,7 +392,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
                             f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
                             "that model or search again")
-    bounds = (measured.profile.at("min"), measured.profile.at("max")) if measured.profile else None
+    deployed = (profile or ProfileSpec()).applied(measured.profile or result.profile)
+    bounds = (deployed.at("min"), deployed.at("max"))
     recorded_data = measured.data_path
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          measured.seed, measured.image_mean, measured.image_std, measured.constants,
@@ -442,6 +444,7 @@ def config_of(measured: HowMeasured) -> SearchConfig:
 def plan_context(
     target: str | os.PathLike, plan: str | os.PathLike | None = None, trial: int | None = None,
     data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    profile: ProfileSpec | None = None,
 ) -> PlanContext:
     """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
     (:func:`recreate`); MODEL + a result's best/plan.json, re-created from the record in its header; or
@@ -468,7 +471,7 @@ def plan_context(
         named = f"trial {number} of {target}, the chosen plan (best/plan.json)"
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
-    prepared = recreate(result, data, shapes)
+    prepared = recreate(result, data, shapes, profile)
     where = f"--plan {plan}" if plan is not None else str(target)
     shown = result.shown_trial(number)
     return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number, named,

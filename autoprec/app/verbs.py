@@ -24,15 +24,16 @@ from autoprec.app.prepare import (
     result_dir,
     wanted_metric,
 )
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy
 from autoprec.measure.diagnosis import UnitError
 from autoprec.measure.measurement import measure, screening_batches
 from autoprec.results.files import (
@@ -187,51 +188,72 @@ def _engine(spec: EngineSpec):
     return get_backend(spec.backend, spec.device, None, spec.threads)
 
 
-def lowered_for_export(result_dir: str | os.PathLike,
-                       trial: int | None = None) -> tuple[StoredModel, str, str, int]:
-    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again), with
-    the note that says which, the model's stem and the trial's number."""
+@dataclass(frozen=True)
+class ForExport:
+    """A result's plan as an export ships it: the model, the note that says which plan it is, the model's stem
+    and the trial's number, the deployment profile it is written for and its checks against the given model
+    there (:class:`autoprec.measure.deployment.PointCheck`; none where best/ recorded none)."""
+
+    model: StoredModel
+    note: str
+    stem: str
+    trial: int
+    profile: ShapeProfile
+    checks: tuple[PointCheck, ...]
+
+
+def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
+                       profile: ProfileSpec | None = None) -> ForExport:
+    """The measured model of a result's chosen plan (best/model.onnx, with the checks best/ recorded) or of
+    --trial N, or of either on a widened profile (``profile``: lowered again and checked at its points)."""
     result = read_result_dir(result_dir)
     stem, engine = result.model_path.stem, result.engine
-    if trial is None:
-        if result.best_plan is None:
-            raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+    if trial is None and result.best_plan is None:
+        raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+    if trial is None and not (profile and profile.widens):
         number = result.best_plan[1]
         note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
-        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number
-    context = plan_context(result_dir, trial=trial)
+        checks = result.shipped_as.checks if result.shipped_as else ()
+        return ForExport(stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number, result.profile,
+                         checks)
+    context = plan_context(result_dir, trial=trial, profile=profile)
     form = QDQForm(engine.qdq_form)
-    model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
-    return model, f"autoprec: trial {trial}, measured on {engine.engine} {engine.provider}", stem, trial
+    model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
+    chosen = " (chosen)" if context.trial == result.chosen_number else ""
+    return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} {engine.provider}",
+                     stem, context.trial, info.shape_profile, checks)
 
 
-def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo]:
-    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), and the model
-    information of the graph it was lowered onto."""
+def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo, tuple[PointCheck, ...]]:
+    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the model
+    information of the graph it was lowered onto, and its checks against the given model at each point of the
+    profile."""
     info = context.prepared.info
     deployment = deploy(info, lower, None, context.prepared.dataset.evaluation[:CHECKED_BATCHES])
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
-        return deployment.model, info
+        return deployment.model, info, deployment.checks
     for check in deployment.checks:
         if not check.passed:
             log.warning(f"at the profile's {check.point} shape: "
                         f"{check.error or 'the exported model gives outputs of other shapes than the given model'}")
-    return deployment.model, info.for_deployment()
+    return deployment.model, info.for_deployment(), deployment.checks
 
 
-def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
+def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
+                        profile: ProfileSpec | None = None) -> BuildSpec:
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
-    TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
+    TensorRT's Q/DQ form, its units, calibrated ranges, the measured figures, and the deployment profile
+    (``profile``: the search's widened) with the plan's checks against the given model across it."""
     from autoprec.backends.tensorrt import (
         stamp_plan,  # the TensorRT backend module only where TensorRT is meant
     )
 
     result = read_result_dir(result_dir)
-    context = plan_context(result_dir, trial=trial)
+    context = plan_context(result_dir, trial=trial, profile=profile)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
-    model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
-                                                             graph, plan))
+    model, info, checks = deployed(context, lambda graph: stamp_plan(
+        lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT), graph, plan))
     return BuildSpec(
         name=model_path.stem,
         original_model=model_path,
@@ -247,6 +269,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         drift=result.facts.drift_said,
         versus=result.versus if context.trial == result.chosen_number else None,
         samples=tuple(prepared.dataset.evaluation[:CHECKED_BATCHES]),
+        checks=checks,
     )
 
 

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
-from autoprec.core.profile import declared_text, dims_text
+from autoprec.core.profile import ShapeProfile, declared_text, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
@@ -313,6 +313,25 @@ def deployment_lines(result: ResultFiles) -> list[str]:
             )
         )
     return lines + _checked_against_source(shipped.checks)
+
+
+def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], result_dir: str,
+                         widened: bool) -> list[str]:
+    """Where an export is written: the deployment profile it is for (an engine built from it takes those shapes
+    only), the plan's checks against the given model there, and how to widen it where a dim is held to one size."""
+    if not profile.dynamic:
+        return [f"the export takes the measured, {profile.said()} (the model declares no dynamic dim)"]
+    lines = [f"deployment profile{' (widened)' if widened else ''}: {profile.said()}; an engine built from this "
+             "export takes these shapes only", *_checked_against_source(checks)]
+    held = [i for i in profile.inputs if any(i.min[a] == i.max[a] for a in i.dynamic_axes)]
+    if held:
+        batch = profile.batch_range()
+        example = (f"--batch 1:{max(batch[1], 8)}" if batch and batch[0] == batch[1]
+                   else f"--max-shape {held[0].name}={dims_text(held[0].max)}")
+        lines.append(f"        a dynamic dim is held to one size here; to deploy at others, export again with --batch "
+                     f"LOW:HIGH or --min-shape/--max-shape (e.g. autoprec export {result_dir} … {example}): no new "
+                     "search, the plan is checked against the given model at the new min and max")
+    return lines
 
 
 def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
