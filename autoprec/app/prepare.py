@@ -132,9 +132,10 @@ def image_size(dataset: Dataset) -> tuple[int, int] | None:
     return max(sizes, key=lambda hw: hw[0] * hw[1], default=None)
 
 
-def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
+def judge_for(metric: Metric, prepared: Prepared, max_loss: float | None = None) -> tuple[Judge, dict]:
     """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
-    lacks: one line, now); with what the result records of it (FP32 against the labels, notes)."""
+    lacks: one line, now); with what the result records of it (FP32 against the labels, notes, what
+    ``max_loss`` allows where the metric counts decisions)."""
     judge = Judge(metric, prepared.reference, prepared.dataset.labels)
     fp32 = judge.check()
     notes = judge.notes()
@@ -143,7 +144,10 @@ def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
     if fp32:
         log.info("FP32 against the data's labels: " + "; ".join(
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
-    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes}
+    if limit := judge.limit_said(max_loss):
+        (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
+    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes,
+                   "limit_in_decisions": limit}
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
             line += f"; of that, autoprec's all-FP32 graph alone: {versus.preparation.text()}"
         lines.append(line)
     lines += [f"        {line}" for line in facts.held_out_said(chosen.number)]
+    if facts.limit_in_decisions:
+        lines.append(f"        {facts.limit_in_decisions}")
     if unproven := versus.not_shipped:
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
     if drift := facts.drift_said:

@@ -199,6 +199,7 @@ class SearchFacts:
     profile_timing: ProfileTiming | None = None  # --time-shapes
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
     held_out: HeldOut | None = None  # the plans judged on the calibration batches, the shipped one among them
+    limit_in_decisions: str | None = None  # what --max-loss allows where the metric counts decisions (Judge.limit_said)
 
     @classmethod
     def from_json(cls, search: dict[str, Any]) -> SearchFacts:
@@ -213,6 +214,7 @@ class SearchFacts:
             Drift.from_json(search.get("timing_drift")), ProfileTiming.from_json(timing) if timing else None,
             str((search.get("spec") or {}).get("inputs", {}).get("model") or "") or None,
             HeldOut.from_json(search["held_out"]) if search.get("held_out") else None,
+            search.get("limit_in_decisions"),
         )
 
     @property

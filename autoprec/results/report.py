@@ -59,7 +59,8 @@ def _facts(result: ResultFiles) -> str:
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
-        ("max loss", search.max_loss if search.max_loss is not None else "none (the knee is chosen)"),
+        ("max loss", (f"{search.max_loss:g}" + (f" — {search.limit_in_decisions}" if search.limit_in_decisions else ""))
+                     if search.max_loss is not None else "none (the knee is chosen)"),
         ("budget", f"{search.budget} trials: {search.trials} measured, {search.rejected} "
                    "rejected early (counted against the budget, as on the terminal)"),
         ("sampler / seed", f"{search.sampler} / {search.seed}"),
