@@ -124,7 +124,7 @@ def test_every_export_carries_the_profile(searched, tmp_path):
     assert "dims: [ 3, 8, -1 ]" in config and "dims: [ -1, 6 ]" in config
 
 
-def test_a_fixed_model_exports_fixed(tmp_path):
+def test_a_fixed_model_exports_fixed(tmp_path, capsys):
     model, data = conv_with_data(tmp_path, items=4)
     out = tmp_path / "out"
     autoprec.search(
@@ -139,6 +139,9 @@ def test_a_fixed_model_exports_fixed(tmp_path):
     assert "max_batch_size: 0" in config and "dims: [ 1, 3, 16, 16 ]" in config
     checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
     assert [c["point"] for c in checks] == ["opt"]
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "python", "--out", str(tmp_path / "p"), "--batch", "1:4"]) == 2
+    assert "declares no dynamic dim" in capsys.readouterr().err  # no profile to widen
 
 
 @pytest.mark.parametrize("low, high, says", [
@@ -293,10 +296,3 @@ def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, cap
     _export(out, "python", tmp_path / "py", "--batch", "1:8", "--trial", fp32)
     assert "PROFILE = {'x': ([1, 3, 16, 16], [1, 3, 16, 16], [8, 3, 16, 16])}" in (
         tmp_path / "py" / "build_engine.py").read_text()
-    (tmp_path / "f").mkdir()
-    fixed, fixed_data = conv_with_data(tmp_path / "f", 4)
-    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(fixed, data=fixed_data),
-                                          study=autoprec.StudySpec(budget=1, warm_start=False), out=tmp_path / "fo"))
-    capsys.readouterr()
-    assert main(["export", str(tmp_path / "fo"), "--format", "python", "--batch", "1:4"]) == 2
-    assert "declares no dynamic dim" in capsys.readouterr().err
