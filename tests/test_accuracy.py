@@ -76,3 +76,22 @@ def test_user_metric_is_imported_from_the_working_directory(tmp_path, monkeypatc
         resolve_metric("my_metrics:missing")
     with pytest.raises(AutoprecError, match="unknown --metric"):
         resolve_metric("accuracy")
+
+
+def test_a_limit_on_a_decision_counting_metric_is_said_in_decisions():
+    """With 12 evaluation items, top1 at --max-loss 0.01 allows no changed decision (each is a loss of 1/12): said,
+    with the limit that allows one; top1@labels counts the labelled items; a similarity counts none."""
+    from autoprec.measure.accuracy import Judge, Metric
+
+    rng = np.random.default_rng(0)
+    reference = [{"y": rng.normal(size=(4, 3)).astype(np.float32)} for _ in range(3)]
+    said = Judge(Metric("top1", ("top1",)), reference).limit_said(0.01)
+    assert said == ("--max-loss 0.01 with --metric top1 over 12 evaluation decision(s) allows 0 changed top-1 "
+                    "decision(s): each is a loss of 0.0833; give --max-loss 0.0833 or more to allow one, or more "
+                    "evaluation data")
+    assert "allows 2 changed" in Judge(Metric("top1", ("top1",)), reference).limit_said(0.2)
+    labels = [{"labels": np.array([0, 1, -1, 2])} for _ in range(3)]
+    labelled = Judge(Metric("top1@labels", ("top1",)), reference, labels).limit_said(0.1)
+    assert "over 9 evaluation decision(s) allows 0 fewer correct answers than FP32's" in labelled
+    assert Judge(Metric("cosine"), reference).limit_said(0.01) is None
+    assert Judge(Metric("top1", ("top1",)), reference).limit_said(None) is None

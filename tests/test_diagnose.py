@@ -44,7 +44,8 @@ def fragile_mlp(tmp_path_factory):
 
 def test_diagnose_names_the_culprit_and_sending_it_back_recovers_the_loss(fragile_mlp):
     model, data, plan, root = fragile_mlp
-    rows, out = diagnose_plan(model, plan=plan, data=data, out=root / "diag")
+    found = diagnose_plan(model, plan=plan, data=data, out=root / "diag")
+    rows, out = found.rows, found.out_dir
     assert [r.unit for r in rows] == ["fc0", "fc1", "head"]
     assert culprits(rows, 1)[0].unit == "fc1"
     assert rows[1].added_rel_l2 > 10 * max(rows[0].added_rel_l2, rows[2].added_rel_l2)

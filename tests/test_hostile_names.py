@@ -193,3 +193,28 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("autoprec: error: ") and "trtexec's --layerPrecisions cannot name a node" in last
     assert not (tmp_path / "e" / "build_trt10.sh").exists()
+
+
+def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
+    """The names go into the figures as text (math text off: '$\\frac{' is drawn, not parsed), on one line, and the
+    figures still read: no raw math text in a tick label, nothing past the canvas' edge, no labels overprinted."""
+    import figures
+
+    from autoprec.measure.diagnosis import UnitError
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+    from autoprec.study.sensitivity import Sensitivity
+
+    _, out, _ = hostile_result
+    result = read_result_dir(out)
+    mathy = "$\\frac{1}{$ x\ny"
+    rows = [UnitError(i, name, "Conv", "int8", "t", 10.0 ** -i, 1.0, 0.1, 10.0 ** -i, 10.0 ** -(i + 2))
+            for i, name in enumerate([HOSTILE_NODE, mathy, "conv2"])]
+    drawn = [plots.pareto_figure(result), plots.layers_figure(result), plots.errors_figure(rows, HOSTILE_FILE)]
+    if result.sensitivity is not None:
+        drawn.append(plots.sensitivity_figure(Sensitivity.from_json(result.sensitivity), result.model_name))
+    for fig in drawn:
+        assert figures.problems(fig) == []
+    texts = [t.get_text() for fig in drawn for t in figures.drawn_texts(fig)]
+    assert any(HOSTILE_FILE in t for t in texts)
+    assert any(t.endswith(HOSTILE_NODE[-20:]) for t in texts) and "$\\frac{1}{$ x\\ny" in texts

@@ -124,7 +124,7 @@ def test_every_export_carries_the_profile(searched, tmp_path):
     assert "dims: [ 3, 8, -1 ]" in config and "dims: [ -1, 6 ]" in config
 
 
-def test_a_fixed_model_exports_fixed(tmp_path):
+def test_a_fixed_model_exports_fixed(tmp_path, capsys):
     model, data = conv_with_data(tmp_path, items=4)
     out = tmp_path / "out"
     autoprec.search(
@@ -139,6 +139,9 @@ def test_a_fixed_model_exports_fixed(tmp_path):
     assert "max_batch_size: 0" in config and "dims: [ 1, 3, 16, 16 ]" in config
     checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
     assert [c["point"] for c in checks] == ["opt"]
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "python", "--out", str(tmp_path / "p"), "--batch", "1:4"]) == 2
+    assert "declares no dynamic dim" in capsys.readouterr().err  # no profile to widen
 
 
 @pytest.mark.parametrize("low, high, says", [
@@ -245,3 +248,51 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
         for c in json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
     }
     assert checks["min"]["error"].startswith("the given model itself does not run there")
+
+
+def test_an_export_states_its_profile_and_widens_it_without_a_new_search(searched, tmp_path, capsys):
+    """Where an export is written, the terminal, its manifest and its card say the profile an engine built from it
+    takes; --batch / --max-shape widen it with no new search, the plan checked against the given model at the new
+    max as best/model.onnx is across its profile (was: min = opt = max held, an engine refused any other batch)."""
+    model, out = searched
+    # the all-FP16 plan: TensorRT's form of an INT8 classifier lowers onto the source's dims otherwise than onto the
+    # measured shapes here (a plan that does is exported at the measured shapes, said: not this test's subject)
+    fp16 = str(json.loads((out / "pareto.json").read_text())["uniform"]["fp16"])
+    _export(out, "markdown", tmp_path / "card", "--trial", fp16)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"deployment profile: x [N, 3, 8, W] min {LOW} · opt {OPT} · max {HIGH}; an engine built from this export " \
+        "takes these shapes only" in said and "max cosine loss" in said
+    card = (tmp_path / "card" / "BUILD.md").read_text()
+    assert "takes the shapes from min to max only" in card and "max cosine loss" in card
+    _export(out, "trtexec", tmp_path / "wide", "--batch", "1:8", "--max-shape", "x=1x3x8x64", "--trial", fp16)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"deployment profile (widened): x [N, 3, 8, W] min {LOW} · opt {OPT} · max 8x3x8x64" in said
+    assert "max cosine loss" in said and "FAILED" not in said
+    assert "--maxShapes=x:8x3x8x64" in (tmp_path / "wide" / "build.sh").read_text()
+    manifest = json.loads((tmp_path / "wide" / "export.json").read_text())
+    assert manifest["profile"]["inputs"][0]["max"] == [8, 3, 8, 64]
+    assert [c["point"] for c in manifest["checked_against_source"]] == ["opt", "min", "max"]
+    runs = session(tmp_path / "wide" / "model.onnx")
+    for shape in ((1, 3, 8, 8), (8, 3, 8, 64)):
+        assert runs.run(None, {"x": np.zeros(shape, np.float32)})[0].shape == (shape[0], shape[3], 6)
+    assert main(["export", str(out), "--format", "triton", "--out", str(tmp_path / "t"), "--batch", "1:16",
+                 "--trial", fp16]) == 0
+    assert "max_batch_size: 16" in (tmp_path / "t" / "reader" / "config.pbtxt").read_text()
+    capsys.readouterr()
+    assert main(["export", str(out), "--format", "markdown", "--out", str(tmp_path / "x"), "--batch", "2:8"]) == 2
+    assert "min <= opt <= max" in capsys.readouterr().err
+
+
+def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, capsys):
+    model, data = conv_with_data(tmp_path, 8, batch="N")
+    out = tmp_path / "out"
+    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data),
+                                          study=autoprec.StudySpec(budget=2, warm_start=False), out=out))
+    fp32 = str(json.loads((out / "pareto.json").read_text())["uniform"]["fp32"])
+    _export(out, "python", tmp_path / "py", "--trial", fp32)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "x [N, 3, 16, 16] min 1x3x16x16 · opt 1x3x16x16 · max 1x3x16x16" in said
+    assert "a dynamic dim is held to one size here" in said and "--batch 1:8" in said
+    _export(out, "python", tmp_path / "py", "--batch", "1:8", "--trial", fp32)
+    assert "PROFILE = {'x': ([1, 3, 16, 16], [1, 3, 16, 16], [8, 3, 16, 16])}" in (
+        tmp_path / "py" / "build_engine.py").read_text()

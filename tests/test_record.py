@@ -96,3 +96,61 @@ def test_a_result_that_does_not_record_how_it_measured_is_refused_naming_the_fie
     for verb in (["check"], ["diagnose", "--out", str(tmp_path / "d")], ["export", "--format", "markdown"]):
         assert main([verb[0], str(older), *verb[1:]]) == 2
         assert "do not record 'data_fingerprint' (written by an older autoprec)" in capsys.readouterr().err
+
+
+def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
+    """A lower bound of 1.0002 was printed 1.00 beside "beyond timing noise"; 0.9996 likewise beside "within"."""
+    from autoprec.results.record import Claim
+
+    beyond = Claim(1.10, True, 1.0002, 1.18, 0.95, 6)
+    assert beyond.text() == "1.10× (1.0002–1.18, 95 %)" and beyond.verdict() == "beyond timing noise"
+    assert Claim(1.02, False, 0.9996, 1.04, 0.95, 6).text() == "1.02× (0.9996–1.04, 95 %)"
+    assert Claim(1.30, True, 1.25, 1.34, 0.95, 8).text() == "1.30× (1.25–1.34, 95 %)"
+    assert Claim(1.0, None).text() == "1.00×"
+
+
+@pytest.fixture(scope="module")
+def narrow_result(tmp_path_factory):
+    """An MLP whose output holds 3 values per item, searched by cosine (which reads rel_l2 there) with a seed
+    and a search space of its own (the head pinned FP32): a data split and a space other than the defaults."""
+    from builders import mlp
+
+    root = tmp_path_factory.mktemp("narrow")
+    model = save(mlp(), root / "mlp.onnx")
+    np.savez(root / "d.npz", x=np.random.default_rng(2).normal(0, 1, (64, 16)).astype(np.float32))
+    out = root / "out"
+    assert main(["search", str(model), "--data", str(root / "d.npz"), "--max-loss", "0.5", "--budget", "4",
+                 "--seed", "5", "--override", "head=fp32", "--out", str(out), "--no-progress"]) == 0
+    return model, out
+
+
+def test_check_and_diagnose_state_the_searchs_own_judge_and_figure(narrow_result, tmp_path, capsys):
+    """On an output of 3 values per item the search's cosine is rel_l2 (it says so); check said 'cosine loss' for
+    that figure and named the source model, not the plan; diagnose's 'model loss alone' was 1 - cosine, about
+    1000x below the sensitivity pass's figure for the same unit. Now both say the judge as the search has it,
+    name the plan, and state the figure the search recorded beside theirs; check MODEL --plan best/plan.json
+    judges with the search's space and data split (seed 5), so its figure is the recorded one too."""
+    model, out = narrow_result
+    pareto = json.loads((out / "pareto.json").read_text())
+    chosen = next(t for t in pareto["front"] if t["trial"] == pareto["chosen"])
+    said = "cosine (as rel_l2 on 'y': 3 value(s) per item)"
+    for argv, named in (([str(out)], f"trial {chosen['trial']} of {out}, the chosen plan"),
+                        ([str(model), "--plan", str(out / "best" / "plan.json")], f"trial {chosen['trial']} in ")):
+        assert main(["check", *argv]) == 0
+        line = " ".join(capsys.readouterr().out.split())
+        assert line.startswith(f"PASS {named}") and f"{said} loss {chosen['accuracy_loss']:.4g} (the search recorded " \
+            f"{chosen['accuracy_loss']:.4g})" in line, line
+    trials = {t["trial"]: t for t in json.loads((out / "trials.json").read_text())["trials"]}
+    int8 = max(trials, key=lambda n: trials[n]["plan"]["counts"]["int8"])  # every searched unit INT8
+    assert trials[int8]["plan"]["counts"]["int8"] == 2
+    assert main(["diagnose", str(out), "--trial", str(int8), "--out", str(tmp_path / "d")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"model loss alone: {said}" in printed
+    assert f"{said} loss {trials[int8]['accuracy_loss']:.4g} on the" in printed
+    assert f"(the search recorded {trials[int8]['accuracy_loss']:.4g})" in printed
+    diagnosed = {u["unit"]: u["alone_loss"] for u in json.loads((tmp_path / "d" / "diagnosis.json").read_text())["units"]}
+    sensitivity = json.loads((out / "sensitivity.json").read_text())
+    assert sensitivity["judged"] == said
+    ranked = {u["unit"]: u["loss"]["int8"] for u in sensitivity["units"]}
+    for unit, loss in ranked.items():  # the same judge on the same batches: the sensitivity pass's figure
+        assert diagnosed[unit] == pytest.approx(loss, rel=1e-3), unit

@@ -1,6 +1,7 @@
 """plot, report, show, compare: files exist, render, and carry the numbers of the result they were made from."""
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -182,3 +183,98 @@ def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_m
     screen = Console(record=True, width=200)
     screen.print(console.front_table(files))
     assert ("timing stayed spread" in screen.export_text()) == any(t["latency_unstable"] for t in files.pareto["front"])
+
+
+def _diagnosis_rows(names):
+    from autoprec.measure.diagnosis import UnitError
+
+    return [UnitError(i, name, "Conv", ("int8", "fp16", "fp32")[i % 3], f"{name}_out", 10.0 ** -(i % 7), 1.0, 0.1,
+                      10.0 ** -(1 + i % 5) if i % 3 != 2 else 0.0, 10.0 ** -(2 + i % 6) if i % 3 != 2 else 0.0)
+            for i, name in enumerate(names)]
+
+
+def test_every_figure_reads_once_drawn(result_dirs):
+    """The trade-off, layers, sensitivity and diagnosis figures, drawn and read back: no tick label in raw math text
+    (log axes printed '$\\mathdefault{10^{-2}}$' with math text off), no title or label past the canvas' edge (the
+    layers figure cut its title, its row labels and every unit name), no tick labels over one another."""
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+    from autoprec.study.sensitivity import Sensitivity
+
+    result = read_result_dir(result_dirs[0])
+    assert result.sensitivity is not None
+    drawn = {
+        "pareto": plots.pareto_figure(result),
+        "layers": plots.layers_figure(result),
+        "sensitivity": plots.sensitivity_figure(Sensitivity.from_json(result.sensitivity), result.model_name),
+        "diagnosis": plots.errors_figure(_diagnosis_rows([f"block{i}/conv/Conv_{i}" for i in range(30)]), "t"),
+    }
+    for name, fig in drawn.items():
+        assert figures.problems(fig) == [], name
+        assert all("$" not in text for text in figures.tick_texts(fig)), name
+    assert any(text in ("10⁻³", "0.001") for text in figures.tick_texts(drawn["diagnosis"]))
+
+
+def test_tick_values_read_as_plain_numbers():
+    from autoprec.results.plots import number_text
+
+    assert [number_text(v) for v in (0, 0.01, 0.25, 300, 1e-5, 2e-5, -1e-9, 3e5)] == [
+        "0", "0.01", "0.25", "300", "10⁻⁵", "2×10⁻⁵", "-10⁻⁹", "3×10⁵"]
+
+
+def _table_rows(table):
+    """A rich table as printed: its rows' cells, by column header."""
+    from rich.console import Console
+
+    screen = Console(record=True, width=300)
+    screen.print(table)
+    lines = [line for line in screen.export_text().splitlines() if line.startswith(("┃", "│"))]
+    cells = [[c.strip() for c in line.strip("┃│").split("┃" if line.startswith("┃") else "│")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[1:]]
+
+
+def test_tables_agree_with_themselves_and_hold_every_trial_a_line_names(result_dirs, tmp_path):
+    """A front row's median lies inside its own range (was: the re-timing's median beside the trial's own p10–p90,
+    apart where the machine drifted); a trial the lines name (a rival, the plan not shipped, one left out on the
+    calibration batches) is a row of the table (was: missing); its ×fp32 cell is the figure the line states (was:
+    '—' where all-FP32 shipped, beside a line saying 1.04×); the report's table holds the same rows."""
+    from autoprec.results import console
+    from autoprec.results.files import read_result_dir
+    from autoprec.results.report import write_report
+
+    copy = tmp_path / "named"
+    shutil.copytree(result_dirs[0], copy)
+    pareto, trials = (json.loads((copy / name).read_text()) for name in ("pareto.json", "trials.json"))
+    chosen = pareto["chosen"]
+    off = [t["trial"] for t in trials["trials"] if t["trial"] not in {f["trial"] for f in pareto["front"]}]
+    assert len(off) >= 2
+    for trial in [*pareto["front"], *trials["trials"]]:  # the machine drifted: re-timed 3× faster than its own runs
+        if trial["trial"] == chosen:
+            trial["retimed_ms"] = [trial["latency_ms"]["median_ms"] / 3 * f for f in (0.95, 1.0, 1.1)]
+            trial["final_latency_ms"] = trial["latency_ms"]["median_ms"] / 3
+    claim = {"speedup": 1.04, "low": 0.98, "high": 1.1, "confidence": 0.95, "rounds": 6, "beyond_timing_noise": False}
+    why = "not faster than all-FP32 beyond timing noise (1.04× (0.98–1.10, 95 %)): best/ holds the all-FP32 plan"
+    pareto["not_shipped"] = {"trial": off[0], **claim, "why": why}
+    pareto["final_rivals"] = [{"trial": off[1], **claim, "speedup": 1.02}]
+    pareto["chosen_vs_fp32"] = None  # all-FP32's numbers stand for the shipped plan's
+    pareto["search"]["held_out"] = {"batches": 4, "max_loss": 0.05, "engine": "onnxruntime CPUExecutionProvider",
+                                    "judged": [{"trial": off[-1], "loss": 0.5}]}
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    (copy / "trials.json").write_text(json.dumps(trials))
+    result = read_result_dir(copy)
+    rows = _table_rows(console.front_table(result))
+    shown = {int(row["trial"]): row for row in rows}
+    lines = " ".join(console.chosen_summary(result.facts, result.versus, result.shown_chosen()))
+    named = {int(n) for n in re.findall(r"trial (\d+)", lines)}
+    assert named >= {chosen, off[0], off[1], off[-1]} and named <= set(shown)
+    for row in rows:
+        low, high = map(float, row["range"].split("–"))
+        assert low <= float(row["ms"].rstrip(" ⚠")) <= high, row
+        assert row["×fp32"] != "—"
+    assert shown[off[0]]["×fp32"] == "1.04" and "not shipped" in shown[off[0]][""] and "1.04×" in lines
+    assert shown[off[1]]["×fp32"] == "1.02" and "rival" in shown[off[1]][""]
+    assert "left out" in shown[off[-1]][""]
+    page = write_report(result, tmp_path / "r.html").read_text()
+    assert all(f"<td>{n}</td>" in page for n in named)

@@ -282,7 +282,7 @@ def test_search_with_detection_and_labelled_boxes(tmp_path):
 def test_top1_against_the_bundled_models_labels(tmp_path):
     out = tmp_path / "out"
     proc = run_cli("search", f"{BUNDLED}/model.onnx", "--data", f"{BUNDLED}/textlines.npz", "--metric", "top1@labels",
-                   "--budget", 3, "--out", out, "--no-progress", "--no-warm-start")
+                   "--max-loss", "0.01", "--budget", 3, "--out", out, "--no-progress", "--no-warm-start")
     assert proc.returncode == 0, proc.stderr
     pareto = json.loads((out / "pareto.json").read_text())
     (name, fp32), = pareto["search"]["fp32_on_labels"].items()
@@ -295,6 +295,10 @@ def test_top1_against_the_bundled_models_labels(tmp_path):
     assert fp32["top1_labels"] == pytest.approx(np.mean(right))
     for trial in json.loads((out / "trials.json").read_text())["trials"]:
         assert trial["accuracy_loss"] == pytest.approx(fp32["top1_labels"] - trial["metrics"][name]["top1_labels"])
+    # the limit in items: each answer is a loss of 1 / the labelled evaluation items, more than 0.01 here
+    items = sum(int((t["labels"] >= 0).sum()) for t in dataset.labels)
+    said = f"--max-loss 0.01 with --metric top1@labels over {items} evaluation decision(s) allows 0 fewer correct"
+    assert items < 100 and said in pareto["search"]["limit_in_decisions"] and said in " ".join(proc.stdout.split())
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ recorded outputs from NVIDIA's repository.
 """
 
 import json
+import os
 import runpy
 import struct
 import sys
@@ -527,4 +528,25 @@ def test_the_polygraphy_export_is_read_by_polygraphy_and_its_reference_runs(resu
     generated = (folder / "check.py").read_text()
     assert "strongly_typed=True" in generated and "atol={'probs'" in generated
     assert "Profile().add('x', min=[1, 3, 16, 16]" in generated  # the dynamic batch's profile, as searched
-    assert str(model) in script and "NOT run by autoprec" in script
+    assert f"polygraphy run {os.path.relpath(model, folder)} --onnxrt" in script and "NOT run by autoprec" in script
+
+
+def test_the_polygraphy_check_runs_after_the_result_folder_moves(result, tmp_path):
+    """check.sh names the given model relative to its own folder and runs there (it named it by an absolute path,
+    and read its inputs from the working directory): moved with the model beside it, its reference still runs."""
+    import shutil
+    import subprocess
+
+    out, _, model = result
+    assert _exit(["export", str(out), "--format", "polygraphy"]) == 0
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(out.parent, moved, ignore=shutil.ignore_patterns("study.db", "cache", "artifacts"))
+    shutil.rmtree(out / "export" / "polygraphy")
+    folder = moved / out.name / "export" / "polygraphy"
+    blocks = (folder / "check.sh").read_text().split("\n\n")
+    assert "polygraphy run ../../../dynamic.onnx --onnxrt" in blocks[2] and str(model) not in blocks[2]
+    (folder / "reference.sh").write_text("\n\n".join(blocks[:3]) + "\n")  # the FP32 reference: TensorRT is not here
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run(["sh", str(folder / "reference.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0 and (folder / "fp32_outputs.json").is_file(), ran.stdout[-2000:] + ran.stderr[-2000:]

@@ -18,6 +18,7 @@ from autoprec.app.specs import (
     InputSpec,
     IsolationSpec,
     JudgeSpec,
+    ProfileSpec,
     SpaceSpec,
     StudySpec,
     count,
@@ -28,6 +29,7 @@ from autoprec.backends import BACKENDS
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
+from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
 
@@ -146,7 +148,8 @@ def _plan_verbs(verb) -> None:
     d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
     d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the chosen plan")
-    d.add_argument("--batches", type=count, default=4, help="evaluation batches to use (default 4)")
+    d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on (default: as many as "
+                   "the sensitivity pass judges them on, a quarter; the plan's loss is on them all)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
     d.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(d, overriding=True)
@@ -183,6 +186,7 @@ def _artifact_verbs(verb) -> None:
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
     e.add_argument("--name", help="model name in the repository (default: the model file's stem)")
+    ProfileSpec.add_arguments(e)
     e.add_argument(
         "--build",
         action="store_true",
@@ -322,12 +326,15 @@ def _diagnose(args: argparse.Namespace) -> int:
     from autoprec.measure.diagnosis import culprits, jumps
 
     _, engine = _recorded_or_given(args, "diagnose")
-    rows, out = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
-                              dict(getattr(args, "shape", [])) or None, engine, args.batches, args.out)
+    found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
+                          dict(getattr(args, "shape", [])) or None, engine, args.batches, args.out)
+    rows = found.rows
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
         return 0
-    table = Table(title="error by unit (rel-L2 vs FP32), graph order", title_justify="left")
+    table = Table(title=console.plain(f"error by unit (rel-L2 vs FP32), graph order, on {found.batches} evaluation batch(es); "
+                              f"model loss alone: {found.alone_said}, as the sensitivity pass ranks units"),
+                  title_justify="left")
     for column in ("#", "unit", "op", "prec", "accumulated", "added alone", "model loss alone"):
         table.add_column(
             column, justify="right" if column in ("#", "accumulated", "added alone", "model loss alone") else "left"
@@ -346,14 +353,21 @@ def _diagnose(args: argparse.Namespace) -> int:
         ]
         table.add_row(*(Text(printable(c), style=mark) for c in cells))
     console.stdout.print(table)
+    console.stdout.print(console.plain(f"{found.named}: {found.loss_said} loss {found.loss:.4g} on the "
+                               f"{found.evaluation_batches} evaluation batches{_recorded(found.recorded_loss)}"))
     console.stdout.print(
         "where the accumulated error jumps (≥3× anything before it): "
         + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere")
     )
     console.stdout.print("units costing the model's output the most by themselves (send these back to FP32 first): "
                          + ", ".join(f"{r.unit} ({r.precision}, loss {r.alone_loss:.2e})" for r in culprits(rows)))
-    console.stdout.print(f"wrote {out / 'diagnosis.json'}, {out / 'error_by_layer.png'}")
+    console.stdout.print(f"wrote {found.out_dir / 'diagnosis.json'}, {found.out_dir / 'error_by_layer.png'}")
     return 0
+
+
+def _recorded(loss: float | None) -> str:
+    """`` (the search recorded 0.0015)``, where the figure beside it is the search's own judging."""
+    return "" if loss is None else f" (the search recorded {loss:.4g})"
 
 
 def _ranges(args: argparse.Namespace) -> int:
@@ -400,11 +414,12 @@ def _check(args: argparse.Namespace) -> int:
         verdict = Text("PASS", style="bold green") if report["passed"] else Text("FAIL", style="bold red")
         console.stdout.print(
             verdict,
-            f"{report['model']}: {report['metric']} loss {m['loss']:.4g} (limit {report['max_loss']:g}), "
-            f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
-            f"{m['latency']['p90_ms']:.4g})"
-            + (f", budget {report['latency_budget_ms']:g} ms" if report["latency_budget_ms"] else "")
-            + f" on {report['engine']['engine']} {report['engine']['provider']}",
+            console.plain(f"{report['checked']}, on {report['model']}: {report['loss_said']} loss {m['loss']:.4g}"
+                  f"{_recorded(report['recorded_loss'])} (limit {report['max_loss']:g}), "
+                  f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
+                  f"{m['latency']['p90_ms']:.4g})"
+                  + (f", budget {report['latency_budget_ms']:g} ms" if report["latency_budget_ms"] else "")
+                  + f" on {report['engine']['engine']} {report['engine']['provider']}"),
         )
         for failure in report["failures"]:
             console.stdout.print(f"  regression: {failure}")
@@ -433,7 +448,8 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
-    spec = tensorrt_build_spec(args.result_dir, args.trial)
+    profile = ProfileSpec.from_args(args)
+    spec = tensorrt_build_spec(args.result_dir, args.trial, profile)
     trial = spec.trial.number
     folder.clear(out)
     written = write_tensorrt_export(spec, args.format, out)
@@ -443,13 +459,16 @@ def _export(args: argparse.Namespace) -> int:
         written += write_polygraphy_export(spec, spec.samples, out)
     for path in written:
         console.stdout.print(f"wrote {path}")
+    _say_profile(spec.profile if spec.keeps_source_dims else ShapeProfile.fixed(spec.input_shapes), spec.checks,
+                 args.result_dir, profile)
     model = out / BUILT_MODEL.get(args.format, "model_fp32.onnx")
     if not args.build:
-        folder.record(out, written, trial, args.format, model)
+        folder.record(out, written, trial, args.format, model, profile=spec.profile, checks=spec.checks)
         console.warn(NOT_RUN)
         return 0
     outcome = build_export(out, args.format, spec.profile, trial)
-    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"])
+    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"],
+                  spec.profile, spec.checks)
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
     for line in summary_lines(outcome):
@@ -463,14 +482,24 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     from autoprec.export import folder
     from autoprec.export.triton import write_triton_entry
 
-    model, note, stem, trial = lowered_for_export(args.result_dir, args.trial)
-    name = stem if args.name is None else args.name
+    profile = ProfileSpec.from_args(args)
+    found = lowered_for_export(args.result_dir, args.trial, profile)
+    name = found.stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.clear(entry)
-    written = write_triton_entry(model, out, name, note, result.profile, trial, result.model.external_weights)
-    folder.record(entry, written, trial, "triton", entry / "1" / "model.onnx")
+    written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
+                                 result.model.external_weights)
+    folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx", profile=found.profile,
+                  checks=found.checks)
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+    _say_profile(found.profile, found.checks, args.result_dir, profile)
     return 0
+
+
+def _say_profile(profile: ShapeProfile, checks, result_dir: str, asked: ProfileSpec) -> None:
+    """The deployment profile an export was written for, its checks there, and how to widen it."""
+    for line in console.export_profile_lines(profile, checks, result_dir, asked.widens):
+        console.stdout.print(console.plain(line))
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.app.config import SearchConfig
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Plan, Precision
@@ -133,9 +133,10 @@ def image_size(dataset: Dataset) -> tuple[int, int] | None:
     return max(sizes, key=lambda hw: hw[0] * hw[1], default=None)
 
 
-def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
+def judge_for(metric: Metric, prepared: Prepared, max_loss: float | None = None) -> tuple[Judge, dict]:
     """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
-    lacks: one line, now); with what the result records of it (FP32 against the labels, notes)."""
+    lacks: one line, now); with what the result records of it (FP32 against the labels, notes, what
+    ``max_loss`` allows where the metric counts decisions)."""
     judge = Judge(metric, prepared.reference, prepared.dataset.labels)
     fp32 = judge.check()
     notes = judge.notes()
@@ -144,7 +145,10 @@ def judge_for(metric: Metric, prepared: Prepared) -> tuple[Judge, dict]:
     if fp32:
         log.info("FP32 against the data's labels: " + "; ".join(
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
-    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes}
+    if limit := judge.limit_said(max_loss):
+        (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
+    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes,
+                   "limit_in_decisions": limit}
 
 
 @dataclass(frozen=True)
@@ -357,14 +361,23 @@ class PlanContext:
     prepared: Prepared
     config: SearchConfig  # the spec groups the search recorded (a bare plan: the defaults, on the model given)
     trial: int | None = None  # the result's trial the plan is, where it is one
+    named: str = "the plan"  # which plan it is, for the lines that state what was checked or diagnosed
+    recorded_loss: float | None = None  # its loss as the search recorded it (by its metric, on its engine and data)
+
+    def same_judging(self, judge: JudgeSpec, engine: EngineSpec, data: str | os.PathLike | None) -> bool:
+        """Whether a loss measured with ``judge`` on ``engine`` and ``data`` is the figure the search recorded."""
+        recorded = self.config
+        return (self.recorded_loss is not None and data is None and engine.backend == recorded.engine.backend
+                and replace(judge, max_loss=None) == replace(recorded.judge, max_loss=None))
 
 
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
-             shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
+             shapes: Mapping[str, Sequence[int]] | None = None, profile: ProfileSpec | None = None) -> Prepared:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
     external data included), search space and overrides, input shapes, data split (seed) and
     normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
-    INT8 scales stay those the search calibrated. Anything that differs is refused with one line."""
+    INT8 scales stay those the search calibrated; ``profile`` widens the deployment profile (the measured
+    shapes stay). Anything that differs is refused with one line."""
     measured = result.how_measured()
     path, recorded_shapes, fingerprint = measured.model_path, measured.shapes, measured.data_fingerprint
     space = SearchSpace.from_json(measured.search_space)
@@ -381,7 +394,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
                             f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
                             "that model or search again")
-    bounds = (measured.profile.at("min"), measured.profile.at("max")) if measured.profile else None
+    deployed = (profile or ProfileSpec()).applied(measured.profile or result.profile)
+    bounds = (deployed.at("min"), deployed.at("max"))
     recorded_data = measured.data_path
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          measured.seed, measured.image, measured.constants,
@@ -432,6 +446,7 @@ def config_of(measured: HowMeasured) -> SearchConfig:
 def plan_context(
     target: str | os.PathLike, plan: str | os.PathLike | None = None, trial: int | None = None,
     data: str | os.PathLike | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+    profile: ProfileSpec | None = None,
 ) -> PlanContext:
     """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
     (:func:`recreate`); MODEL + a result's best/plan.json, re-created from the record in its header; or
@@ -445,21 +460,24 @@ def plan_context(
             return _from_plan_file(target, Path(plan), document, data, shapes)
         prepared = prepare(target, load_search_space(), data, shapes)
         return PlanContext(_fits(plan_in(document, plan), prepared.info, f"--plan {plan}"), prepared,
-                           SearchConfig(InputSpec(target)))
+                           SearchConfig(InputSpec(target)), named=f"the plan in {plan}")
     result = read_result_dir(target)
     if trial is not None:
-        chosen, number = result.plan_of(trial), trial
+        chosen, number, named = result.plan_of(trial), trial, f"trial {trial} of {target}"
         if chosen is None:
             raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
     elif plan is not None:
-        chosen, number = load_plan(plan), None
+        chosen, number, named = load_plan(plan), None, f"the plan in {plan}"
     elif result.best_plan is not None:
         chosen, number = result.best_plan
+        named = f"trial {number} of {target}, the chosen plan (best/plan.json)"
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
-    prepared = recreate(result, data, shapes)
+    prepared = recreate(result, data, shapes, profile)
     where = f"--plan {plan}" if plan is not None else str(target)
-    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number)
+    shown = result.shown_trial(number)
+    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number, named,
+                       shown.loss if shown else None)
 
 
 def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
@@ -470,7 +488,15 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     prepared = recreate(result, data, shapes)
     chosen, number = result.best_plan
     return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),
-                       number)
+                       number, f"trial {number} in {plan}, as its search recorded it", _loss_in(document))
+
+
+def _loss_in(document: dict) -> float | None:
+    """A plan file's recorded loss (``accuracy_loss``); None where it has none it can be read as."""
+    try:
+        return float(document["accuracy_loss"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def engine_space(

@@ -335,7 +335,7 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
             log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its artifact store "
                      f"({joined.shared.store_dir})")
         prepared = prepare_reference(setup.info, setup.dataset, setup.one_time, setup.cache)
-    judge, judged = judge_for(setup.metric, prepared)
+    judge, judged = judge_for(setup.metric, prepared, config.judge.max_loss)
     running = joined.running
     if joined.done or running:
         budget = config.study.budget
@@ -437,7 +437,7 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
                 setup.engine,
                 lambda plan: measuring.reference.accuracy_loss(plan, screened),
                 screened,
-                shared.ranking.metric.describe(),
+                shared.ranking,
                 config.space.calibration,
                 setup.out_dir / "sensitivity.json",
                 config.progress,

@@ -22,6 +22,7 @@ from autoprec.app.prepare import (
 from autoprec.backends import Backend, get_backend
 from autoprec.core.plan import DEFAULT_CALIBRATION
 from autoprec.core.search_space import load_search_space
+from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
 from autoprec.results import console
 from autoprec.study.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
@@ -34,19 +35,20 @@ def sensitivity_pass(
     engine: Backend,
     loss_of,
     batches: int,
-    metric: str,
+    ranking: Judge,
     calibration: str,
     path: Path,
     progress: bool,
 ) -> tuple[Sensitivity, bool]:
-    """The sensitivity of every searchable unit, read from ``path`` when it was measured the same way."""
+    """The sensitivity of every searchable unit (each loss by the ``ranking`` judge, which it records in words),
+    read from ``path`` when it was measured the same way."""
     method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
-    key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), metric, method, batches)
+    key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), ranking.metric.describe(), method, batches)
     steps = sum(len(u.allowed) - 1 for u in prepared.info.dimensions)
     with console.StepProgress("sensitivity", steps, enabled=progress) as bar:
-        found, from_cache = cached_sensitivity(path, key, lambda: analyse_sensitivity(
+        found, from_cache = cached_sensitivity(path, key, lambda: replace(analyse_sensitivity(
             prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
-        ))
+        ), judged=ranking.said()))
     if from_cache:
         log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
     else:
@@ -93,7 +95,7 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     )
     found, _ = sensitivity_pass(
         prepared, engine, lambda plan: measurer.accuracy_loss(plan, batches),
-        batches, ranking.metric.describe(), space_spec.calibration, out_dir / "sensitivity.json", config.progress,
+        batches, ranking, space_spec.calibration, out_dir / "sensitivity.json", config.progress,
     )
     engine.drop_kept_builds()  # no trial follows
     plot_sensitivity(found, model_path.name, out_dir / "sensitivity.png")

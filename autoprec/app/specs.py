@@ -18,6 +18,7 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS
 from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import DEFAULT_CALIBRATION
+from autoprec.core.profile import ShapeProfile
 from autoprec.measure.accuracy import HeadOptions
 from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, redacted
 
@@ -538,3 +539,54 @@ class IsolationSpec(Group):
             raise AutoprecError(f"--trial-timeout {self.trial_timeout:g}: a candidate is built, then timed for at least "
                                 f"0.2 s of runs; give {MIN_TRIAL_SECONDS:g} second(s) or more")
         return self
+
+
+def _batch_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        found = (int(low), int(high))
+        if not sep or not 0 < found[0] <= found[1]:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW:HIGH batch sizes, 0 < LOW <= HIGH, e.g. 1:8") from None
+    return found
+
+
+@dataclass(frozen=True)
+class ProfileSpec(Group):
+    """The deployment profile an export is written for: the search's, widened where asked (``min_shapes`` /
+    ``max_shapes`` by input, ``batch``: the dynamic first dim of every input that has one, LOW to HIGH). Widening
+    needs no new search: the plan is lowered onto the source's dims and checked at the new min and max."""
+
+    min_shapes: Mapping[str, Sequence[int]] | None = None
+    max_shapes: Mapping[str, Sequence[int]] | None = None
+    batch: tuple[int, int] | None = None
+
+    DESTS = {"min_shapes": "min_shape", "max_shapes": "max_shape"}
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("deployment profile (default: the search's; widened without a new search, "
+                                          "the plan checked against the given model at the new min and max)")
+        group.add_argument("--batch", type=_batch_range, metavar="LOW:HIGH",
+                           help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the measured batch "
+                                "within them)")
+        group.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                           help="the smallest shape input NAME takes, e.g. x=1x3x48x160 (repeatable)")
+        group.add_argument("--max-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                           help="the largest shape input NAME takes, e.g. x=8x3x48x960 (repeatable)")
+
+    @classmethod
+    def given(cls, args: argparse.Namespace) -> dict[str, Any]:
+        return {k: (dict(v) or None if k.endswith("shapes") else v) for k, v in super().given(args).items()}
+
+    @property
+    def widens(self) -> bool:
+        return bool(self.min_shapes or self.max_shapes or self.batch)
+
+    def applied(self, profile: ShapeProfile) -> ShapeProfile:
+        """``profile`` widened as asked (itself where nothing is), or one line naming the option that cannot be."""
+        if not self.widens:
+            return profile
+        as_dims = lambda shapes: {k: tuple(v) for k, v in (shapes or {}).items()}  # noqa: E731
+        return profile.widened(as_dims(self.min_shapes), as_dims(self.max_shapes), self.batch)

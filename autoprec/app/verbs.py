@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -23,16 +24,18 @@ from autoprec.app.prepare import (
     result_dir,
     wanted_metric,
 )
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec
+from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy
-from autoprec.measure.measurement import measure
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy
+from autoprec.measure.diagnosis import UnitError
+from autoprec.measure.measurement import measure, screening_batches
 from autoprec.results.files import (
     json_safe,
     read_result_dir,
@@ -47,6 +50,24 @@ from autoprec.study.coordination import (
 log = logging.getLogger("autoprec")
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """What ``diagnose`` found: per unit (see :class:`autoprec.measure.diagnosis.UnitError`), each one's
+    ``alone_loss`` by the judge the search's sensitivity pass ranks with (``alone_said``: its metric, in words);
+    the plan's own loss by the search's metric on every evaluation batch (``loss_said``), and the figure the
+    search recorded for it where this is the same judging (None otherwise)."""
+
+    rows: list[UnitError]
+    out_dir: Path
+    named: str  # which plan
+    batches: int  # evaluation batches the units were diagnosed on
+    alone_said: str
+    loss: float
+    loss_said: str
+    evaluation_batches: int
+    recorded_loss: float | None
+
+
 def diagnose_plan(
     target: str | os.PathLike,
     plan: str | os.PathLike | None = None,
@@ -54,27 +75,41 @@ def diagnose_plan(
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     engine: EngineSpec | None = None,
-    batches: int = 4,
+    batches: int | None = None,
     out: str | os.PathLike | None = None,
-) -> tuple[list, Path]:
-    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis)."""
-    from autoprec.measure.diagnosis import diagnose
+) -> Diagnosis:
+    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis).
+    The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
+    evaluation batches (``batches``, default a quarter of them), so a unit's figure is the one sensitivity.json
+    holds; the plan's own loss by the search's metric on them all, the figure the search recorded."""
+    from autoprec.measure.diagnosis import diagnose, model_outputs
     from autoprec.results.plots import plot_errors
 
     context = plan_context(target, plan, trial, data, shapes)
     prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
-    engine = _engine(engine or context.config.engine)
-    rows = diagnose(prepared.info, engine, prepared.ranges, found, list(prepared.dataset.evaluation)[:batches])
+    engine_spec = engine or context.config.engine
+    engine_ = _engine(engine_spec)
+    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), prepared.info,
+                                    prepared.dataset), prepared)
+    ranking = judge.for_ranking()
+    evaluation = list(prepared.dataset.evaluation)
+    used = evaluation[:batches or screening_batches(len(evaluation))]
+    rows = diagnose(prepared.info, engine_, prepared.ranges, found, used, ranking.loss_of)
+    loss = judge.loss_of(model_outputs(engine_, engine_.lower(prepared.info, found, prepared.ranges), evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    label = f"trial {trial}" if trial is not None else "plan"
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(), len(evaluation),
+                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
-        "model": str(model_path), "engine": engine.info().to_json(), "plan": found.to_json(),
-        "batches": min(batches, len(prepared.dataset.evaluation)), "units": [r.to_json() for r in rows],
+        "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
+        "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
+        "loss": {"value": loss, "metric": diagnosis.loss_said, "batches": len(evaluation),
+                 "recorded": diagnosis.recorded_loss},
     }))
     counts = found.counts()
-    title = f"{model_path.name} · {label} ({counts['int8']} int8 / {counts['fp16']} fp16) · {engine.info().label()}"
-    plot_errors(rows, title, out_dir / "error_by_layer.png")
-    return rows, out_dir
+    label = f"trial {context.trial}" if context.trial is not None else "plan"
+    title = f"{model_path.name} · {label} ({counts['int8']} int8 / {counts['fp16']} fp16) · {engine_.info().label()}"
+    plot_errors(rows, title, out_dir / "error_by_layer.png", f"model loss ({diagnosis.alone_said})")
+    return diagnosis
 
 
 def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
@@ -119,7 +154,9 @@ def check_plan(
     latency_budget_ms: float | None = None,
 ) -> dict:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
-    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
+    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu). The report names
+    the plan checked, says what its loss is (``loss_said``: the metric, with what it reads on the outputs it is
+    blind to) and, where this is the search's own judging, the figure the search recorded (``recorded_loss``)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
     context = plan_context(target, plan, None, data, shapes)
@@ -139,8 +176,10 @@ def check_plan(
     if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
         failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
     return {
-        "passed": not failures, "failures": failures, "model": str(model_path), "engine": engine.info().to_json(),
-        "metric": metric.name, "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "passed": not failures, "failures": failures, "checked": context.named, "trial": context.trial,
+        "model": str(model_path), "engine": engine.info().to_json(), "metric": metric.name,
+        "loss_said": judge_of.said(), "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
+        "recorded_loss": context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
         "measurement": result.to_json(), "plan": found.to_json(),
     }
 
@@ -149,51 +188,72 @@ def _engine(spec: EngineSpec):
     return get_backend(spec.backend, spec.device, None, spec.threads)
 
 
-def lowered_for_export(result_dir: str | os.PathLike,
-                       trial: int | None = None) -> tuple[StoredModel, str, str, int]:
-    """The measured model of a result's chosen plan (best/model.onnx) or of --trial N (lowered again), with
-    the note that says which, the model's stem and the trial's number."""
+@dataclass(frozen=True)
+class ForExport:
+    """A result's plan as an export ships it: the model, the note that says which plan it is, the model's stem
+    and the trial's number, the deployment profile it is written for and its checks against the given model
+    there (:class:`autoprec.measure.deployment.PointCheck`; none where best/ recorded none)."""
+
+    model: StoredModel
+    note: str
+    stem: str
+    trial: int
+    profile: ShapeProfile
+    checks: tuple[PointCheck, ...]
+
+
+def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
+                       profile: ProfileSpec | None = None) -> ForExport:
+    """The measured model of a result's chosen plan (best/model.onnx, with the checks best/ recorded) or of
+    --trial N, or of either on a widened profile (``profile``: lowered again and checked at its points)."""
     result = read_result_dir(result_dir)
     stem, engine = result.model_path.stem, result.engine
-    if trial is None:
-        if result.best_plan is None:
-            raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+    if trial is None and result.best_plan is None:
+        raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
+    if trial is None and not (profile and profile.widens):
         number = result.best_plan[1]
         note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
-        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number
-    context = plan_context(result_dir, trial=trial)
+        checks = result.shipped_as.checks if result.shipped_as else ()
+        return ForExport(stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number, result.profile,
+                         checks)
+    context = plan_context(result_dir, trial=trial, profile=profile)
     form = QDQForm(engine.qdq_form)
-    model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
-    return model, f"autoprec: trial {trial}, measured on {engine.engine} {engine.provider}", stem, trial
+    model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
+    chosen = " (chosen)" if context.trial == result.chosen_number else ""
+    return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} {engine.provider}",
+                     stem, context.trial, info.shape_profile, checks)
 
 
-def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo]:
-    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), and the model
-    information of the graph it was lowered onto."""
+def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo, tuple[PointCheck, ...]]:
+    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the model
+    information of the graph it was lowered onto, and its checks against the given model at each point of the
+    profile."""
     info = context.prepared.info
     deployment = deploy(info, lower, None, context.prepared.dataset.evaluation[:CHECKED_BATCHES])
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
-        return deployment.model, info
+        return deployment.model, info, deployment.checks
     for check in deployment.checks:
         if not check.passed:
             log.warning(f"at the profile's {check.point} shape: "
                         f"{check.error or 'the exported model gives outputs of other shapes than the given model'}")
-    return deployment.model, info.for_deployment()
+    return deployment.model, info.for_deployment(), deployment.checks
 
 
-def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None) -> BuildSpec:
+def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
+                        profile: ProfileSpec | None = None) -> BuildSpec:
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
-    TensorRT's Q/DQ form, its units, calibrated ranges, and the measured figures."""
+    TensorRT's Q/DQ form, its units, calibrated ranges, the measured figures, and the deployment profile
+    (``profile``: the search's widened) with the plan's checks against the given model across it."""
     from autoprec.backends.tensorrt import (
         stamp_plan,  # the TensorRT backend module only where TensorRT is meant
     )
 
     result = read_result_dir(result_dir)
-    context = plan_context(result_dir, trial=trial)
+    context = plan_context(result_dir, trial=trial, profile=profile)
     prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
-    model, info = deployed(context, lambda graph: stamp_plan(lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT),
-                                                             graph, plan))
+    model, info, checks = deployed(context, lambda graph: stamp_plan(
+        lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT), graph, plan))
     steadiness = result.versus.steadiness
     return BuildSpec(
         name=model_path.stem,
@@ -210,6 +270,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None)
         drift="; ".join(filter(None, [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
         versus=result.versus if context.trial == result.chosen_number else None,
         samples=tuple(prepared.dataset.evaluation[:CHECKED_BATCHES]),
+        checks=checks,
     )
 
 

@@ -70,6 +70,37 @@ class ShapeProfile:
     def to_json(self) -> dict[str, Any]:
         return {"inputs": [i.to_json() for i in self.inputs]}
 
+    def said(self) -> str:
+        """``x [N, 3, 16, 16] min 1x3x16x16 · opt 4x3x16x16 · max 8x3x16x16`` per input with a dynamic dim; the
+        fixed shapes where none has one."""
+        if not self.dynamic:
+            return "fixed shapes " + "; ".join(f"{i.name} {dims_text(i.opt) or 'scalar'}" for i in self.inputs)
+        return "; ".join(f"{i.name} {declared_text(i.declared)} min {dims_text(i.min)} · opt {dims_text(i.opt)} "
+                         f"· max {dims_text(i.max)}" for i in self.inputs if i.dynamic_axes)
+
+    def widened(self, low: Mapping[str, Dims] | None = None, high: Mapping[str, Dims] | None = None,
+                batch: tuple[int, int] | None = None) -> ShapeProfile:
+        """This profile with the min and max shapes given (``low``/``high``, by input) and the dynamic first dim
+        of every input that has one from ``batch``'s first to its last; opt, the measured shapes, stays. Checked
+        as a search checks --min-shape/--max-shape (one line naming the option and input)."""
+        if not self.dynamic and (low or high or batch):
+            raise ModelError("the model declares no dynamic dim (" + self.said() + "): its exports take the measured "
+                             "shapes only; search a model with dynamic dims for a profile")
+        low, high = dict(low or {}), dict(high or {})
+        if batch is not None:
+            batched = [i for i in self.inputs if i.declared and not isinstance(i.declared[0], int)]
+            if not batched:
+                raise ModelError(f"--batch: no input has a dynamic first dim ({self.said()}); give --min-shape and "
+                                 "--max-shape instead")
+            for i in batched:
+                low[i.name] = (batch[0], *low.get(i.name, i.min)[1:])
+                high[i.name] = (batch[1], *high.get(i.name, i.max)[1:])
+        declared, opt = [(i.name, i.declared) for i in self.inputs], self.at("opt")
+        # an input not given keeps its recorded bound, unless it shares a dim name with one given
+        low = {**self.at("min"), **_shared_dims(declared, opt, low, "--min-shape")}
+        high = {**self.at("max"), **_shared_dims(declared, opt, high, "--max-shape")}
+        return shape_profile(declared, opt, low, high)
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShapeProfile:
         return cls(tuple(InputRange(i["name"], tuple(i["declared"]), tuple(i["min"]), tuple(i["opt"]), tuple(i["max"]))

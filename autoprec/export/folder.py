@@ -10,6 +10,9 @@ from typing import Sequence
 
 from autoprec.analysis.model import model_sha256
 from autoprec.core import atomic
+from autoprec.core.profile import ShapeProfile
+from autoprec.measure.deployment import PointCheck
+from autoprec.results.files import json_safe
 
 MANIFEST = "export.json"
 EXPORT_SCHEMA = "autoprec.export/1"
@@ -32,11 +35,15 @@ def clear(folder: Path) -> None:
             path.unlink()
 
 
-def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path, sha256: str | None = None) -> Path:
+def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path, sha256: str | None = None,
+           profile: ShapeProfile | None = None, checks: Sequence[PointCheck] = ()) -> Path:
     """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data files included;
-    ``sha256`` where a build report already has it: a large model is read once)."""
+    ``sha256`` where a build report already has it: a large model is read once), the deployment profile it is
+    written for and its checks against the given model there."""
     folder = Path(folder)
     files = sorted({str(Path(p).resolve().relative_to(folder.resolve())) for p in written})
-    return atomic.write_json(folder / MANIFEST, {"schema": EXPORT_SCHEMA, "trial": trial, "format": fmt,
-                                                 "model": str(model.relative_to(folder)),
-                                                 "model_sha256": sha256 or model_sha256(model), "files": files})
+    return atomic.write_json(folder / MANIFEST, json_safe({
+        "schema": EXPORT_SCHEMA, "trial": trial, "format": fmt, "model": str(model.relative_to(folder)),
+        "model_sha256": sha256 or model_sha256(model), "files": files,
+        "profile": profile.to_json() if profile is not None else None,
+        "checked_against_source": [c.to_json() for c in checks]}))

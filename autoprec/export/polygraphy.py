@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from autoprec.analysis.data import Batch
 from autoprec.core import atomic
+from autoprec.core.escape import printable
 from autoprec.export.tensorrt import NOT_RUN, BuildSpec
 
 # The engine's outputs may differ from FP32 by this many times the largest error the search measured of the plan
@@ -50,10 +52,18 @@ def _shapes(spec: BuildSpec, point: str) -> list[str]:
     return [f"{i.name}:[{','.join(map(str, i.at(point)))}]" for i in spec.profile.inputs if i.dynamic_axes]
 
 
-def check_script(spec: BuildSpec) -> str:
-    """The commands: the FP32 reference, the strongly typed build compared with it, the engine's layers."""
+def source_from(folder: Path, source: Path) -> str:
+    """The given model as check.sh names it: relative to the export's folder, which the script runs in, so it
+    still runs after the result folder (with the model beside it) moves."""
+    return os.path.relpath(Path(source).resolve(), Path(folder).resolve())
+
+
+def check_script(spec: BuildSpec, folder: Path) -> str:
+    """The commands, run in the script's own folder (``folder``, where the export is): the FP32 reference, the
+    strongly typed build compared with it, the engine's layers."""
     quoted = shlex.quote
-    reference = [f"polygraphy run {quoted(str(spec.original_model))} --onnxrt", "--load-inputs inputs.json",
+    source = source_from(folder, spec.original_model)
+    reference = [f"polygraphy run {quoted(source)} --onnxrt", "--load-inputs inputs.json",
                  "--save-outputs fp32_outputs.json"]
     compare = ["polygraphy run model.onnx --trt --strongly-typed", "--load-inputs inputs.json",
                "--load-outputs fp32_outputs.json", "--save-engine model.plan --profiling-verbosity DETAILED",
@@ -72,12 +82,15 @@ def check_script(spec: BuildSpec) -> str:
         "ONNX Runtime, on the search's evaluation data;",
         f"each output's tolerance: {TOLERANCE_FACTOR:g}x the largest absolute error the search measured of this plan "
         "against FP32 (ONNX Runtime ran it). TensorRT picks other kernels: a failure is a reason to look, not proof.",
+        f"The given model is named relative to this folder ({printable(source)}; it was {printable(spec.original_model)}"
+        " when this was written): move the result folder with the model beside it, or edit that path.",
     ))
     commands = (" \\\n    ".join(command) for command in (reference, compare, inspect))
-    return "\n\n".join(["#!/bin/sh\nset -e", header, *commands]) + "\n"
+    here = 'cd "$(dirname "$0")"  # the files it reads and writes are beside it'
+    return "\n\n".join([f"#!/bin/sh\nset -e\n{here}", header, *commands]) + "\n"
 
 
 def write_polygraphy_export(spec: BuildSpec, batches: Sequence[Batch], out: Path) -> list[Path]:
-    script = atomic.write_bytes(out / "check.sh", check_script(spec).encode())
+    script = atomic.write_bytes(out / "check.sh", check_script(spec, out).encode())
     script.chmod(0o755)
     return [atomic.write_bytes(out / "inputs.json", polygraphy_inputs(batches)), script]

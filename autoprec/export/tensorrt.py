@@ -27,6 +27,8 @@ from autoprec.core.escape import markdown_code, markdown_text, printable, shell_
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
+from autoprec.measure.deployment import PointCheck
+from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ShownTrial
 from autoprec.results.record import Versus, noise_verdict
 
@@ -56,6 +58,7 @@ class BuildSpec:
     drift: str | None  # the search's timing drift, where worth saying (autoprec.results.record.Drift)
     versus: Versus | None = None  # the chosen plan's speed-ups with their intervals, if it is the chosen one
     samples: tuple[Batch, ...] = ()  # evaluation batches of the search's data, for a check of the built engine
+    checks: tuple[PointCheck, ...] = ()  # the exported plan against the given model at each point of the profile
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -222,7 +225,7 @@ SOURCE_MODEL = {name!r}  # the FP32 model autoprec searched
 TRIAL = {trial!r}
 ONNX = sys.argv[1] if len(sys.argv) > 1 else "model.onnx"
 PLAN = sys.argv[2] if len(sys.argv) > 2 else "model.plan"
-PROFILE = {profile!r}  # per dynamic input: (min, opt, max), the shapes autoprec's search was given
+PROFILE = {profile!r}  # per dynamic input: (min, opt, max), the deployment profile of the export
 TIMING_CACHE = Path("timing.cache")
 RTX = trt.__name__.startswith("tensorrt_rtx")  # compiles kernels at run time: no build-time timing cache
 
@@ -290,12 +293,30 @@ def _versus_fp32(spec: BuildSpec, trial: ShownTrial, fp32: ShownTrial | None) ->
         source = spec.versus.source
         said = f"{versus.text()} all-FP32 ({versus.verdict()})"
         return said + (f"; {source.text()} the given model as it is" if source else "")
-    return f"{fp32.final_ms / trial.final_ms:.2f}× all-FP32 ({noise_verdict(trial.faster_beyond_noise_than(fp32))})"
+    return (f"{ratio_text(fp32.final_ms / trial.final_ms)}× all-FP32 "
+            f"({noise_verdict(trial.faster_beyond_noise_than(fp32))})")
 
 
 def _profile_row(i: InputRange) -> str:
     return (f"| {markdown_code(i.name)} | {markdown_text(declared_text(i.declared))} "
             f"| {dims_text(i.min)} | {dims_text(i.opt)} | {dims_text(i.max)} |")
+
+
+def _profile_said(spec: BuildSpec) -> str:
+    """Under the card's profile table: what an engine built from the export takes, and how close the exported
+    plan came to the given model at each point of the profile (ONNX Runtime CPU)."""
+    if not spec.keeps_source_dims:
+        return "The model's inputs are fixed at the measured shapes: an engine built from it takes those only."
+    said = ("An engine built from `model.onnx` takes the shapes from min to max only (the search timed at opt); "
+            "`autoprec export --batch LOW:HIGH` or `--min-shape`/`--max-shape` widens the profile without a new "
+            "search.")
+    checks = [c for c in spec.checks if c.point != "data"]
+    if checks:
+        said += (" Against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): "
+                 + ", ".join(f"{c.point} " + (f"cosine loss {c.loss:.2e}" if c.loss is not None else
+                                              f"FAILED ({markdown_text(c.error or 'other output shapes')})")
+                             for c in checks) + ".")
+    return said
 
 
 def markdown_card(spec: BuildSpec) -> str:
@@ -366,8 +387,7 @@ flowchart LR
 |---|---|---|---|---|
 {profile}
 
-The search timed at opt; best/plan.json's `deployment` says how close the chosen model came to the
-source at each shape (ONNX Runtime CPU).
+{_profile_said(spec)}
 
 ## Per-unit precision
 
@@ -386,7 +406,8 @@ def write_tensorrt_export(spec: BuildSpec, fmt: str, out: Path) -> list[Path]:
     if fmt in ("trtexec", "python", "markdown", "polygraphy"):
         written += save_models({out / "model.onnx": spec.model}, external=external)
     shapes = ", ".join(f"{printable(name)} {'x'.join(map(str, shape))}" for name, shape in spec.input_shapes.items())
-    inputs = (f"Inputs keep the source's dynamic dims, built for the shape profile (the plan was measured at {shapes})"
+    inputs = (f"Inputs keep the source's dynamic dims, built for the shape profile {printable(spec.profile.said())} "
+              f"(the plan was measured at {shapes}); an engine built from it takes those shapes only"
               if spec.keeps_source_dims else f"Inputs are fixed at the shapes the plan was measured at: {shapes}")
     if fmt == "trtexec":
         header = f"{NOT_RUN}\nBuilds on {BUILDS_ON}. {inputs}"

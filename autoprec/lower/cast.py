@@ -174,11 +174,17 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
                     edit.add("Cast", f"{prefix}{name}_cast_fp16", [_cast_source(edit, name)], [casts_in[name]],
                              to=TensorProto.FLOAT16)
                 edit.set_input(node, i, casts_in[name])
-    inside = set(positions)
+    _cast_back(edit, half, set(positions))
+
+
+def _cast_back(edit: GraphEdit, half: dict[str, str], inside: set[int]) -> None:
+    """Each region output (FP32 name -> its FP16 tensor) cast back once for the readers outside the region and
+    the graph's outputs; a reader of its shape alone (TYPE_BLIND) reads the FP16 tensor instead."""
+    index = edit.index
     for original, fp16 in half.items():
-        outside = [p for p in (*index.readers.get(original, ()), *index.implicit.get(original, ())) if p not in inside]
-        for position in [p for p in outside if index.graph.node[p].op_type in TYPE_BLIND and p not in
-                         index.implicit.get(original, ())]:  # its shape is the same in FP16: no Cast for it
+        implicit = index.implicit.get(original, ())
+        outside = [p for p in (*index.readers.get(original, ()), *implicit) if p not in inside]
+        for position in [p for p in outside if index.graph.node[p].op_type in TYPE_BLIND and p not in implicit]:
             node = edit.node(position)
             edit.set_input(node, list(edit.ins[id(node)]).index(original), fp16)
             outside.remove(position)

@@ -302,6 +302,51 @@ class Judge:
                       for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
         return notes
 
+    def said(self) -> str:
+        """What the constraint's figure is, in words every verb shows it in: the metric's name, with what it reads
+        instead on the outputs it is blind to (``cosine (as rel_l2 on 'y': 2 values per item)``)."""
+        if self.metric.name not in SIMILARITY_METRICS:
+            return self.metric.name
+        instead = [f"share of differing values on {name!r}" for name, value in self.reference[0].items()
+                   if value.dtype.kind in "iub"]
+        if self.metric.name == "cosine":
+            instead += [f"rel_l2 on {name!r}: {value.size // max(1, len(np.atleast_1d(value)))} value(s) per item"
+                        for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
+        return self.metric.name + (f" (as {'; '.join(instead)})" if instead else "")
+
+    def decisions(self) -> int | None:
+        """How many decisions the constraint counts where it counts them (``top1``: the top-1 decisions of the one
+        output it scores, over the evaluation batches; ``top1@labels``: its labelled items), so a loss is a
+        whole number of them over this; None for a metric that counts none (or over several outputs)."""
+        if self.metric.task != "top1" or self.metric.user_function is not None:
+            return None
+        key = "top1_labels" if self.metric.against_labels else "top1"
+        scored = [name for name, values in self._own(len(self.reference)).items() if key in values]
+        if len(scored) != 1:
+            return None
+        shape = np.shape(np.concatenate([np.atleast_1d(r[scored[0]]) for r in self.reference]))
+        if not self.metric.against_labels:
+            return int(np.prod(shape[:-1]))
+        truth = _stacked(self.labels)["labels"]
+        return int((truth >= 0).sum())
+
+    def limit_said(self, max_loss: float | None) -> str | None:
+        """What ``--max-loss`` allows in decisions where the constraint counts them (12 items, top1 at 0.01: none)."""
+        count = self.decisions()
+        if count is None or not count or max_loss is None:
+            return None
+        allowed, one = math.floor(max_loss * count + 1e-9), 1.0 / count
+        what = "fewer correct answers than FP32's" if self.metric.against_labels else "changed top-1 decision(s)"
+        said = (f"--max-loss {max_loss:g} with --metric {self.metric.name} over {count} evaluation decision(s) "
+                f"allows {allowed} {what}: each is a loss of {one:.3g}")
+        if allowed == 0:
+            said += f"; give --max-loss {one:.3g} or more to allow one, or more evaluation data"
+        return said
+
+    def loss_of(self, outputs: Outputs) -> float:
+        """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""
+        return self.loss(self.metrics(outputs), outputs)
+
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         reference = self.reference[: len(outputs)]
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -41,7 +41,8 @@ class UnitError:
     cosine: float
     max_abs: float
     added_rel_l2: float  # this unit alone in its precision, fed FP32 inputs; 0 for FP32 units
-    alone_loss: float  # the model's accuracy loss (1 - mean cosine of its outputs) with only this unit reduced
+    alone_loss: float  # the model's loss with only this unit reduced, by the judge diagnose is given (the search's
+    # sensitivity pass's: the same figure sensitivity.json holds for it)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +58,12 @@ def _run(
     return [{**out, **{name: out[read] for name, read in zip(names, read_as)}} for out in runs]
 
 
+def model_outputs(backend: Backend, model: StoredModel, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
+    """The model's outputs on each batch, as ``backend`` runs it."""
+    with backend.prepare(model) as runner:
+        return [runner.run(b) for b in batches]
+
+
 def _unit_tensor(model: StoredModel, name: str) -> str:
     """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16 copy)."""
     produced = {t for _, graph in graphs(model.proto.graph) for n in graph.node for t in n.output}
@@ -69,11 +76,16 @@ def _error(reference: list[dict], candidate: list[dict], ref_name: str, cand_nam
     return output_metrics(ref, cand)
 
 
+ModelLoss = Callable[[list[dict[str, np.ndarray]]], float]  # a judge's loss of the model's outputs, batch by batch
+
+
 def diagnose(
-    info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan, batches: Sequence[Batch]
+    info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan, batches: Sequence[Batch],
+    model_loss: ModelLoss,
 ) -> list[UnitError]:
-    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``
-    (units the batches never run, in an If branch they do not take, are left out)."""
+    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``, and the
+    model's loss (``model_loss``, of its outputs on ``batches``) with only that unit reduced (units the batches
+    never run, in an If branch they do not take, are left out)."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
     reference = _run(backend, info.stored, outputs, batches)
@@ -92,7 +104,7 @@ def diagnose(
             alone_name = _unit_tensor(alone, unit.output)
             alone_out = _run(backend, alone, [alone_name], batches)
             added = _error(reference, alone_out, unit.output, alone_name)["rel_l2"]
-            alone_loss = float(np.mean([1 - _error(reference, alone_out, f, f)["cosine"] for f in finals]))
+            alone_loss = model_loss([{f: out[f] for f in finals} for out in alone_out])
         rows.append(UnitError(index, unit.name, unit.op_type, precision.value, unit.output,
                               accumulated["rel_l2"], accumulated["cosine"], accumulated["max_abs"], added, alone_loss))
     return rows

@@ -85,7 +85,22 @@ class Speedup:
                 "beyond_timing_noise": self.beyond_timing_noise, "method": METHOD}
 
     def label(self) -> str:
-        return f"{self.speedup:.2f}× ({self.low:.2f}–{self.high:.2f}, {100 * self.confidence:.0f} %)"
+        return interval_text(self.speedup, self.low, self.high, self.confidence)
+
+
+def ratio_text(value: float) -> str:
+    """A ratio to two decimals, or to as many more as tell it from 1: whether a speed-up is beyond timing noise
+    is which side of 1 its interval's bound lies on, so a bound of 1.0002 is said so, never "1.00"."""
+    for digits in range(2, 9):
+        said = f"{value:.{digits}f}"
+        if value == 1.0 or float(said) != 1.0:
+            break
+    return said
+
+
+def interval_text(ratio: float, low: float, high: float, confidence: float) -> str:
+    """``1.10× (1.0002–1.18, 95 %)``: a speed-up with its interval (see :func:`ratio_text`)."""
+    return f"{ratio_text(ratio)}× ({ratio_text(low)}–{ratio_text(high)}, {100 * confidence:.0f} %)"
 
 
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,

@@ -23,11 +23,13 @@ from rich.text import Text
 
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
-from autoprec.core.profile import declared_text, dims_text
+from autoprec.core.profile import ShapeProfile, declared_text, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
+from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, ShownTrial, decisions
 from autoprec.results.record import SearchFacts, Versus
+from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
 from autoprec.study.search import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
@@ -150,7 +152,8 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     """Units least sensitive per time saved first (the order the warm start lowers them in)."""
     precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
     saving = [p for p in precisions if sensitivity.profiled(Precision(p))]
-    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss with only this unit lowered, "
+    judged = f" ({sensitivity.judged})" if sensitivity.judged else ""
+    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this unit lowered, "
                               f"{sensitivity.batches} batch(es)"), title_justify="left")
     columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving), *(f"{p}\nloss" for p in precisions))
     for column in columns:
@@ -184,32 +187,38 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
 
 
 def front_table(result: ResultFiles) -> Table:
-    """The Pareto front of a result, fastest first, the chosen plan marked."""
-    engine, chosen_number = result.engine, result.chosen_number
+    """The Pareto front of a result, fastest first, the chosen plan marked; then the other trials its lines name
+    (see :mod:`autoprec.results.rows` for what each column is)."""
+    engine = result.engine
+    rows = trial_rows(result)
+    named = len(rows) > len(result.pareto["front"])
     table = Table(
-        title=plain(f"Pareto front — {engine.engine} {engine.version} {engine.provider} on {engine.device}"),
+        title=plain(f"Pareto front{' and the plans named below' if named else ''} — {engine.engine} {engine.version} "
+                    f"{engine.provider} on {engine.device}"),
         title_justify="left",
     )
     metric = plain(f"loss ({result.facts.metric})")
-    for column in ("trial", "ms", "trial p10–p90", "×fp32", metric, "i8/f16/f32", ""):
+    for column in ("trial", "ms", "range", "×fp32", metric, "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", overflow="fold")
-    front, versus = result.shown_front(), result.versus.fp32
-    chosen = next((t for t in front if t.number == chosen_number), None)
-    fp32_ms = chosen.final_ms * versus.speedup if versus and chosen else None
-    for t in front:
+    for row in rows:
+        t = row.trial
         table.add_row(
             str(t.number),
-            f"{t.final_ms:.3f}" + (" ⚠" if t.unstable else ""),
-            f"{t.timing.p10_ms:.3f}–{t.timing.p90_ms:.3f}",
-            f"{fp32_ms / t.final_ms:.2f}" if fp32_ms else "—",
+            f"{row.ms:.3f}" + (" ⚠" if t.unstable else ""),
+            f"{row.low:.3f}–{row.high:.3f}",
+            ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             _loss(t.loss),
             t.mix,
-            Text("chosen", style="bold red") if t.number == chosen_number else "",
+            Text(", ".join(row.roles), style="bold red" if row.chosen else ""),
         )
-    if any(t.unstable for t in front):
-        table.caption = (f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
-                         "after re-timing")
-        table.caption_justify = "left"
+    notes = [COLUMNS_SAID]
+    if said := roles_said(rows):
+        notes.append(said)
+    if any(row.trial.unstable for row in rows):
+        notes.append(f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
+                     "after re-timing")
+    table.caption = "\n".join(notes)
+    table.caption_justify = "left"
     return table
 
 
@@ -268,6 +277,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
             line += f"; of that, autoprec's all-FP32 graph alone: {versus.preparation.text()}"
         lines.append(line)
     lines += [f"        {line}" for line in facts.held_out_said(chosen.number)]
+    if facts.limit_in_decisions:
+        lines.append(f"        {facts.limit_in_decisions}")
     if unproven := versus.not_shipped:
         lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
     if drift := facts.drift_said:
@@ -306,6 +317,25 @@ def deployment_lines(result: ResultFiles) -> list[str]:
             )
         )
     return lines + _checked_against_source(shipped.checks)
+
+
+def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], result_dir: str,
+                         widened: bool) -> list[str]:
+    """Where an export is written: the deployment profile it is for (an engine built from it takes those shapes
+    only), the plan's checks against the given model there, and how to widen it where a dim is held to one size."""
+    if not profile.dynamic:
+        return [f"the export takes the measured, {profile.said()} (the model declares no dynamic dim)"]
+    lines = [f"deployment profile{' (widened)' if widened else ''}: {profile.said()}; an engine built from this "
+             "export takes these shapes only", *_checked_against_source(checks)]
+    held = [i for i in profile.inputs if any(i.min[a] == i.max[a] for a in i.dynamic_axes)]
+    if held:
+        batch = profile.batch_range()
+        example = (f"--batch 1:{max(batch[1], 8)}" if batch and batch[0] == batch[1]
+                   else f"--max-shape {held[0].name}={dims_text(held[0].max)}")
+        lines.append(f"        a dynamic dim is held to one size here; to deploy at others, export again with --batch "
+                     f"LOW:HIGH or --min-shape/--max-shape (e.g. autoprec export {result_dir} … {example}): no new "
+                     "search, the plan is checked against the given model at the new min and max")
+    return lines
 
 
 def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:

@@ -308,6 +308,7 @@ SEARCH = {
     "plan_ignored": Optional_([int]),
     "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))),
     "metric_notes": Optional_([str]),
+    "limit_in_decisions": Optional_(Nullable(str)),
     "decision_changes": Optional_([str]),
     "metric_tasks": Optional_({"tasks": [str], "options": dict}),
     "held_out": Optional_({"batches": int, "max_loss": Nullable(NUMBER), "engine": str,

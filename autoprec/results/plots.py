@@ -1,20 +1,35 @@
-"""Figures from a result directory. Reads result files only; never writes results."""
+"""Figures from a result directory. Reads result files only; never writes results.
+
+Each figure is made by a ``*_figure`` function (what tests read back, drawn) and saved by its ``plot_*``
+function. Every text in them is plain: names from the model and the file system are drawn as they are
+(math text is off), so tick labels are written as plain text too, and each figure grows until every
+text it draws lies inside it."""
 
 from __future__ import annotations
 
 import math
+import textwrap
+import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from autoprec.core import atomic
+from autoprec.core.escape import printable
 from autoprec.measure.diagnosis import UnitError, culprits
 from autoprec.results.files import ResultFiles, ShownTrial
 from autoprec.study.sensitivity import Sensitivity
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
 PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
+NAME_CHARS = 40  # a unit's name on an axis: its last this many characters (the end tells units apart)
+GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
+SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def _point(trial: ShownTrial) -> tuple[float, float, float, float] | None:
@@ -36,13 +51,81 @@ def _pyplot():
     return plt
 
 
+def number_text(value: float) -> str:
+    """A tick's value as plain text: ``0.25``, ``300``; beyond them ``10⁻⁵``, ``2×10⁻⁵`` (matplotlib writes
+    log ticks as math text, which is off here: it would print ``$\\mathdefault{10^{-5}}$``)."""
+    if value == 0 or 1e-3 <= abs(value) < 1e4:
+        return f"{value:g}"
+    exponent = math.floor(math.log10(abs(value)) + 1e-9)  # (log10 of 1e-9 is -9.000000000000002)
+    mantissa = round(abs(value) / 10.0**exponent, 2)
+    power = "10" + str(exponent).translate(SUPERSCRIPTS)
+    return ("-" if value < 0 else "") + (power if mantissa == 1 else f"{mantissa:g}×{power}")
+
+
+def _plain_log_ticks(ax: Axes) -> None:
+    """Log and symlog axes labelled in plain text, at the ticks matplotlib's own formatter would label."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, x, pos=None):
+            said = super().__call__(x, pos).replace("\N{MINUS SIGN}", "-")
+            return number_text(float(said)) if said else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() in ("log", "symlog"):
+            axis.set_major_formatter(PlainLogFormatter(10))
+            if axis.get_scale() == "log":
+                axis.set_minor_formatter(PlainLogFormatter(10, labelOnlyBase=False))
+
+
+def _wrapped(text: str, width: float, fontsize: float) -> str:
+    """Each line of a title wrapped to what a figure ``width`` inches wide holds at ``fontsize`` points."""
+    chars = max(40, int(width * 72 / (0.6 * fontsize)))
+    return "\n".join(part for line in text.split("\n") for part in textwrap.wrap(line, chars) or [""])
+
+
+def _name(text: object) -> str:
+    """A unit's name on an axis: one line, its end where it is long."""
+    shown = printable(text)
+    return shown if len(shown) <= NAME_CHARS else "…" + shown[-(NAME_CHARS - 1):]
+
+
+def laid_out(fig: Figure) -> Figure:
+    """``fig`` with plain tick labels, grown until every text it draws lies inside the canvas, then laid out:
+    tight_layout alone shrinks the axes to make room, and cannot where a title or a unit's name is longer
+    than the figure (it was cut at the edge)."""
+    for ax in fig.axes:
+        _plain_log_ticks(ax)
+    for _ in range(GROWTH_STEPS):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "tight layout not applied": the figure grows below
+            fig.tight_layout()
+        fig.canvas.draw()
+        drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        width, height = fig.get_size_inches()
+        wider = max(0.0, -drawn.x0) + max(0.0, drawn.x1 - width)
+        taller = max(0.0, -drawn.y0) + max(0.0, drawn.y1 - height)
+        if wider < 0.02 and taller < 0.02:
+            break
+        fig.set_size_inches(width + wider + 0.1 * (wider > 0), height + taller + 0.1 * (taller > 0))
+    return fig
+
+
+def _saved(fig: Figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
+
+
 def _subtitle(result: ResultFiles) -> str:
     engine = result.engine
-    return (f"{result.model_name} · loss = {result.facts.metric} vs FP32\n"
-            f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
+    return printable(f"{result.model_name} · loss = {result.facts.metric} vs FP32") + "\n" + printable(
+        f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
 
 
-def plot_pareto(result: ResultFiles, path: Path) -> Path:
+def pareto_figure(result: ResultFiles) -> Figure:
     """Latency vs accuracy loss: every trial grey, the front joined, uniform plans and the chosen one labelled."""
     plt = _pyplot()
 
@@ -83,17 +166,18 @@ def plot_pareto(result: ResultFiles, path: Path) -> Path:
         ax.set_xscale("log")
     ax.margins(x=0.1)
     ax.set_xlabel("latency per batch, ms (front: median of the final interleaved re-timing)")
-    ax.set_ylabel(f"accuracy loss ({result.facts.metric}) vs FP32")
-    ax.set_title(_subtitle(result), fontsize=9)
+    ax.set_ylabel(printable(f"accuracy loss ({result.facts.metric}) vs FP32"))
+    ax.set_title(_wrapped(_subtitle(result), 8, 9), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
-    fig.tight_layout()
-    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    return laid_out(fig)
 
 
-def plot_layers(result: ResultFiles, path: Path) -> Path:
+def plot_pareto(result: ResultFiles, path: Path) -> Path:
+    return _saved(pareto_figure(result), path)
+
+
+def layers_figure(result: ResultFiles) -> Figure:
     """Units in graph order (columns) coloured by precision; one row per front member, the chosen one on top."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -117,7 +201,7 @@ def plot_layers(result: ResultFiles, path: Path) -> Path:
         labels.append(f"{mark}trial {t.number}: {t.final_ms:.3g} ms, loss {loss_text}")
     ax.set_yticks(range(len(front)), labels, fontsize=8)
     if len(units) <= 40:
-        ax.set_xticks(range(len(units)), units, rotation=90, fontsize=7)
+        ax.set_xticks(range(len(units)), [_name(u) for u in units], rotation=90, fontsize=7)
     else:  # too many names to read: number the units, every tenth
         ticks = list(range(0, len(units), 10))
         ax.set_xticks(ticks, [str(i) for i in ticks], fontsize=8)
@@ -126,16 +210,20 @@ def plot_layers(result: ResultFiles, path: Path) -> Path:
     ax.set_yticks([y - 0.5 for y in range(1, len(front))], minor=True)
     ax.grid(which="minor", color="white", linewidth=0.6 if len(units) <= 60 else 0.2)
     ax.tick_params(which="minor", length=0)
-    ax.set_title(f"Precision per unit on the Pareto front: {_subtitle(result)}", fontsize=9)
+    ax.set_title(_wrapped(f"Precision per unit on the Pareto front: {_subtitle(result)}", width, 9), fontsize=9)
     handles = [Patch(color=PRECISION_COLOURS[p], label=p) for p in order]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    return laid_out(fig)
 
 
-def plot_sensitivity(sensitivity: Sensitivity, title: str, path: Path) -> Path:
+def plot_layers(result: ResultFiles, path: Path) -> Path:
+    return _saved(layers_figure(result), path)
+
+
+LOSS_FLOOR = 1e-9  # a loss of 0 (bit-identical outputs) drawn at the log axis' floor
+
+
+def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
     """Per unit in graph order: the loss when it alone is lowered (per precision, log scale) beside its
     share of the FP32 latency, so cheap-to-lower and costly units stand out together."""
     plt = _pyplot()
@@ -143,10 +231,11 @@ def plot_sensitivity(sensitivity: Sensitivity, title: str, path: Path) -> Path:
     rows = list(range(len(units)))
     fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)), dpi=120,
                                       gridspec_kw={"width_ratios": [3, 1.2]})
-    floor = 1e-9  # a loss of 0 (bit-identical outputs) drawn at the axis' floor
+    floored = False
     for precision, marker in (("int8", "s"), ("fp16", "o")):
         points = [(i, u.loss[precision]) for i, u in enumerate(units) if precision in u.loss]
-        finite = [(i, max(v, floor)) for i, v in points if math.isfinite(v)]
+        finite = [(i, max(v, LOSS_FLOOR)) for i, v in points if math.isfinite(v)]
+        floored = floored or any(v < LOSS_FLOOR for _, v in points)
         if finite:
             left.scatter([v for _, v in finite], [i for i, _ in finite], marker=marker, s=18,
                          color=PRECISION_COLOURS[precision], label=f"{precision} alone", zorder=3)
@@ -156,22 +245,25 @@ def plot_sensitivity(sensitivity: Sensitivity, title: str, path: Path) -> Path:
                 [1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf"
             )
     left.set_xscale("log")
-    left.set_xlabel("accuracy loss with only this unit lowered (log)")
+    judged = f" ({printable(sensitivity.judged)})" if sensitivity.judged else ""
+    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log"
+                                  + (f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"), 90))
     left.grid(axis="x", color="0.9")
-    left.legend(fontsize=8, loc="lower right")
+    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)  # above: no point hid
     shares = [u.share if u.share is not None else 0.0 for u in units]
     right.barh(rows, [100 * s for s in shares], color="0.55")
+    right.set_xlim(0, 1.05 * max(100 * max(shares, default=0.0), 1.0))  # a share is 0 % or more
     right.set_xlabel("share of FP32 latency, %" if any(u.share is not None for u in units) else "no engine profile")
-    labels = [u.unit for u in units] if len(units) <= 60 else [str(i) for i in rows]
+    labels = [_name(u.unit) for u in units] if len(units) <= 60 else [str(i) for i in rows]
     left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
     left.invert_yaxis()
-    fig.suptitle(
-        f"Sensitivity: {title}\n{sensitivity.engine} · {sensitivity.batches} evaluation batch(es)", fontsize=9
-    )
-    fig.tight_layout()
-    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    fig.suptitle(_wrapped(printable(f"Sensitivity: {title}") + "\n" + printable(
+        f"{sensitivity.engine} · {sensitivity.batches} evaluation batch(es)"), 10, 9), fontsize=9)
+    return laid_out(fig)
+
+
+def plot_sensitivity(sensitivity: Sensitivity, title: str, path: Path) -> Path:
+    return _saved(sensitivity_figure(sensitivity, title), path)
 
 
 def plot_result_dir(result: ResultFiles) -> list[Path]:
@@ -186,9 +278,12 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
     return written
 
 
-def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
+def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model loss") -> Figure:
     """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
-    adds alone (bars). Bottom: the model's loss with only that unit reduced; the worst five named."""
+    adds alone (bars). Bottom: the model's loss (``loss_name``: the judge's) with only that unit reduced; the
+    worst five named."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
 
     def positive(values):  # log axes: zero (an FP32 unit adds nothing) is left out, not floored
@@ -206,19 +301,21 @@ def plot_errors(rows: Sequence[UnitError], title: str, path: Path) -> Path:
     top.set_yscale("log")
     top.set_ylabel("rel. L2 error vs FP32")
     top.legend(fontsize=8, loc="lower right", framealpha=0.9)
-    top.set_title(title, fontsize=9)
+    top.set_title(_wrapped(printable(title), fig.get_size_inches()[0], 9), fontsize=9)
     bottom.bar(x, positive([r.alone_loss for r in rows]), color=colours)
     bottom.set_yscale("log")
-    bottom.set_ylabel("model loss, unit alone")
+    bottom.set_ylabel(textwrap.fill(printable(f"{loss_name}, unit alone"), 34))  # no taller than its axes
     for r in culprits(rows):
         if r.alone_loss > 0:
-            bottom.annotate(r.unit, (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4), ha="center",
-                            fontsize=7, rotation=60, color="tab:red")
+            bottom.annotate(_name(r.unit), (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4),
+                            ha="center", fontsize=7, rotation=60, color="tab:red", annotation_clip=False)
     bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, blue fp16, grey fp32)")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (top, bottom):
         ax.grid(True, axis="y", alpha=0.3)
     bottom.margins(y=0.35)
-    fig.tight_layout()
-    atomic.write_with(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    return laid_out(fig)
+
+
+def plot_errors(rows: Sequence[UnitError], title: str, path: Path, loss_name: str = "model loss") -> Path:
+    return _saved(errors_figure(rows, title, loss_name), path)

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from autoprec.analysis.model import ModelInfo
 from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
-from autoprec.measure.speedup import METHOD, Speedup, Steadiness
+from autoprec.measure.speedup import METHOD, Speedup, Steadiness, interval_text, ratio_text
 from autoprec.study.search import TrialRecord
 
 
@@ -63,8 +63,8 @@ class Claim:
     def text(self) -> str:
         """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where no interval was measured."""
         if self.low is None:
-            return f"{self.speedup:.2f}×"
-        return f"{self.speedup:.2f}× ({self.low:.2f}–{self.high:.2f}, {100 * self.confidence:.0f} %)"
+            return f"{ratio_text(self.speedup)}×"
+        return interval_text(self.speedup, self.low, self.high, self.confidence)
 
     def verdict(self, short: bool = False) -> str:
         return noise_verdict(self.beyond_timing_noise, short)
@@ -208,6 +208,7 @@ class SearchFacts:
     profile_timing: ProfileTiming | None = None  # --time-shapes
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
     held_out: HeldOut | None = None  # the plans judged on the calibration batches, the shipped one among them
+    limit_in_decisions: str | None = None  # what --max-loss allows where the metric counts decisions (Judge.limit_said)
 
     @classmethod
     def from_json(cls, search: dict[str, Any]) -> SearchFacts:
@@ -222,6 +223,7 @@ class SearchFacts:
             Drift.from_json(search.get("timing_drift")), ProfileTiming.from_json(timing) if timing else None,
             str((search.get("spec") or {}).get("inputs", {}).get("model") or "") or None,
             HeldOut.from_json(search["held_out"]) if search.get("held_out") else None,
+            search.get("limit_in_decisions"),
         )
 
     @property

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.core import atomic
+from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
+from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -57,7 +59,8 @@ def _facts(result: ResultFiles) -> str:
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
-        ("max loss", search.max_loss if search.max_loss is not None else "none (the knee is chosen)"),
+        ("max loss", (f"{search.max_loss:g}" + (f" — {search.limit_in_decisions}" if search.limit_in_decisions else ""))
+                     if search.max_loss is not None else "none (the knee is chosen)"),
         ("budget", f"{search.budget} trials: {search.trials} measured, {search.rejected} "
                    "rejected early (counted against the budget, as on the terminal)"),
         ("sampler / seed", f"{search.sampler} / {search.seed}"),
@@ -71,26 +74,31 @@ def _facts(result: ResultFiles) -> str:
 
 
 def _front(result: ResultFiles) -> str:
-    """The front's timings and mixes, then its metrics per output in a table of their own (a row per trial and
-    output), so a model with many outputs widens neither past the page."""
-    front = result.shown_front()
-    head = ["trial", "final ms", "re-timed rounds ms", "trial median ms", "p10 ms", "p90 ms", "runs", "loss", "int8",
-            "fp16", "fp32"]
-    rows = []
-    for t in front:
-        lat = t.timing
-        cells = [t.number, _num(t.final_ms, ".4g"), ", ".join(_num(v, ".4g") for v in t.rounds) or "—",
-                 _num(lat.median_ms, ".4g"), _num(lat.p10_ms, ".4g"), _num(lat.p90_ms, ".4g"), lat.runs,
-                 _num(t.loss, ".3e"), t.counts["int8"], t.counts["fp16"], t.counts["fp32"]]
-        rows.append(_row(cells, t.number == result.chosen_number))
-    return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(rows)}</table>'
-            "<p class='note'>Highlighted: the chosen plan. Latency is for one batch. Trial median, p10–p90: the "
-            "trial's own timed runs. Final: the median of the re-timing rounds, in which the front and the all-FP32 "
-            "plan were timed again, interleaved, after the search (the choice uses it).</p>" + _metrics(result))
+    """The front and the other trials the summary names (:func:`autoprec.results.rows.trial_rows`), then their
+    metrics per output in a table of their own (a row per trial and output), so a model with many outputs widens
+    neither past the page."""
+    head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
+            "loss", "int8", "fp16", "fp32", ""]
+    rows = trial_rows(result)
+    cells = []
+    for row in rows:
+        t, lat = row.trial, row.trial.timing
+        cells.append(_row([t.number, _num(row.ms, ".4g"), f"{_num(row.low, '.4g')}–{_num(row.high, '.4g')}",
+                           ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
+                           ", ".join(_num(v, ".4g") for v in t.rounds) or "—", _num(lat.median_ms, ".4g"),
+                           f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
+                           t.counts["int8"], t.counts["fp16"], t.counts["fp32"], ", ".join(row.roles)],
+                          row.chosen, left=(len(head) - 1,)))
+    roles = roles_said(rows)
+    return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
+            f"<p class='note'>Highlighted: the chosen plan. Latency is for one batch. {_e(COLUMNS_SAID)}. Own runs: the "
+            "trial's own timed runs during the search. The re-timing rounds timed the front and the all-FP32 plan "
+            "again, interleaved, after the search (the choice uses them)"
+            + (f"; {_e(roles)}" if roles else "") + ".</p>" + _metrics(result, rows))
 
 
-def _metrics(result: ResultFiles) -> str:
-    front = result.shown_front()
+def _metrics(result: ResultFiles, shown: list[TrialRow]) -> str:
+    front = [row.trial for row in shown]
     names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
     rows = [
         _row([t.number, output, *(_num(values[m]) if m in values else "—" for m in names)],

@@ -72,6 +72,7 @@ class Sensitivity:
     first_error: str = ""
     profiles: int = 0  # builds of the engine that profiled a plan (the FP32 model, each all-units plan)
     evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the profiles)
+    judged: str = ""  # each loss's metric in words (Judge.said); "" in a file written before it was recorded
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
@@ -92,7 +93,7 @@ class Sensitivity:
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
             "failed": self.failed, "first_error": self.first_error, "profiles": self.profiles,
-            "evaluation_seconds": round(self.evaluation_seconds, 3),
+            "evaluation_seconds": round(self.evaluation_seconds, 3), "judged": self.judged,
         }
 
     @classmethod
@@ -113,6 +114,7 @@ class Sensitivity:
             data.get("first_error", ""),
             data.get("profiles", 0),
             data.get("evaluation_seconds", 0.0),
+            str(data.get("judged") or ""),
         )
 
 

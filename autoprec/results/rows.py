@@ -1,0 +1,110 @@
+"""The rows the tables of a result show (the terminal's front table, the report's): the Pareto front, then every
+other trial a line of the result names (a rival, the plan not shipped, a plan left out on the calibration
+batches), each column defined once here, from the record, so that a table agrees with itself and with the lines
+beside it.
+
+- ``ms``: the trial's final latency: the median of its re-timing rounds where it was re-timed, else of its own runs;
+- ``low``–``high``: the spread of that same timing: those rounds' range, else its own runs' p10–p90 (so ``ms`` lies
+  inside it);
+- ``×fp32``: its speed-up over all-FP32 as the result states it: the final timing's where that timed it (the chosen
+  plan, its rivals, the plan not shipped: the figures the lines say), else all-FP32's ``ms`` over its ``ms``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoprec.results.files import ResultFiles, ShownTrial
+
+# What a row is, besides a front member or the chosen plan, as its table marks it and a caption explains it.
+ROLES = {
+    "rival": "timed with the chosen plan in its final rounds, which it did not win",
+    "not shipped": "the fastest within the limit, not faster than all-FP32 beyond timing noise",
+    "left out": "within --max-loss on the evaluation batches, past it on the calibration batches",
+    "off the front": "not on the Pareto front: named by a line of the result",
+}
+
+
+COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own runs); range: those rounds' min–max (else "
+                "its runs' p10–p90); ×fp32: the final timing's speed-up where it timed the plan, else the re-timing's")
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the tables show it (see the module docstring for each column)."""
+
+    trial: ShownTrial
+    roles: tuple[str, ...]
+    over_fp32: float | None  # None: no all-FP32 trial to compare with
+    from_final_timing: bool  # over_fp32 is the final timing's (else the re-timing's medians')
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def ms(self) -> float:
+        return self.trial.final_ms
+
+    @property
+    def low(self) -> float:
+        return self.trial.low_ms
+
+    @property
+    def high(self) -> float:
+        return self.trial.high_ms
+
+    @property
+    def chosen(self) -> bool:
+        return "chosen" in self.roles
+
+
+def _stated_speedups(result: ResultFiles) -> dict[int, float]:
+    """The speed-ups over all-FP32 the final timing measured, by trial: the figures the result's lines say."""
+    versus, chosen = result.versus, result.chosen_number
+    stated = {r.trial: r.claim.speedup for r in versus.rivals}
+    if versus.not_shipped is not None:
+        stated[versus.not_shipped.trial] = versus.not_shipped.claim.speedup
+    if versus.fp32 is not None and chosen is not None:
+        stated[chosen] = versus.fp32.speedup
+    return stated
+
+
+def _named(result: ResultFiles) -> dict[int, list[str]]:
+    """The trials the result's lines name, with what each is."""
+    versus, named = result.versus, {}
+    if result.chosen_number is not None:
+        named[result.chosen_number] = ["chosen"]
+    for rival in versus.rivals:
+        named.setdefault(rival.trial, []).append("rival")
+    if versus.not_shipped is not None:
+        named.setdefault(versus.not_shipped.trial, []).append("not shipped")
+    held = result.facts.held_out
+    for trial in held.failed() if held else ():
+        named.setdefault(trial, []).append("left out")
+    return named
+
+
+def trial_rows(result: ResultFiles) -> list[TrialRow]:
+    """The front, fastest first, then the other trials the result's lines name (fastest first)."""
+    front = result.shown_front()
+    named = _named(result)
+    on_front = {t.number for t in front}
+    others = sorted((t for n in named if n not in on_front and (t := result.shown_trial(n)) is not None),
+                    key=lambda t: t.final_ms)
+    fp32 = result.uniform_trial("fp32")
+    stated = _stated_speedups(result)
+    rows = []
+    for t in [*front, *others]:
+        roles = tuple(named.get(t.number, ())) + (() if t.number in on_front else ("off the front",))
+        if t.number in stated:
+            rows.append(TrialRow(t, roles, stated[t.number], True))
+        else:
+            rows.append(TrialRow(t, roles, fp32.final_ms / t.final_ms if fp32 else None, False))
+    return rows
+
+
+def roles_said(rows: list[TrialRow]) -> str | None:
+    """What the marks of these rows mean, in a line; None where no row has one."""
+    found = dict.fromkeys(role for row in rows for role in row.roles if role != "chosen")
+    return "; ".join(f"{role}: {ROLES[role]}" for role in found) or None
