@@ -92,10 +92,29 @@ def test_fp16_graphs_leave_out_the_cpu_layout_optimizer_that_crashes_on_them():
     """ONNX Runtime 1.32's NCHWc transformer ended the process building a CPU session of a ViT-S/16 export's
     all-FP16 deployable model (the deployment check ran in the search's own process: the search died). An FP16
     graph's CPU sessions leave it off; an FP32 graph keeps every optimizer."""
-    from autoprec.analysis.preparation import crashing_cpu_optimizers
+    from autoprec.analysis.preparation import cpu_optimizers_left_off
 
     fp32 = builders.exported_classifier()
-    assert crashing_cpu_optimizers(fp32) == []
+    assert cpu_optimizers_left_off(fp32) == []
     half = builders.exported_classifier()
     half.graph.node[1].attribute[0].i = 10  # the input's Cast to FP16
-    assert crashing_cpu_optimizers(half) == ["NchwcTransformer"]
+    assert cpu_optimizers_left_off(half) == ["NchwcTransformer"]
+
+
+def test_the_tensorrt_form_judged_on_the_cpu_is_its_q_dq_arithmetic_at_any_shape(tmp_path):
+    """A classifier in INT8, TensorRT's Q/DQ form (signed activations), on the deployable graph (its dims dynamic):
+    ONNX Runtime's integer kernels saturated on this CPU and gave probabilities 0.09 off the fixed-shape graph's,
+    which ran the same Q/DQ exactly; the export then fell back to fixed shapes. Judged by autoprec's CPU sessions,
+    both are the Q/DQ arithmetic."""
+    from autoprec.analysis.preparation import cpu_session
+    from autoprec.app.prepare import prepare
+
+    path = builders.save(builders.line_reader(), tmp_path / "reader.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((12, 3, 8, 16), np.float32))
+    prepared = prepare(path, SPACE, tmp_path / "d.npz", {"x": (1, 3, 8, 16)})
+    info, plan = prepared.info, prepared.info.plan_at(Precision.INT8, ["classifier"])
+    fixed = lower_plan(info, plan, prepared.ranges, QDQForm.TENSORRT)
+    deployable = lower_plan(info.for_deployment(), plan, prepared.ranges, QDQForm.TENSORRT)
+    batch = prepared.dataset.evaluation[0]
+    want, got = (cpu_session(m).run(None, batch)[0] for m in (fixed, deployable))
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -66,19 +66,28 @@ def cpu_session(model: StoredModel, quick: bool = False):
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with model.file() as path:
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=crashing_cpu_optimizers(model.proto))
+                                            disabled_optimizers=cpu_optimizers_left_off(model.proto))
 
 
-def crashing_cpu_optimizers(model: onnx.ModelProto) -> list[str]:
-    """The ONNX Runtime CPU optimizers to leave off for this graph: its NCHWc layout transformer crashes the process
-    (a segmentation fault, ONNX Runtime 1.32) building a session of an FP16 Conv whose batch is dynamic — ViT-S/16's
-    patch embedding in an FP16 plan's deployable model. A layout for speed, never for numbers: without it the CPU
-    runs such a graph as it is."""
+def cpu_optimizers_left_off(model: onnx.ModelProto) -> list[str]:
+    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each for a graph where it would change
+    what autoprec measures:
+
+    - ``NchwcTransformer`` on a graph holding FP16: its layout transformer crashes the process (a segmentation
+      fault) building a session of a ViT-S/16 export's all-FP16 deployable model. A layout for speed only.
+    - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on the CPU as the
+      reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's integer kernels, which on an
+      x86 CPU without VNNI saturate int8 products (the s8 activations shifted to u8), 0.09 off in a classifier's
+      probabilities where the Q/DQ arithmetic is exact; left off, the Q/DQ runs as float ops, exactly.
+    """
     graph = model.graph
     fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
         n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
         for n in graph.node)
-    return ["NchwcTransformer"] if fp16 else []
+    signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
+                             for n in graph.node)
+    return ["NchwcTransformer"] * fp16 + ["QDQSelectorActionTransformer"] * signed_activations
 
 
 def first_line(exc: BaseException) -> str:

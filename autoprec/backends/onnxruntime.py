@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
-from autoprec.analysis.preparation import crashing_cpu_optimizers, first_line
+from autoprec.analysis.preparation import cpu_optimizers_left_off, first_line
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import (
     TIME_CALLS,
@@ -173,7 +173,7 @@ def new_session(ort, model: StoredModel, options, providers: list):
     try:
         with model.file() as path:
             return ort.InferenceSession(str(path), options, providers=providers,
-                                        disabled_optimizers=crashing_cpu_optimizers(model.proto))
+                                        disabled_optimizers=cpu_optimizers_left_off(model.proto))
     except Exception as exc:  # ORT raises its own exception types
         raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
 
