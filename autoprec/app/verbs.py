@@ -122,6 +122,8 @@ def check_plan(
     judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
+    if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
+        read_result_dir(target).check_shipped()
     context = plan_context(target, plan, None, data, shapes)
     judge, engine_spec = judge or context.config.judge, engine or context.config.engine
     if judge.max_loss is None:
@@ -160,7 +162,7 @@ def lowered_for_export(result_dir: str | os.PathLike,
             raise AutoprecError(f"{result_dir}: no chosen plan to export; pass --trial N")
         number = result.best_plan[1]
         note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
-        return stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number
+        return stored.load(result.shipped_model()), note, stem, number
     context = plan_context(result_dir, trial=trial)
     form = QDQForm(engine.qdq_form)
     model, _ = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
