@@ -103,6 +103,16 @@ def mlp(batch: int = 4, features: int = 16, hidden: int = 32, seed: int = 1) -> 
     return _model(nodes, [x], [y], inits)
 
 
+def classifier(classes: int = 12, batch: int | str = 4, seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 16] → MatMul → Relu → MatMul → y[batch, classes]: class scores, for labels to score."""
+    rng = np.random.default_rng(seed)
+    inits = [_init("w0", rng.normal(0, 0.3, (16, 32))), _init("w1", rng.normal(0, 0.3, (32, classes)))]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"], "fc0"), helper.make_node("Relu", ["h"], ["r"], "relu"),
+             helper.make_node("MatMul", ["r", "w1"], ["y"], "fc1")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])], inits)
+
+
 def attention(tokens: int = 8, dim: int = 16, seed: int = 2) -> onnx.ModelProto:
     """Single-head self-attention: Q/K/V projections, QK^T (two activations), Softmax, ·V, output projection."""
     rng = np.random.default_rng(seed)

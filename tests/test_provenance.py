@@ -171,11 +171,9 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
 
 
 def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_model, monkeypatch):
-    (tmp_path / "failing.py").write_text(  # FP32 against itself is fine; every measured plan's outputs break it
-        "def loss(reference, candidate):\n"
-        "    if all(r[k] is c[k] for r, c in zip(reference, candidate) for k in r):\n        return 0.0\n"
-        "    raise ValueError('metric broke')\n")
-    monkeypatch.chdir(tmp_path)
+    from autoprec.core.errors import BackendError
+    from autoprec.measure.measurement import InProcessMeasurer
+
     out = tmp_path / "out"
     autoprec.search(
         autoprec.SearchConfig(
@@ -183,12 +181,17 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
         )
     )
     assert (out / "best" / "plan.json").is_file()
-    with pytest.raises(SearchFailed, match=r"no candidate was measured: of 2 trial\(s\), all 2 failed .*metric broke"):
+
+    def broken(self, plan, screen=None):
+        raise BackendError("the engine broke")
+
+    monkeypatch.setattr(InProcessMeasurer, "measure", broken)  # every plan of the next run fails
+    with pytest.raises(SearchFailed, match=r"no candidate was measured: of 2 trial\(s\), all 2 failed .*engine broke"):
         autoprec.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(mlp_model),
-                judge=autoprec.JudgeSpec(metric="failing:loss"),
                 study=autoprec.StudySpec(budget=2, study_name="another", warm_start=False),
+                isolation=autoprec.IsolationSpec(isolate=False),
                 out=out,
             )
         )

@@ -73,8 +73,17 @@ def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[s
     path = Path(path)
     files = _files(path)
     if files and all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
-        return {name: arr.shape[1:] for name, arr in _read_arrays(path, files, inputs).items()}
+        specs = {i.name: i for i in inputs}
+        return {name: _item_shape(arr.shape[1:], specs[name]) for name, arr in _read_arrays(path, files, inputs).items()}
     return {}
+
+
+def _item_shape(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
+    """An item's shape without the batch dim of 1 it was saved whole with (as :func:`load_items` accepts it)."""
+    axis = spec.batch_axis
+    if axis is not None and len(shape) == len(spec.shape) and shape[axis] == 1:
+        return shape[:axis] + shape[axis + 1:]
+    return shape
 
 
 def scalar_values(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
@@ -257,13 +266,13 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
             whole = (
                 ""
                 if axis is None
-                else f" or whole inputs of {[1 if a == axis else d for a, d in enumerate(spec.shape)]}"
+                else f" (or each saved with a batch dim of 1: {[1 if a == axis else d for a, d in enumerate(spec.shape)]})"
             )
             where = "" if axis in (0, None) else f", batch on axis {axis}"
             raise DataError(
                 f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
-                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)}"
-                f"{whole}, stacked along a first axis, or pass --shape"
+                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)} "
+                f"stacked along a first axis{whole}, or, where the model's dims are dynamic, a --shape that fits them"
             )
         if spec.dtype == "object" and arr.dtype.kind in "US":  # a string input: ONNX Runtime takes str objects
             arr = arr.astype(object)
@@ -300,10 +309,8 @@ def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> d
     elif all(f.suffix.lower() == ".npz" for f in files):
         per_file: dict[str, list[np.ndarray]] = {}
         for f in files:
-            with np.load(f, allow_pickle=False) as npz:
-                for key in LABEL_ARRAYS:
-                    if key in npz.files and key not in names:
-                        per_file.setdefault(key, []).append(npz[key])
+            for key, array in _label_arrays(f, names).items():
+                per_file.setdefault(key, []).append(array)
         one_stack = len(files) == 1 and path.is_file()
         for key, arrays in per_file.items():
             if len(arrays) != len(files):
@@ -313,6 +320,22 @@ def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> d
     for key, array in found.items():
         _check_labels(path, key, array, count)
     return {key: (array.astype(str) if key == "text" else array) for key, array in found.items()}
+
+
+def _label_arrays(path: Path, inputs: set[str]) -> dict[str, np.ndarray]:
+    """The label arrays one .npz file holds (those not named like an input); an object array (never unpickled) is
+    told to be stored as a str or integer array."""
+    with np.load(path, allow_pickle=False) as npz:
+        found = {}
+        for key in LABEL_ARRAYS:
+            if key in npz.files and key not in inputs:
+                try:
+                    found[key] = npz[key]
+                except UNREADABLE:
+                    raise DataError(f"--data {path}: its {key!r} array is stored as Python objects, which autoprec "
+                                    "never unpickles; store it as a numeric array (np.asarray(labels, dtype=np.int64)"
+                                    ", or dtype=str for text), then numpy.savez") from None
+        return found
 
 
 def _stacked_labels(arrays: list[np.ndarray], path: Path, key: str) -> np.ndarray:
@@ -377,6 +400,10 @@ def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
         raise DataError(f"--data {path}: 'masks' is shaped {list(array.shape)}, not N×H×W (a class per pixel)")
     if len(array) != count:
         raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
+    if key != "text" and array.size and not (array[..., 0] if key == "boxes" else array).max() >= 0:
+        raise DataError(f"--data {path}: {key!r} labels nothing (every " + ("box's class" if key == "boxes" else
+                        "class") + " is negative, which marks no label); give the items' true "
+                        + ("boxes" if key == "boxes" else "classes") + f", or leave the {key!r} array out")
 
 
 RANDOM_INTEGERS = (0, 100)  # what random data draws integer inputs from, upper bound excluded

@@ -14,6 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from autoprec.analysis import subgraphs
+from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.patterns import tie_repeats
 from autoprec.analysis.preparation import first_line, prepared_model
 from autoprec.core.errors import ModelError
@@ -319,6 +320,8 @@ def resolve_input_shapes(
             f"its inputs are: {', '.join(i.name for i in inputs)}"
         )
     shapes, notes = {}, []
+    named = {dim: size for spec in inputs if spec.name in given
+             for dim, size in zip(spec.shape, given[spec.name]) if isinstance(dim, str) and dim not in ("", "?")}
     for spec in inputs:
         if spec.name in given:
             shape = tuple(given[spec.name])
@@ -346,23 +349,43 @@ def resolve_input_shapes(
                 notes.append(f"input {spec.name}: dynamic batch dim {dim or '?'} set to 1 (use --shape to change)")
             elif item is not None:
                 shape.append(item[item_axis])
+            elif isinstance(dim, str) and dim in named:  # --shape of another input gives it (see _shared_dims)
+                shape.append(named[dim])
             else:
-                free = [
-                    f"D{a}"
-                    for a, d in enumerate(spec.shape)
-                    if a != spec.batch_axis and not (isinstance(d, int) and d > 0)
-                ]
-                example = "x".join(
-                    str(d) if isinstance(d, int) and d > 0 else ("1" if a == spec.batch_axis else f"D{a}")
-                    for a, d in enumerate(spec.shape)
-                )
-                raise ModelError(
-                    f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and "
-                    f"nothing fixes it; pass --shape {spec.name}={example} with {', '.join(free)} filled in, "
-                    "or --data with arrays of that shape"
-                )
+                raise ModelError(_unfixed(spec, axis, dim, data_shapes))
         shapes[spec.name] = tuple(shape)
+    _data_dims_agree(inputs, shapes, given)
     return _shared_dims(inputs, shapes, given, notes)
+
+
+def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[int, ...]] | None) -> str:
+    """What to say of a dynamic dim nothing fixes: the --shape to give, and why the data (if any) did not."""
+    free = [f"D{a}" for a, d in enumerate(spec.shape) if a != spec.batch_axis and not (isinstance(d, int) and d > 0)]
+    example = "x".join(str(d) if isinstance(d, int) and d > 0 else ("1" if a == spec.batch_axis else f"D{a}")
+                       for a, d in enumerate(spec.shape))
+    found = (data_shapes or {}).get(spec.name)
+    data = ("or --data with arrays of that shape" if data_shapes is None else
+            f"or --data items of that shape (its items for {spec.name} are {list(found)}, which do not fit the "
+            "input's rank)" if found is not None else
+            f"as --data holds no arrays for {spec.name} to read it from (images are resized to the input)")
+    return (f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and nothing fixes "
+            f"it; pass --shape {spec.name}={example} with {', '.join(free)} filled in, {data}")
+
+
+def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[int, ...]],
+                     given: Mapping[str, tuple[int, ...]]) -> None:
+    """A dim name inputs share, fixed from the data's items (no --shape names either input), must be one size:
+    else one line naming both inputs and their sizes, the data's to fix."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for spec in (s for s in inputs if s.name not in given):
+        for axis, dim in enumerate(spec.shape):
+            if not isinstance(dim, str) or dim in ("", "?") or axis == spec.batch_axis:
+                continue
+            size, owner = sizes.setdefault(dim, (shapes[spec.name][axis], spec.name))
+            if size != shapes[spec.name][axis] and owner != spec.name:
+                raise ModelError(f"--data: inputs {owner} and {spec.name} share the dim {dim!r}, but the data's items "
+                                 f"give it {size} and {shapes[spec.name][axis]}; give both items of one size there "
+                                 "(the model takes one size for both)")
 
 
 def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
@@ -598,6 +621,7 @@ def analyse(
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
     profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
+    check_fits(profile, {s.name: np.dtype(s.dtype).itemsize for s in inputs}, raw)  # before preparation runs it
     sha256 = model_sha256(path)
     external_data = any(is_external(t) for t in tensors(raw.graph))
     made = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)

@@ -305,7 +305,11 @@ def _plot(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from autoprec.results.report import write_report
 
-    path = write_report(read_result_dir(args.result_dir), Path(args.output) if args.output else None)
+    result = read_result_dir(args.result_dir)
+    if args.output and result.owns(args.output):
+        raise AutoprecError(f"--output {args.output}: one of the result's own files or folders (what the search wrote, "
+                            f"best/, its cache and study); give another path, e.g. {result.out_dir / 'report.html'}")
+    path = write_report(result, Path(args.output) if args.output else None)
     console.stdout.print(f"wrote {path}")
     return 0
 
@@ -327,7 +331,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     _, engine = _recorded_or_given(args, "diagnose")
     found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
-                          dict(getattr(args, "shape", [])) or None, engine, args.batches, args.out)
+                          InputSpec.given(args).get("shapes") or None, engine, args.batches, args.out)
     rows = found.rows
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
@@ -406,7 +410,7 @@ def _check(args: argparse.Namespace) -> int:
 
     judge, engine = _recorded_or_given(args, "check")
     report = check_plan(args.target, args.plan, judge=judge, engine=engine, data=getattr(args, "data", None),
-                        shapes=dict(getattr(args, "shape", [])) or None, latency_budget_ms=args.latency_budget)
+                        shapes=InputSpec.given(args).get("shapes") or None, latency_budget_ms=args.latency_budget)
     if args.json:
         console.stdout.print_json(data=json_safe(report))
     else:
@@ -432,12 +436,7 @@ def _export(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format
     result = read_result_dir(args.result_dir)
-    source = result.model_path
-    if args.format != "triton" and out.resolve() == source.resolve().parent:
-        raise AutoprecError(
-            f"--out {out}: the folder of the model {args.result_dir} was searched with ({source.name}); "
-            "the export's model.onnx and weights would overwrite files there: give another folder"
-        )
+    folder.check_destination(out, Path(args.result_dir), result.model_path, args.format)
     if args.build:
         from autoprec.export.build import check_buildable
 
@@ -486,6 +485,7 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     found = lowered_for_export(args.result_dir, args.trial, profile)
     name = found.stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
+    folder.check_destination(entry, Path(args.result_dir), result.model_path, "triton")
     folder.clear(entry)
     written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
                                  result.model.external_weights)

@@ -29,6 +29,7 @@ from autoprec.analysis.data import (
     item_shapes,
     scalar_values,
 )
+from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
@@ -142,12 +143,15 @@ def judge_for(metric: Metric, prepared: Prepared, max_loss: float | None = None)
     notes = judge.notes()
     for line in notes:
         log.info(line)
+    doubts = judge.doubts()
+    for line in doubts:
+        log.warning(line)
     if fp32:
         log.info("FP32 against the data's labels: " + "; ".join(
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
     if limit := judge.limit_said(max_loss):
         (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
-    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": notes,
+    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
                    "limit_in_decisions": limit}
 
 
@@ -186,10 +190,12 @@ def load_inputs(
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
     low, high = bounds or ({}, {})
-    info = analyse(model_path, space, given, item_shapes(data, fed), model=raw,
+    info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None, model=raw,
                    constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
                    min_shapes={k: tuple(v) for k, v in low.items()}, max_shapes={k: tuple(v) for k, v in high.items()})
     seconds["analyse"] = time.monotonic() - t0
+    check_fits(info.shape_profile, {i.name: np.dtype(i.dtype).itemsize for i in info.inputs}, info.model,
+               info.stored.weight_bytes())
     for line in info.notes:
         log.info(line)
     log.info(

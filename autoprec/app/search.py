@@ -35,7 +35,7 @@ from autoprec.app.sensitivity import sensitivity_pass
 from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
-from autoprec.core.errors import AutoprecError, SearchFailed
+from autoprec.core.errors import AutoprecError, MetricError, SearchFailed
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
@@ -63,6 +63,7 @@ from autoprec.results.files import (
     plan_ignored,
     read_result_dir,
     units_json,
+    withdraw_result,
     write_results,
 )
 from autoprec.results.plots import plot_result_dir
@@ -88,6 +89,7 @@ from autoprec.study.search import (
     counted,
     default_study_name,
     finished_records,
+    forget_if_unused,
     make_sampler,
     nothing_measured,
     on_profile_build,
@@ -174,13 +176,29 @@ def run_search(config: SearchConfig) -> SearchResult:
     started = time.monotonic()
     setup = _set_up(config)
     joined = _join_study(config, setup)
-    shared = _shared_inputs(config, setup, joined)
-    with contextlib.ExitStack() as stack:
-        measuring = _start_measurers(config, setup, shared, stack)
-        warm = _warm_start(config, setup, joined, shared, measuring)
-        outcome = _run_and_choose(config, setup, joined, shared, measuring, warm)
+    try:
+        shared = _shared_inputs(config, setup, joined)
+        with contextlib.ExitStack() as stack:
+            measuring = _start_measurers(config, setup, shared, stack)
+            warm = _warm_start(config, setup, joined, shared, measuring)
+            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm)
+    except AutoprecError:
+        _after_failure(config, setup, joined)
+        raise
     _say_retiming(outcome.retiming)
     return _write(config, setup, joined, shared, measuring, warm, outcome, time.monotonic() - started)
+
+
+def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
+    """A run that stops before its result: a study it made and asked nothing of goes (the corrected run would be
+    refused as another search); one that began its trials leaves no earlier result in its folder passing for its
+    own (its trials stay in the study)."""
+    trials = len(joined.study.get_trials(deepcopy=False))
+    if trials == 0 and joined.fresh and config.study.storage is None:  # the folder's own study, made by this run
+        forget_if_unused(joined.study, joined.storage_url)
+    elif trials > joined.asked and (removed := withdraw_result(setup.out_dir)):
+        log.warning(f"{setup.out_dir}: the earlier run's result ({', '.join(removed)}) removed: this run began its "
+                    "trials and stopped without one")
 
 
 @dataclass(frozen=True)
@@ -267,6 +285,8 @@ class Joined:
     done: int  # trials the study counted when this process joined it
     running: list[int]  # and those running elsewhere then
     run: str  # this run of this worker, among the study's runs
+    fresh: bool = False  # this run made the study
+    asked: int = 0  # trials the study held when this process joined it, finished or not
 
 
 def _join_study(config: SearchConfig, setup: Setup) -> Joined:
@@ -295,7 +315,8 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
             make_sampler(config.study.sampler, config.study.seed, parallel),
             config.study.heartbeat,
         )
-        if study.get_trials(deepcopy=False) or "budget" in study.user_attrs:
+        fresh = not (study.get_trials(deepcopy=False) or "budget" in study.user_attrs)
+        if not fresh:
             # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
             study.sampler = make_sampler(
                 config.study.sampler, zlib.crc32(f"{config.study.seed}:{me}".encode()), parallel
@@ -309,7 +330,8 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
     running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
-    return Joined(study, name, storage_url, identity, locks, me, shared, done, running, f"{me}:{time.time_ns()}")
+    return Joined(study, name, storage_url, identity, locks, me, shared, done, running, f"{me}:{time.time_ns()}",
+                  fresh, len(trials_now))
 
 
 @dataclass(frozen=True)
@@ -380,6 +402,8 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
         )
         log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
                     "same command)")
+    if setup.metric.user_function is not None:  # the user's code, judged once before any trial: a broken one stops
+        measurer.accuracy_loss(shared.info.plan_at(Precision.FP32), 1, constraint=True)  # the search here
     per_build = setup.engine.default_proposals if config.study.proposals is None else config.study.proposals
     reference, executor, judged_on_target = _reference_executor(setup.engine, measurer, per_build, shared, config,
                                                                  setup.dataset, limits, setup.cache, stack)
@@ -593,6 +617,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
     fingerprint = dataset.fingerprint()
     return {
         "spec": config.to_json(),
+        "run": joined.run,  # which run wrote the result files: each carries it, so no file of another passes
         "budget": config.study.budget,
         "trials": len(outcome.trials),
         "metric": setup.metric.name,
@@ -844,6 +869,8 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
             units = [u.name for u in shared.info.searchable_units if precision in u.allowed]
             if units:
                 reference.accuracy_loss(shared.info.plan_at(precision, units, method), 1)
+    except MetricError:  # the metric's fault: the search stops with it
+        raise
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
         log.warning(
             f"the reference executor cannot run this model ({type(exc).__name__}: "

@@ -232,7 +232,22 @@ class InputSpec(Group):
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:
         values = super().given(args)
         values.pop("model", None)
-        return {k: (dict(v) if k.endswith("shapes") or k == "constants" else v) for k, v in values.items()}
+        return {k: (_once_each(v, k) if k.endswith("shapes") or k == "constants" else v) for k, v in values.items()}
+
+
+def _once_each(pairs: Sequence[tuple[str, Any]], field_name: str) -> dict[str, Any]:
+    """A repeatable NAME=VALUE option as a mapping; a name given twice is refused (the last would win, silently)."""
+    found: dict[str, Any] = {}
+    option = "--" + {"shapes": "shape", "min_shapes": "min-shape", "max_shapes": "max-shape"}.get(field_name, "const")
+    for name, value in pairs:
+        if name in found and found[name] != value:
+            def said(v: Any) -> str:
+                return "x".join(map(str, v)) if isinstance(v, tuple) else f"{v:g}"
+
+            raise AutoprecError(f"{option} {name} given twice ({said(found[name])} and {said(value)}); give each input "
+                                "once")
+        found[name] = value
+    return found
 
 
 MAX_THREADS_PER_CORE = 4

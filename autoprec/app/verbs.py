@@ -159,6 +159,8 @@ def check_plan(
     blind to) and, where this is the search's own judging, the figure the search recorded (``recorded_loss``)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
+    if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
+        read_result_dir(target).check_shipped()
     context = plan_context(target, plan, None, data, shapes)
     judge, engine_spec = judge or context.config.judge, engine or context.config.engine
     if judge.max_loss is None:
@@ -214,8 +216,7 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
         number = result.best_plan[1]
         note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
         checks = result.shipped_as.checks if result.shipped_as else ()
-        return ForExport(stored.load(Path(result_dir) / "best" / "model.onnx"), note, stem, number, result.profile,
-                         checks)
+        return ForExport(stored.load(result.shipped_model()), note, stem, number, result.profile, checks)
     context = plan_context(result_dir, trial=trial, profile=profile)
     form = QDQForm(engine.qdq_form)
     model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from autoprec.analysis.model import model_sha256
 from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError
 from autoprec.core.profile import ShapeProfile
 from autoprec.measure.deployment import PointCheck
 from autoprec.results.files import json_safe
@@ -18,6 +19,21 @@ MANIFEST = "export.json"
 EXPORT_SCHEMA = "autoprec.export/1"
 # What export --build adds (an export folder written before manifests existed may hold them unlisted).
 BUILD_FILES = ("model.plan", "build_report.json", "layers.json")
+
+
+def check_destination(folder: Path, result_dir: Path, source: Path, fmt: str) -> None:
+    """Refuse an export folder where its files would overwrite others': the result's own (best/, the cache, the
+    result files; only its export/ holds exports) or, but for Triton's entry folder, the searched model's."""
+    where, result = Path(folder).resolve(), Path(result_dir).resolve()
+    if where == result or (where.is_relative_to(result) and not where.is_relative_to(result / "export")):
+        raise AutoprecError(f"--out {folder}: inside the result {result_dir} (its best/, cache and result files); an "
+                            "export there could overwrite what the search wrote: give a folder outside it, or leave "
+                            f"--out out ({Path(result_dir) / 'export' / fmt})")
+    if fmt != "triton" and where == source.resolve().parent:
+        raise AutoprecError(
+            f"--out {folder}: the folder of the model {result_dir} was searched with ({source.name}); "
+            "the export's model.onnx and weights would overwrite files there: give another folder"
+        )
 
 
 def clear(folder: Path) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.measure import gfl, regions, tasks
+from autoprec.measure.labels import class_scores, doubtful, scores_classes, unscored
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"
@@ -137,11 +138,6 @@ def _import_function(spec: str) -> LossFunction:
 # --- per output: similarity, then what the output decides ---------------------------------------------
 
 
-def _looks_like_scores(arr: np.ndarray) -> bool:
-    """(N, C) or (N, T, C) float scores with a few classes or more."""
-    return arr.dtype.kind == "f" and arr.ndim in (2, 3) and arr.shape[-1] >= 2
-
-
 def _looks_like_ctc(arr: np.ndarray) -> bool:
     """(N, T, C) per-step probabilities (each step sums to 1): what a CTC recognizer's softmax gives."""
     if not (arr.dtype.kind == "f" and arr.ndim == 3 and arr.shape[1] >= 2 and arr.shape[2] >= 3):
@@ -165,7 +161,7 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     metrics: dict[str, float] = {}
     if not np.isfinite(cand).all():
         metrics.update(cosine=-math.inf, rel_l2=math.inf, max_abs=math.inf, snr_db=-math.inf, nonfinite=1.0)
-        if _looks_like_scores(reference):
+        if class_scores(reference):
             metrics["top1"] = 0.0
         return metrics
     norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
@@ -182,7 +178,7 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
         10 * math.log10(signal / noise) if noise > 0 and signal > 0 else (math.inf if noise == 0 else -math.inf)
     )
     metrics["nonfinite"] = 0.0
-    if _looks_like_scores(reference):
+    if class_scores(reference):
         metrics["top1"] = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
     if narrow(reference):
         metrics["narrow"] = 1.0
@@ -255,17 +251,29 @@ class Judge:
                     "has no 'character' metadata: give --ctc-charset FILE (one character per line, "
                     "PaddleOCR's dictionary order)"
                 )
+        if self.metric.against_labels:
+            self._labels_score()
         if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
             self._agrees_with_itself()
-        if self.metric.against_labels and not any(
-            LABEL_KEYS[self.metric.task] in m for m in self.fp32_scores(len(self.reference)).values()
-        ):
-            raise AutoprecError(
-                f"--metric {self.metric.name}: the data's {LABELLED[self.metric.task]!r} array fits no output "
-                f"(it must have one entry per item: {LABEL_FORMS[LABELLED[self.metric.task]]}); name the "
-                "output with --task-output"
-            )
         return self.fp32_scores(len(self.reference))
+
+    def _labels_score(self) -> None:
+        """The constraint's labels score FP32 on some output, to a number; else one line saying what of the labels
+        is wrong (their shape, classes the output does not have, no item labelled in the evaluation batches)."""
+        key, wanted = LABEL_KEYS[self.metric.task], LABELLED[self.metric.task]
+        scored = [m[key] for m in self.fp32_scores(len(self.reference)).values() if key in m]
+        if not scored:
+            raise AutoprecError(f"--metric {self.metric.name}: " + unscored(
+                wanted, self.labels[0], self.reference[0], self.metric.options.output, LABEL_FORMS[wanted]))
+        if all(math.isnan(v) for v in scored):
+            raise AutoprecError(f"--metric {self.metric.name}: the data's {wanted!r} array labels no item of the "
+                                f"{len(self.reference)} evaluation batch(es) (negative: not labelled); label them, "
+                                f"or use --metric {self.metric.task} (agreement with FP32)")
+
+    def doubts(self) -> list[str]:
+        """Where FP32's own score against the labels says they may not be this model's (see
+        :func:`autoprec.measure.labels.doubtful`)."""
+        return doubtful(self.fp32_scores(len(self.reference)), self.reference[0]) if self.labels else []
 
     def _agrees_with_itself(self) -> None:
         """FP32's outputs must score 0 against themselves; a metric that does not decodes something else
@@ -408,17 +416,7 @@ class Judge:
             return math.inf
         function = self.metric.user_function
         if function is not None:
-            if not self._fp32_checked:
-                own = self._user_loss(function, self.reference[: len(outputs)], MetricError)
-                if not math.isfinite(own):
-                    raise MetricError(f"--metric {self.metric.name}: returned {own} for the FP32 outputs against "
-                                      "themselves; a loss is a finite number (0: as good as FP32): fix the function")
-                self._fp32_checked = True
-            loss = self._user_loss(function, outputs, AutoprecError)
-            if loss < -SELF_AGREEMENT:
-                raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a loss is 0 or more "
-                                  "(0: as good as FP32, larger: worse): fix the function")
-            return math.inf if math.isnan(loss) else max(loss, 0.0)
+            return self._user_function_loss(function, outputs)
         if not self.metric.against_labels:
             shapes = ", ".join(f"{name} {list(np.shape(v))} {np.asarray(v).dtype}" for name, v in self.reference[0].items())
             return loss_from_metrics(metrics, self.metric.name, shapes)
@@ -432,20 +430,38 @@ class Judge:
             )
         return float(np.mean(drops))
 
-    def _user_loss(self, function: LossFunction, outputs: Outputs, failure: type[AutoprecError]) -> float:
-        """The user's function on ``outputs``, as a float; else ``failure`` naming it: a MetricError (the search
-        stops) on FP32's own outputs, where it can only be the function's fault; one failed trial on a plan's."""
+    def _user_function_loss(self, function: LossFunction, outputs: Outputs) -> float:
+        """A ``module:function`` loss: on FP32's own outputs first (once), a finite number; on every plan's (their
+        outputs finite: non-finite ones are infinite loss before it is asked), a number of 0 or more. Anything
+        else is the function's fault, not one plan's: a MetricError, which stops the search naming it."""
+        if not self._fp32_checked:
+            own = self._user_loss(function, self.reference[: len(outputs)])
+            if not math.isfinite(own):
+                raise MetricError(f"--metric {self.metric.name}: returned {own} for the FP32 outputs against "
+                                  "themselves; a loss is a finite number (0: as good as FP32): fix the function")
+            self._fp32_checked = True
+        loss = self._user_loss(function, outputs)
+        if math.isnan(loss) or loss < -SELF_AGREEMENT:
+            raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a loss is 0 or more "
+                              "(0: as good as FP32, larger: worse), never NaN: fix the function")
+        return max(loss, 0.0)
+
+    def _user_loss(self, function: LossFunction, outputs: Outputs) -> float:
+        """The user's function on read-only views of the FP32 outputs and ``outputs`` (a function that changed them
+        in place would change every later measurement), as a float; else a MetricError naming it."""
         try:
             with contextlib.redirect_stdout(sys.stderr):  # what it prints is not autoprec's output (--json)
-                value = function(self.reference[: len(outputs)], outputs)
+                value = function(_read_only(self.reference[: len(outputs)]), _read_only(outputs))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
-            raise failure(f"--metric {self.metric.name}: raised {type(exc).__name__}: "
-                          f"{(str(exc).splitlines() or [''])[0][:200]}; fix the function") from None
+            said = (str(exc).splitlines() or [""])[0][:200]
+            hint = " (the arrays it is given are read-only: copy one before changing it)" if "read-only" in said else ""
+            raise MetricError(f"--metric {self.metric.name}: raised {type(exc).__name__}: {said}; fix the "
+                              f"function{hint}") from None
         try:
             return float(np.asarray(value).item())
         except (TypeError, ValueError):
-            raise failure(f"--metric {self.metric.name}: returned {type(value).__name__} {str(value)[:60]!r}, not one "
-                          "number; return a float (lower is better, 0: as good as FP32)") from None
+            raise MetricError(f"--metric {self.metric.name}: returned {type(value).__name__} {str(value)[:60]!r}, not "
+                              "one number; return a float (lower is better, 0: as good as FP32)") from None
 
     def _applies(self, task: str, name: str, ref: np.ndarray) -> bool:
         if self.metric.options.output is not None and name != self.metric.options.output:
@@ -467,7 +483,7 @@ class Judge:
     ) -> dict[str, float]:
         options, found = self.metric.options, {}
         truth = labels.get("labels")
-        if (truth is not None and _looks_like_scores(ref) and truth.shape == ref.shape[:-1]
+        if (truth is not None and class_scores(ref) and scores_classes(truth, ref)
                 and (options.output in (None, name))):
             scored = truth >= 0
             found["top1_labels"] = float((cand.argmax(-1) == truth)[scored].mean()) if scored.any() else math.nan
@@ -546,6 +562,18 @@ def _box_decisions(ref_boxes: list[np.ndarray], cand_boxes: list[np.ndarray],
     if "boxes" in labels:
         found["map50_labels"] = tasks.mean_average_precision(cand_boxes, tasks.padded_boxes(labels["boxes"]))
     return found
+
+
+def _read_only(batches: Outputs) -> list[dict[str, np.ndarray]]:
+    """Each batch's arrays as views that cannot be written, in lists and mappings of their own."""
+    views = []
+    for batch in batches:
+        views.append({})
+        for name, value in batch.items():
+            view = np.asarray(value).view()
+            view.flags.writeable = False
+            views[-1][name] = view
+    return views
 
 
 def _stacked(labels: Labels) -> dict[str, np.ndarray]:

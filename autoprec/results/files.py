@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.analysis.images import ImageOptions
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model import ModelInfo, model_sha256
 from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
@@ -23,6 +23,7 @@ from autoprec.core.plan import Plan
 from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.core.stored import save_models
 from autoprec.measure.deployment import Deployment
+from autoprec.results import coherence
 from autoprec.results.record import ChosenUnit, Claim, ModelRecord, SearchFacts, ShippedAs, Versus
 from autoprec.study.search import TrialRecord, uniform_trials
 
@@ -175,11 +176,34 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
         written += save_models(models, data=WEIGHTS_FILE, external=result.model.external_weights)
         if (best / WEIGHTS_FILE).is_file():
             files[WEIGHTS_FILE] = "the weights of the models beside it (ONNX external data): keep it with them"
+        plan_doc["sha256"] = {path.name: model_sha256(path) for path in models}  # what check and export ship
         written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
     else:  # nothing chosen this time: an earlier run's best/ must not pass for this run's result
-        for name in ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE):
-            (out / "best" / name).unlink(missing_ok=True)
+        _remove_best(out)
     return written
+
+
+BEST_FILES = ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE)
+# A result folder's own: what the search writes and keeps there (see ResultFiles.owns).
+OWN_FOLDERS = ("best", "cache", "artifacts", ".autoprec-locks")
+OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "pareto.png", "layers.png",
+             "sensitivity.png")
+
+
+def _remove_best(out: Path) -> None:
+    for name in BEST_FILES:
+        (out / "best" / name).unlink(missing_ok=True)
+
+
+def withdraw_result(out: Path) -> list[str]:
+    """Remove an earlier run's result from ``out`` (pareto.json, trials.json, best/, the figures of them): for a
+    run that began its trials there and stopped without a result of its own, which must not leave the earlier
+    one passing for it. Returns the names removed."""
+    found = [name for name in ("pareto.json", "trials.json", "pareto.png", "layers.png",
+                               *(f"best/{b}" for b in BEST_FILES)) if (out / name).is_file()]
+    for name in found:
+        (out / name).unlink()
+    return found
 
 
 # What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
@@ -282,6 +306,7 @@ SPEC = {
 }
 SEARCH = {
     "spec": Optional_(SPEC),
+    "run": Optional_(str),
     "rejected": Optional_(list),
     "tied_units": Optional_(int),
     "budget": int,
@@ -367,6 +392,7 @@ DEPLOYMENT = {
     ],
 }
 CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
+               "sha256": Optional_(MapOf(str)),
                "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
 SENSITIVITY = {"engine": str, "batches": int, "evaluations": int, "seconds": NUMBER,
                "unattributed_share": Nullable(NUMBER), "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
@@ -589,6 +615,43 @@ class ResultFiles:
         """best/'s files and what each is."""
         return dict(self.plan["files"]) if self.plan else {}
 
+    def owns(self, path: str | Path) -> bool:
+        """Whether ``path`` is (or would overwrite) one of the result's own files: what the search wrote, best/, its
+        cache and study (a report or export written there would replace them)."""
+        where, root = Path(path).resolve(), self.out_dir.resolve()
+        if not where.is_relative_to(root) or where == root:
+            return where == root
+        parts = where.relative_to(root).parts
+        return parts[0] in OWN_FOLDERS or (len(parts) == 1 and parts[0] in OWN_FILES)
+
+    def check_shipped(self) -> None:
+        """Every model best/ holds is the file the search wrote there (see :meth:`shipped_model`)."""
+        for name in (self.plan or {}).get("sha256") or {"model.onnx": None}:
+            self.shipped_model(name)
+
+    def shipped_model(self, name: str = "model.onnx") -> Path:
+        """best/``name`` checked to be the file the search wrote there (its sha256, external data included, against
+        best/plan.json's record): what check passes and export ships is the model the result describes."""
+        path = self.out_dir / "best" / name
+        recorded = ((self.plan or {}).get("sha256") or {}).get(name)
+        if self.plan is None:
+            raise AutoprecError(f"{self.out_dir}: no chosen plan, so no best/{name}; see autoprec show {self.out_dir}")
+        if recorded is None:
+            raise AutoprecError(f"{self.out_dir / 'best' / 'plan.json'}: records no sha256 of best/{name} (written by "
+                                "an older autoprec, or edited); rerun the search to check or export what it ships")
+        if not path.is_file():
+            raise AutoprecError(f"{path}: missing; the search wrote it beside best/plan.json: restore it, or rerun the "
+                                "search")
+        try:
+            found = model_sha256(path)
+        except Exception as exc:  # noqa: BLE001 - not an ONNX file any more (onnx raises several types)
+            found = f"unreadable ({type(exc).__name__})"
+        if found != recorded:
+            raise AutoprecError(f"{path}: not the model the search wrote there (sha256 {found[:12]}…, recorded "
+                                f"{recorded[:12]}…; replaced or changed, its weights included): restore it, or rerun "
+                                "the search")
+        return path
+
     @property
     def shipped_as(self) -> ShippedAs | None:
         """How best/model.onnx ships (None: no plan chosen, or a result older than the record of it)."""
@@ -639,6 +702,7 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
         validated(read["sensitivity"], SENSITIVITY, files["sensitivity"]) if read["sensitivity"] is not None else None
     )
     _check_consistent(out_dir, pareto, trials, plan)
+    coherence.check(out_dir, pareto, trials, plan)
     return ResultFiles(out_dir, pareto, trials, plan, sensitivity)
 
 

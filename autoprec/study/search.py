@@ -209,6 +209,14 @@ def open_study(
     return study
 
 
+def forget_if_unused(study: optuna.Study, storage: str) -> None:
+    """Delete ``study`` where no trial was ever asked of it: what a run refused before its first trial leaves
+    (bad labels, a metric that does not agree with itself), which would refuse the corrected run as made for a
+    different search."""
+    if not study.get_trials(deepcopy=False):
+        optuna.delete_study(study_name=study.study_name, storage=storage)
+
+
 def planned_params(trial: FrozenTrial) -> dict:
     """The plan a trial measures: its suggested parameters, or those it was queued with when it
     was interrupted before suggesting them (``enqueue_trial`` keeps them in the system attribute

@@ -32,6 +32,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
+from autoprec.core.errors import MetricError
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 
 
@@ -262,6 +263,8 @@ def analyse_sensitivity(
     for i, (unit, precision) in enumerate(steps):
         try:
             loss = loss_of(info.plan_at(precision, [unit.name], calibration))
+        except MetricError:  # the metric's fault, not this unit's: the search stops with it
+            raise
         except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
             failures.append(

@@ -1,0 +1,70 @@
+"""The data's labels against the outputs they score: one class per item, each a class the output has, some item
+labelled; and FP32's own score against them, which says whether they are this model's labels at all."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+# What FP32's own score against the labels is where they cannot be this model's: per label score, a test of it.
+HOPELESS = {"map50_labels": lambda v: v <= 0.0, "region_f_labels": lambda v: v <= 0.0,
+            "miou_labels": lambda v: v <= 0.0, "cer_labels": lambda v: v >= 1.0}
+SAID = {"top1_labels": "top-1 vs labels", "map50_labels": "mAP50 vs labels", "region_f_labels": "text regions F vs "
+        "labels", "miou_labels": "mIoU vs labels", "cer_labels": "CER vs labels"}
+
+
+def class_scores(value: np.ndarray) -> bool:
+    """(N, C) or (N, T, C) float scores with a few classes or more."""
+    return value.dtype.kind == "f" and value.ndim in (2, 3) and value.shape[-1] >= 2
+
+
+def scores_classes(truth: np.ndarray, scores: np.ndarray) -> bool:
+    """Whether ``truth`` (classes; negative: not labelled) are classes of ``scores``: one per item (the scores'
+    shape less its class axis), each below the number of classes it scores."""
+    return truth.shape == scores.shape[:-1] and (not truth.size or int(truth.max()) < scores.shape[-1])
+
+
+def unscored(wanted: str, labels: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
+             output: str | None, form: str) -> str:
+    """Why the data's ``wanted`` array (one evaluation batch of it: ``labels``) scores none of the model's
+    ``outputs`` (one batch of each; ``output``: --task-output), in words for one line: the labels' fault, said of
+    the labels, with the shape or classes they would need."""
+    truth = np.asarray(labels[wanted])
+    if wanted != "labels":
+        shapes = ", ".join(f"{name} {list(np.shape(v))}" for name, v in outputs.items())
+        return (f"the data's {wanted!r} array, shaped {list(truth.shape)} per batch, fits no output ({shapes}); it "
+                f"must hold {form}; fix the array, or name the output with --task-output")
+    scores = {name: np.asarray(v) for name, v in outputs.items()
+              if class_scores(np.asarray(v)) and output in (None, name)}
+    if not scores:
+        shapes = ", ".join(f"{name} {list(np.shape(v))}" for name, v in outputs.items())
+        return (f"no output gives class scores (N×C or N×T×C) for the data's 'labels' to score (the model's outputs: "
+                f"{shapes}); choose --metric cosine or rel_l2")
+    name, value = next(((n, v) for n, v in scores.items() if truth.shape == v.shape[:-1]), next(iter(scores.items())))
+    if truth.shape != value.shape[:-1]:
+        return (f"the data's 'labels' are shaped {list(truth.shape)} per batch, but output {name} gives class scores "
+                f"shaped {list(value.shape)}: give one class per item, shaped {list(value.shape[:-1])} per batch "
+                f"({form})")
+    return (f"the data's 'labels' hold class {int(truth.max())}, but output {name} scores {value.shape[-1]} classes "
+            f"(0–{value.shape[-1] - 1}): give the model's own class numbers (negative: not labelled), or check the "
+            "label mapping")
+
+
+def doubtful(fp32: Mapping[str, Mapping[str, float]], outputs: Mapping[str, np.ndarray]) -> list[str]:
+    """FP32's own scores against the labels where they say the labels may not be this model's: none right, or
+    top-1 no better than chance. A loss measured against such labels says little."""
+    lines = []
+    for name, scores in fp32.items():
+        for key, value in scores.items():
+            if math.isnan(value):
+                continue
+            classes = np.shape(outputs.get(name, ()))[-1:] or (0,)
+            chance = 1.0 / classes[0] if key == "top1_labels" and classes[0] >= 2 else None
+            if (chance is not None and value <= chance) or (key in HOPELESS and HOPELESS[key](value)):
+                where = f" (chance with {classes[0]} classes: {chance:.1%})" if chance is not None else ""
+                lines.append(f"FP32 itself scores {SAID.get(key, key)} {value:.1%} on output {name!r}{where}: the "
+                             "labels may not be this model's (another class order or mapping?), and a loss against "
+                             "them says little; check them")
+    return lines
