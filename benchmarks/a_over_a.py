@@ -15,12 +15,14 @@ Per model and engine setting, ``--repeats`` times:
 Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models (``--zoo``); settings:
 ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda where ``--cuda`` is given.
 
-    python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads 1] [--cuda] [--json PATH]
+    python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
+    python benchmarks/a_over_a.py --merge A.json B.json ... --json a_over_a.json    # runs made side by side
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -123,14 +125,18 @@ def one_setting(name: str, prepared, backend, repeats: int, gain: float, seconds
 
 
 def calibrated_extra(backend, model: StoredModel, batch, gain: float) -> int:
-    """How many Mul pairs make the model about ``gain`` slower (one session each, 5 timings)."""
+    """How many Mul pairs make the model about ``gain`` slower: doubled until the slowdown is well past the noise
+    (twice the gain asked), then scaled down to it (one session each, the median of 5 timings)."""
     def ms(m):
         with backend.prepare(m) as runner:
             runner.run(batch)
             return statistics.median(runner.time(batch).median_ms for _ in range(5))
-    base, one = ms(model), ms(slowed(model, 8))
-    per_pair = max((one - base) / 8, 1e-6)
-    return max(1, round(base * (gain - 1) / per_pair))
+    base, pairs = ms(model), 16
+    while True:
+        slower = ms(slowed(model, pairs))
+        if slower / base - 1 >= 2 * (gain - 1) or pairs >= 1 << 16:
+            return max(1, round(pairs * (gain - 1) / max(slower / base - 1, 1e-9)))
+        pairs *= 2
 
 
 def summary(name: str, backend, aa, ab, old, extra: int) -> dict:
@@ -146,6 +152,8 @@ def summary(name: str, backend, aa, ab, old, extra: int) -> dict:
         "aa_median_blocks": statistics.median(s.blocks for s in claims),
         "aa_median_seconds": statistics.median(t for _, t, _ in aa),
         "aa_unsteady": sum(s.unsteady for s in claims),
+        "aa_others_cores": [list(m.others) if m.others else None for _, _, m in aa],
+        "aa_fp32_level_moved": [round(m.level_moved, 4) for _, _, m in aa],
         "aa_speedups": [round(s.speedup, 4) for s in claims],
         "ab_extra_mul_pairs": extra, "ab_found": sum(s.low > 1 for s in ab),
         "ab_median_speedup": statistics.median(s.speedup for s in ab),
@@ -160,14 +168,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--models", nargs="*", default=list(GENERATED))
     parser.add_argument("--zoo", nargs="*", default=[])
-    parser.add_argument("--threads", type=int, default=1, help="the fixed-threads setting (beside the default)")
+    parser.add_argument("--threads", nargs="+", default=["default", "1"],
+                        help="the CPU settings: ONNX Runtime's default threads ('default') and/or fixed thread counts")
     parser.add_argument("--cuda", action="store_true", help="ort-cuda instead of the CPU settings")
     parser.add_argument("--gain", type=float, default=1.03)
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "a_over_a.json")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="join the settings of runs made side by side (e.g. one process per setting, each pinned "
+                             "to its own cores) into --json and print their table")
     args = parser.parse_args(argv)
-    engines = [get_backend("ort-cuda")] if args.cuda else [get_backend("ort-cpu"),
-                                                           get_backend("ort-cpu", threads=args.threads)]
+    if args.merge:
+        return merged(args.merge, args.json)
+    engines = [get_backend("ort-cuda")] if args.cuda else [
+        get_backend("ort-cpu") if t == "default" else get_backend("ort-cpu", threads=int(t)) for t in args.threads]
     report = {**machine_facts(engines[0]), "repeats": args.repeats, "gain": args.gain, "seconds": args.seconds,
               "method": speedup.METHOD, "min_blocks": speedup.MIN_BLOCKS, "rounds_per_block": speedup.ROUNDS_PER_BLOCK,
               "settings": []}
@@ -182,6 +196,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name} · {backend.info().device}] …", file=sys.stderr, flush=True)
                 report["settings"].append(one_setting(name, prepared, backend, args.repeats, args.gain, args.seconds))
                 atomic.write_json(args.json, report)
+    print_table(report)
+    return 0
+
+
+def merged(paths: list[Path], into: Path) -> int:
+    """One report of several runs' settings (the first run's facts, each setting keeping its own engine line)."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    report = {**reports[0], "settings": [s for r in reports for s in r["settings"]],
+              "machines": sorted({r["machine"] for r in reports}), "merged_from": [p.name for p in paths]}
+    atomic.write_json(into, report)
     print_table(report)
     return 0
 

@@ -15,7 +15,15 @@ from autoprec.app.cli import main
 from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.measurement import InProcessMeasurer, Paired
-from autoprec.measure.speedup import MIN_BLOCKS, ROUNDS_PER_BLOCK, Rounds, contender, speedup, time_until_known
+from autoprec.measure.speedup import (
+    MIN_BLOCKS,
+    ROUNDS_PER_BLOCK,
+    Rounds,
+    Speedup,
+    contender,
+    speedup,
+    time_until_known,
+)
 
 pytestmark = pytest.mark.final_timing
 
@@ -69,6 +77,42 @@ def test_a_load_that_moves_between_blocks_widens_the_interval_and_is_said():
     said = moved.steadiness().said()
     assert "other processes used 0.1–1.7 of this machine's" in said and "--threads N" in said
     assert Rounds.from_json(moved.to_json()) == moved
+
+
+def test_a_hog_for_half_the_timing_gives_an_interval_that_holds_at_either_load():
+    """A hog slows FP32 and an INT8 plan unalike (2.2× unloaded, 2.5× loaded): over 30 blocks the t-interval
+    alone sits between the two, true at neither; split by the load, the interval covers both."""
+    rng = np.random.default_rng(0)
+    loads = [0.1] * 15 + [1.1] * 15
+    gains = [2.2 if load < 1 else 2.5 for load in loads]
+    fp32 = [10 * (1 + 0.003 * rng.normal()) * (1.5 if load > 1 else 1) for load in loads for _ in range(2)]
+    plan = [f / gain * (1 + 0.003 * rng.normal()) for f, gain in zip(fp32, [g for g in gains for _ in range(2)])]
+    blocks = [i // 2 for i in range(60)]
+    steady = speedup(fp32, plan, blocks)
+    assert not (steady.low <= 2.2 and steady.high >= 2.5)
+    hogged = Rounds({"fp32": tuple(Timing(v, v, v, 10, 3) for v in fp32),
+                     "chosen": tuple(Timing(v, v, v, 10, 3) for v in plan)}, tuple(blocks), tuple(loads))
+    found = hogged.speedup("fp32", "chosen")
+    assert found.unsteady and found.low <= 2.2 * 1.01 and found.high >= 2.5 / 1.01 and found.high < 2.7
+
+
+def test_a_level_that_jumps_between_sessions_neither_invents_a_gain_nor_hides_a_real_one():
+    """A machine whose speed jumps by a third between sessions (a clock, a neighbour in another VM: seen on this
+    project's VMs), sessions 2 % apart besides: the level moves, so the blocks are split by the pair's own level.
+    A/A is beyond noise in at most 5 % and a 5 % gain is still found in most (widening the interval to the
+    blocks' extremes, as first done, found it in 47 of 100)."""
+    def timed(gain: float, seed: int) -> Speedup:
+        rng = np.random.default_rng(seed + 1000)
+        fp32, plan, blocks = _sessions(gain, 0.02, seed, blocks=20)
+        level = [1 + 0.33 * rng.integers(0, 2) for _ in range(20)]
+        rounds = Rounds({"fp32": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(fp32, np.repeat(level, 2))),
+                         "chosen": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(plan, np.repeat(level, 2)))},
+                        tuple(blocks))
+        assert rounds.steadiness().moved
+        return rounds.speedup("fp32", "chosen")
+
+    assert sum(timed(1.0, seed).beyond_timing_noise for seed in range(100)) <= 5
+    assert sum(timed(1.05, seed).beyond_timing_noise for seed in range(50)) >= 45
 
 
 def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model):

@@ -10,8 +10,10 @@ against itself, a plan so measured is "beyond timing noise" no more often than t
 (benchmarks/a_over_a.py measures how often).
 
 The machine's load is watched while it runs (what other processes used of its cores, per block). Where that
-load, or all-FP32's own level, moved between blocks, a plan's speed-up depends on when it was timed: the
-interval then reaches to the blocks' extremes, and the result says so.
+load, or all-FP32's own level, moved between blocks, a plan's speed-up may depend on when it was timed (a hog
+slows an INT8 plan and FP32 unalike): the blocks are split into the lighter and the heavier half (by that load,
+else by the pair's own level in the block) and the interval covers each half's t-interval as well as the whole's,
+so that it holds at either load; the result says so.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ NARROW = 0.04  # an interval is known when high / low - 1 is at most this
 LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than this between blocks
 LEVEL_MOVED = 0.10  # all-FP32's latency moving more than this between blocks
 METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; Student's t interval over "
-          "the blocks' mean log ratios (widened to the blocks' extremes where the machine's load moved)")
+          "the blocks' mean log ratios (where the machine's load moved: also over the lighter and the heavier half of "
+          "the blocks, the interval covering all three)")
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -59,8 +62,8 @@ def t_quantile(p: float, dof: int) -> float:
 @dataclass(frozen=True)
 class Speedup:
     """``speedup`` × the reference's speed, ``low``–``high`` at ``confidence``, from ``rounds`` paired rounds in
-    ``blocks`` sessions each; ``unsteady``: the machine's load moved while they ran (the interval then spans the
-    blocks' extremes)."""
+    ``blocks`` sessions each; ``unsteady``: the machine's load moved while they ran (the interval then holds for
+    the lighter and the heavier half of the blocks alike)."""
 
     speedup: float
     low: float
@@ -104,24 +107,35 @@ def interval_text(ratio: float, low: float, high: float, confidence: float) -> s
 
 
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
-            confidence: float = CONFIDENCE, unsteady: bool = False) -> Speedup:
+            confidence: float = CONFIDENCE, unsteady: bool = False, loads: Sequence[float] | None = None) -> Speedup:
     """The candidate's speed-up over the reference from paired rounds' milliseconds, ``blocks`` naming the session
-    block of each round (None: every round a block of its own); see the module docstring."""
-    ratios = np.log(np.asarray(reference, float) / np.asarray(candidate, float))
-    blocks = list(range(len(ratios))) if blocks is None else list(blocks)
-    per_block = np.array([ratios[[i for i, b in enumerate(blocks) if b == block]].mean()
-                          for block in dict.fromkeys(blocks)])
+    block of each round (None: every round a block of its own); where ``unsteady``, the interval also covers the
+    lighter and the heavier half of the blocks, split by ``loads`` (one per block) or else by the pair's own level
+    in each block (the mean of both logs: a split by the reference's level alone would sort the ratios
+    themselves); see the module docstring."""
+    reference, candidate = np.log(np.asarray(reference, float)), np.log(np.asarray(candidate, float))
+    blocks = list(range(len(reference))) if blocks is None else list(blocks)
+    members = [[i for i, b in enumerate(blocks) if b == block] for block in dict.fromkeys(blocks)]
+    per_block = np.array([(reference[i] - candidate[i]).mean() for i in members])
     centre = float(per_block.mean())
-    if len(per_block) > 1:
-        half = t_quantile(1 - (1 - confidence) / 2, len(per_block) - 1) * per_block.std(ddof=1) / math.sqrt(
-            len(per_block))
-    else:
-        half = math.inf
-    low, high = centre - half, centre + half
+    low, high = t_interval(per_block, confidence)
     if unsteady:
-        low, high = min(low, float(per_block.min())), max(high, float(per_block.max()))
-    return Speedup(math.exp(centre), math.exp(low), math.exp(high), confidence, len(ratios), len(per_block),
+        level = np.asarray(loads, float) if loads is not None else np.array(
+            [(reference[i] + candidate[i]).mean() for i in members])
+        order = np.argsort(level, kind="stable")
+        for half in (order[: len(order) // 2], order[len(order) // 2:]):
+            part_low, part_high = t_interval(per_block[half], confidence)
+            low, high = min(low, part_low), max(high, part_high)
+    return Speedup(math.exp(centre), math.exp(low), math.exp(high), confidence, len(blocks), len(per_block),
                    bool(unsteady))
+
+
+def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Student's t interval of the mean of ``values`` (unbounded for fewer than two)."""
+    if len(values) < 2:
+        return -math.inf, math.inf
+    half = t_quantile(1 - (1 - confidence) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean()) - half, float(values.mean()) + half
 
 
 class LoadProbe:
@@ -185,7 +199,9 @@ class Rounds:
                           float(max(levels) / min(levels) - 1) if len(levels) > 1 else 0.0, os.cpu_count() or 1)
 
     def speedup(self, reference: str, candidate: str) -> Speedup:
-        return speedup(self.ms(reference), self.ms(candidate), self.blocks, unsteady=self.steadiness().moved)
+        steadiness = self.steadiness()
+        loads = self.load if steadiness.load_moved and all(v is not None for v in self.load) else None
+        return speedup(self.ms(reference), self.ms(candidate), self.blocks, unsteady=steadiness.moved, loads=loads)
 
     def to_json(self) -> dict[str, Any]:
         return {"timings": {name: [t.to_json() for t in found] for name, found in self.timings.items()},
@@ -207,9 +223,12 @@ class Steadiness:
     cores: int
 
     @property
+    def load_moved(self) -> bool:
+        return self.others is not None and self.others[1] - self.others[0] > LOAD_MOVED
+
+    @property
     def moved(self) -> bool:
-        load_moved = self.others is not None and self.others[1] - self.others[0] > LOAD_MOVED
-        return bool(load_moved or self.level_moved > LEVEL_MOVED)
+        return bool(self.load_moved or self.level_moved > LEVEL_MOVED)
 
     @property
     def busy(self) -> bool:
@@ -234,8 +253,8 @@ class Steadiness:
         if self.moved:
             level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
             what = "; ".join(filter(None, [load, level]))
-            return (f"the machine's load moved during the final timing ({what}): the intervals span the sessions' "
-                    f"extremes; {ADVICE}")
+            return (f"the machine's load moved during the final timing ({what}): each interval holds for the "
+                    f"lighter and the heavier half of the sessions alike; {ADVICE}")
         if self.busy:
             return f"the machine was busy during the final timing ({load}): the speed-ups hold for a machine that busy"
         return None

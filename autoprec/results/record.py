@@ -37,7 +37,7 @@ class Claim:
     rounds: int | None = None
     retimed: bool = False
     blocks: int | None = None  # the sessions each model was built in (None: a result older than that method)
-    unsteady: bool = False  # the machine's load moved during the timing: the interval spans the blocks' extremes
+    unsteady: bool = False  # the machine's load moved during the timing: the interval holds at either load
 
     @classmethod
     def measured(cls, found: Speedup) -> Claim:
