@@ -18,8 +18,8 @@ import builders
 import numpy as np
 import onnx
 import pytest
-
-from autoprec.app.cli import main
+import searching
+from searching import main
 
 
 def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -134,7 +134,7 @@ def result_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("victim")
     model, data = builders.conv_with_data(root, 12)
     out = root / "result"
-    api.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
     return out
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import searching
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
@@ -159,7 +160,7 @@ def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowere
 
 def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_the_other(tmp_path):
     path = if_model(tmp_path / "if.onnx")
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(path, constants={"sr": 16000}),
             study=autoprec.StudySpec(budget=5),
@@ -177,7 +178,7 @@ def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_t
     fresh = _run(exported, {"x": x, "sr": np.array(16000, np.int64)})[0]
     original = _run(onnx.load(str(path)), {"x": x, "sr": np.array(16000, np.int64)})[0]
     assert fresh.shape == original.shape and np.isfinite(fresh).all()
-    from autoprec.app.cli import main
+    from searching import main
 
     assert main(["report", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "report.html").read_text()
@@ -319,7 +320,7 @@ def vad_root(tmp_path_factory):
 
 def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(vad_root))
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec("zoo:silero-vad"),
             judge=autoprec.JudgeSpec(max_loss=0.01),
@@ -363,7 +364,7 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
     samples = tmp_path / "speech.npz"
     np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(path, data=samples, shapes=shapes, constants={"sr": 16000}),
             judge=autoprec.JudgeSpec(max_loss=0.01),

@@ -8,6 +8,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -32,6 +33,9 @@ from autoprec.core.escape import printable
 from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
+
+if TYPE_CHECKING:
+    from autoprec.app.search import FinalTiming
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraphy")
 
@@ -225,10 +229,10 @@ def _sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search(args: argparse.Namespace) -> int:
-    from autoprec.app.search import search
+def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -> int:
+    from autoprec.app.search import search, timed_until_known
 
-    result = search(config_from(args))
+    result = search(config_from(args), final_timing=final_timing or timed_until_known)
     files = read_result_dir(result.out_dir)
     if args.json:
         _print_json(files)
@@ -647,11 +651,13 @@ def _failure(exc: BaseException) -> tuple[str, int]:
             "autoprec; run again with --verbose and report the traceback"), 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
+    """The command line; ``final_timing`` is what ``search`` times the chosen plan with (see
+    :class:`autoprec.app.search.FinalTiming`; None: the real one)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     verbs = {
-        "search": _search,
+        "search": lambda args: _search(args, final_timing),
         "sensitivity": _sensitivity,
         "show": _show,
         "plot": _plot,

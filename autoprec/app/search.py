@@ -9,7 +9,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import optuna
 
@@ -108,7 +108,38 @@ from autoprec.study.sensitivity import (
 log = logging.getLogger("autoprec")
 
 
-def search(config: SearchConfig | str | os.PathLike) -> SearchResult:
+class FinalTiming(Protocol):
+    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first) beside all-FP32 and
+    the given model, until their speed-ups are known (:mod:`autoprec.measure.speedup`): its rounds, or None where it
+    did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
+
+    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                 apart: bool) -> speedup.Rounds | None: ...
+
+
+def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                      apart: bool) -> speedup.Rounds:
+    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
+    session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
+    chosen = contenders[0]
+    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
+        "tell from it," if len(contenders) > 1 else ""
+    log.info(
+        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
+        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
+        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
+    )
+    return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
+
+
+def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+              apart: bool) -> None:
+    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a search in a
+    hurry, and the tests that are not about the final timing)."""
+    return None
+
+
+def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """Search per-unit precisions for a model and write the result directory. ``config`` holds the spec
     groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the defaults.
 
@@ -164,13 +195,16 @@ def search(config: SearchConfig | str | os.PathLike) -> SearchResult:
     device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
     at small batch on the GPU, would disturb the timed candidate).
+
+    ``final_timing`` times the chosen plan with its rivals until the speed-ups are known (:class:`FinalTiming`);
+    :func:`not_timed` leaves it out.
     """
     if not isinstance(config, SearchConfig):
         config = SearchConfig(InputSpec(config))
-    return run_search(config.checked())
+    return run_search(config.checked(), final_timing)
 
 
-def run_search(config: SearchConfig) -> SearchResult:
+def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """:func:`search` for a checked configuration, in phases: set up, join the study, prepare what every
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
     started = time.monotonic()
@@ -181,7 +215,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         with contextlib.ExitStack() as stack:
             measuring = _start_measurers(config, setup, shared, stack)
             warm = _warm_start(config, setup, joined, shared, measuring)
-            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm)
+            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing)
     except AutoprecError:
         _after_failure(config, setup, joined)
         raise
@@ -491,7 +525,7 @@ class Outcome:
 
 
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
-                    warm: WarmStart) -> Outcome:
+                    warm: WarmStart, final_timing: FinalTiming) -> Outcome:
     screen = shared.screen
     ctx = StudyContext(
         warm.info,
@@ -540,7 +574,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
                       config.judge.max_loss)
     chosen, versus = _compare_chosen(
         measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials), config,
-        retiming.apart, holding,
+        retiming.apart, holding, final_timing,
     )
     if chosen is not None:
         holding.judged(chosen)  # (the knee, chosen without a limit: its loss there for the record)
@@ -708,7 +742,7 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
 
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
-                    apart: bool, holding: Holding) -> tuple[TrialRecord | None, Versus]:
+                    apart: bool, holding: Holding, final_timing: FinalTiming) -> tuple[TrialRecord | None, Versus]:
     """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
     all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
     fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
@@ -718,15 +752,10 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
         return chosen, Versus()
     contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, config.judge.max_loss)
                             if holding(r))]
-    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
-        "tell from it," if len(contenders) > 1 else ""
-    log.info(
-        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
-        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {config.retime_seconds:g} s)"
-    )
     try:
-        rounds = measurer.time_compared(fp32.plan, [r.plan for r in contenders], config.retime_seconds, apart)
+        rounds = final_timing(measurer, fp32, contenders, config.retime_seconds, apart)
+        if rounds is None:
+            return chosen, Versus()
         winner, over_fp32 = speedup.fastest(rounds, len(contenders))
         found = speedup.compared(rounds, winner)
     except (AutoprecError, RuntimeError, ValueError) as exc:
