@@ -10,9 +10,10 @@ import pytest
 import searching
 
 import autoprec
-from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
+from autoprec.backends.base import Backend, EngineInfo, Runner
+from autoprec.core.locks import FileLock
+from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, Metric
-from autoprec.measure.isolation import FileLock
 from autoprec.measure.measurement import measure
 from autoprec.study.coordination import StudyLocks
 

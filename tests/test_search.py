@@ -269,7 +269,7 @@ def test_nonfinite_numbers_survive_strict_json():
 
 
 def test_timing_noise_verdict():
-    from autoprec.backends.base import Timing
+    from autoprec.core.timing import Timing
 
     fast, slow = Timing(1.0, 0.9, 1.1, 10, 3), Timing(2.0, 1.8, 2.2, 10, 3)
     assert fast.clearly_faster_than(slow) and not slow.clearly_faster_than(fast)
@@ -281,8 +281,9 @@ def test_timing_noise_verdict():
 def _clock_engine(events: list, alive: list, failing: str | None = None):
     """A fake engine whose runners time each run one later than the last (drift), recording builds, timings
     and how many runners are alive; building ``failing`` raises as an engine crash would."""
-    from autoprec.backends.base import Backend, Runner, Timing
+    from autoprec.backends.base import Backend, Runner
     from autoprec.core.errors import BackendError
+    from autoprec.core.timing import Timing
 
     class Clock(Runner):
         def __init__(self, name):
@@ -317,8 +318,8 @@ def _clock_engine(events: list, alive: list, failing: str | None = None):
 
 
 def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_one_fails():
-    from autoprec.backends.base import Timing
     from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement, time_paired
     from autoprec.study.search import TrialRecord, retime
 
@@ -536,8 +537,8 @@ def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kep
 def _timed_study(plans):
     """A study of two-unit plans (precisions of units a and b, trial ms, loss, re-timed ms), and a
     ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
-    from autoprec.backends.base import Timing
     from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement, Paired
 
     study = optuna.create_study(directions=["minimize", "minimize"])

@@ -12,8 +12,8 @@ from builders import conv_with_data
 
 import autoprec
 from autoprec.app.cli import main
-from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
+from autoprec.core.timing import Timing
 from autoprec.measure.measurement import InProcessMeasurer, Paired
 from autoprec.measure.speedup import MIN_BLOCKS, ROUNDS_PER_BLOCK, Rounds, contender, speedup, time_until_known
 

@@ -16,8 +16,8 @@ import onnx_graphsurgeon as gs
 from autoprec.analysis import subgraphs
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.patterns import tie_repeats
-from autoprec.analysis.preparation import first_line, prepared_model
-from autoprec.core.errors import ModelError
+from autoprec.analysis.preparation import prepared_model
+from autoprec.core.errors import ModelError, first_line
 from autoprec.core.groups import connected
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.profile import ShapeProfile, shape_profile

@@ -18,7 +18,6 @@ import atexit
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -34,7 +33,7 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
-from autoprec.core.errors import ModelError
+from autoprec.core.errors import ModelError, first_line
 from autoprec.core.stored import (
     DataWriter,
     StoredModel,
@@ -88,11 +87,6 @@ def cpu_optimizers_left_off(model: onnx.ModelProto) -> list[str]:
     signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
                              for n in graph.node)
     return ["NchwcTransformer"] * fp16 + ["QDQSelectorActionTransformer"] * signed_activations
-
-
-def first_line(exc: BaseException) -> str:
-    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
 class RunCheck:

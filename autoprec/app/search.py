@@ -36,20 +36,14 @@ from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, MetricError, SearchFailed
+from autoprec.core.locks import FileLock
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import confirmation, speedup
 from autoprec.measure.accuracy import Judge, Metric, decision_changes
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
-from autoprec.measure.isolation import (
-    FileLock,
-    IsolatedMeasurer,
-    Limits,
-    MeasurerPool,
-    TrialCrash,
-    device_lock_path,
-)
+from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
 from autoprec.measure.measurement import (
     InProcessMeasurer,
     Lowering,

@@ -1,5 +1,7 @@
 """User-facing failures: each says what went wrong, with which input, and what to do."""
 
+import re
+
 
 class AutoprecError(Exception):
     """Base class: the CLI prints these as one line and exits 2, with no traceback."""
@@ -36,3 +38,8 @@ class ExportError(AutoprecError):
 class MetricError(AutoprecError):
     """The accuracy metric itself is wrong (a user's loss function below 0): not one plan's fault, so the
     search stops rather than failing every trial with it."""
+
+
+def first_line(exc: BaseException) -> str:
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
+    return (text.splitlines() or [type(exc).__name__])[0][:300]

@@ -1,6 +1,6 @@
 """A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
 
-Each round times every model once (each a :class:`~autoprec.backends.base.Timing`: a median of runs), one
+Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: a median of runs), one
 after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds run in *blocks*: each
 block builds every model's session (engine) anew, so what differs between two sessions of one graph (memory
 placement, thread pools, kernels chosen at creation: 1–3 % on a CPU) is sampled too, not frozen into every
@@ -27,8 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from autoprec.analysis.data import Batch
-from autoprec.backends.base import Backend, Timing
+from autoprec.backends.base import Backend
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Timing
 
 CONFIDENCE = 0.95
 ROUNDS_PER_BLOCK = 2

@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.model import file_sha256
 from autoprec.core.errors import StudyError
-from autoprec.measure.isolation import FileLock, host_lock_folder, private_folder
+from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 
 # A running trial's worker records a heartbeat this often (seconds); one silent for
 # GRACE_BEATS beats is taken as dead, failed and queued again (once).

@@ -25,9 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.preparation import first_line
 from autoprec.backends.base import Backend
-from autoprec.core.errors import AutoprecError, MetricError, StudyError
+from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.measure.confirmation import HeldOut, HeldOutJudge
