@@ -243,8 +243,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(str(path))  # from the file: never the whole model in one protobuf (2 GB at most)
     except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
+        raise ModelError(f"{path}: fails onnx.checker ({first_line(exc)}); fix or re-export the model") from None
     initializers = {i.name for i in model.graph.initializer}
     for value in [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]:
         kind = value.type.WhichOneof("value")

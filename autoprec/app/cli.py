@@ -28,7 +28,7 @@ from autoprec.app.specs import (
 )
 from autoprec.backends import BACKENDS
 from autoprec.core import atomic
-from autoprec.core.errors import AutoprecError
+from autoprec.core.errors import AutoprecError, first_line
 from autoprec.core.escape import printable
 from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
@@ -605,7 +605,7 @@ def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
     the search's own error, when it comes, says what to do."""
     if args.exc_type is SystemExit:
         return
-    first = (str(args.exc_value).strip().splitlines() or [""])[0][:300]
+    first = first_line(args.exc_value, empty="")
     where = args.thread.name if args.thread is not None else "a thread"
     print(f"autoprec: warning: {where} failed ({args.exc_type.__name__}: {printable(first)})", file=sys.stderr)
 
@@ -643,11 +643,11 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         from autoprec.study.coordination import storage_hint
 
         cause = exc.__cause__ or exc
-        first = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [""])[0][:300]
+        first = first_line(getattr(cause, "orig", None) or cause, empty="")
         return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
-    return (f"internal error ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}): a bug in "
+    return (f"internal error ({type(exc).__name__}: {first_line(exc, empty='')}): a bug in "
             "autoprec; run again with --verbose and report the traceback"), 1
 
 

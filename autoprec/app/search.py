@@ -35,7 +35,7 @@ from autoprec.app.sensitivity import sensitivity_pass
 from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
-from autoprec.core.errors import AutoprecError, MetricError, SearchFailed
+from autoprec.core.errors import AutoprecError, MetricError, SearchFailed, first_line
 from autoprec.core.locks import FileLock
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
@@ -897,7 +897,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
         log.warning(
             f"the reference executor cannot run this model ({type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0][:200]}): {engine.name} measures every plan's accuracy"
+            f"{first_line(exc, 200, empty='')}): {engine.name} measures every plan's accuracy"
         )
         return measurer, f"{engine.name} itself (ONNX Runtime CPU could not run the model)", True
     return reference, executor, False

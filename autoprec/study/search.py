@@ -185,7 +185,7 @@ def open_study(
                          "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
-        first = without_password((str(cause).strip().splitlines() or [""])[0], str(storage))
+        first = without_password(first_line(cause, None, empty=""), str(storage))
         hint = (storage_hint(first) if "disk" in first.lower() or "connect" in first.lower() else
                 "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
@@ -539,7 +539,7 @@ def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
 def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
     """Why a study has no measured trial: how its trials ended and the first error, in one line."""
     trials = [t for t in study.get_trials(deepcopy=False) if counted(t)]
-    errors = [(t.number, (t.user_attrs["error"].strip().splitlines() or [""])[0][:300]) for t in trials
+    errors = [(t.number, first_line(t.user_attrs["error"])) for t in trials
               if t.state == TrialState.FAIL and "error" in t.user_attrs]
     rejected = sum(t.state == TrialState.PRUNED for t in trials)
     cause = (f"all {len(errors)} failed ({'; '.join(f'trial {n}: {e}' for n, e in errors[:1])})" if errors else
