@@ -37,7 +37,7 @@ from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backen
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, MetricError, SearchFailed, first_line
 from autoprec.core.locks import FileLock
-from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import confirmation, speedup
@@ -397,7 +397,7 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
     screen = (
         Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
     )
-    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
+    method = config.space.method
     ranges = prepared.ranges
     lowering = Lowering(
         prepared.info, ranges.with_thresholds(method) if ranges is not None else None
@@ -886,7 +886,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
         reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), dataset.evaluation, shared.judge, shared.ranking,
                                       in_target_form)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
-    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
+    method = config.space.method
     try:
         for precision in (Precision.INT8, Precision.FP16):
             units = [u.name for u in shared.info.searchable_units if precision in u.allowed]

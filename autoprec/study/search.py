@@ -27,7 +27,7 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
-from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Precision, calibration_method
 from autoprec.core.stored import StoredModel
 from autoprec.measure.confirmation import HeldOut, HeldOutJudge
 from autoprec.measure.isolation import TrialCrash
@@ -109,14 +109,14 @@ CALIBRATION_PARAM = "@calibration"
 def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> dict[str, CategoricalDistribution]:
     """One categorical per dimension: a searchable unit, with the units of its repeated pattern tied to it."""
     found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.dimensions}
-    if calibration == "auto":
+    if calibration == AUTO_CALIBRATION:
         found[CALIBRATION_PARAM] = CategoricalDistribution(list(CALIBRATION_METHODS))
     return found
 
 
 def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
     """Searched units take the trial's choice (a tied unit its pattern's); pinned units their only precision."""
-    method = params.get(CALIBRATION_PARAM, DEFAULT_CALIBRATION if calibration == "auto" else calibration)
+    method = params.get(CALIBRATION_PARAM, calibration_method(calibration))
     return Plan.from_mapping({u.name: params.get(u.tied_to or u.name, u.allowed[0].value) for u in info.units}, method)
 
 
