@@ -236,7 +236,7 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
         build_dataset(data, info.inputs)
     with pytest.raises(
         ModelError,
-        match=r"--shape input and --shape state give dim 'batch', which both inputs share, the sizes 2 and 3",
+        match=r"--shape: inputs input and state share the dim 'batch' but are given 2 and 3 there; give them the same size",
     ):
         analyse(path, SPACE, {"input": (2, 4), "state": (2, 3, 3)})
 
