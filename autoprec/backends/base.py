@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -49,15 +49,6 @@ class EngineInfo:
 
     def label(self) -> str:
         return f"{self.engine} {self.version} {self.provider} on {self.device}"
-
-
-def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
-    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
-    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
-    taken at another moment than the other's, never decide it."""
-    if rounds and other_rounds:
-        return max(rounds) < min(other_rounds)
-    return None
 
 
 class Runner(abc.ABC):

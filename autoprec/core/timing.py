@@ -25,10 +25,6 @@ class Timing:
         """(p90 - p10) / median: how far one run may stray from the median."""
         return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else float("inf")
 
-    def clearly_faster_than(self, other: Timing) -> bool:
-        """True when even this one's slow runs (p90) beat the other's fast runs (p10): beyond timing noise."""
-        return self.p90_ms < other.p10_ms
-
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "spread": self.spread}
 

@@ -323,3 +323,12 @@ def fastest(rounds: Rounds, contenders: int) -> tuple[str, dict[str, Speedup]]:
     """The contender with the largest speed-up over all-FP32 in the same rounds, and each contender's."""
     found = {contender(i): rounds.speedup("fp32", contender(i)) for i in range(contenders)}
     return max(found, key=lambda name: found[name].speedup), found
+
+
+def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
+    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
+    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
+    taken at another moment than the other's, never decide it."""
+    if rounds and other_rounds:
+        return max(rounds) < min(other_rounds)
+    return None
