@@ -249,7 +249,7 @@ def test_a_preparation_step_that_breaks_the_model_is_left_out_with_a_note(conv_m
             weight.CopyFrom(numpy_helper.from_array(np.asarray(model.tensor(weight.name)) * 2 + 1, weight.name))
         return model.with_proto(broken), "folded"
 
-    monkeypatch.setattr(preparation, "_fold_batchnorms", corrupting)
+    monkeypatch.setattr(preparation, "fold_batchnorms", corrupting)
     info = analyse(conv_model, SPACE)
     assert any("preparation step 'BatchNorm and bias folding' left out" in n and "changed" in n for n in info.notes)
     x = RNG.random(info.inputs[0].shape, dtype=np.float32)

@@ -171,7 +171,6 @@ def _private_targets(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 53: conftest patches app.search._compare_chosen, and two tests others")
 def test_no_test_sets_a_private_name_of_autoprec():
     """Tests reach autoprec through what it offers (a parameter, a public name), so they run the path users run."""
     assert [found for path in sorted(TESTS.glob("*.py")) for found in _private_targets(path)] == []

@@ -275,7 +275,9 @@ def _fold_channel_steps(graph: gs.Graph) -> tuple[int, int]:
     return folded["Mul"], folded["Add"]
 
 
-def _fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
+def fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
+    """A preparation step: BatchNormalization, and per-channel scale Muls and bias Adds after a Conv, folded into
+    the Conv's weights and bias (one unit, as engines fuse them); with what it did, None where nothing."""
     surgery = Surgery(model)
     folded = _fold_batchnorm(surgery.graph)
     scales, biases = _fold_channel_steps(surgery.graph)
@@ -376,7 +378,7 @@ def prepare_graph(
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
         ("export artifacts", _one_way),
-        ("BatchNorm and bias folding", _fold_batchnorms),
+        ("BatchNorm and bias folding", fold_batchnorms),
     ]
     deployable, step_notes = _checked_steps(model, any_shape, check)
     notes += step_notes + _distinct_dim_names(deployable.proto, shapes)
