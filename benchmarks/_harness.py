@@ -31,11 +31,12 @@ from autoprec.app.prepare import (
     resolve_model,
 )
 from autoprec.backends import get_backend
-from autoprec.backends.base import Backend, Timing
+from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
 from autoprec.measure.speedup import in_turn

@@ -341,3 +341,12 @@ def embedding_over_2gb(path: Path, rows: int = 8_400_000, dim: int = 64, used: i
     model.ir_version = IR_VERSION
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def mlp_with_data(folder: Path, items: int = 768) -> tuple[Path, Path]:
+    """An MLP large enough that an INT8 plan runs faster than FP32 on a CPU (batch 64, 64 → 256 → 256 → 3), saved
+    in ``folder`` with ``items`` normal inputs in ``data.npz`` (the same bytes on every call: seeded)."""
+    model = save(mlp(batch=64, features=64, hidden=256), folder / "mlp.onnx")
+    data = folder / "data.npz"
+    np.savez(data, x=np.random.default_rng(0).normal(size=(items, 64)).astype(np.float32))
+    return model, data

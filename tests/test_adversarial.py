@@ -18,8 +18,8 @@ import builders
 import numpy as np
 import onnx
 import pytest
-
-from autoprec.app.cli import main
+import searching
+from searching import main
 
 
 def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -134,7 +134,7 @@ def result_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("victim")
     model, data = builders.conv_with_data(root, 12)
     out = root / "result"
-    api.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
     return out
 
 
@@ -800,7 +800,7 @@ def test_a_dim_name_two_inputs_share_takes_the_size_one_shape_gives_and_conflict
     assert "input z: dim N set to 3, as --shape x gives it" in err
     code, err = run(["search", path, "--shape", "x=3x16", "--shape", "z=16x2", "--out", tmp_path / "p"], capsys)
     clean(code, err, allowed=(2,))
-    assert "--shape x and --shape z give dim 'N', which both inputs share, the sizes 3 and 2" in err
+    assert "--shape: inputs x and z share the dim 'N' but are given 3 and 2 there" in err
 
 
 def test_a_weight_given_as_an_input_is_one_array_in_the_data(tmp_path, capsys):

@@ -9,9 +9,9 @@ from pathlib import Path
 import builders
 import numpy as np
 import pytest
+import searching
 from onnx import TensorProto, helper, numpy_helper
-
-from autoprec.app.cli import main
+from searching import main
 
 
 def run(argv, capsys) -> tuple[int, str]:
@@ -147,7 +147,7 @@ def searched(tmp_path_factory):
     root = tmp_path_factory.mktemp("searched")
     model, data = builders.conv_with_data(root, 12)
     out = root / "result"
-    api.search(api.SearchConfig(api.InputSpec(model, data=data), judge=api.JudgeSpec(max_loss=0.5),
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), judge=api.JudgeSpec(max_loss=0.5),
                                 study=api.StudySpec(budget=4), out=out))
     return out
 

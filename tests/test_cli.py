@@ -8,9 +8,10 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
+import searching
+from searching import main
 
 import autoprec
-from autoprec.app.cli import main
 from autoprec.core.errors import AutoprecError
 
 
@@ -191,7 +192,7 @@ def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(
     with pytest.raises(AutoprecError) as refused:
         group = {"trial_timeout": "isolation", "max_loss": "judge"}.get(option, "study")
         spec = {"study": autoprec.StudySpec, "isolation": autoprec.IsolationSpec, "judge": autoprec.JudgeSpec}[group]
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(autoprec.InputSpec(conv_model), out=out, **{group: spec(**{option: value})})
         )
     assert str(refused.value) == said

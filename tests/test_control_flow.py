@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import searching
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
@@ -159,7 +160,7 @@ def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowere
 
 def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_the_other(tmp_path):
     path = if_model(tmp_path / "if.onnx")
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(path, constants={"sr": 16000}),
             study=autoprec.StudySpec(budget=5),
@@ -177,7 +178,7 @@ def test_search_with_a_constant_sample_rate_searches_the_taken_branch_and_pins_t
     fresh = _run(exported, {"x": x, "sr": np.array(16000, np.int64)})[0]
     original = _run(onnx.load(str(path)), {"x": x, "sr": np.array(16000, np.int64)})[0]
     assert fresh.shape == original.shape and np.isfinite(fresh).all()
-    from autoprec.app.cli import main
+    from searching import main
 
     assert main(["report", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "report.html").read_text()
@@ -235,7 +236,7 @@ def test_a_state_input_batches_along_its_own_axis(tmp_path):
         build_dataset(data, info.inputs)
     with pytest.raises(
         ModelError,
-        match=r"--shape input and --shape state give dim 'batch', which both inputs share, the sizes 2 and 3",
+        match=r"--shape: inputs input and state share the dim 'batch' but are given 2 and 3 there; give them the same size",
     ):
         analyse(path, SPACE, {"input": (2, 4), "state": (2, 3, 3)})
 
@@ -248,7 +249,7 @@ def test_a_preparation_step_that_breaks_the_model_is_left_out_with_a_note(conv_m
             weight.CopyFrom(numpy_helper.from_array(np.asarray(model.tensor(weight.name)) * 2 + 1, weight.name))
         return model.with_proto(broken), "folded"
 
-    monkeypatch.setattr(preparation, "_fold_batchnorms", corrupting)
+    monkeypatch.setattr(preparation, "fold_batchnorms", corrupting)
     info = analyse(conv_model, SPACE)
     assert any("preparation step 'BatchNorm and bias folding' left out" in n and "changed" in n for n in info.notes)
     x = RNG.random(info.inputs[0].shape, dtype=np.float32)
@@ -319,7 +320,7 @@ def vad_root(tmp_path_factory):
 
 def test_silero_vad_searched_end_to_end_on_speech(vad_root, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(vad_root))
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec("zoo:silero-vad"),
             judge=autoprec.JudgeSpec(max_loss=0.01),
@@ -363,7 +364,7 @@ def test_the_other_silero_files_are_prepared_without_breaking(vad_root, tmp_path
     data = np.load(vad_root / "zoo" / "silero-vad" / "data.npz")
     samples = tmp_path / "speech.npz"
     np.savez(samples, input=data["input"], state=data["state"])  # sr comes from --const
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(path, data=samples, shapes=shapes, constants={"sr": 16000}),
             judge=autoprec.JudgeSpec(max_loss=0.01),

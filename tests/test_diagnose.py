@@ -6,10 +6,11 @@ import builders
 import numpy as np
 import onnx
 import pytest
+import searching
+from searching import main
 
 import autoprec
 from autoprec.analysis.calibrate import TensorRange
-from autoprec.app.cli import main
 from autoprec.app.specs import InputSpec, JudgeSpec
 from autoprec.app.verbs import activation_report, check_plan, diagnose_plan
 from autoprec.measure.diagnosis import culprits, jumps
@@ -98,7 +99,7 @@ def test_calibration_methods_from_one_histogram():
 
 
 def test_calibration_auto_makes_the_method_a_search_dimension(tmp_path, mlp_model):
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             space=autoprec.SpaceSpec(calibration="auto"),
@@ -125,7 +126,7 @@ def test_check_is_a_release_gate(fragile_mlp, capsys):
 
 def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys):
     out = tmp_path / "result"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(conv_model, data=conv_data), study=autoprec.StudySpec(budget=4), out=out
         )

@@ -4,8 +4,8 @@ import sys
 
 import fake_tensorrt as fake
 import pytest
+from searching import main
 
-from autoprec.app.cli import main
 from autoprec.app.doctor import examine
 
 

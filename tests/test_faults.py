@@ -11,6 +11,7 @@ import builders
 import onnx
 import optuna
 import pytest
+import searching
 
 import autoprec
 from autoprec.study.coordination import retried_trial
@@ -77,7 +78,7 @@ def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_
         isolation=autoprec.IsolationSpec(**options),
         out=out,
     )
-    result = autoprec.search(config)
+    result = searching.search(config)
     # The seeded all-fp32 plan is exact and completes; all-fp16 and all-int8 crash twice each.
     assert [t.plan.counts()["fp32"] for t in result.trials] == [3]
     assert result.chosen is not None and result.chosen.number == 0
@@ -107,7 +108,7 @@ def test_an_error_a_candidate_raises_is_not_retried_and_a_failed_plan_is_not_mea
     monkeypatch.setattr(InProcessMeasurer, "measure", broken_off_fp32)
     out = tmp_path / "out"
     # fc0 and fc1 in fp16 or fp32, head fixed: 4 distinct plans, 9 trials.
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             space=autoprec.SpaceSpec(overrides=["*=fp16,fp32", "head=fp32"]),
@@ -124,7 +125,7 @@ def test_an_error_a_candidate_raises_is_not_retried_and_a_failed_plan_is_not_mea
 
 
 def test_no_isolation_measures_in_process(tmp_path, mlp_model):
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             study=autoprec.StudySpec(budget=3),

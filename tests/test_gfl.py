@@ -4,6 +4,7 @@ distribution bins as PaddleDetection does, judged against FP32's like the YOLO l
 import builders
 import numpy as np
 import pytest
+import searching
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
@@ -105,7 +106,7 @@ def _picodet_like(folder):
 
 def test_a_picodet_detector_is_searched_by_its_decoded_boxes(tmp_path):
     model, data = _picodet_like(tmp_path)
-    result = autoprec.search(autoprec.SearchConfig(
+    result = searching.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data),
         judge=autoprec.JudgeSpec("detection@labels", max_loss=0.05, head=HeadOptions(layout="picodet")),
         study=autoprec.StudySpec(budget=5), out=tmp_path / "out"))
@@ -126,7 +127,7 @@ def test_picodet_on_a_head_of_another_shape_is_one_line(tmp_path):
     model.ir_version = 8
     path = builders.save(model, tmp_path / "maps.onnx")
     with pytest.raises(AutoprecError, match=r"--det-layout picodet: no outputs pair up.*\(outputs: maps \[1, 4, 32, 32\]"):
-        autoprec.search(autoprec.SearchConfig(
+        searching.search(autoprec.SearchConfig(
             autoprec.InputSpec(path),
             judge=autoprec.JudgeSpec("detection", max_loss=0.05, head=HeadOptions(layout="picodet")),
             study=autoprec.StudySpec(budget=2), out=tmp_path / "out"))

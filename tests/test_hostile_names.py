@@ -19,10 +19,11 @@ import builders
 import numpy as np
 import onnx
 import pytest
+import searching
 from google.protobuf import text_encoding
+from searching import main
 
 import autoprec
-from autoprec.app.cli import main
 
 CANARY = "PWNED"
 HOSTILE_INPUT = f"x\ntouch {CANARY}_input\n#"
@@ -51,7 +52,7 @@ def hostile_result(tmp_path_factory):
     data = root / "data.npz"
     np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
     out = root / "result"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out)
     )
     return root, out, result
@@ -182,7 +183,7 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
     model = builders.save(_hostile_model(node_name="conv1,conv0:fp32"), tmp_path / "comma.onnx")
     data = tmp_path / "data.npz"
     np.savez(data, **{HOSTILE_INPUT: builders.image_like(12)})
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data),
             study=autoprec.StudySpec(budget=1, warm_start=False),

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
+from collections import Counter
 from pathlib import Path
+
+import pytest
 
 import autoprec
 
@@ -120,3 +124,92 @@ def test_ruff_passes():
     found = subprocess.run([sys.executable, "-m", "ruff", "check", "autoprec", "tests", "benchmarks"], cwd=repo,
                            capture_output=True, text=True)
     assert found.returncode == 0, found.stdout[-3000:]
+
+
+# --- issue 53's checks: each concept once, in the room that owns it ---
+
+TESTS = Path(__file__).parent
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 53: search, sensitivity, profile and doctor name two modules each")
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says one thing in the whole package (``from ... import search`` is never ambiguous)."""
+    names = Counter(path.name for path in MODULES.values() if path.name != "__init__.py")
+    assert sorted(name for name, n in names.items() if n > 1) == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 53: app/search.py, cli.py, specs.py and prepare.py are longer")
+def test_every_app_module_reads_in_one_screenful():
+    """The orchestration (app/) calls the rooms below it: 400 lines at most a module."""
+    long = sorted(f"{name}: {n} lines" for name, path in MODULES.items()
+                  if name.startswith("autoprec.app.") and (n := len(path.read_text().splitlines())) > 400)
+    assert long == []
+
+
+def _private_targets(path: Path) -> list[str]:
+    """Where a test sets a private name of autoprec: ``monkeypatch.setattr("autoprec...._x", ...)``,
+    ``monkeypatch.setattr(module, "_x", ...)`` or ``setattr(module, "_x", ...)`` on an autoprec module."""
+    tree = ast.parse(path.read_text())
+    modules = {alias.asname or alias.name.split(".")[-1] for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autoprec")
+               for alias in node.names}
+    modules |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names if alias.name.startswith("autoprec")}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "setattr"
+                and node.args):
+            continue
+        first, name = node.args[0], node.args[1] if len(node.args) > 1 else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("autoprec"):
+            if first.value.rsplit(".", 1)[-1].startswith("_"):
+                found.append(f"{path.name}:{node.lineno} {first.value}")
+        elif (isinstance(first, ast.Name) and first.id in modules and isinstance(name, ast.Constant)
+              and isinstance(name.value, str) and name.value.startswith("_") and not name.value.startswith("__")):
+            found.append(f"{path.name}:{node.lineno} {first.id}.{name.value}")
+    return found
+
+
+def test_no_test_sets_a_private_name_of_autoprec():
+    """Tests reach autoprec through what it offers (a parameter, a public name), so they run the path users run."""
+    assert [found for path in sorted(TESTS.glob("*.py")) for found in _private_targets(path)] == []
+
+
+FIRST_LINE = re.compile(r"splitlines\(\) or \[[^]]*\]\)\[0\]")  # (text.splitlines() or [...])[0]
+
+
+def test_the_first_line_of_an_exception_is_written_once():
+    """autoprec.core.errors.first_line, called everywhere else."""
+    found = sorted(f"{name}: {n}" for name, path in MODULES.items()
+                   if (n := len(FIRST_LINE.findall(path.read_text()))) and name != "autoprec.core.errors")
+    assert found == []
+    assert len(FIRST_LINE.findall((PACKAGE / "core" / "errors.py").read_text())) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="issue 53: results/files.py checks the files against schema constants")
+def test_no_schema_constant_beside_a_reader():
+    """A result file is one typed value whose ``from_json`` checks what it reads: results/ holds no module-level
+    dict describing a file's structure beside it."""
+    found = []
+    for name, path in MODULES.items():
+        if name.startswith("autoprec.results"):
+            for node in ast.parse(path.read_text()).body:
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and node.value.keys
+                        and any(isinstance(v, (ast.Name, ast.Dict, ast.Call, ast.List)) for v in node.value.values)):
+                    found.append(f"{name}.{node.targets[0].id}")
+    assert found == []
+
+
+def test_what_the_benchmarks_import_exists():
+    """The benchmarks are not run by the suite: each name they import from autoprec must still be there."""
+    import importlib
+
+    missing = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("autoprec"):
+                module = importlib.import_module(node.module)
+                missing += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name) and f"{node.module}.{a.name}" not in MODULES]
+    assert missing == []

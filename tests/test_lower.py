@@ -316,24 +316,27 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
     assert on_the_cpu.info.out_of_range == () and [u.name for u in on_the_cpu.info.units] == ["fc0", "fc1"]
 
 
-def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_the_cache(tmp_path, monkeypatch):
+def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_the_cache(tmp_path):
     """A resumed search and every worker prepare the model again: the FP32 pass over the calibration data that
-    finds ops out of FP16's range is kept in the cache folder (beside calibration) and read back; a damaged
-    file is measured again."""
-    from autoprec.analysis import calibrate
+    finds ops out of FP16's range is kept in the cache folder (beside calibration) and read back (the file is not
+    written again); a damaged file is measured again (and rewritten)."""
     from autoprec.app.prepare import prepare
 
     path = _scaled_between_matmuls(tmp_path)
-    passes = []
-    measured = calibrate._out_of_range
-    monkeypatch.setattr(calibrate, "_out_of_range", lambda *a: passes.append(1) or measured(*a))
     cache = tmp_path / "cache"
+
+    def written() -> tuple[int, int]:
+        [kept] = cache.glob("out-of-range-*.json")
+        return kept.stat().st_ino, kept.stat().st_mtime_ns  # an atomic write is a new file
+
     first = prepare(path, load_search_space(), cache=cache).info.out_of_range
+    measured = written()
     again = prepare(path, load_search_space(), cache=cache).info.out_of_range
-    assert first == again == ("scale", "unscale") and len(passes) == 1
+    assert first == again == ("scale", "unscale") and written() == measured
     [kept] = cache.glob("out-of-range-*.json")
     kept.write_text('{"not": "a list"}')
-    assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and len(passes) == 2
+    damaged = written()
+    assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and written() != damaged
     assert json.loads(kept.read_text()) == list(first)
 
 

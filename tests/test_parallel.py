@@ -7,11 +7,13 @@ import time
 
 import numpy as np
 import pytest
+import searching
 
 import autoprec
-from autoprec.backends.base import Backend, EngineInfo, Runner, Timing
+from autoprec.backends.base import Backend, EngineInfo, Runner
+from autoprec.core.locks import FileLock
+from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, Metric
-from autoprec.measure.isolation import FileLock
 from autoprec.measure.measurement import measure
 from autoprec.study.coordination import StudyLocks
 
@@ -123,7 +125,7 @@ def test_a_plan_held_by_one_worker_waits_in_another(tmp_path):
 
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):
     out = tmp_path / "result"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(conv_model, data=conv_data),
             study=autoprec.StudySpec(budget=12),
@@ -143,7 +145,7 @@ def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tm
 
 def test_build_workers_need_worker_processes(conv_model):
     with pytest.raises(autoprec.AutoprecError, match="--build-workers 2 needs worker processes"):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(conv_model),
                 study=autoprec.StudySpec(budget=2),

@@ -6,6 +6,7 @@ import sys
 import builders
 import numpy as np
 import pytest
+import searching
 from conftest import REPO
 
 import autoprec
@@ -50,12 +51,12 @@ def test_a_tied_pattern_takes_one_precision_and_separate_repeats_undoes_it(encod
 def test_the_sensitivity_pass_evaluates_each_pattern_once(encoders, tmp_path):
     ids = tmp_path / "ids.npz"
     np.savez(ids, input_ids=np.random.default_rng(0).integers(0, 50, (8, 8)).astype(np.int64))
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(encoders[6], data=ids), study=autoprec.StudySpec(budget=3), out=tmp_path / "tied"
         )
     )
-    separate = autoprec.search(
+    separate = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(encoders[6], data=ids),
             space=autoprec.SpaceSpec(tie_repeats=False),

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import searching
 from builders import conv_with_data, line_reader, save, session
+from searching import main
 
 import autoprec
-from autoprec.app.cli import main
 from autoprec.app.prepare import prepare
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
@@ -43,7 +44,7 @@ def searched(tmp_path_factory):
     model = save(line_reader(), folder / "reader.onnx")
     np.savez(folder / "data.npz", x=_lines(8))
     out = folder / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(
                 model,
@@ -127,7 +128,7 @@ def test_every_export_carries_the_profile(searched, tmp_path):
 def test_a_fixed_model_exports_fixed(tmp_path, capsys):
     model, data = conv_with_data(tmp_path, items=4)
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
@@ -153,7 +154,7 @@ def test_a_fixed_model_exports_fixed(tmp_path, capsys):
 def test_a_profile_that_cannot_be_is_refused_in_one_line(tmp_path, low, high, says):
     model = save(line_reader(), tmp_path / "reader.onnx")
     with pytest.raises(ModelError, match=r"(?s).*" + says.replace("[", r"\[").replace("]", r"\]")):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(model, shapes={"x": _dims(OPT)}, min_shapes=low, max_shapes=high),
                 study=autoprec.StudySpec(budget=1),
@@ -186,7 +187,7 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
     for i, width in enumerate([16] * 6 + [24, 24, 12]):
         np.savez(folder / f"line{i}.npz", x=_lines(1, width, seed=i)[0])
     out = tmp_path / "out"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=folder, shapes={"x": _dims(OPT)}, max_shapes={"x": (1, 3, 8, 32)}),
             study=autoprec.StudySpec(budget=3, warm_start=False),
@@ -233,7 +234,7 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
     model.ir_version = 9
     path = save(model, tmp_path / "nopad.onnx")
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(path, shapes={"x": (1, 3, 16, 16)}, min_shapes={"x": (1, 3, 2, 2)}),
             study=autoprec.StudySpec(budget=2, warm_start=False),
@@ -286,7 +287,7 @@ def test_an_export_states_its_profile_and_widens_it_without_a_new_search(searche
 def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, capsys):
     model, data = conv_with_data(tmp_path, 8, batch="N")
     out = tmp_path / "out"
-    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data),
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data),
                                           study=autoprec.StudySpec(budget=2, warm_start=False), out=out))
     fp32 = str(json.loads((out / "pareto.json").read_text())["uniform"]["fp32"])
     _export(out, "python", tmp_path / "py", "--trial", fp32)

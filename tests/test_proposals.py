@@ -4,6 +4,7 @@ import json
 
 import optuna
 import pytest
+import searching
 
 import autoprec
 from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
@@ -37,7 +38,7 @@ def proposed(tmp_path_factory):
     root = tmp_path_factory.mktemp("proposals")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data),
             judge=autoprec.JudgeSpec(max_loss=0.01),
@@ -89,7 +90,7 @@ def test_with_proposals_a_uniform_plan_past_the_limit_costs_no_build(tmp_path):
 
     model, data = builders.conv_with_data(tmp_path, 12)
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data),
             judge=autoprec.JudgeSpec(max_loss=1e-06),

@@ -9,9 +9,10 @@ import builders
 import numpy as np
 import onnx
 import pytest
+import searching
+from searching import main
 
 import autoprec
-from autoprec.app.cli import main
 from autoprec.app.prepare import plan_context
 from autoprec.app.specs import InputSpec
 from autoprec.app.verbs import activation_report, tensorrt_build_spec
@@ -45,7 +46,7 @@ def seeded(tmp_path_factory):
     here = os.getcwd()
     os.chdir(root)
     try:
-        result = autoprec.search(
+        result = searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(model.name, data=data),
                 space=autoprec.SpaceSpec(search_space=space, overrides=["fc=fp16,fp32"]),
@@ -140,7 +141,7 @@ def test_ranges_of_a_result_are_its_search_calibration(seeded, capsys):
 def test_resuming_with_another_override_or_space_is_refused(seeded):
     root, out, _ = seeded
     with pytest.raises(StudyError, match="made for a different search .*search_space"):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(root / "conv.onnx", data=root / "data.npz"),
                 space=autoprec.SpaceSpec(search_space=root / "space.yaml", overrides=["fc=int8,fp32"]),
@@ -157,7 +158,7 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
     out = tmp_path / "out"
 
     def search(budget, folder):
-        return autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(tmp_path / "ext.onnx"), out=folder,
+        return searching.search(autoprec.SearchConfig(autoprec.InputSpec(tmp_path / "ext.onnx"), out=folder,
                                                      study=autoprec.StudySpec(budget=budget, warm_start=False)))
 
     search(1, out)
@@ -175,7 +176,7 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
     from autoprec.measure.measurement import InProcessMeasurer
 
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out
         )
@@ -187,7 +188,7 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
 
     monkeypatch.setattr(InProcessMeasurer, "measure", broken)  # every plan of the next run fails
     with pytest.raises(SearchFailed, match=r"no candidate was measured: of 2 trial\(s\), all 2 failed .*engine broke"):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(mlp_model),
                 study=autoprec.StudySpec(budget=2, study_name="another", warm_start=False),
@@ -205,7 +206,7 @@ def test_data_with_nan_is_refused_before_anything_runs(tmp_path, conv_model):
     data[5, 0, 3, 3] = np.nan
     np.savez(tmp_path / "nan.npz", x=data)
     with pytest.raises(DataError, match="holds NaN or Inf in 1 item.*item 5"):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(conv_model, data=tmp_path / "nan.npz"),
                 study=autoprec.StudySpec(budget=1),
@@ -227,7 +228,7 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = builders.IR_VERSION
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(builders.save(model, tmp_path / "mixed.onnx")),
             study=autoprec.StudySpec(budget=3, warm_start=False),

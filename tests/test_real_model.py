@@ -7,6 +7,7 @@ import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
+import searching
 from conftest import REPO
 
 import autoprec
@@ -24,7 +25,7 @@ def test_bundled_model_and_data_are_real():
 
 def test_search_on_the_bundled_model(tmp_path):
     out = tmp_path / "out"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(MODEL, data=DATA),
             judge=autoprec.JudgeSpec(max_loss=0.01),

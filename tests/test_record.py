@@ -6,11 +6,12 @@ import json
 
 import numpy as np
 import pytest
+import searching
 from builders import save
+from searching import main
 from test_tasks import ctc_head
 
 import autoprec
-from autoprec.app.cli import main
 from autoprec.app.prepare import recorded_config
 
 
@@ -62,7 +63,7 @@ def test_diagnose_a_result_and_a_model_with_its_best_plan(ctc_result, tmp_path):
 
 def test_check_without_a_limit_anywhere_asks_for_one(tmp_path, mlp_model, capsys):
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=1, warm_start=False), out=out
         )
@@ -76,8 +77,8 @@ def test_build_counts_are_the_studys_after_a_resume(tmp_path, mlp_model):
     run (read from its cache now), every run's re-timing, every trial once."""
     out = tmp_path / "out"
     config = autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=3), out=out)
-    first = autoprec.search(config).search
-    second = autoprec.search(config).search
+    first = searching.search(config).search
+    second = searching.search(config).search
     assert second["sensitivity"]["from_cache"] and first["engine_builds_by_phase"]["profiles"] > 0
     phases = first["engine_builds_by_phase"], second["engine_builds_by_phase"]
     assert phases[1]["profiles"] == phases[0]["profiles"] and phases[1]["trials"] == phases[0]["trials"]

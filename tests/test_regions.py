@@ -5,6 +5,7 @@ import json
 import builders
 import numpy as np
 import pytest
+import searching
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
@@ -79,7 +80,7 @@ def _db_like(folder, classes=None):
 
 def test_a_text_detector_is_searched_by_its_regions(tmp_path):
     model, data = _db_like(tmp_path)
-    result = autoprec.search(autoprec.SearchConfig(
+    result = searching.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("text-regions@labels", max_loss=0.05),
         study=autoprec.StudySpec(budget=5), out=tmp_path / "out"))
     pareto = json.loads((tmp_path / "out" / "pareto.json").read_text())
@@ -91,7 +92,7 @@ def test_a_text_detector_is_searched_by_its_regions(tmp_path):
 
 def test_a_segmenter_is_searched_by_its_classes(tmp_path):
     model, data = _db_like(tmp_path, classes=3)
-    result = autoprec.search(autoprec.SearchConfig(
+    result = searching.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("segmentation", max_loss=0.05),
         study=autoprec.StudySpec(budget=5), out=tmp_path / "out"))
     for trial in result.trials:
@@ -103,7 +104,7 @@ def test_a_segmenter_is_searched_by_its_classes(tmp_path):
 
 def test_a_segmenter_is_searched_against_its_masks(tmp_path):
     model, data = _db_like(tmp_path, classes=3)
-    result = autoprec.search(autoprec.SearchConfig(
+    result = searching.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec("segmentation@labels", max_loss=0.05),
         study=autoprec.StudySpec(budget=4), out=tmp_path / "out"))
     fp32 = json.loads((tmp_path / "out" / "pareto.json").read_text())["search"]["fp32_on_labels"]["logits"]["miou_labels"]
@@ -128,7 +129,7 @@ def test_the_documented_custom_head_metric_judges_a_decoded_box_head(tmp_path, m
     model.ir_version = 8
     path = builders.save(model, tmp_path / "detector.onnx")
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "docs" / "examples"))
-    result = autoprec.search(autoprec.SearchConfig(
+    result = searching.search(autoprec.SearchConfig(
         autoprec.InputSpec(path), judge=autoprec.JudgeSpec("custom_head:loss", max_loss=0.5),
         study=autoprec.StudySpec(budget=4), out=tmp_path / "out"))
     fp32 = next(t for t in result.trials if t.plan.counts()["fp32"] == len(t.plan.precisions))

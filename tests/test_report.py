@@ -9,10 +9,11 @@ from dataclasses import replace
 import builders
 import numpy as np
 import pytest
+import searching
 from PIL import Image
+from searching import main
 
 import autoprec
-from autoprec.app.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def result_dirs(tmp_path_factory):
     model, data = builders.conv_with_data(root, 8)
     a = root / "a"
     b = root / "b"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data),
             judge=autoprec.JudgeSpec(max_loss=0.05),
@@ -29,7 +30,7 @@ def result_dirs(tmp_path_factory):
             out=a,
         )
     )
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5, seed=7), out=b)
     )
     return a, b

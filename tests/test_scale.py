@@ -12,10 +12,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import searching
+from searching import main
 
 import autoprec
 from autoprec.analysis.model import analyse
-from autoprec.app.cli import main
 from autoprec.core import stored
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
@@ -40,7 +41,7 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
     model, data = over_2gb
     assert stored.weight_bytes(onnx.load(str(model), load_external_data=False)) > PROTOBUF_LIMIT
     out = tmp_path / "out"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
@@ -80,7 +81,7 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
     data = tmp_path / "data.npz"
     np.savez(data, x=builders.image_like(8))
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out)
     )
     assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
@@ -90,7 +91,7 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
         1,
         5,
     )
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=5), out=out)
     )  # resumed: the preparation is read again
     assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
@@ -100,7 +101,7 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
 def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_path, monkeypatch):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3), out=out)
     )
     assert not (out / "best" / "model.data").exists()
@@ -142,7 +143,7 @@ def test_lowering_one_unit_leaves_the_rest_of_the_graph_as_it_was(tmp_path):
 def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=2, warm_start=False), out=out
         )
@@ -155,7 +156,7 @@ def test_a_preparation_killed_half_way_is_cleaned_up_and_done_again(tmp_path):
     import shutil
 
     shutil.rmtree(prepared)  # as if it was killed before its rename
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=3, warm_start=False), out=out
         )
@@ -220,10 +221,10 @@ def test_a_data_file_reached_through_a_symbolic_link_is_named_as_one(tmp_path, c
 def test_data_files_named_like_the_caches_own_files_are_kept_apart_from_them(tmp_path, location):
     path, _ = _external_mlp(tmp_path / "m", location)
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=3), out=out)
     )  # resumed: the kept preparation is whole
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
@@ -234,7 +235,7 @@ def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept
     path, _ = _external_mlp(tmp_path / "m")
     before = {p.name: p.read_bytes() for p in path.parent.iterdir()}
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
     assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(path.parent)]) == 2
@@ -245,7 +246,7 @@ def test_an_export_into_the_searched_models_folder_is_refused_and_the_model_kept
 def test_a_changed_model_is_refused_before_its_weights_are_copied_again(tmp_path, capsys):
     path, _ = _external_mlp(tmp_path / "m")
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(path), study=autoprec.StudySpec(budget=2), out=out)
     )
     data = path.parent / "mlp.onnx.data"

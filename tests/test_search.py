@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
+import searching
 
 import autoprec
 from autoprec.analysis.data import build_dataset
@@ -29,7 +30,7 @@ def conv_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = autoprec.search(conv_config(model, data, out, budget=8))
+    result = searching.search(conv_config(model, data, out, budget=8))
     return model, data, out, result
 
 
@@ -137,7 +138,7 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search, cap
         for t in optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     }
     with caplog.at_level("INFO", logger="autoprec"):
-        autoprec.search(conv_config(model, data, out, budget=10))
+        searching.search(conv_config(model, data, out, budget=10))
     trials = optuna.load_study(study_name="autoprec-conv-ort-cpu", storage=storage).trials
     assert len(trials) == 10
     for t in trials[:8]:
@@ -150,12 +151,12 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search, cap
 def test_study_for_another_setting_is_refused(conv_search):
     model, data, out, _ = conv_search
     with pytest.raises(autoprec.AutoprecError, match="different search.*max_loss"):
-        autoprec.search(conv_config(model, data, out, budget=10, max_loss=0.5))
+        searching.search(conv_config(model, data, out, budget=10, max_loss=0.5))
 
 
 def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
     # Two searchable units x 3 precisions = 9 distinct plans; 14 trials must repeat some.
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             space=autoprec.SpaceSpec(overrides=["head=fp32"]),
@@ -180,7 +181,7 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
 def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     out = tmp_path / "out"
     # No warm start: its plans would stay queued ahead of the re-run at this small budget.
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=3, warm_start=False, heartbeat=1), out=out
         )
@@ -193,7 +194,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5, warm_start=False, heartbeat=1), out=out
         )
@@ -237,7 +238,7 @@ def test_a_dead_workers_trial_is_rerun_once_with_its_plan(tmp_path):
 
 
 def test_without_max_loss_the_knee_is_chosen(tmp_path, mlp_model):
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=tmp_path / 'out')
     )
     assert result.search["max_loss"] is None
@@ -268,20 +269,20 @@ def test_nonfinite_numbers_survive_strict_json():
 
 
 def test_timing_noise_verdict():
-    from autoprec.backends.base import Timing
+    from autoprec.core.timing import Timing
+    from autoprec.measure.speedup import faster_beyond_noise
 
-    fast, slow = Timing(1.0, 0.9, 1.1, 10, 3), Timing(2.0, 1.8, 2.2, 10, 3)
-    assert fast.clearly_faster_than(slow) and not slow.clearly_faster_than(fast)
-    overlapping = Timing(1.15, 1.0, 1.3, 10, 3)
-    assert not fast.clearly_faster_than(overlapping)
-    assert fast.spread == pytest.approx(0.2)
+    assert Timing(1.0, 0.9, 1.1, 10, 3).spread == pytest.approx(0.2)
+    assert faster_beyond_noise([1.0, 1.1], [1.2, 1.3]) and not faster_beyond_noise([1.0, 1.25], [1.2, 1.3])
+    assert faster_beyond_noise([1.0], []) is None  # a trial's own timing, never re-timed: no verdict
 
 
 def _clock_engine(events: list, alive: list, failing: str | None = None):
     """A fake engine whose runners time each run one later than the last (drift), recording builds, timings
     and how many runners are alive; building ``failing`` raises as an engine crash would."""
-    from autoprec.backends.base import Backend, Runner, Timing
+    from autoprec.backends.base import Backend, Runner
     from autoprec.core.errors import BackendError
+    from autoprec.core.timing import Timing
 
     class Clock(Runner):
         def __init__(self, name):
@@ -316,8 +317,8 @@ def _clock_engine(events: list, alive: list, failing: str | None = None):
 
 
 def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_one_fails():
-    from autoprec.backends.base import Timing
     from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement, time_paired
     from autoprec.study.search import TrialRecord, retime
 
@@ -357,7 +358,7 @@ def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(
 
 def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
     out = tmp_path / "out"
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             space=autoprec.SpaceSpec(precisions=["fp16", "fp32"]),
@@ -372,7 +373,7 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
     with pytest.raises(
         autoprec.AutoprecError, match="different search"
     ):  # the same study with INT8 back is another search
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(autoprec.InputSpec(mlp_model), study=autoprec.StudySpec(budget=5), out=out)
         )
 
@@ -425,7 +426,7 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     search = importlib.import_module("autoprec.study.search")  # the module (autoprec.study.search is the function)
 
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             study=autoprec.StudySpec(budget=1, warm_start=False),
@@ -448,7 +449,7 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     else:
         monkeypatch.setattr(search, "beating", beating_interrupted)
     with pytest.raises(KeyboardInterrupt):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(mlp_model),
                 study=autoprec.StudySpec(budget=3, warm_start=False),
@@ -463,7 +464,7 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(interrupted) == 1 and [retried_trial(t) for t in waiting].count(interrupted[0].number) == 1
     started = time.monotonic()
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
             study=autoprec.StudySpec(budget=3, warm_start=False),
@@ -535,8 +536,8 @@ def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kep
 def _timed_study(plans):
     """A study of two-unit plans (precisions of units a and b, trial ms, loss, re-timed ms), and a
     ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
-    from autoprec.backends.base import Timing
     from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement, Paired
 
     study = optuna.create_study(directions=["minimize", "minimize"])
@@ -568,7 +569,7 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
     monkeypatch.setattr(measurement, "time_paired", out_of_memory)
     out = tmp_path / "out"
     with caplog.at_level("WARNING", logger="autoprec"):
-        result = autoprec.search(
+        result = searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(mlp_model),
                 judge=autoprec.JudgeSpec(max_loss=1.0),

@@ -3,6 +3,7 @@ import math
 
 import optuna
 import pytest
+import searching
 
 import autoprec
 from autoprec.analysis.data import build_dataset
@@ -214,7 +215,7 @@ def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_
 def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path, conv_model, conv_data):
     out = tmp_path / "out"
     max_loss = 1e-7  # so tight that lowered plans fail on their first batch
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(conv_model, data=conv_data),
             judge=autoprec.JudgeSpec(max_loss=max_loss),
@@ -232,7 +233,7 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
     assert len(result.trials) + len(pruned) + sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials) == 8
     assert not ({t.number for t in pruned} & {t.number for t in result.trials})  # rejected: never on the front
     # Running it again reuses the sensitivity and the measured trials.
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(conv_model, data=conv_data),
             judge=autoprec.JudgeSpec(max_loss=max_loss),
@@ -245,7 +246,7 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
 
 
 def test_sensitivity_command_writes_its_files(tmp_path, conv_model, conv_data, capsys):
-    from autoprec.app.cli import main
+    from searching import main
 
     code = main(
         ["sensitivity", str(conv_model), "--data", str(conv_data), "--out", str(tmp_path / "s"), "--no-progress"]

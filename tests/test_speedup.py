@@ -12,8 +12,8 @@ from builders import conv_with_data
 
 import autoprec
 from autoprec.app.cli import main
-from autoprec.backends.base import Timing
 from autoprec.core.errors import AutoprecError
+from autoprec.core.timing import Timing
 from autoprec.measure.measurement import InProcessMeasurer, Paired
 from autoprec.measure.speedup import (
     MIN_BLOCKS,
@@ -24,8 +24,6 @@ from autoprec.measure.speedup import (
     speedup,
     time_until_known,
 )
-
-pytestmark = pytest.mark.final_timing
 
 
 def _rounds(ms: float, spread: float, count: int, seed: int) -> list[float]:
@@ -180,12 +178,12 @@ def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
 def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: float):
     """A search in this process whose re-timing ties every reduced plan and whose final timing is
     ``final_timing``: its result folder and pareto.json."""
-    monkeypatch.setattr(InProcessMeasurer, "time_compared", final_timing)
     monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
     model, data = conv_with_data(tmp_path, items=12)
     out = tmp_path / "out"
     assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", str(budget),
-                 "--no-isolation", "--no-progress", "--no-warm-start", "--max-loss", str(max_loss)]) == 0
+                 "--no-isolation", "--no-progress", "--no-warm-start", "--max-loss", str(max_loss)],
+                final_timing=final_timing) == 0
     return out, json.loads((out / "pareto.json").read_text())
 
 
@@ -200,7 +198,7 @@ def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, ca
     """A re-timing that makes a reduced plan the choice, then final timings in which it and all-FP32 are one
     distribution: best/ holds all-FP32, and the plan is named."""
 
-    def alike(self, fp32, contenders, seconds, apart):
+    def alike(measurer, fp32, contenders, seconds, apart):
         return _final({name: 5.0 for name in ["fp32", "source", *(contender(i) for i in range(len(contenders)))]},
                       spread=0.03)
 
@@ -221,7 +219,7 @@ def test_the_fastest_of_the_plans_the_retiming_cannot_tell_apart_in_the_final_ro
     chosen plan at 5 and all-FP32 at 10: the rival is shipped, and the plan it beat is recorded as its rival."""
     asked = []
 
-    def final(self, fp32, contenders, seconds, apart):
+    def final(measurer, fp32, contenders, seconds, apart):
         asked.append(len(contenders))
         return _final({"fp32": 10.0, "source": 10.0, "chosen": 5.0,
                        **{contender(i): 2.0 + i for i in range(1, len(contenders))}})
@@ -290,15 +288,15 @@ def _searched_on(tmp_path, monkeypatch, calibration: np.ndarray, evaluation: np.
     """A one-MatMul model searched over INT8 and FP32 at --max-loss 0.01, the INT8 plan twice as fast as all-FP32
     in every timing: its pareto.json, and the all-INT8 trial's record."""
 
-    def final(self, fp32, contenders, seconds, apart):
+    def final(measurer, fp32, contenders, seconds, apart):
         return _final({"fp32": 10.0, "source": 10.0, **{contender(i): 5.0 for i in range(len(contenders))}})
 
-    monkeypatch.setattr(InProcessMeasurer, "time_compared", final)
     monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
     model, data = _one_matmul(tmp_path, calibration, evaluation)
     out = tmp_path / "out"
     assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "3", "--no-isolation",
-                 "--no-progress", "--no-warm-start", "--max-loss", "0.01", "--precisions", "int8,fp32"]) == 0
+                 "--no-progress", "--no-warm-start", "--max-loss", "0.01", "--precisions", "int8,fp32"],
+                final_timing=final) == 0
     pareto = json.loads((out / "pareto.json").read_text())
     trials = json.loads((out / "trials.json").read_text())["trials"]
     return pareto, next(t for t in trials if t["trial"] == pareto["uniform"]["int8"])

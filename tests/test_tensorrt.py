@@ -18,12 +18,13 @@ import fake_tensorrt as fake
 import numpy as np
 import onnx
 import pytest
+import searching
+from searching import main
 
 import autoprec
 from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
-from autoprec.app.cli import main
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import read_engine_layers
 from autoprec.backends.tensorrt.layers import parse_engine_layers, plan_fidelity
@@ -362,7 +363,7 @@ def result(tmp_path_factory):
     root = tmp_path_factory.mktemp("trt-export")
     model, data = builders.conv_with_data(root, 12, batch="N", name="dynamic.onnx")
     out = root / "result"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out)
     )
     pareto = json.loads((out / "pareto.json").read_text())
@@ -497,7 +498,7 @@ def test_layer_metadata_names_nodes_inside_if_branches_by_their_path():
 
 def _search_in_process(model, data, out, budget):
     """A search on the recording fake TensorRT, in this process (the fake is installed here, not in workers)."""
-    autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), out=out,
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), out=out,
                                           engine=autoprec.EngineSpec(backend="tensorrt"),
                                           study=autoprec.StudySpec(budget=budget),
                                           isolation=autoprec.IsolationSpec(isolate=False)))

@@ -19,10 +19,11 @@ import builders
 import onnx
 import optuna
 import pytest
+import searching
+from searching import main
 
 import autoprec
 from autoprec import zoo
-from autoprec.app.cli import main
 from autoprec.app.prepare import prepare
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import (
@@ -79,7 +80,7 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
     planned INT8 (ppocr-det: a dequantized float deconvolution) — what no fake could have told."""
     monkeypatch.setenv("AUTOPREC_CACHE", str(zoo_root))
     fetched = zoo.fetch(name)
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(f"zoo:{name}"),
             study=autoprec.StudySpec(budget=4, warm_start=False),
@@ -137,7 +138,7 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
     monkeypatch.setattr("autoprec.app.search.get_backend", lambda *args, **kwargs: rtx)
     out = tmp_path / "out"
     with pytest.raises(SearchFailed, match="no candidate was measured"):
-        autoprec.search(
+        searching.search(
             autoprec.SearchConfig(
                 autoprec.InputSpec(conv_model, data=conv_data),
                 engine=autoprec.EngineSpec(backend="tensorrt-rtx"),
@@ -241,7 +242,7 @@ def quick_start_result(tmp_path_factory):
     """A search of the bundled PP-OCR classifier on its text lines, small budget."""
     out = tmp_path_factory.mktemp("quick") / "result"
     repo = __import__("conftest").REPO
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(
                 repo / "datasets" / "ppocr_cls" / "model.onnx", data=repo / "datasets" / "ppocr_cls" / "textlines.npz"
@@ -307,7 +308,7 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
 
     model = save(line_reader(), tmp_path / "reader.onnx")
     out = tmp_path / "out"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(
                 model, shapes={"x": (1, 3, 8, 16)}, min_shapes={"x": (1, 3, 8, 8)}, max_shapes={"x": (4, 3, 8, 64)}
@@ -379,7 +380,7 @@ def test_an_export_folder_holds_one_trials_files(tmp_path, conv_model, conv_data
     """export --build, then export --trial N into the same folder: no model.plan or build report of the first
     trial stays beside the second's model; the build report and the manifest name the trial and the model."""
     out = tmp_path / "result"
-    autoprec.search(
+    searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(conv_model, data=conv_data),
             study=autoprec.StudySpec(budget=3, warm_start=False),

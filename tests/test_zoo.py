@@ -6,6 +6,7 @@ import zipfile
 import numpy as np
 import onnxruntime as ort
 import pytest
+import searching
 
 import autoprec
 from autoprec import zoo
@@ -56,7 +57,7 @@ def test_fetch_extracts_checks_fixes_shapes_and_keeps_the_licence(fetched_cls):
 def test_search_takes_a_zoo_name(fetched_cls, tmp_path, monkeypatch):
     root, _ = fetched_cls
     monkeypatch.setenv("AUTOPREC_CACHE", str(root))
-    result = autoprec.search(
+    result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec("zoo:ppocr-cls"), study=autoprec.StudySpec(budget=3), out=tmp_path / "out"
         )

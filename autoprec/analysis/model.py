@@ -16,11 +16,11 @@ import onnx_graphsurgeon as gs
 from autoprec.analysis import subgraphs
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.patterns import tie_repeats
-from autoprec.analysis.preparation import first_line, prepared_model
-from autoprec.core.errors import ModelError
+from autoprec.analysis.preparation import prepared_model
+from autoprec.core.errors import ModelError, first_line
 from autoprec.core.groups import connected
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
-from autoprec.core.profile import ShapeProfile, shape_profile
+from autoprec.core.profile import ShapeProfile, declared_text, shape_profile, shared_dim_sizes
 from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
 from autoprec.core.stored import StoredModel, check_external_data, is_external, tensors
 
@@ -243,8 +243,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(str(path))  # from the file: never the whole model in one protobuf (2 GB at most)
     except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ModelError(f"{path}: fails onnx.checker ({first}); fix or re-export the model") from None
+        raise ModelError(f"{path}: fails onnx.checker ({first_line(exc)}); fix or re-export the model") from None
     initializers = {i.name for i in model.graph.initializer}
     for value in [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]:
         kind = value.type.WhichOneof("value")
@@ -319,22 +318,22 @@ def resolve_input_shapes(
             f"--shape names {', '.join(unknown)}, which the model does not have as input(s); "
             f"its inputs are: {', '.join(i.name for i in inputs)}"
         )
+    for spec in (s for s in inputs if s.name in given):
+        shape = tuple(given[spec.name])
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole numbers above 0")
+        if len(shape) != len(spec.shape) or any(
+            isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
+        ):
+            raise ModelError(
+                f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's declared "
+                f"shape {declared_text(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
+            )
+    named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")  # dim name: (size, its input)
     shapes, notes = {}, []
-    named = {dim: size for spec in inputs if spec.name in given
-             for dim, size in zip(spec.shape, given[spec.name]) if isinstance(dim, str) and dim not in ("", "?")}
     for spec in inputs:
         if spec.name in given:
-            shape = tuple(given[spec.name])
-            if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-                raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole numbers above 0")
-            if len(shape) != len(spec.shape) or any(
-                isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
-            ):
-                raise ModelError(
-                    f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's declared "
-                    f"shape {_fmt(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
-                )
-            shapes[spec.name] = shape
+            shapes[spec.name] = tuple(given[spec.name])
             continue
         item = (data_shapes or {}).get(spec.name)
         if item is not None and len(item) != len(spec.item_shape):
@@ -350,12 +349,12 @@ def resolve_input_shapes(
             elif item is not None:
                 shape.append(item[item_axis])
             elif isinstance(dim, str) and dim in named:  # --shape of another input gives it (see _shared_dims)
-                shape.append(named[dim])
+                shape.append(named[dim][0])
             else:
                 raise ModelError(_unfixed(spec, axis, dim, data_shapes))
         shapes[spec.name] = tuple(shape)
     _data_dims_agree(inputs, shapes, given)
-    return _shared_dims(inputs, shapes, given, notes)
+    return _shared_dims(inputs, shapes, given, named, notes)
 
 
 def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[int, ...]] | None) -> str:
@@ -368,7 +367,7 @@ def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[i
             f"or --data items of that shape (its items for {spec.name} are {list(found)}, which do not fit the "
             "input's rank)" if found is not None else
             f"as --data holds no arrays for {spec.name} to read it from (images are resized to the input)")
-    return (f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {_fmt(spec.shape)} and nothing fixes "
+    return (f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {declared_text(spec.shape)} and nothing fixes "
             f"it; pass --shape {spec.name}={example} with {', '.join(free)} filled in, {data}")
 
 
@@ -389,17 +388,10 @@ def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[in
 
 
 def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
-                 notes: list[str]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-    """A dim name inputs share is one size: the one --shape gives, carried to the inputs it does not name;
-    two --shape values that disagree on it are refused naming both."""
-    sizes: dict[str, tuple[int, str]] = {}  # dim name -> (size, the input whose --shape gave it)
-    for spec in (s for s in inputs if s.name in given):
-        named = {d: size for d, size in zip(spec.shape, shapes[spec.name]) if isinstance(d, str) and d not in ("", "?")}
-        for dim, size in named.items():  # axes of one input sharing a name are named apart elsewhere
-            if dim in sizes and sizes[dim][0] != size:
-                raise ModelError(f"--shape {sizes[dim][1]} and --shape {spec.name} give dim {dim!r}, which both inputs "
-                                 f"share, the sizes {sizes[dim][0]} and {size}; give it one size")
-            sizes.setdefault(dim, (size, spec.name))
+                 sizes: Mapping[str, tuple[int, str]], notes: list[str]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """A dim name inputs share is one size (:func:`autoprec.core.profile.shared_dim_sizes`): the one --shape gives
+    (``sizes``: dim name -> size, the input whose --shape gave it), carried to the inputs it does not name, over
+    what their data's items say."""
     for spec in (s for s in inputs if s.name not in given):
         shape = list(shapes[spec.name])
         for axis, dim in enumerate(spec.shape):
@@ -418,10 +410,6 @@ def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
     types.update({t.name: t.data_type for t in graph.initializer})
     found = {types.get(n.input[0]) for n in graph.node if n.name in nodes and n.input}
     return sorted(_dtype(t) for t in found if t) or ["a float type other than float32"]
-
-
-def _fmt(shape: Sequence) -> str:
-    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
 
 
 def check_feeds(

@@ -18,7 +18,6 @@ import atexit
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -34,7 +33,7 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
-from autoprec.core.errors import ModelError
+from autoprec.core.errors import ModelError, first_line
 from autoprec.core.stored import (
     DataWriter,
     StoredModel,
@@ -88,11 +87,6 @@ def cpu_optimizers_left_off(model: onnx.ModelProto) -> list[str]:
     signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
                              for n in graph.node)
     return ["NchwcTransformer"] * fp16 + ["QDQSelectorActionTransformer"] * signed_activations
-
-
-def first_line(exc: BaseException) -> str:
-    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip())
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
 class RunCheck:
@@ -281,7 +275,9 @@ def _fold_channel_steps(graph: gs.Graph) -> tuple[int, int]:
     return folded["Mul"], folded["Add"]
 
 
-def _fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
+def fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
+    """A preparation step: BatchNormalization, and per-channel scale Muls and bias Adds after a Conv, folded into
+    the Conv's weights and bias (one unit, as engines fuse them); with what it did, None where nothing."""
     surgery = Surgery(model)
     folded = _fold_batchnorm(surgery.graph)
     scales, biases = _fold_channel_steps(surgery.graph)
@@ -382,7 +378,7 @@ def prepare_graph(
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
         ("export artifacts", _one_way),
-        ("BatchNorm and bias folding", _fold_batchnorms),
+        ("BatchNorm and bias folding", fold_batchnorms),
     ]
     deployable, step_notes = _checked_steps(model, any_shape, check)
     notes += step_notes + _distinct_dim_names(deployable.proto, shapes)

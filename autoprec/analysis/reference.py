@@ -11,10 +11,10 @@ import numpy as np
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import RANDOM_OPS, ModelInfo
-from autoprec.analysis.preparation import cpu_session, first_line
+from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic
-from autoprec.core.errors import DataError, ModelError
+from autoprec.core.errors import DataError, ModelError, first_line
 
 
 def reference_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:

@@ -8,6 +8,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -27,11 +28,14 @@ from autoprec.app.specs import (
 )
 from autoprec.backends import BACKENDS
 from autoprec.core import atomic
-from autoprec.core.errors import AutoprecError
+from autoprec.core.errors import AutoprecError, first_line
 from autoprec.core.escape import printable
 from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
+
+if TYPE_CHECKING:
+    from autoprec.app.search import FinalTiming
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraphy")
 
@@ -225,10 +229,10 @@ def _sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search(args: argparse.Namespace) -> int:
-    from autoprec.app.search import search
+def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -> int:
+    from autoprec.app.search import search, timed_until_known
 
-    result = search(config_from(args))
+    result = search(config_from(args), final_timing=final_timing or timed_until_known)
     files = read_result_dir(result.out_dir)
     if args.json:
         _print_json(files)
@@ -601,7 +605,7 @@ def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
     the search's own error, when it comes, says what to do."""
     if args.exc_type is SystemExit:
         return
-    first = (str(args.exc_value).strip().splitlines() or [""])[0][:300]
+    first = first_line(args.exc_value, empty="")
     where = args.thread.name if args.thread is not None else "a thread"
     print(f"autoprec: warning: {where} failed ({args.exc_type.__name__}: {printable(first)})", file=sys.stderr)
 
@@ -639,19 +643,21 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         from autoprec.study.coordination import storage_hint
 
         cause = exc.__cause__ or exc
-        first = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [""])[0][:300]
+        first = first_line(getattr(cause, "orig", None) or cause, empty="")
         return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
-    return (f"internal error ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}): a bug in "
+    return (f"internal error ({type(exc).__name__}: {first_line(exc, empty='')}): a bug in "
             "autoprec; run again with --verbose and report the traceback"), 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
+    """The command line; ``final_timing`` is what ``search`` times the chosen plan with (see
+    :class:`autoprec.app.search.FinalTiming`; None: the real one)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     verbs = {
-        "search": _search,
+        "search": lambda args: _search(args, final_timing),
         "sensitivity": _sensitivity,
         "show": _show,
         "plot": _plot,

@@ -17,6 +17,7 @@ from autoprec.analysis.model import analyse
 from autoprec.analysis.preparation import cpu_session
 from autoprec.backends import backend_class
 from autoprec.backends.doctor import DoctorCase, Made, NotHere, Step
+from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
 
@@ -100,5 +101,5 @@ def _outcome(step: Step, before: dict[str, Outcome]) -> Outcome:
     except NotHere as exc:
         return Outcome(step.name, "not here", str(exc), step.fix, step.needed)
     except Exception as exc:  # noqa: BLE001 - any error of an engine call is that step's failure, said as the engine said it
-        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:400]
+        said = first_line(exc, 400)
         return Outcome(step.name, "FAIL", f"{type(exc).__name__}: {said}", step.fix, step.needed)

@@ -9,7 +9,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import optuna
 
@@ -35,21 +35,15 @@ from autoprec.app.sensitivity import sensitivity_pass
 from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
-from autoprec.core.errors import AutoprecError, MetricError, SearchFailed
-from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.errors import AutoprecError, MetricError, SearchFailed, first_line
+from autoprec.core.locks import FileLock
+from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import confirmation, speedup
 from autoprec.measure.accuracy import Judge, Metric, decision_changes
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
-from autoprec.measure.isolation import (
-    FileLock,
-    IsolatedMeasurer,
-    Limits,
-    MeasurerPool,
-    TrialCrash,
-    device_lock_path,
-)
+from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
 from autoprec.measure.measurement import (
     InProcessMeasurer,
     Lowering,
@@ -108,7 +102,38 @@ from autoprec.study.sensitivity import (
 log = logging.getLogger("autoprec")
 
 
-def search(config: SearchConfig | str | os.PathLike) -> SearchResult:
+class FinalTiming(Protocol):
+    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first) beside all-FP32 and
+    the given model, until their speed-ups are known (:mod:`autoprec.measure.speedup`): its rounds, or None where it
+    did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
+
+    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                 apart: bool) -> speedup.Rounds | None: ...
+
+
+def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                      apart: bool) -> speedup.Rounds:
+    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
+    session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
+    chosen = contenders[0]
+    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
+        "tell from it," if len(contenders) > 1 else ""
+    log.info(
+        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
+        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
+        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
+    )
+    return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
+
+
+def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+              apart: bool) -> None:
+    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a search in a
+    hurry, and the tests that are not about the final timing)."""
+    return None
+
+
+def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """Search per-unit precisions for a model and write the result directory. ``config`` holds the spec
     groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the defaults.
 
@@ -164,13 +189,16 @@ def search(config: SearchConfig | str | os.PathLike) -> SearchResult:
     device lock lets one candidate at a time be evaluated and timed. Default: the engine's (2 for
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
     at small batch on the GPU, would disturb the timed candidate).
+
+    ``final_timing`` times the chosen plan with its rivals until the speed-ups are known (:class:`FinalTiming`);
+    :func:`not_timed` leaves it out.
     """
     if not isinstance(config, SearchConfig):
         config = SearchConfig(InputSpec(config))
-    return run_search(config.checked())
+    return run_search(config.checked(), final_timing)
 
 
-def run_search(config: SearchConfig) -> SearchResult:
+def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """:func:`search` for a checked configuration, in phases: set up, join the study, prepare what every
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
     started = time.monotonic()
@@ -181,7 +209,7 @@ def run_search(config: SearchConfig) -> SearchResult:
         with contextlib.ExitStack() as stack:
             measuring = _start_measurers(config, setup, shared, stack)
             warm = _warm_start(config, setup, joined, shared, measuring)
-            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm)
+            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing)
     except AutoprecError:
         _after_failure(config, setup, joined)
         raise
@@ -369,7 +397,7 @@ def _shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared
     screen = (
         Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
     )
-    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
+    method = config.space.method
     ranges = prepared.ranges
     lowering = Lowering(
         prepared.info, ranges.with_thresholds(method) if ranges is not None else None
@@ -491,7 +519,7 @@ class Outcome:
 
 
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
-                    warm: WarmStart) -> Outcome:
+                    warm: WarmStart, final_timing: FinalTiming) -> Outcome:
     screen = shared.screen
     ctx = StudyContext(
         warm.info,
@@ -540,7 +568,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
                       config.judge.max_loss)
     chosen, versus = _compare_chosen(
         measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials), config,
-        retiming.apart, holding,
+        retiming.apart, holding, final_timing,
     )
     if chosen is not None:
         holding.judged(chosen)  # (the knee, chosen without a limit: its loss there for the record)
@@ -708,7 +736,7 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
 
 
 def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
-                    apart: bool, holding: Holding) -> tuple[TrialRecord | None, Versus]:
+                    apart: bool, holding: Holding, final_timing: FinalTiming) -> tuple[TrialRecord | None, Versus]:
     """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
     all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
     fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
@@ -718,15 +746,10 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
         return chosen, Versus()
     contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, config.judge.max_loss)
                             if holding(r))]
-    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
-        "tell from it," if len(contenders) > 1 else ""
-    log.info(
-        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
-        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {config.retime_seconds:g} s)"
-    )
     try:
-        rounds = measurer.time_compared(fp32.plan, [r.plan for r in contenders], config.retime_seconds, apart)
+        rounds = final_timing(measurer, fp32, contenders, config.retime_seconds, apart)
+        if rounds is None:
+            return chosen, Versus()
         winner, over_fp32 = speedup.fastest(rounds, len(contenders))
         found = speedup.compared(rounds, winner)
     except (AutoprecError, RuntimeError, ValueError) as exc:
@@ -863,7 +886,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
         reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), dataset.evaluation, shared.judge, shared.ranking,
                                       in_target_form)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
-    method = DEFAULT_CALIBRATION if config.space.calibration == "auto" else config.space.calibration
+    method = config.space.method
     try:
         for precision in (Precision.INT8, Precision.FP16):
             units = [u.name for u in shared.info.searchable_units if precision in u.allowed]
@@ -874,7 +897,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
         log.warning(
             f"the reference executor cannot run this model ({type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0][:200]}): {engine.name} measures every plan's accuracy"
+            f"{first_line(exc, 200, empty='')}): {engine.name} measures every plan's accuracy"
         )
         return measurer, f"{engine.name} itself (ONNX Runtime CPU could not run the model)", True
     return reference, executor, False

@@ -20,7 +20,7 @@ from autoprec.app.prepare import (
     wanted_metric,
 )
 from autoprec.backends import Backend, get_backend
-from autoprec.core.plan import DEFAULT_CALIBRATION
+from autoprec.core.plan import calibration_method
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
@@ -42,7 +42,7 @@ def sensitivity_pass(
 ) -> tuple[Sensitivity, bool]:
     """The sensitivity of every searchable unit (each loss by the ``ranking`` judge, which it records in words),
     read from ``path`` when it was measured the same way."""
-    method = DEFAULT_CALIBRATION if calibration == "auto" else calibration
+    method = calibration_method(calibration)
     key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), ranking.metric.describe(), method, batches)
     steps = sum(len(u.allowed) - 1 for u in prepared.info.dimensions)
     with console.StepProgress("sensitivity", steps, enabled=progress) as bar:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from autoprec.analysis.calibrate import CALIBRATION_METHODS
 from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
 from autoprec.core.errors import AutoprecError
-from autoprec.core.plan import DEFAULT_CALIBRATION
+from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, calibration_method
 from autoprec.core.profile import ShapeProfile
 from autoprec.measure.accuracy import HeadOptions
 from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, redacted
@@ -415,7 +415,7 @@ class SpaceSpec(Group):
                            help="decide every unit on its own (default: the units of a repeated block at the same "
                                 "position — a transformer's 12 query projections — are decided together, one "
                                 "dimension for all)")
-        group.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, "auto"),
+        group.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, AUTO_CALIBRATION),
                            help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); auto: the study "
                                 "chooses per trial (entropy costs ~0.7 s per tensor once)")
         group.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
@@ -424,7 +424,7 @@ class SpaceSpec(Group):
                                 "(repeatable)")
 
     def checked(self) -> SpaceSpec:
-        if self.calibration not in (*CALIBRATION_METHODS, "auto"):
+        if self.calibration not in (*CALIBRATION_METHODS, AUTO_CALIBRATION):
             raise AutoprecError(f"--calibration {self.calibration!r}: choose auto or one of "
                                 f"{', '.join(CALIBRATION_METHODS)}")
         return self
@@ -432,7 +432,7 @@ class SpaceSpec(Group):
     @property
     def method(self) -> str:
         """The INT8 range method a plan starts with (``auto``: the study chooses per trial)."""
-        return DEFAULT_CALIBRATION if self.calibration == "auto" else self.calibration
+        return calibration_method(self.calibration)
 
 
 @dataclass(frozen=True)

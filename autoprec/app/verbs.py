@@ -27,7 +27,7 @@ from autoprec.app.prepare import (
 from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.core import atomic, stored
-from autoprec.core.errors import AutoprecError, StudyError
+from autoprec.core.errors import AutoprecError, StudyError, first_line
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
@@ -294,7 +294,7 @@ def study_status(storage: str, study_name: str) -> dict:
     except AutoprecError:
         raise
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
-        first = without_password((str(exc).strip().splitlines() or [""])[0], storage)
+        first = without_password(first_line(exc, None, empty=""), storage)
         raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first})") from None
     return status_of(study)
 

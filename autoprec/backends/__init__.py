@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner, Timing
+from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner
 from autoprec.core.errors import BackendError
 
 # name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
@@ -19,7 +19,7 @@ REGISTRY = {
 }
 BACKENDS = tuple(REGISTRY)
 
-__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "Timing", "backend_class", "get_backend"]
+__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "backend_class", "get_backend"]
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import abc
-import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.backends.doctor import DoctorCase, Made, Step, running_steps
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
 
 # The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
@@ -49,63 +49,6 @@ class EngineInfo:
 
     def label(self) -> str:
         return f"{self.engine} {self.version} {self.provider} on {self.device}"
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Latency of one batch: median of repeated runs after warm-up, with the spread kept."""
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    runs: int
-    warmup: int
-
-    @property
-    def spread(self) -> float:
-        """(p90 - p10) / median: how far one run may stray from the median."""
-        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else float("inf")
-
-    def clearly_faster_than(self, other: Timing) -> bool:
-        """True when even this one's slow runs (p90) beat the other's fast runs (p10): beyond timing noise."""
-        return self.p90_ms < other.p10_ms
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "spread": self.spread}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
-
-
-def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
-    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
-    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
-    taken at another moment than the other's, never decide it."""
-    if rounds and other_rounds:
-        return max(rounds) < min(other_rounds)
-    return None
-
-
-TIME_CALLS = "median of >= 10 runs and >= 0.2 s after 3 warm-up runs"
-
-
-def time_calls(
-    call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500
-) -> Timing:
-    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs."""
-    for _ in range(warmup):
-        call()
-    samples: list[float] = []
-    started = time.perf_counter()
-    while len(samples) < max_runs and (len(samples) < min_runs or time.perf_counter() - started < min_seconds):
-        t0 = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    arr = np.asarray(samples)
-    return Timing(
-        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup
-    )
 
 
 class Runner(abc.ABC):

@@ -14,20 +14,14 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
-from autoprec.analysis.preparation import cpu_optimizers_left_off, first_line
+from autoprec.analysis.preparation import cpu_optimizers_left_off
 from autoprec.analysis.subgraphs import all_nodes
-from autoprec.backends.base import (
-    TIME_CALLS,
-    Backend,
-    EngineInfo,
-    Runner,
-    Timing,
-    time_calls,
-)
+from autoprec.backends.base import Backend, EngineInfo, Runner
 from autoprec.backends.gpus import gpu_facts
-from autoprec.core.errors import BackendError
+from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import TIME_CALLS, Timing, time_calls
 from autoprec.lower import QDQForm
 
 

@@ -9,6 +9,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 DEFAULT_CALIBRATION = "percentile-99.99"  # amax of |x| at the 99.99th percentile of the calibration data
+AUTO_CALIBRATION = "auto"  # --calibration auto: the range method is one more choice of the study, per trial
+
+
+def calibration_method(calibration: str) -> str:
+    """The INT8 range method a plan takes under ``--calibration`` where the study chose none for it: the method
+    given, or with ``auto`` (the study chooses per trial) the default (the uniform plans, the sensitivity pass's
+    one-unit plans, the reference executor's check)."""
+    return DEFAULT_CALIBRATION if calibration == AUTO_CALIBRATION else calibration
 
 
 class Precision(str, enum.Enum):

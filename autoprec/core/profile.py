@@ -122,19 +122,29 @@ def declared_text(dims: Sequence) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else (d or "?") for d in dims) + "]"
 
 
+def shared_dim_sizes(declared: Sequence[tuple[str, Sequence]], given: Mapping[str, Sequence[int]],
+                     option: str) -> dict[str, tuple[int, str]]:
+    """One dim name is one size: the size each named dim takes where ``option`` (``--shape``, ``--min-shape``,
+    ``--max-shape``) gives a shape to an input declaring it (``input_ids`` and ``attention_mask``, both
+    ``[batch, seq]``), with the input that gave it; two inputs given it at different sizes are refused in one line
+    naming both. An unnamed dim ('' or '?') is no name, and one input's own axes may share a name (Paddle's)."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for name, dims in declared:
+        for dim, size in zip(dims, given.get(name, ())):
+            if not isinstance(dim, str) or dim in ("", "?"):
+                continue
+            first, owner = sizes.setdefault(dim, (size, name))
+            if first != size and owner != name:
+                raise ModelError(f"{option}: inputs {owner} and {name} share the dim '{dim}' but are given {first} and "
+                                 f"{size} there; give them the same size")
+    return sizes
+
+
 def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims], given: dict[str, Dims],
                  option: str) -> dict[str, Dims]:
     """``given`` with the inputs it leaves out filled in where they share a dim name with one it names
-    (``input_ids`` and ``attention_mask``, both ``[batch, seq]``): one name is one size, at every point."""
-    sizes: dict[str, tuple[int, str]] = {}
-    for name, dims in declared:
-        for axis, dim in enumerate(dims):
-            if isinstance(dim, str) and dim and name in given and axis < len(given[name]):
-                size = given[name][axis]
-                first, owner = sizes.setdefault(dim, (size, name))
-                if first != size and owner != name:  # (one input's own axes may share a name: Paddle's '?')
-                    raise ModelError(f"{option}: inputs {sizes[dim][1]} and {name} share the dim '{dim}' but are given "
-                                     f"{sizes[dim][0]} and {size} there; give them the same size")
+    (:func:`shared_dim_sizes`), at every point."""
+    sizes = shared_dim_sizes(declared, given, option)
     filled = dict(given)
     for name, dims in declared:
         if name not in given and any(isinstance(d, str) and d in sizes for d in dims):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoprec.core.errors import AutoprecError, MetricError
+from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.measure import gfl, regions, tasks
 from autoprec.measure.labels import class_scores, doubtful, scores_classes, unscored
 
@@ -453,7 +453,7 @@ class Judge:
             with contextlib.redirect_stdout(sys.stderr):  # what it prints is not autoprec's output (--json)
                 value = function(_read_only(self.reference[: len(outputs)]), _read_only(outputs))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
-            said = (str(exc).splitlines() or [""])[0][:200]
+            said = first_line(exc, 200, empty="")
             hint = " (the arrays it is given are read-only: copy one before changing it)" if "read-only" in said else ""
             raise MetricError(f"--metric {self.metric.name}: raised {type(exc).__name__}: {said}; fix the "
                               f"function{hint}") from None

@@ -19,8 +19,9 @@ import onnxruntime
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.preparation import cpu_session, first_line
+from autoprec.analysis.preparation import cpu_session
 from autoprec.backends.base import Backend
+from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel

@@ -12,9 +12,10 @@ from typing import Any, Sequence
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
-from autoprec.backends.base import Backend, Timing
+from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.speedup import COMPARED, Rounds, contender, in_turn, time_until_known

@@ -1,6 +1,6 @@
 """A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
 
-Each round times every model once (each a :class:`~autoprec.backends.base.Timing`: a median of runs), one
+Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: a median of runs), one
 after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds run in *blocks*: each
 block builds every model's session (engine) anew, so what differs between two sessions of one graph (memory
 placement, thread pools, kernels chosen at creation: 1–3 % on a CPU) is sampled too, not frozen into every
@@ -29,8 +29,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from autoprec.analysis.data import Batch
-from autoprec.backends.base import Backend, Timing
+from autoprec.backends.base import Backend
 from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Timing
 
 CONFIDENCE = 0.95
 ROUNDS_PER_BLOCK = 2
@@ -341,3 +342,12 @@ def fastest(rounds: Rounds, contenders: int) -> tuple[str, dict[str, Speedup]]:
     """The contender with the largest speed-up over all-FP32 in the same rounds, and each contender's."""
     found = {contender(i): rounds.speedup("fp32", contender(i)) for i in range(contenders)}
     return max(found, key=lambda name: found[name].speedup), found
+
+
+def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
+    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
+    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
+    taken at another moment than the other's, never decide it."""
+    if rounds and other_rounds:
+        return max(rounds) < min(other_rounds)
+    return None

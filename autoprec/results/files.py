@@ -15,14 +15,16 @@ from typing import Any
 
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo, model_sha256
-from autoprec.backends.base import EngineInfo, Timing, faster_beyond_noise
+from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.core.plan import Plan
 from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.core.stored import save_models
+from autoprec.core.timing import Timing
 from autoprec.measure.deployment import Deployment
+from autoprec.measure.speedup import faster_beyond_noise
 from autoprec.results import coherence
 from autoprec.results.record import ChosenUnit, Claim, ModelRecord, SearchFacts, ShippedAs, Versus
 from autoprec.study.search import TrialRecord, uniform_trials

@@ -33,8 +33,8 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.model import file_sha256
-from autoprec.core.errors import StudyError
-from autoprec.measure.isolation import FileLock, host_lock_folder, private_folder
+from autoprec.core.errors import StudyError, first_line
+from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 
 # A running trial's worker records a heartbeat this often (seconds); one silent for
 # GRACE_BEATS beats is taken as dead, failed and queued again (once).
@@ -169,7 +169,7 @@ class StudyLocks:
             try:
                 connection = self._engine.connect()
             except sqlalchemy.exc.SQLAlchemyError as exc:
-                first = without_password((str(exc.orig or exc).strip().splitlines() or [""])[0], self._url)
+                first = without_password(first_line(exc.orig or exc, None, empty=""), self._url)
                 raise StudyError(f"--storage {redacted(self._url)}: cannot be reached ({first}); check the server, "
                                  "the URL and the network") from None
             with connection:

@@ -25,10 +25,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
-from autoprec.analysis.preparation import first_line
 from autoprec.backends.base import Backend
-from autoprec.core.errors import AutoprecError, MetricError, StudyError
-from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
+from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Precision, calibration_method
 from autoprec.core.stored import StoredModel
 from autoprec.measure.confirmation import HeldOut, HeldOutJudge
 from autoprec.measure.isolation import TrialCrash
@@ -110,14 +109,14 @@ CALIBRATION_PARAM = "@calibration"
 def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> dict[str, CategoricalDistribution]:
     """One categorical per dimension: a searchable unit, with the units of its repeated pattern tied to it."""
     found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.dimensions}
-    if calibration == "auto":
+    if calibration == AUTO_CALIBRATION:
         found[CALIBRATION_PARAM] = CategoricalDistribution(list(CALIBRATION_METHODS))
     return found
 
 
 def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
     """Searched units take the trial's choice (a tied unit its pattern's); pinned units their only precision."""
-    method = params.get(CALIBRATION_PARAM, DEFAULT_CALIBRATION if calibration == "auto" else calibration)
+    method = params.get(CALIBRATION_PARAM, calibration_method(calibration))
     return Plan.from_mapping({u.name: params.get(u.tied_to or u.name, u.allowed[0].value) for u in info.units}, method)
 
 
@@ -186,7 +185,7 @@ def open_study(
                          "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
-        first = without_password((str(cause).strip().splitlines() or [""])[0], str(storage))
+        first = without_password(first_line(cause, None, empty=""), str(storage))
         hint = (storage_hint(first) if "disk" in first.lower() or "connect" in first.lower() else
                 "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
@@ -540,7 +539,7 @@ def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
 def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
     """Why a study has no measured trial: how its trials ended and the first error, in one line."""
     trials = [t for t in study.get_trials(deepcopy=False) if counted(t)]
-    errors = [(t.number, (t.user_attrs["error"].strip().splitlines() or [""])[0][:300]) for t in trials
+    errors = [(t.number, first_line(t.user_attrs["error"])) for t in trials
               if t.state == TrialState.FAIL and "error" in t.user_attrs]
     rejected = sum(t.state == TrialState.PRUNED for t in trials)
     cause = (f"all {len(errors)} failed ({'; '.join(f'trial {n}: {e}' for n, e in errors[:1])})" if errors else

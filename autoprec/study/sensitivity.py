@@ -32,7 +32,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
-from autoprec.core.errors import MetricError
+from autoprec.core.errors import MetricError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 
 
@@ -268,7 +268,7 @@ def analyse_sensitivity(
         except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
             loss = math.inf
             failures.append(
-                f"{unit.name} {precision}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+                f"{unit.name} {precision}: {type(exc).__name__}: {first_line(exc, empty='')}"
             )
         losses[unit.name][precision.value] = loss
         if on_step is not None:

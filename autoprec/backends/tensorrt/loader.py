@@ -23,7 +23,7 @@ from autoprec.backends.tensorrt.layers import (
 )
 from autoprec.backends.tensorrt.profile import optimization_profile
 from autoprec.core import atomic
-from autoprec.core.errors import BackendError
+from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
@@ -134,7 +134,7 @@ def capturing_logger(trt):
 
         def last_error(self) -> str:
             errors = [m for s, m in self.messages if s <= int(trt.ILogger.ERROR)]
-            return (errors[-1].strip().splitlines() or [""])[0][:300] if errors else ""
+            return first_line(errors[-1]) if errors else ""
 
     return Captured()
 

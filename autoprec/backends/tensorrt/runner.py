@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from autoprec.analysis.data import Batch
-from autoprec.backends.base import Runner, Timing
+from autoprec.backends.base import Runner
 from autoprec.backends.tensorrt.layers import (
     parse_engine_layers,
     plan_fidelity,
@@ -18,6 +18,7 @@ from autoprec.backends.tensorrt.layers import (
 from autoprec.backends.tensorrt.loader import TENSORRT, BuiltEngine, Flavour, capturing_logger, fidelity_report
 from autoprec.core import atomic
 from autoprec.core.errors import BackendError
+from autoprec.core.timing import Timing
 
 WARMUP_RUNS = 10
 
