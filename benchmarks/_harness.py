@@ -181,7 +181,7 @@ def time_interleaved(
         runners = []
         for model in models:
             try:
-                runner = stack.enter_context(backend.prepare(model))
+                runner = stack.enter_context(backend.runner(model))
                 runner.run(batch)  # first run: allocations and kernel selection stay out of the rounds
                 runners.append(runner)
             except Exception:  # noqa: BLE001 - engines raise their own types; this model is left out

@@ -80,7 +80,7 @@ def slowed(model: StoredModel, extra: int) -> StoredModel:
 def before(backend, models: dict, batch, seconds: float) -> speedup.Speedup:
     """The replaced method: each model's one session for every round, >= 6 rounds until a 4 % interval or
     ``seconds``, a percentile bootstrap (4000 resamples) of the rounds' mean log ratio."""
-    runners = {name: backend.prepare(model).__enter__() for name, model in models.items()}
+    runners = {name: backend.runner(model).__enter__() for name, model in models.items()}
     try:
         for runner in runners.values():
             runner.run(batch)
@@ -128,7 +128,7 @@ def calibrated_extra(backend, model: StoredModel, batch, gain: float) -> int:
     """How many Mul pairs make the model about ``gain`` slower: doubled until the slowdown is well past the noise
     (twice the gain asked), then scaled down to it (one session each, the median of 5 timings)."""
     def ms(m):
-        with backend.prepare(m) as runner:
+        with backend.runner(m) as runner:
             runner.run(batch)
             return statistics.median(runner.time(batch).median_ms for _ in range(5))
     base, pairs = ms(model), 16

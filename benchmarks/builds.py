@@ -76,7 +76,7 @@ def run_seed(ctx: StudyContext, sensitivity, builds: int, proposals: int, seed: 
         gains = {u.unit: dict(u.gain) for u in sensitivity.units}
         proposer = Proposer.open(storage, f"search-{seed}", {}, seed, ctx, reference_loss, gains, proposals)
     started = time.monotonic()
-    run_warm_started(study, ctx, builds - sensitivity.profiles, sensitivity, propose=proposer)
+    run_warm_started(study, ctx, builds - sensitivity.node_time_builds, sensitivity, propose=proposer)
     trials = sorted(built_trials(study), key=lambda t: t.number)
     points = [(r.latency_ms, r.loss) if (r := record(t)) else (math.inf, math.inf) for t in trials]
     report = proposer.report(study) if proposer else {"median_abs_error_percent": None, "predictions": []}
@@ -125,18 +125,18 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
         for run in seeds_runs:
             all_points += [p for p in run["points"] if math.isfinite(p[1])]
     ref_best = best_within(all_points, MAX_LOSS)
-    at_20 = 20 - sensitivity.profiles
+    at_20 = 20 - sensitivity.node_time_builds
     methods = {}
     for method, seeds_runs in per_method.items():
         methods[method] = {
-            "builds_to_2pct": [builds_to(r["points"], sensitivity.profiles, ref_best) for r in seeds_runs],
+            "builds_to_2pct": [builds_to(r["points"], sensitivity.node_time_builds, ref_best) for r in seeds_runs],
             "hv_at_20_builds": [
                 round(hypervolume_fraction(r["points"][:at_20], all_points, fp32_ms), 4) for r in unlimited[method]
             ],
             "best_ms_at_1pct": [round(b, 4) if (b := best_within(r["points"], MAX_LOSS)) else None for r in seeds_runs],
             "autoprec_at_bisection_count_ms": [
                 round(b, 4)
-                if (b := best_within(r["points"][: max(0, bisect["evaluations"] - sensitivity.profiles)], MAX_LOSS))
+                if (b := best_within(r["points"][: max(0, bisect["evaluations"] - sensitivity.node_time_builds)], MAX_LOSS))
                 else None
                 for r in seeds_runs
             ],
@@ -151,7 +151,7 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
         "reference_front_trials": reference_size,
         "fp32_ms": round(fp32_ms, 4),
         "reference_best_ms_at_1pct": round(ref_best, 4) if ref_best else None,
-        "profiles": sensitivity.profiles,
+        "profiles": sensitivity.node_time_builds,
         "builds_to_2pct": chosen["builds_to_2pct"],
         "hv_at_20_builds": chosen["hv_at_20_builds"],
         "bisection": {"evaluations": bisect["evaluations"], "latency_ms": round(bisect_measured.latency.median_ms, 4),

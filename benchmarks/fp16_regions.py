@@ -44,7 +44,7 @@ MODELS = ("ppocr-det", "ppocr-rec", "ppocr-cls", "yolov8n", "magika")
 
 
 def _loss(backend, model, batches, reference) -> float:
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         outputs = [runner.run(b) for b in batches]
     losses = [1 - output_metrics(r[name], o[name])["cosine"] for r, o in zip(reference, outputs) for name in r
               if r[name].dtype.kind == "f"]

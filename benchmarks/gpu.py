@@ -118,7 +118,7 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
     timings = dict(zip(plans, time_interleaved(engine, models, evaluation[0], ROUNDS)))
     medians = {k: [t.median_ms for t in v] for k, v in timings.items()}
     spreads = {k: [t.p90_ms - t.p10_ms for t in v] for k, v in timings.items()}
-    with engine.prepare(stored.load(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
+    with engine.runner(stored.load(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
         fresh_loss = loss_from_metrics(compare(prepared.reference, [fresh.run(b) for b in evaluation]), "cosine")
     ms = {k: statistics.median(v) for k, v in medians.items()}
     return {

@@ -371,7 +371,7 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
     evaluation = prepared.dataset.evaluation
     losses = {}
     for method, model in picks.items():
-        with engine.prepare(model) as runner:
+        with engine.runner(model) as runner:
             losses[method] = loss_from_metrics(
                 compare(prepared.reference, [runner.run(b) for b in evaluation]), "cosine"
             )

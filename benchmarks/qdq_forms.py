@@ -159,7 +159,7 @@ def bench_model(name: str, source: Source, rounds: int, quark_python: str | None
             onnx.save(stored.inlined(model), str(files[variant]))
         batch = prepared.dataset.evaluation[0]
         timings = time_interleaved(backend, list(models.values()), batch, rounds)
-        outputs = {k: [backend.prepare(m).run(b) for b in prepared.dataset.evaluation] for k, m in models.items()}
+        outputs = {k: [backend.runner(m).run(b) for b in prepared.dataset.evaluation] for k, m in models.items()}
         graphs = {k: kernels(p) for k, p in files.items()}
     base = np.array([t.median_ms for t in timings[0]])
     variants = {}

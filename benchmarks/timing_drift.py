@@ -33,7 +33,7 @@ RUNS_PER_BLOCK, WARMUP = 100, 20
 def block_medians(model_path: str, data_path: str, backend: str, blocks: int) -> list[dict]:
     data, model = np.load(data_path), stored.load(Path(model_path))
     batch = {name: data[name][:1] for name in data.files if name in {i.name for i in model.graph.input}}
-    with get_backend(backend).prepare(model) as runner:
+    with get_backend(backend).runner(model) as runner:
         runner.run(batch)
         started, rows = time.perf_counter(), []
         for _ in range(blocks):

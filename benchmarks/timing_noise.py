@@ -45,7 +45,7 @@ def run_model(name: str, repeats: int) -> dict:
         p: backend.lower(prepared.info, prepared.info.plan_at(p), prepared.ranges)
         for p in (Precision.FP32, Precision.INT8)
     }
-    runners = {p: backend.prepare(m) for p, m in plans.items()}
+    runners = {p: backend.runner(m) for p, m in plans.items()}
     timings = {p: [] for p in plans}
     for _ in range(repeats):
         for p, runner in runners.items():  # alternate, so drift hits both plans alike

@@ -45,7 +45,7 @@ class BackendContract:
     def test_an_all_fp32_plan_runs_as_the_model_does_and_is_timed(self, backend, model):
         info, batch = model
         expected = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"]).run(None, batch)
-        with backend.prepare(backend.lower(info, info.plan_at(Precision.FP32, [], "minmax"), None)) as runner:
+        with backend.runner(backend.lower(info, info.plan_at(Precision.FP32, [], "minmax"), None)) as runner:
             outputs = runner.run(batch)
             timing = runner.time(batch)
         assert list(outputs) == [o.name for o in info.outputs]

@@ -47,7 +47,7 @@ class SlowBackend(Backend):
     def info(self):
         return EngineInfo("slow", "test", "0", "none", "none", "tensorrt")
 
-    def prepare(self, model):
+    def runner(self, model):
         start = time.perf_counter()
         time.sleep(0.3)
         name = threading.current_thread().name

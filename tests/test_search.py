@@ -307,7 +307,7 @@ def _clock_engine(events: list, alive: list, failing: str | None = None):
         def info(self):
             raise NotImplementedError
 
-        def prepare(self, model):
+        def runner(self, model):
             events.append(("build", model))
             if model == failing:
                 raise BackendError("engine crashed")

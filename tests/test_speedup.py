@@ -121,8 +121,8 @@ def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(
 
     info = analyse(conv_model, load_search_space())
     backend, built = get_backend("ort-cpu"), []
-    prepare = backend.prepare
-    backend.prepare = lambda model: built.append(model) or prepare(model)
+    runner = backend.runner
+    backend.runner = lambda model: built.append(model) or runner(model)
     batch = {"x": np.zeros((1, 3, 16, 16), np.float32)}
     found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, batch, [("fp32", "chosen")], 0)
     assert len(set(found.blocks)) == MIN_BLOCKS and found.count == MIN_BLOCKS * ROUNDS_PER_BLOCK

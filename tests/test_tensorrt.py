@@ -85,7 +85,7 @@ def conv(conv_model, conv_data):
 
 def _full_flow(backend, info, data, ranges, plan):
     model = backend.lower(info, plan, ranges)
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         outputs = runner.run(data.evaluation[0])
         timing = runner.time(data.evaluation[0])
         report = runner.build_report()
@@ -112,7 +112,7 @@ def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_sha
     info = analyse(model_path, load_search_space(), shapes={"x": (1, 3, 16, 16)})
     plan = Plan.uniform([u.name for u in info.units], Precision.FP16)
     backend = get_backend("tensorrt", cache_dir=tmp_path / "cache")
-    with backend.prepare(backend.lower(info, plan, None)):
+    with backend.runner(backend.lower(info, plan, None)):
         pass
     calls = fake.CALLS
     assert ("Builder", "create_network", 0) in calls  # TensorRT 11: always strongly typed, no flag
@@ -130,7 +130,7 @@ def test_build_is_strongly_typed_with_workspace_level_detailed_profile_and_a_sha
     # a later candidate, in another backend (a resumed search, a restarted worker): it starts from the saved cache
     monkeypatch.setitem(sys.modules, "tensorrt", fake.reset("10.13.0.35"))
     again = get_backend("tensorrt", cache_dir=tmp_path / "cache")
-    with again.prepare(again.lower(info, plan, None)):
+    with again.runner(again.lower(info, plan, None)):
         pass
     assert ("IBuilderConfig", "create_timing_cache", first) in fake.CALLS
     assert ("Builder", "create_network", 1 << 1) in fake.CALLS  # 10.x: the STRONGLY_TYPED flag
@@ -142,7 +142,7 @@ def test_parser_errors_name_the_node_and_operator(trt, conv):
     fake.PARSER_REJECTS.add("Gemm")
     backend = get_backend("tensorrt")
     with pytest.raises(BackendError, match=r"parser rejected.*node 'fc' \(Gemm\): No importer registered"):
-        backend.prepare(backend.lower(info, Plan.uniform([u.name for u in info.units], Precision.FP32), ranges))
+        backend.runner(backend.lower(info, Plan.uniform([u.name for u in info.units], Precision.FP32), ranges))
 
 
 def test_outputs_come_back_from_the_device_and_timing_is_cuda_events_around_execute(trt, conv):
@@ -165,7 +165,7 @@ def test_plan_fidelity_flags_units_the_engine_did_not_run_as_planned(trt, conv):
     plan = Plan.from_mapping({u.name: "int8" if u.name in ("conv1", "fc") else "fp32" for u in info.units})
     fake.IGNORE_NODES.add("fc")
     backend = get_backend("tensorrt")
-    with backend.prepare(backend.lower(info, plan, ranges)) as runner:
+    with backend.runner(backend.lower(info, plan, ranges)) as runner:
         fidelity = runner.build_report()["plan_fidelity"]
     assert (
         fidelity["plan_ignored"] and fidelity["checked_units"] == 5
@@ -209,7 +209,7 @@ def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_an
         raise BackendError("Could not find an implementation for Conv(11) node with name 'conv1'")
 
     # the reference executor only: the model runs elsewhere
-    monkeypatch.setattr(OrtCpuBackend, "prepare", lacks_a_kernel)
+    monkeypatch.setattr(OrtCpuBackend, "runner", lacks_a_kernel)
     out = tmp_path / "result"
     _search_in_process(conv_model, conv_data, out, budget=4)
     search = json.loads((out / "pareto.json").read_text())["search"]

@@ -223,7 +223,7 @@ def test_rtx_run_half_uses_only_names_the_real_module_has(monkeypatch, conv_mode
     prepared = prepare(conv_model, load_search_space(), conv_data)
     backend = get_backend("tensorrt-rtx", cache_dir=conv_model.parent / "cache")
     plan = Plan.uniform([u.name for u in prepared.info.units], Precision.FP16)
-    with backend.prepare(backend.lower(prepared.info, plan, prepared.ranges)) as runner:
+    with backend.runner(backend.lower(prepared.info, plan, prepared.ranges)) as runner:
         runner.run(prepared.dataset.evaluation[0])
         runner.time(prepared.dataset.evaluation[0])
         runner.layer_times(prepared.dataset.evaluation[0], 2)

@@ -16,7 +16,7 @@ from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.model import analyse
 from autoprec.analysis.preparation import cpu_session
 from autoprec.backends import backend_class
-from autoprec.backends.doctor import DoctorCase, Made, NotHere, Step
+from autoprec.backends.doctor_steps import DoctorCase, Made, NotHere, Step
 from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space

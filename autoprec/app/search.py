@@ -86,7 +86,7 @@ from autoprec.study.search import (
     forget_if_unused,
     make_sampler,
     nothing_measured,
-    on_profile_build,
+    on_node_time_build,
     open_study,
     rejected_trials,
     retimed_front,
@@ -912,19 +912,19 @@ def _builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, reti
     wrote to it (this ``run``'s recorded in the study first; another worker's once it wrote its result), and
     the plans the reference executor evaluated instead (counted as builds where the target had to be the
     reference). ``sensitivity``: the pass this run made (None where it read the study's)."""
-    study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.profiles if sensitivity else 0,
+    study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.node_time_builds if sensitivity else 0,
                                             "retiming": retimed,
                                             "evaluations": sensitivity.evaluations if sensitivity else 0})
     runs = [v for k, v in study.user_attrs.items() if k.startswith(BUILDS_ATTR)]
     built = built_trials(study)
-    on_profiled = sum(map(on_profile_build, built))
+    on_node_timed = sum(map(on_node_time_build, built))
     by_phase = {
         "profiles": sum(r["profiles"] for r in runs),
-        "trials": len(built) - on_profiled,
+        "trials": len(built) - on_node_timed,
         "retiming": sum(r["retiming"] for r in runs),
     }
     evaluations = sum(r["evaluations"] for r in runs) + (proposer.evaluated() if proposer else 0)
     if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
     return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations,
-            "trials_on_profile_builds": on_profiled, "runs": len(runs)}
+            "trials_on_profile_builds": on_node_timed, "runs": len(runs)}

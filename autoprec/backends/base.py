@@ -1,4 +1,4 @@
-"""The one interface every inference engine implements: lower, prepare, run, time, describe."""
+"""The one interface every inference engine implements: lower, make a runner, run, time, describe."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
-from autoprec.backends.doctor import DoctorCase, Made, Step, running_steps
+from autoprec.backends.doctor_steps import DoctorCase, Made, Step, running_steps
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
@@ -119,8 +119,9 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def prepare(self, model: StoredModel) -> Runner:
-        """Build a session/engine for an explicit-precision model (loaded from a file beside its weights)."""
+    def runner(self, model: StoredModel) -> Runner:
+        """A runner of an explicit-precision model: its session or engine built (loaded from a file beside its
+        weights), run and timed through the runner, released when the runner closes."""
 
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float] | None:
         """Seconds per run spent in each node of ``model`` (keyed by its node names; time the engine
@@ -137,7 +138,7 @@ class Backend(abc.ABC):
 
     @classmethod
     def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
-        """Every call a search makes of this engine, in order, on ``case`` (see :mod:`autoprec.backends.doctor`).
+        """Every call a search makes of this engine, in order, on ``case`` (see :mod:`autoprec.backends.doctor_steps`).
         Engines with more to check (a build without the device, a cache, an inspector) list their own."""
 
         def create() -> str:
@@ -149,7 +150,7 @@ class Backend(abc.ABC):
             return f"{len(lowered.proto.graph.node)} nodes in the {cls.qdq_form.value} Q/DQ form"
 
         def load() -> str:
-            made["runner"] = made.stack.enter_context(made["engine"].prepare(made["lowered"]))
+            made["runner"] = made.stack.enter_context(made["engine"].runner(made["lowered"]))
             return "loaded"
 
         def profile() -> str:

@@ -52,7 +52,7 @@ class OrtRunner(Runner):
         self.session = None  # the engine's memory goes now, not when the last name bound to the runner does
 
 
-class OrtProfiling:
+class OrtNodeTimes:
     """Per-node times from ONNX Runtime's profiler, mapped back to the model's own node names."""
 
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
@@ -109,7 +109,7 @@ def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) 
     return dict(times)
 
 
-class OrtCpuBackend(OrtProfiling, Backend):
+class OrtCpuBackend(OrtNodeTimes, Backend):
     """CPU execution provider, all graph optimisations on.
 
     Lowers INT8 in the ``ort-cpu`` Q/DQ form (whole node units, uint8 activations): the only
@@ -148,7 +148,7 @@ class OrtCpuBackend(OrtProfiling, Backend):
 
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"
 
-    def prepare(self, model: StoredModel) -> OrtRunner:
+    def runner(self, model: StoredModel) -> OrtRunner:
         return OrtRunner(new_session(self._ort, model, self.session_options(), [self.provider]))
 
 
@@ -213,7 +213,7 @@ class OrtCudaRunner(Runner):
         self.session = None
 
 
-class OrtCudaBackend(OrtProfiling, Backend):
+class OrtCudaBackend(OrtNodeTimes, Backend):
     """CUDA execution provider on GPU ``device``; cuDNN/cuBLAS found through ``onnxruntime.preload_dlls()``.
 
     FP16 (Cast-lowered) runs on tensor cores. Q/DQ INT8 does not: the CUDA provider runs
@@ -275,7 +275,7 @@ class OrtCudaBackend(OrtProfiling, Backend):
     def session_providers(self) -> list:
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
 
-    def prepare(self, model: StoredModel) -> OrtCudaRunner:
+    def runner(self, model: StoredModel) -> OrtCudaRunner:
         session = new_session(self._ort, model, self.session_options(), self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(

@@ -239,7 +239,7 @@ def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], fe
     failed: dict[int, str] = {}
     for trial, plan in plans.items():
         try:
-            with backend.prepare(backend.lower(graph, plan, ranges)) as runner:
+            with backend.runner(backend.lower(graph, plan, ranges)) as runner:
                 ms[trial] = {point: _timed(runner, _at(sample, profile.at(point))) for point in ("min", "opt", "max")}
         except Exception as exc:  # noqa: BLE001 - a plan the deployable graph does not take: no figures, said
             ms[trial] = {point: None for point in ("min", "opt", "max")}

@@ -53,14 +53,14 @@ def _run(
 ) -> list[dict[str, np.ndarray]]:
     """The model's outputs and the tensors ``names`` (inside subgraphs too) on each batch."""
     exposed, read_as = with_outputs(model.proto, names)
-    with backend.prepare(model.with_proto(exposed)) as runner:
+    with backend.runner(model.with_proto(exposed)) as runner:
         runs = [runner.run(b) for b in batches]
     return [{**out, **{name: out[read] for name, read in zip(names, read_as)}} for out in runs]
 
 
 def model_outputs(backend: Backend, model: StoredModel, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
     """The model's outputs on each batch, as ``backend`` runs it."""
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         return [runner.run(b) for b in batches]
 
 

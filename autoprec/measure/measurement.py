@@ -102,7 +102,7 @@ class Rejected(Exception):
 
 def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge) -> float:
     """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         outputs = [runner.run(batch) for batch in batches]
     return judge.loss(judge.metrics(outputs), outputs)
 
@@ -123,7 +123,7 @@ def measure(
     """
     seconds = {}
     t0 = time.perf_counter()
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         seconds["build"] = time.perf_counter() - t0
         build = runner.build_report()
         t0 = time.perf_counter()
@@ -228,14 +228,14 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     before = resident_bytes() or 0
     builds = 1
     with contextlib.ExitStack() as stack:
-        runners = {"reference": stack.enter_context(backend.prepare(reference))}
+        runners = {"reference": stack.enter_context(backend.runner(reference))}
         runners["reference"].run(batch)  # first run: allocations and kernel selection stay out of the rounds
         apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
         if apart:
             timings["reference"].append(runners["reference"].time(batch))
             stack.close()
         else:
-            runners["candidate"] = stack.enter_context(backend.prepare(candidate))
+            runners["candidate"] = stack.enter_context(backend.runner(candidate))
             runners["candidate"].run(batch)
             builds += 1
         for round_ in range(rounds):
@@ -243,7 +243,7 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
                 if not apart:
                     timings[which].append(runners[which].time(batch))
                 elif len(timings[which]) <= round_:
-                    with backend.prepare(models[which]) as runner:
+                    with backend.runner(models[which]) as runner:
                         runner.run(batch)
                         timings[which].append(runner.time(batch))
                     builds += 1

@@ -302,7 +302,7 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], batch: Batc
         kept = {}
         if not apart:
             for name in in_turn(list(models), block):
-                kept[name] = stack.enter_context(backend.prepare(models[name]))
+                kept[name] = stack.enter_context(backend.runner(models[name]))
                 kept[name].run(batch)  # first run: allocations and kernel selection stay out of the rounds
         for _ in range(1 if apart else ROUNDS_PER_BLOCK):
             for name in in_turn(list(models), len(blocks)):
@@ -318,7 +318,7 @@ def in_turn(names: Sequence[str], round_: int) -> list[str]:
 
 
 def _timed_alone(backend: Backend, model: StoredModel, batch: Batch) -> Timing:
-    with backend.prepare(model) as runner:
+    with backend.runner(model) as runner:
         runner.run(batch)
         return runner.time(batch)
 

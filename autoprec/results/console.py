@@ -151,7 +151,7 @@ def _loss(value: float | str) -> str:
 def sensitivity_table(sensitivity: Sensitivity) -> Table:
     """Units least sensitive per time saved first (the order the warm start lowers them in)."""
     precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
-    saving = [p for p in precisions if sensitivity.profiled(Precision(p))]
+    saving = [p for p in precisions if sensitivity.node_timed(Precision(p))]
     judged = f" ({sensitivity.judged})" if sensitivity.judged else ""
     table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this unit lowered, "
                               f"{sensitivity.batches} batch(es)"), title_justify="left")

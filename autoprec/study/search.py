@@ -556,9 +556,9 @@ def built_trials(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if counted(t) and "duplicate_of" not in t.user_attrs]
 
 
-def on_profile_build(trial: FrozenTrial) -> bool:
+def on_node_time_build(trial: FrozenTrial) -> bool:
     """Whether the trial was timed on the engine built for the sensitivity pass's profile of the same
-    graph (so it is no build of its own; see the TensorRT backend's ProfiledEngines)."""
+    graph (so it is no build of its own; see the TensorRT backend's NodeTimedEngines)."""
     return bool(((trial.user_attrs.get("measurement") or {}).get("build") or {}).get("reused_build"))
 
 

@@ -71,8 +71,8 @@ class Sensitivity:
     engine: str
     failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
     first_error: str = ""
-    profiles: int = 0  # builds of the engine that profiled a plan (the FP32 model, each all-units plan)
-    evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the profiles)
+    node_time_builds: int = 0  # builds that timed a plan's nodes (the FP32 model, each all-units plan); json 'profiles'
+    evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the node times)
     judged: str = ""  # each loss's metric in words (Judge.said); "" in a file written before it was recorded
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
@@ -81,7 +81,7 @@ class Sensitivity:
             (u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain)
         )
 
-    def profiled(self, precision: Precision) -> bool:
+    def node_timed(self, precision: Precision) -> bool:
         """Whether the time each unit saves in ``precision`` was measured."""
         return any(precision.value in u.gain for u in self.units)
 
@@ -93,7 +93,7 @@ class Sensitivity:
         return {
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
             "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
-            "failed": self.failed, "first_error": self.first_error, "profiles": self.profiles,
+            "failed": self.failed, "first_error": self.first_error, "profiles": self.node_time_builds,
             "evaluation_seconds": round(self.evaluation_seconds, 3), "judged": self.judged,
         }
 
@@ -235,7 +235,7 @@ def analyse_sensitivity(
     backend: Backend,
     ranges: ActivationRanges | None,
     loss_of: Callable[[Plan], float],
-    profile_batch: Batch,
+    timing_batch: Batch,
     batches: int,
     calibration: str = DEFAULT_CALIBRATION,
     on_step: Callable[[int, int], None] | None = None,
@@ -249,12 +249,12 @@ def analyse_sensitivity(
     # the all-FP32 plan as the engine lowers it (ONNX Runtime: the model itself; TensorRT: stamped with
     # the plan), so that the study's all-FP32 trial is the very graph profiled here
     fp32_times = backend.node_times(
-        backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), profile_batch
+        backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), timing_batch
     )
     profiled = latency_shares(info, fp32_times) if fp32_times else None
     shares, unattributed = profiled if profiled else ({}, None)
-    gains, profiles = (
-        unit_gains(info, backend, ranges, profile_batch, fp32_times, calibration) if fp32_times else ({}, 0)
+    gains, timed = (
+        unit_gains(info, backend, ranges, timing_batch, fp32_times, calibration) if fp32_times else ({}, 0)
     )
     steps = [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.dimensions}
@@ -286,7 +286,7 @@ def analyse_sensitivity(
         for u in info.dimensions
     )
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
-                       len(failures), failures[0] if failures else "", profiles + (fp32_times is not None),
+                       len(failures), failures[0] if failures else "", timed + (fp32_times is not None),
                        time.monotonic() - evaluating)
 
 
@@ -329,7 +329,7 @@ def searched_sensitive(
             loss = found.loss.get(precision.value, math.inf) if found else math.inf
             if not math.isfinite(loss) or (max_loss is not None and loss > max_loss):
                 lossy.append(unit.name)
-            elif sensitivity.profiled(precision) and found.gain.get(precision.value, 0.0) <= 0:
+            elif sensitivity.node_timed(precision) and found.gain.get(precision.value, 0.0) <= 0:
                 idle.append(unit.name)
         if lossy or idle:
             note = (

@@ -39,7 +39,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend, EngineInfo
-from autoprec.backends.doctor import DoctorCase, Made, Step
+from autoprec.backends.doctor_steps import DoctorCase, Made, Step
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import EngineLayers, parse_engine_layers
 from autoprec.backends.tensorrt.loader import (
@@ -112,7 +112,7 @@ def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
     return gpu
 
 
-class ProfiledEngines:
+class NodeTimedEngines:
     """Engines built to be profiled, kept in the study's cache folder (where the worker processes look)
     until a trial of the same graph loads one instead of building it again: the sensitivity pass
     profiles the FP32 model and the all-units plans, which are the study's first trials, so each of
@@ -179,7 +179,7 @@ class TensorRTBackend(Backend):
         folder = Path(cache_dir) if cache_dir else None
         self.timing_cache = TimingCache(folder / f"{self.name}.timing-cache" if folder else None)
         self.runtime_cache = RuntimeCache(folder / f"{self.name}.runtime-cache" if folder else None)
-        self.profiled = ProfiledEngines(folder / f"{self.name}-profiled-engines" if folder else None)
+        self.node_timed = NodeTimedEngines(folder / f"{self.name}-profiled-engines" if folder else None)
         self._cuda = None
 
     @property
@@ -213,8 +213,8 @@ class TensorRTBackend(Backend):
         """Parse and build (no GPU needed): the serialized engine and the build's own report."""
         return build_engine(self._trt, self.flavour, model, self.timing_cache)
 
-    def prepare(self, model: StoredModel) -> TensorRTRunner:
-        return self._runner(self.profiled.take(model) or self.build(model))
+    def runner(self, model: StoredModel) -> TensorRTRunner:
+        return self._runner(self.node_timed.take(model) or self.build(model))
 
     def _runner(self, built: BuiltEngine) -> TensorRTRunner:
         return TensorRTRunner(
@@ -222,13 +222,13 @@ class TensorRTBackend(Backend):
         )
 
     def drop_kept_builds(self) -> None:
-        self.profiled.drop()
+        self.node_timed.drop()
 
     @classmethod
     def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
         """Import, build at the measured shapes and with a profile (no GPU needed), then on the GPU: load,
-        inspect, execute, compare, time, profile (see :mod:`autoprec.backends.tensorrt.doctor`)."""
-        from autoprec.backends.tensorrt.doctor import tensorrt_steps
+        inspect, execute, compare, time, profile (see :mod:`autoprec.backends.tensorrt.steps`)."""
+        from autoprec.backends.tensorrt.steps import tensorrt_steps
 
         return tensorrt_steps(cls, case, made, lambda: check_gpu(cls.flavour, device),
                               lambda: cuda_api(device, cls.flavour))
@@ -236,9 +236,9 @@ class TensorRTBackend(Backend):
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
         """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
         was built from (Metadata, else its name); layers naming none go to ``""``. The engine is kept
-        for the trial of the same graph (:class:`ProfiledEngines`)."""
+        for the trial of the same graph (:class:`NodeTimedEngines`)."""
         built = self.build(model)
-        self.profiled.keep(model, built)
+        self.node_timed.keep(model, built)
         with self._runner(built) as runner:
             layers = {layer.name: layer for layer in parse_engine_layers(runner.layer_json).layers}
             per_layer = runner.layer_times(batch, runs)

@@ -21,7 +21,7 @@ from autoprec.backends.tensorrt.layers import (
     parse_builder_layers,
     plan_fidelity,
 )
-from autoprec.backends.tensorrt.profile import optimization_profile
+from autoprec.backends.tensorrt.optimization_profile import optimization_profile
 from autoprec.core import atomic
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Plan

@@ -145,7 +145,7 @@ def cuda_api(device: int, flavour: Flavour = TENSORRT):
         raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)") from None
 
 
-def layer_profiler(trt):
+def layer_timer(trt):
     """An ``IProfiler`` whose ``ms`` holds milliseconds per engine layer, summed over the profiled runs
     (defined here because its base class comes with the lazily imported module)."""
 
@@ -260,7 +260,7 @@ class TensorRTRunner(Runner):
         self._bind(batch)
         self._enqueue()  # warm-up, not profiled
         self.cuda.synchronize()
-        profiler = layer_profiler(self.trt)
+        profiler = layer_timer(self.trt)
         self.context.profiler = profiler
         for _ in range(runs):
             self._enqueue()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from autoprec.backends.doctor import DoctorCase, Made, NotHere, Step, running_steps
+from autoprec.backends.doctor_steps import DoctorCase, Made, NotHere, Step, running_steps
 from autoprec.backends.tensorrt.layers import parse_engine_layers
 from autoprec.backends.tensorrt.loader import TimingCache, build_engine, import_tensorrt, stamp_plan
 from autoprec.backends.tensorrt.runner import RuntimeCache, TensorRTRunner
