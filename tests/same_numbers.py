@@ -6,7 +6,8 @@ Kept: each trial's plan, calibration, loss, metrics, feasibility and duplicate (
 search's sampler is seeded and independent of the figures: random, no warm start); the second search's trials by
 plan only (its warm start reads the engine's timings); the search record without what a clock decides; the
 sensitivity pass's losses; the model's and units' record; and the set of every file's key paths, so that a
-renamed or dropped key is seen. Left out: latencies, the front and the choice (the re-timing decides them), and
+renamed or dropped key is seen (of best/plan.json its top-level keys: what lies below them follows the plan
+shipped, which the re-timing picks — under load another one, whose deployment check says other things). Left out: latencies, the front and the choice (the re-timing decides them), and
 every timed figure of the record (TIMED)."""
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ TIMED = ("wall_seconds", "one_time_seconds", "retiming", "timing_drift", "held_o
 # ... and of its sensitivity facts.
 SENSITIVITY_TIMED = ("seconds", "evaluation_seconds", "warm_start_plans")
 # Key paths present or not as the timings fall (a speed-up the final timing measured, a plan not shipped, a drift).
-UNKEYED = (".not_shipped.", ".chosen_vs_fp32.", ".chosen_vs_source.", ".final_rivals", ".final_timing.",
-           ".search.timing_drift.", ".search.held_out.", ".search.decision_changes")
+UNKEYED = (".not_shipped", ".chosen_vs_fp32", ".chosen_vs_source", ".final_rivals", ".final_timing",
+           ".search.timing_drift", ".search.held_out", ".search.decision_changes")
 # A trial's keys that hold no clock's figure.
 TRIAL_KEPT = ("accuracy_loss", "feasible", "metrics", "duplicate_of")
 
@@ -105,7 +106,8 @@ def numbers(out: Path, by_number: bool) -> dict[str, Any]:
         "plans": None if by_number else kept,
         "sensitivity": None if "sensitivity.json" not in files else {
             u["unit"]: {"op_type": u["op_type"], "loss": u["loss"]} for u in files["sensitivity.json"]["units"]},
-        "keys": {name: sorted(k for k in _key_paths(document) if not k.startswith(UNKEYED))
+        "keys": {name: sorted(k for k in _key_paths(document) if not k.startswith(UNKEYED)
+                              and (name != "best/plan.json" or k.count(".") == 1))
                  for name, document in files.items()},
     }
     return _rounded(_masked(found, (str(out.parent.resolve()), str(out.parent))))
