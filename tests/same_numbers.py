@@ -7,8 +7,9 @@ search's sampler is seeded and independent of the figures: random, no warm start
 plan only (its warm start reads the engine's timings); the search record without what a clock decides; the
 sensitivity pass's losses; the model's and units' record; and the set of every file's key paths, so that a
 renamed or dropped key is seen (of best/plan.json its top-level keys: what lies below them follows the plan
-shipped, which the re-timing picks — under load another one, whose deployment check says other things). Left out: latencies, the front and the choice (the re-timing decides them), and
-every timed figure of the record (TIMED)."""
+shipped, which the re-timing picks — under load another one, whose deployment check says other things). Left
+out: latencies, the front and the choice (the re-timing decides them), and every timed figure of the record
+(TIMED)."""
 
 from __future__ import annotations
 
