@@ -52,6 +52,10 @@ def problems(fig: Figure) -> list[str]:
             found.append(f"{text.get_text()!r} is cut at the canvas' edge ({box.extents} outside {canvas.extents})")
         if "\\mathdefault" in text.get_text():
             found.append(f"{text.get_text()!r}: math text printed raw")
+    labels = [(text.get_text(), text.get_window_extent(renderer)) for ax in fig.axes
+              for text in (ax.xaxis.label, ax.yaxis.label, ax.title) if text.get_visible() and text.get_text()]
+    found += [f"axis labels {a!r} and {b!r} overprint" for i, (a, one) in enumerate(labels)
+              for b, other in labels[i + 1:] if _overlap(one, other)]
     for axis in _tick_labels(fig)[0]:
         found += [f"tick label {label.get_text()!r}: math text printed raw" for label in axis
                   if len(label.get_text()) > 1 and label.get_text()[0] == label.get_text()[-1] == "$"]

@@ -246,8 +246,9 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
             )
     left.set_xscale("log")
     judged = f" ({printable(sensitivity.judged)})" if sensitivity.judged else ""
-    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log"
-                                  + (f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"), 90))
+    floor = f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"
+    width = 64  # characters: the label stays under the left panel, beside the right panel's own
+    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log{floor}", width))
     left.grid(axis="x", color="0.9")
     left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)  # above: no point hid
     shares = [u.share if u.share is not None else 0.0 for u in units]
