@@ -40,7 +40,7 @@ from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
 from autoprec.measure.speedup import in_turn
-from autoprec.study.search import (
+from autoprec.study.optimize import (
     default_sampler,
     finished_records,
     open_study,

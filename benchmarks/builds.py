@@ -48,8 +48,7 @@ from peers import run_polygraphy_bisect  # noqa: E402
 from search_quality import best_within, hypervolume_fraction  # noqa: E402
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
-from autoprec.study.proposals import Proposer  # noqa: E402
-from autoprec.study.search import (  # noqa: E402
+from autoprec.study.optimize import (  # noqa: E402
     StudyContext,
     built_trials,
     make_sampler,
@@ -57,6 +56,7 @@ from autoprec.study.search import (  # noqa: E402
     record,
     run_warm_started,
 )
+from autoprec.study.proposals import Proposer  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 from autoprec.zoo import ENTRIES as ZOO  # noqa: E402
 

@@ -49,7 +49,7 @@ from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
 from autoprec.results.files import json_safe  # noqa: E402
 from autoprec.study.coordination import WORKER_ATTR  # noqa: E402
-from autoprec.study.search import (  # noqa: E402
+from autoprec.study.optimize import (  # noqa: E402
     counted,
     finished_records,
     planned_params,

@@ -81,7 +81,7 @@ from autoprec.measure.measurement import (  # noqa: E402
     time_paired,
 )
 from autoprec.results.files import decisions  # noqa: E402
-from autoprec.study.search import (  # noqa: E402
+from autoprec.study.optimize import (  # noqa: E402
     RETIME_ROUNDS,
     StudyContext,
     choose,

@@ -20,7 +20,7 @@ import postgres
 import pytest
 
 from autoprec.study.coordination import WORKER_ATTR, StudyLocks, retried_trial
-from autoprec.study.search import counted, pareto_front
+from autoprec.study.optimize import counted, pareto_front
 
 
 @pytest.fixture(scope="module")

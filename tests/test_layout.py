@@ -132,7 +132,6 @@ TESTS = Path(__file__).parent
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 53: search, sensitivity, profile and doctor name two modules each")
 def test_no_two_modules_share_a_file_name():
     """A module's file name says one thing in the whole package (``from ... import search`` is never ambiguous)."""
     names = Counter(path.name for path in MODULES.values() if path.name != "__init__.py")

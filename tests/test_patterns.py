@@ -13,7 +13,7 @@ import autoprec
 from autoprec.analysis.model import analyse
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
-from autoprec.study.search import distributions, plan_from_params
+from autoprec.study.optimize import distributions, plan_from_params
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import synthetic  # noqa: E402

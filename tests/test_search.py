@@ -190,7 +190,7 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
     # A trial left RUNNING with no heartbeat, as a process killed right after creating it leaves it.
-    from autoprec.study.search import distributions
+    from autoprec.study.optimize import distributions
 
     info = analyse(mlp_model, load_search_space())
     dangling = study.ask(distributions(info))
@@ -320,7 +320,7 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement, time_paired
-    from autoprec.study.search import TrialRecord, retime
+    from autoprec.study.optimize import TrialRecord, retime
 
     events, alive = [], []
     engine = _clock_engine(events, alive, failing="int8")
@@ -420,10 +420,9 @@ def test_an_engine_without_an_integer_convtranspose_searches_it_in_float_only(ba
 def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model, monkeypatch, moment):
     """SIGINT right after the storage created the trial (inside Study.ask), or as its heartbeat starts:
     the trial is failed and queued again at once, not left RUNNING for a heartbeat to find."""
-    import importlib
     import signal
 
-    search = importlib.import_module("autoprec.study.search")  # the module (autoprec.study.search is the function)
+    from autoprec.study import optimize
 
     out = tmp_path / "out"
     searching.search(
@@ -447,7 +446,7 @@ def test_ctrl_c_as_a_trial_is_created_gives_it_back_at_once(tmp_path, mlp_model,
     if moment == "created":
         monkeypatch.setattr(optuna.Study, "ask", ask_then_interrupted)
     else:
-        monkeypatch.setattr(search, "beating", beating_interrupted)
+        monkeypatch.setattr(optimize, "beating", beating_interrupted)
     with pytest.raises(KeyboardInterrupt):
         searching.search(
             autoprec.SearchConfig(
@@ -506,7 +505,7 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
 def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
     """A member the trial timings put on the front, but the re-timing shows slower than all-FP32 at more
     loss, leaves it: no plan listed is dominated by another plan shown beside it."""
-    from autoprec.study.search import retimed_front
+    from autoprec.study.optimize import retimed_front
 
     study, time_plans = _timed_study([(("fp32", "fp32"), 10.0, 0.0, 8.0), (("fp16", "fp32"), 9.0, 1e-4, 9.5),
                                       (("int8", "int8"), 6.0, 1e-2, 5.0)])
@@ -520,7 +519,7 @@ def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
 def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kept():
     """A task metric on a few items ties many plans at one loss; the front keeps the one a single trial
     timed fastest. The fastest plans within --max-loss are re-timed beside it, and the choice follows."""
-    from autoprec.study.search import choose, retimed_front
+    from autoprec.study.optimize import choose, retimed_front
 
     study, time_plans = _timed_study([
         (("fp32", "fp32"), 10.0, 0.0, 10.0),

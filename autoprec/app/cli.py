@@ -217,7 +217,7 @@ def _artifact_verbs(verb) -> None:
 
 
 def _sensitivity(args: argparse.Namespace) -> int:
-    from autoprec.app.sensitivity import sensitivity
+    from autoprec.app.sensitivity_pass import sensitivity
     from autoprec.results.files import json_safe
 
     found, out = sensitivity(config_from(args))

@@ -31,7 +31,7 @@ from autoprec.app.prepare import (
     shared_files,
     wanted_metric,
 )
-from autoprec.app.sensitivity import sensitivity_pass
+from autoprec.app.sensitivity_pass import sensitivity_pass
 from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
@@ -71,8 +71,7 @@ from autoprec.study.coordination import (
     redacted,
     worker_id,
 )
-from autoprec.study.proposals import Proposer
-from autoprec.study.search import (
+from autoprec.study.optimize import (
     RETIME_ROUNDS,
     Holding,
     Retiming,
@@ -94,6 +93,7 @@ from autoprec.study.search import (
     run_warm_started,
     uniform_trials,
 )
+from autoprec.study.proposals import Proposer
 from autoprec.study.sensitivity import (
     Sensitivity,
     searched_sensitive,

@@ -455,7 +455,7 @@ class StudySpec(Group):
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from autoprec.study.search import SAMPLERS
+        from autoprec.study.optimize import SAMPLERS
 
         group = parser.add_argument_group("study")
         group.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")

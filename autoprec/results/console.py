@@ -30,7 +30,7 @@ from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, ShownTrial, decisions
 from autoprec.results.record import SearchFacts, Versus
 from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
-from autoprec.study.search import TrialRecord
+from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
 if TYPE_CHECKING:  # shown here, read by the TensorRT backend (the --layers of export --build and inspect)

@@ -27,7 +27,7 @@ from autoprec.measure.deployment import Deployment
 from autoprec.measure.speedup import faster_beyond_noise
 from autoprec.results import coherence
 from autoprec.results.record import ChosenUnit, Claim, ModelRecord, SearchFacts, ShippedAs, Versus
-from autoprec.study.search import TrialRecord, uniform_trials
+from autoprec.study.optimize import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"

@@ -12,7 +12,7 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.speedup import METHOD, Speedup, Steadiness, interval_text, ratio_text
-from autoprec.study.search import TrialRecord
+from autoprec.study.optimize import TrialRecord
 
 
 def noise_verdict(beyond: bool | None, short: bool = False) -> str:

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
 from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
-from autoprec.study.search import (
+from autoprec.study.optimize import (
     StudyContext,
     built_trials,
     distributions,

@@ -6,7 +6,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autoprec.study.coordination import WORKER_ATTR, retried_trial
-from autoprec.study.search import counted, pareto_front
+from autoprec.study.optimize import counted, pareto_front
 
 
 def study_status(study: optuna.Study) -> dict:
