@@ -101,17 +101,20 @@ def shared_search(url: str, model: str, workers: int, budget: int, folder: Path)
 
 
 def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget: int, folder: Path,
-               backend: str = "ort-cuda") -> dict:
-    """One study shared by one worker per GPU; its rate, plans, front and answer."""
+               backend: str = "ort-cuda", first_gpu: int = 0) -> dict:
+    """One study shared by one worker per GPU (GPUs ``first_gpu`` on); its rate, plans, front and answer."""
     name = f"gpu-{model}-{gpus}"
     shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--data", str(data), *shape_args,
            "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", "0.01",
            "--artifacts", str(folder / "artifacts"), "--no-progress"]
+    outs = [folder / f"{model}-g{gpus}-{i}" for i in range(gpus)]
     study, done, wall, loop_s, per_worker = run_workers(
-        url, name, [[*cmd, "--device", str(i), "--out", str(folder / f"{model}-g{gpus}-{i}")] for i in range(gpus)])
+        url, name, [[*cmd, "--device", str(first_gpu + i), "--out", str(out)] for i, out in enumerate(outs)])
     plans = {json.dumps(planned_params(t), sort_keys=True) for t in done if "duplicate_of" not in t.user_attrs}
-    pareto = json.loads((folder / f"{model}-g{gpus}-0" / "pareto.json").read_text())
+    pareto = json.loads((outs[0] / "pareto.json").read_text())
+    searches = [json.loads((out / "pareto.json").read_text())["search"] for out in outs]
+    steps = [v.get("worker") for k, v in study.user_attrs.items() if k.startswith("autoprec:step:sensitivity:")]
     chosen = next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), {})
     latency = chosen.get("latency_ms")
     records = finished_records(study)
@@ -132,6 +135,11 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
         or (latency.get("median_ms") if isinstance(latency, dict) else latency),
         "chosen_loss": chosen.get("accuracy_loss"),
         "chosen_trial": chosen.get("trial"),
+        "gpus_used": list(range(first_gpu, first_gpu + gpus)),
+        # where each worker's wall clock went outside the trial loop (its own result's record)
+        "one_time_s_per_worker": [s["one_time_seconds"] for s in searches],
+        "wall_s_per_worker": [s["wall_seconds"] for s in searches],
+        "sensitivity_plans_per_worker": sorted((steps.count(w) for w in set(steps)), reverse=True),
     }
 
 
@@ -158,28 +166,40 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     from gpu import mirrored_items
 
     from autoprec.app.prepare import resolve_model
-    from autoprec.study.proposals import front_hypervolume
 
+    model, _, batch = model.partition("@")  # ppocr-det@8: this model at its own batch size
+    batch = int(batch or args.batch)
     _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
-    shapes = {k: (args.batch, *v[1:]) for k, v in shapes.items()}
+    shapes = {k: (batch, *v[1:]) for k, v in shapes.items()}
     samples = folder / f"{model}-samples.npz"
     with np.load(data) as npz:
-        np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * args.batch))
-    counts = sorted({*(2**k for k in range(args.gpus.bit_length()) if 2**k <= args.gpus), args.gpus})
+        np.savez(samples, **mirrored_items({k: npz[k] for k in shapes}, 2 * batch))
+    counts = args.gpu_counts or sorted({*(2**k for k in range(args.gpus.bit_length()) if 2**k <= args.gpus), args.gpus})
     runs = {}
     for gpus in counts:
-        runs[str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend)
+        runs[str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend,
+                                     args.first_gpu)
         print(f"{model}, {gpus} GPU(s): { {k: v for k, v in runs[str(gpus)].items() if k != 'points'} }", flush=True)
-        report["models"][model] = {"batch": args.batch, "budget": args.budget, "runs": runs, "partial": True}
+        report["models"][model] = {"batch": batch, "budget": args.budget, "runs": runs, "partial": True}
         atomic.write_json(args.json, json_safe(report))
+    return compared_runs(runs, batch, args.budget)
+
+
+def compared_runs(runs: dict, batch: int, budget: int) -> dict:
+    """Each run against the one-GPU run: trials per hour (loop, wall) and the front's hypervolume. Without a
+    one-GPU run (a share of the runs made by one process, see --merge), the runs as they are, points kept."""
+    from autoprec.study.proposals import front_hypervolume
+
+    if "1" not in runs:
+        return {"batch": batch, "budget": budget, "runs": runs, "partial": True}
     one = runs["1"]
     unit = one["fp32_ms"] or 1.0
     base = front_hypervolume(one["points"], unit)
     for run in runs.values():
-        run["hypervolume_vs_1"] = round(front_hypervolume(run.pop("points"), unit) / base, 4) if base else None
+        run["hypervolume_vs_1"] = round(front_hypervolume(run["points"], unit) / base, 4) if base else None
         run["speedup_vs_1"] = round(run["trials_per_hour"] / one["trials_per_hour"], 2)
         run["speedup_wall_vs_1"] = round(run["trials_per_hour_wall"] / one["trials_per_hour_wall"], 2)
-    return {"batch": args.batch, "budget": args.budget, "runs": runs}
+    return {"batch": batch, "budget": budget, "runs": runs}
 
 
 def gpu_main(args) -> int:
@@ -200,22 +220,37 @@ def gpu_main(args) -> int:
         report["postgresql"] = subprocess.run([str(binaries / "postgres"), "--version"], capture_output=True,
                                               text=True, env=env).stdout.strip()
         for model in args.models:
-            report["models"][model] = gpu_model(url, model, args, Path(tmp), report)
+            report["models"][model.partition("@")[0]] = gpu_model(url, model, args, Path(tmp), report)
             atomic.write_json(args.json, json_safe(report))
     print_gpu_table(report)
     print(f"wrote {args.json}")
     return 0
 
 
+def merged(paths: list[Path]) -> dict:
+    """Reports of processes that each ran some of the GPU counts (side by side, on GPUs of their own) as one."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    report = {**reports[0], "models": {}, "merged_from": [p.name for p in paths]}
+    for part in reports:
+        for model, entry in part["models"].items():
+            report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"], "runs": {}})
+            report["models"][model]["runs"].update(entry["runs"])
+    for model, entry in report["models"].items():
+        runs = dict(sorted(entry["runs"].items(), key=lambda kv: int(kv[0])))
+        report["models"][model] = compared_runs(runs, entry["batch"], entry["budget"])
+    return report
+
+
 def print_gpu_table(report: dict) -> None:
-    print(f"\n{report['device']}, batch {report['batch']}, budget {report['budget']}, {report['postgresql']}")
-    print(f"{'model':<11}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
+    print(f"\n{report['device']}, budget {report['budget']}, {report['postgresql']}")
+    print(f"{'model@batch':<14}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
           f"{'HV ×1':>7}{'per worker':>13}{'idle s':>14}{'chosen ms':>10}{'loss':>10}")
+    nan = float("nan")
     for model, entry in report["models"].items():
         for gpus, run in entry["runs"].items():
-            print(f"{model:<11}{gpus:>5}{run['trials_per_hour']:>10}{run['speedup_vs_1']:>6.2f}{run['wall_s']:>8.0f}"
-                  f"{run['speedup_wall_vs_1']:>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
-                  f"{run['hypervolume_vs_1'] or float('nan'):>7.3f}{'/'.join(map(str, run['trials_per_worker'])):>13}"
+            print(f"{model + '@' + str(entry['batch']):<14}{gpus:>5}{run['trials_per_hour']:>10}{run.get('speedup_vs_1', nan):>6.2f}"
+                  f"{run['wall_s']:>8.0f}{run.get('speedup_wall_vs_1', nan):>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
+                  f"{run.get('hypervolume_vs_1') or nan:>7.3f}{'/'.join(map(str, run['trials_per_worker'])):>13}"
                   f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run['chosen_ms'] or float('nan'):>10.3f}"
                   f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
 
@@ -238,8 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0, help="GPU mode: one worker per GPU, 1 and then this many")
     parser.add_argument("--batch", type=int, default=32, help="GPU mode: the batch size")
     parser.add_argument("--backend", default="ort-cuda", help="GPU mode: the engine (ort-cpu only to try the mode)")
+    parser.add_argument("--gpu-counts", type=int, nargs="*", help="GPU mode: only these runs (e.g. 1 2)")
+    parser.add_argument("--first-gpu", type=int, default=0, help="GPU mode: the runs' workers use GPUs from this one")
+    parser.add_argument("--merge", type=Path, nargs="*", help="GPU mode: join reports of --gpu-counts runs into --json")
     args = parser.parse_args(argv)
     results = Path(__file__).parent / "results"
+    if args.merge:
+        report = merged(args.merge)
+        atomic.write_json(args.json, json_safe(report))
+        print_gpu_table(report)
+        return 0
     if args.gpus:
         args.json = args.json or results / "distributed_gpu.json"
         return gpu_main(args)

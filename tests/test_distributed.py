@@ -111,6 +111,8 @@ def test_three_workers_share_one_study_and_a_killed_ones_trial_is_rerun(tmp_path
     assert len(computed_by) == 1  # calibration and reference computed once ...
     fetched = ["from its artifact store" in " ".join(err.split()) for _, err in logs]
     assert sum(fetched) >= 1  # ... and the others downloaded them
+    steps = [v for k, v in study.user_attrs.items() if k.startswith("autoprec:step:sensitivity:")]
+    assert len({step["worker"] for step in steps}) >= 2  # the sensitivity pass spread over the workers waiting for it
 
     status = subprocess.run([sys.executable, "-m", "autoprec.app.cli", "status", "--storage", postgres_url,
                              "--study-name", "shared", "--json"], capture_output=True, text=True, timeout=60)

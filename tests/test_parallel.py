@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import optuna
 import pytest
 import searching
 
@@ -15,7 +16,7 @@ from autoprec.core.locks import FileLock
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import measure
-from autoprec.study.coordination import StudyLocks
+from autoprec.study.coordination import SharedInputs, SharedSteps, StepFailure, StudyLocks
 
 
 class SlowRunner(Runner):
@@ -121,6 +122,58 @@ def test_a_plan_held_by_one_worker_waits_in_another(tmp_path):
     for t in threads:
         t.join()
     assert order == ["first in", "second in plan:b", "first out", "second in plan:a"]
+
+
+def test_a_pass_one_worker_computes_is_spread_over_the_workers_waiting_for_it(tmp_path):
+    """The first worker measures the steps in order, a worker waiting for the pass measures them from the end;
+    each step is measured once, a failure measured by one is a failure for the other, and the waiting worker
+    then takes the published result."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    steps = [f"step{i}" for i in range(10)]
+    measured: list[tuple[str, str]] = []
+
+    def compute(worker, step):
+        def measure():
+            time.sleep(0.1)
+            measured.append((worker, step))
+            if step == "step8":
+                raise StepFailure("IndexError: no such axis")
+            return float(step[4:])
+        return measure
+
+    def worker(name, out, seen, start_after):
+        time.sleep(start_after)
+        study = optuna.load_study(study_name="s", storage=url)
+        shared = SharedInputs(study, tmp_path / "artifacts")
+        locks = StudyLocks(url, "s")
+        spread = SharedSteps(shared, locks, "pass", name)
+        done = out / "pass.json"
+        helping = lambda: spread.help([(s, compute(name, s)) for s in steps])  # noqa: E731
+        with shared.once(locks, "pass", [done], name, while_waiting=helping) as fetched:
+            if not fetched:
+                for step in steps:
+                    try:
+                        seen[step] = spread.result(step, compute(name, step))
+                    except StepFailure as failure:
+                        seen[step] = failure.text
+                out.mkdir()
+                done.write_text(json.dumps(seen))
+        seen["fetched"] = fetched
+
+    first, second = {}, {}
+    threads = [threading.Thread(target=worker, args=("a", tmp_path / "a", first, 0.0)),
+               threading.Thread(target=worker, args=("b", tmp_path / "b", second, 0.15))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(step for _, step in measured) == sorted(steps)  # each step once
+    by_b = [step for who, step in measured if who == "b"]
+    assert by_b and by_b[0] == "step9" and len(by_b) < len(steps)  # b helped, from the end
+    assert first["step8"] == "IndexError: no such axis" and first["step3"] == 3.0
+    assert not first["fetched"] and second["fetched"]
+    assert json.loads((tmp_path / "b" / "pass.json").read_text()) == {k: v for k, v in first.items() if k != "fetched"}
 
 
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):

@@ -31,7 +31,7 @@ from autoprec.app.prepare import (
     shared_files,
     wanted_metric,
 )
-from autoprec.app.sensitivity_pass import sensitivity_pass
+from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
 from autoprec.app.specs import InputSpec
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core import atomic
@@ -65,6 +65,7 @@ from autoprec.results.record import Claim, Drift, ModelRecord, NotShipped, Rival
 from autoprec.study.coordination import (
     GRACE_BEATS,
     SharedInputs,
+    SharedSteps,
     StudyLocks,
     check_storage,
     default_artifacts,
@@ -483,16 +484,20 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
             log.info(f"sensitivity: units are ranked by their cosine loss (the constraint, {setup.metric.name}, "
                      "changes few decisions on a quarter of the data: too coarse to rank units by)")
         screened = screening_batches(len(setup.dataset.evaluation))
-        with joined.shared.once(joined.locks, "sensitivity", [setup.out_dir / "sensitivity.json"], joined.me):
+        steps = SharedSteps(joined.shared, joined.locks, "sensitivity", joined.me)
+
+        def loss_of(plan: Plan) -> float:
+            return measuring.reference.accuracy_loss(plan, screened)
+
+        def helping() -> None:  # while another worker computes the pass: this worker's share of it
+            help_sensitivity_pass(shared.prepared, setup.engine, loss_of, screened, shared.ranking,
+                                  config.space.calibration, steps)
+
+        with joined.shared.once(joined.locks, "sensitivity", [setup.out_dir / "sensitivity.json"], joined.me,
+                                while_waiting=helping):
             unit_sensitivity, from_cache = sensitivity_pass(
-                shared.prepared,
-                setup.engine,
-                lambda plan: measuring.reference.accuracy_loss(plan, screened),
-                screened,
-                shared.ranking,
-                config.space.calibration,
-                setup.out_dir / "sensitivity.json",
-                config.progress,
+                shared.prepared, setup.engine, loss_of, screened, shared.ranking, config.space.calibration,
+                setup.out_dir / "sensitivity.json", config.progress, steps,
             )
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
     info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.judge.max_loss)

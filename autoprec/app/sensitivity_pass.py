@@ -20,12 +20,21 @@ from autoprec.app.prepare import (
     wanted_metric,
 )
 from autoprec.backends import Backend, get_backend
-from autoprec.core.plan import calibration_method
+from autoprec.core.plan import Plan, calibration_method
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
 from autoprec.results import console
-from autoprec.study.sensitivity import Sensitivity, analyse_sensitivity, cache_key, cached_sensitivity
+from autoprec.study.coordination import SharedSteps
+from autoprec.study.sensitivity import (
+    Sensitivity,
+    analyse_sensitivity,
+    cache_key,
+    cached_sensitivity,
+    one_unit_loss,
+    one_unit_plans,
+    one_unit_steps,
+)
 
 log = logging.getLogger("autoprec")
 
@@ -39,21 +48,29 @@ def sensitivity_pass(
     calibration: str,
     path: Path,
     progress: bool,
+    shared: SharedSteps | None = None,
 ) -> tuple[Sensitivity, bool]:
     """The sensitivity of every searchable unit (each loss by the ``ranking`` judge, which it records in words),
-    read from ``path`` when it was measured the same way."""
+    read from ``path`` when it was measured the same way. With ``shared``, a one-unit plan another worker of
+    the study measured is read from the study instead of measured again."""
     method = calibration_method(calibration)
-    key = cache_key(prepared.info, engine, prepared.dataset.fingerprint(), ranking.metric.describe(), method, batches)
-    steps = sum(len(u.allowed) - 1 for u in prepared.info.dimensions)
-    with console.StepProgress("sensitivity", steps, enabled=progress) as bar:
+    key = _pass_key(prepared, engine, ranking, method, batches)
+    measured = loss_of
+    if shared is not None:
+        def measured(plan: Plan) -> float:
+            return shared.result(f"{key}:{plan.key()}", lambda: one_unit_loss(loss_of, plan))
+    with console.StepProgress("sensitivity", len(one_unit_steps(prepared.info)), enabled=progress) as bar:
         found, from_cache = cached_sensitivity(path, key, lambda: replace(analyse_sensitivity(
-            prepared.info, engine, prepared.ranges, loss_of, prepared.dataset.evaluation[0], batches, method, bar.update
-        ), judged=ranking.said()))
+            prepared.info, engine, prepared.ranges, measured, prepared.dataset.evaluation[0], batches, method,
+            bar.update), judged=ranking.said()))
     if from_cache:
         log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
     else:
+        elsewhere = shared.computed_elsewhere(
+            [f"{key}:{plan.key()}" for plan in one_unit_plans(prepared.info, method)]) if shared else 0
         log.info(
             f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s"
+            + (f" ({elsewhere} of them by the study's other workers)" if elsewhere else "")
         )
     if found.failed:
         every = found.failed == found.evaluations
@@ -63,6 +80,24 @@ def sensitivity_pass(
             + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm start")
         )
     return found, from_cache
+
+
+def help_sensitivity_pass(prepared: Prepared, engine: Backend, loss_of, batches: int, ranking: Judge,
+                          calibration: str, shared: SharedSteps) -> int:
+    """This worker's share of the pass another worker of the study is computing: one-unit plans, from the last,
+    that no worker measured or is measuring, until that worker publishes the pass. Returns how many."""
+    method = calibration_method(calibration)
+    key = _pass_key(prepared, engine, ranking, method, batches)
+    plans = one_unit_plans(prepared.info, method)
+    helped = shared.help([(f"{key}:{plan.key()}", lambda plan=plan: one_unit_loss(loss_of, plan)) for plan in plans])
+    if helped:
+        log.info(f"sensitivity: {helped} of its {len(plans)} one-unit plans measured here while another worker "
+                 "computes the pass")
+    return helped
+
+
+def _pass_key(prepared: Prepared, engine: Backend, ranking: Judge, method: str, batches: int) -> str:
+    return cache_key(prepared.info, engine, prepared.dataset.fingerprint(), ranking.metric.describe(), method, batches)
 
 
 def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:

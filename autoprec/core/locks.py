@@ -37,10 +37,19 @@ class FileLock:
         os.close(self._open())
         return self
 
-    def __enter__(self) -> FileLock:
+    def take(self, wait: bool = True) -> bool:
+        """Take the lock; without ``wait``, False at once when another holder has it."""
         fd = self._open()
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
         self._fd = fd
+        return True
+
+    def __enter__(self) -> FileLock:
+        self.take()
         return self
 
     def __exit__(self, *exc: object) -> None:

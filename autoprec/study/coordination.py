@@ -26,7 +26,7 @@ import socket
 import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
@@ -161,7 +161,9 @@ class StudyLocks:
         return int.from_bytes(digest[:8], "big", signed=True)
 
     @contextlib.contextmanager
-    def hold(self, name: str) -> Iterator[None]:
+    def hold(self, name: str, wait: bool = True) -> Iterator[bool]:
+        """Hold lock ``name`` for the body; without ``wait``, the body is told False at once (and holds
+        nothing) when another worker has it."""
         if self._engine is not None:
             import sqlalchemy
 
@@ -173,14 +175,24 @@ class StudyLocks:
                 raise StudyError(f"--storage {redacted(self._url)}: cannot be reached ({first}); check the server, "
                                  "the URL and the network") from None
             with connection:
-                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                if wait:
+                    connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                elif not connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+                    yield False
+                    return
                 try:
-                    yield
+                    yield True
                 finally:
                     connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
             return
-        with FileLock(private_folder(self._folder) / f"{self._key(name) & 0xFFFFFFFFFFFF:012x}.lock"):
-            yield
+        lock = FileLock(private_folder(self._folder) / f"{self._key(name) & 0xFFFFFFFFFFFF:012x}.lock")
+        if not lock.take(wait):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.__exit__()
 
 
 # Optuna beats only inside Study.optimize; for ask/tell it has no public heartbeat API, so the two
@@ -285,14 +297,30 @@ class SharedInputs:
         self.store = optuna.artifacts.FileSystemArtifactStore(str(self.store_dir))
 
     @contextlib.contextmanager
-    def once(self, locks: StudyLocks, name: str, files: list[Path], worker: str) -> Iterator[bool]:
+    def once(self, locks: StudyLocks, name: str, files: list[Path], worker: str,
+             while_waiting: Callable[[], None] | None = None) -> Iterator[bool]:
         """Hold ``name`` while this worker fetches ``files`` or, when the study has none yet, computes
-        them (the body, told False) and publishes them."""
-        with locks.hold(f"inputs:{name}"):
-            fetched = self.fetch(name, files)
+        them (the body, told False) and publishes them. A worker that finds another computing them calls
+        ``while_waiting`` (its share of that work) before it waits."""
+        if while_waiting is not None:
+            with locks.hold(f"inputs:{name}", wait=False) as first:
+                if first:
+                    with self._fetched_or_computed(name, files, worker) as fetched:
+                        yield fetched
+                    return
+            while_waiting()
+        with locks.hold(f"inputs:{name}"), self._fetched_or_computed(name, files, worker) as fetched:
             yield fetched
-            if not fetched:
-                self.publish(name, files, worker)
+
+    @contextlib.contextmanager
+    def _fetched_or_computed(self, name: str, files: list[Path], worker: str) -> Iterator[bool]:
+        fetched = self.fetch(name, files)
+        yield fetched
+        if not fetched:
+            self.publish(name, files, worker)
+
+    def published(self, name: str) -> bool:
+        return bool(self.study.user_attrs.get(f"{self.ATTR}:{name}"))
 
     def fetch(self, name: str, files: list[Path]) -> bool:
         """Download the study's shared files into ``files`` (same names). False when the study has none yet."""
@@ -338,3 +366,66 @@ class SharedInputs:
             entries.append({"name": path.name, "sha256": file_sha256(path), "artifact_id": artifact_id,
                             "worker": worker, "store": str(self.store_dir)})
         self.study.set_user_attr(f"{self.ATTR}:{name}", entries)
+
+
+class SharedSteps:
+    """The steps of a pass computed once per study (the sensitivity pass's one-unit plans), spread over its
+    workers: the worker computing the pass takes each step in order, the workers waiting for it take the
+    steps from the end; each step's result is stored in the study under its lock, so no step is measured
+    twice and a resumed pass keeps what was measured."""
+
+    ATTR = "autoprec:step"
+
+    def __init__(self, shared: SharedInputs, locks: StudyLocks, name: str, worker: str):
+        self.shared, self.locks, self.name, self.worker = shared, locks, name, worker
+
+    def _attr(self, step: str) -> str:
+        return f"{self.ATTR}:{self.name}:{step}"
+
+    def _stored(self, step: str) -> dict[str, Any] | None:
+        return self.shared.study.user_attrs.get(self._attr(step))
+
+    def _measure(self, step: str, compute: Callable[[], float]) -> dict[str, Any]:
+        try:
+            found = {"value": compute(), "worker": self.worker}
+        except StepFailure as failure:
+            found = {"error": failure.text, "worker": self.worker}
+        self.shared.study.set_user_attr(self._attr(step), found)
+        return found
+
+    def result(self, step: str, compute: Callable[[], float]) -> float:
+        """The step's value: stored by any worker, else computed here (waiting while another computes it).
+        Raises :class:`StepFailure` when it failed, wherever it was computed."""
+        with self.locks.hold(f"step:{self._attr(step)}"):
+            found = self._stored(step) or self._measure(step, compute)
+        if "error" in found:
+            raise StepFailure(found["error"])
+        return found["value"]
+
+    def help(self, steps: Sequence[tuple[str, Callable[[], float]]]) -> int:
+        """While the pass is not published: compute, from the last, each step no worker stored or holds.
+        Returns how many this worker computed."""
+        computed = 0
+        for step, compute in reversed(steps):
+            if self.shared.published(self.name):
+                break
+            if self._stored(step) is not None:
+                continue
+            with self.locks.hold(f"step:{self._attr(step)}", wait=False) as mine:
+                if mine and self._stored(step) is None:
+                    self._measure(step, compute)
+                    computed += 1
+        return computed
+
+    def computed_elsewhere(self, steps: Sequence[str]) -> int:
+        """How many of ``steps`` another worker stored."""
+        stored = self.shared.study.user_attrs
+        return sum(stored.get(self._attr(step), {}).get("worker", self.worker) != self.worker for step in steps)
+
+
+class StepFailure(Exception):
+    """A step that failed (on this worker or another): its one-line reason travels in the study."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text

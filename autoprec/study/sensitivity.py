@@ -28,12 +28,13 @@ import onnx
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model import ModelInfo, Unit
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic
 from autoprec.core.errors import MetricError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.study.coordination import StepFailure
 
 
 @dataclass(frozen=True)
@@ -256,20 +257,16 @@ def analyse_sensitivity(
     gains, timed = (
         unit_gains(info, backend, ranges, timing_batch, fp32_times, calibration) if fp32_times else ({}, 0)
     )
-    steps = [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
+    steps = one_unit_steps(info)
     losses: dict[str, dict[str, float]] = {u.name: {} for u in info.dimensions}
     failures: list[str] = []
     evaluating = time.monotonic()
     for i, (unit, precision) in enumerate(steps):
         try:
-            loss = loss_of(info.plan_at(precision, [unit.name], calibration))
-        except MetricError:  # the metric's fault, not this unit's: the search stops with it
-            raise
-        except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
+            loss = one_unit_loss(loss_of, info.plan_at(precision, [unit.name], calibration))
+        except StepFailure as failure:  # this unit cannot take it alone
             loss = math.inf
-            failures.append(
-                f"{unit.name} {precision}: {type(exc).__name__}: {first_line(exc, empty='')}"
-            )
+            failures.append(f"{unit.name} {precision}: {failure.text}")
         losses[unit.name][precision.value] = loss
         if on_step is not None:
             on_step(i + 1, len(steps))
@@ -288,6 +285,26 @@ def analyse_sensitivity(
     return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
                        len(failures), failures[0] if failures else "", timed + (fp32_times is not None),
                        time.monotonic() - evaluating)
+
+
+def one_unit_steps(info: ModelInfo) -> list[tuple[Unit, Precision]]:
+    """The pass's one-unit plans, in the order it measures them: each dimension at each reduced precision."""
+    return [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
+
+
+def one_unit_plans(info: ModelInfo, calibration: str) -> list[Plan]:
+    return [info.plan_at(precision, [unit.name], calibration) for unit, precision in one_unit_steps(info)]
+
+
+def one_unit_loss(loss_of: Callable[[Plan], float], plan: Plan) -> float:
+    """``loss_of(plan)``, an engine's or lowering's failure raised as a :class:`StepFailure` with its one line
+    (the metric's own failure is not the unit's: it stops the search)."""
+    try:
+        return loss_of(plan)
+    except (MetricError, StepFailure):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any engine or lowering failure: this unit cannot take it alone
+        raise StepFailure(f"{type(exc).__name__}: {first_line(exc, empty='')}") from exc
 
 
 def _by_dimension(info: ModelInfo, per_unit: Mapping[str, float]) -> dict[str, float]:
