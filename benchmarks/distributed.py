@@ -101,12 +101,12 @@ def shared_search(url: str, model: str, workers: int, budget: int, folder: Path)
 
 
 def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget: int, folder: Path,
-               backend: str = "ort-cuda", first_gpu: int = 0) -> dict:
+               backend: str = "ort-cuda", first_gpu: int = 0, max_loss: float = 0.01) -> dict:
     """One study shared by one worker per GPU (GPUs ``first_gpu`` on); its rate, plans, front and answer."""
     name = f"gpu-{model}-{gpus}"
     shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--data", str(data), *shape_args,
-           "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", "0.01",
+           "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", str(max_loss),
            "--artifacts", str(folder / "artifacts"), "--no-progress"]
     outs = [folder / f"{model}-g{gpus}-{i}" for i in range(gpus)]
     study, done, wall, loop_s, per_worker = run_workers(
@@ -178,9 +178,10 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     runs = {}
     for gpus in counts:
         runs[str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend,
-                                     args.first_gpu)
+                                     args.first_gpu, args.max_loss)
         print(f"{model}, {gpus} GPU(s): { {k: v for k, v in runs[str(gpus)].items() if k != 'points'} }", flush=True)
-        report["models"][model] = {"batch": batch, "budget": args.budget, "runs": runs, "partial": True}
+        report["models"][model] = {"batch": batch, "budget": args.budget, "max_loss": args.max_loss, "runs": runs,
+                                   "partial": True}
         atomic.write_json(args.json, json_safe(report))
     return compared_runs(runs, batch, args.budget)
 
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="GPU mode: the batch size")
     parser.add_argument("--backend", default="ort-cuda", help="GPU mode: the engine (ort-cpu only to try the mode)")
     parser.add_argument("--gpu-counts", type=int, nargs="*", help="GPU mode: only these runs (e.g. 1 2)")
+    parser.add_argument("--max-loss", type=float, default=0.01, help="GPU mode: the searches' --max-loss")
     parser.add_argument("--first-gpu", type=int, default=0, help="GPU mode: the runs' workers use GPUs from this one")
     parser.add_argument("--merge", type=Path, nargs="*", help="GPU mode: join reports of --gpu-counts runs into --json")
     args = parser.parse_args(argv)

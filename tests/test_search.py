@@ -587,3 +587,27 @@ def test_a_failed_re_timing_is_said_and_leaves_no_verdict_on_timing_noise(tmp_pa
     shown_beside_another = replace(files.versus, fp32_trial=-1)  # as shown beside a plan other than all-FP32
     assert "not re-timed: no verdict on timing noise" in chosen_summary(files.facts, shown_beside_another,
                                                                         files.shown_chosen())[1]
+
+
+OFFSET_METRIC = """
+import numpy as np
+
+def loss(reference, candidate):  # an engine whose own FP32 is 0.02 off the reference
+    return 0.02 + float(np.mean([np.abs(r[k] - c[k]).mean() for r, c in zip(reference, candidate) for k in r]))
+"""
+
+
+def test_when_not_even_all_fp32_is_within_the_limit_no_plan_is_chosen_and_the_result_reads(tmp_path, mlp_model,
+                                                                                          monkeypatch, capsys):
+    """A limit no plan meets (the engine's FP32 itself beyond it) chooses nothing, says why, and writes a result
+    that every verb reads (it was refused as edited when the knee was chosen in its place)."""
+    (tmp_path / "offset_metric.py").write_text(OFFSET_METRIC)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert searching.main(["search", str(mlp_model), "--metric", "offset_metric:loss", "--max-loss", "0.01",
+                           "--budget", "4", "--out", str(out), "--no-progress"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "no trial is within --max-loss 0.01, not even all-FP32" in said
+    assert json.loads((out / "pareto.json").read_text())["chosen"] is None
+    assert searching.main(["show", str(out)]) == 0
+    assert "not even all-FP32" in " ".join(capsys.readouterr().out.split())

@@ -257,6 +257,10 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
 
 def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None) -> list[str]:
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
+    if chosen is None and facts.max_loss is not None:
+        return [f"no plan was chosen: no trial is within --max-loss {facts.max_loss:g}, not even all-FP32 (this "
+                "engine's FP32 outputs differ from the reference's by more than that); raise --max-loss, or look at "
+                "each trial's loss with `autoprec show`"]
     if chosen is None:
         return ["no plan was chosen (no trial finished with a finite loss)"]
     max_loss = facts.max_loss

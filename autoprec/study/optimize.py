@@ -699,7 +699,8 @@ def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord
 
 
 def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
-    """Fastest plan within --max-loss; without a limit, the knee of the front.
+    """Fastest plan within --max-loss (None when no plan is within it: not even all-FP32 on this engine, whose
+    own FP32 may differ from the reference's); without a limit, the knee of the front.
 
     The knee is the front member closest to the ideal point once latency and loss are scaled
     to [0, 1] over the front.
@@ -708,8 +709,7 @@ def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord 
         return None
     if max_loss is not None:
         feasible = [r for r in front if r.loss <= max_loss]
-        if feasible:
-            return min(feasible, key=lambda r: r.latency_ms)
+        return min(feasible, key=lambda r: r.latency_ms) if feasible else None
     finite = [r for r in front if math.isfinite(r.loss)]  # an overflowing or unjudged plan is never the answer
     if not finite:
         return None
