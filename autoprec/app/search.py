@@ -567,8 +567,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     holding = Holding(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
                       config.judge.max_loss)
     chosen, versus = _compare_chosen(
-        measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials), config,
-        retiming.apart, holding, final_timing,
+        measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials),
+        config.judge.max_loss, config.retime_seconds, config.ship_within_noise, retiming.apart, holding, final_timing,
     )
     if chosen is not None:
         holding.judged(chosen)  # (the knee, chosen without a limit: its loss there for the record)
@@ -735,8 +735,9 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
     )
 
 
-def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None, config: SearchConfig,
-                    apart: bool, holding: Holding, final_timing: FinalTiming) -> tuple[TrialRecord | None, Versus]:
+def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None,
+                    max_loss: float | None, seconds: float, ship_within_noise: bool, apart: bool, holding: Holding,
+                    final_timing: FinalTiming) -> tuple[TrialRecord | None, Versus]:
     """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
     all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
     fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
@@ -744,10 +745,10 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
     fp32 = uniform_trials(trials).get("fp32")
     if chosen is None or fp32 is None:
         return chosen, Versus()
-    contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, config.judge.max_loss)
+    contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, max_loss)
                             if holding(r))]
     try:
-        rounds = final_timing(measurer, fp32, contenders, config.retime_seconds, apart)
+        rounds = final_timing(measurer, fp32, contenders, seconds, apart)
         if rounds is None:
             return chosen, Versus()
         winner, over_fp32 = speedup.fastest(rounds, len(contenders))
@@ -764,12 +765,12 @@ def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: T
                  f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
         chosen = named[winner]
     rivals_found = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
-    chosen, versus = _shipped(chosen, fp32, found, rivals_found, config)
+    chosen, versus = _shipped(chosen, fp32, found, rivals_found, ship_within_noise)
     return chosen, replace(versus, steadiness=steadiness)
 
 
 def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: tuple[Rival, ...],
-             config: SearchConfig) -> tuple[TrialRecord, Versus]:
+             ship_within_noise: bool) -> tuple[TrialRecord, Versus]:
     """The chosen plan, or all-FP32 where the chosen one is not faster beyond timing noise; and what it is said to
     gain."""
     versus_fp32, versus_source, preparation = (
@@ -778,7 +779,7 @@ def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: 
         found.get(("source", "fp32")),
     )
     not_shipped = None
-    if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not config.ship_within_noise:
+    if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not ship_within_noise:
         unknown = "" if versus_fp32.narrow else (
             f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
             f"{speedup.ADVICE}")
