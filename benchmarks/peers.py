@@ -81,10 +81,10 @@ from autoprec.measure.measurement import (  # noqa: E402
     time_paired,
 )
 from autoprec.results.files import decisions  # noqa: E402
+from autoprec.study.choice import choose  # noqa: E402
 from autoprec.study.optimize import (  # noqa: E402
     RETIME_ROUNDS,
     StudyContext,
-    choose,
     finished_records,
     make_sampler,
     open_study,

@@ -9,7 +9,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import optuna
 
@@ -40,7 +40,7 @@ from autoprec.core.locks import FileLock
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure import confirmation, speedup
+from autoprec.measure import confirmation
 from autoprec.measure.accuracy import Judge, Metric, decision_changes
 from autoprec.measure.deployment import CHECKED_BATCHES, Deployment, ProfileTiming, deploy, time_across
 from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
@@ -61,7 +61,8 @@ from autoprec.results.files import (
     write_results,
 )
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.record import Claim, Drift, ModelRecord, NotShipped, Rival, Versus
+from autoprec.results.record import Drift, ModelRecord
+from autoprec.study.choice import FinalTiming, Holding, Versus, choose, compare_chosen, timed_until_known
 from autoprec.study.coordination import (
     GRACE_BEATS,
     SharedInputs,
@@ -73,12 +74,10 @@ from autoprec.study.coordination import (
 )
 from autoprec.study.optimize import (
     RETIME_ROUNDS,
-    Holding,
     Retiming,
     StudyContext,
     TrialRecord,
     built_trials,
-    choose,
     counted,
     default_study_name,
     finished_records,
@@ -89,9 +88,7 @@ from autoprec.study.optimize import (
     open_study,
     rejected_trials,
     retimed_front,
-    rivals,
     run_warm_started,
-    uniform_trials,
 )
 from autoprec.study.proposals import Proposer
 from autoprec.study.sensitivity import (
@@ -100,37 +97,6 @@ from autoprec.study.sensitivity import (
 )
 
 log = logging.getLogger("autoprec")
-
-
-class FinalTiming(Protocol):
-    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first) beside all-FP32 and
-    the given model, until their speed-ups are known (:mod:`autoprec.measure.speedup`): its rounds, or None where it
-    did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
-
-    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
-                 apart: bool) -> speedup.Rounds | None: ...
-
-
-def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
-                      apart: bool) -> speedup.Rounds:
-    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
-    session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
-    chosen = contenders[0]
-    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
-        "tell from it," if len(contenders) > 1 else ""
-    log.info(
-        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
-        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
-    )
-    return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
-
-
-def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
-              apart: bool) -> None:
-    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a search in a
-    hurry, and the tests that are not about the final timing)."""
-    return None
 
 
 def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTiming = timed_until_known) -> SearchResult:
@@ -566,7 +532,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     trials = [retiming.trials.get(t.number, t) for t in trials]
     holding = Holding(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
                       config.judge.max_loss)
-    chosen, versus = _compare_chosen(
+    chosen, versus = compare_chosen(
         measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials),
         config.judge.max_loss, config.retime_seconds, config.ship_within_noise, retiming.apart, holding, final_timing,
     )
@@ -733,66 +699,6 @@ def _say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
             else ""
         )
     )
-
-
-def _compare_chosen(measurer: Measurer, trials: Sequence[TrialRecord], chosen: TrialRecord | None,
-                    max_loss: float | None, seconds: float, ship_within_noise: bool, apart: bool, holding: Holding,
-                    final_timing: FinalTiming) -> tuple[TrialRecord | None, Versus]:
-    """The chosen plan, and the rivals the re-timing could not tell from it (:func:`rivals`), timed beside
-    all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`): the
-    fastest of them in those rounds is the plan to ship (all-FP32 where it is not faster beyond timing noise,
-    unless ``--ship-within-noise``), with pareto.json's ``chosen_vs_fp32`` / ``chosen_vs_source``."""
-    fp32 = uniform_trials(trials).get("fp32")
-    if chosen is None or fp32 is None:
-        return chosen, Versus()
-    contenders = [chosen, *(r for r in rivals(holding.without_failed(trials), chosen, fp32, max_loss)
-                            if holding(r))]
-    try:
-        rounds = final_timing(measurer, fp32, contenders, seconds, apart)
-        if rounds is None:
-            return chosen, Versus()
-        winner, over_fp32 = speedup.fastest(rounds, len(contenders))
-        found = speedup.compared(rounds, winner)
-    except (AutoprecError, RuntimeError, ValueError) as exc:
-        log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
-        return chosen, Versus()
-    steadiness = rounds.steadiness()
-    if said := steadiness.said():
-        log.warning(said)
-    named = {speedup.contender(i): r for i, r in enumerate(contenders)}
-    if named[winner] is not chosen:
-        log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
-                 f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
-        chosen = named[winner]
-    rivals_found = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
-    chosen, versus = _shipped(chosen, fp32, found, rivals_found, ship_within_noise)
-    return chosen, replace(versus, steadiness=steadiness)
-
-
-def _shipped(chosen: TrialRecord, fp32: TrialRecord, found: dict, rivals_found: tuple[Rival, ...],
-             ship_within_noise: bool) -> tuple[TrialRecord, Versus]:
-    """The chosen plan, or all-FP32 where the chosen one is not faster beyond timing noise; and what it is said to
-    gain."""
-    versus_fp32, versus_source, preparation = (
-        found[("fp32", "chosen")],
-        found.get(("source", "chosen")),
-        found.get(("source", "fp32")),
-    )
-    not_shipped = None
-    if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not ship_within_noise:
-        unknown = "" if versus_fp32.narrow else (
-            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
-            f"{speedup.ADVICE}")
-        not_shipped = NotShipped(chosen.number, Claim.measured(versus_fp32), (
-            f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
-            f"(--ship-within-noise ships it anyway){unknown}"))
-        log.warning(f"trial {chosen.number}: {not_shipped.why}")
-        chosen, versus_source = fp32, preparation
-    shipped_fp32 = chosen.plan.key() == fp32.plan.key()
-    return chosen, Versus(
-        None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
-        Claim.measured(versus_source) if versus_source else None,
-        Claim.measured(preparation) if versus_source and preparation else None, not_shipped, rivals_found)
 
 
 def _deployment(
