@@ -62,7 +62,7 @@ from autoprec.results.files import (
 )
 from autoprec.results.plots import plot_result_dir
 from autoprec.results.record import Drift, ModelRecord
-from autoprec.study.choice import FinalTiming, Holding, Versus, choose, compare_chosen, timed_until_known
+from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, Versus, choose_shipped, timed_until_known
 from autoprec.study.coordination import (
     GRACE_BEATS,
     SharedInputs,
@@ -530,19 +530,12 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
     )
     trials = [retiming.trials.get(t.number, t) for t in trials]
-    holding = Holding(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
-                      config.judge.max_loss)
-    chosen, versus = compare_chosen(
-        measuring.measurer, trials, holding.first(choose(front, config.judge.max_loss), trials),
-        config.judge.max_loss, config.retime_seconds, config.ship_within_noise, retiming.apart, holding, final_timing,
-    )
-    if chosen is not None:
-        holding.judged(chosen)  # (the knee, chosen without a limit: its loss there for the record)
-    if chosen is not None and chosen.number not in {
-        t.number for t in front
-    }:  # all-FP32, shipped for want of a proven gain
-        front = sorted([*front, chosen], key=lambda r: r.latency_ms)
-    return Outcome(trials, front, chosen, versus, retiming, len(started.plans), proposer, holding.record())
+    held_out = HeldOutJudging(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
+                              config.judge.max_loss)
+    choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing,
+                            ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise), retiming.apart)
+    return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming, len(started.plans), proposer,
+                   choice.held_out)
 
 
 def _proposer(config: SearchConfig, setup: Setup, joined: Joined, measuring: Measuring, warm: WarmStart,
