@@ -9,12 +9,12 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 
 from autoprec.analysis.calibrate import ActivationRanges, calibration_cache
-from autoprec.analysis.data import Dataset
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.prepare import (
@@ -39,6 +39,7 @@ from autoprec.core.errors import AutoprecError, MetricError, SearchFailed, first
 from autoprec.core.locks import FileLock
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure import confirmation
 from autoprec.measure.accuracy import Judge, Metric, decision_changes
@@ -169,11 +170,19 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
     started = time.monotonic()
     setup = _set_up(config)
-    joined = _join_study(config, setup)
+    study = config.study
+    joined = _join_study(_identity(config, setup), study.storage, setup.out_dir,
+                         study.study_name or default_study_name(setup.model_path, config.engine.backend), study.sampler,
+                         study.seed, study.heartbeat, study.budget, study.artifacts,
+                         setup.workers > 1 or study.storage is not None,  # trials in flight here or elsewhere
+                         config.engine.device if setup.engine.uses_device else None)
     try:
         shared = _shared_inputs(config, setup, joined)
         with contextlib.ExitStack() as stack:
-            measuring = _start_measurers(config, setup, shared, stack)
+            measuring = _start_measurers(_measurer_settings(config, setup), setup.engine, setup.engine_info,
+                                         MeasurerInputs(setup.dataset.evaluation, shared.judge, shared.ranking,
+                                                        shared.lowering, config.space.method),
+                                         shared.prepared.seconds, setup.metric.user_function is not None, stack)
             warm = _warm_start(config, setup, joined, shared, measuring)
             outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing)
     except AutoprecError:
@@ -181,6 +190,12 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
         raise
     _say_retiming(outcome.retiming)
     return _write(config, setup, joined, shared, measuring, warm, outcome, time.monotonic() - started)
+
+
+def _measurer_settings(config: SearchConfig, setup: Setup) -> MeasurerSettings:
+    engine, isolation = config.engine, config.isolation
+    return MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
+                            isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
 
 
 def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
@@ -283,49 +298,42 @@ class Joined:
     asked: int = 0  # trials the study held when this process joined it, finished or not
 
 
-def _join_study(config: SearchConfig, setup: Setup) -> Joined:
-    storage_url = config.study.storage or f"sqlite:///{(setup.out_dir / 'study.db').resolve()}"
+def _join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, name: str, sampler: str, seed: int,
+                heartbeat: int, budget: int, artifacts: str | os.PathLike | None, parallel: bool,
+                device: int | None) -> Joined:
+    """Create or join the study ``name`` (in ``storage``; default: SQLite in ``out_dir``) made for ``identity``, with a
+    sampler of its own where it joins; ``parallel``: trials in flight at once (TPE's constant liar); ``device``: the
+    GPU this worker holds (None: none)."""
+    storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
     check_storage(storage_url)
-    name = config.study.study_name or default_study_name(setup.model_path, config.engine.backend)
-    info = setup.info
-    # What must match for a resumed or shared study: mixing would compare latencies or losses that were not
-    # measured the same way (or constrained differently).
-    identity = {
-        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
-        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
-        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
-        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
-    }
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     locks = StudyLocks(storage_url, name)
-    # Trials in flight elsewhere too (threads here, or other workers of a --storage): TPE's constant liar.
-    parallel = setup.workers > 1 or config.study.storage is not None
-    me = worker_id(config.engine.device if setup.engine.uses_device else None)
+    me = worker_id(device)
     with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
-        study = open_study(
-            storage_url,
-            name,
-            identity,
-            make_sampler(config.study.sampler, config.study.seed, parallel),
-            config.study.heartbeat,
-        )
+        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
         fresh = not (study.get_trials(deepcopy=False) or "budget" in study.user_attrs)
         if not fresh:
             # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
-            study.sampler = make_sampler(
-                config.study.sampler, zlib.crc32(f"{config.study.seed}:{me}".encode()), parallel
-            )
-        study.set_user_attr(
-            "budget", config.study.budget
-        )  # for `autoprec status`; each worker stops at its own --budget
-    shared = SharedInputs(
-        study, Path(config.study.artifacts) if config.study.artifacts else default_artifacts(storage_url)
-    )
+            study.sampler = make_sampler(sampler, zlib.crc32(f"{seed}:{me}".encode()), parallel)
+        study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+    shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
     running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
     return Joined(study, name, storage_url, identity, locks, me, shared, done, running, f"{me}:{time.time_ns()}",
                   fresh, len(trials_now))
+
+
+def _identity(config: SearchConfig, setup: Setup) -> dict[str, Any]:
+    """What must match for a resumed or shared study: mixing would compare latencies or losses that were not
+    measured the same way (or constrained differently)."""
+    info = setup.info
+    return {
+        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
+        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
+        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
+    }
 
 
 @dataclass(frozen=True)
@@ -384,37 +392,67 @@ class Measuring:
     one_time: dict[str, float]
 
 
-def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: contextlib.ExitStack) -> Measuring:
-    one_time = dict(shared.prepared.seconds)
+@dataclass(frozen=True)
+class MeasurerSettings:
+    """How the target engine's candidates are measured: the engine by name, its device and threads, its cache; in
+    worker processes (``isolate``) within ``trial_timeout`` seconds and ``trial_memory_gb``, ``workers`` side by
+    side; ``proposals`` plans judged before each build (None: the engine's default)."""
+
+    backend: str
+    device: int
+    threads: int
+    cache: Path
+    isolate: bool
+    trial_timeout: float
+    trial_memory_gb: float | None
+    workers: int
+    proposals: int | None
+
+
+@dataclass(frozen=True)
+class MeasurerInputs:
+    """What every candidate is measured against: the evaluation batches, the judge (and the one that ranks units),
+    the lowering, and the calibration method a plan takes."""
+
+    evaluation: Sequence[Batch]
+    judge: Judge
+    ranking: Judge
+    lowering: Lowering
+    method: str
+
+
+def _start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: EngineInfo, inputs: MeasurerInputs,
+                     seconds: dict[str, float], user_metric: bool, stack: contextlib.ExitStack) -> Measuring:
+    """The target's measurer(s) and the reference executor, started; ``seconds``: the one-time costs so far (the
+    workers' start is added); ``user_metric``: the metric is the user's code, judged once here before any trial."""
+    one_time = dict(seconds)
     limits = None
-    if config.isolation.isolate:
-        limits = Limits.default(config.isolation.trial_timeout, config.isolation.trial_memory_gb, setup.workers)
-        measurer: Measurer = _isolated_measurers(config, setup, shared, limits, stack, one_time)
+    if settings.isolate:
+        limits = Limits.default(settings.trial_timeout, settings.trial_memory_gb, settings.workers)
+        measurer: Measurer = _isolated_measurers(settings, engine_info, inputs, limits, stack, one_time)
     else:
-        measurer = InProcessMeasurer(
-            setup.engine, setup.dataset.evaluation, shared.judge, shared.ranking, shared.lowering
-        )
+        measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking, inputs.lowering)
         log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
                     "same command)")
-    if setup.metric.user_function is not None:  # the user's code, judged once before any trial: a broken one stops
-        measurer.accuracy_loss(shared.info.plan_at(Precision.FP32), 1, constraint=True)  # the search here
-    per_build = setup.engine.default_proposals if config.study.proposals is None else config.study.proposals
-    reference, executor, judged_on_target = _reference_executor(setup.engine, measurer, per_build, shared, config,
-                                                                 setup.dataset, limits, setup.cache, stack)
+    if user_metric:  # the user's code, judged once before any trial: a broken one stops the search here
+        measurer.accuracy_loss(inputs.lowering.info.plan_at(Precision.FP32), 1, constraint=True)
+    per_build = engine.default_proposals if settings.proposals is None else settings.proposals
+    reference, executor, judged_on_target = _reference_executor(engine, measurer, per_build, inputs, limits,
+                                                                 settings.cache, stack)
     return Measuring(measurer, limits, reference, executor, judged_on_target, per_build, one_time)
 
 
-def _isolated_measurers(config: SearchConfig, setup: Setup, shared: Shared, limits: Limits, stack: contextlib.ExitStack,
-                        one_time: dict[str, float]) -> Measurer:
-    """``setup.workers`` worker processes measuring candidates, started (the time it took in ``one_time``)."""
-    lock = FileLock(device_lock_path(config.engine.backend, config.engine.device)).check()
+def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inputs: MeasurerInputs, limits: Limits,
+                        stack: contextlib.ExitStack, one_time: dict[str, float]) -> Measurer:
+    """``settings.workers`` worker processes measuring candidates, started (the time it took in ``one_time``)."""
+    lock = FileLock(device_lock_path(settings.backend, settings.device)).check()
     measurers = [
         stack.enter_context(IsolatedMeasurer(
-            config.engine.backend, setup.dataset.evaluation, shared.judge, limits,
-            setup.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", config.engine.device, setup.cache, lock,
-            shared.lowering, config.engine.threads,
+            settings.backend, inputs.evaluation, inputs.judge, limits,
+            settings.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", settings.device, settings.cache, lock,
+            inputs.lowering, settings.threads,
         ))
-        for i in range(setup.workers)
+        for i in range(settings.workers)
     ]
     t0 = time.monotonic()
     try:
@@ -426,9 +464,9 @@ def _isolated_measurers(config: SearchConfig, setup: Setup, shared: Shared, limi
     one_time["worker_start"] = time.monotonic() - t0
     memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
     log.info(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
-    if setup.workers > 1:
-        log.info(f"{setup.workers} workers: candidates are built side by side; evaluation and timing hold "
-                 f"{setup.engine_info.device} one candidate at a time")
+    if settings.workers > 1:
+        log.info(f"{settings.workers} workers: candidates are built side by side; evaluation and timing hold "
+                 f"{engine_info.device} one candidate at a time")
     return MeasurerPool(measurers)
 
 
@@ -504,7 +542,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     log.info(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
     if engine_info.caveat:
         log.warning(engine_info.caveat)
-    proposer = _proposer(config, setup, joined, measuring, warm, ctx)
+    proposer = _proposer(joined, measuring, warm.sensitivity, setup.engine.name, len(setup.dataset.evaluation),
+                         config.study.seed, ctx)
     with console.SearchProgress(config.study.budget, min(joined.done, config.study.budget), config.judge.max_loss,
                                 enabled=config.progress) as bar:
         started = run_warm_started(
@@ -530,32 +569,32 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
     )
     trials = [retiming.trials.get(t.number, t) for t in trials]
-    held_out = HeldOutJudging(_held_out_judge(setup, shared), lambda plan: shared.lowering(setup.engine, plan),
-                              config.judge.max_loss)
+    held_out = HeldOutJudging(_held_out_judge(shared.prepared.info.stored, setup.dataset, setup.metric),
+                              lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
     choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing,
                             ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise), retiming.apart)
     return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming, len(started.plans), proposer,
                    choice.held_out)
 
 
-def _proposer(config: SearchConfig, setup: Setup, joined: Joined, measuring: Measuring, warm: WarmStart,
-              ctx: StudyContext) -> Proposer | None:
-    """Plans judged before each build (``--proposals``), where the engine's profiles can predict latency."""
-    per_build, engine = measuring.per_build, setup.engine
+def _proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity | None, engine: str, evaluations: int,
+              seed: int, ctx: StudyContext) -> Proposer | None:
+    """Plans judged before each build (``--proposals``), where the engine's profiles can predict latency; their loss
+    on the ``evaluations`` batches by the reference executor."""
+    per_build = measuring.per_build
     if not per_build:
         return None
-    gains = {u.unit: dict(u.gain) for u in warm.sensitivity.units} if warm.sensitivity is not None else {}
+    gains = {u.unit: dict(u.gain) for u in sensitivity.units} if sensitivity is not None else {}
     if not any(gains.values()):
-        log.warning(f"--proposals {per_build}: no per-unit profile of {engine.name} to predict latency from "
+        log.warning(f"--proposals {per_build}: no per-unit profile of {engine} to predict latency from "
                     "(no sensitivity pass, or the engine has no profiler): every trial is built")
         return None
-    evaluations = len(setup.dataset.evaluation)
     with joined.locks.hold("identity"):
-        proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, config.study.seed, ctx,
+        proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, seed, ctx,
                                  lambda plan: measuring.reference.accuracy_loss(plan, evaluations, constraint=True),
                                  gains, per_build)
     log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {measuring.executor}, their "
-             f"latency by a model fitted to {engine.name}'s profiles (refitted on every build)")
+             f"latency by a model fitted to {engine}'s profiles (refitted on every build)")
     return proposer
 
 
@@ -568,7 +607,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
         joined.run,
         warm.sensitivity if not warm.from_cache else None,
         outcome.retiming.builds,
-        outcome.proposer,
+        outcome.proposer.evaluated() if outcome.proposer else 0,
         measuring.judged_on_target,
     )
     predicted = outcome.proposer.report(joined.study) if outcome.proposer is not None else None
@@ -577,7 +616,8 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     for line in changed:
         log.warning(f"the chosen plan keeps {setup.metric.name} within the limit, but on {line}")
     facts = _search_facts(config, setup, joined, shared, measuring, warm, outcome, wall_seconds)
-    facts.update(decision_changes=changed, **_builds_facts(builds, measuring, outcome.proposer, predicted))
+    per_build = measuring.per_build if outcome.proposer is not None else 0
+    facts.update(decision_changes=changed, **_builds_facts(builds, measuring.executor, per_build, predicted))
     if facts["plan_ignored"]:
         log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision in trial(s) "
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
@@ -586,8 +626,9 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     if outcome.held_out is not None:
         facts["held_out"] = outcome.held_out.to_json()
     if config.time_shapes and outcome.front:
-        facts["profile_timing"] = _timed_across(info, engine, outcome.front, config.judge.max_loss, ranges,
-                                                setup.dataset).to_json()
+        feasible = [t.number for t in outcome.front if config.judge.max_loss is None or t.feasible]
+        facts["profile_timing"] = _timed_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible, ranges,
+                                                setup.dataset.evaluation[0]).to_json()
     result = SearchResult(setup.out_dir, ModelRecord.of(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
@@ -660,17 +701,14 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
     }
 
 
-def _builds_facts(
-    builds: dict, measuring: Measuring, proposer: Proposer | None, predicted: dict | None
-) -> dict[str, Any]:
+def _builds_facts(builds: dict, executor: str, proposals_per_build: int, predicted: dict | None) -> dict[str, Any]:
     return {
         "engine_builds": builds["total"],
         "engine_builds_by_phase": builds["by_phase"],
         "engine_builds_scope": f"the study: its {builds['runs']} run(s) that wrote a result, workers included",
         "trials_on_profile_builds": builds["trials_on_profile_builds"],
         "reference_evaluations": builds["reference_evaluations"],
-        "reference": {"executor": measuring.executor,
-                      "proposals_per_build": measuring.per_build if proposer is not None else 0, **(predicted or {})},
+        "reference": {"executor": executor, "proposals_per_build": proposals_per_build, **(predicted or {})},
     }
 
 
@@ -705,22 +743,19 @@ def _deployment(
                   dataset.other_shapes)
 
 
-def _held_out_judge(setup: Setup, shared: Shared) -> confirmation.HeldOutJudge | None:
-    """The judge of plans on the calibration batches; None for a user's metric (its code runs in the measuring
-    worker only), or where one batch both calibrated and judged."""
-    dataset, metric = setup.dataset, setup.metric
+def _held_out_judge(fp32: StoredModel, dataset: Dataset, metric: Metric) -> confirmation.HeldOutJudge | None:
+    """The judge of plans on the calibration batches (beside the ``fp32`` model's outputs there); None for a user's
+    metric (its code runs in the measuring worker only), or where one batch both calibrated and judged."""
     if metric.user_function is not None or not dataset.calibration_apart:
         return None
-    return confirmation.HeldOutJudge(shared.prepared.info.stored, dataset.calibration, dataset.calibration_labels,
-                                     metric)
+    return confirmation.HeldOutJudge(fp32, dataset.calibration, dataset.calibration_labels, metric)
 
 
-def _timed_across(info: ModelInfo, engine: Backend, front: Sequence[TrialRecord], max_loss: float | None,
-                  ranges: ActivationRanges | None, dataset: Dataset) -> ProfileTiming:
-    """``--time-shapes``: the front's plans timed as deployed at min, opt and max."""
+def _timed_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan], feasible: Sequence[int],
+                  ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
+    """``--time-shapes``: the front's plans (by trial) timed as deployed at min, opt and max."""
     log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max shapes, as deployed")
-    feasible = [t.number for t in front if max_loss is None or t.feasible]
-    timing = time_across(engine, info, {t.number: t.plan for t in front}, feasible, ranges, dataset.evaluation[0])
+    timing = time_across(engine, info, front, feasible, ranges, sample)
     for trial, why in timing.failed.items():
         log.warning(f"--time-shapes: trial {trial} could not be built as deployed ({why})")
     if timing.feasible:
@@ -765,9 +800,8 @@ def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) 
         left_out[f"{op} units"] = f"no INT8: {engine.float_int8_ops[op]}"
 
 
-def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, shared: Shared, config: SearchConfig,
-                        dataset: Dataset, limits: Limits | None, cache: Path,
-                        stack: contextlib.ExitStack) -> tuple[Measurer, str, bool]:
+def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inputs: MeasurerInputs,
+                        limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str, bool]:
     """Where a plan's loss is computed without building it on the target, what that is, and whether its
     evaluations are builds of the target: ONNX Runtime on the CPU running the graph in the target's Q/DQ
     form. Where the target is that reference engine itself, its untimed sessions are counted as reference
@@ -777,21 +811,21 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
         return measurer, "ONNX Runtime CPU (the target engine itself)", False
     if not per_build:
         return measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)", True
-    in_target_form = replace(shared.lowering, form=engine.qdq_form)  # the graph the target builds, run on the CPU
+    in_target_form = replace(inputs.lowering, form=engine.qdq_form)  # the graph the target builds, run on the CPU
     if limits is not None:
-        reference: Measurer = stack.enter_context(IsolatedMeasurer(REFERENCE_BACKEND, dataset.evaluation, shared.judge,
+        reference: Measurer = stack.enter_context(IsolatedMeasurer(REFERENCE_BACKEND, inputs.evaluation, inputs.judge,
                                                                    limits, cache / "reference-stderr.log", 0, cache,
                                                                    lowering=in_target_form))
     else:
-        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), dataset.evaluation, shared.judge, shared.ranking,
+        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), inputs.evaluation, inputs.judge, inputs.ranking,
                                       in_target_form)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
-    method = config.space.method
+    method, info = inputs.method, inputs.lowering.info
     try:
         for precision in (Precision.INT8, Precision.FP16):
-            units = [u.name for u in shared.info.searchable_units if precision in u.allowed]
+            units = [u.name for u in info.searchable_units if precision in u.allowed]
             if units:
-                reference.accuracy_loss(shared.info.plan_at(precision, units, method), 1)
+                reference.accuracy_loss(info.plan_at(precision, units, method), 1)
     except MetricError:  # the metric's fault: the search stops with it
         raise
     except Exception as exc:  # noqa: BLE001 - any engine error: this study's accuracy comes from the target
@@ -806,12 +840,13 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, sha
 BUILDS_ATTR = "autoprec:builds:"  # + a run of one worker: the builds it made outside the study's trials
 
 
-def _builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposer: Proposer | None,
+def _builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposed: int,
             judged_on_target: bool) -> dict:
     """Builds (or sessions) of the target engine in every phase of the study, over every run and worker that
     wrote to it (this ``run``'s recorded in the study first; another worker's once it wrote its result), and
     the plans the reference executor evaluated instead (counted as builds where the target had to be the
-    reference). ``sensitivity``: the pass this run made (None where it read the study's)."""
+    reference). ``sensitivity``: the pass this run made (None where it read the study's); ``proposed``: the
+    proposals the reference executor judged."""
     study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.node_time_builds if sensitivity else 0,
                                             "retiming": retimed,
                                             "evaluations": sensitivity.evaluations if sensitivity else 0})
@@ -823,7 +858,7 @@ def _builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, reti
         "trials": len(built) - on_node_timed,
         "retiming": sum(r["retiming"] for r in runs),
     }
-    evaluations = sum(r["evaluations"] for r in runs) + (proposer.evaluated() if proposer else 0)
+    evaluations = sum(r["evaluations"] for r in runs) + proposed
     if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
     return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations,
