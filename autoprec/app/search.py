@@ -127,19 +127,11 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
     started = time.monotonic()
     setup = set_up(config)
-    study = config.study
-    joined = join_study(_identity(config, setup), study.storage, setup.out_dir,
-                         study.study_name or default_study_name(setup.model_path, config.engine.backend), study.sampler,
-                         study.seed, study.heartbeat, study.budget, study.artifacts,
-                         setup.workers > 1 or study.storage is not None,  # trials in flight here or elsewhere
-                         config.engine.device if setup.engine.uses_device else None)
+    joined = _join_study(config, setup)
     try:
         shared = shared_inputs(config, setup, joined)
         with contextlib.ExitStack() as stack:
-            measuring = start_measurers(_measurer_settings(config, setup), setup.engine, setup.engine_info,
-                                         MeasurerInputs(setup.dataset.evaluation, shared.judge, shared.ranking,
-                                                        shared.lowering, config.space.method),
-                                         shared.prepared.seconds, setup.metric.user_function is not None, stack)
+            measuring = _start_measurers(config, setup, shared, stack)
             warm = _warm_start(config, setup, joined, shared, measuring)
             outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing)
     except AutoprecError:
@@ -149,10 +141,22 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     return _write(config, setup, joined, shared, measuring, warm, outcome, time.monotonic() - started)
 
 
-def _measurer_settings(config: SearchConfig, setup: Setup) -> MeasurerSettings:
+def _join_study(config: SearchConfig, setup: Setup) -> Joined:
+    study = config.study
+    return join_study(_identity(config, setup), study.storage, setup.out_dir,
+                      study.study_name or default_study_name(setup.model_path, config.engine.backend), study.sampler,
+                      study.seed, study.heartbeat, study.budget, study.artifacts,
+                      setup.workers > 1 or study.storage is not None,  # trials in flight here or elsewhere
+                      config.engine.device if setup.engine.uses_device else None)
+
+
+def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: contextlib.ExitStack) -> Measuring:
     engine, isolation = config.engine, config.isolation
-    return MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
-                            isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
+    settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
+                                isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
+    inputs = MeasurerInputs(setup.dataset.evaluation, shared.judge, shared.ranking, shared.lowering, config.space.method)
+    return start_measurers(settings, setup.engine, setup.engine_info, inputs, shared.prepared.seconds,
+                           setup.metric.user_function is not None, stack)
 
 
 def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
@@ -234,16 +238,8 @@ class Outcome:
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
                     warm: WarmStart, final_timing: FinalTiming) -> Outcome:
     screen = shared.screen
-    ctx = StudyContext(
-        warm.info,
-        setup.engine,
-        shared.prepared.ranges,
-        lambda plan: measuring.measurer.measure(plan, screen),
-        config.space.calibration,
-        config.judge.max_loss,
-        joined.locks,
-        joined.me,
-    )
+    ctx = StudyContext(warm.info, setup.engine, shared.prepared.ranges, lambda plan: measuring.measurer.measure(plan, screen),
+                       config.space.calibration, config.judge.max_loss, joined.locks, joined.me)
     if screen is not None:
         log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
                  f"{screen.batches} of {len(setup.dataset.evaluation)} evaluation batches is not timed")
@@ -255,15 +251,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
                              config.study.seed, ctx)
     with console.SearchProgress(config.study.budget, min(joined.done, config.study.budget), config.judge.max_loss,
                                 enabled=config.progress) as bar:
-        started = run_warm_started(
-            joined.study,
-            ctx,
-            config.study.budget,
-            warm.sensitivity,
-            on_trial=bar.update,
-            workers=setup.workers,
-            propose=proposer,
-        )
+        started = run_warm_started(joined.study, ctx, config.study.budget, warm.sensitivity, on_trial=bar.update,
+                                   workers=setup.workers, propose=proposer)
     if warm.sensitivity is not None:
         slow, earlier = started.slow, len(started.plans) - started.queued
         log.info(f"warm start: {len(started.plans)} plan(s) from the sensitivity ranking"

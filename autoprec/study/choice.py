@@ -59,7 +59,7 @@ def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], 
             chosen, versus = shipped_or_fp32(timed, fp32, rule.within_noise)
     if chosen is not None:
         held_out.judge(chosen)  # (the knee, chosen without a limit: its loss there for the record)
-    if chosen is not None and chosen.number not in {t.number for t in front}:  # all-FP32, for want of a proven gain
+    if chosen is not None and chosen.number not in {t.number for t in front}:  # all-FP32 (no proven gain), a rival
         front = sorted([*front, chosen], key=lambda r: r.latency_ms)
     return Choice(chosen, versus, list(front), held_out.record())
 
