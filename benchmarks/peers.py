@@ -81,10 +81,10 @@ from autoprec.measure.measurement import (  # noqa: E402
     time_paired,
 )
 from autoprec.results.files import decisions  # noqa: E402
+from autoprec.study.choice import fastest_within  # noqa: E402
 from autoprec.study.optimize import (  # noqa: E402
     RETIME_ROUNDS,
     StudyContext,
-    choose,
     finished_records,
     make_sampler,
     open_study,
@@ -125,7 +125,7 @@ def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[StoredMo
     run_warm_started(study, ctx, budget, sensitivity)
     front, _ = retimed_front(study, lambda reference, plan, rounds: time_paired(  # as the search does before it chooses
         backend, lowered(reference), lowered(plan), evaluation[0], rounds), RETIME_ROUNDS, max_loss=MAX_LOSS)
-    chosen = choose(front, MAX_LOSS)
+    chosen = fastest_within(front, MAX_LOSS)
     trials = sorted(finished_records(study), key=lambda r: r.number)
     return lowered(chosen.plan), {
         "evaluations": measure_.measured,

@@ -1,5 +1,5 @@
 """The search as the tests run it: ``autoprec.search`` and the command line without the final timing
-(:func:`autoprec.app.search.not_timed`), which the tests that are not about it leave out (>= 6 blocks of
+(:func:`autoprec.study.choice.not_timed`), which the tests that are not about it leave out (>= 6 blocks of
 interleaved rounds of three models, up to --retime-seconds: with it in every search the suite would not stay under
 10 minutes). A search without it states its speed-up from the re-timing's rounds, as where the final timing fails.
 The tests about the final timing call ``autoprec.search`` and ``autoprec.app.cli.main`` themselves, with the real
@@ -7,7 +7,7 @@ one or a fake of their own."""
 
 import autoprec
 from autoprec.app.cli import main as cli_main
-from autoprec.app.search import not_timed
+from autoprec.study.choice import not_timed
 
 
 def search(config):

@@ -101,7 +101,7 @@ def test_a_result_that_does_not_record_how_it_measured_is_refused_naming_the_fie
 
 def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
     """A lower bound of 1.0002 was printed 1.00 beside "beyond timing noise"; 0.9996 likewise beside "within"."""
-    from autoprec.results.record import Claim
+    from autoprec.measure.speedup import Claim
 
     beyond = Claim(1.10, True, 1.0002, 1.18, 0.95, 6)
     assert beyond.text() == "1.10× (1.0002–1.18, 95 %)" and beyond.verdict() == "beyond timing noise"

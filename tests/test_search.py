@@ -19,7 +19,8 @@ from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import compare, loss_from_metrics
 from autoprec.results.console import chosen_summary
 from autoprec.results.files import ShownTrial, read_result_dir
-from autoprec.results.record import Drift, SearchFacts, Versus
+from autoprec.results.record import Drift, SearchFacts
+from autoprec.study.choice import Versus
 from autoprec.study.coordination import retried_trial
 
 
@@ -519,7 +520,8 @@ def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
 def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kept():
     """A task metric on a few items ties many plans at one loss; the front keeps the one a single trial
     timed fastest. The fastest plans within --max-loss are re-timed beside it, and the choice follows."""
-    from autoprec.study.optimize import choose, retimed_front
+    from autoprec.study.choice import fastest_within
+    from autoprec.study.optimize import retimed_front
 
     study, time_plans = _timed_study([
         (("fp32", "fp32"), 10.0, 0.0, 10.0),
@@ -527,9 +529,9 @@ def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kep
         (("int8", "int8"), 7.5, 0.0, 6.0),  # as accurate, and the one really faster
     ])
     front, _ = retimed_front(study, time_plans, max_loss=0.01)
-    assert choose(front, 0.01).number == 2
+    assert fastest_within(front, 0.01).number == 2
     front, _ = retimed_front(study, time_plans)  # without a limit, only the front and all-FP32 are timed again
-    assert choose(front, 0.01).number == 0
+    assert fastest_within(front, 0.01).number == 0
 
 
 def _timed_study(plans):

@@ -135,7 +135,8 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
     every trial fails, each with its own cause, and the search says it measured nothing."""
     monkeypatch.setattr(TensorRTRtxBackend, "qdq_form", QDQForm.ORT_CPU)
     monkeypatch.setattr("autoprec.backends.get_backend", lambda *args, **kwargs: rtx)
-    monkeypatch.setattr("autoprec.app.search.get_backend", lambda *args, **kwargs: rtx)
+    monkeypatch.setattr("autoprec.app.search_setup.get_backend", lambda *args, **kwargs: rtx)
+    monkeypatch.setattr("autoprec.measure.measurers.get_backend", lambda *args, **kwargs: rtx)
     out = tmp_path / "out"
     with pytest.raises(SearchFailed, match="no candidate was measured"):
         searching.search(

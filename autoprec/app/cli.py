@@ -35,7 +35,7 @@ from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
 
 if TYPE_CHECKING:
-    from autoprec.app.search import FinalTiming
+    from autoprec.study.choice import FinalTiming
 
 EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraphy")
 
@@ -230,7 +230,8 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -> int:
-    from autoprec.app.search import search, timed_until_known
+    from autoprec.app.search import search
+    from autoprec.study.choice import timed_until_known
 
     result = search(config_from(args), final_timing=final_timing or timed_until_known)
     files = read_result_dir(result.out_dir)
@@ -653,7 +654,7 @@ def _failure(exc: BaseException) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
     """The command line; ``final_timing`` is what ``search`` times the chosen plan with (see
-    :class:`autoprec.app.search.FinalTiming`; None: the real one)."""
+    :class:`autoprec.study.choice.FinalTiming`; None: the real one)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     verbs = {

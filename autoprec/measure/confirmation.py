@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
 
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.preparation import cpu_session
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, Metric
@@ -71,3 +71,11 @@ class HeldOutJudge:
 def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:
     session = cpu_session(model)
     return [session_outputs(session, batch) for batch in batches]
+
+
+def held_out_judge(fp32: StoredModel, dataset: Dataset, metric: Metric) -> HeldOutJudge | None:
+    """The judge of plans on the calibration batches (beside the ``fp32`` model's outputs there); None for a user's
+    metric (its code runs in the measuring worker only), or where one batch both calibrated and judged."""
+    if metric.user_function is not None or not dataset.calibration_apart:
+        return None
+    return HeldOutJudge(fp32, dataset.calibration, dataset.calibration_labels, metric)

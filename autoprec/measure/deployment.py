@@ -9,6 +9,7 @@ fixed-shape model, and the reason is said and recorded.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -17,7 +18,7 @@ import numpy as np
 import onnxruntime
 
 from autoprec.analysis.calibrate import ActivationRanges
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.model import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.backends.base import Backend
@@ -25,7 +26,10 @@ from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
+from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import loss_from_metrics, output_metrics
+
+log = logging.getLogger("autoprec")
 
 # The deployable model against the measured one at opt: the same graph and weights, so only kernel choice
 # (ONNX Runtime picks others for dynamic dims) may move a value. Below this cosine loss, they are one model.
@@ -257,3 +261,31 @@ def _timed(runner, batch: Batch) -> float | None:
 
 def _at(sample: Batch, shapes: Mapping[str, tuple[int, ...]]) -> Batch:
     return {name: fitted(values, shapes[name]) if name in shapes else values for name, values in sample.items()}
+
+
+def deploy_plan(
+    info: ModelInfo, engine: Backend, plan: Plan, ranges: ActivationRanges | None, dataset: Dataset
+) -> Deployment:
+    """The chosen plan as best/ ships it (the source's dims kept where it can be), checked across the profile."""
+    tensorrt = None
+    if engine.qdq_form is not QDQForm.TENSORRT and plan.counts()["int8"]:
+        tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
+    return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt, dataset.evaluation[:CHECKED_BATCHES],
+                  dataset.other_shapes)
+
+
+def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan], feasible: Sequence[int],
+                      ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
+    """``--time-shapes``: the front's plans (by trial) timed as deployed at min, opt and max."""
+    log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max shapes, as deployed")
+    timing = time_across(engine, info, front, feasible, ranges, sample)
+    for trial, why in timing.failed.items():
+        log.warning(f"--time-shapes: trial {trial} could not be built as deployed ({why})")
+    if timing.feasible:
+        log.info(
+            "fastest at "
+            + ", ".join(f"{p}: trial {timing.fastest(p, timing.feasible)}" for p in ("min", "opt", "max"))
+            + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at its worst shape; "
+            "timed one plan after another, so a few percent apart is noise)"
+        )
+    return timing

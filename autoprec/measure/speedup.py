@@ -107,6 +107,69 @@ def interval_text(ratio: float, low: float, high: float, confidence: float) -> s
     return f"{ratio_text(ratio)}× ({ratio_text(low)}–{ratio_text(high)}, {100 * confidence:.0f} %)"
 
 
+def noise_verdict(beyond: bool | None, short: bool = False) -> str:
+    """What a speed-up's verdict on timing noise says (None: not re-timed, so there is none)."""
+    if beyond is None:
+        return "not re-timed" if short else "not re-timed: no verdict on timing noise"
+    if beyond:
+        return "beyond timing noise"
+    return "within timing noise" if short else "WITHIN timing noise: no real gain measured"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A speed-up as a result states it: the ratio, its interval where the final timing measured one (None:
+    it stands on the re-timing's rounds), and whether it beats timing noise (None: not re-timed)."""
+
+    speedup: float
+    beyond_timing_noise: bool | None
+    low: float | None = None
+    high: float | None = None
+    confidence: float | None = None
+    rounds: int | None = None
+    retimed: bool = False
+    blocks: int | None = None  # the sessions each model was built in (None: a result older than that method)
+    unsteady: bool = False  # the machine's load moved during the timing: the interval holds at either load
+
+    @classmethod
+    def measured(cls, found: Speedup) -> Claim:
+        return cls(found.speedup, found.beyond_timing_noise, found.low, found.high, found.confidence, found.rounds,
+                   True, found.blocks, found.unsteady)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Claim:
+        def number(key: str) -> float | None:
+            return float(data[key]) if data.get(key) is not None else None
+
+        return cls(float(data["speedup"]), data["beyond_timing_noise"], number("low"), number("high"),
+                   number("confidence"), data.get("rounds"), bool(data.get("retimed") or data.get("rounds")),
+                   data.get("blocks"), bool(data.get("unsteady")))
+
+    def to_json(self) -> dict[str, Any]:
+        interval = {} if self.low is None else {"low": self.low, "high": self.high, "confidence": self.confidence,
+                                                "rounds": self.rounds, "blocks": self.blocks,
+                                                "unsteady": self.unsteady, "method": METHOD}
+        return {"speedup": self.speedup, **interval, "beyond_timing_noise": self.beyond_timing_noise,
+                "retimed": self.retimed}
+
+    def text(self) -> str:
+        """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where no interval was measured."""
+        if self.low is None:
+            return f"{ratio_text(self.speedup)}×"
+        return interval_text(self.speedup, self.low, self.high, self.confidence)
+
+    def verdict(self, short: bool = False) -> str:
+        return noise_verdict(self.beyond_timing_noise, short)
+
+    def how(self) -> str:
+        """How it was timed, for the terminal's line."""
+        if self.rounds and self.blocks:
+            return f", {self.rounds} interleaved rounds in {self.blocks} sessions each"
+        if self.rounds:
+            return f", {self.rounds} interleaved rounds"
+        return ", re-timed in interleaved rounds" if self.retimed else ""
+
+
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
             confidence: float = CONFIDENCE, unsteady: bool = False, loads: Sequence[float] | None = None) -> Speedup:
     """The candidate's speed-up over the reference from paired rounds' milliseconds, ``blocks`` naming the session

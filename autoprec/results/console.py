@@ -28,8 +28,9 @@ from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, ShownTrial, decisions
-from autoprec.results.record import SearchFacts, Versus
+from autoprec.results.record import SearchFacts
 from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
+from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 

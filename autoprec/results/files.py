@@ -24,9 +24,10 @@ from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.core.stored import save_models
 from autoprec.core.timing import Timing
 from autoprec.measure.deployment import Deployment
-from autoprec.measure.speedup import faster_beyond_noise
+from autoprec.measure.speedup import Claim, faster_beyond_noise
 from autoprec.results import coherence
-from autoprec.results.record import ChosenUnit, Claim, ModelRecord, SearchFacts, ShippedAs, Versus
+from autoprec.results.record import ChosenUnit, ModelRecord, SearchFacts, ShippedAs
+from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord, uniform_trials
 
 PARETO_SCHEMA = "autoprec.pareto/1"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import math
 import os
 import signal
 import statistics
@@ -28,8 +27,6 @@ from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
 from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Precision, calibration_method
-from autoprec.core.stored import StoredModel
-from autoprec.measure.confirmation import HeldOut, HeldOutJudge
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
 from autoprec.study.coordination import (
@@ -673,109 +670,6 @@ def _dominates(a: TrialRecord, b: TrialRecord) -> bool:
     if a.plan.key() == b.plan.key():
         return False
     return a.latency_ms <= b.latency_ms and a.loss <= b.loss and (a.latency_ms < b.latency_ms or a.loss < b.loss)
-
-
-# Re-timed plans this close to the chosen one's latency (a fraction of it) are its rivals in the final timing.
-RIVAL_BAND = 0.15
-RIVALS = 3
-
-
-def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord,
-           max_loss: float | None) -> list[TrialRecord]:
-    """Re-timed plans within --max-loss whose latency lies within RIVAL_BAND of the chosen one's (at most
-    RIVALS, fastest first): a few interleaved rounds cannot rank plans that close, so the final timing, which
-    runs them in the same rounds until their speed-ups are known, does. None without a limit (the knee is
-    chosen by loss as much as by speed)."""
-    if max_loss is None:
-        return []
-    seen = {chosen.plan.key(), fp32.plan.key()}
-    close = []
-    for t in sorted(trials, key=lambda r: r.latency_ms):
-        if (t.retimed_ms and t.plan.key() not in seen and t.loss <= max_loss
-                and t.latency_ms <= chosen.latency_ms * (1 + RIVAL_BAND)):
-            seen.add(t.plan.key())
-            close.append(t)
-    return close[:RIVALS]
-
-
-def choose(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
-    """Fastest plan within --max-loss (None when no plan is within it: not even all-FP32 on this engine, whose
-    own FP32 may differ from the reference's); without a limit, the knee of the front.
-
-    The knee is the front member closest to the ideal point once latency and loss are scaled
-    to [0, 1] over the front.
-    """
-    if not front:
-        return None
-    if max_loss is not None:
-        feasible = [r for r in front if r.loss <= max_loss]
-        return min(feasible, key=lambda r: r.latency_ms) if feasible else None
-    finite = [r for r in front if math.isfinite(r.loss)]  # an overflowing or unjudged plan is never the answer
-    if not finite:
-        return None
-    lats = [r.latency_ms for r in finite]
-    losses = [r.loss for r in finite]
-
-    def scaled(v: float, lo: float, hi: float) -> float:
-        return (v - lo) / (hi - lo) if hi > lo else 0.0
-
-    return min(
-        finite,
-        key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)), scaled(r.loss, min(losses), max(losses))),
-    )
-
-
-# Plans judged on the calibration batches, at most, while looking for the fastest that holds the limit there.
-HELD_OUT_TRIES = 8
-
-
-class Holding:
-    """Which plans hold --max-loss on the calibration batches too (:mod:`autoprec.measure.confirmation`), each
-    judged once, when first asked; every plan holds where there is no judge or no limit."""
-
-    def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel], max_loss: float | None):
-        self.judge, self.lower, self.max_loss = judge, lower, max_loss
-        self.batches = len(judge.batches) if judge is not None else 0
-        self.losses: dict[int, float] = {}
-
-    def __call__(self, trial: TrialRecord) -> bool:
-        if self.max_loss is None or not self.judged(trial):
-            return True
-        return self.losses[trial.number] <= self.max_loss
-
-    def judged(self, trial: TrialRecord) -> bool:
-        """Whether ``trial`` has its loss on the calibration batches, judged now if need be (all-FP32 needs none)."""
-        if self.judge is None or trial.plan.counts()[Precision.FP32.value] == len(trial.plan.precisions):
-            return False
-        if trial.number not in self.losses:
-            try:
-                self.losses[trial.number] = loss = self.judge.loss(self.lower(trial.plan))
-            except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run the FP32 model or an engine's
-                # form on the calibration batches: said, and no plan judged
-                log.warning(f"the plans could not be judged on the calibration batches (trial {trial.number}: "
-                            f"{first_line(exc)})")
-                self.judge = None
-                return False
-            if self.max_loss is not None and not loss <= self.max_loss:
-                log.warning(f"trial {trial.number} is within --max-loss {self.max_loss:g} on the evaluation batches, "
-                            f"but loses {loss:.3g} on the {self.batches} calibration batches, which judged no trial: "
-                            "not chosen")
-        return True
-
-    def first(self, chosen: TrialRecord | None, trials: Sequence[TrialRecord]) -> TrialRecord | None:
-        """``chosen``, or where it does not hold the limit on the calibration batches, the next fastest re-timed plan
-        within it that does (all-FP32 at the latest, which holds it by definition)."""
-        if chosen is None or self(chosen):
-            return chosen
-        others = sorted((t for t in trials if t.retimed_ms and t.loss <= self.max_loss and t.duplicate_of is None
-                         and t.number != chosen.number), key=lambda t: t.latency_ms)
-        return next((t for t in others[:HELD_OUT_TRIES] if self(t)), uniform_trials(trials).get("fp32", chosen))
-
-    def without_failed(self, trials: Sequence[TrialRecord]) -> list[TrialRecord]:
-        return [t for t in trials if t.number not in self.losses or self(t)]
-
-    def record(self) -> HeldOut | None:
-        return HeldOut(self.batches, self.max_loss, dict(self.losses)) if self.losses else None
 
 
 def default_study_name(model_path: Path, backend: str) -> str:

@@ -11,6 +11,7 @@ the measured front's hypervolume. The front and the choice stay on measured numb
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
+from autoprec.measure.measurers import Measuring
+from autoprec.study.joining import Joined
 from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
 from autoprec.study.optimize import (
     StudyContext,
@@ -33,6 +36,9 @@ from autoprec.study.optimize import (
     record,
     uniform_trials,
 )
+from autoprec.study.sensitivity import Sensitivity
+
+log = logging.getLogger("autoprec")
 
 # Without --max-loss the proposer, like benchmarks/search_quality.py, scores a front by its hypervolume
 # in latency / FP32 latency and loss / LOSS_SCALE (capped at 1), against REFERENCE_POINT.
@@ -210,3 +216,24 @@ class Proposer:
             return min(feasible, key=lambda c: c[0]) if feasible else None
         front = [(r.latency_ms, r.loss) for r in built if math.isfinite(r.loss)]
         return max(candidates, key=lambda c: (front_hypervolume([*front, (c[0], c[1])], self.model.fp32_ms), -c[0]))
+
+
+def open_proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity | None, engine: str, evaluations: int,
+              seed: int, ctx: StudyContext) -> Proposer | None:
+    """Plans judged before each build (``--proposals``), where the engine's profiles can predict latency; their loss
+    on the ``evaluations`` batches by the reference executor."""
+    per_build = measuring.per_build
+    if not per_build:
+        return None
+    gains = {u.unit: dict(u.gain) for u in sensitivity.units} if sensitivity is not None else {}
+    if not any(gains.values()):
+        log.warning(f"--proposals {per_build}: no per-unit profile of {engine} to predict latency from "
+                    "(no sensitivity pass, or the engine has no profiler): every trial is built")
+        return None
+    with joined.locks.hold("identity"):
+        proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, seed, ctx,
+                                 lambda plan: measuring.reference.accuracy_loss(plan, evaluations, constraint=True),
+                                 gains, per_build)
+    log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {measuring.executor}, their "
+             f"latency by a model fitted to {engine}'s profiles (refitted on every build)")
+    return proposer

@@ -1,0 +1,164 @@
+"""What a search works on, resolved from its configuration: the model and data analysed, the engine and the space
+it searches; and what every trial shares: the calibrated model and FP32 reference, the judge, the lowering."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoprec.analysis.data import Dataset
+from autoprec.analysis.model import ModelInfo
+from autoprec.app.config import SearchConfig
+from autoprec.app.prepare import (
+    Prepared,
+    check_out_dir,
+    engine_space,
+    judge_for,
+    load_inputs,
+    metric_for,
+    prepare_reference,
+    repeats_decided,
+    resolve_model,
+    result_dir,
+    shared_files,
+    wanted_metric,
+)
+from autoprec.backends import Backend, EngineInfo, get_backend
+from autoprec.core import atomic
+from autoprec.core.errors import AutoprecError
+from autoprec.core.plan import Precision
+from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.measurement import Lowering, Screen
+from autoprec.measure.measurers import build_workers
+from autoprec.study.coordination import GRACE_BEATS
+from autoprec.study.joining import Joined
+
+log = logging.getLogger("autoprec")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a search works on: the model and data analysed, the engine and the space it searches."""
+
+    model_path: Path
+    data: str | os.PathLike | None
+    out_dir: Path
+    engine: Backend
+    engine_info: EngineInfo  # asked once: a GPU engine's asks the driver
+    workers: int
+    space: SearchSpace
+    searched: list[str]
+    left_out: dict[str, str]
+    info: ModelInfo
+    dataset: Dataset
+    one_time: dict[str, float]
+    metric: Metric
+
+    @property
+    def cache(self) -> Path:
+        return self.out_dir / "cache"
+
+
+def set_up(config: SearchConfig) -> Setup:
+    model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data, config.inputs.shapes)
+    out_dir = result_dir(config.out, default_out)
+    if config.study.storage is None and any(c in str(out_dir.resolve()) for c in "%{}"):
+        raise AutoprecError(f"--out {out_dir}: its path holds '%', '{{' or '}}', which the study's default SQLite URL "
+                            "cannot carry; choose another --out, or give --storage")
+    wanted = wanted_metric(config.judge, config.inputs.model)
+    engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
+    workers = build_workers(config.isolation.build_workers, engine, config.isolation.isolate)
+    space, searched, left_out = engine_space(
+        load_search_space(config.space.search_space).with_overrides(list(config.space.overrides)),
+        engine,
+        config.space.precisions,
+    )
+    check_out_dir(out_dir)
+    for folder in (out_dir, out_dir / "best", out_dir / "cache"):
+        atomic.remove_stale(folder)
+    info, dataset, one_time = load_inputs(
+        model_path,
+        space,
+        data,
+        shapes,
+        config.study.seed,
+        config.inputs.image,
+        config.inputs.constants,
+        cache=out_dir / "cache",
+        bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
+    )
+    info = repeats_decided(info, config.space.tie_repeats)
+    _say_pinned_ops(info, engine, left_out)
+    return Setup(
+        model_path,
+        data,
+        out_dir,
+        engine,
+        engine.info(),
+        workers,
+        space,
+        searched,
+        left_out,
+        info,
+        dataset,
+        one_time,
+        metric_for(wanted, info, dataset),
+    )
+
+
+def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
+    """The model's units of op types the engine runs in FP32 only, or without INT8: said once, and kept in
+    ``left_out``."""
+    for op in sorted({u.op_type for u in info.units} & set(engine.float32_ops)):
+        log.info(f"{engine.name}: {op} units kept FP32 ({engine.float32_ops[op]})")
+        left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
+    for op in sorted({u.op_type for u in info.units if Precision.INT8 not in u.allowed} & set(engine.float_int8_ops)):
+        log.info(f"{engine.name}: {op} units take no INT8 ({engine.float_int8_ops[op]})")
+        left_out[f"{op} units"] = f"no INT8: {engine.float_int8_ops[op]}"
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every trial shares: the calibrated model and FP32 reference, the judge, the lowering."""
+
+    prepared: Prepared
+    judge: Judge
+    judged: dict[str, Any]  # what the result records of the judge
+    ranking: Judge
+    lowering: Lowering
+    screen: Screen | None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.prepared.info
+
+
+def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
+    files = shared_files(setup.info, setup.dataset, setup.cache)
+    with joined.shared.once(joined.locks, "reference", files, joined.me) as fetched:
+        if fetched:
+            log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its artifact store "
+                     f"({joined.shared.store_dir})")
+        prepared = prepare_reference(setup.info, setup.dataset, setup.one_time, setup.cache)
+    judge, judged = judge_for(setup.metric, prepared, config.judge.max_loss)
+    running = joined.running
+    if joined.done or running:
+        budget = config.study.budget
+        done = (f"{joined.done} of {budget} trials done" if joined.done < budget else
+                f"{joined.done} trials done, the budget of {budget} reached: no new trial runs")
+        log.info(f"joining study {joined.name!r}: {done}"
+                 + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
+                    f"after {GRACE_BEATS * config.study.heartbeat} s without a heartbeat)" if running else ""))
+    screen = (
+        Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
+    )
+    method = config.space.method
+    ranges = prepared.ranges
+    lowering = Lowering(
+        prepared.info, ranges.with_thresholds(method) if ranges is not None else None
+    )  # only plans travel
+    return Shared(prepared, judge, judged, judge.for_ranking(), lowering, screen)

@@ -1,0 +1,339 @@
+"""The shipped plan's choice: the fastest plan within the limit (the knee without one), judged on the held-out
+batches, timed with its rivals beside all-FP32 and the given model, and shipped only where it is faster than
+all-FP32 beyond timing noise."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from autoprec.core.errors import AutoprecError, first_line
+from autoprec.core.plan import Plan, Precision
+from autoprec.core.stored import StoredModel
+from autoprec.measure import speedup
+from autoprec.measure.confirmation import HeldOut, HeldOutJudge
+from autoprec.measure.measurement import Measurer
+from autoprec.measure.speedup import Claim, Steadiness
+from autoprec.study.optimize import RETIME_ROUNDS, TrialRecord, uniform_trials
+
+log = logging.getLogger("autoprec")
+
+
+@dataclass(frozen=True)
+class ShipRule:
+    """What the choice is held to: the loss limit (None: the knee of the front), the final timing's seconds, and
+    whether a plan not faster than all-FP32 beyond timing noise ships anyway (``--ship-within-noise``)."""
+
+    max_loss: float | None
+    seconds: float
+    within_noise: bool = False
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan best/ ships (None: nothing was measured), what it is said to gain, the front with it on, and the
+    plans judged on the held-out batches."""
+
+    shipped: TrialRecord | None
+    versus: Versus
+    front: list[TrialRecord]
+    held_out: HeldOut | None
+
+
+def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], held_out: HeldOutJudging,
+                   measurer: Measurer, final_timing: FinalTiming, rule: ShipRule, apart: bool = False) -> Choice:
+    """The plan to ship, in four steps: the fastest plan on the re-timed ``front`` within the limit (the knee
+    without one); the first of those that holds the limit on the held-out batches too; timed with its rivals
+    beside all-FP32 and the given model (``final_timing``; ``apart``: one engine alive at a time), the fastest
+    there; shipped only where it is faster than all-FP32 beyond timing noise (else all-FP32, unless
+    ``rule.within_noise``). Without a final timing, the speed-up stands on the re-timing's rounds."""
+    chosen = held_out.first_holding(fastest_within(front, rule.max_loss), trials)
+    fp32 = uniform_trials(trials).get("fp32")
+    versus = Versus()
+    if chosen is not None and fp32 is not None:
+        contenders = [chosen, *held_out.holding_rivals(chosen, fp32, trials)]
+        timed = timed_with_rivals(measurer, final_timing, fp32, contenders, rule.seconds, apart)
+        if timed is not None:
+            chosen, versus = shipped_or_fp32(timed, fp32, rule.within_noise)
+    if chosen is not None:
+        held_out.judge(chosen)  # (the knee, chosen without a limit: its loss there for the record)
+    if chosen is not None and chosen.number not in {t.number for t in front}:  # all-FP32 (no proven gain), a rival
+        front = sorted([*front, chosen], key=lambda r: r.latency_ms)
+    return Choice(chosen, versus, list(front), held_out.record())
+
+
+def fastest_within(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
+    """Fastest plan within --max-loss (None when no plan is within it: not even all-FP32 on this engine, whose
+    own FP32 may differ from the reference's); without a limit, the knee of the front.
+
+    The knee is the front member closest to the ideal point once latency and loss are scaled
+    to [0, 1] over the front.
+    """
+    if not front:
+        return None
+    if max_loss is not None:
+        feasible = [r for r in front if r.loss <= max_loss]
+        return min(feasible, key=lambda r: r.latency_ms) if feasible else None
+    finite = [r for r in front if math.isfinite(r.loss)]  # an overflowing or unjudged plan is never the answer
+    if not finite:
+        return None
+    lats = [r.latency_ms for r in finite]
+    losses = [r.loss for r in finite]
+
+    def scaled(v: float, lo: float, hi: float) -> float:
+        return (v - lo) / (hi - lo) if hi > lo else 0.0
+
+    return min(
+        finite,
+        key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)), scaled(r.loss, min(losses), max(losses))),
+    )
+
+
+# Plans judged on the calibration batches, at most, while looking for the fastest that holds the limit there.
+HELD_OUT_TRIES = 8
+
+
+class HeldOutJudging:
+    """Which plans hold --max-loss on the calibration batches too (:mod:`autoprec.measure.confirmation`), each
+    judged once (:meth:`judge`); every plan holds where there is no judge, no limit, or the judge ``failed``."""
+
+    def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel], max_loss: float | None):
+        self.held_out_judge, self.lower, self.max_loss = judge, lower, max_loss
+        self.batches = len(judge.batches) if judge is not None else 0
+        self.losses: dict[int, float] = {}
+        self.failed = False  # ONNX Runtime's CPU could not run a plan there: no plan is held to it
+
+    def judge(self, trial: TrialRecord) -> None:
+        """Judges ``trial`` on the calibration batches, unless it was (all-FP32 needs none)."""
+        if (self.held_out_judge is None or self.failed or trial.number in self.losses
+                or trial.plan.counts()[Precision.FP32.value] == len(trial.plan.precisions)):
+            return
+        try:
+            self.losses[trial.number] = loss = self.held_out_judge.loss(self.lower(trial.plan))
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run the FP32 model or an engine's
+            # form on the calibration batches: said, and no plan judged
+            log.warning(f"the plans could not be judged on the calibration batches (trial {trial.number}: "
+                        f"{first_line(exc)})")
+            self.failed = True
+            return
+        if self.max_loss is not None and not loss <= self.max_loss:
+            log.warning(f"trial {trial.number} is within --max-loss {self.max_loss:g} on the evaluation batches, "
+                        f"but loses {loss:.3g} on the {self.batches} calibration batches, which judged no trial: "
+                        "not chosen")
+
+    def holds(self, trial: TrialRecord) -> bool:
+        """Whether ``trial`` holds the limit on the calibration batches, as far as it was judged there."""
+        if self.max_loss is None or self.failed or trial.number not in self.losses:
+            return True
+        return self.losses[trial.number] <= self.max_loss
+
+    def first_holding(self, chosen: TrialRecord | None, trials: Sequence[TrialRecord]) -> TrialRecord | None:
+        """``chosen``, or where it does not hold the limit on the calibration batches, the next fastest re-timed plan
+        within it that does (all-FP32 at the latest, which holds it by definition)."""
+        if chosen is None or self.max_loss is None:
+            return chosen
+        others = sorted((t for t in trials if t.retimed_ms and t.loss <= self.max_loss and t.duplicate_of is None
+                         and t.number != chosen.number), key=lambda t: t.latency_ms)
+        for trial in [chosen, *others[:HELD_OUT_TRIES]]:
+            self.judge(trial)
+            if self.holds(trial):
+                return trial
+        return uniform_trials(trials).get("fp32", chosen)
+
+    def holding_rivals(self, chosen: TrialRecord, fp32: TrialRecord,
+                       trials: Sequence[TrialRecord]) -> list[TrialRecord]:
+        """The chosen plan's :func:`rivals` that hold the limit on the calibration batches too."""
+        found = []
+        for rival in rivals([t for t in trials if self.holds(t)], chosen, fp32, self.max_loss):
+            self.judge(rival)
+            if self.holds(rival):
+                found.append(rival)
+        return found
+
+    def record(self) -> HeldOut | None:
+        return HeldOut(self.batches, self.max_loss, dict(self.losses)) if self.losses else None
+
+
+# Re-timed plans this close to the chosen one's latency (a fraction of it) are its rivals in the final timing.
+RIVAL_BAND = 0.15
+RIVALS = 3
+
+
+def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord,
+           max_loss: float | None) -> list[TrialRecord]:
+    """Re-timed plans within --max-loss whose latency lies within RIVAL_BAND of the chosen one's (at most
+    RIVALS, fastest first): a few interleaved rounds cannot rank plans that close, so the final timing, which
+    runs them in the same rounds until their speed-ups are known, does. None without a limit (the knee is
+    chosen by loss as much as by speed)."""
+    if max_loss is None:
+        return []
+    seen = {chosen.plan.key(), fp32.plan.key()}
+    close = []
+    for t in sorted(trials, key=lambda r: r.latency_ms):
+        if (t.retimed_ms and t.plan.key() not in seen and t.loss <= max_loss
+                and t.latency_ms <= chosen.latency_ms * (1 + RIVAL_BAND)):
+            seen.add(t.plan.key())
+            close.append(t)
+    return close[:RIVALS]
+
+
+class FinalTiming(Protocol):
+    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first) beside all-FP32 and
+    the given model, until their speed-ups are known (:mod:`autoprec.measure.speedup`): its rounds, or None where it
+    did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
+
+    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                 apart: bool) -> speedup.Rounds | None: ...
+
+
+def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+                      apart: bool) -> speedup.Rounds:
+    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
+    session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
+    chosen = contenders[0]
+    beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
+        "tell from it," if len(contenders) > 1 else ""
+    log.info(
+        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
+        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
+        f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
+    )
+    return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
+
+
+def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+              apart: bool) -> None:
+    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a search in a
+    hurry, and the tests that are not about the final timing)."""
+    return None
+
+
+@dataclass(frozen=True)
+class FinalRounds:
+    """What the final timing found: the fastest contender in its rounds, its speed-ups over all-FP32 and the given
+    model (and all-FP32's over the given model), the others' over all-FP32, and how steady the machine was."""
+
+    fastest: TrialRecord
+    found: dict[tuple[str, str], speedup.Speedup]
+    rivals: tuple[Rival, ...]
+    steadiness: Steadiness
+
+
+def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: TrialRecord,
+                      contenders: Sequence[TrialRecord], seconds: float, apart: bool) -> FinalRounds | None:
+    """The ``contenders`` (the chosen plan first, then the rivals the re-timing could not tell from it) timed beside
+    all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`); None where
+    the final timing did not run or failed."""
+    try:
+        rounds = final_timing(measurer, fp32, contenders, seconds, apart)
+        if rounds is None:
+            return None
+        winner, over_fp32 = speedup.fastest(rounds, len(contenders))
+        found = speedup.compared(rounds, winner)
+    except (AutoprecError, RuntimeError, ValueError) as exc:
+        log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
+        return None
+    steadiness = rounds.steadiness()
+    if said := steadiness.said():
+        log.warning(said)
+    named = {speedup.contender(i): r for i, r in enumerate(contenders)}
+    chosen = contenders[0]
+    if named[winner] is not chosen:
+        log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
+                 f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
+    others = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
+    return FinalRounds(named[winner], found, others, steadiness)
+
+
+def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -> tuple[TrialRecord, Versus]:
+    """The fastest plan of the final timing, or all-FP32 where it is not faster beyond timing noise (unless
+    ``within_noise``); and what the plan shipped is said to gain, with pareto.json's ``chosen_vs_fp32`` /
+    ``chosen_vs_source``."""
+    chosen, found = timed.fastest, timed.found
+    versus_fp32, versus_source, preparation = (
+        found[("fp32", "chosen")],
+        found.get(("source", "chosen")),
+        found.get(("source", "fp32")),
+    )
+    not_shipped = None
+    if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not within_noise:
+        unknown = "" if versus_fp32.narrow else (
+            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
+            f"{speedup.ADVICE}")
+        not_shipped = NotShipped(chosen.number, Claim.measured(versus_fp32), (
+            f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
+            f"(--ship-within-noise ships it anyway){unknown}"))
+        log.warning(f"trial {chosen.number}: {not_shipped.why}")
+        chosen, versus_source = fp32, preparation
+    shipped_fp32 = chosen.plan.key() == fp32.plan.key()
+    return chosen, Versus(
+        None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
+        Claim.measured(versus_source) if versus_source else None,
+        Claim.measured(preparation) if versus_source and preparation else None, not_shipped, timed.rivals,
+        timed.steadiness)
+
+
+@dataclass(frozen=True)
+class NotShipped:
+    """The fastest plan within the limit, left out of best/ for want of a gain beyond timing noise."""
+
+    trial: int
+    claim: Claim
+    why: str
+
+
+@dataclass(frozen=True)
+class Rival:
+    """A plan the final timing ran beside the chosen one (the re-timing could not tell them apart), and its
+    speed-up over all-FP32 in the same rounds."""
+
+    trial: int
+    claim: Claim
+
+
+@dataclass(frozen=True)
+class Versus:
+    """The chosen plan's speed-ups: over all-FP32 (trial ``fp32_trial``) and over the given model as it is, of
+    which ``preparation`` is autoprec's FP32 folding alone; the plan not shipped, if one was not; and the
+    rivals it was timed against and outran."""
+
+    fp32: Claim | None = None
+    fp32_trial: int | None = None
+    source: Claim | None = None
+    preparation: Claim | None = None
+    not_shipped: NotShipped | None = None
+    rivals: tuple[Rival, ...] = ()
+    steadiness: Steadiness | None = None  # the machine during the final timing (None: an older result)
+
+    def rivals_said(self) -> str | None:
+        """``trial 2 1.38× (1.35–1.41, 95 %), trial 9 …``: what the rivals ran at in the chosen plan's rounds."""
+        return ", ".join(f"trial {r.trial} {r.claim.text()}" for r in self.rivals) or None
+
+    def to_json(self) -> dict[str, Any]:
+        source = None
+        if self.source is not None:
+            source = {**self.source.to_json(), "preparation": self.preparation.to_json() if self.preparation else None}
+        unproven = self.not_shipped
+        return {
+            "chosen_vs_fp32": {"fp32_trial": self.fp32_trial, **self.fp32.to_json()} if self.fp32 else None,
+            "chosen_vs_source": source,
+            "not_shipped": {"trial": unproven.trial, **unproven.claim.to_json(), "why": unproven.why}
+            if unproven else None,
+            "final_rivals": [{"trial": r.trial, **r.claim.to_json()} for r in self.rivals],
+            "final_timing": self.steadiness.to_json() if self.steadiness else None,
+        }
+
+    @classmethod
+    def from_json(cls, pareto: dict[str, Any]) -> Versus:
+        fp32, source, unproven = (pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped"))
+        return cls(
+            Claim.from_json(fp32) if fp32 else None,
+            fp32["fp32_trial"] if fp32 else None,
+            Claim.from_json(source) if source else None,
+            Claim.from_json(source["preparation"]) if source and source.get("preparation") else None,
+            NotShipped(unproven["trial"], Claim.from_json(unproven), unproven["why"]) if unproven else None,
+            tuple(Rival(r["trial"], Claim.from_json(r)) for r in pareto.get("final_rivals") or ()),
+            Steadiness.from_json(pareto.get("final_timing")),
+        )
