@@ -9,7 +9,7 @@ The pipelines behind them live in :mod:`autoprec.app`; nothing here prints unles
 """
 
 from autoprec.app.config import SearchConfig
-from autoprec.app.prepare import recorded_config, recreate
+from autoprec.app.recorded import recorded_config, recreate
 from autoprec.app.search import search
 from autoprec.app.sensitivity_pass import sensitivity
 from autoprec.app.specs import EngineSpec, InputSpec, IsolationSpec, JudgeSpec, SpaceSpec, StudySpec

@@ -157,7 +157,7 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     import numpy as np
     from gpu import mirrored_items
 
-    from autoprec.app.prepare import resolve_model
+    from autoprec.app.resolve import resolve_model
     from autoprec.study.proposals import front_hypervolume
 
     _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)

@@ -321,7 +321,7 @@ def _report(args: argparse.Namespace) -> int:
 def _recorded_or_given(args: argparse.Namespace, verb: str) -> tuple[JudgeSpec, EngineSpec]:
     """The judge and engine the search recorded, with what the command line gave instead (said); for a
     bare plan, what the command line gave."""
-    from autoprec.app.prepare import recorded_config
+    from autoprec.app.recorded import recorded_config
 
     recorded = recorded_config(args.target, args.plan)
     if recorded is None:

@@ -13,22 +13,19 @@ from typing import Any, Protocol, Sequence
 
 import optuna
 
+from autoprec.analysis.baseline import Prepared, load_inputs, prepare_reference, shared_files
 from autoprec.analysis.calibrate import ActivationRanges, calibration_cache
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.config import SearchConfig
-from autoprec.app.prepare import (
-    Prepared,
+from autoprec.app.resolve import (
     check_out_dir,
     engine_space,
     judge_for,
-    load_inputs,
     metric_for,
-    prepare_reference,
     repeats_decided,
     resolve_model,
     result_dir,
-    shared_files,
     wanted_metric,
 )
 from autoprec.app.sensitivity_pass import sensitivity_pass
