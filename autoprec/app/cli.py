@@ -14,18 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from autoprec.app.config import SearchConfig
-from autoprec.app.specs import (
-    EngineSpec,
-    InputSpec,
-    IsolationSpec,
-    JudgeSpec,
-    ProfileSpec,
-    SpaceSpec,
-    StudySpec,
-    count,
-    gpu_index,
-    positive,
-)
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
+from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec, count, gpu_index, positive
 from autoprec.backends import BACKENDS
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError, first_line

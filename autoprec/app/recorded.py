@@ -13,7 +13,8 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, c
 from autoprec.analysis.model import ModelInfo, load_onnx, model_sha256
 from autoprec.analysis.reference import reference_outputs
 from autoprec.app.config import SearchConfig
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import SearchSpace, load_search_space

@@ -14,7 +14,7 @@ import numpy as np
 from autoprec.analysis.baseline import Prepared
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
-from autoprec.app.specs import JudgeSpec
+from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
