@@ -9,10 +9,12 @@ The pipelines behind them live in :mod:`autoprec.app`; nothing here prints unles
 """
 
 from autoprec.app.config import SearchConfig
-from autoprec.app.prepare import recorded_config, recreate
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.recorded import recorded_config, recreate
 from autoprec.app.search import search
+from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
 from autoprec.app.sensitivity_pass import sensitivity
-from autoprec.app.specs import EngineSpec, InputSpec, IsolationSpec, JudgeSpec, SpaceSpec, StudySpec
+from autoprec.app.specs import EngineSpec, InputSpec
 from autoprec.app.verbs import (
     activation_report,
     check_plan,

@@ -20,16 +20,9 @@ import onnxruntime
 import optuna
 
 import autoprec
+from autoprec.analysis.baseline import Prepared, prepare
 from autoprec.analysis.data import Batch
-from autoprec.app.prepare import (
-    Prepared,
-    declared_tasks,
-    engine_space,
-    judge_for,
-    metric_for,
-    prepare,
-    resolve_model,
-)
+from autoprec.app.resolve import declared_tasks, engine_space, judge_for, metric_for, resolve_model
 from autoprec.backends import get_backend
 from autoprec.backends.base import Backend
 from autoprec.core import atomic

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import builders  # noqa: E402
 from _harness import machine_facts, prepare_zoo  # noqa: E402
 
-from autoprec.app.prepare import prepare  # noqa: E402
+from autoprec.analysis.baseline import prepare  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402

@@ -165,7 +165,7 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     import numpy as np
     from gpu import mirrored_items
 
-    from autoprec.app.prepare import resolve_model
+    from autoprec.app.resolve import resolve_model
 
     model, _, batch = model.partition("@")  # ppocr-det@8: this model at its own batch size
     batch = int(batch or args.batch)

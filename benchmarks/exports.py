@@ -220,7 +220,8 @@ def evaluation_items(corpus: Path, entry: dict, batch: int) -> list[dict[str, np
 def cpu_peers(model: Path, entry: dict, data: Path, folder: Path, quark_python: str | None) -> dict[str, Path | str]:
     from qdq_forms import peers
 
-    from autoprec.app.prepare import engine_space, prepare
+    from autoprec.analysis.baseline import prepare
+    from autoprec.app.resolve import engine_space
     from autoprec.backends import get_backend
     from autoprec.core.search_space import load_search_space
 

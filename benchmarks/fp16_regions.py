@@ -31,7 +31,7 @@ from gpu import mirrored_items  # noqa: E402
 from autoprec.analysis.data import build_dataset  # noqa: E402
 from autoprec.analysis.model import analyse  # noqa: E402
 from autoprec.analysis.reference import reference_outputs  # noqa: E402
-from autoprec.app.prepare import resolve_model  # noqa: E402
+from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402

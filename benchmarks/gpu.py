@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, time_interleaved  # noqa: E402
 
 import autoprec  # noqa: E402
+from autoprec.analysis.baseline import prepare  # noqa: E402
 from autoprec.analysis.model import batch_axes, declared_inputs, load_onnx  # noqa: E402
-from autoprec.app.prepare import prepare, resolve_model  # noqa: E402
+from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic, stored  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402

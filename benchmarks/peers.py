@@ -305,7 +305,7 @@ def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
     import modelopt
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    from autoprec.app.prepare import load_inputs
+    from autoprec.analysis.baseline import load_inputs
     from autoprec.core import atomic
     from autoprec.core.search_space import load_search_space
     from autoprec.core.stored import save_models

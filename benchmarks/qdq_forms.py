@@ -44,7 +44,8 @@ from _harness import machine_facts, model_sources, run_models, time_interleaved
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 import autoprec
-from autoprec.app.prepare import engine_space, prepare, resolve_model
+from autoprec.analysis.baseline import prepare
+from autoprec.app.resolve import engine_space, resolve_model
 from autoprec.backends import get_backend
 from autoprec.core import stored
 from autoprec.core.plan import Precision

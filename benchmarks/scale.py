@@ -166,7 +166,7 @@ def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
     run once: the prepared FP32 model on the screening batches (what a sensitivity evaluation runs; median
     of 3) and on every evaluation batch (what a trial runs before its timing; median of 3), and each plan
     the sensitivity pass evaluated, saved as a plain ONNX file (median of 3 each): what the engine itself costs."""
-    from autoprec.app.prepare import plan_context
+    from autoprec.app.recorded import plan_context
     from autoprec.core.plan import Precision
     from autoprec.core.stored import save_models
     from autoprec.measure.measurement import screening_batches

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from _harness import machine_facts, model_sources, run_models
 
-from autoprec.app.prepare import engine_space, prepare, resolve_model
+from autoprec.analysis.baseline import prepare
+from autoprec.app.resolve import engine_space, resolve_model
 from autoprec.backends import backend_class, get_backend
 from autoprec.backends.tensorrt import TENSORRT_RTX, build_engine, import_tensorrt, stamp_plan
 from autoprec.core.plan import Precision

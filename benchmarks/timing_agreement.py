@@ -35,7 +35,7 @@ from _harness import machine_facts, run_models  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec import zoo  # noqa: E402
-from autoprec.app.prepare import recreate  # noqa: E402
+from autoprec.app.recorded import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Plan  # noqa: E402

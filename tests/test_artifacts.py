@@ -7,8 +7,8 @@ import builders
 import numpy as np
 import onnxruntime as ort
 
+from autoprec.analysis.baseline import load_inputs
 from autoprec.analysis.model import analyse
-from autoprec.app.prepare import load_inputs
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
@@ -106,8 +106,8 @@ def test_the_tensorrt_form_judged_on_the_cpu_is_its_q_dq_arithmetic_at_any_shape
     ONNX Runtime's integer kernels saturated on this CPU and gave probabilities 0.09 off the fixed-shape graph's,
     which ran the same Q/DQ exactly; the export then fell back to fixed shapes. Judged by autoprec's CPU sessions,
     both are the Q/DQ arithmetic."""
+    from autoprec.analysis.baseline import prepare
     from autoprec.analysis.preparation import cpu_session
-    from autoprec.app.prepare import prepare
 
     path = builders.save(builders.line_reader(), tmp_path / "reader.onnx")
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((12, 3, 8, 16), np.float32))

@@ -295,7 +295,7 @@ def _loss_in_fresh_sessions(chosen, original, out) -> float:
     Runtime sessions of the exported file against the model as it came, on the search's evaluation share
     of the speech items (re-created from its record): what the limit bounds, the mean there, not any one
     item (a plan within 0.01 there was measured at 0.056 over all 64 items)."""
-    from autoprec.app.prepare import recreate
+    from autoprec.app.recorded import recreate
     from autoprec.results.files import read_result_dir
 
     feeds = recreate(read_result_dir(out)).dataset.evaluation

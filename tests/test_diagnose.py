@@ -11,7 +11,8 @@ from searching import main
 
 import autoprec
 from autoprec.analysis.calibrate import TensorRange
-from autoprec.app.specs import InputSpec, JudgeSpec
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.specs import InputSpec
 from autoprec.app.verbs import activation_report, check_plan, diagnose_plan
 from autoprec.measure.diagnosis import culprits, jumps
 

@@ -296,7 +296,7 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
     """A scaling by 4e4 and back, between two FP16 MatMuls (not fused into either), would overflow in the FP16 region: on the
     data its tensors pass FP16's safe range, so both Muls form one sensitive unit that the widest plan
     keeps FP32 (where FP16 is searched; without FP16 nothing changes)."""
-    from autoprec.app.prepare import prepare
+    from autoprec.analysis.baseline import prepare
 
     path = _scaled_between_matmuls(tmp_path)
     prepared = prepare(path, load_search_space())  # on random data
@@ -320,7 +320,7 @@ def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_th
     """A resumed search and every worker prepare the model again: the FP32 pass over the calibration data that
     finds ops out of FP16's range is kept in the cache folder (beside calibration) and read back (the file is not
     written again); a damaged file is measured again (and rewritten)."""
-    from autoprec.app.prepare import prepare
+    from autoprec.analysis.baseline import prepare
 
     path = _scaled_between_matmuls(tmp_path)
     cache = tmp_path / "cache"

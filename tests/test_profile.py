@@ -14,7 +14,7 @@ from builders import conv_with_data, line_reader, save, session
 from searching import main
 
 import autoprec
-from autoprec.app.prepare import prepare
+from autoprec.analysis.baseline import prepare
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space

@@ -13,7 +13,7 @@ import searching
 from searching import main
 
 import autoprec
-from autoprec.app.prepare import plan_context
+from autoprec.app.recorded import plan_context
 from autoprec.app.specs import InputSpec
 from autoprec.app.verbs import activation_report, tensorrt_build_spec
 from autoprec.core.errors import AutoprecError, DataError, SearchFailed, StudyError

@@ -12,7 +12,7 @@ from searching import main
 from test_tasks import ctc_head
 
 import autoprec
-from autoprec.app.prepare import recorded_config
+from autoprec.app.recorded import recorded_config
 
 
 @pytest.fixture(scope="module")

@@ -380,7 +380,7 @@ def test_precisions_narrow_the_search_and_are_recorded(tmp_path, mlp_model):
 
 
 def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
-    from autoprec.app.prepare import engine_space
+    from autoprec.app.resolve import engine_space
     from autoprec.backends.onnxruntime import OrtCudaBackend
     from autoprec.core.plan import Precision
 
@@ -394,7 +394,7 @@ def test_an_engine_that_runs_int8_slowly_leaves_it_out_unless_asked():
 
 
 def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
-    from autoprec.app.prepare import engine_space
+    from autoprec.app.resolve import engine_space
     from autoprec.backends import get_backend
 
     space, _, left_out = engine_space(load_search_space(), get_backend("ort-cpu"), None)
@@ -406,7 +406,7 @@ def test_onnx_runtime_cpu_keeps_sensitive_ops_fp32_and_says_why():
 def test_an_engine_without_an_integer_convtranspose_searches_it_in_float_only(backend):
     """ONNX Runtime's CPU provider and TensorRT for RTX run a ConvTranspose between Q/DQ as float arithmetic
     around a float kernel: no INT8 for it, unless --precisions asks; Conv keeps INT8."""
-    from autoprec.app.prepare import engine_space
+    from autoprec.app.resolve import engine_space
     from autoprec.backends import backend_class
     from autoprec.core.plan import Precision
 

@@ -24,7 +24,7 @@ from searching import main
 
 import autoprec
 from autoprec import zoo
-from autoprec.app.prepare import prepare
+from autoprec.analysis.baseline import prepare
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import (
     TENSORRT_RTX,

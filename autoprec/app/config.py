@@ -8,7 +8,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from autoprec.app.specs import EngineSpec, InputSpec, IsolationSpec, JudgeSpec, SpaceSpec, StudySpec
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
+from autoprec.app.specs import EngineSpec, InputSpec
 from autoprec.backends import BACKENDS, backend_class
 from autoprec.core.errors import AutoprecError
 

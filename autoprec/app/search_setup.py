@@ -9,21 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoprec.analysis.baseline import Prepared, load_inputs, prepare_reference, shared_files
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model import ModelInfo
 from autoprec.app.config import SearchConfig
-from autoprec.app.prepare import (
-    Prepared,
+from autoprec.app.resolve import (
     check_out_dir,
     engine_space,
     judge_for,
-    load_inputs,
     metric_for,
-    prepare_reference,
     repeats_decided,
     resolve_model,
     result_dir,
-    shared_files,
     wanted_metric,
 )
 from autoprec.backends import Backend, EngineInfo, get_backend

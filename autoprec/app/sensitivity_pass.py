@@ -6,14 +6,13 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from autoprec.analysis.baseline import Prepared, prepare
 from autoprec.app.config import SearchConfig
-from autoprec.app.prepare import (
-    Prepared,
+from autoprec.app.resolve import (
     check_out_dir,
     engine_space,
     judge_for,
     metric_for,
-    prepare,
     repeats_decided,
     resolve_model,
     result_dir,

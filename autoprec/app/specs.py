@@ -2,6 +2,10 @@
 engine, the judge, the space, the study, the isolation limits. Each group is one typed object with its
 command-line options, its checks and its JSON; a search records them, and the verbs that start from a
 result start from the recorded ones, any option given on the command line overriding them (and said).
+
+Here: a group's shape (:class:`Group`), the parsers of option values, the inputs, the engine and the export's
+deployment profile; the judge is in :mod:`autoprec.app.judge_specs`, the groups only a search is asked (space,
+study, isolation) in :mod:`autoprec.app.search_specs`.
 """
 
 from __future__ import annotations
@@ -10,17 +14,13 @@ import argparse
 import logging
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
-from autoprec.analysis.calibrate import CALIBRATION_METHODS
 from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
 from autoprec.core.errors import AutoprecError
-from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, calibration_method
 from autoprec.core.profile import ShapeProfile
 from autoprec.measure.accuracy import HeadOptions
-from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, redacted
 
 log = logging.getLogger("autoprec")
 
@@ -155,7 +155,7 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(_jsonable(value))
 
 
-def _suppressed(overriding: bool, default: Any) -> Any:
+def suppressed(overriding: bool, default: Any) -> Any:
     return argparse.SUPPRESS if overriding else default
 
 
@@ -190,10 +190,10 @@ class InputSpec(Group):
 
         group = parser.add_argument_group("inputs")
         recorded = " (default: the search's)" if overriding else ""
-        group.add_argument("--data", default=_suppressed(overriding, None),
+        group.add_argument("--data", default=suppressed(overriding, None),
                            help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs"
                                 + recorded)
-        group.add_argument("--shape", action="append", type=_shape, default=_suppressed(overriding, []),
+        group.add_argument("--shape", action="append", type=_shape, default=suppressed(overriding, []),
                            metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)" + recorded)
         if profile:
             group.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
@@ -269,15 +269,15 @@ class EngineSpec(Group):
         group = parser.add_argument_group("engine")
         recorded = " (default: the search's engine)" if overriding else " (default ort-cpu"
         group.add_argument(
-            "--backend", default=_suppressed(overriding, "ort-cpu"), choices=BACKENDS,
+            "--backend", default=suppressed(overriding, "ort-cpu"), choices=BACKENDS,
             help="inference engine" + recorded + ("" if overriding else
                  "; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt needs TensorRT 10.12+ and cuda-python; "
                  "tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of compute capability 8.0/8.6/8.9/12.x. Both "
                  "TensorRT backends' builds run in autoprec's CI; their engine runs and timing have never been "
                  "executed by its developers)"))
-        group.add_argument("--device", type=gpu_index, default=_suppressed(overriding, 0), metavar="N",
+        group.add_argument("--device", type=gpu_index, default=suppressed(overriding, 0), metavar="N",
                            help="GPU index for ort-cuda/tensorrt (default 0)")
-        group.add_argument("--threads", type=int, default=_suppressed(overriding, 0), metavar="N",
+        group.add_argument("--threads", type=int, default=suppressed(overriding, 0), metavar="N",
                            help="ONNX Runtime's intra-op threads for every timed run (default 0: its own, one per "
                                 "core); latencies hold for the thread count they were taken at")
 
@@ -291,268 +291,6 @@ class EngineSpec(Group):
         if self.threads > MAX_THREADS_PER_CORE * cores:
             raise AutoprecError(f"--threads {self.threads}: more than {MAX_THREADS_PER_CORE}× this machine's {cores} "
                                 "cores; timings with threads fighting over cores measure the contention")
-        return self
-
-
-@dataclass(frozen=True)
-class JudgeSpec(Group):
-    """What decides a candidate's accuracy: the metric, the loss limit, how task heads are decoded."""
-
-    metric: str = "cosine"
-    max_loss: float | None = None
-    head: HeadOptions = field(default_factory=HeadOptions)
-
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False, limit_help: str = "",
-                      limit: bool = True) -> None:
-        from autoprec.measure.accuracy import BUILTIN_METRICS
-        from autoprec.measure.tasks import DETECTION_LAYOUTS
-
-        group = parser.add_argument_group("judge")
-        recorded = " (default: the search's)" if overriding else ""
-        if limit:
-            group.add_argument("--max-loss", type=float, default=_suppressed(overriding, None),
-                               help=(limit_help or "accuracy-loss limit: the chosen plan is the fastest within it")
-                                    + recorded)
-        group.add_argument(
-            "--metric", default=_suppressed(overriding, "cosine"),
-            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean "
-                 "cosine similarity; top1/ctc-text/detection/embedding/text-regions/segmentation: the decisions FP32 "
-                 "makes, changed; "
-                 "TASK@labels: the drop against the data's labels), or module:function — that imports and RUNS "
-                 "your code. Every other metric that applies is recorded beside it" + recorded)
-        default = HeadOptions()
-        group.add_argument("--ctc-blank", type=count_or_zero, default=_suppressed(overriding, default.blank),
-                           metavar="INDEX", help="ctc-text: the blank class (default 0)")
-        group.add_argument("--ctc-charset", metavar="FILE", default=_suppressed(overriding, None),
-                           help="ctc-text against labelled text: the recognizer's characters, one per line: every "
-                                "class in order (an empty line for the blank), or PaddleOCR's dictionary (default: "
-                                "the model's 'character' metadata, as RapidOCR's models carry it)")
-        group.add_argument("--det-layout", choices=DETECTION_LAYOUTS, default=_suppressed(overriding, None),
-                           help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, "
-                                "classes; YOLOX exported decoded too), yolox (YOLOX's raw head: boxes per grid "
-                                "cell, strides 8/16/32) or picodet (PicoDet/GFL: per stride scores and box "
-                                "distributions, read together); inferred for channels-first heads")
-        group.add_argument("--det-conf", type=fraction, default=_suppressed(overriding, default.conf),
-                           metavar="SCORE", help="detection: score threshold (default 0.25)")
-        group.add_argument("--det-iou", type=fraction, default=_suppressed(overriding, default.iou), metavar="IOU",
-                           help="detection: NMS IoU (default 0.45)")
-        group.add_argument("--db-thresh", type=fraction, default=_suppressed(overriding, default.db_thresh),
-                           metavar="P", help="text-regions: a pixel's probability of text (default 0.3, PaddleOCR's)")
-        group.add_argument("--db-box-thresh", type=fraction, default=_suppressed(overriding, default.db_box_thresh),
-                           metavar="P", help="text-regions: a region's mean probability to keep it (default 0.6)")
-        group.add_argument("--task-output", metavar="NAME", default=_suppressed(overriding, None),
-                           help="the output task metrics read (default: every output that fits)")
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_loss, float) and self.max_loss == 0:  # -0.0 (from "--max-loss -0") is said as 0
-            object.__setattr__(self, "max_loss", 0.0)
-
-    HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout", "det_conf": "conf",
-            "det_iou": "iou", "task_output": "output", "db_thresh": "db_thresh", "db_box_thresh": "db_box_thresh"}
-
-    @classmethod
-    def given(cls, args: argparse.Namespace) -> dict[str, Any]:
-        values = {k: getattr(args, k) for k in ("metric", "max_loss") if hasattr(args, k)}
-        head = {option: getattr(args, dest) for dest, option in cls.HEAD.items() if hasattr(args, dest)}
-        if "charset" in head and head["charset"] is not None:
-            head["charset"] = read_charset(head["charset"])
-        if head:
-            values["head"] = head
-        return values
-
-    def replaced(self, args: argparse.Namespace) -> JudgeSpec:
-        """The head options given replace those of this group one by one."""
-        values = self.given(args)
-        head = replace(self.head, **values.pop("head", {}))
-        return replace(self, **values, head=head)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> JudgeSpec:
-        head = dict(data.get("head") or {})
-        if head.get("charset") is not None:
-            head["charset"] = tuple(head["charset"])
-        if head.get("image") is not None:
-            head["image"] = tuple(head["image"])
-        return cls(data.get("metric", "cosine"), data.get("max_loss"), HeadOptions(**head))
-
-    def checked(self) -> JudgeSpec:
-        if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
-            raise AutoprecError(f"--max-loss {self.max_loss}: must be a finite loss of 0 or more")
-        return self
-
-
-def read_charset(path: str | os.PathLike) -> tuple[str, ...]:
-    """--ctc-charset: one character per line."""
-    try:
-        return tuple(Path(path).read_text(encoding="utf-8").splitlines())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text file, one character "
-                            "per line") from None
-
-
-@dataclass(frozen=True)
-class SpaceSpec(Group):
-    """What a unit may take: the search-space file and overrides, the precisions searched, the INT8
-    calibration method, and whether repeated blocks are decided together."""
-
-    search_space: str | os.PathLike | None = None
-    overrides: Sequence[str] = ()
-    precisions: Sequence[str] | None = None
-    calibration: str = DEFAULT_CALIBRATION
-    tie_repeats: bool = True
-
-    DESTS = {"overrides": "override", "tie_repeats": "not separate_repeats"}
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-        group = parser.add_argument_group("search space")
-        group.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
-                           help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
-                                "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
-        group.add_argument("--separate-repeats", action="store_true",
-                           help="decide every unit on its own (default: the units of a repeated block at the same "
-                                "position — a transformer's 12 query projections — are decided together, one "
-                                "dimension for all)")
-        group.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, AUTO_CALIBRATION),
-                           help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); auto: the study "
-                                "chooses per trial (entropy costs ~0.7 s per tensor once)")
-        group.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
-        group.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
-                           help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' "
-                                "(repeatable)")
-
-    def checked(self) -> SpaceSpec:
-        if self.calibration not in (*CALIBRATION_METHODS, AUTO_CALIBRATION):
-            raise AutoprecError(f"--calibration {self.calibration!r}: choose auto or one of "
-                                f"{', '.join(CALIBRATION_METHODS)}")
-        return self
-
-    @property
-    def method(self) -> str:
-        """The INT8 range method a plan starts with (``auto``: the study chooses per trial)."""
-        return calibration_method(self.calibration)
-
-
-@dataclass(frozen=True)
-class StudySpec(Group):
-    """The Optuna study: its budget, seed and sampler, where it is stored and shared, and how it starts
-    (the sensitivity warm start, cheap rejection, plans judged before each build)."""
-
-    budget: int = 50
-    seed: int = 0
-    sampler: str = "tpe"
-    storage: str | None = None
-    study_name: str | None = None
-    artifacts: str | os.PathLike | None = None
-    heartbeat: int = DEFAULT_HEARTBEAT
-    warm_start: bool = True
-    early_reject: bool = True
-    proposals: int | None = None
-
-    DESTS = {"warm_start": "not no_warm_start", "early_reject": "not no_early_reject"}
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from autoprec.study.optimize import SAMPLERS
-
-        group = parser.add_argument_group("study")
-        group.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
-        group.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
-        group.add_argument("--sampler", default="tpe", choices=SAMPLERS,
-                           help="Optuna sampler after the warm start (default tpe: multi-objective TPE; gp needs "
-                                "torch)")
-        group.add_argument("--no-warm-start", action="store_true",
-                           help="skip the sensitivity pass and its warm-start plans (the study starts from the "
-                                "uniform plans)")
-        group.add_argument("--no-early-reject", action="store_true",
-                           help="evaluate and time every candidate fully, even one far past --max-loss on the first "
-                                "batches")
-        group.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db); workers given the "
-                                             "same postgresql://… URL and --study-name share one study and its --budget")
-        group.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
-        group.add_argument("--artifacts", metavar="DIR",
-                           help="Optuna artifact store where the first worker leaves calibration, reference and "
-                                "sensitivity for the others (default: beside a SQLite storage, else "
-                                "~/.cache/autoprec/artifacts; across hosts: a shared directory)")
-        group.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
-                           help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats (dead worker) is "
-                                f"re-run once by another worker (default {DEFAULT_HEARTBEAT})")
-        group.add_argument("--proposals", type=int, metavar="N",
-                           help="plans judged before each build: ONNX Runtime on the CPU computes each one's loss on "
-                                "the graph the engine would build, a latency model fitted to the engine's profiles "
-                                "predicts its latency, and only the plan that decides most is built and timed (0: "
-                                "every trial is built; default 8 on tensorrt, where builds are slow, 0 on ONNX "
-                                "Runtime)")
-
-    def to_json(self) -> dict[str, Any]:
-        """As recorded: a password in the storage URL never is."""
-        recorded = super().to_json()
-        if self.storage is not None:
-            recorded["storage"] = redacted(self.storage)
-        return recorded
-
-    def checked(self) -> StudySpec:
-        for option, value in (("--study-name", self.study_name), ("--artifacts", self.artifacts),
-                              ("--storage", self.storage)):
-            if value is not None and not str(value).strip():
-                raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
-        for option, value, what in (("--budget", self.budget, " (the number of trials to run)"),
-                                    ("--heartbeat", self.heartbeat, "")):
-            if _bad_whole(value) or value < 1:
-                raise AutoprecError(f"{option} {value}: must be {'a whole number, ' if _bad_whole(value) else ''}"
-                                    f"at least 1{what}")
-        if self.proposals is not None and (_bad_whole(self.proposals) or self.proposals < 0):
-            raise AutoprecError(f"--proposals {self.proposals}: must be 0 (every trial built) or more")
-        if _bad_whole(self.seed) or not 0 <= self.seed < 2**32:
-            raise AutoprecError(f"--seed {self.seed}: must be a whole number from 0 to {2**32 - 1} (NumPy's and "
-                                "Optuna's samplers take 32-bit seeds)")
-        return self
-
-
-def _bad_whole(value: Any) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int)
-
-
-MIN_TRIAL_SECONDS = 1.0  # below this no candidate could be measured within its limit
-
-
-@dataclass(frozen=True)
-class IsolationSpec(Group):
-    """Where candidates run: worker processes limited in time and memory (a crash fails one trial), how many."""
-
-    isolate: bool = True
-    trial_timeout: float = 600.0
-    trial_memory_gb: float | None = None
-    build_workers: int | None = None
-
-    DESTS = {"isolate": "not no_isolation", "trial_memory_gb": "trial_memory"}
-
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("isolation")
-        group.add_argument("--trial-timeout", type=float, default=600.0, metavar="SECONDS",
-                           help="time limit to build and measure one candidate (default 600)")
-        group.add_argument("--trial-memory", type=float, metavar="GB",
-                           help="memory limit of the worker measuring candidates (default 75%% of RAM)")
-        group.add_argument("--build-workers", type=int, metavar="N",
-                           help="worker processes measuring candidates side by side: builds overlap, evaluation and "
-                                "timing take the device one at a time (default 2 on tensorrt, 1 on ONNX Runtime)")
-        group.add_argument("--no-isolation", action="store_true",
-                           help="measure candidates in this process (debugging; an engine crash then ends the search)")
-
-    def checked(self) -> IsolationSpec:
-        if self.build_workers is not None and (_bad_whole(self.build_workers) or self.build_workers < 1):
-            raise AutoprecError(f"--build-workers {self.build_workers}: must be at least 1")
-        if self.build_workers and self.build_workers > 1 and not self.isolate:
-            raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; drop --no-isolation")
-        for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise AutoprecError(f"{option} {value}: must be a finite number more than 0")
-        if self.trial_timeout < MIN_TRIAL_SECONDS:
-            raise AutoprecError(f"--trial-timeout {self.trial_timeout:g}: a candidate is built, then timed for at least "
-                                f"0.2 s of runs; give {MIN_TRIAL_SECONDS:g} second(s) or more")
         return self
 
 

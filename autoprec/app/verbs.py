@@ -11,20 +11,13 @@ from typing import Mapping, Sequence
 
 import optuna
 
+from autoprec.analysis.baseline import prepare
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
 from autoprec.analysis.model import ModelInfo
-from autoprec.app.prepare import (
-    PlanContext,
-    judge_for,
-    metric_for,
-    plan_context,
-    prepare,
-    recreate,
-    resolve_model,
-    result_dir,
-    wanted_metric,
-)
-from autoprec.app.specs import EngineSpec, InputSpec, JudgeSpec, ProfileSpec
+from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.recorded import PlanContext, plan_context, recreate
+from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
+from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError, first_line

@@ -492,7 +492,7 @@ class ShownTrial:
 @dataclass(frozen=True)
 class HowMeasured:
     """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or best/plan.json's
-    header), read here once: enough to re-create its analysis exactly (:func:`autoprec.app.prepare.recreate`)
+    header), read here once: enough to re-create its analysis exactly (:func:`autoprec.app.recorded.recreate`)
     and the option groups it was asked (``spec``; see :mod:`autoprec.app.specs`). A field an older result
     does not record is refused, naming it."""
 
