@@ -254,25 +254,15 @@ def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -
     return 0
 
 
-def _print_json(files) -> None:
+def _print_json(files: ResultFiles) -> None:
+    from autoprec.results.files import json_safe
 
-    summary = {
-        k: files.pareto.get(k)
-        for k in (
-            "engine",
-            "model",
-            "search",
-            "chosen",
-            "chosen_vs_fp32",
-            "chosen_vs_source",
-            "not_shipped",
-            "final_rivals",
-            "uniform",
-            "front",
-        )
-    }
-    summary["deployment"] = (files.plan or {}).get("deployment")
-    console.stdout.print_json(data=summary)
+    pareto = files.pareto.to_json()
+    keys = ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals",
+            "uniform", "front")
+    summary = {k: pareto.get(k) for k in keys}
+    summary["deployment"] = files.shipped_as.to_json() if files.shipped_as else None
+    console.stdout.print_json(data=json_safe(summary))
 
 
 def _print_front(files) -> None:
