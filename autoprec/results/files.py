@@ -310,7 +310,8 @@ def _sensitivity(f: Fields) -> Sensitivity:
     return Sensitivity.from_json(f.value)
 
 
-def _read(path: Path, reader: Callable[[Fields], Any]) -> Any:
+def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
+    """The file read into its typed value, and the JSON it was read from."""
     try:
         document = load_json(path)
     except (OSError, ValueError) as exc:
