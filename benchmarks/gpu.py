@@ -136,7 +136,7 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
         "chosen_faster_than_fp32_beyond_spread": max(medians["chosen"]) < min(medians["fp32"]),
         "fp16_within_limit": uniform["fp16"].loss <= MAX_LOSS,
         "chosen_at_least_as_fast_as_fp16": ms["chosen"] <= ms["fp16"] * 1.02,
-        "search_wall_s": round(search_wall, 1), "trials": len(files.trials["trials"]),
+        "search_wall_s": round(search_wall, 1), "trials": len(files.trials.trials),
         "front_size": len(result.front), "precisions_searched": result.search["precisions"],
     }
 

@@ -134,10 +134,11 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             )
         )
         result = read_result_dir(out)
-        fp32 = result.trial(result.pareto["uniform"]["fp32"])
-        plans = {f"trial {t['trial']}": t for t in result.pareto["front"]}
+        pareto = result.pareto.to_json()  # the file as written (the typed value's JSON form)
+        fp32 = result.trial(result.pareto.uniform["fp32"]).to_json()
+        plans = {f"trial {t['trial']}": t for t in pareto["front"]}
         plans.setdefault(f"trial {fp32['trial']}", fp32)
-        prepared, form = recreate(result), QDQForm(result.pareto["engine"]["qdq_form"])  # the search's analysis, once
+        prepared, form = recreate(result), QDQForm(result.engine.qdq_form)  # the search's analysis, once
         lowered = {}
         for label, trial in plans.items():
             path = Path(folder) / f"{label.replace(' ', '-')}.onnx"
@@ -175,12 +176,12 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             "retimed_inside_independent_p10_p90": inside(final),
         }
     fp32_label = f"trial {fp32['trial']}"
-    claims = {"vs_source": (result.pareto.get("chosen_vs_source"), "source", "best"),
-              "vs_fp32": (result.pareto.get("chosen_vs_fp32"), fp32_label, "best")}
+    claims = {"vs_source": (pareto.get("chosen_vs_source"), "source", "best"),
+              "vs_fp32": (pareto.get("chosen_vs_fp32"), fp32_label, "best")}
     agreement = {key: _agreement(claim, independent[reference]["round_ms"], independent[shipped]["round_ms"])
                  for key, (claim, reference, shipped) in claims.items() if claim}
-    return {"engine_timing": result.pareto["engine"].get("timing"), "chosen": result.pareto["chosen"],
-            "not_shipped": result.pareto.get("not_shipped"), "plans": rows, "interval_agreement": agreement}
+    return {"engine_timing": pareto["engine"].get("timing"), "chosen": pareto["chosen"],
+            "not_shipped": pareto.get("not_shipped"), "plans": rows, "interval_agreement": agreement}
 
 
 def _agreement(claim: dict, reference_rounds: list[float], shipped_rounds: list[float]) -> dict:

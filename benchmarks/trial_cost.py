@@ -43,7 +43,7 @@ def run_model(name: str, budget: int, proposals: int) -> dict:
             )
         )
         result = read_result_dir(Path(tmp) / name)
-    trials = [t for t in result.trials["trials"] if t["duplicate_of"] is None and "trial" in t["seconds"]]
+    trials = [t for t in result.trials.to_json()["trials"] if t["duplicate_of"] is None and "trial" in t["seconds"]]
     per_trial = {part: statistics.median(t["seconds"][part] for t in trials) for part in PARTS}
     walls = [t["seconds"]["trial"] for t in trials]
     others = [t["seconds"]["trial"] - sum(t["seconds"][p] for p in PARTS) for t in trials]
@@ -54,12 +54,12 @@ def run_model(name: str, budget: int, proposals: int) -> dict:
         "trial_wall_s_median": round(statistics.median(walls), 4),
         "per_trial_s": {k: round(v, 4) for k, v in per_trial.items()},
         "overhead_fraction": round(statistics.median(overhead), 4),
-        "one_time_s": result.pareto["search"]["one_time_seconds"],
-        "search_wall_s": result.pareto["search"]["wall_seconds"],
-        "engine_builds_by_phase": result.pareto["search"]["engine_builds_by_phase"],
-        "reference_evaluations": result.pareto["search"]["reference_evaluations"],
-        "latency_model_error_percent": result.pareto["search"]["reference"].get("median_abs_error_percent"),
-        "input_shapes": {k: v["shape"] for k, v in result.pareto["model"]["inputs"].items()},
+        "one_time_s": result.facts.to_json()["one_time_seconds"],
+        "search_wall_s": result.facts.to_json()["wall_seconds"],
+        "engine_builds_by_phase": result.facts.to_json()["engine_builds_by_phase"],
+        "reference_evaluations": result.facts.to_json()["reference_evaluations"],
+        "latency_model_error_percent": result.facts.to_json()["reference"].get("median_abs_error_percent"),
+        "input_shapes": {k: shape for k, (shape, _) in result.model.inputs.items()},
     }
 
 

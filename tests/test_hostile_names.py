@@ -204,7 +204,6 @@ def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
     from autoprec.measure.diagnosis import UnitError
     from autoprec.results import plots
     from autoprec.results.files import read_result_dir
-    from autoprec.study.sensitivity import Sensitivity
 
     _, out, _ = hostile_result
     result = read_result_dir(out)
@@ -213,7 +212,7 @@ def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
             for i, name in enumerate([HOSTILE_NODE, mathy, "conv2"])]
     drawn = [plots.pareto_figure(result), plots.layers_figure(result), plots.errors_figure(rows, HOSTILE_FILE)]
     if result.sensitivity is not None:
-        drawn.append(plots.sensitivity_figure(Sensitivity.from_json(result.sensitivity), result.model_name))
+        drawn.append(plots.sensitivity_figure(result.sensitivity, result.model_name))
     for fig in drawn:
         assert figures.problems(fig) == []
     texts = [t.get_text() for fig in drawn for t in figures.drawn_texts(fig)]

@@ -7,8 +7,6 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 import autoprec
 
 PACKAGE = Path(autoprec.__file__).parent
@@ -185,7 +183,6 @@ def test_the_first_line_of_an_exception_is_written_once():
     assert len(FIRST_LINE.findall((PACKAGE / "core" / "errors.py").read_text())) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="issue 53: results/files.py checks the files against schema constants")
 def test_no_schema_constant_beside_a_reader():
     """A result file is one typed value whose ``from_json`` checks what it reads: results/ holds no module-level
     dict describing a file's structure beside it."""

@@ -173,18 +173,19 @@ def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_m
 
     a, _ = result_dirs
     files = read_result_dir(a)
-    rejected = len(files.pareto["search"]["rejected"])
     page = write_report(files, tmp_path / "r.html").read_text()
-    assert f"{files.pareto['search']['trials']} measured, {rejected} rejected early" in page
-    unstable = json.loads(json.dumps(files.pareto))
-    unstable["front"][0]["latency_unstable"] = True
+    assert f"{files.facts.trials} measured, {files.facts.rejected} rejected early" in page
+    first = files.pareto.front[0]
+    spread = replace(first.measurement.latency, p90_ms=first.measurement.latency.median_ms * 10)  # timing stayed spread
+    unstable = replace(first, measurement=replace(first.measurement, latency=spread))
     screen = Console(record=True, width=200)
-    screen.print(console.front_table(replace(files, pareto=unstable)))
+    screen.print(console.front_table(replace(files, pareto=replace(files.pareto, front=(unstable,
+                                                                                         *files.pareto.front[1:])))))
     text = screen.export_text()
     assert "⚠" in text and "timing stayed spread" in text
     screen = Console(record=True, width=200)
     screen.print(console.front_table(files))
-    assert ("timing stayed spread" in screen.export_text()) == any(t["latency_unstable"] for t in files.pareto["front"])
+    assert ("timing stayed spread" in screen.export_text()) == any(t.measurement.unstable for t in files.pareto.front)
 
 
 def _diagnosis_rows(names):
@@ -203,14 +204,13 @@ def test_every_figure_reads_once_drawn(result_dirs):
 
     from autoprec.results import plots
     from autoprec.results.files import read_result_dir
-    from autoprec.study.sensitivity import Sensitivity
 
     result = read_result_dir(result_dirs[0])
     assert result.sensitivity is not None
     drawn = {
         "pareto": plots.pareto_figure(result),
         "layers": plots.layers_figure(result),
-        "sensitivity": plots.sensitivity_figure(Sensitivity.from_json(result.sensitivity), result.model_name),
+        "sensitivity": plots.sensitivity_figure(result.sensitivity, result.model_name),
         "diagnosis": plots.errors_figure(_diagnosis_rows([f"block{i}/conv/Conv_{i}" for i in range(30)]), "t"),
     }
     for name, fig in drawn.items():

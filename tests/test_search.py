@@ -15,13 +15,17 @@ import autoprec
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
 from autoprec.core import atomic
+from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
+from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import compare, loss_from_metrics
+from autoprec.measure.measurement import Measurement
 from autoprec.results.console import chosen_summary
-from autoprec.results.files import ShownTrial, read_result_dir
+from autoprec.results.files import read_result_dir
 from autoprec.results.record import Drift, SearchFacts
 from autoprec.study.choice import Versus
 from autoprec.study.coordination import retried_trial
+from autoprec.study.optimize import TrialRecord
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +105,8 @@ def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(lar
     assert (line is not None) == said
     if said:
         assert f"up to {largest:.0f} %" in line and f"{outside} of 5 plans" in line
-    chosen = ShownTrial.from_json({
-        "trial": 3,
-        "plan": {"counts": {"int8": 1, "fp16": 0, "fp32": 3}, "precisions": {}},
-        "final_latency_ms": 2.0,
-        "latency_ms": {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1, "runs": 10, "warmup": 3},
-        "accuracy_loss": 0.001,
-        "metrics": {},
-    })
+    chosen = TrialRecord(3, Plan.from_mapping({"a": "int8", "b": "fp32", "c": "fp32", "d": "fp32"}),
+                         Measurement(Timing(2.0, 1.9, 2.1, 10, 3), {}, 0.001, {}), True)
     facts = SearchFacts("cosine", 0.01, 8, 8, 0, "tpe", 0, "max", "s", "sqlite://", "random", (1, 1), True, 1.0,
                         drift=drift)
     summary = chosen_summary(facts, Versus(), chosen)

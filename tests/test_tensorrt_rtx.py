@@ -38,7 +38,7 @@ from autoprec.core.errors import BackendError, SearchFailed
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.results.files import recorded_profile
+from autoprec.results.files import read_result_dir
 
 if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
     if os.environ.get("AUTOPREC_REQUIRE_TENSORRT_RTX"):
@@ -290,7 +290,7 @@ def test_rtx_parses_and_builds_the_trtexec_and_trt10_models(quick_start_result, 
     result = json.loads((quick_start_result / "pareto.json").read_text())
     int8 = result["uniform"]["int8"]
     assert _exit(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
-    profile = recorded_profile(result)
+    profile = read_result_dir(quick_start_result).profile
     assert profile.dynamic  # the bundled classifier's batch: kept dynamic in the exports
     with pytest.raises(BackendError, match="no shape profile"):
         build_engine(trt, TENSORRT_RTX, stored.load(folder / model))

@@ -18,7 +18,7 @@ from autoprec.app.specs import EngineSpec, InputSpec
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.results import console
-from autoprec.results.files import read_result_dir
+from autoprec.results.files import ResultFiles, read_result_dir
 
 if TYPE_CHECKING:
     from autoprec.study.choice import FinalTiming
@@ -73,25 +73,15 @@ def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -
     return 0
 
 
-def _print_json(files) -> None:
+def _print_json(files: ResultFiles) -> None:
+    from autoprec.results.files import json_safe
 
-    summary = {
-        k: files.pareto.get(k)
-        for k in (
-            "engine",
-            "model",
-            "search",
-            "chosen",
-            "chosen_vs_fp32",
-            "chosen_vs_source",
-            "not_shipped",
-            "final_rivals",
-            "uniform",
-            "front",
-        )
-    }
-    summary["deployment"] = (files.plan or {}).get("deployment")
-    console.stdout.print_json(data=summary)
+    pareto = files.pareto.to_json()
+    keys = ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals",
+            "uniform", "front")
+    summary = {k: pareto.get(k) for k in keys}
+    summary["deployment"] = files.shipped_as.to_json() if files.shipped_as else None
+    console.stdout.print_json(data=json_safe(summary))
 
 
 def _print_front(files) -> None:

@@ -18,7 +18,7 @@ from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import SearchSpace, load_search_space
-from autoprec.results.files import HowMeasured, ResultFiles, load_json, read_result_dir
+from autoprec.results.files import HowMeasured, ResultFiles, load_json, read_plan_file, read_result_dir
 
 
 def load_plan_document(path: str | os.PathLike) -> dict:
@@ -143,7 +143,7 @@ def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = 
     document = load_plan_document(plan) if plan is not None else {}
     if "search" not in document or "model" not in document:
         return None
-    return config_of(HowMeasured.from_record(document, Path(plan).resolve().parent.parent))
+    return config_of(read_plan_file(Path(plan), document).how_measured())
 
 
 def config_of(measured: HowMeasured) -> SearchConfig:
@@ -195,8 +195,7 @@ def plan_context(
 def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
     """MODEL + a result's best/plan.json: the analysis its search recorded (space, shapes, data split,
     calibration in the result folder beside it), on MODEL (checked to be the searched model)."""
-    header = {**document, "model": {**document["model"], "path": str(model)}}
-    result = ResultFiles(plan.resolve().parent.parent, header, {"trials": []}, document)
+    result = read_plan_file(plan, document, model)
     prepared = recreate(result, data, shapes)
     chosen, number = result.best_plan
     return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),

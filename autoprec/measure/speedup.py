@@ -30,6 +30,7 @@ import numpy as np
 
 from autoprec.analysis.data import Batch
 from autoprec.backends.base import Backend
+from autoprec.core.fields import Fields
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 
@@ -130,6 +131,7 @@ class Claim:
     retimed: bool = False
     blocks: int | None = None  # the sessions each model was built in (None: a result older than that method)
     unsteady: bool = False  # the machine's load moved during the timing: the interval holds at either load
+    method: str = METHOD  # how the interval was found, in words (an older result's: as it was then)
 
     @classmethod
     def measured(cls, found: Speedup) -> Claim:
@@ -137,18 +139,27 @@ class Claim:
                    True, found.blocks, found.unsteady)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Claim:
+    def from_json(cls, f: Fields) -> Claim:
+        """A speed-up as written (checked): its interval where the final timing measured one."""
         def number(key: str) -> float | None:
-            return float(data[key]) if data.get(key) is not None else None
+            found = f.get(key)
+            return None if found is None or found.value is None else float(found.number())
 
-        return cls(float(data["speedup"]), data["beyond_timing_noise"], number("low"), number("high"),
-                   number("confidence"), data.get("rounds"), bool(data.get("retimed") or data.get("rounds")),
-                   data.get("blocks"), bool(data.get("unsteady")))
+        def optional(key: str, read: Any) -> Any:
+            found = f.get(key)
+            return None if found is None or found.value is None else read(found)
+
+        beyond = f["beyond_timing_noise"]
+        rounds = optional("rounds", Fields.integer)
+        return cls(float(f["speedup"].number()), None if beyond.value is None else beyond.flag(), number("low"),
+                   number("high"), number("confidence"), rounds,
+                   bool(optional("retimed", Fields.flag) or rounds), optional("blocks", Fields.integer),
+                   bool(optional("unsteady", Fields.flag)), optional("method", Fields.text) or METHOD)
 
     def to_json(self) -> dict[str, Any]:
         interval = {} if self.low is None else {"low": self.low, "high": self.high, "confidence": self.confidence,
                                                 "rounds": self.rounds, "blocks": self.blocks,
-                                                "unsteady": self.unsteady, "method": METHOD}
+                                                "unsteady": self.unsteady, "method": self.method}
         return {"speedup": self.speedup, **interval, "beyond_timing_noise": self.beyond_timing_noise,
                 "retimed": self.retimed}
 

@@ -27,7 +27,7 @@ from autoprec.core.profile import ShapeProfile, declared_text, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
-from autoprec.results.files import ResultFiles, ShownTrial, decisions
+from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.record import SearchFacts
 from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
 from autoprec.study.choice import Versus
@@ -192,7 +192,7 @@ def front_table(result: ResultFiles) -> Table:
     (see :mod:`autoprec.results.rows` for what each column is)."""
     engine = result.engine
     rows = trial_rows(result)
-    named = len(rows) > len(result.pareto["front"])
+    named = len(rows) > len(result.pareto.front)
     table = Table(
         title=plain(f"Pareto front{' and the plans named below' if named else ''} — {engine.engine} {engine.version} "
                     f"{engine.provider} on {engine.device}"),
@@ -205,7 +205,7 @@ def front_table(result: ResultFiles) -> Table:
         t = row.trial
         table.add_row(
             str(t.number),
-            f"{row.ms:.3f}" + (" ⚠" if t.unstable else ""),
+            f"{row.ms:.3f}" + (" ⚠" if t.measurement.unstable else ""),
             f"{row.low:.3f}–{row.high:.3f}",
             ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             _loss(t.loss),
@@ -215,7 +215,7 @@ def front_table(result: ResultFiles) -> Table:
     notes = [COLUMNS_SAID]
     if said := roles_said(rows):
         notes.append(said)
-    if any(row.trial.unstable for row in rows):
+    if any(row.trial.measurement.unstable for row in rows):
         notes.append(f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
                      "after re-timing")
     table.caption = "\n".join(notes)
@@ -256,7 +256,7 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     return [workers, front]
 
 
-def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None) -> list[str]:
+def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | None) -> list[str]:
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
     if chosen is None and facts.max_loss is not None:
         return [f"no plan was chosen: no trial is within --max-loss {facts.max_loss:g}, not even all-FP32 (this "
@@ -270,7 +270,7 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: ShownTrial | None
         rule += " on the evaluation and the calibration batches"
     if versus.rivals:
         rule += ", re-timed with its rivals"
-    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.final_ms:.3f} ms, loss {_loss(chosen.loss)}, "
+    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.latency_ms:.3f} ms, loss {_loss(chosen.loss)}, "
              f"int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
@@ -459,8 +459,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         if c is None:
             return "—"
         if field == "latency":
-            rounds = ", ".join(f"{v:.3f}" for v in c.rounds)
-            return f"{c.final_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
+            rounds = ", ".join(f"{v:.3f}" for v in c.retimed_ms)
+            return f"{c.latency_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
         if field == "decisions":
             return decisions(c.metrics) or "—"
         return _loss(c.loss) if field == "loss" else c.mix
@@ -471,7 +471,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
 
     def uniform(r: ResultFiles, precision: str) -> str:
         t = r.uniform_trial(precision)
-        return f"{t.final_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
+        return f"{t.latency_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
 
     rows = [
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),

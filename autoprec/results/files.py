@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import ModelInfo, model_sha256
@@ -19,16 +19,17 @@ from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
+from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan
-from autoprec.core.profile import POINTS, ShapeProfile
+from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import save_models
-from autoprec.core.timing import Timing
 from autoprec.measure.deployment import Deployment
 from autoprec.measure.speedup import Claim, faster_beyond_noise
 from autoprec.results import coherence
 from autoprec.results.record import ChosenUnit, ModelRecord, SearchFacts, ShippedAs
 from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord, uniform_trials
+from autoprec.study.sensitivity import Sensitivity
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"
@@ -78,36 +79,10 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def trial_json(trial: TrialRecord) -> dict[str, Any]:
-    m = trial.measurement
-    return {
-        "trial": trial.number,
-        "latency_ms": m.latency.to_json(),
-        "final_latency_ms": trial.latency_ms,
-        "retimed_ms": list(trial.retimed_ms),
-        "latency_unstable": m.unstable,
-        "retimes": m.retimes,
-        "accuracy_loss": m.loss,
-        "feasible": trial.feasible,
-        "metrics": m.metrics,
-        "seconds": m.seconds,
-        "duplicate_of": trial.duplicate_of,
-        "plan": trial.plan.to_json(),
-        "build": m.build,
-    }
-
-
 def plan_ignored(trial: TrialRecord) -> bool:
     """The engine's build report says it did not run some unit at its planned precision."""
     fidelity = (trial.measurement.build or {}).get("plan_fidelity") or {}
     return bool(fidelity.get("plan_ignored"))
-
-
-def recorded_profile(pareto: dict[str, Any]) -> ShapeProfile:
-    """The shape profile a search recorded (an older result's: its one measured shape)."""
-    if pareto["search"].get("profile"):
-        return ShapeProfile.from_json(pareto["search"]["profile"])
-    return ShapeProfile.fixed({name: spec["shape"] for name, spec in pareto["model"]["inputs"].items()})
 
 
 def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
@@ -123,25 +98,13 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
     (``deployment``'s) are self-contained in best/ (their weights in one data file both share where they
     are large)."""
     out = result.out_dir
-    header = {"model": result.model.to_json(), "engine": result.engine.to_json(), "search": result.search}
+    recorded = json.loads(json.dumps(json_safe(result.search)))  # as written: checked as every reader reads it
+    header = Header(result.model, result.engine, SearchFacts.from_json(Fields(recorded, out / "pareto.json", "search")))
+    pareto = ParetoFile(header, result.front, result.chosen.number if result.chosen else None, result.stated_versus(),
+                        {p: t.number for p, t in result.uniform().items()})
     written = [
-        atomic.write_json(
-            out / "pareto.json",
-            json_safe(
-                {
-                    "schema": PARETO_SCHEMA,
-                    **header,
-                    "front": [trial_json(t) for t in result.front],
-                    "chosen": result.chosen.number if result.chosen else None,
-                    **result.stated_versus().to_json(),
-                    "uniform": {p: t.number for p, t in result.uniform().items()},
-                }
-            ),
-        ),
-        atomic.write_json(
-            out / "trials.json",
-            json_safe({"schema": PARETO_SCHEMA, **header, "trials": [trial_json(t) for t in result.trials]}),
-        ),
+        atomic.write_json(out / "pareto.json", json_safe(pareto.to_json())),
+        atomic.write_json(out / "trials.json", json_safe(TrialsFile(header, result.trials).to_json())),
     ]
     if result.chosen is not None and deployment is not None:
         best = out / "best"
@@ -160,17 +123,9 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
                 "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a strongly typed "
                 "build; NOT measured here"
             )
-        chosen = trial_json(result.chosen)
-        plan_doc = {
-            "schema": PLAN_SCHEMA,
-            **header,
-            **chosen,
-            "units": [
-                {**unit, "precision": result.chosen.plan[unit["name"]].value} for unit in result.units
-            ],
-            "files": files,
-            "deployment": deployment.to_json(),
-        }
+        units = tuple(ChosenUnit(u["name"], u["op_type"], tuple(u["fused"]), result.chosen.plan[u["name"]].value,
+                                 tuple(u["allowed"]), u["tied_to"]) for u in result.units)
+        shipped = ShippedAs(deployment.fixed_because, tuple(deployment.checks), deployment.fixed_because is None)
         models = {best / "model.onnx": chosen_model}
         if tensorrt_model is not None:
             models[best / "model.tensorrt.onnx"] = tensorrt_model
@@ -179,8 +134,9 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
         written += save_models(models, data=WEIGHTS_FILE, external=result.model.external_weights)
         if (best / WEIGHTS_FILE).is_file():
             files[WEIGHTS_FILE] = "the weights of the models beside it (ONNX external data): keep it with them"
-        plan_doc["sha256"] = {path.name: model_sha256(path) for path in models}  # what check and export ship
-        written.append(atomic.write_json(best / "plan.json", json_safe(plan_doc)))
+        sha256 = {path.name: model_sha256(path) for path in models}  # what check and export ship
+        plan = PlanFile(header, result.chosen, units, files, shipped, sha256)
+        written.append(atomic.write_json(best / "plan.json", json_safe(plan.to_json())))
     else:  # nothing chosen this time: an earlier run's best/ must not pass for this run's result
         _remove_best(out)
     return written
@@ -240,253 +196,129 @@ def load_json(path: Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-# --- the result files' structure, checked once on reading: plots, tables, report and exports can then
-# index them without meeting a value of the wrong type (a hand-edited or damaged file is refused) ---
-
-NUMBER = "a number"  # int or float, or "inf"/"-inf"/"nan" as json_safe writes them
+# --- one typed value per result file, whose from_json checks what it reads (autoprec.core.fields): plots, tables,
+# report and exports read these, never the JSON, and a hand-edited or damaged file is refused in one line ---
 
 
-@dataclass(frozen=True)
-class Nullable:
-    schema: Any
-
-
-@dataclass(frozen=True)
-class Optional_:
-    schema: Any  # the key may be absent (older result files)
+def _engine(f: Fields) -> EngineInfo:
+    for key in ("backend", "engine", "version", "provider", "device", "qdq_form"):
+        f[key].text()
+    f["measured"].flag()
+    for key in ("caveat", "timing"):
+        if (found := f.get(key)) is not None:
+            found.text()
+    return EngineInfo.from_json(f.value)
 
 
 @dataclass(frozen=True)
-class MapOf:
-    schema: Any  # an object with any keys, each value of this schema
+class Header:
+    """What every result file begins with: the model, the engine, the search's record."""
 
-
-@dataclass(frozen=True)
-class OneOf:
-    values: tuple
-
-
-PRECISION = OneOf(("int8", "fp16", "fp32"))
-TIMING = {"median_ms": NUMBER, "p10_ms": NUMBER, "p90_ms": NUMBER, "runs": int, "warmup": int}
-PLAN = {"calibration": str, "counts": {"int8": int, "fp16": int, "fp32": int}, "precisions": MapOf(PRECISION)}
-TRIAL = {
-    "trial": int, "latency_ms": TIMING, "final_latency_ms": NUMBER, "retimed_ms": [NUMBER], "latency_unstable": bool,
-    "accuracy_loss": NUMBER, "feasible": bool, "metrics": MapOf(MapOf(NUMBER)), "duplicate_of": Nullable(int),
-    "plan": PLAN, "build": Nullable(dict),
-}
-ENGINE = {
-    "backend": str,
-    "engine": str,
-    "version": str,
-    "provider": str,
-    "device": str,
-    "qdq_form": str,
-    "measured": bool,
-    "caveat": Optional_(str),
-    "timing": Optional_(str),
-}
-MODEL = {"path": str, "sha256": str, "inputs": MapOf({"shape": [int], "dtype": str}),
-         "outputs": MapOf({"shape": list, "dtype": str}), "units": int, "searchable_units": int, "preparation": [str],
-         "weight_bytes": Optional_(int), "external_data": Optional_(bool)}
-SHAPES = Nullable(MapOf([int]))
-# pareto.json search.spec: the option groups of autoprec.app.specs as their to_json writes them
-SPEC = {
-    "inputs": {"model": str, "data": Nullable(str), "shapes": SHAPES, "min_shapes": SHAPES, "max_shapes": SHAPES,
-               "constants": Nullable(MapOf(NUMBER)), "image_mean": [NUMBER], "image_std": [NUMBER],
-               "image_order": Optional_(str), "image_scale": Optional_(NUMBER), "image_resize": Optional_(str)},
-    "engine": {"backend": str, "device": int, "threads": int},
-    "judge": {"metric": str, "max_loss": Nullable(NUMBER),
-              "head": {"blank": int, "charset": Nullable([str]), "layout": Nullable(str), "conf": NUMBER, "iou": NUMBER,
-                       "output": Nullable(str), "db_thresh": Optional_(NUMBER), "db_box_thresh": Optional_(NUMBER),
-                       "image": Optional_(Nullable([int]))}},
-    "space": {"search_space": Nullable(str), "overrides": [str], "precisions": Nullable([str]), "calibration": str,
-              "tie_repeats": bool},
-    "study": {"budget": int, "seed": int, "sampler": str, "storage": Nullable(str), "study_name": Nullable(str),
-              "artifacts": Nullable(str), "heartbeat": int, "warm_start": bool, "early_reject": bool,
-              "proposals": Nullable(int)},
-    "isolation": {"isolate": bool, "trial_timeout": NUMBER, "trial_memory_gb": Nullable(NUMBER),
-                  "build_workers": Nullable(int)},
-}
-SEARCH = {
-    "spec": Optional_(SPEC),
-    "run": Optional_(str),
-    "rejected": Optional_(list),
-    "tied_units": Optional_(int),
-    "budget": int,
-    "trials": int,
-    "metric": str,
-    "max_loss": Nullable(NUMBER),
-    "seed": int,
-    "calibration": str,
-    "study_name": str,
-    "storage": str,
-    "data": str,
-    "random_data": bool,
-    "sampler": str,
-    "wall_seconds": NUMBER,
-    "batches": {"calibration": int, "evaluation": int},
-    "image_norm": Optional_({"mean": [NUMBER], "std": [NUMBER], "order": Optional_(str), "scale": Optional_(NUMBER),
-                             "resize": Optional_(str)}),
-    "constants": Optional_(MapOf(NUMBER)),
-    "out_of_range": Optional_([str]),
-    "data_path": Optional_(Nullable(str)),
-    "data_fingerprint": Optional_(str),
-    "calibration_file": Optional_(Nullable(str)),
-    "search_space": Optional_((dict, str)),
-    "plan_ignored": Optional_([int]),
-    "fp32_on_labels": Optional_(MapOf(MapOf(NUMBER))),
-    "metric_notes": Optional_([str]),
-    "limit_in_decisions": Optional_(Nullable(str)),
-    "decision_changes": Optional_([str]),
-    "metric_tasks": Optional_({"tasks": [str], "options": dict}),
-    "held_out": Optional_({"batches": int, "max_loss": Nullable(NUMBER), "engine": str,
-                           "judged": [{"trial": int, "loss": NUMBER}]}),
-    "timing_drift": Optional_(Nullable({"plans": int, "largest_percent": NUMBER, "outside_trial_spread": int})),
-    "engine_builds": Optional_(int),
-    "engine_builds_by_phase": Optional_(MapOf(int)), "engine_builds_scope": Optional_(str),
-    "reference_evaluations": Optional_(int),
-    "reference": Optional_({"executor": str, "proposals_per_build": int}),
-    "profile": Optional_(
-        {"inputs": [{"name": str, "declared": [(int, str, type(None))], "min": [int], "opt": [int], "max": [int]}]}
-    ),
-    "profile_timing": Optional_(
-        {
-            "ms": MapOf({p: Nullable(NUMBER) for p in POINTS}),
-            "feasible": [int],
-            "fastest": MapOf(Nullable(int)),
-            "across_range": Nullable(int),
-            "how": str,
-            "failed": Optional_(MapOf(str)),
-        }
-    ),
-}
-SPEEDUP = {
-    "speedup": NUMBER,
-    "beyond_timing_noise": Nullable(bool),
-    "low": Optional_(NUMBER),
-    "high": Optional_(NUMBER),
-    "confidence": Optional_(NUMBER),
-    "rounds": Optional_(int),
-    "blocks": Optional_(Nullable(int)),
-    "unsteady": Optional_(bool),
-}
-HEADER = {"schema": OneOf((PARETO_SCHEMA,)), "model": MODEL, "engine": ENGINE, "search": SEARCH}
-PARETO = {**HEADER, "front": [TRIAL], "chosen": Nullable(int), "uniform": MapOf(int),
-          "chosen_vs_fp32": Nullable({"fp32_trial": int, **SPEEDUP}),
-          "chosen_vs_source": Optional_(Nullable({**SPEEDUP, "preparation": Optional_(SPEEDUP)})),
-          "not_shipped": Optional_(Nullable({"trial": int, **SPEEDUP, "why": str})),
-          "final_rivals": Optional_([{"trial": int, **SPEEDUP}]),
-          "final_timing": Optional_(Nullable({"others_cores": Nullable([NUMBER]), "fp32_level_moved": NUMBER,
-                                              "cores": int, "moved": bool}))}
-TRIALS = {**HEADER, "trials": [TRIAL]}
-DEPLOYMENT = {
-    "keeps_source_dims": bool,
-    "fixed_because": Nullable(str),
-    "checked_against_source": [
-        {
-            "point": OneOf((*POINTS, "data")),
-            "shapes": MapOf([int]),
-            "same_output_shapes": bool,
-            "cosine_loss": Nullable(NUMBER),
-            "error": Nullable(str),
-            "items": Optional_(int),
-            "outside_profile": Optional_(bool),
-        }
-    ],
-}
-CHOSEN_PLAN = {**TRIAL, "schema": OneOf((PLAN_SCHEMA,)), "files": MapOf(str), "deployment": Optional_(DEPLOYMENT),
-               "sha256": Optional_(MapOf(str)),
-               "units": [{"name": str, "op_type": str, "fused": [str], "allowed": [PRECISION], "precision": PRECISION}]}
-SENSITIVITY = {"engine": str, "batches": int, "evaluations": int, "seconds": NUMBER,
-               "unattributed_share": Nullable(NUMBER), "units": [{"unit": str, "op_type": str, "share": Nullable(NUMBER),
-                                                          "loss": MapOf(NUMBER), "gain": MapOf(NUMBER)}]}
-
-
-def _problem(value: Any, schema: Any, where: str) -> str | None:
-    """Where ``value`` departs from ``schema``, in words; None when it fits."""
-    name = where or "the top level"
-    if isinstance(schema, Optional_):
-        return _problem(value, schema.schema, where)
-    if isinstance(schema, Nullable):
-        return None if value is None else _problem(value, schema.schema, where)
-    if schema is NUMBER:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in ("inf", "-inf", "nan")
-        return None if ok else f"{name} is {value!r:.60}, not a number"
-    if isinstance(schema, OneOf):
-        return (
-            None
-            if value in schema.values
-            else f"{name} is {value!r:.60}, not one of {', '.join(map(str, schema.values))}"
-        )
-    if isinstance(schema, (type, tuple)):
-        kinds = schema if isinstance(schema, tuple) else (schema,)
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-        return None if ok else f"{name} is {value!r:.60}, not {' or '.join(k.__name__ for k in kinds)}"
-    if isinstance(schema, list):
-        if not isinstance(value, list):
-            return f"{name} is not a list"
-        return next((p for i, item in enumerate(value) if (p := _problem(item, schema[0], f"{where}[{i}]"))), None)
-    if isinstance(schema, MapOf):
-        if not isinstance(value, dict):
-            return f"{name} is not an object"
-        return next((p for k, item in value.items() if (p := _problem(item, schema.schema, f"{where}.{k}"))), None)
-    if not isinstance(value, dict):
-        return f"{name} is not an object"
-    for key, sub in schema.items():
-        if key not in value:
-            if not isinstance(sub, Optional_):
-                return f"{where}.{key} is missing".lstrip(".")
-            continue
-        if (problem := _problem(value[key], sub, f"{where}.{key}".lstrip("."))) is not None:
-            return problem
-    return None
-
-
-def validated(document: Any, schema: Any, path: Path) -> Any:
-    """``document`` when it has the structure autoprec wrote; else one line naming the file and the field."""
-    problem = _problem(document, schema, "")
-    if problem is not None:
-        raise AutoprecError(f"{path}: {problem}; it is not as autoprec wrote it (edited or damaged): rerun the search "
-                            "to rewrite the result files")
-    return document
-
-
-@dataclass(frozen=True)
-class ShownTrial:
-    """A trial as every view shows it (terminal, report, plots): read from the result files once, so
-    that no view indexes raw JSON. The final latency is the re-timing rounds' median when the trial was
-    re-timed, else its own; the range behind it is those rounds' span, else its own p10–p90."""
-
-    number: int
-    final_ms: float
-    rounds: tuple[float, ...]
-    timing: Timing  # the trial's own timed runs
-    loss: float
-    counts: dict[str, int]
-    precisions: dict[str, str]
-    metrics: dict[str, dict[str, float]]
-    unstable: bool
+    model: ModelRecord
+    engine: EngineInfo
+    search: SearchFacts
 
     @classmethod
-    def from_json(cls, trial: dict[str, Any]) -> ShownTrial:
-        return cls(trial["trial"], trial["final_latency_ms"], tuple(trial.get("retimed_ms") or ()),
-                   Timing.from_json(trial["latency_ms"]), float(trial["accuracy_loss"]), trial["plan"]["counts"],
-                   trial["plan"]["precisions"], trial["metrics"], bool(trial.get("latency_unstable")))
+    def from_json(cls, f: Fields) -> Header:
+        return cls(ModelRecord.from_json(f["model"]), _engine(f["engine"]), SearchFacts.from_json(f["search"]))
 
-    @property
-    def low_ms(self) -> float:
-        return min(self.rounds) if self.rounds else self.timing.p10_ms
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model.to_json(), "engine": self.engine.to_json(), "search": self.search.to_json()}
 
-    @property
-    def high_ms(self) -> float:
-        return max(self.rounds) if self.rounds else self.timing.p90_ms
 
-    def faster_beyond_noise_than(self, other: ShownTrial) -> bool | None:
-        return faster_beyond_noise(self.rounds, other.rounds)
+def _schema(f: Fields, schema: str) -> None:
+    f["schema"].one_of((schema,))
 
-    @property
-    def mix(self) -> str:
-        return f"{self.counts['int8']}/{self.counts['fp16']}/{self.counts['fp32']}"
+
+@dataclass(frozen=True)
+class TrialsFile:
+    """trials.json: every finished trial of the study."""
+
+    header: Header
+    trials: tuple[TrialRecord, ...]
+
+    @classmethod
+    def from_json(cls, f: Fields) -> TrialsFile:
+        _schema(f, PARETO_SCHEMA)
+        return cls(Header.from_json(f), tuple(map(TrialRecord.from_json, f["trials"].items())))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "trials": [t.to_json() for t in self.trials]}
+
+
+@dataclass(frozen=True)
+class ParetoFile:
+    """pareto.json: the Pareto front, the chosen trial, its speed-ups and the uniform plans' trials."""
+
+    header: Header
+    front: tuple[TrialRecord, ...]
+    chosen: int | None
+    versus: Versus
+    uniform: dict[str, int]
+
+    @classmethod
+    def from_json(cls, f: Fields) -> ParetoFile:
+        _schema(f, PARETO_SCHEMA)
+        header, front = Header.from_json(f), tuple(map(TrialRecord.from_json, f["front"].items()))
+        chosen = f["chosen"].nullable()
+        return cls(header, front, chosen.integer() if chosen else None, Versus.from_json(f),
+                   {precision: number.integer() for precision, number in f["uniform"].mapping().items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "front": [t.to_json() for t in self.front],
+                "chosen": self.chosen, **self.versus.to_json(), "uniform": self.uniform}
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """best/plan.json: the chosen trial, its units, best/'s files and how its model ships."""
+
+    header: Header
+    trial: TrialRecord
+    units: tuple[ChosenUnit, ...]
+    files: dict[str, str]
+    deployment: ShippedAs | None  # None: a result older than the record of it
+    sha256: dict[str, str] | None  # best/'s models' sha256 (None: a result older than the record of them)
+
+    @classmethod
+    def from_json(cls, f: Fields) -> PlanFile:
+        _schema(f, PLAN_SCHEMA)
+        deployment, sha256 = f.get("deployment"), f.get("sha256")
+        return cls(Header.from_json(f), TrialRecord.from_json(f), tuple(map(ChosenUnit.from_json, f["units"].items())),
+                   {name: what.text() for name, what in f["files"].mapping().items()},
+                   ShippedAs.from_json(deployment) if deployment else None,
+                   {name: digest.text() for name, digest in sha256.mapping().items()} if sha256 else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": PLAN_SCHEMA, **self.header.to_json(), **self.trial.to_json(),
+                "units": [u.to_json() for u in self.units], "files": self.files,
+                **({"deployment": self.deployment.to_json()} if self.deployment else {}),
+                **({"sha256": self.sha256} if self.sha256 is not None else {})}
+
+
+def _sensitivity(f: Fields) -> Sensitivity:
+    """sensitivity.json (see :class:`autoprec.study.sensitivity.Sensitivity`), checked."""
+    f["engine"].text(), f["batches"].integer(), f["evaluations"].integer(), f["seconds"].number()
+    if (share := f["unattributed_share"].nullable()) is not None:
+        share.number()
+    for unit in f["units"].items():
+        unit["unit"].text(), unit["op_type"].text()
+        if (share := unit["share"].nullable()) is not None:
+            share.number()
+        for key in ("loss", "gain"):
+            for value in unit[key].mapping().values():
+                value.number()
+    return Sensitivity.from_json(f.value)
+
+
+def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
+    """The file read into its typed value, and the JSON it was read from."""
+    try:
+        document = load_json(path)
+    except (OSError, ValueError) as exc:
+        raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
+                            "to rewrite the result files") from None
+    return reader(Fields(document, path)), document
 
 
 @dataclass(frozen=True)
@@ -514,83 +346,83 @@ class HowMeasured:
     max_loss: float | None
 
     @classmethod
-    def from_record(cls, record: dict[str, Any], where: Path) -> HowMeasured:
-        facts, model = record["search"], record["model"]
+    def of(cls, header: Header, where: Path) -> HowMeasured:
+        facts, search = header.search.recorded, header.search
 
-        def recorded(key: str, within: dict[str, Any], nullable: bool = False) -> Any:
-            if key not in within or (within[key] is None and not nullable):
+        def recorded(key: str, nullable: bool = False) -> Any:
+            if key not in facts or (facts[key] is None and not nullable):
                 raise AutoprecError(f"{where}: its result files do not record {key!r} (written by an older autoprec); "
                                     "rerun the search to re-create, check or export its plans")
-            return within[key]
+            return facts[key]
 
-        path, sha256 = Path(recorded("path", model)), recorded("sha256", model)
-        space, inputs = recorded("search_space", facts), recorded("inputs", model)
-        fingerprint, seed = recorded("data_fingerprint", facts), recorded("seed", facts)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise AutoprecError(f"{where}: its recorded seed {seed!r} is not a whole number of 0 or more "
+        space, fingerprint = recorded("search_space"), recorded("data_fingerprint")
+        if search.seed < 0:
+            raise AutoprecError(f"{where}: its recorded seed {search.seed!r} is not a whole number of 0 or more "
                                 "(pareto.json damaged?); rerun the search")
+        model = header.model
         return cls(
-            path, sha256, {name: tuple(spec["shape"]) for name, spec in inputs.items()}, space,
-            facts.get("data_path"), fingerprint, seed, ImageOptions.from_json(facts.get("image_norm")),
+            model.path, model.sha256, {name: tuple(shape) for name, (shape, _) in model.inputs.items()}, space,
+            facts.get("data_path"), fingerprint, search.seed, ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
-            recorded("calibration_file", facts, nullable=True),
-            ShapeProfile.from_json(facts["profile"]) if facts.get("profile") else None, facts.get("spec"),
-            record.get("engine", {}).get("backend", "ort-cpu"), facts.get("metric", "cosine"), facts.get("max_loss"),
+            recorded("calibration_file", nullable=True), search.profile, facts.get("spec"), header.engine.backend,
+            search.metric, search.max_loss,
         )
 
 
 @dataclass(frozen=True)
 class ResultFiles:
-    """A result directory as written by a search: what plots, reports and comparisons read."""
+    """A result directory as written by a search, each file its typed value: what plots, reports and comparisons
+    read."""
 
     out_dir: Path
-    pareto: dict[str, Any]
-    trials: dict[str, Any]
-    plan: dict[str, Any] | None
-    sensitivity: dict[str, Any] | None = None  # sensitivity.json, when the search ran its sensitivity pass
+    pareto: ParetoFile
+    trials: TrialsFile
+    plan: PlanFile | None
+    sensitivity: Sensitivity | None = None  # sensitivity.json, when the search ran its sensitivity pass
 
-    def trial(self, number: int) -> dict[str, Any] | None:
-        return next((t for t in self.trials["trials"] if t["trial"] == number), None)
+    def trial(self, number: int | None) -> TrialRecord | None:
+        """Trial ``number`` (None: the study has no such finished trial)."""
+        return next((t for t in self.trials.trials if t.number == number), None)
 
     def plan_of(self, number: int) -> Plan | None:
         """Trial ``number``'s plan (None: the study has no such finished trial)."""
         found = self.trial(number)
-        return Plan.from_json(found["plan"]) if found else None
+        return found.plan if found else None
 
     @property
     def best_plan(self) -> tuple[Plan, int] | None:
         """best/'s plan and its trial (None: no plan was chosen)."""
-        return (Plan.from_json(self.plan["plan"]), self.plan["trial"]) if self.plan else None
+        return (self.plan.trial.plan, self.plan.trial.number) if self.plan else None
 
     def how_measured(self) -> HowMeasured:
-        return HowMeasured.from_record(self.pareto, self.out_dir)
+        return HowMeasured.of(self.pareto.header, self.out_dir)
 
     @property
     def engine(self) -> EngineInfo:
         """The engine every trial of the result was measured on."""
-        return EngineInfo.from_json(self.pareto["engine"])
+        return self.pareto.header.engine
 
     @property
     def model_path(self) -> Path:
         """The model the search was given."""
-        return Path(self.pareto["model"]["path"])
+        return self.model.path
 
     @property
     def chosen_number(self) -> int | None:
-        return self.pareto["chosen"]
+        return self.pareto.chosen
 
-    def uniform_trial(self, precision: str) -> ShownTrial | None:
+    def uniform_trial(self, precision: str) -> TrialRecord | None:
         """The all-``precision`` trial, where the study has one."""
-        return self.shown_trial(self.pareto["uniform"].get(precision))
+        return self.trial(self.pareto.uniform.get(precision))
 
     @property
     def versus(self) -> Versus:
         """The chosen plan's speed-ups with their intervals, and the plan not shipped, if one was not."""
-        return Versus.from_json(self.pareto)
+        return self.pareto.versus
 
     @property
     def model(self) -> ModelRecord:
-        return ModelRecord.from_json(self.pareto["model"])
+        return self.pareto.header.model
 
     @property
     def model_name(self) -> str:
@@ -601,22 +433,22 @@ class ResultFiles:
     @property
     def facts(self) -> SearchFacts:
         """How the search ran, as a reader is shown it."""
-        return SearchFacts.from_json(self.pareto["search"])
+        return self.pareto.header.search
 
     @property
     def profile(self) -> ShapeProfile:
-        """The shape profile the search recorded (see :func:`recorded_profile`)."""
-        return recorded_profile(self.pareto)
+        """The shape profile the search recorded (an older result's: its one measured shape)."""
+        return self.facts.profile or ShapeProfile.fixed({name: shape for name, (shape, _) in self.model.inputs.items()})
 
     @property
     def chosen_units(self) -> list[ChosenUnit]:
         """The chosen plan's units in graph order (none where no plan was chosen)."""
-        return [ChosenUnit.from_json(u) for u in self.plan["units"]] if self.plan else []
+        return list(self.plan.units) if self.plan else []
 
     @property
     def best_files(self) -> dict[str, str]:
         """best/'s files and what each is."""
-        return dict(self.plan["files"]) if self.plan else {}
+        return dict(self.plan.files) if self.plan else {}
 
     def owns(self, path: str | Path) -> bool:
         """Whether ``path`` is (or would overwrite) one of the result's own files: what the search wrote, best/, its
@@ -629,14 +461,14 @@ class ResultFiles:
 
     def check_shipped(self) -> None:
         """Every model best/ holds is the file the search wrote there (see :meth:`shipped_model`)."""
-        for name in (self.plan or {}).get("sha256") or {"model.onnx": None}:
+        for name in (self.plan.sha256 if self.plan else None) or {"model.onnx": None}:
             self.shipped_model(name)
 
     def shipped_model(self, name: str = "model.onnx") -> Path:
         """best/``name`` checked to be the file the search wrote there (its sha256, external data included, against
         best/plan.json's record): what check passes and export ships is the model the result describes."""
         path = self.out_dir / "best" / name
-        recorded = ((self.plan or {}).get("sha256") or {}).get(name)
+        recorded = ((self.plan.sha256 if self.plan else None) or {}).get(name)
         if self.plan is None:
             raise AutoprecError(f"{self.out_dir}: no chosen plan, so no best/{name}; see autoprec show {self.out_dir}")
         if recorded is None:
@@ -658,71 +490,70 @@ class ResultFiles:
     @property
     def shipped_as(self) -> ShippedAs | None:
         """How best/model.onnx ships (None: no plan chosen, or a result older than the record of it)."""
-        deployment = (self.plan or {}).get("deployment")
-        return ShippedAs.from_json(deployment) if deployment else None
+        return self.plan.deployment if self.plan else None
 
-    def shown_front(self) -> list[ShownTrial]:
-        return [ShownTrial.from_json(t) for t in self.pareto["front"]]
+    def shown_front(self) -> list[TrialRecord]:
+        return list(self.pareto.front)
 
-    def shown_chosen(self) -> ShownTrial | None:
-        return next((t for t in self.shown_front() if t.number == self.chosen_number), None)
+    def shown_chosen(self) -> TrialRecord | None:
+        return next((t for t in self.pareto.front if t.number == self.chosen_number), None)
 
-    def shown_trial(self, number: int | None) -> ShownTrial | None:
-        found = self.trial(number) if number is not None else None
-        return ShownTrial.from_json(found) if found else None
+    def shown_trial(self, number: int | None) -> TrialRecord | None:
+        return self.trial(number)
 
-    def shown_trials(self) -> list[ShownTrial]:
-        return [ShownTrial.from_json(t) for t in self.trials["trials"]]
+    def shown_trials(self) -> list[TrialRecord]:
+        return list(self.trials.trials)
+
+
+def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = None) -> ResultFiles:
+    """A result's best/plan.json read on its own (MODEL + --plan), checked: the result as far as it records it, its
+    model at ``model`` where given (re-creation checks it against the recorded sha256)."""
+    found = PlanFile.from_json(Fields(document, plan))
+    header = found.header if model is None else replace(found.header, model=replace(found.header.model, path=model))
+    pareto = ParetoFile(header, (), found.trial.number, Versus(), {})
+    return ResultFiles(plan.resolve().parent.parent, pareto, TrialsFile(header, ()), replace(found, header=header))
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:
-    """Load a result directory, every file checked against the structure autoprec writes, or say
-    plainly why it is not one: everything downstream reads result files through here."""
+    """Load a result directory, every file checked as it is read into its typed value, or say plainly why it is not
+    one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
     if not pareto_path.is_file():
         raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
-    files = {"pareto": pareto_path, "trials": out_dir / "trials.json", "plan": out_dir / "best" / "plan.json",
-             "sensitivity": out_dir / "sensitivity.json"}
-    read: dict[str, Any] = {}
-    for name, path in files.items():
-        if name in ("plan", "sensitivity") and not path.is_file():
-            read[name] = None
-            continue
-        try:
-            read[name] = load_json(path)
-        except (OSError, ValueError) as exc:
-            raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
-                                "to rewrite the result files") from None
-    if isinstance(read["pareto"], dict) and read["pareto"].get("schema") != PARETO_SCHEMA:
-        raise AutoprecError(
-            f"{pareto_path}: schema {read['pareto'].get('schema')!r} is not {PARETO_SCHEMA!r}; rerun the search"
-        )
-    pareto = validated(read["pareto"], PARETO, pareto_path)
-    trials = validated(read["trials"], TRIALS, files["trials"])
-    plan = validated(read["plan"], CHOSEN_PLAN, files["plan"]) if read["plan"] is not None else None
-    sensitivity = (
-        validated(read["sensitivity"], SENSITIVITY, files["sensitivity"]) if read["sensitivity"] is not None else None
-    )
-    _check_consistent(out_dir, pareto, trials, plan)
-    coherence.check(out_dir, pareto, trials, plan)
-    return ResultFiles(out_dir, pareto, trials, plan, sensitivity)
+    try:
+        schema = load_json(pareto_path).get("schema")
+    except (OSError, ValueError, AttributeError):
+        schema = PARETO_SCHEMA  # said as the file is read below
+    if schema != PARETO_SCHEMA:
+        raise AutoprecError(f"{pareto_path}: schema {schema!r} is not {PARETO_SCHEMA!r}; rerun the search")
+    pareto, pareto_doc = _read(pareto_path, ParetoFile.from_json)
+    trials, trials_doc = _read(out_dir / "trials.json", TrialsFile.from_json)
+    plan, plan_doc = (_read(out_dir / "best" / "plan.json", PlanFile.from_json)
+                      if (out_dir / "best" / "plan.json").is_file() else (None, None))
+    sensitivity = (_read(out_dir / "sensitivity.json", _sensitivity)[0]
+                   if (out_dir / "sensitivity.json").is_file() else None)
+    result = ResultFiles(out_dir, pareto, trials, plan, sensitivity)
+    _check_consistent(result)
+    coherence.check(out_dir, pareto_doc, trials_doc, plan_doc)
+    return result
 
 
-def _check_consistent(out_dir: Path, pareto: dict, trials: dict, plan: dict | None) -> None:
+def _check_consistent(result: ResultFiles) -> None:
     """The files agree with each other: the chosen trial is on the front, best/ is the chosen one, the
     uniform plans are trials, every front plan names the same units."""
-    numbers = {t["trial"] for t in trials["trials"]}
-    front = {t["trial"] for t in pareto["front"]}
+    pareto, plan = result.pareto, result.plan
+    numbers = {t.number for t in result.trials.trials}
+    front = {t.number for t in pareto.front}
     problem = None
-    if pareto["chosen"] is not None and pareto["chosen"] not in front:
-        problem = f"pareto.json chooses trial {pareto['chosen']}, which is not on its front"
-    elif plan is not None and plan["trial"] != pareto["chosen"]:
-        problem = (f"best/plan.json holds trial {plan['trial']}, but pareto.json chose {pareto['chosen']} "
+    if pareto.chosen is not None and pareto.chosen not in front:
+        problem = f"pareto.json chooses trial {pareto.chosen}, which is not on its front"
+    elif plan is not None and plan.trial.number != pareto.chosen:
+        problem = (f"best/plan.json holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} "
                    "(best/ is from another run)")
-    elif any(n not in numbers for n in pareto["uniform"].values()):
+    elif any(n not in numbers for n in pareto.uniform.values()):
         problem = "pareto.json names a uniform plan that trials.json does not have"
-    elif len({tuple(t["plan"]["precisions"]) for t in pareto["front"]}) > 1:
+    elif len({tuple(t.precisions) for t in pareto.front}) > 1:
         problem = "the front's plans do not name the same units"
     if problem:
-        raise AutoprecError(f"{out_dir}: {problem}; rerun the search to rewrite the result files")
+        raise AutoprecError(f"{result.out_dir}: {problem}; rerun the search to rewrite the result files")

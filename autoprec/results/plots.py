@@ -18,7 +18,8 @@ import numpy as np
 from autoprec.core import atomic
 from autoprec.core.escape import printable
 from autoprec.measure.diagnosis import UnitError, culprits
-from autoprec.results.files import ResultFiles, ShownTrial
+from autoprec.results.files import ResultFiles
+from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
 if TYPE_CHECKING:
@@ -32,11 +33,11 @@ GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
 SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-def _point(trial: ShownTrial) -> tuple[float, float, float, float] | None:
+def _point(trial: TrialRecord) -> tuple[float, float, float, float] | None:
     """(latency, loss, bar below, bar above): the final latency, with the range behind it as bars."""
     if not math.isfinite(trial.loss):  # overflowed: unbounded loss, drawn nowhere
         return None
-    x = trial.final_ms
+    x = trial.latency_ms
     return x, trial.loss, max(x - trial.low_ms, 0.0), max(trial.high_ms - x, 0.0)
 
 
@@ -185,7 +186,7 @@ def layers_figure(result: ResultFiles) -> Figure:
     plt = _pyplot()
     order = ["int8", "fp16", "fp32"]
     chosen = result.chosen_number
-    front = sorted(result.shown_front(), key=lambda t: (t.number != chosen, t.final_ms))
+    front = sorted(result.shown_front(), key=lambda t: (t.number != chosen, t.latency_ms))
     units = list(front[0].precisions) if front else []
     grid = [[order.index(t.precisions[u]) for u in units] for t in front]
     width = min(24.0, max(8.0, 0.09 * len(units) + 3.5))
@@ -198,7 +199,7 @@ def layers_figure(result: ResultFiles) -> Figure:
     for t in front:
         loss_text = f"{t.loss:.1e}" if math.isfinite(t.loss) else "inf"
         mark = "chosen · " if t.number == chosen else ""
-        labels.append(f"{mark}trial {t.number}: {t.final_ms:.3g} ms, loss {loss_text}")
+        labels.append(f"{mark}trial {t.number}: {t.latency_ms:.3g} ms, loss {loss_text}")
     ax.set_yticks(range(len(front)), labels, fontsize=8)
     if len(units) <= 40:
         ax.set_xticks(range(len(units)), [_name(u) for u in units], rotation=90, fontsize=7)
@@ -274,7 +275,7 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
         plot_layers(result, result.out_dir / "layers.png"),
     ]
     if result.sensitivity is not None:
-        found = Sensitivity.from_json(result.sensitivity)
+        found = result.sensitivity
         written.append(plot_sensitivity(found, result.model_name, result.out_dir / "sensitivity.png"))
     return written
 

@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoprec.analysis.model import ModelInfo
+from autoprec.core.fields import Fields
+from autoprec.core.plan import Precision
+from autoprec.core.profile import POINTS, ShapeProfile
 from autoprec.measure.confirmation import ADVICE, HeldOut
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.study.optimize import TrialRecord
 
 DRIFT_WORTH_SAYING = 10.0  # percent
+PRECISIONS = tuple(p.value for p in Precision)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ class Drift:
 
 @dataclass(frozen=True)
 class SearchFacts:
-    """What a reader is shown of how the search ran (pareto.json's ``search``)."""
+    """pareto.json's ``search`` (the same in trials.json and best/plan.json): how the search was asked and what it
+    did, as a reader is shown it, checked field by field when read. ``recorded`` is the section as the search wrote
+    it (an older result's: as it was), which is what :meth:`to_json` gives back."""
 
     metric: str
     max_loss: float | None
@@ -80,22 +86,33 @@ class SearchFacts:
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
     held_out: HeldOut | None = None  # the plans judged on the calibration batches, the shipped one among them
     limit_in_decisions: str | None = None  # what --max-loss allows where the metric counts decisions (Judge.limit_said)
+    profile: ShapeProfile | None = None  # None: an older result, measured at one shape
+    run: str | None = None  # which run wrote the file (None: an older result)
+    recorded: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_json(cls, search: dict[str, Any]) -> SearchFacts:
-        max_loss, timing = search["max_loss"], search.get("profile_timing")
+    def from_json(cls, f: Fields) -> SearchFacts:
+        search = f.as_object()
+        _check_recorded(f)
+        batches, timing, drift, held, spec = f["batches"], f.get("profile_timing"), f.get("timing_drift"), \
+            f.get("held_out"), f.get("spec")
         return cls(
-            search["metric"], float(max_loss) if max_loss is not None else None, search["budget"], search["trials"],
-            len(search.get("rejected") or ()), search["sampler"], search["seed"], search["calibration"],
-            search["study_name"], search["storage"], search["data"],
-            (search["batches"]["calibration"], search["batches"]["evaluation"]), search["random_data"],
-            float(search["wall_seconds"]), dict(search.get("fp32_on_labels") or {}),
-            tuple(search.get("metric_notes") or ()), tuple(search.get("decision_changes") or ()),
-            Drift.from_json(search.get("timing_drift")), ProfileTiming.from_json(timing) if timing else None,
-            str((search.get("spec") or {}).get("inputs", {}).get("model") or "") or None,
-            HeldOut.from_json(search["held_out"]) if search.get("held_out") else None,
-            search.get("limit_in_decisions"),
+            f["metric"].text(), _nullable_number(f["max_loss"]), f["budget"].integer(), f["trials"].integer(),
+            len(f["rejected"].items()) if "rejected" in search else 0, f["sampler"].text(), f["seed"].integer(),
+            f["calibration"].text(), f["study_name"].text(), f["storage"].text(), f["data"].text(),
+            (batches["calibration"].integer(), batches["evaluation"].integer()), f["random_data"].flag(),
+            float(f["wall_seconds"].number()), _metrics(f.get("fp32_on_labels")),
+            tuple(f["metric_notes"].texts()) if "metric_notes" in search else (),
+            tuple(f["decision_changes"].texts()) if "decision_changes" in search else (),
+            _drift(drift.nullable()) if drift else None, _profile_timing(timing) if timing else None,
+            _spec_model(spec) if spec else None, _held_out(held) if held else None,
+            _nullable_text(f["limit_in_decisions"]) if "limit_in_decisions" in search else None,
+            _profile(f["profile"]) if search.get("profile") else None,
+            f["run"].text() if "run" in search else None, search,
         )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.recorded
 
     @property
     def drift_said(self) -> str | None:
@@ -136,13 +153,15 @@ class ModelRecord:
                    len(info.searchable_units), tuple(info.notes), info.stored.weight_bytes(), info.external_data)
 
     @classmethod
-    def from_json(cls, model: dict[str, Any]) -> ModelRecord:
-        def tensors(which: str) -> dict[str, tuple[list, str]]:
-            return {name: (spec["shape"], spec["dtype"]) for name, spec in model[which].items()}
+    def from_json(cls, f: Fields) -> ModelRecord:
+        def tensors(which: str, shape: Any) -> dict[str, tuple[list, str]]:
+            return {name: (shape(spec["shape"]), spec["dtype"].text()) for name, spec in f[which].mapping().items()}
 
-        return cls(Path(model["path"]), model["sha256"], tensors("inputs"), tensors("outputs"), model["units"],
-                   model["searchable_units"], tuple(model["preparation"]), model.get("weight_bytes"),
-                   bool(model.get("external_data")))
+        weight_bytes, external = f.get("weight_bytes"), f.get("external_data")
+        return cls(Path(f["path"].text()), f["sha256"].text(), tensors("inputs", Fields.integers),
+                   tensors("outputs", lambda shape: shape.kind(list)), f["units"].integer(),
+                   f["searchable_units"].integer(), tuple(f["preparation"].texts()),
+                   weight_bytes.integer() if weight_bytes else None, bool(external and external.flag()))
 
     def to_json(self) -> dict[str, Any]:
         def tensors(found: dict[str, tuple[list, str]]) -> dict[str, Any]:
@@ -169,9 +188,19 @@ class ChosenUnit:
     fused: tuple[str, ...]
     precision: str
 
+    allowed: tuple[str, ...] = ()
+    tied_to: str | None = None  # the unit of its repeated pattern it takes its precision from
+
     @classmethod
-    def from_json(cls, unit: dict[str, Any]) -> ChosenUnit:
-        return cls(unit["name"], unit["op_type"], tuple(unit["fused"]), unit["precision"])
+    def from_json(cls, f: Fields) -> ChosenUnit:
+        tied_to = f.get("tied_to")
+        return cls(f["name"].text(), f["op_type"].text(), tuple(f["fused"].texts()), f["precision"].one_of(PRECISIONS),
+                   tuple(item.one_of(PRECISIONS) for item in f["allowed"].items()),
+                   _nullable_text(tied_to) if tied_to else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "op_type": self.op_type, "fused": list(self.fused), "allowed": list(self.allowed),
+                "tied_to": self.tied_to, "precision": self.precision}
 
 
 @dataclass(frozen=True)
@@ -182,6 +211,170 @@ class ShippedAs:
     fixed_because: str | None
     checks: tuple[PointCheck, ...]
 
+    keeps_source_dims: bool = True
+
     @classmethod
-    def from_json(cls, deployment: dict[str, Any]) -> ShippedAs:
-        return cls(deployment["fixed_because"], tuple(map(PointCheck.from_json, deployment["checked_against_source"])))
+    def from_json(cls, f: Fields) -> ShippedAs:
+        checks = []
+        for check in f["checked_against_source"].items():
+            check["point"].one_of((*POINTS, "data"))
+            for dims in check["shapes"].mapping().values():
+                dims.integers()
+            check["same_output_shapes"].flag(), _nullable_number(check["cosine_loss"]), _nullable_text(check["error"])
+            if (items := check.get("items")) is not None:
+                items.integer()
+            if (outside := check.get("outside_profile")) is not None:
+                outside.flag()
+            checks.append(PointCheck.from_json(check.value))
+        return cls(_nullable_text(f["fixed_because"]), tuple(checks), f["keeps_source_dims"].flag())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keeps_source_dims": self.keeps_source_dims, "fixed_because": self.fixed_because,
+                "checked_against_source": [check.to_json() for check in self.checks]}
+
+
+# --- reading the search section: each part checked where it is read (see autoprec.core.fields) ---
+
+
+def _nullable_number(f: Fields) -> float | None:
+    return None if f.value is None else float(f.number())
+
+
+def _nullable_text(f: Fields) -> str | None:
+    return None if f.value is None else f.text()
+
+
+def _metrics(f: Fields | None) -> dict[str, dict[str, float]]:
+    """Task metrics by output (a trial's ``metrics``, the search's ``fp32_on_labels``)."""
+    if f is None:
+        return {}
+    return {name: {key: value.number() for key, value in output.mapping().items()}
+            for name, output in f.mapping().items()}
+
+
+def _drift(f: Fields | None) -> Drift | None:
+    if f is None:
+        return None
+    return Drift(f["plans"].integer(), float(f["largest_percent"].number()), f["outside_trial_spread"].integer())
+
+
+def _held_out(f: Fields) -> HeldOut:
+    f["engine"].text()
+    judged = {j["trial"].integer(): float(j["loss"].number()) for j in f["judged"].items()}
+    return HeldOut(f["batches"].integer(), _nullable_number(f["max_loss"]), judged)
+
+
+def _profile(f: Fields) -> ShapeProfile:
+    for entry in f["inputs"].items():
+        entry["name"].text()
+        for item in entry["declared"].items():
+            item.kind(int, str, type(None))
+        for point in POINTS:
+            entry[point].integers()
+    return ShapeProfile.from_json(f.value)
+
+
+def _profile_timing(f: Fields) -> ProfileTiming:
+    for at in f["ms"].mapping().values():
+        for point in POINTS:
+            _nullable_number(at[point])
+    f["feasible"].integers()
+    for fastest in f["fastest"].mapping().values():
+        if fastest.nullable():
+            fastest.integer()
+    if (across := f["across_range"].nullable()) is not None:
+        across.integer()
+    f["how"].text()
+    if (failed := f.get("failed")) is not None:
+        for why in failed.mapping().values():
+            why.text()
+    return ProfileTiming.from_json(f.value)
+
+
+def _image_norm(f: Fields) -> None:
+    f["mean"].numbers()
+    f["std"].numbers()
+    for key, read in (("order", Fields.text), ("scale", Fields.number), ("resize", Fields.text)):
+        if (found := f.get(key)) is not None:
+            read(found)
+
+
+def _spec_model(f: Fields) -> str | None:
+    """The model as the user named it, from the option groups the search was asked (checked: a verb that
+    re-creates the search reads them, autoprec.app.specs.SearchConfig.from_json)."""
+    _spec(f)
+    return f["inputs"]["model"].value or None
+
+
+def _spec(f: Fields) -> None:
+    inputs, judge, space, study, isolation, engine = (f[k] for k in ("inputs", "judge", "space", "study", "isolation",
+                                                                     "engine"))
+    inputs["model"].text()
+    _nullable_text(inputs["data"])
+    for key in ("shapes", "min_shapes", "max_shapes"):
+        if (shapes := inputs[key].nullable()) is not None:
+            for dims in shapes.mapping().values():
+                dims.integers()
+    if (constants := inputs["constants"].nullable()) is not None:
+        for value in constants.mapping().values():
+            value.number()
+    inputs["image_mean"].numbers()
+    inputs["image_std"].numbers()
+    for key, read in (("image_order", Fields.text), ("image_scale", Fields.number), ("image_resize", Fields.text)):
+        if (found := inputs.get(key)) is not None:
+            read(found)
+    engine["backend"].text(), engine["device"].integer(), engine["threads"].integer()
+    _judge(judge)
+    _nullable_text(space["search_space"])
+    space["overrides"].texts()
+    if (precisions := space["precisions"].nullable()) is not None:
+        precisions.texts()
+    space["calibration"].text(), space["tie_repeats"].flag()
+    study["budget"].integer(), study["seed"].integer(), study["sampler"].text(), study["heartbeat"].integer()
+    study["warm_start"].flag(), study["early_reject"].flag()
+    for key in ("storage", "study_name", "artifacts"):
+        _nullable_text(study[key])
+    if (proposals := study["proposals"].nullable()) is not None:
+        proposals.integer()
+    isolation["isolate"].flag(), isolation["trial_timeout"].number(), _nullable_number(isolation["trial_memory_gb"])
+    if (workers := isolation["build_workers"].nullable()) is not None:
+        workers.integer()
+
+
+def _judge(f: Fields) -> None:
+    f["metric"].text()
+    _nullable_number(f["max_loss"])
+    head = f["head"]
+    head["blank"].integer(), head["conf"].number(), head["iou"].number()
+    if (charset := head["charset"].nullable()) is not None:
+        charset.texts()
+    _nullable_text(head["layout"]), _nullable_text(head["output"])
+    for key in ("db_thresh", "db_box_thresh"):
+        if (found := head.get(key)) is not None:
+            found.number()
+    if (image := head.get("image")) is not None and image.nullable() is not None:
+        image.integers()
+
+
+def _check_recorded(f: Fields) -> None:
+    """The parts of the section a reader is not shown but a verb that re-creates the search reads (see
+    :class:`autoprec.results.files.HowMeasured`), and the build counts: of the kind the search writes them."""
+    optional = {
+        "tied_units": Fields.integer, "out_of_range": Fields.texts, "data_fingerprint": Fields.text,
+        "plan_ignored": Fields.integers, "engine_builds": Fields.integer, "engine_builds_scope": Fields.text,
+        "reference_evaluations": Fields.integer, "image_norm": _image_norm, "data_path": _nullable_text,
+        "calibration_file": _nullable_text, "search_space": lambda space: space.kind(dict, str),
+    }
+    for key, read in optional.items():
+        if (found := f.get(key)) is not None:
+            read(found)
+    if (constants := f.get("constants")) is not None:
+        for value in constants.mapping().values():
+            value.number()
+    if (phases := f.get("engine_builds_by_phase")) is not None:
+        for count in phases.mapping().values():
+            count.integer()
+    if (reference := f.get("reference")) is not None:
+        reference["executor"].text(), reference["proposals_per_build"].integer()
+    if (tasks := f.get("metric_tasks")) is not None:
+        tasks["tasks"].texts(), tasks["options"].kind(dict)

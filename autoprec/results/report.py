@@ -82,12 +82,12 @@ def _front(result: ResultFiles) -> str:
     rows = trial_rows(result)
     cells = []
     for row in rows:
-        t, lat = row.trial, row.trial.timing
+        t, lat = row.trial, row.trial.measurement.latency
         cells.append(_row([t.number, _num(row.ms, ".4g"), f"{_num(row.low, '.4g')}–{_num(row.high, '.4g')}",
                            ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
-                           ", ".join(_num(v, ".4g") for v in t.rounds) or "—", _num(lat.median_ms, ".4g"),
+                           ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—", _num(lat.median_ms, ".4g"),
                            f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
-                           t.counts["int8"], t.counts["fp16"], t.counts["fp32"], ", ".join(row.roles)],
+                           *(t.plan.counts()[p] for p in ("int8", "fp16", "fp32")), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
     roles = roles_said(rows)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
@@ -135,7 +135,7 @@ def _summary(result: ResultFiles) -> str:
     chosen, versus = result.shown_chosen(), result.versus
     if chosen is None:
         return "No plan was chosen."
-    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.final_ms, '.4g')} ms per batch, accuracy loss "
+    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.latency_ms, '.4g')} ms per batch, accuracy loss "
                f"{_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
     if versus.fp32 and versus.fp32_trial != chosen.number:
         summary += f" Speed-up over all-FP32 {versus.fp32.text()} ({versus.fp32.verdict(short=True)})."

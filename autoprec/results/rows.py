@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoprec.results.files import ResultFiles, ShownTrial
+from autoprec.results.files import ResultFiles
+from autoprec.study.optimize import TrialRecord
 
 # What a row is, besides a front member or the chosen plan, as its table marks it and a caption explains it.
 ROLES = {
@@ -33,7 +34,7 @@ COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own run
 class TrialRow:
     """One trial as the tables show it (see the module docstring for each column)."""
 
-    trial: ShownTrial
+    trial: TrialRecord
     roles: tuple[str, ...]
     over_fp32: float | None  # None: no all-FP32 trial to compare with
     from_final_timing: bool  # over_fp32 is the final timing's (else the re-timing's medians')
@@ -44,7 +45,7 @@ class TrialRow:
 
     @property
     def ms(self) -> float:
-        return self.trial.final_ms
+        return self.trial.latency_ms
 
     @property
     def low(self) -> float:
@@ -91,7 +92,7 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
     named = _named(result)
     on_front = {t.number for t in front}
     others = sorted((t for n in named if n not in on_front and (t := result.shown_trial(n)) is not None),
-                    key=lambda t: t.final_ms)
+                    key=lambda t: t.latency_ms)
     fp32 = result.uniform_trial("fp32")
     stated = _stated_speedups(result)
     rows = []
@@ -100,7 +101,7 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
         if t.number in stated:
             rows.append(TrialRow(t, roles, stated[t.number], True))
         else:
-            rows.append(TrialRow(t, roles, fp32.final_ms / t.final_ms if fp32 else None, False))
+            rows.append(TrialRow(t, roles, fp32.latency_ms / t.latency_ms if fp32 else None, False))
     return rows
 
 

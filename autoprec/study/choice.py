@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from autoprec.core.errors import AutoprecError, first_line
+from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.measure import speedup
@@ -326,14 +327,29 @@ class Versus:
         }
 
     @classmethod
-    def from_json(cls, pareto: dict[str, Any]) -> Versus:
-        fp32, source, unproven = (pareto.get(k) for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped"))
+    def from_json(cls, pareto: Fields) -> Versus:
+        """From pareto.json's top level (checked; an older result lacks the keys added since: none)."""
+        fp32, source, unproven, rivals, timing = (
+            found.nullable() if (found := pareto.get(k)) is not None else None
+            for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals", "final_timing"))
+        pareto["chosen_vs_fp32"]
+        preparation = source.get("preparation") if source else None
         return cls(
             Claim.from_json(fp32) if fp32 else None,
-            fp32["fp32_trial"] if fp32 else None,
+            fp32["fp32_trial"].integer() if fp32 else None,
             Claim.from_json(source) if source else None,
-            Claim.from_json(source["preparation"]) if source and source.get("preparation") else None,
-            NotShipped(unproven["trial"], Claim.from_json(unproven), unproven["why"]) if unproven else None,
-            tuple(Rival(r["trial"], Claim.from_json(r)) for r in pareto.get("final_rivals") or ()),
-            Steadiness.from_json(pareto.get("final_timing")),
+            Claim.from_json(preparation) if preparation and preparation.nullable() else None,
+            NotShipped(unproven["trial"].integer(), Claim.from_json(unproven), unproven["why"].text())
+            if unproven else None,
+            tuple(Rival(r["trial"].integer(), Claim.from_json(r)) for r in rivals.items()) if rivals else (),
+            _steadiness(timing),
         )
+
+
+def _steadiness(f: Fields | None) -> Steadiness | None:
+    if f is None:
+        return None
+    if (others := f["others_cores"].nullable()) is not None:
+        others.numbers()
+    f["fp32_level_moved"].number(), f["cores"].integer(), f["moved"].flag()
+    return Steadiness.from_json(f.value)

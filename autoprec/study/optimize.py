@@ -26,9 +26,12 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
+from autoprec.core.fields import Fields
 from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Precision, calibration_method
+from autoprec.core.timing import Timing
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
+from autoprec.measure.speedup import faster_beyond_noise
 from autoprec.study.coordination import (
     DEFAULT_HEARTBEAT,
     StudyLocks,
@@ -68,6 +71,75 @@ class TrialRecord:
     @property
     def loss(self) -> float:
         return self.measurement.loss
+
+    # --- as the views show it: the final latency is the re-timing rounds' median when the trial was re-timed, else
+    # its own; the range behind it is those rounds' span, else its own p10-p90 ---
+
+    @property
+    def low_ms(self) -> float:
+        return min(self.retimed_ms) if self.retimed_ms else self.measurement.latency.p10_ms
+
+    @property
+    def high_ms(self) -> float:
+        return max(self.retimed_ms) if self.retimed_ms else self.measurement.latency.p90_ms
+
+    @property
+    def metrics(self) -> dict[str, dict[str, float]]:
+        return self.measurement.metrics
+
+    @property
+    def precisions(self) -> dict[str, str]:
+        return {name: p.value for name, p in self.plan.precisions}
+
+    @property
+    def mix(self) -> str:
+        counts = self.plan.counts()
+        return f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
+
+    def faster_beyond_noise_than(self, other: TrialRecord) -> bool | None:
+        return faster_beyond_noise(self.retimed_ms, other.retimed_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        """The trial as the result files write it (trials.json, pareto.json's front, best/plan.json)."""
+        m = self.measurement
+        return {
+            "trial": self.number,
+            "latency_ms": m.latency.to_json(),
+            "final_latency_ms": self.latency_ms,
+            "retimed_ms": list(self.retimed_ms),
+            "latency_unstable": m.unstable,
+            "retimes": m.retimes,
+            "accuracy_loss": m.loss,
+            "feasible": self.feasible,
+            "metrics": m.metrics,
+            "seconds": m.seconds,
+            "duplicate_of": self.duplicate_of,
+            "plan": self.plan.to_json(),
+            "build": m.build,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> TrialRecord:
+        """A trial as a result file has it, checked field by field (``final_latency_ms``, ``latency_unstable`` and
+        the plan's ``counts`` are its figures' own: checked to be of their kind, not kept)."""
+        latency, plan, duplicate = f["latency_ms"], f["plan"], f["duplicate_of"].nullable()
+        timing = Timing(*(latency[k].number() for k in ("median_ms", "p10_ms", "p90_ms")), latency["runs"].integer(),
+                        latency["warmup"].integer())
+        f["final_latency_ms"].number(), f["latency_unstable"].flag()
+        for precision in Precision:
+            plan["counts"][precision.value].integer()
+        precisions = {name: p.one_of(PRECISIONS) for name, p in plan["precisions"].mapping().items()}
+        metrics = {name: {key: value.number() for key, value in output.mapping().items()}
+                   for name, output in f["metrics"].mapping().items()}
+        seconds = {key: value.number() for key, value in f["seconds"].mapping().items()} if "seconds" in f.value else {}
+        retimes, build = f.get("retimes"), f["build"].nullable()
+        measurement = Measurement(timing, metrics, f["accuracy_loss"].number(), seconds,
+                                  retimes.integer() if retimes else 0, build.kind(dict) if build else None)
+        return cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()), measurement,
+                   f["feasible"].flag(), duplicate.integer() if duplicate else None, tuple(f["retimed_ms"].numbers()))
+
+
+PRECISIONS = tuple(p.value for p in Precision)
 
 
 class Proposals(Protocol):
