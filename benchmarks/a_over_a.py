@@ -102,7 +102,7 @@ def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedu
     ratios = np.log(np.asarray(reference) / np.asarray(candidate))
     means = ratios[np.random.default_rng(0).integers(0, len(ratios), (4000, len(ratios)))].mean(axis=1)
     low, high = np.quantile(means, [0.025, 0.975])
-    return speedup.Speedup(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
+    return speedup.Speedup.with_interval(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
 
 
 def one_setting(name: str, prepared, backend, repeats: int, gain: float, seconds: float) -> dict:

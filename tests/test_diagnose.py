@@ -56,12 +56,12 @@ def test_diagnose_names_the_culprit_and_sending_it_back_recovers_the_loss(fragil
     assert (out / "error_by_layer.png").read_bytes()[:4] == b"\x89PNG"
     written = json.loads((out / "diagnosis.json").read_text())
     assert [u["unit"] for u in written["units"]] == ["fc0", "fc1", "head"]
-    worst = check_plan(model, plan, judge=JudgeSpec(max_loss=1.0), data=data)["measurement"]["loss"]
+    worst = check_plan(model, plan, judge=JudgeSpec(max_loss=1.0), data=data).measurement.loss
     fixed = root / "fixed.json"
     fixed.write_text(
         json.dumps({"precisions": {"fc0": "fp16", "fc1": "fp32", "head": "fp16"}, "calibration": "minmax"})
     )
-    repaired = check_plan(model, fixed, judge=JudgeSpec(max_loss=1.0), data=data)["measurement"]["loss"]
+    repaired = check_plan(model, fixed, judge=JudgeSpec(max_loss=1.0), data=data).measurement.loss
     assert repaired < worst / 10
 
 
@@ -70,14 +70,14 @@ def test_ranges_flag_outliers_and_fp16_hazards(tmp_path):
     x = np.random.default_rng(1).normal(0, 1, (5120, 16)).astype(np.float32)
     x[::1024, 3] = 3000.0  # one value per batch (1 in 16384): beyond the 99.99th percentile, yet it sets min-max
     np.savez(tmp_path / "outliers.npz", x=x)
-    rows = {r["tensor"]: r for r in activation_report(InputSpec(model, tmp_path / "outliers.npz"))}
-    assert "int8-outliers" in rows["x"]["flags"]
-    assert rows["x"]["clipped_share"]["percentile-99.99"] > 0 and rows["x"]["clipped_share"]["minmax"] == 0
+    rows = {r.tensor: r for r in activation_report(InputSpec(model, tmp_path / "outliers.npz"))}
+    assert "int8-outliers" in rows["x"].flags
+    assert rows["x"].clipped_share["percentile-99.99"] > 0 and rows["x"].clipped_share["minmax"] == 0
     hazards = np.random.default_rng(2).normal(0, 1, (2048, 16)).astype(np.float32)
     hazards[:, :8] *= 1e-9  # half the values flush to zero in FP16
     hazards[:, 8] = 50000.0  # and a column near FP16's largest finite value
     np.savez(tmp_path / "hazards.npz", x=hazards)
-    flags = {r["tensor"]: r["flags"] for r in activation_report(InputSpec(model, tmp_path / "hazards.npz"))}
+    flags = {r.tensor: r.flags for r in activation_report(InputSpec(model, tmp_path / "hazards.npz"))}
     assert "fp16-underflow" in flags["x"] and "fp16-overflow" in flags["x"]
 
 

@@ -131,9 +131,9 @@ def test_ranges_of_a_result_are_its_search_calibration(seeded, capsys):
     not a fresh calibration of options given again; input options that would change them are refused."""
     root, out, _ = seeded
     searched = plan_context(out).prepared.ranges
-    rows = {r["tensor"]: r for r in activation_report(InputSpec(str(out)))}
+    rows = {r.tensor: r for r in activation_report(InputSpec(str(out)))}
     assert rows.keys() == searched.tensors.keys()
-    assert all(rows[t]["max"] == pytest.approx(searched[t].max) for t in rows)
+    assert all(rows[t].max == pytest.approx(searched[t].max) for t in rows)
     assert _exit(["ranges", str(out), "--image-mean", "0.5"]) == 2
     assert "image_mean given" in capsys.readouterr().err
 

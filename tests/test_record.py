@@ -101,13 +101,13 @@ def test_a_result_that_does_not_record_how_it_measured_is_refused_naming_the_fie
 
 def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
     """A lower bound of 1.0002 was printed 1.00 beside "beyond timing noise"; 0.9996 likewise beside "within"."""
-    from autoprec.measure.speedup import Claim
+    from autoprec.measure.speedup import Speedup
 
-    beyond = Claim(1.10, True, 1.0002, 1.18, 0.95, 6)
+    beyond = Speedup(1.10, True, 1.0002, 1.18, 0.95, 6)
     assert beyond.text() == "1.10× (1.0002–1.18, 95 %)" and beyond.verdict() == "beyond timing noise"
-    assert Claim(1.02, False, 0.9996, 1.04, 0.95, 6).text() == "1.02× (0.9996–1.04, 95 %)"
-    assert Claim(1.30, True, 1.25, 1.34, 0.95, 8).text() == "1.30× (1.25–1.34, 95 %)"
-    assert Claim(1.0, None).text() == "1.00×"
+    assert Speedup(1.02, False, 0.9996, 1.04, 0.95, 6).text() == "1.02× (0.9996–1.04, 95 %)"
+    assert Speedup(1.30, True, 1.25, 1.34, 0.95, 8).text() == "1.30× (1.25–1.34, 95 %)"
+    assert Speedup(1.0, None).text() == "1.00×"
 
 
 @pytest.fixture(scope="module")

@@ -83,9 +83,9 @@ def _ranges(args: argparse.Namespace) -> int:
 
     rows = activation_report(InputSpec.from_args(args), args.entropy)
     if args.json:
-        console.stdout.print_json(data=json_safe(rows))
+        console.stdout.print_json(data=json_safe([row.to_json() for row in rows]))
         return 0
-    methods = list(rows[0]["thresholds"]) if rows else []
+    methods = list(rows[0].thresholds) if rows else []
     table = Table(title="activation ranges from calibration (graph order); clipped: share beyond each "
                         f"method's INT8 threshold ({', '.join(methods)})", title_justify="left")
     table.add_column("tensor", max_width=32, overflow="fold")
@@ -95,14 +95,14 @@ def _ranges(args: argparse.Namespace) -> int:
     table.add_column("|x| hist", no_wrap=True)
     table.add_column("flags", style="bold yellow")
     for row in rows:
-        clipped = " ".join(f"{row['clipped_share'][m]:.0e}" if row["clipped_share"][m] else "0" for m in methods)
-        table.add_row(row["tensor"], f"{row['min']:.3g} … {row['max']:.3g}", f"{row['p99.99']:.3g}", clipped,
-                      row["histogram"], ", ".join(row["flags"]))
+        clipped = " ".join(f"{row.clipped_share[m]:.0e}" if row.clipped_share[m] else "0" for m in methods)
+        table.add_row(row.tensor, f"{row.min:.3g} … {row.max:.3g}", f"{row.p99_99:.3g}", clipped, row.histogram,
+                      ", ".join(row.flags))
     console.stdout.print(table)
-    flagged = [r for r in rows if r["flags"]]
+    flagged = [r for r in rows if r.flags]
     console.stdout.print(
         f"{len(flagged)} of {len(rows)} tensors flagged"
-        + (": " + ", ".join(f"{r['tensor']} ({', '.join(r['flags'])})" for r in flagged[:8]) if flagged else "")
+        + (": " + ", ".join(f"{r.tensor} ({', '.join(r.flags)})" for r in flagged[:8]) if flagged else "")
     )
     return 0
 
@@ -115,22 +115,21 @@ def _check(args: argparse.Namespace) -> int:
     report = check_plan(args.target, args.plan, judge=judge, engine=engine, data=getattr(args, "data", None),
                         shapes=InputSpec.given(args).get("shapes") or None, latency_budget_ms=args.latency_budget)
     if args.json:
-        console.stdout.print_json(data=json_safe(report))
+        console.stdout.print_json(data=json_safe(report.to_json()))
     else:
-        m = report["measurement"]
-        verdict = Text("PASS", style="bold green") if report["passed"] else Text("FAIL", style="bold red")
+        m = report.measurement
+        verdict = Text("PASS", style="bold green") if report.passed else Text("FAIL", style="bold red")
         console.stdout.print(
             verdict,
-            console.plain(f"{report['checked']}, on {report['model']}: {report['loss_said']} loss {m['loss']:.4g}"
-                  f"{_recorded(report['recorded_loss'])} (limit {report['max_loss']:g}), "
-                  f"latency {m['latency']['median_ms']:.4g} ms (p10–p90 {m['latency']['p10_ms']:.4g}–"
-                  f"{m['latency']['p90_ms']:.4g})"
-                  + (f", budget {report['latency_budget_ms']:g} ms" if report["latency_budget_ms"] else "")
-                  + f" on {report['engine']['engine']} {report['engine']['provider']}"),
+            console.plain(f"{report.checked}, on {report.model}: {report.loss_said} loss {m.loss:.4g}"
+                  f"{_recorded(report.recorded_loss)} (limit {report.max_loss:g}), "
+                  f"latency {m.latency.median_ms:.4g} ms (p10–p90 {m.latency.p10_ms:.4g}–{m.latency.p90_ms:.4g})"
+                  + (f", budget {report.latency_budget_ms:g} ms" if report.latency_budget_ms else "")
+                  + f" on {report.engine.engine} {report.engine.provider}"),
         )
-        for failure in report["failures"]:
+        for failure in report.failures:
             console.stdout.print(f"  regression: {failure}")
-    return 0 if report["passed"] else 1
+    return 0 if report.passed else 1
 
 
 def _export(args: argparse.Namespace) -> int:

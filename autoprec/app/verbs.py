@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 
@@ -19,16 +19,18 @@ from autoprec.app.recorded import PlanContext, plan_context, recreate
 from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import get_backend
+from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError, first_line
+from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy
-from autoprec.measure.diagnosis import UnitError
-from autoprec.measure.measurement import measure, screening_batches
+from autoprec.measure.diagnosis import ActivationRow, UnitError
+from autoprec.measure.measurement import Measurement, measure, screening_batches
 from autoprec.results.files import (
     json_safe,
     read_result_dir,
@@ -105,7 +107,7 @@ def diagnose_plan(
     return diagnosis
 
 
-def activation_report(inputs: InputSpec, entropy: bool = False) -> list[dict]:
+def activation_report(inputs: InputSpec, entropy: bool = False) -> list[ActivationRow]:
     """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges):
     of a model, or of a result directory's search as it calibrated (its model, data, shapes, normalisation)."""
     from autoprec.measure.diagnosis import FAST_METHODS, activation_ranges
@@ -136,6 +138,40 @@ def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
     return prepared.info, ranges
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """What ``check`` found: the plan checked (``checked``, in words; its ``trial`` where a result's) on ``model``
+    and ``engine``, its loss by ``metric`` (``loss_said``: the metric, with what it reads on the outputs it is
+    blind to) against ``max_loss``, its latency against ``latency_budget_ms``, the regressions past them
+    (``failures``), and the figure the search recorded where this is the search's own judging
+    (``recorded_loss``)."""
+
+    failures: tuple[str, ...]
+    checked: str
+    trial: int | None
+    model: str
+    engine: EngineInfo
+    metric: str
+    loss_said: str
+    max_loss: float
+    latency_budget_ms: float | None
+    recorded_loss: float | None
+    measurement: Measurement
+    plan: Plan
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed, "failures": list(self.failures), "checked": self.checked, "trial": self.trial,
+            "model": self.model, "engine": self.engine.to_json(), "metric": self.metric, "loss_said": self.loss_said,
+            "max_loss": self.max_loss, "latency_budget_ms": self.latency_budget_ms,
+            "recorded_loss": self.recorded_loss, "measurement": self.measurement.to_json(), "plan": self.plan.to_json(),
+        }
+
+
 def check_plan(
     target: str | os.PathLike,
     plan: str | os.PathLike | None = None,
@@ -145,11 +181,9 @@ def check_plan(
     data: str | os.PathLike | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     latency_budget_ms: float | None = None,
-) -> dict:
+) -> CheckResult:
     """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
-    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu). The report names
-    the plan checked, says what its loss is (``loss_said``: the metric, with what it reads on the outputs it is
-    blind to) and, where this is the search's own judging, the figure the search recorded (``recorded_loss``)."""
+    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
     if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
@@ -170,13 +204,10 @@ def check_plan(
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
     if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
         failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
-    return {
-        "passed": not failures, "failures": failures, "checked": context.named, "trial": context.trial,
-        "model": str(model_path), "engine": engine.info().to_json(), "metric": metric.name,
-        "loss_said": judge_of.said(), "max_loss": max_loss, "latency_budget_ms": latency_budget_ms,
-        "recorded_loss": context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
-        "measurement": result.to_json(), "plan": found.to_json(),
-    }
+    return CheckResult(
+        tuple(failures), context.named, context.trial, str(model_path), engine.info(), metric.name, judge_of.said(),
+        max_loss, latency_budget_ms, context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
+        result, found)
 
 
 def _engine(spec: EngineSpec):

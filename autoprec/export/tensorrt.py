@@ -28,7 +28,7 @@ from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
 from autoprec.measure.deployment import PointCheck
-from autoprec.measure.speedup import noise_verdict, ratio_text
+from autoprec.measure.speedup import Speedup
 from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord
 
@@ -293,8 +293,8 @@ def _versus_fp32(spec: BuildSpec, trial: TrialRecord, fp32: TrialRecord | None) 
         source = spec.versus.source
         said = f"{versus.text()} all-FP32 ({versus.verdict()})"
         return said + (f"; {source.text()} the given model as it is" if source else "")
-    return (f"{ratio_text(fp32.latency_ms / trial.latency_ms)}× all-FP32 "
-            f"({noise_verdict(trial.faster_beyond_noise_than(fp32))})")
+    retimed = Speedup.from_retiming(fp32.latency_ms / trial.latency_ms, trial.retimed_ms, fp32.retimed_ms)
+    return f"{retimed.text()} all-FP32 ({retimed.verdict()})"
 
 
 def _profile_row(i: InputRange) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -143,9 +143,36 @@ def _spark(hist: np.ndarray, edges: np.ndarray, buckets: int = 16) -> str:
     return "".join(SPARK[min(int(v * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in levels)
 
 
+@dataclass(frozen=True)
+class ActivationRow:
+    """What calibration saw of one tensor: its range and percentiles, each method's INT8 threshold and the share
+    of values beyond it, the values FP16 flushes (below its smallest subnormal), keeps subnormal or overflows,
+    a histogram of |x|, and the risk flags (see :func:`activation_ranges`)."""
+
+    tensor: str
+    min: float
+    max: float
+    p99_9: float
+    p99_99: float
+    thresholds: Mapping[str, float]
+    clipped_share: Mapping[str, float]
+    values: int
+    fp16_below_subnormal: int
+    fp16_subnormal: int
+    fp16_overflow: int
+    histogram: str
+    flags: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "min": self.min, "max": self.max, "p99.9": self.p99_9, "p99.99": self.p99_99,
+                "thresholds": dict(self.thresholds), "clipped_share": dict(self.clipped_share), "values": self.values,
+                "fp16_below_subnormal": self.fp16_below_subnormal, "fp16_subnormal": self.fp16_subnormal,
+                "fp16_overflow": self.fp16_overflow, "histogram": self.histogram, "flags": list(self.flags)}
+
+
 def activation_ranges(
     info: ModelInfo, ranges: ActivationRanges, methods: Sequence[str] = FAST_METHODS
-) -> list[dict[str, Any]]:
+) -> list[ActivationRow]:
     """Per calibrated tensor, in graph order: range, thresholds, clipped shares, FP16 counts, flags.
 
     Flags: ``int8-outliers`` when the min-max range is over 10× the 99.99th percentile (outliers
@@ -170,19 +197,7 @@ def activation_ranges(
             flags.append("fp16-overflow")
         if total and tiny / total > 0.01:
             flags.append("fp16-underflow")
-        rows.append({
-            "tensor": name,
-            "min": r.min,
-            "max": r.max,
-            "p99.9": r.amax("percentile-99.9"),
-            "p99.99": p9999,
-            "thresholds": {m: r.amax(m) for m in methods},
-            "clipped_share": {m: r.clipped_share(m) for m in methods},
-            "values": total,
-            "fp16_below_subnormal": tiny,
-            "fp16_subnormal": subnormal,
-            "fp16_overflow": overflow,
-            "histogram": _spark(r.hist, r.edges),
-            "flags": flags,
-        })
+        rows.append(ActivationRow(name, r.min, r.max, r.amax("percentile-99.9"), p9999,
+                                  {m: r.amax(m) for m in methods}, {m: r.clipped_share(m) for m in methods}, total,
+                                  tiny, subnormal, overflow, _spark(r.hist, r.edges), tuple(flags)))
     return rows

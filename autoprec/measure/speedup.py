@@ -63,64 +63,11 @@ def t_quantile(p: float, dof: int) -> float:
 
 @dataclass(frozen=True)
 class Speedup:
-    """``speedup`` × the reference's speed, ``low``–``high`` at ``confidence``, from ``rounds`` paired rounds in
-    ``blocks`` sessions each; ``unsteady``: the machine's load moved while they ran (the interval then holds for
-    the lighter and the heavier half of the blocks alike)."""
-
-    speedup: float
-    low: float
-    high: float
-    confidence: float
-    rounds: int
-    blocks: int = 0
-    unsteady: bool = False
-
-    @property
-    def beyond_timing_noise(self) -> bool:
-        """Faster beyond noise: the whole interval lies above 1."""
-        return self.low > 1.0
-
-    @property
-    def narrow(self) -> bool:
-        return self.high / self.low - 1.0 <= NARROW
-
-    def to_json(self) -> dict[str, Any]:
-        return {"speedup": self.speedup, "low": self.low, "high": self.high, "confidence": self.confidence,
-                "rounds": self.rounds, "blocks": self.blocks, "unsteady": self.unsteady,
-                "beyond_timing_noise": self.beyond_timing_noise, "method": METHOD}
-
-    def label(self) -> str:
-        return interval_text(self.speedup, self.low, self.high, self.confidence)
-
-
-def ratio_text(value: float) -> str:
-    """A ratio to two decimals, or to as many more as tell it from 1: whether a speed-up is beyond timing noise
-    is which side of 1 its interval's bound lies on, so a bound of 1.0002 is said so, never "1.00"."""
-    for digits in range(2, 9):
-        said = f"{value:.{digits}f}"
-        if value == 1.0 or float(said) != 1.0:
-            break
-    return said
-
-
-def interval_text(ratio: float, low: float, high: float, confidence: float) -> str:
-    """``1.10× (1.0002–1.18, 95 %)``: a speed-up with its interval (see :func:`ratio_text`)."""
-    return f"{ratio_text(ratio)}× ({ratio_text(low)}–{ratio_text(high)}, {100 * confidence:.0f} %)"
-
-
-def noise_verdict(beyond: bool | None, short: bool = False) -> str:
-    """What a speed-up's verdict on timing noise says (None: not re-timed, so there is none)."""
-    if beyond is None:
-        return "not re-timed" if short else "not re-timed: no verdict on timing noise"
-    if beyond:
-        return "beyond timing noise"
-    return "within timing noise" if short else "WITHIN timing noise: no real gain measured"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A speed-up as a result states it: the ratio, its interval where the final timing measured one (None:
-    it stands on the re-timing's rounds), and whether it beats timing noise (None: not re-timed)."""
+    """A speed-up over a reference as a result states it: the ratio; its interval ``low``–``high`` at
+    ``confidence`` where a final timing measured one, from ``rounds`` paired rounds in ``blocks`` sessions (None:
+    it stands on the re-timing's rounds, or an older result's method had no sessions); whether it beats timing
+    noise (None: not re-timed); ``unsteady``: the machine's load moved while it was timed (the interval then holds
+    for the lighter and the heavier half of the blocks alike)."""
 
     speedup: float
     beyond_timing_noise: bool | None
@@ -129,17 +76,29 @@ class Claim:
     confidence: float | None = None
     rounds: int | None = None
     retimed: bool = False
-    blocks: int | None = None  # the sessions each model was built in (None: a result older than that method)
-    unsteady: bool = False  # the machine's load moved during the timing: the interval holds at either load
+    blocks: int | None = None
+    unsteady: bool = False
     method: str = METHOD  # how the interval was found, in words (an older result's: as it was then)
 
     @classmethod
-    def measured(cls, found: Speedup) -> Claim:
-        return cls(found.speedup, found.beyond_timing_noise, found.low, found.high, found.confidence, found.rounds,
-                   True, found.blocks, found.unsteady)
+    def with_interval(cls, ratio: float, low: float, high: float, confidence: float, rounds: int,
+                      blocks: int | None = None, unsteady: bool = False) -> Speedup:
+        """What a final timing measured: beyond timing noise where the whole interval lies above 1."""
+        return cls(ratio, low > 1.0, low, high, confidence, rounds, True, blocks, unsteady)
 
     @classmethod
-    def from_json(cls, f: Fields) -> Claim:
+    def from_retiming(cls, ratio: float, rounds: Sequence[float], other_rounds: Sequence[float]) -> Speedup:
+        """A bare ratio, with the re-timing's verdict (see :func:`faster_beyond_noise`) where both plans were
+        re-timed."""
+        return cls(ratio, faster_beyond_noise(rounds, other_rounds), retimed=bool(rounds and other_rounds))
+
+    @property
+    def narrow(self) -> bool:
+        """Known: an interval no wider than NARROW."""
+        return self.low is not None and self.high / self.low - 1.0 <= NARROW
+
+    @classmethod
+    def from_json(cls, f: Fields) -> Speedup:
         """A speed-up as written (checked): its interval where the final timing measured one."""
         def number(key: str) -> float | None:
             found = f.get(key)
@@ -164,13 +123,20 @@ class Claim:
                 "retimed": self.retimed}
 
     def text(self) -> str:
-        """``1.30× (1.25–1.34, 95 %)``, or the bare ratio where no interval was measured."""
+        """``1.10× (1.0002–1.18, 95 %)``, or the bare ratio where no interval was measured (see
+        :func:`ratio_text`)."""
         if self.low is None:
             return f"{ratio_text(self.speedup)}×"
-        return interval_text(self.speedup, self.low, self.high, self.confidence)
+        return (f"{ratio_text(self.speedup)}× ({ratio_text(self.low)}–{ratio_text(self.high)}, "
+                f"{100 * self.confidence:.0f} %)")
 
     def verdict(self, short: bool = False) -> str:
-        return noise_verdict(self.beyond_timing_noise, short)
+        """What it says on timing noise."""
+        if self.beyond_timing_noise is None:
+            return "not re-timed" if short else "not re-timed: no verdict on timing noise"
+        if self.beyond_timing_noise:
+            return "beyond timing noise"
+        return "within timing noise" if short else "WITHIN timing noise: no real gain measured"
 
     def how(self) -> str:
         """How it was timed, for the terminal's line."""
@@ -179,6 +145,16 @@ class Claim:
         if self.rounds:
             return f", {self.rounds} interleaved rounds"
         return ", re-timed in interleaved rounds" if self.retimed else ""
+
+
+def ratio_text(value: float) -> str:
+    """A ratio to two decimals, or to as many more as tell it from 1: whether a speed-up is beyond timing noise
+    is which side of 1 its interval's bound lies on, so a bound of 1.0002 is said so, never "1.00"."""
+    for digits in range(2, 9):
+        said = f"{value:.{digits}f}"
+        if value == 1.0 or float(said) != 1.0:
+            break
+    return said
 
 
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
@@ -201,8 +177,8 @@ def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequ
         for half in (order[: len(order) // 2], order[len(order) // 2:]):
             part_low, part_high = t_interval(per_block[half], confidence)
             low, high = min(low, part_low), max(high, part_high)
-    return Speedup(math.exp(centre), math.exp(low), math.exp(high), confidence, len(blocks), len(per_block),
-                   bool(unsteady))
+    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high), confidence, len(blocks),
+                                 len(per_block), bool(unsteady))
 
 
 def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:

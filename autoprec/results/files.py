@@ -24,7 +24,7 @@ from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import save_models
 from autoprec.measure.deployment import Deployment
-from autoprec.measure.speedup import Claim, faster_beyond_noise
+from autoprec.measure.speedup import Speedup
 from autoprec.results import coherence
 from autoprec.results.record import ChosenUnit, ModelRecord, SearchFacts, ShippedAs
 from autoprec.study.choice import Versus
@@ -58,9 +58,7 @@ class SearchResult:
         fp32 = self.uniform().get("fp32")
         if self.versus != Versus() or fp32 is None or self.chosen is None:
             return self.versus
-        retimed = bool(self.chosen.retimed_ms and fp32.retimed_ms)
-        claim = Claim(fp32.latency_ms / self.chosen.latency_ms,
-                      faster_beyond_noise(self.chosen.retimed_ms, fp32.retimed_ms), retimed=retimed)
+        claim = Speedup.from_retiming(fp32.latency_ms / self.chosen.latency_ms, self.chosen.retimed_ms, fp32.retimed_ms)
         return replace(self.versus, fp32=claim, fp32_trial=fp32.number)
 
     def uniform(self) -> dict[str, TrialRecord]:

@@ -4,6 +4,7 @@ the reference executor evaluated instead."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -17,8 +18,23 @@ log = logging.getLogger("autoprec")
 BUILDS_ATTR = "autoprec:builds:"  # + a run of one worker: the builds it made outside the study's trials
 
 
+@dataclass(frozen=True)
+class BuildCounts:
+    """The target engine's builds (or sessions) by phase over the study's ``runs``; of the trials, those timed on
+    the engine built for their profile; and the plans the reference executor evaluated instead."""
+
+    by_phase: dict[str, int]
+    reference_evaluations: int
+    trials_on_profile_builds: int
+    runs: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_phase.values())
+
+
 def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposed: int,
-                 judged_on_target: bool) -> dict:
+                 judged_on_target: bool) -> BuildCounts:
     """Builds (or sessions) of the target engine in every phase of the study, over every run and worker that
     wrote to it (this ``run``'s recorded in the study first; another worker's once it wrote its result), and
     the plans the reference executor evaluated instead (counted as builds where the target had to be the
@@ -38,32 +54,31 @@ def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None,
     evaluations = sum(r["evaluations"] for r in runs) + proposed
     if judged_on_target:
         by_phase["accuracy"], evaluations = evaluations, 0
-    return {"total": sum(by_phase.values()), "by_phase": by_phase, "reference_evaluations": evaluations,
-            "trials_on_profile_builds": on_node_timed, "runs": len(runs)}
+    return BuildCounts(by_phase, evaluations, on_node_timed, len(runs))
 
 
-def builds_facts(builds: dict, executor: str, proposals_per_build: int, predicted: dict | None) -> dict[str, Any]:
+def builds_facts(builds: BuildCounts, executor: str, proposals_per_build: int, predicted: dict | None) -> dict[str, Any]:
     return {
-        "engine_builds": builds["total"],
-        "engine_builds_by_phase": builds["by_phase"],
-        "engine_builds_scope": f"the study: its {builds['runs']} run(s) that wrote a result, workers included",
-        "trials_on_profile_builds": builds["trials_on_profile_builds"],
-        "reference_evaluations": builds["reference_evaluations"],
+        "engine_builds": builds.total,
+        "engine_builds_by_phase": builds.by_phase,
+        "engine_builds_scope": f"the study: its {builds.runs} run(s) that wrote a result, workers included",
+        "trials_on_profile_builds": builds.trials_on_profile_builds,
+        "reference_evaluations": builds.reference_evaluations,
         "reference": {"executor": executor, "proposals_per_build": proposals_per_build, **(predicted or {})},
     }
 
 
-def say_builds(engine: str, builds: dict, predicted: dict | None) -> None:
+def say_builds(engine: str, builds: BuildCounts, predicted: dict | None) -> None:
     log.info(
-        f"{engine} builds in the study ({builds['runs']} run(s)): {builds['total']} ("
-        + ", ".join(f"{k} {v}" for k, v in builds["by_phase"].items())
+        f"{engine} builds in the study ({builds.runs} run(s)): {builds.total} ("
+        + ", ".join(f"{k} {v}" for k, v in builds.by_phase.items())
         + (
-            f"; {builds['trials_on_profile_builds']} trial(s) timed on the engine built for their profile"
-            if builds["trials_on_profile_builds"]
+            f"; {builds.trials_on_profile_builds} trial(s) timed on the engine built for their profile"
+            if builds.trials_on_profile_builds
             else ""
         )
         + "); "
-        f"reference evaluations: {builds['reference_evaluations']}"
+        f"reference evaluations: {builds.reference_evaluations}"
         + (
             f"; latency model error {predicted['median_abs_error_percent']} % (median of "
             f"{len(predicted['predictions'])} prediction(s) made before the build)"

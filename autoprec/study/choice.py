@@ -16,7 +16,7 @@ from autoprec.core.stored import StoredModel
 from autoprec.measure import speedup
 from autoprec.measure.confirmation import HeldOut, HeldOutJudge
 from autoprec.measure.measurement import Measurer
-from autoprec.measure.speedup import Claim, Steadiness
+from autoprec.measure.speedup import Speedup, Steadiness
 from autoprec.study.optimize import RETIME_ROUNDS, TrialRecord, uniform_trials
 
 log = logging.getLogger("autoprec")
@@ -217,7 +217,7 @@ class FinalRounds:
     model (and all-FP32's over the given model), the others' over all-FP32, and how steady the machine was."""
 
     fastest: TrialRecord
-    found: dict[tuple[str, str], speedup.Speedup]
+    found: dict[tuple[str, str], Speedup]
     rivals: tuple[Rival, ...]
     steadiness: Steadiness
 
@@ -243,8 +243,8 @@ def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: Trial
     chosen = contenders[0]
     if named[winner] is not chosen:
         log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
-                 f"({over_fp32[winner].label()} against {over_fp32['chosen'].label()} over all-FP32): it is the choice")
-    others = tuple(Rival(named[n].number, Claim.measured(c)) for n, c in over_fp32.items() if n != winner)
+                 f"({over_fp32[winner].text()} against {over_fp32['chosen'].text()} over all-FP32): it is the choice")
+    others = tuple(Rival(named[n].number, c) for n, c in over_fp32.items() if n != winner)
     return FinalRounds(named[winner], found, others, steadiness)
 
 
@@ -263,17 +263,15 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
         unknown = "" if versus_fp32.narrow else (
             f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
             f"{speedup.ADVICE}")
-        not_shipped = NotShipped(chosen.number, Claim.measured(versus_fp32), (
-            f"not faster than all-FP32 beyond timing noise ({versus_fp32.label()}): best/ holds the all-FP32 plan "
+        not_shipped = NotShipped(chosen.number, versus_fp32, (
+            f"not faster than all-FP32 beyond timing noise ({versus_fp32.text()}): best/ holds the all-FP32 plan "
             f"(--ship-within-noise ships it anyway){unknown}"))
         log.warning(f"trial {chosen.number}: {not_shipped.why}")
         chosen, versus_source = fp32, preparation
     shipped_fp32 = chosen.plan.key() == fp32.plan.key()
     return chosen, Versus(
-        None if shipped_fp32 else Claim.measured(versus_fp32), None if shipped_fp32 else fp32.number,
-        Claim.measured(versus_source) if versus_source else None,
-        Claim.measured(preparation) if versus_source and preparation else None, not_shipped, timed.rivals,
-        timed.steadiness)
+        None if shipped_fp32 else versus_fp32, None if shipped_fp32 else fp32.number, versus_source,
+        preparation if versus_source else None, not_shipped, timed.rivals, timed.steadiness)
 
 
 @dataclass(frozen=True)
@@ -281,7 +279,7 @@ class NotShipped:
     """The fastest plan within the limit, left out of best/ for want of a gain beyond timing noise."""
 
     trial: int
-    claim: Claim
+    claim: Speedup
     why: str
 
 
@@ -291,7 +289,7 @@ class Rival:
     speed-up over all-FP32 in the same rounds."""
 
     trial: int
-    claim: Claim
+    claim: Speedup
 
 
 @dataclass(frozen=True)
@@ -300,10 +298,10 @@ class Versus:
     which ``preparation`` is autoprec's FP32 folding alone; the plan not shipped, if one was not; and the
     rivals it was timed against and outran."""
 
-    fp32: Claim | None = None
+    fp32: Speedup | None = None
     fp32_trial: int | None = None
-    source: Claim | None = None
-    preparation: Claim | None = None
+    source: Speedup | None = None
+    preparation: Speedup | None = None
     not_shipped: NotShipped | None = None
     rivals: tuple[Rival, ...] = ()
     steadiness: Steadiness | None = None  # the machine during the final timing (None: an older result)
@@ -335,13 +333,13 @@ class Versus:
         pareto["chosen_vs_fp32"]
         preparation = source.get("preparation") if source else None
         return cls(
-            Claim.from_json(fp32) if fp32 else None,
+            Speedup.from_json(fp32) if fp32 else None,
             fp32["fp32_trial"].integer() if fp32 else None,
-            Claim.from_json(source) if source else None,
-            Claim.from_json(preparation) if preparation and preparation.nullable() else None,
-            NotShipped(unproven["trial"].integer(), Claim.from_json(unproven), unproven["why"].text())
+            Speedup.from_json(source) if source else None,
+            Speedup.from_json(preparation) if preparation and preparation.nullable() else None,
+            NotShipped(unproven["trial"].integer(), Speedup.from_json(unproven), unproven["why"].text())
             if unproven else None,
-            tuple(Rival(r["trial"].integer(), Claim.from_json(r)) for r in rivals.items()) if rivals else (),
+            tuple(Rival(r["trial"].integer(), Speedup.from_json(r)) for r in rivals.items()) if rivals else (),
             _steadiness(timing),
         )
 

@@ -31,7 +31,6 @@ from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Prec
 from autoprec.core.timing import Timing
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
-from autoprec.measure.speedup import faster_beyond_noise
 from autoprec.study.coordination import (
     DEFAULT_HEARTBEAT,
     StudyLocks,
@@ -95,9 +94,6 @@ class TrialRecord:
     def mix(self) -> str:
         counts = self.plan.counts()
         return f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
-
-    def faster_beyond_noise_than(self, other: TrialRecord) -> bool | None:
-        return faster_beyond_noise(self.retimed_ms, other.retimed_ms)
 
     def to_json(self) -> dict[str, Any]:
         """The trial as the result files write it (trials.json, pareto.json's front, best/plan.json)."""
