@@ -68,7 +68,7 @@ def items_at(corpus: Path, entry: dict, count: int) -> dict[str, np.ndarray]:
         with np.load(corpus / "tokens.npz") as tokens:
             return {name: tokens[name][np.arange(count) % len(tokens[name])] for name in tokens.files}
     from autoprec.analysis.data import load_items
-    from autoprec.analysis.model import TensorSpec
+    from autoprec.analysis.model_info import TensorSpec
 
     name = entry["inputs"][0]["name"]
     spec = TensorSpec(name, tuple(entry["shape"]), "float32")

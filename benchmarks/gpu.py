@@ -37,7 +37,8 @@ from _harness import machine_facts, time_interleaved  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.analysis.baseline import prepare  # noqa: E402
-from autoprec.analysis.model import batch_axes, declared_inputs, load_onnx  # noqa: E402
+from autoprec.analysis.model import load_onnx  # noqa: E402
+from autoprec.analysis.shapes import batch_axes, declared_inputs  # noqa: E402
 from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic, stored  # noqa: E402

@@ -214,7 +214,7 @@ def test_inputs_that_share_a_dim_name_share_its_size_at_every_point():
 
 def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
     from autoprec.analysis.data import load_items
-    from autoprec.analysis.model import TensorSpec
+    from autoprec.analysis.model_info import TensorSpec
 
     for i in range(3):
         np.savez(tmp_path / f"alone{i}.npz", x=_lines(1, 16, seed=i)[0])

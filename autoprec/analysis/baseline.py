@@ -24,8 +24,11 @@ from autoprec.analysis.calibrate import (
 from autoprec.analysis.data import Dataset, RandomDataWarning, build_dataset, item_shapes, scalar_values
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.images import ImageOptions
-from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.analysis.model import analyse, load_onnx
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
+from autoprec.analysis.shapes import declared_inputs
+from autoprec.analysis.units import with_out_of_range
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace
@@ -95,7 +98,7 @@ def load_inputs(
         found = (out_of_range_nodes(info, dataset.calibration, dataset.fingerprint(), cache) if out_of_range is None
                  else list(out_of_range))
         if found:
-            info = info.with_out_of_range(space, found, (
+            info = with_out_of_range(info, space, found, (
                 f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the calibration data "
                 f"(e.g. {found[0]}): units of their own, FP32 unless the search finds FP16 harmless there"))
             log.info(info.notes[-1])

@@ -10,7 +10,8 @@ from typing import Mapping, Sequence
 
 from autoprec.analysis.baseline import Prepared, load_inputs, pin_idle, prepare, ranged
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
-from autoprec.analysis.model import ModelInfo, load_onnx, model_sha256
+from autoprec.analysis.model import load_onnx, model_sha256
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_outputs
 from autoprec.app.config import SearchConfig
 from autoprec.app.judge_specs import JudgeSpec

@@ -13,7 +13,7 @@ import numpy as np
 
 from autoprec.analysis.baseline import Prepared
 from autoprec.analysis.data import Dataset
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.analysis.calibrate import calibration_cache
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass

@@ -11,7 +11,7 @@ from typing import Any
 
 from autoprec.analysis.baseline import Prepared, load_inputs, prepare_reference, shared_files
 from autoprec.analysis.data import Dataset
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import (
     check_out_dir,

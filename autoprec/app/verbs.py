@@ -13,7 +13,7 @@ import optuna
 
 from autoprec.analysis.baseline import prepare
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.recorded import PlanContext, plan_context, recreate
 from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
