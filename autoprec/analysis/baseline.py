@@ -37,7 +37,7 @@ log = logging.getLogger("autoprec")
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Baseline:
     """What every trial of a search shares: computed once (and cached on disk when a cache is given)."""
 
     info: ModelInfo
@@ -107,7 +107,7 @@ def load_inputs(
 
 
 def shared_files(info: ModelInfo, dataset: Dataset, cache: Path) -> list[Path]:
-    """The files :func:`prepare_reference` leaves in ``cache``: what workers of one study share."""
+    """The files :func:`baseline_of` leaves in ``cache``: what workers of one study share."""
     fingerprint = dataset.fingerprint()
     calibration = [calibration_cache(info, fingerprint, cache)] if needs_calibration(info) else []
     return [*calibration, reference_cache(info, fingerprint, cache)]
@@ -117,9 +117,9 @@ def needs_calibration(info: ModelInfo) -> bool:
     return any(Precision.INT8 in u.allowed for u in info.searchable_units)
 
 
-def prepare_reference(
+def baseline_of(
     info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
-) -> Prepared:
+) -> Baseline:
     """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache`` when there."""
     seconds = dict(seconds)
     fingerprint = dataset.fingerprint()
@@ -139,7 +139,7 @@ def prepare_reference(
         else "FP32 reference (no INT8 searched: no calibration)"
     )
     log.info(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
-    return Prepared(info, dataset, ranges, reference, seconds)
+    return Baseline(info, dataset, ranges, reference, seconds)
 
 
 def pin_idle(info: ModelInfo, dataset: Dataset) -> ModelInfo:
@@ -182,7 +182,7 @@ def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
                 )
 
 
-def prepare(
+def load_baseline(
     model_path: Path,
     space: SearchSpace,
     data: str | os.PathLike | None = None,
@@ -191,6 +191,6 @@ def prepare(
     image: ImageOptions = ImageOptions(),
     cache: Path | None = None,
     constants: Mapping[str, float] | None = None,
-) -> Prepared:
+) -> Baseline:
     """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)
+    return baseline_of(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)
