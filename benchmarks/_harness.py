@@ -20,7 +20,7 @@ import onnxruntime
 import optuna
 
 import autoprec
-from autoprec.analysis.baseline import Prepared, prepare
+from autoprec.analysis.baseline import Baseline, load_baseline
 from autoprec.analysis.data import Batch
 from autoprec.app.resolve import declared_tasks, engine_space, judge_for, metric_for, resolve_model
 from autoprec.backends import get_backend
@@ -130,7 +130,7 @@ class CachedMeasure:
     """
 
     backend: Backend
-    prepared: Prepared
+    baseline: Baseline
     judge: Judge
     screen: Screen | None = None  # cheap rejection, as a search with --max-loss does it
     cache: dict[str, Measurement] = field(default_factory=dict)
@@ -146,7 +146,7 @@ class CachedMeasure:
         key = model_key(model)
         if key not in self.cache:
             self.measured += 1
-            self.cache[key] = measure(self.backend, model, self.prepared.dataset.evaluation, self.judge, self.screen)
+            self.cache[key] = measure(self.backend, model, self.baseline.dataset.evaluation, self.judge, self.screen)
         return self.cache[key]
 
     def loss(self, plan: Plan) -> float:
@@ -154,11 +154,11 @@ class CachedMeasure:
         model = self._lower(plan)
         key = model_key(model)
         if key not in self.losses:
-            self.losses[key] = accuracy_loss(self.backend, model, self.prepared.dataset.evaluation, self.judge)
+            self.losses[key] = accuracy_loss(self.backend, model, self.baseline.dataset.evaluation, self.judge)
         return self.losses[key]
 
     def _lower(self, plan: Plan) -> StoredModel:
-        return self.backend.lower(self.prepared.info, plan, self.prepared.ranges)
+        return self.backend.lower(self.baseline.info, plan, self.baseline.ranges)
 
 
 def time_interleaved(
@@ -191,19 +191,19 @@ def time_interleaved(
     return timings
 
 
-def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Prepared, Backend]:
+def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Baseline, Backend]:
     """The zoo model prepared as ``autoprec search zoo:NAME`` on ``backend`` prepares it: in the space
     that engine searches (its pinned ops and slow precisions left out)."""
     model_path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
     engine = get_backend(backend)
     space, _, _ = engine_space(load_search_space(), engine, None)
-    return prepare(model_path, space, data, shapes), engine
+    return load_baseline(model_path, space, data, shapes), engine
 
 
-def zoo_judge(name: str, prepared: Prepared, metric: str = "cosine") -> Judge:
+def zoo_judge(name: str, baseline: Baseline, metric: str = "cosine") -> Judge:
     """The judge a search of zoo:NAME with --metric METRIC uses: the entry's task metric and its labels beside."""
-    return judge_for(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), prepared.info, prepared.dataset),
-                     prepared)[0]
+    return judge_for(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), baseline.info, baseline.dataset),
+                     baseline)[0]
 
 
 # The task metrics a benchmark reports beside its loss (see autoprec.measure.accuracy): higher or lower is better.

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import builders  # noqa: E402
 from _harness import machine_facts, prepare_zoo  # noqa: E402
 
-from autoprec.analysis.baseline import prepare  # noqa: E402
+from autoprec.analysis.baseline import load_baseline  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
@@ -53,7 +53,7 @@ SECONDS = 20.0  # a search's default --retime-seconds
 
 def generated(name: str, folder: Path):
     path = builders.save(GENERATED[name](), folder / f"{name}.onnx")
-    return prepare(path, load_search_space(), None, None)
+    return load_baseline(path, load_search_space(), None, None)
 
 
 def slowed(model: StoredModel, extra: int) -> StoredModel:
@@ -105,11 +105,11 @@ def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedu
     return speedup.Speedup.with_interval(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
 
 
-def one_setting(name: str, prepared, backend, repeats: int, gain: float, seconds: float) -> dict:
-    info = prepared.info
+def one_setting(name: str, baseline, backend, repeats: int, gain: float, seconds: float) -> dict:
+    info = baseline.info
     plan = info.plan_at(Precision.FP32)
-    lowering = Lowering(info, prepared.ranges)
-    batch = prepared.dataset.evaluation[0]
+    lowering = Lowering(info, baseline.ranges)
+    batch = baseline.dataset.evaluation[0]
     fp32 = lowering(backend, plan)
     extra = calibrated_extra(backend, fp32, batch, gain)
     aa, ab, old = [], [], []
@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         sources = {name: (lambda n=name: generated(n, Path(tmp))) for name in args.models}
         sources.update({f"zoo:{name}": (lambda n=name: prepare_zoo(n)[0]) for name in args.zoo})
         for name, make in sources.items():
-            prepared = make()
+            baseline = make()
             for backend in engines:
                 print(f"[{name} · {backend.info().device}] …", file=sys.stderr, flush=True)
-                report["settings"].append(one_setting(name, prepared, backend, args.repeats, args.gain, args.seconds))
+                report["settings"].append(one_setting(name, baseline, backend, args.repeats, args.gain, args.seconds))
                 atomic.write_json(args.json, report)
     print_table(report)
     return 0

@@ -99,21 +99,21 @@ def builds_to(points, profiles: int, target_ms: float) -> int | None:
 
 
 def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposals: int) -> dict:
-    prepared, backend = prepare_zoo(name)
-    info, evaluation = prepared.info, prepared.dataset.evaluation
-    judge = zoo_judge(name, prepared)
-    measure = CachedMeasure(backend, prepared, judge)
-    ctx = lambda limit=MAX_LOSS: StudyContext(info, backend, prepared.ranges, measure, "percentile-99.99", limit)  # noqa: E731
+    baseline, backend = prepare_zoo(name)
+    info, evaluation = baseline.info, baseline.dataset.evaluation
+    judge = zoo_judge(name, baseline)
+    measure = CachedMeasure(backend, baseline, judge)
+    ctx = lambda limit=MAX_LOSS: StudyContext(info, backend, baseline.ranges, measure, "percentile-99.99", limit)  # noqa: E731
     started = time.monotonic()
     reference_records, reference_size = dense_reference(ctx(), reference_trials, name)
     all_points = [(r.latency_ms, r.loss) for r in reference_records if math.isfinite(r.loss)]
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
     batches = screening_batches(len(evaluation))
-    sensitivity = analyse_sensitivity(info, backend, prepared.ranges,
-                                      lambda plan: accuracy_loss(backend, backend.lower(info, plan, prepared.ranges),
+    sensitivity = analyse_sensitivity(info, backend, baseline.ranges,
+                                      lambda plan: accuracy_loss(backend, backend.lower(info, plan, baseline.ranges),
                                                                  evaluation[:batches], judge.for_ranking()),
                                       evaluation[0], batches)
-    bisect_model, bisect = run_polygraphy_bisect(prepared, backend, judge)
+    bisect_model, bisect = run_polygraphy_bisect(baseline, backend, judge)
     bisect_measured = measure.measure_model(bisect_model)
     runs = {f"proposals {proposals}": proposals, "proposals 0": 0}
     per_method = {method: [run_seed(ctx(), sensitivity, builds, k, seed, measure.loss) for seed in range(seeds)]

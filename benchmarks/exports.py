@@ -68,7 +68,7 @@ def items_at(corpus: Path, entry: dict, count: int) -> dict[str, np.ndarray]:
         with np.load(corpus / "tokens.npz") as tokens:
             return {name: tokens[name][np.arange(count) % len(tokens[name])] for name in tokens.files}
     from autoprec.analysis.data import load_items
-    from autoprec.analysis.model import TensorSpec
+    from autoprec.analysis.model_info import TensorSpec
 
     name = entry["inputs"][0]["name"]
     spec = TensorSpec(name, tuple(entry["shape"]), "float32")
@@ -220,14 +220,14 @@ def evaluation_items(corpus: Path, entry: dict, batch: int) -> list[dict[str, np
 def cpu_peers(model: Path, entry: dict, data: Path, folder: Path, quark_python: str | None) -> dict[str, Path | str]:
     from qdq_forms import peers
 
-    from autoprec.analysis.baseline import prepare
+    from autoprec.analysis.baseline import load_baseline
     from autoprec.app.resolve import engine_space
     from autoprec.backends import get_backend
     from autoprec.core.search_space import load_search_space
 
     space, _, _ = engine_space(load_search_space(), get_backend("ort-cpu"), None)
-    prepared = prepare(model, space, data, batch_shapes(entry, 1), image=image_options(entry))
-    return peers(prepared, model, folder, quark_python)
+    baseline = load_baseline(model, space, data, batch_shapes(entry, 1), image=image_options(entry))
+    return peers(baseline, model, folder, quark_python)
 
 
 def gpu_peers(model: Path, calibration: dict[str, np.ndarray], folder: Path) -> dict[str, Path | str]:

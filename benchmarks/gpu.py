@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_facts, time_interleaved  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec.analysis.baseline import prepare  # noqa: E402
-from autoprec.analysis.model import batch_axes, declared_inputs, load_onnx  # noqa: E402
+from autoprec.analysis.baseline import load_baseline  # noqa: E402
+from autoprec.analysis.model import load_onnx  # noqa: E402
+from autoprec.analysis.shapes import batch_axes, declared_inputs  # noqa: E402
 from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core import atomic, stored  # noqa: E402
@@ -99,11 +100,11 @@ def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp:
     )
     wall = time.monotonic() - t0
     space = load_search_space().restricted([Precision(p) for p in result.search["precisions"]])
-    return result, wall, prepare(model_path, space, data, shapes, cache=out / "cache"), out, shapes
+    return result, wall, load_baseline(model_path, space, data, shapes, cache=out / "cache"), out, shapes
 
 
 def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path) -> dict:
-    result, search_wall, prepared, out, shapes = searched(name, batch, budget, backend, device, tmp)
+    result, search_wall, baseline, out, shapes = searched(name, batch, budget, backend, device, tmp)
     files = read_result_dir(out)
     uniform = result.uniform()
     chosen = result.chosen
@@ -114,13 +115,13 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
         }
     engine = get_backend(backend, device)
     plans = {"fp32": uniform["fp32"].plan, "fp16": uniform["fp16"].plan, "chosen": chosen.plan}
-    evaluation = prepared.dataset.evaluation
-    models = [engine.lower(prepared.info, p, prepared.ranges) for p in plans.values()]
+    evaluation = baseline.dataset.evaluation
+    models = [engine.lower(baseline.info, p, baseline.ranges) for p in plans.values()]
     timings = dict(zip(plans, time_interleaved(engine, models, evaluation[0], ROUNDS)))
     medians = {k: [t.median_ms for t in v] for k, v in timings.items()}
     spreads = {k: [t.p90_ms - t.p10_ms for t in v] for k, v in timings.items()}
     with engine.runner(stored.load(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
-        fresh_loss = loss_from_metrics(compare(prepared.reference, [fresh.run(b) for b in evaluation]), "cosine")
+        fresh_loss = loss_from_metrics(compare(baseline.reference, [fresh.run(b) for b in evaluation]), "cosine")
     ms = {k: statistics.median(v) for k, v in medians.items()}
     return {
         "input_shapes": shapes,

@@ -107,19 +107,19 @@ TASK_METRIC = {
 }
 
 
-def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[StoredModel, dict, list]:
-    info, evaluation = prepared.info, prepared.dataset.evaluation
+def run_autoprec(baseline, backend, budget: int, judge: Judge) -> tuple[StoredModel, dict, list]:
+    info, evaluation = baseline.info, baseline.dataset.evaluation
     batches = screening_batches(len(evaluation))
 
     def lowered(plan: Plan) -> StoredModel:
-        return backend.lower(info, plan, prepared.ranges)
+        return backend.lower(info, plan, baseline.ranges)
 
     sensitivity = analyse_sensitivity(
-        info, backend, prepared.ranges, lambda plan: accuracy_loss(backend, lowered(plan), evaluation[:batches], judge),
+        info, backend, baseline.ranges, lambda plan: accuracy_loss(backend, lowered(plan), evaluation[:batches], judge),
         evaluation[0], batches,
     )
-    measure_ = CachedMeasure(backend, prepared, judge, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
-    ctx = StudyContext(info, backend, prepared.ranges, measure_, "percentile-99.99", MAX_LOSS)
+    measure_ = CachedMeasure(backend, baseline, judge, screen=Screen.for_search(MAX_LOSS, len(evaluation)))
+    ctx = StudyContext(info, backend, baseline.ranges, measure_, "percentile-99.99", MAX_LOSS)
     study = open_study(optuna.storages.InMemoryStorage(), "peers", {}, make_sampler("tpe", 0))
     started = time.monotonic()
     run_warm_started(study, ctx, budget, sensitivity)
@@ -137,9 +137,9 @@ def run_autoprec(prepared, backend, budget: int, judge: Judge) -> tuple[StoredMo
     }, trials
 
 
-def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[StoredModel, dict]:
+def run_polygraphy_bisect(baseline, backend, judge: Judge) -> tuple[StoredModel, dict]:
     """Bisection over k, the number of leading units kept in FP32 (the rest INT8); k = all passes."""
-    info = prepared.info
+    info = baseline.info
     units = [u for u in info.searchable_units if Precision.INT8 in u.allowed]
     evaluations = 0
 
@@ -150,8 +150,8 @@ def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[StoredModel,
     def passes(k: int) -> bool:
         nonlocal evaluations
         evaluations += 1
-        lowered = backend.lower(info, plan(k), prepared.ranges)
-        return measure(backend, lowered, prepared.dataset.evaluation, judge).loss <= MAX_LOSS
+        lowered = backend.lower(info, plan(k), baseline.ranges)
+        return measure(backend, lowered, baseline.dataset.evaluation, judge).loss <= MAX_LOSS
 
     low, high = 0, len(units)  # invariant: plan(high) passes (all FP32 does)
     while low < high:
@@ -161,7 +161,7 @@ def run_polygraphy_bisect(prepared, backend, judge: Judge) -> tuple[StoredModel,
         else:
             low = middle + 1
     chosen = plan(high)
-    return backend.lower(info, chosen, prepared.ranges), {"evaluations": evaluations, "counts": chosen.counts(),
+    return backend.lower(info, chosen, baseline.ranges), {"evaluations": evaluations, "counts": chosen.counts(),
                                                           "fp32_leading_units": high}
 
 
@@ -178,11 +178,11 @@ def score(judge: Judge, indices, outputs) -> float:
     return float(np.mean([1.0 - v if key == "cer_labels" else v for v in values]))
 
 
-def run_nncf(prepared, judge: Judge) -> tuple[StoredModel, dict]:
+def run_nncf(baseline, judge: Judge) -> tuple[StoredModel, dict]:
     import nncf
     import onnxruntime as ort
 
-    evaluation = prepared.dataset.evaluation
+    evaluation = baseline.dataset.evaluation
     calls = 0
 
     def validate(model: onnx.ModelProto, indices) -> float:
@@ -195,29 +195,29 @@ def run_nncf(prepared, judge: Judge) -> tuple[StoredModel, dict]:
         return score(judge, chosen, outputs)
 
     quantized = nncf.quantize_with_accuracy_control(
-        inlined(prepared.info.stored),  # NNCF edits a model in memory, weights and all
-        nncf.Dataset(list(prepared.dataset.calibration)),
+        inlined(baseline.info.stored),  # NNCF edits a model in memory, weights and all
+        nncf.Dataset(list(baseline.dataset.calibration)),
         nncf.Dataset(list(range(len(evaluation)))),
         validate,
         max_drop=MAX_LOSS,
         drop_type=nncf.DropType.ABSOLUTE,
-        subset_size=max(1, len(prepared.dataset.calibration)),
+        subset_size=max(1, len(baseline.dataset.calibration)),
     )
-    return peer_model(quantized, prepared), {"evaluations": calls, "version": nncf.__version__}
+    return peer_model(quantized, baseline), {"evaluations": calls, "version": nncf.__version__}
 
 
-def peer_model(model: onnx.ModelProto, prepared) -> StoredModel:
+def peer_model(model: onnx.ModelProto, baseline) -> StoredModel:
     """A peer's model (in memory, its weights inline) as the engine loads it: written whole, beside the prepared
     model's weights, whenever it is built (the zoo's models are small)."""
-    return StoredModel(model, prepared.info.folder)
+    return StoredModel(model, baseline.info.folder)
 
 
-def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[StoredModel, dict]:
+def run_ort_auto_mixed_precision(baseline, judge: Judge) -> tuple[StoredModel, dict]:
     import onnxconverter_common
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
 
-    batch = prepared.dataset.evaluation[0]
-    names = [o.name for o in prepared.info.model.graph.output]
+    batch = baseline.dataset.evaluation[0]
+    names = [o.name for o in baseline.info.model.graph.output]
     calls = 0
 
     one = Judge(judge.metric, judge.reference[:1], judge.labels[:1] if judge.labels else None)
@@ -228,21 +228,21 @@ def run_ort_auto_mixed_precision(prepared, judge: Judge) -> tuple[StoredModel, d
         outputs = [dict(zip(names, [a.astype(np.float32) for a in actual]))]
         return one.loss(one.metrics(outputs), outputs) <= MAX_LOSS
 
-    converted = auto_convert_mixed_precision(inlined(prepared.info.stored), dict(batch), validate_fn=validate,
+    converted = auto_convert_mixed_precision(inlined(baseline.info.stored), dict(batch), validate_fn=validate,
                                              keep_io_types=True)
-    return peer_model(converted, prepared), {"evaluations": calls, "version": onnxconverter_common.__version__}
+    return peer_model(converted, baseline), {"evaluations": calls, "version": onnxconverter_common.__version__}
 
 
 def run_model(name: str, budget: int, metric: str) -> dict:
-    prepared, backend = prepare_zoo(name)
-    judge = zoo_judge(name, prepared, TASK_METRIC.get(name, "cosine") if metric == "task" else metric)
-    picks: dict[str, StoredModel] = {"fp32": prepared.info.stored}
+    baseline, backend = prepare_zoo(name)
+    judge = zoo_judge(name, baseline, TASK_METRIC.get(name, "cosine") if metric == "task" else metric)
+    picks: dict[str, StoredModel] = {"fp32": baseline.info.stored}
     methods: dict[str, dict] = {}
-    model, facts, trials = run_autoprec(prepared, backend, budget, judge)
+    model, facts, trials = run_autoprec(baseline, backend, budget, judge)
     picks["autoprec"], methods["autoprec"] = model, facts
-    peers = {"polygraphy_bisect": lambda: run_polygraphy_bisect(prepared, backend, judge),
-             "nncf": lambda: run_nncf(prepared, judge),
-             "ort_auto_mixed_precision": lambda: run_ort_auto_mixed_precision(prepared, judge)}
+    peers = {"polygraphy_bisect": lambda: run_polygraphy_bisect(baseline, backend, judge),
+             "nncf": lambda: run_nncf(baseline, judge),
+             "ort_auto_mixed_precision": lambda: run_ort_auto_mixed_precision(baseline, judge)}
     for method, run in peers.items():
         print(f"  {method} …", file=sys.stderr, flush=True)
         started = time.monotonic()
@@ -255,14 +255,14 @@ def run_model(name: str, budget: int, metric: str) -> dict:
         if method == "fp32":
             continue
         try:
-            found = measure(backend, model, prepared.dataset.evaluation, judge)
+            found = measure(backend, model, baseline.dataset.evaluation, judge)
         except Exception as exc:  # noqa: BLE001
             methods[method]["error"] = f"does not run on {backend.name}: {type(exc).__name__}: {str(exc)[:200]}"
             continue
         methods[method].update(loss=found.loss, cosine_loss=loss_from_metrics(found.metrics, "cosine"),
                                task_metrics=task_metrics(found.metrics))
     runnable = [m for m in picks if "error" not in methods.get(m, {})]
-    timings = time_interleaved(backend, [picks[m] for m in runnable], prepared.dataset.evaluation[0], ROUNDS)
+    timings = time_interleaved(backend, [picks[m] for m in runnable], baseline.dataset.evaluation[0], ROUNDS)
     fp32_ms = None
     for method, rounds in zip(runnable, timings):
         if rounds is None:
@@ -285,8 +285,8 @@ def run_model(name: str, budget: int, metric: str) -> dict:
         "metric": judge.metric.name,
         "fp32_on_labels": judge.fp32_scores(len(judge.reference)),
         "fp32_ms": fp32_ms,
-        "units": len(prepared.info.searchable_units),
-        "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs},
+        "units": len(baseline.info.searchable_units),
+        "input_shapes": {i.name: list(i.shape) for i in baseline.info.inputs},
         "methods": methods,
     }
 
@@ -362,18 +362,18 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
     converted = autocast / f"{name}-b{batch}.autocast.onnx"
     if not converted.is_file():
         return {"error": f"no AutoCast model {converted.name}: see {autocast / 'autocast.json'}"}
-    result, wall, prepared, out, shapes = searched(name, batch, budget, "ort-cuda", device, tmp)
+    result, wall, baseline, out, shapes = searched(name, batch, budget, "ort-cuda", device, tmp)
     if result.chosen is None:
         return {"error": f"autoprec chose no plan within {MAX_LOSS}", "search_wall_s": round(wall, 1)}
     engine = get_backend("ort-cuda", device)
-    picks = {"fp32": prepared.info.stored, "autoprec": stored.load(out / "best" / "model.onnx"),
+    picks = {"fp32": baseline.info.stored, "autoprec": stored.load(out / "best" / "model.onnx"),
              "modelopt_autocast": stored.load(converted)}
-    evaluation = prepared.dataset.evaluation
+    evaluation = baseline.dataset.evaluation
     losses = {}
     for method, model in picks.items():
         with engine.runner(model) as runner:
             losses[method] = loss_from_metrics(
-                compare(prepared.reference, [runner.run(b) for b in evaluation]), "cosine"
+                compare(baseline.reference, [runner.run(b) for b in evaluation]), "cosine"
             )
     timings = dict(zip(picks, time_interleaved(engine, list(picks.values()), evaluation[0], GPU_ROUNDS)))
     rounds = {k: [t.median_ms for t in v] for k, v in timings.items()}

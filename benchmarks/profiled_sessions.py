@@ -35,8 +35,8 @@ KINDS = ("profiled A", "plain A", "profiled B", "plain B")
 
 
 def run_model(name: str, rounds: int, runs: int) -> dict:
-    prepared, backend = prepare_zoo(name)
-    batch = prepared.dataset.evaluation[0]
+    baseline, backend = prepare_zoo(name)
+    batch = baseline.dataset.evaluation[0]
     with tempfile.TemporaryDirectory(prefix="autoprec-profiled-") as folder:
         sessions = {}
         for kind in KINDS:
@@ -44,7 +44,7 @@ def run_model(name: str, rounds: int, runs: int) -> dict:
             if kind.startswith("profiled"):
                 options.enable_profiling = True
                 options.profile_file_prefix = os.path.join(folder, kind.replace(" ", "-"))
-            sessions[kind] = new_session(onnxruntime, prepared.info.stored, options, backend.session_providers())
+            sessions[kind] = new_session(onnxruntime, baseline.info.stored, options, backend.session_providers())
             if kind.startswith("profiled"):
                 for _ in range(11):  # what the sensitivity pass's profile runs
                     sessions[kind].run(None, batch)

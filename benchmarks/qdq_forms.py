@@ -44,7 +44,7 @@ from _harness import machine_facts, model_sources, run_models, time_interleaved
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 import autoprec
-from autoprec.analysis.baseline import prepare
+from autoprec.analysis.baseline import load_baseline
 from autoprec.app.resolve import engine_space, resolve_model
 from autoprec.backends import get_backend
 from autoprec.core import stored
@@ -85,22 +85,22 @@ def min_cosine(reference, outputs) -> float | None:
     return min(m["cosine"] for m in compare(reference, outputs).values())
 
 
-def peers(prepared, source: Path, folder: Path, quark_python: str | None) -> dict[str, Path | str]:
+def peers(baseline, source: Path, folder: Path, quark_python: str | None) -> dict[str, Path | str]:
     """The peers' INT8 models of the same units (ONNX Runtime's on the prepared graph, Quark's on the given
     one), or the error a peer failed with."""
     fp32 = folder / "fp32.onnx"
-    onnx.save(stored.inlined(prepared.info.stored), str(fp32))
-    ops = sorted({n.op_type for n in prepared.info.model.graph.node} & set(PEER_OPS))
+    onnx.save(stored.inlined(baseline.info.stored), str(fp32))
+    ops = sorted({n.op_type for n in baseline.info.model.graph.node} & set(PEER_OPS))
     made: dict[str, Path | str] = {"ort quantize_static": folder / "ort.onnx"}
     try:
-        quantize_static(str(fp32), str(made["ort quantize_static"]), Batches(prepared.dataset.calibration),
+        quantize_static(str(fp32), str(made["ort quantize_static"]), Batches(baseline.dataset.calibration),
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         per_channel=True, op_types_to_quantize=ops, calibrate_method=CalibrationMethod.MinMax)
     except Exception as exc:  # noqa: BLE001 - the peer's own failure, recorded
         made["ort quantize_static"] = f"{type(exc).__name__}: {exc}"
     if quark_python:
         calibration = folder / "calibration.npz"
-        batches = prepared.dataset.calibration
+        batches = baseline.dataset.calibration
         np.savez(calibration, **{k: np.stack([b[k] for b in batches]) for k in batches[0]})
         made["quark"] = folder / "quark.onnx"
         run = subprocess.run([quark_python, str(REPO / "benchmarks" / "quark_quantize.py"), str(source),
@@ -111,10 +111,10 @@ def peers(prepared, source: Path, folder: Path, quark_python: str | None) -> dic
     return made
 
 
-def searched(model: str, data: Path | None, prepared, budget: int, folder: Path) -> Path:
+def searched(model: str, data: Path | None, baseline, budget: int, folder: Path) -> Path:
     """What ``autoprec search MODEL --max-loss 1.0 --budget N`` ships: the fastest plan it measured, lowered
     onto the deployable graph (best/model.onnx)."""
-    shapes = {i.name: tuple(i.shape) for i in prepared.info.inputs}
+    shapes = {i.name: tuple(i.shape) for i in baseline.info.inputs}
     autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data, shapes=shapes),
                                           judge=autoprec.JudgeSpec(max_loss=1.0),
                                           study=autoprec.StudySpec(budget=budget), out=folder / "search"))
@@ -128,13 +128,13 @@ class Source:
     given: str
     path: Path
     data: Path | None
-    prepared: Any
+    baseline: Any
 
 
 def bench_model(name: str, source: Source, rounds: int, quark_python: str | None, search_budget: int,
                 others: dict[str, Path]) -> dict:
-    prepared = source.prepared
-    info, ranges = prepared.info, prepared.ranges
+    baseline = source.baseline
+    info, ranges = baseline.info, baseline.ranges
     backend = get_backend("ort-cpu")
     int8 = info.plan_at(Precision.INT8)
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,10 +145,10 @@ def bench_model(name: str, source: Source, rounds: int, quark_python: str | None
                   "autoprec ort-cpu form": lower_plan(info, int8, ranges, QDQForm.ORT_CPU),
                   "autoprec tensorrt form": lower_plan(info, int8, ranges, QDQForm.TENSORRT)}
         if search_budget:
-            chosen = searched(source.given, source.data, prepared, search_budget, folder)
+            chosen = searched(source.given, source.data, baseline, search_budget, folder)
             models[SEARCHED] = stored.load(chosen)
         failed = {}
-        for peer, made in peers(prepared, source.path, folder, quark_python).items():
+        for peer, made in peers(baseline, source.path, folder, quark_python).items():
             if isinstance(made, str):
                 failed[peer] = made
             else:
@@ -158,9 +158,9 @@ def bench_model(name: str, source: Source, rounds: int, quark_python: str | None
         for variant, model in models.items():
             files[variant] = folder / f"{len(files)}.onnx"
             onnx.save(stored.inlined(model), str(files[variant]))
-        batch = prepared.dataset.evaluation[0]
+        batch = baseline.dataset.evaluation[0]
         timings = time_interleaved(backend, list(models.values()), batch, rounds)
-        outputs = {k: [backend.runner(m).run(b) for b in prepared.dataset.evaluation] for k, m in models.items()}
+        outputs = {k: [backend.runner(m).run(b) for b in baseline.dataset.evaluation] for k, m in models.items()}
         graphs = {k: kernels(p) for k, p in files.items()}
     base = np.array([t.median_ms for t in timings[0]])
     variants = {}
@@ -174,11 +174,11 @@ def bench_model(name: str, source: Source, rounds: int, quark_python: str | None
         variants[variant] = {
             "median_ms": float(np.median(ms)), "round_medians_ms": ms.tolist(),
             "speedup_vs_fp32": float(np.median(ratio)), "speedup_range": [float(ratio.min()), float(ratio.max())],
-            "min_output_cosine": min_cosine(prepared.reference, outputs[variant]),
+            "min_output_cosine": min_cosine(baseline.reference, outputs[variant]),
             "q_dq": [quantized["QuantizeLinear"], quantized["DequantizeLinear"]], "kernels": graphs[variant]}
     return {"model": name, "source": str(source.path), "input_shapes": {i.name: list(i.shape) for i in info.inputs},
             "units": len(info.units), "int8_units": sum(p is Precision.INT8 for p in int8.as_dict().values()),
-            "data": prepared.dataset.source, "variants": {**variants, **{k: {"failed": e} for k, e in failed.items()}}}
+            "data": baseline.dataset.source, "variants": {**variants, **{k: {"failed": e} for k, e in failed.items()}}}
 
 
 def variant(spec: str) -> tuple[str, str, str]:
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(name: str) -> dict:
         model, data = sources[name]
         path, found, shapes, _ = resolve_model(model, data, None)
-        source = Source(model, Path(path), data, prepare(Path(path), space, found, shapes))
+        source = Source(model, Path(path), data, load_baseline(Path(path), space, found, shapes))
         others = {label: Path(file) for model, label, file in map(variant, args.variant) if model == name}
         return bench_model(name, source, args.rounds, args.quark_python, args.search_budget, others)
 

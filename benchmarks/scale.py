@@ -172,7 +172,7 @@ def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
     from autoprec.measure.measurement import screening_batches
 
     context = plan_context(out, trial=pareto["uniform"]["fp32"])
-    info, ranges, evaluation = context.prepared.info, context.prepared.ranges, context.prepared.dataset.evaluation
+    info, ranges, evaluation = context.baseline.info, context.baseline.ranges, context.baseline.dataset.evaluation
     if not pareto["search"].get("tie_repeats", True):
         info = info.untied()
     engine = get_backend("ort-cpu")

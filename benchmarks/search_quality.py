@@ -79,13 +79,13 @@ def best_within(points, limit: float = WITHIN) -> float | None:
 
 
 def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict:
-    prepared, backend = prepare_zoo(name)
-    info = prepared.info
-    judge = zoo_judge(name, prepared)
-    measure = CachedMeasure(backend, prepared, judge)
+    baseline, backend = prepare_zoo(name)
+    info = baseline.info
+    judge = zoo_judge(name, baseline)
+    measure = CachedMeasure(backend, baseline, judge)
     tied = {True: info, False: info.untied()}  # repeated patterns decided together, or each unit on its own
     def ctx(together=True):
-        return StudyContext(tied[together], backend, prepared.ranges, measure, "percentile-99.99", None)
+        return StudyContext(tied[together], backend, baseline.ranges, measure, "percentile-99.99", None)
 
     started = time.monotonic()
     space = math.prod(len(u.allowed) for u in info.searchable_units)
@@ -93,12 +93,12 @@ def run_model(name: str, budget: int, seeds: int, reference_trials: int) -> dict
     all_points = _points(reference_records)
     fp32_ms = next(r.latency_ms for r in reference_records if r.plan.counts()["fp32"] == len(r.plan.precisions))
 
-    evaluation = prepared.dataset.evaluation
+    evaluation = baseline.dataset.evaluation
     batches = screening_batches(len(evaluation))
     repeats = len(info.dimensions) < len(info.searchable_units)
     sensitivity = {together: analyse_sensitivity(
-        tied[together], backend, prepared.ranges,
-        lambda plan: accuracy_loss(backend, backend.lower(info, plan, prepared.ranges), evaluation[:batches], judge),
+        tied[together], backend, baseline.ranges,
+        lambda plan: accuracy_loss(backend, backend.lower(info, plan, baseline.ranges), evaluation[:batches], judge),
         evaluation[0], batches,
     ) for together in ((True, False) if repeats else (True,))}
     # method -> (sampler, warm start, repeats decided together): warm-started methods run autoprec's own flow.

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _harness import machine_facts, model_sources, run_models
 
-from autoprec.analysis.baseline import prepare
+from autoprec.analysis.baseline import load_baseline
 from autoprec.app.resolve import engine_space, resolve_model
 from autoprec.backends import backend_class, get_backend
 from autoprec.backends.tensorrt import TENSORRT_RTX, build_engine, import_tensorrt, stamp_plan
@@ -57,10 +57,10 @@ def bench_model(name: str, model_path: Path, data: Path | None, shapes) -> dict:
     trt = import_tensorrt(TENSORRT_RTX)
     # the space a --backend tensorrt-rtx search searches (its declarations only: no engine is made here)
     space, _, _ = engine_space(load_search_space(), backend_class("tensorrt-rtx"), None)
-    prepared = prepare(model_path, space, data, shapes)
-    info = prepared.info
+    baseline = load_baseline(model_path, space, data, shapes)
+    info = baseline.info
     plan = info.plan_at(Precision.INT8)
-    built = build_engine(trt, TENSORRT_RTX, stamp_plan(lower_plan(info, plan, prepared.ranges, QDQForm.TENSORRT),
+    built = build_engine(trt, TENSORRT_RTX, stamp_plan(lower_plan(info, plan, baseline.ranges, QDQForm.TENSORRT),
                                                        info, plan))
     check = built.report["fidelity_checks"].get("builder log") or built.report["plan_fidelity"]
     int8 = sum(p is Precision.INT8 for p in plan.as_dict().values())

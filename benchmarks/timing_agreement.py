@@ -138,17 +138,17 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
         fp32 = result.trial(result.pareto.uniform["fp32"]).to_json()
         plans = {f"trial {t['trial']}": t for t in pareto["front"]}
         plans.setdefault(f"trial {fp32['trial']}", fp32)
-        prepared, form = recreate(result), QDQForm(result.engine.qdq_form)  # the search's analysis, once
+        baseline, form = recreate(result), QDQForm(result.engine.qdq_form)  # the search's analysis, once
         lowered = {}
         for label, trial in plans.items():
             path = Path(folder) / f"{label.replace(' ', '-')}.onnx"
-            lowered[path] = lower_plan(prepared.info, Plan.from_json(trial["plan"]), prepared.ranges, form)
+            lowered[path] = lower_plan(baseline.info, Plan.from_json(trial["plan"]), baseline.ranges, form)
         save_models(lowered)  # self-contained files: the fresh processes load them, weights and all
         models = {label: str(path) for label, path in zip(plans, lowered)}
         models["source"] = str(zoo.fetch(name).model if not data else Path(model).resolve())  # the file as given
         models["best"] = str(out / "best" / "model.onnx")  # what the search shipped
         batch_path = Path(folder) / "batch.npz"
-        np.savez(batch_path, **prepared.dataset.evaluation[0])  # the batch the search timed
+        np.savez(batch_path, **baseline.dataset.evaluation[0])  # the batch the search timed
         spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "backend": backend,
                 "warmup": WARMUP, "rounds": ROUNDS, "runs": RUNS, "benchmarks": str(Path(__file__).parent)}
         independent = fresh_process(INDEPENDENT, spec)

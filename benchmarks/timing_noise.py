@@ -38,11 +38,11 @@ def clearly_faster(timing, other) -> bool:
 
 
 def run_model(name: str, repeats: int) -> dict:
-    prepared, backend = prepare_zoo(name)
-    batch = prepared.dataset.evaluation[0]
+    baseline, backend = prepare_zoo(name)
+    batch = baseline.dataset.evaluation[0]
     # every unit that may take the precision at it (a sensitive op such as Softmax takes no INT8), the rest FP32
     plans = {
-        p: backend.lower(prepared.info, prepared.info.plan_at(p), prepared.ranges)
+        p: backend.lower(baseline.info, baseline.info.plan_at(p), baseline.ranges)
         for p in (Precision.FP32, Precision.INT8)
     }
     runners = {p: backend.runner(m) for p, m in plans.items()}
@@ -71,7 +71,7 @@ def run_model(name: str, repeats: int) -> dict:
         for p, m in medians.items()
     }
     return {
-        "input_shapes": {i.name: list(i.shape) for i in prepared.info.inputs},
+        "input_shapes": {i.name: list(i.shape) for i in baseline.info.inputs},
         "plans": per_plan,
         "int8_faster_by_medians": truth,
         "speed_ratio_fp32_over_int8": round(per_plan["fp32"]["median_ms"] / per_plan["int8"]["median_ms"], 4),

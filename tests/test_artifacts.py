@@ -106,15 +106,15 @@ def test_the_tensorrt_form_judged_on_the_cpu_is_its_q_dq_arithmetic_at_any_shape
     ONNX Runtime's integer kernels saturated on this CPU and gave probabilities 0.09 off the fixed-shape graph's,
     which ran the same Q/DQ exactly; the export then fell back to fixed shapes. Judged by autoprec's CPU sessions,
     both are the Q/DQ arithmetic."""
-    from autoprec.analysis.baseline import prepare
+    from autoprec.analysis.baseline import load_baseline
     from autoprec.analysis.preparation import cpu_session
 
     path = builders.save(builders.line_reader(), tmp_path / "reader.onnx")
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((12, 3, 8, 16), np.float32))
-    prepared = prepare(path, SPACE, tmp_path / "d.npz", {"x": (1, 3, 8, 16)})
-    info, plan = prepared.info, prepared.info.plan_at(Precision.INT8, ["classifier"])
-    fixed = lower_plan(info, plan, prepared.ranges, QDQForm.TENSORRT)
-    deployable = lower_plan(info.for_deployment(), plan, prepared.ranges, QDQForm.TENSORRT)
-    batch = prepared.dataset.evaluation[0]
+    baseline = load_baseline(path, SPACE, tmp_path / "d.npz", {"x": (1, 3, 8, 16)})
+    info, plan = baseline.info, baseline.info.plan_at(Precision.INT8, ["classifier"])
+    fixed = lower_plan(info, plan, baseline.ranges, QDQForm.TENSORRT)
+    deployable = lower_plan(info.for_deployment(), plan, baseline.ranges, QDQForm.TENSORRT)
+    batch = baseline.dataset.evaluation[0]
     want, got = (cpu_session(m).run(None, batch)[0] for m in (fixed, deployable))
     np.testing.assert_allclose(got, want, atol=1e-5)

@@ -14,7 +14,9 @@ import autoprec
 from autoprec.analysis import preparation
 from autoprec.analysis.calibrate import calibrate
 from autoprec.analysis.data import batch_items, build_dataset, random_items
-from autoprec.analysis.model import TensorSpec, analyse, batch_axes, declared_inputs
+from autoprec.analysis.model import analyse
+from autoprec.analysis.model_info import TensorSpec
+from autoprec.analysis.shapes import batch_axes, declared_inputs
 from autoprec.analysis.subgraphs import graphs, with_outputs
 from autoprec.core.errors import DataError, ModelError
 from autoprec.core.plan import Precision

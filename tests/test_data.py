@@ -4,7 +4,7 @@ from PIL import Image
 
 from autoprec.analysis.data import build_dataset, item_shapes, load_items
 from autoprec.analysis.images import ImageOptions
-from autoprec.analysis.model import TensorSpec
+from autoprec.analysis.model_info import TensorSpec
 from autoprec.core.errors import DataError
 
 IMAGE_INPUT = (TensorSpec("x", (1, 3, 8, 12), "float32"),)

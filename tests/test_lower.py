@@ -296,23 +296,23 @@ def test_a_neutral_op_out_of_fp16s_range_on_the_data_is_a_unit_fp32_by_default(t
     """A scaling by 4e4 and back, between two FP16 MatMuls (not fused into either), would overflow in the FP16 region: on the
     data its tensors pass FP16's safe range, so both Muls form one sensitive unit that the widest plan
     keeps FP32 (where FP16 is searched; without FP16 nothing changes)."""
-    from autoprec.analysis.baseline import prepare
+    from autoprec.analysis.baseline import load_baseline
 
     path = _scaled_between_matmuls(tmp_path)
-    prepared = prepare(path, load_search_space())  # on random data
-    info = prepared.info
+    baseline = load_baseline(path, load_search_space())  # on random data
+    info = baseline.info
     assert info.out_of_range == ("scale", "unscale")
     unit = info.unit("scale")
     assert unit.sensitive and unit.nodes == ("scale", "unscale") and unit.allowed == (Precision.FP16, Precision.FP32)
     widest = lower_plan(info, info.plan_at(Precision.FP16, [u.name for u in info.units if not u.sensitive]), None)
     check_valid(widest)
-    batch = prepared.dataset.evaluation[0]
+    batch = baseline.dataset.evaluation[0]
     assert output_metrics(run(info.stored, batch), run(widest, batch))["cosine"] > 0.999
     kept = {n.name: n for n in widest.graph.node}
     assert not any(t.endswith(("_fp16", "_to_fp16")) for t in (*kept["scale"].input, *kept["unscale"].output))
     every = {n.name: n for n in lower_plan(info, info.plan_at(Precision.FP16), None).graph.node}
     assert every["scale"].input[0].endswith("_fp16")  # where the search tries it: measured on the target
-    on_the_cpu = prepare(path, load_search_space().restricted([Precision.INT8]))
+    on_the_cpu = load_baseline(path, load_search_space().restricted([Precision.INT8]))
     assert on_the_cpu.info.out_of_range == () and [u.name for u in on_the_cpu.info.units] == ["fc0", "fc1"]
 
 
@@ -320,7 +320,7 @@ def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_th
     """A resumed search and every worker prepare the model again: the FP32 pass over the calibration data that
     finds ops out of FP16's range is kept in the cache folder (beside calibration) and read back (the file is not
     written again); a damaged file is measured again (and rewritten)."""
-    from autoprec.analysis.baseline import prepare
+    from autoprec.analysis.baseline import load_baseline
 
     path = _scaled_between_matmuls(tmp_path)
     cache = tmp_path / "cache"
@@ -329,14 +329,14 @@ def test_the_out_of_range_pass_runs_once_per_model_and_data_then_is_read_from_th
         [kept] = cache.glob("out-of-range-*.json")
         return kept.stat().st_ino, kept.stat().st_mtime_ns  # an atomic write is a new file
 
-    first = prepare(path, load_search_space(), cache=cache).info.out_of_range
+    first = load_baseline(path, load_search_space(), cache=cache).info.out_of_range
     measured = written()
-    again = prepare(path, load_search_space(), cache=cache).info.out_of_range
+    again = load_baseline(path, load_search_space(), cache=cache).info.out_of_range
     assert first == again == ("scale", "unscale") and written() == measured
     [kept] = cache.glob("out-of-range-*.json")
     kept.write_text('{"not": "a list"}')
     damaged = written()
-    assert prepare(path, load_search_space(), cache=cache).info.out_of_range == first and written() != damaged
+    assert load_baseline(path, load_search_space(), cache=cache).info.out_of_range == first and written() != damaged
     assert json.loads(kept.read_text()) == list(first)
 
 

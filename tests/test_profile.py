@@ -14,7 +14,7 @@ from builders import conv_with_data, line_reader, save, session
 from searching import main
 
 import autoprec
-from autoprec.analysis.baseline import prepare
+from autoprec.analysis.baseline import load_baseline
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
@@ -166,18 +166,18 @@ def test_a_profile_that_cannot_be_is_refused_in_one_line(tmp_path, low, high, sa
 def test_a_plan_the_source_dims_cannot_take_ships_the_measured_model_and_says_why(tmp_path):
     model = save(line_reader(), tmp_path / "reader.onnx")
     np.savez(tmp_path / "data.npz", x=_lines(4))
-    prepared = prepare(model, load_search_space(), tmp_path / "data.npz", {"x": _dims(OPT)})
-    info, ranges = prepared.info, prepared.ranges
+    baseline = load_baseline(model, load_search_space(), tmp_path / "data.npz", {"x": _dims(OPT)})
+    info, ranges = baseline.info, baseline.ranges
     plan = info.plan_at(Precision.INT8)
     broken = onnx.ModelProto()
     broken.CopyFrom(info.deployable)
     next(n for n in broken.graph.node if n.name == "classifier").name = "renamed"
     lower = lambda graph: lower_plan(graph, plan, ranges, QDQForm.ORT_CPU)  # noqa: E731
-    shipped = deploy(replace(info, deployable=broken), lower, None, prepared.dataset.evaluation[:1])
+    shipped = deploy(replace(info, deployable=broken), lower, None, baseline.dataset.evaluation[:1])
     assert "does not lower onto it" in shipped.fixed_because
     dims = [d.dim_value for d in shipped.model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == list(_dims(OPT))
-    assert deploy(info, lower, None, prepared.dataset.evaluation[:1]).fixed_because is None
+    assert deploy(info, lower, None, baseline.dataset.evaluation[:1]).fixed_because is None
 
 
 def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_the_rest(tmp_path):
@@ -214,7 +214,7 @@ def test_inputs_that_share_a_dim_name_share_its_size_at_every_point():
 
 def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
     from autoprec.analysis.data import load_items
-    from autoprec.analysis.model import TensorSpec
+    from autoprec.analysis.model_info import TensorSpec
 
     for i in range(3):
         np.savez(tmp_path / f"alone{i}.npz", x=_lines(1, 16, seed=i)[0])

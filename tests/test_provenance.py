@@ -121,16 +121,16 @@ def test_changed_data_is_refused_and_other_data_keeps_the_searched_scales(seeded
         plan_context(copy)
     given = plan_context(out, data=changed)  # explicit other data: evaluated there, calibrated as searched
     searched = plan_context(out)
-    assert given.prepared.ranges.tensors.keys() == searched.prepared.ranges.tensors.keys()
-    assert all(given.prepared.ranges[t].amax("minmax") == searched.prepared.ranges[t].amax("minmax")
-               for t in searched.prepared.ranges.tensors)
+    assert given.baseline.ranges.tensors.keys() == searched.baseline.ranges.tensors.keys()
+    assert all(given.baseline.ranges[t].amax("minmax") == searched.baseline.ranges[t].amax("minmax")
+               for t in searched.baseline.ranges.tensors)
 
 
 def test_ranges_of_a_result_are_its_search_calibration(seeded, capsys):
     """`ranges RESULT` shows the ranges the search's INT8 scales came from (its model, seed's split, data),
     not a fresh calibration of options given again; input options that would change them are refused."""
     root, out, _ = seeded
-    searched = plan_context(out).prepared.ranges
+    searched = plan_context(out).baseline.ranges
     rows = {r.tensor: r for r in activation_report(InputSpec(str(out)))}
     assert rows.keys() == searched.tensors.keys()
     assert all(rows[t].max == pytest.approx(searched[t].max) for t in rows)

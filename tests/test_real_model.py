@@ -47,7 +47,8 @@ def test_search_on_the_bundled_model(tmp_path):
 def test_int8_plan_runs_as_integer_kernels_on_ort_cpu(tmp_path):
     from autoprec.analysis.calibrate import calibrate
     from autoprec.analysis.data import build_dataset, item_shapes
-    from autoprec.analysis.model import analyse, declared_inputs, load_onnx
+    from autoprec.analysis.model import analyse, load_onnx
+    from autoprec.analysis.shapes import declared_inputs
     from autoprec.backends import get_backend
     from autoprec.core.plan import Precision
     from autoprec.core.search_space import load_search_space

@@ -264,7 +264,7 @@ def _one_matmul(folder, calibration_items: np.ndarray, evaluation_items: np.ndar
     from onnx import TensorProto, helper, numpy_helper
 
     from autoprec.analysis.data import build_dataset
-    from autoprec.analysis.model import TensorSpec
+    from autoprec.analysis.model_info import TensorSpec
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (16, 8)).astype(np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], "fc")], "g",

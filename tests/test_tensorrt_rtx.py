@@ -24,7 +24,7 @@ from searching import main
 
 import autoprec
 from autoprec import zoo
-from autoprec.analysis.baseline import prepare
+from autoprec.analysis.baseline import load_baseline
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import (
     TENSORRT_RTX,
@@ -89,15 +89,15 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
     )
     searched = [t.plan for t in result.trials if 0 < t.plan.counts()["fp32"] < len(t.plan.precisions)]
     assert searched, "the search measured no mixed plan"
-    prepared = prepare(
+    baseline = load_baseline(
         fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "out" / "cache"
     )
-    op_type = {u.name: u.op_type for u in prepared.info.units}
-    for plan in [*(prepared.info.plan_at(p) for p in Precision), searched[0]]:
+    op_type = {u.name: u.op_type for u in baseline.info.units}
+    for plan in [*(baseline.info.plan_at(p) for p in Precision), searched[0]]:
         lowered = lower_plan(
-            prepared.info, plan, prepared.ranges, QDQForm.TENSORRT
+            baseline.info, plan, baseline.ranges, QDQForm.TENSORRT
         )  # what --backend tensorrt-rtx lowers
-        built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, prepared.info, plan))
+        built = build_engine(trt, TENSORRT_RTX, stamp_plan(lowered, baseline.info, plan))
         assert len(built.serialized) > 10_000
         checks = built.report["fidelity_checks"]
         assert set(checks) == {"network types", "builder log"}
@@ -109,7 +109,7 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
         assert (
             checks["network types"]["checked_units"]
             == checks["builder log"]["checked_units"]
-            == len(prepared.info.units)
+            == len(baseline.info.units)
         )
         otherwise = {
             (op_type[u["unit"]], u["planned"], tuple(u["ran"])) for u in checks["builder log"]["ignored_units"]
@@ -120,9 +120,9 @@ def test_rtx_builds_every_zoo_model_uniform_and_searched_plans(name, zoo_root, t
 
 
 def test_rtx_parser_rejects_the_ort_cpu_form_naming_the_node_and_its_message(conv_model, conv_data, rtx):
-    prepared = prepare(conv_model, load_search_space(), conv_data)
-    plan = prepared.info.plan_at(Precision.INT8)
-    ort_form = lower_plan(prepared.info, plan, prepared.ranges, QDQForm.ORT_CPU)  # uint8, non-zero zero points
+    baseline = load_baseline(conv_model, load_search_space(), conv_data)
+    plan = baseline.info.plan_at(Precision.INT8)
+    ort_form = lower_plan(baseline.info, plan, baseline.ranges, QDQForm.ORT_CPU)  # uint8, non-zero zero points
     with pytest.raises(BackendError, match=r"parser rejected the candidate: node '\w+_quantize' \(QuantizeLinear\): "
                                            r".*Non-zero zero point is not supported"):
         rtx.build(ort_form)
@@ -158,11 +158,11 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
 
 def test_rtx_network_types_and_builder_log_catch_a_plan_the_model_does_not_follow(conv_model, conv_data):
     """A model that runs conv1 in FP32 though the plan says FP16: both build-time checks name it."""
-    prepared = prepare(conv_model, load_search_space(), conv_data)
-    names = [u.name for u in prepared.info.units]
-    lowered = lower_plan(prepared.info, Plan.uniform(names, Precision.FP32), prepared.ranges)
+    baseline = load_baseline(conv_model, load_search_space(), conv_data)
+    names = [u.name for u in baseline.info.units]
+    lowered = lower_plan(baseline.info, Plan.uniform(names, Precision.FP32), baseline.ranges)
     claimed = stamp_plan(
-        lowered, prepared.info, Plan.from_mapping({n: "fp16" if n == "conv1" else "fp32" for n in names})
+        lowered, baseline.info, Plan.from_mapping({n: "fp16" if n == "conv1" else "fp32" for n in names})
     )
     built = build_engine(trt, TENSORRT_RTX, claimed)
     for source in ("network types", "builder log"):
@@ -176,10 +176,10 @@ def test_rtx_builds_the_tensorrt_form_int8_as_planned_and_reads_a_residual_skip_
     """The all-INT8 plan of a ResNet block in TensorRT's Q/DQ form: every unit INT8 in the builder's layers,
     no reformat layer, and the Add fused after the last convolution reads the skip tensor in INT8."""
     model = builders.save(builders.residual_net(channels=32, size=32), tmp_path / "block.onnx")
-    prepared = prepare(model, load_search_space(), None)
-    plan = prepared.info.plan_at(Precision.INT8)
+    baseline = load_baseline(model, load_search_space(), None)
+    plan = baseline.info.plan_at(Precision.INT8)
     built = build_engine(trt, TENSORRT_RTX, stamp_plan(
-        lower_plan(prepared.info, plan, prepared.ranges, QDQForm.TENSORRT), prepared.info, plan))
+        lower_plan(baseline.info, plan, baseline.ranges, QDQForm.TENSORRT), baseline.info, plan))
     check = built.report["fidelity_checks"]["builder log"]
     assert check["checked_units"] == 4 and not check["plan_ignored"]
     assert not [layer for layer in built.layers.layers if layer.layer_type == "Reformat"]
@@ -221,13 +221,13 @@ def test_rtx_run_half_uses_only_names_the_real_module_has(monkeypatch, conv_mode
     monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
     monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts",
                         lambda: [{"name": "NVIDIA RTX A6000", "driver": "580", "compute_capability": "8.6"}])
-    prepared = prepare(conv_model, load_search_space(), conv_data)
+    baseline = load_baseline(conv_model, load_search_space(), conv_data)
     backend = get_backend("tensorrt-rtx", cache_dir=conv_model.parent / "cache")
-    plan = Plan.uniform([u.name for u in prepared.info.units], Precision.FP16)
-    with backend.runner(backend.lower(prepared.info, plan, prepared.ranges)) as runner:
-        runner.run(prepared.dataset.evaluation[0])
-        runner.time(prepared.dataset.evaluation[0])
-        runner.layer_times(prepared.dataset.evaluation[0], 2)
+    plan = Plan.uniform([u.name for u in baseline.info.units], Precision.FP16)
+    with backend.runner(backend.lower(baseline.info, plan, baseline.ranges)) as runner:
+        runner.run(baseline.dataset.evaluation[0])
+        runner.time(baseline.dataset.evaluation[0])
+        runner.layer_times(baseline.dataset.evaluation[0], 2)
     timing = backend.info().timing  # what its latencies would be, and that none was ever measured
     assert "CUDA-event time of one execute_async_v3" in timing and "never executed" in timing
     assert ("ICudaEngine", "create_execution_context", True) in fake.CALLS  # with the runtime config (and its cache)

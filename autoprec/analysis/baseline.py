@@ -24,8 +24,11 @@ from autoprec.analysis.calibrate import (
 from autoprec.analysis.data import Dataset, RandomDataWarning, build_dataset, item_shapes, scalar_values
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.images import ImageOptions
-from autoprec.analysis.model import ModelInfo, analyse, declared_inputs, load_onnx
+from autoprec.analysis.model import analyse, load_onnx
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
+from autoprec.analysis.shapes import declared_inputs
+from autoprec.analysis.units import with_out_of_range
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace
@@ -34,7 +37,7 @@ log = logging.getLogger("autoprec")
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Baseline:
     """What every trial of a search shares: computed once (and cached on disk when a cache is given)."""
 
     info: ModelInfo
@@ -95,7 +98,7 @@ def load_inputs(
         found = (out_of_range_nodes(info, dataset.calibration, dataset.fingerprint(), cache) if out_of_range is None
                  else list(out_of_range))
         if found:
-            info = info.with_out_of_range(space, found, (
+            info = with_out_of_range(info, space, found, (
                 f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the calibration data "
                 f"(e.g. {found[0]}): units of their own, FP32 unless the search finds FP16 harmless there"))
             log.info(info.notes[-1])
@@ -104,7 +107,7 @@ def load_inputs(
 
 
 def shared_files(info: ModelInfo, dataset: Dataset, cache: Path) -> list[Path]:
-    """The files :func:`prepare_reference` leaves in ``cache``: what workers of one study share."""
+    """The files :func:`baseline_of` leaves in ``cache``: what workers of one study share."""
     fingerprint = dataset.fingerprint()
     calibration = [calibration_cache(info, fingerprint, cache)] if needs_calibration(info) else []
     return [*calibration, reference_cache(info, fingerprint, cache)]
@@ -114,9 +117,9 @@ def needs_calibration(info: ModelInfo) -> bool:
     return any(Precision.INT8 in u.allowed for u in info.searchable_units)
 
 
-def prepare_reference(
+def baseline_of(
     info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
-) -> Prepared:
+) -> Baseline:
     """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache`` when there."""
     seconds = dict(seconds)
     fingerprint = dataset.fingerprint()
@@ -136,7 +139,7 @@ def prepare_reference(
         else "FP32 reference (no INT8 searched: no calibration)"
     )
     log.info(f"{ready} ready ({seconds['calibrate'] + seconds['reference']:.1f} s{where})")
-    return Prepared(info, dataset, ranges, reference, seconds)
+    return Baseline(info, dataset, ranges, reference, seconds)
 
 
 def pin_idle(info: ModelInfo, dataset: Dataset) -> ModelInfo:
@@ -179,7 +182,7 @@ def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
                 )
 
 
-def prepare(
+def load_baseline(
     model_path: Path,
     space: SearchSpace,
     data: str | os.PathLike | None = None,
@@ -188,6 +191,6 @@ def prepare(
     image: ImageOptions = ImageOptions(),
     cache: Path | None = None,
     constants: Mapping[str, float] | None = None,
-) -> Prepared:
+) -> Baseline:
     """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return prepare_reference(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)
+    return baseline_of(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)

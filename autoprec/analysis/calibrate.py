@@ -15,7 +15,7 @@ import onnx
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
-from autoprec.analysis.model import TensorSpec
+from autoprec.analysis.model_info import TensorSpec
 from autoprec.core.errors import DataError
 
 ARRAY_SUFFIXES = {".npy", ".npz"}

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autoprec.analysis.model import TensorSpec
+from autoprec.analysis.model_info import TensorSpec
 from autoprec.core.errors import DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}

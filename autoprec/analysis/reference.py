@@ -10,7 +10,8 @@ import numpy as np
 
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import RANDOM_OPS, ModelInfo
+from autoprec.analysis.model import RANDOM_OPS
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic

@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from autoprec.analysis.baseline import Prepared, load_inputs, pin_idle, prepare, ranged
+from autoprec.analysis.baseline import Baseline, load_baseline, load_inputs, pin_idle, ranged
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
-from autoprec.analysis.model import ModelInfo, load_onnx, model_sha256
+from autoprec.analysis.model import load_onnx, model_sha256
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_outputs
 from autoprec.app.config import SearchConfig
 from autoprec.app.judge_specs import JudgeSpec
@@ -70,7 +71,7 @@ class PlanContext:
     """A plan with the analysis it was measured with: re-created from a result's record, or MODEL + --plan."""
 
     plan: Plan
-    prepared: Prepared
+    baseline: Baseline
     config: SearchConfig  # the spec groups the search recorded (a bare plan: the defaults, on the model given)
     trial: int | None = None  # the result's trial the plan is, where it is one
     named: str = "the plan"  # which plan it is, for the lines that state what was checked or diagnosed
@@ -84,7 +85,7 @@ class PlanContext:
 
 
 def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
-             shapes: Mapping[str, Sequence[int]] | None = None, profile: ProfileSpec | None = None) -> Prepared:
+             shapes: Mapping[str, Sequence[int]] | None = None, profile: ProfileSpec | None = None) -> Baseline:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
     external data included), search space and overrides, input shapes, data split (seed) and
     normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
@@ -132,7 +133,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
             raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
                                 "run without --data (it is calibrated again from the search's data) or search again")
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint(), cache)
-    return Prepared(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
+    return Baseline(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
 
 
 def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = None) -> SearchConfig | None:
@@ -170,8 +171,8 @@ def plan_context(
         document = load_plan_document(plan)
         if "search" in document and "model" in document:  # a result's best/plan.json: its search's analysis
             return _from_plan_file(target, Path(plan), document, data, shapes)
-        prepared = prepare(target, load_search_space(), data, shapes)
-        return PlanContext(_fits(plan_in(document, plan), prepared.info, f"--plan {plan}"), prepared,
+        baseline = load_baseline(target, load_search_space(), data, shapes)
+        return PlanContext(_fits(plan_in(document, plan), baseline.info, f"--plan {plan}"), baseline,
                            SearchConfig(InputSpec(target)), named=f"the plan in {plan}")
     result = read_result_dir(target)
     if trial is not None:
@@ -185,10 +186,10 @@ def plan_context(
         named = f"trial {number} of {target}, the chosen plan (best/plan.json)"
     else:
         raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
-    prepared = recreate(result, data, shapes, profile)
+    baseline = recreate(result, data, shapes, profile)
     where = f"--plan {plan}" if plan is not None else str(target)
     shown = result.shown_trial(number)
-    return PlanContext(_fits(chosen, prepared.info, where), prepared, config_of(result.how_measured()), number, named,
+    return PlanContext(_fits(chosen, baseline.info, where), baseline, config_of(result.how_measured()), number, named,
                        shown.loss if shown else None)
 
 
@@ -196,9 +197,9 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     """MODEL + a result's best/plan.json: the analysis its search recorded (space, shapes, data split,
     calibration in the result folder beside it), on MODEL (checked to be the searched model)."""
     result = read_plan_file(plan, document, model)
-    prepared = recreate(result, data, shapes)
+    baseline = recreate(result, data, shapes)
     chosen, number = result.best_plan
-    return PlanContext(_fits(chosen, prepared.info, f"--plan {plan}"), prepared, config_of(result.how_measured()),
+    return PlanContext(_fits(chosen, baseline.info, f"--plan {plan}"), baseline, config_of(result.how_measured()),
                        number, f"trial {number} in {plan}, as its search recorded it", _loss_in(document))
 
 

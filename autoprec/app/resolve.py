@@ -11,9 +11,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from autoprec.analysis.baseline import Prepared
+from autoprec.analysis.baseline import Baseline
 from autoprec.analysis.data import Dataset
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError
@@ -108,11 +108,11 @@ def image_size(dataset: Dataset) -> tuple[int, int] | None:
     return max(sizes, key=lambda hw: hw[0] * hw[1], default=None)
 
 
-def judge_for(metric: Metric, prepared: Prepared, max_loss: float | None = None) -> tuple[Judge, dict]:
+def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None) -> tuple[Judge, dict]:
     """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
     lacks: one line, now); with what the result records of it (FP32 against the labels, notes, what
     ``max_loss`` allows where the metric counts decisions)."""
-    judge = Judge(metric, prepared.reference, prepared.dataset.labels)
+    judge = Judge(metric, baseline.reference, baseline.dataset.labels)
     fp32 = judge.check()
     notes = judge.notes()
     for line in notes:

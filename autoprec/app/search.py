@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.analysis.calibrate import calibration_cache
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
@@ -124,7 +124,7 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
 
 
 def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
-    """:func:`search` for a checked configuration, in phases: set up, join the study, prepare what every
+    """:func:`search` for a checked configuration, in phases: set up, join the study, compute the baseline every
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
     started = time.monotonic()
     setup = set_up(config)
@@ -156,7 +156,7 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
     settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
                                 isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
     inputs = MeasurerInputs(setup.dataset.evaluation, shared.judge, shared.ranking, shared.lowering, config.space.method)
-    return start_measurers(settings, setup.engine, setup.engine_info, inputs, shared.prepared.seconds,
+    return start_measurers(settings, setup.engine, setup.engine_info, inputs, shared.baseline.seconds,
                            setup.metric.user_function is not None, stack)
 
 
@@ -207,13 +207,13 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
             return measuring.reference.accuracy_loss(plan, screened)
 
         def helping() -> None:  # while another worker computes the pass: this worker's share of it
-            help_sensitivity_pass(shared.prepared, setup.engine, loss_of, screened, shared.ranking,
+            help_sensitivity_pass(shared.baseline, setup.engine, loss_of, screened, shared.ranking,
                                   config.space.calibration, steps)
 
         with joined.shared.once(joined.locks, "sensitivity", [setup.out_dir / "sensitivity.json"], joined.me,
                                 while_waiting=helping):
             unit_sensitivity, from_cache = sensitivity_pass(
-                shared.prepared, setup.engine, loss_of, screened, shared.ranking, config.space.calibration,
+                shared.baseline, setup.engine, loss_of, screened, shared.ranking, config.space.calibration,
                 setup.out_dir / "sensitivity.json", config.progress, steps,
             )
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
@@ -243,7 +243,7 @@ class Outcome:
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
                     warm: WarmStart, final_timing: FinalTiming) -> Outcome:
     screen = shared.screen
-    ctx = StudyContext(warm.info, setup.engine, shared.prepared.ranges, lambda plan: measuring.measurer.measure(plan, screen),
+    ctx = StudyContext(warm.info, setup.engine, shared.baseline.ranges, lambda plan: measuring.measurer.measure(plan, screen),
                        config.space.calibration, config.judge.max_loss, joined.locks, joined.me)
     if screen is not None:
         log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
@@ -272,7 +272,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
     )
     trials = [retiming.trials.get(t.number, t) for t in trials]
-    held_out = HeldOutJudging(held_out_judge(shared.prepared.info.stored, setup.dataset, setup.metric),
+    held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset, setup.metric),
                               lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
     choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing,
                             ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise), retiming.apart)
@@ -303,7 +303,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     if facts["plan_ignored"]:
         log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision in trial(s) "
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
-    ranges = shared.prepared.ranges
+    ranges = shared.baseline.ranges
     deployment = deploy_plan(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
     if outcome.held_out is not None:
         facts["held_out"] = outcome.held_out.to_json()
@@ -343,7 +343,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         "data_fingerprint": fingerprint,
         "calibration_file": (
             str(calibration_cache(info, fingerprint, setup.cache).relative_to(setup.out_dir))
-            if shared.prepared.ranges is not None
+            if shared.baseline.ranges is not None
             else None
         ),
         "image_norm": config.inputs.image.to_json(),

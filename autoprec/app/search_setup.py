@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoprec.analysis.baseline import Prepared, load_inputs, prepare_reference, shared_files
+from autoprec.analysis.baseline import Baseline, baseline_of, load_inputs, shared_files
 from autoprec.analysis.data import Dataset
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import (
     check_out_dir,
@@ -122,7 +122,7 @@ def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) 
 class Shared:
     """What every trial shares: the calibrated model and FP32 reference, the judge, the lowering."""
 
-    prepared: Prepared
+    baseline: Baseline
     judge: Judge
     judged: dict[str, Any]  # what the result records of the judge
     ranking: Judge
@@ -131,7 +131,7 @@ class Shared:
 
     @property
     def info(self) -> ModelInfo:
-        return self.prepared.info
+        return self.baseline.info
 
 
 def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
@@ -140,8 +140,8 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
         if fetched:
             log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its artifact store "
                      f"({joined.shared.store_dir})")
-        prepared = prepare_reference(setup.info, setup.dataset, setup.one_time, setup.cache)
-    judge, judged = judge_for(setup.metric, prepared, config.judge.max_loss)
+        baseline = baseline_of(setup.info, setup.dataset, setup.one_time, setup.cache)
+    judge, judged = judge_for(setup.metric, baseline, config.judge.max_loss)
     running = joined.running
     if joined.done or running:
         budget = config.study.budget
@@ -154,8 +154,8 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
         Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
     )
     method = config.space.method
-    ranges = prepared.ranges
+    ranges = baseline.ranges
     lowering = Lowering(
-        prepared.info, ranges.with_thresholds(method) if ranges is not None else None
+        baseline.info, ranges.with_thresholds(method) if ranges is not None else None
     )  # only plans travel
-    return Shared(prepared, judge, judged, judge.for_ranking(), lowering, screen)
+    return Shared(baseline, judge, judged, judge.for_ranking(), lowering, screen)

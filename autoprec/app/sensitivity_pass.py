@@ -6,7 +6,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from autoprec.analysis.baseline import Prepared, prepare
+from autoprec.analysis.baseline import Baseline, load_baseline
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import (
     check_out_dir,
@@ -39,7 +39,7 @@ log = logging.getLogger("autoprec")
 
 
 def sensitivity_pass(
-    prepared: Prepared,
+    baseline: Baseline,
     engine: Backend,
     loss_of,
     batches: int,
@@ -53,20 +53,20 @@ def sensitivity_pass(
     read from ``path`` when it was measured the same way. With ``shared``, a one-unit plan another worker of
     the study measured is read from the study instead of measured again."""
     method = calibration_method(calibration)
-    key = _pass_key(prepared, engine, ranking, method, batches)
+    key = _pass_key(baseline, engine, ranking, method, batches)
     measured = loss_of
     if shared is not None:
         def measured(plan: Plan) -> float:
             return shared.result(f"{key}:{plan.key()}", lambda: one_unit_loss(loss_of, plan))
-    with console.StepProgress("sensitivity", len(one_unit_steps(prepared.info)), enabled=progress) as bar:
+    with console.StepProgress("sensitivity", len(one_unit_steps(baseline.info)), enabled=progress) as bar:
         found, from_cache = cached_sensitivity(path, key, lambda: replace(analyse_sensitivity(
-            prepared.info, engine, prepared.ranges, measured, prepared.dataset.evaluation[0], batches, method,
+            baseline.info, engine, baseline.ranges, measured, baseline.dataset.evaluation[0], batches, method,
             bar.update), judged=ranking.said()))
     if from_cache:
         log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
     else:
         elsewhere = shared.computed_elsewhere(
-            [f"{key}:{plan.key()}" for plan in one_unit_plans(prepared.info, method)]) if shared else 0
+            [f"{key}:{plan.key()}" for plan in one_unit_plans(baseline.info, method)]) if shared else 0
         log.info(
             f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s"
             + (f" ({elsewhere} of them by the study's other workers)" if elsewhere else "")
@@ -81,13 +81,13 @@ def sensitivity_pass(
     return found, from_cache
 
 
-def help_sensitivity_pass(prepared: Prepared, engine: Backend, loss_of, batches: int, ranking: Judge,
+def help_sensitivity_pass(baseline: Baseline, engine: Backend, loss_of, batches: int, ranking: Judge,
                           calibration: str, shared: SharedSteps) -> int:
     """This worker's share of the pass another worker of the study is computing: one-unit plans, from the last,
     that no worker measured or is measuring, until that worker publishes the pass. Returns how many."""
     method = calibration_method(calibration)
-    key = _pass_key(prepared, engine, ranking, method, batches)
-    plans = one_unit_plans(prepared.info, method)
+    key = _pass_key(baseline, engine, ranking, method, batches)
+    plans = one_unit_plans(baseline.info, method)
     helped = shared.help([(f"{key}:{plan.key()}", lambda plan=plan: one_unit_loss(loss_of, plan)) for plan in plans])
     if helped:
         log.info(f"sensitivity: {helped} of its {len(plans)} one-unit plans measured here while another worker "
@@ -95,8 +95,8 @@ def help_sensitivity_pass(prepared: Prepared, engine: Backend, loss_of, batches:
     return helped
 
 
-def _pass_key(prepared: Prepared, engine: Backend, ranking: Judge, method: str, batches: int) -> str:
-    return cache_key(prepared.info, engine, prepared.dataset.fingerprint(), ranking.metric.describe(), method, batches)
+def _pass_key(baseline: Baseline, engine: Backend, ranking: Judge, method: str, batches: int) -> str:
+    return cache_key(baseline.info, engine, baseline.dataset.fingerprint(), ranking.metric.describe(), method, batches)
 
 
 def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
@@ -117,18 +117,18 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     space, _, _ = engine_space(load_search_space(space_spec.search_space).with_overrides(list(space_spec.overrides)),
                                engine, space_spec.precisions)
     check_out_dir(out_dir)
-    prepared = prepare(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
+    baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
                        inputs.constants)
-    prepared = replace(prepared, info=repeats_decided(prepared.info, space_spec.tie_repeats))
-    batches = screening_batches(len(prepared.dataset.evaluation))
-    metric_used = metric_for(wanted, prepared.info, prepared.dataset)
-    judge = judge_for(metric_used, prepared)[0]
+    baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
+    batches = screening_batches(len(baseline.dataset.evaluation))
+    metric_used = metric_for(wanted, baseline.info, baseline.dataset)
+    judge = judge_for(metric_used, baseline)[0]
     ranking = judge.for_ranking()
     measurer = InProcessMeasurer(
-        engine, prepared.dataset.evaluation, judge, ranking, Lowering(prepared.info, prepared.ranges)
+        engine, baseline.dataset.evaluation, judge, ranking, Lowering(baseline.info, baseline.ranges)
     )
     found, _ = sensitivity_pass(
-        prepared, engine, lambda plan: measurer.accuracy_loss(plan, batches),
+        baseline, engine, lambda plan: measurer.accuracy_loss(plan, batches),
         batches, ranking, space_spec.calibration, out_dir / "sensitivity.json", config.progress,
     )
     engine.drop_kept_builds()  # no trial follows

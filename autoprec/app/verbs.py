@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 
 import optuna
 
-from autoprec.analysis.baseline import prepare
+from autoprec.analysis.baseline import load_baseline
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.recorded import PlanContext, plan_context, recreate
 from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
@@ -81,16 +81,16 @@ def diagnose_plan(
     from autoprec.results.plots import plot_errors
 
     context = plan_context(target, plan, trial, data, shapes)
-    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
+    baseline, found, model_path = context.baseline, context.plan, context.baseline.info.path
     engine_spec = engine or context.config.engine
     engine_ = _engine(engine_spec)
-    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), prepared.info,
-                                    prepared.dataset), prepared)
+    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), baseline.info,
+                                    baseline.dataset), baseline)
     ranking = judge.for_ranking()
-    evaluation = list(prepared.dataset.evaluation)
+    evaluation = list(baseline.dataset.evaluation)
     used = evaluation[:batches or screening_batches(len(evaluation))]
-    rows = diagnose(prepared.info, engine_, prepared.ranges, found, used, ranking.loss_of)
-    loss = judge.loss_of(model_outputs(engine_, engine_.lower(prepared.info, found, prepared.ranges), evaluation))
+    rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
+    loss = judge.loss_of(model_outputs(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
     diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(), len(evaluation),
                           context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None)
@@ -117,8 +117,8 @@ def activation_report(inputs: InputSpec, entropy: bool = False) -> list[Activati
         info, ranges = _searched_ranges(inputs)
         return activation_ranges(info, ranges, methods)
     model_path, data, shapes, _ = resolve_model(inputs.model, inputs.data, inputs.shapes)
-    prepared = prepare(model_path, load_search_space(), data, shapes, 0, inputs.image, constants=inputs.constants)
-    return activation_ranges(prepared.info, prepared.ranges, methods)
+    baseline = load_baseline(model_path, load_search_space(), data, shapes, 0, inputs.image, constants=inputs.constants)
+    return activation_ranges(baseline.info, baseline.ranges, methods)
 
 
 def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
@@ -132,10 +132,10 @@ def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
         raise AutoprecError(f"{inputs.model}: a result's ranges come from its search's own inputs ({', '.join(given)} "
                             "given); give only --data or --shape with it, or the model itself with any input options")
     result = read_result_dir(inputs.model)
-    prepared = recreate(result, inputs.data, inputs.shapes)
-    ranges = prepared.ranges or calibrate(prepared.info, prepared.dataset.calibration, prepared.dataset.fingerprint(),
+    baseline = recreate(result, inputs.data, inputs.shapes)
+    ranges = baseline.ranges or calibrate(baseline.info, baseline.dataset.calibration, baseline.dataset.fingerprint(),
                                           result.out_dir / "cache")
-    return prepared.info, ranges
+    return baseline.info, ranges
 
 
 @dataclass(frozen=True)
@@ -193,12 +193,12 @@ def check_plan(
     if judge.max_loss is None:
         raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
     max_loss = judge.max_loss
-    prepared, found, model_path = context.prepared, context.plan, context.prepared.info.path
+    baseline, found, model_path = context.baseline, context.plan, context.baseline.info.path
     wanted = wanted_metric(judge, context.config.inputs.model)
     engine = _engine(engine_spec)
-    metric = metric_for(wanted, prepared.info, prepared.dataset)
-    judge_of, _ = judge_for(metric, prepared)
-    result = measure(engine, engine.lower(prepared.info, found, prepared.ranges), prepared.dataset.evaluation, judge_of)
+    metric = metric_for(wanted, baseline.info, baseline.dataset)
+    judge_of, _ = judge_for(metric, baseline)
+    result = measure(engine, engine.lower(baseline.info, found, baseline.ranges), baseline.dataset.evaluation, judge_of)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
@@ -243,7 +243,7 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
         return ForExport(stored.load(result.shipped_model()), note, stem, number, result.profile, checks)
     context = plan_context(result_dir, trial=trial, profile=profile)
     form = QDQForm(engine.qdq_form)
-    model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.prepared.ranges, form))
+    model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.baseline.ranges, form))
     chosen = " (chosen)" if context.trial == result.chosen_number else ""
     return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} {engine.provider}",
                      stem, context.trial, info.shape_profile, checks)
@@ -253,8 +253,8 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
     """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the model
     information of the graph it was lowered onto, and its checks against the given model at each point of the
     profile."""
-    info = context.prepared.info
-    deployment = deploy(info, lower, None, context.prepared.dataset.evaluation[:CHECKED_BATCHES])
+    info = context.baseline.info
+    deployment = deploy(info, lower, None, context.baseline.dataset.evaluation[:CHECKED_BATCHES])
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
         return deployment.model, info, deployment.checks
@@ -276,9 +276,9 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
 
     result = read_result_dir(result_dir)
     context = plan_context(result_dir, trial=trial, profile=profile)
-    prepared, plan, model_path = context.prepared, context.plan, context.prepared.info.path
+    baseline, plan, model_path = context.baseline, context.plan, context.baseline.info.path
     model, info, checks = deployed(context, lambda graph: stamp_plan(
-        lower_plan(graph, plan, prepared.ranges, QDQForm.TENSORRT), graph, plan))
+        lower_plan(graph, plan, baseline.ranges, QDQForm.TENSORRT), graph, plan))
     steadiness = result.versus.steadiness
     return BuildSpec(
         name=model_path.stem,
@@ -286,7 +286,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
         model=model,
         plan=plan,
         info=info,
-        ranges=prepared.ranges,
+        ranges=baseline.ranges,
         trial=result.shown_trial(context.trial),
         fp32_trial=result.uniform_trial("fp32"),
         engine=result.engine,
@@ -294,7 +294,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
         max_loss=context.config.judge.max_loss,
         drift="; ".join(filter(None, [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
         versus=result.versus if context.trial == result.chosen_number else None,
-        samples=tuple(prepared.dataset.evaluation[:CHECKED_BATCHES]),
+        samples=tuple(baseline.dataset.evaluation[:CHECKED_BATCHES]),
         checks=checks,
     )
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step, running_steps
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel

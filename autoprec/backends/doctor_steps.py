@@ -13,7 +13,7 @@ import numpy as np
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 

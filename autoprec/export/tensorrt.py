@@ -18,7 +18,7 @@ from pathlib import Path
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import EngineInfo
 from autoprec.backends.tensorrt import OPTIMIZATION_LEVEL, WORKSPACE_BYTES
 from autoprec.core import atomic

@@ -12,7 +12,7 @@ import onnx
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.lower.cast import apply_fp16, grow_region

@@ -22,7 +22,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from autoprec.analysis.calibrate import ActivationRanges, TensorRange
-from autoprec.analysis.model import Unit
+from autoprec.analysis.model_info import Unit
 from autoprec.core.stored import StoredModel
 from autoprec.lower.edit import GraphEdit
 

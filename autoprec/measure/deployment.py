@@ -19,7 +19,7 @@ import onnxruntime
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Dataset
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.backends.base import Backend
 from autoprec.core.errors import first_line

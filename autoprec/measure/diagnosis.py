@@ -19,7 +19,7 @@ import numpy as np
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, FP16_MAX, ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.subgraphs import graphs, with_outputs
 from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan, Precision

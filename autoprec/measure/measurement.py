@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel

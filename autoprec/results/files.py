@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoprec.analysis.images import ImageOptions
-from autoprec.analysis.model import ModelInfo, model_sha256
+from autoprec.analysis.model import model_sha256
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError

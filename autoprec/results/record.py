@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.fields import Fields
 from autoprec.core.plan import Precision
 from autoprec.core.profile import POINTS, ShapeProfile

@@ -23,7 +23,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError, StudyError, first_line
 from autoprec.core.fields import Fields

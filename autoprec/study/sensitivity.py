@@ -28,7 +28,7 @@ import onnx
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo, Unit
+from autoprec.analysis.model_info import ModelInfo, Unit
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import Precision
 from autoprec.study.sensitivity import Sensitivity
 

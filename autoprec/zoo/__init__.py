@@ -212,7 +212,7 @@ def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], fix_
     """Fix every input dim to the entry's shape but a dynamic batch dim (named ``batch``), which ``--shape``
     may still set. ``fix_dims=False`` only names the batch dims: a model whose If branches do not all
     accept the entry's shapes fails ONNX Runtime's checks once they are written into it."""
-    from autoprec.analysis.model import declared_inputs
+    from autoprec.analysis.shapes import declared_inputs
 
     axes = {spec.name: spec.batch_axis for spec in declared_inputs(model)}
     for value in model.graph.input:

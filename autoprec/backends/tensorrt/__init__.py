@@ -37,7 +37,7 @@ from pathlib import Path
 from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
-from autoprec.analysis.model import ModelInfo
+from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend, EngineInfo
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step
 from autoprec.backends.gpus import gpu_facts

@@ -13,7 +13,8 @@ from typing import Any
 import onnx
 
 from autoprec.analysis import subgraphs
-from autoprec.analysis.model import RECURRENT_OPS, ModelInfo
+from autoprec.analysis.model_info import ModelInfo
+from autoprec.analysis.units import RECURRENT_OPS
 from autoprec.backends.tensorrt.layers import (
     EngineLayers,
     PlanFidelity,
