@@ -52,10 +52,13 @@ class FileLock:
         self.take()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def private_folder(folder: Path) -> Path:

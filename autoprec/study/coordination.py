@@ -192,7 +192,7 @@ class StudyLocks:
         try:
             yield True
         finally:
-            lock.__exit__()
+            lock.release()
 
 
 # Optuna beats only inside Study.optimize; for ask/tell it has no public heartbeat API, so the two
