@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -101,20 +102,23 @@ def shared_search(url: str, model: str, workers: int, budget: int, folder: Path)
 
 
 def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget: int, folder: Path,
-               backend: str = "ort-cuda", first_gpu: int = 0, max_loss: float = 0.01) -> dict:
+               backend: str = "ort-cuda", first_gpu: int = 0, max_loss: float = 0.01, seed: int | None = None) -> dict:
     """One study shared by one worker per GPU (GPUs ``first_gpu`` on); its rate, plans, front and answer."""
     name = f"gpu-{model}-{gpus}"
+    seeded = ["--seed", str(seed)] if seed is not None else []
     shape_args = [a for k, v in shapes.items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}")]
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--data", str(data), *shape_args,
            "--backend", backend, "--storage", url, "--study-name", name, "--budget", str(budget), "--max-loss", str(max_loss),
-           "--artifacts", str(folder / "artifacts"), "--no-progress"]
+           "--artifacts", str(folder / "artifacts"), "--no-progress", *seeded]
     outs = [folder / f"{model}-g{gpus}-{i}" for i in range(gpus)]
+    started_at = datetime.now()  # the trials' datetimes are this clock's (Optuna's datetime.now())
     study, done, wall, loop_s, per_worker = run_workers(
         url, name, [[*cmd, "--device", str(first_gpu + i), "--out", str(out)] for i, out in enumerate(outs)])
     plans = {json.dumps(planned_params(t), sort_keys=True) for t in done if "duplicate_of" not in t.user_attrs}
     pareto = json.loads((outs[0] / "pareto.json").read_text())
     searches = [json.loads((out / "pareto.json").read_text())["search"] for out in outs]
     steps = [v.get("worker") for k, v in study.user_attrs.items() if k.startswith("autoprec:step:sensitivity:")]
+    retimed = [v.get("worker") for k, v in study.user_attrs.items() if k.startswith("autoprec:step:retiming:")]
     chosen = next((t for t in pareto["front"] if t["trial"] == pareto["chosen"]), {})
     latency = chosen.get("latency_ms")
     records = finished_records(study)
@@ -140,7 +144,36 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
         "one_time_s_per_worker": [s["one_time_seconds"] for s in searches],
         "wall_s_per_worker": [s["wall_seconds"] for s in searches],
         "sensitivity_plans_per_worker": sorted((steps.count(w) for w in set(steps)), reverse=True),
+        "retimed_plans_per_worker": sorted((retimed.count(w) for w in set(retimed)), reverse=True),
+        "engine_device": pareto["engine"]["device"],
+        "reference_executor": pareto["search"].get("reference", {}).get("executor"),
+        **where_the_wall_went(done, wall, started_at),
+        "trial_seconds": trial_seconds(done),
     }
+
+
+def where_the_wall_went(done: list, wall: float, started_at: datetime) -> dict:
+    """The wall clock before the study's first trial (start-up, shared inputs, sensitivity pass) and after its
+    last (re-timing, final timing, writing)."""
+    first = min(t.datetime_start for t in done)
+    last = max(t.datetime_complete for t in done)
+    before = (first - started_at).total_seconds()
+    return {"before_loop_s": round(before, 1), "after_loop_s": round(wall - (last - started_at).total_seconds(), 1)}
+
+
+def trial_seconds(done: list) -> dict:
+    """Where a measured trial's time went, averaged (lower, build, device_wait, evaluate, time; ``trial``: from its
+    plan read to its measurement, all of them and the worker process's round trip), and what the trial took beyond
+    that: asking the sampler, the storage's round trips and locks, telling the result."""
+    measured = [t for t in done if "duplicate_of" not in t.user_attrs and "measurement" in t.user_attrs]
+    if not measured:
+        return {}
+    phases: dict[str, float] = {}
+    for t in measured:
+        for phase, seconds in t.user_attrs["measurement"].get("seconds", {}).items():
+            phases[phase] = phases.get(phase, 0.0) + seconds / len(measured)
+    span = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in measured) / len(measured)
+    return {**{k: round(v, 3) for k, v in phases.items()}, "outside_measurement": round(span - phases.get("trial", 0.0), 3)}
 
 
 def idle(done: list) -> dict:
@@ -177,9 +210,10 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     counts = args.gpu_counts or sorted({*(2**k for k in range(args.gpus.bit_length()) if 2**k <= args.gpus), args.gpus})
     runs = {}
     for gpus in counts:
-        runs[str(gpus)] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend,
-                                     args.first_gpu, args.max_loss)
-        print(f"{model}, {gpus} GPU(s): { {k: v for k, v in runs[str(gpus)].items() if k != 'points'} }", flush=True)
+        key = str(gpus) if args.seed is None else f"{gpus}s{args.seed}"  # another seed: the spread of the first's
+        runs[key] = gpu_search(url, model, samples, shapes, gpus, args.budget, folder, args.backend,
+                               args.first_gpu, args.max_loss, args.seed)
+        print(f"{model}, {key} GPU(s): { {k: v for k, v in runs[key].items() if k != 'points'} }", flush=True)
         report["models"][model] = {"batch": batch, "budget": args.budget, "max_loss": args.max_loss, "runs": runs,
                                    "partial": True}
         atomic.write_json(args.json, json_safe(report))
@@ -237,7 +271,7 @@ def merged(paths: list[Path]) -> dict:
             report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"], "runs": {}})
             report["models"][model]["runs"].update(entry["runs"])
     for model, entry in report["models"].items():
-        runs = dict(sorted(entry["runs"].items(), key=lambda kv: int(kv[0])))
+        runs = dict(sorted(entry["runs"].items(), key=lambda kv: (int(kv[0].partition("s")[0]), kv[0])))
         report["models"][model] = compared_runs(runs, entry["batch"], entry["budget"])
     return report
 
@@ -245,14 +279,15 @@ def merged(paths: list[Path]) -> dict:
 def print_gpu_table(report: dict) -> None:
     print(f"\n{report['device']}, budget {report['budget']}, {report['postgresql']}")
     print(f"{'model@batch':<14}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
-          f"{'HV ×1':>7}{'per worker':>13}{'idle s':>14}{'chosen ms':>10}{'loss':>10}")
+          f"{'HV ×1':>7}{'per worker':>13}{'idle s':>14}{'before s':>9}{'after s':>8}{'chosen ms':>10}{'loss':>10}")
     nan = float("nan")
     for model, entry in report["models"].items():
         for gpus, run in entry["runs"].items():
             print(f"{model + '@' + str(entry['batch']):<14}{gpus:>5}{run['trials_per_hour']:>10}{run.get('speedup_vs_1', nan):>6.2f}"
                   f"{run['wall_s']:>8.0f}{run.get('speedup_wall_vs_1', nan):>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
                   f"{run.get('hypervolume_vs_1') or nan:>7.3f}{'/'.join(map(str, run['trials_per_worker'])):>13}"
-                  f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run['chosen_ms'] or float('nan'):>10.3f}"
+                  f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run.get('before_loop_s', nan):>9.0f}"
+                  f"{run.get('after_loop_s', nan):>8.0f}{run['chosen_ms'] or float('nan'):>10.3f}"
                   f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
 
 
@@ -277,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-counts", type=int, nargs="*", help="GPU mode: only these runs (e.g. 1 2)")
     parser.add_argument("--max-loss", type=float, default=0.01, help="GPU mode: the searches' --max-loss")
     parser.add_argument("--first-gpu", type=int, default=0, help="GPU mode: the runs' workers use GPUs from this one")
+    parser.add_argument("--seed", type=int, help="GPU mode: the searches' --seed (runs named 1s<seed>, 4s<seed> …: "
+                        "merged with the default seed's, their 'HV ×1' is the seeds' spread)")
     parser.add_argument("--merge", type=Path, nargs="*", help="GPU mode: join reports of --gpu-counts runs into --json")
     args = parser.parse_args(argv)
     results = Path(__file__).parent / "results"

@@ -176,6 +176,49 @@ def test_a_pass_one_worker_computes_is_spread_over_the_workers_waiting_for_it(tm
     assert json.loads((tmp_path / "b" / "pass.json").read_text()) == {k: v for k, v in first.items() if k != "fetched"}
 
 
+def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(tmp_path):
+    """Two workers re-timing the same front: each plan is timed beside all-FP32 once, by one of them, both do
+    some, and both end with the same re-timing (a failure included)."""
+    from autoprec.core.plan import Plan
+    from autoprec.measure.measurement import Measurement, Paired
+    from autoprec.study.optimize import TrialRecord, retime
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="s", storage=url)
+    trials = [TrialRecord(n, Plan.from_mapping({f"u{n}": "fp16" if n else "fp32"}),
+                          Measurement(Timing(9.0 - n, 9.0 - n, 9.0 - n, 10, 3), {}, 0.0, {}), True) for n in range(8)]
+    timed: list[tuple[str, int]] = []
+
+    def timer(worker):
+        def time_paired(fp32, plan, rounds):
+            number = next(t.number for t in trials if t.plan.key() == plan.key())
+            time.sleep(0.05)
+            timed.append((worker, number))
+            if number == 5:
+                raise RuntimeError("CUDA error: out of memory")
+            runs = [Timing(m, m, m, 10, 3) for m in (1.0 + number, 2.0 + number, 3.0 + number)]
+            return Paired([Timing(8.0, 8.0, 8.0, 10, 3)] * rounds, runs[:rounds], 2, False)
+        return time_paired
+
+    found = {}
+
+    def worker(name):
+        study = optuna.load_study(study_name="s", storage=url)
+        steps = SharedSteps(SharedInputs(study, tmp_path / "artifacts"), StudyLocks(url, "s"), "retiming:8", name)
+        found[name] = retime(trials, trials[0], timer(name), 3, steps)
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(n for _, n in timed) == list(range(1, 8))  # each plan once, all-FP32 only beside them
+    assert {who for who, _ in timed} == {"a", "b"}
+    a, b = found["a"], found["b"]
+    assert a == b and a.failed == ({"trial": 5, "error": "RuntimeError: CUDA error: out of memory"},)
+    assert a.trials[3].retimed_ms == (4.0, 5.0, 6.0) and len(a.trials[0].retimed_ms) == 3 * 6 and a.builds == 12
+
+
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):
     out = tmp_path / "result"
     searching.search(
@@ -205,3 +248,17 @@ def test_build_workers_need_worker_processes(conv_model):
                 isolation=autoprec.IsolationSpec(build_workers=2, isolate=False),
             )
         )
+
+
+def test_a_worker_per_gpu_gets_its_share_of_the_hosts_cores(monkeypatch):
+    """ONNX Runtime's default, a thread per core in every session, would have four GPUs' workers spin against each
+    other: each gets the cores over the GPUs; with one GPU, the engine's default."""
+    from autoprec.backends import gpus
+
+    monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: set(range(64)))
+    for listed, share in ((4, 16), (2, 32), (1, 0), (0, 0)):
+        monkeypatch.setattr(gpus, "gpu_facts", lambda listed=listed: [{"name": "H100"}] * listed)
+        assert gpus.cores_per_gpu() == share
+    monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(gpus, "gpu_facts", lambda: [{"name": "H100"}] * 4)
+    assert gpus.cores_per_gpu() == 1

@@ -268,9 +268,9 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     trials = finished_records(joined.study)
     log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
              f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
-    front, retiming = retimed_front(
-        joined.study, measuring.measurer.time_paired, RETIME_ROUNDS, max_loss=config.judge.max_loss
-    )
+    steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)  # the workers' shares
+    front, retiming = retimed_front(joined.study, measuring.measurer.time_paired, RETIME_ROUNDS,
+                                    max_loss=config.judge.max_loss, shared=steps)
     trials = [retiming.trials.get(t.number, t) for t in trials]
     held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset, setup.metric),
                               lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from functools import lru_cache
 
@@ -22,3 +23,12 @@ def gpu_facts() -> list[dict[str, str]]:
                 for line in out.splitlines() if line.strip()]
         return [{"compute_capability": "", **row} for row in rows]
     return []
+
+
+def cores_per_gpu() -> int:
+    """The CPU cores each GPU's worker gets where one worker per GPU shares this host (docs/workers.md): the cores
+    this process may use over the GPUs; 0 (the engine's default, every core) with fewer than two GPUs. ONNX
+    Runtime's default of a thread per core in every worker's sessions would have the workers' threads spin against
+    each other, slowing the candidate another worker times."""
+    gpus = len(gpu_facts())
+    return max(1, len(os.sched_getaffinity(0)) // gpus) if gpus > 1 else 0

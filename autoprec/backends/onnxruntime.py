@@ -17,7 +17,7 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.preparation import cpu_optimizers_left_off
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, EngineInfo, Runner
-from autoprec.backends.gpus import gpu_facts
+from autoprec.backends.gpus import cores_per_gpu, gpu_facts
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
@@ -252,7 +252,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
             ort.preload_dlls()
         ort.set_default_logger_severity(3)  # ORT 1.31 warns about plugin EP devices for every classic CUDA session
         self._ort = ort
-        self.device, self.threads = device, threads
+        self.device, self.threads = device, threads or cores_per_gpu()
         gpus = gpu_facts()
         if gpus and not 0 <= device < len(gpus):
             raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")

@@ -369,10 +369,11 @@ class SharedInputs:
 
 
 class SharedSteps:
-    """The steps of a pass computed once per study (the sensitivity pass's one-unit plans), spread over its
-    workers: the worker computing the pass takes each step in order, the workers waiting for it take the
-    steps from the end; each step's result is stored in the study under its lock, so no step is measured
-    twice and a resumed pass keeps what was measured."""
+    """The steps of a pass computed once per study, spread over its workers: the sensitivity pass's one-unit
+    plans (the worker computing the pass takes each step in order, the workers waiting for it take the steps
+    from the end) and the front's re-timing (each worker takes the steps no other holds). Each step's result
+    (a value JSON holds) is stored in the study under its lock, so no step is measured twice and a resumed
+    pass keeps what was measured."""
 
     ATTR = "autoprec:step"
 
@@ -385,7 +386,7 @@ class SharedSteps:
     def _stored(self, step: str) -> dict[str, Any] | None:
         return self.shared.study.user_attrs.get(self._attr(step))
 
-    def _measure(self, step: str, compute: Callable[[], float]) -> dict[str, Any]:
+    def _measure(self, step: str, compute: Callable[[], Any]) -> dict[str, Any]:
         try:
             found = {"value": compute(), "worker": self.worker}
         except StepFailure as failure:
@@ -393,7 +394,7 @@ class SharedSteps:
         self.shared.study.set_user_attr(self._attr(step), found)
         return found
 
-    def result(self, step: str, compute: Callable[[], float]) -> float:
+    def result(self, step: str, compute: Callable[[], Any]) -> Any:
         """The step's value: stored by any worker, else computed here (waiting while another computes it).
         Raises :class:`StepFailure` when it failed, wherever it was computed."""
         with self.locks.hold(f"step:{self._attr(step)}"):
@@ -402,7 +403,7 @@ class SharedSteps:
             raise StepFailure(found["error"])
         return found["value"]
 
-    def help(self, steps: Sequence[tuple[str, Callable[[], float]]]) -> int:
+    def help(self, steps: Sequence[tuple[str, Callable[[], Any]]]) -> int:
         """While the pass is not published: compute, from the last, each step no worker stored or holds.
         Returns how many this worker computed."""
         computed = 0
@@ -417,6 +418,17 @@ class SharedSteps:
                     computed += 1
         return computed
 
+    def spread(self, steps: Sequence[tuple[str, Callable[[], Any]]]) -> dict[str, Any]:
+        """Every step's result (a :class:`StepFailure` for one that failed): first each step no worker stored or
+        holds, computed here in order; then the others, as the workers holding them store them (computed here
+        where one stopped without)."""
+        for step, compute in steps:
+            if self._stored(step) is None:
+                with self.locks.hold(f"step:{self._attr(step)}", wait=False) as mine:
+                    if mine and self._stored(step) is None:
+                        self._measure(step, compute)
+        return {step: each_result(lambda step=step, compute=compute: self.result(step, compute)) for step, compute in steps}
+
     def computed_elsewhere(self, steps: Sequence[str]) -> int:
         """How many of ``steps`` another worker stored."""
         stored = self.shared.study.user_attrs
@@ -429,3 +441,11 @@ class StepFailure(Exception):
     def __init__(self, text: str):
         super().__init__(text)
         self.text = text
+
+
+def each_result(compute: Callable[[], Any]) -> Any:
+    """``compute()``, or the :class:`StepFailure` it raised."""
+    try:
+        return compute()
+    except StepFailure as failure:
+        return failure

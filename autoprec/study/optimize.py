@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
@@ -33,8 +34,11 @@ from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Measurement, Paired, Rejected
 from autoprec.study.coordination import (
     DEFAULT_HEARTBEAT,
+    SharedSteps,
+    StepFailure,
     StudyLocks,
     beating,
+    each_result,
     fail_dead_trials,
     give_back,
     redacted,
@@ -658,28 +662,45 @@ class Retiming:
 
 
 def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired: Callable[[Plan, Plan, int], Paired],
-           rounds: int = 3) -> Retiming:
+           rounds: int = 3, shared: SharedSteps | None = None) -> Retiming:
     """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved rounds
     (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the choice does not rest
     on one lucky or unlucky trial, and memory does not grow with the plans re-timed. The all-FP32 plan's
     re-timed figure is every round it ran beside them. A plan whose re-timing fails (a crash, the memory or
-    time limit) keeps its trial's timing, and is said in ``failed``."""
+    time limit) keeps its trial's timing, and is said in ``failed``. With ``shared``, the study's workers
+    re-time the plans side by side, each plan beside all-FP32 on one worker's device, each plan once."""
     if fp32 is None:
         return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to re-time it beside"}
                                          for r in records))
+    others = [r for r in records if r.plan.key() != fp32.plan.key()]
+    steps = [(f"{fp32.number}:{r.number}:{rounds}", partial(_paired_rounds, time_paired, fp32.plan, r.plan, rounds))
+             for r in others]
+    found = shared.spread(steps) if shared is not None else {step: each_result(compute) for step, compute in steps}
+    if shared is not None and (elsewhere := shared.computed_elsewhere([step for step, _ in steps])):
+        log.info(f"re-timing: {elsewhere} of {len(steps)} plan(s) re-timed by the study's other workers, each beside "
+                 "all-FP32 on that worker's device")
     trials, reference, failed, builds, apart = {}, [], [], 0, False
-    for record in (r for r in records if r.plan.key() != fp32.plan.key()):
-        try:
-            paired = time_paired(fp32.plan, record.plan, rounds)
-        except (AutoprecError, RuntimeError, ValueError) as exc:
-            failed.append({"trial": record.number, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+    for record, (step, _) in zip(others, steps):
+        paired = found[step]
+        if isinstance(paired, StepFailure):
+            failed.append({"trial": record.number, "error": paired.text})
             continue
-        trials[record.number] = replace(record, retimed_ms=tuple(t.median_ms for t in paired.candidate))
-        reference += [t.median_ms for t in paired.reference]
-        builds, apart = builds + paired.builds, apart or paired.apart
+        trials[record.number] = replace(record, retimed_ms=tuple(paired["candidate"]))
+        reference += paired["reference"]
+        builds, apart = builds + paired["builds"], apart or paired["apart"]
     if reference:
         trials[fp32.number] = replace(fp32, retimed_ms=tuple(reference))
     return Retiming(trials, builds, apart, tuple(failed))
+
+
+def _paired_rounds(time_paired: Callable[[Plan, Plan, int], Paired], fp32: Plan, plan: Plan, rounds: int) -> dict[str, Any]:
+    """One plan re-timed beside all-FP32: each round's median, as the study stores it."""
+    try:
+        paired = time_paired(fp32, plan, rounds)
+    except (AutoprecError, RuntimeError, ValueError) as exc:
+        raise StepFailure(f"{type(exc).__name__}: {exc}"[:1000]) from None
+    return {"candidate": [t.median_ms for t in paired.candidate], "reference": [t.median_ms for t in paired.reference],
+            "builds": paired.builds, "apart": paired.apart}
 
 
 # Final re-timing of the front: enough rounds for a max/min comparison to mean something.
@@ -694,11 +715,11 @@ RETIME_FEASIBLE = 3
 
 def retimed_front(
     study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired], rounds: int = RETIME_ROUNDS,
-    max_loss: float | None = None,
+    max_loss: float | None = None, shared: SharedSteps | None = None,
 ) -> tuple[list[TrialRecord], Retiming]:
     """The Pareto front, fastest first, after it and the ``RETIME_FEASIBLE`` fastest other plans within
     ``max_loss`` were timed again beside the all-FP32 plan in ``rounds`` interleaved rounds (see
-    :func:`retime`); and the re-timing.
+    :func:`retime`; with ``shared``, spread over the study's workers); and the re-timing.
 
     Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
     than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
@@ -722,7 +743,7 @@ def retimed_front(
             seen.add(r.plan.key())
             extra.append(r)
     candidates = [*front, *extra, *([fp32] if fp32 else [])]
-    retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds)
+    retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds, shared)
     shown, plans = [], set()
     for r in candidates:  # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
         if r.plan.key() not in plans:
