@@ -18,7 +18,7 @@ GPU mode (``--gpus N``): one worker per GPU (``--device i``, ort-cuda) on one st
 GPUs in the same run, per zoo model at ``--batch`` (its real samples and their mirror images, as gpu.py makes
 them), the same budget for every run; per run the trials per hour (of the trial loop, first trial started →
 last finished, and of the whole wall clock), distinct plans measured, that the budget was kept, the front's
-hypervolume (``autoprec.study.proposals.front_hypervolume``, the all-FP32 latency of the 1-GPU run as the unit)
+hypervolume (``autoprec.study.proposals.hypervolume``: latency over the 1-GPU run's all-FP32, loss over --max-loss)
 against the 1-GPU run's at the same trial count, each worker's idle time inside the loop (gaps between its
 trials) and how long after the first trial its own first one started, and the chosen plan's latency and loss
 (worker 0's result). Writes distributed_gpu.json:
@@ -217,24 +217,28 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
         report["models"][model] = {"batch": batch, "budget": args.budget, "max_loss": args.max_loss, "runs": runs,
                                    "partial": True}
         atomic.write_json(args.json, json_safe(report))
-    return compared_runs(runs, batch, args.budget)
+    return compared_runs(runs, batch, args.budget, args.max_loss)
 
 
-def compared_runs(runs: dict, batch: int, budget: int) -> dict:
+def compared_runs(runs: dict, batch: int, budget: int, max_loss: float) -> dict:
     """Each run against the one-GPU run: trials per hour (loop, wall) and the front's hypervolume. Without a
     one-GPU run (a share of the runs made by one process, see --merge), the runs as they are, points kept."""
-    from autoprec.study.proposals import front_hypervolume
+    from autoprec.study.proposals import hypervolume
+
+    def area(run: dict, unit: float) -> float:  # the search's own limit as the loss unit: past it counts nothing
+        return hypervolume([(ms / unit, min(loss / max_loss, 1.0)) for ms, loss in run["points"]])
 
     if "1" not in runs:
-        return {"batch": batch, "budget": budget, "runs": runs, "partial": True}
+        return {"batch": batch, "budget": budget, "max_loss": max_loss, "runs": runs, "partial": True}
     one = runs["1"]
-    unit = one["fp32_ms"] or 1.0
-    base = front_hypervolume(one["points"], unit)
+    base = area(one, one["fp32_ms"])
     for run in runs.values():
-        run["hypervolume_vs_1"] = round(front_hypervolume(run["points"], unit) / base, 4) if base else None
+        run["hypervolume_vs_1"] = round(area(run, one["fp32_ms"]) / base, 4) if base else None
+        # each run's latencies over its own all-FP32's: the front's speed-ups, whatever load the host put on all of them
+        run["hypervolume_own_fp32_vs_1"] = round(area(run, run["fp32_ms"]) / base, 4) if base else None
         run["speedup_vs_1"] = round(run["trials_per_hour"] / one["trials_per_hour"], 2)
         run["speedup_wall_vs_1"] = round(run["trials_per_hour_wall"] / one["trials_per_hour_wall"], 2)
-    return {"batch": batch, "budget": budget, "runs": runs}
+    return {"batch": batch, "budget": budget, "max_loss": max_loss, "runs": runs}
 
 
 def gpu_main(args) -> int:
@@ -268,24 +272,26 @@ def merged(paths: list[Path]) -> dict:
     report = {**reports[0], "models": {}, "merged_from": [p.name for p in paths]}
     for part in reports:
         for model, entry in part["models"].items():
-            report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"], "runs": {}})
+            report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"],
+                                                "max_loss": entry["max_loss"], "runs": {}})
             report["models"][model]["runs"].update(entry["runs"])
     for model, entry in report["models"].items():
         runs = dict(sorted(entry["runs"].items(), key=lambda kv: (int(kv[0].partition("s")[0]), kv[0])))
-        report["models"][model] = compared_runs(runs, entry["batch"], entry["budget"])
+        report["models"][model] = compared_runs(runs, entry["batch"], entry["budget"], entry["max_loss"])
     return report
 
 
 def print_gpu_table(report: dict) -> None:
     print(f"\n{report['device']}, budget {report['budget']}, {report['postgresql']}")
     print(f"{'model@batch':<14}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
-          f"{'HV ×1':>7}{'per worker':>13}{'idle s':>14}{'before s':>9}{'after s':>8}{'chosen ms':>10}{'loss':>10}")
+          f"{'HV ×1':>7}{'own':>6}{'per worker':>13}{'idle s':>14}{'before s':>9}{'after s':>8}{'chosen ms':>10}{'loss':>10}")
     nan = float("nan")
     for model, entry in report["models"].items():
         for gpus, run in entry["runs"].items():
             print(f"{model + '@' + str(entry['batch']):<14}{gpus:>5}{run['trials_per_hour']:>10}{run.get('speedup_vs_1', nan):>6.2f}"
                   f"{run['wall_s']:>8.0f}{run.get('speedup_wall_vs_1', nan):>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
-                  f"{run.get('hypervolume_vs_1') or nan:>7.3f}{'/'.join(map(str, run['trials_per_worker'])):>13}"
+                  f"{run.get('hypervolume_vs_1') or nan:>7.3f}{run.get('hypervolume_own_fp32_vs_1') or nan:>6.3f}"
+                  f"{'/'.join(map(str, run['trials_per_worker'])):>13}"
                   f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run.get('before_loop_s', nan):>9.0f}"
                   f"{run.get('after_loop_s', nan):>8.0f}{run['chosen_ms'] or float('nan'):>10.3f}"
                   f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
