@@ -164,7 +164,8 @@ def where_the_wall_went(done: list, wall: float, started_at: datetime) -> dict:
 def trial_seconds(done: list) -> dict:
     """Where a measured trial's time went, averaged (lower, build, device_wait, evaluate, time; ``trial``: from its
     plan read to its measurement, all of them and the worker process's round trip), and what the trial took beyond
-    that: asking the sampler, the storage's round trips and locks, telling the result."""
+    that: the sampler's ask, the storage's round trips and locks, telling the result; and, for every counted trial,
+    the seconds its worker waited for the study's queue lock and held it (the storage's reads and the ask)."""
     measured = [t for t in done if "duplicate_of" not in t.user_attrs and "measurement" in t.user_attrs]
     if not measured:
         return {}
@@ -173,7 +174,10 @@ def trial_seconds(done: list) -> dict:
         for phase, seconds in t.user_attrs["measurement"].get("seconds", {}).items():
             phases[phase] = phases.get(phase, 0.0) + seconds / len(measured)
     span = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in measured) / len(measured)
-    return {**{k: round(v, 3) for k, v in phases.items()}, "outside_measurement": round(span - phases.get("trial", 0.0), 3)}
+    asked = [t.user_attrs["asked"] for t in done if "asked" in t.user_attrs]  # waiting for and holding the queue
+    queue = {k: round(sum(a[k] for a in asked) / len(asked), 4) for k in ("queue_wait_s", "queue_held_s")} if asked else {}
+    return {**{k: round(v, 3) for k, v in phases.items()}, "outside_measurement": round(span - phases.get("trial", 0.0), 3),
+            **queue}
 
 
 def idle(done: list) -> dict:

@@ -376,13 +376,19 @@ def start_trial(
 
     While the rest of the budget is held by running trials, waits: they finish, or their worker
     died and they are failed and queued again (heartbeat), and this worker runs the re-run.
+
+    The trial's ``asked`` attribute says how long this worker waited for the queue's lock (the other
+    workers' asks) and held it (the storage's reads and the sampler's ask): what a trial costs beyond
+    its measurement when many workers share the study.
     """
     while True:
         proposal = None
         if ctx.propose is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             if sum(counted(t) for t in study.get_trials(deepcopy=False)) < budget:
                 proposal = ctx.propose(study)  # judged on the reference executor, outside the lock
+        waiting = time.perf_counter()
         with ctx.locks.hold("queue"):
+            held = time.perf_counter()
             fail_dead_trials(study)
             trials = study.get_trials(deepcopy=False)
             done = sum(counted(t) for t in trials)
@@ -393,8 +399,11 @@ def start_trial(
                     study.enqueue_trial(proposal[0], user_attrs=proposal[1])
                 with interrupts_deferred():
                     started.append(study.ask(distributions(ctx.info, ctx.calibration)))
-                return started[-1]
+                asked = {"queue_wait_s": round(held - waiting, 4), "queue_held_s": round(time.perf_counter() - held, 4)}
+                break
         time.sleep(WAIT_SECONDS)
+    started[-1].set_user_attr("asked", asked)
+    return started[-1]
 
 
 def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> TrialRecord | None:
