@@ -239,6 +239,29 @@ def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tm
     assert "can disturb its latency" in caplog.text  # above ort-cpu's default: said (logged), not hidden
 
 
+def test_a_worker_free_while_the_uniform_plans_are_measured_runs_the_samplers_trial_meanwhile(
+        tmp_path, conv_model, conv_data):
+    """Four workers, three uniform plans: the fourth does not wait for them to finish (it runs a sampler's trial);
+    the warm-start plans, built from the uniform plans' latencies, are queued once they are all measured."""
+    out = tmp_path / "result"
+    searching.search(
+        autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data),
+            study=autoprec.StudySpec(budget=10),
+            isolation=autoprec.IsolationSpec(build_workers=4),
+            out=out,
+        )
+    )
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    trials = sorted(study.get_trials(), key=lambda t: t.number)
+    uniform = [t for t in trials if len(set(t.params.values())) == 1][:3]
+    assert len(uniform) == 3 and sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 10
+    measured = max(t.datetime_complete for t in uniform)
+    assert any(t.datetime_start < measured for t in trials if t not in uniform)  # no worker waited for them
+    warm = [t for t in trials if "fixed_params" in t.system_attrs and t not in uniform]
+    assert warm and all(t.datetime_start >= measured for t in warm)  # queued once they were measured
+
+
 def test_build_workers_need_worker_processes(conv_model):
     with pytest.raises(autoprec.AutoprecError, match="--build-workers 2 needs worker processes"):
         searching.search(

@@ -321,11 +321,16 @@ def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, 
     with ctx.locks.hold("queue"):
         held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
         for params in [*(uniform_params(ctx.info, p) for p in uniform), *warm]:
-            if not any(all(p.get(k) == v for k, v in params.items()) for p in held):
+            if not any(holds(p, params) for p in held):
                 held.append(params)
                 study.enqueue_trial(params)
                 queued += 1
     return queued
+
+
+def holds(planned: dict[str, str], params: dict[str, str]) -> bool:
+    """A trial's planned parameters hold ``params``: each of them, at its value."""
+    return all(planned.get(k) == v for k, v in params.items())
 
 
 def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
@@ -346,7 +351,7 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 
 
 # How often a worker looks again when the rest of the budget is held by other workers' trials.
-WAIT_SECONDS = 1.0
+WAIT_SECONDS = 0.25
 
 
 @contextlib.contextmanager
@@ -492,10 +497,12 @@ def run_study(
     budget: int,
     on_trial: Callable[[int, TrialRecord | None], None] | None = None,
     workers: int = 1,
+    before_ask: Callable[[], object] | None = None,
 ) -> None:
     """Run trials until ``budget`` of them count, this process's and every other worker's of the
     study alike (already finished ones, of a resumed study, too). ``workers`` trials run at once
-    here (each thread's ``ctx.measure`` takes its own worker process).
+    here (each thread's ``ctx.measure`` takes its own worker process); ``before_ask`` runs before
+    each trial is asked for.
 
     A trial stopped by Ctrl-C or an error is failed and queued again at once, as one whose
     worker died is by its heartbeat."""
@@ -505,6 +512,8 @@ def run_study(
         while not stop.is_set():
             started: list[optuna.Trial] = []
             try:
+                if before_ask is not None:
+                    before_ask()
                 trial = start_trial(study, ctx, budget, started)
                 if trial is None:
                     return
@@ -550,7 +559,9 @@ def run_warm_started(
     propose: Proposals | None = None,
 ) -> WarmStarted:
     """The uniform plans first, then (with a sensitivity) the warm-start plans built from their
-    measured latencies, then the sampler, until ``budget`` trials count. With ``propose``, the
+    measured latencies, then the sampler, until ``budget`` trials count. The warm-start plans are queued
+    once the uniform plans are measured; a worker free before that (the study has more workers than
+    uniform plans) runs the sampler's trials meanwhile instead of waiting. With ``propose``, the
     all-FP32 plan is built first; the other uniform plans are judged before they are built (the
     reference loss, the predicted latency) and only those within the limit built, so no build goes
     to an all-INT8 plan far past it (the warm start reads its judged numbers instead); the
@@ -559,36 +570,70 @@ def run_warm_started(
     Returns the warm-start plans (how many were new to the study) and the precisions they left out whose
     all-units plan was not faster than all-FP32.
     """
-    seed_plans(study, ctx, uniform=UNIFORM if propose is None else (Precision.FP32,))
-    run_study(study, ctx, min(budget, len(UNIFORM) if propose is None else 1), on_trial, workers)
-    measured = uniform_measured(study)
+    if propose is not None:
+        return _run_proposed(study, ctx, budget, sensitivity, on_trial, workers, propose)
+    seed_plans(study, ctx, uniform=UNIFORM)
+    warm = _WarmStart(study, ctx, sensitivity)
+    run_study(study, ctx, budget, on_trial, workers, before_ask=warm.queue_once_uniform_measured)
+    return warm.queue_once_uniform_measured() or WarmStarted([], [], 0)
+
+
+class _WarmStart:
+    """Queues the warm-start plans, once, when every uniform plan's trial has finished (on any worker)."""
+
+    def __init__(self, study: optuna.Study, ctx: StudyContext, sensitivity: Sensitivity | None):
+        self.study, self.ctx, self.sensitivity = study, ctx, sensitivity
+        self.uniform = [uniform_params(ctx.info, p) for p in UNIFORM]
+        self.started: WarmStarted | None = None
+        self._lock = threading.Lock()  # the in-process workers' threads
+
+    def queue_once_uniform_measured(self) -> WarmStarted | None:
+        with self._lock:
+            if self.started is None and not self._uniform_pending():
+                measured = uniform_measured(self.study)
+                warm, slow = [], []
+                if self.sensitivity is not None:
+                    warm = warm_start_params(self.ctx.info, self.sensitivity, self.ctx.max_loss, measured)
+                    slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
+                self.started = WarmStarted(warm, slow, seed_plans(self.study, self.ctx, warm, uniform=()) if warm else 0)
+            return self.started
+
+    def _uniform_pending(self) -> bool:
+        """A uniform plan still queued or running (a trial of it that died is queued again)."""
+        pending = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        return any(holds(planned_params(t), params) for t in pending for params in self.uniform)
+
+
+def _run_proposed(study: optuna.Study, ctx: StudyContext, budget: int, sensitivity: Sensitivity | None,
+                  on_trial: Callable[[int, TrialRecord | None], None] | None, workers: int,
+                  propose: Proposals) -> WarmStarted:
+    """:func:`run_warm_started` with proposals: all-FP32 built, the other uniform plans judged and those within the
+    limit built, then the warm start and the sampler's plans as proposals."""
+    seed_plans(study, ctx, uniform=(Precision.FP32,))
+    run_study(study, ctx, min(budget, 1), on_trial, workers)
     fp32 = uniform_params(ctx.info, Precision.FP32)
     reduced = {
         p: params for p in UNIFORM[1:] if (params := uniform_params(ctx.info, p)) != fp32
     }  # a precision no unit takes: none
-    if propose is not None:
-        judged = {p: found for p, params in reduced.items()
-                  if p.value not in measured and (found := propose.judge(study, params)) is not None}
-        # within the limit a uniform plan may be the answer (or, without one, is an end of the front): built
-        # as before; past it, its judged numbers stand in for the warm start and it costs no build
-        worth = [reduced[p] for p, (_, loss) in judged.items() if ctx.max_loss is None or loss <= ctx.max_loss]
-        worth = [params for i, params in enumerate(worth) if params not in worth[:i]]  # all-INT8 may be all-FP16
-        seed_plans(study, ctx, worth, uniform=())
-        run_study(study, ctx, min(budget, 1 + len(worth)), on_trial, workers)
-        measured = {**{p.value: found for p, found in judged.items()}, **uniform_measured(study)}
+    measured = uniform_measured(study)
+    judged = {p: found for p, params in reduced.items()
+              if p.value not in measured and (found := propose.judge(study, params)) is not None}
+    # within the limit a uniform plan may be the answer (or, without one, is an end of the front): built
+    # as before; past it, its judged numbers stand in for the warm start and it costs no build
+    worth = [reduced[p] for p, (_, loss) in judged.items() if ctx.max_loss is None or loss <= ctx.max_loss]
+    worth = [params for i, params in enumerate(worth) if params not in worth[:i]]  # all-INT8 may be all-FP16
+    seed_plans(study, ctx, worth, uniform=())
+    run_study(study, ctx, min(budget, 1 + len(worth)), on_trial, workers)
+    measured = {**{p.value: found for p, found in judged.items()}, **uniform_measured(study)}
     warm: list[dict[str, str]] = []
     slow: list[str] = []
     if sensitivity is not None:
         warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
         slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
-    queued = len(warm)
-    if propose is not None:
-        propose.enqueue([*reduced.values(), *warm])
-    elif warm:
-        queued = seed_plans(study, ctx, warm, uniform=())
+    propose.enqueue([*reduced.values(), *warm])
     ctx.propose = propose
     run_study(study, ctx, budget, on_trial, workers)
-    return WarmStarted(warm, slow, queued)
+    return WarmStarted(warm, slow, len(warm))
 
 
 def uniform_trials(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
