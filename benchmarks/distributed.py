@@ -229,8 +229,8 @@ def compared_runs(runs: dict, batch: int, budget: int, max_loss: float) -> dict:
     one-GPU run (a share of the runs made by one process, see --merge), the runs as they are, points kept."""
     from autoprec.study.proposals import hypervolume
 
-    def area(run: dict, unit: float) -> float:  # the search's own limit as the loss unit: past it counts nothing
-        return hypervolume([(ms / unit, min(loss / max_loss, 1.0)) for ms, loss in run["points"]])
+    def area(run: dict, unit: float | None) -> float:  # the search's own limit as the loss unit: past it counts nothing
+        return hypervolume([(ms / (unit or 1.0), min(loss / max_loss, 1.0)) for ms, loss in run["points"]])
 
     if "1" not in runs:
         return {"batch": batch, "budget": budget, "max_loss": max_loss, "runs": runs, "partial": True}
@@ -270,14 +270,15 @@ def gpu_main(args) -> int:
     return 0
 
 
-def merged(paths: list[Path]) -> dict:
-    """Reports of processes that each ran some of the GPU counts (side by side, on GPUs of their own) as one."""
+def merged(paths: list[Path], max_loss: float) -> dict:
+    """Reports of processes that each ran some of the GPU counts (side by side, on GPUs of their own) as one
+    (``max_loss``: the runs' --max-loss, for reports written before they recorded it)."""
     reports = [json.loads(p.read_text()) for p in paths]
     report = {**reports[0], "models": {}, "merged_from": [p.name for p in paths]}
     for part in reports:
         for model, entry in part["models"].items():
             report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"],
-                                                "max_loss": entry["max_loss"], "runs": {}})
+                                                "max_loss": entry.get("max_loss", max_loss), "runs": {}})
             report["models"][model]["runs"].update(entry["runs"])
     for model, entry in report["models"].items():
         runs = dict(sorted(entry["runs"].items(), key=lambda kv: (int(kv[0].partition("s")[0]), kv[0])))
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = Path(__file__).parent / "results"
     if args.merge:
-        report = merged(args.merge)
+        report = merged(args.merge, args.max_loss)
         atomic.write_json(args.json, json_safe(report))
         print_gpu_table(report)
         return 0

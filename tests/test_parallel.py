@@ -178,7 +178,8 @@ def test_a_pass_one_worker_computes_is_spread_over_the_workers_waiting_for_it(tm
 
 def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(tmp_path):
     """Two workers re-timing the same front: each plan is timed beside all-FP32 once, by one of them, both do
-    some, and both end with the same re-timing (a failure included)."""
+    some, and both end with the same re-timing (a failure included); b's device is slower (all-FP32 10 ms against
+    8), so each plan's rounds are read against its own device's all-FP32."""
     from autoprec.core.plan import Plan
     from autoprec.measure.measurement import Measurement, Paired
     from autoprec.study.optimize import TrialRecord, retime
@@ -196,15 +197,17 @@ def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(
             timed.append((worker, number))
             if number == 5:
                 raise RuntimeError("CUDA error: out of memory")
-            runs = [Timing(m, m, m, 10, 3) for m in (1.0 + number, 2.0 + number, 3.0 + number)]
-            return Paired([Timing(8.0, 8.0, 8.0, 10, 3)] * rounds, runs[:rounds], 2, False)
+            fp32_ms = 8.0 if worker == "a" else 10.0
+            runs = [Timing(m, m, m, 10, 3) for m in (fp32_ms * k / 8 for k in (1 + number, 2 + number, 3 + number))]
+            return Paired([Timing(fp32_ms, fp32_ms, fp32_ms, 10, 3)] * rounds, runs[:rounds], 2, False)
         return time_paired
 
-    found = {}
+    found, both_ready = {}, threading.Barrier(2)
 
     def worker(name):
         study = optuna.load_study(study_name="s", storage=url)
         steps = SharedSteps(SharedInputs(study, tmp_path / "artifacts"), StudyLocks(url, "s"), "retiming:8", name)
+        both_ready.wait()
         found[name] = retime(trials, trials[0], timer(name), 3, steps)
 
     threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
@@ -216,7 +219,9 @@ def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(
     assert {who for who, _ in timed} == {"a", "b"}
     a, b = found["a"], found["b"]
     assert a == b and a.failed == ({"trial": 5, "error": "RuntimeError: CUDA error: out of memory"},)
-    assert a.trials[3].retimed_ms == (4.0, 5.0, 6.0) and len(a.trials[0].retimed_ms) == 3 * 6 and a.builds == 12
+    fp32 = a.trials[0].retimed_ms  # every round beside the six plans timed, on one scale
+    assert len(fp32) == 3 * 6 and len(set(fp32)) == 1 and a.builds == 12
+    assert [ms / fp32[0] for ms in a.trials[3].retimed_ms] == pytest.approx([4 / 8, 5 / 8, 6 / 8])
 
 
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):
@@ -254,8 +259,9 @@ def test_a_worker_free_while_the_uniform_plans_are_measured_runs_the_samplers_tr
     )
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     trials = sorted(study.get_trials(), key=lambda t: t.number)
-    uniform = [t for t in trials if len(set(t.params.values())) == 1][:3]
-    assert len(uniform) == 3 and sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 10
+    uniform = trials[:3]  # queued first: all-FP32, all-FP16, all-INT8
+    assert all("fixed_params" in t.system_attrs for t in uniform)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 10
     measured = max(t.datetime_complete for t in uniform)
     assert any(t.datetime_start < measured for t in trials if t not in uniform)  # no worker waited for them
     warm = [t for t in trials if "fixed_params" in t.system_attrs and t not in uniform]
@@ -279,9 +285,13 @@ def test_a_worker_per_gpu_gets_its_share_of_the_hosts_cores(monkeypatch):
     from autoprec.backends import gpus
 
     monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     for listed, share in ((4, 16), (2, 32), (1, 0), (0, 0)):
         monkeypatch.setattr(gpus, "gpu_facts", lambda listed=listed: [{"name": "H100"}] * listed)
         assert gpus.cores_per_gpu() == share
-    monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(gpus, "gpu_facts", lambda: [{"name": "H100"}] * 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the GPUs this process may use: two of the four
+    assert gpus.cores_per_gpu() == 32
+    monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert gpus.cores_per_gpu() == 1

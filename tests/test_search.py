@@ -144,7 +144,7 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search, cap
         assert (t.values, t.params) == before[t.number]  # kept, not re-measured
     warm = next(r.message for r in caplog.records if r.message.startswith("warm start:"))
     planned = int(warm.split()[2])  # the first run queued (and ran) them: not said as queued now
-    assert planned == 0 or f"({planned} already in the study from an earlier run)" in warm, warm
+    assert planned == 0 or f"({planned} already in the study: queued by another worker or an earlier run)" in warm, warm
 
 
 def test_study_for_another_setting_is_refused(conv_search):

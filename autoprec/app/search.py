@@ -261,7 +261,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     if warm.sensitivity is not None:
         slow, earlier = started.slow, len(started.plans) - started.queued
         log.info(f"warm start: {len(started.plans)} plan(s) from the sensitivity ranking"
-                 + (f" ({earlier} already in the study from an earlier run)" if earlier else "")
+                 + (f" ({earlier} already in the study: queued by another worker or an earlier run)" if earlier else "")
                  + (" queued as proposals" if proposer is not None else "")
                  + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)" if slow else ""))
     setup.engine.drop_kept_builds()

@@ -12,7 +12,6 @@ from typing import Sequence
 
 from autoprec.analysis.data import Batch
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
-from autoprec.backends.gpus import cores_per_gpu
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import FileLock
 from autoprec.core.plan import Precision
@@ -126,16 +125,14 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inp
     if not per_build:
         return measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)", True
     in_target_form = replace(inputs.lowering, form=engine.qdq_form)  # the graph the target builds, run on the CPU
-    threads = cores_per_gpu() if engine.uses_device else 0  # this worker's share of a host with a worker per GPU
     if limits is not None:
         reference: Measurer = stack.enter_context(IsolatedMeasurer(REFERENCE_BACKEND, inputs.evaluation, inputs.judge,
                                                                    limits, cache / "reference-stderr.log", 0, cache,
-                                                                   lowering=in_target_form, threads=threads))
+                                                                   lowering=in_target_form))
     else:
-        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND, threads=threads), inputs.evaluation, inputs.judge,
-                                      inputs.ranking, in_target_form)
-    executor = (f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form"
-                + (f", {threads} threads: this worker's share of the host's cores" if threads else "") + ")")
+        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), inputs.evaluation, inputs.judge, inputs.ranking,
+                                      in_target_form)
+    executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
     method, info = inputs.method, inputs.lowering.info
     try:
         for precision in (Precision.INT8, Precision.FP16):

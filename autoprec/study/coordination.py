@@ -25,6 +25,7 @@ import re
 import socket
 import warnings
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -427,7 +428,12 @@ class SharedSteps:
                 with self.locks.hold(f"step:{self._attr(step)}", wait=False) as mine:
                     if mine and self._stored(step) is None:
                         self._measure(step, compute)
-        return {step: each_result(lambda step=step, compute=compute: self.result(step, compute)) for step, compute in steps}
+        return {step: each_result(partial(self.result, step, compute)) for step, compute in steps}
+
+    def workers_of(self, steps: Sequence[str]) -> set[str]:
+        """The workers that stored ``steps``."""
+        stored = self.shared.study.user_attrs
+        return {stored[attr]["worker"] for step in steps if (attr := self._attr(step)) in stored}
 
     def computed_elsewhere(self, steps: Sequence[str]) -> int:
         """How many of ``steps`` another worker stored."""

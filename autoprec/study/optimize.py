@@ -317,14 +317,19 @@ def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, 
     Each is queued unless some trial already holds it (another worker, or an earlier run of this search, queued
     it: the check and the queueing hold the study's lock), so a kill between two enqueues loses none.
     """
-    queued = 0
     with ctx.locks.hold("queue"):
-        held = [planned_params(t) for t in study.get_trials(deepcopy=False)]
-        for params in [*(uniform_params(ctx.info, p) for p in uniform), *warm]:
-            if not any(holds(p, params) for p in held):
-                held.append(params)
-                study.enqueue_trial(params)
-                queued += 1
+        return _enqueue_unheld(study, [*(uniform_params(ctx.info, p) for p in uniform), *warm])
+
+
+def _enqueue_unheld(study: optuna.Study, plans: Sequence[dict[str, str]]) -> int:
+    """:func:`seed_plans` inside the study's queue lock."""
+    queued = 0
+    planned = [planned_params(t) for t in study.get_trials(deepcopy=False)]
+    for params in plans:
+        if not any(holds(p, params) for p in planned):
+            planned.append(params)
+            study.enqueue_trial(params)
+            queued += 1
     return queued
 
 
@@ -391,9 +396,9 @@ def start_trial(
         if ctx.propose is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             if sum(counted(t) for t in study.get_trials(deepcopy=False)) < budget:
                 proposal = ctx.propose(study)  # judged on the reference executor, outside the lock
-        waiting = time.perf_counter()
+        lock_wanted_at = time.perf_counter()
         with ctx.locks.hold("queue"):
-            held = time.perf_counter()
+            lock_taken_at = time.perf_counter()
             fail_dead_trials(study)
             trials = study.get_trials(deepcopy=False)
             done = sum(counted(t) for t in trials)
@@ -404,7 +409,8 @@ def start_trial(
                     study.enqueue_trial(proposal[0], user_attrs=proposal[1])
                 with interrupts_deferred():
                     started.append(study.ask(distributions(ctx.info, ctx.calibration)))
-                asked = {"queue_wait_s": round(held - waiting, 4), "queue_held_s": round(time.perf_counter() - held, 4)}
+                asked = {"queue_wait_s": round(lock_taken_at - lock_wanted_at, 4),
+                         "queue_held_s": round(time.perf_counter() - lock_taken_at, 4)}
                 break
         time.sleep(WAIT_SECONDS)
     started[-1].set_user_attr("asked", asked)
@@ -588,15 +594,22 @@ class _WarmStart:
         self._lock = threading.Lock()  # the in-process workers' threads
 
     def queue_once_uniform_measured(self) -> WarmStarted | None:
+        """The warm start, queued now if the uniform plans are measured; None while one is not. The check and the
+        queueing hold the study's queue lock: a dead worker's uniform trial is failed and queued again inside it."""
         with self._lock:
-            if self.started is None and not self._uniform_pending():
-                measured = uniform_measured(self.study)
-                warm, slow = [], []
-                if self.sensitivity is not None:
-                    warm = warm_start_params(self.ctx.info, self.sensitivity, self.ctx.max_loss, measured)
-                    slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
-                self.started = WarmStarted(warm, slow, seed_plans(self.study, self.ctx, warm, uniform=()) if warm else 0)
+            if self.started is None:
+                with self.ctx.locks.hold("queue"):
+                    if not self._uniform_pending():
+                        self.started = self._queued()
             return self.started
+
+    def _queued(self) -> WarmStarted:
+        measured = uniform_measured(self.study)
+        warm, slow = [], []
+        if self.sensitivity is not None:
+            warm = warm_start_params(self.ctx.info, self.sensitivity, self.ctx.max_loss, measured)
+            slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
+        return WarmStarted(warm, slow, _enqueue_unheld(self.study, warm))
 
     def _uniform_pending(self) -> bool:
         """A uniform plan still queued or running (a trial of it that died is queued again)."""
@@ -730,9 +743,11 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired
     steps = [(f"{fp32.number}:{r.number}:{rounds}", partial(_paired_rounds, time_paired, fp32.plan, r.plan, rounds))
              for r in others]
     found = shared.spread(steps) if shared is not None else {step: each_result(compute) for step, compute in steps}
-    if shared is not None and (elsewhere := shared.computed_elsewhere([step for step, _ in steps])):
-        log.info(f"re-timing: {elsewhere} of {len(steps)} plan(s) re-timed by the study's other workers, each beside "
-                 "all-FP32 on that worker's device")
+    timed_by = shared.workers_of([step for step, _ in steps]) if shared is not None else set()
+    if len(timed_by) > 1:
+        log.info(f"re-timing: {len(steps)} plan(s) re-timed by {len(timed_by)} workers of the study (or its earlier runs), "
+                 "each beside all-FP32 on its own device; each plan's rounds are read against its own all-FP32's")
+        found = _on_one_scale(found)
     trials, reference, failed, builds, apart = {}, [], [], 0, False
     for record, (step, _) in zip(others, steps):
         paired = found[step]
@@ -745,6 +760,22 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired
     if reference:
         trials[fp32.number] = replace(fp32, retimed_ms=tuple(reference))
     return Retiming(trials, builds, apart, tuple(failed))
+
+
+def _on_one_scale(found: dict[str, Any]) -> dict[str, Any]:
+    """Re-timings from several devices, each plan's rounds (and its all-FP32's) rescaled so that its all-FP32 median
+    is the median of all of them: what each pairing measured is the plan against all-FP32 on one device, and a
+    device 3 % slower than another would otherwise decide the front."""
+    timed = {step: paired for step, paired in found.items() if not isinstance(paired, StepFailure)}
+    if not timed:
+        return found
+    pooled = statistics.median(ms for paired in timed.values() for ms in paired["reference"])
+    rescaled = {}
+    for step, paired in timed.items():
+        factor = pooled / statistics.median(paired["reference"])
+        rescaled[step] = {**paired, "candidate": [ms * factor for ms in paired["candidate"]],
+                          "reference": [ms * factor for ms in paired["reference"]]}
+    return {**found, **rescaled}
 
 
 def _paired_rounds(time_paired: Callable[[Plan, Plan, int], Paired], fp32: Plan, plan: Plan, rounds: int) -> dict[str, Any]:
