@@ -224,16 +224,14 @@ def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(
     assert [ms / fp32[0] for ms in a.trials[3].retimed_ms] == pytest.approx([4 / 8, 5 / 8, 6 / 8])
 
 
+def _search_with_workers(out, model, data, budget: int, workers: int) -> None:
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=budget),
+                                           isolation=autoprec.IsolationSpec(build_workers=workers), out=out))
+
+
 def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tmp_path, conv_model, conv_data, caplog):
     out = tmp_path / "result"
-    searching.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(conv_model, data=conv_data),
-            study=autoprec.StudySpec(budget=12),
-            isolation=autoprec.IsolationSpec(build_workers=2),
-            out=out,
-        )
-    )
+    _search_with_workers(out, conv_model, conv_data, budget=12, workers=2)
     pareto = json.loads((out / "pareto.json").read_text())
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert pareto["search"]["build_workers"] == 2 and pareto["search"]["trials"] == 12 and len(trials) == 12
@@ -249,14 +247,7 @@ def test_a_worker_free_while_the_uniform_plans_are_measured_runs_the_samplers_tr
     """Four workers, three uniform plans: the fourth does not wait for them to finish (it runs a sampler's trial);
     the warm-start plans, built from the uniform plans' latencies, are queued once they are all measured."""
     out = tmp_path / "result"
-    searching.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(conv_model, data=conv_data),
-            study=autoprec.StudySpec(budget=10),
-            isolation=autoprec.IsolationSpec(build_workers=4),
-            out=out,
-        )
-    )
+    _search_with_workers(out, conv_model, conv_data, budget=10, workers=4)
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
     trials = sorted(study.get_trials(), key=lambda t: t.number)
     uniform = trials[:3]  # queued first: all-FP32, all-FP16, all-INT8
