@@ -604,17 +604,23 @@ class _WarmStart:
             return self.started
 
     def _queued(self) -> WarmStarted:
-        measured = uniform_measured(self.study)
-        warm, slow = [], []
-        if self.sensitivity is not None:
-            warm = warm_start_params(self.ctx.info, self.sensitivity, self.ctx.max_loss, measured)
-            slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
+        warm, slow = _warm_plans(self.ctx, self.sensitivity, uniform_measured(self.study))
         return WarmStarted(warm, slow, _enqueue_unheld(self.study, warm))
 
     def _uniform_pending(self) -> bool:
         """A uniform plan still queued or running (a trial of it that died is queued again)."""
         pending = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
         return any(holds(planned_params(t), params) for t in pending for params in self.uniform)
+
+
+def _warm_plans(ctx: StudyContext, sensitivity: Sensitivity | None,
+                measured: dict[str, tuple[float, float]]) -> tuple[list[dict[str, str]], list[str]]:
+    """The warm-start plans from the uniform plans' (latency, loss), and the precisions they leave out because
+    their all-units plan was not faster than all-FP32; none without a sensitivity."""
+    if sensitivity is None:
+        return [], []
+    warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
+    return warm, [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
 
 
 def _run_proposed(study: optuna.Study, ctx: StudyContext, budget: int, sensitivity: Sensitivity | None,
@@ -638,11 +644,7 @@ def _run_proposed(study: optuna.Study, ctx: StudyContext, budget: int, sensitivi
     seed_plans(study, ctx, worth, uniform=())
     run_study(study, ctx, min(budget, 1 + len(worth)), on_trial, workers)
     measured = {**{p.value: found for p, found in judged.items()}, **uniform_measured(study)}
-    warm: list[dict[str, str]] = []
-    slow: list[str] = []
-    if sensitivity is not None:
-        warm = warm_start_params(ctx.info, sensitivity, ctx.max_loss, measured)
-        slow = [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
+    warm, slow = _warm_plans(ctx, sensitivity, measured)
     propose.enqueue([*reduced.values(), *warm])
     ctx.propose = propose
     run_study(study, ctx, budget, on_trial, workers)
