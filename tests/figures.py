@@ -1,7 +1,7 @@
 """A figure as a reader sees it: the texts it draws, read back from the rendered artists after drawing.
 
 ``problems(fig)`` lists what makes a figure unreadable: math text left raw in a tick label
-(``$\\mathdefault{10^{-2}}$``), a text cut at the canvas' edge, tick labels printed over one another."""
+(``$\\mathdefault{10^{-2}}$``), a text cut at the canvas' edge, tick labels or annotations printed over one another."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ def problems(fig: Figure) -> list[str]:
               for text in (ax.xaxis.label, ax.yaxis.label, ax.title) if text.get_visible() and text.get_text()]
     found += [f"axis labels {a!r} and {b!r} overprint" for i, (a, one) in enumerate(labels)
               for b, other in labels[i + 1:] if _overlap(one, other)]
+    notes = [(text.get_text(), text.get_window_extent(renderer)) for ax in fig.axes for text in ax.texts
+             if text.get_visible() and text.get_text()]
+    found += [f"annotations {a!r} and {b!r} overprint" for i, (a, one) in enumerate(notes)
+              for b, other in notes[i + 1:] if _overlap(one, other)]
     for axis in _tick_labels(fig)[0]:
         found += [f"tick label {label.get_text()!r}: math text printed raw" for label in axis
                   if len(label.get_text()) > 1 and label.get_text()[0] == label.get_text()[-1] == "$"]

@@ -219,6 +219,21 @@ def test_every_figure_reads_once_drawn(result_dirs):
     assert any(text in ("10⁻³", "0.001") for text in figures.tick_texts(drawn["diagnosis"]))
 
 
+def test_the_uniform_plans_labels_do_not_print_over_one_another(result_dirs, monkeypatch):
+    """All-FP32, all-FP16 and all-INT8 at one point (the closest they can be): their labels stack, each readable."""
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+
+    result = read_result_dir(result_dirs[0])
+    fp32 = result.uniform_trial("fp32")
+    monkeypatch.setattr(type(result), "uniform_trial", lambda self, precision: fp32)
+    fig = plots.pareto_figure(result)
+    labels = [text.get_text() for ax in fig.axes for text in ax.texts]
+    assert labels == ["all fp32", "all fp16", "all int8"] and figures.problems(fig) == []
+
+
 def test_tick_values_read_as_plain_numbers():
     from autoprec.results.plots import number_text
 
