@@ -143,6 +143,7 @@ def gpu_search(url: str, model: str, data: Path, shapes: dict, gpus: int, budget
         # where each worker's wall clock went outside the trial loop (its own result's record)
         "one_time_s_per_worker": [s["one_time_seconds"] for s in searches],
         "wall_s_per_worker": [s["wall_seconds"] for s in searches],
+        "stage_s_per_worker": [s.get("stage_seconds") for s in searches],  # set-up … deployment checks
         "sensitivity_plans_per_worker": sorted((steps.count(w) for w in set(steps)), reverse=True),
         "retimed_plans_per_worker": sorted((retimed.count(w) for w in set(retimed)), reverse=True),
         "engine_device": pareto["engine"]["device"],

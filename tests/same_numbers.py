@@ -21,7 +21,7 @@ from typing import Any
 import builders
 
 # pareto.json search keys a clock decides (or that follow from the chosen plan, which the re-timing picks).
-TIMED = ("wall_seconds", "one_time_seconds", "retiming", "timing_drift", "held_out", "profile_timing",
+TIMED = ("wall_seconds", "stage_seconds", "one_time_seconds", "retiming", "timing_drift", "held_out", "profile_timing",
          "engine_builds", "engine_builds_by_phase", "engine_builds_scope", "reference_evaluations", "reference",
          "trials_on_profile_builds", "decision_changes", "run")
 # ... and of its sensitivity facts.

@@ -113,6 +113,19 @@ def test_a_drift_beyond_the_trials_spread_is_said_where_the_latency_is_shown(lar
     assert any(line in row for row in summary) if said else not any("drifted" in row for row in summary)
 
 
+def test_the_result_says_where_the_wall_clock_went(conv_search):
+    _, _, out, _ = conv_search
+    search = json.loads((out / "pareto.json").read_text())["search"]
+    stages = search["stage_seconds"]
+    assert list(stages) == ["set_up", "sensitivity", "trials", "retiming", "held_out_and_final_timing", "deployment"]
+    assert all(seconds >= 0 for seconds in stages.values()) and stages["trials"] > 0
+    # the stages follow one another inside the wall clock (what lies between them, e.g. closing the measuring
+    # processes, is the wall's rest)
+    assert sum(stages.values()) <= search["wall_seconds"] + 0.1
+    shown = read_result_dir(out).facts.wall_said()
+    assert shown.startswith(f"{search['wall_seconds']:.1f} s (set-up ") and "trials" in shown and "final timing" in shown
+
+
 def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
     model, data, out, _ = conv_search
     plan = json.loads((out / "best" / "plan.json").read_text())

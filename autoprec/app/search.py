@@ -18,6 +18,7 @@ from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pas
 from autoprec.app.specs import InputSpec
 from autoprec.core.errors import AutoprecError, SearchFailed
 from autoprec.core.plan import Plan
+from autoprec.core.timing import Stages
 from autoprec.measure import confirmation
 from autoprec.measure.accuracy import decision_changes
 from autoprec.measure.confirmation import held_out_judge
@@ -126,20 +127,23 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
 def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """:func:`search` for a checked configuration, in phases: set up, join the study, compute the baseline every
     trial shares, start the measurers, the sensitivity pass, run and choose, write."""
-    started = time.monotonic()
-    setup = set_up(config)
-    joined = _join_study(config, setup)
+    started, stages = time.monotonic(), Stages()
+    with stages.timed("set_up"):
+        setup = set_up(config)
+        joined = _join_study(config, setup)
     try:
-        shared = shared_inputs(config, setup, joined)
         with contextlib.ExitStack() as stack:
-            measuring = _start_measurers(config, setup, shared, stack)
-            warm = _warm_start(config, setup, joined, shared, measuring)
-            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing)
+            with stages.timed("set_up"):
+                shared = shared_inputs(config, setup, joined)
+                measuring = _start_measurers(config, setup, shared, stack)
+            with stages.timed("sensitivity"):
+                warm = _warm_start(config, setup, joined, shared, measuring)
+            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing, stages)
     except AutoprecError:
         _after_failure(config, setup, joined)
         raise
     _say_retiming(outcome.retiming)
-    return _write(config, setup, joined, shared, measuring, warm, outcome, time.monotonic() - started)
+    return _write(config, setup, joined, shared, measuring, warm, outcome, started, stages)
 
 
 def _join_study(config: SearchConfig, setup: Setup) -> Joined:
@@ -241,7 +245,7 @@ class Outcome:
 
 
 def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
-                    warm: WarmStart, final_timing: FinalTiming) -> Outcome:
+                    warm: WarmStart, final_timing: FinalTiming, stages: Stages) -> Outcome:
     screen = shared.screen
     ctx = StudyContext(warm.info, setup.engine, shared.baseline.ranges, lambda plan: measuring.measurer.measure(plan, screen),
                        config.space.calibration, config.judge.max_loss, joined.locks, joined.me)
@@ -254,8 +258,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
         log.warning(engine_info.caveat)
     proposer = open_proposer(joined, measuring, warm.sensitivity, setup.engine.name, len(setup.dataset.evaluation),
                              config.study.seed, ctx)
-    with console.SearchProgress(config.study.budget, min(joined.done, config.study.budget), config.judge.max_loss,
-                                enabled=config.progress) as bar:
+    with stages.timed("trials"), console.SearchProgress(config.study.budget, min(joined.done, config.study.budget),
+                                                        config.judge.max_loss, enabled=config.progress) as bar:
         started = run_warm_started(joined.study, ctx, config.study.budget, warm.sensitivity, on_trial=bar.update,
                                    workers=setup.workers, propose=proposer)
     if warm.sensitivity is not None:
@@ -269,48 +273,48 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
              f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
     steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)  # the workers' shares
-    front, retiming = retimed_front(joined.study, measuring.measurer.time_paired, RETIME_ROUNDS,
-                                    max_loss=config.judge.max_loss, shared=steps)
+    with stages.timed("retiming"):
+        front, retiming = retimed_front(joined.study, measuring.measurer.time_paired, RETIME_ROUNDS,
+                                        max_loss=config.judge.max_loss, shared=steps)
     trials = [retiming.trials.get(t.number, t) for t in trials]
     held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset, setup.metric),
                               lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
-    choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing,
-                            ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise), retiming.apart)
+    rule = ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise)
+    with stages.timed("held_out_and_final_timing"):
+        choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing, rule, retiming.apart)
     return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming, len(started.plans), proposer,
                    choice.held_out)
 
 
 def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring, warm: WarmStart,
-           outcome: Outcome, wall_seconds: float) -> SearchResult:
+           outcome: Outcome, started: float, stages: Stages) -> SearchResult:
     """The result files, the chosen plan as deployed, the plots; a search that measured nothing ends in one line."""
     info, engine, chosen = warm.info, setup.engine, outcome.chosen
-    builds = count_builds(
-        joined.study,
-        joined.run,
-        warm.sensitivity if not warm.from_cache else None,
-        outcome.retiming.builds,
-        outcome.proposer.evaluated() if outcome.proposer else 0,
-        measuring.judged_on_target,
-    )
+    builds = count_builds(joined.study, joined.run, warm.sensitivity if not warm.from_cache else None,
+                          outcome.retiming.builds, outcome.proposer.evaluated() if outcome.proposer else 0,
+                          measuring.judged_on_target)
     predicted = outcome.proposer.report(joined.study) if outcome.proposer is not None else None
     say_builds(engine.name, builds, predicted)
     changed = decision_changes(setup.metric, chosen.measurement.metrics) if chosen is not None else []
     for line in changed:
         log.warning(f"the chosen plan keeps {setup.metric.name} within the limit, but on {line}")
-    facts = _search_facts(config, setup, joined, shared, measuring, warm, outcome, wall_seconds)
+    facts = _search_facts(config, setup, joined, shared, measuring, warm, outcome)
     per_build = measuring.per_build if outcome.proposer is not None else 0
     facts.update(decision_changes=changed, **builds_facts(builds, measuring.executor, per_build, predicted))
     if facts["plan_ignored"]:
         log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision in trial(s) "
                     f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
     ranges = shared.baseline.ranges
-    deployment = deploy_plan(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
+    with stages.timed("deployment"):
+        deployment = deploy_plan(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
     if outcome.held_out is not None:
         facts["held_out"] = outcome.held_out.to_json()
     if config.time_shapes and outcome.front:
         feasible = [t.number for t in outcome.front if config.judge.max_loss is None or t.feasible]
-        facts["profile_timing"] = time_front_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible, ranges,
-                                                setup.dataset.evaluation[0]).to_json()
+        with stages.timed("profile_timing"):
+            facts["profile_timing"] = time_front_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible,
+                                                        ranges, setup.dataset.evaluation[0]).to_json()
+    facts.update(wall_seconds=round(time.monotonic() - started, 2), stage_seconds=dict(stages))  # up to the writing
     result = SearchResult(setup.out_dir, ModelRecord.of(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
@@ -321,7 +325,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
 
 
 def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
-                  warm: WarmStart, outcome: Outcome, wall_seconds: float) -> dict[str, Any]:
+                  warm: WarmStart, outcome: Outcome) -> dict[str, Any]:
     """pareto.json's ``search``: how the search was asked and what it did."""
     info, dataset, sensitivity = warm.info, setup.dataset, warm.sensitivity
     fingerprint = dataset.fingerprint()
@@ -358,7 +362,6 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         "tie_repeats": config.space.tie_repeats,
         "sensitive_units": warm.sensitive_units,
         "left_out": setup.left_out,
-        "wall_seconds": round(wall_seconds, 2),
         "one_time_seconds": {k: round(v, 3) for k, v in measuring.one_time.items()},
         "sampler": type(joined.study.sampler).__name__,
         "build_workers": setup.workers,

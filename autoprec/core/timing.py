@@ -3,6 +3,7 @@ engine's runner returns a Timing (autoprec.backends.base.Runner.time); every com
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -52,3 +53,16 @@ def time_calls(
     return Timing(
         float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup
     )
+
+
+class Stages(dict):
+    """Seconds of each stage of a search (pareto.json's ``search.stage_seconds``): where its wall clock went, so a
+    slow search, or the part of several workers' searches that does not shrink with them, shows which stage it is."""
+
+    @contextlib.contextmanager
+    def timed(self, stage: str):
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self[stage] = round(self.get(stage, 0.0) + time.monotonic() - started, 2)

@@ -58,6 +58,11 @@ class Drift:
         )
 
 
+STAGE_NAMES = {"set_up": "set-up", "trials": "trials", "sensitivity": "sensitivity pass", "retiming": "re-timing",
+               "held_out_and_final_timing": "held-out judging and final timing", "deployment": "deployment checks",
+               "profile_timing": "timing across the shape profile"}
+
+
 @dataclass(frozen=True)
 class SearchFacts:
     """pareto.json's ``search`` (the same in trials.json and best/plan.json): how the search was asked and what it
@@ -88,6 +93,7 @@ class SearchFacts:
     limit_in_decisions: str | None = None  # what --max-loss allows where the metric counts decisions (Judge.limit_said)
     profile: ShapeProfile | None = None  # None: an older result, measured at one shape
     run: str | None = None  # which run wrote the file (None: an older result)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # where the wall clock went ({}: an older result)
     recorded: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -108,11 +114,18 @@ class SearchFacts:
             _spec_model(spec) if spec else None, _held_out(held) if held else None,
             _nullable_text(f["limit_in_decisions"]) if "limit_in_decisions" in search else None,
             _profile(f["profile"]) if search.get("profile") else None,
-            f["run"].text() if "run" in search else None, search,
+            f["run"].text() if "run" in search else None,
+            {k: v.number() for k, v in f["stage_seconds"].mapping().items()} if "stage_seconds" in search else {},
+            search,
         )
 
     def to_json(self) -> dict[str, Any]:
         return self.recorded
+
+    def wall_said(self) -> str:
+        """The wall clock, and each stage's share where the result records them."""
+        stages = ", ".join(f"{STAGE_NAMES.get(k, k)} {v:.1f}" for k, v in self.stage_seconds.items())
+        return f"{self.wall_seconds:.1f} s" + (f" ({stages})" if stages else "")
 
     @property
     def drift_said(self) -> str | None:

@@ -66,7 +66,7 @@ def _facts(result: ResultFiles) -> str:
         ("sampler / seed", f"{search.sampler} / {search.seed}"),
         ("calibration", search.calibration),
         ("study", f"{search.study} in {search.storage}"),
-        ("wall time", f"{search.wall_seconds:.1f} s"),
+        ("wall time", search.wall_said()),
     ]
     body = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in rows)
     warning = '<p class="warn">Random inputs were used: accuracy numbers mean little.</p>' if search.random_data else ""
