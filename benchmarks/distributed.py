@@ -163,10 +163,11 @@ def where_the_wall_went(done: list, wall: float, started_at: datetime) -> dict:
 
 
 def trial_seconds(done: list) -> dict:
-    """Where a measured trial's time went, averaged (lower, build, device_wait, evaluate, time; ``trial``: from its
-    plan read to its measurement, all of them and the worker process's round trip), and what the trial took beyond
-    that: the sampler's ask, the storage's round trips and locks, telling the result; and, for every counted trial,
-    the seconds its worker waited for the study's queue lock and held it (the storage's reads and the ask)."""
+    """Where a measured trial's time went, averaged (lookup, lower, build, device_wait, evaluate, time, release,
+    judge; ``trial``: from its plan read to its measurement, all of them and ``round_trip``, the rest: the worker
+    process's pipe and the parent's waiting), and what the trial took beyond that: the sampler's ask, the storage's
+    round trips and locks, telling the result; and, for every counted trial, the seconds its worker waited for the
+    study's queue lock and held it (the storage's reads and the ask)."""
     measured = [t for t in done if "duplicate_of" not in t.user_attrs and "measurement" in t.user_attrs]
     if not measured:
         return {}
@@ -174,6 +175,8 @@ def trial_seconds(done: list) -> dict:
     for t in measured:
         for phase, seconds in t.user_attrs["measurement"].get("seconds", {}).items():
             phases[phase] = phases.get(phase, 0.0) + seconds / len(measured)
+    if "trial" in phases:
+        phases["round_trip"] = phases["trial"] - sum(v for k, v in phases.items() if k != "trial")
     span = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in measured) / len(measured)
     asked = [t.user_attrs["asked"] for t in done if "asked" in t.user_attrs]  # waiting for and holding the queue
     queue = {k: round(sum(a[k] for a in asked) / len(asked), 4) for k in ("queue_wait_s", "queue_held_s")} if asked else {}

@@ -130,8 +130,13 @@ def measure(
         with device or contextlib.nullcontext():
             seconds["device_wait"] = time.perf_counter() - t0
             latency, retimes, outputs = _run_and_time(runner, batches, judge, screen, seconds)
+        t0 = time.perf_counter()
+    seconds["release"] = time.perf_counter() - t0  # the engine's memory given back
+    t0 = time.perf_counter()
     metrics = judge.metrics(outputs)
-    return Measurement(latency, metrics, judge.loss(metrics, outputs), seconds, retimes, build)
+    loss = judge.loss(metrics, outputs)
+    seconds["judge"] = time.perf_counter() - t0
+    return Measurement(latency, metrics, loss, seconds, retimes, build)
 
 
 def _run_and_time(runner, batches, judge: Judge, screen, seconds):

@@ -458,6 +458,7 @@ def _settle(
     if earlier is not None:
         _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
         return None
+    looked_up = time.perf_counter() - started  # the plan read and written, its lock, the earlier trials read
     try:
         result = _measure_at_most_twice(ctx, plan)
     except Rejected as rejected:
@@ -471,6 +472,7 @@ def _settle(
         study.tell(trial, state=TrialState.FAIL)
         return None
     result.seconds["trial"] = time.perf_counter() - started  # all of it: sampling, lowering, IPC, engine work
+    result.seconds["lookup"] = looked_up
     trial.set_user_attr("measurement", result.to_json())
     if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
         trial.set_constraint("max_loss", result.loss - ctx.max_loss)
