@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
 from autoprec.measure import regions
+from autoprec.measure.accuracy import Judge, Metric
 
 
 def test_regions_are_the_connected_pixels_above_the_threshold_kept_by_their_mean():
@@ -33,7 +34,44 @@ def test_a_long_winding_region_is_one_region():
     mask[::4, :] = True  # rows joined at alternate ends: a snake 1,000 pixels long
     for row in range(0, 36, 4):
         mask[row:row + 5, 199 if row % 8 == 0 else 0] = True
-    assert regions.components(mask).max() == 1
+    assert regions.Runs.of(mask).regions == 1
+
+
+def _flooded(mask: np.ndarray) -> np.ndarray:
+    """4-connected regions by flood fill, labelled 1…K in the raster order of their first pixels: the slow truth."""
+    labels, count = np.zeros(mask.shape, int), 0
+    for y, x in zip(*np.nonzero(mask)):
+        if labels[y, x]:
+            continue
+        count += 1
+        labels[y, x], stack = count, [(y, x)]
+        while stack:
+            a, b = stack.pop()
+            for c, d in ((a + 1, b), (a - 1, b), (a, b + 1), (a, b - 1)):
+                if 0 <= c < mask.shape[0] and 0 <= d < mask.shape[1] and mask[c, d] and not labels[c, d]:
+                    labels[c, d] = count
+                    stack.append((c, d))
+    return labels
+
+
+def test_regions_match_a_flood_fill_on_random_maps():
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        probability = rng.random(tuple(rng.integers(1, 30, 2))).astype(np.float32) ** rng.uniform(0.2, 3)
+        mask = probability > regions.DB_THRESHOLD
+        runs, truth = regions.Runs.of(mask), _flooded(mask)
+        labels = np.zeros(mask.shape, int)
+        for row, start, end, region in zip(runs.row, runs.start, runs.end, runs.region):
+            labels[row, start:end] = region + 1
+        assert np.array_equal(labels, truth)
+        expected = []
+        for region in range(1, truth.max() + 1):
+            ys, xs = np.nonzero(truth == region)
+            box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+            if probability[ys, xs].astype(np.float64).mean() >= regions.DB_BOX_THRESHOLD and min(
+                    box[2] - box[0], box[3] - box[1]) >= regions.MIN_SIDE:
+                expected.append(box)
+        assert regions.text_regions(probability).tolist() == [list(b) for b in expected]
 
 
 def test_mean_iou_counts_each_class_present():
@@ -139,8 +177,6 @@ def test_the_documented_custom_head_metric_judges_a_decoded_box_head(tmp_path, m
 def test_a_map_past_one_by_a_rounding_step_is_still_a_probability_map():
     """ONNX Runtime's CPU Sigmoid gave 1.0000001 on one page of PP-OCRv5's map: text-regions was refused for it
     ('no model output it applies to'); so were PicoDet scores read as logits. A map past [0, 1] by more is not one."""
-    from autoprec.measure.accuracy import Judge, Metric
-
     page = np.zeros((1, 1, 32, 32), np.float32)
     page[0, 0, 4:12, 2:20] = np.nextafter(np.float32(1), np.float32(2))
     judge = Judge(Metric("text-regions", ("text-regions",)), [{"prob": page}])
@@ -148,3 +184,15 @@ def test_a_map_past_one_by_a_rounding_step_is_still_a_probability_map():
     assert judge.metrics([{"prob": page}])["prob"]["region_f"] == 1.0
     assert regions.probabilities(np.float32([-1e-7, 0.5, 1.0000001]))
     assert not regions.probabilities(np.float32([0.0, 1.01])) and not regions.probabilities(np.float32([-0.5, 0.5]))
+
+
+def test_a_plan_whose_map_overshoots_one_is_judged_against_fp32s_regions():
+    fp32 = np.zeros((1, 1, 32, 32), np.float32)
+    fp32[0, 0, 4:10, 4:20] = 0.9
+    judge = Judge(Metric("text-regions", ("text-regions",)), [{"map": fp32}])
+    overshoot = fp32.copy()
+    overshoot[0, 0, 4:10, 4:20] = 1.002  # a lowered sigmoid past 1 by more than a rounding
+    assert judge.loss_of([{"map": overshoot}]) == 0.0  # the same region
+    moved = np.roll(fp32, 12, axis=2)
+    assert judge.loss_of([{"map": moved}]) == 1.0  # no region kept its place
+    assert judge.loss_of([{"map": fp32}]) == 0.0  # FP32's regions, decoded once, stand for every plan

@@ -235,6 +235,7 @@ class Judge:
     labels: Labels | None = None
     _fp32: dict[int, dict] = field(default_factory=dict, repr=False)
     _fp32_checked: bool = field(default=False, repr=False)  # a user's function scored FP32 against itself
+    _fp32_regions: dict[tuple[str, int], list] = field(default_factory=dict, repr=False)  # decoded once, not per plan
 
     def check(self) -> dict[str, dict[str, float]]:
         """Refuse, in one line, a constraint that cannot be computed here (a head it cannot decode, labels
@@ -518,21 +519,26 @@ class Judge:
                 found["embedding_loss"] = max(found["embedding_loss"], 1.0 - found["nn_agreement"])
         return found
 
+    def _text_regions(self, output: np.ndarray) -> list[np.ndarray]:
+        """Each image's text regions, decoded with the metric's thresholds."""
+        options = self.metric.options
+        return [regions.text_regions(m, options.db_thresh, options.db_box_thresh) for m in regions.maps(output)]
 
     def _region_decisions(
         self, name: str, ref: np.ndarray, cand: np.ndarray, labels: Mapping[str, np.ndarray]
     ) -> dict[str, float]:
         """Text regions (a DBNet map binarised as PaddleOCR does) and per-pixel classes, against FP32's."""
-        found, options = {}, self.metric.options
+        found = {}
         if self._applies("text-regions", name, ref):
-            boxes = [[regions.text_regions(m, options.db_thresh, options.db_box_thresh)
-                      for m in regions.probability_maps(out)] for out in (ref, cand)]
-            found["region_f"] = regions.region_f_score(boxes[1], boxes[0])
-            found["region_count_change"] = (sum(map(len, boxes[1])) - sum(map(len, boxes[0]))) / max(
-                1, sum(map(len, boxes[0])))
+            key = (name, len(ref))
+            if key not in self._fp32_regions:
+                self._fp32_regions[key] = self._text_regions(ref)
+            fp32, mine = self._fp32_regions[key], self._text_regions(cand)
+            found["region_f"] = regions.region_f_score(mine, fp32)
+            found["region_count_change"] = (sum(map(len, mine)) - sum(map(len, fp32))) / max(1, sum(map(len, fp32)))
             if "boxes" in labels:
                 truth = [b[:, 1:5] for b in tasks.padded_boxes(labels["boxes"])]
-                found["region_f_labels"] = regions.region_f_score(boxes[1], truth)
+                found["region_f_labels"] = regions.region_f_score(mine, truth)
         if self._applies("segmentation", name, ref):
             ref_ids, cand_ids = regions.class_map(ref), regions.class_map(cand)
             found["pixel_agreement"] = float((ref_ids == cand_ids).mean())

@@ -4,6 +4,8 @@ FP32: the F-score of matched regions, the mean IoU of the classes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 DB_THRESHOLD = 0.3  # PaddleOCR's det_db_thresh: a pixel of text
@@ -20,51 +22,86 @@ def probabilities(values: np.ndarray) -> bool:
     return values.size > 0 and bool(values.min() >= -ROUNDING and values.max() <= 1 + ROUNDING)
 
 
-def probability_maps(output: np.ndarray) -> np.ndarray | None:
-    """N×1×H×W or N×H×W probabilities (a DBNet head's sigmoid) as N×H×W; None for any other output."""
+def maps(output: np.ndarray) -> np.ndarray | None:
+    """An N×1×H×W or N×H×W float output as N×H×W maps; None for any other output."""
     if output.dtype.kind != "f" or output.ndim not in (3, 4) or (output.ndim == 4 and output.shape[1] != 1):
         return None
-    maps = output[:, 0] if output.ndim == 4 else output
-    if maps.shape[-1] < 8 or maps.shape[-2] < 8 or not probabilities(maps):
-        return None
-    return maps
+    found = output[:, 0] if output.ndim == 4 else output
+    return found if found.shape[-1] >= 8 and found.shape[-2] >= 8 else None
 
 
-def components(mask: np.ndarray) -> np.ndarray:
-    """4-connected regions of a boolean H×W mask, labelled 1…K in no particular order (0: background):
-    min-label hooking with pointer jumping, so the passes grow with the log of a region's size, not its length."""
-    height, width = mask.shape
-    parent = np.arange(height * width + 1)  # parent[0]: the background
-    labels = np.where(mask, np.arange(1, height * width + 1).reshape(height, width), 0)
-    big = height * width + 1
+def probability_maps(output: np.ndarray) -> np.ndarray | None:
+    """N×1×H×W or N×H×W probabilities (a DBNet head's sigmoid) as N×H×W; None for any other output. (A plan's
+    map is decoded whatever its values: a lowered sigmoid may overshoot 1 by more than a float rounding.)"""
+    found = maps(output)
+    return found if found is not None and probabilities(found) else None
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A boolean H×W mask's horizontal runs of True pixels, in raster order: each run's row, its first column and
+    the column past its last, and the 4-connected region (0…K-1, numbered in the raster order of their first
+    pixels) it belongs to. A text map's regions are a few thousand runs, not hundreds of thousands of pixels."""
+
+    row: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    region: np.ndarray
+
+    @classmethod
+    def of(cls, mask: np.ndarray) -> Runs:
+        padded = np.zeros((mask.shape[0], mask.shape[1] + 2), np.int8)
+        padded[:, 1:-1] = mask
+        edges = np.diff(padded, axis=1)
+        row, start = np.nonzero(edges == 1)  # row-major: the k-th start and the k-th end are one run's
+        end = np.nonzero(edges == -1)[1]
+        return cls(row, start, end, _joined(row, start, end, mask.shape[1] + 1))
+
+    @property
+    def regions(self) -> int:
+        return int(self.region.max()) + 1 if self.region.size else 0
+
+
+def _joined(row: np.ndarray, start: np.ndarray, end: np.ndarray, stride: int) -> np.ndarray:
+    """Each run's region: runs of adjacent rows that share a column are joined (min-label hooking with pointer
+    jumping over the runs, so the passes grow with the log of a region's size)."""
+    first, past = row * stride + start, row * stride + end  # sorted: runs are in raster order
+    above_lo = np.searchsorted(past, (row - 1) * stride + start, side="right")  # runs of the row above ending after
+    above_hi = np.searchsorted(first, (row - 1) * stride + end, side="left")  # ... and starting before this run's end
+    touching = np.maximum(above_hi - above_lo, 0)
+    below = np.repeat(np.arange(row.size), touching)
+    above = np.repeat(above_lo, touching) + np.arange(touching.sum()) - np.repeat(np.cumsum(touching) - touching, touching)
+    parent = np.arange(row.size)
     while True:
-        padded = np.pad(np.where(mask, labels, big), 1, constant_values=big)
-        lowest = np.minimum.reduce([padded[1:-1, 1:-1], padded[:-2, 1:-1], padded[2:, 1:-1], padded[1:-1, :-2],
-                                    padded[1:-1, 2:]])
-        np.minimum.at(parent, labels[mask], lowest[mask])
+        lowest = np.minimum(parent[below], parent[above])
+        np.minimum.at(parent, parent[below], lowest)
+        np.minimum.at(parent, parent[above], lowest)
         while not np.array_equal(jumped := parent[parent], parent):
             parent = jumped
-        relabelled = np.where(mask, parent[labels], 0)
-        if np.array_equal(relabelled, labels):
-            _, dense = np.unique(labels, return_inverse=True)
-            return dense.reshape(labels.shape)
-        labels = relabelled
+        if np.array_equal(parent[below], parent[above]):
+            return np.unique(parent, return_inverse=True)[1]  # roots are each region's first run: raster order
 
 
 def text_regions(probability: np.ndarray, threshold: float = DB_THRESHOLD,
                  box_threshold: float = DB_BOX_THRESHOLD) -> np.ndarray:
-    """K×4 boxes (x1, y1, x2, y2, pixels) of the map's text regions: pixels above ``threshold``, joined into
-    connected regions, kept where their mean probability reaches ``box_threshold`` and both sides MIN_SIDE."""
-    labelled = components(probability > threshold)
-    boxes = []
-    for region in range(1, labelled.max() + 1):
-        ys, xs = np.nonzero(labelled == region)
-        if ys.size == 0 or probability[ys, xs].mean() < box_threshold:
-            continue
-        x1, y1, x2, y2 = xs.min(), ys.min(), xs.max() + 1, ys.max() + 1
-        if min(x2 - x1, y2 - y1) >= MIN_SIDE:
-            boxes.append((x1, y1, x2, y2))
-    return np.asarray(boxes, np.float64).reshape(-1, 4)
+    """K×4 boxes (x1, y1, x2, y2) of the map's text regions: pixels above ``threshold``, joined into connected
+    regions, kept where their mean probability reaches ``box_threshold`` and both sides MIN_SIDE; in the raster
+    order of their first pixels."""
+    runs = Runs.of(probability > threshold)
+    if not runs.regions:
+        return np.zeros((0, 4), np.float64)
+    summed = np.zeros((probability.shape[0], probability.shape[1] + 1), np.float64)
+    np.cumsum(probability, axis=1, out=summed[:, 1:])
+    pixels = np.bincount(runs.region, weights=runs.end - runs.start)
+    total = np.bincount(runs.region, weights=summed[runs.row, runs.end] - summed[runs.row, runs.start])
+    x1, y1 = np.full(runs.regions, probability.shape[1]), np.full(runs.regions, probability.shape[0])
+    x2, y2 = np.zeros(runs.regions, np.int64), np.zeros(runs.regions, np.int64)
+    np.minimum.at(x1, runs.region, runs.start)
+    np.minimum.at(y1, runs.region, runs.row)
+    np.maximum.at(x2, runs.region, runs.end)
+    np.maximum.at(y2, runs.region, runs.row + 1)
+    kept = (total / pixels >= box_threshold) & (np.minimum(x2 - x1, y2 - y1) >= MIN_SIDE)
+    return np.stack([x1, y1, x2, y2], axis=1)[kept].astype(np.float64)
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
