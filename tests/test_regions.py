@@ -27,6 +27,7 @@ def test_regions_are_the_connected_pixels_above_the_threshold_kept_by_their_mean
     assert regions.region_f_score([np.zeros((0, 4))], [np.zeros((0, 4))]) == 1.0
     shifted = boxes + [0, 0, 0, 30]  # same corner, far taller: IoU below 0.5
     assert regions.region_f_score([shifted[:1]], [boxes[:1]]) == 0.0
+    assert regions.text_regions(np.full((8, 8), 0.9, np.float32)).tolist() == [[0, 0, 8, 8]]  # no background pixel
 
 
 def test_a_long_winding_region_is_one_region():
