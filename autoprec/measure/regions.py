@@ -69,8 +69,9 @@ def _joined(row: np.ndarray, start: np.ndarray, end: np.ndarray, stride: int) ->
     above_lo = np.searchsorted(past, (row - 1) * stride + start, side="right")  # runs of the row above ending after
     above_hi = np.searchsorted(first, (row - 1) * stride + end, side="left")  # ... and starting before this run's end
     touching = np.maximum(above_hi - above_lo, 0)
-    below = np.repeat(np.arange(row.size), touching)
-    above = np.repeat(above_lo, touching) + np.arange(touching.sum()) - np.repeat(np.cumsum(touching) - touching, touching)
+    below = np.repeat(np.arange(row.size), touching)  # a run below, once for each run above it touches
+    within = np.arange(touching.sum()) - np.repeat(np.cumsum(touching) - touching, touching)  # 0, 1 … per run below
+    above = np.repeat(above_lo, touching) + within
     parent = np.arange(row.size)
     while True:
         lowest = np.minimum(parent[below], parent[above])
@@ -88,14 +89,15 @@ def text_regions(probability: np.ndarray, threshold: float = DB_THRESHOLD,
     regions, kept where their mean probability reaches ``box_threshold`` and both sides MIN_SIDE; in the raster
     order of their first pixels."""
     runs = Runs.of(probability > threshold)
-    if not runs.regions:
+    count = runs.regions
+    if not count:
         return np.zeros((0, 4), np.float64)
     summed = np.zeros((probability.shape[0], probability.shape[1] + 1), np.float64)
     np.cumsum(probability, axis=1, out=summed[:, 1:])
     pixels = np.bincount(runs.region, weights=runs.end - runs.start)
     total = np.bincount(runs.region, weights=summed[runs.row, runs.end] - summed[runs.row, runs.start])
-    x1, y1 = np.full(runs.regions, probability.shape[1]), np.full(runs.regions, probability.shape[0])
-    x2, y2 = np.zeros(runs.regions, np.int64), np.zeros(runs.regions, np.int64)
+    x1, y1 = np.full(count, probability.shape[1]), np.full(count, probability.shape[0])
+    x2, y2 = np.zeros(count, np.int64), np.zeros(count, np.int64)
     np.minimum.at(x1, runs.region, runs.start)
     np.minimum.at(y1, runs.region, runs.row)
     np.maximum.at(x2, runs.region, runs.end)
