@@ -239,6 +239,9 @@ def test_search_with_two_workers_keeps_the_budget_and_measures_each_plan_once(tm
     measured = [json.dumps(t["plan"]["precisions"], sort_keys=True) for t in trials if t["duplicate_of"] is None]
     assert len(measured) == len(set(measured))
     assert all(t["seconds"]["device_wait"] >= 0 for t in trials if t["duplicate_of"] is None)
+    for seconds in (t["seconds"] for t in trials if t["duplicate_of"] is None and "trial" in t["seconds"]):
+        assert {"lookup", "lower", "build", "evaluate", "time", "release", "judge"} <= seconds.keys()
+        assert sum(v for k, v in seconds.items() if k != "trial") <= seconds["trial"]  # parts of the whole
     assert (out / "cache" / "worker-1-stderr.log").exists()
     assert "can disturb its latency" in caplog.text  # above ort-cpu's default: said (logged), not hidden
 
