@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -236,17 +237,33 @@ def compared_runs(runs: dict, batch: int, budget: int, max_loss: float) -> dict:
     def area(run: dict, unit: float | None) -> float:  # the search's own limit as the loss unit: past it counts nothing
         return hypervolume([(ms / (unit or 1.0), min(loss / max_loss, 1.0)) for ms, loss in run["points"]])
 
+    for run in runs.values():
+        run["busy_fraction"] = busy_fraction(run)
     if "1" not in runs:
         return {"batch": batch, "budget": budget, "max_loss": max_loss, "runs": runs, "partial": True}
     one = runs["1"]
     base = area(one, one["fp32_ms"])
     for run in runs.values():
+        if run["busy_fraction"] and one["busy_fraction"]:  # the rate's ratio had every trial taken the 1-GPU run's time
+            run["speedup_same_trial_vs_1"] = round(
+                len(run["trials_per_worker"]) * run["busy_fraction"] / one["busy_fraction"], 2)
         run["hypervolume_vs_1"] = round(area(run, one["fp32_ms"]) / base, 4) if base else None
         # each run's latencies over its own all-FP32's: the front's speed-ups, whatever load the host put on all of them
         run["hypervolume_own_fp32_vs_1"] = round(area(run, run["fp32_ms"]) / base, 4) if base else None
         run["speedup_vs_1"] = round(run["trials_per_hour"] / one["trials_per_hour"], 2)
         run["speedup_wall_vs_1"] = round(run["trials_per_hour_wall"] / one["trials_per_hour_wall"], 2)
     return {"batch": batch, "budget": budget, "max_loss": max_loss, "runs": runs}
+
+
+def busy_fraction(run: dict) -> float | None:
+    """The share of the workers' loop time spent in trials (from the sampler's ask to its tell): what is left is
+    the loop's own cost — idle workers, late starts, the last trials' tail. Unlike the rate, it does not move with
+    how long the plans of one run happen to take."""
+    seconds = run.get("trial_seconds") or {}
+    if "trial" not in seconds:
+        return None
+    span = seconds["trial"] + seconds.get("outside_measurement", 0.0)
+    return round(run["trials"] * span / (len(run["trials_per_worker"]) * run["trial_loop_s"]), 3)
 
 
 def gpu_main(args) -> int:
@@ -275,17 +292,23 @@ def gpu_main(args) -> int:
 
 
 def merged(paths: list[Path], max_loss: float) -> dict:
-    """Reports of processes that each ran some of the GPU counts (side by side, on GPUs of their own) as one
-    (``max_loss``: the runs' --max-loss, for reports written before they recorded it)."""
+    """Reports of processes that each ran some of the GPU counts (side by side, on GPUs of their own, or one after
+    another) as one; a GPU count run again is kept as ``4#2`` (``max_loss``: the runs' --max-loss, for reports
+    written before they recorded it)."""
     reports = [json.loads(p.read_text()) for p in paths]
     report = {**reports[0], "models": {}, "merged_from": [p.name for p in paths]}
     for part in reports:
         for model, entry in part["models"].items():
-            report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"],
-                                                "max_loss": entry.get("max_loss", max_loss), "runs": {}})
-            report["models"][model]["runs"].update(entry["runs"])
+            runs = report["models"].setdefault(model, {"batch": entry["batch"], "budget": entry["budget"],
+                                                       "max_loss": entry.get("max_loss", max_loss), "runs": {}})["runs"]
+            for gpus, run in entry["runs"].items():
+                again = 2
+                key = gpus
+                while key in runs:
+                    key, again = f"{gpus}#{again}", again + 1
+                runs[key] = run
     for model, entry in report["models"].items():
-        runs = dict(sorted(entry["runs"].items(), key=lambda kv: (int(kv[0].partition("s")[0]), kv[0])))
+        runs = dict(sorted(entry["runs"].items(), key=lambda kv: (int(re.match(r"\d+", kv[0])[0]), kv[0])))
         report["models"][model] = compared_runs(runs, entry["batch"], entry["budget"], entry["max_loss"])
     return report
 
@@ -293,12 +316,13 @@ def merged(paths: list[Path], max_loss: float) -> dict:
 def print_gpu_table(report: dict) -> None:
     print(f"\n{report['device']}, budget {report['budget']}, {report['postgresql']}")
     print(f"{'model@batch':<14}{'GPUs':>5}{'trials/h':>10}{'×1':>6}{'wall s':>8}{'×1 wall':>8}{'trials':>7}{'plans':>6}"
-          f"{'HV ×1':>7}{'own':>6}{'per worker':>13}{'idle s':>14}{'before s':>9}{'after s':>8}{'chosen ms':>10}{'loss':>10}")
+          f"{'busy':>6}{'×1 same trial':>14}{'HV ×1':>7}{'own':>6}{'per worker':>13}{'idle s':>14}{'before s':>9}{'after s':>8}{'chosen ms':>10}{'loss':>10}")
     nan = float("nan")
     for model, entry in report["models"].items():
         for gpus, run in entry["runs"].items():
             print(f"{model + '@' + str(entry['batch']):<14}{gpus:>5}{run['trials_per_hour']:>10}{run.get('speedup_vs_1', nan):>6.2f}"
                   f"{run['wall_s']:>8.0f}{run.get('speedup_wall_vs_1', nan):>8.2f}{run['trials']:>7}{run['distinct_plans']:>6}"
+                  f"{run.get('busy_fraction') or nan:>6.3f}{run.get('speedup_same_trial_vs_1', nan):>14.2f}"
                   f"{run.get('hypervolume_vs_1') or nan:>7.3f}{run.get('hypervolume_own_fp32_vs_1') or nan:>6.3f}"
                   f"{'/'.join(map(str, run['trials_per_worker'])):>13}"
                   f"{'/'.join(f'{x:.0f}' for x in run['idle_s_per_worker']):>14}{run.get('before_loop_s', nan):>9.0f}"
