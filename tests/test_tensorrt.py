@@ -473,6 +473,24 @@ def test_builder_log_layers_of_tensorrt_for_rtx_are_read_without_tensorrt():
     assert wrong.ignored == ({"unit": "conv2", "planned": "fp16", "ran": ["fp32"], "layers": ["conv2_myl0_4"]},)
 
 
+def test_a_fused_kernel_with_casts_inside_and_one_float_type_outside_does_not_refute_the_plan():
+    """TensorRT for RTX fuses an FP16 softmax between FP32 neighbours with its two Casts into one kernel whose
+    tensors are all FP32 (seen on ppocr-cls and ppocr-rec): the log cannot say the softmax ran FP32; a kernel
+    without a Cast in it still can."""
+    from autoprec.backends.tensorrt.layers import EngineLayer, EngineLayers, TensorFormat
+
+    def layer(name):
+        fp32 = (TensorFormat("t", "fp32", "Row major linear FP32", (1, 2)),)
+        return EngineLayer(name=name, layer_type="kgen", precision="fp32", inputs=fp32, outputs=fp32,
+                           fused_from=("softmax",))
+
+    planned = {"softmax": {"precision": "fp16", "nodes": ["softmax"]}}
+    fused = EngineLayers((layer("__myl_AddCastSlicMaxSubExpAddDivCast_myl0_108"),), (), "builder-log", "builder log")
+    assert not plan_fidelity(fused, planned).plan_ignored
+    plain = EngineLayers((layer("__myl_MaxSubExpAddDiv_myl0_108"),), (), "builder-log", "builder log")
+    assert plan_fidelity(plain, planned).ignored[0]["ran"] == ["fp32"]
+
+
 def test_the_build_card_keeps_the_searchs_verdict_on_timing_noise(result, tmp_path):
     out, _, _ = result
     pareto = json.loads((out / "pareto.json").read_text())

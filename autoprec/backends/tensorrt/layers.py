@@ -93,9 +93,12 @@ class EngineLayer:
         """What it may compute in: its precision, and for a fused kernel that converts (a Cast fused in, as
         Myelin fuses a region's border into a softmax: its name says Cast, or its inputs and outputs differ
         in float type) every float type it touches: the log does not say on which side of the Cast the
-        arithmetic runs."""
+        arithmetic runs. A kernel named for Casts whose tensors all have one float type converts to a type
+        the log never shows (an FP16 softmax between FP32 neighbours, Cast in and Cast out): any float."""
         floats = {t.dtype for t in (*self.inputs, *self.outputs, *self.constants) if t.dtype in _FLOATS}
         ends = {t.dtype for t in (*self.inputs, *self.outputs) if t.dtype in _FLOATS}
+        if "Cast" in self.name and len(floats) <= 1:
+            return frozenset({self.precision, *_FLOATS})
         if "Cast" in self.name or len(ends) > 1:
             return frozenset({self.precision, *floats})
         return frozenset({self.precision})
