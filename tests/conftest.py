@@ -1,4 +1,5 @@
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import builders  # noqa: E402
+
+# pytest-xdist's workers set COLUMNS=80; the tests see a pipe as CI's log does, without it (tables get their room)
+os.environ.pop("COLUMNS", None)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -59,7 +59,7 @@ def test_search_takes_a_zoo_name(fetched_cls, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPREC_CACHE", str(root))
     result = searching.search(
         autoprec.SearchConfig(
-            autoprec.InputSpec("zoo:ppocr-cls"), study=autoprec.StudySpec(budget=3), out=tmp_path / "out"
+            autoprec.InputSpec("zoo:ppocr-cls"), study=autoprec.StudySpec(budget=3, warm_start=False), out=tmp_path / "out"
         )
     )
     assert result.search["data"].endswith("zoo/ppocr-cls/data.npz") and not result.search["random_data"]
