@@ -29,7 +29,7 @@ def test_search_on_the_bundled_model(tmp_path):
         autoprec.SearchConfig(
             autoprec.InputSpec(MODEL, data=DATA),
             judge=autoprec.JudgeSpec(max_loss=0.01),
-            study=autoprec.StudySpec(budget=5),
+            study=autoprec.StudySpec(budget=5, warm_start=False),  # the sensitivity pass: test_sensitivity.py
             out=out,
         )
     )
