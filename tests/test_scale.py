@@ -37,7 +37,9 @@ def over_2gb(tmp_path_factory):
     return model, _ids(folder / "ids.npz")
 
 
-def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path):
+def test_a_model_over_2gb_is_searched_its_best_model_runs_and_exports_with_its_weights_beside_it(over_2gb, tmp_path):
+    """One search of the 2 GB model (each costs a minute of the suite's two cores) serves the search's own
+    result and the exports for TensorRT and Triton."""
     model, data = over_2gb
     assert stored.weight_bytes(onnx.load(str(model), load_external_data=False)) > PROTOBUF_LIMIT
     out = tmp_path / "out"
@@ -60,13 +62,6 @@ def test_a_model_over_2gb_is_searched_and_its_best_model_runs(over_2gb, tmp_path
         and (prepared[0] / "given" / "huge.onnx.data").stat().st_size
         == (model.parent / "huge.onnx.data").stat().st_size
     )
-
-
-def test_a_model_over_2gb_exports_for_tensorrt_with_its_weights_beside_it(over_2gb, tmp_path):
-    model, data = over_2gb
-    out = tmp_path / "out"
-    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "2", "--no-progress",
-                 "--no-warm-start", "--precisions", "int8,fp32"]) == 0
     for fmt, name in (("trtexec", "model.onnx"), ("trt10", "model_fp32.onnx")):
         folder = tmp_path / fmt
         assert main(["export", str(out), "--format", fmt, "--out", str(folder)]) == 0
