@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from searching import main
+from searching import SHORTEST_FINAL_TIMING, main
 
 
 def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def test_an_empty_out_is_refused(workdir):
 
 def test_a_model_named_dot_dot_writes_into_autoprec_out_not_above_it(workdir):
     os.rename(workdir / "conv.onnx", workdir / "...onnx")
-    proc = autoprec("search", "...onnx", "--budget", 1, "--no-progress", "--no-warm-start", "--retime-seconds", 0.1,
+    proc = autoprec("search", "...onnx", "--budget", 1, "--no-progress", "--no-warm-start", *SHORTEST_FINAL_TIMING,
                     cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert (workdir / "autoprec_out" / "model" / "pareto.json").is_file()
@@ -441,8 +441,7 @@ def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_pa
             str(budget),
             "--no-progress",
             "--no-warm-start",
-            "--retime-seconds",  # the final timing's shortest (its six blocks): not what this test is about
-            "0.1",
+            *SHORTEST_FINAL_TIMING,
             "--out",
             str(out),
         ]

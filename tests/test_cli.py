@@ -9,7 +9,7 @@ import onnxruntime as ort
 import optuna
 import pytest
 import searching
-from searching import main
+from searching import SHORTEST_FINAL_TIMING, main
 
 import autoprec
 from autoprec.core.errors import AutoprecError
@@ -28,7 +28,7 @@ def run_cli(*args, cwd=None):
 def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_data):
     out = tmp_path / "out"
     proc = run_cli("search", conv_model, "--budget", 4, "--data", conv_data, "--out", out, "--no-progress",
-                   "--retime-seconds", 0.1)  # the final timing's shortest: its six blocks
+                   *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     assert "Pareto front" in proc.stdout and "chosen: trial" in proc.stdout
     assert "latencies measured by onnxruntime" in proc.stdout
@@ -38,7 +38,7 @@ def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_d
 
 
 def test_random_data_warns_loudly(tmp_path, conv_model):
-    proc = run_cli("search", conv_model, "--budget", 3, "--out", tmp_path / "o", "--no-progress", "--retime-seconds", 0.1)
+    proc = run_cli("search", conv_model, "--budget", 3, "--out", tmp_path / "o", "--no-progress", *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" in proc.stderr and "random inputs" in proc.stderr
 

@@ -18,6 +18,7 @@ import numpy as np
 import optuna
 import postgres
 import pytest
+from searching import SHORTEST_FINAL_TIMING
 
 from autoprec.study.coordination import WORKER_ATTR, StudyLocks, retried_trial
 from autoprec.study.optimize import counted, pareto_front
@@ -52,7 +53,7 @@ def _worker(url, model, data, out, budget=15):
     (Path(out).parent / "slow_metric.py").write_text(SLOW_METRIC)
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
            "--storage", url, "--study-name", "shared", "--budget", str(budget), "--heartbeat", "1", "--no-progress",
-           "--metric", "slow_metric:loss", "--retime-seconds", "0.1"]  # the final timing's shortest: its six blocks
+           "--metric", "slow_metric:loss", *SHORTEST_FINAL_TIMING]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             cwd=Path(out).parent)
 
@@ -159,8 +160,7 @@ def test_a_password_in_the_storage_url_is_never_written_nor_shown(tmp_path, post
             "2",
             "--no-progress",
             "--no-warm-start",
-            "--retime-seconds",
-            "0.1",
+            *SHORTEST_FINAL_TIMING,
         ],
         capture_output=True,
         text=True,

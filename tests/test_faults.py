@@ -12,6 +12,7 @@ import onnx
 import optuna
 import pytest
 import searching
+from searching import SHORTEST_FINAL_TIMING
 
 import autoprec
 from autoprec.study.coordination import retried_trial
@@ -148,7 +149,7 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "autoprec.app.cli", "search", str(model), "--data", str(data), "--out", str(out),
-           "--budget", "6", "--no-progress", "--heartbeat", "1", "--retime-seconds", "0.1"]
+           "--budget", "6", "--no-progress", "--heartbeat", "1", *SHORTEST_FINAL_TIMING]
     kills, ended = 0, ""
     # Kill during start-up, calibration, trials and result writing, a little later each time.
     for delay in (0.4, 1.0, 1.8, 2.6, 3.4, 4.2, 5.2, 6.4):

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from builders import _init, _model, save
 from onnx import TensorProto, helper
+from searching import SHORTEST_FINAL_TIMING
 
 from autoprec.analysis.data import TensorSpec, build_dataset, load_labels
 from autoprec.core.errors import AutoprecError
@@ -29,8 +30,7 @@ BUNDLED = "datasets/ppocr_cls"
 
 
 def run_cli(*args):
-    """The command line in a process of its own; searches not about the final timing pass --retime-seconds 0.1
-    (its shortest: six blocks)."""
+    """The command line in a process of its own (searches not about the final timing: SHORTEST_FINAL_TIMING)."""
     return subprocess.run(
         [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600
     )
@@ -234,7 +234,7 @@ def test_search_constrains_ctc_text_given_only_the_model_and_data(tmp_path):
     np.savez(tmp_path / "d.npz", x=rng.normal(0, 1, (16, 12, 8)).astype(np.float32))
     out = tmp_path / "out"
     proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "ctc-text", "--budget", 4, "--out", out,
-                   "--no-progress", "--max-loss", 0.5, "--retime-seconds", 0.1)
+                   "--no-progress", "--max-loss", 0.5, *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((out / "best" / "plan.json").read_text())
     assert plan["accuracy_loss"] == pytest.approx(plan["metrics"]["probs"]["cer"])
@@ -272,7 +272,7 @@ def test_search_with_detection_and_labelled_boxes(tmp_path):
     np.savez(tmp_path / "d.npz", x=items, boxes=boxes)
     out = tmp_path / "out"
     proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "detection", "--budget", 3, "--out", out,
-                   "--no-progress", "--retime-seconds", 0.1)
+                   "--no-progress", *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     pareto = json.loads((out / "pareto.json").read_text())
     fp32 = pareto["front"][-1]["metrics"]["output0"] if pareto["front"] else {}
@@ -285,7 +285,7 @@ def test_top1_against_the_bundled_models_labels(tmp_path):
     out = tmp_path / "out"
     proc = run_cli("search", f"{BUNDLED}/model.onnx", "--data", f"{BUNDLED}/textlines.npz", "--metric", "top1@labels",
                    "--max-loss", "0.01", "--budget", 3, "--out", out, "--no-progress", "--no-warm-start",
-                   "--retime-seconds", 0.1)  # the final timing's shortest: its six blocks
+                   *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     pareto = json.loads((out / "pareto.json").read_text())
     (name, fp32), = pareto["search"]["fp32_on_labels"].items()
@@ -395,7 +395,7 @@ def test_search_on_a_model_that_outputs_class_ids(tmp_path):
     np.savez(tmp_path / "d.npz", x=rng.normal(0, 1, (8, 12, 8)).astype(np.float32), text=np.array(list("abcdefgh")))
     out = tmp_path / "out"
     proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--budget", 3, "--out", out, "--no-progress",
-                   "--retime-seconds", 0.1)
+                   *SHORTEST_FINAL_TIMING)
     assert proc.returncode == 0, proc.stderr
     assert "holds integers" in proc.stderr
     trials = json.loads((out / "trials.json").read_text())["trials"]
