@@ -127,9 +127,30 @@ def compared(found: dict[str, Any], expected: dict[str, Any], where: str = "") -
         return [d for k in keys for d in (
             [f"{where}.{k}: only in {'the run' if k in found else 'the fixture'}"] if (k in found) != (k in expected)
             else compared(found[k], expected[k], f"{where}.{k}"))]
-    if found != expected:
+    if isinstance(expected, list) and isinstance(found, list) and len(found) == len(expected):
+        return [d for i, (f, e) in enumerate(zip(found, expected)) for d in compared(f, e, f"{where}[{i}]")]
+    if not _same(found, expected):
         return [f"{where}: {str(found)[:200]} != {str(expected)[:200]}"]
     return []
+
+
+# How far a number may move before it is a change: ONNX Runtime's kernels differ by CPU (another vector width
+# sums in another order), which moved losses of a few 1e-9 in their fifth digit; a change of code (a lowering,
+# a calibration, a metric) moves them by far more. Relative to the number, or, for a figure in [0, 1], to its
+# distance from the nearer end (a cosine of 0.99999 is judged by its 1e-5 from 1), so that no figure is loose.
+RELATIVE = 1e-3
+ABSOLUTE = 1e-12
+
+
+def _same(found: Any, expected: Any) -> bool:
+    """Equal, or both numbers (not flags) within :data:`RELATIVE` of each other."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (found, expected))
+    if not numbers or not isinstance(found, float) or found == expected:  # counts and flags: exactly
+        return found == expected
+    scale = max(abs(found), abs(expected))
+    if 0 <= min(found, expected) and max(found, expected) <= 1:
+        scale = min(scale, max(1 - found, 1 - expected))
+    return abs(found - expected) <= RELATIVE * scale + ABSOLUTE
 
 
 def _uniform(plan: dict[str, Any]) -> bool:
