@@ -350,3 +350,76 @@ def mlp_with_data(folder: Path, items: int = 768) -> tuple[Path, Path]:
     data = folder / "data.npz"
     np.savez(data, x=np.random.default_rng(0).normal(size=(items, 64)).astype(np.float32))
     return model, data
+
+
+def kv_decoder(hidden: int = 16, vocab: int = 24, positions: int = 96, seed: int = 10,
+               cache_names: tuple[str, str] = ("past_key_values.0", "present.0")) -> onnx.ModelProto:
+    """A one-layer decoder with a KV cache, its inputs and outputs named and dimensioned as optimum exports a GPT-2
+    (``text-generation-with-past``): input_ids, attention_mask [batch, past + sequence], position_ids and
+    past_key_values.0.key/value [batch, 1, past, hidden] in; logits [batch, sequence, vocab] and present.0.key/value
+    out. ``cache_names``: the cache's input and output prefixes (another exporter's, or none the names pair)."""
+    rng = np.random.default_rng(seed)
+    w = lambda *shape: rng.normal(0, 0.5, shape)  # noqa: E731
+    past, present = cache_names
+    inits = [_init("wte", w(vocab, hidden)), _init("wpe", w(positions, hidden)), _init("wq", w(hidden, hidden)),
+             _init("wk", w(hidden, hidden)), _init("wv", w(hidden, hidden)), _init("wo", w(hidden, hidden)),
+             _init("w_lm", w(hidden, vocab)), _init("axis1", np.array([1], np.int64)),
+             _init("axes12", np.array([1, 2], np.int64)), _init("scale", np.array(hidden ** -0.5, np.float32)),
+             _init("one", np.array(1.0, np.float32)), _init("big", np.array(-1e4, np.float32))]
+    nodes = [
+        helper.make_node("Gather", ["wte", "input_ids"], ["tok"], "wte"),
+        helper.make_node("Gather", ["wpe", "position_ids"], ["pos"], "wpe"),
+        helper.make_node("Add", ["tok", "pos"], ["x"], "embed"),
+        *(helper.make_node("MatMul", ["x", f"w{n}"], [n], f"{n}_proj") for n in "qkv"),
+        *(helper.make_node("Unsqueeze", [n, "axis1"], [f"{n}4"], f"{n}_heads") for n in "qkv"),
+        helper.make_node("Concat", [f"{past}.key", "k4"], [f"{present}.key"], "cache_k", axis=2),
+        helper.make_node("Concat", [f"{past}.value", "v4"], [f"{present}.value"], "cache_v", axis=2),
+        helper.make_node("Transpose", [f"{present}.key"], ["kt"], "kt", perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q4", "kt"], ["scores"], "scores"),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"], "scaled"),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], "maskf", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axes12"], ["mask4"], "mask4"),
+        helper.make_node("Sub", ["one", "mask4"], ["masked"], "masked"),
+        helper.make_node("Mul", ["masked", "big"], ["bias"], "bias"),
+        helper.make_node("Add", ["scaled", "bias"], ["biased"], "biased"),
+        helper.make_node("Softmax", ["biased"], ["probs"], "softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", f"{present}.value"], ["ctx4"], "context"),
+        helper.make_node("Squeeze", ["ctx4", "axis1"], ["ctx"], "ctx"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["attn"], "o_proj"),
+        helper.make_node("Add", ["x", "attn"], ["h"], "residual"),
+        helper.make_node("MatMul", ["h", "w_lm"], ["logits"], "lm_head"),
+    ]
+    cache = ["batch_size", 1, "past_sequence_length", hidden]
+    grown = ["batch_size", 1, "past_sequence_length + sequence_length", hidden]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              *(helper.make_tensor_value_info(f"{past}.{kv}", TensorProto.FLOAT, cache) for kv in ("key", "value")),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                            ["batch_size", "past_sequence_length + sequence_length"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab]),
+               *(helper.make_tensor_value_info(f"{present}.{kv}", TensorProto.FLOAT, grown) for kv in ("key", "value"))]
+    return _model(nodes, inputs, outputs, inits)
+
+
+def decoder_data(model: Path, path: Path, items: int = 12, tokens: int = 5, past: int = 6, seed: int = 3) -> Path:
+    """One shape of data for a :func:`kv_decoder` as a user saves it: ``tokens`` tokens after a past of ``past``,
+    the past made by the model itself from ``past`` earlier tokens (prefill), items stacked with a batch of 1."""
+    runs = session(model)
+    names = {i.name for i in runs.get_inputs()}
+    caches = [i for i in runs.get_inputs() if i.type == "tensor(float)"]
+    vocab = runs.get_outputs()[0].shape[-1]
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list] = {n: [] for n in names}
+    for _ in range(items):
+        first = {"input_ids": rng.integers(0, vocab, (1, past)), "attention_mask": np.ones((1, past), np.int64),
+                 "position_ids": np.arange(past)[None],
+                 **{c.name: np.zeros((1, c.shape[1], 0, c.shape[3]), np.float32) for c in caches}}
+        made = dict(zip([o.name for o in runs.get_outputs()], runs.run(None, first)))
+        presents = [o.name for o in runs.get_outputs()][1:]
+        item = {"input_ids": rng.integers(0, vocab, (1, tokens)), "attention_mask": np.ones((1, past + tokens),
+                np.int64), "position_ids": np.arange(past, past + tokens)[None],
+                **{c.name: made[p] for c, p in zip(caches, presents)}}
+        for name in names:
+            rows[name].append(item[name][0])
+    np.savez(path, **{name: np.stack(values) for name, values in rows.items()})
+    return path

@@ -53,7 +53,8 @@ def test_a_mask_of_float32_lowest_and_an_embedding_stay_in_the_fp16_region(tmp_p
     mask[:, 6:] = 0
     np.savez(tmp_path / "tokens.npz", ids=np.arange(128).reshape(16, 8) % 32, mask=mask)
     space = SPACE.restricted([Precision.FP16])
-    info, dataset, _ = load_inputs(path, space, tmp_path / "tokens.npz", {"ids": (4, 8), "mask": (4, 8)})
+    info, dataset, _ = load_inputs(path, space, tmp_path / "tokens.npz", {"ids": (4, 8), "mask": (4, 8)},
+                                   judge_shapes=False)  # the graph at the fixed shapes, as one shape measures it
     assert not info.out_of_range and "left out" not in " ".join(info.notes)
     assert _ops(info.model)["Shape"] == 0
     fp16 = lower_plan(info, info.plan_at(Precision.FP16), None, QDQForm.TENSORRT)  # the Softmax too

@@ -88,4 +88,6 @@ def test_an_older_study_resumes_without_a_new_trial_and_with_its_numbers(older):
     assert after["search"]["sensitivity"].pop("from_cache") and not before["search"]["sensitivity"].pop("from_cache")
     assert after["trials"] == before["trials"]
     for part in ("search", "model", "sensitivity"):  # (which plan best/ holds is the timings' to decide)
-        assert same_numbers.compared(after[part], before[part], part) == []
+        differ = same_numbers.compared(after[part], before[part], part)
+        # keys a later autoprec adds are no changed number; how the search was asked is spelled as it spells it now
+        assert [d for d in differ if not d.endswith("only in the run") and ".spec." not in d] == []

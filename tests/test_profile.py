@@ -15,11 +15,12 @@ from searching import main
 
 import autoprec
 from autoprec.analysis.baseline import load_baseline
-from autoprec.core.errors import ModelError
+from autoprec.analysis.shape_points import fitted
+from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import deploy, fitted
+from autoprec.measure.deployment import deploy
 
 OPT, LOW, HIGH = "1x3x8x16", "1x3x8x8", "4x3x8x32"
 
@@ -180,7 +181,7 @@ def test_a_plan_the_source_dims_cannot_take_ships_the_measured_model_and_says_wh
     assert deploy(info, lower, None, baseline.dataset.evaluation[:1]).fixed_because is None
 
 
-def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_the_rest(tmp_path):
+def test_data_of_several_widths_judges_every_plan_at_each_and_checks_the_shipped_model_there(tmp_path):
     model = save(line_reader(), tmp_path / "reader.onnx")
     folder = tmp_path / "lines"
     folder.mkdir()
@@ -194,11 +195,18 @@ def test_data_of_several_widths_searches_at_one_and_checks_the_shipped_model_on_
             out=out,
         )
     )
-    assert result.model.inputs["x"][0] == list(_dims(OPT))  # searched at the width --shape names
+    assert result.model.inputs["x"][0] == list(_dims(OPT))  # the width --shape names is the profile's opt
+    pareto = json.loads((out / "pareto.json").read_text())
+    judged = {p["name"]: p["shapes"]["x"][3] for p in pareto["search"]["judged_shapes"]}
+    assert judged == {"opt": 16, "max": 32, "data·1": 24, "data·2": 12}
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert trials and all(set(t["by_shape"]) == set(judged) for t in trials)
+    assert all(t["accuracy_loss"] == max(s["loss"] for s in t["by_shape"].values()) for t in trials)
+    (profile,) = pareto["search"]["profile"]["inputs"]
+    assert profile["min"][3] == 12 and profile["max"][3] == 32  # what the exports carry holds what was judged
     checks = json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
-    by_width = {c["shapes"]["x"][3]: c for c in checks if c["point"] == "data"}
-    assert set(by_width) == {24, 12} and by_width[24]["items"] == 2 and by_width[12]["items"] == 1
-    assert all(c["same_output_shapes"] and c["cosine_loss"] < 0.05 for c in by_width.values())
+    assert {c["point"] for c in checks} == set(judged)
+    assert all(c["same_output_shapes"] and c["cosine_loss"] < 0.05 for c in checks)
 
 
 def test_inputs_that_share_a_dim_name_share_its_size_at_every_point():
@@ -223,7 +231,7 @@ def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
     assert items["x"].shape == (3, 3, 8, 16)
 
 
-def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path):
+def test_a_profile_point_the_given_model_cannot_run_at_is_refused_before_the_search(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (4, 3, 5, 5)).astype(np.float32), "w")
@@ -233,22 +241,14 @@ def test_timing_across_the_profile_says_which_shapes_a_plan_cannot_take(tmp_path
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 9
     path = save(model, tmp_path / "nopad.onnx")
-    out = tmp_path / "out"
-    searching.search(
-        autoprec.SearchConfig(
-            autoprec.InputSpec(path, shapes={"x": (1, 3, 16, 16)}, min_shapes={"x": (1, 3, 2, 2)}),
-            study=autoprec.StudySpec(budget=2, warm_start=False),
-            out=out,
-            time_shapes=True,
-        )
-    )  # a 5x5 kernel cannot slide over 2x2
-    pareto = json.loads((out / "pareto.json").read_text())
-    assert all(ms["min"] is None and ms["opt"] > 0 for ms in pareto["search"]["profile_timing"]["ms"].values())
-    checks = {
-        c["point"]: c
-        for c in json.loads((out / "best" / "plan.json").read_text())["deployment"]["checked_against_source"]
-    }
-    assert checks["min"]["error"].startswith("the given model itself does not run there")
+    with pytest.raises(AutoprecError, match=r"--min-shape: the given model does not run at .*1, 3, 2, 2.*give a shape"):
+        searching.search(
+            autoprec.SearchConfig(
+                autoprec.InputSpec(path, shapes={"x": (1, 3, 16, 16)}, min_shapes={"x": (1, 3, 2, 2)}),
+                study=autoprec.StudySpec(budget=2, warm_start=False),
+                out=tmp_path / "out",
+            )
+        )  # a 5x5 kernel cannot slide over 2x2: every plan would be judged where the model itself fails
 
 
 def test_an_export_states_its_profile_and_widens_it_without_a_new_search(searched, tmp_path, capsys):

@@ -12,7 +12,7 @@ import pytest
 import searching
 
 import autoprec
-from autoprec.analysis.data import build_dataset
+from autoprec.analysis.data import Workload, build_dataset
 from autoprec.analysis.model import analyse
 from autoprec.core import atomic
 from autoprec.core.plan import Plan
@@ -343,7 +343,7 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
         )
 
     def pair(reference, plan, rounds):
-        return time_paired(engine, reference["u"].value, plan["u"].value, {}, rounds)
+        return time_paired(engine, reference["u"].value, plan["u"].value, Workload.of({}), rounds)
 
     trials = [record(0, 9.0, "fp32"), record(1, 8.0, "fp16"), record(2, 7.0, "int8"), record(3, 6.5, "fp16")]
     retiming = retime(trials, trials[0], pair, rounds=3)
@@ -362,7 +362,7 @@ def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(
     events, alive = [], []
     grown = iter([0, 3 << 30])  # the all-FP32 engine takes 3 GiB
     monkeypatch.setattr(measurement, "resident_bytes", lambda pid=None: next(grown, 3 << 30))
-    paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", {}, 3)
+    paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", Workload.of({}), 3)
     assert paired.apart and paired.builds == 6 and len(paired.reference) == len(paired.candidate) == 3
     assert max(n for kind, n in events if kind == "alive") == 1
     assert [e[1] for e in events if e[0] == "time"] == ["fp32", "int8", "int8", "fp32", "fp32", "int8"]

@@ -11,6 +11,7 @@ import pytest
 from builders import conv_with_data
 
 import autoprec
+from autoprec.analysis.data import Workload
 from autoprec.app.cli import main
 from autoprec.core.errors import AutoprecError
 from autoprec.core.timing import Timing
@@ -124,7 +125,8 @@ def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(
     runner = backend.runner
     backend.runner = lambda model: built.append(model) or runner(model)
     batch = {"x": np.zeros((1, 3, 16, 16), np.float32)}
-    found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, batch, [("fp32", "chosen")], 0)
+    found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, Workload.of(batch),
+                             [("fp32", "chosen")], 0)
     assert len(set(found.blocks)) == MIN_BLOCKS and found.count == MIN_BLOCKS * ROUNDS_PER_BLOCK
     assert len(built) == 2 * MIN_BLOCKS and len(found.load) == MIN_BLOCKS
 

@@ -27,6 +27,7 @@ from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import analyse, load_onnx
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
+from autoprec.analysis.shape_points import judged_shapes
 from autoprec.analysis.shapes import declared_inputs
 from autoprec.analysis.units import with_out_of_range
 from autoprec.core.errors import ModelError
@@ -59,9 +60,15 @@ def load_inputs(
     cache: Path | None = None,
     raw: onnx.ModelProto | None = None,
     bounds: tuple[Mapping[str, Sequence[int]], Mapping[str, Sequence[int]]] | None = None,
+    shape_runs: Mapping[str, int] | None = None,
+    judge_shapes: bool = True,
+    dims: Mapping[str, tuple[int, int | None, int]] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
     """Analyse the model (``raw``: its graph, if the caller loaded it; ``bounds``: its deployment profile's
-    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took). Where FP16 is
+    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took); a model with
+    dynamic dims is judged at every shape a deployment runs (:mod:`autoprec.analysis.shape_points`;
+    ``shape_runs``: --shape-weights; ``dims``: --dim; ``judge_shapes`` False: at the data's shape alone, as results written before
+    did). Where FP16 is
     searched, neutral ops out of FP16's range on the calibration data become units
     (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured once per
     model and data and kept in ``cache``)."""
@@ -73,7 +80,8 @@ def load_inputs(
     low, high = bounds or ({}, {})
     info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None, model=raw,
                    constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
-                   min_shapes={k: tuple(v) for k, v in low.items()}, max_shapes={k: tuple(v) for k, v in high.items()})
+                   min_shapes={k: tuple(v) for k, v in low.items()}, max_shapes={k: tuple(v) for k, v in high.items()},
+                   dims=dims)
     seconds["analyse"] = time.monotonic() - t0
     check_fits(info.shape_profile, {i.name: np.dtype(i.dtype).itemsize for i in info.inputs}, info.model,
                info.stored.weight_bytes())
@@ -90,6 +98,8 @@ def load_inputs(
         )
     for w in caught:
         log.warning(str(w.message))
+    if judge_shapes:
+        info, dataset = judged_shapes(info, dataset, shape_runs, bounds_given=bool(low or high or dims))
     log.info(
         f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
     )
@@ -191,6 +201,9 @@ def load_baseline(
     image: ImageOptions = ImageOptions(),
     cache: Path | None = None,
     constants: Mapping[str, float] | None = None,
+    judge_shapes: bool = True,
 ) -> Baseline:
-    """Analyse the model, load and split the data, calibrate, compute the FP32 reference."""
-    return baseline_of(*load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache), cache)
+    """Analyse the model, load and split the data (at every shape a deployment runs, unless ``judge_shapes`` is
+    False), calibrate, compute the FP32 reference."""
+    inputs = load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache, judge_shapes=judge_shapes)
+    return baseline_of(*inputs, cache)

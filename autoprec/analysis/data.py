@@ -31,6 +31,47 @@ class RandomDataWarning(UserWarning):
 
 
 @dataclass(frozen=True)
+class ShapePoint:
+    """One shape a deployment runs, judged by every trial (see :mod:`autoprec.analysis.shape_points`): ``name`` as
+    the result shows it (``opt``: the data's own, ``prefill``, ``decode·47``, ``min``), what it is in words, its inputs' shapes,
+    and how many runs of it one deployment request makes (its weight in the latency; 0: judged, not timed)."""
+
+    name: str
+    said: str
+    shapes: dict[str, tuple[int, ...]]
+    runs: int = 1
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "said": self.said, "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "runs": self.runs}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ShapePoint:
+        return cls(data["name"], data["said"], {k: tuple(v) for k, v in data["shapes"].items()}, int(data["runs"]))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one latency stands for: the batches one deployment request runs, each ``runs`` times (a decoder's
+    prompt once and a decode step per token it generates; the one batch of a model deployed at one shape)."""
+
+    parts: tuple[tuple[str, Batch, int], ...]  # (point name, batch, runs)
+
+    @classmethod
+    def of(cls, batch: Batch) -> Workload:
+        return cls((("opt", batch, 1),))
+
+    @property
+    def single(self) -> bool:
+        return len(self.parts) == 1 and self.parts[0][2] == 1
+
+    @property
+    def first(self) -> Batch:
+        """The batch a profile of the engine's nodes runs: the part with the most runs (decode, for a decoder)."""
+        return max(self.parts, key=lambda part: part[2])[1]
+
+
+@dataclass(frozen=True)
 class Dataset:
     """Batches for calibration and for evaluation, with where they came from, and the evaluation
     batches' ground truth when the data carries it (one mapping per evaluation batch)."""
@@ -44,6 +85,26 @@ class Dataset:
     # candidate is measured at one shape), but the shipped model is checked on them (see measure.deployment).
     other_shapes: tuple[Batch, ...] = ()
     calibration_labels: tuple[Batch, ...] | None = None  # the calibration batches' ground truth, likewise
+    # More shapes than the data's one (autoprec.analysis.shape_points): the points, and the point of each
+    # evaluation and calibration batch (the batches of all points interleaved, so any leading run holds each).
+    points: tuple[ShapePoint, ...] = ()
+    evaluation_at: tuple[int, ...] = ()
+    calibration_at: tuple[int, ...] = ()
+
+    @property
+    def main_evaluation(self) -> tuple[Batch, ...]:
+        """The evaluation batches at the data's own shape (point 0): what is fitted to other shapes."""
+        if not self.points:
+            return self.evaluation
+        return tuple(b for b, at in zip(self.evaluation, self.evaluation_at) if at == 0)
+
+    @property
+    def workload(self) -> Workload:
+        """What a latency times: each timed point's first evaluation batch, run as often as a request runs it."""
+        if not self.points:
+            return Workload.of(self.evaluation[0])
+        firsts = {at: b for b, at in reversed(list(zip(self.evaluation, self.evaluation_at)))}
+        return Workload(tuple((p.name, firsts[i], p.runs) for i, p in enumerate(self.points) if p.runs and i in firsts))
 
     @property
     def calibration_apart(self) -> bool:

@@ -141,11 +141,13 @@ def analyse(
     cache: Path | None = None,
     min_shapes: Mapping[str, tuple[int, ...]] | None = None,
     max_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, tuple[int, int | None, int]] | None = None,
 ) -> ModelInfo:
     """Load (unless given: :func:`load_onnx`'s graph), prepare and analyse a model: the first step of every
     search. ``constants`` are the values of inputs fed one fixed value (``--const``); ``cache``: where the
     prepared model is kept for the next search of it (else a temporary folder, for this process);
-    ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed across (opt: the fixed shapes)."""
+    ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed across (opt: the fixed shapes); ``dims``:
+    a named dim's bounds at every input declaring it (``--dim``)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     refuse_random_ops(raw, path)
@@ -153,6 +155,8 @@ def analyse(
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
     profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
+    if dims:
+        profile = profile.with_dims(dims)
     check_fits(profile, {s.name: np.dtype(s.dtype).itemsize for s in inputs}, raw)  # before preparation runs it
     sha256 = model_sha256(path)
     external_data = any(is_external(t) for t in tensors(raw.graph))

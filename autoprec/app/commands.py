@@ -91,6 +91,8 @@ def _print_front(files) -> None:
         console.stdout.print(table)
     for line in console.chosen_summary(files.facts, files.versus, files.shown_chosen()):
         console.stdout.print(line)
+    for line in console.shape_lines(files):
+        console.stdout.print(line)
     for line in console.deployment_lines(files):
         console.stdout.print(line)
 

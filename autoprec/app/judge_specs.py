@@ -19,7 +19,7 @@ from autoprec.measure.accuracy import HeadOptions
 class JudgeSpec(Group):
     """What decides a candidate's accuracy: the metric, the loss limit, how task heads are decoded."""
 
-    metric: str = "cosine"
+    metric: str = "auto"
     max_loss: float | None = None
     head: HeadOptions = field(default_factory=HeadOptions)
 
@@ -37,10 +37,11 @@ class JudgeSpec(Group):
                                help=(limit_help or "accuracy-loss limit: the chosen plan is the fastest within it")
                                     + recorded)
         group.add_argument(
-            "--metric", default=suppressed(overriding, "cosine"),
-            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default cosine = 1 - mean "
-                 "cosine similarity; top1/ctc-text/detection/embedding/text-regions/segmentation: the decisions FP32 "
-                 "makes, changed; "
+            "--metric", default=suppressed(overriding, "auto"),
+            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default auto: generation "
+                 "for a decoder with a KV cache, else cosine = 1 - mean cosine similarity; generation: greedy "
+                 "generation's tokens and logits against FP32's, and the logits at every shape judged; "
+                 "top1/ctc-text/detection/embedding/text-regions/segmentation: the decisions FP32 makes, changed; "
                  "TASK@labels: the drop against the data's labels), or module:function — that imports and RUNS "
                  "your code. Every other metric that applies is recorded beside it" + recorded)
         default = HeadOptions()

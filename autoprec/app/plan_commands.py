@@ -39,7 +39,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
         return 0
-    table = Table(title=console.plain(f"error by unit (rel-L2 vs FP32), graph order, on {found.batches} evaluation batch(es); "
+    at = f" at {found.shape}, the judged shape where the plan is worst" if found.shape else ""
+    table = Table(title=console.plain(f"error by unit (rel-L2 vs FP32), graph order, on {found.batches} evaluation batch(es)"
+                                      f"{at}; "
                               f"model loss alone: {found.alone_said}, as the sensitivity pass ranks units"),
                   title_justify="left")
     for column in ("#", "unit", "op", "prec", "accumulated", "added alone", "model loss alone"):

@@ -108,11 +108,17 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
                             "that model or search again")
     deployed = (profile or ProfileSpec()).applied(measured.profile or result.profile)
-    bounds = (deployed.at("min"), deployed.at("max"))
+    judged = bool(measured.judged_shapes)  # a search that judged several shapes: the same points, made the same way
+    asked = config_of(measured).inputs
+    bounds = (asked.min_shapes or {}, asked.max_shapes or {}) if judged else (deployed.at("min"), deployed.at("max"))
     recorded_data = measured.data_path
     info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
                                          measured.seed, measured.image, measured.constants,
-                                         measured.out_of_range, cache, raw, bounds)
+                                         measured.out_of_range, cache, raw, bounds,
+                                         {p.name: p.runs for p in measured.judged_shapes or ()}, judged,
+                                         {k: tuple(v) for k, v in (asked.dims or {}).items()} if judged else None)
+    if judged:
+        info = replace(info, profile=deployed)  # widened where asked; the judged points stay the search's
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "

@@ -13,13 +13,17 @@ import numpy as np
 
 from autoprec.analysis.baseline import Baseline
 from autoprec.analysis.data import Dataset
+from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.model_info import ModelInfo
+from autoprec.analysis.preparation import cpu_runs
+from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, parse_precisions
-from autoprec.measure.accuracy import Judge, Metric, resolve_metric
+from autoprec.measure.accuracy import AUTO, Judge, Metric, resolve_metric
+from autoprec.measure.shaped import GENERATED_STEPS, GENERATION, judge_of
 
 log = logging.getLogger("autoprec")
 
@@ -92,6 +96,13 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
     implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection"), ("masks", "segmentation"))
                if key in labels]
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
+    if metric.name == AUTO:
+        phased = any(p.name == "prefill" for p in dataset.points)  # judged as a decoder (its phases ran)
+        decoder = find_decoder(declared_inputs(info.model), output_specs(info.model)) if phased else None
+        metric = replace(metric, name=GENERATION if decoder is not None else "cosine")
+        if decoder is not None:
+            log.info(f"--metric generation (a decoder's default): greedy generation of {GENERATED_STEPS} tokens from "
+                     "the data's prompts against FP32's, and the logits at every shape judged")
     if metric.options.layout == "picodet":
         metric = replace(metric, options=replace(metric.options, image=image_size(dataset)))
     if "text" in labels and metric.options.charset is None and "character" in info.metadata:
@@ -112,7 +123,7 @@ def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None)
     """The judge of every candidate, checked on the FP32 outputs (a head it cannot decode, labels it
     lacks: one line, now); with what the result records of it (FP32 against the labels, notes, what
     ``max_loss`` allows where the metric counts decisions)."""
-    judge = Judge(metric, baseline.reference, baseline.dataset.labels)
+    judge = search_judge(metric, baseline)
     fp32 = judge.check()
     notes = judge.notes()
     for line in notes:
@@ -127,6 +138,16 @@ def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None)
         (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
     return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
                    "limit_in_decisions": limit}
+
+
+def search_judge(metric: Metric, baseline: Baseline) -> Judge:
+    """The judge of a search's plans on its evaluation batches: at every shape the data holds, a decoder's
+    generation from its prefill batches where the metric is ``generation``."""
+    dataset, info = baseline.dataset, baseline.info
+    decoder = find_decoder(declared_inputs(info.model), output_specs(info.model))
+    prompts = [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if dataset.points[at].name == "prefill"]
+    fp32 = cpu_runs(info.stored) if metric.name == GENERATION and prompts else None
+    return judge_of(metric, baseline.reference, dataset.labels, dataset, dataset.evaluation_at, decoder, fp32, prompts)
 
 
 def engine_space(

@@ -159,7 +159,8 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
     engine, isolation = config.engine, config.isolation
     settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
                                 isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
-    inputs = MeasurerInputs(setup.dataset.evaluation, shared.judge, shared.ranking, shared.lowering, config.space.method)
+    inputs = MeasurerInputs(setup.dataset.evaluation, setup.dataset.workload, shared.judge, shared.ranking,
+                            shared.lowering, config.space.method)
     return start_measurers(settings, setup.engine, setup.engine_info, inputs, shared.baseline.seconds,
                            setup.metric.user_function is not None, stack)
 
@@ -381,6 +382,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         else {"batches": shared.screen.batches, "reject_above": shared.screen.reject_above},
         "retiming": {"rounds": RETIME_ROUNDS, **outcome.retiming.to_json()},
         "profile": info.shape_profile.to_json(),
+        "judged_shapes": [point.to_json() for point in dataset.points],  # [] where the data's one shape was
         "rejected": rejected_trials(joined.study),
         "plan_ignored": [t.number for t in outcome.trials if plan_ignored(t)],
     }

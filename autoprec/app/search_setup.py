@@ -87,7 +87,13 @@ def set_up(config: SearchConfig) -> Setup:
         config.inputs.constants,
         cache=out_dir / "cache",
         bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
+        shape_runs=config.inputs.shape_weights,
+        judge_shapes=not engine.one_shape_only,  # TensorRT builds each candidate for one shape: judged there
+        dims={k: tuple(v) for k, v in (config.inputs.dims or {}).items()},
     )
+    if engine.one_shape_only and info.shape_profile.dynamic:
+        log.warning(f"{engine.name}: every plan is judged at the data's shape only ({engine.one_shape_only}); "
+                    "other shapes are checked on the shipped model, on ONNX Runtime")
     info = repeats_decided(info, config.space.tie_repeats)
     _say_pinned_ops(info, engine, left_out)
     return Setup(

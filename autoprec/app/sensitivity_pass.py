@@ -60,7 +60,7 @@ def sensitivity_pass(
             return shared.result(f"{key}:{plan.key()}", lambda: one_unit_loss(loss_of, plan))
     with console.StepProgress("sensitivity", len(one_unit_steps(baseline.info)), enabled=progress) as bar:
         found, from_cache = cached_sensitivity(path, key, lambda: replace(analyse_sensitivity(
-            baseline.info, engine, baseline.ranges, measured, baseline.dataset.evaluation[0], batches, method,
+            baseline.info, engine, baseline.ranges, measured, baseline.dataset.workload.first, batches, method,
             bar.update), judged=ranking.said()))
     if from_cache:
         log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
@@ -118,14 +118,15 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
                                engine, space_spec.precisions)
     check_out_dir(out_dir)
     baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
-                       inputs.constants)
+                             inputs.constants, judge_shapes=not engine.one_shape_only)
     baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
     batches = screening_batches(len(baseline.dataset.evaluation))
     metric_used = metric_for(wanted, baseline.info, baseline.dataset)
     judge = judge_for(metric_used, baseline)[0]
     ranking = judge.for_ranking()
     measurer = InProcessMeasurer(
-        engine, baseline.dataset.evaluation, judge, ranking, Lowering(baseline.info, baseline.ranges)
+        engine, baseline.dataset.evaluation, judge, ranking, Lowering(baseline.info, baseline.ranges),
+        baseline.dataset.workload,
     )
     found, _ = sensitivity_pass(
         baseline, engine, lambda plan: measurer.accuracy_loss(plan, batches),

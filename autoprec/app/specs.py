@@ -27,17 +27,48 @@ log = logging.getLogger("autoprec")
 
 # --- argparse types: a value of the wrong form is refused by the parser, naming the option ---
 
-def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+def _shape(text: str, least: int = 1) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition("=")
     try:
         shape = tuple(int(d) for d in dims.lower().split("x"))
-        if not sep or not name or any(d <= 0 for d in shape):
+        if not sep or not name or any(d < least for d in shape):
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected NAME=DIMS with positive dims, e.g. x=1x3x224x224"
-        ) from None
+        what = "positive dims" if least else "dims of 0 or more (0: an empty past)"
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with {what}, e.g. x=1x3x224x224") from None
     return name, shape
+
+
+def _bound(text: str) -> tuple[str, tuple[int, ...]]:  # --min-shape / --max-shape: a dim may be 0 (an empty past)
+    return _shape(text, least=0)
+
+
+def _dim_range(text: str) -> tuple[str, tuple[int, int | None, int]]:
+    """--dim NAME=MIN:MAX or NAME=MIN:OPT:MAX."""
+    name, sep, sizes = text.partition("=")
+    try:
+        values = [int(v) for v in sizes.split(":")]
+        if not sep or not name or len(values) not in (2, 3) or min(values) < 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MIN:MAX or NAME=MIN:OPT:MAX, sizes of 0 or more, "
+                                         "e.g. past_sequence_length=0:12:512") from None
+    return name, (values[0], values[1] if len(values) == 3 else None, values[-1])
+
+
+def _runs(text: str) -> dict[str, int]:
+    """--shape-weights NAME=RUNS,...: a judged shape's (or a phase's) runs per deployment request."""
+    found = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        try:
+            runs = int(value)
+            if not sep or not name.strip() or runs < 0:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUNS pairs, e.g. prefill=1,decode=64") from None
+        found[name.strip()] = runs
+    return found
 
 
 def _constant(text: str) -> tuple[str, float]:
@@ -175,6 +206,8 @@ class InputSpec(Group):
     image_order: str = "RGB"
     image_scale: float = 1.0
     image_resize: str = "stretch"
+    dims: Mapping[str, tuple[int, int | None, int]] | None = None  # --dim: a named dim's range at every input
+    shape_weights: Mapping[str, int] | None = None  # --shape-weights: runs per request of each judged shape
 
     @property
     def image(self) -> ImageOptions:
@@ -182,7 +215,8 @@ class InputSpec(Group):
         return ImageOptions(tuple(self.image_mean), tuple(self.image_std), self.image_order, float(self.image_scale),
                             self.image_resize)
 
-    DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape", "constants": "const"}
+    DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape", "constants": "const",
+             "dims": "dim"}
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, profile: bool = False, overriding: bool = False) -> None:
@@ -196,14 +230,24 @@ class InputSpec(Group):
         group.add_argument("--shape", action="append", type=_shape, default=suppressed(overriding, []),
                            metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)" + recorded)
         if profile:
-            group.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+            group.add_argument("--min-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
                                help="the smallest shape input NAME takes in deployment, e.g. x=1x3x48x160 (repeatable; "
-                                    "default: --shape, which is the opt shape the search measures at). With "
-                                    "--max-shape it is the shape profile every export carries (TensorRT's "
-                                    "min/opt/max, Triton's -1 dims)")
-            group.add_argument("--max-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+                                    "0: an empty past). With --max-shape it is the shape profile every export "
+                                    "carries (TensorRT's min/opt/max, Triton's -1 dims); every plan is judged at both. "
+                                    "Default: derived where the model runs there (batch 1, a sequence of 1, a past of "
+                                    "0); a decoder with a KV cache is judged at prefill and decode")
+            group.add_argument("--max-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
                                help="the largest shape input NAME takes in deployment, e.g. x=8x3x48x960 "
                                     "(see --min-shape)")
+            group.add_argument("--dim", action="append", type=_dim_range, default=[], metavar="NAME=MIN:OPT:MAX",
+                               help="a named dynamic dim's range at every input declaring it, e.g. "
+                                    "past_sequence_length=0:12:512 (repeatable; OPT, where given, is the measured "
+                                    "size): instead of one --min-shape/--max-shape per input; a decoder is judged at "
+                                    "decode after a past of MAX")
+            group.add_argument("--shape-weights", type=_runs, default=None, metavar="NAME=RUNS,...",
+                               help="runs of each judged shape in one deployment request, the latency the search "
+                                    "minimises, e.g. prefill=1,decode=256 (a phase weighs all its shapes; default: a "
+                                    "decoder's prompt once and 16 decode steps, one run of any other shape)")
         if overriding:
             return
         group.add_argument("--const", action="append", type=_constant, default=[], metavar="NAME=VALUE",
@@ -232,17 +276,21 @@ class InputSpec(Group):
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:
         values = super().given(args)
         values.pop("model", None)
-        return {k: (_once_each(v, k) if k.endswith("shapes") or k == "constants" else v) for k, v in values.items()}
+        return {k: (_once_each(v, k) if k.endswith("shapes") or k in ("constants", "dims") else v)
+                for k, v in values.items()}
 
 
 def _once_each(pairs: Sequence[tuple[str, Any]], field_name: str) -> dict[str, Any]:
     """A repeatable NAME=VALUE option as a mapping; a name given twice is refused (the last would win, silently)."""
     found: dict[str, Any] = {}
-    option = "--" + {"shapes": "shape", "min_shapes": "min-shape", "max_shapes": "max-shape"}.get(field_name, "const")
+    option = "--" + {"shapes": "shape", "min_shapes": "min-shape", "max_shapes": "max-shape",
+                     "dims": "dim"}.get(field_name, "const")
     for name, value in pairs:
         if name in found and found[name] != value:
             def said(v: Any) -> str:
-                return "x".join(map(str, v)) if isinstance(v, tuple) else f"{v:g}"
+                if isinstance(v, tuple):
+                    return ("x" if field_name != "dims" else ":").join(str(d) for d in v if d is not None)
+                return f"{v:g}"
 
             raise AutoprecError(f"{option} {name} given twice ({said(found[name])} and {said(value)}); give each input "
                                 "once")
@@ -314,8 +362,9 @@ class ProfileSpec(Group):
     min_shapes: Mapping[str, Sequence[int]] | None = None
     max_shapes: Mapping[str, Sequence[int]] | None = None
     batch: tuple[int, int] | None = None
+    dims: Mapping[str, tuple[int, int | None, int]] | None = None
 
-    DESTS = {"min_shapes": "min_shape", "max_shapes": "max_shape"}
+    DESTS = {"min_shapes": "min_shape", "max_shapes": "max_shape", "dims": "dim"}
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -324,22 +373,27 @@ class ProfileSpec(Group):
         group.add_argument("--batch", type=_batch_range, metavar="LOW:HIGH",
                            help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the measured batch "
                                 "within them)")
-        group.add_argument("--min-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+        group.add_argument("--min-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
                            help="the smallest shape input NAME takes, e.g. x=1x3x48x160 (repeatable)")
-        group.add_argument("--max-shape", action="append", type=_shape, default=[], metavar="NAME=DIMS",
+        group.add_argument("--max-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
                            help="the largest shape input NAME takes, e.g. x=8x3x48x960 (repeatable)")
+        group.add_argument("--dim", action="append", type=_dim_range, default=[], metavar="NAME=MIN:MAX",
+                           help="a named dynamic dim's range at every input declaring it, e.g. "
+                                "past_sequence_length=0:512 (repeatable)")
 
     @classmethod
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:
-        return {k: (dict(v) or None if k.endswith("shapes") else v) for k, v in super().given(args).items()}
+        return {k: (dict(v) or None if k.endswith("shapes") or k == "dims" else v)
+                for k, v in super().given(args).items()}
 
     @property
     def widens(self) -> bool:
-        return bool(self.min_shapes or self.max_shapes or self.batch)
+        return bool(self.min_shapes or self.max_shapes or self.batch or self.dims)
 
     def applied(self, profile: ShapeProfile) -> ShapeProfile:
         """``profile`` widened as asked (itself where nothing is), or one line naming the option that cannot be."""
         if not self.widens:
             return profile
         as_dims = lambda shapes: {k: tuple(v) for k, v in (shapes or {}).items()}  # noqa: E731
-        return profile.widened(as_dims(self.min_shapes), as_dims(self.max_shapes), self.batch)
+        widened = profile.widened(as_dims(self.min_shapes), as_dims(self.max_shapes), self.batch)
+        return widened.with_dims({k: tuple(v) for k, v in self.dims.items()}) if self.dims else widened

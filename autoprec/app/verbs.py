@@ -28,9 +28,10 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy, judged_runs
 from autoprec.measure.diagnosis import ActivationRow, UnitError
-from autoprec.measure.measurement import Measurement, measure, screening_batches
+from autoprec.measure.measurement import Measurement, accuracy_by_shape, measure, screening_batches
+from autoprec.measure.shaped import GENERATION
 from autoprec.results.files import (
     json_safe,
     read_result_dir,
@@ -61,6 +62,7 @@ class Diagnosis:
     loss_said: str
     evaluation_batches: int
     recorded_loss: float | None
+    shape: str | None = None  # the judged shape the units were diagnosed at (the plan's worst); None: the data's one
 
 
 def diagnose_plan(
@@ -77,7 +79,7 @@ def diagnose_plan(
     The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
     evaluation batches (``batches``, default a quarter of them), so a unit's figure is the one sensitivity.json
     holds; the plan's own loss by the search's metric on them all, the figure the search recorded."""
-    from autoprec.measure.diagnosis import diagnose, model_outputs
+    from autoprec.measure.diagnosis import diagnose
     from autoprec.results.plots import plot_errors
 
     context = plan_context(target, plan, trial, data, shapes)
@@ -88,17 +90,23 @@ def diagnose_plan(
                                     baseline.dataset), baseline)
     ranking = judge.for_ranking()
     evaluation = list(baseline.dataset.evaluation)
+    loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation, judge)
+    shape = max((p for p in losses if p != GENERATION), key=losses.get, default=None)  # where the plan is worst
+    if shape is not None:  # the units at that shape alone, on its own batches
+        ranking, at = ranking.at_point(shape)
+        evaluation = [evaluation[i] for i in at]
     used = evaluation[:batches or screening_batches(len(evaluation))]
     rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
-    loss = judge.loss_of(model_outputs(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(), len(evaluation),
-                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None)
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(),
+                          len(baseline.dataset.evaluation),
+                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None,
+                          shape)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
         "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
         "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
-        "loss": {"value": loss, "metric": diagnosis.loss_said, "batches": len(evaluation),
-                 "recorded": diagnosis.recorded_loss},
+        "shape": diagnosis.shape, "loss": {"value": loss, "metric": diagnosis.loss_said,
+                                           "batches": diagnosis.evaluation_batches, "recorded": diagnosis.recorded_loss},
     }))
     counts = found.counts()
     label = f"trial {context.trial}" if context.trial is not None else "plan"
@@ -198,7 +206,8 @@ def check_plan(
     engine = _engine(engine_spec)
     metric = metric_for(wanted, baseline.info, baseline.dataset)
     judge_of, _ = judge_for(metric, baseline)
-    result = measure(engine, engine.lower(baseline.info, found, baseline.ranges), baseline.dataset.evaluation, judge_of)
+    result = measure(engine, engine.lower(baseline.info, found, baseline.ranges), baseline.dataset.evaluation, judge_of,
+                     work=baseline.dataset.workload)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
@@ -254,7 +263,8 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
     information of the graph it was lowered onto, and its checks against the given model at each point of the
     profile."""
     info = context.baseline.info
-    deployment = deploy(info, lower, None, context.baseline.dataset.evaluation[:CHECKED_BATCHES])
+    dataset = context.baseline.dataset
+    deployment = deploy(info, lower, None, dataset.main_evaluation[:CHECKED_BATCHES], (), judged_runs(dataset))
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
         return deployment.model, info, deployment.checks
@@ -294,7 +304,7 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
         max_loss=context.config.judge.max_loss,
         drift="; ".join(filter(None, [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
         versus=result.versus if context.trial == result.chosen_number else None,
-        samples=tuple(baseline.dataset.evaluation[:CHECKED_BATCHES]),
+        samples=tuple(baseline.dataset.main_evaluation[:CHECKED_BATCHES]),
         checks=checks,
     )
 

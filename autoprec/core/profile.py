@@ -101,6 +101,41 @@ class ShapeProfile:
         high = {**self.at("max"), **_shared_dims(declared, opt, high, "--max-shape")}
         return shape_profile(declared, opt, low, high)
 
+    def with_dims(self, dims: Mapping[str, tuple[int, int | None, int]]) -> ShapeProfile:
+        """This profile with each named dim from its min to its max at every input declaring it (``--dim
+        past=0:12:512``: every cache input's past, the attention mask's ``past + sequence`` with it), and a dim
+        summed of named dims (``past_sequence_length + sequence_length``) at the sum at each end. A dim's opt, where
+        given, must be the measured one; a name no input declares is refused, naming those they do."""
+        declared = {d for i in self.inputs for d in i.declared if isinstance(d, str)}
+        named = {term.strip() for d in declared for term in d.split("+")}
+        for name, (low, opt, high) in dims.items():
+            if name not in named:
+                raise ModelError(f"--dim {name}: no input declares a dim of that name; the named dims are "
+                                 f"{', '.join(sorted(named)) or 'none'}")
+            if not 0 <= low <= high:
+                raise ModelError(f"--dim {name}={low}:{high}: needs 0 <= MIN <= MAX")
+        sizes = {point: self._dim_sizes(point) for point in POINTS}
+        for name, (low, opt, high) in dims.items():
+            measured = sizes["opt"].get(name)
+            if opt is not None and measured is not None and opt != measured:
+                raise ModelError(f"--dim {name}={low}:{opt}:{high}: the search measures {name} at {measured} (its "
+                                 f"data, or --shape); give {low}:{measured}:{high}, or {low}:{high}")
+            sizes["min"][name], sizes["max"][name] = low, high
+        ranges = []
+        for i in self.inputs:
+            at = {point: tuple(_sized(d, size, sizes[point]) for d, size in zip(i.declared, i.at(point)))
+                  for point in ("min", "max")}
+            if not all(lo <= mid <= hi for lo, mid, hi in zip(at["min"], i.opt, at["max"])):
+                raise ModelError(f"--dim: input {i.name} would take {dims_text(at['min'])} to {dims_text(at['max'])}, "
+                                 f"which does not hold the measured {dims_text(i.opt)}; widen the range to hold it")
+            ranges.append(InputRange(i.name, i.declared, at["min"], i.opt, at["max"]))
+        return ShapeProfile(tuple(ranges))
+
+    def _dim_sizes(self, point: str) -> dict[str, int]:
+        """Each named dim's size at ``point``, read off an input declaring it alone on an axis."""
+        return {d: size for i in self.inputs for d, size in zip(i.declared, i.at(point))
+                if isinstance(d, str) and "+" not in d}
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShapeProfile:
         return cls(tuple(InputRange(i["name"], tuple(i["declared"]), tuple(i["min"]), tuple(i["opt"]), tuple(i["max"]))
@@ -110,6 +145,14 @@ class ShapeProfile:
     def fixed(cls, shapes: Mapping[str, Sequence[int]]) -> ShapeProfile:
         """A profile of one point: a model (or an older result) with no dynamic dim."""
         return cls(tuple(InputRange(k, tuple(v), tuple(v), tuple(v), tuple(v)) for k, v in shapes.items()))
+
+
+def _sized(dim: int | str | None, size: int, sizes: Mapping[str, int]) -> int:
+    """A declared dim's size from named sizes: a name's own, a sum's of its terms' (each known), else ``size``."""
+    if not isinstance(dim, str):
+        return size
+    terms = [term.strip() for term in dim.split("+")]
+    return sum(sizes[t] for t in terms) if all(t in sizes for t in terms) else size
 
 
 def dims_text(dims: Sequence) -> str:

@@ -18,14 +18,16 @@ from pathlib import Path
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
+from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.model_info import ModelInfo
+from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.backends.base import EngineInfo
 from autoprec.backends.tensorrt import OPTIMIZATION_LEVEL, WORKSPACE_BYTES
 from autoprec.core import atomic
 from autoprec.core.errors import ExportError
 from autoprec.core.escape import markdown_code, markdown_text, printable, shell_comment
 from autoprec.core.plan import Plan, Precision
-from autoprec.core.profile import InputRange, ShapeProfile, declared_text, dims_text
+from autoprec.core.profile import POINTS, InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
 from autoprec.measure.deployment import PointCheck
 from autoprec.measure.speedup import Speedup
@@ -310,9 +312,18 @@ def _profile_said(spec: BuildSpec) -> str:
     said = ("An engine built from `model.onnx` takes the shapes from min to max only (the search timed at opt); "
             "`autoprec export --batch LOW:HIGH` or `--min-shape`/`--max-shape` widens the profile without a new "
             "search.")
+    judged = [c.point for c in spec.checks if c.point not in (*POINTS, "data")]
+    if judged:
+        said += (f" The search judged every plan at {', '.join(judged)} (each within its loss limit for the chosen "
+                 "plan); the profile spans them.")
+    decoder = find_decoder(declared_inputs(spec.info.model), output_specs(spec.info.model))
+    if decoder is not None:
+        said += (f" A decoder with a KV cache ({markdown_code(decoder.cache[0].past)} in, "
+                 f"{markdown_code(decoder.cache[0].present)} out): prefill runs with a past of 0, decode one token "
+                 "at a time; Triton cannot batch its requests (each carries its own past): no dynamic batching.")
     checks = [c for c in spec.checks if c.point != "data"]
     if checks:
-        said += (" Against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): "
+        said += (" Against the given model (ONNX Runtime CPU, on the data at each shape judged, or fitted to it): "
                  + ", ".join(f"{c.point} " + (f"cosine loss {c.loss:.2e}" if c.loss is not None else
                                               f"FAILED ({markdown_text(c.error or 'other output shapes')})")
                              for c in checks) + ".")

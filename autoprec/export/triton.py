@@ -4,7 +4,8 @@ Writes ``NAME/config.pbtxt`` and ``NAME/1/model.onnx`` (platform ``onnxruntime_o
 model's: ``-1`` where it keeps the source's dynamic ones. Where every input and output has a dynamic first
 dim (a batch) and the shape profile's batch goes beyond one, Triton batches: ``max_batch_size`` is the
 profile's largest batch, the dims leave it out, and ``dynamic_batching`` gathers requests; otherwise
-``max_batch_size: 0``, the full dims.
+``max_batch_size: 0``, the full dims. A decoder with a KV cache is never batched by Triton (its requests carry
+pasts of their own lengths): the config says so, and how to keep the cache on the server.
 For TensorRT, the same entry would use ``platform: "tensorrt_plan"`` and ``1/model.plan``, an
 engine built from the trtexec export's model.onnx (see the config's comment) — not generated here,
 because no TensorRT can run here.
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import onnx
 
+from autoprec.analysis.decoder import find_decoder
+from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.core import atomic
 from autoprec.core.escape import path_component, pbtxt_string, shell_comment
 from autoprec.core.profile import ShapeProfile
@@ -56,12 +59,20 @@ def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:
     return batch[1]
 
 
+STATEFUL = ("# a decoder with a KV cache: each request carries its own past ({past} ...) and gets its present back,",
+            "# of its own length: Triton cannot batch such requests (no dynamic_batching, max_batch_size 0); to keep",
+            "# the cache on the server, use sequence_batching with implicit state (Triton's stateful models)")
+
+
 def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile, trial: int) -> str:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
-    batch = max_batch(model, profile)
+    decoder = find_decoder(declared_inputs(model), output_specs(model))
+    batch = 0 if decoder is not None else max_batch(model, profile)
+    stateful = [line.format(past=decoder.cache[0].past) for line in STATEFUL] if decoder is not None else []
     return "\n".join([
         shell_comment(note),  # protobuf text format comments are '#' to the end of the line, like the shell's
+        *(shell_comment(line.removeprefix("# ")) for line in stateful),
         "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from the",
         f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes (TensorRT's Q/DQ form),",
         "# with its build.sh (--saveEngine=model.plan and the --minShapes/--optShapes/--maxShapes)",

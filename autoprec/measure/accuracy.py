@@ -33,7 +33,11 @@ SIMILARITY_METRICS = ("cosine", "rel_l2", "max_abs")
 TASK_METRICS = ("top1", "ctc-text", "detection", "embedding", "text-regions", "segmentation")
 # metric -> the label array it reads
 LABELLED = {"top1": "labels", "ctc-text": "text", "detection": "boxes", "text-regions": "boxes", "segmentation": "masks"}
-BUILTIN_METRICS = (*SIMILARITY_METRICS, *TASK_METRICS, *(f"{m}@labels" for m in LABELLED))
+# A decoder's greedy generation against FP32's (autoprec.measure.shaped): its own judge, at every shape it runs.
+GENERATION_METRICS = ("generation",)
+AUTO = "auto"  # the model's own default: generation for a decoder with a KV cache, else cosine (app.resolve)
+BUILTIN_METRICS = (AUTO, *SIMILARITY_METRICS, *TASK_METRICS, *GENERATION_METRICS,
+                   *(f"{m}@labels" for m in LABELLED))
 # An output with this many values per item or fewer: cosine sees (almost) nothing of it.
 NARROW_OUTPUT = 4
 # Decisions the constraint may change before a similarity-constrained search says so.
@@ -351,6 +355,12 @@ class Judge:
         if allowed == 0:
             said += f"; give --max-loss {one:.3g} or more to allow one, or more evaluation data"
         return said
+
+    def generation_metrics(self, run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+                           ) -> dict[str, dict[str, float]]:
+        """What this judge measures by running the model itself (a decoder's generation: see
+        :class:`autoprec.measure.shaped.ShapedJudge`), by the name it records it under; nothing here."""
+        return {}
 
     def loss_of(self, outputs: Outputs) -> float:
         """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""

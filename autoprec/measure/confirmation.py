@@ -13,10 +13,13 @@ from functools import cached_property
 from typing import Any, Sequence
 
 from autoprec.analysis.data import Batch, Dataset
-from autoprec.analysis.preparation import cpu_session
+from autoprec.analysis.decoder import find_decoder
+from autoprec.analysis.preparation import cpu_runs, cpu_session
+from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.deployment import session_outputs
+from autoprec.measure.shaped import judge_of
 
 CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
 ENGINE = "onnxruntime CPUExecutionProvider"
@@ -51,21 +54,29 @@ class HeldOut:
 
 class HeldOutJudge:
     """Judges models on the calibration batches against the FP32 model's outputs there, with the search's metric
-    and the batches' labels. The FP32 model runs there once, when the first plan is judged: a search that ships
-    all-FP32 never runs it."""
+    and the batches' labels (at every shape the search judged, a decoder's generation from their prompts). The FP32
+    model runs there once, when the first plan is judged: a search that ships all-FP32 never runs it."""
 
-    def __init__(self, fp32: StoredModel, batches: Sequence[Batch], labels: Sequence[Batch] | None, metric: Metric):
-        self.fp32, self.metric = fp32, metric
-        self.batches = tuple(batches[:CONFIRMING_BATCHES])
+    def __init__(self, fp32: StoredModel, dataset: Dataset, metric: Metric):
+        self.fp32, self.metric, self.dataset = fp32, metric, dataset
+        self.batches = tuple(dataset.calibration[:CONFIRMING_BATCHES])
+        labels = dataset.calibration_labels
         self.labels = tuple(labels[: len(self.batches)]) if labels else None
 
     @cached_property
     def judge(self) -> Judge:
-        return Judge(self.metric, _outputs(self.fp32, self.batches), self.labels)
+        dataset, model = self.dataset, self.fp32.proto
+        at = dataset.calibration_at[: len(self.batches)]
+        prompts = [b for b, i in zip(self.batches, at) if dataset.points[i].name == "prefill"]
+        decoder = find_decoder(declared_inputs(model), output_specs(model))
+        return judge_of(self.metric, _outputs(self.fp32, self.batches), self.labels, dataset, at, decoder,
+                        cpu_runs(self.fp32), prompts)
 
     def loss(self, model: StoredModel) -> float:
-        outputs = _outputs(model, self.batches)
-        return self.judge.loss(self.judge.metrics(outputs), outputs)
+        session = cpu_session(model)
+        outputs = [session_outputs(session, batch) for batch in self.batches]
+        generated = self.judge.generation_metrics(lambda feeds: session_outputs(session, feeds))
+        return self.judge.loss({**self.judge.metrics(outputs), **generated}, outputs)
 
 
 def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:
@@ -78,4 +89,4 @@ def held_out_judge(fp32: StoredModel, dataset: Dataset, metric: Metric) -> HeldO
     metric (its code runs in the measuring worker only), or where one batch both calibrated and judged."""
     if metric.user_function is not None or not dataset.calibration_apart:
         return None
-    return HeldOutJudge(fp32, dataset.calibration, dataset.calibration_labels, metric)
+    return HeldOutJudge(fp32, dataset, metric)

@@ -21,6 +21,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
+from autoprec.analysis.shape_points import fitted
 from autoprec.backends.base import Backend
 from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
@@ -88,32 +89,23 @@ class Deployment:
                 "checked_against_source": [c.to_json() for c in self.checks]}
 
 
-def fitted(values: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """``values`` cut to their middle or repeated (wrapping round) along each axis to ``shape``: data of the
-    right kind at another size (an image's centre, an image tiled wider, a token sequence repeated, a batch
-    of the same items)."""
-    for axis, size in enumerate(shape):
-        have = max(values.shape[axis], 1)
-        if have != size:
-            start = (have - size) // 2 if size < have else 0
-            values = np.take(values, (start + np.arange(size)) % have, axis=axis)
-    return values
-
-
 Lower = Callable[[ModelInfo], StoredModel]  # a plan lowered onto one of the model's graphs
 
 
+Runs = Sequence[tuple[str, Sequence[Batch]]]  # the checks' points, each with its batches
+
+
 def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Sequence[Batch],
-           others: Sequence[Batch] = ()) -> Deployment:
+           others: Sequence[Batch] = (), judged: Runs = ()) -> Deployment:
     """The chosen plan for best/ (see the module docstring): ``lower`` in the measured engine's form,
     ``tensorrt`` in TensorRT's (where that differs); checked on ``samples`` (evaluation batches, at opt)
-    fitted to each point of the profile, and on ``others``, the data's items at other shapes, by shape."""
+    fitted to each point of the profile, and on ``others``, the data's items at other shapes, by shape; or, for a
+    search that judged several shapes, on each of them (``judged``: each point's batches)."""
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
-    if info.deployable is None:
-        return Deployment(
-            measured, also(info), None, tuple(_checks(info.path, measured, profile, samples, ["opt"], others))
-        )
+    if info.deployable is None:  # fixed shapes, or measured on the deployable graph already (at every point)
+        runs = judged or _runs(profile, samples, profile.points(), others)
+        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, runs)))
     try:
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
@@ -124,11 +116,19 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
         )
     if differs:
         why = f"the model at the source's dims is not the measured one: {differs}"
-        return Deployment(
-            measured, also(info), why, tuple(_checks(info.path, measured, profile, samples, ["opt"], others))
-        )
-    return Deployment(model, also(info.for_deployment()), None,
-                      tuple(_checks(info.path, model, profile, samples, profile.points(), others)))
+        runs = _runs(profile, samples, ["opt"], others)
+        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, runs)))
+    runs = _runs(profile, samples, profile.points(), others)
+    return Deployment(model, also(info.for_deployment()), None, tuple(_checks(info.path, model, profile, runs)))
+
+
+def _runs(profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str], others: Sequence[Batch]) -> Runs:
+    """``samples`` fitted to each point of the profile, then the data's items at other shapes (one run per shape)."""
+    runs = [(point, [_at(sample, profile.at(point)) for sample in samples]) for point in points]
+    by_shape: dict[tuple, list[Batch]] = {}
+    for batch in others:
+        by_shape.setdefault(tuple((k, v.shape) for k, v in batch.items()), []).append(batch)
+    return runs + [("data", batches) for batches in by_shape.values()]
 
 
 def session_outputs(session: onnxruntime.InferenceSession, feeds: Batch) -> dict[str, np.ndarray]:
@@ -152,20 +152,13 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
     return None if loss <= SAME_MODEL_LOSS else f"outputs differ at the measured shape (cosine loss {loss:.3g})"
 
 
-def _checks(source: Path, model: StoredModel, profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str],
-            others: Sequence[Batch] = ()) -> list[PointCheck]:
-    """``model`` against the given file at each point (``samples`` fitted to it), then on the data's items at
-    other shapes (one check per shape): the file is run as the user has it (from its path, external data
-    beside it)."""
+def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
+    """``model`` against the given file at each run's point: the file is run as the user has it (from its path,
+    external data beside it)."""
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     given = onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     shipped = cpu_session(model)
-    runs = [(point, [_at(sample, profile.at(point)) for sample in samples]) for point in points]
-    by_shape: dict[tuple, list[Batch]] = {}
-    for batch in others:
-        by_shape.setdefault(tuple((k, v.shape) for k, v in batch.items()), []).append(batch)
-    runs += [("data", batches) for batches in by_shape.values()]
     return [_check(point, batches, given, shipped, profile) for point, batches in runs]
 
 
@@ -270,8 +263,14 @@ def deploy_plan(
     tensorrt = None
     if engine.qdq_form is not QDQForm.TENSORRT and plan.counts()["int8"]:
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
-    return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt, dataset.evaluation[:CHECKED_BATCHES],
-                  dataset.other_shapes)
+    return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt,
+                  dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes, judged_runs(dataset))
+
+
+def judged_runs(dataset: Dataset) -> Runs:
+    """The first CHECKED_BATCHES evaluation batches of each shape the search judged (none where it judged one)."""
+    return [(point.name, [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if at == i][:CHECKED_BATCHES])
+            for i, point in enumerate(dataset.points)]
 
 
 def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan], feasible: Sequence[int],

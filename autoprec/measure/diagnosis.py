@@ -58,12 +58,6 @@ def _run(
     return [{**out, **{name: out[read] for name, read in zip(names, read_as)}} for out in runs]
 
 
-def model_outputs(backend: Backend, model: StoredModel, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]]:
-    """The model's outputs on each batch, as ``backend`` runs it."""
-    with backend.runner(model) as runner:
-        return [runner.run(b) for b in batches]
-
-
 def _unit_tensor(model: StoredModel, name: str) -> str:
     """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16 copy)."""
     produced = {t for _, graph in graphs(model.proto.graph) for n in graph.node for t in n.output}

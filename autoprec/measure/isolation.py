@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Batch, Workload
 from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
@@ -88,7 +88,7 @@ def device_lock_path(backend: str, device: int) -> Path:
 
 
 def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
-            threads: int, stderr_path: str) -> None:
+            threads: int, work: Workload | None, stderr_path: str) -> None:
     """Child process: lower and measure each plan it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 2)
@@ -98,6 +98,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     backend = get_backend(backend_name, device, cache_dir, threads)
     on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
     ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
+    work = work or (Workload.of(batches[0]) if batches else None)
     conn.send(("ready", None))
     while True:
         message = conn.recv()
@@ -109,10 +110,10 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 reference, plan, rounds = args
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device:
-                    conn.send(("ok", time_paired(backend, *models, batches[0], rounds).to_json()))
+                    conn.send(("ok", time_paired(backend, *models, work, rounds).to_json()))
             elif kind == "compare":  # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
                 with on_device:
-                    found = time_compared(backend, lowering, *args[:2], batches[0], *args[2:])
+                    found = time_compared(backend, lowering, *args[:2], work, *args[2:])
                 conn.send(("ok", found.to_json()))
             elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
                 plan, count, constraint = args
@@ -122,7 +123,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 conn.send(("ok", loss))
             else:  # ("measure", plan, screen or None)
                 plan, screen = args
-                conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device).to_json()))
+                conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device, work).to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.to_json()))
         except MetricError as exc:  # the parent stops the search with it
@@ -146,12 +147,13 @@ class IsolatedMeasurer(Measurer):
         device_lock: FileLock | None = None,
         lowering: Lowering | None = None,
         threads: int = 0,
+        work: Workload | None = None,
     ):
         """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
         is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
         workers of one device; ``lowering`` turns the plans it is sent into models; ``threads``: the engine's
-        (see :func:`autoprec.backends.get_backend`)."""
-        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering, threads)
+        (see :func:`autoprec.backends.get_backend`); ``work``: what a latency times (default: the first batch)."""
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering, threads, work)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None

@@ -6,11 +6,11 @@ import abc
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from autoprec.analysis.calibrate import ActivationRanges
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Batch, Workload
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan
@@ -18,7 +18,9 @@ from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
+from autoprec.measure.shaped import by_shape
 from autoprec.measure.speedup import COMPARED, Rounds, contender, in_turn, time_until_known
+from autoprec.measure.workload import time_work, warm_up
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
@@ -33,6 +35,9 @@ class Measurement:
     seconds: dict[str, float]  # where the trial's wall time went
     retimes: int = 0
     build: dict[str, Any] | None = None  # the engine's own report on the build (Runner.build_report)
+    # Judged at several shapes (autoprec.analysis.shape_points): each point's loss and, where timed, its median
+    # latency (``latency`` is then their mix as one request runs them); {} at one shape.
+    by_shape: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def unstable(self) -> bool:
@@ -48,6 +53,7 @@ class Measurement:
             "retimes": self.retimes,
             "latency_unstable": self.unstable,
             "build": self.build,
+            **({"by_shape": self.by_shape} if self.by_shape else {}),
         }
 
     @classmethod
@@ -59,6 +65,7 @@ class Measurement:
             data.get("seconds", {}),
             data.get("retimes", 0),
             data.get("build"),
+            data.get("by_shape") or {},
         )
 
 
@@ -102,9 +109,16 @@ class Rejected(Exception):
 
 def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge) -> float:
     """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
+    return accuracy_by_shape(backend, model, batches, judge)[0]
+
+
+def accuracy_by_shape(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge
+                      ) -> tuple[float, dict[str, float]]:
+    """The loss (no timing), and where ``judge`` judges several shapes, each one's."""
     with backend.runner(model) as runner:
         outputs = [runner.run(batch) for batch in batches]
-    return judge.loss(judge.metrics(outputs), outputs)
+        metrics = {**judge.metrics(outputs), **judge.generation_metrics(runner.run)}
+    return judge.loss(metrics, outputs), by_shape(judge, metrics, outputs)
 
 
 def measure(
@@ -114,8 +128,10 @@ def measure(
     judge: Judge,
     screen: Screen | None = None,
     device: contextlib.AbstractContextManager | None = None,
+    work: Workload | None = None,
 ) -> Measurement:
-    """Latency on the first evaluation batch; accuracy on all of them, as ``judge`` scores it.
+    """Latency of ``work`` (default: the first evaluation batch); accuracy on all of them, as ``judge`` scores it
+    (a decoder's generation too, where it judges one).
 
     With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
     ``device`` is held while the candidate runs (evaluation and timing), not while it is built: with
@@ -129,17 +145,24 @@ def measure(
         t0 = time.perf_counter()
         with device or contextlib.nullcontext():
             seconds["device_wait"] = time.perf_counter() - t0
-            latency, retimes, outputs = _run_and_time(runner, batches, judge, screen, seconds)
+            latency, retimes, outputs, parts = _run_and_time(runner, batches, judge, screen, seconds,
+                                                             work or Workload.of(batches[0]))
+            t0 = time.perf_counter()
+            if generated := judge.generation_metrics(runner.run):  # a decoder's greedy generation, where judged
+                seconds["generate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
     seconds["release"] = time.perf_counter() - t0  # the engine's memory given back
     t0 = time.perf_counter()
-    metrics = judge.metrics(outputs)
+    metrics = {**judge.metrics(outputs), **generated}
     loss = judge.loss(metrics, outputs)
+    shapes = {point: {"loss": value} for point, value in by_shape(judge, metrics, outputs).items()}
+    for point, timing in parts.items():
+        shapes.setdefault(point, {})["latency_ms"] = timing.median_ms
     seconds["judge"] = time.perf_counter() - t0
-    return Measurement(latency, metrics, loss, seconds, retimes, build)
+    return Measurement(latency, metrics, loss, seconds, retimes, build, shapes)
 
 
-def _run_and_time(runner, batches, judge: Judge, screen, seconds):
+def _run_and_time(runner, batches, judge: Judge, screen, seconds, work: Workload):
     t0 = time.perf_counter()
     outputs = []
     for i, batch in enumerate(batches):
@@ -151,12 +174,12 @@ def _run_and_time(runner, batches, judge: Judge, screen, seconds):
                 raise Rejected(loss, len(outputs), seconds)
     seconds["evaluate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    latency, retimes = runner.time(batches[0]), 0
+    (latency, parts), retimes = time_work(runner, work), 0
     while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
         retimes += 1
-        latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
+        latency, parts = min((latency, parts), time_work(runner, work), key=lambda timed: timed[0].spread)
     seconds["time"] = time.perf_counter() - t0
-    return latency, retimes, outputs
+    return latency, retimes, outputs, parts
 
 
 @dataclass(frozen=True)
@@ -224,7 +247,7 @@ class Paired:
         )
 
 
-def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, batch: Batch, rounds: int) -> Paired:
+def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload, rounds: int) -> Paired:
     """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift (a busy
     neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's engine takes
     more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
@@ -234,28 +257,28 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     builds = 1
     with contextlib.ExitStack() as stack:
         runners = {"reference": stack.enter_context(backend.runner(reference))}
-        runners["reference"].run(batch)  # first run: allocations and kernel selection stay out of the rounds
+        warm_up(runners["reference"], work)  # first run: allocations and kernel selection stay out of the rounds
         apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
         if apart:
-            timings["reference"].append(runners["reference"].time(batch))
+            timings["reference"].append(time_work(runners["reference"], work)[0])
             stack.close()
         else:
             runners["candidate"] = stack.enter_context(backend.runner(candidate))
-            runners["candidate"].run(batch)
+            warm_up(runners["candidate"], work)
             builds += 1
         for round_ in range(rounds):
             for which in in_turn(["reference", "candidate"], round_):
                 if not apart:
-                    timings[which].append(runners[which].time(batch))
+                    timings[which].append(time_work(runners[which], work)[0])
                 elif len(timings[which]) <= round_:
                     with backend.runner(models[which]) as runner:
-                        runner.run(batch)
-                        timings[which].append(runner.time(batch))
+                        warm_up(runner, work)
+                        timings[which].append(time_work(runner, work)[0])
                     builds += 1
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
 
-def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], batch: Batch,
+def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], work: Workload,
                   seconds: float, apart: bool = False) -> Rounds:
     """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the given model as
     it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known:
@@ -267,7 +290,7 @@ def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: 
         models["source"] = StoredModel(info.source, info.folder)
     pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
     pairs += [("fp32", contender(i)) for i in range(1, len(contenders))]
-    return time_until_known(backend, models, batch, pairs, seconds, apart)
+    return time_until_known(backend, models, work, pairs, seconds, apart)
 
 
 class Measurer(abc.ABC):
@@ -294,13 +317,14 @@ class Measurer(abc.ABC):
 
 
 def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
-             screen: Screen | None = None, device: contextlib.AbstractContextManager | None = None) -> Measurement:
+             screen: Screen | None = None, device: contextlib.AbstractContextManager | None = None,
+             work: Workload | None = None) -> Measurement:
     """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the rest."""
     t0 = time.perf_counter()
     model = lowering(backend, plan)
     lower_s = time.perf_counter() - t0
     try:
-        result = measure(backend, model, batches, judge, screen, device)
+        result = measure(backend, model, batches, judge, screen, device, work)
     except Rejected as rejected:
         rejected.seconds["lower"] = lower_s
         raise
@@ -311,12 +335,15 @@ def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence
 class InProcessMeasurer(Measurer):
     """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash ends the search."""
 
-    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge, lowering: Lowering):
-        """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by."""
+    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge, lowering: Lowering,
+                 work: Workload | None = None):
+        """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by;
+        ``work``: what a latency times (default: the first batch)."""
         self.backend, self.batches, self.judge, self.ranking, self.lowering = backend, batches, judge, ranking, lowering
+        self.work = work or Workload.of(batches[0])
 
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
-        return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen)
+        return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen, work=self.work)
 
     def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
         return accuracy_loss(self.backend, self.lowering(self.backend, plan), self.batches[:batches],
@@ -324,7 +351,7 @@ class InProcessMeasurer(Measurer):
 
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
         return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
-                           self.batches[0], rounds)
+                           self.work, rounds)
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
-        return time_compared(self.backend, self.lowering, fp32, contenders, self.batches[0], seconds, apart)
+        return time_compared(self.backend, self.lowering, fp32, contenders, self.work, seconds, apart)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Batch, Workload
 from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import FileLock
@@ -58,6 +58,7 @@ class MeasurerInputs:
     the lowering, and the calibration method a plan takes."""
 
     evaluation: Sequence[Batch]
+    work: Workload  # what a latency times: one request's batches (autoprec.analysis.data.Workload)
     judge: Judge
     ranking: Judge
     lowering: Lowering
@@ -74,7 +75,8 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
         limits = Limits.default(settings.trial_timeout, settings.trial_memory_gb, settings.workers)
         measurer: Measurer = _isolated_measurers(settings, engine_info, inputs, limits, stack, one_time)
     else:
-        measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking, inputs.lowering)
+        measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking, inputs.lowering,
+                                     inputs.work)
         log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
                     "same command)")
     if user_metric:  # the user's code, judged once before any trial: a broken one stops the search here
@@ -93,7 +95,7 @@ def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inp
         stack.enter_context(IsolatedMeasurer(
             settings.backend, inputs.evaluation, inputs.judge, limits,
             settings.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", settings.device, settings.cache, lock,
-            inputs.lowering, settings.threads,
+            inputs.lowering, settings.threads, inputs.work,
         ))
         for i in range(settings.workers)
     ]
@@ -128,10 +130,10 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inp
     if limits is not None:
         reference: Measurer = stack.enter_context(IsolatedMeasurer(REFERENCE_BACKEND, inputs.evaluation, inputs.judge,
                                                                    limits, cache / "reference-stderr.log", 0, cache,
-                                                                   lowering=in_target_form))
+                                                                   lowering=in_target_form, work=inputs.work))
     else:
         reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), inputs.evaluation, inputs.judge, inputs.ranking,
-                                      in_target_form)
+                                      in_target_form, inputs.work)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
     method, info = inputs.method, inputs.lowering.info
     try:

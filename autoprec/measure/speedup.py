@@ -28,11 +28,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autoprec.analysis.data import Batch
+from autoprec.analysis.data import Workload
 from autoprec.backends.base import Backend
 from autoprec.core.fields import Fields
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
+from autoprec.measure.workload import time_work, warm_up
 
 CONFIDENCE = 0.95
 ROUNDS_PER_BLOCK = 2
@@ -318,7 +319,7 @@ ADVICE = ("for steadier figures time on a quieter machine, fix the threads (--th
 def time_until_known(
     backend: Backend,
     models: Mapping[str, StoredModel],
-    batch: Batch,
+    work: Workload,
     pairs: Sequence[tuple[str, str]],
     seconds: float,
     apart: bool = False,
@@ -335,7 +336,7 @@ def time_until_known(
     probe = LoadProbe()
     for block in range(MAX_BLOCKS):
         probe.start()
-        _time_block(backend, models, batch, timings, blocks, block, apart)
+        _time_block(backend, models, work, timings, blocks, block, apart)
         load.append(probe.others())
         found = Rounds({k: tuple(v) for k, v in timings.items()}, tuple(blocks), tuple(load))
         if block + 1 >= MIN_BLOCKS and (time.monotonic() - started > seconds
@@ -344,7 +345,7 @@ def time_until_known(
     return found
 
 
-def _time_block(backend: Backend, models: Mapping[str, StoredModel], batch: Batch, timings: dict[str, list[Timing]],
+def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload, timings: dict[str, list[Timing]],
                 blocks: list[int], block: int, apart: bool) -> None:
     """One block: every model's session built (in this block's order), run once, then timed in interleaved
     rounds."""
@@ -353,10 +354,10 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], batch: Batc
         if not apart:
             for name in in_turn(list(models), block):
                 kept[name] = stack.enter_context(backend.runner(models[name]))
-                kept[name].run(batch)  # first run: allocations and kernel selection stay out of the rounds
+                warm_up(kept[name], work)  # first run: allocations and kernel selection stay out of the rounds
         for _ in range(1 if apart else ROUNDS_PER_BLOCK):
             for name in in_turn(list(models), len(blocks)):
-                timings[name].append(kept[name].time(batch) if kept else _timed_alone(backend, models[name], batch))
+                timings[name].append(time_work(kept[name], work)[0] if kept else _timed_alone(backend, models[name], work))
             blocks.append(block)
 
 
@@ -367,10 +368,10 @@ def in_turn(names: Sequence[str], round_: int) -> list[str]:
     return [*names[shift:], *names[:shift]]
 
 
-def _timed_alone(backend: Backend, model: StoredModel, batch: Batch) -> Timing:
+def _timed_alone(backend: Backend, model: StoredModel, work: Workload) -> Timing:
     with backend.runner(model) as runner:
-        runner.run(batch)
-        return runner.time(batch)
+        warm_up(runner, work)
+        return time_work(runner, work)[0]
 
 
 COMPARED = (("fp32", "chosen"), ("source", "chosen"), ("source", "fp32"))  # (reference, candidate)

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
-from autoprec.core.profile import ShapeProfile, declared_text, dims_text
+from autoprec.core.profile import POINTS, ShapeProfile, declared_text, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
@@ -199,8 +199,9 @@ def front_table(result: ResultFiles) -> Table:
         title_justify="left",
     )
     metric = plain(f"loss ({result.facts.metric})")
-    for column in ("trial", "ms", "range", "×fp32", metric, "i8/f16/f32", ""):
-        table.add_column(column, justify="left" if not column else "right", overflow="fold")
+    shaped = any(row.trial.worst_shape for row in rows)  # judged at several shapes: where each loss is
+    for column in ("trial", "ms", "range", "×fp32", metric, *(["at"] if shaped else []), "i8/f16/f32", ""):
+        table.add_column(column, justify="left" if column in ("", "at") else "right", overflow="fold")
     for row in rows:
         t = row.trial
         table.add_row(
@@ -209,10 +210,11 @@ def front_table(result: ResultFiles) -> Table:
             f"{row.low:.3f}–{row.high:.3f}",
             ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             _loss(t.loss),
+            *([plain(t.worst_shape or "—")] if shaped else []),
             t.mix,
             Text(", ".join(row.roles), style="bold red" if row.chosen else ""),
         )
-    notes = [COLUMNS_SAID]
+    notes = [COLUMNS_SAID + ("; at: the judged shape where the plan's loss is its worst" if shaped else "")]
     if said := roles_said(rows):
         notes.append(said)
     if any(row.trial.measurement.unstable for row in rows):
@@ -270,7 +272,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         rule += " on the evaluation and the calibration batches"
     if versus.rivals:
         rule += ", re-timed with its rivals"
-    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.latency_ms:.3f} ms, loss {_loss(chosen.loss)}, "
+    at = f" (its worst, at {chosen.worst_shape})" if chosen.worst_shape else ""
+    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.latency_ms:.3f} ms, loss {_loss(chosen.loss)}{at}, "
              f"int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
@@ -295,6 +298,45 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
     for name, values in facts.fp32_on_labels.items():
         lines.append(f"        FP32 against the labels: {decisions({name: values})}")
     lines += [f"        ⚠ {line}" for line in facts.decision_changes]
+    return lines
+
+
+def shape_lines(result: ResultFiles) -> list[str]:
+    """Where a search judged several shapes: which, the chosen plan's loss and latency at each, and the faster
+    plans left out for a shape other than the data's own (right at the data's shape, wrong at another)."""
+    points, chosen = result.facts.judged_shapes, result.shown_chosen()
+    if not points:
+        return []
+    runs = " · ".join(f"{p.name} ×{p.runs}" for p in points if p.runs)
+    lines = [f"judged at {len(points)} shapes, every plan's loss its worst there: "
+             + "; ".join(f"{p.name} ({p.said})" for p in points),
+             f"        a latency is one request: {runs}"]
+    if chosen is not None and chosen.measurement.by_shape:
+        lines.append("        the chosen plan: " + " · ".join(
+            f"{point} loss {_loss(figures['loss'])}" + (f", {figures['latency_ms']:.3f} ms" if "latency_ms" in figures
+                                                        else "")
+            for point, figures in chosen.measurement.by_shape.items() if "loss" in figures))
+    lines += [f"        ⚠ {line}" for line in _wrong_elsewhere(result)]
+    return lines
+
+
+def _wrong_elsewhere(result: ResultFiles) -> list[str]:
+    """Plans faster than the chosen one, within --max-loss at the data's own shape but past it at another: not
+    shipped, each line saying where."""
+    max_loss, chosen = result.facts.max_loss, result.shown_chosen()
+    if max_loss is None or chosen is None:
+        return []
+    lines = []
+    for trial in sorted(result.trials.trials, key=lambda t: t.latency_ms):
+        losses = trial.losses_by_shape()
+        if trial.latency_ms >= chosen.latency_ms or trial.loss <= max_loss or losses.get("opt", max_loss) > max_loss:
+            continue
+        past = {point: loss for point, loss in losses.items() if loss > max_loss}
+        lines.append(f"trial {trial.number} ({trial.mix}, {trial.latency_ms:.3f} ms) holds --max-loss {max_loss:g} "
+                     f"at the data's own shape but not at " + ", ".join(f"{p} ({_loss(v)})" for p, v in past.items())
+                     + ": not shipped")
+        if len(lines) == 3:
+            break
     return lines
 
 
@@ -360,9 +402,11 @@ def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
 def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
     """The shipped model against the given one at each point of the profile and at the data's own shapes."""
     lines = []
+    judged = any(c.point not in (*POINTS, "data") for c in checks)  # at the shapes the search judged every plan at
     if points := [c for c in checks if c.point != "data"]:
+        how = "the data at each shape judged" if judged else "the evaluation data fitted to each shape"
         lines.append(
-            "        against the given model (ONNX Runtime CPU, the evaluation data fitted to each shape): "
+            f"        against the given model (ONNX Runtime CPU, {how}): "
             + ", ".join(f"{c.point} {_verdict(c)}" for c in points)
         )
     for check in (c for c in checks if c.point == "data"):
@@ -373,7 +417,7 @@ def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
         if check.error or not check.same_shapes:
             what = check.error or "its outputs have other shapes than the given model's"
             lines.append(f"        ⚠ at {check.point} ({_at(check.shapes)}): {what}")
-        elif at_opt is not None and check.loss > max(FARTHER * at_opt, LOSS_FLOOR):
+        elif not judged and at_opt is not None and check.loss > max(FARTHER * at_opt, LOSS_FLOOR):
             lines.append(
                 f"        ⚠ at {check.point} ({_at(check.shapes)}) the plan strays further from the given model "
                 f"(cosine loss {_loss(check.loss)}) than at opt ({_loss(at_opt)}), where it was searched: "
@@ -463,7 +507,11 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
             return f"{c.latency_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
         if field == "decisions":
             return decisions(c.metrics) or "—"
-        return _loss(c.loss) if field == "loss" else c.mix
+        if field == "loss":
+            return _loss(c.loss) + (f" (worst at {c.worst_shape})" if c.worst_shape else "")
+        if field == "shapes":
+            return " · ".join(f"{p} {_loss(v)}" for p, v in c.losses_by_shape().items()) or "—"
+        return c.mix
 
     def speedup(r: ResultFiles) -> str:
         v = r.versus.fp32
@@ -473,6 +521,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         t = r.uniform_trial(precision)
         return f"{t.latency_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
 
+    shaped = bool(a.facts.judged_shapes or b.facts.judged_shapes)  # either judged at several shapes
     rows = [
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
@@ -482,7 +531,10 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),
         ("chosen latency", lambda r: chosen(r, "latency")),
+        *([("judged shapes", lambda r: ", ".join(p.name for p in r.facts.judged_shapes or ()) or "the data's one")]
+          * shaped),
         ("chosen loss", lambda r: chosen(r, "loss")),
+        *([("chosen loss per shape", lambda r: chosen(r, "shapes"))] * shaped),
         ("chosen int8/fp16/fp32", lambda r: chosen(r, "counts")),
         ("chosen decisions", lambda r: chosen(r, "decisions")),
         ("FP32 vs labels", lambda r: decisions(r.facts.fp32_on_labels) or "—"),

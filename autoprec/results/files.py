@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from autoprec.analysis.data import ShapePoint
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import model_sha256
 from autoprec.analysis.model_info import ModelInfo
@@ -177,17 +178,35 @@ DECISIONS = (
     ("cer_labels", "CER vs labels"),
     ("map50_labels", "mAP50 vs labels"),
     ("region_f_labels", "text regions F vs labels"),
+    ("token_agreement", "generated tokens as FP32's"),
 )
+SHAPED = " @ "  # a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
 
 
 def decisions(metrics: dict[str, dict[str, Any]]) -> str:
-    """The task metrics of one trial in a few words (each output's, named when there are several)."""
+    """The task metrics of one trial in a few words (each output's, named when there are several); where it was
+    judged at several shapes, each output's at the data's own shape and, where another is lower, the least."""
     parts = []
-    for name, values in metrics.items():
-        found = [f"{label} {float(values[key]):.1%}" for key, label in DECISIONS if key in values]
+    own = {name: values for name, values in metrics.items() if SHAPED not in name}
+    for name, values in own.items():
+        found = []
+        for key, label in DECISIONS:
+            if key in values:
+                found.append(f"{label} {float(values[key]):.1%}" + _least_elsewhere(metrics, name, key, values[key]))
         if found:
-            parts.append((f"{printable(name)}: " if len(metrics) > 1 else "") + ", ".join(found))
+            parts.append((f"{printable(name)}: " if len(own) > 1 else "") + ", ".join(found))
     return "; ".join(parts)
+
+
+def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
+    """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own; else nothing."""
+    sign = -1.0 if key.startswith("cer") else 1.0  # an error rate is worse higher, an agreement lower
+    elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
+                 if other.startswith(name + SHAPED) and key in values}
+    if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
+        return ""
+    where = min(elsewhere, key=lambda point: sign * elsewhere[point])
+    return f" (worst {elsewhere[where]:.1%} at {printable(where)})"
 
 
 def load_json(path: Path) -> dict[str, Any]:
@@ -343,6 +362,7 @@ class HowMeasured:
     backend: str
     metric: str
     max_loss: float | None
+    judged_shapes: tuple[ShapePoint, ...] | None = None  # the shapes every trial was judged at (None: an older one)
 
     @classmethod
     def of(cls, header: Header, where: Path) -> HowMeasured:
@@ -364,7 +384,7 @@ class HowMeasured:
             facts.get("data_path"), fingerprint, search.seed, ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
             recorded("calibration_file", nullable=True), search.profile, facts.get("spec"), header.engine.backend,
-            search.metric, search.max_loss,
+            search.metric, search.max_loss, search.judged_shapes,
         )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from autoprec.analysis.data import ShapePoint
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.fields import Fields
 from autoprec.core.plan import Precision
@@ -94,6 +95,9 @@ class SearchFacts:
     profile: ShapeProfile | None = None  # None: an older result, measured at one shape
     run: str | None = None  # which run wrote the file (None: an older result)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # where the wall clock went ({}: an older result)
+    # The shapes every trial was judged at (autoprec.analysis.shape_points); () at the data's one shape, None: an
+    # older result, which judged at one shape
+    judged_shapes: tuple[ShapePoint, ...] | None = None
     recorded: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -116,6 +120,7 @@ class SearchFacts:
             _profile(f["profile"]) if search.get("profile") else None,
             f["run"].text() if "run" in search else None,
             {k: v.number() for k, v in f["stage_seconds"].mapping().items()} if "stage_seconds" in search else {},
+            _judged_shapes(f["judged_shapes"]) if "judged_shapes" in search else None,
             search,
         )
 
@@ -230,7 +235,7 @@ class ShippedAs:
     def from_json(cls, f: Fields) -> ShippedAs:
         checks = []
         for check in f["checked_against_source"].items():
-            check["point"].one_of((*POINTS, "data"))
+            check["point"].text()  # min, opt, max, data, or a shape the search judged (prefill, decode·39)
             for dims in check["shapes"].mapping().values():
                 dims.integers()
             check["same_output_shapes"].flag(), _nullable_number(check["cosine_loss"]), _nullable_text(check["error"])
@@ -275,6 +280,16 @@ def _held_out(f: Fields) -> HeldOut:
     f["engine"].text()
     judged = {j["trial"].integer(): float(j["loss"].number()) for j in f["judged"].items()}
     return HeldOut(f["batches"].integer(), _nullable_number(f["max_loss"]), judged)
+
+
+def _judged_shapes(f: Fields) -> tuple[ShapePoint, ...]:
+    points = []
+    for point in f.items():
+        point["name"].text(), point["said"].text(), point["runs"].integer()
+        for dims in point["shapes"].mapping().values():
+            dims.integers()
+        points.append(ShapePoint.from_json(point.value))
+    return tuple(points)
 
 
 def _profile(f: Fields) -> ShapeProfile:

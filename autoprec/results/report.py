@@ -10,6 +10,7 @@ from typing import Any
 
 from autoprec.core import atomic
 from autoprec.measure.speedup import ratio_text
+from autoprec.results.console import shape_lines
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
 from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
@@ -56,6 +57,8 @@ def _facts(result: ResultFiles) -> str:
         ("measured", "yes" if engine.measured else "NO — described only, never executed"),
         ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
         ("metric", f"{search.metric} (loss 0 = as good as FP32)"),
+        *(("judged shapes", "; ".join(f"{p.name} ({p.said}; ×{p.runs} in a request)" for p in search.judged_shapes or ())
+           + " — every plan's loss is its worst over them"),) * bool(search.judged_shapes),
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
@@ -77,9 +80,10 @@ def _front(result: ResultFiles) -> str:
     """The front and the other trials the summary names (:func:`autoprec.results.rows.trial_rows`), then their
     metrics per output in a table of their own (a row per trial and output), so a model with many outputs widens
     neither past the page."""
-    head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
-            "loss", "int8", "fp16", "fp32", ""]
     rows = trial_rows(result)
+    shaped = any(row.trial.worst_shape for row in rows)
+    head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
+            "loss", *(["worst at"] if shaped else []), "int8", "fp16", "fp32", ""]
     cells = []
     for row in rows:
         t, lat = row.trial, row.trial.measurement.latency
@@ -87,6 +91,7 @@ def _front(result: ResultFiles) -> str:
                            ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
                            ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—", _num(lat.median_ms, ".4g"),
                            f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
+                           *([t.worst_shape or "—"] if shaped else []),
                            *(t.plan.counts()[p] for p in ("int8", "fp16", "fp32")), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
     roles = roles_said(rows)
@@ -147,6 +152,9 @@ def _summary(result: ResultFiles) -> str:
         summary += f" {line[0].upper()}{line[1:]}."
     if unproven := versus.not_shipped:
         summary += f" Trial {unproven.trial} was the fastest within the limit but is {unproven.why}."
+    for line in shape_lines(result)[1:]:  # (the judged shapes themselves are among the facts)
+        said = line.strip().removeprefix("⚠ ")
+        summary += f" {said[0].upper()}{said[1:]}."
     for said in (result.facts.drift_said, versus.steadiness.said() if versus.steadiness else None):
         if said:
             summary += f" ⚠ {said[0].upper()}{said[1:]}."

@@ -75,6 +75,16 @@ class TrialRecord:
     def loss(self) -> float:
         return self.measurement.loss
 
+    def losses_by_shape(self) -> dict[str, float]:
+        """Its loss at each shape it was judged at (and of its generation, for a decoder); {} at one shape."""
+        return {point: figures["loss"] for point, figures in self.measurement.by_shape.items() if "loss" in figures}
+
+    @property
+    def worst_shape(self) -> str | None:
+        """Where its loss is: the judged shape whose loss is the largest; None where it was judged at one."""
+        losses = self.losses_by_shape()
+        return max(losses, key=losses.get) if losses else None
+
     # --- as the views show it: the final latency is the re-timing rounds' median when the trial was re-timed, else
     # its own; the range behind it is those rounds' span, else its own p10-p90 ---
 
@@ -116,6 +126,7 @@ class TrialRecord:
             "duplicate_of": self.duplicate_of,
             "plan": self.plan.to_json(),
             "build": m.build,
+            **({"by_shape": m.by_shape} if m.by_shape else {}),
         }
 
     @classmethod
@@ -133,8 +144,10 @@ class TrialRecord:
                    for name, output in f["metrics"].mapping().items()}
         seconds = {key: value.number() for key, value in f["seconds"].mapping().items()} if "seconds" in f.value else {}
         retimes, build = f.get("retimes"), f["build"].nullable()
+        shapes = ({point: {key: value.number() for key, value in figures.mapping().items()}
+                   for point, figures in f["by_shape"].mapping().items()} if "by_shape" in f.value else {})
         measurement = Measurement(timing, metrics, f["accuracy_loss"].number(), seconds,
-                                  retimes.integer() if retimes else 0, build.kind(dict) if build else None)
+                                  retimes.integer() if retimes else 0, build.kind(dict) if build else None, shapes)
         return cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()), measurement,
                    f["feasible"].flag(), duplicate.integer() if duplicate else None, tuple(f["retimed_ms"].numbers()))
 

@@ -1,0 +1,181 @@
+"""A decoder with a KV cache, recognised from its inputs and outputs, and the two phases it runs in deployment.
+
+A decoder exported with its cache (optimum's ``text-generation-with-past``, a LLaMA/Mistral/Phi/Qwen export, a
+hand-written one) takes the tokens, an attention mask, maybe positions, and a *past* per layer; it returns logits and
+a *present* per layer, which the next run takes as its past. Generation runs it in two phases: *prefill* (the
+prompt's tokens, no past) and *decode* (one token at a time, the past growing). A plan judged at one of them may be
+wrong at the other, so the search judges both, with pasts made the way generation makes them: by running the FP32
+model on the data's own tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from autoprec.analysis.model_info import TensorSpec
+
+Batch = dict[str, np.ndarray]
+Run = Callable[[Batch], Mapping[str, np.ndarray]]  # a model run: feeds in, outputs by name
+
+# An output named like the left side is fed back as the input named like the right (optimum, Hugging Face's
+# exporters, ONNX Runtime's GenAI builder, most hand-written exports).
+CACHE_NAMES = ((r"^present\.", "past_key_values."), (r"^present_key_values\.", "past_key_values."),
+               (r"^present_", "past_"), (r"^present", "past"))
+TOKEN_NAMES = ("input_ids", "decoder_input_ids", "tokens", "ids")
+MASK_NAMES = ("attention_mask", "decoder_attention_mask")
+POSITION_NAMES = ("position_ids", "cache_position")
+
+
+@dataclass(frozen=True)
+class CachePair:
+    """One layer's cache tensor: the input it is read from, the output it is returned in, the axis it grows on."""
+
+    past: str
+    present: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """Which of a model's inputs and outputs play which role in generation."""
+
+    tokens: str
+    logits: str
+    cache: tuple[CachePair, ...]
+    mask: str | None = None
+    positions: str | None = None
+
+    def past_length(self, batch: Mapping[str, np.ndarray]) -> int:
+        pair = self.cache[0]
+        return int(np.shape(batch[pair.past])[pair.axis])
+
+    def describe(self) -> str:
+        return (f"a decoder with a KV cache ({len(self.cache)} cache tensors, {self.cache[0].past} -> "
+                f"{self.cache[0].present}; tokens {self.tokens}, logits {self.logits})")
+
+
+def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Decoder | None:
+    """The decoder roles of a model, or None: it needs an output fed back as an input (by its name, as
+    ``present.N.key`` feeds ``past_key_values.N.key``, or else by its dims: an input dim named P returned as
+    ``P + S``), a 2-D integer token input and a float logits output shaped [batch, sequence, vocabulary]."""
+    by_name = {i.name: i for i in inputs}
+    cache = _paired_by_name(by_name, outputs) or _paired_by_dims(inputs, outputs)
+    fed_back = {p.past for p in cache}
+    tokens = _named(inputs, TOKEN_NAMES, lambda i: len(i.shape) == 2 and np.dtype(i.dtype).kind in "iu")
+    returned = {p.present for p in cache}
+    logits = next((o for o in outputs if o.name not in returned and len(o.shape) == 3
+                   and np.dtype(o.dtype).kind == "f" and (o.name == "logits" or "logit" in o.name)), None)
+    logits = logits or next((o for o in outputs if o.name not in returned and len(o.shape) == 3
+                             and np.dtype(o.dtype).kind == "f"), None)
+    if not cache or tokens is None or tokens.name in fed_back or logits is None:
+        return None
+    mask = _named(inputs, MASK_NAMES, lambda i: len(i.shape) == 2)
+    positions = _named(inputs, POSITION_NAMES, lambda i: np.dtype(i.dtype).kind in "iu")
+    return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name, positions and positions.name)
+
+
+def _named(specs: Sequence[TensorSpec], names: Sequence[str], fits: Callable[[TensorSpec], bool]) -> TensorSpec | None:
+    return next((s for name in names for s in specs if s.name == name and fits(s)), None)
+
+
+def _paired_by_name(inputs: Mapping[str, TensorSpec], outputs: Sequence[TensorSpec]) -> list[CachePair]:
+    pairs = []
+    for out in outputs:
+        for pattern, replacement in CACHE_NAMES:
+            name = re.sub(pattern, replacement, out.name, count=1)
+            spec = inputs.get(name)
+            if name != out.name and spec is not None and len(spec.shape) == len(out.shape):
+                axis = _growing_axis(spec, out)
+                if axis is not None:
+                    pairs.append(CachePair(spec.name, out.name, axis))
+                break
+    return pairs
+
+
+def _paired_by_dims(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> list[CachePair]:
+    """Outputs fed back by their dims: an input and an output of one rank and type whose dims agree but on one
+    axis, where the input's dim name P reappears in the output's (``P + S``), paired in order."""
+    pairs, taken = [], set()
+    for out in outputs:
+        for spec in inputs:
+            if spec.name in taken or spec.dtype != out.dtype or len(spec.shape) != len(out.shape):
+                continue
+            axis = _growing_axis(spec, out)
+            if axis is not None and isinstance(spec.shape[axis], str) and spec.shape[axis] in str(out.shape[axis]):
+                pairs.append(CachePair(spec.name, out.name, axis))
+                taken.add(spec.name)
+                break
+    return pairs
+
+
+def _growing_axis(past: TensorSpec, present: TensorSpec) -> int | None:
+    """The one axis where a cache input's dim and its output's differ (the sequence it grows along)."""
+    differ = [a for a, (p, q) in enumerate(zip(past.shape, present.shape)) if p != q]
+    if len(differ) == 1 and not isinstance(past.shape[differ[0]], int):
+        return differ[0]
+    dynamic = [a for a, d in enumerate(past.shape) if isinstance(d, str) and "past" in d.lower()]
+    return dynamic[0] if len(dynamic) == 1 and not differ else None
+
+
+def prefill(decoder: Decoder, batch: Batch, tokens: np.ndarray) -> Batch:
+    """``batch`` as the first run of a generation: ``tokens`` (batch × sequence) and no past (its cache inputs
+    zero-long along their growing axis); its other inputs kept."""
+    fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
+    for pair in decoder.cache:
+        shape = list(np.shape(batch[pair.past]))
+        shape[pair.axis] = 0
+        fed[pair.past] = np.zeros(shape, batch[pair.past].dtype)
+    return _masked(decoder, fed, past=0, tokens=tokens.shape[1])
+
+
+def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], tokens: np.ndarray) -> Batch:
+    """The run after ``batch`` gave ``outputs``: ``tokens`` (batch × 1) with the cache it returned as the past."""
+    fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
+    for pair in decoder.cache:
+        fed[pair.past] = np.asarray(outputs[pair.present])
+    return _masked(decoder, fed, past=decoder.past_length(fed), tokens=tokens.shape[1])
+
+
+def _masked(decoder: Decoder, fed: Batch, past: int, tokens: int) -> Batch:
+    """The mask over past and new tokens (every position attended), the new tokens' positions."""
+    rows = np.shape(fed[decoder.tokens])[0]
+    if decoder.mask is not None and decoder.mask in fed:
+        fed[decoder.mask] = np.ones((rows, past + tokens), fed[decoder.mask].dtype)
+    if decoder.positions is not None and decoder.positions in fed:
+        positions = np.arange(past, past + tokens)
+        dtype = fed[decoder.positions].dtype
+        fed[decoder.positions] = (positions if np.ndim(fed[decoder.positions]) == 1
+                                  else np.tile(positions, (rows, 1))).astype(dtype)
+    return fed
+
+
+def greedy(logits: np.ndarray) -> np.ndarray:
+    """The next token of each row: the last position's most likely, batch × 1."""
+    return np.asarray(logits)[:, -1:, :].argmax(-1)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A greedy generation: the tokens chosen (batch × steps) and each step's last-position logits."""
+
+    tokens: np.ndarray
+    logits: tuple[np.ndarray, ...]
+
+
+def generate(run: Run, decoder: Decoder, first: Batch, steps: int) -> Generated:
+    """Greedy generation of ``steps`` tokens from the prefill run ``first``, each run fed the cache the run
+    before it returned (the model's own, as a deployment's)."""
+    fed, tokens, logits = first, [], []
+    for step in range(steps):
+        outputs = run(fed)
+        last = np.asarray(outputs[decoder.logits])[:, -1, :]
+        logits.append(last)
+        chosen = greedy(outputs[decoder.logits])
+        tokens.append(chosen)
+        if step + 1 < steps:
+            fed = next_run(decoder, fed, outputs, chosen)
+    return Generated(np.concatenate(tokens, axis=1), tuple(logits))

@@ -1,0 +1,177 @@
+"""Every shape a deployment runs: a dynamic model's plans judged at each (a decoder's prefill and decode, a
+profile's ends, the data's other shapes), the loss the worst there, the exports' profiles spanning them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import searching
+from builders import _model, decoder_data, kv_decoder, save, session
+from onnx import TensorProto, helper, numpy_helper
+from searching import main
+
+import autoprec
+from autoprec.analysis.decoder import find_decoder
+from autoprec.analysis.shapes import declared_inputs, output_specs
+from autoprec.core.errors import AutoprecError
+from autoprec.core.profile import ShapeProfile
+
+MAX_LOSS = 0.01
+
+
+def _decoder_of(model: onnx.ModelProto):
+    return find_decoder(declared_inputs(model), output_specs(model))
+
+
+def test_a_kv_cache_decoder_is_found_by_its_names_or_by_an_output_fed_back():
+    optimum = _decoder_of(kv_decoder())
+    assert optimum.tokens == "input_ids" and optimum.logits == "logits" and optimum.mask == "attention_mask"
+    assert [(p.past, p.present, p.axis) for p in optimum.cache] == [
+        ("past_key_values.0.key", "present.0.key", 2), ("past_key_values.0.value", "present.0.value", 2)]
+    other = _decoder_of(kv_decoder(cache_names=("state_in", "state_out")))  # names that pair nothing: by the dims
+    assert [(p.past, p.present) for p in other.cache] == [("state_in.key", "state_out.key"),
+                                                          ("state_in.value", "state_out.value")]
+    encoder = _model([helper.make_node("Identity", ["ids"], ["out"])],
+                     [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])],
+                     [helper.make_tensor_value_info("out", TensorProto.INT64, ["batch", "sequence"])], [])
+    assert _decoder_of(encoder) is None
+
+
+def _check_at_every_phase(given: Path, shipped: Path, vocab: int = 24) -> float:
+    """Independent of autoprec: the shipped model against the given one at prefill (7 tokens and 1) and at decode
+    after pasts of 0 to 40 made by the given model, batch 1 and 3; the worst 1 - cosine of the logits."""
+    ref, cand, worst = session(given), session(shipped), 0.0
+    rng = np.random.default_rng(5)
+
+    def feeds(ids, past, length):
+        rows = len(ids)
+        found = {"input_ids": ids, "attention_mask": np.ones((rows, length + ids.shape[1]), np.int64),
+                 "position_ids": np.tile(np.arange(length, length + ids.shape[1]), (rows, 1))}
+        for kv in ("key", "value"):
+            found[f"past_key_values.0.{kv}"] = past[kv] if past else np.zeros((rows, 1, 0, 16), np.float32)
+        return found
+
+    def loss(a, b):
+        a, b = a.reshape(-1, a.shape[-1]).astype(np.float64), b.reshape(-1, b.shape[-1]).astype(np.float64)
+        return float(1 - ((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).mean())
+
+    for rows in (1, 3):
+        for tokens in (7, 1):
+            f = feeds(rng.integers(0, vocab, (rows, tokens)), None, 0)
+            worst = max(worst, loss(ref.run(["logits"], f)[0], cand.run(["logits"], f)[0]))
+        ids, past = rng.integers(0, vocab, (rows, 1)), None
+        for length in range(41):
+            f = feeds(ids, past, length)
+            want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, f)))
+            worst = max(worst, loss(want["logits"], cand.run(["logits"], f)[0]))
+            past = {kv: want[f"present.0.{kv}"] for kv in ("key", "value")}
+            ids = want["logits"][:, -1:].argmax(-1)
+    return worst
+
+
+@pytest.fixture(scope="module")
+def decoder_searched(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("decoder")
+    model = save(kv_decoder(), folder / "decoder.onnx")
+    data = decoder_data(model, folder / "tokens.npz")  # one shape: 5 tokens after a past of 6
+    out = folder / "out"
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data),
+                                           judge=autoprec.JudgeSpec(max_loss=MAX_LOSS),
+                                           study=autoprec.StudySpec(budget=6, seed=2), out=out))
+    return model, out
+
+
+def test_a_decoder_searched_with_one_shape_is_judged_at_prefill_and_decode(decoder_searched):
+    model, out = decoder_searched
+    pareto = json.loads((out / "pareto.json").read_text())
+    search = pareto["search"]
+    assert search["metric"] == "generation"  # a decoder's default: what its users see
+    assert [p["name"] for p in search["judged_shapes"]] == ["opt", "prefill", "first token", "decode·5", "decode·45"]
+    runs = {p["name"]: p["runs"] for p in search["judged_shapes"]}
+    assert runs["prefill"] == 1 and runs["decode·5"] + runs["decode·45"] >= 16 and runs["opt"] == 0
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    for trial in trials:
+        shapes = trial["by_shape"]
+        assert set(shapes) == {*runs, "generation"}
+        assert trial["accuracy_loss"] == max(s["loss"] for s in shapes.values())
+        assert {p for p, s in shapes.items() if "latency_ms" in s} == {p for p, n in runs.items() if n}
+    cache = next(i for i in search["profile"]["inputs"] if i["name"] == "past_key_values.0.key")
+    assert cache["min"][2] == 0 and cache["opt"][2] == 6 and cache["max"][2] == 45  # a past of 0 to the longest judged
+    best = onnx.load(str(out / "best" / "model.onnx"), load_external_data=False)
+    dims = [d.dim_param or d.dim_value for d in best.graph.input[1].type.tensor_type.shape.dim]
+    assert dims == ["batch_size", 1, "past_sequence_length", 16]
+    assert _check_at_every_phase(model, out / "best" / "model.onnx") <= MAX_LOSS
+
+
+def test_a_decoders_exports_carry_its_phases(decoder_searched, tmp_path, capsys):
+    _, out = decoder_searched
+    assert main(["check", str(out)]) == 0  # its points made again as the search made them: the same data
+    assert "PASS" in capsys.readouterr().out
+    assert main(["export", str(out), "--format", "triton", "--out", str(tmp_path / "triton")]) == 0
+    config = (tmp_path / "triton" / "decoder" / "config.pbtxt").read_text()
+    assert "dynamic_batching {" not in config and "max_batch_size: 0" in config and "sequence_batching" in config
+    assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trtexec"),
+                 "--dim", "past_sequence_length=0:512"]) == 0
+    script = (tmp_path / "trtexec" / "build.sh").read_text()
+    assert "past_key_values.0.key:1x1x0x16" in script and "past_key_values.0.key:1x1x512x16" in script
+    assert "attention_mask:1x517" in script  # the mask's past + sequence, widened with the past
+    assert main(["export", str(out), "--format", "markdown", "--out", str(tmp_path / "card")]) == 0
+    card = (tmp_path / "card" / "BUILD.md").read_text()
+    assert "prefill, first token, decode·5, decode·45" in card and "no dynamic batching" in card
+
+
+def _summing_model() -> onnx.ModelProto:
+    """x [N, sequence, 16] summed over its sequence, then a MatMul: at a long sequence the sum is wide, at a short
+    one narrow; INT8 calibrated on both quantizes the narrow one coarsely."""
+    weight = numpy_helper.from_array(np.random.default_rng(1).normal(0, 1, (16, 32)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], "sum", keepdims=0),
+             helper.make_node("MatMul", ["s", "w"], ["y"], "project")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "sequence", 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])], [weight, axes])
+
+
+def test_a_plan_right_at_the_datas_shape_and_wrong_at_another_is_not_shipped(tmp_path, capsys):
+    model = save(_summing_model(), tmp_path / "summing.onnx")
+    np.savez(tmp_path / "data.npz", x=np.random.default_rng(2).uniform(-1, 1, (16, 256, 16)).astype(np.float32))
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(tmp_path / "data.npz"), "--max-loss", "0.001", "--budget", "3",
+                 "--no-warm-start", "--no-early-reject", "--precisions", "int8,fp32", "--out", str(out)]) == 0
+    trials = {t["trial"]: t for t in json.loads((out / "trials.json").read_text())["trials"]}
+    int8 = next(t for t in trials.values() if t["plan"]["counts"]["int8"])
+    assert int8["by_shape"]["opt"]["loss"] <= 0.001 < int8["by_shape"]["min"]["loss"] == int8["accuracy_loss"]
+    assert not int8["feasible"]
+    assert json.loads((out / "best" / "plan.json").read_text())["plan"]["counts"]["int8"] == 0
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "judged at 2 shapes" in said and "min (the profile's min: x 1x1x16)" in said
+
+
+def test_a_named_dim_widens_every_input_declaring_it_and_their_sums():
+    declared = {"ids": ("batch", "sequence_length"), "past": ("batch", 1, "past_sequence_length", 4),
+                "mask": ("batch", "past_sequence_length + sequence_length")}
+    opt = {"ids": (1, 5), "past": (1, 1, 6, 4), "mask": (1, 11)}
+    profile = ShapeProfile.fixed(opt)
+    profile = ShapeProfile(tuple(type(i)(i.name, declared[i.name], i.min, i.opt, i.max) for i in profile.inputs))
+    wide = profile.with_dims({"past_sequence_length": (0, 6, 512)})
+    assert wide.at("min") == {"ids": (1, 5), "past": (1, 1, 0, 4), "mask": (1, 5)}
+    assert wide.at("max") == {"ids": (1, 5), "past": (1, 1, 512, 4), "mask": (1, 517)}
+    with pytest.raises(AutoprecError, match="--dim past_sequence_length=0:12:512: the search measures "
+                                            "past_sequence_length at 6"):
+        profile.with_dims({"past_sequence_length": (0, 12, 512)})
+    with pytest.raises(AutoprecError, match="--dim past: no input declares a dim of that name"):
+        profile.with_dims({"past": (0, None, 512)})
+
+
+def test_shape_weights_name_a_judged_shape_or_phase(tmp_path, capsys):
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    data = decoder_data(model, tmp_path / "tokens.npz", items=4)
+    assert main(["search", str(model), "--data", str(data), "--shape-weights", "prompt=1", "--budget", "1",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--shape-weights prompt: no such point; the points are opt, prefill, first token, decode·5" in err
