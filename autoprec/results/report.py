@@ -12,7 +12,7 @@ from autoprec.core import atomic
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
+from autoprec.results.rows import COLUMNS_SAID, TrialRow, order_said, roles_said, trial_rows
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -89,7 +89,7 @@ def _front(result: ResultFiles) -> str:
                            f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
                            *(t.plan.counts()[p] for p in ("int8", "fp16", "fp32")), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
-    roles = roles_said(rows)
+    roles = "; ".join(said for said in (roles_said(rows), order_said(rows)) if said)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
             f"<p class='note'>Highlighted: the chosen plan. Latency is for one batch. {_e(COLUMNS_SAID)}. Own runs: the "
             "trial's own timed runs during the search. The re-timing rounds timed the front and the all-FP32 plan "

@@ -105,6 +105,20 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
     return rows
 
 
+def order_said(rows: list[TrialRow]) -> str | None:
+    """Where a plan the final timing ran reads faster in ``ms`` than another it ran but slower in ``×fp32``: why
+    (ms is its re-timing's median, beside all-FP32 in a few rounds of its own; ×fp32 the final timing's, all of them
+    in the same rounds, which decided); None where the columns agree."""
+    timed = sorted((r for r in rows if r.from_final_timing and r.over_fp32 is not None), key=lambda r: r.ms)
+    pairs = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:] if a.ms < b.ms and a.over_fp32 < b.over_fp32]
+    if not pairs:
+        return None
+    a, b = pairs[0]
+    return (f"trial {a.number} reads faster than trial {b.number} in ms but slower in ×fp32: ms is each plan's re-timing "
+            "median (a few rounds of its own beside all-FP32, at another moment than the other's), ×fp32 the final "
+            "timing's, which ran them in the same rounds and decided")
+
+
 def roles_said(rows: list[TrialRow]) -> str | None:
     """What the marks of these rows mean, in a line; None where no row has one."""
     found = dict.fromkeys(role for row in rows for role in row.roles if role != "chosen")
