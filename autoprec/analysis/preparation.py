@@ -15,11 +15,14 @@ under the model's content and shapes: a resumed search, a worker and a re-create
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -65,28 +68,78 @@ def cpu_session(model: StoredModel, quick: bool = False):
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with model.file() as path:
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=cpu_optimizers_left_off(model.proto))
+                                            disabled_optimizers=cpu_optimizers_left_off(model.proto, path))
 
 
-def cpu_optimizers_left_off(model: onnx.ModelProto) -> list[str]:
-    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each for a graph where it would change
-    what autoprec measures:
+def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
+                            crashes: Callable[[Path], bool] | None = None) -> list[str]:
+    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each only where it would change what
+    autoprec measures, so that every other session is the plain ``InferenceSession`` a user builds:
 
-    - ``NchwcTransformer`` on a graph holding FP16: its layout transformer crashes the process (a segmentation
-      fault) building a session of a ViT-S/16 export's all-FP16 deployable model. A layout for speed only.
     - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on the CPU as the
       reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's integer kernels, which on an
       x86 CPU without VNNI saturate int8 products (the s8 activations shifted to u8), 0.09 off in a classifier's
-      probabilities where the Q/DQ arithmetic is exact; left off, the Q/DQ runs as float ops, exactly.
+      probabilities where the Q/DQ arithmetic is exact; left off, the Q/DQ runs as float ops, exactly. (The ort-cpu
+      form, what best/ ships for ort-cpu, has unsigned activations: never left off there.)
+    - ``NchwcTransformer`` only on a graph whose session build crashes the process with every optimizer on: its
+      layout transformer ended the process (a segmentation fault) building a session of a ViT-S/16 export's
+      all-FP16 model. Graphs holding FP16 (the only kind it was seen on) loaded from ``path`` are built once in a
+      child process first (``crashes``: :func:`build_crashes`); every other graph keeps it, as a user's session
+      does (left off for every FP16 graph, a mixed plan of a detector timed at 0.94× all-FP32 ran 1.14–1.18× in a
+      plain session).
     """
     graph = model.graph
-    fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
-        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
-        for n in graph.node)
     signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
     signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
                              for n in graph.node)
-    return ["NchwcTransformer"] * fp16 + ["QDQSelectorActionTransformer"] * signed_activations
+    crashing = path is not None and holds_fp16(model) and (crashes or build_crashes)(path)
+    return ["NchwcTransformer"] * crashing + ["QDQSelectorActionTransformer"] * signed_activations
+
+
+def holds_fp16(model: onnx.ModelProto) -> bool:
+    graph = model.graph
+    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+        for n in graph.node)
+
+
+PROBE_SECONDS = 300.0  # a child building a session longer than this is taken for a crash (hung)
+_probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once per process
+
+
+def build_crashes(path: Path) -> bool:
+    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on ends the
+    process that builds it: tried in a forked child (which a crash takes down instead of this process), once per
+    graph."""
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    if digest not in _probed:
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        _probed[digest] = crashes_in_child(
+            lambda: onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+    return _probed[digest]
+
+
+def crashes_in_child(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> bool:
+    """Whether ``work`` ends a forked child by a signal (or hangs past ``seconds``); an exception it raises is no
+    crash (the real call says it)."""
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but the work, then out without Python's clean-up
+        code = 1
+        try:
+            faulthandler.disable()
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + seconds
+    while (found := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return True
+        time.sleep(0.01)
+    return os.WIFSIGNALED(found[1])
 
 
 class RunCheck:

@@ -21,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autoprec.backends.onnxruntime import session_said
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
 from autoprec.core.profile import ShapeProfile, dims_text
@@ -29,7 +30,7 @@ from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.record import SearchFacts
-from autoprec.results.rows import COLUMNS_SAID, order_said, roles_said, trial_rows
+from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_said, trial_rows
 from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
@@ -198,7 +199,7 @@ def front_table(result: ResultFiles) -> Table:
                     f"{engine.provider} on {engine.device}"),
         title_justify="left",
     )
-    metric = plain(f"loss ({result.facts.metric})")
+    metric = plain(f"loss: {loss_name(result.facts.metric)}")
     for column in ("trial", "ms", "range", "×fp32", metric, "i8/f16/f32", ""):
         table.add_column(column, justify="left" if not column else "right", overflow="fold")
     for row in rows:
@@ -289,6 +290,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         lines.append(f"        ⚠ {drift}")
     if versus.steadiness and (unsteady := versus.steadiness.said()):
         lines.append(f"        ⚠ {unsteady}")
+    lines += [f"        ⚠ {session_said(build)}" for build in [chosen.measurement.build]
+              if (build or {}).get("disabled_optimizers")]
     if said := decisions(chosen.metrics):
         lines.append(f"        decisions: {said}")
     for name, values in facts.fp32_on_labels.items():
@@ -487,7 +490,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
         ("device", lambda r: r.engine.device),
-        ("metric / max loss", lambda r: f"{r.facts.metric} / {r.facts.max_loss}"),
+        ("loss (metric) / max loss", lambda r: f"{loss_name(r.facts.metric)} ({r.facts.metric}) / {r.facts.max_loss}"),
         ("trials / budget", lambda r: f"{r.facts.trials} / {r.facts.budget}"),
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),

@@ -10,9 +10,17 @@ from typing import Any
 
 from autoprec.core import atomic
 from autoprec.measure.speedup import ratio_text
-from autoprec.results.files import ResultFiles, decisions
+from autoprec.results.files import DECISIONS, ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.rows import COLUMNS_SAID, TrialRow, order_said, roles_said, trial_rows
+from autoprec.results.rows import (
+    COLUMNS_SAID,
+    TrialRow,
+    figure,
+    loss_name,
+    order_said,
+    roles_said,
+    trial_rows,
+)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -55,7 +63,7 @@ def _facts(result: ResultFiles) -> str:
         ("latency", engine.timing or "—"),
         ("measured", "yes" if engine.measured else "NO — described only, never executed"),
         ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
-        ("metric", f"{search.metric} (loss 0 = as good as FP32)"),
+        ("metric", f"{search.metric}: the loss is the {loss_name(search.metric)} (0 = as good as FP32)"),
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
@@ -78,7 +86,7 @@ def _front(result: ResultFiles) -> str:
     metrics per output in a table of their own (a row per trial and output), so a model with many outputs widens
     neither past the page."""
     head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
-            "loss", "int8", "fp16", "fp32", ""]
+            f"loss: {loss_name(result.facts.metric)} ↓", "int8", "fp16", "fp32", ""]
     rows = trial_rows(result)
     cells = []
     for row in rows:
@@ -100,15 +108,17 @@ def _front(result: ResultFiles) -> str:
 def _metrics(result: ResultFiles, shown: list[TrialRow]) -> str:
     front = [row.trial for row in shown]
     names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
+    labels = dict(DECISIONS)
     rows = [
-        _row([t.number, output, *(_num(values[m]) if m in values else "—" for m in names)],
+        _row([t.number, output, *(_num(figure(m, values[m], labels)[1]) if m in values else "—" for m in names)],
              t.number == result.chosen_number, left=(1,))
         for t in front for output, values in t.metrics.items()
     ]
-    head = "".join(f"<th>{_e(h)}</th>" for h in ["trial", "output", *names])
+    head = "".join(f"<th>{_e(h)}</th>" for h in ["trial", "output", *(figure(m, 0.0, labels)[0] for m in names)])
     return (f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
-            "<p class='note'>Metrics compare each output with the FP32 model's on the evaluation batches (top1, cer, "
-            "map50, nn_agreement: its decisions; *_labels: against the data's ground truth).</p>")
+            "<p class='note'>Each output against the FP32 model's on the evaluation batches: ↓ lower is closer to "
+            "FP32 (0: the same), ↑ higher is (a similarity is shown as its loss, 1 − cosine, as the loss column "
+            "and the deployment checks say it); \"vs labels\": against the data's ground truth.</p>")
 
 
 def _row(cells: list, chosen: bool, left: tuple[int, ...] = ()) -> str:
