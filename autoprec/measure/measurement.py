@@ -13,6 +13,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
+from autoprec.core.locks import DeviceTurns
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
@@ -113,23 +114,29 @@ def measure(
     batches: Sequence[Batch],
     judge: Judge,
     screen: Screen | None = None,
-    device: contextlib.AbstractContextManager | None = None,
+    device: DeviceTurns | None = None,
 ) -> Measurement:
     """Latency on the first evaluation batch; accuracy on all of them, as ``judge`` scores it.
 
     With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
-    ``device`` is held while the candidate runs (evaluation and timing), not while it is built: with
-    several workers, builds overlap and the device runs one candidate at a time.
+    ``device`` is taken while the candidate runs, not while it is built: shared while it is evaluated (beside
+    other processes' evaluations), alone while it is timed; with several workers, builds overlap and the device
+    times one candidate at a time.
     """
     seconds = {}
+    turns = device or DeviceTurns(None)
     t0 = time.perf_counter()
     with backend.runner(model) as runner:
         seconds["build"] = time.perf_counter() - t0
         build = runner.build_report()
         t0 = time.perf_counter()
-        with device or contextlib.nullcontext():
+        with turns.evaluating():
             seconds["device_wait"] = time.perf_counter() - t0
-            latency, retimes, outputs = _run_and_time(runner, batches, judge, screen, seconds)
+            outputs = _run(runner, batches, judge, screen, seconds)
+        t0 = time.perf_counter()
+        with turns.timing():
+            seconds["device_wait"] += time.perf_counter() - t0
+            latency, retimes = _time(runner, batches[0], seconds)
         t0 = time.perf_counter()
     seconds["release"] = time.perf_counter() - t0  # the engine's memory given back
     t0 = time.perf_counter()
@@ -139,7 +146,7 @@ def measure(
     return Measurement(latency, metrics, loss, seconds, retimes, build)
 
 
-def _run_and_time(runner, batches, judge: Judge, screen, seconds):
+def _run(runner, batches, judge: Judge, screen, seconds):
     t0 = time.perf_counter()
     outputs = []
     for i, batch in enumerate(batches):
@@ -150,13 +157,17 @@ def _run_and_time(runner, batches, judge: Judge, screen, seconds):
                 seconds["evaluate"] = time.perf_counter() - t0
                 raise Rejected(loss, len(outputs), seconds)
     seconds["evaluate"] = time.perf_counter() - t0
+    return outputs
+
+
+def _time(runner, batch, seconds):
     t0 = time.perf_counter()
-    latency, retimes = runner.time(batches[0]), 0
+    latency, retimes = runner.time(batch), 0
     while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
         retimes += 1
-        latency = min(latency, runner.time(batches[0]), key=lambda t: t.spread)
+        latency = min(latency, runner.time(batch), key=lambda t: t.spread)
     seconds["time"] = time.perf_counter() - t0
-    return latency, retimes, outputs
+    return latency, retimes
 
 
 @dataclass(frozen=True)
@@ -294,7 +305,7 @@ class Measurer(abc.ABC):
 
 
 def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
-             screen: Screen | None = None, device: contextlib.AbstractContextManager | None = None) -> Measurement:
+             screen: Screen | None = None, device: DeviceTurns | None = None) -> Measurement:
     """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the rest."""
     t0 = time.perf_counter()
     model = lowering(backend, plan)
