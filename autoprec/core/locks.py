@@ -82,7 +82,7 @@ class FileLock:
             pid, since = int(note["pid"]), float(note["since"])
         except (OSError, ValueError, KeyError, TypeError):
             return "a process that left no note (an older autoprec, or another tool)"
-        if not _alive(pid):
+        if not pid_alive(pid):
             return f"pid {pid}, which has ended (the lock is being handed on)"
         doing = f", {note['doing']}" if note.get("doing") else ""
         return (f"pid {pid} ({note.get('command') or 'command unknown'}){doing}, since "
@@ -128,12 +128,13 @@ def _command(pid: int) -> str:
     return said if len(said) <= 120 else said[:119] + "…"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except OSError:
         return True
     return True
 
