@@ -1,22 +1,25 @@
-"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often it finds a
-small real gain (its power), through the path a search takes (autoprec.measure.measurement.time_compared).
+"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often
+it finds a small real gain (its power), through the path a search takes
+(autoprec.measure.measurement.time_compared).
 
 Per model and engine setting, ``--repeats`` times:
 
-- **A/A**: the all-FP32 plan against a separately lowered and built all-FP32 plan, with the given model beside
-  them, as a search's final timing runs them: the share of comparisons whose 95 % interval lies wholly above 1
-  ("faster", the false claim) or below it, the intervals' median width, rounds, sessions and seconds;
-- **A/B**: all-FP32 against the same graph with extra element-wise work on its output (Mul by 1.0001 then by
-  1/1.0001, ``--extra`` times: about ``--gain`` slower, measured first), the plain graph as the plan: the share
-  found beyond noise;
-- **before**: the method this replaced (one session per model for all rounds, >= 6 rounds until a 4 % interval or
-  the seconds pass, a percentile bootstrap of the rounds' mean log ratio), on the same A/A pairs, in the same run.
+- **A/A**: the all-FP32 plan against a separately lowered and built all-FP32 plan, with the given
+  model beside them, as a search's final timing runs them: the share of comparisons whose 95 %
+  interval lies wholly above 1 ("faster", the false claim) or below it, the intervals' median width,
+  rounds, sessions and seconds;
+- **A/B**: all-FP32 against the same graph with extra element-wise work on its output (Mul by 1.0001
+  then by 1/1.0001, ``--extra`` times: about ``--gain`` slower, measured first), the plain graph as
+  the plan: the share found beyond noise;
+- **before**: the method this replaced (one session per model for all rounds, >= 6 rounds until a 4
+  % interval or the seconds pass, a percentile bootstrap of the rounds' mean log ratio), on the same
+  A/A pairs, in the same run.
 
-Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models (``--zoo``); settings:
-ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda where ``--cuda`` is given. ``--hog
-SECONDS`` runs a CPU hog beside it all (one process spinning on one core, on for SECONDS, off for SECONDS, in
-turn, its phase unrelated to the rounds'): the loaded machine of issue 69. ``--no-before`` leaves the old method
-out (it takes as long as the rest).
+Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models
+(``--zoo``); settings: ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda
+where ``--cuda`` is given. ``--hog SECONDS`` runs a CPU hog beside it all (one process spinning on
+one core, on for SECONDS, off for SECONDS, in turn, its phase unrelated to the rounds'): the loaded
+machine of issue 69. ``--no-before`` leaves the old method out (it takes as long as the rest).
 
     python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
     python benchmarks/a_over_a.py --models conv --threads 1 --gain 1.5 --hog 3 --no-before --json a_over_a_hog.json
@@ -112,7 +115,8 @@ def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedu
 
 
 def _hog(seconds: float) -> None:
-    """Spin one core for ``seconds``, rest as long, forever (a child process, ended by its parent)."""
+    """Spin one core for ``seconds``, rest as long, forever (a child process, ended by its parent).
+    """
     while True:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
@@ -136,7 +140,8 @@ def hogged(seconds: float | None):
 
 
 def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds: float, with_before: bool) -> dict:
-    """A/A, A/B (the reference slowed by ``extra`` Mul pairs) and, ``with_before``, the replaced method."""
+    """A/A, A/B (the reference slowed by ``extra`` Mul pairs) and, ``with_before``, the replaced
+    method."""
     info = baseline.info
     plan = info.plan_at(Precision.FP32)
     lowering = Lowering(info, baseline.ranges)

@@ -380,8 +380,8 @@ def test_a_sequence_input_is_one_line(tmp_path, capsys):
 
 
 def test_a_zipmap_output_is_refused_naming_the_converter_option_that_leaves_it_out(tmp_path, capsys):
-    """skl2onnx ends a classifier with a ZipMap (its probabilities as a list of dicts) unless told not to: the
-    refusal names the option (issue 69)."""
+    """skl2onnx ends a classifier with a ZipMap (its probabilities as a list of dicts) unless told
+    not to: the refusal names the option (issue 69)."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])

@@ -89,10 +89,11 @@ def test_a_shape_path_reads_an_fp16_tensor_without_a_cast_back(tmp_path):
 
 
 def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimizer_off(tmp_path):
-    """ONNX Runtime 1.32's NCHWc transformer ended the process building a CPU session of a ViT-S/16 export's
-    all-FP16 deployable model. Left off for every FP16 graph (issue 69), a mixed FP16/FP32 plan was timed with
-    options a user's plain session lacks (0.94× all-FP32, 1.14–1.18× in plain sessions): now a graph holding FP16
-    is built once in a child process, and only one whose build crashes there leaves it off."""
+    """ONNX Runtime 1.32's NCHWc transformer ended the process building a CPU session of a ViT-S/16
+    export's all-FP16 deployable model. Left off for every FP16 graph (issue 69), a mixed FP16/FP32
+    plan was timed with options a user's plain session lacks (0.94× all-FP32, 1.14–1.18× in plain
+    sessions): now a graph holding FP16 is built once in a child process, and only one whose build
+    crashes there leaves it off."""
     import os
     import signal
 
@@ -111,8 +112,8 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
 
 
 def test_the_session_options_a_plans_figures_hold_for_are_recorded_and_said():
-    """A trial's build report names the optimizers its sessions left off (none for a plain session), and the lines
-    and the card say how to build a session its figures hold for."""
+    """A trial's build report names the optimizers its sessions left off (none for a plain session),
+    and the lines and the card say how to build a session its figures hold for."""
     from autoprec.backends.onnxruntime import OrtRunner, session_said
 
     class Session:

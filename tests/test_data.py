@@ -40,8 +40,8 @@ def test_an_image_folder_fills_an_nhwc_input_in_the_order_scale_and_crop_asked_f
 
 
 def test_a_letterboxed_image_keeps_its_aspect_on_grey_as_yolo_models_are_fed(tmp_path):
-    """A 2:1 photo into a square input: resized to the input's width, centred, the rows above and below grey 114
-    (issue 69); the zoo's YOLOv8n data is letterboxed by the same function."""
+    """A 2:1 photo into a square input: resized to the input's width, centred, the rows above and
+    below grey 114 (issue 69); the zoo's YOLOv8n data is letterboxed by the same function."""
     Image.new("RGB", (40, 20), (255, 0, 0)).save(tmp_path / "wide.png")
     dataset = build_dataset(tmp_path, (TensorSpec("images", (1, 3, 16, 16), "float32"),),
                             image=ImageOptions(resize="letterbox"))

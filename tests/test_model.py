@@ -61,8 +61,9 @@ def test_dynamic_batch_defaults_to_one_and_shape_option_sets_it(tmp_path):
 
 
 def test_inputs_whose_batch_dim_is_set_to_one_are_said_in_one_line():
-    """A decoder's eleven inputs with one dynamic batch dim gave eleven identical lines (issue 69): one line now,
-    naming the first inputs and counting the rest; an input --shape sizes through a shared dim is not among them."""
+    """A decoder's eleven inputs with one dynamic batch dim gave eleven identical lines (issue 69):
+    one line now, naming the first inputs and counting the rest; an input --shape sizes through a
+    shared dim is not among them."""
     from autoprec.analysis.model_info import TensorSpec
     from autoprec.analysis.shapes import resolve_input_shapes
 

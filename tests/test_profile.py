@@ -300,8 +300,8 @@ def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, cap
 
 
 def test_inputs_alike_across_the_profile_are_said_once():
-    """A decoder's cache inputs, alike in their dims and ranges, made a profile line of ~1,500 characters
-    (issue 69): they are said once, the first named and the rest counted."""
+    """A decoder's cache inputs, alike in their dims and ranges, made a profile line of ~1,500
+    characters (issue 69): they are said once, the first named and the rest counted."""
     from autoprec.core.profile import InputRange, ShapeProfile
 
     cache = [InputRange(f"past_key_values.{i}.key", ("batch", 4, "past", 64), (1, 4, 1, 64), (1, 4, 8, 64),

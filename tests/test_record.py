@@ -111,8 +111,8 @@ def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
 
 
 def test_latencies_show_the_digits_that_tell_them_apart_and_a_rival_faster_in_ms_but_not_in_the_rounds_is_said():
-    """Issue 69: a range read "0.010–0.010"; a rival listed faster in ms than the chosen plan but slower in ×fp32
-    was left unexplained."""
+    """Issue 69: a range read "0.010–0.010"; a rival listed faster in ms than the chosen plan but
+    slower in ×fp32 was left unexplained."""
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
     from autoprec.measure.measurement import Measurement

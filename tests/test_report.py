@@ -301,10 +301,10 @@ def test_tables_agree_with_themselves_and_hold_every_trial_a_line_names(result_d
 
 
 def test_the_trade_off_draws_what_the_claims_rest_on_and_marks_a_plan_left_out(result_dirs, tmp_path):
-    """Issue 69: pareto.png put all-FP32 at 13.3 ms and the chosen plan at 1.84 ms (7.2× by eye) beside a claimed
-    2.45×: absolute figures from other loads. The figure now draws each plan's speed-up over all-FP32 as the tables
-    state it (the final timing's for the chosen plan), and a front plan past the limit on the calibration batches
-    is marked, off the front line."""
+    """Issue 69: pareto.png put all-FP32 at 13.3 ms and the chosen plan at 1.84 ms (7.2× by eye)
+    beside a claimed 2.45×: absolute figures from other loads. The figure now draws each plan's
+    speed-up over all-FP32 as the tables state it (the final timing's for the chosen plan), and a
+    front plan past the limit on the calibration batches is marked, off the front line."""
     import figures
 
     from autoprec.results import plots
@@ -339,8 +339,9 @@ def test_the_trade_off_draws_what_the_claims_rest_on_and_marks_a_plan_left_out(r
 
 
 def test_every_view_names_a_figure_once_and_in_one_direction(result_dirs, tmp_path):
-    """Issue 69: the report's accuracy table said "cosine 0.981574" (a similarity) beside "cosine loss 1.38e-05"
-    elsewhere: every table says the loss (1 − cosine), with its direction, as the loss column does."""
+    """Issue 69: the report's accuracy table said "cosine 0.981574" (a similarity) beside "cosine
+    loss 1.38e-05" elsewhere: every table says the loss (1 − cosine), with its direction, as the
+    loss column does."""
     from autoprec.results import console
     from autoprec.results.files import read_result_dir
     from autoprec.results.report import write_report

@@ -119,9 +119,10 @@ def test_a_level_that_jumps_between_sessions_neither_invents_a_gain_nor_hides_a_
 
 
 def _hogged(gain: float, seed: int, blocks: int = 8) -> Rounds:
-    """A final timing beside a CPU hog that switches on and off (issue 69): each model's turn in a round is quiet,
-    hit in part (the hog took some of its runs: its median 20–150 % slower, its fast runs as quiet) or hit whole
-    (every run slower, by 30–120 %); sessions 1 % apart. Interference only ever adds time."""
+    """A final timing beside a CPU hog that switches on and off (issue 69): each model's turn in a
+    round is quiet, hit in part (the hog took some of its runs: its median 20–150 % slower, its fast
+    runs as quiet) or hit whole (every run slower, by 30–120 %); sessions 1 % apart. Interference
+    only ever adds time."""
     rng = np.random.default_rng(seed)
     timings: dict[str, list[Timing]] = {"fp32": [], "chosen": []}
     loads = []
@@ -141,9 +142,10 @@ def _hogged(gain: float, seed: int, blocks: int = 8) -> Rounds:
 
 
 def test_a_hog_switching_on_and_off_neither_hides_a_real_gain_nor_invents_one():
-    """Issue 69: on a loaded 2-core machine a held-out detector's 1.6× INT8 plan read 1.59× (0.83–3.02) from the
-    rounds' medians and was not shipped. Each session's fastest runs, which a hog cannot make faster, see a 1.5×
-    gain in nearly every timing and still call a plan faster than itself no more often than the level says."""
+    """Issue 69: on a loaded 2-core machine a held-out detector's 1.6× INT8 plan read 1.59×
+    (0.83–3.02) from the rounds' medians and was not shipped. Each session's fastest runs, which a
+    hog cannot make faster, see a 1.5× gain in nearly every timing and still call a plan faster than
+    itself no more often than the level says."""
     found = [_hogged(1.5, seed).speedup("fp32", "chosen") for seed in range(50)]
     assert sum(s.beyond_timing_noise for s in found) >= 45  # (the rounds' medians: 2 of 50)
     assert abs(np.median([s.speedup for s in found]) / 1.5 - 1) < 0.02

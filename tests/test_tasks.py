@@ -133,9 +133,10 @@ def test_detection_metric_against_fp32_boxes_and_labelled_boxes():
 
 
 def test_a_detection_limit_is_said_in_boxes():
-    """Issue 69: 26 images gave FP32 6 boxes, each changed one a loss of 0.17–0.5, and the search did not say what
-    --max-loss allowed. Three boxes in two classes (two of class 0 in one image, one of class 1 in another): a box
-    lost or moved costs 1/4 (class 0) or 1/2 (class 1), so 0.01 allows none; against the labels, their boxes."""
+    """Issue 69: 26 images gave FP32 6 boxes, each changed one a loss of 0.17–0.5, and the search
+    did not say what --max-loss allowed. Three boxes in two classes (two of class 0 in one image,
+    one of class 1 in another): a box lost or moved costs 1/4 (class 0) or 1/2 (class 1), so 0.01
+    allows none; against the labels, their boxes."""
     ref = [{"out": yolo_v8([(10, 10, 4, 4, 0, 0.9), (30, 30, 4, 4, 0, 0.8)])},
            {"out": yolo_v8([(10, 10, 4, 4, 1, 0.9)])}]
     said = Judge(Metric("detection", ("detection",)), ref).limit_said(0.01)

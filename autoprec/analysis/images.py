@@ -1,10 +1,12 @@
-"""A folder of images as a model's input, in the layout and preprocessing the model was trained with.
+"""A folder of images as a model's input, in the layout and preprocessing the model was trained
+with.
 
 The layout is read off the input's shape (N×C×H×W from PyTorch, N×H×W×C from Keras/TensorFlow); the
-preprocessing is what people name it by: channel order (RGB, or BGR as Caffe-style models want), how an image
-reaches the input's size (stretched; its shorter side resized and the centre cropped, as torchvision's
-``Resize`` + ``CenterCrop`` do; or letterboxed: its longer side resized, the rest padded grey (114), as YOLO
-models are fed), the pixel scale (0..1 or 0..255) and the per-channel mean and std.
+preprocessing is what people name it by: channel order (RGB, or BGR as Caffe-style models want), how
+an image reaches the input's size (stretched; its shorter side resized and the centre cropped, as
+torchvision's ``Resize`` + ``CenterCrop`` do; or letterboxed: its longer side resized, the rest
+padded grey (114), as YOLO models are fed), the pixel scale (0..1 or 0..255) and the per-channel
+mean and std.
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ def _sized(img, width: int, height: int, resize: str):
 
 
 def letterboxed(img, width: int, height: int):
-    """``img`` resized to fit ``width`` × ``height`` whole, its aspect kept, centred on grey (LETTERBOX_GREY): the
-    objects keep their shape, as a detector trained on letterboxed images expects them."""
+    """``img`` resized to fit ``width`` × ``height`` whole, its aspect kept, centred on grey
+    (LETTERBOX_GREY): the objects keep their shape, as a detector trained on letterboxed images
+    expects them."""
     from PIL import Image
 
     scale = min(width / img.width, height / img.height)

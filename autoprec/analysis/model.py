@@ -106,8 +106,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 
 
 def _tensor_fix(model: onnx.ModelProto, name: str, role: str) -> str:
-    """How to get a tensor where ``name`` is not one: a ZipMap (the probabilities as a list of dicts, which
-    skl2onnx puts after every classifier by default) is left out at conversion."""
+    """How to get a tensor where ``name`` is not one: a ZipMap (the probabilities as a list of
+    dicts, which skl2onnx puts after every classifier by default) is left out at conversion."""
     if any(n.op_type == "ZipMap" and name in n.output for n in model.graph.node):
         return ("it is the ZipMap skl2onnx adds after a classifier; convert without it (skl2onnx: "
                 "to_onnx(model, X, options={'zipmap': False}), or convert_sklearn(..., options={id(model): "

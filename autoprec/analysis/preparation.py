@@ -74,21 +74,24 @@ def cpu_session(model: StoredModel, quick: bool = False):
 
 def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
                             crashes: Callable[[Path], bool] | None = None) -> list[str]:
-    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each only where it would change what
-    autoprec measures, so that every other session is the plain ``InferenceSession`` a user builds:
+    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each only where it would
+    change what autoprec measures, so that every other session is the plain ``InferenceSession`` a
+    user builds:
 
-    - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on the CPU as the
-      reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's integer kernels, which on an
-      x86 CPU without VNNI saturate int8 products (the s8 activations shifted to u8), 0.09 off in a classifier's
-      probabilities where the Q/DQ arithmetic is exact; left off, the Q/DQ runs as float ops, exactly. (The ort-cpu
-      form, what best/ ships for ort-cpu, has unsigned activations: never left off there.)
-    - ``NchwcTransformer`` only on a graph whose session build crashes the process with every optimizer on: its
-      layout transformer ended the process (a segmentation fault) building a session of a ViT-S/16 export's
-      all-FP16 model. Graphs holding FP16 (the only kind it was seen on) loaded from ``path`` are built once in a
-      child process first (``crashes``: :func:`build_crashes`); every other graph keeps it, as a user's session
-      does (left off for every FP16 graph, a mixed plan of a detector timed at 0.94× all-FP32 ran 1.14–1.18× in a
-      plain session).
-    """
+    - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on
+      the CPU as the reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's
+      integer kernels, which on an x86 CPU without VNNI saturate int8 products (the s8 activations
+      shifted to u8), 0.09 off in a classifier's probabilities where the Q/DQ arithmetic is exact;
+      left off, the Q/DQ runs as float ops, exactly. (The ort-cpu form, what best/ ships for
+      ort-cpu, has unsigned activations: never left off there.)
+    - ``NchwcTransformer`` only on a graph whose session build crashes the process with every
+      optimizer on: its layout transformer ended the process (a segmentation fault) building a
+      session of a ViT-S/16 export's all-FP16 model. Graphs holding FP16 (the only kind it was seen
+      on) loaded from ``path`` are built once in a child process first (``crashes``:
+      :func:`build_crashes`); every other graph keeps it, as a user's session does (left off for
+      every FP16 graph, a mixed plan of a detector timed at 0.94× all-FP32 ran 1.14–1.18× in a plain
+      session).
+"""
     graph = model.graph
     signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
     signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
@@ -109,9 +112,9 @@ _probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once p
 
 
 def build_crashes(path: Path) -> bool:
-    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on ends the
-    process that builds it: tried in a forked child (which a crash takes down instead of this process), once per
-    graph."""
+    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
+    ends the process that builds it: tried in a forked child (which a crash takes down instead of
+    this process), once per graph."""
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     if digest not in _probed:
         options = onnxruntime.SessionOptions()
@@ -122,8 +125,8 @@ def build_crashes(path: Path) -> bool:
 
 
 def crashes_in_child(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> bool:
-    """Whether ``work`` ends a forked child by a signal (or hangs past ``seconds``); an exception it raises is no
-    crash (the real call says it)."""
+    """Whether ``work`` ends a forked child by a signal (or hangs past ``seconds``); an exception it
+    raises is no crash (the real call says it)."""
     pid = os.fork()
     if pid == 0:  # the child: nothing but the work, then out without Python's clean-up
         code = 1

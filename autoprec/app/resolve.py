@@ -38,8 +38,9 @@ def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
 
 
 def check_out_dir(out: Path) -> Path | None:
-    """``out`` made where missing and checked to be writable; the topmost folder this made (None: ``out`` was
-    there), which a run refused before its first trial removes again (:func:`remove_made`)."""
+    """``out`` made where missing and checked to be writable; the topmost folder this made (None:
+    ``out`` was there), which a run refused before its first trial removes again
+    (:func:`remove_made`)."""
     made = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -53,15 +54,16 @@ def check_out_dir(out: Path) -> Path | None:
 
 
 def remove_made(made: Path | None) -> None:
-    """The folder a refused run made for its results (and what it wrote there) removed: a refusal leaves no folder
-    behind, and never touches one that was there before it."""
+    """The folder a refused run made for its results (and what it wrote there) removed: a refusal
+    leaves no folder behind, and never touches one that was there before it."""
     if made is not None:
         shutil.rmtree(made, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def removed_if_refused(made: Path | None) -> Iterator[None]:
-    """The body, and where it is refused (an AutoprecError), :func:`remove_made` of ``made`` before the refusal."""
+    """The body, and where it is refused (an AutoprecError), :func:`remove_made` of ``made`` before
+    the refusal."""
     try:
         yield
     except AutoprecError:

@@ -43,9 +43,9 @@ class OrtRunner(Runner):
         self.output_names = [o.name for o in session.get_outputs()]
 
     def build_report(self) -> dict | None:
-        """The optimizers the session was built without (see :func:`new_session`): what a claim on this plan
-        holds with, recorded with the trial, in best/plan.json and on the build card; None where there are none
-        (the plain session a user builds)."""
+        """The optimizers the session was built without (see :func:`new_session`): what a claim on
+        this plan holds with, recorded with the trial, in best/plan.json and on the build card; None
+        where there are none (the plain session a user builds)."""
         return {"disabled_optimizers": list(self.left_off)} if self.left_off else None
 
     def run(self, batch: Batch) -> dict[str, np.ndarray]:
@@ -59,8 +59,8 @@ class OrtRunner(Runner):
 
 
 def session_said(build: dict | None) -> str:
-    """How ONNX Runtime sessions of a plan were built, for the lines and the card beside its figures: what a user's
-    session needs for the figures to hold."""
+    """How ONNX Runtime sessions of a plan were built, for the lines and the card beside its
+    figures: what a user's session needs for the figures to hold."""
     left_off = (build or {}).get("disabled_optimizers")
     if left_off:
         return (f"timed in ONNX Runtime sessions built with disabled_optimizers={left_off} (its build crashed with "
@@ -177,8 +177,8 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
 
 
 def new_session(ort, model: StoredModel, options, providers: list):
-    """A session loaded from a file beside the model's weights (memory-mapped, never copied through protobuf), with
-    every optimizer but those :func:`cpu_optimizers_left_off` names; and those."""
+    """A session loaded from a file beside the model's weights (memory-mapped, never copied through
+    protobuf), with every optimizer but those :func:`cpu_optimizers_left_off` names; and those."""
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:

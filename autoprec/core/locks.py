@@ -43,10 +43,11 @@ class FileLock:
 
     def take(self, wait: bool = True, shared: bool = False, say: Callable[[str], None] | None = None,
              doing: str = "") -> bool:
-        """Take the lock (``shared``: beside other shared holders, never beside an exclusive one); without ``wait``,
-        False at once when another holder has it. With ``say``, a wait is not silent: who holds the lock and since
-        when is said at once and every SAY_EVERY seconds until it is free. The holder notes in the file who it is
-        and what it is ``doing``, for the next waiter to say."""
+        """Take the lock (``shared``: beside other shared holders, never beside an exclusive one);
+        without ``wait``, False at once when another holder has it. With ``say``, a wait is not
+        silent: who holds the lock and since when is said at once and every SAY_EVERY seconds until
+        it is free. The holder notes in the file who it is and what it is ``doing``, for the next
+        waiter to say."""
         fd = self._open()
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
@@ -75,8 +76,8 @@ class FileLock:
                 continue
 
     def holder(self) -> str:
-        """Who holds the lock, as its last taker noted it: ``pid 812 (autoprec search zoo:magika …), timing, since
-        19:02:11``; where that process is gone or left no note, said so."""
+        """Who holds the lock, as its last taker noted it: ``pid 812 (autoprec search zoo:magika …),
+        timing, since 19:02:11``; where that process is gone or left no note, said so."""
         try:
             note = json.loads(self.path.read_text() or "{}")
             pid, since = int(note["pid"]), float(note["since"])
@@ -106,8 +107,8 @@ POLL_SECONDS = 0.2
 
 
 def _note(fd: int, doing: str) -> None:
-    """This process noted in the lock file as its holder: its pid, its command (a worker process's: its parent's,
-    the search's), what it is doing and since when."""
+    """This process noted in the lock file as its holder: its pid, its command (a worker process's:
+    its parent's, the search's), what it is doing and since when."""
     command = _command(os.getpid())
     if "multiprocessing" in command:
         command = _command(os.getppid())
@@ -140,9 +141,10 @@ def pid_alive(pid: int) -> bool:
 
 
 class DeviceTurns:
-    """The device's lock as a candidate's measurement takes it: evaluating (its outputs do not depend on how busy
-    the device is) shares it with other processes' evaluations, timing holds it alone; so a process waits only for
-    another's timing, evaluates while another evaluates, and says whom it waits for (``say``)."""
+    """The device's lock as a candidate's measurement takes it: evaluating (its outputs do not
+    depend on how busy the device is) shares it with other processes' evaluations, timing holds it
+    alone; so a process waits only for another's timing, evaluates while another evaluates, and says
+    whom it waits for (``say``)."""
 
     def __init__(self, lock: FileLock | None, say: Callable[[str], None] | None = None):
         self.lock, self.say = lock, say

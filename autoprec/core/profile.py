@@ -71,9 +71,9 @@ class ShapeProfile:
         return {"inputs": [i.to_json() for i in self.inputs]}
 
     def said(self) -> str:
-        """``x [N, 3, 16, 16] min 1x3x16x16 · opt 4x3x16x16 · max 8x3x16x16`` per input with a dynamic dim, inputs
-        alike in all four said once (a decoder's dozen cache inputs: one line, not 1,500 characters); the fixed
-        shapes where none has one."""
+        """``x [N, 3, 16, 16] min 1x3x16x16 · opt 4x3x16x16 · max 8x3x16x16`` per input with a
+        dynamic dim, inputs alike in all four said once (a decoder's dozen cache inputs: one line,
+        not 1,500 characters); the fixed shapes where none has one."""
         if not self.dynamic:
             return "fixed shapes " + "; ".join(f"{i.name} {dims_text(i.opt) or 'scalar'}" for i in self.inputs)
         alike: dict[str, list[str]] = {}
@@ -120,7 +120,8 @@ NAMED = 3  # a line naming more inputs than this names the first ones and counts
 
 
 def names_text(names: Sequence[str]) -> str:
-    """``a``, ``a, b``, or ``a, b, c and 9 more``: inputs said alike, in one line of any length of model."""
+    """``a``, ``a, b``, or ``a, b, c and 9 more``: inputs said alike, in one line of any length of
+    model."""
     return ", ".join(names[:NAMED]) + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
 
 

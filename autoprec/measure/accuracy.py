@@ -340,8 +340,8 @@ class Judge:
         return int((truth >= 0).sum())
 
     def limit_said(self, max_loss: float | None) -> str | None:
-        """What ``--max-loss`` allows in decisions where the constraint counts them (12 items, top1 at 0.01: none;
-        6 boxes in 2 classes, detection at 0.01: none, each costs 0.17–0.5)."""
+        """What ``--max-loss`` allows in decisions where the constraint counts them (12 items, top1
+        at 0.01: none; 6 boxes in 2 classes, detection at 0.01: none, each costs 0.17–0.5)."""
         if max_loss is not None and (boxes := self._boxes()) is not None:
             return boxes_said(boxes, max_loss, self.metric.name)
         count = self.decisions()
@@ -356,8 +356,9 @@ class Judge:
         return said
 
     def _boxes(self) -> list[np.ndarray] | None:
-        """The boxes a detection constraint scores against, over the evaluation batches: FP32's (decoded as every
-        plan's are) or the data's; None for another metric, a PicoDet head or several outputs."""
+        """The boxes a detection constraint scores against, over the evaluation batches: FP32's
+        (decoded as every plan's are) or the data's; None for another metric, a PicoDet head or
+        several outputs."""
         if self.metric.task != "detection" or self._picodet or self.metric.user_function is not None:
             return None
         if self.metric.against_labels:
@@ -578,7 +579,8 @@ LABEL_FORMS = {
 
 
 def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
-    """What ``--max-loss`` allows in boxes, each lost or moved box costing its class's share of mAP@0.5."""
+    """What ``--max-loss`` allows in boxes, each lost or moved box costing its class's share of
+    mAP@0.5."""
     costs = tasks.box_costs(truths)  # one per class
     count, classes = sum(len(t) for t in truths), len(costs)
     whose = "the data's" if metric.endswith("@labels") else "FP32's"

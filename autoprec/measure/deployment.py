@@ -143,8 +143,9 @@ def _loss(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarra
 
 
 def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | None:
-    """None where ``model`` gives ``measured``'s outputs on ``sample`` in the same plain session, else how it does
-    not (one whose session needs an optimizer left off that the measured one did not is not what was timed)."""
+    """None where ``model`` gives ``measured``'s outputs on ``sample`` in the same plain session,
+    else how it does not (one whose session needs an optimizer left off that the measured one did
+    not is not what was timed)."""
     with model.file() as path, measured.file() as timed:
         needs = set(cpu_optimizers_left_off(model.proto, path)) - set(cpu_optimizers_left_off(measured.proto, timed))
     if needs:

@@ -118,11 +118,11 @@ def measure(
 ) -> Measurement:
     """Latency on the first evaluation batch; accuracy on all of them, as ``judge`` scores it.
 
-    With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
-    ``device`` is taken while the candidate runs, not while it is built: shared while it is evaluated (beside
-    other processes' evaluations), alone while it is timed; with several workers, builds overlap and the device
-    times one candidate at a time.
-    """
+    With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too
+    high. ``device`` is taken while the candidate runs, not while it is built: shared while it is
+    evaluated (beside other processes' evaluations), alone while it is timed; with several workers,
+    builds overlap and the device times one candidate at a time.
+"""
     seconds = {}
     turns = device or DeviceTurns(None)
     t0 = time.perf_counter()

@@ -1,23 +1,27 @@
-"""A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
+"""A speed-up with its confidence interval, from models timed in interleaved rounds until it is
+known.
 
-Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after warm-up), one
-after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds run in *blocks*: each
-block builds every model's session (engine) anew, so what differs between two sessions of one graph (memory
-placement, thread pools, kernels chosen at creation: 1–3 % on a CPU) is sampled too, not frozen into every
-round. Interference only ever adds time, so a block's figure for a model is what it cannot fake: the session's
-fastest runs (the lowest p10 of its rounds in the block); a block's ratio is the log of the reference's over
-the candidate's, the speed-up the geometric mean over blocks, its interval Student's t over the blocks' ratios.
-Medians would let a neighbour that ran during one model's turn and not the other's make or hide a gain (a
-held-out detector's 1.6× INT8 gain read 0.83–3.02 on a loaded 2-core machine). Timed against itself, a plan so
-measured is "beyond timing noise" no more often than the interval's level says (benchmarks/a_over_a.py
-measures how often, and its power on a 1.5× gain, with a CPU hog switching on and off beside it and without).
+Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after
+warm-up), one after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds
+run in *blocks*: each block builds every model's session (engine) anew, so what differs between two
+sessions of one graph (memory placement, thread pools, kernels chosen at creation: 1–3 % on a CPU)
+is sampled too, not frozen into every round. Interference only ever adds time, so a block's figure
+for a model is what it cannot fake: the session's fastest runs (the lowest p10 of its rounds in the
+block); a block's ratio is the log of the reference's over the candidate's, the speed-up the
+geometric mean over blocks, its interval Student's t over the blocks' ratios. Medians would let a
+neighbour that ran during one model's turn and not the other's make or hide a gain (a held-out
+detector's 1.6× INT8 gain read 0.83–3.02 on a loaded 2-core machine). Timed against itself, a plan
+so measured is "beyond timing noise" no more often than the interval's level says
+(benchmarks/a_over_a.py measures how often, and its power on a 1.5× gain, with a CPU hog switching
+on and off beside it and without).
 
-The machine's load is watched while it runs (what other processes used of its cores, per block). A load that
-comes and goes within a block leaves some quiet runs to each session, and the fastest runs hold; where
-all-FP32's fastest runs themselves moved between blocks (a load on for whole blocks), a plan's speed-up may
-depend on when it was timed (a hog slows an INT8 plan and FP32 unalike): the blocks are split into the lighter
-and the heavier half (by that load, else by the pair's own level in the block) and the interval covers each
-half's t-interval as well as the whole's, so that it holds at either load; the result says so.
+The machine's load is watched while it runs (what other processes used of its cores, per block). A
+load that comes and goes within a block leaves some quiet runs to each session, and the fastest runs
+hold; where all-FP32's fastest runs themselves moved between blocks (a load on for whole blocks), a
+plan's speed-up may depend on when it was timed (a hog slows an INT8 plan and FP32 unalike): the
+blocks are split into the lighter and the heavier half (by that load, else by the pair's own level
+in the block) and the interval covers each half's t-interval as well as the whole's, so that it
+holds at either load; the result says so.
 """
 
 from __future__ import annotations
@@ -164,12 +168,12 @@ def ratio_text(value: float) -> str:
 
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
             confidence: float = CONFIDENCE, unsteady: bool = False, loads: Sequence[float] | None = None) -> Speedup:
-    """The candidate's speed-up over the reference from paired rounds' milliseconds (each round's fast runs: its
-    p10), ``blocks`` naming the session block of each round (None: every round a block of its own): per block, the
-    log of each model's fastest round in it; where ``unsteady``, the interval also covers the lighter and the
-    heavier half of the blocks, split by ``loads`` (one per block) or else by the pair's own level in each block
-    (the mean of both logs: a split by the reference's level alone would sort the ratios themselves); see the
-    module docstring."""
+    """The candidate's speed-up over the reference from paired rounds' milliseconds (each round's
+    fast runs: its p10), ``blocks`` naming the session block of each round (None: every round a
+    block of its own): per block, the log of each model's fastest round in it; where ``unsteady``,
+    the interval also covers the lighter and the heavier half of the blocks, split by ``loads`` (one
+    per block) or else by the pair's own level in each block (the mean of both logs: a split by the
+    reference's level alone would sort the ratios themselves); see the module docstring."""
     reference, candidate = np.log(np.asarray(reference, float)), np.log(np.asarray(candidate, float))
     blocks = list(range(len(reference))) if blocks is None else list(blocks)
     members = [[i for i, b in enumerate(blocks) if b == block] for block in dict.fromkeys(blocks)]
@@ -245,7 +249,8 @@ class Rounds:
         return [t.median_ms for t in self.timings[name]]
 
     def fast_ms(self, name: str) -> list[float]:
-        """Each round's fast runs (its p10): what a speed-up stands on (see the module docstring)."""
+        """Each round's fast runs (its p10): what a speed-up stands on (see the module docstring).
+        """
         return [t.p10_ms for t in self.timings[name]]
 
     @property
@@ -290,8 +295,9 @@ class Steadiness:
 
     @property
     def moved(self) -> bool:
-        """All-FP32's fastest runs moved between blocks: a load that changes the speed-ups themselves (a load that
-        comes and goes within blocks, leaving each session quiet runs, does not)."""
+        """All-FP32's fastest runs moved between blocks: a load that changes the speed-ups
+        themselves (a load that comes and goes within blocks, leaving each session quiet runs, does
+        not)."""
         return self.level_moved > LEVEL_MOVED
 
     @property

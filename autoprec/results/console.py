@@ -391,7 +391,8 @@ def _ms(value: float | None) -> str:
 
 
 def _decimals(value: float, figures: int = 3) -> int:
-    """Three decimals, or as many more as give a small latency ``figures`` significant figures (0.0103, not 0.010)."""
+    """Three decimals, or as many more as give a small latency ``figures`` significant figures
+    (0.0103, not 0.010)."""
     return max(3, figures - 1 - math.floor(math.log10(value))) if value > 0 and math.isfinite(value) else 3
 
 
@@ -401,7 +402,8 @@ def ms_text(value: float) -> str:
 
 
 def ms_range(low: float, high: float) -> str:
-    """``low–high`` with as many decimals as tell them apart (never ``0.010–0.010`` for 0.0101–0.0104)."""
+    """``low–high`` with as many decimals as tell them apart (never ``0.010–0.010`` for
+    0.0101–0.0104)."""
     decimals = max(_decimals(low), _decimals(high))
     while low != high and f"{low:.{decimals}f}" == f"{high:.{decimals}f}" and decimals < 9:
         decimals += 1

@@ -122,7 +122,8 @@ def _subtitle(result: ResultFiles) -> str:
 
 @dataclass(frozen=True)
 class Point:
-    """A trial on the trade-off: its speed-up over all-FP32 with the range behind it, and its loss."""
+    """A trial on the trade-off: its speed-up over all-FP32 with the range behind it, and its loss.
+    """
 
     trial: TrialRecord
     speedup: float
@@ -135,11 +136,12 @@ class Point:
 
 
 def claimed_points(result: ResultFiles) -> tuple[list[Point], list[Point]]:
-    """What the trade-off draws: each trial of the tables (the front and those the lines name) at its speed-up over
-    all-FP32 as the tables state it (the final timing's, with its interval, where it timed the plan; else the
-    re-timing's, all-FP32's median over the plan's rounds, between its slowest and fastest round), and every other
-    trial at its own timing over all-FP32's own (taken at other moments: not what a claim rests on). Overflowed
-    plans (an unbounded loss) are drawn nowhere. Empty without an all-FP32 trial."""
+    """What the trade-off draws: each trial of the tables (the front and those the lines name) at
+    its speed-up over all-FP32 as the tables state it (the final timing's, with its interval, where
+    it timed the plan; else the re-timing's, all-FP32's median over the plan's rounds, between its
+    slowest and fastest round), and every other trial at its own timing over all-FP32's own (taken
+    at other moments: not what a claim rests on). Overflowed plans (an unbounded loss) are drawn
+    nowhere. Empty without an all-FP32 trial."""
     fp32 = result.uniform_trial("fp32")
     if fp32 is None:
         return [], []
@@ -159,9 +161,9 @@ def claimed_points(result: ResultFiles) -> tuple[list[Point], list[Point]]:
 
 
 def pareto_figure(result: ResultFiles) -> Figure:
-    """Speed-up over all-FP32 against accuracy loss, as the claims stand: the front joined, the chosen plan with
-    its interval, a plan past the limit on the calibration batches marked and left off the front, every other
-    trial grey."""
+    """Speed-up over all-FP32 against accuracy loss, as the claims stand: the front joined, the
+    chosen plan with its interval, a plan past the limit on the calibration batches marked and left
+    off the front, every other trial grey."""
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)

@@ -45,7 +45,8 @@ LOWER_IS_CLOSER = ("cer", "cer_labels", "box_count_change", "region_count_change
 
 
 def loss_name(metric: str) -> str:
-    """What ``--metric`` constrains, as a loss (``cosine`` → ``cosine loss (1 − cosine)``; a judge's note kept)."""
+    """What ``--metric`` constrains, as a loss (``cosine`` → ``cosine loss (1 − cosine)``; a judge's
+    note kept)."""
     name, _, note = metric.partition(" ")
     task, labelled, _ = name.partition("@")
     said = f"{name}: drop from FP32's score on the labels" if labelled else LOSS_NAMES.get(name, f"{name} loss")
@@ -53,8 +54,8 @@ def loss_name(metric: str) -> str:
 
 
 def figure(key: str, value: float, labels: dict[str, str]) -> tuple[str, float]:
-    """A recorded figure as every table shows it: (its name with its direction, its value that way); ``labels``:
-    the names of the decision figures (:data:`autoprec.results.files.DECISIONS`)."""
+    """A recorded figure as every table shows it: (its name with its direction, its value that way);
+    ``labels``: the names of the decision figures (:data:`autoprec.results.files.DECISIONS`)."""
     if key in FIGURES:
         name, turn = FIGURES[key]
         return name, turn(value) if turn else value
@@ -138,9 +139,10 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
 
 
 def order_said(rows: list[TrialRow]) -> str | None:
-    """Where a plan the final timing ran reads faster in ``ms`` than another it ran but slower in ``×fp32``: why
-    (ms is its re-timing's median, beside all-FP32 in a few rounds of its own; ×fp32 the final timing's, all of them
-    in the same rounds, which decided); None where the columns agree."""
+    """Where a plan the final timing ran reads faster in ``ms`` than another it ran but slower in
+    ``×fp32``: why (ms is its re-timing's median, beside all-FP32 in a few rounds of its own; ×fp32
+    the final timing's, all of them in the same rounds, which decided); None where the columns
+    agree."""
     timed = sorted((r for r in rows if r.from_final_timing and r.over_fp32 is not None), key=lambda r: r.ms)
     pairs = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:] if a.ms < b.ms and a.over_fp32 < b.over_fp32]
     if not pairs:
