@@ -24,7 +24,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ORDERS = ("RGB", "BGR")
 RESIZES = ("stretch", "crop", "letterbox")
 LETTERBOX_GREY = 114  # the padding YOLO models are trained with (Ultralytics, YOLOX)
-RESIZED = {"stretch": "stretched", "crop": "resized and centre-cropped", "letterbox": "letterboxed (grey 114)"}
+RESIZED = {"stretch": "stretched", "crop": "resized and centre-cropped",
+           "letterbox": "letterboxed (grey 114)"}
 SCALES = (1.0, 255.0)
 
 
@@ -140,7 +141,8 @@ def letterboxed(img, width: int, height: int):
     from PIL import Image
 
     scale = min(width / img.width, height / img.height)
-    resized = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
+    size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+    resized = img.resize(size, Image.BILINEAR)
     canvas = Image.new(img.mode, (width, height), (LETTERBOX_GREY,) * len(img.getbands()))
     canvas.paste(resized, ((width - resized.width) // 2, (height - resized.height) // 2))
     return canvas

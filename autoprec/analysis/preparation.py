@@ -68,8 +68,9 @@ def cpu_session(model: StoredModel, quick: bool = False):
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with model.file() as path:
+        left_off = cpu_optimizers_left_off(model.proto, path)
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=cpu_optimizers_left_off(model.proto, path))
+                                            disabled_optimizers=left_off)
 
 
 def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
@@ -94,8 +95,8 @@ def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
 """
     graph = model.graph
     signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
-                             for n in graph.node)
+    signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2
+                             and n.input[2] in signed for n in graph.node)
     crashing = path is not None and holds_fp16(model) and (crashes or build_crashes)(path)
     return ["NchwcTransformer"] * crashing + ["QDQSelectorActionTransformer"] * signed_activations
 
@@ -120,7 +121,8 @@ def build_crashes(path: Path) -> bool:
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
         _probed[digest] = crashes_in_child(
-            lambda: onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]))
+            lambda: onnxruntime.InferenceSession(str(path), options,
+                                                 providers=["CPUExecutionProvider"]))
     return _probed[digest]
 
 

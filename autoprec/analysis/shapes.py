@@ -117,8 +117,8 @@ def resolve_input_shapes(
 def _batch_note(dim: str, names: Sequence[str]) -> str:
     """One line for every input whose dynamic batch dim ``dim`` was set to 1 (a decoder has a
     dozen)."""
-    return (f"input{'s' if len(names) > 1 else ''} {names_text(names)}: dynamic batch dim {dim} set to 1 (use --shape "
-            "to change)")
+    inputs = f"input{'s' if len(names) > 1 else ''} {names_text(names)}"
+    return f"{inputs}: dynamic batch dim {dim} set to 1 (use --shape to change)"
 
 
 def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[int, ...]] | None) -> str:

@@ -55,7 +55,7 @@ class Setup:
     dataset: Dataset
     one_time: dict[str, float]
     metric: Metric
-    made: Path | None = None  # the folder this run made for its results (removed again if it is refused)
+    made: Path | None = None  # the folder this run made for its results (removed if refused)
 
     @property
     def cache(self) -> Path:
@@ -81,14 +81,15 @@ def set_up(config: SearchConfig) -> Setup:
         atomic.remove_stale(folder)
     with removed_if_refused(made):
         info, dataset, one_time = load_inputs(
-            model_path, space, data, shapes, config.study.seed, config.inputs.image, config.inputs.constants,
-            cache=out_dir / "cache", bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
+            model_path, space, data, shapes, config.study.seed, config.inputs.image,
+            config.inputs.constants, cache=out_dir / "cache",
+            bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
         )
         info = repeats_decided(info, config.space.tie_repeats)
         _say_pinned_ops(info, engine, left_out)
         metric = metric_for(wanted, info, dataset)
-    return Setup(model_path, data, out_dir, engine, engine.info(), workers, space, searched, left_out, info, dataset,
-                 one_time, metric, made)
+    return Setup(model_path, data, out_dir, engine, engine.info(), workers, space, searched,
+                 left_out, info, dataset, one_time, metric, made)
 
 
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:

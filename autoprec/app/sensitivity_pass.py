@@ -119,8 +119,8 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
                                engine, space_spec.precisions)
     made = check_out_dir(out_dir)
     with removed_if_refused(made):
-        baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
-                                 inputs.constants)
+        baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image,
+                                 out_dir / "cache", inputs.constants)
         baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
         judge = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)[0]
     batches = screening_batches(len(baseline.dataset.evaluation))

@@ -63,9 +63,10 @@ def session_said(build: dict | None) -> str:
     figures: what a user's session needs for the figures to hold."""
     left_off = (build or {}).get("disabled_optimizers")
     if left_off:
-        return (f"timed in ONNX Runtime sessions built with disabled_optimizers={left_off} (its build crashed with "
-                "them on): build yours so")
-    return "timed in plain ONNX Runtime sessions (every graph optimizer on, as InferenceSession(model.onnx) builds)"
+        return (f"timed in ONNX Runtime sessions built with disabled_optimizers={left_off} (its "
+                "build crashed with them on): build yours so")
+    return ("timed in plain ONNX Runtime sessions (every graph optimizer on, as "
+            "InferenceSession(model.onnx) builds)")
 
 
 class OrtNodeTimes:
@@ -184,7 +185,8 @@ def new_session(ort, model: StoredModel, options, providers: list):
     try:
         with model.file() as path:
             left_off = cpu_optimizers_left_off(model.proto, path)
-            session = ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=left_off)
+            session = ort.InferenceSession(str(path), options, providers=providers,
+                                           disabled_optimizers=left_off)
     except Exception as exc:  # ORT raises its own exception types
         raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
     return session, tuple(left_off)

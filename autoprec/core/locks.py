@@ -41,8 +41,8 @@ class FileLock:
         os.close(self._open())
         return self
 
-    def take(self, wait: bool = True, shared: bool = False, say: Callable[[str], None] | None = None,
-             doing: str = "") -> bool:
+    def take(self, wait: bool = True, shared: bool = False,
+             say: Callable[[str], None] | None = None, doing: str = "") -> bool:
         """Take the lock (``shared``: beside other shared holders, never beside an exclusive one);
         without ``wait``, False at once when another holder has it. With ``say``, a wait is not
         silent: who holds the lock and since when is said at once and every SAY_EVERY seconds until
@@ -112,7 +112,8 @@ def _note(fd: int, doing: str) -> None:
     command = _command(os.getpid())
     if "multiprocessing" in command:
         command = _command(os.getppid())
-    note = json.dumps({"pid": os.getpid(), "command": command, "doing": doing, "since": time.time()})
+    note = json.dumps({"pid": os.getpid(), "command": command, "doing": doing,
+                       "since": time.time()})
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, note.encode(), 0)

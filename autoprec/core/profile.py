@@ -78,8 +78,9 @@ class ShapeProfile:
             return "fixed shapes " + "; ".join(f"{i.name} {dims_text(i.opt) or 'scalar'}" for i in self.inputs)
         alike: dict[str, list[str]] = {}
         for i in (i for i in self.inputs if i.dynamic_axes):
-            alike.setdefault(f"{declared_text(i.declared)} min {dims_text(i.min)} · opt {dims_text(i.opt)} · max "
-                             f"{dims_text(i.max)}", []).append(i.name)
+            ranges = (f"{declared_text(i.declared)} min {dims_text(i.min)} "
+                      f"· opt {dims_text(i.opt)} · max {dims_text(i.max)}")
+            alike.setdefault(ranges, []).append(i.name)
         return "; ".join(f"{names_text(names)} {ranges}" for ranges, names in alike.items())
 
     def widened(self, low: Mapping[str, Dims] | None = None, high: Mapping[str, Dims] | None = None,
@@ -122,7 +123,8 @@ NAMED = 3  # a line naming more inputs than this names the first ones and counts
 def names_text(names: Sequence[str]) -> str:
     """``a``, ``a, b``, or ``a, b, c and 9 more``: inputs said alike, in one line of any length of
     model."""
-    return ", ".join(names[:NAMED]) + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return ", ".join(names[:NAMED]) + more
 
 
 def dims_text(dims: Sequence) -> str:

@@ -359,17 +359,19 @@ class Judge:
         """The boxes a detection constraint scores against, over the evaluation batches: FP32's
         (decoded as every plan's are) or the data's; None for another metric, a PicoDet head or
         several outputs."""
-        if self.metric.task != "detection" or self._picodet or self.metric.user_function is not None:
+        if (self.metric.task != "detection" or self._picodet
+                or self.metric.user_function is not None):
             return None
         if self.metric.against_labels:
             return tasks.padded_boxes(_stacked(self.labels)["boxes"]) if self.labels else None
-        heads = [name for name, value in self.reference[0].items() if self._applies("detection", name, value)]
+        heads = [name for name, value in self.reference[0].items()
+                 if self._applies("detection", name, value)]
         if len(heads) != 1:
             return None
         ref = np.concatenate([r[heads[0]] for r in self.reference])
         options = self.metric.options
-        return tasks.as_truths(tasks.yolo_detections(ref, options.layout or _inferred_layout(heads[0], ref),
-                                                     options.conf, options.iou))
+        layout = options.layout or _inferred_layout(heads[0], ref)
+        return tasks.as_truths(tasks.yolo_detections(ref, layout, options.conf, options.iou))
 
     def loss_of(self, outputs: Outputs) -> float:
         """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""
@@ -585,13 +587,15 @@ def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
     count, classes = sum(len(t) for t in truths), len(costs)
     whose = "the data's" if metric.endswith("@labels") else "FP32's"
     if not costs:
-        return f"--max-loss {max_loss:g} with --metric {metric}: {whose} boxes on the evaluation batches are none"
+        return (f"--max-loss {max_loss:g} with --metric {metric}: {whose} boxes on the evaluation "
+                "batches are none")
     most, least = (math.floor(max_loss / c + 1e-9) for c in (costs[0], costs[-1]))
-    allowed = "no box" if most == 0 else f"{least}–{most} box(es)" if least != most else f"{most} box(es)"
+    allowed = ("no box" if most == 0 else f"{least}–{most} box(es)" if least != most
+               else f"{most} box(es)")
     span = f"{costs[0]:.3g}" if costs[0] == costs[-1] else f"{costs[0]:.3g}–{costs[-1]:.3g}"
-    said = (f"--max-loss {max_loss:g} with --metric {metric} over {whose} {count} box(es) in {classes} class(es) on "
-            f"the evaluation batches allows {allowed} lost or moved off its place: each is a loss of {span}"
-            " (1 / (classes × that class's boxes))")
+    said = (f"--max-loss {max_loss:g} with --metric {metric} over {whose} {count} box(es) in "
+            f"{classes} class(es) on the evaluation batches allows {allowed} lost or moved off its "
+            f"place: each is a loss of {span} (1 / (classes × that class's boxes))")
     if most == 0:
         said += f"; give --max-loss {costs[0]:.3g} or more to allow one, or more evaluation data"
     return said

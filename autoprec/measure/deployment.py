@@ -147,10 +147,11 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
     else how it does not (one whose session needs an optimizer left off that the measured one did
     not is not what was timed)."""
     with model.file() as path, measured.file() as timed:
-        needs = set(cpu_optimizers_left_off(model.proto, path)) - set(cpu_optimizers_left_off(measured.proto, timed))
+        needs = (set(cpu_optimizers_left_off(model.proto, path))
+                 - set(cpu_optimizers_left_off(measured.proto, timed)))
     if needs:
-        return (f"an ONNX Runtime CPU session of it must leave {', '.join(sorted(needs))} off (its build crashes "
-                "otherwise), the measured one's did not")
+        return (f"an ONNX Runtime CPU session of it must leave {', '.join(sorted(needs))} off (its "
+                "build crashes otherwise), the measured one's did not")
     want, got = session_outputs(cpu_session(measured), sample), session_outputs(cpu_session(model), sample)
     shapes = [name for name in want if got[name].shape != want[name].shape]
     if shapes:

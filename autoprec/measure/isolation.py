@@ -98,7 +98,8 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir, threads)
-    on_device = DeviceTurns(device_lock, lambda said: conn.send(("note", said)))  # taken to run, not to build
+    # taken to run a candidate, not to build it; a wait for it is said to the parent
+    on_device = DeviceTurns(device_lock, lambda said: conn.send(("note", said)))
     ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
     conn.send(("ready", None))
     while True:
@@ -234,7 +235,7 @@ class IsolatedMeasurer(Measurer):
         self.conn.send(message)
         deadline = time.monotonic() + seconds
         kind, payload = self._wait(deadline)
-        while kind == "note":  # the worker waits for the device: said, and waited for within the same limit
+        while kind == "note":  # the worker waits for the device: said; waited for within the limit
             log.warning(payload)
             kind, payload = self._wait(deadline)
         if kind == "error":

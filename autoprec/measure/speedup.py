@@ -49,10 +49,11 @@ MAX_BLOCKS = 30
 NARROW = 0.04  # an interval is known when high / low - 1 is at most this
 LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than this between blocks
 LEVEL_MOVED = 0.10  # all-FP32's fastest runs moving more than this between blocks
-METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; each session's fastest runs "
-          "(the lowest p10 of its rounds in the block), which load cannot make faster; Student's t interval over the "
-          "blocks' log ratios (where the machine's load moved: also over the lighter and the heavier half of the "
-          "blocks, the interval covering all three)")
+METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; "
+          "each session's fastest runs (the lowest p10 of its rounds in the block), which load "
+          "cannot make faster; Student's t interval over the blocks' log ratios (where the "
+          "machine's load moved: also over the lighter and the heavier half of the blocks, the "
+          "interval covering all three)")
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -267,8 +268,8 @@ class Rounds:
     def speedup(self, reference: str, candidate: str) -> Speedup:
         steadiness = self.steadiness()
         loads = self.load if steadiness.load_moved and all(v is not None for v in self.load) else None
-        return speedup(self.fast_ms(reference), self.fast_ms(candidate), self.blocks, unsteady=steadiness.moved,
-                       loads=loads)
+        return speedup(self.fast_ms(reference), self.fast_ms(candidate), self.blocks,
+                       unsteady=steadiness.moved, loads=loads)
 
     def to_json(self) -> dict[str, Any]:
         return {"timings": {name: [t.to_json() for t in found] for name, found in self.timings.items()},
@@ -326,8 +327,9 @@ class Steadiness:
             return (f"the machine's load moved during the final timing ({what}): each interval holds for the "
                     f"lighter and the heavier half of the sessions alike; {ADVICE}")
         if self.busy or self.load_moved:
-            return (f"the machine was busy during the final timing ({load}; {level}): the speed-ups stand on each "
-                    "session's fastest runs, which that load cannot make faster")
+            return (f"the machine was busy during the final timing ({load}; {level}): the "
+                    "speed-ups stand on each session's fastest runs, which that load cannot make "
+                    "faster")
         return None
 
 

@@ -184,7 +184,8 @@ def box_costs(truths: Sequence[np.ndarray]) -> list[float]:
     """What one box of each class costs mAP@0.5 (against ``truths``, rows of class, x1, y1, x2, y2)
     when it is lost or moved off its place: that class's AP drops by one of its boxes, averaged over
     the classes, 1 / (classes × its boxes); cheapest first."""
-    counts = np.unique(np.concatenate([t[:, 0] for t in truths]) if truths else [], return_counts=True)[1]
+    classes = np.concatenate([t[:, 0] for t in truths]) if truths else []
+    counts = np.unique(classes, return_counts=True)[1]
     return sorted(1.0 / (len(counts) * n) for n in counts)
 
 

@@ -270,8 +270,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         rule += " on the evaluation and the calibration batches"
     if versus.rivals:
         rule += ", re-timed with its rivals"
-    lines = [f"chosen: trial {chosen.number} ({rule}): {ms_text(chosen.latency_ms)} ms, loss {_loss(chosen.loss)}, "
-             f"int8/fp16/fp32 = {chosen.mix}"]
+    lines = [f"chosen: trial {chosen.number} ({rule}): {ms_text(chosen.latency_ms)} ms, loss "
+             f"{_loss(chosen.loss)}, int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
     if rivals := versus.rivals_said():
@@ -393,7 +393,9 @@ def _ms(value: float | None) -> str:
 def _decimals(value: float, figures: int = 3) -> int:
     """Three decimals, or as many more as give a small latency ``figures`` significant figures
     (0.0103, not 0.010)."""
-    return max(3, figures - 1 - math.floor(math.log10(value))) if value > 0 and math.isfinite(value) else 3
+    if not (value > 0 and math.isfinite(value)):
+        return 3
+    return max(3, figures - 1 - math.floor(math.log10(value)))
 
 
 def ms_text(value: float) -> str:
@@ -492,7 +494,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
         ("device", lambda r: r.engine.device),
-        ("loss (metric) / max loss", lambda r: f"{loss_name(r.facts.metric)} ({r.facts.metric}) / {r.facts.max_loss}"),
+        ("loss (metric) / max loss",
+         lambda r: f"{loss_name(r.facts.metric)} ({r.facts.metric}) / {r.facts.max_loss}"),
         ("trials / budget", lambda r: f"{r.facts.trials} / {r.facts.budget}"),
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),

@@ -116,7 +116,8 @@ def _saved(fig: Figure, path: Path) -> Path:
 
 def _subtitle(result: ResultFiles) -> str:
     engine = result.engine
-    return printable(f"{result.model_name} · loss = {loss_name(result.facts.metric)}") + "\n" + printable(
+    loss = loss_name(result.facts.metric)
+    return printable(f"{result.model_name} · loss = {loss}") + "\n" + printable(
         f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
 
 
@@ -152,7 +153,8 @@ def claimed_points(result: ResultFiles) -> tuple[list[Point], list[Point]]:
         if claim is not None and claim.low is not None:
             stated.append(Point(row.trial, claim.speedup, claim.low, claim.high))
         else:
-            stated.append(Point(row.trial, row.over_fp32, fp32.latency_ms / row.high, fp32.latency_ms / row.low))
+            stated.append(Point(row.trial, row.over_fp32, fp32.latency_ms / row.high,
+                                fp32.latency_ms / row.low))
     shown, own = {r.number for r in rows}, fp32.measurement.latency.median_ms
     others = [Point(t, own / t.measurement.latency.median_ms, own / t.measurement.latency.p90_ms,
                     own / t.measurement.latency.p10_ms)
@@ -169,24 +171,27 @@ def pareto_figure(result: ResultFiles) -> Figure:
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     stated, others = claimed_points(result)
     if others:
-        ax.scatter([p.speedup for p in others], [p.loss for p in others], s=14, color="0.8", zorder=1,
-                   label="other trials: own timing over all-FP32's own (other moments, other loads)")
+        ax.scatter([p.speedup for p in others], [p.loss for p in others], s=14, color="0.8",
+                   zorder=1, label="other trials: own timing over all-FP32's own (other moments, "
+                   "other loads)")
     held = result.facts.held_out
     left_out = set(held.failed()) if held else set()
     on_front = {t.number for t in result.shown_front()}
-    front = sorted((p for p in stated if p.trial.number in on_front and p.trial.number not in left_out),
+    front = sorted((p for p in stated if p.trial.number in on_front - left_out),
                    key=lambda p: p.speedup)
     if front:
         ax.errorbar([p.speedup for p in front], [p.loss for p in front],
-                    xerr=[[p.speedup - p.low for p in front], [p.high - p.speedup for p in front]], fmt="o-",
-                    color="tab:blue", ms=5, lw=1.5, capsize=2, zorder=3,
-                    label="Pareto front (bars: the final timing's 95 % interval, else the re-timing's rounds)")
-    named = [p for p in stated if p.trial.number not in on_front and p.trial.number not in left_out]
+                    xerr=[[p.speedup - p.low for p in front], [p.high - p.speedup for p in front]],
+                    fmt="o-", color="tab:blue", ms=5, lw=1.5, capsize=2, zorder=3,
+                    label="Pareto front (bars: the final timing's 95 % interval, else the "
+                    "re-timing's rounds)")
+    named = [p for p in stated if p.trial.number not in on_front | left_out]
     if named:
-        ax.scatter([p.speedup for p in named], [p.loss for p in named], s=24, color="tab:blue", marker="D",
-                   zorder=3, label="rivals and plans the summary names, off the front")
+        ax.scatter([p.speedup for p in named], [p.loss for p in named], s=24, color="tab:blue",
+                   marker="D", zorder=3, label="rivals and plans the summary names, off the front")
     if left := [p for p in stated if p.trial.number in left_out]:
-        ax.scatter([p.speedup for p in left], [p.loss for p in left], s=60, marker="x", color="tab:red", zorder=4,
+        ax.scatter([p.speedup for p in left], [p.loss for p in left], s=60, marker="x",
+                   color="tab:red", zorder=4,
                    label="left out: past --max-loss on the calibration batches")
     uniform_labels = _uniform_labels(ax, result, [*stated, *others])
     chosen = next((p for p in stated if p.trial.number == result.chosen_number), None)
@@ -197,10 +202,10 @@ def pareto_figure(result: ResultFiles) -> Figure:
     max_loss = result.facts.max_loss
     if max_loss is not None:
         ax.axhline(max_loss, color="tab:red", ls="--", lw=1, label=f"--max-loss {max_loss:g}")
-    _loss_axis(ax, [p.loss for p in [*stated, *others]] + ([max_loss] if max_loss is not None else []))
+    _loss_axis(ax, [p.loss for p in [*stated, *others]] + [max_loss] * (max_loss is not None))
     ax.margins(x=0.1)
-    ax.set_xlabel("speed-up over all-FP32, × (higher is faster): all-FP32 timed beside each plan in interleaved "
-                  "rounds")
+    ax.set_xlabel("speed-up over all-FP32, × (higher is faster): all-FP32 timed beside each plan "
+                  "in interleaved rounds")
     ax.set_ylabel(printable(f"loss: {loss_name(result.facts.metric)} (0: as FP32)"))
     ax.set_title(_wrapped(_subtitle(result), 8, 9), fontsize=9)
     ax.grid(True, alpha=0.3)
@@ -215,11 +220,14 @@ def _uniform_labels(ax: Axes, result: ResultFiles, stated: Sequence[Point]) -> l
     labels = []
     for precision in ("fp32", "fp16", "int8"):
         uniform = result.uniform_trial(precision)
-        point = next((p for p in stated if uniform is not None and p.trial.number == uniform.number), None)
+        number = uniform.number if uniform is not None else None
+        point = next((p for p in stated if p.trial.number == number), None)
         if point is not None:
-            labels.append(ax.annotate(f"all {precision}", (point.speedup, point.loss), textcoords="offset points",
-                                      xytext=(6, 6), fontsize=9, color="0.3"))
-            ax.scatter([point.speedup], [point.loss], s=30, facecolors="none", edgecolors="0.3", zorder=4)
+            labels.append(ax.annotate(f"all {precision}", (point.speedup, point.loss),
+                                      textcoords="offset points", xytext=(6, 6), fontsize=9,
+                                      color="0.3"))
+            ax.scatter([point.speedup], [point.loss], s=30, facecolors="none", edgecolors="0.3",
+                       zorder=4)
     return labels
 
 

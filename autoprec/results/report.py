@@ -63,7 +63,7 @@ def _facts(result: ResultFiles) -> str:
         ("latency", engine.timing or "—"),
         ("measured", "yes" if engine.measured else "NO — described only, never executed"),
         ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
-        ("metric", f"{search.metric}: the loss is the {loss_name(search.metric)} (0 = as good as FP32)"),
+        ("metric", f"{search.metric}: the loss is the {loss_name(search.metric)} (0 = as FP32)"),
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
@@ -110,15 +110,18 @@ def _metrics(result: ResultFiles, shown: list[TrialRow]) -> str:
     names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
     labels = dict(DECISIONS)
     rows = [
-        _row([t.number, output, *(_num(figure(m, values[m], labels)[1]) if m in values else "—" for m in names)],
+        _row([t.number, output,
+              *(_num(figure(m, values[m], labels)[1]) if m in values else "—" for m in names)],
              t.number == result.chosen_number, left=(1,))
         for t in front for output, values in t.metrics.items()
     ]
-    head = "".join(f"<th>{_e(h)}</th>" for h in ["trial", "output", *(figure(m, 0.0, labels)[0] for m in names)])
+    head = "".join(f"<th>{_e(h)}</th>"
+                   for h in ["trial", "output", *(figure(m, 0.0, labels)[0] for m in names)])
     return (f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
-            "<p class='note'>Each output against the FP32 model's on the evaluation batches: ↓ lower is closer to "
-            "FP32 (0: the same), ↑ higher is (a similarity is shown as its loss, 1 − cosine, as the loss column "
-            "and the deployment checks say it); \"vs labels\": against the data's ground truth.</p>")
+            "<p class='note'>Each output against the FP32 model's on the evaluation batches: "
+            "↓ lower is closer to FP32 (0: the same), ↑ higher is (a similarity is shown as its "
+            "loss, 1 − cosine, as the loss column and the deployment checks say it); \"vs "
+            "labels\": against the data's ground truth.</p>")
 
 
 def _row(cells: list, chosen: bool, left: tuple[int, ...] = ()) -> str:

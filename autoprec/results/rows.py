@@ -31,16 +31,18 @@ COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own run
                 "its runs' p10–p90); ×fp32: the final timing's speed-up where it timed the plan, else the re-timing's")
 
 
-# The loss each --metric names, as every view (show, report, compare, the plots) says it: lower is better, 0 is
-# FP32's own outputs; a similarity is said as its loss, never as itself beside it.
-LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error", "max_abs": "max abs error",
-              "top1": "share of top-1 changed", "ctc-text": "CER vs FP32", "detection": "1 − mAP50 vs FP32",
+# The loss each --metric names, as every view (show, report, compare, the plots) says it: lower is
+# better, 0 is FP32's own outputs; a similarity is said as its loss, never as itself beside it.
+LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error",
+              "max_abs": "max abs error", "top1": "share of top-1 changed",
+              "ctc-text": "CER vs FP32", "detection": "1 − mAP50 vs FP32",
               "embedding": "embedding loss", "text-regions": "1 − region F vs FP32",
               "segmentation": "1 − mIoU vs FP32"}
-# Each figure of a plan's outputs: its name with its direction (↓ lower is closer to FP32, ↑ higher), and how the
-# recorded value reads in that direction (a cosine similarity is shown as its loss, 1 − cosine).
-FIGURES = {"cosine": ("cosine loss (1 − cos) ↓", lambda v: 1.0 - v), "rel_l2": ("rel. L2 error ↓", None),
-           "max_abs": ("max abs error ↓", None), "snr_db": ("SNR dB ↑", None)}
+# Each figure of a plan's outputs: its name with its direction (↓ lower is closer to FP32, ↑
+# higher), and how the recorded value reads that way (a cosine similarity: its loss, 1 − cosine).
+FIGURES = {"cosine": ("cosine loss (1 − cos) ↓", lambda v: 1.0 - v),
+           "rel_l2": ("rel. L2 error ↓", None), "max_abs": ("max abs error ↓", None),
+           "snr_db": ("SNR dB ↑", None)}
 LOWER_IS_CLOSER = ("cer", "cer_labels", "box_count_change", "region_count_change", "embedding_loss")
 
 
@@ -49,7 +51,8 @@ def loss_name(metric: str) -> str:
     note kept)."""
     name, _, note = metric.partition(" ")
     task, labelled, _ = name.partition("@")
-    said = f"{name}: drop from FP32's score on the labels" if labelled else LOSS_NAMES.get(name, f"{name} loss")
+    said = (f"{name}: drop from FP32's score on the labels" if labelled
+            else LOSS_NAMES.get(name, f"{name} loss"))
     return f"{said} {note}".strip()
 
 
@@ -143,14 +146,17 @@ def order_said(rows: list[TrialRow]) -> str | None:
     ``×fp32``: why (ms is its re-timing's median, beside all-FP32 in a few rounds of its own; ×fp32
     the final timing's, all of them in the same rounds, which decided); None where the columns
     agree."""
-    timed = sorted((r for r in rows if r.from_final_timing and r.over_fp32 is not None), key=lambda r: r.ms)
-    pairs = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:] if a.ms < b.ms and a.over_fp32 < b.over_fp32]
+    timed = sorted((r for r in rows if r.from_final_timing and r.over_fp32 is not None),
+                   key=lambda r: r.ms)
+    pairs = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:]
+             if a.ms < b.ms and a.over_fp32 < b.over_fp32]
     if not pairs:
         return None
     a, b = pairs[0]
-    return (f"trial {a.number} reads faster than trial {b.number} in ms but slower in ×fp32: ms is each plan's re-timing "
-            "median (a few rounds of its own beside all-FP32, at another moment than the other's), ×fp32 the final "
-            "timing's, which ran them in the same rounds and decided")
+    return (f"trial {a.number} reads faster than trial {b.number} in ms but slower in ×fp32: ms is "
+            "each plan's re-timing median (a few rounds of its own beside all-FP32, at another "
+            "moment than the other's), ×fp32 the final timing's, which ran them in the same rounds "
+            "and decided")
 
 
 def roles_said(rows: list[TrialRow]) -> str | None:

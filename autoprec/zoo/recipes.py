@@ -134,7 +134,7 @@ def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray
     """Photos letterboxed to size×size on grey (114), RGB, x/255: Ultralytics' preprocessing."""
     out = []
     for name in ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "camera.png"):
-        canvas = letterboxed(_image(images[name]), size, size)  # as --image-resize letterbox feeds an image folder
+        canvas = letterboxed(_image(images[name]), size, size)  # as --image-resize letterbox
         out.append(np.asarray(canvas, np.float32).transpose(2, 0, 1) / 255.0)
     return {"images": np.stack(out)}
 
