@@ -15,14 +15,13 @@ under the model's content and shapes: a resumed search, a worker and a re-create
 from __future__ import annotations
 
 import atexit
-import faulthandler
 import hashlib
 import json
 import os
 import shutil
-import signal
+import subprocess
+import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -110,42 +109,34 @@ def holds_fp16(model: onnx.ModelProto) -> bool:
 
 PROBE_SECONDS = 300.0  # a child building a session longer than this is taken for a crash (hung)
 _probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once per process
+PROBE = """
+import sys, onnxruntime
+options = onnxruntime.SessionOptions()
+options.log_severity_level = 3
+onnxruntime.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+"""
 
 
 def build_crashes(path: Path) -> bool:
     """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
-    ends the process that builds it: tried in a forked child (which a crash takes down instead of
-    this process), once per graph."""
+    ends the process that builds it: tried in a child process (which a crash takes down instead of
+    this one), once per graph."""
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     if digest not in _probed:
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3
-        _probed[digest] = crashes_in_child(
-            lambda: onnxruntime.InferenceSession(str(path), options,
-                                                 providers=["CPUExecutionProvider"]))
+        _probed[digest] = crashes_in_child(PROBE, str(path))
     return _probed[digest]
 
 
-def crashes_in_child(work: Callable[[], object], seconds: float = PROBE_SECONDS) -> bool:
-    """Whether ``work`` ends a forked child by a signal (or hangs past ``seconds``); an exception it
-    raises is no crash (the real call says it)."""
-    pid = os.fork()
-    if pid == 0:  # the child: nothing but the work, then out without Python's clean-up
-        code = 1
-        try:
-            faulthandler.disable()
-            work()
-            code = 0
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + seconds
-    while (found := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return True
-        time.sleep(0.01)
-    return os.WIFSIGNALED(found[1])
+def crashes_in_child(code: str, *args: str, seconds: float = PROBE_SECONDS) -> bool:
+    """Whether Python ``code`` (given ``args``) ends a fresh interpreter by a signal, or hangs past
+    ``seconds``; an exception it raises is no crash (the real call says it). A fresh process, not a
+    fork: a fork would hold this one's locks (the device's, a study's) for as long as it lives."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              timeout=seconds, check=False)
+    except subprocess.TimeoutExpired:
+        return True
+    return done.returncode < 0
 
 
 class RunCheck:
