@@ -161,7 +161,7 @@ def test_show_in_a_log_cuts_no_cell(result_dirs, tmp_path, capsys, monkeypatch, 
     shown = capsys.readouterr().out
     assert "…" not in shown
     if columns is None:
-        assert "chosen" in shown and "loss (cosine-of-every-output-concatenated)" in shown
+        assert "chosen" in shown and "loss: cosine-of-every-output-concatenated loss" in shown
 
 
 def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_mark(result_dirs, tmp_path):

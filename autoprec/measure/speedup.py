@@ -321,7 +321,7 @@ class Steadiness:
         for, and what to do for steadier ones."""
         load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's {self.cores} cores"
                 if self.others else "")
-        level = f"all-FP32's fastest runs moved {100 * self.level_moved:.0f} % between sessions"
+        level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
         if self.moved:
             what = "; ".join(filter(None, [load, level]))
             return (f"the machine's load moved during the final timing ({what}): each interval holds for the "
