@@ -22,7 +22,8 @@ one core, on for SECONDS, off for SECONDS, in turn, its phase unrelated to the r
 machine of issue 69. ``--no-before`` leaves the old method out (it takes as long as the rest).
 
     python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
-    python benchmarks/a_over_a.py --models conv --threads 1 --gain 1.5 --hog 3 --no-before --json a_over_a_hog.json
+    python benchmarks/a_over_a.py --models conv --threads 1 default --gain 1.5 --hog 3 --no-before \
+        --json benchmarks/results/a_over_a_hog.json
     python benchmarks/a_over_a.py --merge A.json B.json ... --json a_over_a.json    # runs made side by side
 """
 
@@ -130,7 +131,8 @@ def hogged(seconds: float | None):
     if not seconds:
         yield
         return
-    process = multiprocessing.get_context("spawn").Process(target=_hog, args=(seconds,), daemon=True)
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_hog, args=(seconds,), daemon=True)
     process.start()
     try:
         yield
@@ -139,7 +141,8 @@ def hogged(seconds: float | None):
         process.join()
 
 
-def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds: float, with_before: bool) -> dict:
+def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds: float,
+                with_before: bool) -> dict:
     """A/A, A/B (the reference slowed by ``extra`` Mul pairs) and, ``with_before``, the replaced
     method."""
     info = baseline.info
@@ -156,7 +159,8 @@ def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds:
                                         [("fp32", "chosen")], seconds)
         ab.append(fast.speedup("fp32", "chosen"))
         if with_before:
-            old.append(before(backend, {"fp32": fp32, "chosen": lowering(backend, plan)}, batch, seconds))
+            pair = {"fp32": fp32, "chosen": lowering(backend, plan)}
+            old.append(before(backend, pair, batch, seconds))
     return summary(name, backend, aa, ab, old, extra)
 
 
@@ -213,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--hog", type=float, default=None, metavar="SECONDS",
                         help="a CPU hog beside the timings, on and off for SECONDS in turn")
-    parser.add_argument("--no-before", dest="before", action="store_false", help="leave the replaced method out")
+    parser.add_argument("--no-before", dest="before", action="store_false",
+                        help="leave the replaced method out")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "a_over_a.json")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="join the settings of runs made side by side (e.g. one process per setting, each pinned "
@@ -235,12 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             baseline = make()
             for backend in engines:
                 print(f"[{name} · {backend.info().device}] …", file=sys.stderr, flush=True)
-                info = baseline.info  # the slowdown is calibrated before the hog starts: on a quiet machine
+                info = baseline.info  # the slowdown is calibrated before the hog starts
                 fp32 = Lowering(info, baseline.ranges)(backend, info.plan_at(Precision.FP32))
                 extra = calibrated_extra(backend, fp32, baseline.dataset.evaluation[0], args.gain)
                 with hogged(args.hog):
-                    report["settings"].append(one_setting(name, baseline, backend, args.repeats, extra,
-                                                          args.seconds, args.before))
+                    found = one_setting(name, baseline, backend, args.repeats, extra, args.seconds,
+                                        args.before)
+                report["settings"].append(found)
                 atomic.write_json(args.json, report)
     print_table(report)
     return 0
@@ -269,7 +275,7 @@ def print_table(report: dict) -> None:
         print(f"{r['model']:<16} {r['engine'][:58]:<58} {r['comparisons']:>5} {r['aa_faster_beyond_noise']:>6} "
               f"{r['aa_slower_beyond_noise']:>6} {100 * r['aa_median_width']:>5.1f}% {r['aa_median_rounds']:>6.0f} "
               f"{r['aa_median_seconds']:>5.1f} {r['ab_found']:>4}/{r['comparisons']:<4} {r['ab_median_speedup']:>6.3f} "
-              f"{r['before_faster_beyond_noise'] if r['before_median_width'] is not None else '—':>14} "
+              f"{'—' if r['before_median_width'] is None else r['before_faster_beyond_noise']:>14} "
               f"{100 * (r['before_median_width'] or 0):>5.1f}%")
     print(f"A/A called faster beyond noise: {faster} of {total} ({100 * faster / max(total, 1):.1f} %; before: {old} of "
           f"{total}, {100 * old / max(total, 1):.1f} %); A/B ({report['gain']:.2f}×) found: {found} of {total} "

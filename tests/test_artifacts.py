@@ -94,7 +94,11 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
     plan was timed with options a user's plain session lacks (0.94× all-FP32, 1.14–1.18× in plain
     sessions): now a graph holding FP16 is built once in a child process, and only one whose build
     crashes there leaves it off."""
-    from autoprec.analysis.preparation import build_crashes, cpu_optimizers_left_off, crashes_in_child
+    from autoprec.analysis.preparation import (
+        build_crashes,
+        cpu_optimizers_left_off,
+        crashes_in_child,
+    )
 
     fp32 = builders.exported_classifier()
     half = builders.exported_classifier()
@@ -103,7 +107,7 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
     assert cpu_optimizers_left_off(fp32, path) == [] and cpu_optimizers_left_off(half, path) == []
     assert not build_crashes(path)
     assert cpu_optimizers_left_off(half, path, crashes=lambda p: True) == ["NchwcTransformer"]
-    assert cpu_optimizers_left_off(fp32, path, crashes=lambda p: True) == []  # FP32 graphs are not probed
+    assert cpu_optimizers_left_off(fp32, path, crashes=lambda p: True) == []  # FP32: not probed
     assert crashes_in_child("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     assert not crashes_in_child("pass") and not crashes_in_child("1 / 0")
 

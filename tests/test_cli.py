@@ -131,7 +131,8 @@ def test_a_refused_search_keeps_the_folder_it_was_given(tmp_path, conv_model):
     out = tmp_path / "kept"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert exit_code(["search", str(conv_model), "--data", str(tmp_path / "missing.npz"), "--out", str(out)]) == 2
+    missing = tmp_path / "missing.npz"
+    assert exit_code(["search", str(conv_model), "--data", str(missing), "--out", str(out)]) == 2
     assert (out / "notes.txt").read_text() == "mine"
 
 

@@ -46,9 +46,10 @@ def test_a_letterboxed_image_keeps_its_aspect_on_grey_as_yolo_models_are_fed(tmp
     dataset = build_dataset(tmp_path, (TensorSpec("images", (1, 3, 16, 16), "float32"),),
                             image=ImageOptions(resize="letterbox"))
     x = dataset.calibration[0]["images"][0]
-    np.testing.assert_allclose(x[:, :4], 114 / 255, atol=1e-6)  # grey above and below the 16×8 picture
+    np.testing.assert_allclose(x[:, :4], 114 / 255, atol=1e-6)  # grey above and below the picture
     np.testing.assert_allclose(x[:, 12:], 114 / 255, atol=1e-6)
-    np.testing.assert_allclose(x[:, 4:12], np.broadcast_to([[[1.0]], [[0.0]], [[0.0]]], (3, 8, 16)), atol=1e-6)
+    red = np.broadcast_to([[[1.0]], [[0.0]], [[0.0]]], (3, 8, 16))
+    np.testing.assert_allclose(x[:, 4:12], red, atol=1e-6)
     assert "letterboxed (grey 114) to 16×16" in dataset.source
 
 

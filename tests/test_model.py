@@ -70,8 +70,8 @@ def test_inputs_whose_batch_dim_is_set_to_one_are_said_in_one_line():
     specs = [TensorSpec(f"past.{i}", ("batch", 4, 8), "float32") for i in range(11)]
     specs.append(TensorSpec("ids", ("batch", 8), "int64"))
     shapes, notes = resolve_input_shapes(specs, {})
-    assert notes == ["inputs past.0, past.1, past.2 and 9 more: dynamic batch dim batch set to 1 (use --shape to "
-                     "change)"] and shapes["ids"] == (1, 8)
+    assert notes == ["inputs past.0, past.1, past.2 and 9 more: dynamic batch dim batch set to 1 "
+                     "(use --shape to change)"] and shapes["ids"] == (1, 8)
     shapes, notes = resolve_input_shapes(specs, {"ids": (2, 8)})
     assert shapes["past.3"] == (2, 4, 8) and not any("set to 1" in n for n in notes)
 

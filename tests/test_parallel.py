@@ -68,7 +68,8 @@ def test_builds_overlap_while_the_device_times_one_candidate_at_a_time(tmp_path)
     reference = [{"y": np.ones(2, np.float32)}]
     threads = [
         threading.Thread(target=measure, name=f"w{i}", args=(
-            backend, None, batches, Judge(Metric(), reference), None, DeviceTurns(FileLock(tmp_path / "dev.lock"))))
+            backend, None, batches, Judge(Metric(), reference), None,
+            DeviceTurns(FileLock(tmp_path / "dev.lock"))))
         for i in range(2)
     ]
     for t in threads:
@@ -79,7 +80,8 @@ def test_builds_overlap_while_the_device_times_one_candidate_at_a_time(tmp_path)
     timed = [e for e in backend.log if e[1] == "time"]
     device = [e for e in backend.log if e[1] in ("evaluate", "time")]
     assert len(builds) == 2 and _overlaps(*builds)  # built side by side
-    assert not any(_overlaps(a, b) for a in timed for b in device if a[0] != b[0])  # nothing beside a timing
+    # nothing beside a timing
+    assert not any(_overlaps(a, b) for a in timed for b in device if a[0] != b[0])
 
 
 def test_a_wait_for_the_device_says_who_holds_it_and_evaluations_share_it(tmp_path):
@@ -96,7 +98,8 @@ def test_a_wait_for_the_device_says_who_holds_it_and_evaluations_share_it(tmp_pa
         if said:
             break
         time.sleep(0.05)
-    assert said and said[0].startswith(f"waiting 0 s for the lock {path}, held by pid {os.getpid()} (")
+    waited = f"waiting 0 s for the lock {path}, held by pid {os.getpid()}"
+    assert said and said[0].startswith(waited)
     assert ", timing, since " in said[0] and not got.is_set()
     holder.release()
     assert got.wait(10)

@@ -140,10 +140,10 @@ def test_a_detection_limit_is_said_in_boxes():
     ref = [{"out": yolo_v8([(10, 10, 4, 4, 0, 0.9), (30, 30, 4, 4, 0, 0.8)])},
            {"out": yolo_v8([(10, 10, 4, 4, 1, 0.9)])}]
     said = Judge(Metric("detection", ("detection",)), ref).limit_said(0.01)
-    assert said == ("--max-loss 0.01 with --metric detection over FP32's 3 box(es) in 2 class(es) on the evaluation "
-                    "batches allows no box lost or moved off its place: each is a loss of 0.25–0.5 "
-                    "(1 / (classes × that class's boxes)); give --max-loss 0.25 or more to allow one, or more "
-                    "evaluation data")
+    assert said == ("--max-loss 0.01 with --metric detection over FP32's 3 box(es) in 2 "
+                    "class(es) on the evaluation batches allows no box lost or moved off its "
+                    "place: each is a loss of 0.25–0.5 (1 / (classes × that class's boxes)); give "
+                    "--max-loss 0.25 or more to allow one, or more evaluation data")
     assert "allows 1–2 box(es)" in Judge(Metric("detection", ("detection",)), ref).limit_said(0.5)
     boxes = [{"boxes": np.array([[[0, 8, 8, 12, 12], [-1, 0, 0, 0, 0]]], float)}] * 2
     labelled = Judge(Metric("detection@labels", ("detection",)), ref, boxes).limit_said(0.6)
