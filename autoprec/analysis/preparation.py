@@ -66,8 +66,8 @@ def cpu_session(model: StoredModel, quick: bool = False):
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    with model.file() as path:
-        left_off = cpu_optimizers_left_off(model.proto, path)
+    with model.file() as path:  # (basic optimisations never run the layout transformer: no probe)
+        left_off = cpu_optimizers_left_off(model.proto, None if quick else path)
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
                                             disabled_optimizers=left_off)
 
