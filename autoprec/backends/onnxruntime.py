@@ -43,10 +43,7 @@ class OrtRunner(Runner):
         self.output_names = [o.name for o in session.get_outputs()]
 
     def build_report(self) -> dict | None:
-        """The optimizers the session was built without (see :func:`new_session`): what a claim on
-        this plan holds with, recorded with the trial, in best/plan.json and on the build card; None
-        where there are none (the plain session a user builds)."""
-        return {"disabled_optimizers": list(self.left_off)} if self.left_off else None
+        return left_off_report(self.left_off)
 
     def run(self, batch: Batch) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, batch)))
@@ -56,6 +53,13 @@ class OrtRunner(Runner):
 
     def close(self) -> None:
         self.session = None  # the engine's memory goes now, not when the last name bound to the runner does
+
+
+def left_off_report(left_off: tuple[str, ...]) -> dict | None:
+    """A runner's build report: the optimizers its session was built without (see
+    :func:`new_session`), what a claim on the plan holds with, recorded with the trial, in
+    best/plan.json and on the build card; None where there are none (a user's plain session)."""
+    return {"disabled_optimizers": list(left_off)} if left_off else None
 
 
 def session_said(build: dict | None) -> str:
@@ -195,10 +199,12 @@ def new_session(ort, model: StoredModel, options, providers: list):
 class OrtCudaRunner(Runner):
     """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work only."""
 
-    def __init__(self, session, device: int):
-        self.session = session
-        self.device = device
+    def __init__(self, session, device: int, left_off: tuple[str, ...] = ()):
+        self.session, self.device, self.left_off = session, device, left_off
         self.output_names = [o.name for o in session.get_outputs()]
+
+    def build_report(self) -> dict | None:
+        return left_off_report(self.left_off)
 
     def _bound(self, batch: Batch):
         """An IO binding with ``batch`` resident on the device; the device arrays are returned to keep them alive."""
@@ -296,12 +302,13 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
 
     def runner(self, model: StoredModel) -> OrtCudaRunner:
-        session, _ = new_session(self._ort, model, self.session_options(), self.session_providers())
+        session, left_off = new_session(self._ort, model, self.session_options(),
+                                        self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(
                 f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
             )
-        return OrtCudaRunner(session, self.device)
+        return OrtCudaRunner(session, self.device, left_off)
 
 
 class OrtTensorRTBackend(OrtCudaBackend):
