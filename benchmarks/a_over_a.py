@@ -1,29 +1,39 @@
-"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often it finds a
-small real gain (its power), through the path a search takes (autoprec.measure.measurement.time_compared).
+"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often
+it finds a small real gain (its power), through the path a search takes
+(autoprec.measure.measurement.time_compared).
 
 Per model and engine setting, ``--repeats`` times:
 
-- **A/A**: the all-FP32 plan against a separately lowered and built all-FP32 plan, with the given model beside
-  them, as a search's final timing runs them: the share of comparisons whose 95 % interval lies wholly above 1
-  ("faster", the false claim) or below it, the intervals' median width, rounds, sessions and seconds;
-- **A/B**: all-FP32 against the same graph with extra element-wise work on its output (Mul by 1.0001 then by
-  1/1.0001, ``--extra`` times: about ``--gain`` slower, measured first), the plain graph as the plan: the share
-  found beyond noise;
-- **before**: the method this replaced (one session per model for all rounds, >= 6 rounds until a 4 % interval or
-  the seconds pass, a percentile bootstrap of the rounds' mean log ratio), on the same A/A pairs, in the same run.
+- **A/A**: the all-FP32 plan against a separately lowered and built all-FP32 plan, with the given
+  model beside them, as a search's final timing runs them: the share of comparisons whose 95 %
+  interval lies wholly above 1 ("faster", the false claim) or below it, the intervals' median width,
+  rounds, sessions and seconds;
+- **A/B**: all-FP32 against the same graph with extra element-wise work on its output (Mul by 1.0001
+  then by 1/1.0001, ``--extra`` times: about ``--gain`` slower, measured first), the plain graph as
+  the plan: the share found beyond noise;
+- **before**: the method this replaced (one session per model for all rounds, >= 6 rounds until a 4
+  % interval or the seconds pass, a percentile bootstrap of the rounds' mean log ratio), on the same
+  A/A pairs, in the same run.
 
-Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models (``--zoo``); settings:
-ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda where ``--cuda`` is given.
+Models: generated ones (a conv net, an MLP, attention: tests/builders.py) and zoo models
+(``--zoo``); settings: ONNX Runtime CPU with its default threads and with ``--threads``; ort-cuda
+where ``--cuda`` is given. ``--hog SECONDS`` runs a CPU hog beside it all (one process spinning on
+one core, on for SECONDS, off for SECONDS, in turn, its phase unrelated to the rounds'): the loaded
+machine of issue 69. ``--no-before`` leaves the old method out (it takes as long as the rest).
 
     python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
+    python benchmarks/a_over_a.py --models conv --threads 1 default --gain 1.5 --hog 3 --no-before \
+        --json benchmarks/results/a_over_a_hog.json
     python benchmarks/a_over_a.py --merge A.json B.json ... --json a_over_a.json    # runs made side by side
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
@@ -105,13 +115,41 @@ def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedu
     return speedup.Speedup.with_interval(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
 
 
-def one_setting(name: str, baseline, backend, repeats: int, gain: float, seconds: float) -> dict:
+def _hog(seconds: float) -> None:
+    """Spin one core for ``seconds``, rest as long, forever (a child process, ended by its parent).
+    """
+    while True:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            pass
+        time.sleep(seconds)
+
+
+@contextlib.contextmanager
+def hogged(seconds: float | None):
+    """A CPU hog switching on and off every ``seconds`` beside the body (None: none)."""
+    if not seconds:
+        yield
+        return
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_hog, args=(seconds,), daemon=True)
+    process.start()
+    try:
+        yield
+    finally:
+        process.kill()
+        process.join()
+
+
+def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds: float,
+                with_before: bool) -> dict:
+    """A/A, A/B (the reference slowed by ``extra`` Mul pairs) and, ``with_before``, the replaced
+    method."""
     info = baseline.info
     plan = info.plan_at(Precision.FP32)
     lowering = Lowering(info, baseline.ranges)
     batch = baseline.dataset.evaluation[0]
     fp32 = lowering(backend, plan)
-    extra = calibrated_extra(backend, fp32, batch, gain)
     aa, ab, old = [], [], []
     for _ in range(repeats):
         t0 = time.monotonic()
@@ -120,7 +158,9 @@ def one_setting(name: str, baseline, backend, repeats: int, gain: float, seconds
         fast = speedup.time_until_known(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, batch,
                                         [("fp32", "chosen")], seconds)
         ab.append(fast.speedup("fp32", "chosen"))
-        old.append(before(backend, {"fp32": fp32, "chosen": lowering(backend, plan)}, batch, seconds))
+        if with_before:
+            pair = {"fp32": fp32, "chosen": lowering(backend, plan)}
+            old.append(before(backend, pair, batch, seconds))
     return summary(name, backend, aa, ab, old, extra)
 
 
@@ -157,9 +197,11 @@ def summary(name: str, backend, aa, ab, old, extra: int) -> dict:
         "aa_speedups": [round(s.speedup, 4) for s in claims],
         "ab_extra_mul_pairs": extra, "ab_found": sum(s.low > 1 for s in ab),
         "ab_median_speedup": statistics.median(s.speedup for s in ab),
-        "before_faster_beyond_noise": sum(s.low > 1 for s in old),
-        "before_slower_beyond_noise": sum(s.high < 1 for s in old),
-        "before_median_width": statistics.median(width(s) for s in old),
+        "ab_speedups": [[round(s.low, 4), round(s.speedup, 4), round(s.high, 4)] for s in ab],
+        "ab_unsteady": sum(s.unsteady for s in ab),
+        "before_faster_beyond_noise": sum(s.low > 1 for s in old) if old else None,
+        "before_slower_beyond_noise": sum(s.high < 1 for s in old) if old else None,
+        "before_median_width": statistics.median(width(s) for s in old) if old else None,
     }
 
 
@@ -173,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", action="store_true", help="ort-cuda instead of the CPU settings")
     parser.add_argument("--gain", type=float, default=1.03)
     parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--hog", type=float, default=None, metavar="SECONDS",
+                        help="a CPU hog beside the timings, on and off for SECONDS in turn")
+    parser.add_argument("--no-before", dest="before", action="store_false",
+                        help="leave the replaced method out")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "a_over_a.json")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="join the settings of runs made side by side (e.g. one process per setting, each pinned "
@@ -184,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         get_backend("ort-cpu") if t == "default" else get_backend("ort-cpu", threads=int(t)) for t in args.threads]
     report = {**machine_facts(engines[0]), "repeats": args.repeats, "gain": args.gain, "seconds": args.seconds,
               "method": speedup.METHOD, "min_blocks": speedup.MIN_BLOCKS, "rounds_per_block": speedup.ROUNDS_PER_BLOCK,
-              "settings": []}
+              "hog_seconds": args.hog, "settings": []}
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             baseline = make()
             for backend in engines:
                 print(f"[{name} · {backend.info().device}] …", file=sys.stderr, flush=True)
-                report["settings"].append(one_setting(name, baseline, backend, args.repeats, args.gain, args.seconds))
+                info = baseline.info  # the slowdown is calibrated before the hog starts
+                fp32 = Lowering(info, baseline.ranges)(backend, info.plan_at(Precision.FP32))
+                extra = calibrated_extra(backend, fp32, baseline.dataset.evaluation[0], args.gain)
+                with hogged(args.hog):
+                    found = one_setting(name, baseline, backend, args.repeats, extra, args.seconds,
+                                        args.before)
+                report["settings"].append(found)
                 atomic.write_json(args.json, report)
     print_table(report)
     return 0
@@ -214,7 +266,7 @@ def print_table(report: dict) -> None:
     rows = report["settings"]
     total = sum(r["comparisons"] for r in rows)
     faster = sum(r["aa_faster_beyond_noise"] for r in rows)
-    old = sum(r["before_faster_beyond_noise"] for r in rows)
+    old = sum(r["before_faster_beyond_noise"] or 0 for r in rows)
     found = sum(r["ab_found"] for r in rows)
     print(f"\nA/A and A/B through the final timing ({report['method']}); {report['date']}, {report['machine']}")
     print(f"{'model':<16} {'engine':<58} {'A/A n':>5} {'faster':>6} {'slower':>6} {'width':>6} {'rounds':>6} "
@@ -223,7 +275,8 @@ def print_table(report: dict) -> None:
         print(f"{r['model']:<16} {r['engine'][:58]:<58} {r['comparisons']:>5} {r['aa_faster_beyond_noise']:>6} "
               f"{r['aa_slower_beyond_noise']:>6} {100 * r['aa_median_width']:>5.1f}% {r['aa_median_rounds']:>6.0f} "
               f"{r['aa_median_seconds']:>5.1f} {r['ab_found']:>4}/{r['comparisons']:<4} {r['ab_median_speedup']:>6.3f} "
-              f"{r['before_faster_beyond_noise']:>14} {100 * r['before_median_width']:>5.1f}%")
+              f"{'—' if r['before_median_width'] is None else r['before_faster_beyond_noise']:>14} "
+              f"{100 * (r['before_median_width'] or 0):>5.1f}%")
     print(f"A/A called faster beyond noise: {faster} of {total} ({100 * faster / max(total, 1):.1f} %; before: {old} of "
           f"{total}, {100 * old / max(total, 1):.1f} %); A/B ({report['gain']:.2f}×) found: {found} of {total} "
           f"({100 * found / max(total, 1):.0f} %)")

@@ -44,7 +44,8 @@ def run_model(name: str, rounds: int, runs: int) -> dict:
             if kind.startswith("profiled"):
                 options.enable_profiling = True
                 options.profile_file_prefix = os.path.join(folder, kind.replace(" ", "-"))
-            sessions[kind] = new_session(onnxruntime, baseline.info.stored, options, backend.session_providers())
+            sessions[kind], _ = new_session(onnxruntime, baseline.info.stored, options,
+                                            backend.session_providers())
             if kind.startswith("profiled"):
                 for _ in range(11):  # what the sensitivity pass's profile runs
                     sessions[kind].run(None, batch)

@@ -379,6 +379,33 @@ def test_a_sequence_input_is_one_line(tmp_path, capsys):
     assert "input s is a sequence, not a tensor" in err.strip().splitlines()[-1]
 
 
+def test_a_zipmap_output_is_refused_naming_the_option_that_leaves_it_out(tmp_path, capsys):
+    """skl2onnx ends a classifier with a ZipMap (its probabilities as a list of dicts) unless told
+    not to: the refusal names the option (issue 69)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    label = helper.make_tensor_value_info("label", TensorProto.FLOAT, [2, 3])
+    probabilities = helper.make_value_info("probabilities", helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64,
+                                   helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["label"], "mm"),
+             helper.make_node("ZipMap", ["label"], ["probabilities"], "zipmap", domain="ai.onnx.ml",
+                              classlabels_int64s=[0, 1, 2])]
+    graph = helper.make_graph(nodes, "g", [x], [label, probabilities],
+                              [onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = builders.IR_VERSION
+    onnx.checker.check_model(model)
+    path = builders.save(model, tmp_path / "m.onnx")
+    code, err = run(["search", path, "--budget", 1, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    said = err.strip().splitlines()[-1]
+    assert "output probabilities is a sequence, not a tensor" in said
+    assert "{'zipmap': False}" in said
+
+
 def test_unreachable_storages_and_stores_are_one_line(workdir, tmp_path, capsys):
     pytest.importorskip("psycopg")
     for extra in (["--storage", "postgresql://user:pw@127.0.0.1:1/nodb"], ["--artifacts", workdir / "conv.onnx"]):

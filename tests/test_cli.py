@@ -117,12 +117,23 @@ def test_bad_input_gets_one_clear_line(tmp_path, conv_model, capsys, args, messa
     }
     argv = [a.format(**fill) for a in args]
     if "--out" not in argv:
-        argv += ["--out", str(tmp_path / "out")]
+        argv += ["--out", str(tmp_path / "out" / "model")]
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert re.search(message, err), err
     assert len([line for line in err.splitlines() if "error" in line]) == 1, err
+    assert not (tmp_path / "out").exists()  # a refused search leaves no folder it made behind
+
+
+def test_a_refused_search_keeps_the_folder_it_was_given(tmp_path, conv_model):
+    """Only what the refused run made goes: an --out that was there stays, with what it held."""
+    out = tmp_path / "kept"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    missing = tmp_path / "missing.npz"
+    assert exit_code(["search", str(conv_model), "--data", str(missing), "--out", str(out)]) == 2
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def exit_code(argv):

@@ -39,6 +39,20 @@ def test_an_image_folder_fills_an_nhwc_input_in_the_order_scale_and_crop_asked_f
     assert stretched[0, 5, 0, 0] > 0.9 and stretched[0, 5, 5, 2] > 0.9  # red at the left edge, blue in the middle
 
 
+def test_a_letterboxed_image_keeps_its_aspect_on_grey_as_yolo_models_are_fed(tmp_path):
+    """A 2:1 photo into a square input: resized to the input's width, centred, the rows above and
+    below grey 114 (issue 69); the zoo's YOLOv8n data is letterboxed by the same function."""
+    Image.new("RGB", (40, 20), (255, 0, 0)).save(tmp_path / "wide.png")
+    dataset = build_dataset(tmp_path, (TensorSpec("images", (1, 3, 16, 16), "float32"),),
+                            image=ImageOptions(resize="letterbox"))
+    x = dataset.calibration[0]["images"][0]
+    np.testing.assert_allclose(x[:, :4], 114 / 255, atol=1e-6)  # grey above and below the picture
+    np.testing.assert_allclose(x[:, 12:], 114 / 255, atol=1e-6)
+    red = np.broadcast_to([[[1.0]], [[0.0]], [[0.0]]], (3, 8, 16))
+    np.testing.assert_allclose(x[:, 4:12], red, atol=1e-6)
+    assert "letterboxed (grey 114) to 16×16" in dataset.source
+
+
 def test_an_integer_image_input_takes_pixels_as_they_are_and_no_layout_is_refused_naming_both(tmp_path):
     Image.new("RGB", (12, 8), (10, 20, 30)).save(tmp_path / "a.png")
     items = load_items(tmp_path, (TensorSpec("pixels", (1, 8, 12, 3), "uint8"),))["pixels"]

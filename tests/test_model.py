@@ -60,6 +60,22 @@ def test_dynamic_batch_defaults_to_one_and_shape_option_sets_it(tmp_path):
     assert analyse(path, SPACE, {"x": (4, 3, 16, 16)}).inputs[0].shape == (4, 3, 16, 16)
 
 
+def test_inputs_whose_batch_dim_is_set_to_one_are_said_in_one_line():
+    """A decoder's eleven inputs with one dynamic batch dim gave eleven identical lines (issue 69):
+    one line now, naming the first inputs and counting the rest; an input --shape sizes through a
+    shared dim is not among them."""
+    from autoprec.analysis.model_info import TensorSpec
+    from autoprec.analysis.shapes import resolve_input_shapes
+
+    specs = [TensorSpec(f"past.{i}", ("batch", 4, 8), "float32") for i in range(11)]
+    specs.append(TensorSpec("ids", ("batch", 8), "int64"))
+    shapes, notes = resolve_input_shapes(specs, {})
+    assert notes == ["inputs past.0, past.1, past.2 and 9 more: dynamic batch dim batch set to 1 "
+                     "(use --shape to change)"] and shapes["ids"] == (1, 8)
+    shapes, notes = resolve_input_shapes(specs, {"ids": (2, 8)})
+    assert shapes["past.3"] == (2, 4, 8) and not any("set to 1" in n for n in notes)
+
+
 def test_dynamic_spatial_dims_need_shape_or_data(tmp_path):
     model = builders.conv_net()
     dims = model.graph.input[0].type.tensor_type.shape.dim

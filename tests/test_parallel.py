@@ -3,6 +3,7 @@
 import json
 import logging
 import multiprocessing
+import os
 import threading
 import time
 
@@ -13,7 +14,7 @@ import searching
 
 import autoprec
 from autoprec.backends.base import Backend, EngineInfo, Runner
-from autoprec.core.locks import FileLock
+from autoprec.core.locks import DeviceTurns, FileLock
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import measure
@@ -30,11 +31,11 @@ class SlowRunner(Runner):
         self.log.append((self.name, what, start, time.perf_counter()))
 
     def run(self, batch):
-        self._phase("device", 0.05)
+        self._phase("evaluate", 0.05)
         return {"y": batch["x"]}
 
     def time(self, batch):
-        self._phase("device", 0.1)
+        self._phase("time", 0.1)
         return Timing(1.0, 1.0, 1.0, 10, 3)
 
 
@@ -61,14 +62,14 @@ def _overlaps(a, b) -> bool:
     return a[2] < b[3] and b[2] < a[3]
 
 
-def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
-    backend, lock = SlowBackend(), threading.Lock()
+def test_builds_overlap_while_the_device_times_one_candidate_at_a_time(tmp_path):
+    backend = SlowBackend()
     batches = [{"x": np.ones(2, np.float32)}]
     reference = [{"y": np.ones(2, np.float32)}]
     threads = [
-        threading.Thread(
-            target=measure, args=(backend, None, batches, Judge(Metric(), reference), None, lock), name=f"w{i}"
-        )
+        threading.Thread(target=measure, name=f"w{i}", args=(
+            backend, None, batches, Judge(Metric(), reference), None,
+            DeviceTurns(FileLock(tmp_path / "dev.lock"))))
         for i in range(2)
     ]
     for t in threads:
@@ -76,9 +77,37 @@ def test_builds_overlap_while_the_device_runs_one_candidate_at_a_time():
     for t in threads:
         t.join()
     builds = [e for e in backend.log if e[1] == "build"]
-    device = [e for e in backend.log if e[1] == "device"]
+    timed = [e for e in backend.log if e[1] == "time"]
+    device = [e for e in backend.log if e[1] in ("evaluate", "time")]
     assert len(builds) == 2 and _overlaps(*builds)  # built side by side
-    assert not any(_overlaps(a, b) for a in device for b in device if a[0] != b[0])  # never on the device together
+    # nothing beside a timing
+    assert not any(_overlaps(a, b) for a in timed for b in device if a[0] != b[0])
+
+
+def test_a_wait_for_the_device_says_who_holds_it_and_evaluations_share_it(tmp_path):
+    """Issue 69: a trial waited 257 s for the machine-wide timing lock, held by another search, with
+    nothing on the terminal. The waiter says who holds it (pid, command, what it does, since when)
+    at once and every SAY_EVERY seconds; evaluations (whose outputs do not depend on the machine's
+    load) take it beside each other, never beside a timing."""
+    path = tmp_path / "cpu.lock"
+    holder, waiter, said, got = FileLock(path), FileLock(path), [], threading.Event()
+    holder.take(doing="timing")
+    thread = threading.Thread(target=lambda: (waiter.take(say=said.append), got.set()), daemon=True)
+    thread.start()
+    for _ in range(200):
+        if said:
+            break
+        time.sleep(0.05)
+    waited = f"waiting 0 s for the lock {path}, held by pid {os.getpid()}"
+    assert said and said[0].startswith(waited)
+    assert ", timing, since " in said[0] and not got.is_set()
+    holder.release()
+    assert got.wait(10)
+    waiter.release()
+    evaluating, beside = FileLock(path), FileLock(path)
+    assert evaluating.take(shared=True) and beside.take(wait=False, shared=True)
+    assert not FileLock(path).take(wait=False)  # a timing waits for both
+    evaluating.release(), beside.release()
 
 
 def _hold(path, ready):

@@ -297,3 +297,17 @@ def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, cap
     _export(out, "python", tmp_path / "py", "--batch", "1:8", "--trial", fp32)
     assert "PROFILE = {'x': ([1, 3, 16, 16], [1, 3, 16, 16], [8, 3, 16, 16])}" in (
         tmp_path / "py" / "build_engine.py").read_text()
+
+
+def test_inputs_alike_across_the_profile_are_said_once():
+    """A decoder's cache inputs, alike in their dims and ranges, made a profile line of ~1,500
+    characters (issue 69): they are said once, the first named and the rest counted."""
+    from autoprec.core.profile import InputRange, ShapeProfile
+
+    cache = [InputRange(f"past_key_values.{i}.key", ("batch", 4, "past", 64), (1, 4, 1, 64),
+                        (1, 4, 8, 64), (4, 4, 64, 64)) for i in range(10)]
+    ids = InputRange("input_ids", ("batch", "seq"), (1, 1), (1, 8), (4, 64))
+    said = ShapeProfile((ids, *cache)).said()
+    assert said == ("input_ids [batch, seq] min 1x1 · opt 1x8 · max 4x64; past_key_values.0.key, "
+                    "past_key_values.1.key, past_key_values.2.key and 7 more [batch, 4, past, 64] "
+                    "min 1x4x1x64 · opt 1x4x8x64 · max 4x4x64x64")

@@ -110,6 +110,31 @@ def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
     assert Speedup(1.0, None).text() == "1.00×"
 
 
+def test_latencies_show_their_digits_and_a_rival_faster_in_ms_but_not_in_the_rounds_is_said():
+    """Issue 69: a range read "0.010–0.010"; a rival listed faster in ms than the chosen plan but
+    slower in ×fp32 was left unexplained."""
+    from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
+    from autoprec.measure.measurement import Measurement
+    from autoprec.results.console import ms_range, ms_text
+    from autoprec.results.rows import TrialRow, order_said
+    from autoprec.study.optimize import TrialRecord
+
+    assert ms_range(0.0101, 0.0104) == "0.0101–0.0104" and ms_range(13.3, 13.3) == "13.300–13.300"
+    assert ms_text(0.0103) == "0.0103" and ms_text(13.3) == "13.300"
+    assert ms_range(1.23451, 1.23459) == "1.2345–1.2346"
+
+    def row(number: int, ms: float, over: float) -> TrialRow:
+        measured = Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {})
+        trial = TrialRecord(number, Plan({}), measured, True, retimed_ms=(ms,))
+        return TrialRow(trial, (), over, True)
+
+    assert order_said([row(1, 5.0, 2.0), row(2, 6.0, 1.7)]) is None
+    said = order_said([row(1, 5.0, 2.0), row(2, 4.9, 1.9)])
+    assert said.startswith("trial 2 reads faster than trial 1 in ms but slower in ×fp32")
+    assert "decided" in said
+
+
 @pytest.fixture(scope="module")
 def narrow_result(tmp_path_factory):
     """An MLP whose output holds 3 values per item, searched by cosine (which reads rel_l2 there) with a seed

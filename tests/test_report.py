@@ -14,6 +14,7 @@ from PIL import Image
 from searching import main
 
 import autoprec
+from autoprec.results.console import ms_text
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_show_prints_the_front_and_json_matches_the_files(result_dirs, capsys):
     assert _code(["show", str(a)]) == 0
     out = capsys.readouterr().out
     for trial in pareto["front"]:
-        assert f"{trial['final_latency_ms']:.3f}" in out
+        assert ms_text(trial["final_latency_ms"]) in out
     assert f"chosen: trial {pareto['chosen']}" in out and "chosen plan (trial" in out and "conv1" in out
     assert _code(["show", str(a), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -161,7 +162,7 @@ def test_show_in_a_log_cuts_no_cell(result_dirs, tmp_path, capsys, monkeypatch, 
     shown = capsys.readouterr().out
     assert "…" not in shown
     if columns is None:
-        assert "chosen" in shown and "loss (cosine-of-every-output-concatenated)" in shown
+        assert "chosen" in shown and "loss: cosine-of-every-output-concatenated loss" in shown
 
 
 def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_mark(result_dirs, tmp_path):
@@ -298,3 +299,64 @@ def test_tables_agree_with_themselves_and_hold_every_trial_a_line_names(result_d
     assert "left out" in shown[off[-1]][""]
     page = write_report(result, tmp_path / "r.html").read_text()
     assert all(f"<td>{n}</td>" in page for n in named)
+
+
+def test_the_trade_off_draws_what_the_claims_rest_on_and_marks_a_plan_left_out(result_dirs,
+                                                                               tmp_path):
+    """Issue 69: pareto.png put all-FP32 at 13.3 ms and the chosen plan at 1.84 ms (7.2× by eye)
+    beside a claimed 2.45×: absolute figures from other loads. The figure now draws each plan's
+    speed-up over all-FP32 as the tables state it (the final timing's for the chosen plan), and a
+    front plan past the limit on the calibration batches is marked, off the front line."""
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+    from autoprec.results.rows import trial_rows
+
+    copy = tmp_path / "held"
+    shutil.copytree(result_dirs[0], copy)
+    pareto = json.loads((copy / "pareto.json").read_text())
+    trials = json.loads((copy / "trials.json").read_text())["trials"]
+    left = next(t["trial"] for t in [*pareto["front"], *trials] if t["trial"] != pareto["chosen"]
+                and t["accuracy_loss"] != "inf")
+    pareto["search"]["held_out"] = {"batches": 4, "max_loss": 0.05,
+                                    "engine": "onnxruntime CPUExecutionProvider",
+                                    "judged": [{"trial": left, "loss": 0.5}]}
+    (copy / "pareto.json").write_text(json.dumps(pareto))
+    result = read_result_dir(copy)
+    stated, _ = plots.claimed_points(result)
+    tables = {row.number: row.over_fp32 for row in trial_rows(result)}
+    assert {p.trial.number: p.speedup for p in stated} == tables  # the figure and the tables agree
+    if result.versus.fp32 is not None:
+        chosen = next(p for p in stated if p.trial.number == result.chosen_number)
+        assert chosen.speedup == result.versus.fp32.speedup
+    fig = plots.pareto_figure(result)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in figures.drawn_texts(fig)]
+    assert "left out: past --max-loss on the calibration batches" in texts
+    assert any(t.startswith("speed-up over all-FP32") for t in texts)
+    assert not any("latency" in t for t in texts)
+    assert any(t.startswith("loss: cosine loss (1 − cosine)") for t in texts)
+    front_x = list(ax.containers[0].lines[0].get_xdata())
+    assert tables[left] not in front_x and len(front_x) >= 1
+    assert figures.problems(fig) == []
+    plots.plot_pareto(result, tmp_path / "pareto.png")
+
+
+def test_every_view_names_a_figure_once_and_in_one_direction(result_dirs, tmp_path):
+    """Issue 69: the report's accuracy table said "cosine 0.981574" (a similarity) beside "cosine
+    loss 1.38e-05" elsewhere: every table says the loss (1 − cosine), with its direction, as the
+    loss column does."""
+    from autoprec.results import console
+    from autoprec.results.files import read_result_dir
+    from autoprec.results.report import write_report
+
+    result = read_result_dir(result_dirs[0])
+    page = write_report(result, tmp_path / "r.html").read_text()
+    assert "<th>cosine loss (1 − cos) ↓</th>" in page and "<th>cosine</th>" not in page
+    assert "<th>rel. L2 error ↓</th>" in page and "loss: cosine loss (1 − cosine) ↓" in page
+    chosen = result.shown_chosen()
+    output, values = next(iter(chosen.metrics.items()))
+    assert f"<td>{1.0 - values['cosine']:.6g}</td>" in page
+    header = _table_rows(console.front_table(result))[0]
+    assert any("loss: cosine loss (1 − cosine)" in cell for cell in header)

@@ -67,14 +67,21 @@ def test_a_three_percent_gain_is_still_found_across_sessions():
     assert sum(found) >= 45
 
 
-def test_a_load_that_moves_between_blocks_widens_the_interval_and_is_said():
+def test_a_load_that_moves_all_fp32s_fastest_runs_between_blocks_widens_the_interval_and_is_said():
     steady = _final({"fp32": 10.0, "chosen": 5.0})
-    moved = Rounds(steady.timings, steady.blocks, (0.1, 0.1, 1.6, 1.6, 1.7, 1.6))
-    assert not steady.steadiness().moved and moved.steadiness().moved
-    narrow, wide = steady.speedup("fp32", "chosen"), moved.speedup("fp32", "chosen")
+    busy = Rounds(steady.timings, steady.blocks, (0.1, 0.1, 1.6, 1.6, 1.7, 1.6))
+    slower = {name: tuple(Timing(t.median_ms * f, t.p10_ms * f, t.p90_ms * f, 10, 3)
+                          for t, f in zip(found, [1.0] * 4 + [1.4] * 8))
+              for name, found in steady.timings.items()}
+    moved = Rounds(slower, steady.blocks, busy.load)
+    assert not steady.steadiness().moved and not busy.steadiness().moved
+    assert moved.steadiness().moved
+    narrow, wide = busy.speedup("fp32", "chosen"), moved.speedup("fp32", "chosen")
+    assert narrow == steady.speedup("fp32", "chosen")  # a load the fastest runs held: no wider
     assert wide.unsteady and wide.low <= narrow.low and wide.high >= narrow.high
     said = moved.steadiness().said()
     assert "other processes used 0.1–1.7 of this machine's" in said and "--threads N" in said
+    assert "fastest runs, which that load cannot make faster" in busy.steadiness().said()
     assert Rounds.from_json(moved.to_json()) == moved
 
 
@@ -112,6 +119,43 @@ def test_a_level_that_jumps_between_sessions_neither_invents_a_gain_nor_hides_a_
 
     assert sum(timed(1.0, seed).beyond_timing_noise for seed in range(100)) <= 5
     assert sum(timed(1.05, seed).beyond_timing_noise for seed in range(50)) >= 45
+
+
+def _hogged(gain: float, seed: int, blocks: int = 8) -> Rounds:
+    """A final timing beside a CPU hog that switches on and off (issue 69): each model's turn in a
+    round is quiet, hit in part (the hog took some of its runs: its median 20–150 % slower, its fast
+    runs as quiet) or hit whole (every run slower, by 30–120 %); sessions 1 % apart. Interference
+    only ever adds time."""
+    rng = np.random.default_rng(seed)
+    timings: dict[str, list[Timing]] = {"fp32": [], "chosen": []}
+    loads = []
+    for _ in range(blocks):
+        session = {"fp32": 10.0 * (1 + 0.01 * rng.normal()),
+                   "chosen": 10.0 / gain * (1 + 0.01 * rng.normal())}
+        hit = 0
+        for _ in range(ROUNDS_PER_BLOCK):
+            for name, ms in session.items():
+                turn = rng.choice(["quiet", "part", "whole"], p=[0.4, 0.4, 0.2])
+                whole = 1 + rng.uniform(0.3, 1.2) * (turn == "whole")
+                fast = ms * (1 + 0.003 * abs(rng.normal())) * whole
+                median = fast * (1.02 + rng.uniform(0.2, 1.5) * (turn != "quiet"))
+                timings[name].append(Timing(median, fast, median * 1.3, 10, 3))
+                hit += turn != "quiet"
+        loads.append(hit / (2 * ROUNDS_PER_BLOCK) * 1.8)
+    blocks_of = tuple(i // ROUNDS_PER_BLOCK for i in range(blocks * ROUNDS_PER_BLOCK))
+    return Rounds({k: tuple(v) for k, v in timings.items()}, blocks_of, tuple(loads))
+
+
+def test_a_hog_switching_on_and_off_neither_hides_a_real_gain_nor_invents_one():
+    """Issue 69: on a loaded 2-core machine a held-out detector's 1.6× INT8 plan read 1.59×
+    (0.83–3.02) from the rounds' medians and was not shipped. Each session's fastest runs, which a
+    hog cannot make faster, see a 1.5× gain in most timings (84 of 100) and still call a plan
+    faster than itself no more often than the level says."""
+    found = [_hogged(1.5, seed).speedup("fp32", "chosen") for seed in range(100)]
+    assert sum(s.beyond_timing_noise for s in found) >= 80  # (the rounds' medians: 3 of 100)
+    assert abs(np.median([s.speedup for s in found]) / 1.5 - 1) < 0.02
+    same = [_hogged(1.0, seed).speedup("fp32", "chosen") for seed in range(100)]
+    assert sum(s.beyond_timing_noise for s in same) <= 5
 
 
 def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model):

@@ -132,6 +132,24 @@ def test_detection_metric_against_fp32_boxes_and_labelled_boxes():
     assert loss_from_metrics({"out": m}, "detection") == pytest.approx(0.5)
 
 
+def test_a_detection_limit_is_said_in_boxes():
+    """Issue 69: 26 images gave FP32 6 boxes, each changed one a loss of 0.17–0.5, and the search
+    did not say what --max-loss allowed. Three boxes in two classes (two of class 0 in one image,
+    one of class 1 in another): a box lost or moved costs 1/4 (class 0) or 1/2 (class 1), so 0.01
+    allows none; against the labels, their boxes."""
+    ref = [{"out": yolo_v8([(10, 10, 4, 4, 0, 0.9), (30, 30, 4, 4, 0, 0.8)])},
+           {"out": yolo_v8([(10, 10, 4, 4, 1, 0.9)])}]
+    said = Judge(Metric("detection", ("detection",)), ref).limit_said(0.01)
+    assert said == ("--max-loss 0.01 with --metric detection over FP32's 3 box(es) in 2 "
+                    "class(es) on the evaluation batches allows no box lost or moved off its "
+                    "place: each is a loss of 0.25–0.5 (1 / (classes × that class's boxes)); give "
+                    "--max-loss 0.25 or more to allow one, or more evaluation data")
+    assert "allows 1–2 box(es)" in Judge(Metric("detection", ("detection",)), ref).limit_said(0.5)
+    boxes = [{"boxes": np.array([[[0, 8, 8, 12, 12], [-1, 0, 0, 0, 0]]], float)}] * 2
+    labelled = Judge(Metric("detection@labels", ("detection",)), ref, boxes).limit_said(0.6)
+    assert "over the data's 2 box(es) in 1 class(es)" in labelled and "allows 1 box(es)" in labelled
+
+
 def test_channels_last_head_needs_its_layout_named():
     ref = np.zeros((1, 8, 7))
     judge = Judge(Metric("detection", ("detection",)), [{"out": ref}])

@@ -1,9 +1,12 @@
-"""A folder of images as a model's input, in the layout and preprocessing the model was trained with.
+"""A folder of images as a model's input, in the layout and preprocessing the model was trained
+with.
 
 The layout is read off the input's shape (N×C×H×W from PyTorch, N×H×W×C from Keras/TensorFlow); the
-preprocessing is what people name it by: channel order (RGB, or BGR as Caffe-style models want), how an image
-reaches the input's size (stretched, or its shorter side resized and the centre cropped, as torchvision's
-``Resize`` + ``CenterCrop`` do), the pixel scale (0..1 or 0..255) and the per-channel mean and std.
+preprocessing is what people name it by: channel order (RGB, or BGR as Caffe-style models want), how
+an image reaches the input's size (stretched; its shorter side resized and the centre cropped, as
+torchvision's ``Resize`` + ``CenterCrop`` do; or letterboxed: its longer side resized, the rest
+padded grey (114), as YOLO models are fed), the pixel scale (0..1 or 0..255) and the per-channel
+mean and std.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from autoprec.core.errors import DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 ORDERS = ("RGB", "BGR")
-RESIZES = ("stretch", "crop")
+RESIZES = ("stretch", "crop", "letterbox")
+LETTERBOX_GREY = 114  # the padding YOLO models are trained with (Ultralytics, YOLOX)
+RESIZED = {"stretch": "stretched", "crop": "resized and centre-cropped",
+           "letterbox": "letterboxed (grey 114)"}
 SCALES = (1.0, 255.0)
 
 
@@ -61,7 +67,7 @@ class ImageOptions:
 
     def describe(self, layout: str, height: int, width: int, raw: bool) -> str:
         """What was done to the images, as the terminal says it."""
-        sized = f"{'stretched' if self.resize == 'stretch' else 'resized and centre-cropped'} to {height}×{width}"
+        sized = f"{RESIZED[self.resize]} to {height}×{width}"
         if raw:
             return f"{layout}, {self.order}, {sized}, pixels 0..255 as they are"
         return (f"{layout}, {self.order}, {sized}, pixels 0..{self.scale:g}, mean {_values(self.mean)}, "
@@ -119,11 +125,27 @@ def _sized(img, width: int, height: int, resize: str):
 
     if resize == "stretch":
         return img.resize((width, height), Image.BILINEAR)
+    if resize == "letterbox":
+        return letterboxed(img, width, height)
     factor = max(width / img.width, height / img.height)  # the shorter side to the input's, then the centre
     scaled = img.resize((max(width, round(img.width * factor)), max(height, round(img.height * factor))),
                         Image.BILINEAR)
     left, top = (scaled.width - width) // 2, (scaled.height - height) // 2
     return scaled.crop((left, top, left + width, top + height))
+
+
+def letterboxed(img, width: int, height: int):
+    """``img`` resized to fit ``width`` × ``height`` whole, its aspect kept, centred on grey
+    (LETTERBOX_GREY): the objects keep their shape, as a detector trained on letterboxed images
+    expects them."""
+    from PIL import Image
+
+    scale = min(width / img.width, height / img.height)
+    size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+    resized = img.resize(size, Image.BILINEAR)
+    canvas = Image.new(img.mode, (width, height), (LETTERBOX_GREY,) * len(img.getbands()))
+    canvas.paste(resized, ((width - resized.width) // 2, (height - resized.height) // 2))
+    return canvas
 
 
 def _normalised(pixels: np.ndarray, options: ImageOptions) -> np.ndarray:

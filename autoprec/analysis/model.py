@@ -100,9 +100,21 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
             role = "output" if value in model.graph.output else "input"
             raise ModelError(
                 f"{path}: {role} {value.name} is a {(kind or 'untyped value').removesuffix('_type')}, not a "
-                f"tensor; autoprec feeds and compares tensors only: export the model with tensor {role}s"
+                "tensor; autoprec feeds and compares tensors only: "
+                + _tensor_fix(model, value.name, role)
             )
     return model
+
+
+def _tensor_fix(model: onnx.ModelProto, name: str, role: str) -> str:
+    """How to get a tensor where ``name`` is not one: a ZipMap (the probabilities as a list of
+    dicts, which skl2onnx puts after every classifier by default) is left out at conversion."""
+    if any(n.op_type == "ZipMap" and name in n.output for n in model.graph.node):
+        return ("it is the ZipMap skl2onnx adds after a classifier; convert without it "
+                "(skl2onnx: to_onnx(model, X, options={'zipmap': False}), or "
+                "convert_sklearn(..., options={id(model): {'zipmap': False}})) for a tensor of "
+                "probabilities")
+    return f"export the model with tensor {role}s"
 
 
 def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:

@@ -19,6 +19,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +36,7 @@ from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
 from autoprec.core.errors import ModelError, first_line
+from autoprec.core.locks import pid_alive
 from autoprec.core.stored import (
     DataWriter,
     StoredModel,
@@ -63,9 +66,10 @@ def cpu_session(model: StoredModel, quick: bool = False):
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    with model.file() as path:
+    with model.file() as path:  # (basic optimisations never run the layout transformer: no probe)
+        left_off = cpu_optimizers_left_off(model.proto, None if quick else path)
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=cpu_optimizers_left_off(model.proto))
+                                            disabled_optimizers=left_off)
 
 
 def cpu_runs(model: StoredModel) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
@@ -77,25 +81,71 @@ def cpu_runs(model: StoredModel) -> Callable[[Mapping[str, np.ndarray]], dict[st
     return lambda feeds: dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
 
 
-def cpu_optimizers_left_off(model: onnx.ModelProto) -> list[str]:
-    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each for a graph where it would change
-    what autoprec measures:
+def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
+                            crashes: Callable[[Path], bool] | None = None) -> list[str]:
+    """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each only where it would
+    change what autoprec measures, so that every other session is the plain ``InferenceSession`` a
+    user builds:
 
-    - ``NchwcTransformer`` on a graph holding FP16: its layout transformer crashes the process (a segmentation
-      fault) building a session of a ViT-S/16 export's all-FP16 deployable model. A layout for speed only.
-    - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on the CPU as the
-      reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's integer kernels, which on an
-      x86 CPU without VNNI saturate int8 products (the s8 activations shifted to u8), 0.09 off in a classifier's
-      probabilities where the Q/DQ arithmetic is exact; left off, the Q/DQ runs as float ops, exactly.
-    """
+    - ``QDQSelectorActionTransformer`` on signed INT8 activations (the TensorRT Q/DQ form, judged on
+      the CPU as the reference for what TensorRT computes): it turns DQ→MatMul into ONNX Runtime's
+      integer kernels, which on an x86 CPU without VNNI saturate int8 products (the s8 activations
+      shifted to u8), 0.09 off in a classifier's probabilities where the Q/DQ arithmetic is exact;
+      left off, the Q/DQ runs as float ops, exactly. (The ort-cpu form, what best/ ships for
+      ort-cpu, has unsigned activations: never left off there.)
+    - ``NchwcTransformer`` only on a graph whose session build crashes the process with every
+      optimizer on: its layout transformer ended the process (a segmentation fault) building a
+      session of a ViT-S/16 export's all-FP16 model. Graphs holding FP16 (the only kind it was seen
+      on) loaded from ``path`` are built once in a child process first (``crashes``:
+      :func:`build_crashes`); every other graph keeps it, as a user's session does (left off for
+      every FP16 graph, a mixed plan of a detector timed at 0.94× all-FP32 ran 1.14–1.18× in a plain
+      session).
+"""
     graph = model.graph
-    fp16 = any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
+    signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2
+                             and n.input[2] in signed for n in graph.node)
+    crashing = path is not None and holds_fp16(model) and (crashes or build_crashes)(path)
+    return ["NchwcTransformer"] * crashing + ["QDQSelectorActionTransformer"] * signed_activations
+
+
+def holds_fp16(model: onnx.ModelProto) -> bool:
+    graph = model.graph
+    return any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
         n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
         for n in graph.node)
-    signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
-    signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in signed
-                             for n in graph.node)
-    return ["NchwcTransformer"] * fp16 + ["QDQSelectorActionTransformer"] * signed_activations
+
+
+PROBE_SECONDS = 300.0  # a child building a session longer than this is taken for a crash (hung)
+_probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once per process
+PROBE = """
+import sys, onnxruntime
+options = onnxruntime.SessionOptions()
+options.log_severity_level = 3
+onnxruntime.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+"""
+
+
+def build_crashes(path: Path) -> bool:
+    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
+    ends the process that builds it: tried in a child process (which a crash takes down instead of
+    this one), once per graph."""
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    if digest not in _probed:
+        _probed[digest] = crashes_in_child(PROBE, str(path))
+    return _probed[digest]
+
+
+def crashes_in_child(code: str, *args: str, seconds: float = PROBE_SECONDS) -> bool:
+    """Whether Python ``code`` (given ``args``) ends a fresh interpreter by a signal, or hangs past
+    ``seconds``; an exception it raises is no crash (the real call says it). A fresh process, not a
+    fork: a fork would hold this one's locks (the device's, a study's) for as long as it lives."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              timeout=seconds, check=False)
+    except subprocess.TimeoutExpired:
+        return True
+    return done.returncode < 0
 
 
 class RunCheck:
@@ -559,16 +609,6 @@ def _read(folder: Path) -> Preparation | None:
     return Preparation(StoredModel(proto, folder), deployable, list(notes), source)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
                    feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> Preparation:
     """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of it, to
@@ -585,7 +625,7 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     if found is not None:
         return found
     for stale in Path(cache).glob(f".prepared-{key}.*.staging"):  # a killed preparation's
-        if not _pid_alive(int(stale.name.split(".")[2])):
+        if not pid_alive(int(stale.name.split(".")[2])):
             shutil.rmtree(stale, ignore_errors=True)
     staging = Path(cache) / f".prepared-{key}.{os.getpid()}.staging"  # (not *.tmp: those are files, removed when stale)
     shutil.rmtree(staging, ignore_errors=True)

@@ -9,7 +9,7 @@ import onnx
 
 from autoprec.analysis.model_info import TensorSpec
 from autoprec.core.errors import ModelError
-from autoprec.core.profile import declared_text, shared_dim_sizes
+from autoprec.core.profile import declared_text, names_text, shared_dim_sizes
 
 
 def dtype_name(elem_type: int) -> str:
@@ -86,7 +86,7 @@ def resolve_input_shapes(
                 f"shape {declared_text(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
             )
     named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")  # dim name: (size, its input)
-    shapes, notes = {}, []
+    shapes, notes, batched = {}, [], {}
     for spec in inputs:
         if spec.name in given:
             shapes[spec.name] = tuple(given[spec.name])
@@ -101,7 +101,7 @@ def resolve_input_shapes(
                 shape.append(dim)
             elif axis == spec.batch_axis:
                 shape.append(1)
-                notes.append(f"input {spec.name}: dynamic batch dim {dim or '?'} set to 1 (use --shape to change)")
+                batched.setdefault(dim or "?", []).append(spec.name)
             elif item is not None:
                 shape.append(item[item_axis])
             elif isinstance(dim, str) and dim in named:  # --shape of another input gives it (see _shared_dims)
@@ -110,7 +110,15 @@ def resolve_input_shapes(
                 raise ModelError(_unfixed(spec, axis, dim, data_shapes))
         shapes[spec.name] = tuple(shape)
     _data_dims_agree(inputs, shapes, given)
-    return _shared_dims(inputs, shapes, given, named, notes)
+    shapes = _shared_dims(inputs, shapes, given, named, notes, batched)
+    return shapes, [_batch_note(dim, names) for dim, names in batched.items() if names] + notes
+
+
+def _batch_note(dim: str, names: Sequence[str]) -> str:
+    """One line for every input whose dynamic batch dim ``dim`` was set to 1 (a decoder has a
+    dozen)."""
+    inputs = f"input{'s' if len(names) > 1 else ''} {names_text(names)}"
+    return f"{inputs}: dynamic batch dim {dim} set to 1 (use --shape to change)"
 
 
 def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[int, ...]] | None) -> str:
@@ -144,19 +152,21 @@ def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[in
 
 
 def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
-                 sizes: Mapping[str, tuple[int, str]], notes: list[str]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+                 sizes: Mapping[str, tuple[int, str]], notes: list[str],
+                 batched: dict[str, list[str]]) -> dict[str, tuple[int, ...]]:
     """A dim name inputs share is one size (:func:`autoprec.core.profile.shared_dim_sizes`): the one --shape gives
     (``sizes``: dim name -> size, the input whose --shape gave it), carried to the inputs it does not name, over
-    what their data's items say."""
+    what their data's items say (and over a batch dim of 1: the input leaves ``batched``)."""
     for spec in (s for s in inputs if s.name not in given):
         shape = list(shapes[spec.name])
         for axis, dim in enumerate(spec.shape):
             if isinstance(dim, str) and dim not in ("", "?") and dim in sizes and shape[axis] != sizes[dim][0]:
                 shape[axis] = sizes[dim][0]
-                notes[:] = [n for n in notes if not n.startswith(f"input {spec.name}: dynamic batch dim {dim} ")]
+                if spec.name in batched.get(dim, ()):
+                    batched[dim].remove(spec.name)
                 notes.append(f"input {spec.name}: dim {dim} set to {sizes[dim][0]}, as --shape {sizes[dim][1]} gives it")
         shapes[spec.name] = tuple(shape)
-    return shapes, notes
+    return shapes
 
 
 def check_feeds(

@@ -3,11 +3,13 @@ and its judge, the space the engine searches, the repeated blocks decided togeth
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,14 +41,38 @@ def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
     return Path("autoprec_out") / (name if name.strip(".") else "model")
 
 
-def check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path) -> Path | None:
+    """``out`` made where missing and checked to be writable; the topmost folder this made (None:
+    ``out`` was there), which a run refused before its first trial removes again
+    (:func:`remove_made`)."""
+    made = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".autoprec-write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
+        remove_made(made)
         raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
+    return made
+
+
+def remove_made(made: Path | None) -> None:
+    """The folder a refused run made for its results (and what it wrote there) removed: a refusal
+    leaves no folder behind, and never touches one that was there before it."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def removed_if_refused(made: Path | None) -> Iterator[None]:
+    """The body, and where it is refused (an AutoprecError), :func:`remove_made` of ``made`` before
+    the refusal."""
+    try:
+        yield
+    except AutoprecError:
+        remove_made(made)
+        raise
 
 
 def resolve_model(

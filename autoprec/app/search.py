@@ -13,6 +13,7 @@ from typing import Any
 from autoprec.analysis.calibrate import calibration_cache
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
+from autoprec.app.resolve import remove_made, removed_if_refused
 from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
 from autoprec.app.specs import InputSpec
@@ -130,7 +131,8 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     started, stages = time.monotonic(), Stages()
     with stages.timed("set_up"):
         setup = set_up(config)
-        joined = _join_study(config, setup)
+        with removed_if_refused(setup.made):
+            joined = _join_study(config, setup)
     try:
         with contextlib.ExitStack() as stack:
             with stages.timed("set_up"):
@@ -172,6 +174,7 @@ def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
     trials = len(joined.study.get_trials(deepcopy=False))
     if trials == 0 and joined.fresh and config.study.storage is None:  # the folder's own study, made by this run
         forget_if_unused(joined.study, joined.storage_url)
+        remove_made(setup.made)
     elif trials > joined.asked and (removed := withdraw_result(setup.out_dir)):
         log.warning(f"{setup.out_dir}: the earlier run's result ({', '.join(removed)}) removed: this run began its "
                     "trials and stopped without one")

@@ -18,6 +18,7 @@ from autoprec.app.resolve import (
     engine_space,
     judge_for,
     metric_for,
+    removed_if_refused,
     repeats_decided,
     resolve_model,
     result_dir,
@@ -54,6 +55,7 @@ class Setup:
     dataset: Dataset
     one_time: dict[str, float]
     metric: Metric
+    made: Path | None = None  # the folder this run made for its results (removed if refused)
 
     @property
     def cache(self) -> Path:
@@ -74,43 +76,27 @@ def set_up(config: SearchConfig) -> Setup:
         engine,
         config.space.precisions,
     )
-    check_out_dir(out_dir)
+    made = check_out_dir(out_dir)
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
-    info, dataset, one_time = load_inputs(
-        model_path,
-        space,
-        data,
-        shapes,
-        config.study.seed,
-        config.inputs.image,
-        config.inputs.constants,
-        cache=out_dir / "cache",
-        bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
-        shape_runs=config.inputs.shape_weights,
-        judge_shapes=not engine.one_shape_only,  # TensorRT builds each candidate for one shape: judged there
-        dims={k: tuple(v) for k, v in (config.inputs.dims or {}).items()},
-    )
-    if engine.one_shape_only and info.shape_profile.dynamic:
-        log.warning(f"{engine.name}: every plan is judged at the data's shape only ({engine.one_shape_only}); "
-                    "other shapes are checked on the shipped model, on ONNX Runtime")
-    info = repeats_decided(info, config.space.tie_repeats)
-    _say_pinned_ops(info, engine, left_out)
-    return Setup(
-        model_path,
-        data,
-        out_dir,
-        engine,
-        engine.info(),
-        workers,
-        space,
-        searched,
-        left_out,
-        info,
-        dataset,
-        one_time,
-        metric_for(wanted, info, dataset),
-    )
+    with removed_if_refused(made):
+        info, dataset, one_time = load_inputs(
+            model_path, space, data, shapes, config.study.seed, config.inputs.image,
+            config.inputs.constants, cache=out_dir / "cache",
+            bounds=(config.inputs.min_shapes or {}, config.inputs.max_shapes or {}),
+            shape_runs=config.inputs.shape_weights,
+            judge_shapes=not engine.one_shape_only,  # TensorRT builds each candidate for one shape
+            dims={k: tuple(v) for k, v in (config.inputs.dims or {}).items()},
+        )
+        if engine.one_shape_only and info.shape_profile.dynamic:
+            log.warning(f"{engine.name}: every plan is judged at the data's shape only "
+                        f"({engine.one_shape_only}); other shapes are checked on the shipped model, on "
+                        "ONNX Runtime")
+        info = repeats_decided(info, config.space.tie_repeats)
+        _say_pinned_ops(info, engine, left_out)
+        metric = metric_for(wanted, info, dataset)
+    return Setup(model_path, data, out_dir, engine, engine.info(), workers, space, searched,
+                 left_out, info, dataset, one_time, metric, made)
 
 
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:

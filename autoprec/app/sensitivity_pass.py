@@ -13,6 +13,7 @@ from autoprec.app.resolve import (
     engine_space,
     judge_for,
     metric_for,
+    removed_if_refused,
     repeats_decided,
     resolve_model,
     result_dir,
@@ -116,13 +117,13 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
         log.warning(caveat)
     space, _, _ = engine_space(load_search_space(space_spec.search_space).with_overrides(list(space_spec.overrides)),
                                engine, space_spec.precisions)
-    check_out_dir(out_dir)
-    baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image, out_dir / "cache",
-                             inputs.constants, judge_shapes=not engine.one_shape_only)
-    baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
+    made = check_out_dir(out_dir)
+    with removed_if_refused(made):
+        baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image,
+                                 out_dir / "cache", inputs.constants, judge_shapes=not engine.one_shape_only)
+        baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
+        judge = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)[0]
     batches = screening_batches(len(baseline.dataset.evaluation))
-    metric_used = metric_for(wanted, baseline.info, baseline.dataset)
-    judge = judge_for(metric_used, baseline)[0]
     ranking = judge.for_ranking()
     measurer = InProcessMeasurer(
         engine, baseline.dataset.evaluation, judge, ranking, Lowering(baseline.info, baseline.ranges),

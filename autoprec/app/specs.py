@@ -265,8 +265,10 @@ class InputSpec(Group):
         group.add_argument("--image-scale", type=float, choices=SCALES, default=1.0,
                            help="a white pixel's value before mean and std: 1 (pixels 0..1, default) or 255")
         group.add_argument("--image-resize", choices=RESIZES, default="stretch",
-                           help="stretch each image to the input's height and width (default), or crop: its shorter "
-                                "side resized to them and the centre cut out (torchvision's Resize + CenterCrop)")
+                           help="stretch each image to the input's height and width (default); "
+                                "crop: its shorter side resized to them and the centre cut out "
+                                "(torchvision's Resize + CenterCrop); letterbox: its longer side "
+                                "resized to them, the rest padded grey 114 (YOLO models)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> InputSpec:

@@ -38,9 +38,12 @@ def cpu_name() -> str:
 
 
 class OrtRunner(Runner):
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, session, left_off: tuple[str, ...] = ()):
+        self.session, self.left_off = session, left_off
         self.output_names = [o.name for o in session.get_outputs()]
+
+    def build_report(self) -> dict | None:
+        return left_off_report(self.left_off)
 
     def run(self, batch: Batch) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, batch)))
@@ -52,6 +55,24 @@ class OrtRunner(Runner):
         self.session = None  # the engine's memory goes now, not when the last name bound to the runner does
 
 
+def left_off_report(left_off: tuple[str, ...]) -> dict | None:
+    """A runner's build report: the optimizers its session was built without (see
+    :func:`new_session`), what a claim on the plan holds with, recorded with the trial, in
+    best/plan.json and on the build card; None where there are none (a user's plain session)."""
+    return {"disabled_optimizers": list(left_off)} if left_off else None
+
+
+def session_said(build: dict | None) -> str:
+    """How ONNX Runtime sessions of a plan were built, for the lines and the card beside its
+    figures: what a user's session needs for the figures to hold."""
+    left_off = (build or {}).get("disabled_optimizers")
+    if left_off:
+        return (f"timed in ONNX Runtime sessions built with disabled_optimizers={left_off} (its "
+                "build crashed with them on): build yours so")
+    return ("timed in plain ONNX Runtime sessions (every graph optimizer on, as "
+            "InferenceSession(model.onnx) builds)")
+
+
 class OrtNodeTimes:
     """Per-node times from ONNX Runtime's profiler, mapped back to the model's own node names."""
 
@@ -60,7 +81,7 @@ class OrtNodeTimes:
         with tempfile.TemporaryDirectory(prefix="autoprec-profile-") as folder:
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(folder, "ort")
-            session = new_session(self._ort, model, options, self.session_providers())
+            session, _ = new_session(self._ort, model, options, self.session_providers())
             names = [o.name for o in session.get_outputs()]
             for _ in range(runs + 1):
                 session.run(names, batch)
@@ -149,7 +170,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"
 
     def runner(self, model: StoredModel) -> OrtRunner:
-        return OrtRunner(new_session(self._ort, model, self.session_options(), [self.provider]))
+        return OrtRunner(*new_session(self._ort, model, self.session_options(), [self.provider]))
 
 
 def engine_info(backend, device: str, versions: dict[str, str] | None = None) -> EngineInfo:
@@ -161,24 +182,29 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
 
 
 def new_session(ort, model: StoredModel, options, providers: list):
-    """A session loaded from a file beside the model's weights (memory-mapped, never copied through protobuf)."""
+    """A session loaded from a file beside the model's weights (memory-mapped, never copied through
+    protobuf), with every optimizer but those :func:`cpu_optimizers_left_off` names; and those."""
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
         with model.file() as path:
-            return ort.InferenceSession(str(path), options, providers=providers,
-                                        disabled_optimizers=cpu_optimizers_left_off(model.proto))
+            left_off = cpu_optimizers_left_off(model.proto, path)
+            session = ort.InferenceSession(str(path), options, providers=providers,
+                                           disabled_optimizers=left_off)
     except Exception as exc:  # ORT raises its own exception types
         raise BackendError(f"onnxruntime cannot load the candidate: {exc}") from None
+    return session, tuple(left_off)
 
 
 class OrtCudaRunner(Runner):
     """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work only."""
 
-    def __init__(self, session, device: int):
-        self.session = session
-        self.device = device
+    def __init__(self, session, device: int, left_off: tuple[str, ...] = ()):
+        self.session, self.device, self.left_off = session, device, left_off
         self.output_names = [o.name for o in session.get_outputs()]
+
+    def build_report(self) -> dict | None:
+        return left_off_report(self.left_off)
 
     def _bound(self, batch: Batch):
         """An IO binding with ``batch`` resident on the device; the device arrays are returned to keep them alive."""
@@ -276,12 +302,13 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
 
     def runner(self, model: StoredModel) -> OrtCudaRunner:
-        session = new_session(self._ort, model, self.session_options(), self.session_providers())
+        session, left_off = new_session(self._ort, model, self.session_options(),
+                                        self.session_providers())
         if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
             raise BackendError(
                 f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
             )
-        return OrtCudaRunner(session, self.device)
+        return OrtCudaRunner(session, self.device, left_off)
 
 
 class OrtTensorRTBackend(OrtCudaBackend):

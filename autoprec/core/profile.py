@@ -71,12 +71,17 @@ class ShapeProfile:
         return {"inputs": [i.to_json() for i in self.inputs]}
 
     def said(self) -> str:
-        """``x [N, 3, 16, 16] min 1x3x16x16 · opt 4x3x16x16 · max 8x3x16x16`` per input with a dynamic dim; the
-        fixed shapes where none has one."""
+        """``x [N, 3, 16, 16] min 1x3x16x16 · opt 4x3x16x16 · max 8x3x16x16`` per input with a
+        dynamic dim, inputs alike in all four said once (a decoder's dozen cache inputs: one line,
+        not 1,500 characters); the fixed shapes where none has one."""
         if not self.dynamic:
             return "fixed shapes " + "; ".join(f"{i.name} {dims_text(i.opt) or 'scalar'}" for i in self.inputs)
-        return "; ".join(f"{i.name} {declared_text(i.declared)} min {dims_text(i.min)} · opt {dims_text(i.opt)} "
-                         f"· max {dims_text(i.max)}" for i in self.inputs if i.dynamic_axes)
+        alike: dict[str, list[str]] = {}
+        for i in (i for i in self.inputs if i.dynamic_axes):
+            ranges = (f"{declared_text(i.declared)} min {dims_text(i.min)} "
+                      f"· opt {dims_text(i.opt)} · max {dims_text(i.max)}")
+            alike.setdefault(ranges, []).append(i.name)
+        return "; ".join(f"{names_text(names)} {ranges}" for ranges, names in alike.items())
 
     def widened(self, low: Mapping[str, Dims] | None = None, high: Mapping[str, Dims] | None = None,
                 batch: tuple[int, int] | None = None) -> ShapeProfile:
@@ -153,6 +158,16 @@ def _sized(dim: int | str | None, size: int, sizes: Mapping[str, int]) -> int:
         return size
     terms = [term.strip() for term in dim.split("+")]
     return sum(sizes[t] for t in terms) if all(t in sizes for t in terms) else size
+
+
+NAMED = 3  # a line naming more inputs than this names the first ones and counts the rest
+
+
+def names_text(names: Sequence[str]) -> str:
+    """``a``, ``a, b``, or ``a, b, c and 9 more``: inputs said alike, in one line of any length of
+    model."""
+    more = f" and {len(names) - NAMED} more" if len(names) > NAMED else ""
+    return ", ".join(names[:NAMED]) + more
 
 
 def dims_text(dims: Sequence) -> str:

@@ -22,6 +22,7 @@ from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.backends.base import EngineInfo
+from autoprec.backends.onnxruntime import session_said
 from autoprec.backends.tensorrt import OPTIMIZATION_LEVEL, WORKSPACE_BYTES
 from autoprec.core import atomic
 from autoprec.core.errors import ExportError
@@ -299,6 +300,14 @@ def _versus_fp32(spec: BuildSpec, trial: TrialRecord, fp32: TrialRecord | None) 
     return f"{retimed.text()} all-FP32 ({retimed.verdict()})"
 
 
+def _session(engine: str, trial: TrialRecord) -> str:
+    """For ONNX Runtime's figures: the session options they hold for (see :func:`session_said`)."""
+    if engine != "onnxruntime":
+        return ""
+    said = markdown_text(session_said(trial.measurement.build))
+    return f" {said[0].upper()}{said[1:]}."
+
+
 def _profile_row(i: InputRange) -> str:
     return (f"| {markdown_code(i.name)} | {markdown_text(declared_text(i.declared))} "
             f"| {dims_text(i.min)} | {dims_text(i.opt)} | {dims_text(i.max)} |")
@@ -375,7 +384,8 @@ FP16 via Cast) |
 | this plan (trial {number}) | {_ms(trial)} | {trial.loss:.4g} |
 | all-FP32{f" (trial {fp32.number})" if fp32 else ""} | {_ms(fp32)} | {f"{fp32.loss:.4g}" if fp32 else "—"} |
 
-Speed-up: {speedup}.{drift} Re-measure on TensorRT: build, then `trtexec --loadEngine=model.plan` and \
+Speed-up: {speedup}.{drift}{_session(engine.engine, trial)} Re-measure on TensorRT: build, then \
+`trtexec --loadEngine=model.plan` and \
 `autoprec inspect layers.json`.
 
 ## Build ({BUILDS_ON})

@@ -344,7 +344,10 @@ class Judge:
         return int((truth >= 0).sum())
 
     def limit_said(self, max_loss: float | None) -> str | None:
-        """What ``--max-loss`` allows in decisions where the constraint counts them (12 items, top1 at 0.01: none)."""
+        """What ``--max-loss`` allows in decisions where the constraint counts them (12 items, top1
+        at 0.01: none; 6 boxes in 2 classes, detection at 0.01: none, each costs 0.17–0.5)."""
+        if max_loss is not None and (boxes := self._boxes()) is not None:
+            return boxes_said(boxes, max_loss, self.metric.name)
         count = self.decisions()
         if count is None or not count or max_loss is None:
             return None
@@ -361,6 +364,24 @@ class Judge:
         """What this judge measures by running the model itself (a decoder's generation: see
         :class:`autoprec.measure.shaped.ShapedJudge`), by the name it records it under; nothing here."""
         return {}
+
+    def _boxes(self) -> list[np.ndarray] | None:
+        """The boxes a detection constraint scores against, over the evaluation batches: FP32's
+        (decoded as every plan's are) or the data's; None for another metric, a PicoDet head or
+        several outputs."""
+        if (self.metric.task != "detection" or self._picodet
+                or self.metric.user_function is not None):
+            return None
+        if self.metric.against_labels:
+            return tasks.padded_boxes(_stacked(self.labels)["boxes"]) if self.labels else None
+        heads = [name for name, value in self.reference[0].items()
+                 if self._applies("detection", name, value)]
+        if len(heads) != 1:
+            return None
+        ref = np.concatenate([r[heads[0]] for r in self.reference])
+        options = self.metric.options
+        layout = options.layout or _inferred_layout(heads[0], ref)
+        return tasks.as_truths(tasks.yolo_detections(ref, layout, options.conf, options.iou))
 
     def loss_of(self, outputs: Outputs) -> float:
         """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""
@@ -567,6 +588,27 @@ LABEL_FORMS = {
     "boxes": "N×M×5 rows of class, x1, y1, x2, y2 in input pixels; a negative class pads",
     "masks": "N×H×W integer class per pixel, as the output's map; negative = not labelled",
 }
+
+
+def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
+    """What ``--max-loss`` allows in boxes, each lost or moved box costing its class's share of
+    mAP@0.5."""
+    costs = tasks.box_costs(truths)  # one per class
+    count, classes = sum(len(t) for t in truths), len(costs)
+    whose = "the data's" if metric.endswith("@labels") else "FP32's"
+    if not costs:
+        return (f"--max-loss {max_loss:g} with --metric {metric}: {whose} boxes on the evaluation "
+                "batches are none")
+    most, least = (math.floor(max_loss / c + 1e-9) for c in (costs[0], costs[-1]))
+    allowed = ("no box" if most == 0 else f"{least}–{most} box(es)" if least != most
+               else f"{most} box(es)")
+    span = f"{costs[0]:.3g}" if costs[0] == costs[-1] else f"{costs[0]:.3g}–{costs[-1]:.3g}"
+    said = (f"--max-loss {max_loss:g} with --metric {metric} over {whose} {count} box(es) in "
+            f"{classes} class(es) on the evaluation batches allows {allowed} lost or moved off its "
+            f"place: each is a loss of {span} (1 / (classes × that class's boxes))")
+    if most == 0:
+        said += f"; give --max-loss {costs[0]:.3g} or more to allow one, or more evaluation data"
+    return said
 
 
 def _box_decisions(ref_boxes: list[np.ndarray], cand_boxes: list[np.ndarray],

@@ -20,7 +20,7 @@ import onnxruntime
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.analysis.preparation import cpu_session
+from autoprec.analysis.preparation import cpu_optimizers_left_off, cpu_session
 from autoprec.analysis.shape_points import fitted
 from autoprec.backends.base import Backend
 from autoprec.core.errors import first_line
@@ -143,7 +143,15 @@ def _loss(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarra
 
 
 def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | None:
-    """None where ``model`` gives ``measured``'s outputs on ``sample``, else how it does not."""
+    """None where ``model`` gives ``measured``'s outputs on ``sample`` in the same plain session,
+    else how it does not (one whose session needs an optimizer left off that the measured one did
+    not is not what was timed)."""
+    with model.file() as path, measured.file() as timed:
+        needs = (set(cpu_optimizers_left_off(model.proto, path))
+                 - set(cpu_optimizers_left_off(measured.proto, timed)))
+    if needs:
+        return (f"an ONNX Runtime CPU session of it must leave {', '.join(sorted(needs))} off (its "
+                "build crashes otherwise), the measured one's did not")
     want, got = session_outputs(cpu_session(measured), sample), session_outputs(cpu_session(model), sample)
     shapes = [name for name in want if got[name].shape != want[name].shape]
     if shapes:

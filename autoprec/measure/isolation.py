@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import logging
 import multiprocessing
 import os
 import queue
@@ -26,7 +27,7 @@ from typing import Sequence
 
 from autoprec.analysis.data import Batch, Workload
 from autoprec.core.errors import AutoprecError, MetricError
-from autoprec.core.locks import FileLock, host_lock_folder, private_folder
+from autoprec.core.locks import DeviceTurns, FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
@@ -45,6 +46,7 @@ from autoprec.measure.measurement import (
 )
 from autoprec.measure.speedup import Rounds
 
+log = logging.getLogger("autoprec")
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
 
@@ -96,7 +98,8 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir, threads)
-    on_device = device_lock or contextlib.nullcontext()  # held while a candidate runs, not while it builds
+    # taken to run a candidate, not to build it; a wait for it is said to the parent
+    on_device = DeviceTurns(device_lock, lambda said: conn.send(("note", said)))
     ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
     work = work or (Workload.of(batches[0]) if batches else None)
     conn.send(("ready", None))
@@ -109,16 +112,16 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
             if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds)
                 reference, plan, rounds = args
                 models = lowering(backend, reference), lowering(backend, plan)
-                with on_device:
+                with on_device.timing():
                     conn.send(("ok", time_paired(backend, *models, work, rounds).to_json()))
             elif kind == "compare":  # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
-                with on_device:
+                with on_device.timing():
                     found = time_compared(backend, lowering, *args[:2], work, *args[2:])
                 conn.send(("ok", found.to_json()))
             elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
                 plan, count, constraint = args
                 model = lowering(backend, plan)
-                with on_device:
+                with on_device.evaluating():
                     loss = accuracy_loss(backend, model, batches[:count], judge if constraint else ranking)
                 conn.send(("ok", loss))
             else:  # ("measure", plan, screen or None)
@@ -232,7 +235,11 @@ class IsolatedMeasurer(Measurer):
             self.start()
         reset_peak(self.process.pid)
         self.conn.send(message)
-        kind, payload = self._wait(time.monotonic() + seconds)
+        deadline = time.monotonic() + seconds
+        kind, payload = self._wait(deadline)
+        while kind == "note":  # the worker waits for the device: said; waited for within the limit
+            log.warning(payload)
+            kind, payload = self._wait(deadline)
         if kind == "error":
             raise TrialError(payload)
         if kind == "metric":

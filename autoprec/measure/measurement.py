@@ -13,6 +13,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Workload
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
+from autoprec.core.locks import DeviceTurns
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
@@ -127,29 +128,34 @@ def measure(
     batches: Sequence[Batch],
     judge: Judge,
     screen: Screen | None = None,
-    device: contextlib.AbstractContextManager | None = None,
+    device: DeviceTurns | None = None,
     work: Workload | None = None,
 ) -> Measurement:
     """Latency of ``work`` (default: the first evaluation batch); accuracy on all of them, as ``judge`` scores it
     (a decoder's generation too, where it judges one).
 
-    With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too high.
-    ``device`` is held while the candidate runs (evaluation and timing), not while it is built: with
-    several workers, builds overlap and the device runs one candidate at a time.
-    """
+    With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too
+    high. ``device`` is taken while the candidate runs, not while it is built: shared while it is
+    evaluated (beside other processes' evaluations), alone while it is timed; with several workers,
+    builds overlap and the device times one candidate at a time.
+"""
     seconds = {}
+    turns = device or DeviceTurns(None)
     t0 = time.perf_counter()
     with backend.runner(model) as runner:
         seconds["build"] = time.perf_counter() - t0
         build = runner.build_report()
         t0 = time.perf_counter()
-        with device or contextlib.nullcontext():
+        with turns.evaluating():
             seconds["device_wait"] = time.perf_counter() - t0
-            latency, retimes, outputs, parts = _run_and_time(runner, batches, judge, screen, seconds,
-                                                             work or Workload.of(batches[0]))
+            outputs = _run(runner, batches, judge, screen, seconds)
             t0 = time.perf_counter()
             if generated := judge.generation_metrics(runner.run):  # a decoder's greedy generation, where judged
                 seconds["generate"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with turns.timing():
+            seconds["device_wait"] += time.perf_counter() - t0
+            latency, retimes, parts = _time(runner, work or Workload.of(batches[0]), seconds)
         t0 = time.perf_counter()
     seconds["release"] = time.perf_counter() - t0  # the engine's memory given back
     t0 = time.perf_counter()
@@ -162,7 +168,7 @@ def measure(
     return Measurement(latency, metrics, loss, seconds, retimes, build, shapes)
 
 
-def _run_and_time(runner, batches, judge: Judge, screen, seconds, work: Workload):
+def _run(runner, batches, judge: Judge, screen, seconds):
     t0 = time.perf_counter()
     outputs = []
     for i, batch in enumerate(batches):
@@ -173,13 +179,17 @@ def _run_and_time(runner, batches, judge: Judge, screen, seconds, work: Workload
                 seconds["evaluate"] = time.perf_counter() - t0
                 raise Rejected(loss, len(outputs), seconds)
     seconds["evaluate"] = time.perf_counter() - t0
+    return outputs
+
+
+def _time(runner, work: Workload, seconds):
     t0 = time.perf_counter()
     (latency, parts), retimes = time_work(runner, work), 0
     while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
         retimes += 1
         latency, parts = min((latency, parts), time_work(runner, work), key=lambda timed: timed[0].spread)
     seconds["time"] = time.perf_counter() - t0
-    return latency, retimes, outputs, parts
+    return latency, retimes, parts
 
 
 @dataclass(frozen=True)
@@ -317,7 +327,7 @@ class Measurer(abc.ABC):
 
 
 def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
-             screen: Screen | None = None, device: contextlib.AbstractContextManager | None = None,
+             screen: Screen | None = None, device: DeviceTurns | None = None,
              work: Workload | None = None) -> Measurement:
     """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the rest."""
     t0 = time.perf_counter()

@@ -1,19 +1,27 @@
-"""A speed-up with its confidence interval, from models timed in interleaved rounds until it is known.
+"""A speed-up with its confidence interval, from models timed in interleaved rounds until it is
+known.
 
-Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: a median of runs), one
-after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds run in *blocks*: each
-block builds every model's session (engine) anew, so what differs between two sessions of one graph (memory
-placement, thread pools, kernels chosen at creation: 1–3 % on a CPU) is sampled too, not frozen into every
-round. A block's ratio is the mean over its rounds of the log of the reference's median over the candidate's;
-the speed-up is the geometric mean over blocks, its interval Student's t over the blocks' ratios. Timed
-against itself, a plan so measured is "beyond timing noise" no more often than the interval's level says
-(benchmarks/a_over_a.py measures how often).
+Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after
+warm-up), one after another, so drift (a busy neighbour, clocks) hits all of a round alike. Rounds
+run in *blocks*: each block builds every model's session (engine) anew, so what differs between two
+sessions of one graph (memory placement, thread pools, kernels chosen at creation: 1–3 % on a CPU)
+is sampled too, not frozen into every round. Interference only ever adds time, so a block's figure
+for a model is what it cannot fake: the session's fastest runs (the lowest p10 of its rounds in the
+block); a block's ratio is the log of the reference's over the candidate's, the speed-up the
+geometric mean over blocks, its interval Student's t over the blocks' ratios. Medians would let a
+neighbour that ran during one model's turn and not the other's make or hide a gain (a held-out
+detector's 1.6× INT8 gain read 0.83–3.02 on a loaded 2-core machine). Timed against itself, a plan
+so measured is "beyond timing noise" no more often than the interval's level says
+(benchmarks/a_over_a.py measures how often, and its power on a 1.5× gain, with a CPU hog switching
+on and off beside it and without).
 
-The machine's load is watched while it runs (what other processes used of its cores, per block). Where that
-load, or all-FP32's own level, moved between blocks, a plan's speed-up may depend on when it was timed (a hog
-slows an INT8 plan and FP32 unalike): the blocks are split into the lighter and the heavier half (by that load,
-else by the pair's own level in the block) and the interval covers each half's t-interval as well as the whole's,
-so that it holds at either load; the result says so.
+The machine's load is watched while it runs (what other processes used of its cores, per block). A
+load that comes and goes within a block leaves some quiet runs to each session, and the fastest runs
+hold; where all-FP32's fastest runs themselves moved between blocks (a load on for whole blocks), a
+plan's speed-up may depend on when it was timed (a hog slows an INT8 plan and FP32 unalike): the
+blocks are split into the lighter and the heavier half (by that load, else by the pair's own level
+in the block) and the interval covers each half's t-interval as well as the whole's, so that it
+holds at either load; the result says so.
 """
 
 from __future__ import annotations
@@ -41,10 +49,12 @@ MIN_BLOCKS = 6  # fewer: a t-interval over so few sessions is too wide to find a
 MAX_BLOCKS = 30
 NARROW = 0.04  # an interval is known when high / low - 1 is at most this
 LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than this between blocks
-LEVEL_MOVED = 0.10  # all-FP32's latency moving more than this between blocks
-METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; Student's t interval over "
-          "the blocks' mean log ratios (where the machine's load moved: also over the lighter and the heavier half of "
-          "the blocks, the interval covering all three)")
+LEVEL_MOVED = 0.10  # all-FP32's fastest runs moving more than this between blocks
+METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; "
+          "each session's fastest runs (the lowest p10 of its rounds in the block), which load "
+          "cannot make faster; Student's t interval over the blocks' log ratios (where the "
+          "machine's load moved: also over the lighter and the heavier half of the blocks, the "
+          "interval covering all three)")
 
 
 def t_quantile(p: float, dof: int) -> float:
@@ -160,20 +170,21 @@ def ratio_text(value: float) -> str:
 
 def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
             confidence: float = CONFIDENCE, unsteady: bool = False, loads: Sequence[float] | None = None) -> Speedup:
-    """The candidate's speed-up over the reference from paired rounds' milliseconds, ``blocks`` naming the session
-    block of each round (None: every round a block of its own); where ``unsteady``, the interval also covers the
-    lighter and the heavier half of the blocks, split by ``loads`` (one per block) or else by the pair's own level
-    in each block (the mean of both logs: a split by the reference's level alone would sort the ratios
-    themselves); see the module docstring."""
+    """The candidate's speed-up over the reference from paired rounds' milliseconds (each round's
+    fast runs: its p10), ``blocks`` naming the session block of each round (None: every round a
+    block of its own): per block, the log of each model's fastest round in it; where ``unsteady``,
+    the interval also covers the lighter and the heavier half of the blocks, split by ``loads`` (one
+    per block) or else by the pair's own level in each block (the mean of both logs: a split by the
+    reference's level alone would sort the ratios themselves); see the module docstring."""
     reference, candidate = np.log(np.asarray(reference, float)), np.log(np.asarray(candidate, float))
     blocks = list(range(len(reference))) if blocks is None else list(blocks)
     members = [[i for i, b in enumerate(blocks) if b == block] for block in dict.fromkeys(blocks)]
-    per_block = np.array([(reference[i] - candidate[i]).mean() for i in members])
+    fastest = np.array([(reference[i].min(), candidate[i].min()) for i in members])
+    per_block = fastest[:, 0] - fastest[:, 1]
     centre = float(per_block.mean())
     low, high = t_interval(per_block, confidence)
     if unsteady:
-        level = np.asarray(loads, float) if loads is not None else np.array(
-            [(reference[i] + candidate[i]).mean() for i in members])
+        level = np.asarray(loads, float) if loads is not None else fastest.mean(axis=1)
         order = np.argsort(level, kind="stable")
         for half in (order[: len(order) // 2], order[len(order) // 2:]):
             part_low, part_high = t_interval(per_block[half], confidence)
@@ -239,13 +250,18 @@ class Rounds:
     def ms(self, name: str) -> list[float]:
         return [t.median_ms for t in self.timings[name]]
 
+    def fast_ms(self, name: str) -> list[float]:
+        """Each round's fast runs (its p10): what a speed-up stands on (see the module docstring).
+        """
+        return [t.p10_ms for t in self.timings[name]]
+
     @property
     def count(self) -> int:
         return len(self.blocks)
 
     def steadiness(self, reference: str = "fp32") -> Steadiness:
         known = [v for v in self.load if v is not None]
-        levels = [statistics.median(m for m, b in zip(self.ms(reference), self.blocks) if b == block)
+        levels = [min(m for m, b in zip(self.fast_ms(reference), self.blocks) if b == block)
                   for block in dict.fromkeys(self.blocks)] if reference in self.timings else []
         return Steadiness((float(min(known)), float(max(known))) if known else None,
                           float(max(levels) / min(levels) - 1) if len(levels) > 1 else 0.0, os.cpu_count() or 1)
@@ -253,7 +269,8 @@ class Rounds:
     def speedup(self, reference: str, candidate: str) -> Speedup:
         steadiness = self.steadiness()
         loads = self.load if steadiness.load_moved and all(v is not None for v in self.load) else None
-        return speedup(self.ms(reference), self.ms(candidate), self.blocks, unsteady=steadiness.moved, loads=loads)
+        return speedup(self.fast_ms(reference), self.fast_ms(candidate), self.blocks,
+                       unsteady=steadiness.moved, loads=loads)
 
     def to_json(self) -> dict[str, Any]:
         return {"timings": {name: [t.to_json() for t in found] for name, found in self.timings.items()},
@@ -268,7 +285,7 @@ class Rounds:
 @dataclass(frozen=True)
 class Steadiness:
     """How steady the machine was during a final timing: the range of cores other processes used per block, and
-    how far all-FP32's level moved between blocks (a fraction)."""
+    how far all-FP32's fastest runs moved between blocks (a fraction)."""
 
     others: tuple[float, float] | None
     level_moved: float
@@ -280,7 +297,10 @@ class Steadiness:
 
     @property
     def moved(self) -> bool:
-        return bool(self.load_moved or self.level_moved > LEVEL_MOVED)
+        """All-FP32's fastest runs moved between blocks: a load that changes the speed-ups
+        themselves (a load that comes and goes within blocks, leaving each session quiet runs, does
+        not)."""
+        return self.level_moved > LEVEL_MOVED
 
     @property
     def busy(self) -> bool:
@@ -302,13 +322,15 @@ class Steadiness:
         for, and what to do for steadier ones."""
         load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's {self.cores} cores"
                 if self.others else "")
+        level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
         if self.moved:
-            level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
             what = "; ".join(filter(None, [load, level]))
             return (f"the machine's load moved during the final timing ({what}): each interval holds for the "
                     f"lighter and the heavier half of the sessions alike; {ADVICE}")
-        if self.busy:
-            return f"the machine was busy during the final timing ({load}): the speed-ups hold for a machine that busy"
+        if self.busy or self.load_moved:
+            return (f"the machine was busy during the final timing ({load}; {level}): the "
+                    "speed-ups stand on each session's fastest runs, which that load cannot make "
+                    "faster")
         return None
 
 

@@ -180,6 +180,15 @@ def _area_under(recall: np.ndarray, precision: np.ndarray) -> float:
     return float(((r[steps + 1] - r[steps]) * p[steps + 1]).sum())
 
 
+def box_costs(truths: Sequence[np.ndarray]) -> list[float]:
+    """What one box of each class costs mAP@0.5 (against ``truths``, rows of class, x1, y1, x2, y2)
+    when it is lost or moved off its place: that class's AP drops by one of its boxes, averaged over
+    the classes, 1 / (classes × its boxes); cheapest first."""
+    classes = np.concatenate([t[:, 0] for t in truths]) if truths else []
+    counts = np.unique(classes, return_counts=True)[1]
+    return sorted(1.0 / (len(counts) * n) for n in counts)
+
+
 def as_truths(detections: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Detections (x1, y1, x2, y2, score, class) as truths (class, x1, y1, x2, y2)."""
     return [np.column_stack([d[:, 5], d[:, :4]]) for d in detections]

@@ -21,15 +21,16 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autoprec.backends.onnxruntime import session_said
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
-from autoprec.core.profile import POINTS, ShapeProfile, declared_text, dims_text
+from autoprec.core.profile import POINTS, ShapeProfile, dims_text
 from autoprec.measure.deployment import PointCheck, ProfileTiming
 from autoprec.measure.measurement import MAX_TIMING_SPREAD
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.record import SearchFacts
-from autoprec.results.rows import COLUMNS_SAID, roles_said, trial_rows
+from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_said, trial_rows
 from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
@@ -103,11 +104,11 @@ class SearchProgress:
 
     def _describe(self, last: TrialRecord | None) -> str:
         limit = f"≤{self.max_loss:g}" if self.max_loss is not None else ""
-        best = f"{self.best:.3f} ms" if self.best is not None else "—"
+        best = f"{ms_text(self.best)} ms" if self.best is not None else "—"
         latest = ""
         if last is not None:
             loss = f"{last.loss:.1e}" if math.isfinite(last.loss) else "inf"
-            latest = f" · last {last.latency_ms:.3f} ms {loss}"
+            latest = f" · last {ms_text(last.latency_ms)} ms {loss}"
         return f"best{limit}: {best}{latest}"
 
     def update(self, done: int, last: TrialRecord | None) -> None:
@@ -198,7 +199,7 @@ def front_table(result: ResultFiles) -> Table:
                     f"{engine.provider} on {engine.device}"),
         title_justify="left",
     )
-    metric = plain(f"loss ({result.facts.metric})")
+    metric = plain(f"loss: {loss_name(result.facts.metric)}")
     shaped = any(row.trial.worst_shape for row in rows)  # judged at several shapes: where each loss is
     for column in ("trial", "ms", "range", "×fp32", metric, *(["at"] if shaped else []), "i8/f16/f32", ""):
         table.add_column(column, justify="left" if column in ("", "at") else "right", overflow="fold")
@@ -206,8 +207,8 @@ def front_table(result: ResultFiles) -> Table:
         t = row.trial
         table.add_row(
             str(t.number),
-            f"{row.ms:.3f}" + (" ⚠" if t.measurement.unstable else ""),
-            f"{row.low:.3f}–{row.high:.3f}",
+            ms_text(row.ms) + (" ⚠" if t.measurement.unstable else ""),
+            ms_range(row.low, row.high),
             ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             _loss(t.loss),
             *([plain(t.worst_shape or "—")] if shaped else []),
@@ -215,8 +216,7 @@ def front_table(result: ResultFiles) -> Table:
             Text(", ".join(row.roles), style="bold red" if row.chosen else ""),
         )
     notes = [COLUMNS_SAID + ("; at: the judged shape where the plan's loss is its worst" if shaped else "")]
-    if said := roles_said(rows):
-        notes.append(said)
+    notes += [said for said in (roles_said(rows), order_said(rows)) if said]
     if any(row.trial.measurement.unstable for row in rows):
         notes.append(f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
                      "after re-timing")
@@ -253,7 +253,7 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
         front.add_column(column, justify="left" if column == "worker" else "right")
     for t in status["front"]:
         counts = t["counts"]
-        front.add_row(str(t["trial"]), f"{t['latency_ms']:.3f}", _loss(t["loss"]),
+        front.add_row(str(t["trial"]), ms_text(t['latency_ms']), _loss(t["loss"]),
                       f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", plain(t["worker"] or "—"))
     return [workers, front]
 
@@ -273,8 +273,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
     if versus.rivals:
         rule += ", re-timed with its rivals"
     at = f" (its worst, at {chosen.worst_shape})" if chosen.worst_shape else ""
-    lines = [f"chosen: trial {chosen.number} ({rule}): {chosen.latency_ms:.3f} ms, loss {_loss(chosen.loss)}{at}, "
-             f"int8/fp16/fp32 = {chosen.mix}"]
+    lines = [f"chosen: trial {chosen.number} ({rule}): {ms_text(chosen.latency_ms)} ms, loss "
+             f"{_loss(chosen.loss)}{at}, int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
     if rivals := versus.rivals_said():
@@ -293,6 +293,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         lines.append(f"        ⚠ {drift}")
     if versus.steadiness and (unsteady := versus.steadiness.said()):
         lines.append(f"        ⚠ {unsteady}")
+    lines += [f"        ⚠ {session_said(build)}" for build in [chosen.measurement.build]
+              if (build or {}).get("disabled_optimizers")]
     if said := decisions(chosen.metrics):
         lines.append(f"        decisions: {said}")
     for name, values in facts.fp32_on_labels.items():
@@ -355,14 +357,7 @@ def deployment_lines(result: ResultFiles) -> list[str]:
     if shipped.fixed_because:
         lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({shipped.fixed_because})")
     elif profile.dynamic:
-        lines.append(
-            "best/model.onnx keeps the source's input dims: "
-            + "; ".join(
-                f"{i.name} {declared_text(i.declared)} min {_dims(list(i.min))} · opt {_dims(list(i.opt))} "
-                f"· max {_dims(list(i.max))}"
-                for i in profile.inputs
-            )
-        )
+        lines.append(f"best/model.onnx keeps the source's input dims: {profile.said()}")
     return lines + _checked_against_source(shipped.checks)
 
 
@@ -436,7 +431,29 @@ def _at(shapes: Mapping[str, Sequence[int]]) -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "did not run" if value is None else f"{value:.3f} ms"
+    return "did not run" if value is None else f"{ms_text(value)} ms"
+
+
+def _decimals(value: float, figures: int = 3) -> int:
+    """Three decimals, or as many more as give a small latency ``figures`` significant figures
+    (0.0103, not 0.010)."""
+    if not (value > 0 and math.isfinite(value)):
+        return 3
+    return max(3, figures - 1 - math.floor(math.log10(value)))
+
+
+def ms_text(value: float) -> str:
+    """A latency in ms: ``13.300``, ``0.0103``."""
+    return f"{value:.{_decimals(value)}f}"
+
+
+def ms_range(low: float, high: float) -> str:
+    """``low–high`` with as many decimals as tell them apart (never ``0.010–0.010`` for
+    0.0101–0.0104)."""
+    decimals = max(_decimals(low), _decimals(high))
+    while low != high and f"{low:.{decimals}f}" == f"{high:.{decimals}f}" and decimals < 9:
+        decimals += 1
+    return f"{low:.{decimals}f}–{high:.{decimals}f}"
 
 
 def _verdict(check: PointCheck) -> str:
@@ -503,8 +520,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         if c is None:
             return "—"
         if field == "latency":
-            rounds = ", ".join(f"{v:.3f}" for v in c.retimed_ms)
-            return f"{c.latency_ms:.3f} ms" + (f" (rounds {rounds})" if rounds else "")
+            rounds = ", ".join(ms_text(v) for v in c.retimed_ms)
+            return f"{ms_text(c.latency_ms)} ms" + (f" (rounds {rounds})" if rounds else "")
         if field == "decisions":
             return decisions(c.metrics) or "—"
         if field == "loss":
@@ -519,14 +536,14 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
 
     def uniform(r: ResultFiles, precision: str) -> str:
         t = r.uniform_trial(precision)
-        return f"{t.latency_ms:.3f} ms, loss {_loss(t.loss)}" if t else "—"
+        return f"{ms_text(t.latency_ms)} ms, loss {_loss(t.loss)}" if t else "—"
 
     shaped = bool(a.facts.judged_shapes or b.facts.judged_shapes)  # either judged at several shapes
     rows = [
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
         ("device", lambda r: r.engine.device),
-        ("metric / max loss", lambda r: f"{r.facts.metric} / {r.facts.max_loss}"),
+        ("loss / max loss", lambda r: f"{loss_name(r.facts.metric)} / {r.facts.max_loss}"),
         ("trials / budget", lambda r: f"{r.facts.trials} / {r.facts.budget}"),
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import textwrap
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -19,6 +20,7 @@ from autoprec.core import atomic
 from autoprec.core.escape import printable
 from autoprec.measure.diagnosis import UnitError, culprits
 from autoprec.results.files import ResultFiles
+from autoprec.results.rows import loss_name, stated_speedups, trial_rows
 from autoprec.study.optimize import TrialRecord
 from autoprec.study.sensitivity import Sensitivity
 
@@ -31,14 +33,6 @@ PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 NAME_CHARS = 40  # a unit's name on an axis: its last this many characters (the end tells units apart)
 GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
 SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def _point(trial: TrialRecord) -> tuple[float, float, float, float] | None:
-    """(latency, loss, bar below, bar above): the final latency, with the range behind it as bars."""
-    if not math.isfinite(trial.loss):  # overflowed: unbounded loss, drawn nowhere
-        return None
-    x = trial.latency_ms
-    return x, trial.loss, max(x - trial.low_ms, 0.0), max(trial.high_ms - x, 0.0)
 
 
 def _pyplot():
@@ -122,59 +116,126 @@ def _saved(fig: Figure, path: Path) -> Path:
 
 def _subtitle(result: ResultFiles) -> str:
     engine = result.engine
-    return printable(f"{result.model_name} · loss = {result.facts.metric} vs FP32") + "\n" + printable(
+    loss = loss_name(result.facts.metric)
+    return printable(f"{result.model_name} · loss = {loss}") + "\n" + printable(
         f"{engine.engine} {engine.version} {engine.provider} · {engine.device}")
 
 
+@dataclass(frozen=True)
+class Point:
+    """A trial on the trade-off: its speed-up over all-FP32 with the range behind it, and its loss.
+    """
+
+    trial: TrialRecord
+    speedup: float
+    low: float
+    high: float
+
+    @property
+    def loss(self) -> float:
+        return self.trial.loss
+
+
+def claimed_points(result: ResultFiles) -> tuple[list[Point], list[Point]]:
+    """What the trade-off draws: each trial of the tables (the front and those the lines name) at
+    its speed-up over all-FP32 as the tables state it (the final timing's, with its interval, where
+    it timed the plan; else the re-timing's, all-FP32's median over the plan's rounds, between its
+    slowest and fastest round), and every other trial at its own timing over all-FP32's own (taken
+    at other moments: not what a claim rests on). Overflowed plans (an unbounded loss) are drawn
+    nowhere. Empty without an all-FP32 trial."""
+    fp32 = result.uniform_trial("fp32")
+    if fp32 is None:
+        return [], []
+    claims, rows = stated_speedups(result), trial_rows(result)
+    stated = []
+    for row in (r for r in rows if math.isfinite(r.trial.loss)):
+        claim = claims.get(row.number)
+        if claim is not None and claim.low is not None:
+            stated.append(Point(row.trial, claim.speedup, claim.low, claim.high))
+        else:
+            stated.append(Point(row.trial, row.over_fp32, fp32.latency_ms / row.high,
+                                fp32.latency_ms / row.low))
+    shown, own = {r.number for r in rows}, fp32.measurement.latency.median_ms
+    others = [Point(t, own / t.measurement.latency.median_ms, own / t.measurement.latency.p90_ms,
+                    own / t.measurement.latency.p10_ms)
+              for t in result.shown_trials() if t.number not in shown and math.isfinite(t.loss)]
+    return stated, others
+
+
 def pareto_figure(result: ResultFiles) -> Figure:
-    """Latency vs accuracy loss: every trial grey, the front joined, uniform plans and the chosen one labelled."""
+    """Speed-up over all-FP32 against accuracy loss, as the claims stand: the front joined, the
+    chosen plan with its interval, a plan past the limit on the calibration batches marked and left
+    off the front, every other trial grey."""
     plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    shown = result.shown_trials()
-    points = [p for t in shown if (p := _point(t))]
-    if points:
-        ax.scatter([p[0] for p in points], [p[1] for p in points], s=14, color="0.75", label="trials", zorder=1)
-    front = [(t, p) for t in result.shown_front() if (p := _point(t))]
+    stated, others = claimed_points(result)
+    if others:
+        ax.scatter([p.speedup for p in others], [p.loss for p in others], s=14, color="0.8",
+                   zorder=1, label="other trials: own timing over all-FP32's own (other moments, "
+                   "other loads)")
+    held = result.facts.held_out
+    left_out = set(held.failed()) if held else set()
+    on_front = {t.number for t in result.shown_front()}
+    front = sorted((p for p in stated if p.trial.number in on_front - left_out),
+                   key=lambda p: p.speedup)
     if front:
-        xs, ys = [p[0] for _, p in front], [p[1] for _, p in front]
-        ax.errorbar(
-            xs, ys, xerr=[[p[2] for _, p in front], [p[3] for _, p in front]], fmt="o-", color="tab:blue",
-            ms=5, lw=1.5, capsize=2, label="Pareto front (bars: re-timing rounds' range)", zorder=3,
-        )
-    uniform_labels = []
-    for precision in ("fp32", "fp16", "int8"):
-        p = _point(uniform) if (uniform := result.uniform_trial(precision)) else None
-        if p:
-            uniform_labels.append(ax.annotate(
-                f"all {precision}", (p[0], p[1]), textcoords="offset points", xytext=(6, 6), fontsize=9, color="0.3"
-            ))
-            ax.scatter([p[0]], [p[1]], s=30, facecolors="none", edgecolors="0.3", zorder=4)
-    chosen = result.shown_chosen()
-    if chosen and (p := _point(chosen)):
-        ax.scatter(
-            [p[0]], [p[1]], s=160, marker="*", color="tab:red", label=f"chosen (trial {chosen.number})", zorder=5
-        )
+        ax.errorbar([p.speedup for p in front], [p.loss for p in front],
+                    xerr=[[p.speedup - p.low for p in front], [p.high - p.speedup for p in front]],
+                    fmt="o-", color="tab:blue", ms=5, lw=1.5, capsize=2, zorder=3,
+                    label="Pareto front (bars: the final timing's 95 % interval, else the "
+                    "re-timing's rounds)")
+    named = [p for p in stated if p.trial.number not in on_front | left_out]
+    if named:
+        ax.scatter([p.speedup for p in named], [p.loss for p in named], s=24, color="tab:blue",
+                   marker="D", zorder=3, label="rivals and plans the summary names, off the front")
+    if left := [p for p in stated if p.trial.number in left_out]:
+        ax.scatter([p.speedup for p in left], [p.loss for p in left], s=60, marker="x",
+                   color="tab:red", zorder=4,
+                   label="left out: past --max-loss on the calibration batches")
+    uniform_labels = _uniform_labels(ax, result, [*stated, *others])
+    chosen = next((p for p in stated if p.trial.number == result.chosen_number), None)
+    if chosen is not None:
+        ax.scatter([chosen.speedup], [chosen.loss], s=160, marker="*", color="tab:red", zorder=5,
+                   label=f"chosen (trial {chosen.trial.number})")
+    ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     max_loss = result.facts.max_loss
     if max_loss is not None:
         ax.axhline(max_loss, color="tab:red", ls="--", lw=1, label=f"--max-loss {max_loss:g}")
-    losses = [p[1] for p in points] + ([max_loss] if max_loss is not None else [])
-    if losses and min(losses) >= 0 and max(losses) > 0:
-        # Loss spans decades and FP32 sits at exactly 0: linear near 0, logarithmic above.
-        ax.set_yscale("symlog", linthresh=max(min(v for v in losses if v > 0), 1e-9))
-        ax.set_ylim(0, max(losses) * 4)
-    lats = [p[0] for p in points]
-    if lats and max(lats) / max(min(lats), 1e-9) > 10:
-        ax.set_xscale("log")
+    _loss_axis(ax, [p.loss for p in [*stated, *others]] + [max_loss] * (max_loss is not None))
     ax.margins(x=0.1)
-    ax.set_xlabel("latency per batch, ms (front: median of the final interleaved re-timing)")
-    ax.set_ylabel(printable(f"accuracy loss ({result.facts.metric}) vs FP32"))
+    ax.set_xlabel("speed-up over all-FP32, × (higher is faster): all-FP32 timed beside each plan "
+                  "in interleaved rounds")
+    ax.set_ylabel(printable(f"loss: {loss_name(result.facts.metric)} (0: as FP32)"))
     ax.set_title(_wrapped(_subtitle(result), 8, 9), fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.legend(fontsize=7, loc="best", framealpha=0.9)
     laid_out(fig)
     _stacked(fig, uniform_labels)
     return laid_out(fig)
+
+
+def _uniform_labels(ax: Axes, result: ResultFiles, stated: Sequence[Point]) -> list:
+    """The uniform plans among the drawn ones, circled and named."""
+    labels = []
+    for precision in ("fp32", "fp16", "int8"):
+        uniform = result.uniform_trial(precision)
+        number = uniform.number if uniform is not None else None
+        point = next((p for p in stated if p.trial.number == number), None)
+        if point is not None:
+            labels.append(ax.annotate(f"all {precision}", (point.speedup, point.loss),
+                                      textcoords="offset points", xytext=(6, 6), fontsize=9,
+                                      color="0.3"))
+            ax.scatter([point.speedup], [point.loss], s=30, facecolors="none", edgecolors="0.3",
+                       zorder=4)
+    return labels
+
+
+def _loss_axis(ax: Axes, losses: list[float]) -> None:
+    """Loss spans decades and FP32 sits at exactly 0: linear near 0, logarithmic above."""
+    if losses and min(losses) >= 0 and max(losses) > 0:
+        ax.set_yscale("symlog", linthresh=max(min(v for v in losses if v > 0), 1e-9))
+        ax.set_ylim(0, max(losses) * 4)
 
 
 def _stacked(fig: Figure, labels: list) -> None:

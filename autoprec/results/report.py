@@ -11,9 +11,17 @@ from typing import Any
 from autoprec.core import atomic
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.console import shape_lines
-from autoprec.results.files import ResultFiles, decisions
+from autoprec.results.files import DECISIONS, ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
+from autoprec.results.rows import (
+    COLUMNS_SAID,
+    TrialRow,
+    figure,
+    loss_name,
+    order_said,
+    roles_said,
+    trial_rows,
+)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -56,8 +64,9 @@ def _facts(result: ResultFiles) -> str:
         ("latency", engine.timing or "—"),
         ("measured", "yes" if engine.measured else "NO — described only, never executed"),
         ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
-        ("metric", f"{search.metric} (loss 0 = as good as FP32)"),
-        *(("judged shapes", "; ".join(f"{p.name} ({p.said}; ×{p.runs} in a request)" for p in search.judged_shapes or ())
+        ("metric", f"{search.metric}: the loss is the {loss_name(search.metric)} (0 = as FP32)"),
+        *(("judged shapes", "; ".join(f"{p.name} ({p.said}; ×{p.runs} in a request)"
+                                      for p in search.judged_shapes or ())
            + " — every plan's loss is its worst over them"),) * bool(search.judged_shapes),
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
@@ -83,7 +92,7 @@ def _front(result: ResultFiles) -> str:
     rows = trial_rows(result)
     shaped = any(row.trial.worst_shape for row in rows)
     head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
-            "loss", *(["worst at"] if shaped else []), "int8", "fp16", "fp32", ""]
+            f"loss: {loss_name(result.facts.metric)} ↓", *(["worst at"] if shaped else []), "int8", "fp16", "fp32", ""]
     cells = []
     for row in rows:
         t, lat = row.trial, row.trial.measurement.latency
@@ -94,7 +103,7 @@ def _front(result: ResultFiles) -> str:
                            *([t.worst_shape or "—"] if shaped else []),
                            *(t.plan.counts()[p] for p in ("int8", "fp16", "fp32")), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
-    roles = roles_said(rows)
+    roles = "; ".join(said for said in (roles_said(rows), order_said(rows)) if said)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
             f"<p class='note'>Highlighted: the chosen plan. Latency is for one batch. {_e(COLUMNS_SAID)}. Own runs: the "
             "trial's own timed runs during the search. The re-timing rounds timed the front and the all-FP32 plan "
@@ -105,15 +114,20 @@ def _front(result: ResultFiles) -> str:
 def _metrics(result: ResultFiles, shown: list[TrialRow]) -> str:
     front = [row.trial for row in shown]
     names = sorted({m for t in front for out in t.metrics.values() for m in out if m not in ("nonfinite", "narrow")})
+    labels = dict(DECISIONS)
     rows = [
-        _row([t.number, output, *(_num(values[m]) if m in values else "—" for m in names)],
+        _row([t.number, output,
+              *(_num(figure(m, values[m], labels)[1]) if m in values else "—" for m in names)],
              t.number == result.chosen_number, left=(1,))
         for t in front for output, values in t.metrics.items()
     ]
-    head = "".join(f"<th>{_e(h)}</th>" for h in ["trial", "output", *names])
+    head = "".join(f"<th>{_e(h)}</th>"
+                   for h in ["trial", "output", *(figure(m, 0.0, labels)[0] for m in names)])
     return (f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
-            "<p class='note'>Metrics compare each output with the FP32 model's on the evaluation batches (top1, cer, "
-            "map50, nn_agreement: its decisions; *_labels: against the data's ground truth).</p>")
+            "<p class='note'>Each output against the FP32 model's on the evaluation batches: "
+            "↓ lower is closer to FP32 (0: the same), ↑ higher is (a similarity is shown as its "
+            "loss, 1 − cosine, as the loss column and the deployment checks say it); \"vs "
+            "labels\": against the data's ground truth.</p>")
 
 
 def _row(cells: list, chosen: bool, left: tuple[int, ...] = ()) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoprec.measure.speedup import Speedup
 from autoprec.results.files import ResultFiles
 from autoprec.study.optimize import TrialRecord
 
@@ -28,6 +29,41 @@ ROLES = {
 
 COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own runs); range: those rounds' min–max (else "
                 "its runs' p10–p90); ×fp32: the final timing's speed-up where it timed the plan, else the re-timing's")
+
+
+# The loss each --metric names, as every view (show, report, compare, the plots) says it: lower is
+# better, 0 is FP32's own outputs; a similarity is said as its loss, never as itself beside it.
+LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error",
+              "max_abs": "max abs error", "top1": "share of top-1 changed",
+              "ctc-text": "CER vs FP32", "detection": "1 − mAP50 vs FP32",
+              "embedding": "embedding loss", "text-regions": "1 − region F vs FP32",
+              "segmentation": "1 − mIoU vs FP32"}
+# Each figure of a plan's outputs: its name with its direction (↓ lower is closer to FP32, ↑
+# higher), and how the recorded value reads that way (a cosine similarity: its loss, 1 − cosine).
+FIGURES = {"cosine": ("cosine loss (1 − cos) ↓", lambda v: 1.0 - v),
+           "rel_l2": ("rel. L2 error ↓", None), "max_abs": ("max abs error ↓", None),
+           "snr_db": ("SNR dB ↑", None)}
+LOWER_IS_CLOSER = ("cer", "cer_labels", "box_count_change", "region_count_change", "embedding_loss")
+
+
+def loss_name(metric: str) -> str:
+    """What ``--metric`` constrains, as a loss (``cosine`` → ``cosine loss (1 − cosine)``; a judge's
+    note kept)."""
+    name, _, note = metric.partition(" ")
+    task, labelled, _ = name.partition("@")
+    said = (f"{name}: drop from FP32's score on the labels" if labelled
+            else LOSS_NAMES.get(name, f"{name} loss"))
+    return f"{said} {note}".strip()
+
+
+def figure(key: str, value: float, labels: dict[str, str]) -> tuple[str, float]:
+    """A recorded figure as every table shows it: (its name with its direction, its value that way);
+    ``labels``: the names of the decision figures (:data:`autoprec.results.files.DECISIONS`)."""
+    if key in FIGURES:
+        name, turn = FIGURES[key]
+        return name, turn(value) if turn else value
+    arrow = "↓" if key in LOWER_IS_CLOSER else "↑"
+    return f"{labels.get(key, key)} {arrow}", value
 
 
 @dataclass(frozen=True)
@@ -60,14 +96,14 @@ class TrialRow:
         return "chosen" in self.roles
 
 
-def _stated_speedups(result: ResultFiles) -> dict[int, float]:
+def stated_speedups(result: ResultFiles) -> dict[int, Speedup]:
     """The speed-ups over all-FP32 the final timing measured, by trial: the figures the result's lines say."""
     versus, chosen = result.versus, result.chosen_number
-    stated = {r.trial: r.claim.speedup for r in versus.rivals}
+    stated = {r.trial: r.claim for r in versus.rivals}
     if versus.not_shipped is not None:
-        stated[versus.not_shipped.trial] = versus.not_shipped.claim.speedup
+        stated[versus.not_shipped.trial] = versus.not_shipped.claim
     if versus.fp32 is not None and chosen is not None:
-        stated[chosen] = versus.fp32.speedup
+        stated[chosen] = versus.fp32
     return stated
 
 
@@ -94,7 +130,7 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
     others = sorted((t for n in named if n not in on_front and (t := result.shown_trial(n)) is not None),
                     key=lambda t: t.latency_ms)
     fp32 = result.uniform_trial("fp32")
-    stated = _stated_speedups(result)
+    stated = {number: claim.speedup for number, claim in stated_speedups(result).items()}
     rows = []
     for t in [*front, *others]:
         roles = tuple(named.get(t.number, ())) + (() if t.number in on_front else ("off the front",))
@@ -103,6 +139,24 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
         else:
             rows.append(TrialRow(t, roles, fp32.latency_ms / t.latency_ms if fp32 else None, False))
     return rows
+
+
+def order_said(rows: list[TrialRow]) -> str | None:
+    """Where a plan the final timing ran reads faster in ``ms`` than another it ran but slower in
+    ``×fp32``: why (ms is its re-timing's median, beside all-FP32 in a few rounds of its own; ×fp32
+    the final timing's, all of them in the same rounds, which decided); None where the columns
+    agree."""
+    timed = sorted((r for r in rows if r.from_final_timing and r.over_fp32 is not None),
+                   key=lambda r: r.ms)
+    pairs = [(a, b) for i, a in enumerate(timed) for b in timed[i + 1:]
+             if a.ms < b.ms and a.over_fp32 < b.over_fp32]
+    if not pairs:
+        return None
+    a, b = pairs[0]
+    return (f"trial {a.number} reads faster than trial {b.number} in ms but slower in ×fp32: ms is "
+            "each plan's re-timing median (a few rounds of its own beside all-FP32, at another "
+            "moment than the other's), ×fp32 the final timing's, which ran them in the same rounds "
+            "and decided")
 
 
 def roles_said(rows: list[TrialRow]) -> str | None:

@@ -14,6 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from autoprec.analysis.images import letterboxed
+
 DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
 SENTENCES = (
@@ -132,11 +134,7 @@ def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray
     """Photos letterboxed to size×size on grey (114), RGB, x/255: Ultralytics' preprocessing."""
     out = []
     for name in ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "camera.png"):
-        img = _image(images[name])
-        scale = size / max(img.size)
-        resized = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
-        canvas = Image.new("RGB", (size, size), (114, 114, 114))
-        canvas.paste(resized, ((size - resized.width) // 2, (size - resized.height) // 2))
+        canvas = letterboxed(_image(images[name]), size, size)  # as --image-resize letterbox
         out.append(np.asarray(canvas, np.float32).transpose(2, 0, 1) / 255.0)
     return {"images": np.stack(out)}
 
