@@ -52,6 +52,10 @@ def model_sha256(path: Path) -> str:
     path = Path(path)
     own = file_sha256(path)
     skeleton = onnx.load(str(path), load_external_data=False)
+    try:  # where its data lives, first: a location such as /dev/zero is never read
+        check_external_data(skeleton, path.parent, str(path))
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
     locations = sorted({ExternalDataInfo(t).location for t in tensors(skeleton.graph) if uses_external_data(t)})
     if not locations:
         return own

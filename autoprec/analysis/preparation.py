@@ -33,6 +33,7 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
+from autoprec.core import atomic
 from autoprec.core.errors import ModelError, first_line
 from autoprec.core.stored import (
     DataWriter,
@@ -550,16 +551,6 @@ def _read(folder: Path) -> Preparation | None:
     return Preparation(StoredModel(proto, folder), deployable, list(notes), source)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
                    feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> Preparation:
     """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of it, to
@@ -576,7 +567,7 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     if found is not None:
         return found
     for stale in Path(cache).glob(f".prepared-{key}.*.staging"):  # a killed preparation's
-        if not _pid_alive(int(stale.name.split(".")[2])):
+        if not atomic.pid_alive(int(stale.name.split(".")[2])):
             shutil.rmtree(stale, ignore_errors=True)
     staging = Path(cache) / f".prepared-{key}.{os.getpid()}.staging"  # (not *.tmp: those are files, removed when stale)
     shutil.rmtree(staging, ignore_errors=True)

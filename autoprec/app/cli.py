@@ -130,6 +130,9 @@ def _plan_verbs(verb) -> None:
     d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on (default: as many as "
                    "the sensitivity pass judges them on, a quarter; the plan's loss is on them all)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
+    d.add_argument("--metric", default=argparse.SUPPRESS, metavar="METRIC",
+                   help="the plan's loss by this metric (default: the search's; a module:function the search used "
+                        "runs only when given here)")
     d.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(d, overriding=True)
     EngineSpec.add_arguments(d, overriding=True)

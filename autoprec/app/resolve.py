@@ -16,10 +16,11 @@ from autoprec.analysis.data import Dataset
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, parse_precisions
-from autoprec.measure.accuracy import Judge, Metric, resolve_metric
+from autoprec.measure.accuracy import BUILTIN_METRICS, Judge, Metric, resolve_metric
 
 log = logging.getLogger("autoprec")
 
@@ -39,7 +40,7 @@ def check_out_dir(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".autoprec-write-test"
-        probe.write_bytes(b"")
+        os.close(untrusted.fresh_file(probe))  # (a link planted there is removed, never followed)
         probe.unlink()
     except OSError as exc:
         raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
@@ -68,6 +69,16 @@ def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
 
         head = replace(head, layout=zoo.entry(str(model)).layout)
     return resolve_metric(judge.metric, declared_tasks(model), head)
+
+
+def recorded_judge(judge: JudgeSpec, where: str | os.PathLike) -> JudgeSpec:
+    """The judge a result (at ``where``) recorded, to re-measure with: a ``module:function`` there is code the
+    result names, which runs only where this command names it too (--metric), never on a record's word."""
+    if judge.metric in BUILTIN_METRICS:
+        return judge
+    raise AutoprecError(f"{where}: its search was judged by --metric {judge.metric}, code that is run only when you "
+                        f"name it: give --metric {judge.metric} (code you trust, from your own folder), or a built-in "
+                        "--metric such as cosine")
 
 
 def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:

@@ -16,7 +16,14 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, c
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.recorded import PlanContext, plan_context, recreate
-from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
+from autoprec.app.resolve import (
+    judge_for,
+    metric_for,
+    recorded_judge,
+    resolve_model,
+    result_dir,
+    wanted_metric,
+)
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.backends.base import EngineInfo
@@ -72,6 +79,7 @@ def diagnose_plan(
     engine: EngineSpec | None = None,
     batches: int | None = None,
     out: str | os.PathLike | None = None,
+    judge: JudgeSpec | None = None,
 ) -> Diagnosis:
     """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis).
     The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
@@ -84,16 +92,17 @@ def diagnose_plan(
     baseline, found, model_path = context.baseline, context.plan, context.baseline.info.path
     engine_spec = engine or context.config.engine
     engine_ = _engine(engine_spec)
-    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), baseline.info,
-                                    baseline.dataset), baseline)
-    ranking = judge.for_ranking()
+    wanted = wanted_metric(judge or recorded_judge(context.config.judge, target), context.config.inputs.model)
+    judge_of, _ = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)
+    ranking = judge_of.for_ranking()
     evaluation = list(baseline.dataset.evaluation)
     used = evaluation[:batches or screening_batches(len(evaluation))]
     rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
-    loss = judge.loss_of(model_outputs(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation))
+    loss = judge_of.loss_of(model_outputs(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(), len(evaluation),
-                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None)
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge_of.said(), len(evaluation),
+                          context.recorded_loss if context.same_judging(judge or context.config.judge, engine_spec, data)
+                          else None)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
         "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
         "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
@@ -189,7 +198,7 @@ def check_plan(
     if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
         read_result_dir(target).check_shipped()
     context = plan_context(target, plan, None, data, shapes)
-    judge, engine_spec = judge or context.config.judge, engine or context.config.engine
+    judge, engine_spec = judge or recorded_judge(context.config.judge, target), engine or context.config.engine
     if judge.max_loss is None:
         raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
     max_loss = judge.max_loss

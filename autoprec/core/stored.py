@@ -243,11 +243,12 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
 
 
 def _write_whole(path: Path, data: bytes | memoryview) -> None:
-    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (this process's and
-    thread's: several may make the same file at once), renamed when done, removed when the write fails."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (a new one each time:
+    several may make the same file at once), renamed when done, removed when the write fails."""
+    fd, tmp = atomic.temporary(path)
     try:
-        tmp.write_bytes(data)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -358,8 +359,9 @@ def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> di
     (to a temporary name, renamed when whole) with each tensor the models share copied once."""
     protos: dict[Path, onnx.ModelProto] = {}
     copied: dict[tuple[str, str, int], tuple[int, int]] = {}  # (folder, location, offset) -> its place in data
-    tmp = folder / f".{data}.{os.getpid()}.tmp"
     folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = atomic.temporary(folder / data)
+    os.close(fd)
     writer = DataWriter(folder, tmp.name)
     try:
         for path, model in models.items():

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.measure import gfl, regions, tasks
 from autoprec.measure.labels import class_scores, doubtful, scores_classes, unscored
@@ -122,6 +123,11 @@ def _import_function(spec: str) -> LossFunction:
     module_name, _, func_name = spec.partition(":")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    for origin in untrusted.module_origins(module_name):
+        if (folder := untrusted.distrusted(origin)) is not None:
+            raise AutoprecError(f"--metric {spec}: {module_name} would be imported from {origin}, inside {folder}, a "
+                                "result autoprec reads as input and never runs code from; keep your metric's module "
+                                "outside it (in your working folder or on PYTHONPATH)")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from autoprec.analysis.data import Batch
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
@@ -47,6 +48,7 @@ from autoprec.measure.speedup import Rounds
 
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
+TAIL_BYTES = 256 << 10  # the end of the worker's stderr log read for a crash's cause (a loop may have filled it)
 
 
 class TrialCrash(AutoprecError):
@@ -90,7 +92,7 @@ def device_lock_path(backend: str, device: int) -> Path:
 def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
             threads: int, stderr_path: str) -> None:
     """Child process: lower and measure each plan it is sent until told to stop (None)."""
-    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)  # the file start() made
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
     from autoprec.backends import get_backend
@@ -161,7 +163,7 @@ class IsolatedMeasurer(Measurer):
     def start(self) -> None:
         """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
-        self.stderr.write_bytes(b"")
+        os.close(untrusted.fresh_file(self.stderr))
         process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
         process.start()  # where this raises (a script without a __main__ guard), no unstarted process is kept to kill
         self.process = process
@@ -171,8 +173,10 @@ class IsolatedMeasurer(Measurer):
 
     def _stderr_tail(self, lines: int = 15) -> str:
         try:
-            text = self.stderr.read_text(errors="replace")
-        except OSError:
+            with os.fdopen(untrusted.open_regular(self.stderr, "the cache"), "rb") as log:
+                log.seek(max(0, os.fstat(log.fileno()).st_size - TAIL_BYTES))
+                text = log.read(TAIL_BYTES).decode(errors="replace")
+        except (OSError, AutoprecError):
             return ""
         kept = text.strip().splitlines()
         tail = kept[-lines:]

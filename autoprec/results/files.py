@@ -17,7 +17,7 @@ from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import model_sha256
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import EngineInfo
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.core.fields import Fields
@@ -191,8 +191,9 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    """Read a result file (plain JSON; nothing is unpickled or executed)."""
-    return json.loads(Path(path).read_text())
+    """Read a result file (plain JSON; nothing is unpickled or executed): a regular file of the folder it lies in,
+    bounded in size and nesting (see :mod:`autoprec.core.untrusted`)."""
+    return untrusted.read_json(Path(path), f"the folder {Path(path).parent}")
 
 
 # --- one typed value per result file, whose from_json checks what it reads (autoprec.core.fields): plots, tables,
@@ -478,6 +479,8 @@ class ResultFiles:
                                 "search")
         try:
             found = model_sha256(path)
+        except AutoprecError:  # its external data is not where a model's may be: said as it is
+            raise
         except Exception as exc:  # noqa: BLE001 - not an ONNX file any more (onnx raises several types)
             found = f"unreadable ({type(exc).__name__})"
         if found != recorded:
@@ -510,6 +513,7 @@ def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = No
     found = PlanFile.from_json(Fields(document, plan))
     header = found.header if model is None else replace(found.header, model=replace(found.header.model, path=model))
     pareto = ParetoFile(header, (), found.trial.number, Versus(), {})
+    untrusted.distrust(plan.resolve().parent.parent)
     return ResultFiles(plan.resolve().parent.parent, pareto, TrialsFile(header, ()), replace(found, header=header))
 
 
@@ -518,6 +522,8 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
+    untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES, "export"), f"the result folder {out_dir}")
+    untrusted.distrust(out_dir)
     if not pareto_path.is_file():
         raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
     try:

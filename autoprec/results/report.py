@@ -8,11 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
 from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
+
+FIGURE_BYTES = 64 << 20  # the most a figure the report embeds may hold (autoprec's own are well under 1 MB)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -39,7 +41,7 @@ def _num(value: float | str, fmt: str = ".6g") -> str:
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
+    data = base64.b64encode(untrusted.read_bytes(path, f"the folder {path.parent}", FIGURE_BYTES)).decode()
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 

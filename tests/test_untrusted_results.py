@@ -1,0 +1,241 @@
+"""A result folder, its cache and an export folder are input, not trust (issue 67): whatever someone put there — a
+link out, a FIFO, a device, a file of their own, code — autoprec reads only regular files inside the folder (each
+read bounded), writes and removes there only what it made, and never runs code from it. Each probe expects exit 0
+with a true result, or exit 2 with one line naming the input, and nothing outside the folder read, run or changed.
+Grouped by behaviour: what is read, what is written or removed, what runs, what ends, what is true."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import builders
+import numpy as np
+import pytest
+import searching
+from test_adversarial import autoprec, one_line_error
+from test_adversarial_third import refused, run
+
+QUICK = ("--budget", "2", "--no-warm-start", "--threads", "1", *searching.SHORTEST_FINAL_TIMING, "--no-progress")
+SECRET = "the user's private key\n"
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    """One finished search of a small classifier, copied for each probe (see ``copy``)."""
+    import autoprec as api
+
+    root = tmp_path_factory.mktemp("untrusted")
+    model = builders.save(builders.classifier(12, 4), root / "cls.onnx")
+    np.savez(root / "d.npz", x=np.random.default_rng(1).normal(size=(32, 16)).astype(np.float32))
+    out = root / "R"
+    searching.search(api.SearchConfig(api.InputSpec(model, data=root / "d.npz"), study=api.StudySpec(budget=2),
+                                      out=out))
+    return out
+
+
+def copy(result: Path, tmp_path: Path, name: str = "R") -> Path:
+    target = tmp_path / name
+    shutil.copytree(result, target, symlinks=True)
+    return target
+
+
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "id_rsa"
+    path.write_text(SECRET)
+    return path
+
+
+def untouched(*paths: Path) -> dict[Path, bytes]:
+    """Every file under ``paths`` with its bytes: compare before and after."""
+    return {p: p.read_bytes() for root in paths for p in [root, *root.rglob("*")] if p.is_file()}
+
+
+# --- what is read: only regular files inside the folder ---
+
+@pytest.mark.parametrize("figure", ["pareto.png", "layers.png"])
+def test_a_report_embeds_no_file_a_figures_link_leads_to(result, tmp_path, capsys, figure):
+    """ln -sf ~/.ssh/id_rsa R/pareto.png; autoprec report R --output shared.html put the key in the page."""
+    r = copy(result, tmp_path)
+    (r / figure).unlink()
+    (r / figure).symlink_to(secret(tmp_path))
+    page = tmp_path / "shared.html"
+    refused(["report", r, "--output", page], capsys, figure, "symbolic link")
+    assert not page.exists()
+
+
+@pytest.mark.parametrize("verb", ["report", "show", "plot"])
+def test_a_fifo_in_a_result_is_refused_not_waited_on(result, tmp_path, verb):
+    """pareto.png replaced by a FIFO: report R blocked forever."""
+    r = copy(result, tmp_path)
+    (r / "pareto.png").unlink()
+    os.mkfifo(r / "pareto.png")
+    proc = autoprec(verb, r, cwd=tmp_path, timeout=120)
+    one_line_error(proc, "pareto.png", "a FIFO")
+
+
+def test_check_refuses_a_shipped_models_external_data_outside_its_folder_without_reading_it(result, tmp_path):
+    """best/model.onnx with external data /dev/zero: check R hashed /dev/zero for ever (past 300 s)."""
+    import onnx
+
+    r = copy(result, tmp_path)
+    shipped = r / "best" / "model.onnx"
+    model = onnx.load(str(shipped))
+    tensor = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="/dev/zero")
+    onnx.save(model, str(shipped))
+    for argv in (["check", r], ["export", r, "--format", "triton", "--out", tmp_path / "t"]):
+        one_line_error(autoprec(*argv, cwd=tmp_path, timeout=120), "best/model.onnx", "/dev/zero")
+
+
+# --- what is written or removed: only what autoprec made ---
+
+def search(result: Path, out: Path, *extra) -> list:
+    """The command line of a quick search of the fixture's model into ``out``."""
+    return ["search", result.parent / "cls.onnx", "--data", result.parent / "d.npz", "--out", out, *QUICK, *extra]
+
+
+@pytest.mark.parametrize("planted", ["cache/worker-stderr.log", ".autoprec-write-test", "study.db", "best",
+                                     "cache"])
+def test_a_search_into_a_folder_follows_no_link_planted_there(result, tmp_path, capsys, planted):
+    """ln -sf ~/important.txt R/cache/worker-stderr.log, then resuming into R, truncated important.txt to 0 bytes;
+    ln -s victim o1/best, then search --out o1, overwrote victim/model.onnx and plan.json."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "important.txt").write_text("keep me\n")
+    (victim / "model.onnx").write_text("the user's model\n")
+    r = copy(result, tmp_path)
+    target = r / planted
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    target.symlink_to(victim if planted in ("best", "cache") else victim / "important.txt")
+    before = untouched(victim)
+    code, err = run(search(result, r), capsys)
+    assert code in (0, 2) and "Traceback" not in err, err[-3000:]
+    if code == 2:
+        assert planted in err.strip().splitlines()[-1] and "symbolic link" in err, err[-3000:]
+    assert untouched(victim) == before
+
+
+def test_a_search_removes_no_temporary_file_it_did_not_leave(result, tmp_path, capsys):
+    """search … --out proj deleted every .*.tmp in proj, proj/best and proj/cache at start, whoever wrote them."""
+    proj = tmp_path / "proj"
+    drafts = [proj / ".draft.tmp", proj / "best" / ".notes.tmp", proj / "cache" / ".model.onnx.1234.tmp"]
+    for draft in drafts:
+        draft.parent.mkdir(parents=True, exist_ok=True)
+        draft.write_text("a draft\n")
+    code, err = run(search(result, proj), capsys)
+    assert code == 0, err[-3000:]
+    assert all(draft.read_text() == "a draft\n" for draft in drafts)
+
+
+@pytest.mark.parametrize("theirs", ["model.plan", "build_report.json", "BUILD.md"])
+def test_an_export_replaces_no_file_it_did_not_write(result, tmp_path, capsys, theirs):
+    """export R --format markdown --out deploy deleted the user's deploy/model.plan and build_report.json (the
+    folder had no export manifest): an export folder holds only what an export wrote there."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / theirs).write_text("the user's own\n")
+    refused(["export", result, "--format", "markdown", "--out", deploy], capsys, theirs, "no autoprec export wrote")
+    assert (deploy / theirs).read_text() == "the user's own\n"
+
+
+def test_an_export_again_replaces_its_own_files_and_what_its_scripts_made(result, tmp_path, capsys):
+    out = tmp_path / "e"
+    for fmt in ("trtexec", "markdown"):
+        code, err = run(["export", result, "--format", fmt, "--out", out], capsys)
+        assert code == 0, err[-3000:]
+        if fmt == "trtexec":
+            (out / "model.plan").write_text("what build.sh made\n")
+    assert sorted(p.name for p in out.iterdir()) == ["BUILD.md", "export.json", "model.onnx"]
+
+
+@pytest.mark.parametrize("linked", ["export", "export/trtexec"])
+def test_an_export_follows_no_link_in_the_result(result, tmp_path, capsys, linked):
+    """ln -s victim2 R/export/trtexec; export R --format trtexec deleted victim2/model.plan, layers.json and
+    overwrote its model.onnx and build.sh."""
+    victim = tmp_path / "victim2"
+    victim.mkdir()
+    for name in ("model.plan", "layers.json", "model.onnx", "build.sh"):
+        (victim / name).write_text(f"the user's {name}\n")
+    r = copy(result, tmp_path)
+    (r / linked).parent.mkdir(parents=True, exist_ok=True)
+    (r / linked).symlink_to(victim)
+    before = untouched(victim)
+    refused(["export", r, "--format", "trtexec"], capsys, "export", "symbolic link")
+    assert untouched(victim) == before
+
+
+def test_an_export_into_a_folder_another_export_is_writing_is_refused(result, tmp_path, capsys):
+    """Two exports (trtexec, polygraphy) into one --out at once both exited 0; check.sh, said written, was gone."""
+    from autoprec.export import folder
+
+    out = tmp_path / "both"
+    with folder.exporting(out):
+        refused(["export", result, "--format", "polygraphy", "--out", out], capsys, "another autoprec export")
+    code, err = run(["export", result, "--format", "polygraphy", "--out", out], capsys)
+    assert code == 0 and (out / "check.sh").is_file(), err[-3000:]
+
+
+# --- what runs: no code from a result ---
+
+HOSTILE_METRIC = """import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+
+
+def loss(reference, candidate):
+    return 0.0
+"""
+
+
+def judged_by(r: Path, metric: str) -> Path:
+    """``r`` with its recorded metric (in every file's header) changed to ``metric``."""
+    for name in ("pareto.json", "trials.json", "best/plan.json"):
+        document = json.loads((r / name).read_text())
+        document["search"]["metric"] = document["search"]["spec"]["judge"]["metric"] = metric
+        (r / name).write_text(json.dumps(document))
+    return r
+
+
+def hostile_module(folder: Path, name: str, marker: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(HOSTILE_METRIC.format(marker=str(marker)))
+
+
+@pytest.mark.parametrize("verb", [["check", ".", "--max-loss", "1"], ["diagnose", "."],
+                                  ["check", ".", "--max-loss", "1", "--metric", "evilmetric:loss"],
+                                  ["diagnose", ".", "--metric", "evilmetric:loss"]])
+def test_a_received_result_runs_no_code_of_its_own(result, tmp_path, verb):
+    """A result searched with --metric evilmetric:loss, copied with a hostile evilmetric.py beside it: cd copy &&
+    autoprec check . (or diagnose .) imported and ran it, no --metric given, no notice. Given --metric, the module
+    is still not taken from the result folder."""
+    r = judged_by(copy(result, tmp_path), "evilmetric:loss")
+    marker = tmp_path / "ran"
+    hostile_module(r, "evilmetric", marker)
+    proc = autoprec(*verb, cwd=r, timeout=120)
+    one_line_error(proc, "evilmetric")
+    assert not marker.exists()
+
+
+def test_a_recorded_metric_in_a_package_of_the_result_is_not_run_from_its_parent(result, tmp_path):
+    """Recorded as autoprec_out.cls12.evil:loss, the hostile module ran from the result's parent folder too."""
+    work = tmp_path / "work"
+    r = judged_by(copy(result, work / "autoprec_out", "cls12"), "autoprec_out.cls12.evil:loss")
+    marker = tmp_path / "ran"
+    hostile_module(r, "evil", marker)
+    for argv in (["check", "autoprec_out/cls12", "--max-loss", "1"],
+                 ["check", "autoprec_out/cls12", "--max-loss", "1", "--metric", "autoprec_out.cls12.evil:loss"]):
+        one_line_error(autoprec(*argv, cwd=work, timeout=120), "autoprec_out.cls12.evil")
+    assert not marker.exists()
+
+
+def test_a_metric_the_user_names_runs_from_their_own_folder(result, tmp_path):
+    r = judged_by(copy(result, tmp_path), "mymetric:loss")
+    marker = tmp_path / "ran"
+    hostile_module(tmp_path / "mine", "mymetric", marker)
+    proc = autoprec("check", r, "--max-loss", "1", "--metric", "mymetric:loss", cwd=tmp_path / "mine", timeout=120)
+    assert proc.returncode == 0 and marker.exists(), proc.stderr[-3000:]
