@@ -239,3 +239,18 @@ def test_a_metric_the_user_names_runs_from_their_own_folder(result, tmp_path):
     hostile_module(tmp_path / "mine", "mymetric", marker)
     proc = autoprec("check", r, "--max-loss", "1", "--metric", "mymetric:loss", cwd=tmp_path / "mine", timeout=120)
     assert proc.returncode == 0 and marker.exists(), proc.stderr[-3000:]
+
+
+def test_a_name_polygraphy_would_read_as_its_option_is_refused(tmp_path, capsys):
+    """An output named --gen-script=/some/path became a Polygraphy option in the exported check.sh (its --atol
+    NAME:1e-05 read as an option by Polygraphy 0.53.6), which wrote the file."""
+    import autoprec as api
+
+    model = builders.classifier(12, 4)
+    hostile = f"--gen-script={tmp_path / 'written.py'}"
+    model.graph.node[-1].output[0] = model.graph.output[0].name = hostile
+    path = builders.save(model, tmp_path / "cls.onnx")
+    out = tmp_path / "R"
+    searching.search(api.SearchConfig(api.InputSpec(path), study=api.StudySpec(budget=2, warm_start=False), out=out))
+    refused(["export", out, "--format", "polygraphy", "--out", tmp_path / "p"], capsys, hostile, "option")
+    assert not [p for p in (tmp_path / "p").rglob("*") if p.is_file()]  # nothing of the export half-made

@@ -87,7 +87,8 @@ def clear(folder: Path) -> None:
 @contextlib.contextmanager
 def exporting(folder: Path) -> Iterator[Path]:
     """``folder`` (made where missing; a real folder, not a link) held for one export and cleared for it (see
-    :func:`clear`): another export into it meanwhile is refused, not interleaved with this one."""
+    :func:`clear`): another export into it meanwhile is refused, not interleaved with this one. An export that
+    fails part-way leaves none of its files (all there are its own, once cleared)."""
     folder = untrusted.own_folder(folder, "an export")
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:24]
     lock = FileLock(private_folder(host_lock_folder()) / f"export-{key}.lock")
@@ -96,7 +97,12 @@ def exporting(folder: Path) -> Iterator[Path]:
                           "give another --out")
     try:
         clear(folder)
-        yield folder
+        try:
+            yield folder
+        except BaseException:
+            for name in _files(folder):
+                (folder / name).unlink()
+            raise
     finally:
         lock.release()
 
