@@ -254,3 +254,105 @@ def test_a_name_polygraphy_would_read_as_its_option_is_refused(tmp_path, capsys)
     searching.search(api.SearchConfig(api.InputSpec(path), study=api.StudySpec(budget=2, warm_start=False), out=out))
     refused(["export", out, "--format", "polygraphy", "--out", tmp_path / "p"], capsys, hostile, "option")
     assert not [p for p in (tmp_path / "p").rglob("*") if p.is_file()]  # nothing of the export half-made
+
+
+# --- what ends: every read and loop bounded ---
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _deep_result(result: Path, tmp_path: Path) -> list:
+    r = copy(result, tmp_path)
+    (r / "trials.json").write_text(DEEP)
+    return ["show", r]
+
+
+def _deep_plan(result: Path, tmp_path: Path) -> list:
+    (tmp_path / "plan.json").write_text(DEEP)
+    return ["check", result.parent / "cls.onnx", "--plan", tmp_path / "plan.json", "--max-loss", "1"]
+
+
+def _deep_manifest(result: Path, tmp_path: Path) -> list:
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "export.json").write_text(DEEP)
+    return ["export", result, "--format", "markdown", "--out", tmp_path / "e"]
+
+
+def _deep_space(result: Path, tmp_path: Path) -> list:
+    (tmp_path / "space.yaml").write_text("units: " + DEEP)
+    return search(result, tmp_path / "o", "--search-space", tmp_path / "space.yaml")
+
+
+def _deep_labels(result: Path, tmp_path: Path) -> list:
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((16, 16, 3), 40 * i, np.uint8)).save(images / f"{i}.png")
+    (images / "labels.json").write_text('{"labels": ' + DEEP + "}")
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    return ["search", model, "--data", images, "--out", tmp_path / "o", *QUICK]
+
+
+def _deep_layers(result: Path, tmp_path: Path) -> list:
+    (tmp_path / "layers.json").write_text('{"Layers": ' + DEEP + "}")
+    return ["inspect", tmp_path / "layers.json"]
+
+
+DEEP_INPUTS = {"trials.json": _deep_result, "plan.json": _deep_plan, "export.json": _deep_manifest,
+               "space.yaml": _deep_space, "labels.json": _deep_labels, "layers.json": _deep_layers}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_INPUTS))
+def test_a_document_nested_past_any_parser_is_one_line(result, tmp_path, capsys, name):
+    """JSON/YAML nested 100,000 deep: RecursionError in show (trials.json), check --plan, an export folder's
+    export.json, --search-space, an image folder's labels.json and inspect."""
+    refused(DEEP_INPUTS[name](result, tmp_path), capsys, name, "nested more than")
+
+
+def test_a_database_server_that_never_answers_is_given_up_on(tmp_path, capsys):
+    """A PostgreSQL server that accepts and never answers: 131 s to an error."""
+    import socket
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.extend(server.accept() for _ in range(8)), daemon=True).start()
+    started = time.monotonic()
+    refused(["status", "--storage", f"postgresql://u:p@127.0.0.1:{server.getsockname()[1]}/db", "--study-name",
+             "s"], capsys, "cannot be reached", "timeout")
+    assert time.monotonic() - started < 60
+    server.close()
+
+
+# --- what is said: one clear line ---
+
+def test_a_missing_database_driver_is_told_how_to_install(result, tmp_path, capsys, monkeypatch):
+    """--storage postgresql://… without the extra: ModuleNotFoundError psycopg, no install hint."""
+    for driver in ("psycopg", "psycopg2"):
+        monkeypatch.setitem(__import__("sys").modules, driver, None)
+    for argv in (search(result, tmp_path / "o", "--storage", "postgresql://u:p@127.0.0.1:1/db", "--study-name", "s"),
+                 ["status", "--storage", "postgresql+psycopg2://u:p@127.0.0.1:1/db", "--study-name", "s"]):
+        refused(argv, capsys, "not installed", "pip install 'autoprec[postgresql]'")
+
+
+def test_a_short_password_is_hidden_without_garbling_the_message(capsys):
+    """The password's redaction replaced its text everywhere ("conn***ction fail***d" with password e)."""
+    last = refused(["status", "--storage", "postgresql://u:e@127.0.0.1:1/db", "--study-name", "s"], capsys,
+                   "connection", "u:***@")
+    assert "***ction" not in last
+
+
+@pytest.mark.parametrize("storage", ["device", "truncated"])
+def test_a_storage_that_is_no_database_is_not_called_a_full_disk(result, tmp_path, capsys, storage):
+    """"its disk is full" for sqlite:////dev/null and for a truncated study.db."""
+    path = Path("/dev/null")
+    if storage == "truncated":
+        path = tmp_path / "study.db"
+        path.write_bytes((result / "study.db").read_bytes()[:20_000])
+    for argv in (search(result, tmp_path / "o", "--storage", f"sqlite:///{path}", "--study-name", "s"),
+                 ["status", "--storage", f"sqlite:///{path}", "--study-name", "s"]):
+        last = refused(argv, capsys, str(path), "device" if storage == "device" else "damaged")
+        assert "disk is full" not in last

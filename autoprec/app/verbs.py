@@ -46,6 +46,7 @@ from autoprec.study.coordination import (
     StudyLocks,
     check_storage,
     redacted,
+    storage_hint,
     without_password,
 )
 
@@ -328,6 +329,7 @@ def study_status(storage: str, study_name: str) -> dict:
         raise
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
         first = without_password(first_line(exc, None, empty=""), storage)
-        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first})") from None
+        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first}); "
+                         f"{storage_hint(first)}") from None
     return status_of(study)
 

@@ -1,7 +1,8 @@
 """A folder autoprec reads back (a result, its cache, an export) is input, not trust: whoever had it last may
-have put there a link to another file, a FIFO that never ends, a device, a file of any size, or JSON nested past
-any parser. So autoprec reads there only regular files inside the folder, each read bounded, and makes, replaces
-or removes there only what it made itself (an export's manifest says what that is: autoprec.export.folder)."""
+have put there a link to another file, a FIFO that never ends, a device, a file of any size, JSON nested past
+any parser, or code. So autoprec reads there only regular files inside the folder, each read bounded, makes,
+replaces or removes there only what it made itself (an export's manifest says what that is:
+autoprec.export.folder), and imports no code from it. A file the user names is read bounded too."""
 
 from __future__ import annotations
 
@@ -78,15 +79,15 @@ def open_regular(path: Path, what: str) -> int:
     return fd
 
 
-def read_bytes(path: Path, what: str, limit: int = JSON_BYTES) -> bytes:
-    """``path``'s bytes (see :func:`open_regular`), at most ``limit`` of them: a larger file is refused."""
-    fd = open_regular(path, what)
+def read_bytes(path: Path, what: str, limit: int = JSON_BYTES, given: bool = False) -> bytes:
+    """``path``'s bytes (see :func:`open_regular`), at most ``limit`` of them: a larger file is a ValueError.
+    ``given``: a file the user names (a link or a pipe is theirs to give): only its size is bounded."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if given else open_regular(path, what)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise FolderError(f"{path}: {size:,} bytes, more than {what} holds (at most {limit:,}); replace it with "
-                              "the file autoprec wrote")
-        return f.read(limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than the {limit:,} bytes {what} may hold")
+    return data
 
 
 def nesting_checked(document: Any) -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprec.core import atomic, untrusted
+from autoprec.core.errors import AutoprecError
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
@@ -41,7 +42,10 @@ def _num(value: float | str, fmt: str = ".6g") -> str:
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(untrusted.read_bytes(path, f"the folder {path.parent}", FIGURE_BYTES)).decode()
+    try:
+        data = base64.b64encode(untrusted.read_bytes(path, "a figure", FIGURE_BYTES)).decode()
+    except ValueError as exc:
+        raise AutoprecError(f"{path}: {exc}; redraw it with autoprec plot {path.parent}") from None
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 

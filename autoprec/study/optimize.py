@@ -38,6 +38,7 @@ from autoprec.study.coordination import (
     StepFailure,
     StudyLocks,
     beating,
+    driver_missing,
     each_result,
     fail_dead_trials,
     give_back,
@@ -250,13 +251,13 @@ def open_study(
             load_if_exists=True,
         )
     except ImportError as exc:
-        raise StudyError(f"--storage {shown}: its database driver is not installed ({exc.__cause__ or exc}): "
-                         "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
+        raise driver_missing(str(storage), exc.__cause__ or exc) from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
         first = without_password(first_line(cause, None, empty=""), str(storage))
-        hint = (storage_hint(first) if "disk" in first.lower() or "connect" in first.lower() else
-                "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
+        said = any(word in first.lower() for word in ("disk", "connect", "malformed", "database"))
+        hint = storage_hint(first) if said else (
+            "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
     if not any(k in existing for k in identity):
