@@ -356,3 +356,15 @@ def test_a_storage_that_is_no_database_is_not_called_a_full_disk(result, tmp_pat
                  ["status", "--storage", f"sqlite:///{path}", "--study-name", "s"]):
         last = refused(argv, capsys, str(path), "device" if storage == "device" else "damaged")
         assert "disk is full" not in last
+
+
+def test_a_budget_past_every_distinct_plan_stops_when_each_is_measured(result, tmp_path):
+    """search CLS --budget 1000000000 --precisions fp16,fp32: 4 distinct plans exist; 4,244 duplicate trials had run
+    at 300 s."""
+    out = tmp_path / "o"
+    proc = autoprec(*search(result, out, "--budget", "1000000000", "--precisions", "fp16,fp32"), cwd=tmp_path,
+                    timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "every one of the 4 distinct plans" in proc.stderr, proc.stderr[-3000:]
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert len({json.dumps(t["plan"]["precisions"], sort_keys=True) for t in trials}) == 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import signal
 import statistics
@@ -403,7 +404,7 @@ def start_trial(
             fail_dead_trials(study)
             trials = study.get_trials(deepcopy=False)
             done = sum(counted(t) for t in trials)
-            if done >= budget:
+            if done >= budget or every_plan_settled(trials, ctx):
                 return None
             if done + sum(t.state == TrialState.RUNNING for t in trials) < budget:
                 if proposal is not None:
@@ -416,6 +417,18 @@ def start_trial(
         time.sleep(WAIT_SECONDS)
     started[-1].set_user_attr("asked", asked)
     return started[-1]
+
+
+def distinct_plans(ctx: StudyContext) -> int:
+    """How many distinct plans the study's space holds: the product of every dimension's choices."""
+    return math.prod(len(d.choices) for d in distributions(ctx.info, ctx.calibration).values())
+
+
+def every_plan_settled(trials: Sequence[FrozenTrial], ctx: StudyContext) -> bool:
+    """Every distinct plan of the space was measured, failed or rejected: a trial more could only repeat one, so a
+    budget larger than the space ends here (the sampler would propose duplicates for ever)."""
+    settled = {t.user_attrs["plan_key"] for t in trials if counted(t) and "plan_key" in t.user_attrs}
+    return len(settled) >= distinct_plans(ctx)
 
 
 def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> TrialRecord | None:
@@ -538,14 +551,18 @@ def run_study(
 
     if workers <= 1:
         work()
-        return
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
-        try:
-            for future in [pool.submit(work) for _ in range(workers)]:
-                future.result()
-        except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
-            stop.set()
-            raise
+    else:
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
+            try:
+                for future in [pool.submit(work) for _ in range(workers)]:
+                    future.result()
+            except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
+                stop.set()
+                raise
+    trials = study.get_trials(deepcopy=False)
+    if sum(counted(t) for t in trials) < budget and every_plan_settled(trials, ctx):
+        log.info(f"every one of the {distinct_plans(ctx)} distinct plans of the space is measured: no trial is left to "
+                 f"run before --budget {budget}")
 
 
 @dataclass(frozen=True)
