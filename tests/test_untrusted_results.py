@@ -368,3 +368,25 @@ def test_a_budget_past_every_distinct_plan_stops_when_each_is_measured(result, t
     assert "every one of the 4 distinct plans" in proc.stderr, proc.stderr[-3000:]
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert len({json.dumps(t["plan"]["precisions"], sort_keys=True) for t in trials}) == 4
+
+
+def test_a_metric_that_hangs_is_named_while_it_runs_and_when_it_is_stopped(result, tmp_path):
+    """A metric that sleeps 60 s a call, default limits: killed at 300 s with nothing said about what it waits on."""
+    (tmp_path / "slowmetric.py").write_text("import time\n\n\ndef loss(reference, candidate):\n"
+                                            "    time.sleep(60)\n    return 0.0\n")
+    proc = autoprec(*search(result, tmp_path / "o", "--metric", "slowmetric:loss", "--trial-timeout", "6"),
+                    cwd=tmp_path, timeout=120)
+    one_line_error(proc, "--metric slowmetric:loss", "--trial-timeout", "slowmetric.py")
+    assert "slowmetric.py, line 5" in proc.stderr.split("autoprec: error:")[0], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--no-isolation", "--trial-timeout", "5"], "--trial-timeout need(s) worker processes"),
+    (["--no-isolation", "--trial-memory", "4"], "--trial-memory need(s) worker processes"),
+    (["--precisions", "fp32"], "with FP32 alone there is no choice to search"),
+])
+def test_options_that_cannot_do_what_they_say_are_refused(result, tmp_path, capsys, argv, said):
+    """--no-isolation --trial-timeout 5 ignored the timeout; --precisions fp32 was told to add op types."""
+    refused(search(result, tmp_path / "o", *argv), capsys, said)
+    if "--precisions" in argv:
+        refused(["sensitivity", result.parent / "cls.onnx", "--out", tmp_path / "s", *argv], capsys, said)

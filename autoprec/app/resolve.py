@@ -153,6 +153,9 @@ def engine_space(
             space = space.without(Precision.INT8, engine.float_int8_ops)
     else:
         keep = list(parse_precisions(list(precisions), "--precisions"))
+        if set(keep) == {Precision.FP32}:
+            raise AutoprecError("--precisions fp32: with FP32 alone there is no choice to search; add int8 and/or "
+                                "fp16 (e.g. --precisions fp16,fp32)")
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
         for p in keep:
             if p in engine.slow_precisions:
