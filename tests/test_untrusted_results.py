@@ -427,3 +427,21 @@ def test_a_float_image_whose_white_is_unknown_is_refused(tmp_path, capsys):
     model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
     refused(["search", model, "--data", _images(tmp_path / "images", "F"), "--out", tmp_path / "o", *QUICK],
             capsys, "0.tif", "float")
+
+
+def test_a_model_quantized_already_in_q_dq_form_is_refused(result, tmp_path, capsys):
+    """A QDQ model from quantize_static: exit 0 as 0/0/3, its INT8 baseline called "all-FP32", INT8 plans
+    quantizing it again."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"x": np.random.default_rng(i).normal(size=(4, 16)).astype(np.float32)} for i in range(4)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantized = tmp_path / "qdq.onnx"
+    quantize_static(str(result.parent / "cls.onnx"), str(quantized), Batches(), quant_format=QuantFormat.QDQ)
+    refused(["search", quantized, "--out", tmp_path / "o", *QUICK], capsys, "qdq.onnx", "already quantized",
+            "QuantizeLinear", "FP32 model")

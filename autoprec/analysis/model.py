@@ -135,6 +135,16 @@ def refuse_random_ops(model, path: Path) -> None:
                          "(random ops removed, or exported for inference)")
 
 
+def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
+    """A model in Q/DQ form (ONNX Runtime's quantize_static, a QAT export) is quantized already: its layers would be
+    taken for FP32 ones and quantized again, and its INT8 for the FP32 reference. Refused, naming its Q/DQ ops."""
+    found = sorted({node.op_type for _, graph in subgraphs.graphs(model.graph) for node in graph.node
+                    if node.op_type in ("QuantizeLinear", "DequantizeLinear")})
+    if found:
+        raise ModelError(f"{path.name}: already quantized ({', '.join(found)}); autoprec starts from the FP32 model "
+                         "and chooses each layer's precision itself: give it the FP32 model this was quantized from")
+
+
 def analyse(
     path: str | Path,
     space: SearchSpace,
@@ -153,6 +163,7 @@ def analyse(
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     refuse_random_ops(raw, path)
+    refuse_quantized(raw, path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
