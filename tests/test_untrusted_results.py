@@ -445,3 +445,39 @@ def test_a_model_quantized_already_in_q_dq_form_is_refused(result, tmp_path, cap
     quantize_static(str(result.parent / "cls.onnx"), str(quantized), Batches(), quant_format=QuantFormat.QDQ)
     refused(["search", quantized, "--out", tmp_path / "o", *QUICK], capsys, "qdq.onnx", "already quantized",
             "QuantizeLinear", "FP32 model")
+
+
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP"])
+def test_a_search_ended_by_a_signal_says_so_and_gives_its_trial_back(result, tmp_path, sent):
+    """SIGTERM/SIGHUP ended a search with no message, and the resumed run called the killed trial "running
+    elsewhere"."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    (tmp_path / "slowish.py").write_text("import time\n\n\ndef loss(reference, candidate):\n"
+                                         "    time.sleep(0.5)\n    return 0.0\n")
+    argv = [sys.executable, "-m", "autoprec.app.cli",
+            *map(str, search(result, tmp_path / "o", "--metric", "slowish:loss", "--budget", "4"))]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    storage = f"sqlite:///{tmp_path / 'o' / 'study.db'}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        try:
+            trials = optuna.load_study(study_name="autoprec-cls-ort-cpu", storage=storage).trials
+        except Exception:  # noqa: BLE001 - not made yet
+            continue
+        if any(t.state.name == "RUNNING" for t in trials):
+            break
+    proc.send_signal(getattr(signal, sent))
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + getattr(signal, sent), err[-3000:]
+    assert err.strip().splitlines()[-1] == f"autoprec: ended by {sent}; run the same command again to resume"
+    study = optuna.load_study(study_name="autoprec-cls-ort-cpu", storage=storage)
+    assert not [t for t in study.trials if t.state.name == "RUNNING"]
+    resumed = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "running elsewhere" not in resumed.stderr, resumed.stderr[-3000:]

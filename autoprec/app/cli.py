@@ -4,11 +4,13 @@ failure said in one line. No logic of its own."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import signal
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from autoprec.app.commands import handlers
 from autoprec.app.judge_specs import JudgeSpec
@@ -262,6 +264,29 @@ def _failure(exc: BaseException) -> tuple[str, int]:
             "autoprec; run again with --verbose and report the traceback"), 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a search gives its running trials back
+    (a resumed run re-runs them, not "running elsewhere") and ends its workers."""
+
+
+@contextlib.contextmanager
+def _terminations_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (in the main thread; as before after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
     """The command line; ``final_timing`` is what ``search`` times the chosen plan with (see
     :class:`autoprec.study.choice.FinalTiming`; None: the real one)."""
@@ -273,10 +298,13 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     console.show_log()
     console.widen_when_not_a_terminal()
     try:
-        return verbs[args.verb](args)
-    except KeyboardInterrupt:
-        print("autoprec: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        with _terminations_interrupt():
+            return verbs[args.verb](args)
+    except KeyboardInterrupt as exc:
+        number = exc.args[0] if isinstance(exc, Terminated) else signal.SIGINT
+        said = f"ended by {signal.Signals(number).name}" if isinstance(exc, Terminated) else "interrupted"
+        print(f"autoprec: {said}; run the same command again to resume", file=sys.stderr)
+        return 128 + number
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line (the traceback with --verbose)
         if args.verbose:
             traceback.print_exc()

@@ -359,24 +359,26 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 
 # How often a worker looks again when the rest of the budget is held by other workers' trials.
 WAIT_SECONDS = 0.25
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what ends a search as Ctrl-C does
 
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C during the block is raised when it ends: where a trial is created but not yet held by
-    anything that would give it back, an interrupt would leave it RUNNING until its heartbeat goes
+    """Ctrl-C (or SIGTERM, SIGHUP) during the block is raised when it ends: where a trial is created but not yet
+    held by anything that would give it back, an interrupt would leave it RUNNING until its heartbeat goes
     stale. (Only the main thread receives signals; elsewhere the block runs as is.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in INTERRUPTS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         if caught:
-            raise KeyboardInterrupt
+            signal.raise_signal(caught[0])  # to its own handler again (Ctrl-C's raises KeyboardInterrupt)
 
 
 def start_trial(
