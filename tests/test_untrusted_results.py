@@ -481,3 +481,33 @@ def test_a_search_ended_by_a_signal_says_so_and_gives_its_trial_back(result, tmp
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
     resumed = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "running elsewhere" not in resumed.stderr, resumed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/sub"])
+def test_an_artifact_store_where_a_file_stands_is_one_clear_line(result, tmp_path, capsys, where):
+    """--artifacts pointing at a file: "File exists"."""
+    (tmp_path / "afile").write_text("the user's\n")
+    refused(search(result, tmp_path / "o", "--artifacts", tmp_path / where), capsys, "artifact store (--artifacts)")
+    assert (tmp_path / "afile").read_text() == "the user's\n"
+
+
+def test_a_full_disk_while_weights_are_written_names_the_file(tmp_path):
+    """Disk full: "a file: No space left", naming no file. A file-size limit stands in for the full disk."""
+    import subprocess
+    import sys
+
+    model = builders.save(builders.classifier(12, 4), tmp_path / "cls.onnx")
+    script = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from autoprec.core import stored\n"
+        "model = stored.load(Path(sys.argv[1]))\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
+        "try:\n"
+        "    stored.save_models({Path(sys.argv[2]) / 'model.onnx': model}, external=True)\n"
+        "except OSError as exc:\n"
+        "    print(exc.filename)\n")
+    found = subprocess.run([sys.executable, "-c", script, model, tmp_path / "out"], capture_output=True, text=True,
+                           timeout=120)
+    assert found.stdout.strip() == str(tmp_path / "out" / "model.onnx.data"), found.stderr[-2000:]

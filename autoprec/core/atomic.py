@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 
 def _umask() -> int:
@@ -24,21 +25,28 @@ def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if exc.filename is None:  # a failed write names no file (disk full): name the one being written
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def naming(path: Path, temporary: Path | None = None) -> Iterator[None]:
+    """A failed write in the block (a full disk) names ``path``, the file being written, where it names no file
+    or only the ``temporary`` one that becomes it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None or (temporary is not None and exc.filename == str(temporary)):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
 
 
 def write_bytes(path: Path, data: bytes) -> Path:

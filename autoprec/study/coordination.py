@@ -81,7 +81,8 @@ def storage_hint(message: str) -> str:
         return ("the database file is damaged (truncated, or not an SQLite database): restore it, or move it away to "
                 "start a new study there")
     if "disk i/o error" in text:
-        return "reading or writing the database file failed: check the disk and the file, and run the same command again"
+        return ("reading or writing the database file failed: free space on its disk (or check the disk and the file) "
+                "and run the same command again (finished trials are kept)")
     if any(word in text for word in ("no space", "database or disk is full", "file too large", "disk full")):
         return "its disk is full: free space and run the same command again (finished trials are kept)"
     if any(word in text for word in ("connect", "server closed", "terminating connection", "refused", "timeout",
@@ -323,7 +324,11 @@ class SharedInputs:
     def __init__(self, study: optuna.Study, store_dir: Path):
         self.study = study
         self.store_dir = Path(store_dir)
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StudyError(f"{store_dir}: a file stands where the study's artifact store (--artifacts) goes; "
+                             "move it away, or give --artifacts another folder") from None
         self.store = optuna.artifacts.FileSystemArtifactStore(str(self.store_dir))
 
     @contextlib.contextmanager
