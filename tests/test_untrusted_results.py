@@ -511,3 +511,34 @@ def test_a_full_disk_while_weights_are_written_names_the_file(tmp_path):
     found = subprocess.run([sys.executable, "-c", script, model, tmp_path / "out"], capture_output=True, text=True,
                            timeout=120)
     assert found.stdout.strip() == str(tmp_path / "out" / "model.onnx.data"), found.stderr[-2000:]
+
+
+def test_a_model_with_local_functions_is_searched_through_them(tmp_path, capsys):
+    """ONNX local functions were refused as an unsupported domain, though ONNX Runtime runs them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    linear = helper.make_function("my.local", "Linear", ["x", "w"], ["y"], [
+        helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+        [helper.make_opsetid("", 13)])
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+               for name, shape in (("w0", (16, 32)), ("w1", (32, 12)))]
+    graph = helper.make_graph(
+        [helper.make_node("Linear", ["x", "w0"], ["h"], "lin0", domain="my.local"),
+         helper.make_node("MatMul", ["h", "w1"], ["y"], "fc1")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 12])], weights)
+    model = helper.make_model(graph, functions=[linear],
+                              opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("my.local", 1)])
+    model.ir_version = builders.IR_VERSION
+    code, err = run(["search", builders.save(model, tmp_path / "fn.onnx"), "--out", tmp_path / "o", *QUICK], capsys)
+    assert code == 0, err[-3000:]
+    assert "2 precision units (2 searched)" in err
+
+
+def test_a_model_path_that_is_not_utf8_is_blamed_not_the_model(result, tmp_path, capsys):
+    """A valid model was blamed ("fails onnx.checker") for a non-UTF-8 file name."""
+    folder = os.fsencode(tmp_path)
+    shutil.copy(result.parent / "cls.onnx", folder + b"/m\xff.onnx")
+    refused(["search", os.fsdecode(folder + b"/m\xff.onnx"), "--out", tmp_path / "o", *QUICK], capsys,
+            "not UTF-8", "rename the file")

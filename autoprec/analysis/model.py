@@ -20,6 +20,7 @@ from autoprec.analysis.preparation import prepared_model
 from autoprec.analysis.shapes import check_feeds, declared_inputs, dtype_name, output_specs, resolve_input_shapes
 from autoprec.analysis.units import find_units
 from autoprec.core.errors import ModelError, first_line
+from autoprec.core.escape import printable
 from autoprec.core.profile import shape_profile
 from autoprec.core.search_space import SearchSpace
 from autoprec.core.stored import check_external_data, is_external, tensors
@@ -72,6 +73,11 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     if not path.is_file():
         raise ModelError(f"{path}: no such file; check the model path")
     try:
+        str(path.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # bytes of another encoding, which Python keeps as lone surrogates
+        raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX Runtime need; "
+                         "rename the file (or its folder) with UTF-8 characters") from None
+    try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several types for a damaged file
         raise ModelError(
@@ -86,6 +92,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except OSError as exc:
         raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data files' "
                          "permissions beside the model") from None
+    if model.functions:  # its own functions (ONNX Runtime runs them): their nodes are the graph's to search
+        model = _inlined(model, path)
     unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
     if unknown:
         nodes = [n.name or n.op_type for n in model.graph.node if n.domain in unknown][:3]
@@ -107,6 +115,17 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
                 f"tensor; autoprec feeds and compares tensors only: export the model with tensor {role}s"
             )
     return model
+
+
+def _inlined(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """``model`` with its local functions inlined (their external weights stay references)."""
+    import onnx.inliner
+
+    try:
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as exc:  # noqa: BLE001 - onnx's C++ inliner raises its own types
+        raise ModelError(f"{path}: its local functions cannot be inlined ({first_line(exc)}); export the model "
+                         "with them inlined") from None
 
 
 def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
