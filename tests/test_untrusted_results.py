@@ -74,6 +74,19 @@ def test_a_fifo_in_a_result_is_refused_not_waited_on(result, tmp_path, verb):
     one_line_error(proc, "pareto.png", "a FIFO")
 
 
+@pytest.mark.parametrize("argv", [["compare", "{r}", "{result}"], ["ranges", "{r}"], ["check", "{r}"],
+                                  ["diagnose", "{r}"], ["export", "{r}", "--format", "trtexec"]])
+def test_every_verb_refuses_a_result_holding_a_fifo_or_device(result, tmp_path, capsys, argv):
+    """Held-out variants of the FIFO: other verbs, other files (the cache a verb reads, best/'s model)."""
+    r = copy(result, tmp_path)
+    calibration = next((r / "cache").glob("calibration-*.npz"))
+    calibration.unlink()
+    os.mkfifo(calibration)
+    (r / "best" / "model.onnx").unlink()
+    (r / "best" / "model.onnx").symlink_to("/dev/zero")
+    refused([a.format(r=r, result=result) for a in argv], capsys, "not a file autoprec wrote")
+
+
 def test_check_refuses_a_shipped_models_external_data_outside_its_folder_without_reading_it(result, tmp_path):
     """best/model.onnx with external data /dev/zero: check R hashed /dev/zero for ever (past 300 s)."""
     import onnx
@@ -119,6 +132,16 @@ def test_a_search_into_a_folder_follows_no_link_planted_there(result, tmp_path, 
     if code == 2:
         assert planted in err.strip().splitlines()[-1] and "symbolic link" in err, err[-3000:]
     assert untouched(victim) == before
+
+
+def test_a_search_writes_into_no_database_with_another_name(result, tmp_path, capsys):
+    """Variant of the planted link: a hard link (cp -al of a result, or ln) made the resumed search write into the
+    other name's database too."""
+    r = copy(result, tmp_path)
+    os.link(r / "study.db", tmp_path / "important.db")
+    before = (tmp_path / "important.db").read_bytes()
+    refused(search(result, r), capsys, "study.db", "hard link")
+    assert (tmp_path / "important.db").read_bytes() == before
 
 
 def test_a_search_removes_no_temporary_file_it_did_not_leave(result, tmp_path, capsys):
@@ -328,6 +351,15 @@ def test_a_database_server_that_never_answers_is_given_up_on(tmp_path, capsys):
 
 
 # --- what is said: one clear line ---
+
+@pytest.mark.parametrize("option", ["--plan", "--ctc-charset", "--search-space"])
+def test_a_file_the_user_names_is_read_bounded(result, tmp_path, capsys, option):
+    """A fresh pass over hostile sizes: --plan /dev/zero (or a charset, a search space) was read for ever."""
+    argv = {"--plan": ["check", result.parent / "cls.onnx", "--plan", "/dev/zero", "--max-loss", "1"],
+            "--ctc-charset": search(result, tmp_path / "o", "--metric", "ctc-text", "--ctc-charset", "/dev/zero"),
+            "--search-space": search(result, tmp_path / "o", "--search-space", "/dev/zero")}[option]
+    refused(argv, capsys, f"{option} /dev/zero" if option != "--search-space" else "/dev/zero", "larger than")
+
 
 def test_a_missing_database_driver_is_told_how_to_install(result, tmp_path, capsys, monkeypatch):
     """--storage postgresql://… without the extra: ModuleNotFoundError psycopg, no install hint."""

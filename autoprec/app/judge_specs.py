@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autoprec.app.specs import Group, count_or_zero, fraction, suppressed
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import HeadOptions
 
@@ -104,10 +105,13 @@ class JudgeSpec(Group):
         return self
 
 
+CHARSET_BYTES = 16 << 20  # the most a --ctc-charset file may hold (PaddleOCR's largest dictionary: 70 KB)
+
+
 def read_charset(path: str | os.PathLike) -> tuple[str, ...]:
     """--ctc-charset: one character per line."""
     try:
-        return tuple(Path(path).read_text(encoding="utf-8").splitlines())
-    except (OSError, UnicodeDecodeError) as exc:
+        return tuple(untrusted.read_bytes(Path(path), "a charset", CHARSET_BYTES, given=True).decode().splitlines())
+    except (OSError, ValueError) as exc:
         raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text file, one character "
                             "per line") from None

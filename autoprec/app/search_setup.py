@@ -77,6 +77,7 @@ def set_up(config: SearchConfig) -> Setup:
     )
     check_out_dir(out_dir)
     untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES), f"the result folder {out_dir}")
+    untrusted.only_name(out_dir / "study.db", f"the result folder {out_dir}")
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
     info, dataset, one_time = load_inputs(

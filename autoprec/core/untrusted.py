@@ -51,6 +51,18 @@ def checked_tree(folder: Path, names: Iterable[str], what: str) -> None:
             raise _refused(path, what, kind(mode))
 
 
+def only_name(path: Path, what: str) -> None:
+    """``path`` (where present) is no hard link: a file autoprec writes in place (a database) changes under every
+    name it has, a user's file elsewhere included."""
+    try:
+        links = os.lstat(path).st_nlink
+    except FileNotFoundError:
+        return
+    if links > 1:
+        raise FolderError(f"{path}: a file with {links - 1} other name(s) (a hard link) in {what}, which autoprec "
+                          "would write into; copy it there (cp, not ln), or move it away")
+
+
 def own_folder(path: Path, what: str) -> Path:
     """``path`` made where missing (its parents too), else checked to be a real directory, not a link to one:
     a folder autoprec writes into is its own, never one a link leads it to."""
@@ -123,9 +135,10 @@ def parse_yaml(text: str) -> Any:
         raise ValueError(str(exc)) from None
 
 
-def read_json(path: Path, what: str, limit: int = JSON_BYTES) -> Any:
-    """A JSON file of an untrusted folder: a regular file of at most ``limit`` bytes, at most ``NESTING`` deep."""
-    return parse_json(read_bytes(path, what, limit))
+def read_json(path: Path, what: str, limit: int = JSON_BYTES, given: bool = False) -> Any:
+    """A JSON file of an untrusted folder (``given``: one the user names; see :func:`read_bytes`) of at most
+    ``limit`` bytes, at most ``NESTING`` deep."""
+    return parse_json(read_bytes(path, what, limit, given))
 
 
 def fresh_file(path: Path) -> int:
