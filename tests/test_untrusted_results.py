@@ -574,3 +574,16 @@ def test_a_model_path_that_is_not_utf8_is_blamed_not_the_model(result, tmp_path,
     shutil.copy(result.parent / "cls.onnx", folder + b"/m\xff.onnx")
     refused(["search", os.fsdecode(folder + b"/m\xff.onnx"), "--out", tmp_path / "o", *QUICK], capsys,
             "not UTF-8", "rename the file")
+
+
+def test_a_study_holding_a_value_nested_past_any_parser_is_one_line(result, tmp_path, capsys):
+    """A fresh pass over the study a result folder holds (its database is input too): a trial's attribute nested
+    100,000 deep was a RecursionError in status and in the resumed search."""
+    import sqlite3
+
+    r = copy(result, tmp_path)
+    with sqlite3.connect(r / "study.db") as database:
+        database.execute("UPDATE trial_user_attributes SET value_json = ? WHERE rowid = 1", (DEEP,))
+    for argv in (["status", "--storage", f"sqlite:///{r / 'study.db'}", "--study-name", "autoprec-cls-ort-cpu"],
+                 search(result, r, "--budget", "3")):
+        refused(argv, capsys, "the study's storage", "nested past any parser")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import os
 import signal
 import sys
 import threading
@@ -243,6 +244,11 @@ def _storage_failure(exc: BaseException) -> bool:
     return isinstance(exc, optuna.exceptions.StorageInternalError) or type(exc).__module__.startswith("sqlalchemy")
 
 
+def _in_storage(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised reading Optuna's storage (a study's database is input like any file)."""
+    return any(f"optuna{os.sep}storages" in frame.filename for frame in traceback.extract_tb(exc.__traceback__))
+
+
 def _failure(exc: BaseException) -> tuple[str, int]:
     """One line and the exit status for a failure: 2 for what the user or the environment can fix,
     1 for a bug (an exception autoprec did not expect)."""
@@ -258,6 +264,9 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         cause = exc.__cause__ or exc
         first = first_line(getattr(cause, "orig", None) or cause, empty="")
         return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
+    if isinstance(exc, RecursionError) and _in_storage(exc):  # a value JSON-nested past any parser, as stored
+        return ("the study's storage holds a value nested past any parser (a damaged or hand-made study?): search "
+                "into a new --out or --study-name"), 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
     return (f"internal error ({type(exc).__name__}: {first_line(exc, empty='')}): a bug in "
