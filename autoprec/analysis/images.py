@@ -116,16 +116,17 @@ def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> t
 
 
 def _eight_bit(img, path: Path):
-    """``img`` with pixels of 8 bits, as the pixel scale takes them: a 16-bit one scaled (65535 to 255), which PIL's
-    own conversion clips instead (every value past 255 white); a float or 32-bit one, whose white is not known,
-    refused."""
+    """``img`` with pixels of 8 bits, as the pixel scale takes them: a 16-bit one scaled (65535 to
+    255), which PIL's own conversion clips instead (every value past 255 white); a float or 32-bit
+    one, whose white is not known, refused."""
     from PIL import Image
 
-    if img.mode.startswith("I;16") or (img.mode == "I" and img.format == "PNG"):  # a PNG holds 16 bits at most
+    if img.mode.startswith("I;16") or (img.mode == "I" and img.format == "PNG"):  # PNG: <= 16 bits
         return Image.fromarray(np.round(np.asarray(img, np.float64) / 257).astype(np.uint8), "L")
     if img.mode in ("I", "F"):
-        raise DataError(f"--data {path}: a {'float' if img.mode == 'F' else '32-bit'} image, whose white is not known; "
-                        "save the images with 8 or 16 bits per channel, or give the arrays as .npy/.npz")
+        kind = "float" if img.mode == "F" else "32-bit"
+        raise DataError(f"--data {path}: a {kind} image, whose white is not known; save the images "
+                        "with 8 or 16 bits per channel, or give the arrays as .npy/.npz")
     return img
 
 

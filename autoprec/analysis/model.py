@@ -75,8 +75,9 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     try:
         str(path.resolve()).encode("utf-8")
     except UnicodeEncodeError:  # bytes of another encoding, which Python keeps as lone surrogates
-        raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX Runtime need; "
-                         "rename the file (or its folder) with UTF-8 characters") from None
+        raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX "
+                         "Runtime need; rename the file (or its folder) with UTF-8 characters"
+                         ) from None
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several types for a damaged file
@@ -92,7 +93,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except OSError as exc:
         raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data files' "
                          "permissions beside the model") from None
-    if model.functions:  # its own functions (ONNX Runtime runs them): their nodes are the graph's to search
+    if model.functions:  # its own functions (ONNX Runtime runs them): their nodes are searched too
         model = _inlined(model, path)
     unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
     if unknown:
@@ -124,8 +125,8 @@ def _inlined(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
         return onnx.inliner.inline_local_functions(model)
     except Exception as exc:  # noqa: BLE001 - onnx's C++ inliner raises its own types
-        raise ModelError(f"{path}: its local functions cannot be inlined ({first_line(exc)}); export the model "
-                         "with them inlined") from None
+        raise ModelError(f"{path}: its local functions cannot be inlined ({first_line(exc)}); "
+                         "export the model with them inlined") from None
 
 
 def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
@@ -154,14 +155,19 @@ def refuse_random_ops(model, path: Path) -> None:
                          "(random ops removed, or exported for inference)")
 
 
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
 def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
-    """A model in Q/DQ form (ONNX Runtime's quantize_static, a QAT export) is quantized already: its layers would be
-    taken for FP32 ones and quantized again, and its INT8 for the FP32 reference. Refused, naming its Q/DQ ops."""
-    found = sorted({node.op_type for _, graph in subgraphs.graphs(model.graph) for node in graph.node
-                    if node.op_type in ("QuantizeLinear", "DequantizeLinear")})
+    """A model in Q/DQ form (ONNX Runtime's quantize_static, a QAT export) is quantized already: its
+    layers would be taken for FP32 ones and quantized again, and its INT8 for the FP32 reference.
+    Refused, naming its Q/DQ ops."""
+    nodes = (node for _, graph in subgraphs.graphs(model.graph) for node in graph.node)
+    found = sorted({n.op_type for n in nodes if n.op_type in QDQ_OPS})
     if found:
-        raise ModelError(f"{path.name}: already quantized ({', '.join(found)}); autoprec starts from the FP32 model "
-                         "and chooses each layer's precision itself: give it the FP32 model this was quantized from")
+        raise ModelError(f"{path.name}: already quantized ({', '.join(found)}); autoprec starts "
+                         "from the FP32 model and chooses each layer's precision itself: give it "
+                         "the FP32 model this was quantized from")
 
 
 def analyse(

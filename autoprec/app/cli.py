@@ -134,8 +134,8 @@ def _plan_verbs(verb) -> None:
                    "the sensitivity pass judges them on, a quarter; the plan's loss is on them all)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
     d.add_argument("--metric", default=argparse.SUPPRESS, metavar="METRIC",
-                   help="the plan's loss by this metric (default: the search's; a module:function the search used "
-                        "runs only when given here)")
+                   help="the plan's loss by this metric (default: the search's; a module:function "
+                        "the search used runs only when given here)")
     d.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(d, overriding=True)
     EngineSpec.add_arguments(d, overriding=True)
@@ -245,8 +245,10 @@ def _storage_failure(exc: BaseException) -> bool:
 
 
 def _in_storage(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised reading Optuna's storage (a study's database is input like any file)."""
-    return any(f"optuna{os.sep}storages" in frame.filename for frame in traceback.extract_tb(exc.__traceback__))
+    """Whether ``exc`` was raised reading Optuna's storage (a study's database is input like any
+    file)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f"optuna{os.sep}storages" in frame.filename for frame in frames)
 
 
 def _failure(exc: BaseException) -> tuple[str, int]:
@@ -264,9 +266,9 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         cause = exc.__cause__ or exc
         first = first_line(getattr(cause, "orig", None) or cause, empty="")
         return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
-    if isinstance(exc, RecursionError) and _in_storage(exc):  # a value JSON-nested past any parser, as stored
-        return ("the study's storage holds a value nested past any parser (a damaged or hand-made study?): search "
-                "into a new --out or --study-name"), 2
+    if isinstance(exc, RecursionError) and _in_storage(exc):  # JSON nested past any parser, stored
+        return ("the study's storage holds a value nested past any parser (a damaged or hand-made "
+                "study?): search into a new --out or --study-name"), 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
     return (f"internal error ({type(exc).__name__}: {first_line(exc, empty='')}): a bug in "
@@ -274,13 +276,14 @@ def _failure(exc: BaseException) -> tuple[str, int]:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a search gives its running trials back
-    (a resumed run re-runs them, not "running elsewhere") and ends its workers."""
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a search gives its running
+    trials back (a resumed run re-runs them, not "running elsewhere") and ends its workers."""
 
 
 @contextlib.contextmanager
 def _terminations_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (in the main thread; as before after)."""
+    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (in the main thread; as
+    before after)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -310,8 +313,9 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
         with _terminations_interrupt():
             return verbs[args.verb](args)
     except KeyboardInterrupt as exc:
-        number = exc.args[0] if isinstance(exc, Terminated) else signal.SIGINT
-        said = f"ended by {signal.Signals(number).name}" if isinstance(exc, Terminated) else "interrupted"
+        ended = isinstance(exc, Terminated)
+        number = exc.args[0] if ended else signal.SIGINT
+        said = f"ended by {signal.Signals(number).name}" if ended else "interrupted"
         print(f"autoprec: {said}; run the same command again to resume", file=sys.stderr)
         return 128 + number
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line (the traceback with --verbose)

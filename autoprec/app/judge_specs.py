@@ -105,13 +105,14 @@ class JudgeSpec(Group):
         return self
 
 
-CHARSET_BYTES = 16 << 20  # the most a --ctc-charset file may hold (PaddleOCR's largest dictionary: 70 KB)
+CHARSET_BYTES = 16 << 20  # the most a --ctc-charset may hold (PaddleOCR's largest: 70 KB)
 
 
 def read_charset(path: str | os.PathLike) -> tuple[str, ...]:
     """--ctc-charset: one character per line."""
     try:
-        return tuple(untrusted.read_bytes(Path(path), "a charset", CHARSET_BYTES, given=True).decode().splitlines())
+        text = untrusted.read_bytes(Path(path), "a charset", CHARSET_BYTES, given=True).decode()
+        return tuple(text.splitlines())
     except (OSError, ValueError) as exc:
         raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text file, one character "
                             "per line") from None

@@ -41,8 +41,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     from autoprec.measure.diagnosis import culprits, jumps
 
     judge, engine = _recorded_or_given(args, "diagnose")
-    found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
-                          InputSpec.given(args).get("shapes") or None, engine, args.batches, args.out, judge)
+    shapes = InputSpec.given(args).get("shapes") or None
+    found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None), shapes,
+                          engine, args.batches, args.out, judge)
     rows = found.rows
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
@@ -161,8 +162,10 @@ def _export(args: argparse.Namespace) -> int:
         return _export_tensorrt(args, out, spec, profile)
 
 
-def _export_tensorrt(args: argparse.Namespace, out: Path, spec: BuildSpec, profile: ProfileSpec) -> int:
-    """The files of a TensorRT format (and of its build, with --build) in ``out``, held for this export."""
+def _export_tensorrt(args: argparse.Namespace, out: Path, spec: BuildSpec,
+                     profile: ProfileSpec) -> int:
+    """The files of a TensorRT format (and of its build, with --build) in ``out``, held for this
+    export."""
     from autoprec.export import folder
     from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
     from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
@@ -206,8 +209,8 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     with folder.exporting(entry):
         written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
                                      result.model.external_weights)
-        folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx", profile=found.profile,
-                      checks=found.checks)
+        folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx",
+                      profile=found.profile, checks=found.checks)
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
     _say_profile(found.profile, found.checks, args.result_dir, profile)
     return 0

@@ -72,13 +72,14 @@ def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
 
 
 def recorded_judge(judge: JudgeSpec, where: str | os.PathLike) -> JudgeSpec:
-    """The judge a result (at ``where``) recorded, to re-measure with: a ``module:function`` there is code the
-    result names, which runs only where this command names it too (--metric), never on a record's word."""
+    """The judge a result (at ``where``) recorded, to re-measure with: a ``module:function`` there
+    is code the result names, which runs only where this command names it too (--metric), never on a
+    record's word."""
     if judge.metric in BUILTIN_METRICS:
         return judge
-    raise AutoprecError(f"{where}: its search was judged by --metric {judge.metric}, code that is run only when you "
-                        f"name it: give --metric {judge.metric} (code you trust, from your own folder), or a built-in "
-                        "--metric such as cosine")
+    raise AutoprecError(f"{where}: its search was judged by --metric {judge.metric}, code that is "
+                        f"run only when you name it: give --metric {judge.metric} (code you trust, "
+                        "from your own folder), or a built-in --metric such as cosine")
 
 
 def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
@@ -154,8 +155,8 @@ def engine_space(
     else:
         keep = list(parse_precisions(list(precisions), "--precisions"))
         if set(keep) == {Precision.FP32}:
-            raise AutoprecError("--precisions fp32: with FP32 alone there is no choice to search; add int8 and/or "
-                                "fp16 (e.g. --precisions fp16,fp32)")
+            raise AutoprecError("--precisions fp32: with FP32 alone there is no choice to search; "
+                                "add int8 and/or fp16 (e.g. --precisions fp16,fp32)")
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
         for p in keep:
             if p in engine.slow_precisions:

@@ -93,17 +93,19 @@ def diagnose_plan(
     baseline, found, model_path = context.baseline, context.plan, context.baseline.info.path
     engine_spec = engine or context.config.engine
     engine_ = _engine(engine_spec)
-    wanted = wanted_metric(judge or recorded_judge(context.config.judge, target), context.config.inputs.model)
+    judging = judge or recorded_judge(context.config.judge, target)
+    wanted = wanted_metric(judging, context.config.inputs.model)
     judge_of, _ = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)
     ranking = judge_of.for_ranking()
     evaluation = list(baseline.dataset.evaluation)
     used = evaluation[:batches or screening_batches(len(evaluation))]
     rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
-    loss = judge_of.loss_of(model_outputs(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation))
+    lowered = engine_.lower(baseline.info, found, baseline.ranges)
+    loss = judge_of.loss_of(model_outputs(engine_, lowered, evaluation))
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge_of.said(), len(evaluation),
-                          context.recorded_loss if context.same_judging(judge or context.config.judge, engine_spec, data)
-                          else None)
+    same = context.same_judging(judging, engine_spec, data)
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss,
+                          judge_of.said(), len(evaluation), context.recorded_loss if same else None)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
         "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
         "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
@@ -199,7 +201,8 @@ def check_plan(
     if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
         read_result_dir(target).check_shipped()
     context = plan_context(target, plan, None, data, shapes)
-    judge, engine_spec = judge or recorded_judge(context.config.judge, target), engine or context.config.engine
+    judge = judge or recorded_judge(context.config.judge, target)
+    engine_spec = engine or context.config.engine
     if judge.max_loss is None:
         raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
     max_loss = judge.max_loss
@@ -329,7 +332,8 @@ def study_status(storage: str, study_name: str) -> dict:
         raise
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
         first = without_password(first_line(exc, None, empty=""), storage)
-        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first}); "
-                         f"{storage_hint(first)}") from None
+        said = f"{type(exc).__name__}: {first}"
+        said = f"cannot be opened ({said}); {storage_hint(first)}"
+        raise StudyError(f"--storage {redacted(storage)}: {said}") from None
     return status_of(study)
 

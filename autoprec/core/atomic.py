@@ -39,8 +39,8 @@ def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
 
 @contextlib.contextmanager
 def naming(path: Path, temporary: Path | None = None) -> Iterator[None]:
-    """A failed write in the block (a full disk) names ``path``, the file being written, where it names no file
-    or only the ``temporary`` one that becomes it."""
+    """A failed write in the block (a full disk) names ``path``, the file being written, where it
+    names no file or only the ``temporary`` one that becomes it."""
     try:
         yield
     except OSError as exc:
@@ -63,9 +63,11 @@ def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:
 
 
 def temporary(path: Path) -> tuple[int, Path]:
-    """A new temporary file beside ``path`` (a descriptor open for writing, and its name): made afresh, never a
-    file already there, and named for this process, so :func:`remove_stale` knows it from anyone else's."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.{os.getpid()}-", suffix=TEMPORARY, dir=Path(path).parent)
+    """A new temporary file beside ``path`` (a descriptor open for writing, and its name): made
+    afresh, never a file already there, and named for this process, so :func:`remove_stale` knows it
+    from anyone else's."""
+    prefix = f".{Path(path).name}.{os.getpid()}-"
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY, dir=Path(path).parent)
     return fd, Path(tmp)
 
 
@@ -85,8 +87,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale(folder: Path) -> None:
-    """Temporary files a killed writer of autoprec left behind (the real files were never touched): only
-    autoprec's own (see :func:`temporary`), and only those of a process that is gone."""
+    """Temporary files a killed writer of autoprec left behind (the real files were never touched):
+    only autoprec's own (see :func:`temporary`), and only those of a process that is gone."""
     if not Path(folder).is_dir():
         return
     for tmp in Path(folder).iterdir():

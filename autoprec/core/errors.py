@@ -36,8 +36,9 @@ class ExportError(AutoprecError):
 
 
 class FolderError(AutoprecError):
-    """A result, export or cache folder holds what autoprec did not put there (a link, a FIFO, a device, a file
-    too large or too deep to read): autoprec reads and writes such a folder as input, not trust."""
+    """A result, export or cache folder holds what autoprec did not put there (a link, a FIFO, a
+    device, a file too large or too deep to read): autoprec reads and writes such a folder as input,
+    not trust."""
 
 
 class MetricError(AutoprecError):

@@ -163,13 +163,15 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         source = "default"
     else:
         try:
-            text = untrusted.read_bytes(Path(path), "a search space", SPACE_BYTES, given=True).decode("utf-8")
+            found = untrusted.read_bytes(Path(path), "a search space", SPACE_BYTES, given=True)
+            text = found.decode("utf-8")
         except OSError as exc:
             raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check the path") from None
         except UnicodeDecodeError:
             raise SearchSpaceError(f"search space {path}: not UTF-8 text; save the YAML file as UTF-8") from None
         except ValueError as exc:
-            raise SearchSpaceError(f"search space {path}: {exc}; give the YAML file itself") from None
+            raise SearchSpaceError(f"search space {path}: {exc}; give the YAML file itself"
+                                   ) from None
         source = str(path)
     try:
         raw = untrusted.parse_yaml(text) or {}

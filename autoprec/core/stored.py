@@ -234,8 +234,9 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
     for location in sorted({external_info(t)[0] for t in external}):
         target = Path(folder) / GIVEN / location
         target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic.naming(target), open(Path(source) / location, "rb") as given, open(target, "wb") as copy:
-            copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
+        with atomic.naming(target), open(Path(source) / location, "rb") as given:
+            with open(target, "wb") as copy:
+                copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
         copied += target.stat().st_size
     for tensor in external:
         location, offset, length = external_info(tensor)
@@ -244,8 +245,9 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
 
 
 def _write_whole(path: Path, data: bytes | memoryview) -> None:
-    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (a new one each time:
-    several may make the same file at once), renamed when done, removed when the write fails."""
+    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (a new one
+    each time: several may make the same file at once), renamed when done, removed when the write
+    fails."""
     fd, tmp = atomic.temporary(path)
     try:
         with atomic.naming(path), os.fdopen(fd, "wb") as f:
@@ -287,7 +289,7 @@ class StoredModel:
         path = Path(self.folder) / name
         try:
             with atomic.naming(path):
-                path.write_bytes(self.proto.SerializeToString())  # (a disk full half-way leaves nothing behind)
+                path.write_bytes(self.proto.SerializeToString())  # (a full disk: removed below)
             yield path
         finally:
             path.unlink(missing_ok=True)
@@ -377,10 +379,11 @@ def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> di
     return protos
 
 
-def _gather(models: Mapping[Path, StoredModel], protos: dict[Path, onnx.ModelProto], writer: DataWriter,
-            data: str) -> None:
+def _gather(models: Mapping[Path, StoredModel], protos: dict[Path, onnx.ModelProto],
+            writer: DataWriter, data: str) -> None:
     """:func:`_gathered`'s copies, each tensor written once through ``writer``."""
-    copied: dict[tuple[str, str, int], tuple[int, int]] = {}  # (folder, location, offset) -> its place in data
+    # (folder, location, offset) -> its place in data
+    copied: dict[tuple[str, str, int], tuple[int, int]] = {}
     for path, model in models.items():
         protos[path] = proto = onnx.ModelProto()
         proto.CopyFrom(model.proto)

@@ -50,11 +50,13 @@ def tolerances(spec: BuildSpec) -> dict[str, float]:
 
 
 def _named(name: str, what: str) -> str:
-    """A model's ``name`` as the start of one of Polygraphy's values (``NAME:...``); a name beginning with '-',
-    which Polygraphy's parser would take for an option of its own (--gen-script=PATH writes a file), is refused."""
+    """A model's ``name`` as the start of one of Polygraphy's values (``NAME:...``); a name
+    beginning with '-', which Polygraphy's parser would take for an option of its own
+    (--gen-script=PATH writes a file), is refused."""
     if name.startswith("-"):
-        raise ExportError(f"{what} '{printable(name)}' begins with '-': Polygraphy would read it in check.sh as an "
-                          "option of its own, not a name; rename it in the model (or export another format)")
+        raise ExportError(f"{what} '{printable(name)}' begins with '-': Polygraphy would read it "
+                          "in check.sh as an option of its own, not a name; rename it in the "
+                          "model (or export another format)")
     return name
 
 

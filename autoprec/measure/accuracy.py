@@ -125,9 +125,10 @@ def _import_function(spec: str) -> LossFunction:
         sys.path.insert(0, str(Path.cwd()))
     for origin in untrusted.module_origins(module_name):
         if (folder := untrusted.distrusted(origin)) is not None:
-            raise AutoprecError(f"--metric {spec}: {module_name} would be imported from {origin}, inside {folder}, a "
-                                "result autoprec reads as input and never runs code from; keep your metric's module "
-                                "outside it (in your working folder or on PYTHONPATH)")
+            raise AutoprecError(f"--metric {spec}: {module_name} would be imported from {origin}, "
+                                f"inside {folder}, a result autoprec reads as input and never runs "
+                                "code from; keep your metric's module outside it (in your working "
+                                "folder or on PYTHONPATH)")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:

@@ -55,7 +55,8 @@ POLL_SECONDS = 0.05
 # A candidate unanswered this long (at most half its time limit) is said, with where the worker is.
 NOTICE_SECONDS = 30.0
 WHERE_SIGNAL = signal.SIGUSR1  # the worker writes its Python stack to its stderr log on it
-TAIL_BYTES = 256 << 10  # the end of the worker's stderr log read for a crash's cause (a loop may have filled it)
+# The end of the worker's stderr log read for a crash's cause (a loop may have filled the log).
+TAIL_BYTES = 256 << 10
 
 
 class TrialCrash(AutoprecError):
@@ -102,7 +103,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)  # the file start() made
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
-    faulthandler.register(WHERE_SIGNAL, all_threads=False)  # where it is, when the parent asks (see _where)
+    faulthandler.register(WHERE_SIGNAL, all_threads=False)  # where it is, when asked (see _where)
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir, threads)
@@ -220,8 +221,8 @@ class IsolatedMeasurer(Measurer):
                               + (" (at its peak)" if peak else ""))
 
     def _where(self) -> tuple[str, list[str]]:
-        """Where the worker is now, as its Python stack says it (the innermost frame in words, and every frame's
-        file): asked of it by a signal, read from its stderr log."""
+        """Where the worker is now, as its Python stack says it (the innermost frame in words, and
+        every frame's file): asked of it by a signal, read from its stderr log."""
         os.kill(self.process.pid, WHERE_SIGNAL)
         time.sleep(0.2)
         stack = self._stderr_tail(200).rpartition("(most recent call first):")[2]
@@ -232,19 +233,21 @@ class IsolatedMeasurer(Measurer):
         return f"{function} ({Path(path).name}, line {line})", [path for path, _, _ in frames]
 
     def _timed_out(self, what: str, seconds: float) -> Exception:
-        """The time limit's verdict: the user's metric named where it is what hangs (its fault, not the plan's),
-        else a crash of this trial saying where the worker was."""
+        """The time limit's verdict: the user's metric named where it is what hangs (its fault, not
+        the plan's), else a crash of this trial saying where the worker was."""
         where, files = self._where()
         judge = self.args[5]
         code = getattr(judge.metric.user_function, "__code__", None)
         if code is not None and code.co_filename in files:
             self._kill()
-            return MetricError(f"--metric {judge.metric.name}: no answer within --trial-timeout {seconds:g} s (it was "
-                               f"in {where}); make it faster, or give a larger --trial-timeout")
-        return self._crash(f"time limit exceeded: {what} took over {seconds:g} s" + (f" (in {where})" if where else ""))
+            return MetricError(f"--metric {judge.metric.name}: no answer within --trial-timeout "
+                               f"{seconds:g} s (it was in {where}); make it faster, or give a "
+                               "larger --trial-timeout")
+        said = f" (in {where})" if where else ""
+        return self._crash(f"time limit exceeded: {what} took over {seconds:g} s{said}")
 
     def _wait(self, deadline: float, starting: bool = False):
-        asked = time.monotonic()  # (the final timing's rounds are given time of their own beyond the limit)
+        asked = time.monotonic()  # (the final timing's rounds have their own time past the limit)
         limit = self.limits.seconds
         notice = None if starting else deadline - limit + min(NOTICE_SECONDS, limit / 2)
         while True:
@@ -261,8 +264,9 @@ class IsolatedMeasurer(Measurer):
             self._check_memory(peak=False)
             if notice is not None and time.monotonic() > notice:
                 notice = None
-                log.info(f"a candidate is unanswered after {time.monotonic() - asked:.0f} s (the time limit is "
-                         f"{deadline - asked:.0f} s); the worker is in {self._where()[0] or 'no Python code'}")
+                where = self._where()[0] or "no Python code"
+                log.info(f"a candidate is unanswered after {time.monotonic() - asked:.0f} s (the "
+                         f"time limit is {deadline - asked:.0f} s); the worker is in {where}")
             if time.monotonic() > deadline:
                 what = "starting" if starting else "measuring the candidate"
                 raise self._timed_out(what, STARTUP_SECONDS if starting else limit)

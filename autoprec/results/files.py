@@ -191,8 +191,8 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    """Read a result file (plain JSON; nothing is unpickled or executed): a regular file of the folder it lies in,
-    bounded in size and nesting (see :mod:`autoprec.core.untrusted`)."""
+    """Read a result file (plain JSON; nothing is unpickled or executed): a regular file of the
+    folder it lies in, bounded in size and nesting (see :mod:`autoprec.core.untrusted`)."""
     return untrusted.read_json(Path(path), f"the folder {Path(path).parent}")
 
 
@@ -522,7 +522,8 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
-    untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES, "export"), f"the result folder {out_dir}")
+    what = f"the result folder {out_dir}"
+    untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES, "export"), what)
     untrusted.distrust(out_dir)
     if not pareto_path.is_file():
         raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")

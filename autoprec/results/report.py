@@ -15,7 +15,7 @@ from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir
 from autoprec.results.rows import COLUMNS_SAID, TrialRow, roles_said, trial_rows
 
-FIGURE_BYTES = 64 << 20  # the most a figure the report embeds may hold (autoprec's own are well under 1 MB)
+FIGURE_BYTES = 64 << 20  # the most a figure the report embeds may hold (autoprec's own: < 1 MB)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;

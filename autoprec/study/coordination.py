@@ -78,12 +78,12 @@ def storage_hint(message: str) -> str:
     cannot be reached, or something else about the database."""
     text = message.lower()
     if any(word in text for word in ("malformed", "not a database", "file is encrypted")):
-        return ("the database file is damaged (truncated, or not an SQLite database): restore it, or move it away to "
-                "start a new study there")
+        return ("the database file is damaged (truncated, or not an SQLite database): restore it, "
+                "or move it away to start a new study there")
     if "disk i/o error" in text:
-        return ("reading or writing the database file failed: free space on its disk (or check the disk and the file) "
-                "and run the same command again (finished trials are kept)")
-    if any(word in text for word in ("no space", "database or disk is full", "file too large", "disk full")):
+        return ("reading or writing the database file failed: free space on its disk (or check the "
+                "disk and the file) and run the same command again (finished trials are kept)")
+    if any(word in text for word in ("no space", "or disk is full", "file too large", "disk full")):
         return "its disk is full: free space and run the same command again (finished trials are kept)"
     if any(word in text for word in ("connect", "server closed", "terminating connection", "refused", "timeout",
                                      "shutting down", "could not receive", "the database system is")):
@@ -106,8 +106,9 @@ def check_storage(url: str, existing: bool = False) -> None:
     if path is None:
         return
     if path.exists() and not path.is_file():
-        raise StudyError(f"--storage {redacted(url)}: {path} is {untrusted.kind(os.stat(path).st_mode)}, not a database "
-                         "file; give the path of a file (e.g. sqlite:///results/study.db)")
+        found = untrusted.kind(os.stat(path).st_mode)
+        raise StudyError(f"--storage {redacted(url)}: {path} is {found}, not a database file; give "
+                         "the path of a file (e.g. sqlite:///results/study.db)")
     if existing and not path.is_file():
         raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the storage a search wrote")
     if not path.parent.is_dir():
@@ -125,7 +126,8 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
     after ``GRACE_BEATS`` silent beats and queued again once."""
     # SQLite: wait up to 30 s for a write lock (default 5 s), which a loaded machine's heartbeat thread,
     # artifact writes and the trial's own commits can exceed between them.
-    engine_kwargs = ({"pool_pre_ping": True, **server_options(url)} if url.startswith(("postgresql", "mysql")) else
+    server = url.startswith(("postgresql", "mysql"))
+    engine_kwargs = ({"pool_pre_ping": True, **server_options(url)} if server else
                      {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     _quiet_heartbeat_notices()
     return optuna.storages.RDBStorage(
@@ -138,15 +140,16 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
 
 
 def server_options(url: str) -> dict[str, Any]:
-    """SQLAlchemy's engine options for a database server: a connection that gets no answer ends (libpq's
-    connect_timeout, for PostgreSQL)."""
-    return {"connect_args": {"connect_timeout": CONNECT_SECONDS}} if url.startswith("postgresql") else {}
+    """SQLAlchemy's engine options for a database server: a connection that gets no answer ends
+    (libpq's connect_timeout, for PostgreSQL)."""
+    postgresql = url.startswith("postgresql")
+    return {"connect_args": {"connect_timeout": CONNECT_SECONDS}} if postgresql else {}
 
 
 def driver_missing(url: str, exc: BaseException) -> StudyError:
     """The one line for a storage whose database driver is not installed."""
-    return StudyError(f"--storage {redacted(url)}: its database driver is not installed ({exc}): pip install "
-                      "'autoprec[postgresql]' (psycopg), or the driver your URL names")
+    return StudyError(f"--storage {redacted(url)}: its database driver is not installed ({exc}): "
+                      "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names")
 
 
 def _quiet_heartbeat_notices() -> None:
@@ -176,7 +179,8 @@ class StudyLocks:
             from sqlalchemy.pool import NullPool
 
             try:
-                self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool, **server_options(storage_url))
+                options = server_options(storage_url)
+                self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool, **options)
             except ImportError as exc:
                 raise driver_missing(storage_url, exc) from None
         else:
@@ -327,8 +331,9 @@ class SharedInputs:
         try:
             self.store_dir.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise StudyError(f"{store_dir}: a file stands where the study's artifact store (--artifacts) goes; "
-                             "move it away, or give --artifacts another folder") from None
+            raise StudyError(f"{store_dir}: a file stands where the study's artifact store "
+                             "(--artifacts) goes; move it away, or give --artifacts another folder"
+                             ) from None
         self.store = optuna.artifacts.FileSystemArtifactStore(str(self.store_dir))
 
     @contextlib.contextmanager

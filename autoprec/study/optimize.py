@@ -257,8 +257,9 @@ def open_study(
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
         first = without_password(first_line(cause, None, empty=""), str(storage))
         said = any(word in first.lower() for word in ("disk", "connect", "malformed", "database"))
-        hint = storage_hint(first) if said else (
-            "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
+        hint = storage_hint(first) if said else ("give a valid Optuna storage URL, e.g. "
+                                                 "sqlite:///study.db or "
+                                                 "postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
     if not any(k in existing for k in identity):
@@ -364,21 +365,23 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what ends a searc
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C (or SIGTERM, SIGHUP) during the block is raised when it ends: where a trial is created but not yet
-    held by anything that would give it back, an interrupt would leave it RUNNING until its heartbeat goes
-    stale. (Only the main thread receives signals; elsewhere the block runs as is.)"""
+    """Ctrl-C (or SIGTERM, SIGHUP) during the block is raised when it ends: where a trial is created
+    but not yet held by anything that would give it back, an interrupt would leave it RUNNING until
+    its heartbeat goes stale. (Only the main thread receives signals; elsewhere the block runs as
+    is.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in INTERRUPTS}
+    previous = {number: signal.signal(number, lambda signum, frame: caught.append(signum))
+                for number in INTERRUPTS}
     try:
         yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
         if caught:
-            signal.raise_signal(caught[0])  # to its own handler again (Ctrl-C's raises KeyboardInterrupt)
+            signal.raise_signal(caught[0])  # to its own handler again (Ctrl-C's: KeyboardInterrupt)
 
 
 def start_trial(
@@ -427,9 +430,11 @@ def distinct_plans(ctx: StudyContext) -> int:
 
 
 def every_plan_settled(trials: Sequence[FrozenTrial], ctx: StudyContext) -> bool:
-    """Every distinct plan of the space was measured, failed or rejected: a trial more could only repeat one, so a
-    budget larger than the space ends here (the sampler would propose duplicates for ever)."""
-    settled = {t.user_attrs["plan_key"] for t in trials if counted(t) and "plan_key" in t.user_attrs}
+    """Every distinct plan of the space was measured, failed or rejected: a trial more could only
+    repeat one, so a budget larger than the space ends here (the sampler would propose duplicates
+    for ever)."""
+    settled = {t.user_attrs["plan_key"] for t in trials
+               if counted(t) and "plan_key" in t.user_attrs}
     return len(settled) >= distinct_plans(ctx)
 
 
@@ -553,18 +558,24 @@ def run_study(
 
     if workers <= 1:
         work()
-    else:
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
-            try:
-                for future in [pool.submit(work) for _ in range(workers)]:
-                    future.result()
-            except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
-                stop.set()
-                raise
+        _say_if_every_plan_settled(study, ctx, budget)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
+        try:
+            for future in [pool.submit(work) for _ in range(workers)]:
+                future.result()
+        except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
+            stop.set()
+            raise
+    _say_if_every_plan_settled(study, ctx, budget)
+
+
+def _say_if_every_plan_settled(study: optuna.Study, ctx: StudyContext, budget: int) -> None:
+    """Said where the study ended before its budget for want of a plan it has not measured."""
     trials = study.get_trials(deepcopy=False)
     if sum(counted(t) for t in trials) < budget and every_plan_settled(trials, ctx):
-        log.info(f"every one of the {distinct_plans(ctx)} distinct plans of the space is measured: no trial is left to "
-                 f"run before --budget {budget}")
+        log.info(f"every one of the {distinct_plans(ctx)} distinct plans of the space is measured: "
+                 f"no trial is left to run before --budget {budget}")
 
 
 @dataclass(frozen=True)
