@@ -226,6 +226,21 @@ def test_an_export_again_replaces_its_own_files_and_what_its_scripts_made(result
     assert sorted(p.name for p in out.iterdir()) == ["BUILD.md", "export.json", "model.onnx"]
 
 
+def test_an_export_removes_nothing_outside_its_folder_whatever_its_manifest_lists(
+    result, tmp_path, capsys
+):
+    out = tmp_path / "e"
+    code, err = run(["export", result, "--format", "markdown", "--out", out], capsys)
+    assert code == 0, err[-3000:]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    manifest = json.loads((out / "export.json").read_text())
+    manifest["files"].append("../victim.txt")
+    (out / "export.json").write_text(json.dumps(manifest))
+    code, err = run(["export", result, "--format", "markdown", "--out", out], capsys)
+    assert code == 0 and victim.read_text() == "keep me\n", err[-3000:]
+
+
 @pytest.mark.parametrize("linked", ["export", "export/trtexec"])
 def test_an_export_follows_no_link_in_the_result(result, tmp_path, capsys, linked):
     """ln -s victim2 R/export/trtexec; export R --format trtexec deleted victim2/model.plan,
@@ -300,7 +315,8 @@ def test_a_received_result_runs_no_code_of_its_own(result, tmp_path, verb):
     marker = tmp_path / "ran"
     hostile_module(r, "evilmetric", marker)
     proc = autoprec(*verb, cwd=r, timeout=120)
-    one_line_error(proc, "evilmetric")
+    said = "never runs code from" if "--metric" in verb else "run only when you name it"
+    one_line_error(proc, "--metric evilmetric:loss", said)
     assert not marker.exists()
 
 

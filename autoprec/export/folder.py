@@ -84,9 +84,8 @@ def clear(folder: Path) -> None:
         raise FolderError(f"--out {folder}: holds {named}, which no autoprec export wrote there "
                           f"({unlisted}); an export replaces only its own files: give a new or "
                           "empty folder, or move those away")
-    for name in allowed:
-        if os.path.lexists(folder / name):
-            (folder / name).unlink()  # (a link itself, never what it names)
+    for name in _files(folder):  # each listed: never a name a manifest leads out ('../x')
+        (folder / name).unlink()  # (a link itself, never what it names)
 
 
 @contextlib.contextmanager
