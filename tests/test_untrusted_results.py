@@ -110,6 +110,15 @@ def test_every_verb_refuses_a_result_holding_a_fifo_or_device(result, tmp_path, 
     refused([a.format(r=r, result=result) for a in argv], capsys, "not a file autoprec wrote")
 
 
+@pytest.mark.parametrize("where", ["../secret.npz", "/tmp/secret.npz", "cache/../../secret.npz"])
+def test_a_recorded_file_outside_the_results_cache_is_not_read(result, tmp_path, capsys, where):
+    """A fresh pass: pareto.json's calibration_file, joined to the result folder, read any .npz on
+    the disk (its arrays shown by ranges as the search's ranges)."""
+    r = recorded_as(copy(result, tmp_path), lambda search: search.update(calibration_file=where))
+    for argv in (["ranges", r], ["check", r, "--max-loss", "1"]):
+        refused(argv, capsys, "calibration_file", "outside its cache/")
+
+
 def test_check_refuses_a_shipped_models_external_data_outside_its_folder_without_reading_it(
     result, tmp_path
 ):
@@ -284,13 +293,21 @@ def loss(reference, candidate):
 """
 
 
-def judged_by(r: Path, metric: str) -> Path:
-    """``r`` with its recorded metric (in every file's header) changed to ``metric``."""
+def recorded_as(r: Path, edit) -> Path:
+    """``r`` with the search's record in every file's header changed by ``edit`` (alike in all)."""
     for name in ("pareto.json", "trials.json", "best/plan.json"):
         document = json.loads((r / name).read_text())
-        document["search"]["metric"] = document["search"]["spec"]["judge"]["metric"] = metric
+        edit(document["search"])
         (r / name).write_text(json.dumps(document))
     return r
+
+
+def judged_by(r: Path, metric: str) -> Path:
+    """``r`` with its recorded metric changed to ``metric``."""
+    def edit(search: dict) -> None:
+        search["metric"] = search["spec"]["judge"]["metric"] = metric
+
+    return recorded_as(r, edit)
 
 
 def hostile_module(folder: Path, name: str, marker: Path) -> None:

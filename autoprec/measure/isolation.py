@@ -223,7 +223,10 @@ class IsolatedMeasurer(Measurer):
     def _where(self) -> tuple[str, list[str]]:
         """Where the worker is now, as its Python stack says it (the innermost frame in words, and
         every frame's file): asked of it by a signal, read from its stderr log."""
-        os.kill(self.process.pid, WHERE_SIGNAL)
+        try:
+            os.kill(self.process.pid, WHERE_SIGNAL)
+        except ProcessLookupError:  # it ended meanwhile: its exit is said instead
+            return "", []
         time.sleep(0.2)
         stack = self._stderr_tail(200).rpartition("(most recent call first):")[2]
         frames = re.findall(r'File "(.*)", line (\d+) in (\S+)', stack)

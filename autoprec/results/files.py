@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from autoprec.analysis.images import ImageOptions
@@ -321,6 +321,12 @@ def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
     return reader(Fields(document, path)), document
 
 
+def _in_cache(name: str) -> bool:
+    """A recorded file name that stays in the result's cache/ (no absolute path, no '..')."""
+    path = PurePosixPath(name)
+    return path.parts[:1] == ("cache",) and ".." not in path.parts
+
+
 @dataclass(frozen=True)
 class HowMeasured:
     """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or best/plan.json's
@@ -356,6 +362,10 @@ class HowMeasured:
             return facts[key]
 
         space, fingerprint = recorded("search_space"), recorded("data_fingerprint")
+        calibration = recorded("calibration_file", nullable=True)
+        if calibration is not None and not _in_cache(calibration):
+            raise AutoprecError(f"{where}: its recorded calibration_file {calibration!r} lies "
+                                "outside its cache/ (pareto.json damaged?); rerun the search")
         if search.seed < 0:
             raise AutoprecError(f"{where}: its recorded seed {search.seed!r} is not a whole number of 0 or more "
                                 "(pareto.json damaged?); rerun the search")
@@ -364,7 +374,7 @@ class HowMeasured:
             model.path, model.sha256, {name: tuple(shape) for name, (shape, _) in model.inputs.items()}, space,
             facts.get("data_path"), fingerprint, search.seed, ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
-            recorded("calibration_file", nullable=True), search.profile, facts.get("spec"), header.engine.backend,
+            calibration, search.profile, facts.get("spec"), header.engine.backend,
             search.metric, search.max_loss,
         )
 
