@@ -501,6 +501,33 @@ def test_a_database_server_that_never_answers_is_given_up_on(tmp_path, capsys):
 # --- what is said: one clear line ---
 
 
+def test_a_search_space_whose_aliases_make_a_billion_values_is_one_line(result, tmp_path, capsys):
+    """A fresh pass: nine lines of YAML aliases (9^9 values) held the search for ever."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (tmp_path / "bomb.yaml").write_text("\n".join([*lines, "units: {MatMul: [fp16, fp32]}"]) + "\n")
+    refused(search(result, tmp_path / "o", "--search-space", tmp_path / "bomb.yaml"), capsys,
+            "bomb.yaml", "more than 1,000,000 values")
+
+
+def test_a_metric_whose_import_hangs_is_named(result, tmp_path):
+    """A fresh pass: a --metric module that hangs as it is imported held the search, nothing
+    said."""
+    import subprocess
+    import sys
+
+    (tmp_path / "stuck.py").write_text("import time\n\ntime.sleep(600)\n")
+    argv = [sys.executable, "-m", "autoprec.app.cli",
+            *map(str, search(result, tmp_path / "o", "--metric", "stuck:loss"))]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        said = proc.communicate(timeout=16)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        said = proc.communicate()[1]
+    assert "--metric stuck:loss: importing stuck has taken 10 s" in " ".join(said.split()), said
+
+
 @pytest.mark.parametrize("option", ["--plan", "--ctc-charset", "--search-space"])
 def test_a_file_the_user_names_is_read_bounded(result, tmp_path, capsys, option):
     """A fresh pass over hostile sizes: --plan /dev/zero (or a charset, a search space) was read for

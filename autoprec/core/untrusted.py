@@ -22,6 +22,8 @@ JSON_BYTES = 1 << 30
 # The deepest nesting of a JSON or YAML document autoprec reads (its own files go 6 deep, a search
 # space 4).
 NESTING = 64
+# The most values a YAML document autoprec reads may hold (a search space holds dozens).
+YAML_VALUES = 1_000_000
 
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device",
           stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
@@ -108,12 +110,18 @@ def read_bytes(path: Path, what: str, limit: int = JSON_BYTES, given: bool = Fal
     return data
 
 
-def nesting_checked(document: Any) -> Any:
-    """``document`` (parsed JSON or YAML) when its lists and mappings nest at most ``NESTING`` deep;
-    else a ValueError saying so (read iteratively: no depth makes it recurse)."""
+def nesting_checked(document: Any, most: int | None = None) -> Any:
+    """``document`` (parsed JSON or YAML) when its lists and mappings nest at most ``NESTING`` deep
+    (and, given ``most``, hold at most that many values, counted as read: YAML's aliases can make a
+    few lines a billion values, or a cycle); else a ValueError saying so (read iteratively: no depth
+    makes it recurse)."""
     pending = [(document, 1)]
+    seen = 0
     while pending:
         value, depth = pending.pop()
+        seen += 1
+        if most is not None and seen > most:
+            raise ValueError(f"more than {most:,} values (aliases repeating one another?)")
         if isinstance(value, (dict, list)):
             if depth > NESTING:
                 raise ValueError(f"nested more than {NESTING} levels deep")
@@ -137,7 +145,7 @@ def parse_yaml(text: str) -> Any:
     import yaml
 
     try:
-        return nesting_checked(yaml.safe_load(text))
+        return nesting_checked(yaml.safe_load(text), YAML_VALUES)
     except RecursionError:
         raise ValueError(f"nested more than {NESTING} levels deep") from None
     except yaml.YAMLError as exc:
