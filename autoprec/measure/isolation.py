@@ -180,14 +180,17 @@ class IsolatedMeasurer(Measurer):
         self.conn = parent
         self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
 
-    def _stderr_tail(self, lines: int = 15) -> str:
+    def _stderr_end(self) -> str:
+        """The end of the worker's stderr log (its last ``TAIL_BYTES``; "" where unreadable)."""
         try:
-            with os.fdopen(untrusted.open_regular(self.stderr, "the cache"), "rb") as log:
-                log.seek(max(0, os.fstat(log.fileno()).st_size - TAIL_BYTES))
-                text = log.read(TAIL_BYTES).decode(errors="replace")
+            with os.fdopen(untrusted.open_regular(self.stderr, "the cache"), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+                return f.read(TAIL_BYTES).decode(errors="replace")
         except (OSError, AutoprecError):
             return ""
-        kept = text.strip().splitlines()
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        kept = self._stderr_end().strip().splitlines()
         tail = kept[-lines:]
         fatal = [line for line in kept if line.startswith("Fatal Python error")]  # the cause, above a deep stack
         if fatal and fatal[-1] not in tail:
@@ -228,7 +231,7 @@ class IsolatedMeasurer(Measurer):
         except ProcessLookupError:  # it ended meanwhile: its exit is said instead
             return "", []
         time.sleep(0.2)
-        stack = self._stderr_tail(200).rpartition("(most recent call first):")[2]
+        stack = self._stderr_end().rpartition("(most recent call first):")[2]
         frames = re.findall(r'File "(.*)", line (\d+) in (\S+)', stack)
         if not frames:
             return "", []
