@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +17,7 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.search_space import NEUTRAL_OPS
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
@@ -246,7 +245,7 @@ def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: s
     cache = cache_dir / f"out-of-range-{key}.json" if cache_dir else None
     if cache is not None and cache.exists():
         try:
-            kept = json.loads(cache.read_text())
+            kept = untrusted.parse_json(cache.read_bytes())
         except (OSError, ValueError):
             kept = None
         if isinstance(kept, list) and all(isinstance(n, str) for n in kept) and set(kept) <= {n.name for n in watched}:

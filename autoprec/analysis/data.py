@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import numpy as np
 
 from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
 from autoprec.analysis.model_info import TensorSpec
+from autoprec.core import untrusted
 from autoprec.core.errors import DataError
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
@@ -417,7 +417,7 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
     if not sidecar.is_file():
         return {}
     try:
-        document = json.loads(sidecar.read_text())
+        document = untrusted.parse_json(untrusted.read_bytes(sidecar, "a labels file", given=True))
     except (OSError, ValueError) as exc:
         raise DataError(f"--data {sidecar}: cannot be read as JSON ({exc}); fix or remove it") from None
     if (

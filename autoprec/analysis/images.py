@@ -20,7 +20,7 @@ import numpy as np
 from autoprec.analysis.model_info import TensorSpec
 from autoprec.core.errors import DataError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"}
 ORDERS = ("RGB", "BGR")
 RESIZES = ("stretch", "crop", "letterbox")
 LETTERBOX_GREY = 114  # the padding YOLO models are trained with (Ultralytics, YOLOX)
@@ -109,7 +109,8 @@ def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> t
             raise DataError(f"--data {f}: mixes arrays and images in one folder; keep one kind")
         try:
             with Image.open(f) as img:
-                pixels = np.asarray(_sized(img.convert("RGB" if channels == 3 else "L"), width, height, options.resize))
+                converted = _eight_bit(img, f).convert("RGB" if channels == 3 else "L")
+                pixels = np.asarray(_sized(converted, width, height, options.resize))
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
             raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
         pixels = pixels.reshape(height, width, channels)
@@ -118,6 +119,21 @@ def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> t
         out.append(pixels if raw else _normalised(pixels, options))
     items = np.stack(out).astype(spec.dtype)
     return (items.transpose(0, 3, 1, 2) if layout == "NCHW" else items), options.describe(layout, height, width, raw)
+
+
+def _eight_bit(img, path: Path):
+    """``img`` with pixels of 8 bits, as the pixel scale takes them: a 16-bit one scaled (65535 to
+    255), which PIL's own conversion clips instead (every value past 255 white); a float or 32-bit
+    one, whose white is not known, refused."""
+    from PIL import Image
+
+    if img.mode.startswith("I;16") or (img.mode == "I" and img.format == "PNG"):  # PNG: <= 16 bits
+        return Image.fromarray(np.round(np.asarray(img, np.float64) / 257).astype(np.uint8), "L")
+    if img.mode in ("I", "F"):
+        kind = "float" if img.mode == "F" else "32-bit"
+        raise DataError(f"--data {path}: a {kind} image, whose white is not known; save the images "
+                        "with 8 or 16 bits per channel, or give the arrays as .npy/.npz")
+    return img
 
 
 def _sized(img, width: int, height: int, resize: str):

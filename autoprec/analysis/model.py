@@ -20,6 +20,7 @@ from autoprec.analysis.preparation import prepared_model
 from autoprec.analysis.shapes import check_feeds, declared_inputs, dtype_name, output_specs, resolve_input_shapes
 from autoprec.analysis.units import find_units
 from autoprec.core.errors import ModelError, first_line
+from autoprec.core.escape import printable
 from autoprec.core.profile import shape_profile
 from autoprec.core.search_space import SearchSpace
 from autoprec.core.stored import check_external_data, is_external, tensors
@@ -52,6 +53,10 @@ def model_sha256(path: Path) -> str:
     path = Path(path)
     own = file_sha256(path)
     skeleton = onnx.load(str(path), load_external_data=False)
+    try:  # where its data lives, first: a location such as /dev/zero is never read
+        check_external_data(skeleton, path.parent, str(path))
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
     locations = sorted({ExternalDataInfo(t).location for t in tensors(skeleton.graph) if uses_external_data(t)})
     if not locations:
         return own
@@ -68,6 +73,12 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     if not path.is_file():
         raise ModelError(f"{path}: no such file; check the model path")
     try:
+        str(path.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # bytes of another encoding, which Python keeps as lone surrogates
+        raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX "
+                         "Runtime need; rename the file (or its folder) with UTF-8 characters"
+                         ) from None
+    try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several types for a damaged file
         raise ModelError(
@@ -82,6 +93,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except OSError as exc:
         raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data files' "
                          "permissions beside the model") from None
+    if model.functions:  # its own functions (ONNX Runtime runs them): their nodes are searched too
+        model = _inlined(model, path)
     unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
     if unknown:
         nodes = [n.name or n.op_type for n in model.graph.node if n.domain in unknown][:3]
@@ -117,6 +130,17 @@ def _tensor_fix(model: onnx.ModelProto, name: str, role: str) -> str:
     return f"export the model with tensor {role}s"
 
 
+def _inlined(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """``model`` with its local functions inlined (their external weights stay references)."""
+    import onnx.inliner
+
+    try:
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as exc:  # noqa: BLE001 - onnx's C++ inliner raises its own types
+        raise ModelError(f"{path}: its local functions cannot be inlined ({first_line(exc)}); "
+                         "export the model with them inlined") from None
+
+
 def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
     """The element types of the first inputs of ``nodes`` (top-graph node names), as NumPy names."""
     graph = model.graph
@@ -143,6 +167,21 @@ def refuse_random_ops(model, path: Path) -> None:
                          "(random ops removed, or exported for inference)")
 
 
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
+    """A model in Q/DQ form (ONNX Runtime's quantize_static, a QAT export) is quantized already: its
+    layers would be taken for FP32 ones and quantized again, and its INT8 for the FP32 reference.
+    Refused, naming its Q/DQ ops."""
+    nodes = (node for _, graph in subgraphs.graphs(model.graph) for node in graph.node)
+    found = sorted({n.op_type for n in nodes if n.op_type in QDQ_OPS})
+    if found:
+        raise ModelError(f"{path.name}: already quantized ({', '.join(found)}); autoprec starts "
+                         "from the FP32 model and chooses each layer's precision itself: give it "
+                         "the FP32 model this was quantized from")
+
+
 def analyse(
     path: str | Path,
     space: SearchSpace,
@@ -163,6 +202,7 @@ def analyse(
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     refuse_random_ops(raw, path)
+    refuse_quantized(raw, path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)

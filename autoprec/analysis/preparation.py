@@ -35,8 +35,9 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.surgery import Surgery
+from autoprec.core import untrusted
+from autoprec.core.atomic import pid_alive
 from autoprec.core.errors import ModelError, first_line
-from autoprec.core.locks import pid_alive
 from autoprec.core.stored import (
     DataWriter,
     StoredModel,
@@ -599,7 +600,7 @@ def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str,
 
 def _read(folder: Path) -> Preparation | None:
     try:
-        notes = json.loads((folder / NOTES_FILE).read_text())["notes"]
+        notes = untrusted.parse_json((folder / NOTES_FILE).read_bytes())["notes"]
         proto = onnx.load(str(folder / PREPARED_FILE), load_external_data=False)
         deployable = (onnx.load(str(folder / DEPLOYABLE_FILE), load_external_data=False)
                       if (folder / DEPLOYABLE_FILE).is_file() else proto)

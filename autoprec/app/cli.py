@@ -4,11 +4,14 @@ failure said in one line. No logic of its own."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
+import signal
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from autoprec.app.commands import handlers
 from autoprec.app.judge_specs import JudgeSpec
@@ -130,6 +133,9 @@ def _plan_verbs(verb) -> None:
     d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on (default: as many as "
                    "the sensitivity pass judges them on, a quarter; the plan's loss is on them all)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
+    d.add_argument("--metric", default=argparse.SUPPRESS, metavar="METRIC",
+                   help="the plan's loss by this metric (default: the search's; a module:function "
+                        "the search used runs only when given here)")
     d.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(d, overriding=True)
     EngineSpec.add_arguments(d, overriding=True)
@@ -238,6 +244,13 @@ def _storage_failure(exc: BaseException) -> bool:
     return isinstance(exc, optuna.exceptions.StorageInternalError) or type(exc).__module__.startswith("sqlalchemy")
 
 
+def _in_storage(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised reading Optuna's storage (a study's database is input like any
+    file)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f"optuna{os.sep}storages" in frame.filename for frame in frames)
+
+
 def _failure(exc: BaseException) -> tuple[str, int]:
     """One line and the exit status for a failure: 2 for what the user or the environment can fix,
     1 for a bug (an exception autoprec did not expect)."""
@@ -253,10 +266,37 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         cause = exc.__cause__ or exc
         first = first_line(getattr(cause, "orig", None) or cause, empty="")
         return f"the study's storage failed ({type(cause).__name__}: {first}); {storage_hint(first)}", 2
+    if isinstance(exc, RecursionError) and _in_storage(exc):  # JSON nested past any parser, stored
+        return ("the study's storage holds a value nested past any parser (a damaged or hand-made "
+                "study?): search into a new --out or --study-name"), 2
     if isinstance(exc, MemoryError):
         return "out of memory; give smaller --shape or batch, or fewer --build-workers, and run again", 2
     return (f"internal error ({type(exc).__name__}: {first_line(exc, empty='')}): a bug in "
             "autoprec; run again with --verbose and report the traceback"), 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a search gives its running
+    trials back (a resumed run re-runs them, not "running elsewhere") and ends its workers."""
+
+
+@contextlib.contextmanager
+def _terminations_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (in the main thread; as
+    before after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
@@ -270,10 +310,14 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     console.show_log()
     console.widen_when_not_a_terminal()
     try:
-        return verbs[args.verb](args)
-    except KeyboardInterrupt:
-        print("autoprec: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        with _terminations_interrupt():
+            return verbs[args.verb](args)
+    except KeyboardInterrupt as exc:
+        ended = isinstance(exc, Terminated)
+        number = exc.args[0] if ended else signal.SIGINT
+        said = f"ended by {signal.Signals(number).name}" if ended else "interrupted"
+        print(f"autoprec: {said}; run the same command again to resume", file=sys.stderr)
+        return 128 + number
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line (the traceback with --verbose)
         if args.verbose:
             traceback.print_exc()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autoprec.app.specs import Group, count_or_zero, fraction, suppressed
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import HeadOptions
 
@@ -105,10 +106,14 @@ class JudgeSpec(Group):
         return self
 
 
+CHARSET_BYTES = 16 << 20  # the most a --ctc-charset may hold (PaddleOCR's largest: 70 KB)
+
+
 def read_charset(path: str | os.PathLike) -> tuple[str, ...]:
     """--ctc-charset: one character per line."""
     try:
-        return tuple(Path(path).read_text(encoding="utf-8").splitlines())
-    except (OSError, UnicodeDecodeError) as exc:
+        text = untrusted.read_bytes(Path(path), "a charset", CHARSET_BYTES, given=True).decode()
+        return tuple(text.splitlines())
+    except (OSError, ValueError) as exc:
         raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text file, one character "
                             "per line") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -16,25 +17,33 @@ from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
 
+if TYPE_CHECKING:
+    from autoprec.export.tensorrt import BuildSpec
+
 
 def _recorded_or_given(args: argparse.Namespace, verb: str) -> tuple[JudgeSpec, EngineSpec]:
     """The judge and engine the search recorded, with what the command line gave instead (said); for a
     bare plan, what the command line gave."""
     from autoprec.app.recorded import recorded_config
+    from autoprec.app.resolve import recorded_judge
 
     recorded = recorded_config(args.target, args.plan)
     if recorded is None:
         return JudgeSpec.from_args(args), EngineSpec.from_args(args)
-    return recorded.judge.overridden(args, verb), recorded.engine.overridden(args, verb)
+    judge = recorded.judge.overridden(args, verb)
+    if "metric" not in vars(args):  # the record's, not this command's
+        judge = recorded_judge(judge, args.target)
+    return judge, recorded.engine.overridden(args, verb)
 
 
 def _diagnose(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import diagnose_plan
     from autoprec.measure.diagnosis import culprits, jumps
 
-    _, engine = _recorded_or_given(args, "diagnose")
-    found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None),
-                          InputSpec.given(args).get("shapes") or None, engine, args.batches, args.out)
+    judge, engine = _recorded_or_given(args, "diagnose")
+    shapes = InputSpec.given(args).get("shapes") or None
+    found = diagnose_plan(args.target, args.plan, args.trial, getattr(args, "data", None), shapes,
+                          engine, args.batches, args.out, judge)
     rows = found.rows
     if args.json:
         console.stdout.print_json(data=[r.to_json() for r in rows])
@@ -148,13 +157,22 @@ def _export(args: argparse.Namespace) -> int:
     if args.format == "triton":
         return _export_triton(args, out, result)
     from autoprec.app.verbs import tensorrt_build_spec
-    from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
-    from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
 
     profile = ProfileSpec.from_args(args)
     spec = tensorrt_build_spec(args.result_dir, args.trial, profile)
+    with folder.exporting(out):
+        return _export_tensorrt(args, out, spec, profile)
+
+
+def _export_tensorrt(args: argparse.Namespace, out: Path, spec: BuildSpec,
+                     profile: ProfileSpec) -> int:
+    """The files of a TensorRT format (and of its build, with --build) in ``out``, held for this
+    export."""
+    from autoprec.export import folder
+    from autoprec.export.build import BUILT_MODEL, build_export, summary_lines
+    from autoprec.export.tensorrt import NOT_RUN, write_tensorrt_export
+
     trial = spec.trial.number
-    folder.clear(out)
     written = write_tensorrt_export(spec, args.format, out)
     if args.format == "polygraphy":
         from autoprec.export.polygraphy import write_polygraphy_export
@@ -190,11 +208,11 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
     name = found.stem if args.name is None else args.name
     entry = out / path_component(name, "model name")
     folder.check_destination(entry, Path(args.result_dir), result.model_path, "triton")
-    folder.clear(entry)
-    written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
-                                 result.model.external_weights)
-    folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx", profile=found.profile,
-                  checks=found.checks)
+    with folder.exporting(entry):
+        written = write_triton_entry(found.model, out, name, found.note, found.profile, found.trial,
+                                     result.model.external_weights)
+        folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx",
+                      profile=found.profile, checks=found.checks)
     console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
     _say_profile(found.profile, found.checks, args.result_dir, profile)
     return 0

@@ -16,17 +16,20 @@ from autoprec.analysis.reference import reference_outputs
 from autoprec.app.config import SearchConfig
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import SearchSpace, load_search_space
-from autoprec.results.files import HowMeasured, ResultFiles, load_json, read_plan_file, read_result_dir
+from autoprec.results.files import HowMeasured, ResultFiles, read_plan_file, read_result_dir
+
+PLAN_BYTES = 256 << 20  # the most a plan file may hold (one of 100,000 units: about 20 MB)
 
 
 def load_plan_document(path: str | os.PathLike) -> dict:
     """A plan file as JSON: best/plan.json of a result (the plan under ``plan``, the search's record beside
     it), or a bare plan."""
     try:
-        document = load_json(Path(path))
+        document = untrusted.read_json(Path(path), "a plan file", PLAN_BYTES, given=True)
     except (OSError, ValueError) as exc:
         raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
     if not isinstance(document, dict):

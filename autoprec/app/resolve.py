@@ -21,10 +21,11 @@ from autoprec.analysis.preparation import cpu_runs
 from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.backends import Backend
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, parse_precisions
-from autoprec.measure.accuracy import AUTO, Judge, Metric, resolve_metric
+from autoprec.measure.accuracy import AUTO, BUILTIN_METRICS, Judge, Metric, resolve_metric
 from autoprec.measure.shaped import GENERATED_STEPS, GENERATION, judge_of
 
 log = logging.getLogger("autoprec")
@@ -49,7 +50,7 @@ def check_out_dir(out: Path) -> Path | None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".autoprec-write-test"
-        probe.write_bytes(b"")
+        os.close(untrusted.fresh_file(probe))  # (a link planted there is removed, never followed)
         probe.unlink()
     except OSError as exc:
         remove_made(made)
@@ -98,6 +99,17 @@ def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
 
         head = replace(head, layout=zoo.entry(str(model)).layout)
     return resolve_metric(judge.metric, declared_tasks(model), head)
+
+
+def recorded_judge(judge: JudgeSpec, where: str | os.PathLike) -> JudgeSpec:
+    """The judge a result (at ``where``) recorded, to re-measure with: a ``module:function`` there
+    is code the result names, which runs only where this command names it too (--metric), never on a
+    record's word."""
+    if judge.metric in BUILTIN_METRICS:
+        return judge
+    raise AutoprecError(f"{where}: its search was judged by --metric {judge.metric}, code that is "
+                        f"run only when you name it: give --metric {judge.metric} (code you trust, "
+                        "from your own folder), or a built-in --metric such as cosine")
 
 
 def declared_tasks(model: str | os.PathLike) -> tuple[str, ...]:
@@ -189,6 +201,9 @@ def engine_space(
             space = space.without(Precision.INT8, engine.float_int8_ops)
     else:
         keep = list(parse_precisions(list(precisions), "--precisions"))
+        if set(keep) == {Precision.FP32}:
+            raise AutoprecError("--precisions fp32: with FP32 alone there is no choice to search; "
+                                "add int8 and/or fp16 (e.g. --precisions fp16,fp32)")
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
         for p in keep:
             if p in engine.slow_precisions:

@@ -25,13 +25,14 @@ from autoprec.app.resolve import (
     wanted_metric,
 )
 from autoprec.backends import Backend, EngineInfo, get_backend
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import Lowering, Screen
 from autoprec.measure.measurers import build_workers
+from autoprec.results.files import OWN_FILES, OWN_FOLDERS
 from autoprec.study.coordination import GRACE_BEATS
 from autoprec.study.joining import Joined
 
@@ -77,6 +78,8 @@ def set_up(config: SearchConfig) -> Setup:
         config.space.precisions,
     )
     made = check_out_dir(out_dir)
+    untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES), f"the result folder {out_dir}")
+    untrusted.only_name(out_dir / "study.db", f"the result folder {out_dir}")
     for folder in (out_dir, out_dir / "best", out_dir / "cache"):
         atomic.remove_stale(folder)
     with removed_if_refused(made):

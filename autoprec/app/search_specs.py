@@ -171,6 +171,13 @@ class IsolationSpec(Group):
             raise AutoprecError(f"--build-workers {self.build_workers}: must be at least 1")
         if self.build_workers and self.build_workers > 1 and not self.isolate:
             raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; drop --no-isolation")
+        given = (("--trial-timeout", self.trial_timeout, IsolationSpec.trial_timeout),
+                 ("--trial-memory", self.trial_memory_gb, None))
+        limited = [option for option, value, default in given if value != default]
+        if limited and not self.isolate:
+            raise AutoprecError(f"{' and '.join(limited)} need(s) worker processes: with "
+                                "--no-isolation a candidate runs in this process, which cannot "
+                                "stop or limit it; drop one or the other")
         for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise AutoprecError(f"{option} {value}: must be a finite number more than 0")

@@ -16,7 +16,14 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, c
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.recorded import PlanContext, plan_context, recreate
-from autoprec.app.resolve import judge_for, metric_for, resolve_model, result_dir, wanted_metric
+from autoprec.app.resolve import (
+    judge_for,
+    metric_for,
+    recorded_judge,
+    resolve_model,
+    result_dir,
+    wanted_metric,
+)
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import get_backend
 from autoprec.backends.base import EngineInfo
@@ -40,6 +47,7 @@ from autoprec.study.coordination import (
     StudyLocks,
     check_storage,
     redacted,
+    storage_hint,
     without_password,
 )
 
@@ -74,6 +82,7 @@ def diagnose_plan(
     engine: EngineSpec | None = None,
     batches: int | None = None,
     out: str | os.PathLike | None = None,
+    judge: JudgeSpec | None = None,
 ) -> Diagnosis:
     """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis).
     The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
@@ -86,11 +95,13 @@ def diagnose_plan(
     baseline, found, model_path = context.baseline, context.plan, context.baseline.info.path
     engine_spec = engine or context.config.engine
     engine_ = _engine(engine_spec)
-    judge, _ = judge_for(metric_for(wanted_metric(context.config.judge, context.config.inputs.model), baseline.info,
-                                    baseline.dataset), baseline)
-    ranking = judge.for_ranking()
+    judging = judge or recorded_judge(context.config.judge, target)
+    wanted = wanted_metric(judging, context.config.inputs.model)
+    judge_of, _ = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)
+    ranking = judge_of.for_ranking()
     evaluation = list(baseline.dataset.evaluation)
-    loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation, judge)
+    loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation,
+                                     judge_of)
     shape = max((p for p in losses if p != GENERATION), key=losses.get, default=None)  # where the plan is worst
     if shape is not None:  # the units at that shape alone, on its own batches
         ranking, at = ranking.at_point(shape)
@@ -98,10 +109,9 @@ def diagnose_plan(
     used = evaluation[:batches or screening_batches(len(evaluation))]
     rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
-    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge.said(),
-                          len(baseline.dataset.evaluation),
-                          context.recorded_loss if context.same_judging(context.config.judge, engine_spec, data) else None,
-                          shape)
+    same = context.same_judging(judging, engine_spec, data)
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge_of.said(),
+                          len(baseline.dataset.evaluation), context.recorded_loss if same else None, shape)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
         "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
         "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
@@ -197,7 +207,8 @@ def check_plan(
     if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
         read_result_dir(target).check_shipped()
     context = plan_context(target, plan, None, data, shapes)
-    judge, engine_spec = judge or context.config.judge, engine or context.config.engine
+    judge = judge or recorded_judge(context.config.judge, target)
+    engine_spec = engine or context.config.engine
     if judge.max_loss is None:
         raise AutoprecError(f"check {target}: no loss limit; give --max-loss (the search had none)")
     max_loss = judge.max_loss
@@ -329,6 +340,8 @@ def study_status(storage: str, study_name: str) -> dict:
         raise
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
         first = without_password(first_line(exc, None, empty=""), storage)
-        raise StudyError(f"--storage {redacted(storage)}: cannot be opened ({type(exc).__name__}: {first})") from None
+        said = f"{type(exc).__name__}: {first}"
+        said = f"cannot be opened ({said}); {storage_hint(first)}"
+        raise StudyError(f"--storage {redacted(storage)}: {said}") from None
     return status_of(study)
 

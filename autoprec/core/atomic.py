@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 
 def _umask() -> int:
@@ -21,23 +23,30 @@ def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     if path.is_dir():  # else the rename fails naming the temporary file, not the user's path
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if exc.filename is None:  # a failed write names no file (disk full): name the one being written
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def naming(path: Path, temporary: Path | None = None) -> Iterator[None]:
+    """A failed write in the block (a full disk) names ``path``, the file being written, where it
+    names no file or only the ``temporary`` one that becomes it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None or (temporary is not None and exc.filename == str(temporary)):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
 
 
 def write_bytes(path: Path, data: bytes) -> Path:
@@ -53,8 +62,36 @@ def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:
     return _atomic(path, writer)
 
 
+def temporary(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside ``path`` (a descriptor open for writing, and its name): made
+    afresh, never a file already there, and named for this process, so :func:`remove_stale` knows it
+    from anyone else's."""
+    prefix = f".{Path(path).name}.{os.getpid()}-"
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY, dir=Path(path).parent)
+    return fd, Path(tmp)
+
+
+TEMPORARY = ".autoprec.tmp"
+_OURS = re.compile(r"\..+\.(\d+)-[^/]*" + re.escape(TEMPORARY))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one of another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def remove_stale(folder: Path) -> None:
-    """Temporary files a killed writer left behind (the real files were never touched)."""
-    if Path(folder).is_dir():
-        for tmp in Path(folder).glob(".*.tmp"):
+    """Temporary files a killed writer of autoprec left behind (the real files were never touched):
+    only autoprec's own (see :func:`temporary`), and only those of a process that is gone."""
+    if not Path(folder).is_dir():
+        return
+    for tmp in Path(folder).iterdir():
+        found = _OURS.fullmatch(tmp.name)
+        if found and not pid_alive(int(found.group(1))):
             tmp.unlink(missing_ok=True)

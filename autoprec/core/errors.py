@@ -35,6 +35,12 @@ class ExportError(AutoprecError):
     """An export cannot represent the result faithfully (or safely) in the requested format."""
 
 
+class FolderError(AutoprecError):
+    """A result, export or cache folder holds what autoprec did not put there (a link, a FIFO, a
+    device, a file too large or too deep to read): autoprec reads and writes such a folder as input,
+    not trust."""
+
+
 class MetricError(AutoprecError):
     """The accuracy metric itself is wrong (a user's loss function below 0): not one plan's fault, so the
     search stops rather than failing every trial with it."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from autoprec.core.atomic import pid_alive
 from autoprec.core.errors import AutoprecError
 
 
@@ -128,17 +129,6 @@ def _command(pid: int) -> str:
         return ""
     said = " ".join(a.decode(errors="replace") for a in args if a)
     return said if len(said) <= 120 else said[:119] + "…"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (one of another user's too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class DeviceTurns:

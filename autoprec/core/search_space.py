@@ -10,11 +10,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Collection
 
-import yaml
-
+from autoprec.core import untrusted
 from autoprec.core.errors import SearchSpaceError
 from autoprec.core.plan import Precision
 
+SPACE_BYTES = 16 << 20  # the most a search-space file may hold (the bundled one: 2 KB)
 # Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
 # the precision of their neighbours where those agree (see autoprec.lower.cast). Erf is bounded with a bounded
 # slope (the GELU that TorchScript exports as Div, Erf, Add, Mul, Mul). Softmax,
@@ -163,15 +163,19 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         source = "default"
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            found = untrusted.read_bytes(Path(path), "a search space", SPACE_BYTES, given=True)
+            text = found.decode("utf-8")
         except OSError as exc:
             raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check the path") from None
         except UnicodeDecodeError:
             raise SearchSpaceError(f"search space {path}: not UTF-8 text; save the YAML file as UTF-8") from None
+        except ValueError as exc:
+            raise SearchSpaceError(f"search space {path}: {exc}; give the YAML file itself"
+                                   ) from None
         source = str(path)
     try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        raw = untrusted.parse_yaml(text) or {}
+    except ValueError as exc:
         raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
         raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")

@@ -177,11 +177,12 @@ def externalize(model: onnx.ModelProto, folder: Path, location: str) -> int:
     if not large:
         return 0
     writer = DataWriter(folder, location)
-    try:
-        for tensor in large:
-            writer.add(tensor)
-    finally:
-        writer.close()
+    with atomic.naming(folder / location):
+        try:
+            for tensor in large:
+                writer.add(tensor)
+        finally:
+            writer.close()
     return len(large)
 
 
@@ -233,8 +234,9 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
     for location in sorted({external_info(t)[0] for t in external}):
         target = Path(folder) / GIVEN / location
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(Path(source) / location, "rb") as given, open(target, "wb") as copy:
-            copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
+        with atomic.naming(target), open(Path(source) / location, "rb") as given:
+            with open(target, "wb") as copy:
+                copy_range(given, 0, os.fstat(given.fileno()).st_size, copy)
         copied += target.stat().st_size
     for tensor in external:
         location, offset, length = external_info(tensor)
@@ -243,11 +245,13 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
 
 
 def _write_whole(path: Path, data: bytes | memoryview) -> None:
-    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (this process's and
-    thread's: several may make the same file at once), renamed when done, removed when the write fails."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    """``data`` at ``path`` whole or not at all: written under a temporary name beside it (a new one
+    each time: several may make the same file at once), renamed when done, removed when the write
+    fails."""
+    fd, tmp = atomic.temporary(path)
     try:
-        tmp.write_bytes(data)
+        with atomic.naming(path), os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -284,7 +288,8 @@ class StoredModel:
             name = f".candidate-{os.getpid()}-{next(_written)}.onnx"
         path = Path(self.folder) / name
         try:
-            path.write_bytes(self.proto.SerializeToString())  # (a disk full half-way leaves nothing behind)
+            with atomic.naming(path):
+                path.write_bytes(self.proto.SerializeToString())  # (a full disk: removed below)
             yield path
         finally:
             path.unlink(missing_ok=True)
@@ -357,35 +362,45 @@ def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> di
     """Copies of the models' graphs whose every tensor over ``INLINE_BYTES`` lies in ``folder/data``, written
     (to a temporary name, renamed when whole) with each tensor the models share copied once."""
     protos: dict[Path, onnx.ModelProto] = {}
-    copied: dict[tuple[str, str, int], tuple[int, int]] = {}  # (folder, location, offset) -> its place in data
-    tmp = folder / f".{data}.{os.getpid()}.tmp"
     folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = atomic.temporary(folder / data)
+    os.close(fd)
     writer = DataWriter(folder, tmp.name)
     try:
-        for path, model in models.items():
-            protos[path] = proto = onnx.ModelProto()
-            proto.CopyFrom(model.proto)
-            for tensor in tensors(proto.graph):
-                if tensor.data_type == TensorProto.STRING or (
-                    not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES
-                ):
-                    continue
-                if not is_external(tensor):
-                    writer.add(tensor)  # a large tensor held in the graph itself
-                else:
-                    source = (str(model.folder), *external_info(tensor)[:2])
-                    if source not in copied:
-                        writer.copy(tensor, model.folder)
-                        copied[source] = external_info(tensor)[1:]
-                    _set_external(tensor, tmp.name, *copied[source])
-                _set_external(tensor, data, *external_info(tensor)[1:])
-        writer.close()
+        with atomic.naming(folder / data, tmp):
+            _gather(models, protos, writer, data)
+            writer.close()
         os.replace(tmp, folder / data)
     except BaseException:
-        writer.file.close()
+        with contextlib.suppress(OSError):  # (its buffer's flush fails again on a full disk)
+            writer.file.close()
         tmp.unlink(missing_ok=True)
         raise
     return protos
+
+
+def _gather(models: Mapping[Path, StoredModel], protos: dict[Path, onnx.ModelProto],
+            writer: DataWriter, data: str) -> None:
+    """:func:`_gathered`'s copies, each tensor written once through ``writer``."""
+    # (folder, location, offset) -> its place in data
+    copied: dict[tuple[str, str, int], tuple[int, int]] = {}
+    for path, model in models.items():
+        protos[path] = proto = onnx.ModelProto()
+        proto.CopyFrom(model.proto)
+        for tensor in tensors(proto.graph):
+            if tensor.data_type == TensorProto.STRING or (
+                not is_external(tensor) and nbytes(tensor) <= INLINE_BYTES
+            ):
+                continue
+            if not is_external(tensor):
+                writer.add(tensor)  # a large tensor held in the graph itself
+            else:
+                source = (str(model.folder), *external_info(tensor)[:2])
+                if source not in copied:
+                    writer.copy(tensor, model.folder)
+                    copied[source] = external_info(tensor)[1:]
+                _set_external(tensor, writer.location, *copied[source])
+            _set_external(tensor, data, *external_info(tensor)[1:])
 
 
 def load(path: Path) -> StoredModel:

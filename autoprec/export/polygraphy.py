@@ -18,6 +18,7 @@ import numpy as np
 
 from autoprec.analysis.data import Batch
 from autoprec.core import atomic
+from autoprec.core.errors import ExportError
 from autoprec.core.escape import printable
 from autoprec.export.tensorrt import NOT_RUN, BuildSpec
 
@@ -48,8 +49,20 @@ def tolerances(spec: BuildSpec) -> dict[str, float]:
     return found
 
 
+def _named(name: str, what: str) -> str:
+    """A model's ``name`` as the start of one of Polygraphy's values (``NAME:...``); a name
+    beginning with '-', which Polygraphy's parser would take for an option of its own
+    (--gen-script=PATH writes a file), is refused."""
+    if name.startswith("-"):
+        raise ExportError(f"{what} '{printable(name)}' begins with '-': Polygraphy would read it "
+                          "in check.sh as an option of its own, not a name; rename it in the "
+                          "model (or export another format)")
+    return name
+
+
 def _shapes(spec: BuildSpec, point: str) -> list[str]:
-    return [f"{i.name}:[{','.join(map(str, i.at(point)))}]" for i in spec.profile.inputs if i.dynamic_axes]
+    return [f"{_named(i.name, 'input')}:[{','.join(map(str, i.at(point)))}]"
+            for i in spec.profile.inputs if i.dynamic_axes]
 
 
 def source_from(folder: Path, source: Path) -> str:
@@ -69,7 +82,8 @@ def check_script(spec: BuildSpec, folder: Path) -> str:
                "--load-outputs fp32_outputs.json", "--save-engine model.plan --profiling-verbosity DETAILED",
                "--check-error-stat max"]
     if limits := tolerances(spec):
-        compare.append(" ".join(["--atol", *(quoted(f"{name}:{limit:.3g}") for name, limit in limits.items()),
+        compare.append(" ".join(["--atol", *(quoted(f"{_named(name, 'output')}:{limit:.3g}")
+                                             for name, limit in limits.items()),
                                  "--rtol 0"]))
     if spec.keeps_source_dims:
         for point in ("min", "opt", "max"):

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import logging
 import math
 import sys
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -21,9 +23,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.measure import gfl, regions, tasks
 from autoprec.measure.labels import class_scores, doubtful, scores_classes, unscored
+
+log = logging.getLogger("autoprec")
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: "labels", "text" and/or "boxes"
@@ -40,6 +45,8 @@ BUILTIN_METRICS = (AUTO, *SIMILARITY_METRICS, *TASK_METRICS, *GENERATION_METRICS
                    *(f"{m}@labels" for m in LABELLED))
 # An output with this many values per item or fewer: cosine sees (almost) nothing of it.
 NARROW_OUTPUT = 4
+# A --metric module still importing after this many seconds is said (autoprec waits on its code).
+IMPORT_NOTICE_SECONDS = 10.0
 # Decisions the constraint may change before a similarity-constrained search says so.
 DECISION_CHANGE_LIMIT = 0.01
 
@@ -126,6 +133,12 @@ def _import_function(spec: str) -> LossFunction:
     module_name, _, func_name = spec.partition(":")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    _refuse_distrusted(spec, module_name)
+    notice = threading.Timer(IMPORT_NOTICE_SECONDS, log.warning, (
+        f"--metric {spec}: importing {module_name} has taken {IMPORT_NOTICE_SECONDS:g} s; autoprec "
+        "waits on it (Ctrl-C ends it)",))
+    notice.daemon = True
+    notice.start()
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:
@@ -134,9 +147,22 @@ def _import_function(spec: str) -> LossFunction:
         raise AutoprecError(
             f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module"
         ) from None
+    finally:
+        notice.cancel()
     if not callable(func):
         raise AutoprecError(f"--metric {spec}: {func_name} is not a function")
     return func
+
+
+def _refuse_distrusted(spec: str, module_name: str) -> None:
+    """A metric module that a result folder read in this process would provide is refused, before
+    any of its code runs (see :func:`autoprec.core.untrusted.distrust`)."""
+    for origin in untrusted.module_origins(module_name):
+        if (folder := untrusted.distrusted(origin)) is not None:
+            raise AutoprecError(f"--metric {spec}: {module_name} would be imported from {origin}, "
+                                f"inside {folder}, a result autoprec reads as input and never runs "
+                                "code from; keep your metric's module outside it (in your working "
+                                "folder or on PYTHONPATH)")
 
 
 # --- per output: similarity, then what the output decides ---------------------------------------------

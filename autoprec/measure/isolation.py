@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from autoprec.analysis.data import Batch, Workload
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError, MetricError
 from autoprec.core.locks import DeviceTurns, FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
@@ -47,8 +49,14 @@ from autoprec.measure.measurement import (
 from autoprec.measure.speedup import Rounds
 
 log = logging.getLogger("autoprec")
+
 STARTUP_SECONDS = 120.0
 POLL_SECONDS = 0.05
+# A candidate unanswered this long (at most half its time limit) is said, with where the worker is.
+NOTICE_SECONDS = 30.0
+WHERE_SIGNAL = signal.SIGUSR1  # the worker writes its Python stack to its stderr log on it
+# The end of the worker's stderr log read for a crash's cause (a loop may have filled the log).
+TAIL_BYTES = 256 << 10
 
 
 class TrialCrash(AutoprecError):
@@ -92,9 +100,10 @@ def device_lock_path(backend: str, device: int) -> Path:
 def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
             threads: int, work: Workload | None, stderr_path: str) -> None:
     """Child process: lower and measure each plan it is sent until told to stop (None)."""
-    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)  # the file start() made
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
+    faulthandler.register(WHERE_SIGNAL, all_threads=False)  # where it is, when asked (see _where)
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir, threads)
@@ -166,7 +175,7 @@ class IsolatedMeasurer(Measurer):
     def start(self) -> None:
         """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
-        self.stderr.write_bytes(b"")
+        os.close(untrusted.fresh_file(self.stderr))
         process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
         process.start()  # where this raises (a script without a __main__ guard), no unstarted process is kept to kill
         self.process = process
@@ -174,12 +183,17 @@ class IsolatedMeasurer(Measurer):
         self.conn = parent
         self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
 
-    def _stderr_tail(self, lines: int = 15) -> str:
+    def _stderr_end(self) -> str:
+        """The end of the worker's stderr log (its last ``TAIL_BYTES``; "" where unreadable)."""
         try:
-            text = self.stderr.read_text(errors="replace")
-        except OSError:
+            with os.fdopen(untrusted.open_regular(self.stderr, "the cache"), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+                return f.read(TAIL_BYTES).decode(errors="replace")
+        except (OSError, AutoprecError):
             return ""
-        kept = text.strip().splitlines()
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        kept = self._stderr_end().strip().splitlines()
         tail = kept[-lines:]
         fatal = [line for line in kept if line.startswith("Fatal Python error")]  # the cause, above a deep stack
         if fatal and fatal[-1] not in tail:
@@ -212,7 +226,39 @@ class IsolatedMeasurer(Measurer):
             raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > {limit / 2**30:.2f} GiB"
                               + (" (at its peak)" if peak else ""))
 
+    def _where(self) -> tuple[str, list[str]]:
+        """Where the worker is now, as its Python stack says it (the innermost frame in words, and
+        every frame's file): asked of it by a signal, read from its stderr log."""
+        try:
+            os.kill(self.process.pid, WHERE_SIGNAL)
+        except ProcessLookupError:  # it ended meanwhile: its exit is said instead
+            return "", []
+        time.sleep(0.2)
+        stack = self._stderr_end().rpartition("(most recent call first):")[2]
+        frames = re.findall(r'File "(.*)", line (\d+) in (\S+)', stack)
+        if not frames:
+            return "", []
+        path, line, function = frames[0]
+        return f"{function} ({Path(path).name}, line {line})", [path for path, _, _ in frames]
+
+    def _timed_out(self, what: str, seconds: float) -> Exception:
+        """The time limit's verdict: the user's metric named where it is what hangs (its fault, not
+        the plan's), else a crash of this trial saying where the worker was."""
+        where, files = self._where()
+        judge = self.args[5]
+        code = getattr(judge.metric.user_function, "__code__", None)
+        if code is not None and code.co_filename in files:
+            self._kill()
+            return MetricError(f"--metric {judge.metric.name}: no answer within --trial-timeout "
+                               f"{seconds:g} s (it was in {where}); make it faster, or give a "
+                               "larger --trial-timeout")
+        said = f" (in {where})" if where else ""
+        return self._crash(f"time limit exceeded: {what} took over {seconds:g} s{said}")
+
     def _wait(self, deadline: float, starting: bool = False):
+        asked = time.monotonic()  # (the final timing's rounds have their own time past the limit)
+        limit = self.limits.seconds
+        notice = None if starting else deadline - limit + min(NOTICE_SECONDS, limit / 2)
         while True:
             try:
                 if self.conn.poll(POLL_SECONDS):
@@ -225,10 +271,14 @@ class IsolatedMeasurer(Measurer):
                 self.process.join(1)
                 raise self._crash(self._exit_cause() + (" while starting" if starting else ""))
             self._check_memory(peak=False)
+            if notice is not None and time.monotonic() > notice:
+                notice = None
+                where = self._where()[0] or "no Python code"
+                log.info(f"a candidate is unanswered after {time.monotonic() - asked:.0f} s (the "
+                         f"time limit is {deadline - asked:.0f} s); the worker is in {where}")
             if time.monotonic() > deadline:
                 what = "starting" if starting else "measuring the candidate"
-                seconds = STARTUP_SECONDS if starting else self.limits.seconds
-                raise self._crash(f"time limit exceeded: {what} took over {seconds:g} s")
+                raise self._timed_out(what, STARTUP_SECONDS if starting else limit)
 
     def _ask(self, message: tuple, seconds: float):
         if self.process is None or not self.process.is_alive():

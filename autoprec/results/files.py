@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from autoprec.analysis.data import ShapePoint
@@ -18,7 +18,7 @@ from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import model_sha256
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import EngineInfo
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
 from autoprec.core.fields import Fields
@@ -210,8 +210,9 @@ def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, he
 
 
 def load_json(path: Path) -> dict[str, Any]:
-    """Read a result file (plain JSON; nothing is unpickled or executed)."""
-    return json.loads(Path(path).read_text())
+    """Read a result file (plain JSON; nothing is unpickled or executed): a regular file of the
+    folder it lies in, bounded in size and nesting (see :mod:`autoprec.core.untrusted`)."""
+    return untrusted.read_json(Path(path), f"the folder {Path(path).parent}")
 
 
 # --- one typed value per result file, whose from_json checks what it reads (autoprec.core.fields): plots, tables,
@@ -339,6 +340,12 @@ def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
     return reader(Fields(document, path)), document
 
 
+def _in_cache(name: str) -> bool:
+    """A recorded file name that stays in the result's cache/ (no absolute path, no '..')."""
+    path = PurePosixPath(name)
+    return path.parts[:1] == ("cache",) and ".." not in path.parts
+
+
 @dataclass(frozen=True)
 class HowMeasured:
     """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or best/plan.json's
@@ -375,6 +382,10 @@ class HowMeasured:
             return facts[key]
 
         space, fingerprint = recorded("search_space"), recorded("data_fingerprint")
+        calibration = recorded("calibration_file", nullable=True)
+        if calibration is not None and not _in_cache(calibration):
+            raise AutoprecError(f"{where}: its recorded calibration_file {calibration!r} lies "
+                                "outside its cache/ (pareto.json damaged?); rerun the search")
         if search.seed < 0:
             raise AutoprecError(f"{where}: its recorded seed {search.seed!r} is not a whole number of 0 or more "
                                 "(pareto.json damaged?); rerun the search")
@@ -383,7 +394,7 @@ class HowMeasured:
             model.path, model.sha256, {name: tuple(shape) for name, (shape, _) in model.inputs.items()}, space,
             facts.get("data_path"), fingerprint, search.seed, ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
-            recorded("calibration_file", nullable=True), search.profile, facts.get("spec"), header.engine.backend,
+            calibration, search.profile, facts.get("spec"), header.engine.backend,
             search.metric, search.max_loss, search.judged_shapes,
         )
 
@@ -498,6 +509,8 @@ class ResultFiles:
                                 "search")
         try:
             found = model_sha256(path)
+        except AutoprecError:  # its external data is not where a model's may be: said as it is
+            raise
         except Exception as exc:  # noqa: BLE001 - not an ONNX file any more (onnx raises several types)
             found = f"unreadable ({type(exc).__name__})"
         if found != recorded:
@@ -530,6 +543,7 @@ def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = No
     found = PlanFile.from_json(Fields(document, plan))
     header = found.header if model is None else replace(found.header, model=replace(found.header.model, path=model))
     pareto = ParetoFile(header, (), found.trial.number, Versus(), {})
+    untrusted.distrust(plan.resolve().parent.parent)
     return ResultFiles(plan.resolve().parent.parent, pareto, TrialsFile(header, ()), replace(found, header=header))
 
 
@@ -538,6 +552,9 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
+    what = f"the result folder {out_dir}"
+    untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES, "export"), what)
+    untrusted.distrust(out_dir)
     if not pareto_path.is_file():
         raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
     try:

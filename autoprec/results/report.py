@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
+from autoprec.core.errors import AutoprecError
 from autoprec.measure.speedup import ratio_text
 from autoprec.results.console import shape_lines
 from autoprec.results.files import DECISIONS, ResultFiles, decisions
@@ -22,6 +23,8 @@ from autoprec.results.rows import (
     roles_said,
     trial_rows,
 )
+
+FIGURE_BYTES = 64 << 20  # the most a figure the report embeds may hold (autoprec's own: < 1 MB)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -48,7 +51,10 @@ def _num(value: float | str, fmt: str = ".6g") -> str:
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
+    try:
+        data = base64.b64encode(untrusted.read_bytes(path, "a figure", FIGURE_BYTES)).decode()
+    except ValueError as exc:
+        raise AutoprecError(f"{path}: {exc}; redraw it with autoprec plot {path.parent}") from None
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 

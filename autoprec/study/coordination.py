@@ -34,6 +34,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autoprec.analysis.model import file_sha256
+from autoprec.core import untrusted
 from autoprec.core.errors import StudyError, first_line
 from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 
@@ -44,6 +45,8 @@ GRACE_BEATS = 4
 # user attr of a trial: {"id": host:pid[:gpuN] of the worker running it, "trial": its number}
 # (a re-run inherits its original's user attrs; the number tells whose they are)
 WORKER_ATTR = "worker"
+# A database server that accepts a connection and never answers is given up after this many seconds.
+CONNECT_SECONDS = 10
 
 
 def redacted(url: str) -> str:
@@ -64,14 +67,23 @@ def without_password(text: str, url: str) -> str:
         password = sqlalchemy.engine.make_url(url).password
     except Exception:  # noqa: BLE001
         password = None
-    return text.replace(str(password), "***") if password else text
+    if not password:
+        return text
+    # where it stands as a word of its own: a password "e" is not the e of "connection"
+    return re.sub(rf"(?<![^\W_]){re.escape(str(password))}(?![^\W_])", "***", text)
 
 
 def storage_hint(message: str) -> str:
     """What to do about a storage failure, from its driver's message: a full disk, a server that stopped or
     cannot be reached, or something else about the database."""
     text = message.lower()
-    if any(word in text for word in ("disk", "no space", "database or disk is full", "file too large")):
+    if any(word in text for word in ("malformed", "not a database", "file is encrypted")):
+        return ("the database file is damaged (truncated, or not an SQLite database): restore it, "
+                "or move it away to start a new study there")
+    if "disk i/o error" in text:
+        return ("reading or writing the database file failed: free space on its disk (or check the "
+                "disk and the file) and run the same command again (finished trials are kept)")
+    if any(word in text for word in ("no space", "or disk is full", "file too large", "disk full")):
         return "its disk is full: free space and run the same command again (finished trials are kept)"
     if any(word in text for word in ("connect", "server closed", "terminating connection", "refused", "timeout",
                                      "shutting down", "could not receive", "the database system is")):
@@ -93,6 +105,10 @@ def check_storage(url: str, existing: bool = False) -> None:
     path = sqlite_path(url)
     if path is None:
         return
+    if path.exists() and not path.is_file():
+        found = untrusted.kind(os.stat(path).st_mode)
+        raise StudyError(f"--storage {redacted(url)}: {path} is {found}, not a database file; give "
+                         "the path of a file (e.g. sqlite:///results/study.db)")
     if existing and not path.is_file():
         raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the storage a search wrote")
     if not path.parent.is_dir():
@@ -110,7 +126,8 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
     after ``GRACE_BEATS`` silent beats and queued again once."""
     # SQLite: wait up to 30 s for a write lock (default 5 s), which a loaded machine's heartbeat thread,
     # artifact writes and the trial's own commits can exceed between them.
-    engine_kwargs = ({"pool_pre_ping": True} if url.startswith(("postgresql", "mysql")) else
+    server = url.startswith(("postgresql", "mysql"))
+    engine_kwargs = ({"pool_pre_ping": True, **server_options(url)} if server else
                      {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     _quiet_heartbeat_notices()
     return optuna.storages.RDBStorage(
@@ -120,6 +137,19 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
         grace_period=GRACE_BEATS * heartbeat,
         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
     )
+
+
+def server_options(url: str) -> dict[str, Any]:
+    """SQLAlchemy's engine options for a database server: a connection that gets no answer ends
+    (libpq's connect_timeout, for PostgreSQL)."""
+    postgresql = url.startswith("postgresql")
+    return {"connect_args": {"connect_timeout": CONNECT_SECONDS}} if postgresql else {}
+
+
+def driver_missing(url: str, exc: BaseException) -> StudyError:
+    """The one line for a storage whose database driver is not installed."""
+    return StudyError(f"--storage {redacted(url)}: its database driver is not installed ({exc}): "
+                      "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names")
 
 
 def _quiet_heartbeat_notices() -> None:
@@ -148,7 +178,11 @@ class StudyLocks:
             import sqlalchemy
             from sqlalchemy.pool import NullPool
 
-            self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool)
+            try:
+                options = server_options(storage_url)
+                self._engine = sqlalchemy.create_engine(storage_url, poolclass=NullPool, **options)
+            except ImportError as exc:
+                raise driver_missing(storage_url, exc) from None
         else:
             self._folder = database.parent / ".autoprec-locks" if database is not None else host_lock_folder()
 
@@ -294,7 +328,12 @@ class SharedInputs:
     def __init__(self, study: optuna.Study, store_dir: Path):
         self.study = study
         self.store_dir = Path(store_dir)
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StudyError(f"{store_dir}: a file stands where the study's artifact store "
+                             "(--artifacts) goes; move it away, or give --artifacts another folder"
+                             ) from None
         self.store = optuna.artifacts.FileSystemArtifactStore(str(self.store_dir))
 
     @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import signal
 import statistics
@@ -38,6 +39,7 @@ from autoprec.study.coordination import (
     StepFailure,
     StudyLocks,
     beating,
+    driver_missing,
     each_result,
     fail_dead_trials,
     give_back,
@@ -263,13 +265,14 @@ def open_study(
             load_if_exists=True,
         )
     except ImportError as exc:
-        raise StudyError(f"--storage {shown}: its database driver is not installed ({exc.__cause__ or exc}): "
-                         "pip install 'autoprec[postgresql]' (psycopg), or the driver your URL names") from None
+        raise driver_missing(str(storage), exc.__cause__ or exc) from None
     except Exception as exc:  # SQLAlchemy/Optuna raise many types for a bad URL or file
         cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) and exc.__cause__ else exc
         first = without_password(first_line(cause, None, empty=""), str(storage))
-        hint = (storage_hint(first) if "disk" in first.lower() or "connect" in first.lower() else
-                "give a valid Optuna storage URL, e.g. sqlite:///study.db or postgresql://user:password@host/db")
+        said = any(word in first.lower() for word in ("disk", "connect", "malformed", "database"))
+        hint = storage_hint(first) if said else ("give a valid Optuna storage URL, e.g. "
+                                                 "sqlite:///study.db or "
+                                                 "postgresql://user:password@host/db")
         raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
     existing = study.user_attrs
     if not any(k in existing for k in identity):
@@ -370,24 +373,28 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
 
 # How often a worker looks again when the rest of the budget is held by other workers' trials.
 WAIT_SECONDS = 0.25
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what ends a search as Ctrl-C does
 
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C during the block is raised when it ends: where a trial is created but not yet held by
-    anything that would give it back, an interrupt would leave it RUNNING until its heartbeat goes
-    stale. (Only the main thread receives signals; elsewhere the block runs as is.)"""
+    """Ctrl-C (or SIGTERM, SIGHUP) during the block is raised when it ends: where a trial is created
+    but not yet held by anything that would give it back, an interrupt would leave it RUNNING until
+    its heartbeat goes stale. (Only the main thread receives signals; elsewhere the block runs as
+    is.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous = {number: signal.signal(number, lambda signum, frame: caught.append(signum))
+                for number in INTERRUPTS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         if caught:
-            raise KeyboardInterrupt
+            signal.raise_signal(caught[0])  # to its own handler again (Ctrl-C's: KeyboardInterrupt)
 
 
 def start_trial(
@@ -415,7 +422,7 @@ def start_trial(
             fail_dead_trials(study)
             trials = study.get_trials(deepcopy=False)
             done = sum(counted(t) for t in trials)
-            if done >= budget:
+            if done >= budget or every_plan_settled(trials, ctx):
                 return None
             if done + sum(t.state == TrialState.RUNNING for t in trials) < budget:
                 if proposal is not None:
@@ -428,6 +435,20 @@ def start_trial(
         time.sleep(WAIT_SECONDS)
     started[-1].set_user_attr("asked", asked)
     return started[-1]
+
+
+def distinct_plans(ctx: StudyContext) -> int:
+    """How many distinct plans the study's space holds: the product of every dimension's choices."""
+    return math.prod(len(d.choices) for d in distributions(ctx.info, ctx.calibration).values())
+
+
+def every_plan_settled(trials: Sequence[FrozenTrial], ctx: StudyContext) -> bool:
+    """Every distinct plan of the space was measured, failed or rejected: a trial more could only
+    repeat one, so a budget larger than the space ends here (the sampler would propose duplicates
+    for ever)."""
+    settled = {t.user_attrs["plan_key"] for t in trials
+               if counted(t) and "plan_key" in t.user_attrs}
+    return len(settled) >= distinct_plans(ctx)
 
 
 def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> TrialRecord | None:
@@ -550,6 +571,7 @@ def run_study(
 
     if workers <= 1:
         work()
+        _say_if_every_plan_settled(study, ctx, budget)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="autoprec-trial") as pool:
         try:
@@ -558,6 +580,15 @@ def run_study(
         except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
             stop.set()
             raise
+    _say_if_every_plan_settled(study, ctx, budget)
+
+
+def _say_if_every_plan_settled(study: optuna.Study, ctx: StudyContext, budget: int) -> None:
+    """Said where the study ended before its budget for want of a plan it has not measured."""
+    trials = study.get_trials(deepcopy=False)
+    if sum(counted(t) for t in trials) < budget and every_plan_settled(trials, ctx):
+        log.info(f"every one of the {distinct_plans(ctx)} distinct plans of the space is measured: "
+                 f"no trial is left to run before --budget {budget}")
 
 
 @dataclass(frozen=True)

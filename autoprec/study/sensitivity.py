@@ -31,7 +31,7 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo, Unit
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import MetricError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.study.coordination import StepFailure
@@ -375,7 +375,7 @@ def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensit
     """Read ``path`` when it holds the sensitivity for ``key``, else compute and write it. Returns (it, from cache)."""
     if path is not None and path.exists():
         try:
-            data = json.loads(path.read_text())
+            data = untrusted.parse_json(path.read_bytes())
             if data.get("key") == key:
                 return Sensitivity.from_json(data), True
         except (OSError, ValueError, KeyError, TypeError):

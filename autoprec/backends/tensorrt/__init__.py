@@ -30,7 +30,6 @@ that is missing, pycuda.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -65,7 +64,7 @@ from autoprec.backends.tensorrt.runner import (
     cuda_api,
     cuda_importable,
 )
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
@@ -143,7 +142,7 @@ class NodeTimedEngines:
             return None
         engine, facts = self._paths(model)
         try:
-            kept, serialized = json.loads(facts.read_text()), engine.read_bytes()
+            kept, serialized = untrusted.parse_json(facts.read_bytes()), engine.read_bytes()
         except (OSError, ValueError):
             return None
         facts.unlink(missing_ok=True)

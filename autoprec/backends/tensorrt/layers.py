@@ -20,7 +20,6 @@ convolution may write FP16 or FP32 when a DQ was fused into it), else its first 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
 
 from autoprec.analysis import subgraphs
+from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 
 # Type words as the inspector writes them, in the order they are tried (longest first).
@@ -237,7 +237,7 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
     """Parse inspector / ``--exportLayerInfo`` JSON (a dict, or its text)."""
     if isinstance(document, str):
         try:
-            document = json.loads(document)
+            document = untrusted.parse_json(document)
         except ValueError as exc:
             raise AutoprecError(f"{source or 'layer information'}: not JSON ({exc}); give the file written by "
                                 "trtexec --exportLayerInfo or by IEngineInspector.get_engine_information") from None
