@@ -7,14 +7,14 @@ import hashlib
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Collection, Mapping
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from autoprec.analysis import subgraphs
 from autoprec.analysis.footprint import check_fits
-from autoprec.analysis.model_info import ModelInfo
+from autoprec.analysis.model_info import ModelInfo, Unit
 from autoprec.analysis.patterns import tie_repeats
 from autoprec.analysis.preparation import prepared_model
 from autoprec.analysis.shapes import check_feeds, declared_inputs, dtype_name, output_specs, resolve_input_shapes
@@ -182,6 +182,34 @@ def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
                          "the FP32 model this was quantized from")
 
 
+def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelProto, units: Sequence[Unit],
+                         other_floats: Sequence[str]) -> None:
+    """One line where no unit can be searched: quantized already, layers in another float type, or none the
+    search space lists (or only pinned ones)."""
+    quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
+    if not units and quantized:
+        raise ModelError(
+            f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
+            "precision for; give autoprec the FP32 model it was quantized from"
+        )
+    if any(u.searchable for u in units):
+        return
+    if other_floats:
+        kinds = _compute_types(prepared, {u.nodes[0] for u in units if u.name in other_floats})
+        raise ModelError(
+            f"{path}: no searchable layers: its layers compute in {' and '.join(kinds)}, not float32, and autoprec "
+            "lowers float32 layers only; give it the float32 model"
+            + (" (a float16 model is already reduced: its FP32 original is what the search starts from)"
+               if "float16" in kinds else "")
+        )
+    raise ModelError(
+        f"{path}: no searchable layers: the search space ({space.source}) lists "
+        f"{', '.join(sorted(space.units))}, and the model has "
+        + ("none of them" if not units else "only pinned ones")
+        + "; add its compute op types under 'units:' in a --search-space file"
+    )
+
+
 def analyse(
     path: str | Path,
     space: SearchSpace,
@@ -227,27 +255,7 @@ def analyse(
             f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
             "kept FP32, since lowering converts float32 tensors only"
         )
-    quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
-    if not units and quantized:
-        raise ModelError(
-            f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
-            "precision for; give autoprec the FP32 model it was quantized from"
-        )
-    if not any(u.searchable for u in units):
-        if other_floats:
-            kinds = _compute_types(prepared, {u.nodes[0] for u in units if u.name in other_floats})
-            raise ModelError(
-                f"{path}: no searchable layers: its layers compute in {' and '.join(kinds)}, not float32, and autoprec "
-                "lowers float32 layers only; give it the float32 model"
-                + (" (a float16 model is already reduced: its FP32 original is what the search starts from)"
-                   if "float16" in kinds else "")
-            )
-        raise ModelError(
-            f"{path}: no searchable layers: the search space ({space.source}) lists "
-            f"{', '.join(sorted(space.units))}, and the model has "
-            + ("none of them" if not units else "only pinned ones")
-            + "; add its compute op types under 'units:' in a --search-space file"
-        )
+    _refuse_unsearchable(path, space, prepared, units, other_floats)
     return ModelInfo(
         path=path,
         sha256=sha256,

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Iterator
 
 from autoprec.app.commands import handlers
 from autoprec.app.judge_specs import JudgeSpec
+from autoprec.app.option_types import count, gpu_index, positive
 from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
-from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec, count, gpu_index, positive
+from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import BACKENDS
 from autoprec.core.errors import AutoprecError, first_line
 from autoprec.core.escape import printable

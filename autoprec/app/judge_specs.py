@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from autoprec.app.specs import Group, count_or_zero, fraction, suppressed
+from autoprec.app.option_types import count_or_zero, fraction
+from autoprec.app.specs import Group, suppressed
 from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import HeadOptions

@@ -369,15 +369,10 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         "one_time_seconds": {k: round(v, 3) for k, v in measuring.one_time.items()},
         "sampler": type(joined.study.sampler).__name__,
         "build_workers": setup.workers,
-        "sensitivity": None
-        if sensitivity is None
-        else {
-            "evaluations": sensitivity.evaluations,
-            "batches": sensitivity.batches,
-            "seconds": round(sensitivity.seconds, 2),
-            "evaluation_seconds": round(sensitivity.evaluation_seconds, 2),
-            "from_cache": warm.from_cache,
-            "warm_start_plans": outcome.warm_plans,
+        "sensitivity": None if sensitivity is None else {
+            "evaluations": sensitivity.evaluations, "batches": sensitivity.batches,
+            "seconds": round(sensitivity.seconds, 2), "evaluation_seconds": round(sensitivity.evaluation_seconds, 2),
+            "from_cache": warm.from_cache, "warm_start_plans": outcome.warm_plans,
             "ranked_by": shared.ranking.metric.name,
         },
         "early_reject": None

@@ -12,105 +12,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
+from autoprec.app.option_types import (
+    batch_range_arg,
+    bound_arg,
+    constant_arg,
+    dim_range_arg,
+    floats_arg,
+    gpu_index,
+    runs_arg,
+    shape_arg,
+)
 from autoprec.core.errors import AutoprecError
 from autoprec.core.profile import ShapeProfile
 from autoprec.measure.accuracy import HeadOptions
 
 log = logging.getLogger("autoprec")
-
-
-# --- argparse types: a value of the wrong form is refused by the parser, naming the option ---
-
-def _shape(text: str, least: int = 1) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x"))
-        if not sep or not name or any(d < least for d in shape):
-            raise ValueError
-    except ValueError:
-        what = "positive dims" if least else "dims of 0 or more (0: an empty past)"
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with {what}, e.g. x=1x3x224x224") from None
-    return name, shape
-
-
-def _bound(text: str) -> tuple[str, tuple[int, ...]]:  # --min-shape / --max-shape: a dim may be 0 (an empty past)
-    return _shape(text, least=0)
-
-
-def _dim_range(text: str) -> tuple[str, tuple[int, int | None, int]]:
-    """--dim NAME=MIN:MAX or NAME=MIN:OPT:MAX."""
-    name, sep, sizes = text.partition("=")
-    try:
-        values = [int(v) for v in sizes.split(":")]
-        if not sep or not name or len(values) not in (2, 3) or min(values) < 0:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MIN:MAX or NAME=MIN:OPT:MAX, sizes of 0 or more, "
-                                         "e.g. past_sequence_length=0:12:512") from None
-    return name, (values[0], values[1] if len(values) == 3 else None, values[-1])
-
-
-def _runs(text: str) -> dict[str, int]:
-    """--shape-weights NAME=RUNS,...: a judged shape's (or a phase's) runs per deployment request."""
-    found = {}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        try:
-            runs = int(value)
-            if not sep or not name.strip() or runs < 0:
-                raise ValueError
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUNS pairs, e.g. prefill=1,decode=64") from None
-        found[name.strip()] = runs
-    return found
-
-
-def _constant(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
-    try:
-        number = float(value)
-        if not sep or not name or not math.isfinite(number):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER, e.g. sr=16000") from None
-    return name, int(number) if number.is_integer() else number
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected one number or a comma list, e.g. 0.485,0.456,0.406"
-        ) from None
-
-
-def number(convert, acceptable, requirement: str):
-    """An argparse type: a number of type ``convert`` that satisfies ``acceptable``."""
-
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if convert is int else ''}number") from None
-        if not acceptable(value):
-            raise argparse.ArgumentTypeError(f"{text}: {requirement}")
-        return value
-
-    return parse
-
-
-count = number(int, lambda v: v >= 1, "must be at least 1")
-positive = number(float, lambda v: v > 0 and math.isfinite(v), "must be a finite number more than 0")
-count_or_zero = number(int, lambda v: v >= 0, "must be 0 or more")
-fraction = number(float, lambda v: 0 <= v <= 1, "must be between 0 and 1")
-gpu_index = number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
 
 
 # Ranges of numbers are checked by each group's ``checked`` (one check for the API and the command line alike);
@@ -227,39 +148,39 @@ class InputSpec(Group):
         group.add_argument("--data", default=suppressed(overriding, None),
                            help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs"
                                 + recorded)
-        group.add_argument("--shape", action="append", type=_shape, default=suppressed(overriding, []),
+        group.add_argument("--shape", action="append", type=shape_arg, default=suppressed(overriding, []),
                            metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)" + recorded)
         if profile:
-            group.add_argument("--min-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
+            group.add_argument("--min-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
                                help="the smallest shape input NAME takes in deployment, e.g. x=1x3x48x160 (repeatable; "
                                     "0: an empty past). With --max-shape it is the shape profile every export "
                                     "carries (TensorRT's min/opt/max, Triton's -1 dims); every plan is judged at both. "
                                     "Default: derived where the model runs there (batch 1, a sequence of 1, a past of "
                                     "0); a decoder with a KV cache is judged at prefill and decode")
-            group.add_argument("--max-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
+            group.add_argument("--max-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
                                help="the largest shape input NAME takes in deployment, e.g. x=8x3x48x960 "
                                     "(see --min-shape)")
-            group.add_argument("--dim", action="append", type=_dim_range, default=[], metavar="NAME=MIN:OPT:MAX",
+            group.add_argument("--dim", action="append", type=dim_range_arg, default=[], metavar="NAME=MIN:OPT:MAX",
                                help="a named dynamic dim's range at every input declaring it, e.g. "
                                     "past_sequence_length=0:12:512 (repeatable; OPT, where given, is the measured "
                                     "size): instead of one --min-shape/--max-shape per input; a decoder is judged at "
                                     "decode after a past of MAX")
-            group.add_argument("--shape-weights", type=_runs, default=None, metavar="NAME=RUNS,...",
+            group.add_argument("--shape-weights", type=runs_arg, default=None, metavar="NAME=RUNS,...",
                                help="runs of each judged shape in one deployment request, the latency the search "
                                     "minimises, e.g. prefill=1,decode=256 (a phase weighs all its shapes; default: a "
                                     "decoder's prompt once and 16 decode steps, one run of any other shape)")
         if overriding:
             return
-        group.add_argument("--const", action="append", type=_constant, default=[], metavar="NAME=VALUE",
+        group.add_argument("--const", action="append", type=constant_arg, default=[], metavar="NAME=VALUE",
                            help="feed input NAME this one value on every run, e.g. sr=16000 for a sample-rate scalar "
                                 "(repeatable; the data need not hold it). Random data cannot choose a scalar integer "
                                 f"input: it needs this or --data; other integer inputs are drawn from "
                                 f"[{RANDOM_INTEGERS[0]}, {RANDOM_INTEGERS[1]})")
-        group.add_argument("--image-mean", type=_floats, default=(0.0,),
+        group.add_argument("--image-mean", type=floats_arg, default=(0.0,),
                            help="images (a --data folder of them): per-channel mean, as in (pixel - mean) / std "
                                 "with pixels in 0..1 (--image-scale 255: 0..255), e.g. 0.485,0.456,0.406. The layout "
                                 "(N×C×H×W or N×H×W×C) is read off the input's shape")
-        group.add_argument("--image-std", type=_floats, default=(1.0,), help="per-channel std (see --image-mean)")
+        group.add_argument("--image-std", type=floats_arg, default=(1.0,), help="per-channel std (see --image-mean)")
         group.add_argument("--image-order", choices=ORDERS, type=str.upper, default="RGB",
                            help="channel order the model takes (BGR: Caffe-style models such as Keras' ResNet50)")
         group.add_argument("--image-scale", type=float, choices=SCALES, default=1.0,
@@ -344,17 +265,6 @@ class EngineSpec(Group):
         return self
 
 
-def _batch_range(text: str) -> tuple[int, int]:
-    low, sep, high = text.partition(":")
-    try:
-        found = (int(low), int(high))
-        if not sep or not 0 < found[0] <= found[1]:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW:HIGH batch sizes, 0 < LOW <= HIGH, e.g. 1:8") from None
-    return found
-
-
 @dataclass(frozen=True)
 class ProfileSpec(Group):
     """The deployment profile an export is written for: the search's, widened where asked (``min_shapes`` /
@@ -372,14 +282,14 @@ class ProfileSpec(Group):
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("deployment profile (default: the search's; widened without a new search, "
                                           "the plan checked against the given model at the new min and max)")
-        group.add_argument("--batch", type=_batch_range, metavar="LOW:HIGH",
+        group.add_argument("--batch", type=batch_range_arg, metavar="LOW:HIGH",
                            help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the measured batch "
                                 "within them)")
-        group.add_argument("--min-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
+        group.add_argument("--min-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
                            help="the smallest shape input NAME takes, e.g. x=1x3x48x160 (repeatable)")
-        group.add_argument("--max-shape", action="append", type=_bound, default=[], metavar="NAME=DIMS",
+        group.add_argument("--max-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
                            help="the largest shape input NAME takes, e.g. x=8x3x48x960 (repeatable)")
-        group.add_argument("--dim", action="append", type=_dim_range, default=[], metavar="NAME=MIN:MAX",
+        group.add_argument("--dim", action="append", type=dim_range_arg, default=[], metavar="NAME=MIN:MAX",
                            help="a named dynamic dim's range at every input declaring it, e.g. "
                                 "past_sequence_length=0:512 (repeatable)")
 

@@ -393,8 +393,10 @@ def interrupts_deferred() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        if caught and caught[0] == signal.SIGINT:
+            raise KeyboardInterrupt  # what Ctrl-C raises, whatever handler the process runs under
         if caught:
-            signal.raise_signal(caught[0])  # to its own handler again (Ctrl-C's: KeyboardInterrupt)
+            signal.raise_signal(caught[0])  # to its own handler again (the command's: Terminated)
 
 
 def start_trial(
