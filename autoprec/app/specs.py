@@ -27,6 +27,7 @@ from autoprec.app.option_types import (
     runs_arg,
     shape_arg,
 )
+from autoprec.core import engines
 from autoprec.core.errors import AutoprecError
 from autoprec.core.profile import ShapeProfile
 from autoprec.measure.accuracy import HeadOptions
@@ -228,7 +229,7 @@ MAX_THREADS_PER_CORE = 4
 class EngineSpec(Group):
     """The engine that builds, runs and times candidates, on which device, with how many threads."""
 
-    backend: str = "ort-cpu"
+    backend: str = engines.DEFAULT
     device: int = 0
     threads: int = 0
 
@@ -238,9 +239,9 @@ class EngineSpec(Group):
         from autoprec.backends import BACKENDS
 
         group = parser.add_argument_group("engine")
-        recorded = " (default: the search's engine)" if overriding else " (default ort-cpu"
+        recorded = " (default: the search's engine)" if overriding else f" (default {engines.DEFAULT}"
         group.add_argument(
-            "--backend", default=suppressed(overriding, "ort-cpu"), choices=BACKENDS,
+            "--backend", default=suppressed(overriding, engines.DEFAULT), choices=BACKENDS,
             help="inference engine" + recorded + ("" if overriding else
                  "; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt needs TensorRT 10.12+ and cuda-python; "
                  "tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of compute capability 8.0/8.6/8.9/12.x. Both "

@@ -13,14 +13,13 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step, running_steps
+from autoprec.core import engines
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
 
-# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
-# Q/DQ form) and computes the FP32 reference.
-REFERENCE_BACKEND = "ort-cpu"
+REFERENCE_BACKEND = engines.REFERENCE  # judges plans without building them on the target (see core.engines)
 
 
 @dataclass(frozen=True)
