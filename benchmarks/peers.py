@@ -72,7 +72,7 @@ from gpu import batch_data, searched  # noqa: E402
 
 from autoprec.core.plan import Plan, Precision  # noqa: E402
 from autoprec.core.stored import StoredModel, inlined  # noqa: E402
-from autoprec.measure.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
+from autoprec.measure.accuracy import Judge, loss_from_metrics  # noqa: E402
 from autoprec.measure.measurement import (  # noqa: E402
     Screen,
     accuracy_loss,
@@ -92,6 +92,7 @@ from autoprec.study.optimize import (  # noqa: E402
     run_warm_started,
 )
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
+from autoprec.tasks import task_named  # noqa: E402
 
 MAX_LOSS = 0.01
 ROUNDS = 5
@@ -173,7 +174,7 @@ def score(judge: Judge, indices, outputs) -> float:
     metrics = subset.metrics(outputs)
     if not judge.metric.against_labels:
         return 1.0 - subset.loss(metrics, outputs)
-    key = LABEL_KEYS[judge.metric.task]
+    key = task_named(judge.metric.task).label_key
     values = [m[key] for m in metrics.values() if key in m]
     return float(np.mean([1.0 - v if key == "cer_labels" else v for v in values]))
 

@@ -27,6 +27,7 @@ from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, parse_precisions
 from autoprec.measure.accuracy import AUTO, BUILTIN_METRICS, Judge, Metric, resolve_metric
 from autoprec.measure.shaped import GENERATED_STEPS, GENERATION, judge_of
+from autoprec.tasks import implied_by
 
 log = logging.getLogger("autoprec")
 
@@ -131,8 +132,7 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
         raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; its outputs are: "
                             f"{', '.join(outputs)}")
     labels = dataset.labels[0] if dataset.labels else {}
-    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection"), ("masks", "segmentation"))
-               if key in labels]
+    implied = implied_by(labels)
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
     if metric.name == AUTO:
         phased = any(p.name == "prefill" for p in dataset.points)  # judged as a decoder (its phases ran)

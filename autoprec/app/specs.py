@@ -30,7 +30,7 @@ from autoprec.app.option_types import (
 from autoprec.core import engines
 from autoprec.core.errors import AutoprecError
 from autoprec.core.profile import ShapeProfile
-from autoprec.measure.accuracy import HeadOptions
+from autoprec.tasks import HeadOptions
 
 log = logging.getLogger("autoprec")
 

@@ -32,6 +32,7 @@ from autoprec.results.record import ChosenUnit, ModelRecord, SearchFacts, Shippe
 from autoprec.study.choice import Versus
 from autoprec.study.optimize import TrialRecord, uniform_trials
 from autoprec.study.sensitivity import Sensitivity
+from autoprec.tasks import lower_is_closer, shown_keys
 
 PARETO_SCHEMA = "autoprec.pareto/1"
 PLAN_SCHEMA = "autoprec.plan/1"
@@ -166,20 +167,7 @@ def withdraw_result(out: Path) -> list[str]:
 
 
 # What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
-DECISIONS = (
-    ("equal", "values same"),
-    ("top1", "top-1 same"),
-    ("cer", "CER vs FP32"),
-    ("map50", "mAP50 vs FP32"),
-    ("nn_agreement", "NN same"),
-    ("region_f", "text regions F vs FP32"),
-    ("miou", "mIoU vs FP32"),
-    ("top1_labels", "top-1 vs labels"),
-    ("cer_labels", "CER vs labels"),
-    ("map50_labels", "mAP50 vs labels"),
-    ("region_f_labels", "text regions F vs labels"),
-    ("token_agreement", "generated tokens as FP32's"),
-)
+DECISIONS = (("equal", "values same"), *shown_keys())  # each figure of what an output decides, in words
 SHAPED = " @ "  # a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
 
 
@@ -200,7 +188,7 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
 
 def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
     """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own; else nothing."""
-    sign = -1.0 if key.startswith("cer") else 1.0  # an error rate is worse higher, an agreement lower
+    sign = -1.0 if lower_is_closer(key) else 1.0  # an error rate is worse higher, an agreement lower
     elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
                  if other.startswith(name + SHAPED) and key in values}
     if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
