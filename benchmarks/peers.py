@@ -82,15 +82,11 @@ from autoprec.measure.measurement import (  # noqa: E402
 )
 from autoprec.results.files import decisions  # noqa: E402
 from autoprec.study.choice import fastest_within  # noqa: E402
-from autoprec.study.optimize import (  # noqa: E402
-    RETIME_ROUNDS,
-    StudyContext,
-    finished_records,
-    make_sampler,
-    open_study,
-    retimed_front,
-    run_warm_started,
-)
+from autoprec.study.opening import make_sampler, open_study  # noqa: E402
+from autoprec.study.optimize import StudyContext  # noqa: E402
+from autoprec.study.ordered import run_warm_started  # noqa: E402
+from autoprec.study.reading import finished_records  # noqa: E402
+from autoprec.study.retiming import RETIME_ROUNDS, retimed_front  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 from autoprec.tasks import task_named  # noqa: E402
 

@@ -14,6 +14,7 @@ PACKAGE = Path(autoprec.__file__).parent
 LAYERS = [
     ("core", ("autoprec.core", "autoprec.search_spaces")),
     ("tasks", ("autoprec.tasks",)),
+    ("record", ("autoprec.record",)),
     ("sources", ("autoprec.analysis", "autoprec.zoo")),
     ("lower", ("autoprec.lower",)),
     ("backends", ("autoprec.backends",)),

@@ -174,7 +174,8 @@ def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None)
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
     if limit := judge.limit_said(max_loss):
         (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
-    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
+    tasks = {"tasks": metric.task_metrics, "options": metric.options.to_json()}
+    return judge, {"metric_tasks": tasks, "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
                    "limit_in_decisions": limit}
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner
+from autoprec.backends.base import REFERENCE_BACKEND, Backend, Runner
 from autoprec.core import engines
 from autoprec.core.errors import BackendError
+from autoprec.record.trial import EngineInfo
 
 # name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
 # module under backends/, one line here, and its run of tests/test_backend_contract.py.

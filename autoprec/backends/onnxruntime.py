@@ -16,7 +16,7 @@ import onnx
 from autoprec.analysis.data import Batch
 from autoprec.analysis.preparation import cpu_optimizers_left_off
 from autoprec.analysis.subgraphs import all_nodes
-from autoprec.backends.base import Backend, EngineInfo, Runner
+from autoprec.backends.base import Backend, Runner
 from autoprec.backends.gpus import cores_per_gpu, gpu_facts
 from autoprec.core import engines
 from autoprec.core.errors import BackendError, first_line
@@ -24,6 +24,7 @@ from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import TIME_CALLS, Timing, time_calls
 from autoprec.lower import QDQForm
+from autoprec.record.trial import EngineInfo
 
 
 @lru_cache(maxsize=1)

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -87,8 +87,10 @@ class Metric:
             return self.name
         return " ".join([self.name, *beside, repr(sorted(self.options.to_json().items()))])
 
-    def to_json(self) -> dict[str, Any]:
-        return {"tasks": sorted(set(self.tasks) | ({self.task} & set(TASK_METRICS))), "options": self.options.to_json()}
+    @property
+    def task_metrics(self) -> list[str]:
+        """Every task metric computed: those beside it, and its own where it is one."""
+        return sorted(set(self.tasks) | ({self.task} & set(TASK_METRICS)))
 
 
 def resolve_metric(spec: str, tasks_beside: Sequence[str] = (), options: HeadOptions | None = None) -> Metric:

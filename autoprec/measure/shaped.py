@@ -10,10 +10,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autoprec.analysis.data import Batch, Dataset, ShapePoint
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import Decoder, Generated, Run, generate
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import Judge, Labels, Metric, Outputs
+from autoprec.record.facts import ShapePoint
 from autoprec.tasks import task_named
 from autoprec.tasks.generation import NAME as GENERATION
 

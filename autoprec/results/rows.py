@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoprec.measure.speedup import Speedup
+from autoprec.record.trial import TrialRecord
+from autoprec.record.verdict import Speedup
 from autoprec.results.files import ResultFiles
-from autoprec.study.optimize import TrialRecord
 from autoprec.tasks import TASKS, lower_is_closer
 
 # What a row is, besides a front member or the chosen plan, as its table marks it and a caption explains it.

@@ -37,7 +37,7 @@ from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.backends.base import Backend, EngineInfo
+from autoprec.backends.base import Backend
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import EngineLayers, parse_engine_layers
@@ -69,6 +69,7 @@ from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
+from autoprec.record.trial import EngineInfo
 
 # The package's public names (its modules: loader builds, runner runs, profile shapes, layers reads engines).
 __all__ = ["OPTIMIZATION_LEVEL", "TENSORRT", "TENSORRT_RTX", "WORKSPACE_BYTES", "TensorRTBackend", "TensorRTRtxBackend",
