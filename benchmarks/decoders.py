@@ -9,7 +9,8 @@ calibrated on the same data), each against the given FP32 model, in one run:
   that is not, and 1 - cosine of the logits at prefill (7 tokens and 1) and at decode after pasts of 0 to 40 made
   by the FP32 model, batch 1 and 3 (the worst) — computed here, not by autoprec.
 
-    python benchmarks/decoders.py CORPUS [--only NAME ...] [--budget 16] [--threads 1] --json OUT.json [--quick]
+    python benchmarks/decoders.py CORPUS [--only NAME ...] [--budget 16] [--threads 1] [--precisions LIST]
+        [--peers quantize_dynamic quantize_static int4_rtn int4_hqq] --json OUT.json [--quick]
 
 ``--quick``: the first entry, budget 4, half a second of timing: that the benchmark runs, not its figures.
 """
@@ -121,9 +122,10 @@ def phase_batches(given: Decoder, vocab: int) -> dict[str, dict]:
     return {"prefill": prefill, "decode": given.feeds(ids, made, past)}
 
 
-def peers(model: Path, data: Path, out: Path) -> dict[str, Path]:
-    """ONNX Runtime's whole-model quantizers on the same model: dynamic INT8 (weights), static QDQ INT8 calibrated
-    on the data as given."""
+def peers(model: Path, data: Path, out: Path, chosen: list[str]) -> dict[str, Path]:
+    """ONNX Runtime's whole-model quantizers on the same model, those ``chosen`` of: dynamic INT8 (weights), static
+    QDQ INT8 calibrated on the data as given, and INT4 weights by its MatMulNBitsQuantizer (round to nearest, HQQ;
+    symmetric, block 32, accuracy level 4 as autoprec's)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -134,18 +136,37 @@ def peers(model: Path, data: Path, out: Path) -> dict[str, Path]:
         def get_next(self):
             return next(self.items, None)
 
-    made = {"quantize_dynamic": out / "dynamic.onnx", "quantize_static": out / "static.onnx"}
-    quantize_dynamic(str(model), str(made["quantize_dynamic"]), use_external_data_format=True)
-    quantize_static(str(model), str(made["quantize_static"]), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    use_external_data_format=True)
+    made = {name: out / f"{name}.onnx" for name in chosen}
+    if "quantize_dynamic" in made:
+        quantize_dynamic(str(model), str(made["quantize_dynamic"]), use_external_data_format=True)
+    if "quantize_static" in made:
+        quantize_static(str(model), str(made["quantize_static"]), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, use_external_data_format=True)
+    for name in [n for n in made if n.startswith("int4_")]:
+        int4_whole_model(model, made[name], name.removeprefix("int4_"))
     return made
 
 
-def searched(model: Path, data: Path, out: Path, budget: int, threads: int, max_loss: float) -> tuple[dict, dict]:
+def int4_whole_model(model: Path, out: Path, algorithm: str) -> None:
+    """ONNX Runtime's MatMulNBitsQuantizer on every MatMul with a constant weight (``rtn`` or ``hqq``)."""
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    config = (nbits.HQQWeightOnlyQuantConfig(block_size=32) if algorithm == "hqq" else
+              nbits.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4))
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(model)), block_size=32, is_symmetric=True, accuracy_level=4,
+                                           algo_config=config)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(out), use_external_data_format=True)
+
+
+def searched(model: Path, data: Path, out: Path, args: argparse.Namespace) -> tuple[dict, dict]:
     """autoprec's search (one shape of data, as a user gives it), its best/ and all-FP16 plans as files."""
     started = time.monotonic()
+    budget, threads = args.budget, args.threads
     result = autoprec.search(autoprec.SearchConfig(
-        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=max_loss),
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=args.max_loss),
+        space=autoprec.SpaceSpec(precisions=args.precisions.split(",") if args.precisions else None),
         engine=autoprec.EngineSpec(threads=threads), study=autoprec.StudySpec(budget=budget), out=out / "search"))
     wall = time.monotonic() - started
     pareto = json.loads((out / "search" / "pareto.json").read_text())
@@ -182,8 +203,8 @@ def run_entry(folder: Path, entry: dict, args: argparse.Namespace) -> dict:
     model, data = folder / entry["searched"], folder / "data.npz"
     with tempfile.TemporaryDirectory(prefix="autoprec-decoders-") as tmp:
         work = Path(tmp)
-        files, search = searched(model, data, work, args.budget, args.threads, args.max_loss)
-        files.update(peers(model, data, work))
+        files, search = searched(model, data, work, args)
+        files.update(peers(model, data, work, args.peers))
         given = Decoder(model, args.threads)
         vocab = int(given.session.get_outputs()[0].shape[-1])
         accuracy = {name: judged(given, Decoder(path, args.threads), vocab) for name, path in files.items()}
@@ -211,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-loss", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's timing, at most (after 6 blocks)")
+    parser.add_argument("--precisions", help="autoprec's --precisions (default: the engine's default)")
+    parser.add_argument("--peers", nargs="*", default=["quantize_dynamic", "quantize_static"],
+                        choices=["quantize_dynamic", "quantize_static", "int4_rtn", "int4_hqq"])
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
@@ -219,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         entries, args.budget, args.seconds = entries[:1], 4, 0.5
     report = {**machine_facts(get_backend("ort-cpu", 0, None, args.threads)), "corpus": corpus, "budget": args.budget,
-              "max_loss": args.max_loss, "threads": args.threads, "models": {}}
+              "max_loss": args.max_loss, "threads": args.threads, "precisions": args.precisions, "peers": args.peers,
+              "models": {}}
     for entry in entries:
         print(f"[{entry['name']}] …", file=sys.stderr, flush=True)
         report["models"][entry["name"]] = run_entry(args.corpus / entry["name"], entry, args)

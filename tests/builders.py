@@ -423,3 +423,14 @@ def decoder_data(model: Path, path: Path, items: int = 12, tokens: int = 5, past
             rows[name].append(item[name][0])
     np.savez(path, **{name: np.stack(values) for name, values in rows.items()})
     return path
+
+
+def weight_only_mlp(batch: int = 4, features: int = 128, hidden: int = 256, out: int = 64) -> onnx.ModelProto:
+    """x → MatMul(w1) → Relu → Gemm(w2 stored transposed, bias): the two layouts of a weight INT4 blocks take."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], "mm"), helper.make_node("Relu", ["h"], ["r"], "relu"),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], "gemm", transB=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out])],
+                  [_init("w1", rng.normal(0, 0.1, (features, hidden))), _init("w2", rng.normal(0, 0.1, (out, hidden))),
+                   _init("b2", rng.normal(0, 0.1, out))])

@@ -5,6 +5,7 @@ import statistics
 import time
 from dataclasses import replace
 
+import builders
 import onnx
 import onnxruntime as ort
 import optuna
@@ -624,3 +625,25 @@ def test_when_not_even_all_fp32_is_within_the_limit_no_plan_is_chosen_and_the_re
     assert json.loads((out / "pareto.json").read_text())["chosen"] is None
     assert searching.main(["show", str(out)]) == 0
     assert "not even all-FP32" in " ".join(capsys.readouterr().out.split())
+
+
+def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_path):
+    """By default INT4 is left out (said why); with --precisions int4,fp32 the study seeds all-INT4, measures
+    INT4 plans, and a plan holding INT4 units ships as ONNX Runtime's MatMulNBits, TensorRT's copy beside it."""
+    from autoprec.app.resolve import engine_space
+    from autoprec.backends import get_backend
+
+    _, searched, left_out = engine_space(load_search_space(), get_backend("ort-cpu"), None)
+    assert "int4" not in searched and "--precisions int4,int8,fp16,fp32" in left_out["int4"]
+    model = builders.save(builders.weight_only_mlp(batch=1, features=256, hidden=1024, out=256), tmp_path / "mlp.onnx")
+    out = tmp_path / "out"
+    result = searching.search(autoprec.SearchConfig(
+        autoprec.InputSpec(model), space=autoprec.SpaceSpec(precisions=["int4", "fp32"]),
+        study=autoprec.StudySpec(budget=3), out=out, retime_seconds=1, ship_within_noise=True))
+    assert any(t.plan.counts().get("int4", 0) == 2 for t in result.trials)
+    shipped = json.loads((out / "best" / "plan.json").read_text())["plan"]["counts"]["int4"]
+    best = onnx.load(str(out / "best" / "model.onnx"))
+    assert [n.op_type for n in best.graph.node].count("MatMulNBits") == shipped
+    if shipped:
+        trt = onnx.load(str(out / "best" / "model.tensorrt.onnx"))
+        assert [t.data_type for t in trt.graph.initializer].count(onnx.TensorProto.INT4) == shipped

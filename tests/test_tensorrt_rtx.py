@@ -81,7 +81,7 @@ def _mixed(info) -> Plan:
 
 @pytest.mark.parametrize("name", ZOO)
 def test_rtx_builds_every_zoo_model_uniform_and_mixed_plans(name, zoo_root, tmp_path, monkeypatch):
-    """The all-FP32/FP16/INT8 plans and a plan mixing all three through the graph, in the TensorRT Q/DQ form
+    """The all-FP32/FP16/INT8/INT4 plans and a plan mixing them through the graph, in the TensorRT Q/DQ form
     (with the ranges the search calibrates), each parsed and built. The network's types follow every plan; the
     builder's own layer list is checked for every unit, and where TensorRT for RTX 1.7 ran a unit otherwise it is
     a ConvTranspose planned INT8 (ppocr-det: a dequantized float deconvolution) — what no fake could have told."""
@@ -89,7 +89,7 @@ def test_rtx_builds_every_zoo_model_uniform_and_mixed_plans(name, zoo_root, tmp_
     fetched = zoo.fetch(name)
     baseline = load_baseline(fetched.model, load_search_space(), fetched.data, fetched.shapes, cache=tmp_path / "cache")
     mixed = _mixed(baseline.info)
-    assert all(mixed.counts()[p.value] for p in Precision), mixed.counts()
+    assert all(mixed.counts()[p] for p in ("int8", "fp16", "fp32")), mixed.counts()
     op_type = {u.name: u.op_type for u in baseline.info.units}
     for plan in [*(baseline.info.plan_at(p) for p in Precision), mixed]:
         lowered = lower_plan(
@@ -413,3 +413,16 @@ def test_the_doctor_builds_on_the_real_builder_and_names_the_gpu_it_needs(monkey
     assert "3 units at their planned precision" in outcomes["build strongly typed"].said
     assert outcomes["GPU"].result == "not here" and "compute capability 8.0, 8.6, 8.9, 12.x" in outcomes["GPU"].fix
     assert {outcomes[s].result for s in ("load (deserialise)", "execute", "time")} == {"skipped"}
+
+
+def test_rtx_builds_int4_weights_in_the_dequantize_form_and_reads_them_as_int4(tmp_path):
+    """An all-INT4 plan of a MatMul and a transposed Gemm with a bias: TensorRT for RTX parses the block-quantized
+    DequantizeLinear of INT4 weights, builds, and its network reads each unit's weight from INT4."""
+    model = builders.save(builders.weight_only_mlp(), tmp_path / "mlp.onnx")
+    baseline = load_baseline(model, load_search_space(), None)
+    plan = baseline.info.plan_at(Precision.INT4)
+    assert plan.counts().get("int4", 0) == 2
+    built = build_engine(trt, TENSORRT_RTX, stamp_plan(
+        lower_plan(baseline.info, plan, baseline.ranges, QDQForm.TENSORRT), baseline.info, plan))
+    for source in ("network types", "builder log"):
+        assert not built.report["fidelity_checks"][source]["plan_ignored"], built.report["fidelity_checks"][source]

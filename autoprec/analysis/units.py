@@ -156,12 +156,35 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_o
                 activations=activations,
                 weight=weight.name if weight is not None else None,
                 output=(fused[-1] if fused else members[-1]).outputs[0].name,
-                allowed=space.allowed(name, node.op) if float32 else (Precision.FP32,),
+                allowed=_allowed(space.allowed(name, node.op), node, weight) if float32 else (Precision.FP32,),
                 scope=scope,
                 sensitive=node.op not in space.units,
             )
         )
     return units
+
+
+def _allowed(allowed: tuple[Precision, ...], node: gs.Node, weight: gs.Constant | None) -> tuple[Precision, ...]:
+    """INT4 (weight-only 4-bit blocks) where the node has a weight to hold so (see :func:`takes_int4`)."""
+    shape = tuple(weight.shape) if weight is not None else None
+    return allowed if takes_int4(node.op, node.attrs, shape) else tuple(p for p in allowed if p is not Precision.INT4)
+
+
+INT4_BLOCK = 32  # values of a weight's column sharing a scale (autoprec.lower.int4); TensorRT wants K a multiple
+
+
+def takes_int4(op_type: str, attributes: dict, weight_shape: tuple | None) -> bool:
+    """Whether a compute node can hold its weight in 4-bit blocks: a MatMul reading a constant 2-D weight second,
+    or a plain Gemm (no transposed input A, no scaling), its K a whole number of blocks."""
+    if weight_shape is None or len(weight_shape) != 2:
+        return False
+    k = weight_shape[1] if op_type == "Gemm" and attributes.get("transB", 0) else weight_shape[0]
+    if k % INT4_BLOCK:
+        return False
+    if op_type == "MatMul":
+        return True
+    plain = not attributes.get("transA", 0) and attributes.get("alpha", 1.0) == attributes.get("beta", 1.0) == 1.0
+    return op_type == "Gemm" and plain
 
 
 def with_out_of_range(info: ModelInfo, space: SearchSpace, nodes: Collection[str], note: str) -> ModelInfo:

@@ -194,10 +194,12 @@ def engine_space(
 ) -> tuple[SearchSpace, list[str], dict[str, str]]:
     """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
     if precisions is None:
-        keep = [p for p in Precision if p not in engine.slow_precisions]
+        keep = [p for p in Precision if p not in engine.slow_precisions and p is not Precision.INT4]
         left_out = {p.value: why for p, why in engine.slow_precisions.items()}
         for p, why in left_out.items():
             log.info(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+        if any(Precision.INT4 in allowed for allowed in space.units.values()):
+            left_out[Precision.INT4.value] = "weight-only, searched when asked for: --precisions int4,int8,fp16,fp32"
         if Precision.INT8 in keep:
             space = space.without(Precision.INT8, engine.float_int8_ops)
     else:

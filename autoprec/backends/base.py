@@ -16,7 +16,7 @@ from autoprec.core import engines
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
-from autoprec.lower import QDQForm, lower_plan
+from autoprec.lower import Int4Form, QDQForm, lower_plan
 from autoprec.record.trial import EngineInfo
 
 REFERENCE_BACKEND = engines.REFERENCE  # judges plans without building them on the target (see core.engines)
@@ -53,6 +53,7 @@ class Backend(abc.ABC):
 
     name: str
     qdq_form: QDQForm = QDQForm.TENSORRT
+    int4_form: ClassVar[Int4Form] = Int4Form.DEQUANTIZE  # INT4 units' form (see autoprec.lower.int4)
     timing: ClassVar[str] = ""  # what its latencies are (see EngineInfo.timing)
     # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
     slow_precisions: ClassVar[dict[Precision, str]] = {}
@@ -105,7 +106,7 @@ class Backend(abc.ABC):
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
-        return lower_plan(info, plan, ranges, self.qdq_form)
+        return lower_plan(info, plan, ranges, self.qdq_form, self.int4_form)
 
     @classmethod
     def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:

@@ -23,7 +23,7 @@ from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import TIME_CALLS, Timing, time_calls
-from autoprec.lower import QDQForm
+from autoprec.lower import Int4Form, QDQForm
 from autoprec.record.trial import EngineInfo
 
 
@@ -141,6 +141,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
 
     name = engines.ORT_CPU
     qdq_form = QDQForm.ORT_CPU
+    int4_form = Int4Form.MATMUL_NBITS
     provider = "CPUExecutionProvider"
     uses_device = False
     has_threads = True
@@ -253,6 +254,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
 
     name = engines.ORT_CUDA
     qdq_form = QDQForm.TENSORRT
+    int4_form = Int4Form.MATMUL_NBITS  # its CUDA kernel: the DequantizeLinear form would run as float ops
     provider = "CUDAExecutionProvider"
     install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
     timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and outputs on the GPU, "
@@ -321,6 +323,7 @@ class OrtTensorRTBackend(OrtCudaBackend):
     TensorRT nor ONNX Runtime's TensorRT provider libraries can be installed where autoprec is made."""
 
     name = engines.ORT_TENSORRT
+    int4_form = Int4Form.DEQUANTIZE
     provider = "TensorrtExecutionProvider"
     install = ("install onnxruntime-gpu built with the TensorRT provider and TensorRT's libraries (see ONNX Runtime's "
                "TensorRT execution provider page for the versions that match), on a machine with an NVIDIA GPU")

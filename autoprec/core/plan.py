@@ -20,12 +20,19 @@ def calibration_method(calibration: str) -> str:
 
 
 class Precision(str, enum.Enum):
+    """Narrowest first. INT4 is weight-only: a MatMul's or Gemm's constant weight in 4-bit blocks, its
+    activations as they are (see :mod:`autoprec.lower.int4`)."""
+
+    INT4 = "int4"
     INT8 = "int8"
     FP16 = "fp16"
     FP32 = "fp32"
 
     def __str__(self) -> str:
         return self.value
+
+
+REDUCED = (Precision.INT4, Precision.INT8, Precision.FP16)  # what a unit may run in below FP32, narrowest first
 
 
 @dataclass(frozen=True)
@@ -54,10 +61,12 @@ class Plan:
         return self.as_dict()[unit]
 
     def counts(self) -> dict[str, int]:
-        counts = {p.value: 0 for p in Precision}
+        """Units per precision: INT8, FP16 and FP32 always, INT4 where the plan has some (as results before
+        INT4 existed wrote them)."""
+        counts = {p.value: 0 for p in Precision if p is not Precision.INT4}
         for _, p in self.precisions:
-            counts[p.value] += 1
-        return counts
+            counts[p.value] = counts.get(p.value, 0) + 1
+        return {p.value: counts[p.value] for p in Precision if p.value in counts}
 
     def key(self) -> str:
         """Stable identity used to recognise a plan that was already measured."""

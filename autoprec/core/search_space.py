@@ -131,17 +131,17 @@ class SearchSpace:
 def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
     if not isinstance(text, (str, list, tuple)):
         raise SearchSpaceError(
-            f"{where}: {text!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'"
+            f"{where}: {text!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'"
         )
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
     except ValueError:
         raise SearchSpaceError(
-            f"{where}: {items!r} is not a list of precisions; use int8, fp16 and fp32, e.g. 'fp16,fp32'"
+            f"{where}: {items!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'"
         ) from None
     if not precisions:
-        raise SearchSpaceError(f"{where}: no precision given; use int8, fp16 and fp32, e.g. 'fp16,fp32'")
+        raise SearchSpaceError(f"{where}: no precision given; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'")
     return precisions
 
 

@@ -90,6 +90,9 @@ def _set_external(tensor: TensorProto, location: str, offset: int, length: int) 
         tensor.external_data.add(key=key, value=value)
 
 
+PACKED_4BIT = (TensorProto.INT4, TensorProto.UINT4)
+
+
 def read_tensor(tensor: TensorProto, folder: Path, where: tuple[str, int, int | None] | None = None) -> np.ndarray:
     """A tensor's values: where external (at ``where``, its :func:`external_info`, if known), read from its
     data file, or for a large one a read-only memory map of it (nothing read until used); else decoded from
@@ -100,6 +103,9 @@ def read_tensor(tensor: TensorProto, folder: Path, where: tuple[str, int, int | 
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     shape = tuple(tensor.dims)
     count = math.prod(shape)
+    if tensor.data_type in PACKED_4BIT:  # two values a byte: their bytes as stored (what a copy of them needs)
+        dtype, shape = np.dtype(np.uint8), ((count + 1) // 2,)
+        count = shape[0]
     if count * dtype.itemsize <= READ_BYTES:  # small: read (a memory map costs more to set up than to read it)
         return np.fromfile(os.path.join(folder, location), dtype=dtype, count=count, offset=offset).reshape(shape)
     return np.memmap(os.path.join(folder, location), dtype=dtype, mode="r", offset=offset, shape=shape)

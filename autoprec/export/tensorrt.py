@@ -29,6 +29,7 @@ from autoprec.core.escape import markdown_code, markdown_text, printable, shell_
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import POINTS, InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
+from autoprec.lower.int4 import BLOCK_SIZE
 from autoprec.record.facts import PointCheck
 from autoprec.record.trial import EngineInfo, TrialRecord
 from autoprec.record.verdict import Speedup, Versus
@@ -143,6 +144,12 @@ def trt10_command(
     nodes named, BatchNormalization folded, its dynamic dims kept where the chosen model keeps them),
     because --layerPrecisions and the calibration cache name its nodes and tensors."""
     planned = spec.plan.as_dict()
+    if weights4 := spec.plan.counts().get("int4", 0):
+        raise ExportError(
+            f"the plan holds {weights4} unit(s) in INT4, weight-only blocks that TensorRT 10's "
+            "--layerPrecisions cannot ask for; export --format trtexec (the precision in the ONNX, built strongly "
+            "typed)"
+        )
     inside = [u.name for u in spec.info.units if u.scope and planned.get(u.name, Precision.FP32) is not Precision.FP32]
     if inside:
         raise ExportError(
@@ -370,7 +377,8 @@ def markdown_card(spec: BuildSpec) -> str:
 | Explicit-precision model | `model.onnx` (TensorRT Q/DQ form: signed symmetric INT8, zero point 0, per-channel weights; \
 FP16 via Cast) |
 | Input shapes | measured at {shapes}; model inputs: {dims} |
-| Units | {counts["int8"]} INT8 · {counts["fp16"]} FP16 · {counts["fp32"]} FP32 |
+| Units | {f"{counts.get('int4')} INT4 (weight-only, blocks of {BLOCK_SIZE}) · " if counts.get("int4") else ""}\
+{counts["int8"]} INT8 · {counts["fp16"]} FP16 · {counts["fp32"]} FP32 |
 | INT8 calibration | {markdown_text(spec.plan.calibration)} |
 | Accuracy metric | {markdown_text(spec.metric)}, {limit} |
 | Workspace / optimization level | {WORKSPACE_MIB} MiB / {OPTIMIZATION_LEVEL} |

@@ -184,6 +184,22 @@ class GraphEdit:
     def set_output(self, node: NodeProto, slot: int, name: str) -> None:
         node.output[slot] = self.outs[id(node)][slot] = name
 
+    def retype(self, node: NodeProto, op: str, domain: str, inputs: list[str], attrs: dict) -> None:
+        """``node`` made another op on ``inputs`` (its outputs kept), with ``attrs`` for its attributes."""
+        for old in self.ins[id(node)]:
+            if old and old not in inputs:  # no longer read: an initializer released, a tensor maybe dead
+                if old in self.index.initializers:
+                    self.released[old] += 1
+                else:
+                    self.unread.add(old)
+        node.op_type, node.domain = op, domain
+        del node.input[:], node.attribute[:]
+        node.input.extend(inputs)
+        node.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
+        self.ins[id(node)] = list(inputs)
+        for name in inputs:
+            self.reads[name].append(node)
+
     def add(self, op: str, name: str, inputs: list[str], outputs: list[str], **attrs) -> NodeProto:
         node = NodeProto(op_type=op, name=name, input=inputs, output=outputs)
         if attrs:

@@ -26,7 +26,7 @@ from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
-from autoprec.lower import QDQForm, lower_plan
+from autoprec.lower import Int4Form, QDQForm, lower_plan
 from autoprec.measure.accuracy import loss_from_metrics, output_metrics
 from autoprec.record.facts import Deployment, PointCheck, ProfileTiming
 
@@ -178,7 +178,9 @@ def deploy_plan(
 ) -> Deployment:
     """The chosen plan as best/ ships it (the source's dims kept where it can be), checked across the profile."""
     tensorrt = None
-    if engine.qdq_form is not QDQForm.TENSORRT and plan.counts()["int8"]:
+    counts = plan.counts()
+    if (engine.qdq_form is not QDQForm.TENSORRT and counts["int8"]) or (
+            engine.int4_form is not Int4Form.DEQUANTIZE and counts.get("int4")):
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
     return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt,
                   dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes, judged_runs(dataset))

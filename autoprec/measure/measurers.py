@@ -14,7 +14,7 @@ from autoprec.analysis.data import Batch, Workload
 from autoprec.backends import REFERENCE_BACKEND, Backend, get_backend
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import FileLock
-from autoprec.core.plan import Precision
+from autoprec.core.plan import REDUCED, Precision
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, Measurer
@@ -138,7 +138,7 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inp
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
     method, info = inputs.method, inputs.lowering.info
     try:
-        for precision in (Precision.INT8, Precision.FP16):
+        for precision in REDUCED:
             units = [u.name for u in info.searchable_units if precision in u.allowed]
             if units:
                 reference.accuracy_loss(info.plan_at(precision, units, method), 1)

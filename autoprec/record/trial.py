@@ -160,8 +160,10 @@ class TrialRecord:
 
     @property
     def mix(self) -> str:
+        """int8/fp16/fp32 unit counts, after the INT4 units' where the plan has some."""
         counts = self.plan.counts()
-        return f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
+        weights4 = f"int4 {counts.get('int4')} · " if counts.get("int4") else ""
+        return f"{weights4}{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
 
     def to_json(self) -> dict[str, Any]:
         """The trial as the result files write it (trials.json, pareto.json's front, best/plan.json)."""
@@ -191,8 +193,9 @@ class TrialRecord:
         timing = Timing(*(latency[k].number() for k in ("median_ms", "p10_ms", "p90_ms")), latency["runs"].integer(),
                         latency["warmup"].integer())
         f["final_latency_ms"].number(), f["latency_unstable"].flag()
-        for precision in Precision:
-            plan["counts"][precision.value].integer()
+        for precision in PRECISIONS:
+            if precision != Precision.INT4.value or precision in plan["counts"].value:  # (int4 where there are any)
+                plan["counts"][precision].integer()
         precisions = {name: p.one_of(PRECISIONS) for name, p in plan["precisions"].mapping().items()}
         metrics = {name: {key: value.number() for key, value in output.mapping().items()}
                    for name, output in f["metrics"].mapping().items()}

@@ -107,7 +107,7 @@ def _trial(trial: dict[str, Any], max_loss: float | None, labels: bool) -> None:
                                         f"{'none' if max_loss is None else f'{max_loss:g}'}")
     counted = Counter(trial["plan"]["precisions"].values())
     counts = trial["plan"]["counts"]
-    if any(counts[p] != counted.get(p, 0) for p in ("int8", "fp16", "fp32")):
+    if any(counts.get(p, 0) != counted.get(p, 0) for p in ("int4", "int8", "fp16", "fp32")):
         raise Incoherent("trials.json", f"{where}: its plan counts {counts} but its units are {dict(counted)}")
 
 

@@ -149,7 +149,7 @@ def _loss(value: float | str) -> str:
 
 def sensitivity_table(sensitivity: Sensitivity) -> Table:
     """Units least sensitive per time saved first (the order the warm start lowers them in)."""
-    precisions = [p for p in ("int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
+    precisions = [p for p in ("int4", "int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
     saving = [p for p in precisions if sensitivity.node_timed(Precision(p))]
     judged = f" ({sensitivity.judged})" if sensitivity.judged else ""
     table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this unit lowered, "
@@ -251,7 +251,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
     for t in status["front"]:
         counts = t["counts"]
         front.add_row(str(t["trial"]), ms_text(t['latency_ms']), _loss(t["loss"]),
-                      f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", plain(t["worker"] or "—"))
+                      (f"int4 {counts['int4']} · " if counts.get("int4") else "")
+                      + f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", plain(t["worker"] or "—"))
     return [workers, front]
 
 
@@ -462,7 +463,7 @@ def plan_table(result: ResultFiles) -> Table:
     table = Table(title=f"chosen plan (trial {result.chosen_number}), units in graph order", title_justify="left")
     for column in ("#", "unit", "op", "fused", "precision"):
         table.add_column(column, justify="right" if column == "#" else "left", overflow="fold")
-    style = {"int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
+    style = {"int4": "bold red", "int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
     for i, unit in enumerate(result.chosen_units):
         table.add_row(str(i), plain(unit.name), plain(unit.op_type), plain(", ".join(unit.fused) or "—"),
                       Text(unit.precision, style=style[unit.precision]))

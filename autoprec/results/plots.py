@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
-PRECISION_COLOURS = {"int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
+PRECISION_COLOURS = {"int4": "#D55E00", "int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 NAME_CHARS = 40  # a unit's name on an axis: its last this many characters (the end tells units apart)
 GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
 SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -265,16 +265,17 @@ def layers_figure(result: ResultFiles) -> Figure:
     from matplotlib.patches import Patch
 
     plt = _pyplot()
-    order = ["int8", "fp16", "fp32"]
     chosen = result.chosen_number
     front = sorted(result.shown_front(), key=lambda t: (t.number != chosen, t.latency_ms))
+    weights4 = any("int4" in t.precisions.values() for t in front)
+    order = ["int4"] * weights4 + ["int8", "fp16", "fp32"]  # INT4 shown where a plan holds it
     units = list(front[0].precisions) if front else []
     grid = [[order.index(t.precisions[u]) for u in units] for t in front]
     width = min(24.0, max(8.0, 0.09 * len(units) + 3.5))
     height = 1.6 + 0.32 * len(front)
     fig, ax = plt.subplots(figsize=(width, height), dpi=120)
     if grid:
-        ax.imshow(grid, aspect="auto", interpolation="nearest", vmin=0, vmax=2,
+        ax.imshow(grid, aspect="auto", interpolation="nearest", vmin=0, vmax=len(order) - 1,
                   cmap=ListedColormap([PRECISION_COLOURS[p] for p in order]))
     labels = []
     for t in front:

@@ -97,8 +97,9 @@ def _front(result: ResultFiles) -> str:
     neither past the page."""
     rows = trial_rows(result)
     shaped = any(row.trial.worst_shape for row in rows)
+    counted = ["int4"] * any(row.trial.plan.counts().get("int4", 0) for row in rows) + ["int8", "fp16", "fp32"]
     head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
-            f"loss: {loss_name(result.facts.metric)} ↓", *(["worst at"] if shaped else []), "int8", "fp16", "fp32", ""]
+            f"loss: {loss_name(result.facts.metric)} ↓", *(["worst at"] if shaped else []), *counted, ""]
     cells = []
     for row in rows:
         t, lat = row.trial, row.trial.measurement.latency
@@ -107,7 +108,7 @@ def _front(result: ResultFiles) -> str:
                            ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—", _num(lat.median_ms, ".4g"),
                            f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
                            *([t.worst_shape or "—"] if shaped else []),
-                           *(t.plan.counts()[p] for p in ("int8", "fp16", "fp32")), ", ".join(row.roles)],
+                           *(t.plan.counts()[p] for p in counted), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
     roles = "; ".join(said for said in (roles_said(rows), order_said(rows)) if said)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'

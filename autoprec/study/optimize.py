@@ -91,7 +91,7 @@ def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) 
 def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows, and a
     sensitive one (softmax, normalisation) stays at its safe FP32: the search decides those one by one."""
-    widening = [Precision.INT8, Precision.FP16, Precision.FP32]
+    widening = list(Precision)
     candidates = widening[widening.index(precision):]
     return {
         u.name: (
@@ -108,8 +108,9 @@ def planned_params(trial: FrozenTrial) -> dict:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
-# The study's first trials: all-FP32, all-FP16, all-INT8; the warm start reads their latencies.
-UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8)
+# The study's first trials: all-FP32, all-FP16, all-INT8, all-INT4 where units take it (one plan is queued
+# once: where no unit takes INT4 it is all-INT8); the warm start reads their latencies.
+UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT4)
 
 
 def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = (),

@@ -32,7 +32,7 @@ from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import MetricError, first_line
-from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.core.plan import DEFAULT_CALIBRATION, REDUCED, Plan, Precision
 from autoprec.record.per_unit import Sensitivity, UnitSensitivity
 from autoprec.study.coordination import StepFailure
 
@@ -111,7 +111,7 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
         profiled += 1
         return lowered.proto, backend.node_times(lowered, batch)
 
-    for precision in (Precision.INT8, Precision.FP16):
+    for precision in REDUCED:
         lowered_units = [u for u in info.searchable_units if precision in u.allowed]
         if not lowered_units:
             continue
@@ -254,7 +254,7 @@ def searched_sensitive(
             [p for p in Precision if p is not Precision.FP32], [u.name for u in candidates], note
         ), facts
     measured = {u.unit: u for u in sensitivity.units}
-    for precision in (Precision.INT8, Precision.FP16):
+    for precision in REDUCED:
         lossy, idle = [], []
         for unit in candidates:
             found = measured.get(unit.name)

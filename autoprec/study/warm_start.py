@@ -8,7 +8,7 @@ import math
 from typing import Mapping
 
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.core.plan import Precision
+from autoprec.core.plan import REDUCED, Precision
 from autoprec.record.per_unit import Sensitivity
 
 # Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross these
@@ -32,7 +32,7 @@ def faster_than_fp32(uniform: Mapping[str, tuple[float, float]], precision: str)
 
 def not_faster_than_fp32(uniform: Mapping[str, tuple[float, float]]) -> list[str]:
     """Reduced precisions whose measured all-units plan was no faster than all-FP32's."""
-    return [p for p in ("int8", "fp16") if faster_than_fp32(uniform, p) is False]
+    return [p.value for p in REDUCED if faster_than_fp32(uniform, p.value) is False]
 
 
 def warm_start_params(
@@ -61,7 +61,7 @@ def warm_start_params(
     uniform = uniform or {}
     plans: list[dict[str, str]] = []
     base = {u.name: u.allowed[-1].value for u in info.dimensions}
-    for precision in (Precision.INT8, Precision.FP16):
+    for precision in REDUCED:
         lowerable = [u.name for u in info.dimensions if precision in u.allowed]
         faster = faster_than_fp32(uniform, precision.value)
         for by_gain in ([False, True] if faster is None else [not faster]):

@@ -189,8 +189,8 @@ def _enum_name(value) -> str:
 def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
     """ONNX node -> (layer, the type its compute layers run in) for every convolution, matrix multiply and
     sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a parsed, strongly
-    typed network: int8 when its input comes through a DequantizeLinear from INT8, else its output's
-    type. Read before any build, so it needs no GPU."""
+    typed network: int8 when its input comes through a DequantizeLinear from INT8, int4 when its weight comes
+    so from INT4, else its output's type. Read before any build, so it needs no GPU."""
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     producer = {layer.get_output(j).name: layer for layer in layers for j in range(layer.num_outputs)}
     found: dict[str, list[tuple[str, str]]] = {}
@@ -198,12 +198,11 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
         if _enum_name(layer.type) not in _COMPUTE_LAYERS:
             continue
         source = producer.get(layer.get_input(0).name) if layer.num_inputs else None
-        if (
-            source is not None
-            and _enum_name(source.type) == "DEQUANTIZE"
-            and _enum_name(source.get_input(0).dtype) == "INT8"
-        ):
+        weights = _through_shuffles(producer, layer.get_input(1)) if layer.num_inputs > 1 else None
+        if _dequantized_from(source, "INT8"):
             precision = "int8"
+        elif _dequantized_from(weights, "INT4"):  # weight-only: the activations keep their type
+            precision = "int4"
         else:
             precision = _NETWORK_TYPES.get(
                 _enum_name(layer.get_output(0).dtype), _enum_name(layer.get_output(0).dtype).lower()
@@ -213,10 +212,24 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
+def _through_shuffles(producer: dict, tensor):
+    """The layer making ``tensor``, past the shuffles TensorRT puts between a weight and its matrix multiply (a 2-D
+    weight broadcast to the activations' rank)."""
+    layer = producer.get(tensor.name) if tensor is not None else None
+    while layer is not None and _enum_name(layer.type) == "SHUFFLE":
+        layer = producer.get(layer.get_input(0).name)
+    return layer
+
+
+def _dequantized_from(layer, dtype: str) -> bool:
+    """Whether ``layer`` is a DequantizeLinear of a tensor of ``dtype`` (INT8, INT4)."""
+    return layer is not None and _enum_name(layer.type) == "DEQUANTIZE" and _enum_name(layer.get_input(0).dtype) == dtype
+
+
 def network_fidelity(network, planned: dict) -> PlanFidelity:
     """Every unit's compute layers in the parsed network against the plan: FP16 units in HALF, FP32 units
-    in FLOAT, INT8 units fed from INT8 through DequantizeLinear. A unit whose node made no compute layer
-    is reported as not found."""
+    in FLOAT, INT8 units fed from INT8 through DequantizeLinear, INT4 units' weights from INT4 so. A unit whose
+    node made no compute layer is reported as not found."""
     precisions = network_precisions(network)
     ignored, checked = [], 0
     for unit, spec in planned.items():
