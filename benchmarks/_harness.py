@@ -39,17 +39,13 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, resolve_metric
-from autoprec.measure.measurement import Measurement, Screen, accuracy_loss, measure
+from autoprec.measure.measurement import Screen, accuracy_loss, measure
 from autoprec.measure.speedup import in_turn
+from autoprec.record.trial import Measurement
 from autoprec.results.files import json_safe
-from autoprec.study.optimize import (
-    default_sampler,
-    finished_records,
-    open_study,
-    run_study,
-    seed_plans,
-)
-
+from autoprec.study.opening import default_sampler, open_study
+from autoprec.study.optimize import run_study, seed_plans
+from autoprec.study.reading import finished_records
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -56,6 +56,7 @@ from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.core.stored import StoredModel  # noqa: E402
 from autoprec.measure import speedup  # noqa: E402
 from autoprec.measure.measurement import Lowering, time_compared  # noqa: E402
+from autoprec.record import verdict  # noqa: E402
 
 GENERATED = {"conv": lambda: builders.conv_net(size=48), "mlp": lambda: builders.mlp(batch=16, hidden=256),
              "attention": lambda: builders.attention(tokens=64, dim=64)}
@@ -89,7 +90,7 @@ def slowed(model: StoredModel, extra: int) -> StoredModel:
     return model.with_proto(proto)
 
 
-def before(backend, models: dict, batch, seconds: float) -> speedup.Speedup:
+def before(backend, models: dict, batch, seconds: float) -> verdict.Speedup:
     """The replaced method: each model's one session for every round, >= 6 rounds until a 4 % interval or
     ``seconds``, a percentile bootstrap (4000 resamples) of the rounds' mean log ratio."""
     runners = {name: backend.runner(model).__enter__() for name, model in models.items()}
@@ -110,11 +111,11 @@ def before(backend, models: dict, batch, seconds: float) -> speedup.Speedup:
             runner.__exit__(None, None, None)
 
 
-def _bootstrap(reference: list[float], candidate: list[float]) -> speedup.Speedup:
+def _bootstrap(reference: list[float], candidate: list[float]) -> verdict.Speedup:
     ratios = np.log(np.asarray(reference) / np.asarray(candidate))
     means = ratios[np.random.default_rng(0).integers(0, len(ratios), (4000, len(ratios)))].mean(axis=1)
     low, high = np.quantile(means, [0.025, 0.975])
-    return speedup.Speedup.with_interval(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
+    return verdict.Speedup.with_interval(math.exp(ratios.mean()), math.exp(low), math.exp(high), 0.95, len(ratios))
 
 
 def _hog(seconds: float) -> None:
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [get_backend("ort-cuda")] if args.cuda else [
         get_backend("ort-cpu") if t == "default" else get_backend("ort-cpu", threads=int(t)) for t in args.threads]
     report = Report("a_over_a", args, engines[0], repeats=args.repeats, gain=args.gain, seconds=args.seconds,
-                    method=speedup.METHOD, min_blocks=speedup.MIN_BLOCKS, rounds_per_block=speedup.ROUNDS_PER_BLOCK,
+                    method=verdict.METHOD, min_blocks=speedup.MIN_BLOCKS, rounds_per_block=verdict.ROUNDS_PER_BLOCK,
                     hog_seconds=args.hog, settings=[])
     if args.merge:
         return merged(args.merge, report)

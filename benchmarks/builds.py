@@ -37,10 +37,10 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
-    CachedMeasure,
-    dense_reference,
     TINY,
+    CachedMeasure,
     Report,
+    dense_reference,
     parse_arguments,
     prepare_zoo,
     run_models,
@@ -50,15 +50,11 @@ from peers import run_polygraphy_bisect  # noqa: E402
 from search_quality import best_within, hypervolume_fraction  # noqa: E402
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
-from autoprec.study.optimize import (  # noqa: E402
-    StudyContext,
-    built_trials,
-    make_sampler,
-    open_study,
-    record,
-    run_warm_started,
-)
+from autoprec.study.opening import make_sampler, open_study  # noqa: E402
+from autoprec.study.optimize import StudyContext  # noqa: E402
+from autoprec.study.ordered import run_warm_started  # noqa: E402
 from autoprec.study.proposals import Proposer  # noqa: E402
+from autoprec.study.reading import built_trials, record  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 from autoprec.zoo import ENTRIES as ZOO  # noqa: E402
 

@@ -58,10 +58,10 @@ from _harness import (  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.study.coordination import WORKER_ATTR  # noqa: E402
-from autoprec.study.optimize import (  # noqa: E402
-    counted,
+from autoprec.study.optimize import planned_params  # noqa: E402
+from autoprec.study.reading import (  # noqa: E402
+    counted,  # noqa: E402
     finished_records,
-    planned_params,
     uniform_trials,
 )
 

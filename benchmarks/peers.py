@@ -75,7 +75,7 @@ from gpu import batch_data, searched  # noqa: E402
 from autoprec.analysis.data import Workload  # noqa: E402
 from autoprec.core.plan import Plan, Precision  # noqa: E402
 from autoprec.core.stored import StoredModel, inlined  # noqa: E402
-from autoprec.measure.accuracy import LABEL_KEYS, Judge, loss_from_metrics  # noqa: E402
+from autoprec.measure.accuracy import Judge, loss_from_metrics  # noqa: E402
 from autoprec.measure.measurement import (  # noqa: E402
     Screen,
     accuracy_loss,
@@ -85,16 +85,13 @@ from autoprec.measure.measurement import (  # noqa: E402
 )
 from autoprec.results.files import decisions  # noqa: E402
 from autoprec.study.choice import fastest_within  # noqa: E402
-from autoprec.study.optimize import (  # noqa: E402
-    RETIME_ROUNDS,
-    StudyContext,
-    finished_records,
-    make_sampler,
-    open_study,
-    retimed_front,
-    run_warm_started,
-)
+from autoprec.study.opening import make_sampler, open_study  # noqa: E402
+from autoprec.study.optimize import StudyContext  # noqa: E402
+from autoprec.study.ordered import run_warm_started  # noqa: E402
+from autoprec.study.reading import finished_records  # noqa: E402
+from autoprec.study.retiming import RETIME_ROUNDS, retimed_front  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
+from autoprec.tasks import task_named  # noqa: E402
 
 MAX_LOSS = 0.01
 MODELS = ("ppocr-rec", "yolov8n", "minilm", "ppocr-det")
@@ -176,7 +173,7 @@ def score(judge: Judge, indices, outputs) -> float:
     metrics = subset.metrics(outputs)
     if not judge.metric.against_labels:
         return 1.0 - subset.loss(metrics, outputs)
-    key = LABEL_KEYS[judge.metric.task]
+    key = task_named(judge.metric.task).label_key
     values = [m[key] for m in metrics.values() if key in m]
     return float(np.mean([1.0 - v if key == "cer_labels" else v for v in values]))
 

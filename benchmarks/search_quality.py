@@ -34,10 +34,10 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
-    CachedMeasure,
-    dense_reference,
     TINY,
+    CachedMeasure,
     Report,
+    dense_reference,
     parse_arguments,
     prepare_zoo,
     run_models,
@@ -47,15 +47,11 @@ from _harness import (  # noqa: E402
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
 from autoprec.results.files import decisions  # noqa: E402
-from autoprec.study.optimize import (  # noqa: E402
-    StudyContext,
-    finished_records,
-    make_sampler,
-    open_study,
-    run_study,
-    run_warm_started,
-)
+from autoprec.study.opening import make_sampler, open_study  # noqa: E402
+from autoprec.study.optimize import StudyContext, run_study  # noqa: E402
+from autoprec.study.ordered import run_warm_started  # noqa: E402
 from autoprec.study.proposals import LOSS_SCALE, REFERENCE_POINT, front_hypervolume  # noqa: E402
+from autoprec.study.reading import finished_records  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
 WITHIN = 0.01  # "best latency within 1 % loss"

@@ -14,7 +14,7 @@ from autoprec.measure.accuracy import (
 
 def test_identical_outputs():
     x = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
-    m = output_metrics(x, x.copy())
+    m = compare([{"y": x}], [{"y": x.copy()}])["y"]
     assert m["cosine"] == pytest.approx(1.0) and m["rel_l2"] == 0 and m["max_abs"] == 0
     assert m["snr_db"] == math.inf and m["top1"] == 1.0
 
@@ -28,7 +28,7 @@ def test_known_errors():
     assert m["snr_db"] == pytest.approx(0.0, abs=1e-9)
     assert m["max_abs"] == pytest.approx(2.0)
     orthogonal = np.array([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]], np.float32)
-    m = output_metrics(ref, orthogonal)
+    m = compare([{"y": ref}], [{"y": orthogonal}])["y"]
     assert m["cosine"] == pytest.approx(0.5)  # item 0 orthogonal (0), item 1 identical (1)
     assert m["top1"] == 0.5
     noisy = ref + np.array([[0.1, 0, 0], [0, 0, 0]], np.float32)
@@ -36,8 +36,9 @@ def test_known_errors():
 
 
 def test_top1_only_for_score_like_outputs():
-    assert "top1" not in output_metrics(np.ones((2, 3, 8, 8), np.float32), np.ones((2, 3, 8, 8), np.float32))
-    assert "top1" in output_metrics(np.ones((2, 7, 10), np.float32), np.ones((2, 7, 10), np.float32))
+    image, scores = np.ones((2, 3, 8, 8), np.float32), np.ones((2, 7, 10), np.float32)
+    assert "top1" not in compare([{"y": image}], [{"y": image}])["y"]
+    assert "top1" in compare([{"y": scores}], [{"y": scores}])["y"]
 
 
 def test_nonfinite_outputs_mean_unbounded_loss():

@@ -16,9 +16,8 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO))
-from benchmarks import BENCHMARKS, HELPERS  # noqa: E402
-
 from autoprec.backends.tensorrt import TENSORRT_RTX  # noqa: E402
+from benchmarks import BENCHMARKS, HELPERS  # noqa: E402
 
 # What a benchmark's --quick needs beyond the test extras: (there, the variable that makes its absence a failure).
 NEEDS = {

@@ -9,17 +9,10 @@ import pytest
 
 from autoprec.core.plan import Plan
 from autoprec.core.timing import Timing
-from autoprec.measure.measurement import Measurement
-from autoprec.measure.speedup import Rounds, contender
-from autoprec.study.choice import (
-    HeldOutJudging,
-    ShipRule,
-    Versus,
-    choose_shipped,
-    fastest_within,
-    not_timed,
-)
-from autoprec.study.optimize import TrialRecord
+from autoprec.measure.speedup import contender
+from autoprec.record.trial import Measurement, TrialRecord
+from autoprec.record.verdict import Rounds, Versus
+from autoprec.study.choice import HeldOutJudging, ShipRule, choose_shipped, fastest_within, not_timed
 
 LIMIT = ShipRule(max_loss=0.01, seconds=1.0)
 

@@ -21,7 +21,8 @@ import pytest
 from searching import SHORTEST_FINAL_TIMING
 
 from autoprec.study.coordination import WORKER_ATTR, StudyLocks, retried_trial
-from autoprec.study.optimize import counted, pareto_front
+from autoprec.study.reading import counted
+from autoprec.study.retiming import pareto_front
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
 from autoprec.core.errors import AutoprecError
-from autoprec.measure import gfl
-from autoprec.measure.accuracy import HeadOptions
+from autoprec.tasks import HeadOptions, gfl
 
 REG_BINS = 8  # PicoDet's reg_max 7: 8 bins a side
 

@@ -201,7 +201,7 @@ def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
     figures still read: no raw math text in a tick label, nothing past the canvas' edge, no labels overprinted."""
     import figures
 
-    from autoprec.measure.diagnosis import UnitError
+    from autoprec.record.per_unit import UnitError
     from autoprec.results import plots
     from autoprec.results.files import read_result_dir
 

@@ -13,6 +13,8 @@ PACKAGE = Path(autoprec.__file__).parent
 # Lowest first. A module may import from its own layer or the layers below it, never above.
 LAYERS = [
     ("core", ("autoprec.core", "autoprec.search_spaces")),
+    ("tasks", ("autoprec.tasks",)),
+    ("record", ("autoprec.record",)),
     ("sources", ("autoprec.analysis", "autoprec.zoo")),
     ("lower", ("autoprec.lower",)),
     ("backends", ("autoprec.backends",)),

@@ -13,11 +13,12 @@ import pytest
 import searching
 
 import autoprec
-from autoprec.backends.base import Backend, EngineInfo, Runner
+from autoprec.backends.base import Backend, Runner
 from autoprec.core.locks import DeviceTurns, FileLock
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import measure
+from autoprec.record.trial import EngineInfo
 from autoprec.study.coordination import SharedInputs, SharedSteps, StepFailure, StudyLocks
 
 
@@ -211,8 +212,8 @@ def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(
     some, and both end with the same re-timing (a failure included); b's device is slower (all-FP32 10 ms against
     8), so each plan's rounds are read against its own device's all-FP32."""
     from autoprec.core.plan import Plan
-    from autoprec.measure.measurement import Measurement, Paired
-    from autoprec.study.optimize import TrialRecord, retime
+    from autoprec.record.trial import Measurement, Paired, TrialRecord
+    from autoprec.study.retiming import retime
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     optuna.create_study(study_name="s", storage=url)

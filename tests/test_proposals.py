@@ -7,7 +7,8 @@ import pytest
 import searching
 
 import autoprec
-from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
+from autoprec.record.trial import Features
+from autoprec.study.latency_model import LatencyModel, median_error_percent
 from autoprec.study.proposals import hypervolume
 
 

@@ -101,7 +101,7 @@ def test_a_result_that_does_not_record_how_it_measured_is_refused_naming_the_fie
 
 def test_a_speed_up_shows_the_digits_its_verdict_rests_on():
     """A lower bound of 1.0002 was printed 1.00 beside "beyond timing noise"; 0.9996 likewise beside "within"."""
-    from autoprec.measure.speedup import Speedup
+    from autoprec.record.verdict import Speedup
 
     beyond = Speedup(1.10, True, 1.0002, 1.18, 0.95, 6)
     assert beyond.text() == "1.10× (1.0002–1.18, 95 %)" and beyond.verdict() == "beyond timing noise"
@@ -115,10 +115,9 @@ def test_latencies_show_their_digits_and_a_rival_faster_in_ms_but_not_in_the_rou
     slower in ×fp32 was left unexplained."""
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
-    from autoprec.measure.measurement import Measurement
+    from autoprec.record.trial import Measurement, TrialRecord
     from autoprec.results.console import ms_range, ms_text
     from autoprec.results.rows import TrialRow, order_said
-    from autoprec.study.optimize import TrialRecord
 
     assert ms_range(0.0101, 0.0104) == "0.0101–0.0104" and ms_range(13.3, 13.3) == "13.300–13.300"
     assert ms_text(0.0103) == "0.0103" and ms_text(13.3) == "13.300"

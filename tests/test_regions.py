@@ -9,8 +9,8 @@ import searching
 from onnx import TensorProto, helper, numpy_helper
 
 import autoprec
-from autoprec.measure import regions
 from autoprec.measure.accuracy import Judge, Metric
+from autoprec.tasks import regions
 
 
 def test_regions_are_the_connected_pixels_above_the_threshold_kept_by_their_mean():

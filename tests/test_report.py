@@ -190,7 +190,7 @@ def test_the_report_counts_early_rejections_and_the_table_explains_its_warning_m
 
 
 def _diagnosis_rows(names):
-    from autoprec.measure.diagnosis import UnitError
+    from autoprec.record.per_unit import UnitError
 
     return [UnitError(i, name, "Conv", ("int8", "fp16", "fp32")[i % 3], f"{name}_out", 10.0 ** -(i % 7), 1.0, 0.1,
                       10.0 ** -(1 + i % 5) if i % 3 != 2 else 0.0, 10.0 ** -(2 + i % 6) if i % 3 != 2 else 0.0)

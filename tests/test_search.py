@@ -19,13 +19,12 @@ from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import compare, loss_from_metrics
-from autoprec.measure.measurement import Measurement
+from autoprec.record.facts import Drift, SearchFacts
+from autoprec.record.trial import Measurement, TrialRecord
+from autoprec.record.verdict import Versus
 from autoprec.results.console import chosen_summary
 from autoprec.results.files import read_result_dir
-from autoprec.results.record import Drift, SearchFacts
-from autoprec.study.choice import Versus
 from autoprec.study.coordination import retried_trial
-from autoprec.study.optimize import TrialRecord
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +281,7 @@ def test_nonfinite_numbers_survive_strict_json():
 
 def test_timing_noise_verdict():
     from autoprec.core.timing import Timing
-    from autoprec.measure.speedup import faster_beyond_noise
+    from autoprec.record.verdict import faster_beyond_noise
 
     assert Timing(1.0, 0.9, 1.1, 10, 3).spread == pytest.approx(0.2)
     assert faster_beyond_noise([1.0, 1.1], [1.2, 1.3]) and not faster_beyond_noise([1.0, 1.25], [1.2, 1.3])
@@ -331,8 +330,9 @@ def _clock_engine(events: list, alive: list, failing: str | None = None):
 def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_one_fails():
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
-    from autoprec.measure.measurement import Measurement, time_paired
-    from autoprec.study.optimize import TrialRecord, retime
+    from autoprec.measure.measurement import time_paired
+    from autoprec.record.trial import Measurement, TrialRecord
+    from autoprec.study.retiming import retime
 
     events, alive = [], []
     engine = _clock_engine(events, alive, failing="int8")
@@ -517,7 +517,7 @@ def test_a_trial_whose_worker_process_is_gone_from_this_host_is_rerun_at_once(tm
 def test_the_front_after_re_timing_is_a_front_in_the_re_timed_numbers():
     """A member the trial timings put on the front, but the re-timing shows slower than all-FP32 at more
     loss, leaves it: no plan listed is dominated by another plan shown beside it."""
-    from autoprec.study.optimize import retimed_front
+    from autoprec.study.retiming import retimed_front
 
     study, time_plans = _timed_study([(("fp32", "fp32"), 10.0, 0.0, 8.0), (("fp16", "fp32"), 9.0, 1e-4, 9.5),
                                       (("int8", "int8"), 6.0, 1e-2, 5.0)])
@@ -532,7 +532,7 @@ def test_plans_tied_on_a_coarse_loss_are_re_timed_not_only_the_one_the_front_kep
     """A task metric on a few items ties many plans at one loss; the front keeps the one a single trial
     timed fastest. The fastest plans within --max-loss are re-timed beside it, and the choice follows."""
     from autoprec.study.choice import fastest_within
-    from autoprec.study.optimize import retimed_front
+    from autoprec.study.retiming import retimed_front
 
     study, time_plans = _timed_study([
         (("fp32", "fp32"), 10.0, 0.0, 10.0),
@@ -550,7 +550,7 @@ def _timed_study(plans):
     ``time_plans`` that re-times each plan at its re-timed ms in 3 rounds."""
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
-    from autoprec.measure.measurement import Measurement, Paired
+    from autoprec.record.trial import Measurement, Paired
 
     study = optuna.create_study(directions=["minimize", "minimize"])
     again_ms = {}

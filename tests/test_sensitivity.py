@@ -14,14 +14,8 @@ from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import Rejected, Screen, accuracy_loss, measure
-from autoprec.study.sensitivity import (
-    Sensitivity,
-    UnitSensitivity,
-    analyse_sensitivity,
-    cached_sensitivity,
-    latency_shares,
-    unit_times,
-)
+from autoprec.record.per_unit import Sensitivity, UnitSensitivity
+from autoprec.study.sensitivity import analyse_sensitivity, cached_sensitivity, latency_shares, unit_times
 from autoprec.study.warm_start import warm_start_params
 
 
@@ -204,8 +198,9 @@ def test_screening_rejects_a_candidate_far_past_the_limit_before_timing_it(conv_
     screened = Screen(batches=1, reject_above=full.loss / 1000)
     with pytest.raises(Rejected) as rejected:
         measure(engine, int8, dataset.evaluation, Judge(Metric(), reference), screen=screened)
-    assert rejected.value.batches == 1 and rejected.value.loss > screened.reject_above
-    assert "time" not in rejected.value.seconds  # stopped before timing
+    found = rejected.value.screened
+    assert found.batches == 1 and found.loss > screened.reject_above
+    assert "time" not in found.seconds  # stopped before timing
     kept = measure(engine, int8, dataset.evaluation, Judge(Metric(), reference), screen=Screen(1, full.loss * 1000))
     assert kept.loss == pytest.approx(full.loss) and kept.latency.runs >= 10
     assert Screen.for_search(None, 8) is None and Screen.for_search(0.01, 1) is None

@@ -15,16 +15,10 @@ from autoprec.analysis.data import Workload
 from autoprec.app.cli import main
 from autoprec.core.errors import AutoprecError
 from autoprec.core.timing import Timing
-from autoprec.measure.measurement import InProcessMeasurer, Paired
-from autoprec.measure.speedup import (
-    MIN_BLOCKS,
-    ROUNDS_PER_BLOCK,
-    Rounds,
-    Speedup,
-    contender,
-    speedup,
-    time_until_known,
-)
+from autoprec.measure.measurement import InProcessMeasurer
+from autoprec.measure.speedup import MIN_BLOCKS, contender, time_until_known
+from autoprec.record.trial import Paired
+from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup, speedup
 
 
 def _rounds(ms: float, spread: float, count: int, seed: int) -> list[float]:

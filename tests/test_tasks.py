@@ -16,15 +16,8 @@ from searching import SHORTEST_FINAL_TIMING
 
 from autoprec.analysis.data import TensorSpec, build_dataset, load_labels
 from autoprec.core.errors import AutoprecError
-from autoprec.measure import tasks
-from autoprec.measure.accuracy import (
-    HeadOptions,
-    Judge,
-    Metric,
-    decision_changes,
-    loss_from_metrics,
-    output_metrics,
-)
+from autoprec.measure.accuracy import Judge, Metric, decision_changes, loss_from_metrics, output_metrics
+from autoprec.tasks import HeadOptions, boxes, ctc_decoding, embedding_decoding
 
 BUNDLED = "datasets/ppocr_cls"
 
@@ -47,22 +40,22 @@ def one_hot_steps(ids, classes):
 
 
 def test_greedy_ctc_merges_repeats_and_drops_blanks():
-    assert tasks.greedy_ctc(one_hot_steps([1, 1, 0, 2, 2, 0, 0, 1], 3)) == [(1, 2, 1)]
-    assert tasks.greedy_ctc(one_hot_steps([1, 1, 0, 2], 3), blank=2) == [(1, 0)]
+    assert ctc_decoding.greedy_ctc(one_hot_steps([1, 1, 0, 2, 2, 0, 0, 1], 3)) == [(1, 2, 1)]
+    assert ctc_decoding.greedy_ctc(one_hot_steps([1, 1, 0, 2], 3), blank=2) == [(1, 0)]
 
 
 def test_character_error_rate_is_corpus_edits_per_truth_character():
-    assert tasks.edit_distance("kitten", "sitting") == 3
+    assert ctc_decoding.edit_distance("kitten", "sitting") == 3
     # 1 substitution in "abcd" + 2 deletions from "xyz" -> 3 edits over 4 + 3 truth characters
-    assert tasks.character_error_rate(["abxd", "x"], ["abcd", "xyz"]) == pytest.approx(3 / 7)
+    assert ctc_decoding.character_error_rate(["abxd", "x"], ["abcd", "xyz"]) == pytest.approx(3 / 7)
 
 
 def test_class_characters_in_paddleocr_order_or_as_listed():
-    assert tasks.class_characters(["a", "b"], 4) == ["", "a", "b", " "]
-    assert tasks.class_characters(["a", "b"], 3) == ["", "a", "b"]
-    assert tasks.class_characters(["", "a", "b"], 3) == ["", "a", "b"]  # every class listed, the blank too
-    assert tasks.class_characters(["", "a"], None) == ["", "a"]  # ids from the head, the blank listed
-    assert tasks.class_characters(["a", "b"], 9) is None
+    assert ctc_decoding.class_characters(["a", "b"], 4) == ["", "a", "b", " "]
+    assert ctc_decoding.class_characters(["a", "b"], 3) == ["", "a", "b"]
+    assert ctc_decoding.class_characters(["", "a", "b"], 3) == ["", "a", "b"]  # every class listed, the blank too
+    assert ctc_decoding.class_characters(["", "a"], None) == ["", "a"]  # ids from the head, the blank listed
+    assert ctc_decoding.class_characters(["a", "b"], 9) is None
 
 
 def test_ctc_metric_against_fp32_text_and_labelled_text():
@@ -102,7 +95,7 @@ def yolo_v8(boxes, classes=2, anchors=8):
 
 def test_yolo_decode_thresholds_and_suppresses_overlaps_per_class():
     out = yolo_v8([(10, 10, 4, 4, 0, 0.9), (10.2, 10, 4, 4, 0, 0.8), (10, 10, 4, 4, 1, 0.7), (30, 30, 2, 2, 0, 0.1)])
-    found = tasks.yolo_detections(out, "yolov8", conf=0.25, iou=0.45)[0]
+    found = boxes.yolo_detections(out, "yolov8", conf=0.25, iou=0.45)[0]
     assert len(found) == 2  # the 0.8 duplicate is suppressed, the other class kept, the 0.1 box dropped
     np.testing.assert_allclose(found[0], [8, 8, 12, 12, 0.9, 0])
     assert found[1][5] == 1
@@ -111,11 +104,11 @@ def test_yolo_decode_thresholds_and_suppresses_overlaps_per_class():
 def test_mean_average_precision_by_hand():
     truth = [np.array([[0, 0, 0, 10, 10], [1, 20, 20, 30, 30]], float)]
     hit_one = [np.array([[0, 0, 10, 10, 0.9, 0], [25, 25, 35, 35, 0.8, 1]], float)]  # class 1 box IoU 25/175
-    assert tasks.mean_average_precision(hit_one, truth) == pytest.approx(0.5)
+    assert boxes.mean_average_precision(hit_one, truth) == pytest.approx(0.5)
     # class 0: a false positive ranked above the hit -> precision 1/2 at recall 1 -> AP 0.5; class 1: AP 1
     ranked = [np.array([[50, 50, 60, 60, 0.95, 0], [0, 0, 10, 10, 0.9, 0], [20, 20, 30, 30, 0.5, 1]], float)]
-    assert tasks.mean_average_precision(ranked, truth) == pytest.approx(0.75)
-    assert tasks.mean_average_precision([np.zeros((0, 6))], [np.zeros((0, 5))]) == 1.0
+    assert boxes.mean_average_precision(ranked, truth) == pytest.approx(0.75)
+    assert boxes.mean_average_precision([np.zeros((0, 6))], [np.zeros((0, 5))]) == 1.0
 
 
 def test_detection_metric_against_fp32_boxes_and_labelled_boxes():
@@ -157,7 +150,7 @@ def test_channels_last_head_needs_its_layout_named():
         judge.check()
     v5 = np.zeros((1, 8, 7))
     v5[0, 0] = [10, 10, 4, 4, 0.5, 0.9, 0.1]  # objectness 0.5 x class score 0.9
-    found = tasks.yolo_detections(v5, "yolov5", conf=0.25, iou=0.45)[0]
+    found = boxes.yolo_detections(v5, "yolov5", conf=0.25, iou=0.45)[0]
     np.testing.assert_allclose(found, [[8, 8, 12, 12, 0.45, 0]])
 
 
@@ -172,7 +165,7 @@ def test_embedding_nearest_neighbour_agreement():
     m = judge.metrics([{"e": cand}])["e"]
     assert m["nn_agreement"] == pytest.approx(0.5)  # items 2 and 3 keep each other; 0 and 1 do not
     assert m["embedding_loss"] == pytest.approx(0.5)
-    assert tasks.pooled(np.ones((2, 5, 3))).shape == (2, 3)
+    assert embedding_decoding.pooled(np.ones((2, 5, 3))).shape == (2, 3)
 
 
 def test_top1_against_labels_ignores_unlabelled_items():
@@ -266,7 +259,7 @@ def test_search_constrains_ctc_text_given_only_the_model_and_data(tmp_path):
         for session, found in ((fp32, truth), (chosen, hyp)):
             best = session.run(None, batch)[0][0].argmax(-1)
             found.append([int(s) for i, s in enumerate(best) if s != 0 and (i == 0 or s != best[i - 1])])
-    assert plan["accuracy_loss"] == pytest.approx(tasks.character_error_rate(hyp, truth))
+    assert plan["accuracy_loss"] == pytest.approx(ctc_decoding.character_error_rate(hyp, truth))
 
 
 def yolo_identity_head(anchors=16, classes=2):
@@ -380,9 +373,9 @@ def test_yolox_raw_boxes_are_placed_on_their_grid_cell():
     raw = np.zeros((1, 84, 6))
     raw[0, 9] = [0.5, 0.5, np.log(2), np.log(3), 0.8, 0.5]  # stride 8, cell (x 1, y 1)
     raw[0, 64] = [0, 0, 0, 0, 0.9, 1.0]  # stride 16, cell (0, 0)
-    found = tasks.yolo_detections(raw, "yolox", conf=0.25, iou=0.45)[0]
+    found = boxes.yolo_detections(raw, "yolox", conf=0.25, iou=0.45)[0]
     np.testing.assert_allclose(found, [[-8, -8, 8, 8, 0.9, 0], [4, 0, 20, 24, 0.4, 0]], atol=1e-9)
-    assert side == round(np.sqrt(84 / sum(1 / s**2 for s in tasks.YOLOX_STRIDES)))
+    assert side == round(np.sqrt(84 / sum(1 / s**2 for s in boxes.YOLOX_STRIDES)))
 
 
 def test_no_top1_for_a_detection_head_or_embeddings():

@@ -15,6 +15,7 @@ from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
 from autoprec.analysis.model_info import TensorSpec
 from autoprec.core import untrusted
 from autoprec.core.errors import DataError
+from autoprec.record.facts import ShapePoint
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
@@ -28,26 +29,6 @@ UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 class RandomDataWarning(UserWarning):
     """Accuracy measured on random inputs says little about real inputs."""
-
-
-@dataclass(frozen=True)
-class ShapePoint:
-    """One shape a deployment runs, judged by every trial (see :mod:`autoprec.analysis.shape_points`): ``name`` as
-    the result shows it (``opt``: the data's own, ``prefill``, ``decode·47``, ``min``), what it is in words, its inputs' shapes,
-    and how many runs of it one deployment request makes (its weight in the latency; 0: judged, not timed)."""
-
-    name: str
-    said: str
-    shapes: dict[str, tuple[int, ...]]
-    runs: int = 1
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "said": self.said, "shapes": {k: list(v) for k, v in self.shapes.items()},
-                "runs": self.runs}
-
-    @classmethod
-    def from_json(cls, data: dict) -> ShapePoint:
-        return cls(data["name"], data["said"], {k: tuple(v) for k, v in data["shapes"].items()}, int(data["runs"]))
 
 
 @dataclass(frozen=True)

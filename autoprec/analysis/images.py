@@ -53,10 +53,6 @@ class ImageOptions:
                             f" give one of {'/'.join(ORDERS)}, {'/'.join(RESIZES)} and 1/255")
         return self
 
-    def to_json(self) -> dict:
-        return {"mean": list(self.mean), "std": list(self.std), "order": self.order, "scale": self.scale,
-                "resize": self.resize}
-
     @classmethod
     def from_json(cls, data: dict | None) -> ImageOptions:
         """As a search recorded it (pareto.json's ``image_norm``; a result older than the order, scale and resize

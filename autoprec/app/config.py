@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
-from autoprec.app.specs import EngineSpec, InputSpec
+from autoprec.app.specs import EngineSpec, Group, InputSpec
 from autoprec.backends import BACKENDS, backend_class
 from autoprec.core.errors import AutoprecError
 
@@ -47,9 +47,9 @@ class SearchConfig:
             raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number more than 0")
         return self
 
-    def to_json(self) -> dict[str, Any]:
-        """The spec groups, as the result records them (``search.spec`` in pareto.json)."""
-        return {name: getattr(self, name).to_json() for name in GROUPS}
+    def groups(self) -> dict[str, Group]:
+        """The spec groups by name (what a result records of the search: :func:`autoprec.app.specs.recorded`)."""
+        return {name: getattr(self, name) for name in GROUPS}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchConfig:

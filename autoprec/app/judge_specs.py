@@ -14,14 +14,15 @@ from autoprec.app.option_types import count_or_zero, fraction
 from autoprec.app.specs import Group, suppressed
 from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.accuracy import HeadOptions
+from autoprec.measure.accuracy import AUTO
+from autoprec.tasks import HeadOptions
 
 
 @dataclass(frozen=True)
 class JudgeSpec(Group):
     """What decides a candidate's accuracy: the metric, the loss limit, how task heads are decoded."""
 
-    metric: str = "auto"
+    metric: str = AUTO
     max_loss: float | None = None
     head: HeadOptions = field(default_factory=HeadOptions)
 
@@ -29,8 +30,9 @@ class JudgeSpec(Group):
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False, limit_help: str = "",
                       limit: bool = True) -> None:
-        from autoprec.measure.accuracy import BUILTIN_METRICS
-        from autoprec.measure.tasks import DETECTION_LAYOUTS
+        from autoprec.measure.accuracy import AUTO, BUILTIN_METRICS, TASK_METRICS
+        from autoprec.tasks import DETECTION_LAYOUTS
+        from autoprec.tasks.generation import NAME as GENERATION
 
         group = parser.add_argument_group("judge")
         recorded = " (default: the search's)" if overriding else ""
@@ -39,11 +41,11 @@ class JudgeSpec(Group):
                                help=(limit_help or "accuracy-loss limit: the chosen plan is the fastest within it")
                                     + recorded)
         group.add_argument(
-            "--metric", default=suppressed(overriding, "auto"),
-            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default auto: generation "
-                 "for a decoder with a KV cache, else cosine = 1 - mean cosine similarity; generation: greedy "
-                 "generation's tokens and logits against FP32's, and the logits at every shape judged; "
-                 "top1/ctc-text/detection/embedding/text-regions/segmentation: the decisions FP32 makes, changed; "
+            "--metric", default=suppressed(overriding, AUTO),
+            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default {AUTO}: "
+                 f"{GENERATION} for a decoder with a KV cache, else cosine = 1 - mean cosine similarity; "
+                 f"{GENERATION}: greedy generation's tokens and logits against FP32's, and the logits at every "
+                 f"shape judged; {'/'.join(TASK_METRICS)}: the decisions FP32 makes, changed; "
                  "TASK@labels: the drop against the data's labels), or module:function — that imports and RUNS "
                  "your code. Every other metric that applies is recorded beside it" + recorded)
         default = HeadOptions()

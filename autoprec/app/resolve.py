@@ -27,6 +27,7 @@ from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, parse_precisions
 from autoprec.measure.accuracy import AUTO, BUILTIN_METRICS, Judge, Metric, resolve_metric
 from autoprec.measure.shaped import GENERATED_STEPS, GENERATION, judge_of
+from autoprec.tasks import implied_by
 
 log = logging.getLogger("autoprec")
 
@@ -131,8 +132,7 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
         raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; its outputs are: "
                             f"{', '.join(outputs)}")
     labels = dataset.labels[0] if dataset.labels else {}
-    implied = [task for key, task in (("text", "ctc-text"), ("boxes", "detection"), ("masks", "segmentation"))
-               if key in labels]
+    implied = implied_by(labels)
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
     if metric.name == AUTO:
         phased = any(p.name == "prefill" for p in dataset.points)  # judged as a decoder (its phases ran)
@@ -174,7 +174,8 @@ def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None)
             f"{name} {', '.join(f'{k} {v:.4g}' for k, v in values.items())}" for name, values in fp32.items()))
     if limit := judge.limit_said(max_loss):
         (log.warning if limit.endswith("more evaluation data") else log.info)(limit)
-    return judge, {"metric_tasks": metric.to_json(), "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
+    tasks = {"tasks": metric.task_metrics, "options": metric.options.to_json()}
+    return judge, {"metric_tasks": tasks, "fp32_on_labels": fp32, "metric_notes": [*notes, *doubts],
                    "limit_in_decisions": limit}
 
 

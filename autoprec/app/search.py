@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import remove_made, removed_if_refused
 from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
-from autoprec.app.specs import InputSpec
+from autoprec.app.specs import InputSpec, recorded
 from autoprec.core.errors import AutoprecError, SearchFailed
 from autoprec.core.plan import Plan
 from autoprec.core.timing import Stages
@@ -26,9 +26,14 @@ from autoprec.measure.confirmation import held_out_judge
 from autoprec.measure.deployment import deploy_plan, time_front_across
 from autoprec.measure.measurement import screening_batches
 from autoprec.measure.measurers import MeasurerInputs, MeasurerSettings, Measuring, start_measurers
+from autoprec.record.facts import Drift
+from autoprec.record.per_unit import Sensitivity
+from autoprec.record.trial import Retiming, TrialRecord
+from autoprec.record.verdict import Versus
 from autoprec.results import console
 from autoprec.results.files import (
     SearchResult,
+    model_record,
     plan_ignored,
     read_result_dir,
     units_json,
@@ -36,26 +41,17 @@ from autoprec.results.files import (
     write_results,
 )
 from autoprec.results.plots import plot_result_dir
-from autoprec.results.record import Drift, ModelRecord
 from autoprec.study.build_counts import builds_facts, count_builds, say_builds
-from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, Versus, choose_shipped, timed_until_known
+from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, choose_shipped, timed_until_known
 from autoprec.study.coordination import SharedSteps, redacted
 from autoprec.study.joining import Joined, join_study
-from autoprec.study.optimize import (
-    RETIME_ROUNDS,
-    Retiming,
-    StudyContext,
-    TrialRecord,
-    default_study_name,
-    finished_records,
-    forget_if_unused,
-    nothing_measured,
-    rejected_trials,
-    retimed_front,
-    run_warm_started,
-)
+from autoprec.study.opening import default_study_name, forget_if_unused
+from autoprec.study.optimize import StudyContext
+from autoprec.study.ordered import run_warm_started
 from autoprec.study.proposals import Proposer, open_proposer
-from autoprec.study.sensitivity import Sensitivity, searched_sensitive
+from autoprec.study.reading import finished_records, nothing_measured, rejected_trials
+from autoprec.study.retiming import RETIME_ROUNDS, retimed_front
+from autoprec.study.sensitivity import searched_sensitive
 
 log = logging.getLogger("autoprec")
 
@@ -319,7 +315,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
             facts["profile_timing"] = time_front_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible,
                                                         ranges, setup.dataset.evaluation[0]).to_json()
     facts.update(wall_seconds=round(time.monotonic() - started, 2), stage_seconds=dict(stages))  # up to the writing
-    result = SearchResult(setup.out_dir, ModelRecord.of(info), setup.engine_info, facts, tuple(outcome.trials),
+    result = SearchResult(setup.out_dir, model_record(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
     plot_result_dir(read_result_dir(setup.out_dir))
@@ -334,7 +330,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
     info, dataset, sensitivity = warm.info, setup.dataset, warm.sensitivity
     fingerprint = dataset.fingerprint()
     return {
-        "spec": config.to_json(),
+        "spec": recorded(config.groups()),
         "run": joined.run,  # which run wrote the result files: each carries it, so no file of another passes
         "budget": config.study.budget,
         "trials": len(outcome.trials),
@@ -354,7 +350,7 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
             if shared.baseline.ranges is not None
             else None
         ),
-        "image_norm": config.inputs.image.to_json(),
+        "image_norm": asdict(config.inputs.image),  # (read back by ImageOptions.from_json)
         "constants": dict(config.inputs.constants or {}),
         "out_of_range": list(info.out_of_range),
         "random_data": dataset.random,

@@ -24,7 +24,7 @@ from autoprec.app.resolve import (
     result_dir,
     wanted_metric,
 )
-from autoprec.backends import Backend, EngineInfo, get_backend
+from autoprec.backends import Backend, get_backend
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
@@ -32,6 +32,7 @@ from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import Lowering, Screen
 from autoprec.measure.measurers import build_workers
+from autoprec.record.trial import EngineInfo
 from autoprec.results.files import OWN_FILES, OWN_FOLDERS
 from autoprec.study.coordination import GRACE_BEATS
 from autoprec.study.joining import Joined

@@ -7,13 +7,13 @@ import argparse
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from autoprec.analysis.calibrate import CALIBRATION_METHODS
 from autoprec.app.specs import Group
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, calibration_method
-from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS, redacted
+from autoprec.study.coordination import DEFAULT_HEARTBEAT, GRACE_BEATS
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ class StudySpec(Group):
     """The Optuna study: its budget, seed and sampler, where it is stored and shared, and how it starts
     (the sensitivity warm start, cheap rejection, plans judged before each build)."""
 
+    REDACTED: ClassVar[tuple[str, ...]] = ("storage",)  # a password in its URL is never recorded
+
     budget: int = 50
     seed: int = 0
     sampler: str = "tpe"
@@ -79,7 +81,7 @@ class StudySpec(Group):
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from autoprec.study.optimize import SAMPLERS
+        from autoprec.study.opening import SAMPLERS
 
         group = parser.add_argument_group("study")
         group.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
@@ -109,13 +111,6 @@ class StudySpec(Group):
                                 "predicts its latency, and only the plan that decides most is built and timed (0: "
                                 "every trial is built; default 8 on tensorrt, where builds are slow, 0 on ONNX "
                                 "Runtime)")
-
-    def to_json(self) -> dict[str, Any]:
-        """As recorded: a password in the storage URL never is."""
-        recorded = super().to_json()
-        if self.storage is not None:
-            recorded["storage"] = redacted(self.storage)
-        return recorded
 
     def checked(self) -> StudySpec:
         for option, value in (("--study-name", self.study_name), ("--artifacts", self.artifacts),

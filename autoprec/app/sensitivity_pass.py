@@ -24,10 +24,10 @@ from autoprec.core.plan import Plan, calibration_method
 from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, screening_batches
+from autoprec.record.per_unit import Sensitivity
 from autoprec.results import console
 from autoprec.study.coordination import SharedSteps
 from autoprec.study.sensitivity import (
-    Sensitivity,
     analyse_sensitivity,
     cache_key,
     cached_sensitivity,

@@ -27,9 +27,11 @@ from autoprec.app.option_types import (
     runs_arg,
     shape_arg,
 )
+from autoprec.core import engines
 from autoprec.core.errors import AutoprecError
 from autoprec.core.profile import ShapeProfile
-from autoprec.measure.accuracy import HeadOptions
+from autoprec.study.coordination import redacted
+from autoprec.tasks import HeadOptions
 
 log = logging.getLogger("autoprec")
 
@@ -70,8 +72,13 @@ class Group:
         """This group, or one line naming the option that cannot be used and why."""
         return self
 
+    # fields whose value is recorded with its password hidden (a storage URL's)
+    REDACTED: ClassVar[tuple[str, ...]] = ()
+
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        """As a result records it (``search.spec``): every field, a password in a URL hidden."""
+        return {f.name: redacted(value) if f.name in self.REDACTED and value is not None else _jsonable(value)
+                for f in fields(self) for value in [getattr(self, f.name)]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]):
@@ -228,7 +235,7 @@ MAX_THREADS_PER_CORE = 4
 class EngineSpec(Group):
     """The engine that builds, runs and times candidates, on which device, with how many threads."""
 
-    backend: str = "ort-cpu"
+    backend: str = engines.DEFAULT
     device: int = 0
     threads: int = 0
 
@@ -238,9 +245,9 @@ class EngineSpec(Group):
         from autoprec.backends import BACKENDS
 
         group = parser.add_argument_group("engine")
-        recorded = " (default: the search's engine)" if overriding else " (default ort-cpu"
+        recorded = " (default: the search's engine)" if overriding else f" (default {engines.DEFAULT}"
         group.add_argument(
-            "--backend", default=suppressed(overriding, "ort-cpu"), choices=BACKENDS,
+            "--backend", default=suppressed(overriding, engines.DEFAULT), choices=BACKENDS,
             help="inference engine" + recorded + ("" if overriding else
                  "; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt needs TensorRT 10.12+ and cuda-python; "
                  "tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of compute capability 8.0/8.6/8.9/12.x. Both "
@@ -309,3 +316,8 @@ class ProfileSpec(Group):
         as_dims = lambda shapes: {k: tuple(v) for k, v in (shapes or {}).items()}  # noqa: E731
         widened = profile.widened(as_dims(self.min_shapes), as_dims(self.max_shapes), self.batch)
         return widened.with_dims({k: tuple(v) for k, v in self.dims.items()}) if self.dims else widened
+
+
+def recorded(groups: Mapping[str, Group]) -> dict[str, Any]:
+    """Spec groups by name as a result records them (a search's configuration: ``search.spec``)."""
+    return {name: group.to_json() for name, group in groups.items()}

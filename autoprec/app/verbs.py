@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import optuna
 
@@ -26,19 +26,19 @@ from autoprec.app.resolve import (
 )
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
 from autoprec.backends import get_backend
-from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError, first_line
-from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import CHECKED_BATCHES, Lower, PointCheck, deploy, judged_runs
-from autoprec.measure.diagnosis import ActivationRow, UnitError
-from autoprec.measure.measurement import Measurement, accuracy_by_shape, measure, screening_batches
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy, judged_runs
+from autoprec.measure.measurement import accuracy_by_shape, measure, screening_batches
 from autoprec.measure.shaped import GENERATION
+from autoprec.record.facts import PointCheck
+from autoprec.record.per_unit import ActivationRow, UnitError
+from autoprec.record.verdict import CheckResult
 from autoprec.results.files import (
     json_safe,
     read_result_dir,
@@ -154,40 +154,6 @@ def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
     ranges = baseline.ranges or calibrate(baseline.info, baseline.dataset.calibration, baseline.dataset.fingerprint(),
                                           result.out_dir / "cache")
     return baseline.info, ranges
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """What ``check`` found: the plan checked (``checked``, in words; its ``trial`` where a result's) on ``model``
-    and ``engine``, its loss by ``metric`` (``loss_said``: the metric, with what it reads on the outputs it is
-    blind to) against ``max_loss``, its latency against ``latency_budget_ms``, the regressions past them
-    (``failures``), and the figure the search recorded where this is the search's own judging
-    (``recorded_loss``)."""
-
-    failures: tuple[str, ...]
-    checked: str
-    trial: int | None
-    model: str
-    engine: EngineInfo
-    metric: str
-    loss_said: str
-    max_loss: float
-    latency_budget_ms: float | None
-    recorded_loss: float | None
-    measurement: Measurement
-    plan: Plan
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed, "failures": list(self.failures), "checked": self.checked, "trial": self.trial,
-            "model": self.model, "engine": self.engine.to_json(), "metric": self.metric, "loss_said": self.loss_said,
-            "max_loss": self.max_loss, "latency_budget_ms": self.latency_budget_ms,
-            "recorded_loss": self.recorded_loss, "measurement": self.measurement.to_json(), "plan": self.plan.to_json(),
-        }
 
 
 def check_plan(

@@ -5,17 +5,19 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from autoprec.backends.base import REFERENCE_BACKEND, Backend, EngineInfo, Runner
+from autoprec.backends.base import REFERENCE_BACKEND, Backend, Runner
+from autoprec.core import engines
 from autoprec.core.errors import BackendError
+from autoprec.record.trial import EngineInfo
 
 # name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
 # module under backends/, one line here, and its run of tests/test_backend_contract.py.
 REGISTRY = {
-    "ort-cpu": ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
-    "ort-cuda": ("autoprec.backends.onnxruntime", "OrtCudaBackend"),
-    "ort-tensorrt": ("autoprec.backends.onnxruntime", "OrtTensorRTBackend"),
-    "tensorrt": ("autoprec.backends.tensorrt", "TensorRTBackend"),
-    "tensorrt-rtx": ("autoprec.backends.tensorrt", "TensorRTRtxBackend"),
+    engines.ORT_CPU: ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
+    engines.ORT_CUDA: ("autoprec.backends.onnxruntime", "OrtCudaBackend"),
+    engines.ORT_TENSORRT: ("autoprec.backends.onnxruntime", "OrtTensorRTBackend"),
+    engines.TENSORRT: ("autoprec.backends.tensorrt", "TensorRTBackend"),
+    engines.TENSORRT_RTX: ("autoprec.backends.tensorrt", "TensorRTRtxBackend"),
 }
 BACKENDS = tuple(REGISTRY)
 

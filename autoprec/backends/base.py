@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,42 +12,14 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step, running_steps
+from autoprec.core import engines
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.record.trial import EngineInfo
 
-# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every
-# Q/DQ form) and computes the FP32 reference.
-REFERENCE_BACKEND = "ort-cpu"
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """Which engine and device produced a number: stored with every measurement."""
-
-    backend: str
-    engine: str
-    version: str
-    provider: str
-    device: str
-    qdq_form: str
-    measured: bool = True  # False only for engines described, never executed here
-    versions: dict[str, str] = field(default_factory=dict)  # driver, CUDA, cuDNN, ... where they matter
-    caveat: str = ""  # what a reader of these numbers must know about the engine's code (shown with them)
-    timing: str = ""  # what a latency is: which clock, what it includes, how many runs (shown with them)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EngineInfo:
-        """As a result recorded it (an older result's may lack the fields added since: their defaults)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def label(self) -> str:
-        return f"{self.engine} {self.version} {self.provider} on {self.device}"
+REFERENCE_BACKEND = engines.REFERENCE  # judges plans without building them on the target (see core.engines)
 
 
 class Runner(abc.ABC):

@@ -16,13 +16,15 @@ import onnx
 from autoprec.analysis.data import Batch
 from autoprec.analysis.preparation import cpu_optimizers_left_off
 from autoprec.analysis.subgraphs import all_nodes
-from autoprec.backends.base import Backend, EngineInfo, Runner
+from autoprec.backends.base import Backend, Runner
 from autoprec.backends.gpus import cores_per_gpu, gpu_facts
+from autoprec.core import engines
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import TIME_CALLS, Timing, time_calls
 from autoprec.lower import QDQForm
+from autoprec.record.trial import EngineInfo
 
 
 @lru_cache(maxsize=1)
@@ -137,7 +139,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
     form ORT's CPU kernels run as integer QLinearConv/QLinearMatMul (see autoprec.lower.qdq).
     """
 
-    name = "ort-cpu"
+    name = engines.ORT_CPU
     qdq_form = QDQForm.ORT_CPU
     provider = "CPUExecutionProvider"
     uses_device = False
@@ -249,7 +251,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     from this search builds the same on TensorRT. FP32 follows ORT's default (TF32 allowed in cuDNN).
     """
 
-    name = "ort-cuda"
+    name = engines.ORT_CUDA
     qdq_form = QDQForm.TENSORRT
     provider = "CUDAExecutionProvider"
     install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
@@ -318,7 +320,7 @@ class OrtTensorRTBackend(OrtCudaBackend):
     Engines and timings are cached in the study's cache folder. NEVER executed by autoprec's developers: neither
     TensorRT nor ONNX Runtime's TensorRT provider libraries can be installed where autoprec is made."""
 
-    name = "ort-tensorrt"
+    name = engines.ORT_TENSORRT
     provider = "TensorrtExecutionProvider"
     install = ("install onnxruntime-gpu built with the TensorRT provider and TensorRT's libraries (see ONNX Runtime's "
                "TensorRT execution provider page for the versions that match), on a machine with an NVIDIA GPU")
@@ -333,7 +335,7 @@ class OrtTensorRTBackend(OrtCudaBackend):
     def __init__(self, device: int = 0, threads: int = 0, cache_dir: Path | None = None):
         super().__init__(device, threads)
         self._check_the_provider_loads()
-        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="autoprec-ort-tensorrt-")) / "ort-tensorrt"
+        self.cache = Path(cache_dir or tempfile.mkdtemp(prefix="autoprec-ort-tensorrt-")) / engines.ORT_TENSORRT
         for folder in ("engines", "timing"):
             (self.cache / folder).mkdir(parents=True, exist_ok=True)
 

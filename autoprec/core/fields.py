@@ -56,6 +56,14 @@ class Fields:
         """None where the value is null."""
         return None if self.value is None else self
 
+    def text_or_none(self) -> str | None:
+        """A text, or None where the value is null."""
+        return None if self.value is None else self.text()
+
+    def number_or_none(self) -> float | None:
+        """A number (as a float), or None where the value is null."""
+        return None if self.value is None else float(self.number())
+
     def kind(self, *kinds: type) -> Any:
         """The value, which must be of one of ``kinds`` (a bool is no int)."""
         value = self.value

@@ -18,7 +18,7 @@ from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError, FolderError
 from autoprec.core.locks import FileLock, host_lock_folder, private_folder
 from autoprec.core.profile import ShapeProfile
-from autoprec.measure.deployment import PointCheck
+from autoprec.record.facts import PointCheck
 from autoprec.results.files import json_safe
 
 MANIFEST = "export.json"

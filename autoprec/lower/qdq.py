@@ -23,6 +23,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from autoprec.analysis.calibrate import ActivationRanges, TensorRange
 from autoprec.analysis.model_info import Unit
+from autoprec.core import engines
 from autoprec.core.stored import StoredModel
 from autoprec.lower.edit import GraphEdit
 
@@ -31,8 +32,8 @@ _ORT_ABSORBED = {"Relu", "Clip"}
 
 
 class QDQForm(str, enum.Enum):
-    TENSORRT = "tensorrt"
-    ORT_CPU = "ort-cpu"
+    TENSORRT = engines.TENSORRT  # the form of both TensorRT backends, and of ort-cuda (to build the same there)
+    ORT_CPU = engines.ORT_CPU
 
     @property
     def fp16_regions(self) -> bool:

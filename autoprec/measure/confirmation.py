@@ -8,9 +8,8 @@ was."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Sequence
 
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import find_decoder
@@ -22,34 +21,6 @@ from autoprec.measure.deployment import session_outputs
 from autoprec.measure.shaped import judge_of
 
 CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
-ENGINE = "onnxruntime CPUExecutionProvider"
-ADVICE = ("the evaluation batches are too few to hold the limit on other data: more data (--data) judges plans "
-          "better")
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """Each judged plan's loss on ``batches`` calibration batches (by trial), against --max-loss (None: no limit)."""
-
-    batches: int
-    max_loss: float | None
-    losses: dict[int, float]
-
-    def holds(self, trial: int) -> bool:
-        return self.max_loss is None or self.losses[trial] <= self.max_loss
-
-    def failed(self) -> dict[int, float]:
-        return {trial: loss for trial, loss in self.losses.items() if not self.holds(trial)}
-
-    def to_json(self) -> dict[str, Any]:
-        return {"batches": self.batches, "max_loss": self.max_loss, "engine": ENGINE,
-                "judged": [{"trial": trial, "loss": loss} for trial, loss in self.losses.items()]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HeldOut:
-        max_loss = data["max_loss"]
-        return cls(data["batches"], float(max_loss) if max_loss is not None else None,
-                   {j["trial"]: float(j["loss"]) for j in data["judged"]})
 
 
 class HeldOutJudge:

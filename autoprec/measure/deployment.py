@@ -10,9 +10,8 @@ fixed-shape model, and the reason is said and recorded.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime
@@ -29,6 +28,7 @@ from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import loss_from_metrics, output_metrics
+from autoprec.record.facts import Deployment, PointCheck, ProfileTiming
 
 log = logging.getLogger("autoprec")
 
@@ -36,57 +36,6 @@ log = logging.getLogger("autoprec")
 # (ONNX Runtime picks others for dynamic dims) may move a value. Below this cosine loss, they are one model.
 SAME_MODEL_LOSS = 1e-4
 CHECKED_BATCHES = 4  # evaluation batches the shipped model is checked on at each point of the profile
-
-
-@dataclass(frozen=True)
-class PointCheck:
-    """The shipped model at one point of the profile against the user's file: outputs of the same shape,
-    and the cosine loss between them (1 - cosine; the relative L2 error of narrow outputs)."""
-
-    point: str  # min, opt, max, or "data": items the data holds at this shape
-    shapes: dict[str, tuple[int, ...]]
-    same_shapes: bool
-    loss: float | None  # None: it did not run
-    error: str | None = None
-    items: int = 1  # batches run (the data's items at this shape; evaluation batches fitted to a point)
-    outside_profile: bool = False  # data at a shape beyond the profile's min..max: an engine built for it refuses it
-
-    @property
-    def passed(self) -> bool:
-        return self.error is None and self.same_shapes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "point": self.point,
-            "shapes": {k: list(v) for k, v in self.shapes.items()},
-            "same_output_shapes": self.same_shapes,
-            "cosine_loss": self.loss,
-            "error": self.error,
-            "items": self.items,
-            "outside_profile": self.outside_profile,
-        }
-
-    @classmethod
-    def from_json(cls, check: dict[str, Any]) -> PointCheck:
-        loss = check["cosine_loss"]
-        return cls(check["point"], {k: tuple(v) for k, v in check["shapes"].items()}, check["same_output_shapes"],
-                   float(loss) if loss is not None else None, check["error"], check.get("items", 1),
-                   bool(check.get("outside_profile")))
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What best/model.onnx is: the plan on the source's dims (``fixed_because`` None), or the measured
-    fixed-shape model and why; with its checks against the given model."""
-
-    model: StoredModel
-    tensorrt_model: StoredModel | None
-    fixed_because: str | None
-    checks: tuple[PointCheck, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"keeps_source_dims": self.fixed_because is None, "fixed_because": self.fixed_because,
-                "checked_against_source": [c.to_json() for c in self.checks]}
 
 
 Lower = Callable[[ModelInfo], StoredModel]  # a plan lowered onto one of the model's graphs
@@ -194,46 +143,6 @@ def _inside(shapes: Mapping[str, tuple[int, ...]], profile: ShapeProfile) -> boo
     ranges = {i.name: i for i in profile.inputs}
     return all(name not in ranges or (len(dims) == len(ranges[name].min) and all(
         lo <= d <= hi for d, lo, hi in zip(dims, ranges[name].min, ranges[name].max))) for name, dims in shapes.items())
-
-
-@dataclass(frozen=True)
-class ProfileTiming:
-    """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after another on
-    one engine: milliseconds by trial and point."""
-
-    ms: dict[int, dict[str, float | None]]  # None: the plan did not run at that point
-    feasible: tuple[int, ...]  # the trials within --max-loss that ran at every point, in the order of the front
-    failed: dict[int, str] = field(default_factory=dict)  # trials that could not be built as deployed, and why
-
-    def fastest(self, point: str, among: Sequence[int] | None = None) -> int | None:
-        timed = [t for t in (among or self.ms) if self.ms[t][point] is not None]
-        return min(timed, key=lambda trial: self.ms[trial][point]) if timed else None
-
-    def across_range(self) -> int | None:
-        """The plan within the loss limit whose worst latency, against the fastest such plan at each point,
-        is least: the one to deploy across the range (None: no plan is within the limit)."""
-        if not self.feasible:
-            return None
-        points = next(iter(self.ms.values()))
-        best = {p: self.ms[self.fastest(p, self.feasible)][p] for p in points}
-        return min(self.feasible, key=lambda trial: max(self.ms[trial][p] / best[p] for p in points))
-
-    def to_json(self) -> dict[str, Any]:
-        points = list(next(iter(self.ms.values()), {}))
-        return {
-            "ms": {str(t): v for t, v in self.ms.items()},
-            "feasible": list(self.feasible),
-            "fastest": {p: self.fastest(p, self.feasible or None) for p in points},
-            "across_range": self.across_range(),
-            "failed": {str(t): why for t, why in self.failed.items()},
-            "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
-            "(not interleaved: differences of a few percent are noise)",
-        }
-
-    @classmethod
-    def from_json(cls, timing: dict[str, Any]) -> ProfileTiming:
-        ms = {int(t): {p: float(v) if v is not None else None for p, v in at.items()} for t, at in timing["ms"].items()}
-        return cls(ms, tuple(timing["feasible"]), {int(t): why for t, why in (timing.get("failed") or {}).items()})
 
 
 def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],

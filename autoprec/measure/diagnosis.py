@@ -12,8 +12,7 @@ ones to send back to FP32.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,27 +24,10 @@ from autoprec.backends.base import Backend
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import output_metrics
+from autoprec.record.per_unit import ActivationRow, UnitError
 
 FAST_METHODS = tuple(m for m in CALIBRATION_METHODS if m != "entropy")
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass(frozen=True)
-class UnitError:
-    index: int
-    unit: str
-    op_type: str
-    precision: str
-    tensor: str
-    rel_l2: float  # accumulated: this unit's output in the candidate vs FP32
-    cosine: float
-    max_abs: float
-    added_rel_l2: float  # this unit alone in its precision, fed FP32 inputs; 0 for FP32 units
-    alone_loss: float  # the model's loss with only this unit reduced, by the judge diagnose is given (the search's
-    # sensitivity pass's: the same figure sensitivity.json holds for it)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _run(
@@ -135,33 +117,6 @@ def _spark(hist: np.ndarray, edges: np.ndarray, buckets: int = 16) -> str:
     counts = np.bincount(idx, weights=hist, minlength=buckets)
     levels = np.log1p(counts) / max(np.log1p(counts).max(), 1e-12)
     return "".join(SPARK[min(int(v * (len(SPARK) - 1) + 0.5), len(SPARK) - 1)] for v in levels)
-
-
-@dataclass(frozen=True)
-class ActivationRow:
-    """What calibration saw of one tensor: its range and percentiles, each method's INT8 threshold and the share
-    of values beyond it, the values FP16 flushes (below its smallest subnormal), keeps subnormal or overflows,
-    a histogram of |x|, and the risk flags (see :func:`activation_ranges`)."""
-
-    tensor: str
-    min: float
-    max: float
-    p99_9: float
-    p99_99: float
-    thresholds: Mapping[str, float]
-    clipped_share: Mapping[str, float]
-    values: int
-    fp16_below_subnormal: int
-    fp16_subnormal: int
-    fp16_overflow: int
-    histogram: str
-    flags: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tensor": self.tensor, "min": self.min, "max": self.max, "p99.9": self.p99_9, "p99.99": self.p99_99,
-                "thresholds": dict(self.thresholds), "clipped_share": dict(self.clipped_share), "values": self.values,
-                "fp16_below_subnormal": self.fp16_below_subnormal, "fp16_subnormal": self.fp16_subnormal,
-                "fp16_overflow": self.fp16_overflow, "histogram": self.histogram, "flags": list(self.flags)}
 
 
 def activation_ranges(

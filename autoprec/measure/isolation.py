@@ -34,9 +34,7 @@ from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
     Lowering,
-    Measurement,
     Measurer,
-    Paired,
     Rejected,
     Screen,
     accuracy_loss,
@@ -46,7 +44,8 @@ from autoprec.measure.measurement import (
     time_compared,
     time_paired,
 )
-from autoprec.measure.speedup import Rounds
+from autoprec.record.trial import Measurement, Paired, Screened
+from autoprec.record.verdict import Rounds
 
 log = logging.getLogger("autoprec")
 
@@ -137,7 +136,7 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 plan, screen = args
                 conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device, work).to_json()))
         except Rejected as rejected:
-            conn.send(("rejected", rejected.to_json()))
+            conn.send(("rejected", rejected.screened.to_json()))
         except MetricError as exc:  # the parent stops the search with it
             conn.send(("metric", str(exc)))
         except Exception as exc:  # reported to the parent, which fails the trial with it
@@ -295,7 +294,7 @@ class IsolatedMeasurer(Measurer):
         if kind == "metric":
             raise MetricError(payload)
         if kind == "rejected":
-            raise Rejected(payload["loss"], payload["batches"], payload["seconds"])
+            raise Rejected(Screened.from_json(payload))
         return payload
 
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:

@@ -6,8 +6,8 @@ import abc
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Workload
@@ -20,54 +20,12 @@ from autoprec.core.timing import Timing
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.shaped import by_shape
-from autoprec.measure.speedup import COMPARED, Rounds, contender, in_turn, time_until_known
+from autoprec.measure.speedup import COMPARED, contender, in_turn, time_until_known
 from autoprec.measure.workload import time_work, warm_up
+from autoprec.record.trial import MAX_TIMING_SPREAD, Measurement, Paired, Screened
+from autoprec.record.verdict import Rounds
 
-# A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
-MAX_TIMING_SPREAD = 0.25
 RETIMES = 2
-
-
-@dataclass(frozen=True)
-class Measurement:
-    latency: Timing
-    metrics: dict[str, dict[str, float]]
-    loss: float
-    seconds: dict[str, float]  # where the trial's wall time went
-    retimes: int = 0
-    build: dict[str, Any] | None = None  # the engine's own report on the build (Runner.build_report)
-    # Judged at several shapes (autoprec.analysis.shape_points): each point's loss and, where timed, its median
-    # latency (``latency`` is then their mix as one request runs them); {} at one shape.
-    by_shape: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def unstable(self) -> bool:
-        """The latency stayed too spread to trust after re-timing: shown as such, not hidden."""
-        return self.latency.spread > MAX_TIMING_SPREAD
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "latency": self.latency.to_json(),
-            "metrics": self.metrics,
-            "loss": self.loss,
-            "seconds": self.seconds,
-            "retimes": self.retimes,
-            "latency_unstable": self.unstable,
-            "build": self.build,
-            **({"by_shape": self.by_shape} if self.by_shape else {}),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(
-            Timing.from_json(data["latency"]),
-            data["metrics"],
-            data["loss"],
-            data.get("seconds", {}),
-            data.get("retimes", 0),
-            data.get("build"),
-            data.get("by_shape") or {},
-        )
 
 
 @dataclass(frozen=True)
@@ -98,14 +56,12 @@ REJECT_FACTOR = 4.0
 
 
 class Rejected(Exception):
-    """The candidate's loss on the screening batches is already far past the limit."""
+    """The candidate's loss on the screening batches is already far past the limit (what was measured: its
+    ``screened`` record)."""
 
-    def __init__(self, loss: float, batches: int, seconds: dict[str, float]):
-        super().__init__(f"loss {loss:.3g} on the first {batches} evaluation batch(es)")
-        self.loss, self.batches, self.seconds = loss, batches, seconds
-
-    def to_json(self) -> dict[str, Any]:
-        return {"loss": self.loss, "batches": self.batches, "seconds": self.seconds}
+    def __init__(self, screened: Screened):
+        super().__init__(f"loss {screened.loss:.3g} on the first {screened.batches} evaluation batch(es)")
+        self.screened = screened
 
 
 def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge) -> float:
@@ -177,7 +133,7 @@ def _run(runner, batches, judge: Judge, screen, seconds):
             loss = judge.loss(judge.metrics(outputs), outputs)
             if loss > screen.reject_above:
                 seconds["evaluate"] = time.perf_counter() - t0
-                raise Rejected(loss, len(outputs), seconds)
+                raise Rejected(Screened(loss, len(outputs), seconds))
     seconds["evaluate"] = time.perf_counter() - t0
     return outputs
 
@@ -232,29 +188,6 @@ def reset_peak(pid: int) -> None:
 # all-FP32 engine and the candidate's anew in each round, one at a time (their builds cost less than
 # holding two such engines; memory stays at one engine whatever the model's size).
 PAIR_ENGINE_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class Paired:
-    """A re-timing of one plan beside all-FP32: their timings round by round."""
-
-    reference: tuple[Timing, ...]  # the all-FP32 plan's
-    candidate: tuple[Timing, ...]
-    builds: int
-    apart: bool  # engines built one at a time, anew each round (see PAIR_ENGINE_BYTES)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"reference": [t.to_json() for t in self.reference], "candidate": [t.to_json() for t in self.candidate],
-                "builds": self.builds, "apart": self.apart}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Paired:
-        return cls(
-            tuple(Timing.from_json(t) for t in data["reference"]),
-            tuple(Timing.from_json(t) for t in data["candidate"]),
-            data["builds"],
-            data["apart"],
-        )
 
 
 def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload, rounds: int) -> Paired:
@@ -336,7 +269,7 @@ def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence
     try:
         result = measure(backend, model, batches, judge, screen, device, work)
     except Rejected as rejected:
-        rejected.seconds["lower"] = lower_s
+        rejected.screened.seconds["lower"] = lower_s
         raise
     result.seconds["lower"] = lower_s
     return result

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Sequence
 
 from autoprec.analysis.data import Batch, Workload
-from autoprec.backends import REFERENCE_BACKEND, Backend, EngineInfo, get_backend
+from autoprec.backends import REFERENCE_BACKEND, Backend, get_backend
 from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import FileLock
 from autoprec.core.plan import Precision
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, Measurer
+from autoprec.record.trial import EngineInfo
 
 log = logging.getLogger("autoprec")
 

@@ -10,12 +10,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from autoprec.analysis.data import Batch, Dataset, ShapePoint
+from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import Decoder, Generated, Run, generate
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import Judge, Labels, Metric, Outputs
+from autoprec.record.facts import ShapePoint
+from autoprec.tasks import task_named
+from autoprec.tasks.generation import NAME as GENERATION
 
-GENERATION = "generation"  # the metric: a decoder's generation against FP32's
+AGREEMENT = task_named(GENERATION).key  # the share of generated tokens as FP32's, before the first that is not
 GENERATED_STEPS = 16  # tokens generated from each prompt (its prefill, then decode steps)
 PROMPTS = 8  # prompts generated from, at most (rows of the first prefill batches)
 
@@ -64,12 +67,12 @@ class GenerationJudge:
             prefill.append(cosine_loss(fp32.logits[0], mine.logits[0]))
             kept = [(f, m) for step, (f, m) in enumerate(zip(fp32.logits, mine.logits)) if step and same[:, step - 1].all()]
             decode += [cosine_loss(f, m) for f, m in kept]
-        return {"token_agreement": agreeing / max(total, 1), "prefill_logits_loss": max(prefill),
+        return {AGREEMENT: agreeing / max(total, 1), "prefill_logits_loss": max(prefill),
                 "decode_logits_loss": max(decode, default=0.0), "steps": float(GENERATED_STEPS)}
 
     @staticmethod
     def loss(metrics: Mapping[str, float]) -> float:
-        return max(1.0 - metrics["token_agreement"], metrics["prefill_logits_loss"], metrics["decode_logits_loss"])
+        return max(1.0 - metrics[AGREEMENT], metrics["prefill_logits_loss"], metrics["decode_logits_loss"])
 
 
 @dataclass
@@ -140,8 +143,8 @@ class ShapedJudge(Judge):
             return math.inf
         return max(self.losses(metrics, outputs).values())
 
-    def decisions(self) -> int | None:
-        return self._judge(0).decisions()
+    def limit_said(self, max_loss: float | None) -> str | None:
+        return self._judge(0).limit_said(max_loss)
 
     def for_ranking(self) -> Judge:
         ranking = self._judge(0).for_ranking()
@@ -157,9 +160,8 @@ def judge_of(metric: Metric, reference: Outputs, labels: Labels | None, dataset:
     point), else the plain one. ``--metric generation`` needs a decoder (and ``fp32``, its runs, to generate
     from ``prompts``: the prefill batches)."""
     if metric.name == GENERATION and decoder is None:
-        raise AutoprecError("--metric generation: the model is not a decoder with a KV cache (no output fed back as "
-                            "an input, such as present.N.key -> past_key_values.N.key, beside input_ids and logits); "
-                            "choose cosine or top1")
+        raise AutoprecError(f"--metric {GENERATION}: the model is not a decoder with a KV cache; "
+                            f"{task_named(GENERATION).needs}")
     if not dataset.points:
         return Judge(metric, reference, labels)
     generation = None

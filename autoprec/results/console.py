@@ -25,15 +25,12 @@ from autoprec.backends.onnxruntime import session_said
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
 from autoprec.core.profile import POINTS, ShapeProfile, dims_text
-from autoprec.measure.deployment import PointCheck, ProfileTiming
-from autoprec.measure.measurement import MAX_TIMING_SPREAD
-from autoprec.measure.speedup import ratio_text
+from autoprec.record.facts import PointCheck, ProfileTiming, SearchFacts
+from autoprec.record.per_unit import Sensitivity
+from autoprec.record.trial import MAX_TIMING_SPREAD, TrialRecord
+from autoprec.record.verdict import Versus, ratio_text
 from autoprec.results.files import ResultFiles, decisions
-from autoprec.results.record import SearchFacts
 from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_said, trial_rows
-from autoprec.study.choice import Versus
-from autoprec.study.optimize import TrialRecord
-from autoprec.study.sensitivity import Sensitivity
 
 if TYPE_CHECKING:  # shown here, read by the TensorRT backend (the --layers of export --build and inspect)
     from autoprec.backends.tensorrt.layers import EngineLayers

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from autoprec.analysis.data import ShapePoint
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import model_sha256
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.backends.base import EngineInfo
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.escape import printable
@@ -25,16 +23,22 @@ from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import save_models
-from autoprec.measure.deployment import Deployment
-from autoprec.measure.speedup import Speedup
+from autoprec.record.documents import (
+    PARETO_SCHEMA,
+    Header,
+    ParetoFile,
+    PlanFile,
+    TrialsFile,
+    sensitivity_of,
+)
+from autoprec.record.facts import Deployment, ModelRecord, SearchFacts, ShapePoint, ShippedAs
+from autoprec.record.per_unit import ChosenUnit, Sensitivity
+from autoprec.record.trial import EngineInfo, TrialRecord
+from autoprec.record.verdict import Speedup, Versus
 from autoprec.results import coherence
-from autoprec.results.record import ChosenUnit, ModelRecord, SearchFacts, ShippedAs
-from autoprec.study.choice import Versus
-from autoprec.study.optimize import TrialRecord, uniform_trials
-from autoprec.study.sensitivity import Sensitivity
+from autoprec.study.reading import uniform_trials
+from autoprec.tasks import lower_is_closer, shown_keys
 
-PARETO_SCHEMA = "autoprec.pareto/1"
-PLAN_SCHEMA = "autoprec.plan/1"
 WEIGHTS_FILE = "model.data"  # best/'s weights, where they are kept beside its models (large, or given so)
 
 
@@ -91,6 +95,13 @@ def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
          "tied_to": u.tied_to}
         for u in info.units
     )
+
+
+def model_record(info: ModelInfo) -> ModelRecord:
+    """The model a search was given, as its result records it."""
+    return ModelRecord(Path(info.path).resolve(), info.sha256, {i.name: (list(i.shape), i.dtype) for i in info.inputs},
+                       {o.name: (list(o.shape), o.dtype) for o in info.outputs}, len(info.units),
+                       len(info.searchable_units), tuple(info.notes), info.stored.weight_bytes(), info.external_data)
 
 
 def write_results(result: SearchResult, deployment: Deployment | None) -> list[Path]:
@@ -166,20 +177,7 @@ def withdraw_result(out: Path) -> list[str]:
 
 
 # What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
-DECISIONS = (
-    ("equal", "values same"),
-    ("top1", "top-1 same"),
-    ("cer", "CER vs FP32"),
-    ("map50", "mAP50 vs FP32"),
-    ("nn_agreement", "NN same"),
-    ("region_f", "text regions F vs FP32"),
-    ("miou", "mIoU vs FP32"),
-    ("top1_labels", "top-1 vs labels"),
-    ("cer_labels", "CER vs labels"),
-    ("map50_labels", "mAP50 vs labels"),
-    ("region_f_labels", "text regions F vs labels"),
-    ("token_agreement", "generated tokens as FP32's"),
-)
+DECISIONS = (("equal", "values same"), *shown_keys())  # each figure of what an output decides, in words
 SHAPED = " @ "  # a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
 
 
@@ -200,7 +198,7 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
 
 def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
     """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own; else nothing."""
-    sign = -1.0 if key.startswith("cer") else 1.0  # an error rate is worse higher, an agreement lower
+    sign = -1.0 if lower_is_closer(key) else 1.0  # an error rate is worse higher, an agreement lower
     elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
                  if other.startswith(name + SHAPED) and key in values}
     if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
@@ -217,117 +215,6 @@ def load_json(path: Path) -> dict[str, Any]:
 
 # --- one typed value per result file, whose from_json checks what it reads (autoprec.core.fields): plots, tables,
 # report and exports read these, never the JSON, and a hand-edited or damaged file is refused in one line ---
-
-
-def _engine(f: Fields) -> EngineInfo:
-    for key in ("backend", "engine", "version", "provider", "device", "qdq_form"):
-        f[key].text()
-    f["measured"].flag()
-    for key in ("caveat", "timing"):
-        if (found := f.get(key)) is not None:
-            found.text()
-    return EngineInfo.from_json(f.value)
-
-
-@dataclass(frozen=True)
-class Header:
-    """What every result file begins with: the model, the engine, the search's record."""
-
-    model: ModelRecord
-    engine: EngineInfo
-    search: SearchFacts
-
-    @classmethod
-    def from_json(cls, f: Fields) -> Header:
-        return cls(ModelRecord.from_json(f["model"]), _engine(f["engine"]), SearchFacts.from_json(f["search"]))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model.to_json(), "engine": self.engine.to_json(), "search": self.search.to_json()}
-
-
-def _schema(f: Fields, schema: str) -> None:
-    f["schema"].one_of((schema,))
-
-
-@dataclass(frozen=True)
-class TrialsFile:
-    """trials.json: every finished trial of the study."""
-
-    header: Header
-    trials: tuple[TrialRecord, ...]
-
-    @classmethod
-    def from_json(cls, f: Fields) -> TrialsFile:
-        _schema(f, PARETO_SCHEMA)
-        return cls(Header.from_json(f), tuple(map(TrialRecord.from_json, f["trials"].items())))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "trials": [t.to_json() for t in self.trials]}
-
-
-@dataclass(frozen=True)
-class ParetoFile:
-    """pareto.json: the Pareto front, the chosen trial, its speed-ups and the uniform plans' trials."""
-
-    header: Header
-    front: tuple[TrialRecord, ...]
-    chosen: int | None
-    versus: Versus
-    uniform: dict[str, int]
-
-    @classmethod
-    def from_json(cls, f: Fields) -> ParetoFile:
-        _schema(f, PARETO_SCHEMA)
-        header, front = Header.from_json(f), tuple(map(TrialRecord.from_json, f["front"].items()))
-        chosen = f["chosen"].nullable()
-        return cls(header, front, chosen.integer() if chosen else None, Versus.from_json(f),
-                   {precision: number.integer() for precision, number in f["uniform"].mapping().items()})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "front": [t.to_json() for t in self.front],
-                "chosen": self.chosen, **self.versus.to_json(), "uniform": self.uniform}
-
-
-@dataclass(frozen=True)
-class PlanFile:
-    """best/plan.json: the chosen trial, its units, best/'s files and how its model ships."""
-
-    header: Header
-    trial: TrialRecord
-    units: tuple[ChosenUnit, ...]
-    files: dict[str, str]
-    deployment: ShippedAs | None  # None: a result older than the record of it
-    sha256: dict[str, str] | None  # best/'s models' sha256 (None: a result older than the record of them)
-
-    @classmethod
-    def from_json(cls, f: Fields) -> PlanFile:
-        _schema(f, PLAN_SCHEMA)
-        deployment, sha256 = f.get("deployment"), f.get("sha256")
-        return cls(Header.from_json(f), TrialRecord.from_json(f), tuple(map(ChosenUnit.from_json, f["units"].items())),
-                   {name: what.text() for name, what in f["files"].mapping().items()},
-                   ShippedAs.from_json(deployment) if deployment else None,
-                   {name: digest.text() for name, digest in sha256.mapping().items()} if sha256 else None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": PLAN_SCHEMA, **self.header.to_json(), **self.trial.to_json(),
-                "units": [u.to_json() for u in self.units], "files": self.files,
-                **({"deployment": self.deployment.to_json()} if self.deployment else {}),
-                **({"sha256": self.sha256} if self.sha256 is not None else {})}
-
-
-def _sensitivity(f: Fields) -> Sensitivity:
-    """sensitivity.json (see :class:`autoprec.study.sensitivity.Sensitivity`), checked."""
-    f["engine"].text(), f["batches"].integer(), f["evaluations"].integer(), f["seconds"].number()
-    if (share := f["unattributed_share"].nullable()) is not None:
-        share.number()
-    for unit in f["units"].items():
-        unit["unit"].text(), unit["op_type"].text()
-        if (share := unit["share"].nullable()) is not None:
-            share.number()
-        for key in ("loss", "gain"):
-            for value in unit[key].mapping().values():
-                value.number()
-    return Sensitivity.from_json(f.value)
 
 
 def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
@@ -567,7 +454,7 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     trials, trials_doc = _read(out_dir / "trials.json", TrialsFile.from_json)
     plan, plan_doc = (_read(out_dir / "best" / "plan.json", PlanFile.from_json)
                       if (out_dir / "best" / "plan.json").is_file() else (None, None))
-    sensitivity = (_read(out_dir / "sensitivity.json", _sensitivity)[0]
+    sensitivity = (_read(out_dir / "sensitivity.json", sensitivity_of)[0]
                    if (out_dir / "sensitivity.json").is_file() else None)
     result = ResultFiles(out_dir, pareto, trials, plan, sensitivity)
     _check_consistent(result)

@@ -18,11 +18,11 @@ import numpy as np
 
 from autoprec.core import atomic
 from autoprec.core.escape import printable
-from autoprec.measure.diagnosis import UnitError, culprits
+from autoprec.measure.diagnosis import culprits
+from autoprec.record.per_unit import Sensitivity, UnitError
+from autoprec.record.trial import TrialRecord
 from autoprec.results.files import ResultFiles
 from autoprec.results.rows import loss_name, stated_speedups, trial_rows
-from autoprec.study.optimize import TrialRecord
-from autoprec.study.sensitivity import Sensitivity
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

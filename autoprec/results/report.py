@@ -10,7 +10,7 @@ from typing import Any
 
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.speedup import ratio_text
+from autoprec.record.verdict import ratio_text
 from autoprec.results.console import shape_lines
 from autoprec.results.files import DECISIONS, ResultFiles, decisions
 from autoprec.results.plots import plot_result_dir

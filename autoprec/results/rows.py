@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoprec.measure.speedup import Speedup
+from autoprec.record.trial import TrialRecord
+from autoprec.record.verdict import Speedup
 from autoprec.results.files import ResultFiles
-from autoprec.study.optimize import TrialRecord
+from autoprec.tasks import TASKS, lower_is_closer
 
 # What a row is, besides a front member or the chosen plan, as its table marks it and a caption explains it.
 ROLES = {
@@ -33,17 +34,13 @@ COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own run
 
 # The loss each --metric names, as every view (show, report, compare, the plots) says it: lower is
 # better, 0 is FP32's own outputs; a similarity is said as its loss, never as itself beside it.
-LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error",
-              "max_abs": "max abs error", "top1": "share of top-1 changed",
-              "ctc-text": "CER vs FP32", "detection": "1 − mAP50 vs FP32",
-              "embedding": "embedding loss", "text-regions": "1 − region F vs FP32",
-              "segmentation": "1 − mIoU vs FP32"}
+LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error", "max_abs": "max abs error",
+              **{task.name: task.said for task in TASKS}}
 # Each figure of a plan's outputs: its name with its direction (↓ lower is closer to FP32, ↑
 # higher), and how the recorded value reads that way (a cosine similarity: its loss, 1 − cosine).
 FIGURES = {"cosine": ("cosine loss (1 − cos) ↓", lambda v: 1.0 - v),
            "rel_l2": ("rel. L2 error ↓", None), "max_abs": ("max abs error ↓", None),
            "snr_db": ("SNR dB ↑", None)}
-LOWER_IS_CLOSER = ("cer", "cer_labels", "box_count_change", "region_count_change", "embedding_loss")
 
 
 def loss_name(metric: str) -> str:
@@ -62,7 +59,7 @@ def figure(key: str, value: float, labels: dict[str, str]) -> tuple[str, float]:
     if key in FIGURES:
         name, turn = FIGURES[key]
         return name, turn(value) if turn else value
-    arrow = "↓" if key in LOWER_IS_CLOSER else "↑"
+    arrow = "↓" if lower_is_closer(key) else "↑"
     return f"{labels.get(key, key)} {arrow}", value
 
 

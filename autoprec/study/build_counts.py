@@ -9,8 +9,8 @@ from typing import Any
 
 import optuna
 
-from autoprec.study.optimize import built_trials, on_node_time_build
-from autoprec.study.sensitivity import Sensitivity
+from autoprec.record.per_unit import Sensitivity
+from autoprec.study.reading import built_trials, on_node_time_build
 
 log = logging.getLogger("autoprec")
 

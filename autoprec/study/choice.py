@@ -7,17 +7,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from autoprec.core.errors import AutoprecError, first_line
-from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.measure import speedup
-from autoprec.measure.confirmation import HeldOut, HeldOutJudge
+from autoprec.measure.confirmation import HeldOutJudge
 from autoprec.measure.measurement import Measurer
-from autoprec.measure.speedup import Speedup, Steadiness
-from autoprec.study.optimize import RETIME_ROUNDS, TrialRecord, uniform_trials
+from autoprec.record import verdict
+from autoprec.record.trial import TrialRecord
+from autoprec.record.verdict import HeldOut, NotShipped, Rival, Speedup, Steadiness, Versus
+from autoprec.study.reading import uniform_trials
+from autoprec.study.retiming import RETIME_ROUNDS
 
 log = logging.getLogger("autoprec")
 
@@ -186,11 +188,11 @@ class FinalTiming(Protocol):
     did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
 
     def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
-                 apart: bool) -> speedup.Rounds | None: ...
+                 apart: bool) -> verdict.Rounds | None: ...
 
 
 def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
-                      apart: bool) -> speedup.Rounds:
+                      apart: bool) -> verdict.Rounds:
     """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
     session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
     chosen = contenders[0]
@@ -198,7 +200,7 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
         "tell from it," if len(contenders) > 1 else ""
     log.info(
         f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({speedup.CONFIDENCE:.0%} interval within {speedup.NARROW:.0%}; every model's session "
+        f"speed-ups are known ({verdict.CONFIDENCE:.0%} interval within {verdict.NARROW:.0%}; every model's session "
         f"built anew for each of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
     )
     return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
@@ -262,7 +264,7 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
     if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not within_noise:
         unknown = "" if versus_fp32.narrow else (
             f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
-            f"{speedup.ADVICE}")
+            f"{verdict.ADVICE}")
         not_shipped = NotShipped(chosen.number, versus_fp32, (
             f"not faster than all-FP32 beyond timing noise ({versus_fp32.text()}): best/ holds the all-FP32 plan "
             f"(--ship-within-noise ships it anyway){unknown}"))
@@ -274,80 +276,3 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
         preparation if versus_source else None, not_shipped, timed.rivals, timed.steadiness)
 
 
-@dataclass(frozen=True)
-class NotShipped:
-    """The fastest plan within the limit, left out of best/ for want of a gain beyond timing noise."""
-
-    trial: int
-    claim: Speedup
-    why: str
-
-
-@dataclass(frozen=True)
-class Rival:
-    """A plan the final timing ran beside the chosen one (the re-timing could not tell them apart), and its
-    speed-up over all-FP32 in the same rounds."""
-
-    trial: int
-    claim: Speedup
-
-
-@dataclass(frozen=True)
-class Versus:
-    """The chosen plan's speed-ups: over all-FP32 (trial ``fp32_trial``) and over the given model as it is, of
-    which ``preparation`` is autoprec's FP32 folding alone; the plan not shipped, if one was not; and the
-    rivals it was timed against and outran."""
-
-    fp32: Speedup | None = None
-    fp32_trial: int | None = None
-    source: Speedup | None = None
-    preparation: Speedup | None = None
-    not_shipped: NotShipped | None = None
-    rivals: tuple[Rival, ...] = ()
-    steadiness: Steadiness | None = None  # the machine during the final timing (None: an older result)
-
-    def rivals_said(self) -> str | None:
-        """``trial 2 1.38× (1.35–1.41, 95 %), trial 9 …``: what the rivals ran at in the chosen plan's rounds."""
-        return ", ".join(f"trial {r.trial} {r.claim.text()}" for r in self.rivals) or None
-
-    def to_json(self) -> dict[str, Any]:
-        source = None
-        if self.source is not None:
-            source = {**self.source.to_json(), "preparation": self.preparation.to_json() if self.preparation else None}
-        unproven = self.not_shipped
-        return {
-            "chosen_vs_fp32": {"fp32_trial": self.fp32_trial, **self.fp32.to_json()} if self.fp32 else None,
-            "chosen_vs_source": source,
-            "not_shipped": {"trial": unproven.trial, **unproven.claim.to_json(), "why": unproven.why}
-            if unproven else None,
-            "final_rivals": [{"trial": r.trial, **r.claim.to_json()} for r in self.rivals],
-            "final_timing": self.steadiness.to_json() if self.steadiness else None,
-        }
-
-    @classmethod
-    def from_json(cls, pareto: Fields) -> Versus:
-        """From pareto.json's top level (checked; an older result lacks the keys added since: none)."""
-        fp32, source, unproven, rivals, timing = (
-            found.nullable() if (found := pareto.get(k)) is not None else None
-            for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals", "final_timing"))
-        pareto["chosen_vs_fp32"]
-        preparation = source.get("preparation") if source else None
-        return cls(
-            Speedup.from_json(fp32) if fp32 else None,
-            fp32["fp32_trial"].integer() if fp32 else None,
-            Speedup.from_json(source) if source else None,
-            Speedup.from_json(preparation) if preparation and preparation.nullable() else None,
-            NotShipped(unproven["trial"].integer(), Speedup.from_json(unproven), unproven["why"].text())
-            if unproven else None,
-            tuple(Rival(r["trial"].integer(), Speedup.from_json(r)) for r in rivals.items()) if rivals else (),
-            _steadiness(timing),
-        )
-
-
-def _steadiness(f: Fields | None) -> Steadiness | None:
-    if f is None:
-        return None
-    if (others := f["others_cores"].nullable()) is not None:
-        others.numbers()
-    f["fp32_level_moved"].number(), f["cores"].integer(), f["moved"].flag()
-    return Steadiness.from_json(f.value)

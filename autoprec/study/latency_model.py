@@ -19,6 +19,7 @@ import onnx
 
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.core.plan import Plan
+from autoprec.record.trial import Features
 
 CONVERSION_OPS = ("QuantizeLinear", "Cast")
 # How strongly the fit is drawn towards the profile's reading (1, 1, 0), in trials' worth of evidence.
@@ -31,23 +32,6 @@ def conversions(lowered: onnx.ModelProto, fp32: onnx.ModelProto) -> int:
         return sum(n.op_type in CONVERSION_OPS for n in all_nodes(model))
 
     return max(0, count(lowered) - count(fp32))
-
-
-@dataclass(frozen=True)
-class Features:
-    """What a plan's prediction reads: the fraction of FP32 time its INT8 and FP16 units saved in the
-    profiles, and the conversion nodes its lowering has."""
-
-    saved_int8: float
-    saved_fp16: float
-    conversions: int
-
-    def to_json(self) -> dict:
-        return {"saved_int8": self.saved_int8, "saved_fp16": self.saved_fp16, "conversions": self.conversions}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> Features:
-        return cls(float(data["saved_int8"]), float(data["saved_fp16"]), int(data["conversions"]))
 
 
 @dataclass
@@ -91,10 +75,6 @@ class LatencyModel:
         )
         self.coefficients = tuple(float(c) for c in solution)
         self.fitted_on = len(measured)
-
-    def to_json(self) -> dict:
-        return {"fp32_ms": round(self.fp32_ms, 4), "coefficients": [round(c, 5) for c in self.coefficients],
-                "fitted_on": self.fitted_on}
 
 
 def median_error_percent(pairs: Sequence[tuple[float, float]]) -> float | None:

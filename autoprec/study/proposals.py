@@ -22,21 +22,13 @@ from optuna.trial import TrialState
 
 from autoprec.core.plan import Plan
 from autoprec.measure.measurers import Measuring
+from autoprec.record.per_unit import Sensitivity
+from autoprec.record.trial import Features
 from autoprec.study.joining import Joined
-from autoprec.study.latency_model import Features, LatencyModel, median_error_percent
-from autoprec.study.optimize import (
-    StudyContext,
-    built_trials,
-    distributions,
-    finished_records,
-    make_sampler,
-    open_study,
-    plan_from_params,
-    planned_params,
-    record,
-    uniform_trials,
-)
-from autoprec.study.sensitivity import Sensitivity
+from autoprec.study.latency_model import LatencyModel, median_error_percent
+from autoprec.study.opening import make_sampler, open_study
+from autoprec.study.optimize import StudyContext, distributions, plan_from_params, planned_params
+from autoprec.study.reading import built_trials, finished_records, record, uniform_trials
 
 log = logging.getLogger("autoprec")
 
@@ -199,7 +191,10 @@ class Proposer:
                              "measured_ms": round(measured.measurement.latency.median_ms, 4),
                              "reference_loss": trial.user_attrs["reference_loss"], "loss": measured.loss})
         gaps = [abs(r["loss"] - r["reference_loss"]) for r in rows if math.isfinite(r["loss"])]
-        return {"latency_model": self.model.to_json() if self.model else None,
+        model = self.model
+        fitted = {"fp32_ms": round(model.fp32_ms, 4), "coefficients": [round(c, 5) for c in model.coefficients],
+                  "fitted_on": model.fitted_on} if model else None
+        return {"latency_model": fitted,
                 "median_abs_error_percent": median_error_percent([(r["predicted_ms"], r["measured_ms"]) for r in rows]),
                 "loss_gap": {"median_abs": statistics.median(gaps), "max_abs": max(gaps)} if gaps else None,
                 "predictions": rows}

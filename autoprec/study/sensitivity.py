@@ -20,9 +20,8 @@ import json
 import math
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import onnx
 
@@ -34,90 +33,8 @@ from autoprec.backends.base import Backend
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import MetricError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
+from autoprec.record.per_unit import Sensitivity, UnitSensitivity
 from autoprec.study.coordination import StepFailure
-
-
-@dataclass(frozen=True)
-class UnitSensitivity:
-    unit: str
-    op_type: str
-    share: float | None  # fraction of the FP32 model's profiled time spent in this unit's nodes
-    loss: dict[str, float]  # precision -> accuracy loss with only this unit lowered to it
-    # precision -> fraction of the FP32 time saved by this unit in the profiled all-units plan
-    # (negative: slower than FP32); empty when the engine has no profiler
-    gain: dict[str, float] = field(default_factory=dict)
-    members: int = 1  # the units it stands for: itself and those of its repeated pattern, decided with it
-
-    def cost(self, precision: str, by_gain: bool = False) -> float:
-        """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves nothing.
-
-        The time saved is the unit's measured gain (``by_gain``, where profiled), else its FP32
-        share; without a profile, the cost is the loss."""
-        loss = self.loss[precision]
-        saved = self.gain.get(precision, self.share) if by_gain else self.share
-        if not math.isfinite(loss):
-            return math.inf
-        if saved is None:
-            return loss
-        return loss / saved if saved > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    units: tuple[UnitSensitivity, ...]  # searchable units, in graph order
-    unattributed_share: float | None  # profiled time the engine could not attribute to a unit
-    batches: int  # evaluation batches each loss was measured on
-    evaluations: int  # one-unit plans evaluated (0 when read from the cache)
-    seconds: float
-    engine: str
-    failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
-    first_error: str = ""
-    node_time_builds: int = 0  # builds that timed a plan's nodes (the FP32 model, each all-units plan); json 'profiles'
-    evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the node times)
-    judged: str = ""  # each loss's metric in words (Judge.said); "" in a file written before it was recorded
-
-    def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
-        """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
-        return sorted(
-            (u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain)
-        )
-
-    def node_timed(self, precision: Precision) -> bool:
-        """Whether the time each unit saves in ``precision`` was measured."""
-        return any(precision.value in u.gain for u in self.units)
-
-    def to_json(self) -> dict[str, Any]:
-        """Strict JSON: a loss that is not finite (a failed or overflowing plan) is written "inf"."""
-        units = [
-            {**asdict(u), "loss": {p: v if math.isfinite(v) else "inf" for p, v in u.loss.items()}} for u in self.units
-        ]
-        return {
-            "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
-            "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
-            "failed": self.failed, "first_error": self.first_error, "profiles": self.node_time_builds,
-            "evaluation_seconds": round(self.evaluation_seconds, 3), "judged": self.judged,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Sensitivity:
-        units = tuple(
-            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"],
-                            u.get("members", 1))
-            for u in data["units"]
-        )
-        return cls(
-            units,
-            data["unattributed_share"],
-            data["batches"],
-            data["evaluations"],
-            data["seconds"],
-            data["engine"],
-            data.get("failed", 0),
-            data.get("first_error", ""),
-            data.get("profiles", 0),
-            data.get("evaluation_seconds", 0.0),
-            str(data.get("judged") or ""),
-        )
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:

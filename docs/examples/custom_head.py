@@ -13,7 +13,7 @@ stops the search with a line naming the function. Run with this folder on the pa
 
 import numpy as np
 
-from autoprec.measure.regions import region_f_score
+from autoprec.tasks.regions import region_f_score
 
 OUTPUT = "boxes"  # the head's output name
 SCORE = 0.3  # boxes kept at this score or above

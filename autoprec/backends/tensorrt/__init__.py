@@ -37,7 +37,7 @@ from autoprec.analysis import subgraphs
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.backends.base import Backend, EngineInfo
+from autoprec.backends.base import Backend
 from autoprec.backends.doctor_steps import DoctorCase, Made, Step
 from autoprec.backends.gpus import gpu_facts
 from autoprec.backends.tensorrt.layers import EngineLayers, parse_engine_layers
@@ -64,11 +64,12 @@ from autoprec.backends.tensorrt.runner import (
     cuda_api,
     cuda_importable,
 )
-from autoprec.core import atomic, untrusted
+from autoprec.core import atomic, engines, untrusted
 from autoprec.core.errors import AutoprecError, BackendError
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
+from autoprec.record.trial import EngineInfo
 
 # The package's public names (its modules: loader builds, runner runs, profile shapes, layers reads engines).
 __all__ = ["OPTIMIZATION_LEVEL", "TENSORRT", "TENSORRT_RTX", "WORKSPACE_BYTES", "TensorRTBackend", "TensorRTRtxBackend",
@@ -157,7 +158,7 @@ class NodeTimedEngines:
 class TensorRTBackend(Backend):
     """Strongly typed TensorRT builds of the TensorRT Q/DQ form (signed symmetric, inputs only)."""
 
-    name = "tensorrt"
+    name = engines.TENSORRT
     flavour = TENSORRT
     qdq_form = QDQForm.TENSORRT
     default_build_workers = 2  # an engine build takes seconds to minutes: build the next one while one is timed
@@ -257,7 +258,7 @@ class TensorRTRtxBackend(TensorRTBackend):
     """TensorRT for RTX (PyPI): the same builds, engines that run on compute capability 8.0/8.6/8.9/12.x,
     kernels compiled at the first run and kept in a runtime cache."""
 
-    name = "tensorrt-rtx"
+    name = engines.TENSORRT_RTX
     flavour = TENSORRT_RTX
     # Seen in its builder's layer list (benchmarks/tensorrt_form.py): never run, as no engine of it runs here.
     float_int8_ops = {"ConvTranspose": "TensorRT for RTX 1.7 builds a ConvTranspose between Q/DQ as an FP32 "

@@ -23,7 +23,7 @@ from autoprec.backends.tensorrt.layers import (
     plan_fidelity,
 )
 from autoprec.backends.tensorrt.optimization_profile import optimization_profile
-from autoprec.core import atomic
+from autoprec.core import atomic, engines
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
@@ -58,7 +58,7 @@ class Flavour:
 
 
 TENSORRT = Flavour(
-    "tensorrt", ("tensorrt",),
+    engines.TENSORRT, ("tensorrt",),
     "--backend tensorrt needs TensorRT's Python package (10.12 or newer) and cuda-python: "
     "pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com",
     always_strongly_typed=False, timing_cache=True, runtime_cache=False,
@@ -69,7 +69,7 @@ TENSORRT = Flavour(
 
 
 TENSORRT_RTX = Flavour(
-    "tensorrt-rtx",
+    engines.TENSORRT_RTX,
     ("tensorrt_rtx", "tensorrt_rtx_bindings"),
     "--backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): pip install 'autoprec[tensorrt-rtx]'",
     always_strongly_typed=True,

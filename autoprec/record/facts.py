@@ -1,6 +1,8 @@
-"""The result record's typed parts, read from and written to the result files here: the model a search was
-given, the search's facts a reader is shown, the chosen plan's speed-ups, its units and how best/ ships it.
-Views (terminal, report, plots, compare, the build card) take these values, never the JSON."""
+"""What a search did and what it ships, as its result records it: the model it was given, the facts a reader is
+shown (how it was asked, the shapes it judged, where its wall clock went, how far the machine drifted), the
+sensitivity pass, how best/ ships the chosen plan (its checks against the given model at each shape, the timing
+across the profile), its units, and a diagnosis's rows. Views (terminal, report, plots, compare, the build card)
+take these values, never the JSON."""
 
 from __future__ import annotations
 
@@ -8,17 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from autoprec.analysis.data import ShapePoint
-from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.fields import Fields
-from autoprec.core.plan import Precision
 from autoprec.core.profile import POINTS, ShapeProfile
-from autoprec.measure.confirmation import ADVICE, HeldOut
-from autoprec.measure.deployment import PointCheck, ProfileTiming
-from autoprec.study.optimize import TrialRecord
+from autoprec.core.stored import StoredModel
+from autoprec.record.trial import TrialRecord
+from autoprec.record.verdict import HELD_OUT_ADVICE, HeldOut
 
 DRIFT_WORTH_SAYING = 10.0  # percent
-PRECISIONS = tuple(p.value for p in Precision)
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ class SearchFacts:
         batches, timing, drift, held, spec = f["batches"], f.get("profile_timing"), f.get("timing_drift"), \
             f.get("held_out"), f.get("spec")
         return cls(
-            f["metric"].text(), _nullable_number(f["max_loss"]), f["budget"].integer(), f["trials"].integer(),
+            f["metric"].text(), f["max_loss"].number_or_none(), f["budget"].integer(), f["trials"].integer(),
             len(f["rejected"].items()) if "rejected" in search else 0, f["sampler"].text(), f["seed"].integer(),
             f["calibration"].text(), f["study_name"].text(), f["storage"].text(), f["data"].text(),
             (batches["calibration"].integer(), batches["evaluation"].integer()), f["random_data"].flag(),
@@ -116,7 +114,7 @@ class SearchFacts:
             tuple(f["decision_changes"].texts()) if "decision_changes" in search else (),
             _drift(drift.nullable()) if drift else None, _profile_timing(timing) if timing else None,
             _spec_model(spec) if spec else None, _held_out(held) if held else None,
-            _nullable_text(f["limit_in_decisions"]) if "limit_in_decisions" in search else None,
+            f["limit_in_decisions"].text_or_none() if "limit_in_decisions" in search else None,
             _profile(f["profile"]) if search.get("profile") else None,
             f["run"].text() if "run" in search else None,
             {k: v.number() for k, v in f["stage_seconds"].mapping().items()} if "stage_seconds" in search else {},
@@ -146,7 +144,7 @@ class SearchFacts:
         if failed := held.failed():
             lines.append(f"⚠ within --max-loss {held.max_loss:g} on the evaluation batches but not on {where}, so not "
                          "chosen: " + ", ".join(f"trial {t} (loss {loss:.3g})" for t, loss in failed.items())
-                         + f"; {ADVICE}")
+                         + f"; {HELD_OUT_ADVICE}")
         return lines
 
 
@@ -163,12 +161,6 @@ class ModelRecord:
     preparation: tuple[str, ...]
     weight_bytes: int | None = None
     external_data: bool = False
-
-    @classmethod
-    def of(cls, info: ModelInfo) -> ModelRecord:
-        return cls(Path(info.path).resolve(), info.sha256, {i.name: (list(i.shape), i.dtype) for i in info.inputs},
-                   {o.name: (list(o.shape), o.dtype) for o in info.outputs}, len(info.units),
-                   len(info.searchable_units), tuple(info.notes), info.stored.weight_bytes(), info.external_data)
 
     @classmethod
     def from_json(cls, f: Fields) -> ModelRecord:
@@ -198,30 +190,6 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class ChosenUnit:
-    """One unit of the chosen plan (best/plan.json's ``units``), in graph order."""
-
-    name: str
-    op_type: str
-    fused: tuple[str, ...]
-    precision: str
-
-    allowed: tuple[str, ...] = ()
-    tied_to: str | None = None  # the unit of its repeated pattern it takes its precision from
-
-    @classmethod
-    def from_json(cls, f: Fields) -> ChosenUnit:
-        tied_to = f.get("tied_to")
-        return cls(f["name"].text(), f["op_type"].text(), tuple(f["fused"].texts()), f["precision"].one_of(PRECISIONS),
-                   tuple(item.one_of(PRECISIONS) for item in f["allowed"].items()),
-                   _nullable_text(tied_to) if tied_to else None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "op_type": self.op_type, "fused": list(self.fused), "allowed": list(self.allowed),
-                "tied_to": self.tied_to, "precision": self.precision}
-
-
-@dataclass(frozen=True)
 class ShippedAs:
     """What best/model.onnx is: the plan on the source's dims, or the measured fixed-shape model and why; with
     its checks against the given model across the profile (best/plan.json's ``deployment``)."""
@@ -238,13 +206,13 @@ class ShippedAs:
             check["point"].text()  # min, opt, max, data, or a shape the search judged (prefill, decode·39)
             for dims in check["shapes"].mapping().values():
                 dims.integers()
-            check["same_output_shapes"].flag(), _nullable_number(check["cosine_loss"]), _nullable_text(check["error"])
+            check["same_output_shapes"].flag(), check["cosine_loss"].number_or_none(), check["error"].text_or_none()
             if (items := check.get("items")) is not None:
                 items.integer()
             if (outside := check.get("outside_profile")) is not None:
                 outside.flag()
             checks.append(PointCheck.from_json(check.value))
-        return cls(_nullable_text(f["fixed_because"]), tuple(checks), f["keeps_source_dims"].flag())
+        return cls(f["fixed_because"].text_or_none(), tuple(checks), f["keeps_source_dims"].flag())
 
     def to_json(self) -> dict[str, Any]:
         return {"keeps_source_dims": self.keeps_source_dims, "fixed_because": self.fixed_because,
@@ -252,14 +220,6 @@ class ShippedAs:
 
 
 # --- reading the search section: each part checked where it is read (see autoprec.core.fields) ---
-
-
-def _nullable_number(f: Fields) -> float | None:
-    return None if f.value is None else float(f.number())
-
-
-def _nullable_text(f: Fields) -> str | None:
-    return None if f.value is None else f.text()
 
 
 def _metrics(f: Fields | None) -> dict[str, dict[str, float]]:
@@ -279,7 +239,7 @@ def _drift(f: Fields | None) -> Drift | None:
 def _held_out(f: Fields) -> HeldOut:
     f["engine"].text()
     judged = {j["trial"].integer(): float(j["loss"].number()) for j in f["judged"].items()}
-    return HeldOut(f["batches"].integer(), _nullable_number(f["max_loss"]), judged)
+    return HeldOut(f["batches"].integer(), f["max_loss"].number_or_none(), judged)
 
 
 def _judged_shapes(f: Fields) -> tuple[ShapePoint, ...]:
@@ -305,7 +265,7 @@ def _profile(f: Fields) -> ShapeProfile:
 def _profile_timing(f: Fields) -> ProfileTiming:
     for at in f["ms"].mapping().values():
         for point in POINTS:
-            _nullable_number(at[point])
+            at[point].number_or_none()
     f["feasible"].integers()
     for fastest in f["fastest"].mapping().values():
         if fastest.nullable():
@@ -338,7 +298,7 @@ def _spec(f: Fields) -> None:
     inputs, judge, space, study, isolation, engine = (f[k] for k in ("inputs", "judge", "space", "study", "isolation",
                                                                      "engine"))
     inputs["model"].text()
-    _nullable_text(inputs["data"])
+    inputs["data"].text_or_none()
     for key in ("shapes", "min_shapes", "max_shapes"):
         if (shapes := inputs[key].nullable()) is not None:
             for dims in shapes.mapping().values():
@@ -353,7 +313,7 @@ def _spec(f: Fields) -> None:
             read(found)
     engine["backend"].text(), engine["device"].integer(), engine["threads"].integer()
     _judge(judge)
-    _nullable_text(space["search_space"])
+    space["search_space"].text_or_none()
     space["overrides"].texts()
     if (precisions := space["precisions"].nullable()) is not None:
         precisions.texts()
@@ -361,22 +321,22 @@ def _spec(f: Fields) -> None:
     study["budget"].integer(), study["seed"].integer(), study["sampler"].text(), study["heartbeat"].integer()
     study["warm_start"].flag(), study["early_reject"].flag()
     for key in ("storage", "study_name", "artifacts"):
-        _nullable_text(study[key])
+        study[key].text_or_none()
     if (proposals := study["proposals"].nullable()) is not None:
         proposals.integer()
-    isolation["isolate"].flag(), isolation["trial_timeout"].number(), _nullable_number(isolation["trial_memory_gb"])
+    isolation["isolate"].flag(), isolation["trial_timeout"].number(), isolation["trial_memory_gb"].number_or_none()
     if (workers := isolation["build_workers"].nullable()) is not None:
         workers.integer()
 
 
 def _judge(f: Fields) -> None:
     f["metric"].text()
-    _nullable_number(f["max_loss"])
+    f["max_loss"].number_or_none()
     head = f["head"]
     head["blank"].integer(), head["conf"].number(), head["iou"].number()
     if (charset := head["charset"].nullable()) is not None:
         charset.texts()
-    _nullable_text(head["layout"]), _nullable_text(head["output"])
+    head["layout"].text_or_none(), head["output"].text_or_none()
     for key in ("db_thresh", "db_box_thresh"):
         if (found := head.get(key)) is not None:
             found.number()
@@ -390,8 +350,8 @@ def _check_recorded(f: Fields) -> None:
     optional = {
         "tied_units": Fields.integer, "out_of_range": Fields.texts, "data_fingerprint": Fields.text,
         "plan_ignored": Fields.integers, "engine_builds": Fields.integer, "engine_builds_scope": Fields.text,
-        "reference_evaluations": Fields.integer, "image_norm": _image_norm, "data_path": _nullable_text,
-        "calibration_file": _nullable_text, "search_space": lambda space: space.kind(dict, str),
+        "reference_evaluations": Fields.integer, "image_norm": _image_norm, "data_path": Fields.text_or_none,
+        "calibration_file": Fields.text_or_none, "search_space": lambda space: space.kind(dict, str),
     }
     for key, read in optional.items():
         if (found := f.get(key)) is not None:
@@ -406,3 +366,116 @@ def _check_recorded(f: Fields) -> None:
         reference["executor"].text(), reference["proposals_per_build"].integer()
     if (tasks := f.get("metric_tasks")) is not None:
         tasks["tasks"].texts(), tasks["options"].kind(dict)
+
+
+@dataclass(frozen=True)
+class ShapePoint:
+    """One shape a deployment runs, judged by every trial (see :mod:`autoprec.analysis.shape_points`): ``name`` as
+    the result shows it (``opt``: the data's own, ``prefill``, ``decode·47``, ``min``), what it is in words, its inputs' shapes,
+    and how many runs of it one deployment request makes (its weight in the latency; 0: judged, not timed)."""
+
+    name: str
+    said: str
+    shapes: dict[str, tuple[int, ...]]
+    runs: int = 1
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "said": self.said, "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "runs": self.runs}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ShapePoint:
+        return cls(data["name"], data["said"], {k: tuple(v) for k, v in data["shapes"].items()}, int(data["runs"]))
+
+
+@dataclass(frozen=True)
+class PointCheck:
+    """The shipped model at one point of the profile against the user's file: outputs of the same shape,
+    and the cosine loss between them (1 - cosine; the relative L2 error of narrow outputs)."""
+
+    point: str  # min, opt, max, or "data": items the data holds at this shape
+    shapes: dict[str, tuple[int, ...]]
+    same_shapes: bool
+    loss: float | None  # None: it did not run
+    error: str | None = None
+    items: int = 1  # batches run (the data's items at this shape; evaluation batches fitted to a point)
+    outside_profile: bool = False  # data at a shape beyond the profile's min..max: an engine built for it refuses it
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.same_shapes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "point": self.point,
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "same_output_shapes": self.same_shapes,
+            "cosine_loss": self.loss,
+            "error": self.error,
+            "items": self.items,
+            "outside_profile": self.outside_profile,
+        }
+
+    @classmethod
+    def from_json(cls, check: dict[str, Any]) -> PointCheck:
+        loss = check["cosine_loss"]
+        return cls(check["point"], {k: tuple(v) for k, v in check["shapes"].items()}, check["same_output_shapes"],
+                   float(loss) if loss is not None else None, check["error"], check.get("items", 1),
+                   bool(check.get("outside_profile")))
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What best/model.onnx is: the plan on the source's dims (``fixed_because`` None), or the measured
+    fixed-shape model and why; with its checks against the given model."""
+
+    model: StoredModel
+    tensorrt_model: StoredModel | None
+    fixed_because: str | None
+    checks: tuple[PointCheck, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keeps_source_dims": self.fixed_because is None, "fixed_because": self.fixed_because,
+                "checked_against_source": [c.to_json() for c in self.checks]}
+
+
+@dataclass(frozen=True)
+class ProfileTiming:
+    """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after another on
+    one engine: milliseconds by trial and point."""
+
+    ms: dict[int, dict[str, float | None]]  # None: the plan did not run at that point
+    feasible: tuple[int, ...]  # the trials within --max-loss that ran at every point, in the order of the front
+    failed: dict[int, str] = field(default_factory=dict)  # trials that could not be built as deployed, and why
+
+    def fastest(self, point: str, among: Sequence[int] | None = None) -> int | None:
+        timed = [t for t in (among or self.ms) if self.ms[t][point] is not None]
+        return min(timed, key=lambda trial: self.ms[trial][point]) if timed else None
+
+    def across_range(self) -> int | None:
+        """The plan within the loss limit whose worst latency, against the fastest such plan at each point,
+        is least: the one to deploy across the range (None: no plan is within the limit)."""
+        if not self.feasible:
+            return None
+        points = next(iter(self.ms.values()))
+        best = {p: self.ms[self.fastest(p, self.feasible)][p] for p in points}
+        return min(self.feasible, key=lambda trial: max(self.ms[trial][p] / best[p] for p in points))
+
+    def to_json(self) -> dict[str, Any]:
+        points = list(next(iter(self.ms.values()), {}))
+        return {
+            "ms": {str(t): v for t, v in self.ms.items()},
+            "feasible": list(self.feasible),
+            "fastest": {p: self.fastest(p, self.feasible or None) for p in points},
+            "across_range": self.across_range(),
+            "failed": {str(t): why for t, why in self.failed.items()},
+            "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
+            "(not interleaved: differences of a few percent are noise)",
+        }
+
+    @classmethod
+    def from_json(cls, timing: dict[str, Any]) -> ProfileTiming:
+        ms = {int(t): {p: float(v) if v is not None else None for p, v in at.items()} for t, at in timing["ms"].items()}
+        return cls(ms, tuple(timing["feasible"]), {int(t): why for t, why in (timing.get("failed") or {}).items()})
+
+

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.tasks import class_nms
+from autoprec.tasks.boxes import class_nms
 
 STRIDES = (8, 16, 32, 64, 128)
 TOP_K = 1000  # candidates kept per stride before NMS (PaddleDetection's nms_top_k)

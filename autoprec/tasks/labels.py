@@ -3,16 +3,9 @@ labelled; and FP32's own score against them, which says whether they are this mo
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import numpy as np
-
-# What FP32's own score against the labels is where they cannot be this model's: per label score, a test of it.
-HOPELESS = {"map50_labels": lambda v: v <= 0.0, "region_f_labels": lambda v: v <= 0.0,
-            "miou_labels": lambda v: v <= 0.0, "cer_labels": lambda v: v >= 1.0}
-SAID = {"top1_labels": "top-1 vs labels", "map50_labels": "mAP50 vs labels", "region_f_labels": "text regions F vs "
-        "labels", "miou_labels": "mIoU vs labels", "cer_labels": "CER vs labels"}
 
 
 def class_scores(value: np.ndarray) -> bool:
@@ -50,21 +43,3 @@ def unscored(wanted: str, labels: Mapping[str, np.ndarray], outputs: Mapping[str
     return (f"the data's 'labels' hold class {int(truth.max())}, but output {name} scores {value.shape[-1]} classes "
             f"(0–{value.shape[-1] - 1}): give the model's own class numbers (negative: not labelled), or check the "
             "label mapping")
-
-
-def doubtful(fp32: Mapping[str, Mapping[str, float]], outputs: Mapping[str, np.ndarray]) -> list[str]:
-    """FP32's own scores against the labels where they say the labels may not be this model's: none right, or
-    top-1 no better than chance. A loss measured against such labels says little."""
-    lines = []
-    for name, scores in fp32.items():
-        for key, value in scores.items():
-            if math.isnan(value):
-                continue
-            classes = np.shape(outputs.get(name, ()))[-1:] or (0,)
-            chance = 1.0 / classes[0] if key == "top1_labels" and classes[0] >= 2 else None
-            if (chance is not None and value <= chance) or (key in HOPELESS and HOPELESS[key](value)):
-                where = f" (chance with {classes[0]} classes: {chance:.1%})" if chance is not None else ""
-                lines.append(f"FP32 itself scores {SAID.get(key, key)} {value:.1%} on output {name!r}{where}: the "
-                             "labels may not be this model's (another class order or mapping?), and a loss against "
-                             "them says little; check them")
-    return lines
