@@ -96,3 +96,12 @@ def test_a_limit_on_a_decision_counting_metric_is_said_in_decisions():
     assert "over 9 evaluation decision(s) allows 0 fewer correct answers than FP32's" in labelled
     assert Judge(Metric("cosine"), reference).limit_said(0.01) is None
     assert Judge(Metric("top1", ("top1",)), reference).limit_said(None) is None
+
+
+def test_an_output_empty_at_a_shape_agrees_with_an_empty_one_and_not_with_values():
+    """A merged decoder returns an empty tensor from the branch it did not take: nothing to compare, no error."""
+    from autoprec.measure.accuracy import output_metrics
+
+    empty = np.zeros((0, 4, 0, 64), np.float32)
+    assert output_metrics(empty, empty.copy())["cosine"] == 1.0
+    assert output_metrics(empty, np.zeros((1, 4, 7, 64), np.float32))["cosine"] == 0.0

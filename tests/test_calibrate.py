@@ -82,3 +82,25 @@ def test_calibration_and_reference_are_cached_and_reused(conv, tmp_path, monkeyp
             "percentile-99.9"
         )
     np.testing.assert_array_equal(ref_again[0]["probs"], ref[0]["probs"])
+
+
+def test_a_tensor_holding_infinities_and_float_extremes_is_ranged_by_its_finite_values(tmp_path):
+    """An attention mask's -inf or float32's lowest (a causal mask as exporters write it) reaches a MatMul's input:
+    calibration ranges what it can bin and the search goes on (it raised on both before)."""
+    from onnx import TensorProto, helper
+
+    mask = np.array([0.0, -np.inf, np.finfo(np.float32).min, 0.0], np.float32)
+    model = builders._model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], "first"), helper.make_node("Add", ["h", "mask"], ["m"], "mask"),
+         helper.make_node("MatMul", ["m", "w2"], ["y"], "second")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [builders._init("w1", np.eye(4)), builders._init("mask", mask), builders._init("w2", np.ones((4, 2)))])
+    path = builders.save(model, tmp_path / "masked.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32))
+    info = analyse(path, load_search_space())
+    data = build_dataset(tmp_path / "x.npz", info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    masked = ranges["m"]
+    assert np.isfinite([masked.min, masked.max]).all() and masked.min <= -1e29 and masked.max < 10
+    assert np.isfinite(masked.amax("percentile-99.99"))

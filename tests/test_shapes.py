@@ -175,3 +175,65 @@ def test_shape_weights_name_a_judged_shape_or_phase(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "--shape-weights prompt: no such point; the points are opt, prefill, first token, decode·5" in err
+
+
+def test_a_decoders_data_in_a_file_per_phase_is_judged_at_each_phase(tmp_path):
+    """A folder of one .npz per phase, each a batch of items (rows along the batch dim): the file of the most
+    items is the search's shape, every other file a point judged beside the prefill and decode ones."""
+    from autoprec.analysis.data import build_dataset, item_shapes
+    from autoprec.analysis.model import analyse
+    from autoprec.analysis.shape_points import judged_shapes
+    from autoprec.core.search_space import load_search_space
+
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    folder = tmp_path / "phases"
+    folder.mkdir()
+    decoder_data(model, folder / "decode.npz", items=8)  # 5 tokens after a past of 6
+    rows, tokens = 3, 7
+    np.savez(folder / "prompts.npz", input_ids=np.random.default_rng(4).integers(0, 24, (rows, tokens)),
+             attention_mask=np.ones((rows, tokens), np.int64), position_ids=np.tile(np.arange(tokens), (rows, 1)),
+             **{f"past_key_values.0.{kv}": np.zeros((rows, 1, 0, 16), np.float32) for kv in ("key", "value")})
+    inputs = declared_inputs(onnx.load(str(model)))
+    info = analyse(model, load_search_space(), data_shapes=item_shapes(folder, inputs))
+    measured, dataset = judged_shapes(info, build_dataset(folder, info.inputs))
+    points = {p.name: p for p in dataset.points}
+    assert list(points) == ["opt", "prefill", "first token", "decode·5", "decode·45", "data·1"]
+    assert points["data·1"].said == "the data's items: batch 1, 7 token(s) after a past of 0"
+    assert points["data·1"].shapes["past_key_values.0.key"] == (1, 1, 0, 16)
+    assert len(dataset.other_shapes) == rows
+
+
+def test_a_merged_decoders_branch_flag_is_fed_per_phase_and_never_stacked(tmp_path):
+    """optimum's merged export takes ``use_cache_branch`` [1] (False: its graph without a past, True: with it):
+    generation from several prompts keeps it one value per run, False at prefill and True at every decode step."""
+    from autoprec.analysis.decoder import prefill
+    from autoprec.measure.shaped import GenerationJudge
+
+    model = kv_decoder()
+    model.graph.input.append(helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]))
+    decoder = _decoder_of(model)
+    assert decoder.branch == "use_cache_branch" and "use_cache_branch" in decoder.unbatched
+    runs, fed = session(save(model, tmp_path / "merged.onnx")), []
+    names = [o.name for o in runs.get_outputs()]
+
+    def run(feeds):
+        fed.append(feeds["use_cache_branch"].tolist())
+        return dict(zip(names, runs.run(None, feeds)))
+
+    prompt = {"input_ids": np.array([[1, 2, 3]]), "attention_mask": np.ones((1, 3), np.int64),
+              "position_ids": np.arange(3)[None], "use_cache_branch": np.array([True]),
+              **{f"past_key_values.0.{kv}": np.zeros((1, 1, 0, 16), np.float32) for kv in ("key", "value")}}
+    prompts = [prefill(decoder, dict(prompt), prompt["input_ids"] + row) for row in range(3)]
+    GenerationJudge.of(decoder, prompts, run)
+    assert fed[0] == [False] and fed[1:] and all(flag == [True] for flag in fed[1:])
+
+
+def test_a_constant_given_as_one_number_fills_an_input_of_shape_one():
+    """``--const use_cache_branch=1`` for optimum's merged export, whose flag is declared [1], not a scalar."""
+    from autoprec.analysis.model_info import TensorSpec
+    from autoprec.analysis.shapes import check_feeds
+
+    feeds = check_feeds([TensorSpec("use_cache_branch", (1,), "bool", None), TensorSpec("ids", (1, 3), "int64")],
+                        {"use_cache_branch": 1.0})
+    assert feeds["use_cache_branch"].shape == (1,) and feeds["use_cache_branch"].tolist() == [True]
+    assert feeds["ids"].shape == (1, 3)

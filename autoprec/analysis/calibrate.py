@@ -200,7 +200,7 @@ def calibrate(
         for batch in batches:
             # A tensor in an If branch the run did not take reads as empty: it has no values to range.
             values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
-            collector.collect({n: v.astype(np.float32, copy=False) for n, v in values.items()})
+            collector.collect({n: _histogrammable(v) for n, v in values.items()})
             for name, value in values.items():
                 magnitude = np.abs(value)
                 counts[name] += (
@@ -222,6 +222,15 @@ def calibrate(
     if cache is not None:
         ranges.save(cache)
     return ranges
+
+
+def _histogrammable(value: np.ndarray) -> np.ndarray:
+    """The values a histogram can bin: infinities and NaNs left out (an attention mask's -inf has no INT8 range)
+    and magnitudes bounded to SENTINEL (a mask of float32's lowest would make every bin infinitely wide).
+    An INT8 plan for such a tensor is still measured: the search sees what its clipping costs."""
+    value = np.asarray(value, np.float32).ravel()
+    finite = value[np.isfinite(value)]
+    return np.clip(finite, -SENTINEL, SENTINEL) if finite.size else np.zeros(1, np.float32)
 
 
 def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: str = "",

@@ -62,8 +62,8 @@ class Dataset:
     source: str
     random: bool
     labels: tuple[Batch, ...] | None = None
-    # Items the data holds at other shapes than the search's, a batch of one each: not searched on (every
-    # candidate is measured at one shape), but the shipped model is checked on them (see measure.deployment).
+    # Items the data holds at other shapes than the search's, a batch of one each: a point of their own where the
+    # model's dims are dynamic (autoprec.analysis.shape_points), and the shipped model checked on them.
     other_shapes: tuple[Batch, ...] = ()
     calibration_labels: tuple[Batch, ...] | None = None  # the calibration batches' ground truth, likewise
     # More shapes than the data's one (autoprec.analysis.shape_points): the points, and the point of each
@@ -201,12 +201,30 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                         raise DataError(
                             f"--data {f}: lacks array(s) {', '.join(missing)}; name arrays like the model inputs"
                         )
-                    for n in names:
-                        items[n].append(npz[n])
+                    for item in _file_items({n: npz[n] for n in names}, inputs):
+                        for n in names:
+                            items[n].append(item[n])
         except UNREADABLE as exc:
             raise DataError(f"--data {f}: cannot be read as a NumPy file ({exc}); re-save it with numpy.save") from None
     main = _main_group(items, inputs)
     return {n: np.stack([a for i, a in enumerate(arrays) if i in main]) for n, arrays in items.items()}
+
+
+def _file_items(arrays: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """One .npz file of a folder as items: one item, or — where its arrays carry the batch dim with more than one
+    row (a file per phase: a prompt batch, a decode batch) — one per row, each kept whole with a batch of 1."""
+    batched = [s for s in inputs if s.batch_axis is not None and np.ndim(arrays[s.name]) == len(s.shape)]
+    rows = {np.shape(arrays[s.name])[s.batch_axis] for s in batched}
+    if not batched or len(rows) != 1 or (count := rows.pop()) <= 1:
+        return [dict(arrays)]
+    items = []
+    for row in range(count):
+        item = {}
+        for spec in inputs:
+            array = arrays[spec.name]
+            item[spec.name] = np.take(array, [row], axis=spec.batch_axis) if spec in batched else array
+        items.append(item)
+    return items
 
 
 def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSpec]) -> set[int]:
@@ -249,11 +267,12 @@ def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple
             items[names[0]].append(np.load(f, allow_pickle=False))
             continue
         with np.load(f, allow_pickle=False) as found:
-            for n in names:
-                items[n].append(found[n])
+            for item in _file_items({n: found[n] for n in names}, inputs):
+                for n in names:
+                    items[n].append(item[n])
     main = _main_group(items, inputs)
     batches = []
-    for i in range(len(files)):
+    for i in range(len(items[names[0]])):
         if i in main:
             continue
         batch = {}
@@ -571,7 +590,7 @@ def build_dataset(
     fixed = {name: batches[0][name] for name in constants}  # (as every batch feeds them)
     others = tuple({**batch, **fixed} for batch in other_shapes(path, fed)) if fed else ()
     if others:
-        source += f" ({len(others)} item(s) at other shapes: checked on the shipped model, not searched on)"
+        source += f" ({len(others)} item(s) at other shapes: judged at their own shapes)"
     if len(batches) == 1:
         return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None,
                        tuple(truths) if truths else None, others, tuple(truths) if truths else None)

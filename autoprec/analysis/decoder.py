@@ -28,6 +28,7 @@ CACHE_NAMES = ((r"^present\.", "past_key_values."), (r"^present_key_values\.", "
 TOKEN_NAMES = ("input_ids", "decoder_input_ids", "tokens", "ids")
 MASK_NAMES = ("attention_mask", "decoder_attention_mask")
 POSITION_NAMES = ("position_ids", "cache_position")
+BRANCH_NAMES = ("use_cache_branch",)  # a merged export's flag: False runs the graph without a past, True with it
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Decoder:
     cache: tuple[CachePair, ...]
     mask: str | None = None
     positions: str | None = None
+    unbatched: tuple[str, ...] = ()  # inputs fed one tensor per run whatever the rows (a merged export's branch flag)
+    branch: str | None = None
 
     def past_length(self, batch: Mapping[str, np.ndarray]) -> int:
         pair = self.cache[0]
@@ -75,7 +78,10 @@ def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
         return None
     mask = _named(inputs, MASK_NAMES, lambda i: len(i.shape) == 2)
     positions = _named(inputs, POSITION_NAMES, lambda i: np.dtype(i.dtype).kind in "iu")
-    return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name, positions and positions.name)
+    unbatched = tuple(i.name for i in inputs if i.batch_axis is None)
+    branch = _named(inputs, BRANCH_NAMES, lambda i: np.dtype(i.dtype).kind == "b")
+    return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name, positions and positions.name,
+                   unbatched, branch and branch.name)
 
 
 def _named(specs: Sequence[TensorSpec], names: Sequence[str], fits: Callable[[TensorSpec], bool]) -> TensorSpec | None:
@@ -129,7 +135,7 @@ def prefill(decoder: Decoder, batch: Batch, tokens: np.ndarray) -> Batch:
         shape = list(np.shape(batch[pair.past]))
         shape[pair.axis] = 0
         fed[pair.past] = np.zeros(shape, batch[pair.past].dtype)
-    return _masked(decoder, fed, past=0, tokens=tokens.shape[1])
+    return _masked(decoder, _branch(decoder, fed, False), past=0, tokens=tokens.shape[1])
 
 
 def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], tokens: np.ndarray) -> Batch:
@@ -137,7 +143,14 @@ def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], 
     fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
     for pair in decoder.cache:
         fed[pair.past] = np.asarray(outputs[pair.present])
-    return _masked(decoder, fed, past=decoder.past_length(fed), tokens=tokens.shape[1])
+    return _masked(decoder, _branch(decoder, fed, True), past=decoder.past_length(fed), tokens=tokens.shape[1])
+
+
+def _branch(decoder: Decoder, fed: Batch, with_past: bool) -> Batch:
+    """A merged export's branch flag set for the phase (its graph without a past at prefill, with it after)."""
+    if decoder.branch is not None and decoder.branch in fed:
+        fed[decoder.branch] = np.full(np.shape(fed[decoder.branch]), with_past, dtype=bool)
+    return fed
 
 
 def _masked(decoder: Decoder, fed: Batch, past: int, tokens: int) -> Batch:

@@ -106,7 +106,7 @@ def _decoder_points(decoder: Decoder, dataset: Dataset, run: Run, long_past: int
         shapes = {k: tuple(np.shape(v)) for k, v in batch.items()}
         point = ShapePoint(name, _phase_said(decoder, name, batch), shapes, 0)
         points.append((point, [p[name] for p in phased["calibration"]], [p[name] for p in phased["evaluation"]]))
-    return points
+    return points + _data_points(dataset, lambda batch: _phase_said(decoder, "data", batch))
 
 
 def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> dict[str, Batch]:
@@ -129,8 +129,8 @@ def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> 
 
 def _phase_said(decoder: Decoder, name: str, batch: Batch) -> str:
     tokens, past = np.shape(batch[decoder.tokens]), decoder.past_length(batch)
-    phase = {"opt": "the data as given", "prefill": "prefill", "first token": "prefill of one token"}.get(
-        name, "decode")
+    phase = {"opt": "the data as given", "prefill": "prefill", "first token": "prefill of one token",
+             "data": "the data's items"}.get(name, "decode")
     return f"{phase}: batch {tokens[0]}, {tokens[1]} token(s) after a past of {past}"
 
 
@@ -178,18 +178,20 @@ def _least(dim: int | str | None, size: int, axis: int) -> int:
     return size
 
 
-def _data_points(dataset: Dataset) -> Points:
-    """The data's items at other shapes, one point per shape (each item a batch of one)."""
+def _data_points(dataset: Dataset, said_of: Callable[[Batch], str] | None = None) -> Points:
+    """The data's items at other shapes, one point per shape (each item a batch of one), each said by
+    ``said_of`` (a decoder's phase) or by its shapes."""
     by_shape: dict[tuple, list[Batch]] = {}
     for batch in dataset.other_shapes:
         by_shape.setdefault(tuple((k, np.shape(v)) for k, v in batch.items()), []).append(batch)
     points: Points = []
     for key, batches in by_shape.items():
         shapes = {k: tuple(v) for k, v in key}
-        said = "; ".join(f"{k} {'x'.join(map(str, v))}" for k, v in shapes.items() if v)
+        said = said_of(batches[0]) if said_of else "the data's items at " + "; ".join(
+            f"{k} {'x'.join(map(str, v))}" for k, v in shapes.items() if v)
         half = len(batches) // 2  # as the data's own batches: half calibrate, the rest judge; one does both
         calibration, evaluation = (batches[:half], batches[half:]) if half else (batches, batches)
-        points.append((ShapePoint(f"data·{len(points) + 1}", f"the data's items at {said}", shapes), calibration,
+        points.append((ShapePoint(f"data·{len(points) + 1}", said, shapes), calibration,
                        evaluation))
     return points
 

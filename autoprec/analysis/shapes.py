@@ -172,9 +172,10 @@ def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]
 def check_feeds(
     inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
-    """What preparation runs the model on: zeros at the given shapes, or the given constant."""
+    """What preparation runs the model on: zeros at the given shapes, or the given constant at them (a scalar
+    given for an input of shape [1] fills it)."""
     constants = constants or {}
-    return {i.name: np.asarray(constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
+    return {i.name: np.full(i.shape, constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
             for i in inputs}
 
 

@@ -167,6 +167,10 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     if reference.dtype.kind in "iubOUS":  # class ids, counts, masks, strings: a value is right or wrong, not near
         same = reference.reshape(len(reference), -1) == candidate.reshape(len(candidate), -1)
         return {"equal": float(same.mean()) if same.size else 1.0, "nonfinite": 0.0}
+    if not reference.size:  # an output empty at this shape (a merged decoder's unused branch): nothing differs
+        same = reference.shape == candidate.shape
+        return {"cosine": 1.0 if same else 0.0, "rel_l2": 0.0 if same else math.inf, "max_abs": 0.0,
+                "snr_db": math.inf if same else -math.inf, "nonfinite": 0.0}
     ref = reference.astype(np.float64).reshape(len(reference), -1)
     cand = candidate.astype(np.float64).reshape(len(candidate), -1)
     metrics: dict[str, float] = {}

@@ -52,8 +52,8 @@ class GenerationJudge:
                 break
             chosen.append(prompt)
             rows += len(prompt[decoder.tokens])
-        stacked = {name: np.concatenate([p[name] for p in chosen]) if np.ndim(value) else value
-                   for name, value in chosen[0].items()}
+        stacked = {name: value if name in decoder.unbatched or not np.ndim(value)
+                   else np.concatenate([p[name] for p in chosen]) for name, value in chosen[0].items()}
         return cls(decoder, (stacked,), (generate(fp32, decoder, stacked, GENERATED_STEPS),))
 
     def metrics(self, run: Run) -> dict[str, float]:
