@@ -1,20 +1,28 @@
-"""Shared pieces of the benchmarks: machine facts, the per-model loop, one prepared zoo model, a measurement cache,
-models timed side by side."""
+"""Shared pieces of the benchmarks: the one way a benchmark records (its report: the commit, versions, machine and
+engine, date and arguments beside what it measured, written where its arguments say), ``--quick``'s tiny model,
+the per-model loop, one prepared zoo model, a measurement cache, models timed side by side."""
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import contextlib
 import datetime
+import functools
 import hashlib
 import itertools
+import json
 import math
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import onnx
 import onnxruntime
 import optuna
@@ -34,9 +42,17 @@ from autoprec.measure.accuracy import Judge, resolve_metric
 from autoprec.measure.measurement import Screen, accuracy_loss, measure
 from autoprec.measure.speedup import in_turn
 from autoprec.record.trial import Measurement
+from autoprec.results.files import json_safe
 from autoprec.study.opening import default_sampler, open_study
 from autoprec.study.optimize import run_study, seed_plans
 from autoprec.study.reading import finished_records
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# The model every --quick runs: tests/builders.py's conv net (batch dim N), made in this process with image-like items.
+TINY = "tiny"
+QUICK_HELP = (f"that the benchmark runs end to end and writes its JSON, not its figures: the model {TINY!r} (a small "
+              "generated conv net), the smallest budget and rounds; the JSON goes to a temporary folder unless --json")
 
 
 def machine_facts(backend: Backend) -> dict:
@@ -47,43 +63,123 @@ def machine_facts(backend: Backend) -> dict:
         "engine": engine.to_json(),
         "code": source_revision(),
         "versions": {"autoprec": autoprec.__version__, "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
-                     "optuna": optuna.__version__, "python": platform.python_version()},
+                     "optuna": optuna.__version__, "numpy": np.__version__, "python": platform.python_version()},
     }
 
 
-def source_revision() -> str | None:
-    """The commit the benchmark ran (``-dirty``: with uncommitted changes), so its figures are tied to the code
-    that produced them; None outside a git checkout."""
+def source_revision(checkout: Path = HERE) -> str | None:
+    """The commit a checkout holds (``-dirty``: with uncommitted changes), so that figures are tied to the code
+    that produced them; None outside a git checkout. By default this one: the commit the benchmark ran."""
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=Path(__file__).parent,
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=checkout,
                               capture_output=True, text=True, check=True, timeout=30).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def run_models(report: dict, names: Iterable[str], run: Callable[[str], dict], json_path: Path) -> None:
-    """``report["models"][name] = run(name)`` (with the commit that measured it) for each, writing the
-    JSON after each model so that an interrupted run keeps what it measured.
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--quick`` and ``--json``, which every benchmark takes (see :class:`Report`)."""
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    parser.add_argument("--json", type=Path, help="where the JSON goes (default: benchmarks/results/; with --quick, "
+                                                  "a temporary folder)")
 
-    Models an earlier run of the same benchmark wrote to ``json_path`` on the same machine, engine
+
+def add_retime_argument(parser: argparse.ArgumentParser) -> None:
+    """``--retime-seconds`` for a benchmark that runs searches: their final timing's limit (``QUICK_RETIME``, its
+    shortest: six blocks of rounds, with --quick)."""
+    parser.add_argument("--retime-seconds", type=float, default=20.0, help="the searches' --retime-seconds")
+
+
+QUICK_RETIME = 0.1
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                    quick: Mapping[str, Any]) -> argparse.Namespace:
+    """The arguments (``--quick`` and ``--json`` added), with ``quick``'s values in place of the defaults they name
+    when --quick is given (a value given on the command line stays)."""
+    add_output_arguments(parser)
+    return with_quick(parser, parser.parse_args(argv), quick)
+
+
+def with_quick(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               quick: Mapping[str, Any]) -> argparse.Namespace:
+    if args.quick:
+        for key, value in quick.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    return args
+
+
+class Report(dict):
+    """A benchmark's JSON: where and how it ran (the date, machine, engine, commit and versions of
+    :func:`machine_facts`, its arguments, quick or full), then what it found. :meth:`write` puts it whole, after
+    each step, at ``--json``, else at ``benchmarks/results/NAME.json``; with --quick in a temporary folder, so that
+    a quick run never replaces the figures the docs cite."""
+
+    def __init__(self, name: str, args: argparse.Namespace, backend: Backend, **found: Any):
+        super().__init__(machine_facts(backend), arguments=json.loads(json.dumps(vars(args), default=str)),
+                         mode="quick" if args.quick else "full", **found)
+        self.path = args.json or (quick_folder() if args.quick else RESULTS) / f"{name}.json"
+
+    def write(self) -> Path:
+        atomic.write_json(self.path, json_safe(self))
+        return self.path
+
+
+def quick_folder() -> Path:
+    folder = Path(tempfile.gettempdir()) / "autoprec-benchmarks"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def model_source(name: str) -> tuple[str, Path | None, dict[str, list[int]] | None]:
+    """What a search is given for a benchmark's model NAME: ``zoo:NAME`` (its own data and shapes), or for
+    :data:`TINY` the generated conv net, its items and its input shape."""
+    if name != TINY:
+        return f"zoo:{name}", None, None
+    return str(_tiny()["model"]), _tiny()["data"], {"x": [1, 3, 16, 16]}
+
+
+def resolve(name: str) -> tuple[Path, Any, Mapping[str, Sequence[int]] | None, str]:
+    """:func:`autoprec.app.resolve.resolve_model` of a benchmark's model NAME (see :func:`model_source`)."""
+    return resolve_model(*model_source(name))
+
+
+TINY_ITEMS = 24
+
+
+@functools.cache
+def _tiny() -> dict[str, Path]:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import builders
+
+    folder = Path(tempfile.mkdtemp(prefix="autoprec-tiny-"))
+    atexit.register(shutil.rmtree, folder, True)
+    model, data = builders.conv_with_data(folder, TINY_ITEMS, batch="N", name=f"{TINY}.onnx")
+    return {"model": model, "data": data}
+
+
+def run_models(report: Report, names: Iterable[str], run: Callable[[str], dict]) -> None:
+    """``report["models"][name] = run(name)`` (with the commit that measured it) for each, the report written after
+    each model so that an interrupted run keeps what it measured.
+
+    Models an earlier run of the same benchmark wrote to the report's file on the same machine, engine
     and settings are kept (listed under ``"earlier_runs"`` with their date), so a long benchmark can
     be run a few models at a time."""
     names = list(names)
-    earlier = _earlier_models(report, json_path, names)
+    earlier = _earlier_models(report, names)
     if earlier:
         report["models"].update(earlier["models"])
         report["earlier_runs"] = earlier["runs"]
     for name in names:
         print(f"[{name}] …", file=sys.stderr, flush=True)
         report["models"][name] = {**run(name), "code": report.get("code")}
-        atomic.write_json(json_path, report)
+        report.write()
 
 
-def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
-    import json
-
+def _earlier_models(report: Report, rerun: list[str]) -> dict:
     try:
-        earlier = json.loads(json_path.read_text())
+        earlier = json.loads(report.path.read_text())
     except (OSError, ValueError):
         return {}
     same = ("machine", "mode", "budget", "seeds", "reference_trials")
@@ -101,8 +197,9 @@ def _earlier_models(report: dict, json_path: Path, rerun: list[str]) -> dict:
 
 
 def model_sources(zoo: str, given: Iterable[str]) -> dict[str, tuple[str, Path | None]]:
-    """name -> (model, data): zoo entries by name (comma-separated), and ``NAME=MODEL.onnx[:DATA.npz]`` models."""
-    sources: dict[str, tuple[str, Path | None]] = {name: (f"zoo:{name}", None) for name in filter(None, zoo.split(","))}
+    """name -> (model, data): zoo entries (or :data:`TINY`) by name, comma-separated, and
+    ``NAME=MODEL.onnx[:DATA.npz]`` models."""
+    sources: dict[str, tuple[str, Path | None]] = {name: model_source(name)[:2] for name in filter(None, zoo.split(","))}
     for spec in given:
         name, _, rest = spec.partition("=")
         model, _, data = rest.partition(":")
@@ -189,9 +286,9 @@ def time_interleaved(
 
 
 def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Baseline, Backend]:
-    """The zoo model prepared as ``autoprec search zoo:NAME`` on ``backend`` prepares it: in the space
-    that engine searches (its pinned ops and slow precisions left out)."""
-    model_path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
+    """The zoo model (or :data:`TINY`) prepared as ``autoprec search zoo:NAME`` on ``backend`` prepares it: in the
+    space that engine searches (its pinned ops and slow precisions left out)."""
+    model_path, data, shapes, _ = resolve(name)
     engine = get_backend(backend)
     space, _, _ = engine_space(load_search_space(), engine, None)
     return load_baseline(model_path, space, data, shapes), engine
@@ -199,8 +296,8 @@ def prepare_zoo(name: str, backend: str = "ort-cpu") -> tuple[Baseline, Backend]
 
 def zoo_judge(name: str, baseline: Baseline, metric: str = "cosine") -> Judge:
     """The judge a search of zoo:NAME with --metric METRIC uses: the entry's task metric and its labels beside."""
-    return judge_for(metric_for(resolve_metric(metric, declared_tasks(f"zoo:{name}")), baseline.info, baseline.dataset),
-                     baseline)[0]
+    tasks = declared_tasks(model_source(name)[0])
+    return judge_for(metric_for(resolve_metric(metric, tasks), baseline.info, baseline.dataset), baseline)[0]
 
 
 # The task metrics a benchmark reports beside its loss (see autoprec.measure.accuracy): higher or lower is better.

@@ -1,6 +1,7 @@
-"""A/A: how often the final timing calls a plan "beyond timing noise" against itself, and how often
-it finds a small real gain (its power), through the path a search takes
-(autoprec.measure.measurement.time_compared).
+"""A/A: how often the final timing calls a plan faster than itself, and how often it finds a real gain.
+
+Both through the path a search takes (autoprec.measure.measurement.time_compared), "faster" meaning beyond timing
+noise.
 
 Per model and engine setting, ``--repeats`` times:
 
@@ -21,10 +22,10 @@ where ``--cuda`` is given. ``--hog SECONDS`` runs a CPU hog beside it all (one p
 one core, on for SECONDS, off for SECONDS, in turn, its phase unrelated to the rounds'): the loaded
 machine of issue 69. ``--no-before`` leaves the old method out (it takes as long as the rest).
 
-    python benchmarks/a_over_a.py [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
-    python benchmarks/a_over_a.py --models conv --threads 1 default --gain 1.5 --hog 3 --no-before \
+    python -m benchmarks a_over_a [--repeats 10] [--zoo magika ppocr-cls] [--threads default 1] [--cuda] [--json PATH]
+    python -m benchmarks a_over_a --models conv --threads 1 default --gain 1.5 --hog 3 --no-before \
         --json benchmarks/results/a_over_a_hog.json
-    python benchmarks/a_over_a.py --merge A.json B.json ... --json a_over_a.json    # runs made side by side
+    python -m benchmarks a_over_a --merge A.json B.json ... --json a_over_a.json    # runs made side by side
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ import onnx
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import builders  # noqa: E402
-from _harness import machine_facts, prepare_zoo  # noqa: E402
+from _harness import Report, parse_arguments, prepare_zoo  # noqa: E402
 
 from autoprec.analysis.baseline import load_baseline  # noqa: E402
+from autoprec.analysis.data import Workload  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.core.stored import StoredModel  # noqa: E402
@@ -60,6 +61,7 @@ from autoprec.record import verdict  # noqa: E402
 GENERATED = {"conv": lambda: builders.conv_net(size=48), "mlp": lambda: builders.mlp(batch=16, hidden=256),
              "attention": lambda: builders.attention(tokens=64, dim=64)}
 SECONDS = 20.0  # a search's default --retime-seconds
+QUICK = {"repeats": 1, "models": ["conv"], "threads": ["1"], "gain": 1.5, "seconds": 0.5, "before": False}
 
 
 def generated(name: str, folder: Path):
@@ -154,9 +156,9 @@ def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds:
     aa, ab, old = [], [], []
     for _ in range(repeats):
         t0 = time.monotonic()
-        rounds = time_compared(backend, lowering, plan, [plan], batch, seconds)
+        rounds = time_compared(backend, lowering, plan, [plan], Workload.of(batch), seconds)
         aa.append((rounds.speedup("fp32", "chosen"), time.monotonic() - t0, rounds.steadiness()))
-        fast = speedup.time_until_known(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, batch,
+        fast = speedup.time_until_known(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, Workload.of(batch),
                                         [("fp32", "chosen")], seconds)
         ab.append(fast.speedup("fp32", "chosen"))
         if with_before:
@@ -220,18 +222,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="a CPU hog beside the timings, on and off for SECONDS in turn")
     parser.add_argument("--no-before", dest="before", action="store_false",
                         help="leave the replaced method out")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "a_over_a.json")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="join the settings of runs made side by side (e.g. one process per setting, each pinned "
                              "to its own cores) into --json and print their table")
-    args = parser.parse_args(argv)
-    if args.merge:
-        return merged(args.merge, args.json)
+    args = parse_arguments(parser, argv, QUICK)
     engines = [get_backend("ort-cuda")] if args.cuda else [
         get_backend("ort-cpu") if t == "default" else get_backend("ort-cpu", threads=int(t)) for t in args.threads]
-    report = {**machine_facts(engines[0]), "repeats": args.repeats, "gain": args.gain, "seconds": args.seconds,
-              "method": verdict.METHOD, "min_blocks": speedup.MIN_BLOCKS, "rounds_per_block": verdict.ROUNDS_PER_BLOCK,
-              "hog_seconds": args.hog, "settings": []}
+    report = Report("a_over_a", args, engines[0], repeats=args.repeats, gain=args.gain, seconds=args.seconds,
+                    method=verdict.METHOD, min_blocks=speedup.MIN_BLOCKS, rounds_per_block=verdict.ROUNDS_PER_BLOCK,
+                    hog_seconds=args.hog, settings=[])
+    if args.merge:
+        return merged(args.merge, report)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,17 +249,17 @@ def main(argv: list[str] | None = None) -> int:
                     found = one_setting(name, baseline, backend, args.repeats, extra, args.seconds,
                                         args.before)
                 report["settings"].append(found)
-                atomic.write_json(args.json, report)
+                report.write()
     print_table(report)
     return 0
 
 
-def merged(paths: list[Path], into: Path) -> int:
+def merged(paths: list[Path], report: Report) -> int:
     """One report of several runs' settings (the first run's facts, each setting keeping its own engine line)."""
     reports = [json.loads(p.read_text()) for p in paths]
-    report = {**reports[0], "settings": [s for r in reports for s in r["settings"]],
-              "machines": sorted({r["machine"] for r in reports}), "merged_from": [p.name for p in paths]}
-    atomic.write_json(into, report)
+    report.update({**reports[0], "settings": [s for r in reports for s in r["settings"]],
+                   "machines": sorted({r["machine"] for r in reports}), "merged_from": [p.name for p in paths]})
+    report.write()
     print_table(report)
     return 0
 

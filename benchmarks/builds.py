@@ -20,9 +20,9 @@ plans measured within 20 builds by the same search without a loss limit (the who
 limit among its first N builds, N = the bisection's evaluations. Each distinct plan is measured once
 per run and shared by all methods, so they are not ranked by timing noise.
 
-    python benchmarks/builds.py                 # all zoo models (long)
-    python benchmarks/builds.py --quick         # ppocr-cls and magika
-    python benchmarks/builds.py --models ppocr-rec --reference 200
+    python -m benchmarks builds                  # all zoo models (long)
+    python -m benchmarks builds --models ppocr-cls magika --seeds 2 --reference 100
+    python -m benchmarks builds --models ppocr-rec --reference 200
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
+    TINY,
     CachedMeasure,
+    Report,
     dense_reference,
-    machine_facts,
+    parse_arguments,
     prepare_zoo,
     run_models,
     zoo_judge,
@@ -58,8 +60,8 @@ from autoprec.zoo import ENTRIES as ZOO  # noqa: E402
 
 MAX_LOSS = 0.01
 WITHIN = 1.02  # "within 2 % of the reference front's best"
-FULL_MODELS = tuple(ZOO)
-QUICK_MODELS = ("ppocr-cls", "magika")
+HV_BUILDS = 20  # hv_at_20_builds: the hypervolume of the first 20 builds
+QUICK = {"models": [TINY], "builds": 5, "proposals": 2, "seeds": 1, "reference": 4}
 
 
 def run_seed(ctx: StudyContext, sensitivity, builds: int, proposals: int, seed: int, reference_loss) -> dict:
@@ -115,13 +117,14 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
     per_method = {method: [run_seed(ctx(), sensitivity, builds, k, seed, measure.loss) for seed in range(seeds)]
                   for method, k in runs.items()}
     # the hypervolume counts the whole front (loss up to 5 %), as search_quality.py's: searched without a limit
-    unlimited = {method: [run_seed(ctx(None), sensitivity, 20, k, seed, measure.loss) for seed in range(seeds)]
+    hv_builds = min(HV_BUILDS, builds)
+    unlimited = {method: [run_seed(ctx(None), sensitivity, hv_builds, k, seed, measure.loss) for seed in range(seeds)]
                  for method, k in runs.items()}
     for seeds_runs in [*per_method.values(), *unlimited.values()]:
         for run in seeds_runs:
             all_points += [p for p in run["points"] if math.isfinite(p[1])]
     ref_best = best_within(all_points, MAX_LOSS)
-    at_20 = 20 - sensitivity.node_time_builds
+    at_20 = hv_builds - sensitivity.node_time_builds
     methods = {}
     for method, seeds_runs in per_method.items():
         methods[method] = {
@@ -161,38 +164,32 @@ def run_model(name: str, builds: int, seeds: int, reference_trials: int, proposa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="ppocr-cls and magika, reference 100, 2 seeds")
-    parser.add_argument("--models", nargs="*", help="zoo models (default: all, or the quick pair)")
-    parser.add_argument("--reference", type=int, help="reference study trials (default 400; quick 100)")
+    parser.add_argument("--models", nargs="*", default=list(ZOO), help="zoo models")
+    parser.add_argument("--reference", type=int, default=400, help="reference study trials")
     parser.add_argument("--builds", type=int, default=24, help="builds per search, profiles included (default 24)")
     parser.add_argument("--proposals", type=int, default=8, help="plans judged per build (default 8)")
-    parser.add_argument("--seeds", type=int, help="seeds per method (default 3; quick 2)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "builds.json")
-    args = parser.parse_args(argv)
-    seeds, reference_trials = (2, 100) if args.quick else (3, 400)
-    seeds, reference_trials = args.seeds or seeds, args.reference or reference_trials
-    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per method")
+    args = parse_arguments(parser, argv, QUICK)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autoprec.backends import get_backend
 
-    report = {
-        **machine_facts(get_backend("ort-cpu")),
-        "mode": "quick" if args.quick else "full",
-        "budget": args.builds,
-        "seeds": seeds,
-        "reference_trials": reference_trials,
-        "max_loss": MAX_LOSS,
-        "proposals": args.proposals,
-        "reference_executor": "ONNX Runtime CPU: here the target engine itself (an untimed session); loss gap 0 by construction",
-        "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
-        "models": {},
-    }
-    run_models(
-        report, models, lambda name: run_model(name, args.builds, seeds, reference_trials, args.proposals), args.json
+    report = Report(
+        "builds", args, get_backend("ort-cpu"),
+        budget=args.builds,
+        seeds=args.seeds,
+        reference_trials=args.reference,
+        max_loss=MAX_LOSS,
+        proposals=args.proposals,
+        reference_executor="ONNX Runtime CPU: here the target engine itself (an untimed session); loss gap 0 by construction",
+        timing="one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
+        models={},
     )
+    run_models(report, args.models,
+               lambda name: run_model(name, args.builds, args.seeds, args.reference, args.proposals))
     print(
         f"\nbuilds per answer — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-        f"on {report['engine']['device']}; {args.builds} builds per search, {seeds} seeds, --max-loss {MAX_LOSS}; JSON: {args.json}"
+        f"on {report['engine']['device']}; {args.builds} builds per search, {args.seeds} seeds, --max-loss {MAX_LOSS}; "
+        f"JSON: {report.path}"
     )
     print(
         f"{'model':<10} {'method':<12} {'builds to 2 %':<16} {'HV @20':<16} {'ms @bisect count':<20} {'latency err %':<16} {'ref evals':<12}"

@@ -1,6 +1,8 @@
-"""The decoder corpus (benchmarks/decoder_corpus.py) side by side: per decoder, autoprec's search with one shape of
-data as a user gives it, its all-FP16 plan, ONNX Runtime's ``quantize_dynamic`` and ``quantize_static`` (QDQ,
-calibrated on the same data), each against the given FP32 model, in one run:
+"""The decoder corpus side by side: autoprec's search, its all-FP16 plan and ONNX Runtime's quantizers per decoder.
+
+Per decoder of the corpus (benchmarks/decoder_corpus.py), autoprec's search with one shape of data as a user gives
+it, its all-FP16 plan, ONNX Runtime's ``quantize_dynamic`` and ``quantize_static`` (QDQ, calibrated on the same
+data), each against the given FP32 model, in one run:
 
 - per phase, the speed-up over FP32 with its 95 % interval (interleaved rounds, every session built anew per block:
   autoprec's own final timing, :func:`autoprec.measure.speedup.time_until_known`): prefill (the prompt's tokens, no
@@ -9,10 +11,9 @@ calibrated on the same data), each against the given FP32 model, in one run:
   that is not, and 1 - cosine of the logits at prefill (7 tokens and 1) and at decode after pasts of 0 to 40 made
   by the FP32 model, batch 1 and 3 (the worst) — computed here, not by autoprec.
 
-    python benchmarks/decoders.py CORPUS [--only NAME ...] [--budget 16] [--threads 1] [--precisions LIST]
-        [--peers quantize_dynamic quantize_static int4_rtn int4_hqq] --json OUT.json [--quick]
-
-``--quick``: the first entry, budget 4, half a second of timing: that the benchmark runs, not its figures.
+    python -m benchmarks decoders CORPUS [--only NAME ...] [--budget 16] [--threads 1] [--precisions LIST]
+        [--peers quantize_dynamic quantize_static int4_rtn int4_hqq] --json OUT.json
+    python -m benchmarks decoders [CORPUS] --quick    # its first entry (without CORPUS: a generated decoder)
 """
 
 from __future__ import annotations
@@ -28,17 +29,17 @@ import numpy as np
 import onnxruntime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import machine_facts  # noqa: E402
+from _harness import QUICK_RETIME, Report, add_retime_argument, parse_arguments  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.analysis.data import Workload  # noqa: E402
 from autoprec.app.cli import main as cli  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.core.stored import load  # noqa: E402
 from autoprec.measure.speedup import time_until_known  # noqa: E402
 
 PROMPT, DECODE_PAST, GENERATED, PROMPTS = 7, 40, 16, 8
+QUICK = {"budget": 2, "seconds": 0.5, "retime_seconds": QUICK_RETIME}
 
 
 class Decoder:
@@ -163,11 +164,11 @@ def int4_whole_model(model: Path, out: Path, algorithm: str) -> None:
 def searched(model: Path, data: Path, out: Path, args: argparse.Namespace) -> tuple[dict, dict]:
     """autoprec's search (one shape of data, as a user gives it), its best/ and all-FP16 plans as files."""
     started = time.monotonic()
-    budget, threads = args.budget, args.threads
     result = autoprec.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=args.max_loss),
         space=autoprec.SpaceSpec(precisions=args.precisions.split(",") if args.precisions else None),
-        engine=autoprec.EngineSpec(threads=threads), study=autoprec.StudySpec(budget=budget), out=out / "search"))
+        engine=autoprec.EngineSpec(threads=args.threads), study=autoprec.StudySpec(budget=args.budget),
+        out=out / "search", retime_seconds=args.retime_seconds))
     wall = time.monotonic() - started
     pareto = json.loads((out / "search" / "pareto.json").read_text())
     files = {"autoprec": out / "search" / "best" / "model.onnx"}
@@ -224,9 +225,22 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def quick_corpus(folder: Path) -> Path:
+    """--quick's corpus: tests/builders.py's one-layer decoder with a KV cache, named as optimum exports GPT-2."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import builders
+
+    (folder / "kv").mkdir(parents=True)
+    model = builders.save(builders.kv_decoder(), folder / "kv" / "model.onnx")
+    builders.decoder_data(model, folder / "kv" / "data.npz")
+    entry = {"name": "kv", "architecture": "tests/builders.py kv_decoder (1 layer, 16 wide)", "searched": "model.onnx"}
+    (folder / "corpus.json").write_text(json.dumps({"exporter": "onnx.helper", "models": [entry]}))
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("corpus", type=Path)
+    parser.add_argument("corpus", type=Path, nargs="?", help="the corpus (with --quick: a generated decoder)")
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--max-loss", type=float, default=0.01)
@@ -235,20 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", help="autoprec's --precisions (default: the engine's default)")
     parser.add_argument("--peers", nargs="*", default=["quantize_dynamic", "quantize_static"],
                         choices=["quantize_dynamic", "quantize_static", "int4_rtn", "int4_hqq"])
-    parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    corpus = json.loads((args.corpus / "corpus.json").read_text())
-    entries = [e for e in corpus["models"] if not args.only or e["name"] in args.only]
-    if args.quick:
-        entries, args.budget, args.seconds = entries[:1], 4, 0.5
-    report = {**machine_facts(get_backend("ort-cpu", 0, None, args.threads)), "corpus": corpus, "budget": args.budget,
-              "max_loss": args.max_loss, "threads": args.threads, "precisions": args.precisions, "peers": args.peers,
-              "models": {}}
-    for entry in entries:
-        print(f"[{entry['name']}] …", file=sys.stderr, flush=True)
-        report["models"][entry["name"]] = run_entry(args.corpus / entry["name"], entry, args)
-        atomic.write_json(args.json, report)
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
+    if args.corpus is None and not args.quick:
+        parser.error("give the CORPUS (benchmarks/decoder_corpus.py makes it), or --quick")
+    with tempfile.TemporaryDirectory() as quick:
+        folder = args.corpus or quick_corpus(Path(quick))
+        corpus = json.loads((folder / "corpus.json").read_text())
+        entries = [e for e in corpus["models"] if not args.only or e["name"] in args.only][:1 if args.quick else None]
+        report = Report("decoders", args, get_backend("ort-cpu", 0, None, args.threads), corpus=corpus,
+                        budget=args.budget, max_loss=args.max_loss, threads=args.threads, precisions=args.precisions,
+                        peers=args.peers, models={})
+        for entry in entries:
+            print(f"[{entry['name']}] …", file=sys.stderr, flush=True)
+            report["models"][entry["name"]] = run_entry(folder / entry["name"], entry, args)
+            report.write()
     print(table(report))
     return 0
 

@@ -11,8 +11,8 @@ trials each worker ran, and the all-FP32 latency measured (workers beside the ti
 not change what is timed). On this project's 2-core machines, more workers than cores only adds
 contention; the figure says how much.
 
-    python benchmarks/distributed.py                      # zoo:ppocr-cls, budget 40, 1/2/3 workers
-    python benchmarks/distributed.py --models ppocr-rec --budget 30
+    python -m benchmarks distributed                      # zoo:ppocr-cls, budget 40, 1/2/3 workers
+    python -m benchmarks distributed --models ppocr-rec --budget 30
 
 GPU mode (``--gpus N``): one worker per GPU (``--device i``, ort-cuda) on one study, with 1, 2, 4 … and N
 GPUs in the same run, per zoo model at ``--batch`` (its real samples and their mirror images, as gpu.py makes
@@ -23,7 +23,7 @@ against the 1-GPU run's at the same trial count, each worker's idle time inside 
 trials) and how long after the first trial its own first one started, and the chosen plan's latency and loss
 (worker 0's result). Writes distributed_gpu.json:
 
-    python benchmarks/distributed.py --gpus 4 --models ppocr-cls ppocr-det --batch 32 --budget 40
+    python -m benchmarks distributed --gpus 4 --models ppocr-cls ppocr-det --batch 32 --budget 40
 """
 
 from __future__ import annotations
@@ -45,11 +45,18 @@ import optuna
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import postgres  # noqa: E402
-from _harness import machine_facts, run_models  # noqa: E402
+from _harness import (  # noqa: E402
+    QUICK_RETIME,
+    TINY,
+    Report,
+    add_retime_argument,
+    model_source,
+    parse_arguments,
+    resolve,
+    run_models,
+)
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
-from autoprec.results.files import json_safe  # noqa: E402
 from autoprec.study.coordination import WORKER_ATTR  # noqa: E402
 from autoprec.study.optimize import planned_params  # noqa: E402
 from autoprec.study.reading import (  # noqa: E402
@@ -58,7 +65,7 @@ from autoprec.study.reading import (  # noqa: E402
     uniform_trials,
 )
 
-WORKER_COUNTS = (1, 2, 3)
+QUICK = {"models": [TINY], "budget": 3, "workers": [2], "retime_seconds": QUICK_RETIME}
 
 
 def run_workers(
@@ -82,10 +89,14 @@ def run_workers(
     return study, done, wall, loop_s, per_worker
 
 
-def shared_search(url: str, model: str, workers: int, budget: int, folder: Path) -> dict:
+def shared_search(url: str, model: str, workers: int, args: argparse.Namespace, folder: Path) -> dict:
     name = f"scale-{Path(folder).name}-{workers}"
-    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", f"zoo:{model}", "--storage", url, "--study-name", name,
-           "--budget", str(budget), "--artifacts", str(folder / "artifacts"), "--no-progress"]
+    given, data, shapes = model_source(model)
+    inputs = [*(["--data", str(data)] if data else []),
+              *(a for k, v in (shapes or {}).items() for a in ("--shape", f"{k}={'x'.join(map(str, v))}"))]
+    cmd = [sys.executable, "-m", "autoprec.app.cli", "search", given, *inputs, "--storage", url, "--study-name", name,
+           "--budget", str(args.budget), "--artifacts", str(folder / "artifacts"), "--no-progress",
+           "--retime-seconds", str(args.retime_seconds)]
     study, done, wall, loop_s, per_worker = run_workers(
         url, name, [[*cmd, "--out", str(folder / f"w{workers}-{i}")] for i in range(workers)])
     fp32 = uniform_trials(finished_records(study)).get("fp32")
@@ -207,11 +218,9 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
     import numpy as np
     from gpu import mirrored_items
 
-    from autoprec.app.resolve import resolve_model
-
     model, _, batch = model.partition("@")  # ppocr-det@8: this model at its own batch size
     batch = int(batch or args.batch)
-    _, data, shapes, _ = resolve_model(f"zoo:{model}", None, None)
+    _, data, shapes, _ = resolve(model)
     shapes = {k: (batch, *v[1:]) for k, v in shapes.items()}
     samples = folder / f"{model}-samples.npz"
     with np.load(data) as npz:
@@ -225,7 +234,7 @@ def gpu_model(url: str, model: str, args, folder: Path, report: dict) -> dict:
         print(f"{model}, {key} GPU(s): { {k: v for k, v in runs[key].items() if k != 'points'} }", flush=True)
         report["models"][model] = {"batch": batch, "budget": args.budget, "max_loss": args.max_loss, "runs": runs,
                                    "partial": True}
-        atomic.write_json(args.json, json_safe(report))
+        report.write()
     return compared_runs(runs, batch, args.budget, args.max_loss)
 
 
@@ -274,8 +283,8 @@ def gpu_main(args) -> int:
         )
     backend = get_backend(args.backend)
     engine = backend.info()
-    report = {**machine_facts(backend), "device": f"{engine.device.split(' (')[0]} × {args.gpus}", "batch": args.batch,
-              "budget": args.budget, "storage": "PostgreSQL (local, loopback)", "models": {}}
+    report = Report("distributed_gpu", args, backend, device=f"{engine.device.split(' (')[0]} × {args.gpus}",
+                    batch=args.batch, budget=args.budget, storage="PostgreSQL (local, loopback)", models={})
     with tempfile.TemporaryDirectory(prefix="autoprec-gpus-") as tmp, postgres.local_server(binaries) as url:
         env = {
             **os.environ,
@@ -285,9 +294,9 @@ def gpu_main(args) -> int:
                                               text=True, env=env).stdout.strip()
         for model in args.models:
             report["models"][model.partition("@")[0]] = gpu_model(url, model, args, Path(tmp), report)
-            atomic.write_json(args.json, json_safe(report))
+            report.write()
     print_gpu_table(report)
-    print(f"wrote {args.json}")
+    print(f"wrote {report.path}")
     return 0
 
 
@@ -330,21 +339,21 @@ def print_gpu_table(report: dict) -> None:
                   f"{run['chosen_loss'] if run['chosen_loss'] is not None else float('nan'):>10.2e}")
 
 
-def run_model(url: str, model: str, budget: int) -> dict:
+def run_model(url: str, model: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="autoprec-scale-") as tmp:
-        runs = [shared_search(url, model, n, budget, Path(tmp) / "run") for n in WORKER_COUNTS]
+        runs = [shared_search(url, model, n, args, Path(tmp) / "run") for n in args.workers]
     base = runs[0]["trials_per_hour_loop"]
     for run in runs:
         run["speedup_loop_vs_1"] = round(run["trials_per_hour_loop"] / base, 2)
         run["speedup_wall_vs_1"] = round(run["trials_per_hour_wall"] / runs[0]["trials_per_hour_wall"], 2)
-    return {"budget": budget, "runs": runs}
+    return {"budget": args.budget, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["ppocr-cls"])
     parser.add_argument("--budget", type=int, default=40)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 3], help="worker processes of each run")
     parser.add_argument("--gpus", type=int, default=0, help="GPU mode: one worker per GPU, 1 and then this many")
     parser.add_argument("--batch", type=int, default=32, help="GPU mode: the batch size")
     parser.add_argument("--backend", default="ort-cuda", help="GPU mode: the engine (ort-cpu only to try the mode)")
@@ -354,26 +363,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="GPU mode: the searches' --seed (runs named 1s<seed>, 4s<seed> …: "
                         "merged with the default seed's, their 'HV ×1' is the seeds' spread)")
     parser.add_argument("--merge", type=Path, nargs="*", help="GPU mode: join reports of --gpu-counts runs into --json")
-    args = parser.parse_args(argv)
-    results = Path(__file__).parent / "results"
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
     if args.merge:
-        report = merged(args.merge, args.max_loss)
-        atomic.write_json(args.json, json_safe(report))
+        report = Report("distributed_gpu", args, get_backend("ort-cpu"))
+        report.update(merged(args.merge, args.max_loss))
+        report.write()
         print_gpu_table(report)
         return 0
     if args.gpus:
-        args.json = args.json or results / "distributed_gpu.json"
         return gpu_main(args)
-    args.json = args.json or results / "distributed.json"
     binaries = postgres.server_binaries()
     if binaries is None:
         raise SystemExit("needs a PostgreSQL server installed (apt-get install postgresql)")
-    report = {**machine_facts(get_backend("ort-cpu")), "storage": "PostgreSQL (local, loopback)",
-              "worker_counts": list(WORKER_COUNTS), "budget": args.budget, "models": {}}
+    report = Report("distributed", args, get_backend("ort-cpu"), storage="PostgreSQL (local, loopback)",
+                    worker_counts=args.workers, budget=args.budget, models={})
     with postgres.local_server(binaries) as url:
         report["postgresql"] = subprocess.run([str(binaries / "postgres"), "--version"], capture_output=True,
                                               text=True).stdout.strip()
-        run_models(report, args.models, lambda m: run_model(url, m, args.budget), args.json)
+        run_models(report, args.models, lambda m: run_model(url, m, args))
     print(f"\n{report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"{report['postgresql']}; budget {args.budget}")
     print(f"{'model':<11}{'workers':>8}{'trials/h loop':>15}{'×1':>7}{'trials/h wall':>15}{'×1':>7}"
@@ -383,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model:<11}{run['workers']:>8}{run['trials_per_hour_loop']:>15}{run['speedup_loop_vs_1']:>7.2f}"
                   f"{run['trials_per_hour_wall']:>15}{run['speedup_wall_vs_1']:>7.2f}"
                   f"{'/'.join(map(str, run['trials_per_worker'])):>14}{run['fp32_ms'] or float('nan'):>9.3f}")
-    print(f"wrote {args.json}")
+    print(f"wrote {report.path}")
     return 0
 
 

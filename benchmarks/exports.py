@@ -1,11 +1,14 @@
-"""Every export people make, side by side with the peers: the export corpus (benchmarks/export_corpus.py) searched
-by autoprec and converted by the tools a user of that engine reaches for, all timed by one clock of this script's
-own (plain ONNX Runtime sessions, not autoprec's timing code) in interleaved rounds.
+"""Every export people make, side by side with the peers, timed by one clock of this script's own.
 
-    python benchmarks/exports.py generate CORPUS [--only ...] [--images SKIMAGE_WHEEL]   # = export_corpus.py
-    python benchmarks/exports.py cpu CORPUS [--models ...] [--threads 2] [--budget 16] [--quark-python PY]
-    python benchmarks/exports.py gpu CORPUS [--models ...] [--batches 32 1] [--budget 16] [--device N]
-    python benchmarks/exports.py report [JSON ...]      # the tables of results/exports*.json, merged
+The export corpus (benchmarks/export_corpus.py) searched by autoprec and converted by the tools a user of that
+engine reaches for, all timed by plain ONNX Runtime sessions (not autoprec's timing code) in interleaved rounds.
+
+    python -m benchmarks exports generate CORPUS [--only ...] [--images SKIMAGE_WHEEL]   # = export_corpus.py
+    python -m benchmarks exports cpu CORPUS [--models ...] [--threads 2] [--budget 16] [--quark-python PY]
+    python -m benchmarks exports gpu CORPUS [--models ...] [--batches 32 1] [--budget 16] [--device N]
+    python -m benchmarks exports report [JSON ...]      # the tables of results/exports*.json, merged
+    python -m benchmarks exports cpu --quick            # a corpus of one generated classifier (gpu --quick: the
+                                                        # GPU comparison on the CPU)
 
 CPU (``ort-cpu``, batch 1, ``--threads`` fixed for every session): autoprec's shipped plan (``autoprec search
 --max-loss 0.01``, best/model.onnx) against ONNX Runtime's ``quantize_static`` and AMD Quark, run as
@@ -24,9 +27,9 @@ that changed. A peer past the limit is reported with its loss, not raced. Writes
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,10 +40,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-RESULTS = Path(__file__).parent / "results"
+from _harness import (  # noqa: E402
+    QUICK_RETIME,
+    RESULTS,
+    Report,
+    add_output_arguments,
+    add_retime_argument,
+    with_quick,
+)
+
 MAX_LOSS = 0.01
 ROUNDS = 15
 RUNS, WARMUP = 20, 5
+QUICK = {"budget": 2, "rounds": 2, "threads": 1, "batches": [2], "backend": "ort-cpu", "model_seconds": 300,
+         "retime_seconds": QUICK_RETIME}
 
 
 # --- the corpus and its data --------------------------------------------------------------------------------
@@ -124,9 +137,9 @@ class Timed:
         return self.session.run(self.outputs, feeds)
 
 
-def time_side_by_side(paths: dict[str, Path], feeds: dict[str, np.ndarray], threads: int, device: int | None
-                      ) -> dict[str, list[float]]:
-    """Each model's median per round, ``ROUNDS`` interleaved rounds, each starting one model later; a model that
+def time_side_by_side(paths: dict[str, Path], feeds: dict[str, np.ndarray], threads: int, device: int | None,
+                      rounds: int) -> dict[str, list[float]]:
+    """Each model's median per round, ``rounds`` interleaved rounds, each starting one model later; a model that
     fails to load or run is left out (its error kept under the key ``error: NAME``)."""
     sessions, failed = {}, {}
     for name, path in paths.items():
@@ -135,12 +148,12 @@ def time_side_by_side(paths: dict[str, Path], feeds: dict[str, np.ndarray], thre
             sessions[name].call()
         except Exception as exc:  # noqa: BLE001 - a peer's model the engine refuses is a finding
             failed[f"error: {name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    rounds: dict[str, list[float]] = {name: [] for name in sessions}
+    found: dict[str, list[float]] = {name: [] for name in sessions}
     names = list(sessions)
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            rounds[name].append(sessions[name].median_ms())
-    return {**rounds, **failed}
+            found[name].append(sessions[name].median_ms())
+    return {**found, **failed}
 
 
 def ratios(fp32: list[float], other: list[float]) -> dict:
@@ -175,15 +188,15 @@ def casts(path: Path) -> int:
 
 
 # --- autoprec's search ---------------------------------------------------------------------------------------
-def searched(model: Path, entry: dict, data: Path, batch: int, backend: str, budget: int, threads: int,
-             device: int, out: Path) -> dict:
+def searched(model: Path, entry: dict, data: Path, batch: int, backend: str, args, threads: int, out: Path) -> dict:
     import autoprec
 
     t0 = time.monotonic()
     result = autoprec.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data, shapes=batch_shapes(entry, batch), **_image_fields(entry)),
-        engine=autoprec.EngineSpec(backend=backend, device=device, threads=threads),
-        judge=autoprec.JudgeSpec(max_loss=MAX_LOSS), study=autoprec.StudySpec(budget=budget), out=out))
+        engine=autoprec.EngineSpec(backend=backend, device=args.device, threads=threads),
+        judge=autoprec.JudgeSpec(max_loss=MAX_LOSS), study=autoprec.StudySpec(budget=args.budget), out=out,
+        retime_seconds=args.retime_seconds))
     chosen = result.chosen
     said = result.stated_versus().to_json().get("chosen_vs_fp32") if chosen is not None else None
     return {"wall_s": round(time.monotonic() - t0, 1), "counts": chosen.plan.counts() if chosen else None,
@@ -269,7 +282,7 @@ def run_model(corpus: Path, entry: dict, batch: int, mode: str, args, folder: Pa
     def say(phase: str) -> None:
         print(f"  {entry['name']}@{batch}: {phase} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
 
-    search = searched(model, entry, data, batch, backend, args.budget, threads, args.device, folder / "search")
+    search = searched(model, entry, data, batch, backend, args, threads, folder / "search")
     found["autoprec_search"] = search
     say("searched")
     methods: dict[str, Path | str] = {"fp32": model, "autoprec": folder / "search" / "best" / "model.onnx"}
@@ -291,7 +304,7 @@ def run_model(corpus: Path, entry: dict, batch: int, mode: str, args, folder: Pa
             failed[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
     say("judged")
     raced = {k: paths[k] for k in results if k in ("fp32", "autoprec") or results[k]["loss"] <= MAX_LOSS}
-    rounds = time_side_by_side(raced, items[0], threads, device)
+    rounds = time_side_by_side(raced, items[0], threads, device, args.rounds)
     for name, value in rounds.items():
         if name.startswith("error: "):
             failed[name[7:]] = value
@@ -319,60 +332,68 @@ def verdict(results: dict) -> str:
 
 
 # --- the run -------------------------------------------------------------------------------------------------
-def machine(mode: str, backend: str, device: int, threads: int) -> dict:
-    import onnxruntime
-
-    import autoprec
-    from autoprec.backends import get_backend
-
-    engine = get_backend("ort-cpu", threads=threads) if mode == "cpu" else get_backend(backend, device)
-    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} · {engine.info().device}",
-            "engine": engine.info().label(), "onnxruntime": onnxruntime.__version__, "autoprec": autoprec.__version__,
-            "code": _revision()}
-
-
-def _revision() -> str | None:
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).parent, text=True,
-                              capture_output=True, timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def run(mode: str, args) -> int:
     """Each model and batch in a process of its own (``--model-seconds`` at most: a model that hangs an engine or a
     peer is reported so, the rest still run), its phases logged with their times; the report written after each."""
-    path = args.json or RESULTS / f"exports_{mode}.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report.update(mode=mode, **machine(mode, getattr(args, "backend", "ort-cpu"), args.device, args.threads),
-                  budget=args.budget, max_loss=MAX_LOSS, threads=args.threads if mode == "cpu" else None, rounds=ROUNDS,
-                  corpus=json.loads((args.corpus / "corpus.json").read_text()).get("machine"))
-    report.setdefault("models", {})
-    batches = [1] if mode == "cpu" else args.batches
-    for name, entry in sorted(corpus_models(args.corpus, args.models).items(),
-                              key=lambda item: (args.models or []).index(item[0]) if args.models else 0):
-        for batch in batches:
-            key = f"{name}@{batch}"
-            print(f"[{key}] … ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
-            started = time.monotonic()
-            with tempfile.TemporaryDirectory() as tmp:
-                found = Path(tmp) / "one.json"
-                command = [sys.executable, __file__, "one", mode, str(args.corpus), name, str(batch), str(found),
-                           json.dumps({k: v for k, v in vars(args).items() if k in ONE_ARGS})]
-                try:
-                    subprocess.run(command, timeout=args.model_seconds, check=False)
-                    result = json.loads(found.read_text()) if found.exists() else {"error": "the run wrote nothing"}
-                except subprocess.TimeoutExpired:
-                    result = {"error": f"not finished in {args.model_seconds:g} s (stopped)"}
-            report["models"][key] = {"exporter": entry["exporter"], "architecture": entry["architecture"],
-                                     "sha256": entry["sha256"], "seconds": round(time.monotonic() - started, 1),
-                                     **result}
-            path.write_text(json.dumps(report, indent=1, default=str))
-    print_report([path])
+    from autoprec.backends import get_backend
+
+    engine = get_backend("ort-cpu", threads=args.threads) if mode == "cpu" else get_backend(args.backend, args.device)
+    with tempfile.TemporaryDirectory() as quick:
+        corpus = args.corpus or quick_corpus(Path(quick))
+        report = Report(f"exports_{mode}", args, engine, budget=args.budget, max_loss=MAX_LOSS,
+                        threads=args.threads if mode == "cpu" else None, rounds=args.rounds,
+                        corpus=json.loads((corpus / "corpus.json").read_text()).get("machine"), models={})
+        if report.path.exists():  # runs split over several calls add to one file
+            report["models"] = json.loads(report.path.read_text()).get("models", {})
+        for name, entry in sorted(corpus_models(corpus, args.models).items(),
+                                  key=lambda item: (args.models or []).index(item[0]) if args.models else 0):
+            for batch in [1] if mode == "cpu" else args.batches:
+                key = f"{name}@{batch}"
+                print(f"[{key}] … ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
+                started = time.monotonic()
+                result = in_a_process(mode, corpus, name, batch, args)
+                report["models"][key] = {"exporter": entry["exporter"], "architecture": entry["architecture"],
+                                         "sha256": entry["sha256"], "seconds": round(time.monotonic() - started, 1),
+                                         **result}
+                report.write()
+    print_report([report.path])
     return 0
 
 
-ONE_ARGS = ("budget", "threads", "device", "quark_python", "backend")
+def in_a_process(mode: str, corpus: Path, name: str, batch: int, args) -> dict:
+    """:func:`run_one` of one model at one batch in a process of its own, stopped after ``--model-seconds``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        found = Path(tmp) / "one.json"
+        command = [sys.executable, __file__, "one", mode, str(corpus), name, str(batch), str(found),
+                   json.dumps({k: v for k, v in vars(args).items() if k in ONE_ARGS})]
+        try:
+            subprocess.run(command, timeout=args.model_seconds, check=False)
+            return json.loads(found.read_text()) if found.exists() else {"error": "the run wrote nothing"}
+        except subprocess.TimeoutExpired:
+            return {"error": f"not finished in {args.model_seconds:g} s (stopped)"}
+
+
+def quick_corpus(folder: Path) -> Path:
+    """--quick's corpus: tests/builders.py's conv net (batch dim N) as one classifier, and 8 generated images."""
+    from PIL import Image
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import builders
+
+    (folder / "tiny").mkdir(parents=True)
+    model = builders.save(builders.conv_net(batch="N"), folder / "tiny" / "model.onnx")
+    (folder / "images").mkdir()
+    for i, image in enumerate(builders.image_like(8)):
+        pixels = (127.5 * (np.clip(image, -1, 1) + 1)).astype(np.uint8).transpose(1, 2, 0)
+        Image.fromarray(pixels).save(folder / "images" / f"{i}.png")
+    entry = {"name": "tiny", "architecture": "tests/builders.py conv_net", "exporter": "onnx.helper",
+             "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "layout": "NCHW", "shape": [1, 3, 16, 16],
+             "inputs": [{"name": "x", "shape": ["N", 3, 16, 16], "dtype": "float32"}], "task": "classifier"}
+    (folder / "corpus.json").write_text(json.dumps({"machine": "generated by --quick", "models": {"tiny": entry}}))
+    return folder
+
+
+ONE_ARGS = ("budget", "threads", "device", "quark_python", "backend", "rounds", "retime_seconds")
 
 
 def run_one(mode: str, corpus: Path, name: str, batch: int, out: Path, settings: str) -> int:
@@ -401,7 +422,9 @@ def run_one(mode: str, corpus: Path, name: str, batch: int, out: Path, settings:
 def print_report(paths: list[Path]) -> None:
     for path in paths:
         report = json.loads(path.read_text())
-        print(f"\n{path.name}: {report.get('engine')}, budget {report.get('budget')}, max loss {report.get('max_loss')}"
+        engine = report.get("engine") or {}  # a label, in reports written before the harness's
+        said = engine if isinstance(engine, str) else f"{engine['engine']} {engine['version']} on {engine['device']}"
+        print(f"\n{path.name}: {said}, budget {report.get('budget')}, max loss {report.get('max_loss')}"
               f", {report.get('rounds')} rounds")
         print(f"{'model@batch':<28} {'method':<22} {'×fp32':>6} {'p10–p90':>12} {'loss':>9} {'top-1 Δ':>8} "
               f"{'casts':>5}  verdict")
@@ -426,19 +449,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
     sub.add_parser("generate", help="make the corpus (benchmarks/export_corpus.py's options)", add_help=False)
+    modes = {}
     for mode in ("cpu", "gpu"):
-        p = sub.add_parser(mode)
-        p.add_argument("corpus", type=Path)
+        p = modes[mode] = sub.add_parser(mode)
+        p.add_argument("corpus", type=Path, nargs="?", help="the corpus (with --quick: one generated classifier)")
         p.add_argument("--models", nargs="*")
         p.add_argument("--budget", type=int, default=16)
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--device", type=int, default=0)
         p.add_argument("--batches", nargs="*", type=int, default=[32, 1])
+        p.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds of every method beside FP32")
         p.add_argument("--quark-python", help="a venv's python with amd-quark (benchmarks/quark_quantize.py)")
-        p.add_argument("--json", type=Path)
         p.add_argument("--model-seconds", type=float, default=900, help="stop a model (at one batch) after this long")
-        if mode == "gpu":
-            p.add_argument("--backend", default="ort-cuda", help="ort-cpu: the GPU comparison on the CPU (to try it)")
+        p.add_argument("--backend", default="ort-cuda" if mode == "gpu" else "ort-cpu",
+                       help="gpu: ort-cpu makes the GPU comparison on the CPU (to try it)")
+        add_retime_argument(p)
+        add_output_arguments(p)
     p = sub.add_parser("one", help="one model at one batch (what cpu/gpu run in a process of its own)")
     for name in ("one_mode", "corpus", "name", "batch", "out", "settings"):
         p.add_argument(name)
@@ -454,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "report":
         print_report(args.json or sorted(RESULTS.glob("exports_*.json")))
         return 0
+    parser.parse_args(argv)  # nothing left over
+    args = with_quick(modes[args.mode], args, QUICK)
+    if args.corpus is None and not args.quick:
+        parser.error(f"{args.mode}: give the CORPUS (benchmarks/export_corpus.py makes it), or --quick")
     return run(args.mode, args)
 
 

@@ -10,8 +10,9 @@ each on the engine and timed in interleaved rounds (ratios from the same rounds)
 each graph; loss = 1 - cosine of each output against the FP32 model's, on the CPU reference
 executor and on the engine, mean over the evaluation batches.
 
-    python benchmarks/fp16_regions.py [--backend ort-cuda] [--models ppocr-rec ...] [--batches 1 32]
+    python -m benchmarks fp16_regions [--backend ort-cuda] [--models ppocr-rec ...] [--batches 1 32]
                                       [--rounds 8] [--json OUT]
+    python -m benchmarks fp16_regions --quick      # on the CPU (ort-cpu), to try it
 """
 
 from __future__ import annotations
@@ -25,22 +26,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, time_interleaved  # noqa: E402
+from _harness import TINY, Report, parse_arguments, resolve, time_interleaved  # noqa: E402
 from gpu import mirrored_items  # noqa: E402
 
 from autoprec.analysis.data import build_dataset  # noqa: E402
 from autoprec.analysis.model import analyse  # noqa: E402
 from autoprec.analysis.reference import reference_outputs  # noqa: E402
-from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
 from autoprec.measure.accuracy import output_metrics  # noqa: E402
-from autoprec.results.files import json_safe  # noqa: E402
 
 MODELS = ("ppocr-det", "ppocr-rec", "ppocr-cls", "yolov8n", "magika")
+QUICK = {"backend": "ort-cpu", "models": [TINY], "batches": [1], "rounds": 2}
 
 
 def _loss(backend, model, batches, reference) -> float:
@@ -52,15 +51,15 @@ def _loss(backend, model, batches, reference) -> float:
 
 
 def measure_model(name: str, batch: int, backend, cpu, rounds: int) -> dict:
-    path, data, shapes, _ = resolve_model(f"zoo:{name}", None, None)
+    path, data, shapes, _ = resolve(name)
     shapes = {k: (batch, *v[1:]) for k, v in shapes.items()}
     info = analyse(path, load_search_space(), shapes)
     with np.load(data) as npz:
         items = mirrored_items({i.name: npz[i.name] for i in info.inputs}, 2 * batch) if batch > 1 else \
             {i.name: npz[i.name] for i in info.inputs}
-    tmp = Path(tempfile.gettempdir()) / f"fp16_regions_{name}_{batch}.npz"
-    np.savez(tmp, **items)
-    dataset = build_dataset(tmp, info.inputs)
+    with tempfile.TemporaryDirectory() as folder:
+        np.savez(Path(folder) / "items.npz", **items)
+        dataset = build_dataset(Path(folder) / "items.npz", info.inputs)
     batches = list(dataset.evaluation)
     reference = reference_outputs(info, batches, dataset.fingerprint())
     plan = info.plan_at(Precision.FP16)
@@ -86,16 +85,15 @@ def measure_model(name: str, batch: int, backend, cpu, rounds: int) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="ort-cuda")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[32])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "fp16_regions_gpu.json"))
-    args = parser.parse_args()
+    args = parse_arguments(parser, argv, QUICK)
     backend, cpu = get_backend(args.backend), get_backend("ort-cpu")
-    result = {**machine_facts(backend), "rounds": args.rounds, "models": {}}
+    result = Report("fp16_regions_gpu", args, backend, rounds=args.rounds, models={})
     print(f"engine: {backend.info().label()}; {args.rounds} interleaved rounds; ms = median of the round medians")
     print(f"{'model':<10} {'batch':>5} {'fp32 ms':>8} {'islands':>8} {'regions':>8} {'isl ×':>6} {'reg ×':>6} "
           f"{'casts i/r':>9} {'loss isl':>9} {'loss reg':>9}")
@@ -114,8 +112,8 @@ def main() -> None:
                 f"{p['fp16_islands']['casts']:>4}/{p['fp16_regions']['casts']:<4} "
                 f"{p['fp16_islands']['loss_engine']:>9.2e} {p['fp16_regions']['loss_engine']:>9.2e}"
             )
-    atomic.write_json(Path(args.json), json_safe(result))
-    print(f"wrote {args.json}")
+    print(f"wrote {result.write()}")
+    return 0
 
 
 if __name__ == "__main__":

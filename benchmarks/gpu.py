@@ -17,7 +17,8 @@ Batch 32 inputs are the zoo's real samples and their mirror images (flips and, f
 transposes), cycled to 64 items: 32 to calibrate (unused by FP16) and 32 to evaluate. Token
 inputs are repeated. Batch 1 uses the zoo's samples as they are.
 
-    python benchmarks/gpu.py [--models ppocr-det ...] [--batches 1 32] [--budget 50] [--json OUT]
+    python -m benchmarks gpu [--models ppocr-det ...] [--batches 1 32] [--budget 50] [--json OUT]
+    python -m benchmarks gpu --quick      # on the CPU (ort-cpu): the same comparison, to try it
 """
 
 from __future__ import annotations
@@ -33,23 +34,31 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, time_interleaved  # noqa: E402
+from _harness import (  # noqa: E402
+    QUICK_RETIME,
+    TINY,
+    Report,
+    add_retime_argument,
+    parse_arguments,
+    resolve,
+    time_interleaved,
+)
 
 import autoprec  # noqa: E402
 from autoprec.analysis.baseline import load_baseline  # noqa: E402
 from autoprec.analysis.model import load_onnx  # noqa: E402
 from autoprec.analysis.shapes import batch_axes, declared_inputs  # noqa: E402
-from autoprec.app.resolve import resolve_model  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic, stored  # noqa: E402
+from autoprec.core import stored  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.measure.accuracy import compare, loss_from_metrics  # noqa: E402
-from autoprec.results.files import json_safe, load_json, read_result_dir  # noqa: E402
+from autoprec.results.files import load_json, read_result_dir  # noqa: E402
 
 MODELS = ("ppocr-det", "ppocr-rec", "yolov8n", "minilm")
 MAX_LOSS = 0.01
-ROUNDS = 5
+QUICK = {"models": [TINY], "batches": [1], "budget": 3, "backend": "ort-cpu", "rounds": 2,
+         "retime_seconds": QUICK_RETIME}
 
 
 def mirrored_items(data: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
@@ -70,7 +79,7 @@ def mirrored_items(data: dict[str, np.ndarray], count: int) -> dict[str, np.ndar
 
 def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, Path, dict[str, list[int]]]:
     """The zoo model, its sample data for ``batch``, and the input shapes."""
-    model_path, data_path, shapes, _ = resolve_model(f"zoo:{name}", None, None)
+    model_path, data_path, shapes, _ = resolve(name)
     declared = {i.name: i.shape for i in declared_inputs(load_onnx(model_path))}
     axes = dict(zip(declared, batch_axes(list(declared.values()))))  # a state [2, batch, 128] batches along axis 1
     shapes = {k: [batch if i == axes.get(k) else d for i, d in enumerate(v)] for k, v in shapes.items()}
@@ -83,7 +92,7 @@ def batch_data(name: str, batch: int, folder: Path) -> tuple[Path, Path, dict[st
     return model_path, path, shapes
 
 
-def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path):
+def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path, retime_seconds: float = 20.0):
     """``autoprec search`` of a zoo model at ``batch`` (max loss MAX_LOSS), its wall seconds, and the model
     prepared again as that search prepared it (same space, data, shapes and cache): what its plans lower on."""
     model_path, data, shapes = batch_data(name, batch, tmp)
@@ -96,6 +105,7 @@ def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp:
             judge=autoprec.JudgeSpec(max_loss=MAX_LOSS),
             study=autoprec.StudySpec(budget=budget),
             out=out,
+            retime_seconds=retime_seconds,
         )
     )
     wall = time.monotonic() - t0
@@ -103,8 +113,10 @@ def searched(name: str, batch: int, budget: int, backend: str, device: int, tmp:
     return result, wall, load_baseline(model_path, space, data, shapes, cache=out / "cache"), out, shapes
 
 
-def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: Path) -> dict:
-    result, search_wall, baseline, out, shapes = searched(name, batch, budget, backend, device, tmp)
+def run_one(name: str, batch: int, args: argparse.Namespace, tmp: Path) -> dict:
+    backend, device = args.backend, args.device
+    result, search_wall, baseline, out, shapes = searched(name, batch, args.budget, backend, device, tmp,
+                                                          args.retime_seconds)
     files = read_result_dir(out)
     uniform = result.uniform()
     chosen = result.chosen
@@ -117,7 +129,7 @@ def run_one(name: str, batch: int, budget: int, backend: str, device: int, tmp: 
     plans = {"fp32": uniform["fp32"].plan, "fp16": uniform["fp16"].plan, "chosen": chosen.plan}
     evaluation = baseline.dataset.evaluation
     models = [engine.lower(baseline.info, p, baseline.ranges) for p in plans.values()]
-    timings = dict(zip(plans, time_interleaved(engine, models, evaluation[0], ROUNDS)))
+    timings = dict(zip(plans, time_interleaved(engine, models, evaluation[0], args.rounds)))
     medians = {k: [t.median_ms for t in v] for k, v in timings.items()}
     spreads = {k: [t.p90_ms - t.p10_ms for t in v] for k, v in timings.items()}
     with engine.runner(stored.load(out / "best" / "model.onnx")) as fresh:  # what the user deploys, evaluated anew
@@ -151,36 +163,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 32])
     parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of FP32, all-FP16 and the chosen plan")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument(
         "--backend", default="ort-cuda", help="ort-cpu runs the same comparison on the CPU (to try the script)"
     )
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "gpu.json")
-    args = parser.parse_args(argv)
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
     engine = get_backend(args.backend, args.device)
-    facts = machine_facts(engine)
     info = engine.info()
-    report = {
-        "device": info.device, "driver": info.versions.get("driver"), "onnxruntime": info.version,
-        **facts, "budget": args.budget, "max_loss": MAX_LOSS, "metric": "1 - cosine vs FP32 on the CPU provider",
-        "timing": f"IO binding; per plan {ROUNDS} interleaved rounds, each the median of >= 10 runs and >= 0.2 s "
-                  "after 3 warm-ups; *_ms = median of the round medians; spread_ms = median p90-p10",
-        "models": {},
-    }
-    if args.json.exists():  # runs split over several calls add to one file
-        previous = load_json(args.json)
+    report = Report(
+        "gpu", args, engine,
+        device=info.device, driver=info.versions.get("driver"), onnxruntime=info.version,
+        budget=args.budget, max_loss=MAX_LOSS, metric="1 - cosine vs FP32 on the CPU provider",
+        timing=f"IO binding; per plan {args.rounds} interleaved rounds, each the median of >= 10 runs and >= 0.2 s "
+               "after 3 warm-ups; *_ms = median of the round medians; spread_ms = median p90-p10",
+        models={},
+    )
+    if report.path.exists():  # runs split over several calls add to one file
+        previous = load_json(report.path)
         if previous.get("device") == report["device"]:
             report["models"] = previous.get("models", {})
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for batch in args.batches:
                 print(f"[{name} batch {batch}] …", file=sys.stderr, flush=True)
-                report["models"].setdefault(name, {})[str(batch)] = run_one(
-                    name, batch, args.budget, args.backend, args.device, Path(tmp)
-                )
-                atomic.write_json(args.json, json_safe(report))
+                report["models"].setdefault(name, {})[str(batch)] = run_one(name, batch, args, Path(tmp))
+                report.write()
     print(f"\nONNX Runtime {info.version} {info.provider} on {info.device}, driver {info.versions.get('driver')}; "
-          f"budget {args.budget}, max loss {MAX_LOSS}; JSON: {args.json}")
+          f"budget {args.budget}, max loss {MAX_LOSS}; JSON: {report.path}")
     print(f"{'model':<10} {'batch':>5} {'fp32 ms':>8} {'fp16 ms':>8} {'chosen':>8} {'fp16 x':>7} {'chosen x':>8} "
           f"{'fp16 loss':>9} {'chosen loss':>11} {'fresh':>9} {'int8/fp16/fp32':>14} {'search s':>8}")
     for name, batches in report["models"].items():

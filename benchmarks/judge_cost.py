@@ -9,7 +9,7 @@ the judge keeps them) and the median of the later ones. Each ``--code`` checkout
 turn, ``--rounds`` times; the table gives each one's median and its ratio to the first's.
 
     git worktree add /tmp/before HEAD~1
-    python benchmarks/judge_cost.py --code /tmp/before . --models ppocr-det@8
+    python -m benchmarks judge_cost --code /tmp/before . --models ppocr-det@8
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+QUICK = {"models": ["tiny@1"], "rounds": 1, "calls": 2}
 
 
 def _time_here(entry: str, calls: int) -> dict:
@@ -34,6 +35,7 @@ def _time_here(entry: str, calls: int) -> dict:
     import autoprec
 
     sys.path.insert(0, str(HERE))
+    from _harness import model_source
     from gpu import batch_data
 
     from autoprec.analysis.baseline import load_baseline
@@ -46,7 +48,7 @@ def _time_here(entry: str, calls: int) -> dict:
         model_path, data, shapes = batch_data(name, int(batch or 32), Path(tmp))
         space, _, _ = engine_space(load_search_space(), get_backend("ort-cpu"), None)
         baseline = load_baseline(model_path, space, data, shapes, cache=Path(tmp))
-    metric = metric_for(wanted_metric(autoprec.JudgeSpec(), f"zoo:{name}"), baseline.info, baseline.dataset)
+    metric = metric_for(wanted_metric(autoprec.JudgeSpec(), model_source(name)[0]), baseline.info, baseline.dataset)
     judge, _ = judge_for(metric, baseline)
     rng = np.random.default_rng(0)
     candidate = [{k: np.clip(v + rng.normal(0, 0.01, v.shape).astype(v.dtype), v.min(), v.max()) if v.dtype.kind == "f"
@@ -61,25 +63,23 @@ def _time_here(entry: str, calls: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(HERE))
+    from _harness import Report, parse_arguments, source_revision
+
+    from autoprec.backends import get_backend
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["ppocr-det@8"])
     parser.add_argument("--code", nargs="*", default=["."], help="checkouts of autoprec to time, in turn")
     parser.add_argument("--rounds", type=int, default=3, help="each checkout timed this many times, in turn")
     parser.add_argument("--calls", type=int, default=6, help="judge calls per round (the first, then the later ones)")
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "judge_cost.json")
     parser.add_argument("--here", help=argparse.SUPPRESS)  # a round in this process: prints its JSON
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, QUICK)
     if args.here:
         print(json.dumps(_time_here(args.here, args.calls)))
         return 0
-    sys.path.insert(0, str(HERE))
-    from _harness import machine_facts
-
-    from autoprec.backends import get_backend
-    from autoprec.core import atomic
-
-    report = {**machine_facts(get_backend("ort-cpu")), "rounds": args.rounds, "calls": args.calls, "models": {}}
-    labels = [revision(code) for code in args.code]
+    report = Report("judge_cost", args, get_backend("ort-cpu"), rounds=args.rounds, calls=args.calls, models={})
+    labels = [source_revision(Path(code)) or code for code in args.code]
     print(f"{'model':<14}{'code':<22}{'metric':<14}{'first s':>9}{'later s':>9}{'×first code':>12}")
     for entry in args.models:
         found: dict[str, list[dict]] = {label: [] for label in labels}
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             row["later_vs_first_code"] = round(row["later_s"] / rows[labels[0]]["later_s"], 3)
             print(f"{entry:<14}{label:<22}{row['metric']:<14}{row['first_s']:>9.3f}{row['later_s']:>9.3f}"
                   f"{row['later_vs_first_code']:>12.3f}", flush=True)
-        atomic.write_json(args.json, report)
-    print(f"wrote {args.json}")
+        report.write()
+    print(f"wrote {report.path}")
     return 0
 
 
@@ -105,15 +105,6 @@ def _timed_in(code: str, entry: str, calls: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--here", entry, "--calls", str(calls)], cwd=code, check=True,
                          env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
     return json.loads(out.stdout.splitlines()[-1])
-
-
-def revision(code: str) -> str:
-    """The commit checked out at ``code`` (``-dirty``: with uncommitted changes), else the folder."""
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=code, capture_output=True,
-                              text=True, check=True, timeout=30).stdout.strip() or code
-    except (OSError, subprocess.SubprocessError):
-        return code
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ rejected early or not; its sensitivity pass's one-unit accuracy checks are given
 peer's evaluations. Every pick reports the constraint's loss, its cosine loss and its task metrics. Finally every pick and the FP32 model are built once and timed in interleaved
 rounds, so the latencies compare within one run.
 
-    python benchmarks/peers.py [--models ppocr-rec yolov8n ...] [--budget 50] [--metric task|cosine]
-    # needs nncf, onnxconverter-common
+    python -m benchmarks peers [--models ppocr-rec yolov8n ...] [--budget 50] [--metric task|cosine] [--quick]
+    # needs nncf, onnxconverter-common (a peer that is not installed is reported as failed)
 
 GPU mode, against NVIDIA ModelOpt's AutoCast (``modelopt.onnx.autocast.convert_to_mixed_precision``: the
 whole graph FP16 except the nodes its rules keep FP32), on ONNX Runtime's CUDA provider:
 
-    python benchmarks/peers.py --autocast-export DIR [--models ...] [--batches 32 1]   # where nvidia-modelopt is (CPU)
-    python benchmarks/peers.py --gpu DIR [--models ...] [--batches 32 1] [--budget 20] # on the GPU machine
+    python -m benchmarks peers --autocast-export DIR [--models ...] [--batches 32 1]   # where nvidia-modelopt is
+    python -m benchmarks peers --gpu DIR [--models ...] [--batches 32 1] [--budget 20] # on the GPU machine
 
 The first step runs AutoCast on the CPU (``keep_io_types=True``, the batch's calibration half as its
 calibration data) on the very graph autoprec starts from (the zoo model prepared at that batch); the GPU
@@ -60,8 +60,10 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
+    TINY,
     CachedMeasure,
-    machine_facts,
+    Report,
+    parse_arguments,
     prepare_zoo,
     run_models,
     task_metrics,
@@ -70,6 +72,7 @@ from _harness import (  # noqa: E402
 )
 from gpu import batch_data, searched  # noqa: E402
 
+from autoprec.analysis.data import Workload  # noqa: E402
 from autoprec.core.plan import Plan, Precision  # noqa: E402
 from autoprec.core.stored import StoredModel, inlined  # noqa: E402
 from autoprec.measure.accuracy import Judge, loss_from_metrics  # noqa: E402
@@ -91,8 +94,8 @@ from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 from autoprec.tasks import task_named  # noqa: E402
 
 MAX_LOSS = 0.01
-ROUNDS = 5
 MODELS = ("ppocr-rec", "yolov8n", "minilm", "ppocr-det")
+QUICK = {"models": [TINY], "budget": 3, "rounds": 2}
 # Each zoo model's task metric as the constraint: against its labels where it has them.
 TASK_METRIC = {
     "ppocr-rec": "ctc-text@labels",
@@ -121,7 +124,7 @@ def run_autoprec(baseline, backend, budget: int, judge: Judge) -> tuple[StoredMo
     started = time.monotonic()
     run_warm_started(study, ctx, budget, sensitivity)
     front, _ = retimed_front(study, lambda reference, plan, rounds: time_paired(  # as the search does before it chooses
-        backend, lowered(reference), lowered(plan), evaluation[0], rounds), RETIME_ROUNDS, max_loss=MAX_LOSS)
+        backend, lowered(reference), lowered(plan), Workload.of(evaluation[0]), rounds), RETIME_ROUNDS, max_loss=MAX_LOSS)
     chosen = fastest_within(front, MAX_LOSS)
     trials = sorted(finished_records(study), key=lambda r: r.number)
     return lowered(chosen.plan), {
@@ -230,7 +233,7 @@ def run_ort_auto_mixed_precision(baseline, judge: Judge) -> tuple[StoredModel, d
     return peer_model(converted, baseline), {"evaluations": calls, "version": onnxconverter_common.__version__}
 
 
-def run_model(name: str, budget: int, metric: str) -> dict:
+def run_model(name: str, budget: int, metric: str, rounds: int) -> dict:
     baseline, backend = prepare_zoo(name)
     judge = zoo_judge(name, baseline, TASK_METRIC.get(name, "cosine") if metric == "task" else metric)
     picks: dict[str, StoredModel] = {"fp32": baseline.info.stored}
@@ -259,7 +262,7 @@ def run_model(name: str, budget: int, metric: str) -> dict:
         methods[method].update(loss=found.loss, cosine_loss=loss_from_metrics(found.metrics, "cosine"),
                                task_metrics=task_metrics(found.metrics))
     runnable = [m for m in picks if "error" not in methods.get(m, {})]
-    timings = time_interleaved(backend, [picks[m] for m in runnable], baseline.dataset.evaluation[0], ROUNDS)
+    timings = time_interleaved(backend, [picks[m] for m in runnable], baseline.dataset.evaluation[0], rounds)
     fp32_ms = None
     for method, rounds in zip(runnable, timings):
         if rounds is None:
@@ -405,46 +408,45 @@ def run_gpu_model(name: str, batch: int, budget: int, autocast: Path, device: in
     }
 
 
-def run_gpu(autocast: Path, models: list[str], batches: list[int], budget: int, device: int, path: Path) -> int:
+def run_gpu(args) -> int:
     import tempfile
 
     from autoprec.backends import get_backend
-    from autoprec.core import atomic
-    from autoprec.results.files import json_safe, load_json
+    from autoprec.results.files import load_json
 
-    engine = get_backend("ort-cuda", device)
+    engine = get_backend("ort-cuda", args.device)
     info = engine.info()
-    report = {
-        "device": info.device,
-        "onnxruntime": info.version,
-        **machine_facts(engine),
-        "batch": 32,
-        "max_loss": MAX_LOSS,
-        "budget": budget,
-        "autocast": load_json(autocast / "autocast.json"),
-        "metric": "1 - cosine vs FP32 on the CPU provider, mean over the evaluation batches (all three alike)",
-        "timing": f"FP32, autoprec's best/model.onnx and AutoCast's model built once each, {GPU_ROUNDS} interleaved "
+    report = Report(
+        "peers_gpu", args, engine,
+        device=info.device,
+        onnxruntime=info.version,
+        batch=32,
+        max_loss=MAX_LOSS,
+        budget=args.budget,
+        autocast=load_json(args.gpu / "autocast.json"),
+        metric="1 - cosine vs FP32 on the CPU provider, mean over the evaluation batches (all three alike)",
+        timing=f"FP32, autoprec's best/model.onnx and AutoCast's model built once each, {GPU_ROUNDS} interleaved "
         "rounds (IO binding), each the median of >= 10 runs and >= 0.2 s; ms = median of the rounds",
-        "models": {},
-        "batch_1": {"models": {}},
-    }
-    if path.exists():  # runs split over several calls add to one file
-        previous = load_json(path)
+        models={},
+        batch_1={"models": {}},
+    )
+    if report.path.exists():  # runs split over several calls add to one file
+        previous = load_json(report.path)
         if previous.get("device") == report["device"]:
             report["models"], report["batch_1"] = previous.get("models", {}), previous.get("batch_1", {"models": {}})
     with tempfile.TemporaryDirectory() as tmp:
-        for name in models:
-            for batch in batches:
+        for name in args.models:
+            for batch in args.batches:
                 print(f"[{name} batch {batch}] …", file=sys.stderr, flush=True)
                 try:
-                    found = run_gpu_model(name, batch, budget, autocast, device, Path(tmp))
+                    found = run_gpu_model(name, batch, args.budget, args.gpu, args.device, Path(tmp))
                 except Exception as exc:  # noqa: BLE001 - one model's failure is reported, the others still run
                     found = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 (report["models"] if batch == 32 else report["batch_1"]["models"] if batch == 1
                  else report.setdefault(f"batch_{batch}", {"models": {}})["models"])[name] = found
-                atomic.write_json(path, json_safe(report))
+                report.write()
     print(f"\nautoprec vs ModelOpt AutoCast {report['autocast'].get('modelopt')} — ONNX Runtime {info.version} CUDA on "
-          f"{info.device}; max loss {MAX_LOSS}; JSON: {path}")
+          f"{info.device}; max loss {MAX_LOSS}; JSON: {report.path}")
     print(f"{'model':<11} {'batch':>5} {'fp32 ms':>8} {'autoprec':>9} {'autocast':>9} {'ap loss':>9} {'ac loss':>9} "
           f"{'ap casts':>8} {'ac casts':>8}  faster beyond rounds")
     for batch, table in ((32, report["models"]), (1, report["batch_1"]["models"])):
@@ -470,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--budget", type=int, default=None, help="trials (default 50; 20 in --gpu mode)")
     parser.add_argument("--metric", default="task", help="task (each model's task metric, default) or a --metric name")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds timing every pick and FP32")
     parser.add_argument(
         "--autocast-export",
         type=Path,
@@ -482,28 +484,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batches", nargs="*", type=int, default=[32, 1])
     parser.add_argument("--device", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, QUICK)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.autocast_export or args.gpu:
         from autoprec.zoo import ENTRIES
 
-        models = args.models or list(ENTRIES)
+        args.models = args.models or list(ENTRIES)
         if args.autocast_export:
-            return export_autocast(args.autocast_export, models, args.batches)
-        return run_gpu(args.gpu, models, args.batches, args.budget or 20, args.device,
-                       args.json or Path(__file__).parent / "results" / "peers_gpu.json")
+            return export_autocast(args.autocast_export, args.models, args.batches)
+        args.budget = args.budget or 20
+        return run_gpu(args)
     args.models, args.budget = args.models or list(MODELS), args.budget or 50
-    args.json = args.json or Path(__file__).parent / "results" / "peers.json"
     from autoprec.backends import get_backend
 
-    report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "max_loss": MAX_LOSS,
-              "metric": ("each model's task metric (models.*.metric)" if args.metric == "task" else args.metric)
-              + " on the zoo's evaluation batches",
-              "timing": f"every pick and FP32 built once, {ROUNDS} interleaved rounds, each the median of >= 10 runs "
-                        "and >= 0.2 s; latency_ms = median of the rounds", "models": {}}
-    run_models(report, args.models, lambda name: run_model(name, args.budget, args.metric), args.json)
+    report = Report("peers", args, get_backend("ort-cpu"), budget=args.budget, max_loss=MAX_LOSS,
+                    metric=("each model's task metric (models.*.metric)" if args.metric == "task" else args.metric)
+                    + " on the zoo's evaluation batches",
+                    timing=f"every pick and FP32 built once, {args.rounds} interleaved rounds, each the median of >= 10 "
+                           "runs and >= 0.2 s; latency_ms = median of the rounds", models={})
+    run_models(report, args.models, lambda name: run_model(name, args.budget, args.metric, args.rounds))
     print(f"\npeers at loss <= {MAX_LOSS} — {report['engine']['engine']} {report['engine']['version']} "
-          f"{report['engine']['provider']} on {report['engine']['device']}; JSON: {args.json}")
+          f"{report['engine']['provider']} on {report['engine']['device']}; JSON: {report.path}")
     print(f"{'model':<10} {'method':<25} {'ms':>8} {'×fp32':>6} {'loss':>9} {'cosine':>9} {'evals':>6}  "
           "autoprec best at that many · task metrics")
     for name, m in report["models"].items():

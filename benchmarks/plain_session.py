@@ -8,7 +8,7 @@ timed in interleaved rounds of back-to-back runs, the ratio the geometric mean o
 ratios; and the same clock with the plan's session built with NchwcTransformer off, as autoprec
 built its sessions of every FP16 graph before issue 69 (all-FP32's kept it).
 
-    python benchmarks/plain_session.py [--size 64] [--rounds 10] [--runs 50] [--json PATH]
+    python -m benchmarks plain_session [--size 64] [--rounds 10] [--runs 50] [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ import onnxruntime
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import builders  # noqa: E402
-from _harness import machine_facts  # noqa: E402
+from _harness import Report, parse_arguments  # noqa: E402
 
 from autoprec.analysis.baseline import load_baseline  # noqa: E402
+from autoprec.analysis.data import Workload  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.measure import speedup  # noqa: E402
 from autoprec.measure.measurement import Lowering  # noqa: E402
+
+QUICK = {"size": 16, "rounds": 2, "runs": 5, "seconds": 0.5}
 
 
 def plain_ratio(
@@ -83,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument(
-        "--json", type=Path, default=Path(__file__).parent / "results" / "plain_session.json"
-    )
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, QUICK)
     backend = get_backend("ort-cpu", threads=1)
     with tempfile.TemporaryDirectory() as tmp:
         path = builders.save(builders.conv_net(size=args.size), Path(tmp) / "conv.onnx")
@@ -101,25 +100,25 @@ def main(argv: list[str] | None = None) -> int:
             "chosen": lowering(backend, info.plan_at(Precision.FP16, half)),
         }
         rounds = speedup.time_until_known(
-            backend, models, batch, [("fp32", "chosen")], args.seconds
+            backend, models, Workload.of(batch), [("fp32", "chosen")], args.seconds
         )
         claim = rounds.speedup("fp32", "chosen")
         plain = plain_ratio(models, batch, args.rounds, args.runs, {})
         old = plain_ratio(models, batch, args.rounds, args.runs, {"chosen": ["NchwcTransformer"]})
-    report = {
-        **machine_facts(backend),
-        "model": f"builders.conv_net(size={args.size})",
-        "fp16_units": half,
-        "units": [u.name for u in info.units],
-        "recorded": claim.to_json(),
-        "recorded_left_off": [],
-        "plain": plain,
-        "nchwc_off": old,
-        "plain_over_recorded": plain["ratio"] / claim.speedup,
-        "within_10_percent": abs(plain["ratio"] / claim.speedup - 1) <= 0.10,
-        "load": rounds.steadiness().to_json(),
-    }
-    atomic.write_json(args.json, report)
+    report = Report(
+        "plain_session", args, backend,
+        model=f"builders.conv_net(size={args.size})",
+        fp16_units=half,
+        units=[u.name for u in info.units],
+        recorded=claim.to_json(),
+        recorded_left_off=[],
+        plain=plain,
+        nchwc_off=old,
+        plain_over_recorded=plain["ratio"] / claim.speedup,
+        within_10_percent=abs(plain["ratio"] / claim.speedup - 1) <= 0.10,
+        load=rounds.steadiness().to_json(),
+    )
+    report.write()
     print(
         f"recorded {claim.text()}; plain sessions {plain['ratio']:.3f}× "
         f"(ratio {report['plain_over_recorded']:.3f}); "

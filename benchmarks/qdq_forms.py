@@ -21,9 +21,9 @@ median over rounds of each round's median, the speed-up the median of the per-ro
 range. ``kernels``: the op types of ONNX Runtime's optimised graph (which integer kernels it chose).
 All calibrate on the same batches (autoprec's calibration split).
 
-    python benchmarks/qdq_forms.py [--models magika,ppocr-cls,...] [--model NAME=MODEL.onnx[:DATA.npz]]
+    python -m benchmarks qdq_forms [--models magika,ppocr-cls,...] [--model NAME=MODEL.onnx[:DATA.npz]]
                                    [--quark-python /path/to/venv/bin/python] [--search-budget N] [--rounds 12]
-                                   [--variant NAME:LABEL=FILE.onnx ...] [--json PATH]
+                                   [--variant NAME:LABEL=FILE.onnx ...] [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from _harness import machine_facts, model_sources, run_models, time_interleaved
+from _harness import TINY, Report, model_sources, parse_arguments, run_models, time_interleaved
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 import autoprec
@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 ZOO = ("magika", "ppocr-cls", "ppocr-rec", "ppocr-det", "yolov8n", "picodet-layout", "silero-vad", "minilm")
 PEER_OPS = ("Conv", "MatMul", "Gemm")
 SEARCHED = "autoprec search --max-loss 1.0"
+QUICK = {"models": TINY, "rounds": 2}
 
 
 class Batches(CalibrationDataReader):
@@ -198,14 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time FILE.onnx (another quantizer's, or another lowering's) beside model NAME")
     parser.add_argument("--search-budget", type=int, default=0, metavar="N",
                         help=f"also time what 'autoprec search --max-loss 1.0 --budget N' ships ({SEARCHED!r})")
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "qdq_forms.json")
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, QUICK)
     backend = get_backend("ort-cpu")
-    report = {**machine_facts(backend), "rounds": args.rounds, "quark": bool(args.quark_python),
-              "search_budget": args.search_budget,
-              "timing": "per variant per round: median of >= 10 runs and >= 0.2 s after 3 warm-up runs, batch of one "
-                        "evaluation item; speed-up: median over rounds of FP32's round median / the variant's",
-              "models": {}}
+    report = Report("qdq_forms", args, backend, rounds=args.rounds, quark=bool(args.quark_python),
+                    search_budget=args.search_budget,
+                    timing="per variant per round: median of >= 10 runs and >= 0.2 s after 3 warm-up runs, batch of "
+                           "one evaluation item; speed-up: median over rounds of FP32's round median / the variant's",
+                    models={})
     space, _, _ = engine_space(load_search_space(), backend, None)
     sources = model_sources(args.models, args.model)
 
@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         others = {label: Path(file) for model, label, file in map(variant, args.variant) if model == name}
         return bench_model(name, source, args.rounds, args.quark_python, args.search_budget, others)
 
-    run_models(report, sources, run, args.json)
-    print(f"engine: {backend.info().label()}; {args.rounds} interleaved rounds; JSON: {args.json}")
+    run_models(report, sources, run)
+    print(f"engine: {backend.info().label()}; {args.rounds} interleaved rounds; JSON: {report.path}")
     print(f"{'model':<17} {'variant':<32} {'median ms':>10} {'vs fp32':>8} {'range':>13} {'cosine':>9} {'Q/DQ':>9}  int kernels")
     for name, m in report["models"].items():
         for k, v in m["variants"].items():

@@ -6,7 +6,8 @@ TensorRT-form graph) and its latency predicted by the latency model. Reported pe
 target's and the reference's loss for each built proposal and their gap, the predicted and measured
 latency and the model's median absolute error, and the builds and reference evaluations spent.
 
-    python benchmarks/reference_gap.py [--models ppocr-rec ppocr-cls] [--batch 32] [--budget 12] [--json OUT]
+    python -m benchmarks reference_gap [--models ppocr-rec ppocr-cls] [--batch 32] [--budget 12] [--json OUT]
+    python -m benchmarks reference_gap --quick      # on the CPU (ort-cpu, its own reference executor), to try it
 """
 
 from __future__ import annotations
@@ -17,23 +18,27 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts  # noqa: E402
+from _harness import QUICK_RETIME, TINY, Report, add_retime_argument, parse_arguments  # noqa: E402
 from gpu import batch_data  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
+
+QUICK = {"models": [TINY], "batch": 1, "budget": 3, "proposals": 2, "backend": "ort-cpu",
+         "retime_seconds": QUICK_RETIME}
 
 
-def run_one(name: str, batch: int, budget: int, proposals: int, backend: str, tmp: Path) -> dict:
+def run_one(name: str, args: argparse.Namespace, tmp: Path) -> dict:
+    batch, budget, proposals = args.batch, args.budget, args.proposals
     model_path, data, shapes = batch_data(name, batch, tmp)
     result = autoprec.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(model_path, data=data, shapes=shapes),
-            engine=autoprec.EngineSpec(backend=backend),
+            engine=autoprec.EngineSpec(backend=args.backend),
             judge=autoprec.JudgeSpec(max_loss=0.01),
             study=autoprec.StudySpec(budget=budget, proposals=proposals),
             out=tmp / f"{name}-b{batch}",
+            retime_seconds=args.retime_seconds,
         )
     )
     search = result.search
@@ -55,18 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=12)
     parser.add_argument("--proposals", type=int, default=8)
     parser.add_argument("--backend", default="ort-cuda")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "reference_gap_gpu.json")
-    args = parser.parse_args(argv)
-    report = {**machine_facts(get_backend(args.backend)), "batch": args.batch, "proposals": args.proposals,
-              "max_loss": 0.01, "models": {}}
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report("reference_gap_gpu", args, get_backend(args.backend), batch=args.batch, proposals=args.proposals,
+                    max_loss=0.01, models={})
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             print(f"[{name}] …", file=sys.stderr, flush=True)
-            report["models"][name] = run_one(name, args.batch, args.budget, args.proposals, args.backend, Path(tmp))
-            atomic.write_json(args.json, report)
+            report["models"][name] = run_one(name, args, Path(tmp))
+            report.write()
     print(
         f"\nreference executor vs {report['engine']['engine']} {report['engine']['provider']} on {report['engine']['device']}, "
-        f"batch {args.batch}, --proposals {args.proposals}; JSON: {args.json}"
+        f"batch {args.batch}, --proposals {args.proposals}; JSON: {report.path}"
     )
     print(
         f"{'model':<10} {'builds':>6} {'ref evals':>9} {'latency err %':>13} {'loss gap median':>16} {'max':>9} {'chosen ms':>9}"

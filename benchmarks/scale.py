@@ -13,8 +13,8 @@ Runtime's CPU provider, in one run:
    (IPC, lowering in the worker, session, run, loss) and per trial (its whole cost but the timing
    loop), builds, and the disk the cache and best/ hold.
 
-    python benchmarks/scale.py                 # the ladder: about 25 minutes on 2 cores, 6 GB of disk
-    python benchmarks/scale.py --models chain300 encoder6
+    python -m benchmarks scale                 # the ladder: about 25 minutes on 2 cores, 6 GB of disk
+    python -m benchmarks scale --models chain300 encoder6
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
-from _harness import machine_facts  # noqa: E402
+from _harness import QUICK_RETIME, Report, add_retime_argument, parse_arguments  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 
 BUDGET = 8
 VOCAB = 1000
@@ -57,6 +56,9 @@ LADDER = {
         ["--separate-repeats"],
     ),
 }
+# --quick's model: a chain of 8 small units
+MODELS = {**LADDER, "chain8": (synthetic.chain, {"units": 8, "hidden": 16}, [])}
+QUICK = {"models": ["chain8"], "budget": 2, "retime_seconds": QUICK_RETIME}
 BARE = """
 import json, sys, time, statistics, numpy as np, onnxruntime as ort
 spec = json.loads(sys.argv[1])
@@ -210,8 +212,8 @@ def _trial_seconds(out: Path) -> list[dict]:
             if "duplicate_of" not in t.user_attrs]
 
 
-def run_model(name: str, root: Path, budget: int) -> dict:
-    generator, arguments, options = LADDER[name]
+def run_model(name: str, root: Path, budget: int, retime_seconds: float) -> dict:
+    generator, arguments, options = MODELS[name]
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / f"{name.removesuffix('-separate')}.onnx"
@@ -219,7 +221,8 @@ def run_model(name: str, root: Path, budget: int) -> dict:
         generator(model, **arguments)
     weights = synthetic.weight_bytes(model)
     out = folder / "out"
-    pareto, peaks, wall = _search(model, out, _data(model, folder), options, budget)
+    pareto, peaks, wall = _search(model, out, _data(model, folder), [*options, "--retime-seconds", str(retime_seconds)],
+                                  budget)
     bare = _bare(out, pareto, folder)
     facts = pareto["search"]
     sensitivity = facts["sensitivity"] or {}
@@ -271,23 +274,27 @@ def run_model(name: str, root: Path, budget: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="*", choices=list(LADDER), help="default: the whole ladder")
+    parser.add_argument("--models", nargs="*", choices=list(MODELS), default=list(LADDER),
+                        help="default: the whole ladder")
     parser.add_argument("--budget", type=int, default=BUDGET, help=f"trials per search (default {BUDGET})")
     parser.add_argument("--work", type=Path, help="where models and results go (default: a temporary folder)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "scale.json")
-    args = parser.parse_args(argv)
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
     root = args.work or Path(tempfile.mkdtemp(prefix="autoprec-scale-"))
-    report = {**machine_facts(get_backend("ort-cpu")), "budget": args.budget, "work": str(root), "models": {},
-              "bare": "a plain ONNX Runtime CPU session created from the model's file and the screening batches run "
-                      "once, in a fresh process, median of 3",
-              "evaluation": "one sensitivity evaluation as the search's main process timed it: the plan sent to the "
-                            "worker, lowered there, its session created, the screening batches run, the loss computed"}
-    for name in args.models or list(LADDER):
+    report = Report("scale", args, get_backend("ort-cpu"), budget=args.budget, work=str(root), models={},
+                    bare="a plain ONNX Runtime CPU session created from the model's file and the screening batches run "
+                         "once, in a fresh process, median of 3",
+                    evaluation="one sensitivity evaluation as the search's main process timed it: the plan sent to the "
+                               "worker, lowered there, its session created, the screening batches run, the loss "
+                               "computed")
+    for name in args.models:
         print(f"[{name}] …", file=sys.stderr, flush=True)
-        report["models"][name] = run_model(name, root, args.budget)
-        atomic.write_json(args.json, report)
+        report["models"][name] = run_model(name, root, args.budget, args.retime_seconds)
+        report.write()
+    if not args.work:
+        shutil.rmtree(root, ignore_errors=True)
     print(f"\nscale — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
-          f"budget {args.budget}; JSON: {args.json}")
+          f"budget {args.budget}; JSON: {report.path}")
     print("ratio fp32: seconds per sensitivity evaluation / bare FP32 session + screening run; ratio same: / the mean "
           "bare cost of the very plans the pass evaluated (the engine's own cost for them)")
     print(

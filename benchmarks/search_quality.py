@@ -18,8 +18,8 @@ front's, the reference being the Pareto front of every plan measured in the run.
 --max-loss (the whole front counts). Each distinct plan is measured once per run and shared by all
 studies, so methods are not ranked by timing noise.
 
-    python benchmarks/search_quality.py            # full: all zoo models (about 1.5 hours on 2 cores)
-    python benchmarks/search_quality.py --quick    # ppocr-cls and magika, smaller (< 10 minutes)
+    python -m benchmarks search_quality              # all zoo models (about 1.5 hours on 2 cores)
+    python -m benchmarks search_quality --models ppocr-cls magika --budget 20 --seeds 2 --reference 100
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import (  # noqa: E402
+    TINY,
     CachedMeasure,
+    Report,
     dense_reference,
-    machine_facts,
+    parse_arguments,
     prepare_zoo,
     run_models,
     task_metrics,
@@ -53,8 +55,8 @@ from autoprec.study.reading import finished_records  # noqa: E402
 from autoprec.study.sensitivity import analyse_sensitivity  # noqa: E402
 
 WITHIN = 0.01  # "best latency within 1 % loss"
-FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
-QUICK_MODELS = ("ppocr-cls", "magika")
+MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+QUICK = {"models": [TINY], "budget": 2, "seeds": 1, "reference": 4}
 
 
 def _study(sampler: optuna.samplers.BaseSampler, name: str) -> optuna.Study:
@@ -170,36 +172,32 @@ def gp_available() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two small models, budget 20, reference 100, 2 seeds")
-    parser.add_argument("--models", nargs="*", help="zoo models (default: all, or the quick pair)")
-    parser.add_argument("--reference", type=int, help="reference study trials (default 400; quick 100)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "search_quality.json")
-    args = parser.parse_args(argv)
-    budget, seeds, reference_trials = (20, 2, 100) if args.quick else (50, 3, 400)
-    reference_trials = args.reference or reference_trials
-    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
+    parser.add_argument("--models", nargs="*", default=list(MODELS), help="zoo models")
+    parser.add_argument("--budget", type=int, default=50, help="trials per study")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per method")
+    parser.add_argument("--reference", type=int, default=400, help="reference study trials")
+    args = parse_arguments(parser, argv, QUICK)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from autoprec.backends import get_backend
 
-    report = {
-        **machine_facts(get_backend("ort-cpu")),
-        "mode": "quick" if args.quick else "full",
-        "budget": budget,
-        "seeds": seeds,
-        "reference_trials": reference_trials,
-        "normalisation": {
+    report = Report(
+        "search_quality", args, get_backend("ort-cpu"),
+        budget=args.budget,
+        seeds=args.seeds,
+        reference_trials=args.reference,
+        normalisation={
             "latency": "latency / all-FP32 latency",
             "loss": f"min(loss / {LOSS_SCALE}, 1), loss = 1 - mean cosine",
             "reference_point": list(REFERENCE_POINT),
             "reference_front": "Pareto front of every plan measured in the run",
         },
-        "timing": "one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
-        "models": {},
-    }
-    run_models(report, models, lambda name: run_model(name, budget, seeds, reference_trials), args.json)
+        timing="one batch; median of >= 10 runs and >= 0.2 s after 3 warm-ups; re-timed if p10-p90 > 25 % of median",
+        models={},
+    )
+    run_models(report, args.models, lambda name: run_model(name, args.budget, args.seeds, args.reference))
     print(
         f"\nsearch quality — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-        f"on {report['engine']['device']}; budget {budget}, {seeds} seeds; JSON: {args.json}"
+        f"on {report['engine']['device']}; budget {args.budget}, {args.seeds} seeds; JSON: {report.path}"
     )
     print(
         f"{'model':<10} {'ref':>5} {'method':<10} {'HV fraction (per seed)':<28} {'best ms @1% loss (per seed)':<32} {'ref best':>9} {'fp32 ms':>8}"

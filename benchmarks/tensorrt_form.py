@@ -13,7 +13,7 @@ layer list (its verbose "Layers:" block) for what an engine would run, per model
 - ``adds_reading_int8``: Add nodes the builder fused into a layer that reads an INT8 input (a residual Add
   whose skip input it reads as INT8, as NVIDIA's placement guidance wants).
 
-    python benchmarks/tensorrt_form.py [--models ppocr-cls,...] [--model NAME=MODEL.onnx[:DATA.npz]] [--json PATH]
+    python -m benchmarks tensorrt_form [--models ppocr-cls,...] [--model NAME=MODEL.onnx[:DATA.npz]] [--json PATH]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import machine_facts, model_sources, run_models
+from _harness import TINY, Report, model_sources, parse_arguments, run_models
 
 from autoprec.analysis.baseline import load_baseline
 from autoprec.app.resolve import engine_space, resolve_model
@@ -36,6 +36,7 @@ from autoprec.lower import QDQForm, lower_plan
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = ("magika", "ppocr-cls", "ppocr-rec", "ppocr-det", "yolov8n", "picodet-layout")
+QUICK = {"models": TINY}
 
 
 def layer_facts(layers, outputs: set[str]) -> dict:
@@ -88,10 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(ZOO), help="zoo models (comma-separated; '' for none)")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=MODEL.onnx[:DATA.npz]")
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "tensorrt_form.json")
-    args = parser.parse_args(argv)
-    report = {**machine_facts(get_backend("ort-cpu")), "plan": "all-INT8 (every unit that may take INT8)",
-              "built_by": "TensorRT for RTX on the CPU: builds only, no engine ran", "models": {}}
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report("tensorrt_form", args, get_backend("ort-cpu"), plan="all-INT8 (every unit that may take INT8)",
+                    built_by="TensorRT for RTX on the CPU: builds only, no engine ran", models={})
     with tempfile.TemporaryDirectory() as tmp:
         sources = {"residual-block": (str(residual_block(Path(tmp))), None), **model_sources(args.models, args.model)}
 
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             path, found, shapes, _ = resolve_model(model, data, None)
             return bench_model(name, Path(path), found, shapes)
 
-        run_models(report, sources, run, args.json)
-    print(f"{report['built_by']}; JSON: {args.json}", file=sys.stderr)
+        run_models(report, sources, run)
+    print(f"{report['built_by']}; JSON: {report.path}", file=sys.stderr)
     print(f"{'model':<16} {'INT8 units':>10} {'units as planned':>16} {'reformats':>9} {'fp32 between':>12} "
           f"{'Adds reading INT8':>17}")
     for name, m in report["models"].items():

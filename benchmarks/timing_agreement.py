@@ -15,7 +15,7 @@ against the independent per-run median and its p10–p90, the ratios, and whethe
 falls inside the independent p10–p90; also the mean of back-to-back runs (what a throughput loop
 sees). The second process tells a difference in the timer from a difference in the search around it.
 
-    python benchmarks/timing_agreement.py [--models ppocr-rec yolov8n] [--backend ort-cpu|ort-cuda]
+    python -m benchmarks timing_agreement [--models ppocr-rec yolov8n] [--backend ort-cpu|ort-cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -31,19 +31,27 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, run_models  # noqa: E402
+from _harness import (  # noqa: E402
+    QUICK_RETIME,
+    TINY,
+    Report,
+    add_retime_argument,
+    model_source,
+    parse_arguments,
+    resolve,
+    run_models,
+)
 
 import autoprec  # noqa: E402
-from autoprec import zoo  # noqa: E402
 from autoprec.app.recorded import recreate  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
-from autoprec.core import atomic  # noqa: E402
 from autoprec.core.plan import Plan  # noqa: E402
 from autoprec.core.stored import save_models  # noqa: E402
 from autoprec.lower import QDQForm, lower_plan  # noqa: E402
 from autoprec.results.files import read_result_dir  # noqa: E402
 
-WARMUP, ROUNDS, RUNS = 20, 10, 50
+WARMUP, RUNS = 20, 50
+QUICK = {"models": [TINY], "budget": 2, "rounds": 2, "retime_seconds": QUICK_RETIME}
 
 # Runs in a fresh interpreter: onnxruntime and numpy only.
 INDEPENDENT = r"""
@@ -118,19 +126,22 @@ def fresh_process(script: str, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
+def run_model(name: str, args: argparse.Namespace) -> dict:
+    backend, rounds = args.backend, args.rounds
     engine = get_backend(backend)
     model, _, data = name.partition("=")
+    model, data, shapes = (model, data, None) if data else model_source(name)
     with tempfile.TemporaryDirectory(prefix="autoprec-timing-") as folder:
         out = Path(folder) / "result"
         autoprec.search(
             autoprec.SearchConfig(
-                autoprec.InputSpec(model if data else f"zoo:{name}", data=data or None),
+                autoprec.InputSpec(model, data=data, shapes=shapes),
                 engine=autoprec.EngineSpec(backend=backend),
                 judge=autoprec.JudgeSpec(max_loss=0.01),
-                study=autoprec.StudySpec(budget=budget),
-                isolation=autoprec.IsolationSpec(isolate=isolate),
+                study=autoprec.StudySpec(budget=args.budget),
+                isolation=autoprec.IsolationSpec(isolate=args.isolate),
                 out=out,
+                retime_seconds=args.retime_seconds,
             )
         )
         result = read_result_dir(out)
@@ -145,12 +156,12 @@ def run_model(name: str, backend: str, budget: int, isolate: bool) -> dict:
             lowered[path] = lower_plan(baseline.info, Plan.from_json(trial["plan"]), baseline.ranges, form)
         save_models(lowered)  # self-contained files: the fresh processes load them, weights and all
         models = {label: str(path) for label, path in zip(plans, lowered)}
-        models["source"] = str(zoo.fetch(name).model if not data else Path(model).resolve())  # the file as given
+        models["source"] = str(resolve(name)[0] if "=" not in name else Path(model).resolve())  # the file as given
         models["best"] = str(out / "best" / "model.onnx")  # what the search shipped
         batch_path = Path(folder) / "batch.npz"
         np.savez(batch_path, **baseline.dataset.evaluation[0])  # the batch the search timed
         spec = {"models": models, "batch": str(batch_path), "provider": engine.provider, "backend": backend,
-                "warmup": WARMUP, "rounds": ROUNDS, "runs": RUNS, "benchmarks": str(Path(__file__).parent)}
+                "warmup": WARMUP, "rounds": rounds, "runs": RUNS, "benchmarks": str(Path(__file__).parent)}
         independent = fresh_process(INDEPENDENT, spec)
         own_timer = fresh_process(AUTOPREC_TIMER, spec)
     rows = {}
@@ -200,31 +211,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="*", default=["ppocr-rec", "yolov8n"])
     parser.add_argument("--backend", default="ort-cpu")
     parser.add_argument("--budget", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds of each fresh process's clock")
     parser.add_argument("--no-isolation", dest="isolate", action="store_false",
                         help="search with candidates measured in this process (autoprec search --no-isolation)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "timing_agreement.json")
-    args = parser.parse_args(argv)
-    report = {
-        **machine_facts(get_backend(args.backend)),
-        "budget": args.budget,
-        "isolated_search": args.isolate,
-        "independent": f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
-        f"{WARMUP} warm-up runs, {ROUNDS} interleaved rounds of {RUNS} runs per model; per-run wall "
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report(
+        "timing_agreement", args, get_backend(args.backend),
+        budget=args.budget,
+        isolated_search=args.isolate,
+        independent=f"fresh process, plain onnxruntime defaults (CUDA: IO binding, synchronised per run), "
+        f"{WARMUP} warm-up runs, {args.rounds} interleaved rounds of {RUNS} runs per model; per-run wall "
         "time (median, p10-p90) and the mean of back-to-back runs",
-        "autoprec_timer_fresh_process": f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
-        f"{ROUNDS} rounds, median of the rounds' medians",
-        "models": {},
-    }
-    run_models(report, args.models, lambda name: run_model(name, args.backend, args.budget, args.isolate), args.json)
+        autoprec_timer_fresh_process=f"benchmarks/_harness.time_interleaved (autoprec's runners) in a fresh process, "
+        f"{args.rounds} rounds, median of the rounds' medians",
+        models={},
+    )
+    run_models(report, args.models, lambda name: run_model(name, args))
     checks = [
         a for m in report["models"].values() if "interval_agreement" in m for a in m["interval_agreement"].values()
     ]
     report["interval_agreement"] = {"claims": len(checks), "inside": sum(a["inside"] for a in checks),
                                     "inside_10_percent": sum(a["inside_10_percent"] for a in checks)}
-    atomic.write_json(args.json, report)
+    report.write()
     print(
         f"\ntiming agreement — {report['engine']['engine']} {report['engine']['version']} {report['engine']['provider']} "
-        f"on {report['engine']['device']}; JSON: {args.json}"
+        f"on {report['engine']['device']}; JSON: {report.path}"
     )
     print(
         f"{'model':<10} {'plan':<10} {'i8/f16/f32':<11} {'trial ms':>9} {'re-timed':>9} {'own timer':>9} {'indep. ms':>9} "
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['trial_over_independent']:>9.2f} {ratio:>10}  {r['trial_inside_independent_p10_p90']}, "
                 f"{r['retimed_inside_independent_p10_p90']}"
             )
-    print(f"\nclaimed speed-up intervals against an independent interleaved clock ({ROUNDS} rounds, plain onnxruntime)")
+    print(f"\nclaimed speed-up intervals against an independent interleaved clock ({args.rounds} rounds, plain onnxruntime)")
     print(f"{'model':<10} {'against':<10} {'claimed':<26} {'independent':>11} {'its rounds':>13}  inside  inside ±10 %")
     for name, m in report["models"].items():
         for key, a in m.get("interval_agreement", {}).items():

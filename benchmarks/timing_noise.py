@@ -9,7 +9,7 @@ plans against the order of their medians (misranking), and how autoprec's rule �
 faster only when its p90 beats the other's p10 (``clearly_faster``) — decides: right,
 wrong, or "within noise". The front's final re-timing is the subject of the search-efficiency issue.
 
-    python benchmarks/timing_noise.py [--quick]
+    python -m benchmarks timing_noise [--models ...] [--repeats 20] [--quick]
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, prepare_zoo, run_models  # noqa: E402
+from _harness import TINY, Report, parse_arguments, prepare_zoo, run_models  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.core.plan import Precision  # noqa: E402
 
-FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
-QUICK_MODELS = ("ppocr-cls", "yolov8n")
+MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+QUICK = {"models": [TINY], "repeats": 2}
 
 
 def clearly_faster(timing, other) -> bool:
@@ -82,24 +82,15 @@ def run_model(name: str, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two models, 10 repeats")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--models", nargs="*")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "timing_noise.json")
-    args = parser.parse_args(argv)
-    repeats = args.repeats or (10 if args.quick else 20)
-    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
-    report = {
-        **machine_facts(get_backend("ort-cpu")),
-        "mode": "quick" if args.quick else "full",
-        "repeats": repeats,
-        "timing": "each repeat: median of >= 10 runs and >= 0.2 s after 3 warm-ups, plans alternated",
-        "models": {},
-    }
-    run_models(report, models, lambda name: run_model(name, repeats), args.json)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report("timing_noise", args, get_backend("ort-cpu"), repeats=args.repeats, models={},
+                    timing="each repeat: median of >= 10 runs and >= 0.2 s after 3 warm-ups, plans alternated")
+    run_models(report, args.models, lambda name: run_model(name, args.repeats))
     print(
         f"\ntiming noise — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
-        f"{repeats} alternated repeats per plan; JSON: {args.json}"
+        f"{args.repeats} alternated repeats per plan; JSON: {report.path}"
     )
     print(f"{'model':<10} {'fp32 ms':>9} {'spread':>7} {'int8 ms':>9} {'spread':>7} {'fp32/int8':>9} "
           f"{'single misranked':>17} {'rule right':>11} {'rule wrong':>11} {'within noise':>13}")

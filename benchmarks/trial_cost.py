@@ -10,7 +10,7 @@ session build, timing, accuracy evaluation (running the evaluation batches and c
 built, as on TensorRT), also the builds of the target in every phase, the reference evaluations and
 the latency model's median absolute error on the plans it chose before they were built.
 
-    python benchmarks/trial_cost.py [--quick] [--proposals 0]
+    python -m benchmarks trial_cost [--models ...] [--budget 20] [--proposals 0] [--quick]
 """
 
 from __future__ import annotations
@@ -22,24 +22,34 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine_facts, run_models  # noqa: E402
+from _harness import (  # noqa: E402
+    QUICK_RETIME,
+    TINY,
+    Report,
+    add_retime_argument,
+    model_source,
+    parse_arguments,
+    run_models,
+)
 
 import autoprec  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
 from autoprec.results.files import read_result_dir  # noqa: E402
 
-FULL_MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
-QUICK_MODELS = ("ppocr-cls", "magika")
+MODELS = ("ppocr-cls", "magika", "yolov8n", "ppocr-rec", "minilm", "ppocr-det")
+QUICK = {"models": [TINY], "budget": 3, "retime_seconds": QUICK_RETIME}
 PARTS = ("lower", "build", "time", "evaluate")
 
 
-def run_model(name: str, budget: int, proposals: int) -> dict:
+def run_model(name: str, budget: int, proposals: int, retime_seconds: float) -> dict:
+    model, data, shapes = model_source(name)
     with tempfile.TemporaryDirectory() as tmp:
         autoprec.search(
             autoprec.SearchConfig(
-                autoprec.InputSpec(f"zoo:{name}"),
+                autoprec.InputSpec(model, data=data, shapes=shapes),
                 study=autoprec.StudySpec(budget=budget, proposals=proposals),
                 out=Path(tmp) / name,
+                retime_seconds=retime_seconds,
             )
         )
         result = read_result_dir(Path(tmp) / name)
@@ -65,19 +75,16 @@ def run_model(name: str, budget: int, proposals: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two small models, budget 10")
-    parser.add_argument("--models", nargs="*")
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--budget", type=int, default=20)
     parser.add_argument("--proposals", type=int, default=8, help="plans judged per build (0: every trial built)")
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "trial_cost.json")
-    args = parser.parse_args(argv)
-    budget = 10 if args.quick else 20
-    models = args.models or (QUICK_MODELS if args.quick else FULL_MODELS)
-    report = {**machine_facts(get_backend("ort-cpu")), "mode": "quick" if args.quick else "full", "budget": budget,
-              "proposals": args.proposals,
-              "isolation": "worker process (the default)", "statistic": "median over measured trials", "models": {}}
-    run_models(report, models, lambda name: run_model(name, budget, args.proposals), args.json)
+    add_retime_argument(parser)
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report("trial_cost", args, get_backend("ort-cpu"), budget=args.budget, proposals=args.proposals,
+                    isolation="worker process (the default)", statistic="median over measured trials", models={})
+    run_models(report, args.models, lambda name: run_model(name, args.budget, args.proposals, args.retime_seconds))
     print(f"\ntrial cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
-          f"budget {budget}; JSON: {args.json}")
+          f"budget {args.budget}; JSON: {report.path}")
     print(
         f"{'model':<10} {'trial s':>8} {'lower':>7} {'build':>7} {'time':>7} {'eval':>7} {'other':>7} {'overhead':>9} "
         f"{'builds':>7} {'ref evals':>9} {'latency err %':>13}   one-time s"

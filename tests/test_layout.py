@@ -199,7 +199,8 @@ def test_no_schema_constant_beside_a_reader():
 
 
 def test_what_the_benchmarks_import_exists():
-    """The benchmarks are not run by the suite: each name they import from autoprec must still be there."""
+    """The suite runs two benchmarks' --quick (CI runs the rest after it): each name every benchmark imports from
+    autoprec must still be there."""
     import importlib
 
     missing = []

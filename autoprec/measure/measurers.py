@@ -161,5 +161,5 @@ def build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:
         return engine.default_build_workers
     if requested > engine.default_build_workers:
         log.warning(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
-                     "latency (it shares the CPU that runs or launches it); see benchmarks/parallel_builds.py")
+                     "latency (it shares the CPU that runs or launches it); see docs/design.md, \"Builds side by side\"")
     return requested
