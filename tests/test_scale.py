@@ -37,6 +37,10 @@ def over_2gb(tmp_path_factory):
     return model, _ids(folder / "ids.npz")
 
 
+# The shipped plan's weights: the re-timing picks it (all-FP32 or, where it times faster, FP16: half the 2.1 GB).
+SHIPPED_LEAST = PROTOBUF_LIMIT // 2
+
+
 def test_a_model_over_2gb_is_searched_its_best_model_runs_and_exports_with_its_weights_beside_it(over_2gb, tmp_path):
     """One search of the 2 GB model (each costs a minute of the suite's two cores) serves the search's own
     result and the exports for TensorRT and Triton."""
@@ -51,7 +55,7 @@ def test_a_model_over_2gb_is_searched_its_best_model_runs_and_exports_with_its_w
     assert result.chosen is not None and result.model.external_data and result.model.weight_bytes > PROTOBUF_LIMIT
     best = out / "best"
     assert (best / "model.onnx").stat().st_size < 1 << 20  # the graph; the weights beside it
-    assert (best / "model.data").stat().st_size > PROTOBUF_LIMIT
+    assert (best / "model.data").stat().st_size > SHIPPED_LEAST
     ids = np.load(data)["ids"][:1]
     got = ort.InferenceSession(str(best / "model.onnx")).run(None, {"ids": ids})[0]
     want = ort.InferenceSession(str(model)).run(None, {"ids": ids})[0]
@@ -65,10 +69,10 @@ def test_a_model_over_2gb_is_searched_its_best_model_runs_and_exports_with_its_w
     for fmt, name in (("trtexec", "model.onnx"), ("trt10", "model_fp32.onnx")):
         folder = tmp_path / fmt
         assert main(["export", str(out), "--format", fmt, "--out", str(folder)]) == 0
-        assert (folder / f"{name}.data").stat().st_size > PROTOBUF_LIMIT
+        assert (folder / f"{name}.data").stat().st_size > (PROTOBUF_LIMIT if fmt == "trt10" else SHIPPED_LEAST)
         onnx.checker.check_model(str(folder / name))  # a valid model with its external data beside it
     assert main(["export", str(out), "--format", "triton", "--out", str(tmp_path / "triton")]) == 0
-    assert (tmp_path / "triton" / "huge" / "1" / "model.onnx.data").stat().st_size > PROTOBUF_LIMIT
+    assert (tmp_path / "triton" / "huge" / "1" / "model.onnx.data").stat().st_size > SHIPPED_LEAST
 
 
 def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_path):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.conv_folding import fold_batchnorm, fold_channel_steps
 from autoprec.analysis.surgery import Surgery
-from autoprec.core import untrusted
+from autoprec.core import atomic, untrusted
 from autoprec.core.atomic import pid_alive
 from autoprec.core.errors import ModelError, first_line
 from autoprec.core.stored import (
@@ -504,7 +503,7 @@ def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str,
     parts = [sha256, sorted((k, list(v)) for k, v in shapes.items()),
              sorted((k, v.dtype.str, list(v.shape), hashlib.sha256(v.tobytes()).hexdigest()) for k, v in feeds.items()),
              PREPARATION_VERSION, onnx.__version__, onnxruntime.__version__, gs.__version__]
-    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+    return atomic.digest(parts, default=str)
 
 
 def _read(folder: Path) -> Preparation | None:
@@ -570,5 +569,5 @@ def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[
         (folder / DEPLOYABLE_FILE).write_bytes(made.deployable.SerializeToString())
     (folder / SOURCE_FILE).write_bytes(source.SerializeToString())
     (folder / PREPARED_FILE).write_bytes(made.model.proto.SerializeToString())
-    (folder / NOTES_FILE).write_text(json.dumps({"notes": made.notes, "model": str(path)}))
+    atomic.write_json(folder / NOTES_FILE, {"notes": made.notes, "model": str(path)})
     return made

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -55,6 +56,12 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 def write_json(path: Path, obj: Any) -> Path:
     return write_bytes(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
+
+
+def digest(value: Any, sort_keys: bool = False, default: Callable[[Any], Any] | None = None) -> str:
+    """The first 16 hex digits of the SHA-256 of ``value`` as JSON: the one content key of plans, spaces,
+    preparations and sensitivities (the same value, the same key, in every process)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=sort_keys, default=default).encode()).hexdigest()[:16]
 
 
 def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import enum
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from autoprec.core import atomic
 
 DEFAULT_CALIBRATION = "percentile-99.99"  # amax of |x| at the 99.99th percentile of the calibration data
 AUTO_CALIBRATION = "auto"  # --calibration auto: the range method is one more choice of the study, per trial
@@ -70,8 +70,7 @@ class Plan:
 
     def key(self) -> str:
         """Stable identity used to recognise a plan that was already measured."""
-        payload = json.dumps({"c": self.calibration, "p": sorted((n, p.value) for n, p in self.precisions)})
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return atomic.digest({"c": self.calibration, "p": sorted((n, p.value) for n, p in self.precisions)})
 
     def to_json(self) -> dict[str, Any]:
         return {

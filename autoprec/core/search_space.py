@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Collection
 
-from autoprec.core import untrusted
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import SearchSpaceError
 from autoprec.core.plan import Precision
 
@@ -97,7 +95,7 @@ class SearchSpace:
     def digest(self) -> str:
         """Content hash of :meth:`to_json` without ``source`` (the same space read from another file is the same)."""
         content = {k: v for k, v in self.to_json().items() if k != "source"}
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+        return atomic.digest(content, sort_keys=True)
 
     @classmethod
     def from_json(cls, data: dict) -> SearchSpace:

@@ -15,8 +15,6 @@ shape is known after a handful of trials.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections import defaultdict
@@ -283,9 +281,8 @@ def cache_key(
     """What a sensitivity depends on: model, engine (and its Q/DQ form), data, metric, calibration,
     batches, and what each unit may take (each dimension: with the units tied to it)."""
     allowed = {u.name: [[p.value for p in u.allowed], info.members(u.name)] for u in info.dimensions}
-    payload = json.dumps([info.sha256, backend.name, backend.qdq_form.value, data_fingerprint, metric, calibration,
+    return atomic.digest([info.sha256, backend.name, backend.qdq_form.value, data_fingerprint, metric, calibration,
                           batches, allowed], sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensitivity]) -> tuple[Sensitivity, bool]:
