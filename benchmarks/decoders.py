@@ -165,7 +165,7 @@ def searched(model: Path, data: Path, out: Path, args: argparse.Namespace) -> tu
     """autoprec's search (one shape of data, as a user gives it), its best/ and all-FP16 plans as files."""
     started = time.monotonic()
     result = autoprec.search(autoprec.SearchConfig(
-        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=args.max_loss),
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=args.max_loss, metric=args.metric or "auto"),
         space=autoprec.SpaceSpec(precisions=args.precisions.split(",") if args.precisions else None),
         engine=autoprec.EngineSpec(threads=args.threads), study=autoprec.StudySpec(budget=args.budget),
         out=out / "search", retime_seconds=args.retime_seconds))
@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's timing, at most (after 6 blocks)")
     parser.add_argument("--precisions", help="autoprec's --precisions (default: the engine's default)")
+    parser.add_argument("--metric", help="autoprec's --metric (default: a decoder's, generation)")
     parser.add_argument("--peers", nargs="*", default=["quantize_dynamic", "quantize_static"],
                         choices=["quantize_dynamic", "quantize_static", "int4_rtn", "int4_hqq"])
     add_retime_argument(parser)
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus = json.loads((folder / "corpus.json").read_text())
         entries = [e for e in corpus["models"] if not args.only or e["name"] in args.only][:1 if args.quick else None]
         report = Report("decoders", args, get_backend("ort-cpu", 0, None, args.threads), corpus=corpus,
-                        budget=args.budget, max_loss=args.max_loss, threads=args.threads, precisions=args.precisions,
+                        budget=args.budget, max_loss=args.max_loss, threads=args.threads, precisions=args.precisions, metric=args.metric,
                         peers=args.peers, models={})
         for entry in entries:
             print(f"[{entry['name']}] …", file=sys.stderr, flush=True)
