@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
-PRECISION_COLOURS = {"int4": "#D55E00", "int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
+PRECISION_COLOURS = {"int4": "#CC79A7", "int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
 NAME_CHARS = 40  # a unit's name on an axis: its last this many characters (the end tells units apart)
 GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
 SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")

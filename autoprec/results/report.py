@@ -108,7 +108,7 @@ def _front(result: ResultFiles) -> str:
                            ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—", _num(lat.median_ms, ".4g"),
                            f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
                            *([t.worst_shape or "—"] if shaped else []),
-                           *(t.plan.counts()[p] for p in counted), ", ".join(row.roles)],
+                           *(t.plan.counts().get(p, 0) for p in counted), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
     roles = "; ".join(said for said in (roles_said(rows), order_said(rows)) if said)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
