@@ -88,18 +88,20 @@ def test_builds_overlap_while_the_device_times_one_candidate_at_a_time(tmp_path)
 def test_a_wait_for_the_device_says_who_holds_it_and_evaluations_share_it(tmp_path):
     """Issue 69: a trial waited 257 s for the machine-wide timing lock, held by another search, with
     nothing on the terminal. The waiter says who holds it (pid, command, what it does, since when)
-    at once and every SAY_EVERY seconds; evaluations (whose outputs do not depend on the machine's
+    after SAY_AFTER seconds and every SAY_EVERY seconds (a shorter wait is said by no line); evaluations (whose outputs do not depend on the machine's
     load) take it beside each other, never beside a timing."""
     path = tmp_path / "cpu.lock"
     holder, waiter, said, got = FileLock(path), FileLock(path), [], threading.Event()
     holder.take(doing="timing")
     thread = threading.Thread(target=lambda: (waiter.take(say=said.append), got.set()), daemon=True)
     thread.start()
+    time.sleep(1.0)
+    assert not said
     for _ in range(200):
         if said:
             break
         time.sleep(0.05)
-    waited = f"waiting 0 s for the lock {path}, held by pid {os.getpid()}"
+    waited = f"waiting 2 s for the lock {path}, held by pid {os.getpid()}"
     assert said and said[0].startswith(waited)
     assert ", timing, since " in said[0] and not got.is_set()
     holder.release()

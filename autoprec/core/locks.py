@@ -63,7 +63,7 @@ class FileLock:
         return True
 
     def _wait(self, fd: int, mode: int, say: Callable[[str], None]) -> None:
-        started, said = time.monotonic(), -SAY_EVERY
+        started, said = time.monotonic(), SAY_AFTER - SAY_EVERY
         while True:
             waited = time.monotonic() - started
             if waited - said >= SAY_EVERY:
@@ -103,6 +103,7 @@ class FileLock:
         self.release()
 
 
+SAY_AFTER = 2.0  # a wait this long is said (a shorter one, a search's trials taking turns, is not worth a line)
 SAY_EVERY = 30.0  # seconds between two lines of a waiter saying who holds the lock
 POLL_SECONDS = 0.2
 
