@@ -467,3 +467,36 @@ def test_int4_is_offered_only_where_a_unit_has_a_constant_2d_weight(tmp_path):
                             [builders._init("w", np.ones((8, 4)))])
     info = analyse(builders.save(model, tmp_path / "m.onnx"), load_search_space())
     assert info.units and all(Precision.INT4 not in u.allowed for u in info.units)
+
+
+def test_int4_scales_a_weight_for_its_loud_input_channels_where_that_lowers_the_error(tmp_path):
+    """Inputs with a few channels 30× louder than the rest (as a transformer's outliers): calibration measures
+    each channel's power, the lowering scales the weight and its input back (a Mul) in both forms, and the output
+    error is lower than round to nearest's; inputs of one loudness keep round to nearest (no Mul)."""
+    from autoprec.lower import Int4Form
+
+    path = builders.save(builders.weight_only_mlp(batch=1), tmp_path / "mlp.onnx")
+    rng = np.random.default_rng(3)
+    loud = rng.normal(size=(64, 128)).astype(np.float32)
+    loud[:, :4] *= 30
+    errors = {}
+    for name, x in (("loud", loud), ("even", rng.normal(size=(64, 128)).astype(np.float32))):
+        np.savez(tmp_path / f"{name}.npz", x=x)
+        space = load_search_space()
+        info = analyse(path, space, {"x": (1, 128)})
+        data = build_dataset(tmp_path / f"{name}.npz", info.inputs)
+        ranges = calibrate(info, data.calibration, data.fingerprint())
+        assert ranges["x"].channel_power is not None and ranges["x"].channel_power.shape == (128,)
+        plan = Plan.from_mapping({"mm": "int4", "gemm": "fp32"})
+        want = np.concatenate([run(info.stored, b) for b in data.evaluation])
+        for form in Int4Form:
+            scaled = lower_plan(info, plan, ranges, QDQForm.ORT_CPU, form)
+            muls = [n for n in scaled.proto.graph.node if n.op_type == "Mul"]
+            plain = lower_plan(info, plan, None, QDQForm.ORT_CPU, form)
+            got = np.concatenate([run(scaled, b) for b in data.evaluation])
+            rtn = np.concatenate([run(plain, b) for b in data.evaluation])
+            errors[name, form] = (len(muls), output_metrics(want, got)["rel_l2"], output_metrics(want, rtn)["rel_l2"])
+    for form in Int4Form:
+        muls, scaled, rtn = errors["loud", form]
+        assert muls == 1 and scaled < 0.9 * rtn, errors
+        assert errors["even", form][0] == 0, errors

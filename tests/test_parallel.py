@@ -88,8 +88,8 @@ def test_builds_overlap_while_the_device_times_one_candidate_at_a_time(tmp_path)
 def test_a_wait_for_the_device_says_who_holds_it_and_evaluations_share_it(tmp_path):
     """Issue 69: a trial waited 257 s for the machine-wide timing lock, held by another search, with
     nothing on the terminal. The waiter says who holds it (pid, command, what it does, since when)
-    after SAY_AFTER seconds and every SAY_EVERY seconds (a shorter wait is said by no line); evaluations (whose outputs do not depend on the machine's
-    load) take it beside each other, never beside a timing."""
+    after SAY_AFTER seconds and every SAY_EVERY seconds (a shorter wait is said by no line); evaluations
+    (whose outputs do not depend on the machine's load) take it beside each other, never beside a timing."""
     path = tmp_path / "cpu.lock"
     holder, waiter, said, got = FileLock(path), FileLock(path), [], threading.Event()
     holder.take(doing="timing")

@@ -18,6 +18,7 @@ from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic, untrusted
+from autoprec.core.plan import Precision
 from autoprec.core.search_space import NEUTRAL_OPS
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
@@ -48,6 +49,9 @@ class TensorRange:
     hist: np.ndarray
     edges: np.ndarray
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # The mean square of each channel (the last axis) where an INT4 unit reads the tensor: how much each row of
+    # its weight matters to the output (autoprec.lower.int4's activation-aware scales).
+    channel_power: np.ndarray | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "_memo", {})  # entropy/MSE thresholds are costly: once per method
@@ -143,6 +147,8 @@ class ActivationRanges:
             arrays[f"minmax_{i}"] = np.array([r.min, r.max], dtype=np.float64)
             arrays[f"hist_{i}"], arrays[f"edges_{i}"] = r.hist, r.edges
             arrays[f"counts_{i}"] = np.array(r.counts, dtype=np.int64)
+            if r.channel_power is not None:
+                arrays[f"power_{i}"] = r.channel_power
         atomic.write_with(path, lambda f: np.savez_compressed(f, **arrays))
 
     @classmethod
@@ -152,7 +158,8 @@ class ActivationRanges:
             for i, name in enumerate(npz["names"].tolist()):
                 lo, hi = npz[f"minmax_{i}"].tolist()
                 counts = tuple(int(c) for c in npz[f"counts_{i}"])
-                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"], counts)
+                power = npz[f"power_{i}"] if f"power_{i}" in npz.files else None
+                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"], counts, power)
         return cls(tensors)
 
 
@@ -165,6 +172,11 @@ def collected_tensors(info: ModelInfo) -> list[str]:
     return sorted(names)
 
 
+def int4_inputs(info: ModelInfo) -> list[str]:
+    """The activations INT4 units read: calibration measures each channel's power there."""
+    return sorted({u.activations[0] for u in info.units if Precision.INT4 in u.allowed and u.activations})
+
+
 def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
     """A cache file's name part: the model's and the data's content, and what was computed from them."""
     return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
@@ -172,9 +184,10 @@ def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
 
 def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
     """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
+    powered = "|power:" + ",".join(int4_inputs(info)) if int4_inputs(info) else ""
     return (
         cache_dir
-        / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)))}.npz"
+        / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)) + powered)}.npz"
     )
 
 
@@ -196,11 +209,15 @@ def calibrate(
     session = cpu_session(info.stored.with_proto(exposed))
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
     counts = {n: np.zeros(4, np.int64) for n in names}
+    power = {n: [] for n in int4_inputs(info)}  # per batch: each channel's sum of squares, and the values' count
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
         for batch in batches:
             # A tensor in an If branch the run did not take reads as empty: it has no values to range.
             values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
             collector.collect({n: _histogrammable(v) for n, v in values.items()})
+            for name in power.keys() & values.keys():
+                rows = np.asarray(values[name], np.float64).reshape(-1, values[name].shape[-1])
+                power[name].append((np.square(rows).sum(axis=0), len(rows)))
             for name, value in values.items():
                 magnitude = np.abs(value)
                 counts[name] += (
@@ -217,11 +234,18 @@ def calibrate(
             np.asarray(hist),
             np.asarray(edges, dtype=np.float64),
             tuple(int(c) for c in counts[name]),
+            _mean_power(power.get(name)),
         )
     ranges = ActivationRanges(tensors)
     if cache is not None:
         ranges.save(cache)
     return ranges
+
+
+def _mean_power(sums: list | None) -> np.ndarray | None:
+    if not sums:
+        return None
+    return (sum(s for s, _ in sums) / max(1, sum(n for _, n in sums))).astype(np.float32)
 
 
 def _histogrammable(value: np.ndarray) -> np.ndarray:

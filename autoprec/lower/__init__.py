@@ -56,7 +56,7 @@ def lower_plan(
             if ranges is None:
                 raise ValueError("INT8 units need calibrated activation ranges")
             apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix, frozenset(unit_nodes))
-        apply_int4(edit, model, [u for u in units if precisions.get(u.name) is Precision.INT4], int4, prefix)
+        apply_int4(edit, model, [u for u in units if precisions.get(u.name) is Precision.INT4], int4, ranges, prefix)
         if edit.edited or edit.added:
             edits[scope] = edit
     if form.sums_before_layer_norms:

@@ -9,7 +9,9 @@ blocks cut them by 8 against FP32. Two forms of the same plan, as engines run th
   weights feeding the MatMul, which a strongly typed build fuses into an INT4 weight GEMM.
 
 The weights are ONNX Runtime's quantizer's (round to nearest, symmetric, one scale per ``BLOCK_SIZE`` values of
-a column along K), made once per model and kept beside it as the INT8 copies are.
+a column along K), made once per model and kept beside it as the INT8 copies are; where the calibration data
+makes an activation-aware scaling the lesser error, the weight is scaled first and its input scaled back by a
+Mul (autoprec.lower.awq).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import enum
 import numpy as np
 from onnx import NodeProto, TensorProto
 
+from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
 from autoprec.analysis.units import INT4_BLOCK
+from autoprec.core.atomic import digest
 from autoprec.core.stored import StoredModel
+from autoprec.lower.awq import chosen_scales
 from autoprec.lower.edit import GraphEdit
 
 BLOCK_SIZE = INT4_BLOCK
@@ -34,21 +39,32 @@ class Int4Form(str, enum.Enum):
     DEQUANTIZE = "dequantize"
 
 
-def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int4Form, prefix: str = "") -> None:
-    """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``."""
+def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int4Form,
+               ranges: ActivationRanges | None = None, prefix: str = "") -> None:
+    """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled first where
+    the calibration's channel power (``ranges``) makes that the lesser error (see autoprec.lower.awq)."""
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
         weight = edit.ins[id(node)][1]
         values = edit.index.values(weight, model.folder)
         transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
-        k, n = values.shape[::-1] if transposed else values.shape
-        name = f"{prefix}{weight}_{unit.name}_int4_{form.value}"
+        matrix = np.asarray(values, np.float32).T if transposed else values  # [K, N]
+        k, n = matrix.shape
+        scales = _scales(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit))
+        scaled = f"_awq{digest(scales.tolist())}" if scales is not None else ""
+        name = f"{prefix}{weight}_{unit.name}_int4_{form.value}{scaled}"
         made: list = []  # quantized once, only where the copies are not there yet
 
         def quantized() -> tuple[np.ndarray, np.ndarray]:
             if not made:
-                made.append(_blocks(np.asarray(values, np.float32).T if transposed else values, form))
+                made.append(_blocks(matrix * scales[:, None] if scales is not None else matrix, form))
             return made[0]
+
+        if scales is not None:  # the input channels scaled back: the product as it was
+            inverse = model.derived(f"{name}_inverse", lambda: (1.0 / scales).astype(np.float32), 4 * k)
+            activation = edit.ins[id(node)][0]
+            edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)], [f"{name}_x"])
+            edit.set_input(node, 0, f"{name}_x")
 
         packed = model.derived(f"{name}_packed", lambda: quantized()[0], k * n // 2)
         scales = model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * (k // BLOCK_SIZE))
@@ -56,6 +72,22 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
             _matmul_nbits(edit, node, packed, scales, k, n)
         else:
             _dequantized(edit, node, _as_int4(packed, (k, n)), scales, name)
+
+
+_chosen: dict[tuple[str, str, str], np.ndarray | None] = {}  # (model folder, unit, power digest) -> scales
+
+
+def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
+    found = ranges.tensors.get(unit.activations[0]) if ranges is not None and unit.activations else None
+    return found.channel_power if found is not None else None
+
+
+def _scales(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None) -> np.ndarray | None:
+    """The unit's activation-aware scales, chosen once per process for these weights and this power."""
+    key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "")
+    if key not in _chosen:
+        _chosen[key] = chosen_scales(matrix, power, BLOCK_SIZE)
+    return _chosen[key]
 
 
 def _blocks(weight: np.ndarray, form: Int4Form) -> tuple[np.ndarray, np.ndarray]:
