@@ -47,3 +47,40 @@ def mlp_model(tmp_path):
 @pytest.fixture
 def attention_model(tmp_path):
     return builders.save(builders.attention(), tmp_path / "attention.onnx")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    builders.save(builders.conv_net(), folder / "conv.onnx")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def conv_result(tmp_path_factory):
+    """One finished search (with its sensitivity pass) whose files the probes damage, each on a copy."""
+    import searching
+
+    import autoprec as api
+
+    root = tmp_path_factory.mktemp("victim")
+    model, data = builders.conv_with_data(root, 12)
+    out = root / "result"
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), study=api.StudySpec(budget=4), out=out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def conv_result_with_a_limit(tmp_path_factory):
+    """One finished search with a loss limit, whose files the probes edit, each on a copy."""
+    import searching
+
+    import autoprec as api
+
+    root = tmp_path_factory.mktemp("searched")
+    model, data = builders.conv_with_data(root, 12)
+    out = root / "result"
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), judge=api.JudgeSpec(max_loss=0.5),
+                                study=api.StudySpec(budget=4), out=out))
+    return out

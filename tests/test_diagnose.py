@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
+from cli import clean, run
 from searching import main
 
 import autoprec
@@ -145,3 +146,22 @@ def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys
 def test_diagnose_needs_a_plan_for_a_bare_model(conv_model, capsys):
     assert _exit(["diagnose", str(conv_model)]) == 2
     assert "give --plan PLAN.json" in capsys.readouterr().err
+
+
+PLANS = {
+    "unknown unit": {"precisions": {"nope": "int8"}},
+    "bogus calibration": {"precisions": {"conv0": "int8"}, "calibration": "bogus"},
+    "bogus precision": {"precisions": {"conv0": "int4"}},
+    "not an object": [1, 2],
+    "precisions a list": {"precisions": ["int8"]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+@pytest.mark.parametrize("verb", ["check", "diagnose"])
+def test_bad_plan_files_are_one_line(conv_result, tmp_path, capsys, kind, verb):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLANS[kind]))
+    extra = ["--max-loss", "0.1"] if verb == "check" else ["--out", tmp_path / "d"]
+    code, err = run([verb, conv_result, "--plan", plan, *extra], capsys)
+    clean(code, err, allowed=(2,))

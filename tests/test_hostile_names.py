@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
+from cli import clean, run
 from google.protobuf import text_encoding
 from searching import main
 
@@ -218,3 +220,27 @@ def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
     texts = [t.get_text() for fig in drawn for t in figures.drawn_texts(fig)]
     assert any(HOSTILE_FILE in t for t in texts)
     assert any(t.endswith(HOSTILE_NODE[-20:]) for t in texts) and "$\\frac{1}{$ x\\ny" in texts
+
+
+def test_names_holding_math_text_are_drawn_as_text(tmp_path, capsys):
+    model = builders.conv_net()
+    for node in model.graph.node:
+        node.name = f"conv $\\x{{$ {node.name}" if node.op_type == "Conv" else node.name
+    path = builders.save(model, tmp_path / "file $\\foo{$.onnx")
+    out = tmp_path / "o"
+    for argv in (["search", path, "--out", out, "--budget", "2", "--no-warm-start"], ["plot", out], ["report", out]):
+        code, err = run(argv, capsys)
+        clean(code, err, allowed=(0,))
+    assert (out / "pareto.png").stat().st_size > 1000
+
+
+def test_braces_in_the_model_name_or_out_never_reach_the_storage_url(workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    shutil.copy(workdir / "conv.onnx", workdir / "{brace}.onnx")
+    code, err = run(["search", "{brace}.onnx", "--budget", "2"], capsys)
+    clean(code, err, allowed=(0,))
+    assert (workdir / "autoprec_out" / "_brace_" / "pareto.json").is_file()
+    code, err = run(["search", "conv.onnx", "--out", "o{x}", "--budget", "2"], capsys)
+    clean(code, err, allowed=(2,))
+    assert err.strip().splitlines()[-1].startswith("autoprec: error: --out o{x}: its path holds")
+    assert not (workdir / "o{x}").exists()

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
+from cli import refused
 from searching import main
 
 import autoprec
@@ -239,3 +240,28 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
     assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}
     assert all(t.plan["fp64_layer"].value == "fp32" for t in result.trials)
     assert any("float type other than float32" in note for note in result.model.preparation)
+
+
+@pytest.mark.parametrize("damage", ["replaced by another model", "deleted"])
+def test_check_and_export_look_at_the_shipped_model(conv_result_with_a_limit, tmp_path, capsys, damage):
+    """check, the CI gate, printed PASS with best/model.onnx replaced by an unrelated model or deleted."""
+    copy = tmp_path / "r"
+    shutil.copytree(conv_result_with_a_limit, copy)
+    shipped = copy / "best" / "model.onnx"
+    if damage == "deleted":
+        shipped.unlink()
+    else:
+        builders.save(builders.mlp(), shipped)
+    phrase = "missing" if damage == "deleted" else "not the model the search wrote there"
+    refused(["check", copy], capsys, "best/model.onnx", phrase)
+    refused(["export", copy, "--format", "triton", "--out", tmp_path / "t"], capsys, "best/model.onnx", phrase)
+
+
+def test_check_verifies_every_model_best_holds(conv_result_with_a_limit, tmp_path, capsys):
+    copy = tmp_path / "r"
+    shutil.copytree(conv_result_with_a_limit, copy)
+    plan = json.loads((copy / "best" / "plan.json").read_text())
+    plan["sha256"]["model.tensorrt.onnx"] = "0" * 64  # as recorded where the plan has INT8 units
+    (copy / "best" / "plan.json").write_text(json.dumps(plan))
+    builders.save(builders.mlp(), copy / "best" / "model.tensorrt.onnx")
+    refused(["check", copy], capsys, "best/model.tensorrt.onnx: not the model the search wrote there")

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
+from cli import clean, run
 from searching import main
 
 import autoprec
@@ -569,3 +570,23 @@ def test_the_polygraphy_check_runs_after_the_result_folder_moves(result, tmp_pat
     ran = subprocess.run(["sh", str(folder / "reference.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert ran.returncode == 0 and (folder / "fp32_outputs.json").is_file(), ran.stdout[-2000:] + ran.stderr[-2000:]
+
+
+LAYER_FILES = {
+    "layers of numbers": '{"Layers": [1, 2]}',
+    "inputs a number": '{"Layers": [{"Name": "a", "Inputs": 5}]}',
+    "bindings a number": '{"Layers": [], "Bindings": 5}',
+    "io tensors a string": '{"Layers": [{"Name": "a"}], "I/O Tensors": "x"}',
+    "plain text": "this is a text file, not an engine\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_FILES))
+def test_inspect_of_odd_files_is_one_line(tmp_path, capsys, kind):
+    path = tmp_path / "layers.json"
+    path.write_text(LAYER_FILES[kind])
+    code, err = run(["inspect", path], capsys)
+    clean(code, err)
+    if kind == "plain text":
+        assert code == 2 and "TensorRT" not in err.strip().splitlines()[-1]
