@@ -19,6 +19,13 @@ def autoprec(*args, cwd: Path, tmp: Path | None = None, timeout: float = 300) ->
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_cli(*args, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command line in a process of its own, in this environment (searches not about the final timing pass
+    SHORTEST_FINAL_TIMING)."""
+    return subprocess.run([sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
 def one_line_error(proc: subprocess.CompletedProcess, *phrases: str) -> str:
     """The failure's last stderr line: ``autoprec: error: ...`` holding ``phrases``; exit 2; no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
@@ -34,13 +41,18 @@ def files(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-def run(argv, capsys) -> tuple[int, str]:
+def exit_code(argv) -> int:
+    """main()'s status, each argument as text; argparse's own refusals exit through SystemExit(2)."""
     try:
-        code = main([str(a) for a in argv])
+        return main([str(a) for a in argv])
     except SystemExit as exc:  # argparse's own refusal (exit 2, usage line)
-        code = exc.code
-    err = capsys.readouterr().err
-    return code, err
+        return exc.code
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    """main()'s status and what it wrote to stderr."""
+    code = exit_code(argv)
+    return code, capsys.readouterr().err
 
 
 def clean(code: int, err: str, allowed=(0, 2)) -> None:

@@ -193,7 +193,7 @@ METRICS = {
 
 
 @pytest.mark.parametrize("kind", sorted(METRICS))
-def test_a_broken_user_metric_stops_the_search_before_any_trial(conv_result_with_a_limit, tmp_path, capsys, monkeypatch, kind):
+def test_a_broken_user_metric_stops_the_search_before_any_trial(conv_result, tmp_path, capsys, monkeypatch, kind):
     """A metric that changed ``reference`` in place corrupted every later measurement; one raising or giving NaN on
     every plan ended in exit 0 with all-FP32 chosen. Judged on the FP32 plan before the study starts, it stops the
     search there: an earlier result in the folder is kept whole, and the corrected run is not refused."""
@@ -202,7 +202,7 @@ def test_a_broken_user_metric_stops_the_search_before_any_trial(conv_result_with
     monkeypatch.chdir(tmp_path)
     (tmp_path / f"{module}.py").write_text(body)
     out = tmp_path / "o"
-    shutil.copytree(conv_result_with_a_limit, out)  # an earlier run's result
+    shutil.copytree(conv_result, out)  # an earlier run's result
     before = {p: p.read_bytes() for p in (out / "pareto.json", out / "best" / "plan.json", out / "best" / "model.onnx")}
     recorded = json.loads((out / "pareto.json").read_text())
     again = ["search", recorded["model"]["path"], "--data", recorded["search"]["data_path"], "--no-warm-start",

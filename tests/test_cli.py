@@ -1,7 +1,5 @@
 import json
 import re
-import subprocess
-import sys
 
 import builders
 import numpy as np
@@ -10,21 +8,11 @@ import onnxruntime as ort
 import optuna
 import pytest
 import searching
-from cli import clean, run
+from cli import clean, exit_code, run, run_cli
 from searching import SHORTEST_FINAL_TIMING, main
 
 import autoprec
 from autoprec.core.errors import AutoprecError
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_data):
@@ -136,14 +124,6 @@ def test_a_refused_search_keeps_the_folder_it_was_given(tmp_path, conv_model):
     missing = tmp_path / "missing.npz"
     assert exit_code(["search", str(conv_model), "--data", str(missing), "--out", str(out)]) == 2
     assert (out / "notes.txt").read_text() == "mine"
-
-
-def exit_code(argv):
-    """main()'s status; argparse's own errors exit through SystemExit(2)."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
 
 
 def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):

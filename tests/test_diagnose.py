@@ -7,8 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from cli import clean, run
-from searching import main
+from cli import clean, exit_code, run
 
 import autoprec
 from autoprec.analysis.calibrate import TensorRange
@@ -16,13 +15,6 @@ from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.specs import InputSpec
 from autoprec.app.verbs import activation_report, check_plan, diagnose_plan
 from autoprec.measure.diagnosis import culprits, jumps
-
-
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +107,13 @@ def test_calibration_auto_makes_the_method_a_search_dimension(tmp_path, mlp_mode
 
 def test_check_is_a_release_gate(fragile_mlp, capsys):
     model, data, plan, _ = fragile_mlp
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "0.001"]) == 1
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "0.001"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "regression: accuracy loss" in out
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1", "--json"]) == 0
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["measurement"]["latency"]["median_ms"] > 0
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1",
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1",
                   "--latency-budget", "0.000001"]) == 1
     assert "regression: latency" in capsys.readouterr().out
 
@@ -133,18 +125,18 @@ def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys
             autoprec.InputSpec(conv_model, data=conv_data), study=autoprec.StudySpec(budget=4), out=out
         )
     )
-    assert _exit(["export", str(out), "--format", "triton", "--name", "conv"]) == 0
+    assert exit_code(["export", str(out), "--format", "triton", "--name", "conv"]) == 0
     entry = out / "export" / "triton" / "conv"
     config = (entry / "config.pbtxt").read_text()
     assert 'platform: "onnxruntime_onnx"' in config and 'name: "x"' in config and "dims: [ 1, 3, 16, 16 ]" in config
     assert 'name: "probs"' in config and "TYPE_FP32" in config and "tensorrt_plan" in config
     onnx.checker.check_model(onnx.load(str(entry / "1" / "model.onnx")))
-    assert _exit(["export", str(out), "--format", "triton", "--trial", "2", "--out", str(tmp_path / "repo")]) == 0
+    assert exit_code(["export", str(out), "--format", "triton", "--trial", "2", "--out", str(tmp_path / "repo")]) == 0
     assert (tmp_path / "repo" / "conv" / "1" / "model.onnx").exists()
 
 
 def test_diagnose_needs_a_plan_for_a_bare_model(conv_model, capsys):
-    assert _exit(["diagnose", str(conv_model)]) == 2
+    assert exit_code(["diagnose", str(conv_model)]) == 2
     assert "give --plan PLAN.json" in capsys.readouterr().err
 
 

@@ -21,9 +21,8 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from cli import clean, run
+from cli import clean, exit_code, run
 from google.protobuf import text_encoding
-from searching import main
 
 import autoprec
 
@@ -60,13 +59,6 @@ def hostile_result(tmp_path_factory):
     return root, out, result
 
 
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def _canaries(folder):
     return sorted(p.name for p in folder.rglob(f"{CANARY}*"))
 
@@ -87,7 +79,7 @@ def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(
     root, out, result = hostile_result
     folder = tmp_path / fmt
     trial = result.uniform()[precision].number
-    assert _exit(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
     text = (folder / script).read_text()
     comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert CANARY not in comments.replace(f"touch {CANARY}", "")  # the line breaks stayed inside the comment, escaped
@@ -114,7 +106,7 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
     root, out, result = hostile_result
     folder = tmp_path / "python"
     assert (
-        _exit(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)])
+        exit_code(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)])
         == 0
     )
     source = (folder / "build_engine.py").read_text()
@@ -140,7 +132,7 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
 def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
     _, out, result = hostile_result
     folder = tmp_path / "md"
-    assert _exit(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
     card = (folder / "BUILD.md").read_text()
     rows = [line for line in card.split("## Per-unit precision")[1].splitlines() if line.startswith("| `")]
     assert len(rows) == len(result.units)  # one table row per unit: no name added or broke a row
@@ -152,7 +144,7 @@ def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
 
 def test_triton_config_strings_decode_back_to_the_exact_names(hostile_result, tmp_path):
     _, out, _ = hostile_result
-    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path), "--name", "hostile"]) == 0
+    assert exit_code(["export", str(out), "--format", "triton", "--out", str(tmp_path), "--name", "hostile"]) == 0
     config = (tmp_path / "hostile" / "config.pbtxt").read_text()
     literals = [line.strip()[len('name: "'):-1] for line in config.splitlines() if line.strip().startswith('name: "')]
     names = [text_encoding.CUnescape(x).decode() for x in literals]
@@ -163,7 +155,7 @@ def test_triton_config_strings_decode_back_to_the_exact_names(hostile_result, tm
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "x\ny", ""])
 def test_a_triton_name_that_is_not_one_folder_is_refused(hostile_result, tmp_path, capsys, name):
     _, out, _ = hostile_result
-    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path / "repo"), "--name", name]) == 2
+    assert exit_code(["export", str(out), "--format", "triton", "--out", str(tmp_path / "repo"), "--name", name]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot be a folder name" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
@@ -172,7 +164,7 @@ def test_a_triton_name_that_is_not_one_folder_is_refused(hostile_result, tmp_pat
 def test_trt10_refuses_a_tensor_name_a_calibration_cache_cannot_hold(hostile_result, tmp_path, capsys):
     _, out, result = hostile_result
     trial = result.uniform()["int8"].number
-    assert _exit(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
+    assert exit_code(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert (
         last.startswith("autoprec: error: ")
@@ -192,7 +184,7 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
             out=tmp_path / "r",
         )
     )
-    assert _exit(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
+    assert exit_code(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("autoprec: error: ") and "trtexec's --layerPrecisions cannot name a node" in last
     assert not (tmp_path / "e" / "build_trt10.sh").exists()

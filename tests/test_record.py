@@ -215,16 +215,16 @@ EDITS = {  # name: (file, edit, what the line names)
 
 
 @pytest.mark.parametrize("kind", sorted(EDITS))
-def test_a_record_that_contradicts_itself_is_refused_in_every_view(conv_result_with_a_limit, tmp_path, capsys, kind):
+def test_a_record_that_contradicts_itself_is_refused_in_every_view(conv_result, tmp_path, capsys, kind):
     """A hand-edited best/plan.json (every unit FP32) was shown beside the measured plan's speed-up and counts;
     impossible values (a speed-up outside its own interval, a loss 'within --max-loss' above it, negative losses,
     NaN latencies) were shown as they are."""
     name, edit, phrase = EDITS[kind]
     copy = tmp_path / "r"
-    shutil.copytree(conv_result_with_a_limit, copy)
+    shutil.copytree(conv_result, copy)
     document = json.loads((copy / name).read_text())
     edit(document)
     (copy / name).write_text(json.dumps(document))
-    for argv in (["show", copy], ["show", copy, "--json"], ["compare", copy, conv_result_with_a_limit],
+    for argv in (["show", copy], ["show", copy, "--json"], ["compare", copy, conv_result],
                  ["export", copy, "--format", "markdown", "--out", tmp_path / "md"]):
         refused(argv, capsys, name, phrase)

@@ -50,6 +50,8 @@ def test_a_damaged_study_value_is_one_line_and_the_study_is_kept(conv_result, tm
             facts["model"]["path"],
             "--data",
             facts["search"]["data_path"],
+            "--max-loss",
+            facts["search"]["max_loss"],
             "--budget",
             5,
             "--out",

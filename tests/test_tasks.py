@@ -4,8 +4,6 @@ hand-computed values, and end to end as the search's constraint on generated hea
 import json
 import math
 import re
-import subprocess
-import sys
 
 import builders
 import numpy as np
@@ -13,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from builders import _init, _model, save
-from cli import clean, run
+from cli import clean, run, run_cli
 from onnx import TensorProto, helper
 from searching import SHORTEST_FINAL_TIMING
 
@@ -23,13 +21,6 @@ from autoprec.measure.accuracy import Judge, Metric, decision_changes, loss_from
 from autoprec.tasks import HeadOptions, boxes, ctc_decoding, embedding_decoding
 
 BUNDLED = "datasets/ppocr_cls"
-
-
-def run_cli(*args):
-    """The command line in a process of its own (searches not about the final timing: SHORTEST_FINAL_TIMING)."""
-    return subprocess.run(
-        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600
-    )
 
 
 def one_hot_steps(ids, classes):

@@ -73,11 +73,11 @@ def test_a_failed_write_names_its_file(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["trtexec", "triton", "markdown", "report"])
 @pytest.mark.parametrize("into", ["best", ".", "cache"])
-def test_an_export_into_the_results_own_files_is_refused(conv_result_with_a_limit, tmp_path, capsys, fmt, into):
+def test_an_export_into_the_results_own_files_is_refused(conv_result, tmp_path, capsys, fmt, into):
     """export --out RESULT/best overwrote the shipped best/model.onnx with the trtexec form; report --output
     RESULT/best/model.onnx (or pareto.json) replaced it with a page."""
     copy = tmp_path / "r"
-    shutil.copytree(conv_result_with_a_limit, copy)
+    shutil.copytree(conv_result, copy)
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     if fmt == "report":
         target = copy / into / ("model.onnx" if into == "best" else "pareto.json" if into == "." else "r.html")
