@@ -110,6 +110,12 @@ def test_a_scalar_output_is_judged(tmp_path, capsys):
                      outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], folder=tmp_path)
     code, err = run(["search", path, "--out", tmp_path / "o", "--budget", "3"], capsys)
     clean(code, err, allowed=(0,))
+    said = json.loads((tmp_path / "o" / "pareto.json").read_text())["search"]["metric_notes"]
+    assert any("output 'y' has 1 value(s) per item: cosine cannot see it change" in note for note in said)
+    trials = json.loads((tmp_path / "o" / "trials.json").read_text())["trials"]
+    assert all(t["accuracy_loss"] == pytest.approx(t["metrics"]["y"]["rel_l2"]) for t in trials)
+    int8 = [t for t in trials if t["plan"]["counts"]["int8"]]
+    assert int8 and all(t["accuracy_loss"] > 0 for t in int8)  # INT8 moves the sum, and the loss sees it
 
 
 @pytest.mark.parametrize("body, said", [

@@ -131,8 +131,15 @@ def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys
     assert 'platform: "onnxruntime_onnx"' in config and 'name: "x"' in config and "dims: [ 1, 3, 16, 16 ]" in config
     assert 'name: "probs"' in config and "TYPE_FP32" in config and "tensorrt_plan" in config
     onnx.checker.check_model(onnx.load(str(entry / "1" / "model.onnx")))
-    assert exit_code(["export", str(out), "--format", "triton", "--trial", "2", "--out", str(tmp_path / "repo")]) == 0
-    assert (tmp_path / "repo" / "conv" / "1" / "model.onnx").exists()
+    chosen = json.loads((out / "pareto.json").read_text())["chosen"]
+    other = next(t for t in json.loads((out / "trials.json").read_text())["trials"]
+                 if t["trial"] != chosen and (t["plan"]["counts"]["int8"] or t["plan"]["counts"]["fp16"]))
+    trial, counts = other["trial"], other["plan"]["counts"]
+    assert exit_code(["export", str(out), "--format", "triton", "--trial", str(trial), "--out",
+                      str(tmp_path / "repo")]) == 0
+    assert f"--trial {trial} writes" in (tmp_path / "repo" / "conv" / "config.pbtxt").read_text()
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "repo" / "conv" / "1" / "model.onnx")).graph.node}
+    assert ("QuantizeLinear" in ops, "Cast" in ops) == (counts["int8"] > 0, counts["fp16"] > 0)  # that trial's plan
 
 
 def test_diagnose_needs_a_plan_for_a_bare_model(conv_model, capsys):

@@ -181,10 +181,6 @@ def test_generated_graphs_analyse_and_lower_to_valid_models(tmp_path, layers, he
     assert got.shape == expected.shape and got.dtype == expected.dtype
 
 
-# AUTOPREC_ADVERSARIAL=deep runs ten times as many damaged result files.
-DEEP = os.environ.get("AUTOPREC_ADVERSARIAL") == "deep"
-
-
 def _paths(value, prefix=()):
     """Every path into a JSON document."""
     yield prefix
@@ -217,10 +213,10 @@ def _mutations(result_dir):
     return cases
 
 
-@pytest.mark.parametrize("case", range(300 if DEEP else 30))
-def test_damaged_result_files_are_refused_in_one_line(conv_result, tmp_path, capsys, case):
+@pytest.mark.parametrize("case", range(30 * SCALE))
+def test_damaged_result_files_are_read_or_refused_in_one_line(conv_result, tmp_path, capsys, case):
     cases = _mutations(conv_result)
-    name, path, value = cases[(case * 7919) % len(cases)] if not DEEP else cases[case * len(cases) // 300]
+    name, path, value = cases[(case * 7919) % len(cases)] if SCALE == 1 else cases[case * len(cases) // (30 * SCALE)]
     copy_dir = tmp_path / "r"
     shutil.copytree(conv_result, copy_dir)
     document = json.loads((copy_dir / name).read_text())
@@ -232,6 +228,6 @@ def test_damaged_result_files_are_refused_in_one_line(conv_result, tmp_path, cap
     for argv in (["show", copy_dir], ["show", copy_dir, "--json"], ["compare", copy_dir, conv_result],
                  ["export", copy_dir, "--format", "markdown", "--out", tmp_path / "md"]):
         clean(*run(argv, capsys))
-    if case % 5 == 0 or DEEP:  # figures and the report take a second each
+    if case % 5 == 0 or SCALE > 1:  # figures and the report take a second each
         for argv in (["plot", copy_dir], ["report", copy_dir]):
             clean(*run(argv, capsys))

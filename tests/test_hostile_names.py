@@ -223,7 +223,20 @@ def test_names_holding_math_text_are_drawn_as_text(tmp_path, capsys):
     for argv in (["search", path, "--out", out, "--budget", "2", "--no-warm-start"], ["plot", out], ["report", out]):
         code, err = run(argv, capsys)
         clean(code, err, allowed=(0,))
-    assert (out / "pareto.png").stat().st_size > 1000
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+
+    result = read_result_dir(out)
+    drawn = [plots.pareto_figure(result), plots.layers_figure(result)]
+    assert [figures.problems(fig) for fig in drawn] == [[], []]
+    shown = [t for fig in drawn for t in figures.drawn_texts(fig)]
+    texts = [t.get_text() for t in shown]
+    assert any("file $\\foo{$.onnx" in t for t in texts) and "conv $\\x{$ conv1" in texts
+    assert not [t.get_text() for t in shown if "$" in t.get_text() and t.get_parse_math()]  # text, not math
+    page = (out / "report.html").read_text()
+    assert "file $\\foo{$" in page and "conv $\\x{$ conv1" in page
 
 
 def test_braces_in_the_model_name_or_out_never_reach_the_storage_url(workdir, capsys, monkeypatch):
