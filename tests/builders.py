@@ -434,3 +434,35 @@ def weight_only_mlp(batch: int = 4, features: int = 128, hidden: int = 256, out:
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out])],
                   [_init("w1", rng.normal(0, 0.1, (features, hidden))), _init("w2", rng.normal(0, 0.1, (out, hidden))),
                    _init("b2", rng.normal(0, 0.1, out))])
+
+
+def graph_model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    """A model of ``nodes`` at opset 17, unchecked (a test's model may be one autoprec must refuse)."""
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def mlp_then(extra_nodes, extra_inputs=(), outputs=None, name="m.onnx", folder=None) -> Path:
+    """x[1,16] → MatMul → a[1,32], then ``extra_nodes`` (their last output is y unless ``outputs`` says)."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"), *extra_nodes]
+    outs = outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])]
+    model = graph_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]), *extra_inputs], outs,
+                        [weight])
+    return save(model, folder / name)
+
+
+def classifier_file(folder: Path, classes: int = 12, batch: int | str = 4, name: str = "cls.onnx") -> Path:
+    return save(classifier(classes, batch), folder / name)
+
+
+def sharing_t(folder: Path) -> Path:
+    """x[N, T, 16] and m[N, T, 1], multiplied: two inputs that share the dim T."""
+    weight = numpy_helper.from_array(np.ones((16, 8), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], "fc"), helper.make_node("Mul", ["h", "m"], ["y"], "mask")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 16]),
+                           helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N", "T", 1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 8])], [weight])
+    return save(model, folder / "two.onnx")

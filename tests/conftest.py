@@ -40,6 +40,19 @@ def conv_data(tmp_path):
 
 
 @pytest.fixture
+def conv(conv_model, conv_data):
+    """The conv net analysed, its data, and the activation ranges calibrated on that data."""
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.data import build_dataset
+    from autoprec.analysis.model import analyse
+    from autoprec.core.search_space import load_search_space
+
+    info = analyse(conv_model, load_search_space())
+    data = build_dataset(conv_data, info.inputs)
+    return info, data, calibrate(info, data.calibration, data.fingerprint())
+
+
+@pytest.fixture
 def mlp_model(tmp_path):
     return builders.save(builders.mlp(), tmp_path / "mlp.onnx")
 
@@ -47,3 +60,27 @@ def mlp_model(tmp_path):
 @pytest.fixture
 def attention_model(tmp_path):
     return builders.save(builders.attention(), tmp_path / "attention.onnx")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    builders.save(builders.conv_net(), folder / "conv.onnx")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def conv_result(tmp_path_factory):
+    """One finished search of the conv net with a loss limit (and its sensitivity pass), whose files the probes
+    damage or edit, each on a copy."""
+    import searching
+
+    import autoprec as api
+
+    root = tmp_path_factory.mktemp("searched")
+    model, data = builders.conv_with_data(root, 12)
+    out = root / "result"
+    searching.search(api.SearchConfig(api.InputSpec(model, data=data), judge=api.JudgeSpec(max_loss=0.5),
+                                      study=api.StudySpec(budget=4), out=out))
+    return out

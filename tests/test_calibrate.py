@@ -16,7 +16,7 @@ from autoprec.core.search_space import load_search_space
 
 
 @pytest.fixture
-def conv(conv_model, conv_data):
+def conv_analysed(conv_model, conv_data):
     info = analyse(conv_model, load_search_space())
     return info, build_dataset(conv_data, info.inputs)
 
@@ -30,8 +30,8 @@ def _activations(info, batches, names):
     return {n: np.concatenate([r[i].ravel() for r in runs]) for i, n in enumerate(names)}
 
 
-def test_ranges_match_the_activations_seen(conv):
-    info, data = conv
+def test_ranges_match_the_activations_seen(conv_analysed):
+    info, data = conv_analysed
     ranges = calibrate(info, data.calibration, data.fingerprint())
     names = collected_tensors(info)
     assert {"x", "r0", "res", "flat", "c1"} <= set(names)
@@ -64,8 +64,8 @@ def test_percentile_of_a_known_histogram():
         r.amax("entropy-ish")
 
 
-def test_calibration_and_reference_are_cached_and_reused(conv, tmp_path, monkeypatch):
-    info, data = conv
+def test_calibration_and_reference_are_cached_and_reused(conv_analysed, tmp_path, monkeypatch):
+    info, data = conv_analysed
     first = calibrate(info, data.calibration, data.fingerprint(), tmp_path)
     ref = reference_outputs(info, data.evaluation, data.fingerprint(), tmp_path)
     assert len(list(tmp_path.glob("calibration-*.npz"))) == 1 and len(list(tmp_path.glob("reference-*.npz"))) == 1

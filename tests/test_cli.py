@@ -1,28 +1,18 @@
 import json
 import re
-import subprocess
-import sys
 
+import builders
 import numpy as np
 import onnx
 import onnxruntime as ort
 import optuna
 import pytest
 import searching
+from cli import clean, exit_code, run, run_cli
 from searching import SHORTEST_FINAL_TIMING, main
 
 import autoprec
 from autoprec.core.errors import AutoprecError
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_data):
@@ -136,14 +126,6 @@ def test_a_refused_search_keeps_the_folder_it_was_given(tmp_path, conv_model):
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def exit_code(argv):
-    """main()'s status; argparse's own errors exit through SystemExit(2)."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def test_unmeasured_tensorrt_artifact_is_labelled_as_such(tmp_path, mlp_model):
     out = tmp_path / "out"
     proc = run_cli(
@@ -211,3 +193,95 @@ def test_the_api_and_the_command_line_refuse_a_bad_option_with_the_same_line(
     assert main(["search", str(conv_model), "--out", str(out), f"--{option.replace('_', '-')}", str(value)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"autoprec: error: {said}"
     assert not out.exists()
+
+
+def test_verbose_shows_the_traceback_behind_the_line(tmp_path, capsys):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    builders.save(builders.conv_net(), tmp_path / "m.onnx")
+    code, err = run(
+        ["search", tmp_path / "m.onnx", "--data", tmp_path / "bad.npz", "--out", tmp_path / "o", "--verbose"], capsys
+    )
+    assert code == 2 and "Traceback" in err and "DataError" in err
+    assert err.strip().splitlines()[-1].startswith("autoprec: error: --data")
+
+
+MISC = [  # (argv after the verb's model/result, files to write, phrase the one line must hold)
+    (["search", "{model}", "--metric", "broken:f"], {"broken.py": "def f(:\n"}, "importing broken raised SyntaxError"),
+    (
+        ["search", "{model}", "--metric", "loud:f"],
+        {"loud.py": "raise RuntimeError('at import')\n"},
+        "raised RuntimeError",
+    ),
+    (["search", "{model}", "--study-name", ""], {}, "--study-name '': empty"),
+    (["search", "{model}", "--artifacts", ""], {}, "--artifacts '': empty"),
+    (["search", "{model}", "--trial-memory", "0.01", "--budget", "1"], {}, "--trial-memory"),
+    (["report", "{result}", "--output", "{folder}"], {}, "/folder: Is a directory"),
+    (["inspect", "{model}"], {}, "an ONNX model, not an engine"),
+    (
+        ["search", "{model}", "--trial-memory", "inf", "--budget", "1"],
+        {},
+        "--trial-memory inf: must be a finite number",
+    ),
+    (
+        ["search", "{model}", "--seed", "4294967296", "--budget", "1"],
+        {},
+        "--seed 4294967296: must be a whole number from 0",
+    ),
+    (["search", "{model}", "--retime-seconds", "nan", "--budget", "1"], {}, "--retime-seconds nan: must be a finite"),
+    (
+        ["search", "{model}", "--metric", "top1", "--task-output", "nope", "--budget", "1"],
+        {},
+        "--task-output nope: the model has no such output; its outputs are: probs",
+    ),
+    (["search", "{model}", "--trial-timeout", "1e-9"], {}, "--trial-timeout 1e-09: a candidate is built"),
+    (["search", "{model}", "--metric", "ctc-text", "--budget", "1"], {}, "; the model's outputs: probs [1, "),
+    (
+        ["search", "{model}", "--metric", "negative:loss", "--budget", "3", "--no-warm-start"],
+        {"negative.py": "def loss(reference, outputs):\n    return -1e308\n"},
+        "--metric negative:loss: returned -1e+308 for a plan; a loss is 0 or more",
+    ),
+]
+
+
+def test_a_background_threads_failure_is_one_line(capsys):
+    """Optuna's heartbeat thread, when the database stops: a warning line, no traceback."""
+    import threading
+
+    from autoprec.app import cli
+
+    before = threading.excepthook
+    try:
+        cli._quiet()
+        worker = threading.Thread(target=lambda: 1 / 0, name="optuna-heartbeat")
+        worker.start()
+        worker.join()
+    finally:
+        threading.excepthook = before
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip() == "autoprec: warning: optuna-heartbeat failed " \
+        "(ZeroDivisionError: division by zero)"
+
+
+@pytest.mark.parametrize("case", range(len(MISC)), ids=[" ".join(m[0][:3]) + f" {i}" for i, m in enumerate(MISC)])
+def test_more_mistakes_are_one_line(conv_result, workdir, capsys, monkeypatch, case):
+    argv, files, phrase = MISC[case]
+    monkeypatch.chdir(workdir)
+    for name, text in files.items():
+        (workdir / name).write_text(text)
+    (workdir / "folder").mkdir()
+    fill = {"{model}": workdir / "conv.onnx", "{result}": conv_result, "{folder}": workdir / "folder"}
+    code, err = run([fill.get(a, a) for a in argv] + ["--out", workdir / "o"] * (argv[0] == "search"), capsys)
+    clean(code, err, allowed=(2,))
+    assert phrase in err.strip().splitlines()[-1]
+
+
+def test_more_threads_than_the_machine_can_run_are_refused(workdir, capsys):
+    code, err = run(["search", workdir / "conv.onnx", "--threads", "100000", "--out", workdir / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "--threads 100000: more than 4× this machine's" in err.strip().splitlines()[-1]
+
+
+def test_a_number_that_is_not_one_is_one_line_too(workdir, capsys):
+    code, err = run(["search", workdir / "conv.onnx", "--budget", "1.5"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("autoprec: error: argument --budget") and "(see autoprec search --help)" in err

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from searching import main
+from cli import clean, exit_code, run
 
 import autoprec
 from autoprec.analysis.calibrate import TensorRange
@@ -15,13 +15,6 @@ from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.specs import InputSpec
 from autoprec.app.verbs import activation_report, check_plan, diagnose_plan
 from autoprec.measure.diagnosis import culprits, jumps
-
-
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +107,13 @@ def test_calibration_auto_makes_the_method_a_search_dimension(tmp_path, mlp_mode
 
 def test_check_is_a_release_gate(fragile_mlp, capsys):
     model, data, plan, _ = fragile_mlp
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "0.001"]) == 1
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "0.001"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "regression: accuracy loss" in out
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1", "--json"]) == 0
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["measurement"]["latency"]["median_ms"] > 0
-    assert _exit(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1",
+    assert exit_code(["check", str(model), "--plan", str(plan), "--data", str(data), "--max-loss", "1",
                   "--latency-budget", "0.000001"]) == 1
     assert "regression: latency" in capsys.readouterr().out
 
@@ -132,16 +125,42 @@ def test_triton_export_matches_the_model(tmp_path, conv_model, conv_data, capsys
             autoprec.InputSpec(conv_model, data=conv_data), study=autoprec.StudySpec(budget=4), out=out
         )
     )
-    assert _exit(["export", str(out), "--format", "triton", "--name", "conv"]) == 0
+    assert exit_code(["export", str(out), "--format", "triton", "--name", "conv"]) == 0
     entry = out / "export" / "triton" / "conv"
     config = (entry / "config.pbtxt").read_text()
     assert 'platform: "onnxruntime_onnx"' in config and 'name: "x"' in config and "dims: [ 1, 3, 16, 16 ]" in config
     assert 'name: "probs"' in config and "TYPE_FP32" in config and "tensorrt_plan" in config
     onnx.checker.check_model(onnx.load(str(entry / "1" / "model.onnx")))
-    assert _exit(["export", str(out), "--format", "triton", "--trial", "2", "--out", str(tmp_path / "repo")]) == 0
-    assert (tmp_path / "repo" / "conv" / "1" / "model.onnx").exists()
+    chosen = json.loads((out / "pareto.json").read_text())["chosen"]
+    other = next(t for t in json.loads((out / "trials.json").read_text())["trials"]
+                 if t["trial"] != chosen and (t["plan"]["counts"]["int8"] or t["plan"]["counts"]["fp16"]))
+    trial, counts = other["trial"], other["plan"]["counts"]
+    assert exit_code(["export", str(out), "--format", "triton", "--trial", str(trial), "--out",
+                      str(tmp_path / "repo")]) == 0
+    assert f"--trial {trial} writes" in (tmp_path / "repo" / "conv" / "config.pbtxt").read_text()
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "repo" / "conv" / "1" / "model.onnx")).graph.node}
+    assert ("QuantizeLinear" in ops, "Cast" in ops) == (counts["int8"] > 0, counts["fp16"] > 0)  # that trial's plan
 
 
 def test_diagnose_needs_a_plan_for_a_bare_model(conv_model, capsys):
-    assert _exit(["diagnose", str(conv_model)]) == 2
+    assert exit_code(["diagnose", str(conv_model)]) == 2
     assert "give --plan PLAN.json" in capsys.readouterr().err
+
+
+PLANS = {
+    "unknown unit": {"precisions": {"nope": "int8"}},
+    "bogus calibration": {"precisions": {"conv0": "int8"}, "calibration": "bogus"},
+    "bogus precision": {"precisions": {"conv0": "int4"}},
+    "not an object": [1, 2],
+    "precisions a list": {"precisions": ["int8"]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+@pytest.mark.parametrize("verb", ["check", "diagnose"])
+def test_bad_plan_files_are_one_line(conv_result, tmp_path, capsys, kind, verb):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLANS[kind]))
+    extra = ["--max-loss", "0.1"] if verb == "check" else ["--out", tmp_path / "d"]
+    code, err = run([verb, conv_result, "--plan", plan, *extra], capsys)
+    clean(code, err, allowed=(2,))

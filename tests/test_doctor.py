@@ -4,20 +4,13 @@ import sys
 
 import fake_tensorrt as fake
 import pytest
-from searching import main
+from cli import exit_code
 
 from autoprec.app.doctor import examine
 
 
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def test_onnx_runtime_cpu_passes_every_step_and_says_a_search_can_run(capsys):
-    assert _exit(["doctor"]) == 0
+    assert exit_code(["doctor"]) == 0
     out = capsys.readouterr().out
     for step in ("engine", "lower the plan", "load", "execute", "compare with ONNX Runtime CPU", "time", "profile"):
         assert step in out
@@ -40,7 +33,7 @@ def test_tensorrt_through_the_recording_fake_runs_every_step(monkeypatch):
 
 def test_a_missing_engine_fails_its_first_step_with_the_install_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
-    assert _exit(["doctor", "--backend", "tensorrt"]) == 2
+    assert exit_code(["doctor", "--backend", "tensorrt"]) == 2
     out = capsys.readouterr().out
     assert "skipped" in out
     last = out.strip().splitlines()[-1]
@@ -76,7 +69,7 @@ def test_a_search_on_tensorrt_stops_at_the_doctors_fast_steps_in_one_line(monkey
     monkeypatch.setitem(sys.modules, "tensorrt", fake.reset())
     monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: [])
     out = tmp_path / "out"
-    assert _exit(["search", str(conv_model), "--backend", "tensorrt", "--out", str(out)]) == 2
+    assert exit_code(["search", str(conv_model), "--backend", "tensorrt", "--out", str(out)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("autoprec: error: --backend tensorrt: no NVIDIA GPU on this machine")
     assert not (out / "study.db").exists()

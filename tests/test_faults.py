@@ -94,7 +94,7 @@ def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_
 def test_an_error_a_candidate_raises_is_not_retried_and_a_failed_plan_is_not_measured_again(tmp_path, mlp_model,
                                                                                             monkeypatch):
     """An engine error on some plans (in this process: a worker's comes back the same way, as one failed trial). A
-    user's metric that raises is no such error: it stops the search (tests/test_adversarial_third.py)."""
+    user's metric that raises is no such error: it stops the search (tests/test_accuracy.py)."""
     from autoprec.core.errors import BackendError
     from autoprec.measure.measurement import InProcessMeasurer
 

@@ -1,13 +1,18 @@
-"""Fuzzing the untrusted edges: damaged model files, and generated graphs through analysis and lowering.
+"""Fuzzing the untrusted edges: damaged model files, generated graphs through analysis and lowering, and result
+files with each field given a wrong value through every verb that reads them.
 
 Every outcome must be a result or an AutoprecError (a clean one-line message), never another exception.
 """
 
+import json
 import os
+import shutil
 
 import builders
 import numpy as np
 import onnx
+import pytest
+from cli import clean, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -174,3 +179,55 @@ def test_generated_graphs_analyse_and_lower_to_valid_models(tmp_path, layers, he
     expected = builders.session(info.stored).run(None, batch)[0]
     got = builders.session(lowered).run(None, batch)[0]
     assert got.shape == expected.shape and got.dtype == expected.dtype
+
+
+def _paths(value, prefix=()):
+    """Every path into a JSON document."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:2]):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(document, path, value):
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+REPLACEMENTS = [None, "x", -1, 1e308, [], {}, True]
+
+
+def _mutations(result_dir):
+    """Every (file, path into it, value put there): each field of each result file given a wrong value."""
+    cases = []
+    for name in ("pareto.json", "trials.json", "best/plan.json", "sensitivity.json"):
+        document = json.loads((result_dir / name).read_text())
+        for path in _paths(document):
+            for value in REPLACEMENTS:
+                cases.append((name, path, value))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(30 * SCALE))
+def test_damaged_result_files_are_read_or_refused_in_one_line(conv_result, tmp_path, capsys, case):
+    cases = _mutations(conv_result)
+    name, path, value = cases[(case * 7919) % len(cases)] if SCALE == 1 else cases[case * len(cases) // (30 * SCALE)]
+    copy_dir = tmp_path / "r"
+    shutil.copytree(conv_result, copy_dir)
+    document = json.loads((copy_dir / name).read_text())
+    if path:
+        _set(document, path, value)
+    else:
+        document = value
+    (copy_dir / name).write_text(json.dumps(document))
+    for argv in (["show", copy_dir], ["show", copy_dir, "--json"], ["compare", copy_dir, conv_result],
+                 ["export", copy_dir, "--format", "markdown", "--out", tmp_path / "md"]):
+        clean(*run(argv, capsys))
+    if case % 5 == 0 or SCALE > 1:  # figures and the report take a second each
+        for argv in (["plot", copy_dir], ["report", copy_dir]):
+            clean(*run(argv, capsys))

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -20,8 +21,8 @@ import numpy as np
 import onnx
 import pytest
 import searching
+from cli import clean, exit_code, run
 from google.protobuf import text_encoding
-from searching import main
 
 import autoprec
 
@@ -58,13 +59,6 @@ def hostile_result(tmp_path_factory):
     return root, out, result
 
 
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def _canaries(folder):
     return sorted(p.name for p in folder.rglob(f"{CANARY}*"))
 
@@ -85,7 +79,7 @@ def test_shell_scripts_pass_hostile_names_as_arguments_and_run_nothing_else(
     root, out, result = hostile_result
     folder = tmp_path / fmt
     trial = result.uniform()[precision].number
-    assert _exit(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", fmt, "--trial", str(trial), "--out", str(folder)]) == 0
     text = (folder / script).read_text()
     comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert CANARY not in comments.replace(f"touch {CANARY}", "")  # the line breaks stayed inside the comment, escaped
@@ -112,7 +106,7 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
     root, out, result = hostile_result
     folder = tmp_path / "python"
     assert (
-        _exit(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)])
+        exit_code(["export", str(out), "--format", "python", "--trial", str(result.chosen.number), "--out", str(folder)])
         == 0
     )
     source = (folder / "build_engine.py").read_text()
@@ -138,7 +132,7 @@ def test_python_build_script_holds_hostile_names_as_literals_only(hostile_result
 def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
     _, out, result = hostile_result
     folder = tmp_path / "md"
-    assert _exit(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", "markdown", "--out", str(folder)]) == 0
     card = (folder / "BUILD.md").read_text()
     rows = [line for line in card.split("## Per-unit precision")[1].splitlines() if line.startswith("| `")]
     assert len(rows) == len(result.units)  # one table row per unit: no name added or broke a row
@@ -150,7 +144,7 @@ def test_markdown_card_escapes_hostile_names(hostile_result, tmp_path):
 
 def test_triton_config_strings_decode_back_to_the_exact_names(hostile_result, tmp_path):
     _, out, _ = hostile_result
-    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path), "--name", "hostile"]) == 0
+    assert exit_code(["export", str(out), "--format", "triton", "--out", str(tmp_path), "--name", "hostile"]) == 0
     config = (tmp_path / "hostile" / "config.pbtxt").read_text()
     literals = [line.strip()[len('name: "'):-1] for line in config.splitlines() if line.strip().startswith('name: "')]
     names = [text_encoding.CUnescape(x).decode() for x in literals]
@@ -161,7 +155,7 @@ def test_triton_config_strings_decode_back_to_the_exact_names(hostile_result, tm
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "x\ny", ""])
 def test_a_triton_name_that_is_not_one_folder_is_refused(hostile_result, tmp_path, capsys, name):
     _, out, _ = hostile_result
-    assert _exit(["export", str(out), "--format", "triton", "--out", str(tmp_path / "repo"), "--name", name]) == 2
+    assert exit_code(["export", str(out), "--format", "triton", "--out", str(tmp_path / "repo"), "--name", name]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot be a folder name" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
@@ -170,7 +164,7 @@ def test_a_triton_name_that_is_not_one_folder_is_refused(hostile_result, tmp_pat
 def test_trt10_refuses_a_tensor_name_a_calibration_cache_cannot_hold(hostile_result, tmp_path, capsys):
     _, out, result = hostile_result
     trial = result.uniform()["int8"].number
-    assert _exit(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
+    assert exit_code(["export", str(out), "--format", "trt10", "--trial", str(trial), "--out", str(tmp_path)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert (
         last.startswith("autoprec: error: ")
@@ -190,7 +184,7 @@ def test_trt10_refuses_a_node_name_trtexec_cannot_express(tmp_path, capsys):
             out=tmp_path / "r",
         )
     )
-    assert _exit(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
+    assert exit_code(["export", str(tmp_path / "r"), "--format", "trt10", "--out", str(tmp_path / "e")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("autoprec: error: ") and "trtexec's --layerPrecisions cannot name a node" in last
     assert not (tmp_path / "e" / "build_trt10.sh").exists()
@@ -218,3 +212,40 @@ def test_figures_draw_hostile_names_as_text_and_read_once_drawn(hostile_result):
     texts = [t.get_text() for fig in drawn for t in figures.drawn_texts(fig)]
     assert any(HOSTILE_FILE in t for t in texts)
     assert any(t.endswith(HOSTILE_NODE[-20:]) for t in texts) and "$\\frac{1}{$ x\\ny" in texts
+
+
+def test_names_holding_math_text_are_drawn_as_text(tmp_path, capsys):
+    model = builders.conv_net()
+    for node in model.graph.node:
+        node.name = f"conv $\\x{{$ {node.name}" if node.op_type == "Conv" else node.name
+    path = builders.save(model, tmp_path / "file $\\foo{$.onnx")
+    out = tmp_path / "o"
+    for argv in (["search", path, "--out", out, "--budget", "2", "--no-warm-start"], ["plot", out], ["report", out]):
+        code, err = run(argv, capsys)
+        clean(code, err, allowed=(0,))
+    import figures
+
+    from autoprec.results import plots
+    from autoprec.results.files import read_result_dir
+
+    result = read_result_dir(out)
+    drawn = [plots.pareto_figure(result), plots.layers_figure(result)]
+    assert [figures.problems(fig) for fig in drawn] == [[], []]
+    shown = [t for fig in drawn for t in figures.drawn_texts(fig)]
+    texts = [t.get_text() for t in shown]
+    assert any("file $\\foo{$.onnx" in t for t in texts) and "conv $\\x{$ conv1" in texts
+    assert not [t.get_text() for t in shown if "$" in t.get_text() and t.get_parse_math()]  # text, not math
+    page = (out / "report.html").read_text()
+    assert "file $\\foo{$" in page and "conv $\\x{$ conv1" in page
+
+
+def test_braces_in_the_model_name_or_out_never_reach_the_storage_url(workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    shutil.copy(workdir / "conv.onnx", workdir / "{brace}.onnx")
+    code, err = run(["search", "{brace}.onnx", "--budget", "2"], capsys)
+    clean(code, err, allowed=(0,))
+    assert (workdir / "autoprec_out" / "_brace_" / "pareto.json").is_file()
+    code, err = run(["search", "conv.onnx", "--out", "o{x}", "--budget", "2"], capsys)
+    clean(code, err, allowed=(2,))
+    assert err.strip().splitlines()[-1].startswith("autoprec: error: --out o{x}: its path holds")
+    assert not (workdir / "o{x}").exists()

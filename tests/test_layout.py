@@ -35,9 +35,14 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def layers_of(module: str) -> list[int]:
+    """The layers whose prefixes hold ``module``: a package holds its modules, the package root only itself."""
+    return [i for i, (_, prefixes) in enumerate(LAYERS)
+            if any(module == p or (p != "autoprec" and module.startswith(p + ".")) for p in prefixes)]
+
+
 def layer(module: str) -> int:
-    return next(i for i, (_, prefixes) in enumerate(LAYERS)
-                if any(module == p or module.startswith(p + ".") for p in prefixes))
+    return layers_of(module)[0]
 
 
 def imported(path: Path) -> set[str]:
@@ -65,8 +70,11 @@ def imported(path: Path) -> set[str]:
 GRAPH = {name: imported(path) - {name} for name, path in MODULES.items()}
 
 
-def test_every_module_has_a_layer():
-    assert all(layer(name) >= 0 for name in MODULES)
+def test_every_module_has_one_layer():
+    """A new package must be given its layer here (it fell into the facade's, the top, where it may import anything:
+    the root's prefix held every module)."""
+    assert {name: layers_of(name) for name in MODULES if len(layers_of(name)) != 1} == {}
+    assert layers_of("autoprec.newpackage.module") == []
 
 
 def test_imports_never_go_up_a_layer():

@@ -18,13 +18,6 @@ from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import output_metrics
 
 
-@pytest.fixture
-def conv(conv_model, conv_data):
-    info = analyse(conv_model, load_search_space())
-    data = build_dataset(conv_data, info.inputs)
-    return info, data, calibrate(info, data.calibration, data.fingerprint())
-
-
 def run(model, batch, optimized_path=None):
     options = ort.SessionOptions()
     if optimized_path:

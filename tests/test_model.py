@@ -2,6 +2,7 @@ import builders
 import numpy as np
 import onnx
 import pytest
+from cli import clean, run
 from onnx import TensorProto, helper
 
 from autoprec.analysis.model import analyse, load_onnx
@@ -185,3 +186,116 @@ def test_sensitive_ops_are_units_of_their_own_and_a_decomposed_layernorm_is_one(
     # an engine without FP16 regions pins them: they are no units at all, as before sensitive ops were searched
     pinned = analyse(tmp_path / "block.onnx", SPACE.with_pinned(SPACE.sensitive))
     assert [u.name for u in pinned.units] == [u.name for u in info.units if not u.sensitive]
+
+
+def test_a_sequence_input_is_one_line(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    inits = [
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "i"),
+        onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("SequenceAt", ["s", "i"], ["t"], "at"),
+        helper.make_node("MatMul", ["t", "w"], ["y"], "mm"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [seq], [y], inits), opset_imports=[helper.make_opsetid("", 13)]
+    )
+    model.ir_version = builders.IR_VERSION
+    onnx.checker.check_model(model)
+    path = builders.save(model, tmp_path / "m.onnx")
+    code, err = run(["search", path, "--budget", 1, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "input s is a sequence, not a tensor" in err.strip().splitlines()[-1]
+
+
+def test_a_zipmap_output_is_refused_naming_the_option_that_leaves_it_out(tmp_path, capsys):
+    """skl2onnx ends a classifier with a ZipMap (its probabilities as a list of dicts) unless told
+    not to: the refusal names the option (issue 69)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    label = helper.make_tensor_value_info("label", TensorProto.FLOAT, [2, 3])
+    probabilities = helper.make_value_info("probabilities", helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64,
+                                   helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["label"], "mm"),
+             helper.make_node("ZipMap", ["label"], ["probabilities"], "zipmap", domain="ai.onnx.ml",
+                              classlabels_int64s=[0, 1, 2])]
+    graph = helper.make_graph(nodes, "g", [x], [label, probabilities],
+                              [onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = builders.IR_VERSION
+    onnx.checker.check_model(model)
+    path = builders.save(model, tmp_path / "m.onnx")
+    code, err = run(["search", path, "--budget", 1, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    said = err.strip().splitlines()[-1]
+    assert "output probabilities is a sequence, not a tensor" in said
+    assert "{'zipmap': False}" in said
+
+
+def test_a_float16_model_is_told_its_type_not_float64(tmp_path, capsys):
+    model = builders.conv_net()
+    from onnx import TensorProto, numpy_helper
+
+    for tensor in model.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype("float16"), tensor.name))
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    path = builders.save(model, tmp_path / "half.onnx")
+    code, err = run(["search", path, "--out", tmp_path / "o", "--budget", "1"], capsys)
+    clean(code, err, allowed=(2,))
+    last = err.strip().splitlines()[-1]
+    assert "compute in float16, not float32" in last and "float64" not in last and "pinned" not in last
+
+
+def test_a_model_that_disagrees_with_itself_is_refused_naming_its_random_op(tmp_path, capsys):
+    """RandomNormalLike: no exact FP32 reference exists, so no loss against it means anything."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32), "w")
+    model = builders.graph_model([helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                    helper.make_node("RandomNormalLike", ["a"], ["n"], name="noise"),
+                    helper.make_node("Add", ["a", "n"], ["y"], name="add")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
+    code, err = run(["search", builders.save(model, tmp_path / "noisy.onnx"), "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    last = err.strip().splitlines()[-1]
+    assert "it draws random values (RandomNormalLike 'noise')" in last
+
+
+def test_outputs_that_change_between_two_runs_are_refused_whatever_the_cause(tmp_path):
+    """The run-time check behind the graph's: any op that makes two runs of one input differ."""
+    import numpy as np
+
+    from autoprec.analysis.model import analyse
+    from autoprec.analysis.reference import check_deterministic
+    from autoprec.core.errors import ModelError
+    from autoprec.core.search_space import load_search_space
+
+    info = analyse(builders.save(builders.mlp(), tmp_path / "mlp.onnx"), load_search_space())
+    first = {"probs": np.ones((4, 10), np.float32)}
+    check_deterministic(info, first, {"probs": first["probs"] + 1e-7})  # reduction order: the same model
+    with pytest.raises(ModelError, match="other outputs for the same input on a second run .output probs"):
+        check_deterministic(info, first, {"probs": first["probs"] * 2})
+
+
+@pytest.mark.parametrize("op, attrs", [("RandomNormal", {"seed": 5.0}), ("RandomNormal", {"scale": 0.0}),
+                                       ("RandomUniform", {"seed": 3.0, "dtype": 1})])
+def test_a_seeded_or_degenerate_random_op_is_refused_before_preparation_folds_it(tmp_path, capsys, op, attrs):
+    """Seeded, constant folding froze the draw into a constant and the search shipped that model; with scale 0
+    ONNX Runtime aborted the process."""
+    from onnx import helper
+
+    path = builders.mlp_then([helper.make_node(op, [], ["r"], name="draw", shape=[1, 32], **attrs),
+                      helper.make_node("Add", ["a", "r"], ["y"], name="add")], folder=tmp_path)
+    code, err = run(["search", path, "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert f"it draws random values ({op} 'draw')" in err.strip().splitlines()[-1]

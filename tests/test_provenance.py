@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from searching import main
+from cli import exit_code, refused
 
 import autoprec
 from autoprec.app.recorded import plan_context
@@ -22,13 +22,6 @@ FUSE_NOTHING = """units: {Conv: [int8, fp16, fp32], Gemm: [int8, fp16, fp32]}
 fusable: []
 pinned_fp32: [Softmax]
 """
-
-
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, bytes]:
@@ -75,7 +68,7 @@ def test_an_exported_trial_is_the_model_that_was_measured(seeded, tmp_path):
     _, out, result = seeded
     chosen = result.chosen.number
     assert (
-        _exit(["export", str(out), "--format", "triton", "--trial", str(chosen), "--out", str(tmp_path), "--name", "m"])
+        exit_code(["export", str(out), "--format", "triton", "--trial", str(chosen), "--out", str(tmp_path), "--name", "m"])
         == 0
     )
     exported = onnx.load(str(tmp_path / "m" / "1" / "model.onnx"))
@@ -86,7 +79,7 @@ def test_an_exported_trial_is_the_model_that_was_measured(seeded, tmp_path):
 
 def test_the_build_card_lists_the_units_of_the_searched_space(seeded):
     _, out, result = seeded
-    assert _exit(["export", str(out), "--format", "markdown"]) == 0
+    assert exit_code(["export", str(out), "--format", "markdown"]) == 0
     card = (out / "export" / "markdown" / "BUILD.md").read_text()
     conv0 = next(line for line in card.splitlines() if line.startswith("| `conv0` |"))
     assert conv0.endswith("| — |")  # the searched space fused nothing into conv0 (the default fuses its Relu)
@@ -134,7 +127,7 @@ def test_ranges_of_a_result_are_its_search_calibration(seeded, capsys):
     rows = {r.tensor: r for r in activation_report(InputSpec(str(out)))}
     assert rows.keys() == searched.tensors.keys()
     assert all(rows[t].max == pytest.approx(searched[t].max) for t in rows)
-    assert _exit(["ranges", str(out), "--image-mean", "0.5"]) == 2
+    assert exit_code(["ranges", str(out), "--image-mean", "0.5"]) == 2
     assert "image_mean given" in capsys.readouterr().err
 
 
@@ -198,7 +191,7 @@ def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_
         )
     assert not (out / "best").exists() or not any((out / "best").iterdir())
     assert json.loads((out / "pareto.json").read_text())["chosen"] is None
-    assert _exit(["export", str(out), "--format", "markdown"]) == 2
+    assert exit_code(["export", str(out), "--format", "markdown"]) == 2
 
 
 def test_data_with_nan_is_refused_before_anything_runs(tmp_path, conv_model):
@@ -239,3 +232,28 @@ def test_float64_units_are_not_reported_lowered(tmp_path):
     assert units == {"fp32_layer": ["int8", "fp16", "fp32"], "fp64_layer": ["fp32"]}
     assert all(t.plan["fp64_layer"].value == "fp32" for t in result.trials)
     assert any("float type other than float32" in note for note in result.model.preparation)
+
+
+@pytest.mark.parametrize("damage", ["replaced by another model", "deleted"])
+def test_check_and_export_look_at_the_shipped_model(conv_result, tmp_path, capsys, damage):
+    """check, the CI gate, printed PASS with best/model.onnx replaced by an unrelated model or deleted."""
+    copy = tmp_path / "r"
+    shutil.copytree(conv_result, copy)
+    shipped = copy / "best" / "model.onnx"
+    if damage == "deleted":
+        shipped.unlink()
+    else:
+        builders.save(builders.mlp(), shipped)
+    phrase = "missing" if damage == "deleted" else "not the model the search wrote there"
+    refused(["check", copy], capsys, "best/model.onnx", phrase)
+    refused(["export", copy, "--format", "triton", "--out", tmp_path / "t"], capsys, "best/model.onnx", phrase)
+
+
+def test_check_verifies_every_model_best_holds(conv_result, tmp_path, capsys):
+    copy = tmp_path / "r"
+    shutil.copytree(conv_result, copy)
+    plan = json.loads((copy / "best" / "plan.json").read_text())
+    plan["sha256"]["model.tensorrt.onnx"] = "0" * 64  # as recorded where the plan has INT8 units
+    (copy / "best" / "plan.json").write_text(json.dumps(plan))
+    builders.save(builders.mlp(), copy / "best" / "model.tensorrt.onnx")
+    refused(["check", copy], capsys, "best/model.tensorrt.onnx: not the model the search wrote there")

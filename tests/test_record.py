@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import searching
 from builders import save
+from cli import refused
 from searching import main
 from test_tasks import ctc_head
 
@@ -179,3 +181,50 @@ def test_check_and_diagnose_state_the_searchs_own_judge_and_figure(narrow_result
     ranked = {u["unit"]: u["loss"]["int8"] for u in sensitivity["units"]}
     for unit, loss in ranked.items():  # the same judge on the same batches: the sensitivity pass's figure
         assert diagnosed[unit] == pytest.approx(loss, rel=1e-3), unit
+
+
+def _other_precisions(plan: dict) -> None:
+    """best/plan.json's plan, unit table and counts, all set alike to another precision than the trial measured."""
+    first = plan["units"][0]
+    now = plan["plan"]["precisions"][first["name"]]
+    other = next(p for p in first["allowed"] if p != now)
+    plan["plan"]["precisions"][first["name"]] = first["precision"] = other
+    plan["plan"]["counts"][now] -= 1
+    plan["plan"]["counts"][other] += 1
+
+
+EDITS = {  # name: (file, edit, what the line names)
+    "best plan of other precisions": ("best/plan.json", _other_precisions, "best/plan.json: trial"),
+    "speed-up outside its interval": ("pareto.json", lambda d: d.update(chosen_vs_fp32={
+        "fp32_trial": d["uniform"]["fp32"], "speedup": 1e308, "low": 1.1, "high": 1.2, "confidence": 0.95, "rounds": 6,
+        "beyond_timing_noise": True}), "speed-up 1e+308 outside its own interval"),
+    "beyond noise with an interval below 1": ("pareto.json", lambda d: d.update(chosen_vs_fp32={
+        "fp32_trial": d["uniform"]["fp32"], "speedup": 0.9, "low": 0.8, "high": 1.0, "confidence": 0.95, "rounds": 6,
+        "beyond_timing_noise": True}), "beyond_timing_noise is True for the interval 0.8–1"),
+    "an infeasible loss called feasible": ("trials.json", lambda d: d["trials"][0].update(accuracy_loss=1e308),
+                                           "feasible is True with loss 1e+308"),
+    "a negative loss": ("trials.json", lambda d: d["trials"][-1].update(accuracy_loss=-0.5),
+                        "accuracy_loss is -0.5, not a loss of 0 or more"),
+    "a NaN latency": ("trials.json", lambda d: d["trials"][0]["latency_ms"].update(median_ms="nan"),
+                      "median_ms is nan, not a time above 0"),
+    "counts that are not the units": ("trials.json", lambda d: d["trials"][0]["plan"]["counts"].update(int8=9),
+                                      "its plan counts"),
+    "a front figure not the trial's": ("pareto.json", lambda d: d["front"][0].update(final_latency_ms=1e-9),
+                                       "final_latency_ms differs from trial"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EDITS))
+def test_a_record_that_contradicts_itself_is_refused_in_every_view(conv_result, tmp_path, capsys, kind):
+    """A hand-edited best/plan.json (every unit FP32) was shown beside the measured plan's speed-up and counts;
+    impossible values (a speed-up outside its own interval, a loss 'within --max-loss' above it, negative losses,
+    NaN latencies) were shown as they are."""
+    name, edit, phrase = EDITS[kind]
+    copy = tmp_path / "r"
+    shutil.copytree(conv_result, copy)
+    document = json.loads((copy / name).read_text())
+    edit(document)
+    (copy / name).write_text(json.dumps(document))
+    for argv in (["show", copy], ["show", copy, "--json"], ["compare", copy, conv_result],
+                 ["export", copy, "--format", "markdown", "--out", tmp_path / "md"]):
+        refused(argv, capsys, name, phrase)

@@ -10,8 +10,8 @@ import builders
 import numpy as np
 import pytest
 import searching
+from cli import exit_code
 from PIL import Image
-from searching import main
 
 import autoprec
 from autoprec.results.console import ms_text
@@ -37,13 +37,6 @@ def result_dirs(tmp_path_factory):
     return a, b
 
 
-def _code(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def _not_blank(path):
     pixels = np.asarray(Image.open(path).convert("L"), dtype=np.float32)
     return pixels.std() > 10
@@ -53,7 +46,7 @@ def test_plot_redraws_both_figures(result_dirs):
     a, _ = result_dirs
     for name in ("pareto.png", "layers.png"):
         (a / name).unlink()
-    assert _code(["plot", str(a)]) == 0
+    assert exit_code(["plot", str(a)]) == 0
     for name in ("pareto.png", "layers.png"):
         image = Image.open(a / name)
         assert image.format == "PNG" and image.width >= 800 and _not_blank(a / name)
@@ -62,26 +55,26 @@ def test_plot_redraws_both_figures(result_dirs):
 def test_show_prints_the_front_and_json_matches_the_files(result_dirs, capsys):
     a, _ = result_dirs
     pareto = json.loads((a / "pareto.json").read_text())
-    assert _code(["show", str(a)]) == 0
+    assert exit_code(["show", str(a)]) == 0
     out = capsys.readouterr().out
     for trial in pareto["front"]:
         assert ms_text(trial["final_latency_ms"]) in out
     assert f"chosen: trial {pareto['chosen']}" in out and "chosen plan (trial" in out and "conv1" in out
-    assert _code(["show", str(a), "--json"]) == 0
+    assert exit_code(["show", str(a), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["chosen"] == pareto["chosen"] and shown["front"] == pareto["front"]
 
 
 def test_compare_puts_two_runs_side_by_side(result_dirs, capsys):
     a, b = result_dirs
-    assert _code(["compare", str(a), str(b)]) == 0
+    assert exit_code(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert str(a) in out.replace("\n", "") or a.name in out
     assert "chosen latency" in out and "units chosen differently" in out and "all fp32" in out
 
 
 def test_reading_a_folder_that_is_no_result_fails_clearly(tmp_path, capsys):
-    assert _code(["show", str(tmp_path)]) == 2
+    assert exit_code(["show", str(tmp_path)]) == 2
     assert "no pareto.json there" in capsys.readouterr().err
 
 
@@ -97,7 +90,7 @@ def _chromium():
 
 def test_report_is_self_contained_and_renders_in_chromium(result_dirs, tmp_path):
     a, _ = result_dirs
-    assert _code(["report", str(a)]) == 0
+    assert exit_code(["report", str(a)]) == 0
     page = (a / "report.html").read_text()
     pareto = json.loads((a / "pareto.json").read_text())
     chosen = next(t for t in pareto["front"] if t["trial"] == pareto["chosen"])
@@ -130,7 +123,7 @@ def test_the_report_fits_a_1280_pixel_window_whatever_the_outputs_and_names_a_zo
             trial["metrics"] = {f"detections_at_stride_{8 * 2 ** i}_of_the_feature_pyramid": values for i in range(6)}
         document["search"]["spec"]["inputs"]["model"] = "zoo:ppocr-cls"
         (copy / name).write_text(json.dumps(document))
-    assert _code(["report", str(copy)]) == 0
+    assert exit_code(["report", str(copy)]) == 0
     page = (copy / "report.html").read_text()
     assert "<title>autoprec — zoo:ppocr-cls on " in page
     probe = copy / "probe.html"
@@ -158,7 +151,7 @@ def test_show_in_a_log_cuts_no_cell(result_dirs, tmp_path, capsys, monkeypatch, 
         monkeypatch.delenv("COLUMNS", raising=False)
     else:  # a narrow terminal: cells wrap (folded), none is cut
         monkeypatch.setenv("COLUMNS", columns)
-    assert _code(["show", str(copy)]) == 0
+    assert exit_code(["show", str(copy)]) == 0
     shown = capsys.readouterr().out
     assert "…" not in shown
     if columns is None:

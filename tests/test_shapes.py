@@ -1,16 +1,19 @@
 """Every shape a deployment runs: a dynamic model's plans judged at each (a decoder's prefill and decode, a
-profile's ends, the data's other shapes), the loss the worst there, the exports' profiles spanning them."""
+profile's ends, the data's other shapes), the loss the worst there, the exports' profiles spanning them; and the
+shapes a user gives (--shape, --max-shape), refused before the work where they cannot run."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import builders
 import numpy as np
 import onnx
 import pytest
 import searching
 from builders import _model, decoder_data, kv_decoder, save, session
+from cli import clean, refused, run
 from onnx import TensorProto, helper, numpy_helper
 from searching import main
 
@@ -237,3 +240,55 @@ def test_a_constant_given_as_one_number_fills_an_input_of_shape_one():
                         {"use_cache_branch": 1.0})
     assert feeds["use_cache_branch"].shape == (1,) and feeds["use_cache_branch"].tolist() == [True]
     assert feeds["ids"].shape == (1, 3)
+
+
+def test_a_dim_name_two_inputs_share_takes_the_size_one_shape_gives_and_conflicts_are_refused(tmp_path, capsys):
+    """x[N,16] and z[16,N]: --shape x=3x16 carries N=3 to z (was z at N=1, an internal error); two --shape values
+    that disagree on a shared dim are refused naming both."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.eye(16, dtype=np.float32), "w")
+    model = builders.graph_model([helper.make_node("Transpose", ["z"], ["zt"], name="t", perm=[1, 0]),
+                    helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                    helper.make_node("Add", ["a", "zt"], ["y"], name="add")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16]),
+                    helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, "N"])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], [weight])
+    path = builders.save(model, tmp_path / "shared.onnx")
+    code, err = run(["search", path, "--shape", "x=3x16", "--budget", "2", "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(0,))
+    assert "input z: dim N set to 3, as --shape x gives it" in err
+    code, err = run(["search", path, "--shape", "x=3x16", "--shape", "z=16x2", "--out", tmp_path / "p"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "--shape: inputs x and z share the dim 'N' but are given 3 and 2 there" in err
+
+
+@pytest.mark.parametrize("dims", ["99999999999999999999x3x16x16", "10000000x3x16x16"])
+def test_a_max_shape_this_machine_cannot_run_is_refused_before_the_search(tmp_path, capsys, dims):
+    """A huge --max-shape ran the whole search, then the shipped model's check ran out of memory naming --shape
+    (or a dim too large to represent was an internal error)."""
+    model = builders.save(builders.conv_net(batch="N"), tmp_path / "conv.onnx")
+    out = tmp_path / "o"
+    refused(["search", model, "--max-shape", f"x={dims}", "--out", out], capsys, f"--max-shape x={dims}",
+            "give a smaller --max-shape")
+    assert not (out / "study.db").exists()
+
+
+@pytest.mark.parametrize("option", ["--shape", "--max-shape", "--const"])
+def test_an_input_given_twice_is_refused(tmp_path, capsys, option):
+    model = builders.save(builders.line_reader(), tmp_path / "line.onnx")
+    values = ("1", "2") if option == "--const" else ("1x3x8x32", "1x3x8x64")
+    refused(["search", model, *["--shape", "x=1x3x8x32"] * (option == "--max-shape"),
+             option, f"x={values[0]}", option, f"x={values[1]}", "--out", tmp_path / "o"], capsys,
+            f"{option} x given twice ({values[0]} and {values[1]})")
+
+
+def test_a_shape_one_input_is_given_fixes_the_dims_other_inputs_share(tmp_path, capsys):
+    """--shape x=1x8x16 and random data: m's T was 'nothing fixes it', and the line said --data holds no arrays."""
+    code, err = run(["search", builders.sharing_t(tmp_path), "--shape", "x=1x8x16", "--budget", "1", "--no-warm-start",
+                     "--out", tmp_path / "o"], capsys)
+    assert code == 0, err[-2000:]
+    assert json.loads((tmp_path / "o" / "pareto.json").read_text())["model"]["inputs"]["m"]["shape"] == [1, 8, 1]
+    last = refused(["search", builders.sharing_t(tmp_path), "--out", tmp_path / "p"], capsys, "nothing fixes it")
+    assert last.endswith("or --data with arrays of that shape")

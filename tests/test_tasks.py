@@ -4,13 +4,14 @@ hand-computed values, and end to end as the search's constraint on generated hea
 import json
 import math
 import re
-import subprocess
-import sys
 
+import builders
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from builders import _init, _model, save
+from cli import clean, run, run_cli
 from onnx import TensorProto, helper
 from searching import SHORTEST_FINAL_TIMING
 
@@ -20,13 +21,6 @@ from autoprec.measure.accuracy import Judge, Metric, decision_changes, loss_from
 from autoprec.tasks import HeadOptions, boxes, ctc_decoding, embedding_decoding
 
 BUNDLED = "datasets/ppocr_cls"
-
-
-def run_cli(*args):
-    """The command line in a process of its own (searches not about the final timing: SHORTEST_FINAL_TIMING)."""
-    return subprocess.run(
-        [sys.executable, "-m", "autoprec.app.cli", *map(str, args)], capture_output=True, text=True, timeout=600
-    )
 
 
 def one_hot_steps(ids, classes):
@@ -412,3 +406,37 @@ def test_search_on_a_model_that_outputs_class_ids(tmp_path):
     trials = json.loads((out / "trials.json").read_text())["trials"]
     assert all(t["accuracy_loss"] == pytest.approx(1 - t["metrics"]["ids"]["equal"]) for t in trials)
     assert "cer" in trials[0]["metrics"]["ids"]  # text labels make it a CTC head: ids decoded as such
+
+
+def test_a_metric_that_does_not_agree_with_itself_is_refused_before_any_trial(tmp_path, capsys):
+    """A head that is no YOLO head, judged with --det-layout yolov5: FP32 against itself must score 0."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(32, 450)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 50, 9], np.int64), "shape")
+    model = builders.graph_model([helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+                    helper.make_node("Reshape", ["a", "shape"], ["y"], name="rs")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 50, 9])], [weight, shape])
+    out = tmp_path / "o"
+    code, err = run(["search", builders.save(model, tmp_path / "head.onnx"), "--metric", "detection", "--det-layout",
+                     "yolov5", "--out", out], capsys)
+    clean(code, err, allowed=(2,))
+    assert "--metric detection: the FP32 model's outputs score loss" in err.strip().splitlines()[-1]
+    assert not (out / "pareto.json").exists()
+
+
+def test_a_yolo_head_without_classes_is_one_line(tmp_path, capsys):
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 4, 8], np.int64), "shape")
+    path = builders.mlp_then([helper.make_node("Reshape", ["a", "shape"], ["y"], name="rs")], folder=tmp_path,
+                     outputs=[helper.make_tensor_value_info("y", 1, [1, 4, 8])])
+    model = onnx.load(str(path))
+    model.graph.initializer.append(shape)
+    onnx.save(model, str(path))
+    code, err = run(["search", path, "--metric", "detection", "--det-layout", "yolov8", "--out", tmp_path / "o"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "needs 4 box values and at least one class score" in err.strip().splitlines()[-1]

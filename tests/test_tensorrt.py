@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from searching import main
+from cli import exit_code, refused
 
 import autoprec
 from autoprec.analysis.calibrate import calibrate
@@ -59,13 +59,6 @@ def unknown_names(accessed) -> list[str]:
     return sorted(f"{owner}.{name}" for owner, name in accessed if not (in_trt11(name) and in_trt10(owner, name)))
 
 
-def _exit(argv):
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 @pytest.fixture
 def trt(monkeypatch):
     """The fake as ``tensorrt`` (TensorRT 11.4 unless a test resets it to another version)."""
@@ -74,13 +67,6 @@ def trt(monkeypatch):
     monkeypatch.setattr("autoprec.backends.tensorrt.cuda_api", lambda device, flavour: fake.FakeCuda())
     monkeypatch.setattr("autoprec.backends.tensorrt.gpu_facts", lambda: fake.GPUS)
     return module
-
-
-@pytest.fixture
-def conv(conv_model, conv_data):
-    info = analyse(conv_model, load_search_space())
-    data = build_dataset(conv_data, info.inputs)
-    return info, data, calibrate(info, data.calibration, data.fingerprint())
 
 
 def _full_flow(backend, info, data, ranges, plan):
@@ -225,7 +211,7 @@ def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_an
 
 def test_selecting_tensorrt_without_it_is_a_one_line_error(monkeypatch, conv_model, capsys):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
-    assert _exit(["search", str(conv_model), "--backend", "tensorrt", "--budget", "2"]) == 2
+    assert exit_code(["search", str(conv_model), "--backend", "tensorrt", "--budget", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("autoprec: error: --backend tensorrt needs TensorRT's Python package (10.12 or newer) and "
                        "cuda-python: pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com")
@@ -282,7 +268,7 @@ def test_fp32_layers_of_a_reduced_precision_engine_are_listed_first():
 
 def test_inspect_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "layers.json"
-    assert _exit(["inspect", str(FIXTURES / "mobilenet_qat_layers_excerpt.json"), "--json", str(out)]) == 0
+    assert exit_code(["inspect", str(FIXTURES / "mobilenet_qat_layers_excerpt.json"), "--json", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "5 compute layers (9 in all, tensorrt-10 JSON): fp16 1 (20%), int8 4 (80%)" in printed
     written = json.loads(out.read_text())
@@ -299,9 +285,9 @@ def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, t
         monkeypatch.setitem(sys.modules, module, None)
     engine = tmp_path / "model.plan"
     engine.write_bytes(b"\x00ftrt binary engine")
-    assert _exit(["inspect", str(engine)]) == 2
+    assert exit_code(["inspect", str(engine)]) == 2
     assert "needs TensorRT's Python package" in capsys.readouterr().err
-    assert _exit(["inspect", str(tmp_path / "missing.json")]) == 2
+    assert exit_code(["inspect", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
@@ -372,7 +358,7 @@ def result(tmp_path_factory):
 
 def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_model(result, capsys):
     out, int8_trial, _ = result
-    assert _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial)]) == 0
+    assert exit_code(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial)]) == 0
     folder = out / "export" / "trtexec"
     script = (folder / "build.sh").read_text()
     assert "NOT run by autoprec" in script and "NOT run by autoprec" in capsys.readouterr().err
@@ -391,7 +377,7 @@ def test_trtexec_export_is_a_strongly_typed_build_of_the_explicit_precision_mode
 
 def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(result):
     out, int8_trial, _ = result
-    assert _exit(["export", str(out), "--format", "trt10", "--trial", str(int8_trial)]) == 0
+    assert exit_code(["export", str(out), "--format", "trt10", "--trial", str(int8_trial)]) == 0
     folder = out / "export" / "trt10"
     script = (folder / "build_trt10.sh").read_text()
     assert "--int8" in script and "--calib=calibration.cache" in script and "--precisionConstraints=obey" in script
@@ -411,7 +397,7 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
     }
     # the same scales as the explicit-precision model's activation Q nodes
     assert (
-        _exit(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial), "--out", str(folder / "q")]) == 0
+        exit_code(["export", str(out), "--format", "trtexec", "--trial", str(int8_trial), "--out", str(folder / "q")]) == 0
     )
     model = onnx.load(str(folder / "q" / "model.onnx"))
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -426,7 +412,7 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
 def test_python_export_builds_with_the_api_and_uses_only_real_tensorrt_names(result, trt, monkeypatch, tmp_path):
     out, int8_trial, _ = result
     folder = tmp_path / "python"
-    assert _exit(["export", str(out), "--format", "python", "--trial", str(int8_trial), "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", "python", "--trial", str(int8_trial), "--out", str(folder)]) == 0
     fake.ACCESSED.clear()
     monkeypatch.chdir(folder)
     monkeypatch.setattr(sys, "argv", ["build_engine.py"])
@@ -439,7 +425,7 @@ def test_python_export_builds_with_the_api_and_uses_only_real_tensorrt_names(res
 
 def test_markdown_build_card_carries_the_measured_figures_and_every_unit(result):
     out, int8_trial, _ = result
-    assert _exit(["export", str(out), "--format", "markdown", "--trial", str(int8_trial)]) == 0
+    assert exit_code(["export", str(out), "--format", "markdown", "--trial", str(int8_trial)]) == 0
     card = (out / "export" / "markdown" / "BUILD.md").read_text()
     trials = {t["trial"]: t for t in json.loads((out / "trials.json").read_text())["trials"]}
     assert f"autoprec trial {int8_trial}" in card and f"{trials[int8_trial]['final_latency_ms']:.3f} ms" in card
@@ -492,15 +478,17 @@ def test_a_fused_kernel_with_casts_inside_and_one_float_type_outside_does_not_re
 
 
 def test_the_build_card_keeps_the_searchs_verdict_on_timing_noise(result, tmp_path):
+    from autoprec.record.verdict import ratio_text
+
     out, _, _ = result
     pareto = json.loads((out / "pareto.json").read_text())
-    assert _exit(["export", str(out), "--format", "markdown", "--out", str(tmp_path)]) == 0
+    assert exit_code(["export", str(out), "--format", "markdown", "--out", str(tmp_path)]) == 0
     speedup = next(line for line in (tmp_path / "BUILD.md").read_text().splitlines() if line.startswith("Speed-up:"))
     versus = pareto["chosen_vs_fp32"]
     if versus["fp32_trial"] == pareto["chosen"]:
         assert "this is the all-FP32 plan" in speedup
     else:
-        assert f"{versus['speedup']:.2f}×" in speedup and "all-FP32" in speedup
+        assert f"{ratio_text(versus['speedup'])}×" in speedup and "all-FP32" in speedup  # 1.0004 is not "1.00"
         assert ("beyond timing noise" if versus["beyond_timing_noise"] else "WITHIN timing noise") in speedup
 
 
@@ -532,7 +520,7 @@ def test_the_polygraphy_export_is_read_by_polygraphy_and_its_reference_runs(resu
 
     out, int8_trial, model = result
     folder = tmp_path / "pg"
-    assert _exit(["export", str(out), "--format", "polygraphy", "--trial", str(int8_trial), "--out", str(folder)]) == 0
+    assert exit_code(["export", str(out), "--format", "polygraphy", "--trial", str(int8_trial), "--out", str(folder)]) == 0
     feeds = load_json(str(folder / "inputs.json"))
     assert feeds and all(set(feed) == {"x"} and feed["x"].shape == (1, 3, 16, 16) for feed in feeds)
     script = (folder / "check.sh").read_text()
@@ -557,7 +545,7 @@ def test_the_polygraphy_check_runs_after_the_result_folder_moves(result, tmp_pat
     import subprocess
 
     out, _, model = result
-    assert _exit(["export", str(out), "--format", "polygraphy"]) == 0
+    assert exit_code(["export", str(out), "--format", "polygraphy"]) == 0
     moved = tmp_path / "elsewhere"
     shutil.copytree(out.parent, moved, ignore=shutil.ignore_patterns("study.db", "cache", "artifacts"))
     shutil.rmtree(out / "export" / "polygraphy")
@@ -569,3 +557,22 @@ def test_the_polygraphy_check_runs_after_the_result_folder_moves(result, tmp_pat
     ran = subprocess.run(["sh", str(folder / "reference.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert ran.returncode == 0 and (folder / "fp32_outputs.json").is_file(), ran.stdout[-2000:] + ran.stderr[-2000:]
+
+
+LAYER_FILES = {
+    "layers of numbers": '{"Layers": [1, 2]}',
+    "inputs a number": '{"Layers": [{"Name": "a", "Inputs": 5}]}',
+    "bindings a number": '{"Layers": [], "Bindings": 5}',
+    "io tensors a string": '{"Layers": [{"Name": "a"}], "I/O Tensors": "x"}',
+    "plain text": "this is a text file, not an engine\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_FILES))
+def test_inspect_of_odd_files_is_one_line(tmp_path, capsys, kind):
+    path = tmp_path / "layers.json"
+    path.write_text(LAYER_FILES[kind])
+    last = refused(["inspect", path], capsys, f"{path}: ")
+    if kind == "plain text":
+        assert "TensorRT" not in last

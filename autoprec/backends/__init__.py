@@ -11,7 +11,7 @@ from autoprec.core.errors import BackendError
 from autoprec.record.trial import EngineInfo
 
 # name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
-# module under backends/, one line here, and its run of tests/test_backend_contract.py.
+# module under backends/, one line here, and a Way in tests/test_backend_contract.py (the suite every engine runs).
 REGISTRY = {
     engines.ORT_CPU: ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
     engines.ORT_CUDA: ("autoprec.backends.onnxruntime", "OrtCudaBackend"),

@@ -1,0 +1,26 @@
+"""Search-space files (which ops are units, in which precisions): a malformed one is one line naming what is wrong."""
+
+import pytest
+from cli import clean, run
+
+SPACES = {
+    "units not a mapping": "units: 5\n",
+    "precisions not a list": "units: {Conv: 5}\n",
+    "fusable not a list": "units: {Conv: [int8, fp32]}\nfusable: 5\n",
+    "pinned a mapping": "units: {Conv: [int8, fp32]}\npinned_fp32: {a: 1}\n",
+    "overrides a list": "units: {Conv: [int8, fp32]}\noverrides: [a, b]\n",
+    "override precisions a number": "units: {Conv: [int8, fp32]}\noverrides: {'conv*': 5}\n",
+    "not utf-8": b"\xff\xfe\x00units",
+    "a list": "- Conv\n",
+    "op name not text": "units: {1: [int8]}\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SPACES))
+def test_bad_search_spaces_are_one_line(workdir, capsys, kind):
+    space = workdir / "space.yaml"
+    text = SPACES[kind]
+    space.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, err = run(["search", workdir / "conv.onnx", "--search-space", space, "--budget", 1, "--no-progress",
+                     "--out", workdir / "out"], capsys)
+    clean(code, err, allowed=(2,))

@@ -1,0 +1,124 @@
+"""The study's storage, where a search keeps its trials: a missing, unreachable, damaged or full one is one line,
+nothing created where it was not asked for and nothing of the study lost; the same command afterwards resumes it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from cli import autoprec, clean, files, one_line_error, run
+from searching import SHORTEST_FINAL_TIMING
+
+
+def test_status_of_a_missing_sqlite_database_creates_nothing(workdir):
+    before = files(workdir)
+    one_line_error(autoprec("status", "--storage", "sqlite:///missing.db", "--study-name", "s", cwd=workdir),
+                   "no such database file missing.db")
+    assert files(workdir) == before
+
+
+def test_a_storage_in_a_missing_folder_is_refused_not_created(workdir, tmp_path):
+    url = f"sqlite:///{tmp_path / 'nonexistent' / 'dir' / 'x.db'}"
+    one_line_error(autoprec("search", "conv.onnx", "--storage", url, "--budget", 1, cwd=workdir), "does not exist")
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_unreachable_storages_and_stores_are_one_line(workdir, tmp_path, capsys):
+    pytest.importorskip("psycopg")
+    for extra in (["--storage", "postgresql://user:pw@127.0.0.1:1/nodb"], ["--artifacts", workdir / "conv.onnx"]):
+        code, err = run(
+            ["search", workdir / "conv.onnx", "--budget", 1, "--no-progress", "--out", tmp_path / "o", *extra], capsys
+        )
+        clean(code, err, allowed=(2,))
+        assert ":pw@" not in err
+
+
+def test_a_damaged_study_value_is_one_line_and_the_study_is_kept(conv_result, tmp_path, capsys):
+    import sqlite3
+
+    out = tmp_path / "r"
+    shutil.copytree(conv_result, out)
+    with sqlite3.connect(out / "study.db") as db:  # a value Optuna stored, damaged on disk
+        db.execute("UPDATE trial_user_attributes SET value_json = '\"garbage\"' WHERE key = 'measurement'")
+    facts = json.loads((out / "pareto.json").read_text())
+    before = sorted((out / "best").iterdir())
+    code, err = run(
+        [
+            "search",
+            facts["model"]["path"],
+            "--data",
+            facts["search"]["data_path"],
+            "--max-loss",
+            facts["search"]["max_loss"],
+            "--budget",
+            5,
+            "--out",
+            out,
+            "--no-progress",
+        ],
+        capsys,
+    )
+    clean(code, err, allowed=(2,))
+    assert "stored plan or measurement is damaged" in err.strip().splitlines()[-1]
+    assert sorted((out / "best").iterdir()) == before and (out / "pareto.json").is_file()  # nothing lost
+
+
+def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_path):
+    """A file-size limit stands in for a full disk: once the study's database has grown past it, its writes fail
+    (EFBIG, as ENOSPC would). The same command afterwards, with room again, finishes the budget."""
+    import resource
+    import signal
+
+    out = workdir / "out"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+
+    def search(budget, limit=None):
+        def limited():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "autoprec.app.cli",
+            "search",
+            "conv.onnx",
+            "--budget",
+            str(budget),
+            "--no-progress",
+            "--no-warm-start",
+            *SHORTEST_FINAL_TIMING,
+            "--out",
+            str(out),
+        ]
+        return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
+                              preexec_fn=limited if limit else None)
+
+    assert search(2).returncode == 0
+    full = search(12, limit=(out / "study.db").stat().st_size + 8192)
+    one_line_error(full, "free space")
+    resumed = search(12)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 12
+
+
+@pytest.mark.parametrize("message, said", [
+    ("connection failed: connection to server at \"127.0.0.1\", port 5432 failed: Connection refused", "stopped"),
+    ("consuming input failed: server closed the connection unexpectedly", "stopped"),
+    ("database or disk is full", "disk is full"),
+])
+def test_a_storage_failure_says_what_fits_its_cause(message, said):
+    from autoprec.study.coordination import storage_hint
+
+    assert said in storage_hint(message) and (said == "disk is full") == ("disk" in storage_hint(message))
+
+
+def test_a_resume_past_its_budget_says_so(workdir, capsys):
+    out = workdir / "o"
+    for budget in (3, 2):
+        code, err = run(["search", workdir / "conv.onnx", "--budget", budget, "--out", out, "--no-warm-start"], capsys)
+        clean(code, err, allowed=(0,))
+    said = " ".join(err.split())
+    assert "3 trials done, the budget of 2 reached: no new trial runs" in said and "3 of 2" not in said
