@@ -169,6 +169,9 @@ def test_a_named_dim_widens_every_input_declaring_it_and_their_sums():
         profile.with_dims({"past_sequence_length": (0, 12, 512)})
     with pytest.raises(AutoprecError, match="--dim past: no input declares a dim of that name"):
         profile.with_dims({"past": (0, None, 512)})
+    with pytest.raises(AutoprecError, match="--dim past_sequence_length=0:0: the search measures "
+                                            "past_sequence_length at 6 .* e.g. 0:6"):
+        profile.with_dims({"past_sequence_length": (0, None, 0)})
 
 
 def test_shape_weights_name_a_judged_shape_or_phase(tmp_path, capsys):

@@ -122,6 +122,10 @@ class ShapeProfile:
         sizes = {point: self._dim_sizes(point) for point in POINTS}
         for name, (low, opt, high) in dims.items():
             measured = sizes["opt"].get(name)
+            if measured is not None and not low <= measured <= high:
+                raise ModelError(f"--dim {name}={low}:{high}: the search measures {name} at {measured} (its data, "
+                                 f"or --shape), outside the range; give a range holding it, e.g. "
+                                 f"{min(low, measured)}:{max(high, measured)}")
             if opt is not None and measured is not None and opt != measured:
                 raise ModelError(f"--dim {name}={low}:{opt}:{high}: the search measures {name} at {measured} (its "
                                  f"data, or --shape); give {low}:{measured}:{high}, or {low}:{high}")
