@@ -57,7 +57,7 @@ def test_random_data_warns_loudly(tmp_path, conv_model):
         (["search", "{model}", "--out", "{unwritable}"], "cannot write there"),
         (["search", "{model}", "--storage", "nosuchdb://x"], "--storage nosuchdb://x: cannot be opened"),
         (["search", "{model}", "--override", "conv0"], "expected PATTERN=PRECISIONS"),
-        (["search", "{model}", "--override", "conv0=int4"], "is not a list of precisions"),
+        (["search", "{model}", "--override", "conv0=int3"], "is not a list of precisions"),
         (["search", "{model}", "--metric", "nope"], "unknown --metric"),
         (["search", "{model}", "--max-loss", "-1"], "must be a finite loss of 0 or more"),
         (["search", "{model}", "--precisions", "fp16,fp17"], "--precisions.*is not a list of precisions"),

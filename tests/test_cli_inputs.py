@@ -14,9 +14,8 @@ import builders
 import numpy as np
 import pytest
 import searching
+from cli import clean, refused, run
 from onnx import TensorProto, helper, numpy_helper
-from test_adversarial import clean
-from test_adversarial_third import refused, run
 
 QUICK = ["--budget", "1", "--no-warm-start", "--no-progress", "--no-isolation"]
 ITEMS = np.random.default_rng(1).normal(size=(32, 16)).astype(np.float32)  # for a classifier of x[4, 16]

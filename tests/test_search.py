@@ -202,9 +202,12 @@ def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):
     study = optuna.load_study(study_name="autoprec-mlp-ort-cpu", storage=storage)
     finished = {t.number: t.values for t in study.trials}
     # A trial left RUNNING with no heartbeat, as a process killed right after creating it leaves it.
+    from autoprec.app.resolve import engine_space
+    from autoprec.backends import get_backend
     from autoprec.study.optimize import distributions
 
-    info = analyse(mlp_model, load_search_space())
+    space, _, _ = engine_space(load_search_space(), get_backend("ort-cpu"), None)  # the space the search searched
+    info = analyse(mlp_model, space)
     dangling = study.ask(distributions(info))
     searching.search(
         autoprec.SearchConfig(
