@@ -184,7 +184,8 @@ def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
 
 def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
     """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
-    powered = "|power:" + ",".join(int4_inputs(info)) if int4_inputs(info) else ""
+    powered = ",".join(int4_inputs(info))
+    powered = f"|power:{powered}" if powered else ""
     return (
         cache_dir
         / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)) + powered)}.npz"

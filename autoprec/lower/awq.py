@@ -10,20 +10,24 @@ that error is lower on its own inputs (by MARGIN at least): measured, not assume
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
+
+Rounding = Callable[[np.ndarray], np.ndarray]  # a [K, N] weight as the engine reads it back from its 4-bit blocks
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75)
 MARGIN = 0.05  # a scaling ships where it cuts the weighted error by this share at least (else a Mul for noise)
 
 
-def chosen_scales(weight: np.ndarray, power: np.ndarray | None, block: int) -> np.ndarray | None:
+def chosen_scales(weight: np.ndarray, power: np.ndarray | None, rounded: Rounding) -> np.ndarray | None:
     """The per-row scales of a [K, N] weight that give the least weighted error, or None where round to nearest
     does best (or calibration measured no channel power: the unit's input was not seen)."""
     if power is None or len(power) != weight.shape[0] or not np.isfinite(power).all() or not power.any():
         return None
     weight = np.asarray(weight, np.float32)
     power = np.maximum(power.astype(np.float64), power[power > 0].min())
-    errors = {alpha: _error(weight, _scales(power, alpha), power, block) for alpha in ALPHAS}
+    errors = {alpha: _error(weight, _scales(power, alpha), power, rounded) for alpha in ALPHAS}
     best = min(errors, key=errors.get)
     return None if errors[best] > (1 - MARGIN) * errors[0.0] else _scales(power, best)
 
@@ -33,19 +37,6 @@ def _scales(power: np.ndarray, alpha: float) -> np.ndarray:
     return (scales / np.sqrt(scales.max() * scales.min())).astype(np.float32)  # centred: the weights' range kept
 
 
-def _error(weight: np.ndarray, scales: np.ndarray, power: np.ndarray, block: int) -> float:
-    rounded = rounded_blocks(weight * scales[:, None], block) / scales[:, None]
-    return float((power[:, None] * np.square(weight - rounded)).sum())
-
-
-def rounded_blocks(weight: np.ndarray, block: int) -> np.ndarray:
-    """``weight`` [K, N] as the engines read it back from ONNX Runtime's symmetric 4-bit blocks."""
-    from onnxruntime.capi._pybind_state import quantize_qdq_matmul_4bits
-
-    k, n = weight.shape
-    packed, scales = np.zeros(k * n // 2, np.uint8), np.zeros((k // block, n), np.float32)
-    quantize_qdq_matmul_4bits(packed, np.ascontiguousarray(weight, np.float32), scales,
-                              np.zeros(n * (k // block), np.uint8), block, n, k, True)
-    nibbles = np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1).astype(np.int8)
-    values = np.where(nibbles > 7, nibbles - 16, nibbles).reshape(k, n).astype(np.float32)
-    return values * np.repeat(scales, block, axis=0)
+def _error(weight: np.ndarray, scales: np.ndarray, power: np.ndarray, rounded: Rounding) -> float:
+    back = rounded(weight * scales[:, None]) / scales[:, None]
+    return float((power[:, None] * np.square(weight - back)).sum())

@@ -86,7 +86,7 @@ def _scales(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray
     """The unit's activation-aware scales, chosen once per process for these weights and this power."""
     key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "")
     if key not in _chosen:
-        _chosen[key] = chosen_scales(matrix, power, BLOCK_SIZE)
+        _chosen[key] = chosen_scales(matrix, power, _rounded)
     return _chosen[key]
 
 
@@ -106,6 +106,15 @@ def _blocks(weight: np.ndarray, form: Int4Form) -> tuple[np.ndarray, np.ndarray]
         packed, scales = np.zeros(k * n // 2, np.uint8), np.zeros((blocks, n), np.float32)
         quantize_qdq_matmul_4bits(packed, weight, scales, zero_points, BLOCK_SIZE, n, k, True)
     return packed, scales
+
+
+def _rounded(weight: np.ndarray) -> np.ndarray:
+    """A [K, N] weight as engines read it back from its 4-bit blocks (the DequantizeLinear form's layout: two
+    values a byte, low nibble first, signed)."""
+    packed, scales = _blocks(weight, Int4Form.DEQUANTIZE)
+    nibbles = np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1).astype(np.int8)
+    values = np.where(nibbles > 7, nibbles - 16, nibbles).reshape(weight.shape).astype(np.float32)
+    return values * np.repeat(scales, BLOCK_SIZE, axis=0)
 
 
 def _matmul_nbits(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto, k: int, n: int) -> None:
