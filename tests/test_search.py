@@ -650,3 +650,13 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     if shipped:
         trt = onnx.load(str(out / "best" / "model.tensorrt.onnx"))
         assert [t.data_type for t in trt.graph.initializer].count(onnx.TensorProto.INT4) == shipped
+    import figures
+
+    from autoprec.results import plots
+
+    files = read_result_dir(out)  # the figures say INT4 where the search measured it
+    drawn = [plots.sensitivity_figure(files.sensitivity, files.model_name), plots.layers_figure(files)]
+    legends = [t.get_text() for fig in drawn for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert "int4 alone" in legends and "int4" in legends, legends
+    for fig in drawn:
+        assert figures.problems(fig) == [] and all("$" not in text for text in figures.tick_texts(fig))

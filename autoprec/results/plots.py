@@ -315,7 +315,7 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
     fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)), dpi=120,
                                       gridspec_kw={"width_ratios": [3, 1.2]})
     floored = False
-    for precision, marker in (("int8", "s"), ("fp16", "o")):
+    for precision, marker in (("int4", "D"), ("int8", "s"), ("fp16", "o")):
         points = [(i, u.loss[precision]) for i, u in enumerate(units) if precision in u.loss]
         finite = [(i, max(v, LOSS_FLOOR)) for i, v in points if math.isfinite(v)]
         floored = floored or any(v < LOSS_FLOOR for _, v in points)
