@@ -50,28 +50,28 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
         matrix = np.asarray(values, np.float32).T if transposed else values  # [K, N]
         k, n = matrix.shape
-        scales = _scales(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit))
-        scaled = f"_awq{digest(scales.tolist())}" if scales is not None else ""
+        rows = _scales(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit))
+        scaled = f"_awq{digest(rows.tolist())}" if rows is not None else ""
         name = f"{prefix}{weight}_{unit.name}_int4_{form.value}{scaled}"
         made: list = []  # quantized once, only where the copies are not there yet
 
         def quantized() -> tuple[np.ndarray, np.ndarray]:
             if not made:
-                made.append(_blocks(matrix * scales[:, None] if scales is not None else matrix, form))
+                made.append(_blocks(matrix * rows[:, None] if rows is not None else matrix, form))
             return made[0]
 
-        if scales is not None:  # the input channels scaled back: the product as it was
-            inverse = model.derived(f"{name}_inverse", lambda: (1.0 / scales).astype(np.float32), 4 * k)
+        if rows is not None:  # the input channels scaled back: the product as it was
+            inverse = model.derived(f"{name}_inverse", lambda: (1.0 / rows).astype(np.float32), 4 * k)
             activation = edit.ins[id(node)][0]
             edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)], [f"{name}_x"])
             edit.set_input(node, 0, f"{name}_x")
 
         packed = model.derived(f"{name}_packed", lambda: quantized()[0], k * n // 2)
-        scales = model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * (k // BLOCK_SIZE))
+        blocks = model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * (k // BLOCK_SIZE))
         if form is Int4Form.MATMUL_NBITS:
-            _matmul_nbits(edit, node, packed, scales, k, n)
+            _matmul_nbits(edit, node, packed, blocks, k, n)
         else:
-            _dequantized(edit, node, _as_int4(packed, (k, n)), scales, name)
+            _dequantized(edit, node, _as_int4(packed, (k, n)), blocks, name)
 
 
 _chosen: dict[tuple[str, str, str], np.ndarray | None] = {}  # (model folder, unit, power digest) -> scales
