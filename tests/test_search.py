@@ -644,7 +644,7 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
         autoprec.InputSpec(model), space=autoprec.SpaceSpec(precisions=["int4", "fp32"]),
         study=autoprec.StudySpec(budget=3), out=out, retime_seconds=1, ship_within_noise=True))
     assert any(t.plan.counts().get("int4", 0) == 2 for t in result.trials)
-    shipped = json.loads((out / "best" / "plan.json").read_text())["plan"]["counts"]["int4"]
+    shipped = json.loads((out / "best" / "plan.json").read_text())["plan"]["counts"].get("int4", 0)  # the re-timing picks
     best = onnx.load(str(out / "best" / "model.onnx"))
     assert [n.op_type for n in best.graph.node].count("MatMulNBits") == shipped
     if shipped:
@@ -657,6 +657,7 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     files = read_result_dir(out)  # the figures say INT4 where the search measured it
     drawn = [plots.sensitivity_figure(files.sensitivity, files.model_name), plots.layers_figure(files)]
     legends = [t.get_text() for fig in drawn for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-    assert "int4 alone" in legends and "int4" in legends, legends
+    fronted = any("int4" in t.precisions.values() for t in files.shown_front())  # the timings decide the front
+    assert "int4 alone" in legends and ("int4" in legends) == fronted, legends
     for fig in drawn:
         assert figures.problems(fig) == [] and all("$" not in text for text in figures.tick_texts(fig))
