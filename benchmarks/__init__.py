@@ -75,6 +75,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("builds"),
     Benchmark("peers"),
     Benchmark("trial_cost"),
+    Benchmark("search_cost"),
     Benchmark("timing_noise"),
     Benchmark("timing_agreement"),
     Benchmark("a_over_a"),

@@ -87,7 +87,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def add_retime_argument(parser: argparse.ArgumentParser) -> None:
     """``--retime-seconds`` for a benchmark that runs searches: their final timing's limit (``QUICK_RETIME``, its
     shortest: six blocks of rounds, with --quick)."""
-    parser.add_argument("--retime-seconds", type=float, default=20.0, help="the searches' --retime-seconds")
+    parser.add_argument("--retime-seconds", type=float, default=10.0, help="the searches' --retime-seconds")
 
 
 QUICK_RETIME = 0.1

@@ -60,7 +60,7 @@ from autoprec.record import verdict  # noqa: E402
 
 GENERATED = {"conv": lambda: builders.conv_net(size=48), "mlp": lambda: builders.mlp(batch=16, hidden=256),
              "attention": lambda: builders.attention(tokens=64, dim=64)}
-SECONDS = 20.0  # a search's default --retime-seconds
+SECONDS = 10.0  # a search's default --retime-seconds
 QUICK = {"repeats": 1, "models": ["conv"], "threads": ["1"], "gain": 1.5, "seconds": 0.5, "before": False}
 
 

@@ -32,7 +32,7 @@ class SearchConfig:
     out: str | os.PathLike | None = None
     progress: bool = False
     time_shapes: bool = False
-    retime_seconds: float = 20.0
+    retime_seconds: float = 10.0
     ship_within_noise: bool = False
 
     def checked(self) -> SearchConfig:

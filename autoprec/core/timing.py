@@ -34,24 +34,36 @@ class Timing:
         return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
 
 
-TIME_CALLS = "median of >= 10 runs and >= 0.2 s after 3 warm-up runs"
+TIME_CALLS = ("median of >= 10 runs and >= 0.2 s after 3 warm-up runs (a call slower than 1/3 s: "
+              "of 3 runs)")
+
+SLOW_CALL_S = 1 / 3  # a call this slow is timed over SLOW_RUNS runs: its runs vary little against their length
+SLOW_RUNS = 3
 
 
 def time_calls(
     call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500
 ) -> Timing:
-    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs."""
-    for _ in range(warmup):
+    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs; a call slower
+    than SLOW_CALL_S as many warm-up runs as pass SLOW_CALL_S each, and SLOW_RUNS runs (ten runs of a second-long
+    model would make every timing ten seconds, and a final timing of six models in blocks of rounds minutes)."""
+    warmed, t0 = 0, time.perf_counter()
+    while warmed < warmup:
         call()
+        warmed += 1
+        if time.perf_counter() - t0 > warmed * SLOW_CALL_S:
+            break
     samples: list[float] = []
     started = time.perf_counter()
     while len(samples) < max_runs and (len(samples) < min_runs or time.perf_counter() - started < min_seconds):
+        if len(samples) >= SLOW_RUNS and min(samples) > SLOW_CALL_S * 1e3:
+            break
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1e3)
     arr = np.asarray(samples)
     return Timing(
-        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmup
+        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmed
     )
 
 

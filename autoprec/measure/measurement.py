@@ -6,7 +6,7 @@ import abc
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from autoprec.analysis.calibrate import ActivationRanges
@@ -224,16 +224,20 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
 def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], work: Workload,
                   seconds: float, apart: bool = False) -> Rounds:
     """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the given model as
-    it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known:
-    what a search picks its plan and states its gain by."""
+    it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known,
+    or until each contender is known faster or slower than all-FP32: what a search picks its plan and states its
+    gain by. A contender that is the all-FP32 plan is not timed again: its rounds are all-FP32's."""
     info = lowering.info
+    own = [contender(i) for i, plan in enumerate(contenders) if plan.key() != fp32.key()]
     models = {"fp32": lowering(backend, fp32), **{contender(i): lowering(backend, plan)
-                                                  for i, plan in enumerate(contenders)}}
+                                                  for i, plan in enumerate(contenders) if contender(i) in own}}
     if info.source is not None:
         models["source"] = StoredModel(info.source, info.folder)
     pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
-    pairs += [("fp32", contender(i)) for i in range(1, len(contenders))]
-    return time_until_known(backend, models, work, pairs, seconds, apart)
+    pairs += [("fp32", name) for name in own if name != "chosen"]
+    rounds = time_until_known(backend, models, work, pairs, seconds, apart, [("fp32", name) for name in own])
+    same = {contender(i): rounds.timings["fp32"] for i in range(len(contenders)) if contender(i) not in own}
+    return replace(rounds, timings={**rounds.timings, **same})
 
 
 class Measurer(abc.ABC):

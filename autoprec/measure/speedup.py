@@ -11,6 +11,7 @@ called faster, and its power on a 1.5× gain, with a CPU hog switching on and of
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from typing import Mapping, Sequence
@@ -22,7 +23,10 @@ from autoprec.core.timing import Timing
 from autoprec.measure.workload import time_work, warm_up
 from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup
 
-MIN_BLOCKS = 6  # fewer: a t-interval over so few sessions is too wide to find a few per cent
+MIN_BLOCKS = 3  # fewer: a t-interval over two sessions (t = 12.7) decides nothing short of a 2x gain
+# An interval is called known by its width from this many blocks on: stopping on width alone at three blocks
+# stops most where the blocks agree by chance, and a plan timed against itself is called faster more often.
+NARROW_BLOCKS = 6
 MAX_BLOCKS = 30
 
 
@@ -70,12 +74,14 @@ def time_until_known(
     pairs: Sequence[tuple[str, str]],
     seconds: float,
     apart: bool = False,
+    deciding: Sequence[tuple[str, str]] = (),
 ) -> Rounds:
     """``models`` timed in blocks of interleaved rounds, every model's session built anew for each block, until
-    the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow` or ``seconds`` pass (after
-    MIN_BLOCKS at least, however long those take: a slow model is known by its rounds, not by a clock), or
-    MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in every round:
-    every round is a block."""
+    the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow`, each ``deciding`` pair is
+    :meth:`Rounds.decided` (what the choice rests on is known; the other pairs are claims stated with the
+    interval they have), or ``seconds`` pass (after MIN_BLOCKS at least, however long those take: a slow model
+    is known by its rounds, not by a clock), or MAX_BLOCKS. Engines too large to keep several (``apart``) are
+    each built anew for their turn in every round: every round is a block."""
     timings: dict[str, list[Timing]] = {name: [] for name in models}
     blocks: list[int] = []
     load: list[float | None] = []
@@ -86,10 +92,29 @@ def time_until_known(
         _time_block(backend, models, work, timings, blocks, block, apart)
         load.append(probe.others())
         found = Rounds({k: tuple(v) for k, v in timings.items()}, tuple(blocks), tuple(load))
-        if block + 1 >= MIN_BLOCKS and (time.monotonic() - started > seconds
-                                        or all(found.speedup(a, b).narrow for a, b in pairs)):
+        timed_out = block + 1 >= MIN_BLOCKS and time.monotonic() - started > seconds
+        if known(found, pairs, deciding) or (timed_out and bounded(found, pairs)):
             return found
     return found
+
+
+def bounded(found: Rounds, pairs: Sequence[tuple[str, str]]) -> bool:
+    """Whether every pair's interval has finite ends: one over the lighter and the heavier half of the blocks
+    (where the load moved) needs two blocks in each half."""
+    return all(0 < s.low and math.isfinite(s.high) for s in (found.speedup(a, b) for a, b in pairs))
+
+
+def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tuple[str, str]] = ()) -> bool:
+    """Whether the timing may stop: MIN_BLOCKS run, and each ``deciding`` pair :meth:`Rounds.decided`, or (from
+    NARROW_BLOCKS on) every pair's interval :attr:`Speedup.narrow`."""
+    blocks = len(set(found.blocks))
+    if blocks < MIN_BLOCKS:
+        return False
+    if not pairs:  # nothing compared (the chosen plan is all-FP32, and there is no given model to time it beside)
+        return True
+    if deciding and all(found.decided(a, b) for a, b in deciding):
+        return True
+    return blocks >= NARROW_BLOCKS and all(found.speedup(a, b).narrow for a, b in pairs)
 
 
 def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload, timings: dict[str, list[Timing]],

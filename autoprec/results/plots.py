@@ -95,7 +95,6 @@ def laid_out(fig: Figure) -> Figure:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "tight layout not applied": the figure grows below
             fig.tight_layout()
-        fig.canvas.draw()
         drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         width, height = fig.get_size_inches()
         wider = max(0.0, -drawn.x0) + max(0.0, drawn.x1 - width)
@@ -241,7 +240,6 @@ def _loss_axis(ax: Axes, losses: list[float]) -> None:
 def _stacked(fig: Figure, labels: list) -> None:
     """Labels of points close together (all-FP32 and all-FP16 0.7 ms apart on a 10 ms axis) moved up, each above
     the ones left of it that it would print over."""
-    fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     placed = []
     for label in sorted(labels, key=lambda text: text.xy[0]):

@@ -1,0 +1,133 @@
+"""What a search's answer costs, stage by stage, beside the conversion time of the tools users compare it with.
+
+Per model, in one run: ``autoprec search MODEL --budget B`` as a user runs it (a child process, default settings),
+its wall clock from outside (import and writing included) and ``pareto.json``'s ``search.stage_seconds``; the share
+of the wall outside the sensitivity pass and the trials (set-up, re-timing, held-out judging and final timing,
+deployment, writing: what issue 68 holds to 35 %); and beside it ONNX Runtime's ``quantize_static`` (QDQ, the same
+calibration batches) converting the same model, and ModelOpt's AutoCast where ``nvidia-modelopt`` is installed
+(on the GPU machine). With ``--before DIR`` (a checkout of older code, e.g. ``git worktree add``), each model is
+also searched with that code, the two runs alternating, so that each stage reads before and after in one run.
+
+    python -m benchmarks search_cost [--models ppocr-cls yolov8n ppocr-rec] [--budget 16] [--before DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import HERE, QUICK_RETIME, TINY, Report, model_source, parse_arguments, resolve, run_models  # noqa: E402
+
+from autoprec.backends import get_backend  # noqa: E402
+
+MODELS = ("ppocr-cls", "yolov8n", "ppocr-rec")
+QUICK = {"models": [TINY], "budget": 2, "retime_seconds": QUICK_RETIME}
+SEARCHING = ("sensitivity", "trials")  # what a search is for; every other stage is its fixed cost
+
+
+def searched(code: Path, name: str, budget: int, retime_seconds: float | None, out: Path) -> dict:
+    """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
+    model, data, shapes = model_source(name)
+    command = [sys.executable, "-c", "from autoprec.app.cli import main; raise SystemExit(main())", "search", model,
+               "--budget", str(budget), "--out", str(out), "--no-progress"]
+    command += ["--data", str(data)] if data else []
+    command += [arg for dim, shape in (shapes or {}).items() for arg in ("--shape", f"{dim}={'x'.join(map(str, shape))}")]
+    command += ["--retime-seconds", str(retime_seconds)] if retime_seconds is not None else []
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    started = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"search of {name} with {code} exited {done.returncode}: {done.stderr[-2000:]}")
+    search = json.loads((out / "pareto.json").read_text())["search"]
+    stages = search["stage_seconds"]
+    outside = wall - sum(stages.get(stage, 0.0) for stage in SEARCHING)
+    return {"wall_seconds": round(wall, 2), "stage_seconds": stages, "inside_wall_seconds": search["wall_seconds"],
+            "import_and_writing_seconds": round(wall - search["wall_seconds"], 2),
+            "outside_searching_share": round(outside / wall, 3), "retiming": search.get("retiming")}
+
+
+def quantize_static_seconds(name: str, folder: Path) -> dict:
+    """ONNX Runtime's quantize_static (QDQ, per-channel) on the model, calibrated on its data: the whole-model tool's
+    conversion time."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    model, data, _, _ = resolve(name)
+    with np.load(data) as arrays:
+        items = {key: arrays[key] for key in arrays.files}
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            count = len(next(iter(items.values())))
+            self.batches = iter([{k: v[i:i + 1] for k, v in items.items()} for i in range(count // 2)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    started = time.monotonic()
+    try:
+        quantize_static(str(model), str(folder / "static.onnx"), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is a finding, not a crash
+        return {"failed": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"seconds": round(time.monotonic() - started, 2)}
+
+
+def autocast_seconds() -> dict:
+    try:
+        import modelopt.onnx.autocast  # noqa: F401
+    except ImportError:
+        return {"not_run": "nvidia-modelopt is not installed here (AutoCast's figures: benchmarks/peers.py --gpu)"}
+    return {"not_run": "AutoCast's conversion time is taken on the GPU machine by benchmarks/peers.py --gpu"}
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict:
+    codes = {"after": HERE.parent, **({"before": args.before.resolve()} if args.before else {})}
+    runs: dict[str, list[dict]] = {label: [] for label in codes}
+    with tempfile.TemporaryDirectory(prefix="search-cost-") as tmp:
+        for repeat in range(args.repeats):
+            order = list(codes) if repeat % 2 == 0 else list(reversed(codes))
+            for label in order:
+                out = Path(tmp) / f"{label}-{repeat}"
+                runs[label].append(searched(codes[label], name, args.budget, args.retime_seconds, out))
+        peers = {"quantize_static": quantize_static_seconds(name, Path(tmp)), "autocast": autocast_seconds()}
+    found = {label: found for label, found in runs.items()}
+    if "before" in found:
+        ratio = [b["wall_seconds"] / a["wall_seconds"] for a, b in zip(found["after"], found["before"])]
+        found["before_over_after_wall"] = [round(r, 3) for r in ratio]
+    return {**found, "peers": peers}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1, help="searches per model and code, alternating")
+    parser.add_argument("--before", type=Path, help="a checkout of older code, searched beside (before and after)")
+    parser.add_argument("--retime-seconds", type=float, default=None, help="the searches' (default: theirs)")
+    args = parse_arguments(parser, argv, QUICK)
+    report = Report("search_cost", args, get_backend("ort-cpu"), budget=args.budget, models={})
+    run_models(report, args.models, lambda name: run_model(name, args))
+    print(f"\nsearch cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
+          f"budget {args.budget}; JSON: {report.path}")
+    print(f"{'model':<10} {'code':<7} {'wall s':>7} {'outside':>8}   stages (s)   | quantize_static s")
+    for name, found in report["models"].items():
+        static = found["peers"]["quantize_static"].get("seconds", "failed")
+        for label in ("before", "after"):
+            for run in found.get(label, []):
+                stages = ", ".join(f"{k} {v:g}" for k, v in run["stage_seconds"].items())
+                print(f"{name:<10} {label:<7} {run['wall_seconds']:>7.1f} {run['outside_searching_share']:>8.0%}   "
+                      f"{stages}, import+writing {run['import_and_writing_seconds']:g} | {static}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
