@@ -95,11 +95,8 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
     plan was timed with options a user's plain session lacks (0.94× all-FP32, 1.14–1.18× in plain
     sessions): now a graph holding FP16 is built once in a child process, and only one whose build
     crashes there leaves it off."""
-    from autoprec.analysis.preparation import (
-        build_crashes,
-        cpu_optimizers_left_off,
-        crashes_in_child,
-    )
+    from autoprec.analysis.preparation import cpu_optimizers_left_off
+    from autoprec.analysis.session_probe import SessionProbe, build_crashes
 
     fp32 = builders.exported_classifier()
     half = builders.exported_classifier()
@@ -109,8 +106,15 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
     assert not build_crashes(path)
     assert cpu_optimizers_left_off(half, path, crashes=lambda p: True) == ["NchwcTransformer"]
     assert cpu_optimizers_left_off(fp32, path, crashes=lambda p: True) == []  # FP32: not probed
-    assert crashes_in_child("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    assert not crashes_in_child("pass") and not crashes_in_child("1 / 0")
+    # one child serves the probes; one a crash ended is started again for the next, and a hang is a crash
+    crashing = SessionProbe("import json, os, signal, sys\nfor line in sys.stdin:\n"
+                            "    if 'crash' in json.loads(line): os.kill(os.getpid(), signal.SIGSEGV)\n"
+                            "    print('autoprec-probe: built', flush=True)\n")
+    assert [crashing.crashes(name) for name in ("a", "crash", "b", "crash")] == [False, True, False, True]
+    assert not SessionProbe("import sys\nfor line in sys.stdin: print('autoprec-probe: built', flush=True)"
+                            ).crashes("x")
+    assert not SessionProbe("1 / 0").crashes("x")  # an exception is no crash: the real build says it
+    assert SessionProbe("import time\ntime.sleep(60)", seconds=1).crashes("x")
 
 
 def test_the_session_options_a_plans_figures_hold_for_are_recorded_and_said():

@@ -284,3 +284,24 @@ def test_items_of_the_wrong_shape_are_told_the_item_shape(tmp_path, capsys):
     last = refused(["search", builders.classifier_file(tmp_path), "--data", tmp_path / "d.npz", "--out", tmp_path / "o"], capsys,
                    "give items of [16] stacked along a first axis (or each saved with a batch dim of 1: [1, 16])")
     assert "whole inputs" not in last
+
+
+def test_data_whose_arrays_inflate_past_half_the_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """A small .npz whose arrays inflate past half the machine's memory (a zip bomb, or data too large to hold) is
+    refused naming the file and the sizes, in a single file and in a folder alike, before any array is read."""
+    import os
+
+    spec = [TensorSpec("x", (1, 3, 16, 16), "float32")]
+    np.savez_compressed(tmp_path / "one.npz", x=np.zeros((5000, 3, 16, 16), np.float32))  # 15 MB inflated
+    (tmp_path / "folder").mkdir()
+    np.savez_compressed(tmp_path / "folder" / "a.npz", x=np.zeros((5000, 3, 16, 16), np.float32))
+    assert (tmp_path / "one.npz").stat().st_size < 100_000
+    real = os.sysconf
+    pages = 16 * 2**20 // real("SC_PAGE_SIZE")  # a machine of 16 MiB
+    monkeypatch.setattr(os, "sysconf", lambda name: pages if name == "SC_PHYS_PAGES" else real(name))
+    for data in (tmp_path / "one.npz", tmp_path / "folder"):
+        with pytest.raises(DataError, match=r"a\.npz|one\.npz") as refused:
+            load_items(data, spec)
+        assert "15 MiB once inflated, more than half this machine's memory (16 MiB)" in str(refused.value)
+    monkeypatch.setattr(os, "sysconf", real)
+    assert len(load_items(tmp_path / "one.npz", spec)) > 0  # on this machine: read

@@ -330,3 +330,29 @@ def test_a_worker_per_gpu_gets_its_share_of_the_hosts_cores(monkeypatch):
     monkeypatch.setattr(gpus.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert gpus.cores_per_gpu() == 1
+
+
+def test_the_plan_to_ship_is_chosen_and_timed_by_one_worker_and_read_by_the_others(tmp_path, conv_model, conv_data,
+                                                                                  caplog):
+    """Two workers of one study, the second done with its trials when the first has chosen: the second neither
+    judges nor times again (its final timing is never called), and ships the plan the first chose, with the first's
+    speed-ups."""
+    caplog.set_level(logging.INFO, logger="autoprec")
+    timed = []
+
+    def final_timing(measurer, fp32, contenders, seconds, apart):
+        timed.append([c.number for c in contenders])
+        return autoprec.study.choice.timed_until_known(measurer, fp32, contenders, seconds, apart)
+
+    def worker(out, timing) -> dict:
+        config = autoprec.SearchConfig(
+            autoprec.InputSpec(conv_model, data=conv_data), out=out, retime_seconds=0.1,
+            study=autoprec.StudySpec(budget=6, storage=f"sqlite:///{tmp_path / 'shared.db'}", study_name="s"))
+        autoprec.search(config, final_timing=timing)
+        return json.loads((out / "pareto.json").read_text())
+
+    first = worker(tmp_path / "a", final_timing)
+    second = worker(tmp_path / "b", lambda *args: pytest.fail("the second worker timed the choice again"))
+    assert len(timed) <= 1 and "chosen and timed by another worker" in caplog.text
+    assert second["chosen"] == first["chosen"] and second["chosen_vs_source"] == first["chosen_vs_source"]
+    assert [t["trial"] for t in second["front"]] == [t["trial"] for t in first["front"]]

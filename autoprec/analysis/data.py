@@ -167,7 +167,7 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
     names = [i.name for i in inputs]
     if len(files) == 1 and files[0].suffix.lower() == ".npz" and path.is_file():
         try:
-            with np.load(files[0], allow_pickle=False) as npz:
+            with np.load(untrusted.npz_checked(files[0], f"--data {path}"), allow_pickle=False) as npz:
                 missing = [n for n in names if n not in npz.files]
                 if missing:
                     scalar = next((i.name for i in inputs if i.name in missing and not i.shape), None)
@@ -195,7 +195,7 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                     )
                 items[names[0]].append(np.load(f, allow_pickle=False))
             else:
-                with np.load(f, allow_pickle=False) as npz:
+                with np.load(untrusted.npz_checked(f, f"--data {f}"), allow_pickle=False) as npz:
                     missing = [n for n in names if n not in npz.files]
                     if missing:
                         raise DataError(
@@ -266,7 +266,7 @@ def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple
         if f.suffix.lower() == ".npy":
             items[names[0]].append(np.load(f, allow_pickle=False))
             continue
-        with np.load(f, allow_pickle=False) as found:
+        with np.load(untrusted.npz_checked(f, f"--data {f}"), allow_pickle=False) as found:
             for item in _file_items({n: found[n] for n in names}, inputs):
                 for n in names:
                     items[n].append(item[n])
@@ -386,7 +386,7 @@ def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> d
 def _label_arrays(path: Path, inputs: set[str]) -> dict[str, np.ndarray]:
     """The label arrays one .npz file holds (those not named like an input); an object array (never unpickled) is
     told to be stored as a str or integer array."""
-    with np.load(path, allow_pickle=False) as npz:
+    with np.load(untrusted.npz_checked(path, f"--data {path}"), allow_pickle=False) as npz:
         found = {}
         for key in LABEL_ARRAYS:
             if key in npz.files and key not in inputs:

@@ -18,8 +18,6 @@ import atexit
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +32,7 @@ from onnx import version_converter
 from autoprec.analysis import subgraphs
 from autoprec.analysis.artifacts import drop_idle_casts, pools_from_means
 from autoprec.analysis.conv_folding import fold_batchnorm, fold_channel_steps
+from autoprec.analysis.session_probe import build_crashes
 from autoprec.analysis.surgery import Surgery
 from autoprec.core import atomic, untrusted
 from autoprec.core.atomic import pid_alive
@@ -115,38 +114,6 @@ def holds_fp16(model: onnx.ModelProto) -> bool:
     return any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(
         n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
         for n in graph.node)
-
-
-PROBE_SECONDS = 300.0  # a child building a session longer than this is taken for a crash (hung)
-_probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once per process
-PROBE = """
-import sys, onnxruntime
-options = onnxruntime.SessionOptions()
-options.log_severity_level = 3
-onnxruntime.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
-"""
-
-
-def build_crashes(path: Path) -> bool:
-    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
-    ends the process that builds it: tried in a child process (which a crash takes down instead of
-    this one), once per graph."""
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    if digest not in _probed:
-        _probed[digest] = crashes_in_child(PROBE, str(path))
-    return _probed[digest]
-
-
-def crashes_in_child(code: str, *args: str, seconds: float = PROBE_SECONDS) -> bool:
-    """Whether Python ``code`` (given ``args``) ends a fresh interpreter by a signal, or hangs past
-    ``seconds``; an exception it raises is no crash (the real call says it). A fresh process, not a
-    fork: a fork would hold this one's locks (the device's, a study's) for as long as it lives."""
-    try:
-        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                              timeout=seconds, check=False)
-    except subprocess.TimeoutExpired:
-        return True
-    return done.returncode < 0
 
 
 class RunCheck:

@@ -42,7 +42,7 @@ from autoprec.results.files import (
 )
 from autoprec.results.plots import plot_result_dir
 from autoprec.study.build_counts import builds_facts, count_builds, say_builds
-from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, choose_shipped, timed_until_known
+from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, choose_shipped, chosen_once, timed_until_known
 from autoprec.study.coordination import SharedSteps, redacted
 from autoprec.study.joining import Joined, join_study
 from autoprec.study.opening import default_study_name, forget_if_unused
@@ -281,7 +281,9 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
                               lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
     rule = ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise)
     with stages.timed("held_out_and_final_timing"):
-        choice = choose_shipped(front, trials, held_out, measuring.measurer, final_timing, rule, retiming.apart)
+        choice = chosen_once(joined.shared, joined.locks, joined.me, setup.out_dir / "cache" / "choice.json", trials,
+                             lambda: choose_shipped(front, trials, held_out, measuring.measurer, final_timing, rule,
+                                                    retiming.apart))
     return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming, len(started.plans), proposer,
                    choice.held_out)
 

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any, Iterable
 
-from autoprec.core.errors import FolderError
+from autoprec.core.errors import DataError, FolderError
 
 # The most bytes one JSON file autoprec reads back may hold (trials.json of 10,000 trials of 1,000
 # units: about 400 MB).
@@ -216,3 +216,26 @@ def module_origins(name: str) -> list[Path]:
                       if (Path(entry) / parts[depth - 1]).is_dir()]
             origins += map(Path, search)
     return origins
+
+
+def npz_checked(path: Path, what: str) -> Path:
+    """``path``, a NumPy .npz file, where its arrays fit in half this machine's memory once inflated (a zip's
+    directory says each member's size, which reading it cannot pass): a small file whose arrays inflate past the
+    memory would take the machine down before any array could be judged. Refused (DataError) otherwise."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            inflated = sum(member.file_size for member in archive.infolist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return path  # not a zip: NumPy says what it is
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    if memory and inflated > memory // 2:
+        raise DataError(f"{what}: its arrays take {_size(inflated)} once inflated, more than half this machine's "
+                        f"memory ({_size(memory)}): give fewer items")
+    return path
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+

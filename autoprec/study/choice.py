@@ -7,9 +7,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
 
+from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError, first_line
+from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.measure import speedup
@@ -18,6 +21,7 @@ from autoprec.measure.measurement import Measurer
 from autoprec.record import verdict
 from autoprec.record.trial import TrialRecord
 from autoprec.record.verdict import HeldOut, NotShipped, Rival, Speedup, Steadiness, Versus
+from autoprec.study.coordination import SharedInputs, StudyLocks
 from autoprec.study.reading import uniform_trials
 from autoprec.study.retiming import RETIME_ROUNDS
 
@@ -43,6 +47,39 @@ class Choice:
     versus: Versus
     front: list[TrialRecord]
     held_out: HeldOut | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The choice by trial numbers (the study holds the trials): what a study's other workers read."""
+        return {"shipped": self.shipped.number if self.shipped else None, "front": [t.number for t in self.front],
+                "held_out": self.held_out.to_json() if self.held_out else None, **self.versus.to_json()}
+
+    @classmethod
+    def from_json(cls, found: Fields, trials: Sequence[TrialRecord]) -> Choice:
+        """The choice as :meth:`to_json` wrote it, its trials found among ``trials`` (checked)."""
+        by_number = {t.number: t for t in trials}
+
+        def trial(f: Fields) -> TrialRecord:
+            if f.integer() not in by_number:
+                f.refuse(f"{f.path} names trial {f.value}, which the study does not hold")
+            return by_number[f.integer()]
+
+        shipped, held_out = found["shipped"].nullable(), found["held_out"].nullable()
+        return cls(trial(shipped) if shipped else None, Versus.from_json(found),
+                   [trial(f) for f in found["front"].items()], HeldOut.from_json(held_out.value) if held_out else None)
+
+
+def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path, trials: Sequence[TrialRecord],
+                choose: Callable[[], Choice]) -> Choice:
+    """``choose()``, by the first of the study's workers to get here; the others wait and read its choice (``path``
+    holds it), so that the held-out judging and the final timing run once, alone on one device, however many
+    workers the study has, and each worker's result ships the same plan."""
+    with shared.once(locks, f"choice:{len(trials)}", [path], worker) as fetched:
+        if not fetched:
+            choice = choose()
+            atomic.write_json(path, choice.to_json())
+            return choice
+    log.info(f"the plan to ship was chosen and timed by another worker of the study ({path.name} in its artifacts)")
+    return Choice.from_json(Fields(untrusted.read_json(path, f"the study's choice {path}"), path), trials)
 
 
 def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], held_out: HeldOutJudging,

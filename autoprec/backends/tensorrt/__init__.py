@@ -281,15 +281,20 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
             f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
             "trtexec, then its build.sh) and inspect the engine or its layers.json"
         )
-    raw = path.read_bytes()
-    if raw.lstrip()[:1] in (b"{", b"["):
+    with open(path, "rb") as f:
+        head = f.read(4096)  # what the file is, before any more of it is read
+    if head.lstrip()[:1] in (b"{", b"["):
+        try:
+            raw = untrusted.read_bytes(path, "layer-information JSON", given=True)  # bounded
+        except ValueError as exc:
+            raise AutoprecError(f"{path}: {exc}") from None
         return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
-    if not raw.strip() or (b"\0" not in raw[:4096] and _is_text(raw[:4096])):
+    if not head.strip() or (b"\0" not in head and _is_text(head)):
         raise AutoprecError(
-            f"{path}: {'empty' if not raw.strip() else 'text, but not JSON'}: neither layer-information "
+            f"{path}: {'empty' if not head.strip() else 'text, but not JSON'}: neither layer-information "
             "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON"
         )
-    return parse_engine_layers(engine_information(raw), str(path))
+    return parse_engine_layers(engine_information(path.read_bytes()), str(path))  # TensorRT reads all of it
 
 
 def _is_text(head: bytes) -> bool:
