@@ -34,15 +34,15 @@ QUICK = {"models": [TINY], "budget": 2, "retime_seconds": QUICK_RETIME}
 SEARCHING = ("sensitivity", "trials")  # what a search is for; every other stage is its fixed cost
 
 
-def searched(code: Path, name: str, budget: int, retime_seconds: float | None, out: Path) -> dict:
+def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict:
     """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
     model, data, shapes = model_source(name)
     command = [sys.executable, "-c", "from autoprec.app.cli import main; raise SystemExit(main())", "search", model,
-               "--budget", str(budget), "--out", str(out), "--no-progress"]
+               "--budget", str(args.budget), "--out", str(out), "--no-progress", "--backend", args.backend]
     command += ["--data", str(data)] if data else []
     command += [arg for dim, shape in (shapes or {}).items() for arg in ("--shape", f"{dim}={'x'.join(map(str, shape))}")]
-    command += ["--retime-seconds", str(retime_seconds)] if retime_seconds is not None else []
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    command += ["--retime-seconds", str(args.retime_seconds)] if args.retime_seconds is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
     started = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - started
@@ -97,7 +97,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict:
             order = list(codes) if repeat % 2 == 0 else list(reversed(codes))
             for label in order:
                 out = Path(tmp) / f"{label}-{repeat}"
-                runs[label].append(searched(codes[label], name, args.budget, args.retime_seconds, out))
+                runs[label].append(searched(codes[label], name, args, out))
         peers = {"quantize_static": quantize_static_seconds(name, Path(tmp)), "autocast": autocast_seconds()}
     found = {label: found for label, found in runs.items()}
     if "before" in found:
@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="searches per model and code, alternating")
     parser.add_argument("--before", type=Path, help="a checkout of older code, searched beside (before and after)")
     parser.add_argument("--retime-seconds", type=float, default=None, help="the searches' (default: theirs)")
+    parser.add_argument("--backend", default="ort-cpu", help="the searches' engine (ort-cuda on the GPU machine)")
     args = parse_arguments(parser, argv, QUICK)
-    report = Report("search_cost", args, get_backend("ort-cpu"), budget=args.budget, models={})
+    report = Report("search_cost", args, get_backend(args.backend), budget=args.budget, models={})
     run_models(report, args.models, lambda name: run_model(name, args))
     print(f"\nsearch cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {args.budget}; JSON: {report.path}")
