@@ -78,10 +78,11 @@ def _search_verb(verb) -> None:
                    help="also time the front's plans at the profile's min and max shapes, as deployed (the source's "
                         "dims kept), and say which plan holds up across the range (the choice stays on opt; "
                         "ONNX Runtime backends)")
-    g.add_argument("--retime-seconds", type=float, default=10.0, metavar="S",
+    g.add_argument("--retime-seconds", type=float, default=None, metavar="S",
                    help="the chosen plan is timed beside all-FP32 and the given model in interleaved rounds until its "
-                        "speed-ups' 95 %% intervals are within 4 %%, it is known faster or slower than all-FP32 (a 99 %% "
-                        "interval above or below 1), or S seconds pass (default 10; 3 blocks of rounds at least)")
+                        "speed-ups' 95 %% intervals are within 4 %%, it is known faster or slower than all-FP32 (a 99.9 "
+                        "%% interval above or below 1), or S seconds pass (default: a tenth of the time the sensitivity "
+                        "pass and the trials took, 2 to 20 s; 3 blocks of rounds at least)")
     g.add_argument("--ship-within-noise", action="store_true",
                    help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
                         "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json "

@@ -29,7 +29,7 @@ def config_from(args: argparse.Namespace) -> SearchConfig:
     return SearchConfig(
         InputSpec.from_args(args), EngineSpec.from_args(args), JudgeSpec.from_args(args), SpaceSpec.from_args(args),
         StudySpec.from_args(args), IsolationSpec.from_args(args), out=args.out, progress=not args.no_progress,
-        time_shapes=getattr(args, "time_shapes", False), retime_seconds=getattr(args, "retime_seconds", 10.0),
+        time_shapes=getattr(args, "time_shapes", False), retime_seconds=getattr(args, "retime_seconds", None),
         ship_within_noise=getattr(args, "ship_within_noise", False),
     )
 

@@ -32,7 +32,7 @@ class SearchConfig:
     out: str | os.PathLike | None = None
     progress: bool = False
     time_shapes: bool = False
-    retime_seconds: float = 10.0
+    retime_seconds: float | None = None  # None: ShipRule.final_seconds of the search's measuring stages
     ship_within_noise: bool = False
 
     def checked(self) -> SearchConfig:
@@ -43,7 +43,7 @@ class SearchConfig:
             able = [name for name in BACKENDS if not backend_class(name).one_shape_only]
             raise AutoprecError(f"--time-shapes on {self.engine.backend}: {why}, or search with --backend "
                                 f"{' / '.join(able)}")
-        if not (self.retime_seconds > 0 and math.isfinite(self.retime_seconds)):
+        if self.retime_seconds is not None and not (self.retime_seconds > 0 and math.isfinite(self.retime_seconds)):
             raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number more than 0")
         return self
 

@@ -279,7 +279,7 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     trials = [retiming.trials.get(t.number, t) for t in trials]
     held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset, setup.metric),
                               lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
-    rule = ShipRule(config.judge.max_loss, config.retime_seconds, config.ship_within_noise)
+    rule = ShipRule(config.judge.max_loss, config.retime_seconds or ShipRule.final_seconds(stages), config.ship_within_noise)
     with stages.timed("held_out_and_final_timing"):
         choice = chosen_once(joined.shared, joined.locks, joined.me, setup.out_dir / "cache" / "choice.json", trials,
                              lambda: choose_shipped(front, trials, held_out, measuring.measurer, final_timing, rule,

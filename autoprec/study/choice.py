@@ -8,7 +8,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError, first_line
@@ -28,6 +28,13 @@ from autoprec.study.retiming import RETIME_ROUNDS
 log = logging.getLogger("autoprec")
 
 
+# The final timing's seconds by default (after its MIN_BLOCKS): this share of what the search spent measuring (the
+# sensitivity pass and the trials), within FINAL_SECONDS: a check that costs what the answer cost to find, not a
+# fixed 20 s that made a short search on a small model half fixed cost.
+FINAL_SHARE = 0.1
+FINAL_SECONDS = (2.0, 20.0)
+
+
 @dataclass(frozen=True)
 class ShipRule:
     """What the choice is held to: the loss limit (None: the knee of the front), the final timing's seconds, and
@@ -36,6 +43,12 @@ class ShipRule:
     max_loss: float | None
     seconds: float
     within_noise: bool = False
+
+    @staticmethod
+    def final_seconds(stages: Mapping[str, float]) -> float:
+        """The final timing's seconds where none are given: FINAL_SHARE of the search's ``stages`` that measured."""
+        measuring = stages.get("sensitivity", 0.0) + stages.get("trials", 0.0)
+        return min(max(FINAL_SHARE * measuring, FINAL_SECONDS[0]), FINAL_SECONDS[1])
 
 
 @dataclass(frozen=True)
@@ -238,7 +251,7 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
     log.info(
         f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
         f"speed-ups are known ({verdict.CONFIDENCE:.0%} interval within {verdict.NARROW:.0%}, or each plan's "
-        f"{verdict.DECIDED_CONFIDENCE:.0%} interval above or below 1; every model's session built anew for each of "
+        f"{verdict.DECIDED_CONFIDENCE:.1%} interval above or below 1; every model's session built anew for each of "
         f"{speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
     )
     return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
