@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import HERE, QUICK_RETIME, TINY, Report, model_source, parse_arguments, resolve, run_models  # noqa: E402
@@ -62,8 +63,9 @@ def quantize_static_seconds(name: str, folder: Path) -> dict:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     model, data, _, _ = resolve(name)
+    inputs = {i.name for i in onnx.load(str(model), load_external_data=False).graph.input}
     with np.load(data) as arrays:
-        items = {key: arrays[key] for key in arrays.files}
+        items = {key: arrays[key] for key in arrays.files if key in inputs}  # not the labels
 
     class Reader(CalibrationDataReader):
         def __init__(self):

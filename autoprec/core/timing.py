@@ -34,19 +34,18 @@ class Timing:
         return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
 
 
-TIME_CALLS = ("median of >= 10 runs and >= 0.2 s after 3 warm-up runs (a call slower than 1/3 s: "
-              "of 3 runs)")
+TIME_CALLS = "median of >= 3 runs and >= 0.2 s after 3 warm-up runs (fewer for a call slower than 1/3 s)"
 
-SLOW_CALL_S = 1 / 3  # a call this slow is timed over SLOW_RUNS runs: its runs vary little against their length
-SLOW_RUNS = 3
+SLOW_CALL_S = 1 / 3  # a call this slow warms up in fewer runs: the first ones show it slow
 
 
 def time_calls(
-    call: Callable[[], object], warmup: int = 3, min_runs: int = 10, min_seconds: float = 0.2, max_runs: int = 500
+    call: Callable[[], object], warmup: int = 3, min_runs: int = 3, min_seconds: float = 0.2, max_runs: int = 500
 ) -> Timing:
-    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs; a call slower
-    than SLOW_CALL_S as many warm-up runs as pass SLOW_CALL_S each, and SLOW_RUNS runs (ten runs of a second-long
-    model would make every timing ten seconds, and a final timing of six models in blocks of rounds minutes)."""
+    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs: a fast call
+    runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model made every round of a final timing
+    1.5 s, and its re-timing and final timing a minute each); warm-up stops early for a call slower than
+    SLOW_CALL_S."""
     warmed, t0 = 0, time.perf_counter()
     while warmed < warmup:
         call()
@@ -56,8 +55,6 @@ def time_calls(
     samples: list[float] = []
     started = time.perf_counter()
     while len(samples) < max_runs and (len(samples) < min_runs or time.perf_counter() - started < min_seconds):
-        if len(samples) >= SLOW_RUNS and min(samples) > SLOW_CALL_S * 1e3:
-            break
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1e3)
