@@ -16,7 +16,7 @@ from autoprec.app.cli import main
 from autoprec.core.errors import AutoprecError
 from autoprec.core.timing import Timing
 from autoprec.measure.measurement import InProcessMeasurer
-from autoprec.measure.speedup import MAX_BLOCKS, MIN_BLOCKS, contender, known, time_until_known
+from autoprec.measure.speedup import MAX_BLOCKS, MIN_BLOCKS, NARROW_BLOCKS, contender, known, time_until_known
 from autoprec.record.trial import Paired
 from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup, speedup
 
@@ -153,8 +153,8 @@ def test_a_hog_switching_on_and_off_neither_hides_a_real_gain_nor_invents_one():
 
 
 def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model):
-    """However short the time given, the final timing runs MIN_BLOCKS blocks (one more where the machine's load moved
-    and a half of the blocks would hold one), each model's session built for each."""
+    """However short the time given, the final timing runs MIN_BLOCKS blocks (NARROW_BLOCKS where the machine's load
+    moved: its interval covers each half of the blocks), each model's session built for each."""
     from autoprec.analysis.model import analyse
     from autoprec.backends import get_backend
     from autoprec.core.search_space import load_search_space
@@ -166,8 +166,8 @@ def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(
     batch = {"x": np.zeros((1, 3, 16, 16), np.float32)}
     found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, Workload.of(batch),
                              [("fp32", "chosen")], 0)
-    blocks = len(set(found.blocks))  # one more where the load moved: two blocks in each half bound its interval
-    assert MIN_BLOCKS <= blocks <= MIN_BLOCKS + 1 and found.count == blocks * ROUNDS_PER_BLOCK
+    blocks = len(set(found.blocks))  # six where the load moved: three blocks in each half of its interval
+    assert MIN_BLOCKS <= blocks <= NARROW_BLOCKS and found.count == blocks * ROUNDS_PER_BLOCK
     assert len(built) == 2 * blocks and len(found.load) == blocks
 
 
