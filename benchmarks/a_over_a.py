@@ -1,7 +1,7 @@
 """A/A: how often the final timing calls a plan faster than itself, and how often it finds a real gain.
 
-Both through the path a search takes (autoprec.measure.measurement.time_compared), "faster" meaning beyond timing
-noise.
+Both through the path a search's final timing takes (speedup.time_until_known, as measurement.time_compared calls
+it), "faster" meaning beyond timing noise.
 
 Per model and engine setting, ``--repeats`` times:
 
@@ -55,7 +55,7 @@ from autoprec.core.plan import Precision  # noqa: E402
 from autoprec.core.search_space import load_search_space  # noqa: E402
 from autoprec.core.stored import StoredModel  # noqa: E402
 from autoprec.measure import speedup  # noqa: E402
-from autoprec.measure.measurement import Lowering, time_compared  # noqa: E402
+from autoprec.measure.measurement import Lowering  # noqa: E402
 from autoprec.record import verdict  # noqa: E402
 
 GENERATED = {"conv": lambda: builders.conv_net(size=48), "mlp": lambda: builders.mlp(batch=16, hidden=256),
@@ -154,17 +154,26 @@ def one_setting(name: str, baseline, backend, repeats: int, extra: int, seconds:
     batch = baseline.dataset.evaluation[0]
     fp32 = lowering(backend, plan)
     aa, ab, old = [], [], []
+    source = {"source": StoredModel(info.source, info.folder)} if info.source is not None else {}
     for _ in range(repeats):
         t0 = time.monotonic()
-        rounds = time_compared(backend, lowering, plan, [plan], Workload.of(batch), seconds)
+        rounds = final_timing(backend, {"fp32": fp32, "chosen": lowering(backend, plan), **source}, batch, seconds)
         aa.append((rounds.speedup("fp32", "chosen"), time.monotonic() - t0, rounds.steadiness()))
-        fast = speedup.time_until_known(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, Workload.of(batch),
-                                        [("fp32", "chosen")], seconds)
+        fast = final_timing(backend, {"fp32": slowed(fp32, extra), "chosen": fp32}, batch, seconds)
         ab.append(fast.speedup("fp32", "chosen"))
         if with_before:
             pair = {"fp32": fp32, "chosen": lowering(backend, plan)}
             old.append(before(backend, pair, batch, seconds))
     return summary(name, backend, aa, ab, old, extra)
+
+
+def final_timing(backend, models: dict, batch, seconds: float):
+    """The models timed as :func:`autoprec.measure.measurement.time_compared` times a chosen plan beside all-FP32
+    (and the given model): its pairs, stopped where its time is up or the choice is decided. (time_compared itself
+    times a chosen plan that is all-FP32 once, as all-FP32: no A/A through it.)"""
+    pairs = [pair for pair in speedup.COMPARED if set(pair) <= set(models)]
+    return speedup.time_until_known(backend, models, Workload.of(batch), pairs, seconds,
+                                    deciding=[("fp32", "chosen")])
 
 
 def calibrated_extra(backend, model: StoredModel, batch, gain: float) -> int:
