@@ -252,7 +252,7 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
         f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
         f"speed-ups are known ({verdict.CONFIDENCE:.0%} interval within {verdict.NARROW:.0%}, or each plan's "
         f"{verdict.DECIDED_CONFIDENCE:.1%} interval above or below 1; every model's session built anew for each of "
-        f"{speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:g} s)"
+        f"{speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:.3g} s)"
     )
     return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
 
