@@ -576,3 +576,14 @@ def test_inspect_of_odd_files_is_one_line(tmp_path, capsys, kind):
     last = refused(["inspect", path], capsys, f"{path}: ")
     if kind == "plain text":
         assert "TensorRT" not in last
+
+
+def test_inspect_reads_a_json_file_bounded(tmp_path, capsys):
+    """A layer JSON past the bound is refused before it is read whole (a sparse file: no disk is used)."""
+    from autoprec.core.untrusted import JSON_BYTES
+
+    path = tmp_path / "layers.json"
+    with open(path, "wb") as f:
+        f.write(b'{"Layers": [')
+        f.truncate(JSON_BYTES + 1)
+    assert "larger than" in refused(["inspect", path], capsys, f"{path}: ")

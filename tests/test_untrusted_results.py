@@ -14,7 +14,7 @@ import builders
 import numpy as np
 import pytest
 import searching
-from cli import autoprec, one_line_error, refused, run
+from cli import autoprec, exit_code, one_line_error, refused, run
 
 QUICK = (
     "--budget",
@@ -135,6 +135,47 @@ def test_check_refuses_a_shipped_models_external_data_outside_its_folder_without
     onnx.save(model, str(shipped))
     for argv in (["check", r], ["export", r, "--format", "triton", "--out", tmp_path / "t"]):
         one_line_error(autoprec(*argv, cwd=tmp_path, timeout=120), "best/model.onnx", "/dev/zero")
+
+
+def _forged_best(r: Path) -> None:
+    """best/model.onnx replaced by a model far from FP32 (its largest weight drawn anew), and best/plan.json's
+    sha256 of it edited alike: a forged result as consistent as its forger can make it."""
+    import onnx
+    from onnx import numpy_helper
+
+    from autoprec.analysis.model import model_sha256
+
+    shipped = r / "best" / "model.onnx"
+    model = onnx.load(str(shipped))
+    tensor = max(model.graph.initializer, key=lambda t: numpy_helper.to_array(t).size)
+    weights = numpy_helper.to_array(tensor)
+    drawn = np.random.default_rng(12345).normal(size=weights.shape).astype(weights.dtype)
+    tensor.CopyFrom(numpy_helper.from_array(drawn, tensor.name))
+    onnx.save(model, str(shipped))
+    plan = json.loads((r / "best" / "plan.json").read_text())
+    plan["sha256"]["model.onnx"] = model_sha256(shipped)
+    (r / "best" / "plan.json").write_text(json.dumps(plan))
+
+
+def test_check_measures_the_model_best_holds_not_the_plan_lowered_again(result, tmp_path, capsys):
+    """A self-consistent forgery: best/model.onnx replaced and its recorded sha256 edited alike. check measured
+    the plan lowered again from the cache and passed, while export ships the forged file."""
+    r = copy(result, tmp_path)
+    assert run(["check", r, "--max-loss", "0.01"], capsys)[0] == 0
+    _forged_best(r)
+    code = exit_code(["check", r, "--max-loss", "0.01"])
+    said = capsys.readouterr()
+    assert code == 1 and "accuracy loss" in said.out, said.err[-2000:]
+
+
+def test_check_judges_against_the_given_models_outputs_not_the_caches(result, tmp_path, capsys):
+    """A cache's FP32 reference of other values (here zeros) made check judge the shipped model against them."""
+    r = copy(result, tmp_path)
+    for cached in (r / "cache").glob("reference-*.npz"):
+        with np.load(cached) as npz:
+            arrays = {k: (np.zeros_like(v) if k.startswith("b") else v) for k, v in npz.items()}
+        np.savez_compressed(cached, **arrays)
+    assert run(["check", r, "--max-loss", "0.01"], capsys)[0] == 0
 
 
 # --- what is written or removed: only what autoprec made ---

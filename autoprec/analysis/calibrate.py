@@ -17,7 +17,7 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
-from autoprec.core import atomic, untrusted
+from autoprec.core import atomic
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import NEUTRAL_OPS
 
@@ -277,17 +277,12 @@ def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: s
         return []
     key = content_key(info, fingerprint, f"{FP16_SAFE_MAX:g},{SENTINEL:g}," + ",".join(tensors))
     cache = cache_dir / f"out-of-range-{key}.json" if cache_dir else None
-    if cache is not None and cache.exists():
-        try:
-            kept = untrusted.parse_json(cache.read_bytes())
-        except (OSError, ValueError):
-            kept = None
-        if isinstance(kept, list) and all(isinstance(n, str) for n in kept) and set(kept) <= {n.name for n in watched}:
-            return kept
-        # unreadable or damaged: measured again and rewritten
-    found = _out_of_range(info, batches, watched, tensors)
+    kept = (atomic.read_keyed(cache, key) or {}).get("names") if cache is not None else None
+    if isinstance(kept, list) and all(isinstance(n, str) for n in kept) and set(kept) <= {n.name for n in watched}:
+        return kept
+    found = _out_of_range(info, batches, watched, tensors)  # none kept, or damaged: measured (again)
     if cache is not None:
-        atomic.write_json(cache, found)
+        atomic.write_keyed(cache, key, {"names": found})
     return found
 
 

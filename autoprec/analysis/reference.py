@@ -31,7 +31,8 @@ def reference_outputs(
     cache = reference_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
         with np.load(cache, allow_pickle=False) as npz:
-            order = json.loads(str(npz["outputs"]))
+            names_kept = npz["outputs"]  # a str array; before 2026-11-29 one JSON text (a study's shared file)
+            order = [str(n) for n in names_kept] if names_kept.ndim else json.loads(str(names_kept))
             return [{n: npz[f"b{i}_o{j}"] for j, n in enumerate(order)} for i in range(int(npz["count"]))]
     session = cpu_session(info.stored)
     try:
@@ -43,7 +44,7 @@ def reference_outputs(
     if outputs:  # refused before the cache is written: a second run of the first batch must agree with the first
         check_deterministic(info, outputs[0], dict(zip(names, session.run(names, batches[0]))))
     if cache is not None:
-        arrays = {"outputs": np.array(json.dumps(names)), "count": np.array(len(outputs))}
+        arrays = {"outputs": np.array(names, dtype=str), "count": np.array(len(outputs))}
         for i, out in enumerate(outputs):
             arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
         atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))

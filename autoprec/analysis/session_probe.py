@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json
+import os
 import select
 import subprocess
 import sys
@@ -17,12 +17,12 @@ from pathlib import Path
 PROBE_SECONDS = 300.0  # a child building a session longer than this is taken for a crash (hung)
 BUILT = "autoprec-probe: built"
 SERVE = f"""
-import json, sys, onnxruntime
+import os, sys, onnxruntime
 for line in sys.stdin:
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     try:
-        onnxruntime.InferenceSession(json.loads(line), options, providers=["CPUExecutionProvider"])
+        onnxruntime.InferenceSession(os.fsdecode(bytes.fromhex(line)), options, providers=["CPUExecutionProvider"])
     except Exception:
         pass  # no crash: the real build says what is wrong
     print({BUILT!r}, flush=True)
@@ -50,7 +50,7 @@ class SessionProbe:
         with self.lock:
             child = self._started()
             try:
-                child.stdin.write(json.dumps(str(path)) + "\n")
+                child.stdin.write(os.fsencode(path).hex() + "\n")  # a line, whatever the path holds
                 child.stdin.flush()
                 while select.select([child.stdout], [], [], self.seconds)[0]:
                     line = child.stdout.readline()

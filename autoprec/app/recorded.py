@@ -141,7 +141,9 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         else:
             raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
                                 "run without --data (it is calibrated again from the search's data) or search again")
-    reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint(), cache)
+    # FP32's outputs computed afresh, never read from the result's cache: what check and diagnose judge against
+    # is the given model's own output, whatever a received result's cache/ holds
+    reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
     return Baseline(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
 
 

@@ -170,8 +170,11 @@ def check_plan(
     judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
+    shipped = None
     if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
-        read_result_dir(target).check_shipped()
+        result_files = read_result_dir(target)
+        result_files.check_shipped()
+        shipped = result_files.shipped_model()
     context = plan_context(target, plan, None, data, shapes)
     judge = judge or recorded_judge(context.config.judge, target)
     engine_spec = engine or context.config.engine
@@ -183,8 +186,11 @@ def check_plan(
     engine = _engine(engine_spec)
     metric = metric_for(wanted, baseline.info, baseline.dataset)
     judge_of, _ = judge_for(metric, baseline)
-    result = measure(engine, engine.lower(baseline.info, found, baseline.ranges), baseline.dataset.evaluation, judge_of,
-                     work=baseline.dataset.workload)
+    # best/model.onnx itself where the search's engine checks it (what ships is what is measured: a best/ replaced
+    # with its recorded sha256 edited alike passes no check); on another engine, the plan lowered for that one
+    same_engine = shipped is not None and engine_spec.backend == context.config.engine.backend
+    model = stored.load(shipped) if same_engine else engine.lower(baseline.info, found, baseline.ranges)
+    result = measure(engine, model, baseline.dataset.evaluation, judge_of, work=baseline.dataset.workload)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")

@@ -54,8 +54,34 @@ def write_bytes(path: Path, data: bytes) -> Path:
     return _atomic(path, lambda f: f.write(data))
 
 
+def json_text(obj: Any) -> str:
+    """The one JSON encoding of what autoprec writes: strict (NaN and infinities are refused, not written as
+    tokens other readers reject)."""
+    return json.dumps(obj, indent=2, allow_nan=False)
+
+
 def write_json(path: Path, obj: Any) -> Path:
-    return write_bytes(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
+    return write_bytes(path, (json_text(obj) + "\n").encode())
+
+
+def write_keyed(path: Path, key: str, fields: dict[str, Any]) -> Path:
+    """A cache file: ``fields`` kept for ``key`` (a content key: what they were measured from)."""
+    return write_json(path, {"key": key, **fields})
+
+
+def read_keyed(path: Path, key: str) -> dict[str, Any] | None:
+    """The fields :func:`write_keyed` kept at ``path`` for ``key``; None where the file is absent, unreadable,
+    damaged or kept for another key (then they are measured again and written anew). A link, FIFO or device
+    there is refused (:mod:`autoprec.core.untrusted`): a cache folder is input too."""
+    from autoprec.core import untrusted
+
+    try:
+        kept = untrusted.read_json(path, f"the cache {path.parent}")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.pop("key", None) != key:
+        return None
+    return kept
 
 
 def digest(value: Any, sort_keys: bool = False, default: Callable[[Any], Any] | None = None) -> str:

@@ -27,8 +27,10 @@ class Fields:
     path: str = ""
 
     def refuse(self, problem: str) -> NoReturn:
-        raise RecordError(f"{self.file}: {problem}; it is not as autoprec wrote it (edited or damaged): rerun the "
-                          "search to rewrite the result files")
+        fix = ("give a changed plan to check or diagnose with --plan FILE (a copy outside the result) instead, or "
+               "rerun the search" if Path(self.file).parent.name == "best" else
+               "rerun the search to rewrite the result files")
+        raise RecordError(f"{self.file}: {problem}; it is not as autoprec wrote it (edited or damaged): {fix}")
 
     @property
     def _name(self) -> str:

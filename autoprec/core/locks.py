@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autoprec.core.atomic import pid_alive
+from autoprec.core.atomic import json_text, pid_alive
 from autoprec.core.errors import AutoprecError
 
 
@@ -114,7 +114,7 @@ def _note(fd: int, doing: str) -> None:
     command = _command(os.getpid())
     if "multiprocessing" in command:
         command = _command(os.getppid())
-    note = json.dumps({"pid": os.getpid(), "command": command, "doing": doing,
+    note = json_text({"pid": os.getpid(), "command": command, "doing": doing,
                        "since": time.time()})
     try:
         os.ftruncate(fd, 0)

@@ -104,8 +104,11 @@ def read_bytes(path: Path, what: str, limit: int = JSON_BYTES, given: bool = Fal
     is bounded."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if given else open_regular(path, what)
     with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
+        status = os.fstat(fd)
+        regular = stat.S_ISREG(status.st_mode)
+        too_large = regular and status.st_size > limit  # said before any of it is read
+        data = b"" if too_large else f.read((min(limit, status.st_size) if regular else limit) + 1)
+    if too_large or len(data) > limit:
         raise ValueError(f"larger than the {limit:,} bytes {what} may hold")
     return data
 

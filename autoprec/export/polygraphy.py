@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 import os
 import shlex
@@ -35,8 +34,8 @@ def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
         np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
         return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
 
-    return json.dumps([{name: encoded(np.asarray(value)) for name, value in batch.items()} for batch in batches],
-                      indent=1).encode()
+    return atomic.json_text([{name: encoded(np.asarray(value)) for name, value in batch.items()}
+                             for batch in batches]).encode()
 
 
 def tolerances(spec: BuildSpec) -> dict[str, float]:

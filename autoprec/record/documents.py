@@ -49,6 +49,14 @@ def _schema(f: Fields, schema: str) -> None:
     f["schema"].one_of((schema,))
 
 
+def _trials(header: Header, found: list[Fields]) -> tuple[TrialRecord, ...]:
+    """Trials as their file has them, each held to the search's limit and metric (see
+    :meth:`TrialRecord.checked_against`)."""
+    facts = header.search
+    labels = facts.metric.endswith("@labels")
+    return tuple(TrialRecord.from_json(f).checked_against(f, facts.max_loss, labels) for f in found)
+
+
 @dataclass(frozen=True)
 class TrialsFile:
     """trials.json: every finished trial of the study."""
@@ -59,7 +67,11 @@ class TrialsFile:
     @classmethod
     def from_json(cls, f: Fields) -> TrialsFile:
         _schema(f, PARETO_SCHEMA)
-        return cls(Header.from_json(f), tuple(map(TrialRecord.from_json, f["trials"].items())))
+        header = Header.from_json(f)
+        trials = _trials(header, f["trials"].items())
+        if len({t.number for t in trials}) != len(trials):
+            f.refuse("a trial number appears twice")
+        return cls(header, trials)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PARETO_SCHEMA, **self.header.to_json(), "trials": [t.to_json() for t in self.trials]}
@@ -78,10 +90,13 @@ class ParetoFile:
     @classmethod
     def from_json(cls, f: Fields) -> ParetoFile:
         _schema(f, PARETO_SCHEMA)
-        header, front = Header.from_json(f), tuple(map(TrialRecord.from_json, f["front"].items()))
-        chosen = f["chosen"].nullable()
-        return cls(header, front, chosen.integer() if chosen else None, Versus.from_json(f),
-                   {precision: number.integer() for precision, number in f["uniform"].mapping().items()})
+        header = Header.from_json(f)
+        chosen, versus = f["chosen"].nullable(), Versus.from_json(f)
+        uniform = {precision: number.integer() for precision, number in f["uniform"].mapping().items()}
+        if versus.fp32 is not None and uniform.get("fp32", versus.fp32_trial) != versus.fp32_trial:
+            f.refuse(f"chosen_vs_fp32 is against trial {versus.fp32_trial}, but uniform.fp32 names the all-FP32 trial "
+                     f"{uniform['fp32']}")
+        return cls(header, _trials(header, f["front"].items()), chosen.integer() if chosen else None, versus, uniform)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PARETO_SCHEMA, **self.header.to_json(), "front": [t.to_json() for t in self.front],
@@ -103,10 +118,23 @@ class PlanFile:
     def from_json(cls, f: Fields) -> PlanFile:
         _schema(f, PLAN_SCHEMA)
         deployment, sha256 = f.get("deployment"), f.get("sha256")
-        return cls(Header.from_json(f), TrialRecord.from_json(f), tuple(map(ChosenUnit.from_json, f["units"].items())),
-                   {name: what.text() for name, what in f["files"].mapping().items()},
-                   ShippedAs.from_json(deployment) if deployment else None,
-                   {name: digest.text() for name, digest in sha256.mapping().items()} if sha256 else None)
+        header = Header.from_json(f)
+        found = cls(header, _trials(header, [f])[0], tuple(map(ChosenUnit.from_json, f["units"].items())),
+                    {name: what.text() for name, what in f["files"].mapping().items()},
+                    ShippedAs.from_json(deployment) if deployment else None,
+                    {name: digest.text() for name, digest in sha256.mapping().items()} if sha256 else None)
+        found._check_units(f)
+        return found
+
+    def _check_units(self, f: Fields) -> None:
+        """Its unit table is its trial's plan, unit for unit."""
+        precisions = self.trial.precisions
+        units = {u.name: u.precision for u in self.units}
+        if set(units) != set(precisions):
+            f.refuse("its units are not the units its plan names")
+        wrong = [name for name, precision in units.items() if precisions[name] != precision]
+        if wrong:
+            f.refuse(f"unit {wrong[0]} is {units[wrong[0]]} in its unit table but {precisions[wrong[0]]} in its plan")
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, **self.header.to_json(), **self.trial.to_json(),

@@ -6,6 +6,7 @@ take these values, never the JSON."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -105,11 +106,11 @@ class SearchFacts:
         batches, timing, drift, held, spec = f["batches"], f.get("profile_timing"), f.get("timing_drift"), \
             f.get("held_out"), f.get("spec")
         return cls(
-            f["metric"].text(), f["max_loss"].number_or_none(), f["budget"].integer(), f["trials"].integer(),
+            f["metric"].text(), _max_loss(f["max_loss"]), f["budget"].integer(), f["trials"].integer(),
             len(f["rejected"].items()) if "rejected" in search else 0, f["sampler"].text(), f["seed"].integer(),
             f["calibration"].text(), f["study_name"].text(), f["storage"].text(), f["data"].text(),
             (batches["calibration"].integer(), batches["evaluation"].integer()), f["random_data"].flag(),
-            float(f["wall_seconds"].number()), _metrics(f.get("fp32_on_labels")),
+            _wall(f["wall_seconds"]), _metrics(f.get("fp32_on_labels")),
             tuple(f["metric_notes"].texts()) if "metric_notes" in search else (),
             tuple(f["decision_changes"].texts()) if "decision_changes" in search else (),
             _drift(drift.nullable()) if drift else None, _profile_timing(timing) if timing else None,
@@ -230,15 +231,36 @@ def _metrics(f: Fields | None) -> dict[str, dict[str, float]]:
             for name, output in f.mapping().items()}
 
 
+def _max_loss(f: Fields) -> float | None:
+    limit = f.number_or_none()
+    if limit is not None and not (math.isfinite(limit) and limit >= 0):
+        f.refuse(f"{f.path} is {f.value!r}, not a finite loss of 0 or more")
+    return limit
+
+
+def _wall(f: Fields) -> float:
+    wall = float(f.number())
+    if not (math.isfinite(wall) and wall >= 0):
+        f.refuse(f"{f.path} is {wall:g}, not a duration")
+    return wall
+
+
 def _drift(f: Fields | None) -> Drift | None:
     if f is None:
         return None
-    return Drift(f["plans"].integer(), float(f["largest_percent"].number()), f["outside_trial_spread"].integer())
+    drift = Drift(f["plans"].integer(), float(f["largest_percent"].number()), f["outside_trial_spread"].integer())
+    if not (math.isfinite(drift.largest_percent) and drift.largest_percent >= 0
+            and 0 <= drift.outside_trial_spread <= drift.plans):
+        f.refuse(f"{f.path} {f.value} cannot be (a share of plans, a percent of 0 or more)")
+    return drift
 
 
 def _held_out(f: Fields) -> HeldOut:
     f["engine"].text()
     judged = {j["trial"].integer(): float(j["loss"].number()) for j in f["judged"].items()}
+    for trial, loss in judged.items():
+        if math.isnan(loss):
+            f.refuse(f"{f.path} judged trial {trial} at loss {loss!r}: not a trial with a loss")
     return HeldOut(f["batches"].integer(), f["max_loss"].number_or_none(), judged)
 
 

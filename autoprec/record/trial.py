@@ -5,6 +5,7 @@ re-timing of the front measured."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
@@ -40,6 +41,8 @@ class EngineInfo:
 
     def label(self) -> str:
         return f"{self.engine} {self.version} {self.provider} on {self.device}"
+
+ROUNDING = 1e-9  # relative: a figure and its source computed in another order
 
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
@@ -205,8 +208,42 @@ class TrialRecord:
                    for point, figures in f["by_shape"].mapping().items()} if "by_shape" in f.value else {})
         measurement = Measurement(timing, metrics, f["accuracy_loss"].number(), seconds,
                                   retimes.integer() if retimes else 0, build.kind(dict) if build else None, shapes)
-        return cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()), measurement,
-                   f["feasible"].flag(), duplicate.integer() if duplicate else None, tuple(f["retimed_ms"].numbers()))
+        found = cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()), measurement,
+                    f["feasible"].flag(), duplicate.integer() if duplicate else None, tuple(f["retimed_ms"].numbers()))
+        found._check_figures(f)
+        return found
+
+    def _check_figures(self, f: Fields) -> None:
+        """Its figures can be true as written: times above 0 and in order, the final latency its rounds' median
+        (else its own), the counts its units, a loss that is a number (see :meth:`checked_against`)."""
+        where, latency = f"trial {self.number}", self.measurement.latency
+        times = {"p10_ms": latency.p10_ms, "median_ms": latency.median_ms, "p90_ms": latency.p90_ms,
+                 "final_latency_ms": f["final_latency_ms"].number(),
+                 **{f"retimed_ms[{i}]": v for i, v in enumerate(self.retimed_ms)}}
+        for key, value in times.items():
+            if not (math.isfinite(value) and value > 0):
+                f.refuse(f"{where}: {key} is {value:g}, not a time above 0")
+        low, median, high = latency.p10_ms, latency.median_ms, latency.p90_ms
+        if not (low <= median * (1 + ROUNDING) and median <= high * (1 + ROUNDING)):
+            f.refuse(f"{where}: its p10 {low:g}, median {median:g} and p90 {high:g} ms are not in order")
+        if not math.isclose(times["final_latency_ms"], self.latency_ms, rel_tol=ROUNDING):
+            f.refuse(f"{where}: final_latency_ms is {times['final_latency_ms']:g}, not {self.latency_ms:g}, the "
+                     "median of its re-timed rounds (else its own)")
+        counts = {key: value.value for key, value in f["plan"]["counts"].mapping().items()}
+        if any(counts.get(p, 0) != self.plan.counts().get(p, 0) for p in PRECISIONS):
+            f.refuse(f"{where}: its plan counts {counts} but its units are {self.plan.counts()}")
+        if math.isnan(self.loss) or self.loss == -math.inf:
+            f.refuse(f"{where}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
+
+    def checked_against(self, f: Fields, max_loss: float | None, labels: bool) -> TrialRecord:
+        """Itself, where its loss is one a search of ``max_loss`` could record (below 0 only as a drop against
+        ``labels``) and it is feasible exactly within that limit; else refused (``f``: where it was read)."""
+        if self.loss < 0 and not labels:
+            f.refuse(f"trial {self.number}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
+        if self.feasible != (max_loss is None or self.loss <= max_loss):
+            f.refuse(f"trial {self.number}: feasible is {self.feasible} with loss {self.loss:g} and --max-loss "
+                     f"{'none' if max_loss is None else f'{max_loss:g}'}")
+        return self
 
 PRECISIONS = tuple(p.value for p in Precision)
 

@@ -26,7 +26,7 @@ import numpy as np
 from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan
 from autoprec.core.timing import Timing
-from autoprec.record.trial import EngineInfo, Measurement
+from autoprec.record.trial import ROUNDING, EngineInfo, Measurement, TrialRecord
 
 CONFIDENCE = 0.95
 
@@ -113,10 +113,30 @@ class Speedup:
 
         beyond = f["beyond_timing_noise"]
         rounds = optional("rounds", Fields.integer)
-        return cls(float(f["speedup"].number()), None if beyond.value is None else beyond.flag(), number("low"),
-                   number("high"), number("confidence"), rounds,
-                   bool(optional("retimed", Fields.flag) or rounds), optional("blocks", Fields.integer),
-                   bool(optional("unsteady", Fields.flag)), optional("method", Fields.text) or METHOD)
+        found = cls(float(f["speedup"].number()), None if beyond.value is None else beyond.flag(), number("low"),
+                    number("high"), number("confidence"), rounds,
+                    bool(optional("retimed", Fields.flag) or rounds), optional("blocks", Fields.integer),
+                    bool(optional("unsteady", Fields.flag)), optional("method", Fields.text) or METHOD)
+        found._check(f)
+        return found
+
+    def _check(self, f: Fields) -> None:
+        """It can be true as written: a ratio above 0 inside its own interval, 'beyond timing noise' exactly where
+        that interval lies above 1 (the rule :meth:`with_interval` decides by)."""
+        where, ratio = f.path, self.speedup
+        if not (math.isfinite(ratio) and ratio > 0):
+            f.refuse(f"{where}.speedup is {ratio:g}, not a ratio above 0")
+        if self.low is None:
+            return
+        low, high = self.low, self.high if self.high is not None else math.inf
+        if not (0 < low <= high < math.inf and low <= ratio * (1 + ROUNDING) and ratio <= high * (1 + ROUNDING)):
+            f.refuse(f"{where}: speed-up {ratio:g} outside its own interval {low:g}–{high:g}")
+        if self.confidence is not None and not 0 < self.confidence < 1:
+            f.refuse(f"{where}.confidence is {self.confidence!r}, not a share between 0 and 1")
+        if self.rounds is not None and self.rounds < 1:
+            f.refuse(f"{where}.rounds is {self.rounds}, not at least 1")
+        if self.beyond_timing_noise is not None and self.beyond_timing_noise != (low > 1):
+            f.refuse(f"{where}.beyond_timing_noise is {self.beyond_timing_noise} for the interval {low:g}–{high:g}")
 
     def to_json(self) -> dict[str, Any]:
         interval = {} if self.low is None else {"low": self.low, "high": self.high, "confidence": self.confidence,
@@ -390,11 +410,47 @@ class Versus:
             fp32["fp32_trial"].integer() if fp32 else None,
             Speedup.from_json(source) if source else None,
             Speedup.from_json(preparation) if preparation and preparation.nullable() else None,
-            NotShipped(unproven["trial"].integer(), Speedup.from_json(unproven), unproven["why"].text())
-            if unproven else None,
+            _not_shipped(unproven) if unproven else None,
             tuple(Rival(r["trial"].integer(), Speedup.from_json(r)) for r in rivals.items()) if rivals else (),
             _steadiness(timing),
         )
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan best/ ships (None: nothing was measured), what it is said to gain, the front with it on, and the
+    plans judged on the held-out batches."""
+
+    shipped: TrialRecord | None
+    versus: Versus
+    front: list[TrialRecord]
+    held_out: HeldOut | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The choice by trial numbers (the study holds the trials): what a study's other workers read."""
+        return {"shipped": self.shipped.number if self.shipped else None, "front": [t.number for t in self.front],
+                "held_out": self.held_out.to_json() if self.held_out else None, **self.versus.to_json()}
+
+    @classmethod
+    def from_json(cls, found: Fields, trials: Sequence[TrialRecord]) -> Choice:
+        """The choice as :meth:`to_json` wrote it, its trials found among ``trials`` (checked)."""
+        by_number = {t.number: t for t in trials}
+
+        def trial(f: Fields) -> TrialRecord:
+            if f.integer() not in by_number:
+                f.refuse(f"{f.path} names trial {f.value}, which the study does not hold")
+            return by_number[f.integer()]
+
+        shipped, held_out = found["shipped"].nullable(), found["held_out"].nullable()
+        return cls(trial(shipped) if shipped else None, Versus.from_json(found),
+                   [trial(f) for f in found["front"].items()], HeldOut.from_json(held_out.value) if held_out else None)
+
+
+def _not_shipped(f: Fields) -> NotShipped:
+    claim = Speedup.from_json(f)
+    if claim.beyond_timing_noise:
+        f.refuse("not_shipped says its plan was faster beyond timing noise, which ships a plan")
+    return NotShipped(f["trial"].integer(), claim, f["why"].text())
+
 
 def _steadiness(f: Fields | None) -> Steadiness | None:
     if f is None:

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import model_sha256
@@ -35,7 +35,6 @@ from autoprec.record.facts import Deployment, ModelRecord, SearchFacts, ShapePoi
 from autoprec.record.per_unit import ChosenUnit, Sensitivity
 from autoprec.record.trial import EngineInfo, TrialRecord
 from autoprec.record.verdict import Speedup, Versus
-from autoprec.results import coherence
 from autoprec.study.reading import uniform_trials
 from autoprec.tasks import lower_is_closer, shown_keys
 
@@ -109,7 +108,7 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
     (``deployment``'s) are self-contained in best/ (their weights in one data file both share where they
     are large)."""
     out = result.out_dir
-    recorded = json.loads(json.dumps(json_safe(result.search)))  # as written: checked as every reader reads it
+    recorded = json.loads(atomic.json_text(json_safe(result.search)))  # as written: checked as every reader reads it
     header = Header(result.model, result.engine, SearchFacts.from_json(Fields(recorded, out / "pareto.json", "search")))
     pareto = ParetoFile(header, result.front, result.chosen.number if result.chosen else None, result.stated_versus(),
                         {p: t.number for p, t in result.uniform().items()})
@@ -217,14 +216,14 @@ def load_json(path: Path) -> dict[str, Any]:
 # report and exports read these, never the JSON, and a hand-edited or damaged file is refused in one line ---
 
 
-def _read(path: Path, reader: Callable[[Fields], Any]) -> tuple[Any, Any]:
-    """The file read into its typed value, and the JSON it was read from."""
+def _read(path: Path, reader: Callable[[Fields], Any]) -> Any:
+    """The file read into its typed value (checked as it is read)."""
     try:
         document = load_json(path)
     except (OSError, ValueError) as exc:
         raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
                             "to rewrite the result files") from None
-    return reader(Fields(document, path)), document
+    return reader(Fields(document, path))
 
 
 def _in_cache(name: str) -> bool:
@@ -450,33 +449,99 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
         schema = PARETO_SCHEMA  # said as the file is read below
     if schema != PARETO_SCHEMA:
         raise AutoprecError(f"{pareto_path}: schema {schema!r} is not {PARETO_SCHEMA!r}; rerun the search")
-    pareto, pareto_doc = _read(pareto_path, ParetoFile.from_json)
-    trials, trials_doc = _read(out_dir / "trials.json", TrialsFile.from_json)
-    plan, plan_doc = (_read(out_dir / "best" / "plan.json", PlanFile.from_json)
-                      if (out_dir / "best" / "plan.json").is_file() else (None, None))
-    sensitivity = (_read(out_dir / "sensitivity.json", sensitivity_of)[0]
+    pareto = _read(pareto_path, ParetoFile.from_json)
+    trials = _read(out_dir / "trials.json", TrialsFile.from_json)
+    plan = _read(out_dir / "best" / "plan.json", PlanFile.from_json) if (out_dir / "best" / "plan.json").is_file() else None
+    sensitivity = (_read(out_dir / "sensitivity.json", sensitivity_of)
                    if (out_dir / "sensitivity.json").is_file() else None)
     result = ResultFiles(out_dir, pareto, trials, plan, sensitivity)
-    _check_consistent(result)
-    coherence.check(out_dir, pareto_doc, trials_doc, plan_doc)
+    _check_coherent(result)
     return result
 
 
-def _check_consistent(result: ResultFiles) -> None:
-    """The files agree with each other: the chosen trial is on the front, best/ is the chosen one, the
-    uniform plans are trials, every front plan names the same units."""
-    pareto, plan = result.pareto, result.plan
-    numbers = {t.number for t in result.trials.trials}
+def _check_coherent(result: ResultFiles) -> None:
+    """The files agree with each other (each file's own figures were checked as it was read): one run's, the front
+    and best/ trials.json's very trials, the chosen trial on the front and within the limit, the uniform plans and
+    every claim's trial the study's."""
+    out, pareto, plan = result.out_dir, result.pareto, result.plan
+    by_number = {t.number: t for t in result.trials.trials}
+
+    def refuse(file: str, problem: str) -> NoReturn:
+        Fields(None, out / file).refuse(problem)
+
+    if pareto.header.search.trials != len(by_number):
+        refuse("pareto.json", f"search.trials says {pareto.header.search.trials}, but trials.json holds "
+                              f"{len(by_number)} trial(s)")
+    if not _same_run(result.trials.header, pareto.header):
+        refuse("trials.json", "it is of another run than pareto.json (their search, model or engine differ)")
+    for trial in pareto.front:
+        _same_trial(trial, by_number, lambda problem: refuse("pareto.json", f"front trial {trial.number}{problem}"))
     front = {t.number for t in pareto.front}
-    problem = None
     if pareto.chosen is not None and pareto.chosen not in front:
-        problem = f"pareto.json chooses trial {pareto.chosen}, which is not on its front"
-    elif plan is not None and plan.trial.number != pareto.chosen:
-        problem = (f"best/plan.json holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} "
-                   "(best/ is from another run)")
-    elif any(n not in numbers for n in pareto.uniform.values()):
-        problem = "pareto.json names a uniform plan that trials.json does not have"
-    elif len({tuple(t.precisions) for t in pareto.front}) > 1:
-        problem = "the front's plans do not name the same units"
-    if problem:
-        raise AutoprecError(f"{result.out_dir}: {problem}; rerun the search to rewrite the result files")
+        refuse("pareto.json", f"it chooses trial {pareto.chosen}, which is not on its front")
+    if pareto.chosen is not None and not by_number[pareto.chosen].feasible:
+        refuse("pareto.json", f"chosen trial {pareto.chosen} is not within --max-loss (loss "
+                              f"{by_number[pareto.chosen].loss:g}), yet the chosen plan is the fastest within it")
+    for precision, number in pareto.uniform.items():
+        if number not in by_number:
+            refuse("pareto.json", f"uniform.{precision} names trial {number}, which trials.json lacks")
+        if by_number[number].plan.counts().get(precision) != len(by_number[number].plan.precisions):
+            refuse("pareto.json", f"uniform.{precision} names trial {number}, whose plan is not all {precision}")
+    for where, number in _claimed_trials(pareto):
+        if number not in by_number:
+            refuse("pareto.json", f"{where} names trial {number}, which trials.json lacks")
+    if len({tuple(t.precisions) for t in pareto.front}) > 1:
+        refuse("pareto.json", "the front's plans do not name the same units")
+    if plan is not None:
+        _check_best(plan, pareto, by_number, lambda problem: refuse("best/plan.json", problem))
+
+
+def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRecord],
+                refuse: Callable[[str], NoReturn]) -> None:
+    """best/plan.json is the chosen trial of this very run."""
+    if not _same_run(plan.header, pareto.header):
+        refuse("it is of another run than pareto.json (their search, model or engine differ: best/ is from another "
+               "run)")
+    if plan.trial.number != pareto.chosen:
+        refuse(f"it holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} (best/ is from another "
+               "run)")
+    _same_trial(plan.trial, by_number, lambda problem: refuse(f"trial {plan.trial.number}{problem}"))
+
+
+def _same_run(header: Header, other: Header) -> bool:
+    """Two result files of one search: one header (the model, the engine, the search's facts) begins all three."""
+    return _same(header.to_json(), other.to_json())
+
+
+def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord], refuse: Callable[[str], NoReturn]) -> None:
+    """``entry`` (a front member, best/plan.json's) is trials.json's trial of its number, field for field."""
+    theirs = by_number.get(entry.number)
+    if theirs is None:
+        refuse(" is not in trials.json")
+    ours, recorded = entry.to_json(), theirs.to_json()
+    differs = [key for key in recorded if not _same(ours.get(key), recorded[key])]
+    if differs:
+        refuse(f": its {', '.join(differs[:3])} {'differs' if len(differs) == 1 else 'differ'} from trial "
+               f"{entry.number}'s in trials.json (the figures are that plan's, as measured)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values, NaN equal to NaN (a metric may be undefined on every plan alike)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _claimed_trials(pareto: ParetoFile) -> list[tuple[str, int]]:
+    """Every trial pareto.json's claims and search facts name, with where it names it."""
+    versus, held_out = pareto.versus, pareto.header.search.held_out
+    named = [("chosen_vs_fp32", versus.fp32_trial)] if versus.fp32_trial is not None else []
+    if versus.not_shipped is not None:
+        named.append(("not_shipped", versus.not_shipped.trial))
+    named += [(f"final_rivals[{i}]", rival.trial) for i, rival in enumerate(versus.rivals)]
+    named += [("search.held_out", trial) for trial in (held_out.losses if held_out else ())]
+    return named

@@ -8,7 +8,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError, first_line
@@ -20,7 +20,7 @@ from autoprec.measure.confirmation import HeldOutJudge
 from autoprec.measure.measurement import Measurer
 from autoprec.record import verdict
 from autoprec.record.trial import TrialRecord
-from autoprec.record.verdict import HeldOut, NotShipped, Rival, Speedup, Steadiness, Versus
+from autoprec.record.verdict import Choice, HeldOut, NotShipped, Rival, Speedup, Steadiness, Versus
 from autoprec.study.coordination import SharedInputs, StudyLocks
 from autoprec.study.reading import uniform_trials
 from autoprec.study.retiming import RETIME_ROUNDS
@@ -49,36 +49,6 @@ class ShipRule:
         """The final timing's seconds where none are given: FINAL_SHARE of the search's ``stages`` that measured."""
         measuring = stages.get("sensitivity", 0.0) + stages.get("trials", 0.0)
         return min(max(FINAL_SHARE * measuring, FINAL_SECONDS[0]), FINAL_SECONDS[1])
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The plan best/ ships (None: nothing was measured), what it is said to gain, the front with it on, and the
-    plans judged on the held-out batches."""
-
-    shipped: TrialRecord | None
-    versus: Versus
-    front: list[TrialRecord]
-    held_out: HeldOut | None
-
-    def to_json(self) -> dict[str, Any]:
-        """The choice by trial numbers (the study holds the trials): what a study's other workers read."""
-        return {"shipped": self.shipped.number if self.shipped else None, "front": [t.number for t in self.front],
-                "held_out": self.held_out.to_json() if self.held_out else None, **self.versus.to_json()}
-
-    @classmethod
-    def from_json(cls, found: Fields, trials: Sequence[TrialRecord]) -> Choice:
-        """The choice as :meth:`to_json` wrote it, its trials found among ``trials`` (checked)."""
-        by_number = {t.number: t for t in trials}
-
-        def trial(f: Fields) -> TrialRecord:
-            if f.integer() not in by_number:
-                f.refuse(f"{f.path} names trial {f.value}, which the study does not hold")
-            return by_number[f.integer()]
-
-        shipped, held_out = found["shipped"].nullable(), found["held_out"].nullable()
-        return cls(trial(shipped) if shipped else None, Versus.from_json(found),
-                   [trial(f) for f in found["front"].items()], HeldOut.from_json(held_out.value) if held_out else None)
 
 
 def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path, trials: Sequence[TrialRecord],

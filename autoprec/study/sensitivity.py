@@ -28,7 +28,7 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo, Unit
 from autoprec.analysis.subgraphs import all_nodes, label
 from autoprec.backends.base import Backend
-from autoprec.core import atomic, untrusted
+from autoprec.core import atomic
 from autoprec.core.errors import MetricError, first_line
 from autoprec.core.plan import DEFAULT_CALIBRATION, REDUCED, Plan, Precision
 from autoprec.record.per_unit import Sensitivity, UnitSensitivity
@@ -287,14 +287,13 @@ def cache_key(
 
 def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensitivity]) -> tuple[Sensitivity, bool]:
     """Read ``path`` when it holds the sensitivity for ``key``, else compute and write it. Returns (it, from cache)."""
-    if path is not None and path.exists():
+    kept = atomic.read_keyed(path, key) if path is not None else None
+    if kept is not None:
         try:
-            data = untrusted.parse_json(path.read_bytes())
-            if data.get("key") == key:
-                return Sensitivity.from_json(data), True
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or stale: measured again
+            return Sensitivity.from_json(kept), True
+        except (ValueError, KeyError, TypeError):
+            pass  # damaged: measured again
     found = compute()
     if path is not None:
-        atomic.write_json(path, {"key": key, **found.to_json()})
+        atomic.write_keyed(path, key, found.to_json())
     return found, False

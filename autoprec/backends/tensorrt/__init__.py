@@ -123,28 +123,27 @@ class NodeTimedEngines:
     def __init__(self, folder: Path | None):
         self.folder = folder
 
-    def _paths(self, model: StoredModel) -> tuple[Path, Path]:
-        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[
-            :32
-        ]  # the graph; its weights are the folder's
-        return self.folder / f"{key}.engine", self.folder / f"{key}.json"
+    def _paths(self, model: StoredModel) -> tuple[Path, Path, str]:
+        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[:32]  # the graph; weights: the folder's
+        return self.folder / f"{key}.engine", self.folder / f"{key}.json", key
 
     def keep(self, model: StoredModel, built: BuiltEngine) -> None:
         if self.folder is None:
             return
-        engine, facts = self._paths(model)
+        engine, facts, key = self._paths(model)
         atomic.write_bytes(engine, built.serialized)
-        atomic.write_json(
-            facts, {"report": built.report, "planned": built.planned}
-        )  # written last: the engine is whole
+        atomic.write_keyed(facts, key, {"report": built.report, "planned": built.planned})  # last: engine whole
 
     def take(self, model: StoredModel) -> BuiltEngine | None:
         if self.folder is None:
             return None
-        engine, facts = self._paths(model)
+        engine, facts, key = self._paths(model)
+        kept = atomic.read_keyed(facts, key)
         try:
-            kept, serialized = untrusted.parse_json(facts.read_bytes()), engine.read_bytes()
+            serialized = untrusted.read_bytes(engine, f"the cache {self.folder}", limit=2**40) if kept else None
         except (OSError, ValueError):
+            return None
+        if serialized is None:
             return None
         facts.unlink(missing_ok=True)
         engine.unlink(missing_ok=True)

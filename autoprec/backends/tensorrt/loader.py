@@ -323,7 +323,7 @@ def stamp_plan(model: StoredModel, info: ModelInfo, plan: Plan) -> StoredModel:
                         "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}
                for u in info.units if u.op_type not in RECURRENT_OPS}
     entry = model.proto.metadata_props.add()
-    entry.key, entry.value = PLAN_METADATA_KEY, json.dumps(planned)
+    entry.key, entry.value = PLAN_METADATA_KEY, atomic.json_text(planned)
     return model
 
 
