@@ -22,7 +22,8 @@ from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan, Precision
 from autoprec.results.files import SearchResult
 
-logging.getLogger("autoprec").addHandler(logging.NullHandler())  # the API logs; only the command line prints
+# the API logs; only the command line prints
+logging.getLogger("autoprec").addHandler(logging.NullHandler())
 
 __all__ = ["AutoprecError", "EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "Plan", "Precision",
            "SearchConfig", "SearchResult", "SpaceSpec", "StudySpec", "search"]

@@ -15,7 +15,8 @@ from cli import clean, run, run_cli
 from onnx import TensorProto, helper
 from searching import SHORTEST_FINAL_TIMING
 
-from autoprec.analysis.data import TensorSpec, build_dataset, load_labels
+from autoprec.analysis.data import TensorSpec, build_dataset, data_files
+from autoprec.analysis.label_files import load_labels
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import Judge, Metric, decision_changes, loss_from_metrics, output_metrics
 from autoprec.tasks import HeadOptions, boxes, ctc_decoding, embedding_decoding
@@ -194,9 +195,10 @@ def test_a_plan_chosen_on_a_similarity_says_when_decisions_changed():
 def test_labels_from_an_npz_and_from_an_image_folder_sidecar(tmp_path):
     spec = (TensorSpec("x", (1, 2), "float32"),)
     np.savez(
-        tmp_path / "d.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(4), text=np.array(["a", "b", "c", "d"])
+        tmp_path / "d.npz", x=np.random.default_rng(0).random((4, 2), np.float32), labels=np.arange(4),
+        text=np.array(["a", "b", "c", "d"])
     )
-    found = load_labels(tmp_path / "d.npz", spec, 4)
+    found = load_labels(tmp_path / "d.npz", data_files(tmp_path / "d.npz"), spec, 4)
     assert list(found["labels"]) == [0, 1, 2, 3] and list(found["text"]) == ["a", "b", "c", "d"]
     dataset = build_dataset(tmp_path / "d.npz", spec, seed=0)
     # labels follow their items through the shuffled split
@@ -211,13 +213,13 @@ def test_labels_from_an_npz_and_from_an_image_folder_sidecar(tmp_path):
         Image.new("RGB", (4, 4)).save(folder / name)
     (folder / "labels.json").write_text(json.dumps({"labels": {"b.png": 1, "a.png": 0}}))
     image_spec = (TensorSpec("x", (1, 3, 4, 4), "float32"),)
-    assert list(load_labels(folder, image_spec, 2)["labels"]) == [0, 1]
+    assert list(load_labels(folder, data_files(folder), image_spec, 2)["labels"]) == [0, 1]
     (folder / "labels.json").write_text(json.dumps({"labels": {"a.png": 0}}))
     with pytest.raises(AutoprecError, match="no entry for 1 image.*'b.png'"):
-        load_labels(folder, image_spec, 2)
+        load_labels(folder, data_files(folder), image_spec, 2)
     np.savez(tmp_path / "short.npz", x=np.zeros((4, 2), np.float32), labels=np.arange(3))
     with pytest.raises(AutoprecError, match="3 entries for 4 items"):
-        load_labels(tmp_path / "short.npz", spec, 4)
+        load_labels(tmp_path / "short.npz", data_files(tmp_path / "short.npz"), spec, 4)
 
 
 # --- end to end: generated heads, the bundled model ----------------------------------------------------
@@ -332,7 +334,7 @@ def test_bad_metric_options_and_missing_labels_give_one_line(tmp_path, conv_mode
 
 def test_text_labels_without_a_dictionary_name_the_option(tmp_path):
     model = save(ctc_head(), tmp_path / "rec.onnx")
-    np.savez(tmp_path / "d.npz", x=np.zeros((4, 12, 8), np.float32), text=np.array(["ab", "c", "d", "e"]))
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((4, 12, 8), np.float32), text=np.array(["ab", "c", "d", "e"]))
     proc = run_cli("search", model, "--data", tmp_path / "d.npz", "--metric", "ctc-text@labels", "--budget", 2,
                    "--out", tmp_path / "o", "--no-progress")
     assert proc.returncode == 2 and "--ctc-charset FILE" in proc.stderr and "Traceback" not in proc.stderr

@@ -178,6 +178,59 @@ def test_check_judges_against_the_given_models_outputs_not_the_caches(result, tm
     assert run(["check", r, "--max-loss", "0.01"], capsys)[0] == 0
 
 
+def _zeroed_reference(r: Path) -> Path:
+    cached = next((r / "cache").glob("reference-*.npz"))
+    with np.load(cached) as npz:
+        arrays = {k: (np.zeros_like(v) if k.startswith("b") else v) for k, v in npz.items()}
+    np.savez_compressed(cached, **arrays)
+    return cached
+
+
+def _cache_only(result: Path, tmp_path: Path) -> Path:
+    """A folder holding a result's cache/ alone (no study: nothing is fetched from its artifacts)."""
+    r = tmp_path / "victim"
+    shutil.copytree(result / "cache", r / "cache")
+    for kept in (r / "cache").glob("choice*"):
+        kept.unlink()
+    return r
+
+
+def test_a_search_into_a_result_measures_a_kept_reference_again(result, tmp_path, capsys):
+    """A fresh pass: a cache's reference replaced by another plan's outputs made a search into the
+    folder ship INT8 at 'loss 0' past --max-loss 1e-6."""
+    r = _cache_only(result, tmp_path)
+    cached = _zeroed_reference(r)
+    code, err = run(search(result, r), capsys)
+    assert code == 0 and "not this model's FP32 outputs" in err, err[-2000:]
+    with np.load(cached) as npz:
+        assert any(np.abs(v).max() > 0 for k, v in npz.items() if k.startswith("b"))
+
+
+def test_a_kept_prepared_model_that_is_not_the_given_one_is_refused(result, tmp_path, capsys):
+    """A fresh pass: cache/prepared-*/'s weights negated: a search into the folder searched and shipped
+    that network (loss 0 against itself), and check passed it."""
+    r = copy(result, tmp_path)
+    weights = next((r / "cache").glob("prepared-*/source.data"))
+    np.negative(np.fromfile(weights, np.float32)).tofile(weights)
+    for argv in (search(result, r), ["check", r, "--max-loss", "0.01"]):
+        refused(argv, capsys, "prepared-", "does not give the given model's outputs")
+
+
+def test_a_kept_calibration_no_calibration_measures_is_not_used(result, tmp_path, capsys):
+    """A fresh pass: NaN ranges in the cache were an internal error in ranges, and failed every INT8
+    trial of a search into the folder without a word."""
+    r, victim = copy(result, tmp_path), _cache_only(result, tmp_path)
+    for folder in (r, victim):
+        cached = next((folder / "cache").glob("calibration-*.npz"))
+        with np.load(cached) as npz:
+            arrays = dict(npz.items())
+        arrays["minmax_0"] = np.array([np.nan, np.nan])
+        np.savez(cached, **arrays)
+    refused(["ranges", r], capsys, "calibration", "not one a calibration measures")
+    code, err = run(search(result, victim, "--precisions", "int8,fp32"), capsys)
+    assert code == 0 and "calibrated again" in err, err[-2000:]
+
+
 # --- what is written or removed: only what autoprec made ---
 
 
@@ -930,3 +983,117 @@ def test_a_study_holding_a_value_nested_past_any_parser_is_one_line(result, tmp_
         search(result, r, "--budget", "3"),
     ):
         refused(argv, capsys, "the study's storage", "nested past any parser")
+
+
+def test_a_search_writes_none_of_its_results_onto_its_own_inputs(result, tmp_path, capsys):
+    """A fresh pass: a model at OUT/best/model.onnx was overwritten by the search's own result, and an
+    --out inside the --data folder left figures there that the next run read as data."""
+    out = tmp_path / "o"
+    (out / "best").mkdir(parents=True)
+    model = shutil.copy(result.parent / "cls.onnx", out / "best" / "model.onnx")
+    refused(["search", model, "--data", result.parent / "d.npz", "--out", out, *QUICK], capsys,
+            "best/model.onnx", "replace its own input")
+    data = tmp_path / "items"
+    data.mkdir()
+    shutil.copy(result.parent / "d.npz", data / "d.npz")
+    for inside in (data, data / "out"):
+        refused(["search", result.parent / "cls.onnx", "--data", data, "--out", inside, *QUICK], capsys,
+                "inside the --data folder")
+
+
+def test_a_search_replaces_no_result_of_another_model_nor_a_file_it_did_not_write(result, tmp_path, capsys):
+    """A fresh pass: --out holding another model's result (another file name) was replaced without a word."""
+    other = builders.save(builders.classifier(12, 4, seed=7), tmp_path / "other.onnx")
+    r = copy(result, tmp_path)
+    before = (r / "pareto.json").read_bytes()
+    refused(["search", other, "--data", result.parent / "d.npz", "--out", r, *QUICK], capsys,
+            "another model (cls.onnx")
+    assert (r / "pareto.json").read_bytes() == before
+    (r / "pareto.json").write_text("my own notes\n")
+    refused(search(result, r), capsys, "pareto.json autoprec did not write")
+
+
+def test_a_report_replaces_no_file_that_is_not_a_page(result, tmp_path, capsys):
+    """A fresh pass: report --output onto the result's own model replaced it with HTML."""
+    r = copy(result, tmp_path)
+    model = shutil.copy(result.parent / "cls.onnx", tmp_path / "mine.onnx")
+    before = model.read_bytes()
+    refused(["report", r, "--output", model], capsys, "not an HTML page")
+    assert model.read_bytes() == before
+    page = tmp_path / "page.html"
+    assert run(["report", r, "--output", page], capsys)[0] == 0
+    assert run(["report", r, "--output", page], capsys)[0] == 0  # its own page again: replaced
+
+
+def test_an_override_that_names_no_unit_is_refused(result, tmp_path, capsys):
+    """A fresh pass: --override 'FC1=fp32' (the unit is fc1) pinned nothing, without a word."""
+    refused(search(result, tmp_path / "o", "--override", "FC1=fp32"), capsys, "'FC1' matches no unit", "fc1")
+
+
+def test_data_whose_items_are_all_one_input_is_refused(result, tmp_path, capsys):
+    """A fresh pass: all-zero items (a broken preprocessing) judged every plan at loss 0."""
+    np.savez(tmp_path / "zeros.npz", x=np.zeros((32, 16), np.float32))
+    refused(["search", result.parent / "cls.onnx", "--data", tmp_path / "zeros.npz", "--out", tmp_path / "o",
+             *QUICK], capsys, "all 32 items are the same input", "every value")
+
+
+def test_a_sqlite_url_is_read_as_sqlalchemy_opens_it():
+    """A fresh pass: search wrote 's x.db' for sqlite:///s%20x.db; status looked for 's%20x.db'."""
+    from autoprec.study.coordination import sqlite_path
+
+    assert sqlite_path("sqlite:///runs/s%20x.db?timeout=3") == Path("runs/s x.db")
+
+
+
+@pytest.mark.parametrize("case", ["newer schema", "inspect a folder", "out a file", "override all", "data a model"])
+def test_a_refusal_names_the_cause_and_its_fix(result, tmp_path, capsys, case):
+    """A fresh pass's unclear lines: a newer result told to rerun the search (it would overwrite it), a folder
+    given to inspect called missing, --out a file 'File exists', an --override leaving nothing to search blamed
+    on the search space, a model given as --data called 'pickled data'."""
+    model, data = result.parent / "cls.onnx", result.parent / "d.npz"
+    if case == "newer schema":
+        r = copy(result, tmp_path)
+        document = json.loads((r / "pareto.json").read_text())
+        document["schema"] = "autoprec.pareto/99"
+        (r / "pareto.json").write_text(json.dumps(document))
+        refused(["show", r], capsys, "newer autoprec", "upgrade")
+    elif case == "inspect a folder":
+        refused(["inspect", tmp_path], capsys, "a folder")
+    elif case == "out a file":
+        (tmp_path / "afile").write_text("mine\n")
+        refused(["search", model, "--data", data, "--out", tmp_path / "afile", *QUICK], capsys, "a file, not a folder")
+    elif case == "override all":
+        refused(search(result, tmp_path / "o", "--override", "*=fp32"), capsys, "--override")
+    else:
+        refused(["search", model, "--data", model, "--out", tmp_path / "o", *QUICK], capsys,
+                "not a NumPy array file")
+
+
+def test_a_utf8_path_under_a_c_locale_is_told_to_set_the_locale(result, tmp_path):
+    """A fresh pass: under LC_ALL=C (UTF-8 mode off) a UTF-8 path was said to be 'not UTF-8'."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "ünï"
+    folder.mkdir()
+    model = shutil.copy(result.parent / "cls.onnx", folder / "módel.onnx")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    proc = subprocess.run([sys.executable, "-m", "autoprec.app.cli", "search", os.fsencode(model), "--out",
+                           tmp_path / "o", *QUICK], capture_output=True, env=env, timeout=300)
+    last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
+    assert proc.returncode == 2 and "LANG=C.UTF-8" in last, last
+
+
+def test_a_model_onnx_runtime_cannot_load_is_said_so_not_blamed_on_shapes(result, tmp_path, capsys):
+    """A fresh pass: two nodes of one name (the checker passes it) were 'does not run at input shapes …
+    (Load model from …/.candidate-N-0.onnx failed …); check --shape'."""
+    import onnx
+
+    model = onnx.load(str(result.parent / "cls.onnx"))
+    for node in model.graph.node:
+        node.name = "a"
+    path = tmp_path / "twins.onnx"
+    onnx.save(model, str(path))
+    last = refused(["search", path, "--data", result.parent / "d.npz", "--out", tmp_path / "o", *QUICK], capsys,
+                   "ONNX Runtime cannot load it", "re-export")
+    assert ".candidate" not in last and "--shape" not in last

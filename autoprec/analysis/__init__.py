@@ -1,1 +1,2 @@
-"""What a model and its data are: units, inputs, the data split, calibration ranges, FP32 reference outputs."""
+"""What a model and its data are: units, inputs, the data split, calibration ranges, FP32 reference
+outputs."""

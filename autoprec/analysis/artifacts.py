@@ -1,13 +1,15 @@
-"""What exporters write differently for the same computation, written one way before units are found.
+"""What exporters write differently for the same computation, written one way before units are
+found.
 
 PyTorch's ``x.float()`` on a float tensor, ``.to(x.dtype)`` after a norm computed in float32 and
-``type_as`` write a Cast to the type the tensor already has; ``x.double()`` then ``.float()`` writes a round
-trip through a wider type. In FP32 they cost a copy each; inside an FP16 region each one would turn the
-tensor back to FP32 and split the region (one ResNet-50 export held 298 such Casts). The dynamo exporter
-writes a global average pooling (``adaptive_avg_pool2d(x, 1)``, ``x.mean((2, 3), keepdim=True)``) as a
-ReduceMean, where TorchScript and tf2onnx write GlobalAveragePool: a reduction autoprec keeps FP32 by default,
-splitting every squeeze-and-excitation block's FP16 region. Each rewrite computes what the graph computed
-(preparation checks every step against the model's outputs).
+``type_as`` write a Cast to the type the tensor already has; ``x.double()`` then ``.float()`` writes
+a round trip through a wider type. In FP32 they cost a copy each; inside an FP16 region each one
+would turn the tensor back to FP32 and split the region (one ResNet-50 export held 298 such Casts).
+The dynamo exporter writes a global average pooling (``adaptive_avg_pool2d(x, 1)``, ``x.mean((2, 3),
+keepdim=True)``) as a ReduceMean, where TorchScript and tf2onnx write GlobalAveragePool: a reduction
+autoprec keeps FP32 by default, splitting every squeeze-and-excitation block's FP16 region. Each
+rewrite computes what the graph computed (preparation checks every step against the model's
+outputs).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ _HOLDS = {
 def _cast_type(node: gs.Node) -> np.dtype | None:
     try:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(node.attrs["to"]))
-    except (KeyError, TypeError, ValueError):  # a type NumPy has no name for (bfloat16, float8): left alone
+    # a type NumPy has no name for (bfloat16, float8): left alone
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -40,12 +43,14 @@ def _dtype(tensor: gs.Tensor) -> np.dtype | None:
 
 
 def _bypass(graph: gs.Graph, cast: gs.Node, source: gs.Tensor, read_elsewhere: set[str]) -> bool:
-    """The readers of ``cast``'s output read ``source`` instead; False where that cannot be done exactly: the
-    output is read by a subgraph (by name), or it is a graph output that ``source`` cannot become."""
+    """The readers of ``cast``'s output read ``source`` instead; False where that cannot be done
+    exactly: the output is read by a subgraph (by name), or it is a graph output that ``source``
+    cannot become."""
     out = cast.outputs[0]
     if out.name in read_elsewhere:
         return False
-    if out in graph.outputs:  # the producer writes the output's name itself, where nothing else reads ``source``
+    # the producer writes the output's name itself, where nothing else reads ``source``
+    if out in graph.outputs:
         producer = source.inputs[0] if len(source.inputs) == 1 else None
         if (producer is None or source in graph.outputs or source.name in read_elsewhere
                 or any(reader is not cast for reader in source.outputs)):
@@ -67,8 +72,9 @@ def _names_read_by_subgraphs(graph: gs.Graph) -> set[str]:
 
 
 def drop_idle_casts(graph: gs.Graph) -> int:
-    """Casts to the type their input already has, and round trips through a type that holds every value of
-    the first (float32 → float64 → float32): their readers read the input. Returns how many were taken out."""
+    """Casts to the type their input already has, and round trips through a type that holds every
+    value of the first (float32 → float64 → float32): their readers read the input. Returns how many
+    were taken out."""
     read_elsewhere = _names_read_by_subgraphs(graph)
     dropped = 0
     for cast in [n for n in graph.nodes if n.op == "Cast" and n.inputs and n.outputs]:
@@ -78,7 +84,8 @@ def drop_idle_casts(graph: gs.Graph) -> int:
         if _dtype(source) == to:
             dropped += _bypass(graph, cast, source, read_elsewhere)
             continue
-        first = source.inputs[0] if len(source.inputs) == 1 else None  # Cast(A -> wide) then this Cast(wide -> A)
+        # Cast(A -> wide) then this Cast(wide -> A)
+        first = source.inputs[0] if len(source.inputs) == 1 else None
         origin = first.inputs[0] if first is not None and first.op == "Cast" and first.inputs else None
         if origin is not None and _dtype(origin) == to and to in _HOLDS.get(_dtype(source), ()):
             dropped += _bypass(graph, cast, origin, read_elsewhere)
@@ -88,7 +95,8 @@ def drop_idle_casts(graph: gs.Graph) -> int:
 
 
 def _reduced_axes(node: gs.Node) -> list[int] | None:
-    """A ReduceMean's axes (attribute before opset 18, a constant input from it), or None where not constant."""
+    """A ReduceMean's axes (attribute before opset 18, a constant input from it), or None where not
+    constant."""
     if len(node.inputs) > 1:
         axes = node.inputs[1]
         return [int(a) for a in np.ravel(axes.values)] if isinstance(axes, gs.Constant) else None
@@ -97,8 +105,8 @@ def _reduced_axes(node: gs.Node) -> list[int] | None:
 
 def pools_from_means(graph: gs.Graph) -> int:
     """``ReduceMean(x, axes=[2, 3], keepdims=1)`` on an N×C×H×W tensor (or N×C×D×H×W) written as
-    ``GlobalAveragePool(x)``, the op it is. (Not on N×T×C: a mean over a sequence's last axis is a norm's, a unit
-    of its own.) Returns how many were rewritten."""
+    ``GlobalAveragePool(x)``, the op it is. (Not on N×T×C: a mean over a sequence's last axis is a
+    norm's, a unit of its own.) Returns how many were rewritten."""
     rewritten = 0
     for node in [n for n in graph.nodes if n.op == "ReduceMean" and n.inputs and n.outputs]:
         rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else 0

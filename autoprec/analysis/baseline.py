@@ -1,5 +1,5 @@
-"""What every trial of a search shares, computed once: the model analysed, the data loaded and split, the
-calibration ranges and the FP32 reference."""
+"""What every trial of a search shares, computed once: the model analysed, the data loaded and
+split, the calibration ranges and the FP32 reference."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ log = logging.getLogger("autoprec")
 
 @dataclass(frozen=True)
 class Baseline:
-    """What every trial of a search shares: computed once (and cached on disk when a cache is given)."""
+    """What every trial of a search shares: computed once (and cached on disk when a cache is
+    given)."""
 
     info: ModelInfo
     dataset: Dataset
@@ -64,19 +65,20 @@ def load_inputs(
     judge_shapes: bool = True,
     dims: Mapping[str, tuple[int, int | None, int]] | None = None,
 ) -> tuple[ModelInfo, Dataset, dict[str, float]]:
-    """Analyse the model (``raw``: its graph, if the caller loaded it; ``bounds``: its deployment profile's
-    min and max shapes, ``--shape`` its opt), load and split the data (the seconds each took); a model with
-    dynamic dims is judged at every shape a deployment runs (:mod:`autoprec.analysis.shape_points`;
-    ``shape_runs``: --shape-weights; ``dims``: --dim; ``judge_shapes`` False: at the data's shape alone, as results written before
-    did). Where FP16 is
+    """Analyse the model (``raw``: its graph, if the caller loaded it; ``bounds``: its deployment
+    profile's min and max shapes, ``--shape`` its opt), load and split the data (the seconds each
+    took); a model with dynamic dims is judged at every shape a deployment runs
+    (:mod:`autoprec.analysis.shape_points`; ``shape_runs``: --shape-weights; ``dims``: --dim;
+    ``judge_shapes`` False: at the data's shape alone, as results written before did). Where FP16 is
     searched, neutral ops out of FP16's range on the calibration data become units
-    (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured once per
-    model and data and kept in ``cache``)."""
+    (``out_of_range``: the ones a search recorded, instead of measuring them again; else measured
+    once per model and data and kept in ``cache``)."""
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     raw = raw if raw is not None else load_onnx(model_path)
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
-    fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]  # --const inputs need no data
+    # --const inputs need no data
+    fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]
     low, high = bounds or ({}, {})
     info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None, model=raw,
                    constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
@@ -130,7 +132,8 @@ def needs_calibration(info: ModelInfo) -> bool:
 def baseline_of(
     info: ModelInfo, dataset: Dataset, seconds: dict[str, float], cache: Path | None = None
 ) -> Baseline:
-    """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache`` when there."""
+    """Compute the FP32 reference and calibrate (when a unit may take INT8); read from ``cache``
+    when there."""
     seconds = dict(seconds)
     fingerprint = dataset.fingerprint()
     t0 = time.monotonic()
@@ -181,7 +184,8 @@ def ranged(info: ModelInfo, ranges: ActivationRanges | None) -> ModelInfo:
 
 
 def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
-    """An FP32 output that is already NaN or Inf makes every candidate's loss infinite: say so, now."""
+    """An FP32 output that is already NaN or Inf makes every candidate's loss infinite: say so,
+    now."""
     for i, outputs in enumerate(reference):
         for name, value in outputs.items():
             if value.dtype.kind == "f" and not np.isfinite(value).all():
@@ -203,7 +207,7 @@ def load_baseline(
     constants: Mapping[str, float] | None = None,
     judge_shapes: bool = True,
 ) -> Baseline:
-    """Analyse the model, load and split the data (at every shape a deployment runs, unless ``judge_shapes`` is
-    False), calibrate, compute the FP32 reference."""
+    """Analyse the model, load and split the data (at every shape a deployment runs, unless
+    ``judge_shapes`` is False), calibrate, compute the FP32 reference."""
     inputs = load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache, judge_shapes=judge_shapes)
     return baseline_of(*inputs, cache)

@@ -1,10 +1,13 @@
-"""Activation ranges and FP32 reference outputs: computed once per model and data, cached on disk."""
+"""Activation ranges and FP32 reference outputs: computed once per model and data, cached on
+disk."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import io
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -17,9 +20,12 @@ from autoprec.analysis.data import Batch
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.preparation import cpu_session
 from autoprec.analysis.subgraphs import with_outputs
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
+from autoprec.core.errors import DataError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import NEUTRAL_OPS
+
+log = logging.getLogger("autoprec")
 
 CALIBRATION_METHODS = ("minmax", "percentile-99.9", "percentile-99.99", "entropy", "mse")
 HISTOGRAM_BINS = 2048
@@ -27,12 +33,14 @@ CACHE_VERSION = "2"
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 2.0**-24  # smaller non-zero magnitudes flush to zero in FP16
 FP16_MIN_NORMAL = 2.0**-14  # below this FP16 keeps fewer significant bits
-# A neutral op whose output reaches this on the data is kept out of FP16 regions by default: a quarter
-# of FP16's largest value, so that data a little wider than the calibration's does not overflow.
+# A neutral op whose output reaches this on the data is kept out of FP16 regions by default: a
+# quarter of FP16's largest value, so that data a little wider than the calibration's does not
+# overflow.
 FP16_SAFE_MAX = FP16_MAX / 4
-# Magnitudes from here on are a float32 lowest or highest standing for an infinity (an attention mask's
-# ``finfo(float32).min``): FP16 holds them as its own extreme (constants are clamped: autoprec.lower.cast), a
-# softmax or max reads them alike, so they make no tensor out of FP16's range.
+# Magnitudes from here on are a float32 lowest or highest standing for an infinity (an attention
+# mask's ``finfo(float32).min``): FP16 holds them as its own extreme (constants are clamped:
+# autoprec.lower.cast), a softmax or max reads them alike, so they make no tensor out of FP16's
+# range.
 SENTINEL = 1e30
 
 
@@ -49,8 +57,8 @@ class TensorRange:
     hist: np.ndarray
     edges: np.ndarray
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)
-    # The mean square of each channel (the last axis) where an INT4 unit reads the tensor: how much each row of
-    # its weight matters to the output (autoprec.lower.int4's activation-aware scales).
+    # The mean square of each channel (the last axis) where an INT4 unit reads the tensor: how much
+    # each row of its weight matters to the output (autoprec.lower.int4's activation-aware scales).
     channel_power: np.ndarray | None = None
 
     def __post_init__(self):
@@ -77,7 +85,8 @@ class TensorRange:
     def clipped_share(self, method: str) -> float:
         """Share of the calibration values beyond ``method``'s threshold (clipped in INT8)."""
         amax = self.amax(method)
-        nearest = np.minimum(np.abs(self.edges[:-1]), np.abs(self.edges[1:]))  # a bin is clipped if wholly beyond
+        # a bin is clipped if wholly beyond
+        nearest = np.minimum(np.abs(self.edges[:-1]), np.abs(self.edges[1:]))
         total = self.hist.sum()
         return float(self.hist[nearest >= amax].sum() / total) if total else 0.0
 
@@ -107,13 +116,15 @@ def _entropy_amax(hist: np.ndarray, edges: np.ndarray, lo: float, hi: float) -> 
     collector = HistogramCollector("entropy", True, len(hist), 128, 99.99, "same")
     threshold = float(max(abs(edges[0]), abs(edges[-1])))
     with contextlib.redirect_stdout(io.StringIO()):
-        histogram = (hist, edges, np.float32(lo), np.float32(hi), np.float32(threshold))  # it wants NumPy scalars
+        # it wants NumPy scalars
+        histogram = (hist, edges, np.float32(lo), np.float32(hi), np.float32(threshold))
         low, high = collector.get_entropy_threshold(histogram, 128)
     return float(max(abs(low), abs(high)))
 
 
 def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 200) -> float:
-    """The threshold minimising expected INT8 error: clipping error beyond it plus rounding error within."""
+    """The threshold minimising expected INT8 error: clipping error beyond it plus rounding error
+    within."""
     centres = np.abs((edges[:-1] + edges[1:]) / 2)
     absmax = float(centres.max()) if len(centres) else 0.0
     if absmax == 0 or hist.sum() == 0:
@@ -133,8 +144,8 @@ class ActivationRanges:
         return self.tensors[name]
 
     def with_thresholds(self, method: str) -> ActivationRanges:
-        """These ranges with every tensor's ``method`` threshold computed now, once: each worker process that
-        gets a copy reads it instead of computing its own."""
+        """These ranges with every tensor's ``method`` threshold computed now, once: each worker
+        process that gets a copy reads it instead of computing its own."""
         for tensor in self.tensors.values():
             tensor.amax(method)
         return self
@@ -153,13 +164,22 @@ class ActivationRanges:
 
     @classmethod
     def load(cls, path: Path) -> ActivationRanges:
+        """The ranges :meth:`save` kept at ``path``; a ValueError for any a calibration cannot have
+        measured (not finite, out of order, negative counts), naming the tensor."""
         with np.load(path, allow_pickle=False) as npz:
             tensors = {}
             for i, name in enumerate(npz["names"].tolist()):
                 lo, hi = npz[f"minmax_{i}"].tolist()
                 counts = tuple(int(c) for c in npz[f"counts_{i}"])
                 power = npz[f"power_{i}"] if f"power_{i}" in npz.files else None
-                tensors[name] = TensorRange(lo, hi, npz[f"hist_{i}"], npz[f"edges_{i}"], counts, power)
+                hist, edges = npz[f"hist_{i}"], npz[f"edges_{i}"]
+                measurable = (math.isfinite(lo) and math.isfinite(hi) and lo <= hi and np.isfinite(hist).all()
+                              and (hist >= 0).all() and np.isfinite(edges).all() and (np.diff(edges) >= 0).all()
+                              and min(counts, default=0) >= 0 and (power is None or np.isfinite(power).all()))
+                if not measurable:
+                    raise ValueError(f"tensor {name}'s range {lo!r}..{hi!r} or histogram is not one a calibration "
+                                     "measures (not finite, out of order or negative)")
+                tensors[name] = TensorRange(lo, hi, hist, edges, counts, power)
         return cls(tensors)
 
 
@@ -178,12 +198,14 @@ def int4_inputs(info: ModelInfo) -> list[str]:
 
 
 def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
-    """A cache file's name part: the model's and the data's content, and what was computed from them."""
+    """A cache file's name part: the model's and the data's content, and what was computed from
+    them."""
     return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
 
 
 def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
-    """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the content hash)."""
+    """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the
+    content hash)."""
     powered = ",".join(int4_inputs(info))
     powered = f"|power:{powered}" if powered else ""
     return (
@@ -205,15 +227,20 @@ def calibrate(
     names = collected_tensors(info)
     cache = calibration_cache(info, fingerprint, cache_dir) if cache_dir else None
     if cache is not None and cache.exists():
-        return ActivationRanges.load(cache)
+        try:
+            return ActivationRanges.load(untrusted.npz_checked(cache, f"the cache {cache.parent}"))
+        except (*untrusted.NUMPY_UNREADABLE, KeyError, DataError) as exc:
+            log.warning(f"{cache}: not a calibration autoprec kept ({first_line(exc)}); calibrated again")
     exposed, read_as = with_outputs(info.model, names)
     session = cpu_session(info.stored.with_proto(exposed))
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
     counts = {n: np.zeros(4, np.int64) for n in names}
-    power = {n: [] for n in int4_inputs(info)}  # per batch: each channel's sum of squares, and the values' count
+    # per batch: each channel's sum of squares, and the values' count
+    power = {n: [] for n in int4_inputs(info)}
     with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
         for batch in batches:
-            # A tensor in an If branch the run did not take reads as empty: it has no values to range.
+            # A tensor in an If branch the run did not take reads as empty: it has no values to
+            # range.
             values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
             collector.collect({n: _histogrammable(v) for n, v in values.items()})
             for name in power.keys() & values.keys():
@@ -250,9 +277,10 @@ def _mean_power(sums: list | None) -> np.ndarray | None:
 
 
 def _histogrammable(value: np.ndarray) -> np.ndarray:
-    """The values a histogram can bin: infinities and NaNs left out (an attention mask's -inf has no INT8 range)
-    and magnitudes bounded to SENTINEL (a mask of float32's lowest would make every bin infinitely wide).
-    An INT8 plan for such a tensor is still measured: the search sees what its clipping costs."""
+    """The values a histogram can bin: infinities and NaNs left out (an attention mask's -inf has no
+    INT8 range) and magnitudes bounded to SENTINEL (a mask of float32's lowest would make every bin
+    infinitely wide). An INT8 plan for such a tensor is still measured: the search sees what its
+    clipping costs."""
     value = np.asarray(value, np.float32).ravel()
     finite = value[np.isfinite(value)]
     return np.clip(finite, -SENTINEL, SENTINEL) if finite.size else np.zeros(1, np.float32)
@@ -260,12 +288,12 @@ def _histogrammable(value: np.ndarray) -> np.ndarray:
 
 def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: str = "",
                        cache_dir: Path | None = None) -> list[str]:
-    """Precision-neutral nodes of the top graph, in no unit, that read or make a float tensor reaching
-    ``FP16_SAFE_MAX`` on ``batches``: in FP16 they (or the Cast before them) would overflow (a GELU's
-    cube, a sum of squares' square). Each tensor's largest magnitude is reduced inside the run, so no
-    activation is copied out. With ``cache_dir``, kept there under the model's and data's
-    (``fingerprint``) content, as calibration is: a resumed search and every worker read it, not
-    one more pass over the calibration batches."""
+    """Precision-neutral nodes of the top graph, in no unit, that read or make a float tensor
+    reaching ``FP16_SAFE_MAX`` on ``batches``: in FP16 they (or the Cast before them) would overflow
+    (a GELU's cube, a sum of squares' square). Each tensor's largest magnitude is reduced inside the
+    run, so no activation is copied out. With ``cache_dir``, kept there under the model's and data's
+    (``fingerprint``) content, as calibration is: a resumed search and every worker read it, not one
+    more pass over the calibration batches."""
     graph = info.model.graph
     in_units = {n for u in info.units for n in u.nodes}
     constants = {i.name for i in graph.initializer}
@@ -280,7 +308,8 @@ def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: s
     kept = (atomic.read_keyed(cache, key) or {}).get("names") if cache is not None else None
     if isinstance(kept, list) and all(isinstance(n, str) for n in kept) and set(kept) <= {n.name for n in watched}:
         return kept
-    found = _out_of_range(info, batches, watched, tensors)  # none kept, or damaged: measured (again)
+    # none kept, or damaged: measured (again)
+    found = _out_of_range(info, batches, watched, tensors)
     if cache is not None:
         atomic.write_keyed(cache, key, {"names": found})
     return found
@@ -303,5 +332,6 @@ def _out_of_range(info: ModelInfo, batches: Sequence[Batch], watched: list, tens
     peaks = np.zeros(len(tensors))
     for batch in batches:
         peaks = np.maximum(peaks, [float(v) for v in session.run(None, batch)])
-    wide = {name for name, peak in zip(tensors, peaks) if not peak < FP16_SAFE_MAX}  # NaN counts too
+    # NaN counts too
+    wide = {name for name, peak in zip(tensors, peaks) if not peak < FP16_SAFE_MAX}
     return [n.name for n in watched if wide & {*n.input, *n.output}]

@@ -1,5 +1,6 @@
-"""Per-channel steps after a Conv folded into its weights and bias, as engines fuse them before quantizing:
-BatchNormalization, and the scale Muls and bias Adds some exporters write in its place."""
+"""Per-channel steps after a Conv folded into its weights and bias, as engines fuse them before
+quantizing: BatchNormalization, and the scale Muls and bias Adds some exporters write in its
+place."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def _absorb(conv: gs.Node, bias: gs.Constant, after: gs.Node) -> None:
 
 
 def _per_channel(constant: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """An Add's or Mul's constant as one value per output channel of an N×C×… Conv output, or None where it is
-    not one."""
+    """An Add's or Mul's constant as one value per output channel of an N×C×… Conv output, or None
+    where it is not one."""
     if constant.size == 1:
         return np.full(channels, constant.item(), constant.dtype)
     shape = (1,) * (rank - constant.ndim) + constant.shape
@@ -60,8 +61,9 @@ def _per_channel(constant: np.ndarray, channels: int, rank: int) -> np.ndarray |
 
 
 def _conv_and_constant(node: gs.Node, graph: gs.Graph) -> tuple[gs.Node, np.ndarray] | None:
-    """The Conv (all its weights constant) that alone feeds a two-input ``node``, and ``node``'s other input as
-    one value per output channel; None where ``node`` is not such a per-channel step after a Conv."""
+    """The Conv (all its weights constant) that alone feeds a two-input ``node``, and ``node``'s
+    other input as one value per output channel; None where ``node`` is not such a per-channel step
+    after a Conv."""
     for x, constant in (node.inputs, node.inputs[::-1]):
         if not (isinstance(constant, gs.Constant) and len(x.inputs) == 1 and len(x.outputs) == 1):
             continue
@@ -76,10 +78,11 @@ def _conv_and_constant(node: gs.Node, graph: gs.Graph) -> tuple[gs.Node, np.ndar
 
 
 def fold_channel_steps(graph: gs.Graph) -> tuple[int, int]:
-    """Fold a Mul by a per-channel constant (tf2onnx's BatchNorm scale after a depthwise Conv), then an Add of one
-    (PaddlePaddle exports every Conv bias as one), into the Conv before it. Unfolded, the Q that ends an INT8
-    Conv sits before them, and they, the activation and a second Q/DQ run in float: ONNX Runtime's QLinearConv
-    takes a bias; exact in FP32 but for rounding. Returns the scales and the biases folded."""
+    """Fold a Mul by a per-channel constant (tf2onnx's BatchNorm scale after a depthwise Conv), then
+    an Add of one (PaddlePaddle exports every Conv bias as one), into the Conv before it. Unfolded,
+    the Q that ends an INT8 Conv sits before them, and they, the activation and a second Q/DQ run in
+    float: ONNX Runtime's QLinearConv takes a bias; exact in FP32 but for rounding. Returns the
+    scales and the biases folded."""
     folded = {"Mul": 0, "Add": 0}
     for op in ("Mul", "Add"):
         for node in [n for n in graph.nodes if n.op == op and len(n.inputs) == 2]:

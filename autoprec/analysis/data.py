@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -12,6 +11,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
+from autoprec.analysis.label_files import load_labels
 from autoprec.analysis.model_info import TensorSpec
 from autoprec.core import untrusted
 from autoprec.core.errors import DataError
@@ -20,11 +20,6 @@ from autoprec.record.facts import ShapePoint
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
 Batch = dict[str, np.ndarray]
-# Ground truth the data may carry beside the inputs, one entry per item (see accuracy.LABEL_FORMS).
-LABEL_ARRAYS = ("labels", "text", "boxes", "masks")
-LABELS_SIDECAR = "labels.json"  # in an image folder: {"labels" | "text" | "boxes": {file name: value}}
-# What NumPy raises for a file that is not a (readable) .npy/.npz: object arrays need pickle, which is never allowed.
-UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 
 class RandomDataWarning(UserWarning):
@@ -33,8 +28,9 @@ class RandomDataWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Workload:
-    """What one latency stands for: the batches one deployment request runs, each ``runs`` times (a decoder's
-    prompt once and a decode step per token it generates; the one batch of a model deployed at one shape)."""
+    """What one latency stands for: the batches one deployment request runs, each ``runs`` times (a
+    decoder's prompt once and a decode step per token it generates; the one batch of a model
+    deployed at one shape)."""
 
     parts: tuple[tuple[str, Batch, int], ...]  # (point name, batch, runs)
 
@@ -48,7 +44,8 @@ class Workload:
 
     @property
     def first(self) -> Batch:
-        """The batch a profile of the engine's nodes runs: the part with the most runs (decode, for a decoder)."""
+        """The batch a profile of the engine's nodes runs: the part with the most runs (decode, for
+        a decoder)."""
         return max(self.parts, key=lambda part: part[2])[1]
 
 
@@ -62,26 +59,31 @@ class Dataset:
     source: str
     random: bool
     labels: tuple[Batch, ...] | None = None
-    # Items the data holds at other shapes than the search's, a batch of one each: a point of their own where the
-    # model's dims are dynamic (autoprec.analysis.shape_points), and the shipped model checked on them.
+    # Items the data holds at other shapes than the search's, a batch of one each: a point of their
+    # own where the model's dims are dynamic (autoprec.analysis.shape_points), and the shipped model
+    # checked on them.
     other_shapes: tuple[Batch, ...] = ()
-    calibration_labels: tuple[Batch, ...] | None = None  # the calibration batches' ground truth, likewise
-    # More shapes than the data's one (autoprec.analysis.shape_points): the points, and the point of each
-    # evaluation and calibration batch (the batches of all points interleaved, so any leading run holds each).
+    # the calibration batches' ground truth, likewise
+    calibration_labels: tuple[Batch, ...] | None = None
+    # More shapes than the data's one (autoprec.analysis.shape_points): the points, and the point of
+    # each evaluation and calibration batch (the batches of all points interleaved, so any leading
+    # run holds each).
     points: tuple[ShapePoint, ...] = ()
     evaluation_at: tuple[int, ...] = ()
     calibration_at: tuple[int, ...] = ()
 
     @property
     def main_evaluation(self) -> tuple[Batch, ...]:
-        """The evaluation batches at the data's own shape (point 0): what is fitted to other shapes."""
+        """The evaluation batches at the data's own shape (point 0): what is fitted to other
+        shapes."""
         if not self.points:
             return self.evaluation
         return tuple(b for b, at in zip(self.evaluation, self.evaluation_at) if at == 0)
 
     @property
     def workload(self) -> Workload:
-        """What a latency times: each timed point's first evaluation batch, run as often as a request runs it."""
+        """What a latency times: each timed point's first evaluation batch, run as often as a
+        request runs it."""
         if not self.points:
             return Workload.of(self.evaluation[0])
         firsts = {at: b for b, at in reversed(list(zip(self.evaluation, self.evaluation_at)))}
@@ -89,7 +91,8 @@ class Dataset:
 
     @property
     def calibration_apart(self) -> bool:
-        """Whether the calibration batches are others than the evaluation batches (not one batch for both)."""
+        """Whether the calibration batches are others than the evaluation batches (not one batch for
+        both)."""
         return not any(c is e for c in self.calibration for e in self.evaluation)
 
     def fingerprint(self) -> str:
@@ -113,7 +116,7 @@ def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[s
     if path is None:
         return {}
     path = Path(path)
-    files = _files(path)
+    files = data_files(path)
     if files and all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
         specs = {i.name: i for i in inputs}
         return {name: _item_shape(arr.shape[1:], specs[name]) for name, arr in _read_arrays(path, files, inputs).items()}
@@ -121,7 +124,8 @@ def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[s
 
 
 def _item_shape(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
-    """An item's shape without the batch dim of 1 it was saved whole with (as :func:`load_items` accepts it)."""
+    """An item's shape without the batch dim of 1 it was saved whole with (as :func:`load_items`
+    accepts it)."""
     axis = spec.batch_axis
     if axis is not None and len(shape) == len(spec.shape) and shape[axis] == 1:
         return shape[:axis] + shape[axis + 1:]
@@ -134,7 +138,7 @@ def scalar_values(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict
     scalars = [i for i in inputs if not i.shape]
     if path is None or not scalars:
         return {}
-    files = _files(Path(path))
+    files = data_files(Path(path))
     if not all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
         return {}
     try:
@@ -144,7 +148,7 @@ def scalar_values(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict
     return {i.name: arrays[i.name].reshape(len(arrays[i.name]), -1)[0, 0] for i in scalars if arrays[i.name].size}
 
 
-def _files(path: Path) -> list[Path]:
+def data_files(path: Path) -> list[Path]:
     if not path.exists():
         raise DataError(f"--data {path}: no such file or folder; check the path")
     if path.is_file():
@@ -177,8 +181,9 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                         + (f", or give the scalar {scalar} with --const {scalar}=VALUE" if scalar else "")
                     )
                 return {n: _stack_of_items(npz[n], path, n) for n in names}
-        except UNREADABLE as exc:
-            pickled = "allow_pickle" in str(exc)  # an object array (Python strings, ragged lists): never unpickled
+        except untrusted.NUMPY_UNREADABLE as exc:
+            # an object array (Python strings, ragged lists): never unpickled
+            pickled = "allow_pickle" in str(exc)
             raise DataError(
                 f"--data {path}: cannot be read as a NumPy .npz file ({exc}); "
                 + ("store its strings as a str array (np.array(texts, dtype=str)) and numbers as numeric arrays, "
@@ -204,15 +209,18 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                     for item in _file_items({n: npz[n] for n in names}, inputs):
                         for n in names:
                             items[n].append(item[n])
-        except UNREADABLE as exc:
-            raise DataError(f"--data {f}: cannot be read as a NumPy file ({exc}); re-save it with numpy.save") from None
+        except untrusted.NUMPY_UNREADABLE as exc:
+            why = "not a NumPy array file" if "pickle" in str(exc) else str(exc)  # NumPy's word for any other file
+            raise DataError(f"--data {f}: cannot be read as a NumPy .npy/.npz file ({why}); give arrays saved with "
+                            "numpy.save or numpy.savez (or image files), and no other files in a --data folder") from None
     main = _main_group(items, inputs)
     return {n: np.stack([a for i, a in enumerate(arrays) if i in main]) for n, arrays in items.items()}
 
 
 def _file_items(arrays: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
-    """One .npz file of a folder as items: one item, or — where its arrays carry the batch dim with more than one
-    row (a file per phase: a prompt batch, a decode batch) — one per row, each kept whole with a batch of 1."""
+    """One .npz file of a folder as items: one item, or — where its arrays carry the batch dim with
+    more than one row (a file per phase: a prompt batch, a decode batch) — one per row, each kept
+    whole with a batch of 1."""
     batched = [s for s in inputs if s.batch_axis is not None and np.ndim(arrays[s.name]) == len(s.shape)]
     rows = {np.shape(arrays[s.name])[s.batch_axis] for s in batched}
     if not batched or len(rows) != 1 or (count := rows.pop()) <= 1:
@@ -228,9 +236,10 @@ def _file_items(arrays: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) 
 
 
 def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSpec]) -> set[int]:
-    """The files whose items the search measures on: where their shapes differ (a folder of text lines of
-    several widths), those at the inputs' shapes where these are fixed, else the most of one shape; the
-    others are kept apart (:func:`other_shapes`) for the check of the shipped model."""
+    """The files whose items the search measures on: where their shapes differ (a folder of text
+    lines of several widths), those at the inputs' shapes where these are fixed, else the most of
+    one shape; the others are kept apart (:func:`other_shapes`) for the check of the shipped
+    model."""
     signatures = [
         tuple(arrays[i].shape for arrays in items.values()) for i in range(len(next(iter(items.values()), [])))
     ]
@@ -240,11 +249,13 @@ def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSp
     common = max(
         set(fitting or signatures), key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign))
     )
-    return {i for i, sign in enumerate(signatures) if sign == common}  # one shape exactly: they stack
+    # one shape exactly: they stack
+    return {i for i, sign in enumerate(signatures) if sign == common}
 
 
 def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:
-    """Whether an item of ``shape`` is one of ``spec``'s (fixed) items, alone or saved whole with a batch of 1."""
+    """Whether an item of ``shape`` is one of ``spec``'s (fixed) items, alone or saved whole with a
+    batch of 1."""
     if not all(isinstance(d, int) for d in spec.shape):
         return False
     whole = tuple(1 if a == spec.batch_axis else d for a, d in enumerate(spec.shape))
@@ -252,12 +263,13 @@ def _fits(shape: tuple[int, ...], spec: TensorSpec) -> bool:
 
 
 def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple[Batch, ...]:
-    """The data's items at other shapes than the search's (see :func:`_main_group`), each a batch of one, in
-    file order: the shipped model, whose dims stay dynamic, is checked on them against the given model."""
+    """The data's items at other shapes than the search's (see :func:`_main_group`), each a batch of
+    one, in file order: the shipped model, whose dims stay dynamic, is checked on them against the
+    given model."""
     if path is None:
         return ()
     path = Path(path)
-    files = _files(path)
+    files = data_files(path)
     if path.is_file() or not all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
         return ()
     names = [i.name for i in inputs]
@@ -299,7 +311,7 @@ def load_items(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptio
 def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions) -> tuple[dict[str, np.ndarray], str]:
     """:func:`load_items`, and how images were read ("" for arrays)."""
     path = Path(path)
-    files = _files(path)
+    files = data_files(path)
     described = ""
     if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
         if len(inputs) != 1:
@@ -310,7 +322,8 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
         items, described = {inputs[0].name: images}, f" ({len(files)} images into {inputs[0].name} as {how})"
     else:
         items = _read_arrays(path, files, inputs)
-    once = set()  # inputs given as one tensor for every run (weights fed as an input): repeated for each item
+    # inputs given as one tensor for every run (weights fed as an input): repeated for each item
+    once = set()
     for spec in inputs:
         arr = items[spec.name]
         want = spec.item_shape
@@ -335,7 +348,8 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
                 f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)} "
                 f"stacked along a first axis{whole}, or, where the model's dims are dynamic, a --shape that fits them"
             )
-        if spec.dtype == "object" and arr.dtype.kind in "US":  # a string input: ONNX Runtime takes str objects
+        # a string input: ONNX Runtime takes str objects
+        if spec.dtype == "object" and arr.dtype.kind in "US":
             arr = arr.astype(object)
         if np.dtype(arr.dtype).kind != np.dtype(spec.dtype).kind:
             raise DataError(
@@ -356,115 +370,6 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
     for name in once:  # a view: the one tensor, read as every item's
         items[name] = np.broadcast_to(items[name], (count, *items[name].shape[1:]))
     return items, described
-
-
-def load_labels(path: str | Path, inputs: Sequence[TensorSpec], count: int) -> dict[str, np.ndarray]:
-    """Ground truth beside the inputs: arrays named ``labels``/``text``/``boxes``/``masks`` in the .npz file(s), or
-    ``labels.json`` in an image folder; checked to hold one entry per item."""
-    path = Path(path)
-    files = _files(path)
-    names = {i.name for i in inputs}
-    found: dict[str, np.ndarray] = {}
-    if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
-        found = _sidecar_labels(path, files) if path.is_dir() else {}
-    elif all(f.suffix.lower() == ".npz" for f in files):
-        per_file: dict[str, list[np.ndarray]] = {}
-        for f in files:
-            for key, array in _label_arrays(f, names).items():
-                per_file.setdefault(key, []).append(array)
-        one_stack = len(files) == 1 and path.is_file()
-        for key, arrays in per_file.items():
-            if len(arrays) != len(files):
-                raise DataError(f"--data {path}: only {len(arrays)} of {len(files)} files hold a {key!r} array; "
-                                "give it in every file or in none")
-            found[key] = arrays[0] if one_stack else _stacked_labels(arrays, path, key)
-    for key, array in found.items():
-        _check_labels(path, key, array, count)
-    return {key: (array.astype(str) if key == "text" else array) for key, array in found.items()}
-
-
-def _label_arrays(path: Path, inputs: set[str]) -> dict[str, np.ndarray]:
-    """The label arrays one .npz file holds (those not named like an input); an object array (never unpickled) is
-    told to be stored as a str or integer array."""
-    with np.load(untrusted.npz_checked(path, f"--data {path}"), allow_pickle=False) as npz:
-        found = {}
-        for key in LABEL_ARRAYS:
-            if key in npz.files and key not in inputs:
-                try:
-                    found[key] = npz[key]
-                except UNREADABLE:
-                    raise DataError(f"--data {path}: its {key!r} array is stored as Python objects, which autoprec "
-                                    "never unpickles; store it as a numeric array (np.asarray(labels, dtype=np.int64)"
-                                    ", or dtype=str for text), then numpy.savez") from None
-        return found
-
-
-def _stacked_labels(arrays: list[np.ndarray], path: Path, key: str) -> np.ndarray:
-    shapes = {a.shape for a in arrays}
-    if key != "boxes" and len(shapes) == 1:
-        return np.stack(arrays)
-    if key == "boxes" and all(a.ndim == 2 for a in arrays):  # ragged per file: padded with class -1
-        rows = max(len(a) for a in arrays)
-        padded = np.full((len(arrays), rows, 5), -1.0)
-        for i, a in enumerate(arrays):
-            padded[i, : len(a)] = a[:, :5]
-        return padded
-    raise DataError(f"--data {path}: the files' {key!r} arrays have different shapes {sorted(shapes)}; make them equal")
-
-
-def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
-    sidecar = folder / LABELS_SIDECAR
-    if not sidecar.is_file():
-        return {}
-    try:
-        document = untrusted.parse_json(untrusted.read_bytes(sidecar, "a labels file", given=True))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"--data {sidecar}: cannot be read as JSON ({exc}); fix or remove it") from None
-    if (
-        not isinstance(document, dict)
-        or not set(document) <= set(LABEL_ARRAYS)
-        or not all(isinstance(v, dict) for v in document.values())
-    ):
-        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\", \"boxes\" and/or \"masks\", "
-                        "each mapping an image file name to its value")
-    found = {}
-    for key, by_file in document.items():
-        missing = [f.name for f in files if f.name not in by_file]
-        if missing:
-            raise DataError(
-                f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first {missing[0]!r}; "
-                "give every image one (a negative class marks one not labelled)"
-            )
-        values = [by_file[f.name] for f in files]
-        try:
-            if key == "boxes":
-                found[key] = _stacked_labels([np.asarray(v, np.float64).reshape(-1, 5) for v in values], sidecar, key)
-            else:
-                found[key] = np.asarray(values, str if key == "text" else None)
-        except (ValueError, TypeError) as exc:
-            raise DataError(
-                f'--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, "Labels"'
-            ) from None
-    return found
-
-
-def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
-    kind = {"labels": "iu", "text": "US", "boxes": "fiu", "masks": "iu"}[key]
-    if array.dtype.kind not in kind or array.ndim == 0:
-        raise DataError(f"--data {path}: {key!r} is {array.dtype} shaped {list(array.shape)}: it must be "
-                        + {"labels": "integer classes, one per item (N or N×T)", "text": "strings, one per item",
-                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class pads)",
-                           "masks": "integer classes per pixel, N×H×W (negative: not labelled)"}[key])
-    if key == "boxes" and (array.ndim != 3 or array.shape[2] != 5):
-        raise DataError(f"--data {path}: 'boxes' is shaped {list(array.shape)}, not N×M×5 (class, x1, y1, x2, y2)")
-    if key == "masks" and array.ndim != 3:
-        raise DataError(f"--data {path}: 'masks' is shaped {list(array.shape)}, not N×H×W (a class per pixel)")
-    if len(array) != count:
-        raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
-    if key != "text" and array.size and not (array[..., 0] if key == "boxes" else array).max() >= 0:
-        raise DataError(f"--data {path}: {key!r} labels nothing (every " + ("box's class" if key == "boxes" else
-                        "class") + " is negative, which marks no label); give the items' true "
-                        + ("boxes" if key == "boxes" else "classes") + f", or leave the {key!r} array out")
 
 
 RANDOM_INTEGERS = (0, 100)  # what random data draws integer inputs from, upper bound excluded
@@ -503,7 +408,8 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int 
 
 
 def constant_items(inputs: Sequence[TensorSpec], constants: Mapping[str, float], count: int) -> dict[str, np.ndarray]:
-    """``--const NAME=VALUE``: every item of input NAME holds VALUE (a scalar input's one value per run)."""
+    """``--const NAME=VALUE``: every item of input NAME holds VALUE (a scalar input's one value per
+    run)."""
     by_name = {i.name: i for i in inputs}
     unknown = sorted(set(constants) - set(by_name))
     if unknown:
@@ -551,6 +457,17 @@ def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -
     return batches
 
 
+def _check_varied(path: str | Path, items: Mapping[str, np.ndarray]) -> None:
+    """Refuse data whose items are all one input (a preprocessing that wrote zeros): every plan would
+    be judged on that one input, and lose nothing on it."""
+    arrays = [a for a in items.values() if len(a) > 1 and a.size]
+    if arrays and all(bool((a == a[0]).all()) for a in arrays):
+        first = arrays[0].reshape(-1)[0]
+        value = f" (every value {first!r:.12})" if all(bool((a == a.reshape(-1)[0]).all()) for a in arrays) else ""
+        raise DataError(f"--data {path}: all {len(arrays[0])} items are the same input{value}: every plan would be "
+                        "judged on that one input; give varied data, as the model sees in deployment")
+
+
 def build_dataset(
     path: str | Path | None,
     inputs: Sequence[TensorSpec],
@@ -559,10 +476,12 @@ def build_dataset(
     image: ImageOptions = ImageOptions(),
     constants: Mapping[str, float] | None = None,
 ) -> Dataset:
-    """Load (or make) the inputs and split the batches: up to half for calibration, the rest for evaluation.
-    ``constants`` (``--const``) feed their inputs one value; the data need not hold them."""
+    """Load (or make) the inputs and split the batches: up to half for calibration, the rest for
+    evaluation. ``constants`` (``--const``) feed their inputs one value; the data need not hold
+    them."""
     constants = dict(constants or {})
-    constant_items(inputs, constants, 0)  # an unknown name or a fraction for an integer: said before any data is read
+    # an unknown name or a fraction for an integer: said before any data is read
+    constant_items(inputs, constants, 0)
     fed = [i for i in inputs if i.name not in constants]
     if path is None:
         if fed:
@@ -581,8 +500,10 @@ def build_dataset(
     items.update(constant_items(inputs, constants, count))
     if constants:
         source += " + " + ", ".join(f"{k}={v:g}" for k, v in constants.items())
-    labels = load_labels(path, fed, count) if path is not None else {}
+    labels = load_labels(path, data_files(Path(path)), fed, count) if path is not None else {}
     batches = batch_items(items, inputs)
+    if path is not None:
+        _check_varied(path, {spec.name: items[spec.name] for spec in fed})
     truths = batch_items(labels, inputs) if labels else None
     order = np.random.default_rng(seed).permutation(len(batches))
     batches = [batches[i] for i in order]

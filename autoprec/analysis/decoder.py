@@ -1,11 +1,13 @@
-"""A decoder with a KV cache, recognised from its inputs and outputs, and the two phases it runs in deployment.
+"""A decoder with a KV cache, recognised from its inputs and outputs, and the two phases it runs in
+deployment.
 
-A decoder exported with its cache (optimum's ``text-generation-with-past``, a LLaMA/Mistral/Phi/Qwen export, a
-hand-written one) takes the tokens, an attention mask, maybe positions, and a *past* per layer; it returns logits and
-a *present* per layer, which the next run takes as its past. Generation runs it in two phases: *prefill* (the
-prompt's tokens, no past) and *decode* (one token at a time, the past growing). A plan judged at one of them may be
-wrong at the other, so the search judges both, with pasts made the way generation makes them: by running the FP32
-model on the data's own tokens.
+A decoder exported with its cache (optimum's ``text-generation-with-past``, a LLaMA/Mistral/Phi/Qwen
+export, a hand-written one) takes the tokens, an attention mask, maybe positions, and a *past* per
+layer; it returns logits and a *present* per layer, which the next run takes as its past. Generation
+runs it in two phases: *prefill* (the prompt's tokens, no past) and *decode* (one token at a time,
+the past growing). A plan judged at one of them may be wrong at the other, so the search judges
+both, with pasts made the way generation makes them: by running the FP32 model on the data's own
+tokens.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ from autoprec.analysis.model_info import TensorSpec
 Batch = dict[str, np.ndarray]
 Run = Callable[[Batch], Mapping[str, np.ndarray]]  # a model run: feeds in, outputs by name
 
-# An output named like the left side is fed back as the input named like the right (optimum, Hugging Face's
-# exporters, ONNX Runtime's GenAI builder, most hand-written exports).
+# An output named like the left side is fed back as the input named like the right (optimum, Hugging
+# Face's exporters, ONNX Runtime's GenAI builder, most hand-written exports).
 CACHE_NAMES = ((r"^present\.", "past_key_values."), (r"^present_key_values\.", "past_key_values."),
                (r"^present_", "past_"), (r"^present", "past"))
 TOKEN_NAMES = ("input_ids", "decoder_input_ids", "tokens", "ids")
 MASK_NAMES = ("attention_mask", "decoder_attention_mask")
 POSITION_NAMES = ("position_ids", "cache_position")
-BRANCH_NAMES = ("use_cache_branch",)  # a merged export's flag: False runs the graph without a past, True with it
+# a merged export's flag: False runs the graph without a past, True with it
+BRANCH_NAMES = ("use_cache_branch",)
 
 
 @dataclass(frozen=True)
 class CachePair:
-    """One layer's cache tensor: the input it is read from, the output it is returned in, the axis it grows on."""
+    """One layer's cache tensor: the input it is read from, the output it is returned in, the axis
+    it grows on."""
 
     past: str
     present: str
@@ -49,7 +53,8 @@ class Decoder:
     cache: tuple[CachePair, ...]
     mask: str | None = None
     positions: str | None = None
-    unbatched: tuple[str, ...] = ()  # inputs fed one tensor per run whatever the rows (a merged export's branch flag)
+    # inputs fed one tensor per run whatever the rows (a merged export's branch flag)
+    unbatched: tuple[str, ...] = ()
     branch: str | None = None
 
     def past_length(self, batch: Mapping[str, np.ndarray]) -> int:
@@ -62,9 +67,10 @@ class Decoder:
 
 
 def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Decoder | None:
-    """The decoder roles of a model, or None: it needs an output fed back as an input (by its name, as
-    ``present.N.key`` feeds ``past_key_values.N.key``, or else by its dims: an input dim named P returned as
-    ``P + S``), a 2-D integer token input and a float logits output shaped [batch, sequence, vocabulary]."""
+    """The decoder roles of a model, or None: it needs an output fed back as an input (by its name,
+    as ``present.N.key`` feeds ``past_key_values.N.key``, or else by its dims: an input dim named P
+    returned as ``P + S``), a 2-D integer token input and a float logits output shaped [batch,
+    sequence, vocabulary]."""
     by_name = {i.name: i for i in inputs}
     cache = _paired_by_name(by_name, outputs) or _paired_by_dims(inputs, outputs)
     fed_back = {p.past for p in cache}
@@ -103,8 +109,9 @@ def _paired_by_name(inputs: Mapping[str, TensorSpec], outputs: Sequence[TensorSp
 
 
 def _paired_by_dims(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> list[CachePair]:
-    """Outputs fed back by their dims: an input and an output of one rank and type whose dims agree but on one
-    axis, where the input's dim name P reappears in the output's (``P + S``), paired in order."""
+    """Outputs fed back by their dims: an input and an output of one rank and type whose dims agree
+    but on one axis, where the input's dim name P reappears in the output's (``P + S``), paired in
+    order."""
     pairs, taken = [], set()
     for out in outputs:
         for spec in inputs:
@@ -119,7 +126,8 @@ def _paired_by_dims(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec])
 
 
 def _growing_axis(past: TensorSpec, present: TensorSpec) -> int | None:
-    """The one axis where a cache input's dim and its output's differ (the sequence it grows along)."""
+    """The one axis where a cache input's dim and its output's differ (the sequence it grows
+    along)."""
     differ = [a for a, (p, q) in enumerate(zip(past.shape, present.shape)) if p != q]
     if len(differ) == 1 and not isinstance(past.shape[differ[0]], int):
         return differ[0]
@@ -128,8 +136,8 @@ def _growing_axis(past: TensorSpec, present: TensorSpec) -> int | None:
 
 
 def prefill(decoder: Decoder, batch: Batch, tokens: np.ndarray) -> Batch:
-    """``batch`` as the first run of a generation: ``tokens`` (batch × sequence) and no past (its cache inputs
-    zero-long along their growing axis); its other inputs kept."""
+    """``batch`` as the first run of a generation: ``tokens`` (batch × sequence) and no past (its
+    cache inputs zero-long along their growing axis); its other inputs kept."""
     fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
     for pair in decoder.cache:
         shape = list(np.shape(batch[pair.past]))
@@ -139,7 +147,8 @@ def prefill(decoder: Decoder, batch: Batch, tokens: np.ndarray) -> Batch:
 
 
 def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], tokens: np.ndarray) -> Batch:
-    """The run after ``batch`` gave ``outputs``: ``tokens`` (batch × 1) with the cache it returned as the past."""
+    """The run after ``batch`` gave ``outputs``: ``tokens`` (batch × 1) with the cache it returned
+    as the past."""
     fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
     for pair in decoder.cache:
         fed[pair.past] = np.asarray(outputs[pair.present])
@@ -147,7 +156,8 @@ def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], 
 
 
 def _branch(decoder: Decoder, fed: Batch, with_past: bool) -> Batch:
-    """A merged export's branch flag set for the phase (its graph without a past at prefill, with it after)."""
+    """A merged export's branch flag set for the phase (its graph without a past at prefill, with it
+    after)."""
     if decoder.branch is not None and decoder.branch in fed:
         fed[decoder.branch] = np.full(np.shape(fed[decoder.branch]), with_past, dtype=bool)
     return fed
@@ -173,15 +183,16 @@ def greedy(logits: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Generated:
-    """A greedy generation: the tokens chosen (batch × steps) and each step's last-position logits."""
+    """A greedy generation: the tokens chosen (batch × steps) and each step's last-position
+    logits."""
 
     tokens: np.ndarray
     logits: tuple[np.ndarray, ...]
 
 
 def generate(run: Run, decoder: Decoder, first: Batch, steps: int) -> Generated:
-    """Greedy generation of ``steps`` tokens from the prefill run ``first``, each run fed the cache the run
-    before it returned (the model's own, as a deployment's)."""
+    """Greedy generation of ``steps`` tokens from the prefill run ``first``, each run fed the cache
+    the run before it returned (the model's own, as a deployment's)."""
     fed, tokens, logits = first, [], []
     for step in range(steps):
         outputs = run(fed)

@@ -1,9 +1,9 @@
-"""What running the model at each point of its shape profile asks of memory, estimated before any work: the
-tensors alive at once as the graph runs at the measured shapes (opt), grown as the inputs grow at each point, in
-the two ONNX Runtime sessions the shipped model's check holds side by side (each arena grown past its need, each
-with the weights), and the check's batches of inputs and of outputs. A point this machine cannot hold is refused
-before the search starts, naming the option that asked for it (the search measures at opt, ``--shape``; the check
-runs min and max too)."""
+"""What running the model at each point of its shape profile asks of memory, estimated before any
+work: the tensors alive at once as the graph runs at the measured shapes (opt), grown as the inputs
+grow at each point, in the two ONNX Runtime sessions the shipped model's check holds side by side
+(each arena grown past its need, each with the weights), and the check's batches of inputs and of
+outputs. A point this machine cannot hold is refused before the search starts, naming the option
+that asked for it (the search measures at opt, ``--shape``; the check runs min and max too)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ from autoprec.core.profile import ShapeProfile, dims_text
 OPTION = {"opt": "--shape", "max": "--max-shape", "min": "--min-shape"}
 SESSIONS = 2  # the given model and the shipped one, side by side in the check (measure.deployment)
 ARENA = 2  # ONNX Runtime's CPU arena grows in doubling chunks: what it holds, over what is alive
-BATCHES = 4  # batches of inputs fitted to a point, all held at once by the check (deployment.CHECKED_BATCHES)
-OUTPUT_COPIES = 8  # each batch's outputs as the check holds them: both models', stacked, compared in float64
+# batches of inputs fitted to a point, all held at once by the check (deployment.CHECKED_BATCHES)
+BATCHES = 4
+# each batch's outputs as the check holds them: both models', stacked, compared in float64
+OUTPUT_COPIES = 8
 
 
 def available_bytes() -> int | None:
-    """The memory this machine can give now (MemAvailable), else its physical memory; None where unknown."""
+    """The memory this machine can give now (MemAvailable), else its physical memory; None where
+    unknown."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -59,8 +62,9 @@ def _sizes(graph: onnx.GraphProto) -> dict[str, int]:
 
 
 def live_peak_bytes(model: onnx.ModelProto) -> int:
-    """The most bytes of computed tensors alive at once as the top graph runs in its order (each freed after its
-    last reader; outputs kept), where value_info records their shapes; 0 where it records none."""
+    """The most bytes of computed tensors alive at once as the top graph runs in its order (each
+    freed after its last reader; outputs kept), where value_info records their shapes; 0 where it
+    records none."""
     graph, sizes = model.graph, _sizes(model.graph)
     last = {}
     for index, node in enumerate(graph.node):
@@ -78,7 +82,8 @@ def live_peak_bytes(model: onnx.ModelProto) -> int:
 
 def asked(profile: ShapeProfile, itemsizes: Mapping[str, int], peak_at_opt: int, outputs_at_opt: int = 0,
           weights: int = 0) -> dict[str, int]:
-    """Per point of the profile, the bytes running the model there asks (see the module docstring)."""
+    """Per point of the profile, the bytes running the model there asks (see the module
+    docstring)."""
     found = {}
     for point in ("opt", "min", "max"):
         inputs = sum(_elements(i.at(point)) * itemsizes.get(i.name, 4) for i in profile.inputs)
@@ -90,8 +95,8 @@ def asked(profile: ShapeProfile, itemsizes: Mapping[str, int], peak_at_opt: int,
 
 def check_fits(profile: ShapeProfile, itemsizes: Mapping[str, int], model: onnx.ModelProto, weights: int = 0,
                memory: int | None = None) -> None:
-    """Refuse, in one line naming the option, a profile point this machine cannot run the model at (``memory``:
-    the bytes it has, default :func:`available_bytes`)."""
+    """Refuse, in one line naming the option, a profile point this machine cannot run the model at
+    (``memory``: the bytes it has, default :func:`available_bytes`)."""
     memory = available_bytes() if memory is None else memory
     if not memory:
         return

@@ -31,8 +31,9 @@ SCALES = (1.0, 255.0)
 
 @dataclass(frozen=True)
 class ImageOptions:
-    """How each image becomes an item: ``order`` of the channels, ``resize`` to the input's height and width,
-    pixels at ``scale`` (a white pixel's value: 1 or 255), then ``(pixel - mean) / std`` per channel."""
+    """How each image becomes an item: ``order`` of the channels, ``resize`` to the input's height
+    and width, pixels at ``scale`` (a white pixel's value: 1 or 255), then ``(pixel - mean) / std``
+    per channel."""
 
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
@@ -55,8 +56,9 @@ class ImageOptions:
 
     @classmethod
     def from_json(cls, data: dict | None) -> ImageOptions:
-        """As a search recorded it (pareto.json's ``image_norm``; a result older than the order, scale and resize
-        options recorded mean and std alone, which those defaults read as they ran)."""
+        """As a search recorded it (pareto.json's ``image_norm``; a result older than the order,
+        scale and resize options recorded mean and std alone, which those defaults read as they
+        ran)."""
         data = data or {}
         return cls(tuple(data.get("mean", (0.0,))), tuple(data.get("std", (1.0,))), data.get("order", "RGB"),
                    float(data.get("scale", 1.0)), data.get("resize", "stretch"))
@@ -75,8 +77,8 @@ def _values(values: Sequence[float]) -> str:
 
 
 def image_layout(spec: TensorSpec) -> str:
-    """``NCHW`` or ``NHWC``, from where a channel axis of 1 or 3 sits in the input's shape (NCHW where both
-    could be); one line naming the input where neither can."""
+    """``NCHW`` or ``NHWC``, from where a channel axis of 1 or 3 sits in the input's shape (NCHW
+    where both could be); one line naming the input where neither can."""
     shape = spec.shape
     if len(shape) == 4 and shape[1] in (1, 3):
         return "NCHW"
@@ -87,8 +89,8 @@ def image_layout(spec: TensorSpec) -> str:
 
 
 def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> tuple[np.ndarray, str]:
-    """The images stacked as the input takes them, and what was done to them. An integer input (uint8 pixels,
-    as some TensorFlow exports take) is fed the pixels as they are."""
+    """The images stacked as the input takes them, and what was done to them. An integer input
+    (uint8 pixels, as some TensorFlow exports take) is fed the pixels as they are."""
     from PIL import Image, UnidentifiedImageError
 
     layout = image_layout(spec)
@@ -139,7 +141,8 @@ def _sized(img, width: int, height: int, resize: str):
         return img.resize((width, height), Image.BILINEAR)
     if resize == "letterbox":
         return letterboxed(img, width, height)
-    factor = max(width / img.width, height / img.height)  # the shorter side to the input's, then the centre
+    # the shorter side to the input's, then the centre
+    factor = max(width / img.width, height / img.height)
     scaled = img.resize((max(width, round(img.width * factor)), max(height, round(img.height * factor))),
                         Image.BILINEAR)
     left, top = (scaled.width - width) // 2, (scaled.height - height) // 2

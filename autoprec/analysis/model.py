@@ -1,10 +1,12 @@
-"""Load and check an ONNX model, hash it, and analyse it: prepared, its shapes fixed, its units found."""
+"""Load and check an ONNX model, hash it, and analyse it: prepared, its shapes fixed, its units
+found."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Collection, Mapping, Sequence
@@ -37,7 +39,8 @@ def file_sha256(path: Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _file_sha256(path: str, size: int, modified_ns: int) -> str:
-    """Hashed once per process while the file's size and modification time stay (a 2 GB data file takes seconds)."""
+    """Hashed once per process while the file's size and modification time stay (a 2 GB data file
+    takes seconds)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -46,8 +49,9 @@ def _file_sha256(path: str, size: int, modified_ns: int) -> str:
 
 
 def model_sha256(path: Path) -> str:
-    """What a model *is*: the sha256 of its ONNX file or, when its weights live in external data files,
-    of the file and every data file it references (a changed weight file is a changed model)."""
+    """What a model *is*: the sha256 of its ONNX file or, when its weights live in external data
+    files, of the file and every data file it references (a changed weight file is a changed
+    model)."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     path = Path(path)
@@ -75,6 +79,10 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     try:
         str(path.resolve()).encode("utf-8")
     except UnicodeEncodeError:  # bytes of another encoding, which Python keeps as lone surrogates
+        if sys.getfilesystemencoding().lower() not in ("utf-8", "utf8"):  # a C/POSIX locale reads UTF-8 so too
+            raise ModelError(f"{printable(path)}: this Python reads file names as "
+                             f"{sys.getfilesystemencoding()} (the locale is C or POSIX), and the path has other "
+                             "characters; run with a UTF-8 locale (LANG=C.UTF-8) or PYTHONUTF8=1") from None
         raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX "
                          "Runtime need; rename the file (or its folder) with UTF-8 characters"
                          ) from None
@@ -103,8 +111,10 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
             "supported engine implements; export the model with standard ONNX ops"
         )
     try:
-        onnx.checker.check_model(str(path))  # from the file: never the whole model in one protobuf (2 GB at most)
-    except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
+        # from the file: never the whole model in one protobuf (2 GB at most)
+        onnx.checker.check_model(str(path))
+    # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
+    except Exception as exc:
         raise ModelError(f"{path}: fails onnx.checker ({first_line(exc)}); fix or re-export the model") from None
     initializers = {i.name for i in model.graph.initializer}
     for value in [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]:
@@ -155,8 +165,9 @@ RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUnifor
 
 
 def refuse_random_ops(model, path: Path) -> None:
-    """A graph drawing random values (any subgraph) has no FP32 reference to judge plans against, and
-    preparation would fold a seeded draw into a constant: refused before either, naming the op."""
+    """A graph drawing random values (any subgraph) has no FP32 reference to judge plans against,
+    and preparation would fold a seeded draw into a constant: refused before either, naming the
+    op."""
     used = {name for _, graph in subgraphs.graphs(model.graph) for node in graph.node for name in node.input} | {
         o.name for o in model.graph.output}
     found = [f"{node.op_type} {node.name!r}" for _, graph in subgraphs.graphs(model.graph) for node in graph.node
@@ -184,8 +195,8 @@ def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
 
 def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelProto, units: Sequence[Unit],
                          other_floats: Sequence[str]) -> None:
-    """One line where no unit can be searched: quantized already, layers in another float type, or none the
-    search space lists (or only pinned ones)."""
+    """One line where no unit can be searched: quantized already, layers in another float type, or
+    none the search space lists (or only pinned ones)."""
     quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
     if not units and quantized:
         raise ModelError(
@@ -202,6 +213,11 @@ def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelPro
             + (" (a float16 model is already reduced: its FP32 original is what the search starts from)"
                if "float16" in kinds else "")
         )
+    if units and space.overrides and all(len(u.allowed) == 1 for u in units):
+        given = ", ".join(f"{pattern}={'/'.join(p.value for p in precisions)}"
+                          for pattern, precisions in space.overrides)
+        raise ModelError(f"{path}: no searchable layers: the overrides ({given}) leave each unit one precision "
+                         "(or none it can take); narrow the --override patterns")
     raise ModelError(
         f"{path}: no searchable layers: the search space ({space.source}) lists "
         f"{', '.join(sorted(space.units))}, and the model has "
@@ -222,11 +238,12 @@ def analyse(
     max_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dims: Mapping[str, tuple[int, int | None, int]] | None = None,
 ) -> ModelInfo:
-    """Load (unless given: :func:`load_onnx`'s graph), prepare and analyse a model: the first step of every
-    search. ``constants`` are the values of inputs fed one fixed value (``--const``); ``cache``: where the
-    prepared model is kept for the next search of it (else a temporary folder, for this process);
-    ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed across (opt: the fixed shapes); ``dims``:
-    a named dim's bounds at every input declaring it (``--dim``)."""
+    """Load (unless given: :func:`load_onnx`'s graph), prepare and analyse a model: the first step
+    of every search. ``constants`` are the values of inputs fed one fixed value (``--const``);
+    ``cache``: where the prepared model is kept for the next search of it (else a temporary folder,
+    for this process); ``min_shapes`` / ``max_shapes``: the bounds of the shapes it is deployed
+    across (opt: the fixed shapes); ``dims``: a named dim's bounds at every input declaring it
+    (``--dim``)."""
     path = Path(path)
     raw = model if model is not None else load_onnx(path)
     refuse_random_ops(raw, path)
@@ -237,7 +254,8 @@ def analyse(
     profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
     if dims:
         profile = profile.with_dims(dims)
-    check_fits(profile, {s.name: np.dtype(s.dtype).itemsize for s in inputs}, raw)  # before preparation runs it
+    # before preparation runs it
+    check_fits(profile, {s.name: np.dtype(s.dtype).itemsize for s in inputs}, raw)
     sha256 = model_sha256(path)
     external_data = any(is_external(t) for t in tensors(raw.graph))
     made = prepared_model(path, raw, sha256, fixed, check_feeds(inputs, constants), cache)
@@ -270,4 +288,5 @@ def analyse(
         deployable=made.deployable if made.deployable is not prepared else None,
         profile=profile,
         source=made.source,
+        prepared_kept=made.kept,
     )

@@ -52,10 +52,14 @@ class Unit:
     weight: str | None
     output: str
     allowed: tuple[Precision, ...]
-    scope: tuple[str, ...] = ()  # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
-    sensitive: bool = False  # a numerically sensitive op (softmax, normalisation): FP32 unless a search finds otherwise
+    # the subgraph it lives in (see autoprec.analysis.subgraphs); () for the top graph
+    scope: tuple[str, ...] = ()
+    # a numerically sensitive op (softmax, normalisation): FP32 unless a search finds otherwise
+    sensitive: bool = False
     tied_to: str | None = (
-        None  # the unit of the same repeated pattern whose precision it takes (autoprec.analysis.patterns)
+        # the unit of the same repeated pattern whose precision it takes
+        # (autoprec.analysis.patterns)
+        None
     )
 
     @property
@@ -69,22 +73,31 @@ class ModelInfo:
 
     path: Path
     sha256: str
-    model: onnx.ModelProto = field(repr=False, compare=False)  # the graph; weights over INLINE_BYTES in ``folder``
-    folder: Path = field(compare=False)  # where the prepared model and its weights live (see autoprec.core.stored)
+    # the graph; weights over INLINE_BYTES in ``folder``
+    model: onnx.ModelProto = field(repr=False, compare=False)
+    # where the prepared model and its weights live (see autoprec.core.stored)
+    folder: Path = field(compare=False)
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     units: tuple[Unit, ...]
     notes: tuple[str, ...] = ()
-    metadata: dict[str, str] = field(default_factory=dict, compare=False)  # the source model's metadata_props
-    out_of_range: tuple[str, ...] = ()  # neutral nodes made units of their own for their range on the data
+    # the source model's metadata_props
+    metadata: dict[str, str] = field(default_factory=dict, compare=False)
+    # neutral nodes made units of their own for their range on the data
+    out_of_range: tuple[str, ...] = ()
     external_data: bool = False  # the given model kept its weights in external data files
-    # The prepared model before its input shapes were fixed (the source's dynamic dims kept), same nodes by
-    # the same names, weights in ``folder``: what best/ and the exports lower a plan onto (None: ``model``).
+    # The prepared model before its input shapes were fixed (the source's dynamic dims kept), same
+    # nodes by the same names, weights in ``folder``: what best/ and the exports lower a plan onto
+    # (None: ``model``).
     deployable: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
-    profile: ShapeProfile | None = field(default=None, compare=False)  # the shapes it is deployed across
-    # The given graph unchanged but for its inputs' dims (the measured shapes), weights in ``folder``: what the
-    # chosen plan's speed-up is also stated against (the user's own model, before any preparation).
+    # the shapes it is deployed across
+    profile: ShapeProfile | None = field(default=None, compare=False)
+    # The given graph unchanged but for its inputs' dims (the measured shapes), weights in
+    # ``folder``: what the chosen plan's speed-up is also stated against (the user's own model,
+    # before any preparation).
     source: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+    # prepared by an earlier run and read from the cache: its outputs are checked against the given file's
+    prepared_kept: bool = field(default=False, compare=False)
 
     @property
     def shape_profile(self) -> ShapeProfile:
@@ -92,12 +105,14 @@ class ModelInfo:
         return self.profile or ShapeProfile.fixed({i.name: i.shape for i in self.inputs})
 
     def for_deployment(self) -> ModelInfo:
-        """The same units on the deployable graph (the source's dims): a plan lowered onto it is the shipped model."""
+        """The same units on the deployable graph (the source's dims): a plan lowered onto it is the
+        shipped model."""
         return self if self.deployable is None else replace(self, model=self.deployable, deployable=None)
 
     @property
     def stored(self) -> StoredModel:
-        """The prepared FP32 model, its weights on disk: what engines load and lowering starts from."""
+        """The prepared FP32 model, its weights on disk: what engines load and lowering starts
+        from."""
         return StoredModel(self.model, self.folder)
 
     @property
@@ -106,7 +121,8 @@ class ModelInfo:
 
     @property
     def dimensions(self) -> tuple[Unit, ...]:
-        """The searchable units a search decides: each stands for the units tied to it (a repeated pattern)."""
+        """The searchable units a search decides: each stands for the units tied to it (a repeated
+        pattern)."""
         return tuple(u for u in self.searchable_units if u.tied_to is None)
 
     def members(self, name: str) -> list[str]:
@@ -124,7 +140,8 @@ class ModelInfo:
         raise KeyError(name)
 
     def without(self, precisions: Iterable[Precision], names: Iterable[str], note: str) -> ModelInfo:
-        """The same model with ``precisions`` taken from the units ``names``, saying why in ``note``."""
+        """The same model with ``precisions`` taken from the units ``names``, saying why in
+        ``note``."""
         names, dropped = set(names), set(precisions)
         names |= {u.name for u in self.units if u.tied_to in names}  # a pattern's units go together
         units = tuple(replace(u, allowed=tuple(p for p in u.allowed if p not in dropped)) if u.name in names else u
@@ -134,18 +151,19 @@ class ModelInfo:
     def plan_at(
         self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION
     ) -> Plan:
-        """``units`` (default: every unit that allows it) at ``precision``, every other unit at its widest:
-        the plan that shows what lowering just those units costs and saves."""
+        """``units`` (default: every unit that allows it) at ``precision``, every other unit at its
+        widest: the plan that shows what lowering just those units costs and saves."""
         lowered = set(units) if units is not None else {u.name for u in self.units if precision in u.allowed}
-        lowered |= {u.name for u in self.units if u.tied_to in lowered}  # a pattern's units go together
+        # a pattern's units go together
+        lowered |= {u.name for u in self.units if u.tied_to in lowered}
         return Plan.from_mapping(
             {u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration
         )
 
 
 def _retied(units: Sequence[Unit]) -> tuple[Unit, ...]:
-    """Ties kept where the units of a pattern still take the same precisions; where narrowing split them,
-    each part follows its own first unit (a unit that may take one precision follows none)."""
+    """Ties kept where the units of a pattern still take the same precisions; where narrowing split
+    them, each part follows its own first unit (a unit that may take one precision follows none)."""
     leaders: dict[tuple, str] = {}
     tied = []
     for unit in units:

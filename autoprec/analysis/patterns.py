@@ -1,11 +1,12 @@
-"""Repeated structures: units with the same ops, shapes and attributes at the same position of repeated
-blocks (the 12 or 24 layers of a transformer), so that the search decides them together.
+"""Repeated structures: units with the same ops, shapes and attributes at the same position of
+repeated blocks (the 12 or 24 layers of a transformer), so that the search decides them together.
 
-Each node is labelled by its own structure (op, attributes, output types, the constants it reads), then,
-for a few rounds, by its neighbours' labels as well (Weisfeiler-Lehman hashing): two nodes keep equal
-labels only where their surroundings look alike that far out. A unit's signature is its nodes' labels;
-units of one signature are one pattern at one position, and each follows the first of them in graph
-order. Layers whose surroundings differ within those rounds (the first and last, usually) stay apart.
+Each node is labelled by its own structure (op, attributes, output types, the constants it reads),
+then, for a few rounds, by its neighbours' labels as well (Weisfeiler-Lehman hashing): two nodes
+keep equal labels only where their surroundings look alike that far out. A unit's signature is its
+nodes' labels; units of one signature are one pattern at one position, and each follows the first of
+them in graph order. Layers whose surroundings differ within those rounds (the first and last,
+usually) stay apart.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from onnx import helper
 
 from autoprec.analysis import subgraphs
 
-# How far a node's neighbourhood decides its label: far enough that a layer's query and value projections
-# (alike but for where their outputs go) differ, near enough that every middle layer looks alike.
+# How far a node's neighbourhood decides its label: far enough that a layer's query and value
+# projections (alike but for where their outputs go) differ, near enough that every middle layer
+# looks alike.
 ROUNDS = 3
 
 
@@ -72,8 +74,9 @@ def node_labels(graph: onnx.GraphProto, rounds: int = ROUNDS) -> dict[str, str]:
 
 
 def tie_repeats(model: onnx.ModelProto, units: Sequence) -> tuple:
-    """``units`` with each unit of a repeated pattern tied to the first of its pattern (``tied_to``): units
-    of one scope whose nodes carry the same labels and that may take the same precisions."""
+    """``units`` with each unit of a repeated pattern tied to the first of its pattern
+    (``tied_to``): units of one scope whose nodes carry the same labels and that may take the same
+    precisions."""
     labels = {scope: node_labels(graph) for scope, graph in subgraphs.graphs(model.graph)}
     leaders: dict[tuple, str] = {}
     tied = []

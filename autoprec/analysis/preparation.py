@@ -1,15 +1,17 @@
-"""The FP32 model every candidate starts from: static shapes, opset >= 13, constants and BatchNorm folded.
+"""The FP32 model every candidate starts from: static shapes, opset >= 13, constants and BatchNorm
+folded.
 
-Preparation makes it in two stages: first what holds at any input shape (opset, constant and BatchNorm
-folding, node names), which gives the *deployable* graph, keeping the source's dynamic dims; then the
-input shapes fixed and what they let fold. Both have the same nodes by the same names, so a plan lowers
-onto either: the fixed one is measured, the deployable one is what best/ and the exports ship.
+Preparation makes it in two stages: first what holds at any input shape (opset, constant and
+BatchNorm folding, node names), which gives the *deployable* graph, keeping the source's dynamic
+dims; then the input shapes fixed and what they let fold. Both have the same nodes by the same
+names, so a plan lowers onto either: the fixed one is measured, the deployable one is what best/ and
+the exports ship.
 
 It is a stored model (see :mod:`autoprec.core.stored`) in a folder of its own: the given model's
-weights copied there once (its data files, or its inline tensors), and what preparation makes beside them.
-Each step is checked by running the model in ONNX Runtime from a file
-of that folder, never from a serialized copy of the weights. In a cache folder the preparation is kept
-under the model's content and shapes: a resumed search, a worker and a re-created result read it.
+weights copied there once (its data files, or its inline tensors), and what preparation makes beside
+them. Each step is checked by running the model in ONNX Runtime from a file of that folder, never
+from a serialized copy of the weights. In a cache folder the preparation is kept under the model's
+content and shapes: a resumed search, a worker and a re-created result read it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -53,15 +56,17 @@ MIN_OPSET = 13
 MAX_IR_VERSION = 10
 PREPARATION_VERSION = "7"  # part of a kept preparation's key: change it with what preparation does
 PREPARED_FILE = "model.onnx"
-SOURCE_FILE = "source.onnx"  # the given graph, inputs at the shapes: timed beside the plans (weights shared)
+# the given graph, inputs at the shapes: timed beside the plans (weights shared)
+SOURCE_FILE = "source.onnx"
 DEPLOYABLE_FILE = "deployable.onnx"  # only where it differs from the prepared model (a dynamic dim)
 NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only once it is there
 
 
 def cpu_session(model: StoredModel, quick: bool = False):
-    """An ONNX Runtime CPU session for autoprec's own runs of a model (shapes, calibration, reference, the checks
-    of a lowered plan), loaded from a file beside its weights. ``quick``: basic graph optimisations only, for a
-    single check run, where building the session costs more than running it."""
+    """An ONNX Runtime CPU session for autoprec's own runs of a model (shapes, calibration,
+    reference, the checks of a lowered plan), loaded from a file beside its weights. ``quick``:
+    basic graph optimisations only, for a single check run, where building the session costs more
+    than running it."""
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
@@ -73,8 +78,8 @@ def cpu_session(model: StoredModel, quick: bool = False):
 
 
 def cpu_runs(model: StoredModel) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """``model`` run by ONNX Runtime on the CPU as a function: feeds (those it does not take left out) to every
-    output by name."""
+    """``model`` run by ONNX Runtime on the CPU as a function: feeds (those it does not take left
+    out) to every output by name."""
     session = cpu_session(model)
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
@@ -117,17 +122,22 @@ def holds_fp16(model: onnx.ModelProto) -> bool:
 
 
 class RunCheck:
-    """Runs a model in ONNX Runtime on the check feeds and compares its outputs with the model as given:
-    how preparation knows a step left the model intact."""
+    """Runs a model in ONNX Runtime on the check feeds and compares its outputs with the model as
+    given: how preparation knows a step left the model intact."""
 
     def __init__(self, model: StoredModel, feeds: Mapping[str, np.ndarray], path: Path):
         self.feeds = dict(feeds)
         try:
             self.expected = self._run(model)
         except Exception as exc:  # ORT raises several types; the model is untrusted input
+            said = " ".join(str(exc).split())
+            loading = re.match(r".*?Load model from \S+ failed:\s*(.*)", said)
+            if loading:  # (the file ONNX Runtime names is autoprec's staged copy, not the user's)
+                raise ModelError(f"{path}: ONNX Runtime cannot load it ({loading.group(1)[:300]}); fix or re-export "
+                                 "the model: it must load in onnxruntime as it is") from None
             raise ModelError(
                 f"{path}: does not run in ONNX Runtime at input shapes "
-                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({first_line(exc)}); check --shape "
+                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({said[:300]}); check --shape "
                 "(and --const), or that the model runs in onnxruntime as it is"
             ) from None
 
@@ -154,8 +164,8 @@ class RunCheck:
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX's strict shape inference; where it fails on a model that runs, the lenient one. (It reads
-    the graph only: external weights need not be loaded.)"""
+    """ONNX's strict shape inference; where it fails on a model that runs, the lenient one. (It
+    reads the graph only: external weights need not be loaded.)"""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError:
@@ -180,9 +190,10 @@ def _fix_input_shapes(model: StoredModel, shapes: Mapping[str, tuple[int, ...]])
 
 
 def _sliced_shapes(graph: gs.Graph) -> None:
-    """Each ``Shape(x, start, end)`` (opset 15) written as ``Slice(Shape(x))``, the same at any shape: graphsurgeon
-    folds a Shape to the whole shape whatever its start and end (0.6.1), which the dynamo exporter's
-    ``Shape(mask, start=1, end=2)`` turned into a sequence length of two values."""
+    """Each ``Shape(x, start, end)`` (opset 15) written as ``Slice(Shape(x))``, the same at any
+    shape: graphsurgeon folds a Shape to the whole shape whatever its start and end (0.6.1), which
+    the dynamo exporter's ``Shape(mask, start=1, end=2)`` turned into a sequence length of two
+    values."""
     for g in (graph, *graph.subgraphs(recursive=True)):
         for node in [n for n in g.nodes if n.op == "Shape" and ("start" in n.attrs or "end" in n.attrs)]:
             start, end = node.attrs.pop("start", 0), node.attrs.pop("end", None)
@@ -199,8 +210,10 @@ def _fold_constants(model: StoredModel, flatten_subgraphs: bool) -> StoredModel:
     for _ in range(8):  # folding exposes shapes, shapes expose more folding
         surgery = Surgery(model)
         graph = surgery.graph
-        for subgraph in graph.subgraphs(recursive=True):  # folded as models of their own: give them the model's IR
-            subgraph.ir_version = graph.ir_version  # version, not onnx's newest, which older ONNX Runtimes refuse
+        # folded as models of their own: give them the model's IR
+        for subgraph in graph.subgraphs(recursive=True):
+            # version, not onnx's newest, which older ONNX Runtimes refuse
+            subgraph.ir_version = graph.ir_version
         _sliced_shapes(graph)
         graph.fold_constants(error_ok=True, flatten_subgraphs=flatten_subgraphs).cleanup().toposort()
         model = _inferred(surgery.close())
@@ -211,8 +224,9 @@ def _fold_constants(model: StoredModel, flatten_subgraphs: bool) -> StoredModel:
 
 
 def fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
-    """A preparation step: BatchNormalization, and per-channel scale Muls and bias Adds after a Conv, folded into
-    the Conv's weights and bias (one unit, as engines fuse them); with what it did, None where nothing."""
+    """A preparation step: BatchNormalization, and per-channel scale Muls and bias Adds after a
+    Conv, folded into the Conv's weights and bias (one unit, as engines fuse them); with what it
+    did, None where nothing."""
     surgery = Surgery(model)
     folded = fold_batchnorm(surgery.graph)
     scales, biases = fold_channel_steps(surgery.graph)
@@ -246,7 +260,8 @@ def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray])
     exposed, _ = subgraphs.with_outputs(model.proto, missing)
     values = cpu_session(model.with_proto(exposed)).run(missing, dict(feeds))
     filled = onnx.ModelProto()
-    filled.CopyFrom(model.proto)  # a step returns a new model: the one before it stays, should this one be left out
+    # a step returns a new model: the one before it stays, should this one be left out
+    filled.CopyFrom(model.proto)
     by_name = {o.name: o for o in filled.graph.output}
     for name, value in zip(missing, values):
         info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
@@ -258,7 +273,8 @@ def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray])
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name within its graph: units are identified by node name in plans."""
+    """Give every node a unique name within its graph: units are identified by node name in
+    plans."""
     for _, graph in subgraphs.graphs(model.graph):
         seen: set[str] = set()
         for i, node in enumerate(graph.node):
@@ -272,7 +288,8 @@ Step = Callable[[StoredModel], tuple[StoredModel, "str | None"]]
 
 @dataclass(frozen=True)
 class Preparation:
-    """The prepared model (shapes fixed) and its deployable twin (the source's dims kept), sharing weights."""
+    """The prepared model (shapes fixed) and its deployable twin (the source's dims kept), sharing
+    weights."""
 
     model: StoredModel
     deployable: onnx.ModelProto
@@ -280,17 +297,18 @@ class Preparation:
     source: onnx.ModelProto | None = (
         None  # the given graph as it is, its inputs at the shapes: what it is timed against
     )
+    kept: bool = False  # read from the cache, not prepared by this run (checked against the given model)
 
 
 def prepare_graph(
     model: StoredModel, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
 ) -> Preparation:
-    """Opset >= 13, constants and BatchNorm folded, then static shapes: the FP32 model every candidate
-    starts from, and before its shapes were fixed, the deployable one.
+    """Opset >= 13, constants and BatchNorm folded, then static shapes: the FP32 model every
+    candidate starts from, and before its shapes were fixed, the deployable one.
 
     The model as given must run in ONNX Runtime on ``feeds``; each stage is checked to run and give
-    the same outputs. Where it does not, its steps are taken again one at a time, each checked, and a
-    step that breaks the model is left out with a note naming it.
+    the same outputs. Where it does not, its steps are taken again one at a time, each checked, and
+    a step that breaks the model is left out with a note naming it.
     """
     runs = RunCheck(model, feeds, path)
     check = lambda m: runs(m) or _invalid(m)  # noqa: E731 - ONNX Runtime runs some graphs onnx.checker refuses
@@ -308,7 +326,8 @@ def prepare_graph(
                 f"re-export the model with opset >= {MIN_OPSET}"
             )
         notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
-    model.proto.ir_version = min(max(model.proto.ir_version, 7), MAX_IR_VERSION)  # what ONNX Runtime loads
+    # what ONNX Runtime loads
+    model.proto.ir_version = min(max(model.proto.ir_version, 7), MAX_IR_VERSION)
     any_shape: list[tuple[str, Step]] = [
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
         ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
@@ -319,7 +338,8 @@ def prepare_graph(
     notes += step_notes + _distinct_dim_names(deployable.proto, shapes)
     _name_nodes(deployable.proto)
     at_shapes: list[tuple[str, Step]] = [("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None))]
-    if _dynamic(deployable.proto, shapes):  # what fixed shapes let fold (Shape, Reshape targets), on a copy
+    # what fixed shapes let fold (Shape, Reshape targets), on a copy
+    if _dynamic(deployable.proto, shapes):
         at_shapes[:0] = [
             ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
             ("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
@@ -334,7 +354,8 @@ def prepare_graph(
     proto = prepared.proto
     _name_nodes(proto)
     with prepared.file() as written:
-        onnx.checker.check_model(str(written))  # from its file: never the whole model in one protobuf
+        # from its file: never the whole model in one protobuf
+        onnx.checker.check_model(str(written))
     return Preparation(prepared, _typed_like(deployable.proto, proto) if dynamic else proto, notes)
 
 
@@ -357,8 +378,8 @@ def _checked_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Cal
 
 
 def _at_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """A copy of ``model``'s graph, nothing changed but its inputs' dims, set to ``shapes`` (an engine builds
-    for the shapes it is timed at) and an IR version ONNX Runtime reads."""
+    """A copy of ``model``'s graph, nothing changed but its inputs' dims, set to ``shapes`` (an
+    engine builds for the shapes it is timed at) and an IR version ONNX Runtime reads."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     fixed.ir_version = min(max(fixed.ir_version, 7), MAX_IR_VERSION)
@@ -372,10 +393,10 @@ def _at_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) ->
 
 
 def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
-    """Input dims that share a name but were given different sizes, or that one input has on several axes
-    (Paddle's '?' for both height and width), renamed apart, ``<input>_dim<axis>``: TensorRT takes one name for one size,
-    and the deployable model
-    keeps its dims dynamic. Returns the notes that say so."""
+    """Input dims that share a name but were given different sizes, or that one input has on several
+    axes (Paddle's '?' for both height and width), renamed apart, ``<input>_dim<axis>``: TensorRT
+    takes one name for one size, and the deployable model keeps its dims dynamic. Returns the notes
+    that say so."""
     named: dict[str, list[tuple[onnx.TensorShapeProto.Dimension, str, int]]] = {}
     for value in model.graph.input:
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
@@ -383,7 +404,8 @@ def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, 
                 named.setdefault(dim.dim_param, []).append((dim, value.name, axis))
     notes = []
     for name, dims in named.items():
-        one_input_twice = len({value for _, value, _ in dims}) < len(dims)  # H and W both '?': sizes that may differ
+        # H and W both '?': sizes that may differ
+        one_input_twice = len({value for _, value, _ in dims}) < len(dims)
         if one_input_twice or len({shapes[value][axis] for _, value, axis in dims}) > 1:
             for dim, value, axis in dims:
                 dim.dim_param = f"{value}_dim{axis}"
@@ -402,8 +424,9 @@ def _dynamic(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> b
 
 
 def _typed_like(deployable: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.ModelProto:
-    """The deployable graph told every element type the prepared one knows (where inference at dynamic
-    dims found none), without shapes: lowering converts float32 tensors only, so both must know the same."""
+    """The deployable graph told every element type the prepared one knows (where inference at
+    dynamic dims found none), without shapes: lowering converts float32 tensors only, so both must
+    know the same."""
     known = {v.name for v in [*deployable.graph.value_info, *deployable.graph.input, *deployable.graph.output]
              if v.type.tensor_type.elem_type}
     produced = {t for n in deployable.graph.node for t in n.output}
@@ -425,7 +448,8 @@ def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callab
             continue
         try:
             candidate, note = step(model)
-            candidate.proto.ir_version = min(max(candidate.proto.ir_version, 7), MAX_IR_VERSION)  # as it will be saved
+            # as it will be saved
+            candidate.proto.ir_version = min(max(candidate.proto.ir_version, 7), MAX_IR_VERSION)
             broken = check(candidate) if check is not None else None
         except Exception as exc:  # a library failing on the model: the step is left out
             broken = first_line(exc)
@@ -442,11 +466,13 @@ def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callab
 
 
 def _gathered(models: list[StoredModel]) -> None:
-    """The tensors the steps wrote (one data file per step) moved into one ``prepared.data``, the step
-    files removed: the folder keeps the given weights and what the prepared models use, each once."""
+    """The tensors the steps wrote (one data file per step) moved into one ``prepared.data``, the
+    step files removed: the folder keeps the given weights and what the prepared models use, each
+    once."""
     folder = models[0].folder
     writer = DataWriter(folder, "prepared.data")
-    moved: dict[tuple[str, int], onnx.TensorProto] = {}  # a step's tensor, shared by both models: copied once
+    # a step's tensor, shared by both models: copied once
+    moved: dict[tuple[str, int], onnx.TensorProto] = {}
     try:
         for model in models:
             for tensor in tensors(model.proto.graph):
@@ -466,7 +492,8 @@ def _gathered(models: list[StoredModel]) -> None:
 
 
 def _key(sha256: str, shapes: Mapping[str, tuple[int, ...]], feeds: Mapping[str, np.ndarray]) -> str:
-    """What a preparation depends on: the model's content, its input shapes and check feeds, and the code."""
+    """What a preparation depends on: the model's content, its input shapes and check feeds, and the
+    code."""
     parts = [sha256, sorted((k, list(v)) for k, v in shapes.items()),
              sorted((k, v.dtype.str, list(v.shape), hashlib.sha256(v.tobytes()).hexdigest()) for k, v in feeds.items()),
              PREPARATION_VERSION, onnx.__version__, onnxruntime.__version__, gs.__version__]
@@ -482,15 +509,15 @@ def _read(folder: Path) -> Preparation | None:
         source = onnx.load(str(folder / SOURCE_FILE), load_external_data=False)
     except Exception:  # noqa: BLE001 - missing, partial or damaged: prepared again
         return None
-    return Preparation(StoredModel(proto, folder), deployable, list(notes), source)
+    return Preparation(StoredModel(proto, folder), deployable, list(notes), source, kept=True)
 
 
 def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
                    feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> Preparation:
-    """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of it, to
-    the folder) prepared at ``shapes`` (see :func:`prepare_graph`). Under ``cache`` it is kept, and read again
-    by the next caller with the same model and shapes; without one it lives in a temporary folder until the
-    process ends."""
+    """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of
+    it, to the folder) prepared at ``shapes`` (see :func:`prepare_graph`). Under ``cache`` it is
+    kept, and read again by the next caller with the same model and shapes; without one it lives in
+    a temporary folder until the process ends."""
     if cache is None:
         folder = Path(tempfile.mkdtemp(prefix="autoprec-model-"))
         atexit.register(shutil.rmtree, folder, True)
@@ -503,7 +530,8 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     for stale in Path(cache).glob(f".prepared-{key}.*.staging"):  # a killed preparation's
         if not pid_alive(int(stale.name.split(".")[2])):
             shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(cache) / f".prepared-{key}.{os.getpid()}.staging"  # (not *.tmp: those are files, removed when stale)
+    # (not *.tmp: those are files, removed when stale)
+    staging = Path(cache) / f".prepared-{key}.{os.getpid()}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:

@@ -1,7 +1,8 @@
-"""Whether building an ONNX Runtime CPU session of a graph ends the process that builds it: tried in a child
-process, which a crash takes down instead of the caller. One child serves every probe of a process (a fresh
-interpreter importing ONNX Runtime for each graph cost more than the build itself: every FP16 plan a search
-evaluates is a graph of its own); a child a crash ended is started again for the next probe."""
+"""Whether building an ONNX Runtime CPU session of a graph ends the process that builds it: tried in
+a child process, which a crash takes down instead of the caller. One child serves every probe of a
+process (a fresh interpreter importing ONNX Runtime for each graph cost more than the build itself:
+every FP16 plan a search evaluates is a graph of its own); a child a crash ended is started again
+for the next probe."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ for line in sys.stdin:
 
 
 class SessionProbe:
-    """A child interpreter running ``code`` (default: :data:`SERVE`), given one path a line, answering BUILT for
-    each path it survived."""
+    """A child interpreter running ``code`` (default: :data:`SERVE`), given one path a line,
+    answering BUILT for each path it survived."""
 
     def __init__(self, code: str = SERVE, seconds: float = PROBE_SECONDS):
         self.code, self.seconds = code, seconds
@@ -46,7 +47,8 @@ class SessionProbe:
         return self.child
 
     def crashes(self, path: Path | str) -> bool:
-        """Whether building ``path``'s session ended the child by a signal, or hung past the seconds given."""
+        """Whether building ``path``'s session ended the child by a signal, or hung past the seconds
+        given."""
         with self.lock:
             child = self._started()
             try:
@@ -80,8 +82,8 @@ _probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once p
 
 
 def build_crashes(path: Path) -> bool:
-    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on ends the
-    process that builds it (once per graph)."""
+    """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
+    ends the process that builds it (once per graph)."""
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     if digest not in _probed:
         _probed[digest] = _probe.crashes(path)

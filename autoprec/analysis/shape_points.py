@@ -1,5 +1,5 @@
-"""The shapes a deployment runs, judged by every trial: a plan right at its data's one shape and wrong at another
-is a false result.
+"""The shapes a deployment runs, judged by every trial: a plan right at its data's one shape and
+wrong at another is a false result.
 
 A model with dynamic dims is judged at several *points*, each a set of batches of one shape:
 
@@ -11,10 +11,11 @@ A model with dynamic dims is judged at several *points*, each a set of batches o
   none is given, a min derived: batch 1, a sequence of 1, a past of 0, where the model runs there), the data fitted
   to them, and the data's items at other shapes.
 
-Every point's batches calibrate INT8 and judge each plan, whose loss is its worst over the points; the latency is
-the weighted mix of one deployment request (:class:`autoprec.analysis.data.Workload`: a decoder's prompt once and
-:data:`GENERATED_TOKENS` decode steps; one run of each other point). One model runs at every point: the measured
-graph is the deployable one (the source's dims), and the profile every export carries spans the points.
+Every point's batches calibrate INT8 and judge each plan, whose loss is its worst over the points;
+the latency is the weighted mix of one deployment request (:class:`autoprec.analysis.data.Workload`:
+a decoder's prompt once and :data:`GENERATED_TOKENS` decode steps; one run of each other point). One
+model runs at every point: the measured graph is the deployable one (the source's dims), and the
+profile every export carries spans the points.
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ log = logging.getLogger("autoprec")
 
 GENERATED_TOKENS = 16  # one request of a decoder: its prompt, then this many tokens generated
 LONG_PAST = 40  # decode is judged one token after the prompt and this many tokens later
-# Words in a dynamic dim's name that say it counts tokens or steps (min 1) or the cache's length (min 0).
+# Words in a dynamic dim's name that say it counts tokens or steps (min 1) or the cache's length
+# (min 0).
 SEQUENCE_WORDS = ("seq", "length", "token", "time", "len", "step")
 PAST_WORDS = ("past", "cache")
 
 Run = Callable[[Batch], Mapping[str, np.ndarray]]
-Points = list[tuple[ShapePoint, list[Batch], list[Batch]]]  # each point with its calibration and evaluation batches
+# each point with its calibration and evaluation batches
+Points = list[tuple[ShapePoint, list[Batch], list[Batch]]]
 
 
 def judged_shapes(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | None = None,
                   bounds_given: bool = False) -> tuple[ModelInfo, Dataset]:
-    """The model and data as the search judges them: unchanged for a model of fixed shapes; else measured on the
-    deployable graph at every point (see the module docstring). ``runs``: a point's (or a phase's: ``decode``)
-    runs per request, over the defaults; ``bounds_given``: --min-shape/--max-shape were given (no min derived)."""
+    """The model and data as the search judges them: unchanged for a model of fixed shapes; else
+    measured on the deployable graph at every point (see the module docstring). ``runs``: a point's
+    (or a phase's: ``decode``) runs per request, over the defaults; ``bounds_given``:
+    --min-shape/--max-shape were given (no min derived)."""
     if info.deployable is None:
         return info, dataset
     deployable = StoredModel(info.deployable, info.folder)
@@ -72,7 +76,8 @@ def judged_shapes(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | N
 
 
 def _long_past(decoder: Decoder, profile: ShapeProfile) -> int | None:
-    """The past the profile's max gives the cache (--max-shape, --dim), where it was widened past the data's."""
+    """The past the profile's max gives the cache (--max-shape, --dim), where it was widened past
+    the data's."""
     pair = decoder.cache[0]
     ranges = {i.name: i for i in profile.inputs}
     if pair.past not in ranges:
@@ -82,8 +87,8 @@ def _long_past(decoder: Decoder, profile: ShapeProfile) -> int | None:
 
 
 def _decoder_points_or_none(decoder: Decoder, dataset: Dataset, run: Run, profile: ShapeProfile) -> Points | None:
-    """:func:`_decoder_points`, or None (said) where the FP32 model does not run in a phase: it is judged as any
-    other dynamic model then."""
+    """:func:`_decoder_points`, or None (said) where the FP32 model does not run in a phase: it is
+    judged as any other dynamic model then."""
     try:
         return _decoder_points(decoder, dataset, run, _long_past(decoder, profile))
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for feeds a model cannot take
@@ -93,8 +98,8 @@ def _decoder_points_or_none(decoder: Decoder, dataset: Dataset, run: Run, profil
 
 
 def _decoder_points(decoder: Decoder, dataset: Dataset, run: Run, long_past: int | None) -> Points:
-    """The data as given, prefill, a first token alone, decode after the prompt and at a long past: the profile's
-    max where it gives one, else LONG_PAST tokens after the prompt."""
+    """The data as given, prefill, a first token alone, decode after the prompt and at a long past:
+    the profile's max where it gives one, else LONG_PAST tokens after the prompt."""
     log.info(f"{decoder.describe()}: judged at prefill and decode, pasts made by the FP32 model from the data's "
              "own tokens")
     phased = {"calibration": [_phases(decoder, b, run, long_past) for b in dataset.calibration],
@@ -135,8 +140,9 @@ def _phase_said(decoder: Decoder, name: str, batch: Batch) -> str:
 
 
 def _profile_points(info: ModelInfo, dataset: Dataset, run: Run, bounds_given: bool) -> Points:
-    """The data as given, the profile's min and max (min derived where no bound was given), the data's items at
-    other shapes: each fitted from the data's batches, kept where the FP32 model runs there."""
+    """The data as given, the profile's min and max (min derived where no bound was given), the
+    data's items at other shapes: each fitted from the data's batches, kept where the FP32 model
+    runs there."""
     profile = info.shape_profile
     given = ShapePoint("opt", "the data as given", profile.at("opt"))
     points: Points = [(given, list(dataset.calibration), list(dataset.evaluation))]
@@ -160,9 +166,9 @@ def _profile_points(info: ModelInfo, dataset: Dataset, run: Run, bounds_given: b
 
 
 def _derived_min(profile: ShapeProfile) -> dict[str, tuple[int, ...]]:
-    """The profile's min where none was given: a dynamic batch of 1, a dynamic sequence (a dim named for tokens,
-    steps or length) of 1, a past (a dim named for a cache) of 0; every other dim (a sum of dims among them) as
-    measured."""
+    """The profile's min where none was given: a dynamic batch of 1, a dynamic sequence (a dim named
+    for tokens, steps or length) of 1, a past (a dim named for a cache) of 0; every other dim (a sum
+    of dims among them) as measured."""
     return {i.name: tuple(_least(d, size, axis) for axis, (d, size) in enumerate(zip(i.declared, i.opt)))
             for i in profile.inputs}
 
@@ -179,8 +185,8 @@ def _least(dim: int | str | None, size: int, axis: int) -> int:
 
 
 def _data_points(dataset: Dataset, said_of: Callable[[Batch], str] | None = None) -> Points:
-    """The data's items at other shapes, one point per shape (each item a batch of one), each said by
-    ``said_of`` (a decoder's phase) or by its shapes."""
+    """The data's items at other shapes, one point per shape (each item a batch of one), each said
+    by ``said_of`` (a decoder's phase) or by its shapes."""
     by_shape: dict[tuple, list[Batch]] = {}
     for batch in dataset.other_shapes:
         by_shape.setdefault(tuple((k, np.shape(v)) for k, v in batch.items()), []).append(batch)
@@ -189,7 +195,8 @@ def _data_points(dataset: Dataset, said_of: Callable[[Batch], str] | None = None
         shapes = {k: tuple(v) for k, v in key}
         said = said_of(batches[0]) if said_of else "the data's items at " + "; ".join(
             f"{k} {'x'.join(map(str, v))}" for k, v in shapes.items() if v)
-        half = len(batches) // 2  # as the data's own batches: half calibrate, the rest judge; one does both
+        # as the data's own batches: half calibrate, the rest judge; one does both
+        half = len(batches) // 2
         calibration, evaluation = (batches[:half], batches[half:]) if half else (batches, batches)
         points.append((ShapePoint(f"data·{len(points) + 1}", said, shapes), calibration,
                        evaluation))
@@ -197,9 +204,9 @@ def _data_points(dataset: Dataset, said_of: Callable[[Batch], str] | None = None
 
 
 def fitted(values: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """``values`` cut to their middle or repeated (wrapping round) along each axis to ``shape``: data of the
-    right kind at another size (an image's centre, an image tiled wider, a token sequence repeated, a batch
-    of the same items, a past of none)."""
+    """``values`` cut to their middle or repeated (wrapping round) along each axis to ``shape``:
+    data of the right kind at another size (an image's centre, an image tiled wider, a token
+    sequence repeated, a batch of the same items, a past of none)."""
     for axis, size in enumerate(shape):
         have = max(values.shape[axis], 1)
         if have != size:
@@ -213,7 +220,8 @@ def _fitted(batch: Batch, shapes: Mapping[str, tuple[int, ...]]) -> Batch:
 
 
 def _fails(run: Run, batch: Batch) -> str | None:
-    """Why the FP32 model cannot be judged on ``batch`` (it does not run, or gives NaN/Inf), or None."""
+    """Why the FP32 model cannot be judged on ``batch`` (it does not run, or gives NaN/Inf), or
+    None."""
     try:
         outputs = run(batch)
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for a shape a model cannot take
@@ -223,8 +231,9 @@ def _fails(run: Run, batch: Batch) -> str | None:
 
 
 def _weighted(points: Points, runs: Mapping[str, int]) -> Points:
-    """Each point's runs per request: ``runs`` by name or phase (``decode``: shared by the decode points), else a
-    decoder's prompt once and GENERATED_TOKENS decode steps shared by its decode points; one of any other point."""
+    """Each point's runs per request: ``runs`` by name or phase (``decode``: shared by the decode
+    points), else a decoder's prompt once and GENERATED_TOKENS decode steps shared by its decode
+    points; one of any other point."""
     names = [p.name for p, _, _ in points]
     unknown = sorted(set(runs) - set(names) - {n.split("·")[0] for n in names})
     if unknown:
@@ -259,8 +268,8 @@ def _spanning(profile: ShapeProfile, points: Sequence[ShapePoint]) -> ShapeProfi
 
 
 def _dynamic(source: onnx.ModelProto | None, deployable: onnx.ModelProto) -> onnx.ModelProto | None:
-    """The given graph with its inputs' dims as declared (the deployable's), not fixed at the data's: timed beside
-    the plans at every point."""
+    """The given graph with its inputs' dims as declared (the deployable's), not fixed at the
+    data's: timed beside the plans at every point."""
     if source is None:
         return None
     dynamic = onnx.ModelProto()
@@ -273,8 +282,8 @@ def _dynamic(source: onnx.ModelProto | None, deployable: onnx.ModelProto) -> onn
 
 
 def _interleaved(dataset: Dataset, points: Points) -> Dataset:
-    """The dataset with every point's batches, interleaved point by point (a leading run of them holds each
-    point), each batch's point recorded; labels stay with the data's own batches."""
+    """The dataset with every point's batches, interleaved point by point (a leading run of them
+    holds each point), each batch's point recorded; labels stay with the data's own batches."""
     evaluation, evaluation_at = _mixed([e for _, _, e in points])
     calibration, calibration_at = _mixed([c for _, c, _ in points])
     labels = None

@@ -35,10 +35,10 @@ def declared_inputs(model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
 
 def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | None]:
     """Each input's batch axis, read off the declared shapes: the axis carrying the first input's
-    batch dim by name (``batch``), or by size where all are fixed (an input with no dim of that size, such as
-    weights given as an input, is not batched). Beside a dynamic batch, an input
-    with one dynamic axis after a fixed first one batches along it (a state [2, ?, 128]), and one
-    with no dynamic axis is one tensor per run, not batched (None, as a scalar); else axis 0."""
+    batch dim by name (``batch``), or by size where all are fixed (an input with no dim of that
+    size, such as weights given as an input, is not batched). Beside a dynamic batch, an input with
+    one dynamic axis after a fixed first one batches along it (a state [2, ?, 128]), and one with no
+    dynamic axis is one tensor per run, not batched (None, as a scalar); else axis 0."""
     first = next((dims for dims in shapes if dims), None)
     batch = first[0] if first else None
     axes: list[int | None] = []
@@ -48,7 +48,8 @@ def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | Non
             axes.append(None)
         elif isinstance(batch, str) and batch in dims:
             axes.append(dims.index(batch))
-        elif isinstance(batch, int):  # all fixed: an input without the batch's size is one tensor per run (weights)
+        # all fixed: an input without the batch's size is one tensor per run (weights)
+        elif isinstance(batch, int):
             axes.append(0 if dims[0] == batch else dims.index(batch) if batch in dims else None)
         elif not dynamic:
             axes.append(None)
@@ -64,7 +65,8 @@ def resolve_input_shapes(
     given: Mapping[str, tuple[int, ...]],
     data_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-    """Fix every input dim: --shape first, then the data's per-item shape; a dynamic batch dim becomes 1.
+    """Fix every input dim: --shape first, then the data's per-item shape; a dynamic batch dim
+    becomes 1.
 
     Returns the shapes and notes that say what was assumed.
     """
@@ -85,7 +87,8 @@ def resolve_input_shapes(
                 f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's declared "
                 f"shape {declared_text(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
             )
-    named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")  # dim name: (size, its input)
+    # dim name: (size, its input)
+    named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")
     shapes, notes, batched = {}, [], {}
     for spec in inputs:
         if spec.name in given:
@@ -104,7 +107,8 @@ def resolve_input_shapes(
                 batched.setdefault(dim or "?", []).append(spec.name)
             elif item is not None:
                 shape.append(item[item_axis])
-            elif isinstance(dim, str) and dim in named:  # --shape of another input gives it (see _shared_dims)
+            # --shape of another input gives it (see _shared_dims)
+            elif isinstance(dim, str) and dim in named:
                 shape.append(named[dim][0])
             else:
                 raise ModelError(_unfixed(spec, axis, dim, data_shapes))
@@ -122,7 +126,8 @@ def _batch_note(dim: str, names: Sequence[str]) -> str:
 
 
 def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[int, ...]] | None) -> str:
-    """What to say of a dynamic dim nothing fixes: the --shape to give, and why the data (if any) did not."""
+    """What to say of a dynamic dim nothing fixes: the --shape to give, and why the data (if any)
+    did not."""
     free = [f"D{a}" for a, d in enumerate(spec.shape) if a != spec.batch_axis and not (isinstance(d, int) and d > 0)]
     example = "x".join(str(d) if isinstance(d, int) and d > 0 else ("1" if a == spec.batch_axis else f"D{a}")
                        for a, d in enumerate(spec.shape))
@@ -137,8 +142,8 @@ def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[i
 
 def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[int, ...]],
                      given: Mapping[str, tuple[int, ...]]) -> None:
-    """A dim name inputs share, fixed from the data's items (no --shape names either input), must be one size:
-    else one line naming both inputs and their sizes, the data's to fix."""
+    """A dim name inputs share, fixed from the data's items (no --shape names either input), must be
+    one size: else one line naming both inputs and their sizes, the data's to fix."""
     sizes: dict[str, tuple[int, str]] = {}
     for spec in (s for s in inputs if s.name not in given):
         for axis, dim in enumerate(spec.shape):
@@ -154,9 +159,10 @@ def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[in
 def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
                  sizes: Mapping[str, tuple[int, str]], notes: list[str],
                  batched: dict[str, list[str]]) -> dict[str, tuple[int, ...]]:
-    """A dim name inputs share is one size (:func:`autoprec.core.profile.shared_dim_sizes`): the one --shape gives
-    (``sizes``: dim name -> size, the input whose --shape gave it), carried to the inputs it does not name, over
-    what their data's items say (and over a batch dim of 1: the input leaves ``batched``)."""
+    """A dim name inputs share is one size (:func:`autoprec.core.profile.shared_dim_sizes`): the one
+    --shape gives (``sizes``: dim name -> size, the input whose --shape gave it), carried to the
+    inputs it does not name, over what their data's items say (and over a batch dim of 1: the input
+    leaves ``batched``)."""
     for spec in (s for s in inputs if s.name not in given):
         shape = list(shapes[spec.name])
         for axis, dim in enumerate(spec.shape):
@@ -172,8 +178,8 @@ def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]
 def check_feeds(
     inputs: Sequence[TensorSpec], constants: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
-    """What preparation runs the model on: zeros at the given shapes, or the given constant at them (a scalar
-    given for an input of shape [1] fills it)."""
+    """What preparation runs the model on: zeros at the given shapes, or the given constant at them
+    (a scalar given for an input of shape [1] fills it)."""
     constants = constants or {}
     return {i.name: np.full(i.shape, constants[i.name], i.dtype) if i.name in constants else np.zeros(i.shape, i.dtype)
             for i in inputs}

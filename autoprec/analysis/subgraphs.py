@@ -33,7 +33,8 @@ def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def label(scope: Scope, node_name: str) -> str:
-    """A node's name as the user sees it: ``If_1/then/Conv_3`` inside subgraphs, its own name on top."""
+    """A node's name as the user sees it: ``If_1/then/Conv_3`` inside subgraphs, its own name on
+    top."""
     parts = [f"{scope[i]}/{BRANCH_LABELS.get(scope[i + 1], scope[i + 1])}" for i in range(0, len(scope), 2)]
     return "/".join([*parts, node_name])
 
@@ -47,7 +48,8 @@ def graph_at(model: onnx.ModelProto, scope: Scope) -> onnx.GraphProto:
 
 
 def defining_scopes(model: onnx.ModelProto) -> dict[str, Scope]:
-    """Where each tensor is made (a node output or a subgraph input): the scope it can be read from."""
+    """Where each tensor is made (a node output or a subgraph input): the scope it can be read
+    from."""
     found: dict[str, Scope] = {}
     for scope, graph in graphs(model.graph):
         names = [t for n in graph.node for t in n.output if t]

@@ -3,8 +3,8 @@
 ``gs.import_onnx`` keeps an external tensor as ``LazyValues`` (exported again as the same reference)
 but cannot read its values (it would look for the data file in the working directory). Here such a
 tensor reads as a memory map of the model's folder; one a step left as it was goes back to its
-reference when the graph is exported, and a tensor a step made (a folded constant, a BatchNorm-folded
-weight) is written to a data file of the folder, not into the graph.
+reference when the graph is exported, and a tensor a step made (a folded constant, a
+BatchNorm-folded weight) is written to a data file of the folder, not into the graph.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ _steps = itertools.count()
 
 
 def _constants(graph: gs.Graph) -> list[gs.Constant]:
-    """Every constant of a graph and its subgraphs: tensors and node attributes (a Constant node's value)."""
+    """Every constant of a graph and its subgraphs: tensors and node attributes (a Constant node's
+    value)."""
     found = []
     for g in (graph, *graph.subgraphs(recursive=True)):
         found += [t for t in g.tensors().values() if isinstance(t, gs.Constant)]
@@ -33,19 +34,22 @@ def _constants(graph: gs.Graph) -> list[gs.Constant]:
 
 
 class Surgery:
-    """A stored model opened as a graphsurgeon graph (``graph``); :meth:`close` makes it a stored model again.
+    """A stored model opened as a graphsurgeon graph (``graph``); :meth:`close` makes it a stored
+    model again.
 
     Every external tensor's values are a read-only memory map of its data file: reading one costs
-    nothing until its bytes are used, so a step (graphsurgeon's constant folding runs the nodes whose
-    inputs are all constant on ONNX Runtime, from a serialized copy of just those) sees every value
-    without the model's weights being loaded."""
+    nothing until its bytes are used, so a step (graphsurgeon's constant folding runs the nodes
+    whose inputs are all constant on ONNX Runtime, from a serialized copy of just those) sees every
+    value without the model's weights being loaded."""
 
     def __init__(self, model: StoredModel):
         self.source = model
         graph = onnx.ModelProto()
-        graph.CopyFrom(model.proto)  # graphsurgeon's folding of If branches writes into the protos it imported
+        # graphsurgeon's folding of If branches writes into the protos it imported
+        graph.CopyFrom(model.proto)
         self.graph = gs.import_onnx(graph)
-        self.external: dict[int, tuple[np.ndarray, TensorProto]] = {}  # id of a memory map -> it, its reference
+        # id of a memory map -> it, its reference
+        self.external: dict[int, tuple[np.ndarray, TensorProto]] = {}
         for constant in _constants(self.graph):
             values = constant._values
             if isinstance(values, LazyValues) and is_external(values.tensor):
@@ -54,10 +58,10 @@ class Surgery:
                 constant._values = mapped
 
     def close(self, new_data: bool = True) -> StoredModel:
-        """The graph as a stored model in the same folder: a tensor whose values are still its memory map is a
-        reference again (under its own name: an If branch inlined by folding copies its constants), a tensor a
-        step made over the inline size goes to a new data file there (unless not ``new_data``: the caller
-        places it)."""
+        """The graph as a stored model in the same folder: a tensor whose values are still its
+        memory map is a reference again (under its own name: an If branch inlined by folding copies
+        its constants), a tensor a step made over the inline size goes to a new data file there
+        (unless not ``new_data``: the caller places it)."""
         for constant in _constants(self.graph):
             found = self.external.get(id(constant._values))
             if found is not None and constant._values is found[0]:

@@ -16,7 +16,8 @@ from autoprec.core.groups import connected
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import NEUTRAL_OPS, SearchSpace
 
-RECURRENT_OPS = {"LSTM", "GRU", "RNN"}  # TensorRT makes a loop of layers of one: no precision check reads it
+# TensorRT makes a loop of layers of one: no precision check reads it
+RECURRENT_OPS = {"LSTM", "GRU", "RNN"}
 
 
 def _fusable_block(
@@ -80,15 +81,16 @@ def _gated_activation(tensor, consumers, graph, fusable) -> list[gs.Node] | None
 def find_units(model: onnx.ModelProto, space: SearchSpace, out_of_range: Collection[str] = ()) -> tuple[Unit, ...]:
     """Every node whose op type the search space lists, in graph order, with its fused neighbours;
     inside If branches and Loop/Scan bodies too, named by their path (``If_1/then/Conv_3``).
-    ``out_of_range``: labels of precision-neutral nodes that count as sensitive (their range on the data)."""
+    ``out_of_range``: labels of precision-neutral nodes that count as sensitive (their range on the
+    data)."""
     return tuple(_units_in(gs.import_onnx(model), space, (), frozenset(out_of_range)))
 
 
 def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collection[str]) -> dict[str, list[gs.Node]]:
-    """Sensitive nodes joined directly or through one precision-neutral node (the ops of a decomposed
-    LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the name of its first sensitive op;
-    the joining neutral nodes are members too. One such group is one unit. ``out_of_range``: names of
-    neutral nodes here that count as sensitive."""
+    """Sensitive nodes joined directly or through one precision-neutral node (the ops of a
+    decomposed LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt), keyed by the name of its
+    first sensitive op; the joining neutral nodes are members too. One such group is one unit.
+    ``out_of_range``: names of neutral nodes here that count as sensitive."""
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     sensitive = [n for n in graph.nodes
                  if (n.op in space.sensitive or n.name in out_of_range) and n.op not in space.units
@@ -109,8 +111,8 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collect
     for members in connected(sensitive, links):
         nodes = {id(n): n for member in members for n in (member, *bridges.get(id(member), []))}
         ordered = sorted(nodes.values(), key=lambda n: order[id(n)])
-        # named after its first sensitive op, so that a unit keeps its name whether or not neutral ops out
-        # of FP16's range joined it (a plan searched without FP16 fits an analysis with it)
+        # named after its first sensitive op, so that a unit keeps its name whether or not neutral
+        # ops out of FP16's range joined it (a plan searched without FP16 fits an analysis with it)
         groups[next((n for n in ordered if n.op in space.sensitive), ordered[0]).name] = ordered
     return groups
 
@@ -165,17 +167,20 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_o
 
 
 def _allowed(allowed: tuple[Precision, ...], node: gs.Node, weight: gs.Constant | None) -> tuple[Precision, ...]:
-    """INT4 (weight-only 4-bit blocks) where the node has a weight to hold so (see :func:`takes_int4`)."""
+    """INT4 (weight-only 4-bit blocks) where the node has a weight to hold so (see
+    :func:`takes_int4`)."""
     shape = tuple(weight.shape) if weight is not None else None
     return allowed if takes_int4(node.op, node.attrs, shape) else tuple(p for p in allowed if p is not Precision.INT4)
 
 
-INT4_BLOCK = 32  # values of a weight's column sharing a scale (autoprec.lower.int4); TensorRT wants K a multiple
+# values of a weight's column sharing a scale (autoprec.lower.int4); TensorRT wants K a multiple
+INT4_BLOCK = 32
 
 
 def takes_int4(op_type: str, attributes: dict, weight_shape: tuple | None) -> bool:
-    """Whether a compute node can hold its weight in 4-bit blocks: a MatMul reading a constant 2-D weight second,
-    or a plain Gemm (no transposed input A, no scaling), its K a whole number of blocks."""
+    """Whether a compute node can hold its weight in 4-bit blocks: a MatMul reading a constant 2-D
+    weight second, or a plain Gemm (no transposed input A, no scaling), its K a whole number of
+    blocks."""
     if weight_shape is None or len(weight_shape) != 2:
         return False
     k = weight_shape[1] if op_type == "Gemm" and attributes.get("transB", 0) else weight_shape[0]

@@ -1,5 +1,5 @@
-"""The ``autoprec`` command: its parser, the dispatch to each verb's handler (:mod:`autoprec.app.commands`), and a
-failure said in one line. No logic of its own."""
+"""The ``autoprec`` command: its parser, the dispatch to each verb's handler
+(:mod:`autoprec.app.commands`), and a failure said in one line. No logic of its own."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ EXPORT_FORMATS = ("triton", "trtexec", "trt10", "python", "markdown", "polygraph
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's refusal (a number that is not one, a missing argument) as one line, like autoprec's own."""
+    """argparse's refusal (a number that is not one, a missing argument) as one line, like
+    autoprec's own."""
 
     def error(self, message: str):
         self.exit(2, f"autoprec: error: {message} (see {self.prog} --help)\n")
@@ -128,8 +129,9 @@ def _result_verbs(verb) -> None:
 
 
 def _plan_verbs(verb) -> None:
-    """The verbs that re-measure a plan: diagnose, ranges, check. Those that start from a result take its
-    recorded inputs, engine and judge; an option given here overrides the recorded one (and is said)."""
+    """The verbs that re-measure a plan: diagnose, ranges, check. Those that start from a result
+    take its recorded inputs, engine and judge; an option given here overrides the recorded one (and
+    is said)."""
     d = verb("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
     d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
@@ -215,13 +217,14 @@ def _quiet() -> None:
     G_LOGGER.severity = G_LOGGER.CRITICAL
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. its storage's "falling back" warning, SQL and all
+    # e.g. its storage's "falling back" warning, SQL and all
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     threading.excepthook = _one_line_thread_error
 
 
 def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
-    """A background thread's failure (Optuna's heartbeat when the database stops) is one line, not a traceback:
-    the search's own error, when it comes, says what to do."""
+    """A background thread's failure (Optuna's heartbeat when the database stops) is one line, not a
+    traceback: the search's own error, when it comes, says what to do."""
     if args.exc_type is SystemExit:
         return
     first = first_line(args.exc_value, empty="")
@@ -265,7 +268,8 @@ def _failure(exc: BaseException) -> tuple[str, int]:
         where = exc.filename if exc.filename is not None else "a file"
         hint = _OS_HINTS.get(exc.errno, "check the file system and run again")
         return f"{where}: {exc.strerror or exc}; {hint}", 2
-    if _storage_failure(exc):  # the study's database, from deep inside Optuna (a full disk, a stopped server)
+    # the study's database, from deep inside Optuna (a full disk, a stopped server)
+    if _storage_failure(exc):
         from autoprec.study.coordination import storage_hint
 
         cause = exc.__cause__ or exc

@@ -1,5 +1,6 @@
-"""What each verb of the ``autoprec`` command does with its parsed options: calls the Python API, prints.
-The verbs that re-measure or export a saved plan are in :mod:`autoprec.app.plan_commands`."""
+"""What each verb of the ``autoprec`` command does with its parsed options: calls the Python API,
+prints. The verbs that re-measure or export a saved plan are in
+:mod:`autoprec.app.plan_commands`."""
 
 from __future__ import annotations
 
@@ -124,9 +125,19 @@ def _report(args: argparse.Namespace) -> int:
     if args.output and result.owns(args.output):
         raise AutoprecError(f"--output {args.output}: one of the result's own files or folders (what the search wrote, "
                             f"best/, its cache and study); give another path, e.g. {result.out_dir / 'report.html'}")
+    if args.output and Path(args.output).is_file() and not _a_page(Path(args.output)):
+        raise AutoprecError(f"--output {args.output}: a file that is not an HTML page (a model, data, ...): a report "
+                            f"replaces it; give another path, e.g. {result.out_dir / 'report.html'}")
     path = write_report(result, Path(args.output) if args.output else None)
     console.stdout.print(f"wrote {path}")
     return 0
+
+
+def _a_page(path: Path) -> bool:
+    """Whether the file at ``path`` begins as an HTML page does (a report written earlier)."""
+    with open(path, "rb") as f:
+        head = f.read(512).lstrip().lower()
+    return head.startswith((b"<!doctype html", b"<html"))
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -207,7 +218,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def handlers(final_timing: FinalTiming | None) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """Each verb's handler; ``search`` times its chosen plan with ``final_timing`` (None: the real timing)."""
+    """Each verb's handler; ``search`` times its chosen plan with ``final_timing`` (None: the real
+    timing)."""
     return {
         "search": lambda args: _search(args, final_timing),
         "sensitivity": _sensitivity,

@@ -1,5 +1,6 @@
-"""What a search is asked, in the spec groups every verb shares (see :mod:`autoprec.app.specs`), checked once,
-whether it came from the command line or the Python API; recorded in the result, read back from it."""
+"""What a search is asked, in the spec groups every verb shares (see :mod:`autoprec.app.specs`),
+checked once, whether it came from the command line or the Python API; recorded in the result, read
+back from it."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ GROUPS = {"inputs": InputSpec, "engine": EngineSpec, "judge": JudgeSpec, "space"
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """The options of ``autoprec search``, by group (see :func:`autoprec.app.search.search` for what each does),
-    and the few that belong to the search alone: where it writes, progress, the final timing, ``--time-shapes``."""
+    """The options of ``autoprec search``, by group (see :func:`autoprec.app.search.search` for what
+    each does), and the few that belong to the search alone: where it writes, progress, the final
+    timing, ``--time-shapes``."""
 
     inputs: InputSpec
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -32,7 +34,8 @@ class SearchConfig:
     out: str | os.PathLike | None = None
     progress: bool = False
     time_shapes: bool = False
-    retime_seconds: float | None = None  # None: ShipRule.final_seconds of the search's measuring stages
+    # None: ShipRule.final_seconds of the search's measuring stages
+    retime_seconds: float | None = None
     ship_within_noise: bool = False
 
     def checked(self) -> SearchConfig:
@@ -48,7 +51,8 @@ class SearchConfig:
         return self
 
     def groups(self) -> dict[str, Group]:
-        """The spec groups by name (what a result records of the search: :func:`autoprec.app.specs.recorded`)."""
+        """The spec groups by name (what a result records of the search:
+        :func:`autoprec.app.specs.recorded`)."""
         return {name: getattr(self, name) for name in GROUPS}
 
     @classmethod

@@ -1,5 +1,6 @@
-"""``autoprec doctor``: every engine call a search makes, one named step at a time, on a small generated model
-(an FP32, an FP16 and an INT8 unit) — so a failure is met here, in seconds, not in the middle of a search."""
+"""``autoprec doctor``: every engine call a search makes, one named step at a time, on a small
+generated model (an FP32, an FP16 and an INT8 unit) — so a failure is met here, in seconds, not in
+the middle of a search."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ from autoprec.core.errors import first_line
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import load_search_space
 
-WIDTHS = (16, 24, 32, 8)  # x → fp32 unit → fp16 unit → int8 unit → y; widths differ, so no unit is tied to another
+# x → fp32 unit → fp16 unit → int8 unit → y; widths differ, so no unit is tied to another
+WIDTHS = (16, 24, 32, 8)
 UNITS = {"fc_fp32": "fp32", "fc_fp16": "fp16", "fc_int8": "int8"}
 BATCH = {"min": 1, "opt": 2, "max": 4}  # the dynamic batch's profile
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A step as the table shows it: passed, failed, "not here" (this machine lacks what it needs) or skipped."""
+    """A step as the table shows it: passed, failed, "not here" (this machine lacks what it needs)
+    or skipped."""
 
     step: str
     result: str
@@ -66,7 +69,8 @@ def doctor_model(folder: Path) -> Path:
 
 
 def doctor_case(folder: Path) -> DoctorCase:
-    """The generated model analysed as a search would (a profile over the batch), calibrated on random data."""
+    """The generated model analysed as a search would (a profile over the batch), calibrated on
+    random data."""
     rows = lambda point: (BATCH[point], WIDTHS[0])  # noqa: E731
     info = analyse(doctor_model(folder), load_search_space(), {"x": rows("opt")}, min_shapes={"x": rows("min")},
                    max_shapes={"x": rows("max")}, cache=folder / "prepared")

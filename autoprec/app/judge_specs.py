@@ -1,5 +1,5 @@
-"""The judge group: what decides a candidate's accuracy (the metric, the loss limit, the task heads' options),
-and the --ctc-charset file it reads."""
+"""The judge group: what decides a candidate's accuracy (the metric, the loss limit, the task heads'
+options), and the --ctc-charset file it reads."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from autoprec.tasks import HeadOptions
 
 @dataclass(frozen=True)
 class JudgeSpec(Group):
-    """What decides a candidate's accuracy: the metric, the loss limit, how task heads are decoded."""
+    """What decides a candidate's accuracy: the metric, the loss limit, how task heads are
+    decoded."""
 
     metric: str = AUTO
     max_loss: float | None = None
@@ -72,7 +73,8 @@ class JudgeSpec(Group):
                            help="the output task metrics read (default: every output that fits)")
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_loss, float) and self.max_loss == 0:  # -0.0 (from "--max-loss -0") is said as 0
+        # -0.0 (from "--max-loss -0") is said as 0
+        if isinstance(self.max_loss, float) and self.max_loss == 0:
             object.__setattr__(self, "max_loss", 0.0)
 
     HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout", "det_conf": "conf",

@@ -1,6 +1,6 @@
-"""The command line's value types: a value of the wrong form is refused by the parser, naming the option. Ranges of
-numbers are checked by each spec group's ``checked`` (one check for the API and the command line alike); the parser
-only reads numbers."""
+"""The command line's value types: a value of the wrong form is refused by the parser, naming the
+option. Ranges of numbers are checked by each spec group's ``checked`` (one check for the API and
+the command line alike); the parser only reads numbers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def shape_arg(text: str, least: int = 1) -> tuple[str, tuple[int, ...]]:
     return name, found
 
 
-def bound_arg(text: str) -> tuple[str, tuple[int, ...]]:  # --min-shape / --max-shape: a dim may be 0 (an empty past)
+# --min-shape / --max-shape: a dim may be 0 (an empty past)
+def bound_arg(text: str) -> tuple[str, tuple[int, ...]]:
     return shape_arg(text, least=0)
 
 
@@ -38,7 +39,8 @@ def dim_range_arg(text: str) -> tuple[str, tuple[int, int | None, int]]:
 
 
 def runs_arg(text: str) -> dict[str, int]:
-    """--shape-weights NAME=RUNS,...: a judged shape's (or a phase's) runs per deployment request."""
+    """--shape-weights NAME=RUNS,...: a judged shape's (or a phase's) runs per deployment
+    request."""
     found = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")

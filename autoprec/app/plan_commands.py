@@ -1,5 +1,6 @@
-"""The verbs that re-measure or export a saved plan (diagnose, ranges, check, export): those that start from a
-result take its recorded judge and engine, an option given instead overriding it (and said)."""
+"""The verbs that re-measure or export a saved plan (diagnose, ranges, check, export): those that
+start from a result take its recorded judge and engine, an option given instead overriding it (and
+said)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def _recorded_or_given(args: argparse.Namespace, verb: str) -> tuple[JudgeSpec, EngineSpec]:
-    """The judge and engine the search recorded, with what the command line gave instead (said); for a
-    bare plan, what the command line gave."""
+    """The judge and engine the search recorded, with what the command line gave instead (said); for
+    a bare plan, what the command line gave."""
     from autoprec.app.recorded import recorded_config
     from autoprec.app.resolve import recorded_judge
 
@@ -144,7 +145,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    """One trial's files in the export folder (see autoprec.export.folder): what an earlier export wrote there goes."""
+    """One trial's files in the export folder (see autoprec.export.folder): what an earlier export
+    wrote there goes."""
     from autoprec.export import folder
 
     out = Path(args.out) if args.out else Path(args.result_dir) / "export" / args.format

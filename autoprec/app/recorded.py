@@ -1,5 +1,5 @@
-"""A plan re-created as it was searched: a result's record read back into its spec groups and its analysis,
-or MODEL + a plan file."""
+"""A plan re-created as it was searched: a result's record read back into its spec groups and its
+analysis, or MODEL + a plan file."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ PLAN_BYTES = 256 << 20  # the most a plan file may hold (one of 100,000 units: a
 
 
 def load_plan_document(path: str | os.PathLike) -> dict:
-    """A plan file as JSON: best/plan.json of a result (the plan under ``plan``, the search's record beside
-    it), or a bare plan."""
+    """A plan file as JSON: best/plan.json of a result (the plan under ``plan``, the search's record
+    beside it), or a bare plan."""
     try:
         document = untrusted.read_json(Path(path), "a plan file", PLAN_BYTES, given=True)
     except (OSError, ValueError) as exc:
@@ -38,7 +38,8 @@ def load_plan_document(path: str | os.PathLike) -> dict:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration": ...})."""
+    """A plan file: best/plan.json of a result, or a bare plan ({"precisions": ..., "calibration":
+    ...})."""
     return plan_in(load_plan_document(path), path)
 
 
@@ -71,17 +72,22 @@ def _fits(plan: Plan, info: ModelInfo, where: str) -> Plan:
 
 @dataclass(frozen=True)
 class PlanContext:
-    """A plan with the analysis it was measured with: re-created from a result's record, or MODEL + --plan."""
+    """A plan with the analysis it was measured with: re-created from a result's record, or MODEL +
+    --plan."""
 
     plan: Plan
     baseline: Baseline
-    config: SearchConfig  # the spec groups the search recorded (a bare plan: the defaults, on the model given)
+    # the spec groups the search recorded (a bare plan: the defaults, on the model given)
+    config: SearchConfig
     trial: int | None = None  # the result's trial the plan is, where it is one
-    named: str = "the plan"  # which plan it is, for the lines that state what was checked or diagnosed
-    recorded_loss: float | None = None  # its loss as the search recorded it (by its metric, on its engine and data)
+    # which plan it is, for the lines that state what was checked or diagnosed
+    named: str = "the plan"
+    # its loss as the search recorded it (by its metric, on its engine and data)
+    recorded_loss: float | None = None
 
     def same_judging(self, judge: JudgeSpec, engine: EngineSpec, data: str | os.PathLike | None) -> bool:
-        """Whether a loss measured with ``judge`` on ``engine`` and ``data`` is the figure the search recorded."""
+        """Whether a loss measured with ``judge`` on ``engine`` and ``data`` is the figure the
+        search recorded."""
         recorded = self.config
         return (self.recorded_loss is not None and data is None and engine.backend == recorded.engine.backend
                 and replace(judge, max_loss=None) == replace(recorded.judge, max_loss=None))
@@ -91,8 +97,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
              shapes: Mapping[str, Sequence[int]] | None = None, profile: ProfileSpec | None = None) -> Baseline:
     """The analysis a search measured with, exactly: its model (checked against the recorded sha256,
     external data included), search space and overrides, input shapes, data split (seed) and
-    normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the
-    INT8 scales stay those the search calibrated; ``profile`` widens the deployment profile (the measured
+    normalisation, and its calibration ranges. ``data`` replaces the evaluation data only: the INT8
+    scales stay those the search calibrated; ``profile`` widens the deployment profile (the measured
     shapes stay). Anything that differs is refused with one line."""
     measured = result.how_measured()
     path, recorded_shapes, fingerprint = measured.model_path, measured.shapes, measured.data_fingerprint
@@ -104,14 +110,16 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                             + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in recorded_shapes.items())
                             + "; its plans are measured at those shapes (search again for others)")
     cache = result.out_dir / "cache"
-    raw = load_onnx(path)  # a missing or broken model: its own message; a changed one is refused before any copy of it
+    # a missing or broken model: its own message; a changed one is refused before any copy of it
+    raw = load_onnx(path)
     found = model_sha256(path)
     if found != measured.model_sha256:
         raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
                             f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
                             "that model or search again")
     deployed = (profile or ProfileSpec()).applied(measured.profile or result.profile)
-    judged = bool(measured.judged_shapes)  # a search that judged several shapes: the same points, made the same way
+    # a search that judged several shapes: the same points, made the same way
+    judged = bool(measured.judged_shapes)
     asked = config_of(measured).inputs
     bounds = (asked.min_shapes or {}, asked.max_shapes or {}) if judged else (deployed.at("min"), deployed.at("max"))
     recorded_data = measured.data_path
@@ -121,7 +129,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
                                          {p.name: p.runs for p in measured.judged_shapes or ()}, judged,
                                          {k: tuple(v) for k, v in (asked.dims or {}).items()} if judged else None)
     if judged:
-        info = replace(info, profile=deployed)  # widened where asked; the judged points stay the search's
+        # widened where asked; the judged points stay the search's
+        info = replace(info, profile=deployed)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
@@ -141,15 +150,15 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         else:
             raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
                                 "run without --data (it is calibrated again from the search's data) or search again")
-    # FP32's outputs computed afresh, never read from the result's cache: what check and diagnose judge against
-    # is the given model's own output, whatever a received result's cache/ holds
+    # FP32's outputs computed afresh, never read from the result's cache: what check and diagnose
+    # judge against is the given model's own output, whatever a received result's cache/ holds
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
     return Baseline(ranged(pin_idle(info, dataset), ranges), dataset, ranges, reference, seconds)
 
 
 def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = None) -> SearchConfig | None:
-    """The spec groups a search recorded: a result directory's, or (MODEL + --plan) those in the header of a
-    result's best/plan.json. None for a bare plan."""
+    """The spec groups a search recorded: a result directory's, or (MODEL + --plan) those in the
+    header of a result's best/plan.json. None for a bare plan."""
     if Path(target).is_dir():
         return config_of(read_result_dir(target).how_measured())
     document = load_plan_document(plan) if plan is not None else {}
@@ -159,8 +168,8 @@ def recorded_config(target: str | os.PathLike, plan: str | os.PathLike | None = 
 
 
 def config_of(measured: HowMeasured) -> SearchConfig:
-    """The spec groups a result recorded; for a result written before they were recorded, what its record
-    says of them."""
+    """The spec groups a result recorded; for a result written before they were recorded, what its
+    record says of them."""
     if measured.spec is not None:
         return SearchConfig.from_json(measured.spec)
     return SearchConfig(InputSpec(str(measured.model_path)), EngineSpec(measured.backend),
@@ -173,14 +182,15 @@ def plan_context(
     profile: ProfileSpec | None = None,
 ) -> PlanContext:
     """A result directory (its chosen plan, --trial N, or --plan) re-created as it was searched
-    (:func:`recreate`); MODEL + a result's best/plan.json, re-created from the record in its header; or
-    MODEL + a bare plan, analysed with the default space on ``data``."""
+    (:func:`recreate`); MODEL + a result's best/plan.json, re-created from the record in its header;
+    or MODEL + a bare plan, analysed with the default space on ``data``."""
     target = Path(target)
     if not target.is_dir():
         if plan is None:
             raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
         document = load_plan_document(plan)
-        if "search" in document and "model" in document:  # a result's best/plan.json: its search's analysis
+        # a result's best/plan.json: its search's analysis
+        if "search" in document and "model" in document:
             return _from_plan_file(target, Path(plan), document, data, shapes)
         baseline = load_baseline(target, load_search_space(), data, shapes)
         return PlanContext(_fits(plan_in(document, plan), baseline.info, f"--plan {plan}"), baseline,
@@ -205,8 +215,9 @@ def plan_context(
 
 
 def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> PlanContext:
-    """MODEL + a result's best/plan.json: the analysis its search recorded (space, shapes, data split,
-    calibration in the result folder beside it), on MODEL (checked to be the searched model)."""
+    """MODEL + a result's best/plan.json: the analysis its search recorded (space, shapes, data
+    split, calibration in the result folder beside it), on MODEL (checked to be the searched
+    model)."""
     result = read_plan_file(plan, document, model)
     baseline = recreate(result, data, shapes)
     chosen, number = result.best_plan

@@ -1,5 +1,5 @@
-"""What a verb is asked, resolved: the model (a path or zoo:NAME) and its data, the result folder, the metric
-and its judge, the space the engine searches, the repeated blocks decided together."""
+"""What a verb is asked, resolved: the model (a path or zoo:NAME) and its data, the result folder,
+the metric and its judge, the space the engine searches, the repeated blocks decided together."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ log = logging.getLogger("autoprec")
 
 
 def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
-    """``--out``, or ``autoprec_out/<default_name>``: never the working directory or a folder above it
-    (an empty ``--out``, or a model file named ``...onnx`` whose stem is ``..``, is not taken for one)."""
+    """``--out``, or ``autoprec_out/<default_name>``: never the working directory or a folder above
+    it (an empty ``--out``, or a model file named ``...onnx`` whose stem is ``..``, is not taken for
+    one)."""
     if out is not None:
         if not str(out).strip():
             raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out results/model")
@@ -47,6 +48,8 @@ def check_out_dir(out: Path) -> Path | None:
     """``out`` made where missing and checked to be writable; the topmost folder this made (None:
     ``out`` was there), which a run refused before its first trial removes again
     (:func:`remove_made`)."""
+    if out.exists() and not out.is_dir():
+        raise AutoprecError(f"--out {out}: a file, not a folder; give a folder for the results (made where missing)")
     made = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +83,8 @@ def removed_if_refused(made: Path | None) -> Iterator[None]:
 def resolve_model(
     model: str | os.PathLike, data: str | os.PathLike | None, shapes: Mapping[str, Sequence[int]] | None
 ) -> tuple[Path, str | os.PathLike | None, Mapping[str, Sequence[int]] | None, str]:
-    """A model path, or ``zoo:NAME`` fetched with its own sample data and input shapes (unless given)."""
+    """A model path, or ``zoo:NAME`` fetched with its own sample data and input shapes (unless
+    given)."""
     if str(model).startswith("zoo:"):
         from autoprec import zoo
 
@@ -91,9 +95,9 @@ def resolve_model(
 
 
 def wanted_metric(judge: JudgeSpec, model: str | os.PathLike) -> Metric:
-    """The metric ``judge`` names, with the task metric a zoo ``model`` declares computed beside it (and its
-    head's layout, unless --det-layout gave one); resolved (a module:function imported) before any work, so a
-    bad one is named first."""
+    """The metric ``judge`` names, with the task metric a zoo ``model`` declares computed beside it
+    (and its head's layout, unless --det-layout gave one); resolved (a module:function imported)
+    before any work, so a bad one is named first."""
     head = judge.head
     if str(model).startswith("zoo:") and head.layout is None:
         from autoprec import zoo
@@ -135,7 +139,8 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
     implied = implied_by(labels)
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
     if metric.name == AUTO:
-        phased = any(p.name == "prefill" for p in dataset.points)  # judged as a decoder (its phases ran)
+        # judged as a decoder (its phases ran)
+        phased = any(p.name == "prefill" for p in dataset.points)
         decoder = find_decoder(declared_inputs(info.model), output_specs(info.model)) if phased else None
         metric = replace(metric, name=GENERATION if decoder is not None else "cosine")
         if decoder is not None:
@@ -151,7 +156,8 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
 
 
 def image_size(dataset: Dataset) -> tuple[int, int] | None:
-    """H, W of the model's image input (N×C×H×W, C ≤ 4, or N×H×W×C) in the data; the largest where several."""
+    """H, W of the model's image input (N×C×H×W, C ≤ 4, or N×H×W×C) in the data; the largest where
+    several."""
     sizes = [tuple(int(d) for d in (shape[2:] if shape[1] <= 4 else shape[1:3]))
              for shape in (np.shape(v) for v in dataset.evaluation[0].values()) if len(shape) == 4]
     return max(sizes, key=lambda hw: hw[0] * hw[1], default=None)
@@ -180,8 +186,8 @@ def judge_for(metric: Metric, baseline: Baseline, max_loss: float | None = None)
 
 
 def search_judge(metric: Metric, baseline: Baseline) -> Judge:
-    """The judge of a search's plans on its evaluation batches: at every shape the data holds, a decoder's
-    generation from its prefill batches where the metric is ``generation``."""
+    """The judge of a search's plans on its evaluation batches: at every shape the data holds, a
+    decoder's generation from its prefill batches where the metric is ``generation``."""
     dataset, info = baseline.dataset, baseline.info
     decoder = find_decoder(declared_inputs(info.model), output_specs(info.model))
     prompts = [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if dataset.points[at].name == "prefill"]
@@ -192,7 +198,8 @@ def search_judge(metric: Metric, baseline: Baseline) -> Judge:
 def engine_space(
     space: SearchSpace, engine: Backend, precisions: Sequence[str] | None
 ) -> tuple[SearchSpace, list[str], dict[str, str]]:
-    """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what was left out and why."""
+    """The space narrowed to ``precisions``, or to what ``engine`` runs faster than FP32; says what
+    was left out and why."""
     if precisions is None:
         keep = [p for p in Precision if p not in engine.slow_precisions and p is not Precision.INT4]
         left_out = {p.value: why for p, why in engine.slow_precisions.items()}
@@ -215,13 +222,15 @@ def engine_space(
     space = space.restricted(keep).with_pinned(engine.float32_ops)
     if engine.sensitive_ops_fp32 and space.sensitive:
         left_out["sensitive ops"] = f"kept FP32: {engine.sensitive_ops_fp32}"
-        # and so are neutral ops out of FP16's range: between units, this engine's FP16 has no regions
+        # and so are neutral ops out of FP16's range: between units, this engine's FP16 has no
+        # regions
         space = replace(space.with_pinned(set(space.sensitive) - set(space.units)), out_of_range=())
     return space, searched, left_out
 
 
 def repeats_decided(info: ModelInfo, tie: bool) -> ModelInfo:
-    """``info`` with the units of repeated patterns decided together (``tie``, said once), or each on its own."""
+    """``info`` with the units of repeated patterns decided together (``tie``, said once), or each
+    on its own."""
     if not tie:
         return info.untied()
     tied = len(info.searchable_units) - len(info.dimensions)

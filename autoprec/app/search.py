@@ -1,4 +1,5 @@
-"""``autoprec search`` and ``autoprec sensitivity``: model file -> analysis -> calibration -> Optuna study -> result directory."""
+"""``autoprec search`` and ``autoprec sensitivity``: model file -> analysis -> calibration -> Optuna
+study -> result directory."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from autoprec.analysis.calibrate import calibration_cache
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import remove_made, removed_if_refused
-from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs
+from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs, study_identity
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
 from autoprec.app.specs import InputSpec, recorded
 from autoprec.core.errors import AutoprecError, SearchFailed
@@ -57,8 +58,9 @@ log = logging.getLogger("autoprec")
 
 
 def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTiming = timed_until_known) -> SearchResult:
-    """Search per-unit precisions for a model and write the result directory. ``config`` holds the spec
-    groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the defaults.
+    """Search per-unit precisions for a model and write the result directory. ``config`` holds the
+    spec groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the
+    defaults.
 
     Example::
 
@@ -74,13 +76,13 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
     The study lives in ``storage`` (default: SQLite in ``out``), so calling this again with the
     same arguments resumes it: finished trials are kept, an interrupted one is re-run.
 
-    Several processes or hosts (one per GPU: ``device``) given the same ``storage`` (PostgreSQL)
-    and ``study_name`` work on one study: ``budget`` is the study's total, a plan is measured
-    once, and the calibration ranges, FP32 reference and sensitivity are computed by the first
-    worker and shared through Optuna's artifact store in ``artifacts`` (a directory every worker
-    reaches; default: beside a SQLite storage, else in this host's autoprec cache). A worker's running
-    trial beats a heartbeat every ``heartbeat`` seconds; one silent for four beats is failed and
-    re-run once by another worker.
+    Several processes or hosts (one per GPU: ``device``) given the same ``storage`` (PostgreSQL) and
+    ``study_name`` work on one study: ``budget`` is the study's total, a plan is measured once, and
+    the calibration ranges, FP32 reference and sensitivity are computed by the first worker and
+    shared through Optuna's artifact store in ``artifacts`` (a directory every worker reaches;
+    default: beside a SQLite storage, else in this host's autoprec cache). A worker's running trial
+    beats a heartbeat every ``heartbeat`` seconds; one silent for four beats is failed and re-run
+    once by another worker.
 
     Each candidate is built and measured in a worker process (``isolate``) limited to
     ``trial_timeout`` seconds and ``trial_memory_gb`` (default 75 % of RAM): a crash, hang or
@@ -100,10 +102,10 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
     Every other metric that applies is recorded beside it; ``head`` says how to decode outputs
     whose shape does not (CTC blank and dictionary, YOLO layout, thresholds, which output).
 
-    ``shapes`` (``--shape``) fix each input's shape for measuring: the profile's opt. ``min_shapes`` and
-    ``max_shapes`` bound the shapes the model is deployed at: best/model.onnx keeps the source's dynamic
-    dims and is checked against the given model at min, opt and max; the exports carry the profile.
-    ``time_shapes`` also times the front's plans there, as deployed.
+    ``shapes`` (``--shape``) fix each input's shape for measuring: the profile's opt. ``min_shapes``
+    and ``max_shapes`` bound the shapes the model is deployed at: best/model.onnx keeps the source's
+    dynamic dims and is checked against the given model at min, opt and max; the exports carry the
+    profile. ``time_shapes`` also times the front's plans there, as deployed.
 
     ``constants`` feed inputs one fixed value each (``{"sr": 16000}``): a scalar setting such as a
     sample rate, which random data cannot choose and the data need not hold.
@@ -113,8 +115,8 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
     TensorRT, whose builds are slow; 1 for ONNX Runtime, whose builds are cheap and, on the CPU or
     at small batch on the GPU, would disturb the timed candidate).
 
-    ``final_timing`` times the chosen plan with its rivals until the speed-ups are known (:class:`FinalTiming`);
-    :func:`not_timed` leaves it out.
+    ``final_timing`` times the chosen plan with its rivals until the speed-ups are known
+    (:class:`FinalTiming`); :func:`not_timed` leaves it out.
     """
     if not isinstance(config, SearchConfig):
         config = SearchConfig(InputSpec(config))
@@ -122,8 +124,9 @@ def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTimin
 
 
 def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
-    """:func:`search` for a checked configuration, in phases: set up, join the study, compute the baseline every
-    trial shares, start the measurers, the sensitivity pass, run and choose, write."""
+    """:func:`search` for a checked configuration, in phases: set up, join the study, compute the
+    baseline every trial shares, start the measurers, the sensitivity pass, run and choose,
+    write."""
     started, stages = time.monotonic(), Stages()
     with stages.timed("set_up"):
         setup = set_up(config)
@@ -146,10 +149,11 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
 
 def _join_study(config: SearchConfig, setup: Setup) -> Joined:
     study = config.study
-    return join_study(_identity(config, setup), study.storage, setup.out_dir,
+    return join_study(study_identity(config, setup), study.storage, setup.out_dir,
                       study.study_name or default_study_name(setup.model_path, config.engine.backend), study.sampler,
                       study.seed, study.heartbeat, study.budget, study.artifacts,
-                      setup.workers > 1 or study.storage is not None,  # trials in flight here or elsewhere
+                      # trials in flight here or elsewhere
+                      setup.workers > 1 or study.storage is not None,
                       config.engine.device if setup.engine.uses_device else None)
 
 
@@ -164,28 +168,17 @@ def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: 
 
 
 def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
-    """A run that stops before its result: a study it made and asked nothing of goes (the corrected run would be
-    refused as another search); one that began its trials leaves no earlier result in its folder passing for its
-    own (its trials stay in the study)."""
+    """A run that stops before its result: a study it made and asked nothing of goes (the corrected
+    run would be refused as another search); one that began its trials leaves no earlier result in
+    its folder passing for its own (its trials stay in the study)."""
     trials = len(joined.study.get_trials(deepcopy=False))
-    if trials == 0 and joined.fresh and config.study.storage is None:  # the folder's own study, made by this run
+    # the folder's own study, made by this run
+    if trials == 0 and joined.fresh and config.study.storage is None:
         forget_if_unused(joined.study, joined.storage_url)
         remove_made(setup.made)
     elif trials > joined.asked and (removed := withdraw_result(setup.out_dir)):
         log.warning(f"{setup.out_dir}: the earlier run's result ({', '.join(removed)}) removed: this run began its "
                     "trials and stopped without one")
-
-
-def _identity(config: SearchConfig, setup: Setup) -> dict[str, Any]:
-    """What must match for a resumed or shared study: mixing would compare latencies or losses that were not
-    measured the same way (or constrained differently)."""
-    info = setup.info
-    return {
-        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
-        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
-        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
-        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
-    }
 
 
 @dataclass(frozen=True)
@@ -272,7 +265,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     trials = finished_records(joined.study)
     log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
              f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
-    steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)  # the workers' shares
+    # the workers' shares
+    steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)
     with stages.timed("retiming"):
         front, retiming = retimed_front(joined.study, measuring.measurer.time_paired, RETIME_ROUNDS,
                                         max_loss=config.judge.max_loss, shared=steps)
@@ -290,7 +284,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
 
 def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring, warm: WarmStart,
            outcome: Outcome, started: float, stages: Stages) -> SearchResult:
-    """The result files, the chosen plan as deployed, the plots; a search that measured nothing ends in one line."""
+    """The result files, the chosen plan as deployed, the plots; a search that measured nothing ends
+    in one line."""
     info, engine, chosen = warm.info, setup.engine, outcome.chosen
     builds = count_builds(joined.study, joined.run, warm.sensitivity if not warm.from_cache else None,
                           outcome.retiming.builds, outcome.proposer.evaluated() if outcome.proposer else 0,
@@ -316,7 +311,8 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
         with stages.timed("profile_timing"):
             facts["profile_timing"] = time_front_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible,
                                                         ranges, setup.dataset.evaluation[0]).to_json()
-    facts.update(wall_seconds=round(time.monotonic() - started, 2), stage_seconds=dict(stages))  # up to the writing
+    # up to the writing
+    facts.update(wall_seconds=round(time.monotonic() - started, 2), stage_seconds=dict(stages))
     result = SearchResult(setup.out_dir, model_record(info), setup.engine_info, facts, tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
@@ -333,7 +329,8 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
     fingerprint = dataset.fingerprint()
     return {
         "spec": recorded(config.groups()),
-        "run": joined.run,  # which run wrote the result files: each carries it, so no file of another passes
+        # which run wrote the result files: each carries it, so no file of another passes
+        "run": joined.run,
         "budget": config.study.budget,
         "trials": len(outcome.trials),
         "metric": setup.metric.name,
@@ -378,14 +375,16 @@ def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sh
         else {"batches": shared.screen.batches, "reject_above": shared.screen.reject_above},
         "retiming": {"rounds": RETIME_ROUNDS, **outcome.retiming.to_json()},
         "profile": info.shape_profile.to_json(),
-        "judged_shapes": [point.to_json() for point in dataset.points],  # [] where the data's one shape was
+        # [] where the data's one shape was
+        "judged_shapes": [point.to_json() for point in dataset.points],
         "rejected": rejected_trials(joined.study),
         "plan_ignored": [t.number for t in outcome.trials if plan_ignored(t)],
     }
 
 
 def _say_retiming(retiming: Retiming) -> None:
-    """A re-timing that failed is said, with what it leaves: the trial's own figures, and no verdict."""
+    """A re-timing that failed is said, with what it leaves: the trial's own figures, and no
+    verdict."""
     for failed in retiming.failed:
         log.warning(f"re-timing trial {failed['trial']} beside all-FP32 failed ({failed['error'][:300]}): its latency "
                     "is the trial's own, and no verdict on timing noise is given for it")

@@ -1,13 +1,15 @@
-"""What a search works on, resolved from its configuration: the model and data analysed, the engine and the space
-it searches; and what every trial shares: the calibrated model and FP32 reference, the judge, the lowering."""
+"""What a search works on, resolved from its configuration: the model and data analysed, the engine
+and the space it searches; and what every trial shares: the calibrated model and FP32 reference, the
+judge, the lowering."""
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from autoprec.analysis.baseline import Baseline, baseline_of, load_inputs, shared_files
 from autoprec.analysis.data import Dataset
@@ -33,7 +35,7 @@ from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import Lowering, Screen
 from autoprec.measure.measurers import build_workers
 from autoprec.record.trial import EngineInfo
-from autoprec.results.files import OWN_FILES, OWN_FOLDERS
+from autoprec.results.files import OWN_FILES, OWN_FOLDERS, result_owns
 from autoprec.study.coordination import GRACE_BEATS
 from autoprec.study.joining import Joined
 
@@ -78,6 +80,7 @@ def set_up(config: SearchConfig) -> Setup:
         engine,
         config.space.precisions,
     )
+    _check_apart(out_dir, model_path, data)
     made = check_out_dir(out_dir)
     untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES), f"the result folder {out_dir}")
     untrusted.only_name(out_dir / "study.db", f"the result folder {out_dir}")
@@ -96,6 +99,8 @@ def set_up(config: SearchConfig) -> Setup:
             log.warning(f"{engine.name}: every plan is judged at the data's shape only "
                         f"({engine.one_shape_only}); other shapes are checked on the shipped model, on "
                         "ONNX Runtime")
+        _check_earlier_result(out_dir, info)
+        _check_overrides(config.space.overrides, info)
         info = repeats_decided(info, config.space.tie_repeats)
         _say_pinned_ops(info, engine, left_out)
         metric = metric_for(wanted, info, dataset)
@@ -103,9 +108,55 @@ def set_up(config: SearchConfig) -> Setup:
                  left_out, info, dataset, one_time, metric, made)
 
 
+def _check_apart(out_dir: Path, model: Path, data: str | os.PathLike | None) -> None:
+    """Refuse a search whose results would land on its own inputs: the model or data among the files
+    it writes in ``out_dir``, or ``out_dir`` inside the data folder (its figures read as data next
+    time)."""
+    if result_owns(out_dir, model):
+        raise AutoprecError(f"{model}: one of the files a search writes in --out {out_dir} (best/, cache/, "
+                            "pareto.json, ...): it would replace its own input; copy the model elsewhere, or give "
+                            "another --out")
+    if data is None or str(data).startswith("zoo:"):
+        return
+    folder = Path(data).resolve()
+    if result_owns(out_dir, folder) or (folder.is_dir() and out_dir.resolve().is_relative_to(folder)):
+        raise AutoprecError(f"--out {out_dir}: inside the --data folder {data} (or holding it): the result's files "
+                            "would be read as data by the next run; give an --out outside the data")
+
+
+def _check_earlier_result(out_dir: Path, info: ModelInfo) -> None:
+    """Refuse to write over a result in ``out_dir`` that is another model's, or no result autoprec
+    wrote: a search replaces pareto.json, trials.json and best/ there."""
+    earlier = out_dir / "pareto.json"
+    if not earlier.exists():
+        return
+    try:
+        model = untrusted.read_json(earlier, f"the result folder {out_dir}")["model"]
+        sha256, name = model["sha256"], Path(model["path"]).name
+    except (OSError, ValueError, KeyError, TypeError):
+        raise AutoprecError(f"--out {out_dir}: holds a pareto.json autoprec did not write (or cannot read): a "
+                            "search would replace it; give another --out, or move that file") from None
+    if sha256 != info.sha256:
+        changed = " as it was: the model changed since" if name == info.path.name else ""
+        raise AutoprecError(f"--out {out_dir}: holds the result of a search of another model ({name}{changed}, "
+                            f"sha256 {str(sha256)[:12]}…); a search of {info.path.name} would replace it: give "
+                            "another --out, or remove that result")
+
+
+def _check_overrides(overrides: Sequence[str], info: ModelInfo) -> None:
+    """Refuse an --override whose pattern names no unit (a typo would leave the unit it meant searched)."""
+    names = [u.name for u in info.units]
+    for text in overrides:
+        pattern = text.partition("=")[0]
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+            raise AutoprecError(f"--override {text!r}: {pattern!r} matches no unit of {info.path.name} (its units: "
+                                f"{shown}; names are case-sensitive, see autoprec sensitivity or show)")
+
+
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
-    """The model's units of op types the engine runs in FP32 only, or without INT8: said once, and kept in
-    ``left_out``."""
+    """The model's units of op types the engine runs in FP32 only, or without INT8: said once, and
+    kept in ``left_out``."""
     for op in sorted({u.op_type for u in info.units} & set(engine.float32_ops)):
         log.info(f"{engine.name}: {op} units kept FP32 ({engine.float32_ops[op]})")
         left_out[f"{op} units"] = f"kept FP32: {engine.float32_ops[op]}"
@@ -155,3 +206,15 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
         baseline.info, ranges.with_thresholds(method) if ranges is not None else None
     )  # only plans travel
     return Shared(baseline, judge, judged, judge.for_ranking(), lowering, screen)
+
+
+def study_identity(config: SearchConfig, setup: Setup) -> dict[str, Any]:
+    """What must match for a resumed or shared study: mixing would compare latencies or losses that
+    were not measured the same way (or constrained differently)."""
+    info = setup.info
+    return {
+        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
+        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
+        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
+    }

@@ -1,5 +1,5 @@
-"""The groups only a search (and its sensitivity pass) is asked: the space a unit may take, the Optuna study,
-the isolation of the candidates' measurements."""
+"""The groups only a search (and its sensitivity pass) is asked: the space a unit may take, the
+Optuna study, the isolation of the candidates' measurements."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ class SpaceSpec(Group):
 
 @dataclass(frozen=True)
 class StudySpec(Group):
-    """The Optuna study: its budget, seed and sampler, where it is stored and shared, and how it starts
-    (the sensitivity warm start, cheap rejection, plans judged before each build)."""
+    """The Optuna study: its budget, seed and sampler, where it is stored and shared, and how it
+    starts (the sensitivity warm start, cheap rejection, plans judged before each build)."""
 
     REDACTED: ClassVar[tuple[str, ...]] = ("storage",)  # a password in its URL is never recorded
 
@@ -139,7 +139,8 @@ MIN_TRIAL_SECONDS = 1.0  # below this no candidate could be measured within its 
 
 @dataclass(frozen=True)
 class IsolationSpec(Group):
-    """Where candidates run: worker processes limited in time and memory (a crash fails one trial), how many."""
+    """Where candidates run: worker processes limited in time and memory (a crash fails one trial),
+    how many."""
 
     isolate: bool = True
     trial_timeout: float = 600.0

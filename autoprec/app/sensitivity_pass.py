@@ -1,4 +1,5 @@
-"""``autoprec sensitivity``: each unit lowered alone, its loss and its share of FP32 latency (the search's first phase)."""
+"""``autoprec sensitivity``: each unit lowered alone, its loss and its share of FP32 latency (the
+search's first phase)."""
 
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ def sensitivity_pass(
     progress: bool,
     shared: SharedSteps | None = None,
 ) -> tuple[Sensitivity, bool]:
-    """The sensitivity of every searchable unit (each loss by the ``ranking`` judge, which it records in words),
-    read from ``path`` when it was measured the same way. With ``shared``, a one-unit plan another worker of
-    the study measured is read from the study instead of measured again."""
+    """The sensitivity of every searchable unit (each loss by the ``ranking`` judge, which it
+    records in words), read from ``path`` when it was measured the same way. With ``shared``, a
+    one-unit plan another worker of the study measured is read from the study instead of measured
+    again."""
     method = calibration_method(calibration)
     key = _pass_key(baseline, engine, ranking, method, batches)
     measured = loss_of
@@ -84,8 +86,9 @@ def sensitivity_pass(
 
 def help_sensitivity_pass(baseline: Baseline, engine: Backend, loss_of, batches: int, ranking: Judge,
                           calibration: str, shared: SharedSteps) -> int:
-    """This worker's share of the pass another worker of the study is computing: one-unit plans, from the last,
-    that no worker measured or is measuring, until that worker publishes the pass. Returns how many."""
+    """This worker's share of the pass another worker of the study is computing: one-unit plans,
+    from the last, that no worker measured or is measuring, until that worker publishes the pass.
+    Returns how many."""
     method = calibration_method(calibration)
     key = _pass_key(baseline, engine, ranking, method, batches)
     plans = one_unit_plans(baseline.info, method)

@@ -1,11 +1,12 @@
-"""What a verb is asked, in groups every verb shares (after Polygraphy's ``tools/args``): the inputs, the
-engine, the judge, the space, the study, the isolation limits. Each group is one typed object with its
-command-line options, its checks and its JSON; a search records them, and the verbs that start from a
-result start from the recorded ones, any option given on the command line overriding them (and said).
+"""What a verb is asked, in groups every verb shares (after Polygraphy's ``tools/args``): the
+inputs, the engine, the judge, the space, the study, the isolation limits. Each group is one typed
+object with its command-line options, its checks and its JSON; a search records them, and the verbs
+that start from a result start from the recorded ones, any option given on the command line
+overriding them (and said).
 
-Here: a group's shape (:class:`Group`), the parsers of option values, the inputs, the engine and the export's
-deployment profile; the judge is in :mod:`autoprec.app.judge_specs`, the groups only a search is asked (space,
-study, isolation) in :mod:`autoprec.app.search_specs`.
+Here: a group's shape (:class:`Group`), the parsers of option values, the inputs, the engine and the
+export's deployment profile; the judge is in :mod:`autoprec.app.judge_specs`, the groups only a
+search is asked (space, study, isolation) in :mod:`autoprec.app.search_specs`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from autoprec.tasks import HeadOptions
 log = logging.getLogger("autoprec")
 
 
-# Ranges of numbers are checked by each group's ``checked`` (one check for the API and the command line alike);
-# the parser only reads numbers.
+# Ranges of numbers are checked by each group's ``checked`` (one check for the API and the command
+# line alike); the parser only reads numbers.
 
 
 class Group:
-    """A spec group: its fields are options; ``add_arguments`` declares them (``overriding``: a verb that starts
-    from a recorded search, so an option left out keeps the recorded value); ``given`` reads them back."""
+    """A spec group: its fields are options; ``add_arguments`` declares them (``overriding``: a verb
+    that starts from a recorded search, so an option left out keeps the recorded value); ``given``
+    reads them back."""
 
     # field name -> argparse dest, where they differ or the option is negated (``not``-prefixed)
     DESTS: ClassVar[dict[str, str]] = {}
@@ -108,7 +110,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _shown(value: Any) -> str:
-    """An option's value in a line (head options with their charset's digest, not its thousands of characters)."""
+    """An option's value in a line (head options with their charset's digest, not its thousands of
+    characters)."""
     if isinstance(value, HeadOptions):
         return str(value.to_json())
     return "none" if value is None else str(_jsonable(value))
@@ -120,8 +123,8 @@ def suppressed(overriding: bool, default: Any) -> Any:
 
 @dataclass(frozen=True)
 class InputSpec(Group):
-    """The model and what it is fed: data, shapes (``shapes``: the measured opt; ``min_shapes``/``max_shapes``:
-    the deployment profile), constant inputs, image normalisation."""
+    """The model and what it is fed: data, shapes (``shapes``: the measured opt;
+    ``min_shapes``/``max_shapes``: the deployment profile), constant inputs, image normalisation."""
 
     model: str | os.PathLike
     data: str | os.PathLike | None = None
@@ -134,8 +137,10 @@ class InputSpec(Group):
     image_order: str = "RGB"
     image_scale: float = 1.0
     image_resize: str = "stretch"
-    dims: Mapping[str, tuple[int, int | None, int]] | None = None  # --dim: a named dim's range at every input
-    shape_weights: Mapping[str, int] | None = None  # --shape-weights: runs per request of each judged shape
+    # --dim: a named dim's range at every input
+    dims: Mapping[str, tuple[int, int | None, int]] | None = None
+    # --shape-weights: runs per request of each judged shape
+    shape_weights: Mapping[str, int] | None = None
 
     @property
     def image(self) -> ImageOptions:
@@ -211,7 +216,8 @@ class InputSpec(Group):
 
 
 def _once_each(pairs: Sequence[tuple[str, Any]], field_name: str) -> dict[str, Any]:
-    """A repeatable NAME=VALUE option as a mapping; a name given twice is refused (the last would win, silently)."""
+    """A repeatable NAME=VALUE option as a mapping; a name given twice is refused (the last would
+    win, silently)."""
     found: dict[str, Any] = {}
     option = "--" + {"shapes": "shape", "min_shapes": "min-shape", "max_shapes": "max-shape",
                      "dims": "dim"}.get(field_name, "const")
@@ -274,9 +280,10 @@ class EngineSpec(Group):
 
 @dataclass(frozen=True)
 class ProfileSpec(Group):
-    """The deployment profile an export is written for: the search's, widened where asked (``min_shapes`` /
-    ``max_shapes`` by input, ``batch``: the dynamic first dim of every input that has one, LOW to HIGH). Widening
-    needs no new search: the plan is lowered onto the source's dims and checked at the new min and max."""
+    """The deployment profile an export is written for: the search's, widened where asked
+    (``min_shapes`` / ``max_shapes`` by input, ``batch``: the dynamic first dim of every input that
+    has one, LOW to HIGH). Widening needs no new search: the plan is lowered onto the source's dims
+    and checked at the new min and max."""
 
     min_shapes: Mapping[str, Sequence[int]] | None = None
     max_shapes: Mapping[str, Sequence[int]] | None = None
@@ -310,7 +317,8 @@ class ProfileSpec(Group):
         return bool(self.min_shapes or self.max_shapes or self.batch or self.dims)
 
     def applied(self, profile: ShapeProfile) -> ShapeProfile:
-        """``profile`` widened as asked (itself where nothing is), or one line naming the option that cannot be."""
+        """``profile`` widened as asked (itself where nothing is), or one line naming the option
+        that cannot be."""
         if not self.widens:
             return profile
         as_dims = lambda shapes: {k: tuple(v) for k, v in (shapes or {}).items()}  # noqa: E731

@@ -56,10 +56,11 @@ log = logging.getLogger("autoprec")
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What ``diagnose`` found: per unit (see :class:`autoprec.measure.diagnosis.UnitError`), each one's
-    ``alone_loss`` by the judge the search's sensitivity pass ranks with (``alone_said``: its metric, in words);
-    the plan's own loss by the search's metric on every evaluation batch (``loss_said``), and the figure the
-    search recorded for it where this is the same judging (None otherwise)."""
+    """What ``diagnose`` found: per unit (see :class:`autoprec.measure.diagnosis.UnitError`), each
+    one's ``alone_loss`` by the judge the search's sensitivity pass ranks with (``alone_said``: its
+    metric, in words); the plan's own loss by the search's metric on every evaluation batch
+    (``loss_said``), and the figure the search recorded for it where this is the same judging (None
+    otherwise)."""
 
     rows: list[UnitError]
     out_dir: Path
@@ -70,7 +71,8 @@ class Diagnosis:
     loss_said: str
     evaluation_batches: int
     recorded_loss: float | None
-    shape: str | None = None  # the judged shape the units were diagnosed at (the plan's worst); None: the data's one
+    # the judged shape the units were diagnosed at (the plan's worst); None: the data's one
+    shape: str | None = None
 
 
 def diagnose_plan(
@@ -84,10 +86,11 @@ def diagnose_plan(
     out: str | os.PathLike | None = None,
     judge: JudgeSpec | None = None,
 ) -> Diagnosis:
-    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see autoprec.measure.diagnosis).
-    The model's loss with one unit reduced is judged as the search's sensitivity pass judges it, on as many
-    evaluation batches (``batches``, default a quarter of them), so a unit's figure is the one sensitivity.json
-    holds; the plan's own loss by the search's metric on them all, the figure the search recorded."""
+    """Layer-wise error of a plan; writes diagnosis.json and error_by_layer.png (see
+    autoprec.measure.diagnosis). The model's loss with one unit reduced is judged as the search's
+    sensitivity pass judges it, on as many evaluation batches (``batches``, default a quarter of
+    them), so a unit's figure is the one sensitivity.json holds; the plan's own loss by the search's
+    metric on them all, the figure the search recorded."""
     from autoprec.measure.diagnosis import diagnose
     from autoprec.results.plots import plot_errors
 
@@ -102,7 +105,8 @@ def diagnose_plan(
     evaluation = list(baseline.dataset.evaluation)
     loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation,
                                      judge_of)
-    shape = max((p for p in losses if p != GENERATION), key=losses.get, default=None)  # where the plan is worst
+    # where the plan is worst
+    shape = max((p for p in losses if p != GENERATION), key=losses.get, default=None)
     if shape is not None:  # the units at that shape alone, on its own batches
         ranking, at = ranking.at_point(shape)
         evaluation = [evaluation[i] for i in at]
@@ -126,8 +130,9 @@ def diagnose_plan(
 
 
 def activation_report(inputs: InputSpec, entropy: bool = False) -> list[ActivationRow]:
-    """Per-tensor activation statistics from calibration (see autoprec.measure.diagnosis.activation_ranges):
-    of a model, or of a result directory's search as it calibrated (its model, data, shapes, normalisation)."""
+    """Per-tensor activation statistics from calibration (see
+    autoprec.measure.diagnosis.activation_ranges): of a model, or of a result directory's search as
+    it calibrated (its model, data, shapes, normalisation)."""
     from autoprec.measure.diagnosis import FAST_METHODS, activation_ranges
 
     methods = CALIBRATION_METHODS if entropy else FAST_METHODS
@@ -140,8 +145,9 @@ def activation_report(inputs: InputSpec, entropy: bool = False) -> list[Activati
 
 
 def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
-    """A result's model and calibration ranges as its search had them (calibrated on its data where it searched
-    no INT8); only --data (evaluation data) and --shape (checked against the search's) may be given."""
+    """A result's model and calibration ranges as its search had them (calibrated on its data where
+    it searched no INT8); only --data (evaluation data) and --shape (checked against the search's)
+    may be given."""
     default = InputSpec(inputs.model)
     given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std", "image_order",
                                "image_scale", "image_resize")
@@ -166,12 +172,14 @@ def check_plan(
     shapes: Mapping[str, Sequence[int]] | None = None,
     latency_budget_ms: float | None = None,
 ) -> CheckResult:
-    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the limits. The
-    judge and engine default to those the search recorded (a bare plan: cosine on ort-cpu)."""
+    """Re-measure a saved plan; ``passed`` is False when accuracy or latency regress past the
+    limits. The judge and engine default to those the search recorded (a bare plan: cosine on
+    ort-cpu)."""
     if judge is not None:
         judge.checked()  # a limit given is refused before the plan's analysis is re-created
     shipped = None
-    if plan is None and Path(target).is_dir():  # the chosen plan: what ships is the file best/ holds
+    # the chosen plan: what ships is the file best/ holds
+    if plan is None and Path(target).is_dir():
         result_files = read_result_dir(target)
         result_files.check_shipped()
         shipped = result_files.shipped_model()
@@ -186,8 +194,9 @@ def check_plan(
     engine = _engine(engine_spec)
     metric = metric_for(wanted, baseline.info, baseline.dataset)
     judge_of, _ = judge_for(metric, baseline)
-    # best/model.onnx itself where the search's engine checks it (what ships is what is measured: a best/ replaced
-    # with its recorded sha256 edited alike passes no check); on another engine, the plan lowered for that one
+    # best/model.onnx itself where the search's engine checks it (what ships is what is measured: a
+    # best/ replaced with its recorded sha256 edited alike passes no check); on another engine, the
+    # plan lowered for that one
     same_engine = shipped is not None and engine_spec.backend == context.config.engine.backend
     model = stored.load(shipped) if same_engine else engine.lower(baseline.info, found, baseline.ranges)
     result = measure(engine, model, baseline.dataset.evaluation, judge_of, work=baseline.dataset.workload)
@@ -208,9 +217,10 @@ def _engine(spec: EngineSpec):
 
 @dataclass(frozen=True)
 class ForExport:
-    """A result's plan as an export ships it: the model, the note that says which plan it is, the model's stem
-    and the trial's number, the deployment profile it is written for and its checks against the given model
-    there (:class:`autoprec.measure.deployment.PointCheck`; none where best/ recorded none)."""
+    """A result's plan as an export ships it: the model, the note that says which plan it is, the
+    model's stem and the trial's number, the deployment profile it is written for and its checks
+    against the given model there (:class:`autoprec.measure.deployment.PointCheck`; none where best/
+    recorded none)."""
 
     model: StoredModel
     note: str
@@ -222,8 +232,9 @@ class ForExport:
 
 def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
                        profile: ProfileSpec | None = None) -> ForExport:
-    """The measured model of a result's chosen plan (best/model.onnx, with the checks best/ recorded) or of
-    --trial N, or of either on a widened profile (``profile``: lowered again and checked at its points)."""
+    """The measured model of a result's chosen plan (best/model.onnx, with the checks best/
+    recorded) or of --trial N, or of either on a widened profile (``profile``: lowered again and
+    checked at its points)."""
     result = read_result_dir(result_dir)
     stem, engine = result.model_path.stem, result.engine
     if trial is None and result.best_plan is None:
@@ -242,9 +253,9 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
 
 
 def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo, tuple[PointCheck, ...]]:
-    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the model
-    information of the graph it was lowered onto, and its checks against the given model at each point of the
-    profile."""
+    """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the
+    model information of the graph it was lowered onto, and its checks against the given model at
+    each point of the profile."""
     info = context.baseline.info
     dataset = context.baseline.dataset
     deployment = deploy(info, lower, None, dataset.main_evaluation[:CHECKED_BATCHES], (), judged_runs(dataset))
@@ -261,8 +272,9 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
 def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
                         profile: ProfileSpec | None = None) -> BuildSpec:
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
-    TensorRT's Q/DQ form, its units, calibrated ranges, the measured figures, and the deployment profile
-    (``profile``: the search's widened) with the plan's checks against the given model across it."""
+    TensorRT's Q/DQ form, its units, calibrated ranges, the measured figures, and the deployment
+    profile (``profile``: the search's widened) with the plan's checks against the given model
+    across it."""
     from autoprec.backends.tensorrt import (
         stamp_plan,  # the TensorRT backend module only where TensorRT is meant
     )
@@ -293,8 +305,8 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
 
 
 def study_status(storage: str, study_name: str) -> dict:
-    """A (shared) study as its storage holds it (see :func:`autoprec.study.status.study_status`). Reads
-    only: a missing SQLite file is refused, not created."""
+    """A (shared) study as its storage holds it (see :func:`autoprec.study.status.study_status`).
+    Reads only: a missing SQLite file is refused, not created."""
     from autoprec.study.status import study_status as status_of
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -10,8 +10,9 @@ from autoprec.core import engines
 from autoprec.core.errors import BackendError
 from autoprec.record.trial import EngineInfo
 
-# name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine is one
-# module under backends/, one line here, and a Way in tests/test_backend_contract.py (the suite every engine runs).
+# name -> (module, class): an engine's module is imported only when it is chosen. Adding an engine
+# is one module under backends/, one line here, and a Way in tests/test_backend_contract.py (the
+# suite every engine runs).
 REGISTRY = {
     engines.ORT_CPU: ("autoprec.backends.onnxruntime", "OrtCpuBackend"),
     engines.ORT_CUDA: ("autoprec.backends.onnxruntime", "OrtCudaBackend"),
@@ -34,8 +35,8 @@ def backend_class(name: str) -> type[Backend]:
 
 def get_backend(name: str, device: int = 0, cache_dir: Path | None = None, threads: int = 0) -> Backend:
     """The engine ``name``; ``device`` picks the GPU for GPU engines; ``cache_dir`` keeps what an
-    engine reuses across candidates and runs (TensorRT's timing cache, TensorRT for RTX's runtime cache);
-    ``threads``: the engine's intra-op threads where it has them (0: its default)."""
+    engine reuses across candidates and runs (TensorRT's timing cache, TensorRT for RTX's runtime
+    cache); ``threads``: the engine's intra-op threads where it has them (0: its default)."""
     engine = backend_class(name)
     if threads and not engine.has_threads:
         raise BackendError(

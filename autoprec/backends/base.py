@@ -1,4 +1,5 @@
-"""The one interface every inference engine implements: lower, make a runner, run, time, describe."""
+"""The one interface every inference engine implements: lower, make a runner, run, time,
+describe."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from autoprec.core.timing import Timing
 from autoprec.lower import Int4Form, QDQForm, lower_plan
 from autoprec.record.trial import EngineInfo
 
-REFERENCE_BACKEND = engines.REFERENCE  # judges plans without building them on the target (see core.engines)
+# judges plans without building them on the target (see core.engines)
+REFERENCE_BACKEND = engines.REFERENCE
 
 
 class Runner(abc.ABC):
@@ -53,21 +55,25 @@ class Backend(abc.ABC):
 
     name: str
     qdq_form: QDQForm = QDQForm.TENSORRT
-    int4_form: ClassVar[Int4Form] = Int4Form.DEQUANTIZE  # INT4 units' form (see autoprec.lower.int4)
+    # INT4 units' form (see autoprec.lower.int4)
+    int4_form: ClassVar[Int4Form] = Int4Form.DEQUANTIZE
     timing: ClassVar[str] = ""  # what its latencies are (see EngineInfo.timing)
-    # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked for.
+    # Precisions this engine runs no faster than FP32, with why: left out of the search unless asked
+    # for.
     slow_precisions: ClassVar[dict[Precision, str]] = {}
     # Op types this engine runs in FP32 only, with why: their units are kept FP32.
     float32_ops: ClassVar[dict[str, str]] = {}
-    # Op types whose INT8 this engine runs as float between Q/DQ (no integer kernel), with why: no INT8 for them.
+    # Op types whose INT8 this engine runs as float between Q/DQ (no integer kernel), with why: no
+    # INT8 for them.
     float_int8_ops: ClassVar[dict[str, str]] = {}
-    # Why this engine keeps the search space's sensitive ops (softmax, normalisations) FP32; "": it searches them.
+    # Why this engine keeps the search space's sensitive ops (softmax, normalisations) FP32; "": it
+    # searches them.
     sensitive_ops_fp32: ClassVar[str] = ""
     # Candidates measured side by side by default (--build-workers): worth it where builds are slow
     # next to running a candidate, and safe only where a build does not disturb the timed run.
     default_build_workers: ClassVar[int] = 1
-    # Plans judged on the reference executor (ONNX Runtime, CPU) per build of this engine (--proposals):
-    # worth it where a build costs far more than evaluating a plan there.
+    # Plans judged on the reference executor (ONNX Runtime, CPU) per build of this engine
+    # (--proposals): worth it where a build costs far more than evaluating a plan there.
     default_proposals: ClassVar[int] = 0
     # Whether it runs on a GPU chosen by --device (a worker of a shared study is named by it).
     uses_device: ClassVar[bool] = True
@@ -92,17 +98,18 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def runner(self, model: StoredModel) -> Runner:
-        """A runner of an explicit-precision model: its session or engine built (loaded from a file beside its
-        weights), run and timed through the runner, released when the runner closes."""
+        """A runner of an explicit-precision model: its session or engine built (loaded from a file
+        beside its weights), run and timed through the runner, released when the runner closes."""
 
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float] | None:
         """Seconds per run spent in each node of ``model`` (keyed by its node names; time the engine
-        cannot attribute to one is under ``""``), from the engine's own profiler. None: no profiler."""
+        cannot attribute to one is under ``""``), from the engine's own profiler. None: no
+        profiler."""
         return None
 
     def drop_kept_builds(self) -> None:
-        """Forget builds kept for a later trial of the same graph that never came (TensorRT keeps the
-        engines it profiled); nothing to forget where a build is not kept."""
+        """Forget builds kept for a later trial of the same graph that never came (TensorRT keeps
+        the engines it profiled); nothing to forget where a build is not kept."""
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
         """The plan in the Q/DQ form this engine turns into fast kernels."""
@@ -110,8 +117,9 @@ class Backend(abc.ABC):
 
     @classmethod
     def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
-        """Every call a search makes of this engine, in order, on ``case`` (see :mod:`autoprec.backends.doctor_steps`).
-        Engines with more to check (a build without the device, a cache, an inspector) list their own."""
+        """Every call a search makes of this engine, in order, on ``case`` (see
+        :mod:`autoprec.backends.doctor_steps`). Engines with more to check (a build without the
+        device, a cache, an inspector) list their own."""
 
         def create() -> str:
             made["engine"] = engine = cls.create(device, None, 0)

@@ -1,6 +1,7 @@
-"""What ``autoprec doctor`` checks of an engine: every call a search makes, as named steps each engine lists
-for itself (:meth:`autoprec.backends.base.Backend.doctor_steps`), run on a small model with an FP32, an FP16
-and an INT8 unit. A step that needs hardware this machine lacks says so instead of failing."""
+"""What ``autoprec doctor`` checks of an engine: every call a search makes, as named steps each
+engine lists for itself (:meth:`autoprec.backends.base.Backend.doctor_steps`), run on a small model
+with an FP32, an FP16 and an INT8 unit. A step that needs hardware this machine lacks says so
+instead of failing."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 
-# The lowered plan against FP32 on ONNX Runtime's CPU: an INT8 and an FP16 unit of a small MLP stay well
-# within this (relative L2 error); beyond it the engine computes something else.
+# The lowered plan against FP32 on ONNX Runtime's CPU: an INT8 and an FP16 unit of a small MLP stay
+# well within this (relative L2 error); beyond it the engine computes something else.
 AGREEMENT = 0.05
 
 
@@ -28,7 +29,8 @@ class NotHere(AutoprecError):
 
 @dataclass(frozen=True)
 class DoctorCase:
-    """The generated model, analysed, with the plan the doctor lowers and one batch with its FP32 outputs."""
+    """The generated model, analysed, with the plan the doctor lowers and one batch with its FP32
+    outputs."""
 
     info: ModelInfo
     plan: Plan
@@ -39,8 +41,9 @@ class DoctorCase:
 
 @dataclass(frozen=True)
 class Step:
-    """One engine call: ``run`` returns what it found, raises what went wrong (:class:`NotHere`: the machine
-    lacks what it needs); ``fix`` is what to do when it fails; a search cannot run without a ``needed`` step."""
+    """One engine call: ``run`` returns what it found, raises what went wrong (:class:`NotHere`: the
+    machine lacks what it needs); ``fix`` is what to do when it fails; a search cannot run without a
+    ``needed`` step."""
 
     name: str
     run: Callable[[], str]
@@ -51,8 +54,8 @@ class Step:
 
 @dataclass
 class Made:
-    """What the steps made, for the steps after them; ``stack`` closes engines and runners at the end, ``folder``
-    holds their files (caches)."""
+    """What the steps made, for the steps after them; ``stack`` closes engines and runners at the
+    end, ``folder`` holds their files (caches)."""
 
     stack: contextlib.ExitStack
     folder: Path
@@ -66,7 +69,8 @@ class Made:
 
 
 def agreement(case: DoctorCase, outputs: dict[str, np.ndarray]) -> str:
-    """The engine's outputs against ONNX Runtime CPU's FP32 ones, output by output (relative L2 error)."""
+    """The engine's outputs against ONNX Runtime CPU's FP32 ones, output by output (relative L2
+    error)."""
     said = []
     for name, want in case.reference.items():
         if name not in outputs:
@@ -83,8 +87,8 @@ def agreement(case: DoctorCase, outputs: dict[str, np.ndarray]) -> str:
 
 
 def running_steps(made: Made, case: DoctorCase, runner_step: str) -> list[Step]:
-    """Execute, compare and time on the runner ``made["runner"]`` (made by ``runner_step``): the steps every
-    engine shares once a lowered plan is loaded."""
+    """Execute, compare and time on the runner ``made["runner"]`` (made by ``runner_step``): the
+    steps every engine shares once a lowered plan is loaded."""
 
     def execute() -> str:
         made["outputs"] = made["runner"].run(case.batch)

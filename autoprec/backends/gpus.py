@@ -26,11 +26,12 @@ def gpu_facts() -> list[dict[str, str]]:
 
 
 def cores_per_gpu() -> int:
-    """The CPU cores each GPU's worker gets where one worker per GPU shares this host (docs/workers.md): the cores
-    this process may use over the GPUs it may use (``CUDA_VISIBLE_DEVICES``); 0 (the engine's default, every core)
-    with fewer than two. ONNX Runtime's default, a thread per core in every worker's GPU sessions, would have four
-    workers' threads spin against each other, slowing the candidate another worker times; a GPU session runs little
-    on the CPU."""
+    """The CPU cores each GPU's worker gets where one worker per GPU shares this host
+    (docs/workers.md): the cores this process may use over the GPUs it may use
+    (``CUDA_VISIBLE_DEVICES``); 0 (the engine's default, every core) with fewer than two. ONNX
+    Runtime's default, a thread per core in every worker's GPU sessions, would have four workers'
+    threads spin against each other, slowing the candidate another worker times; a GPU session runs
+    little on the CPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = len([d for d in visible.split(",") if d.strip()]) if visible is not None else len(gpu_facts())
     return max(1, len(os.sched_getaffinity(0)) // gpus) if gpus > 1 else 0

@@ -54,7 +54,8 @@ class OrtRunner(Runner):
         return time_calls(lambda: self.session.run(self.output_names, batch))
 
     def close(self) -> None:
-        self.session = None  # the engine's memory goes now, not when the last name bound to the runner does
+        # the engine's memory goes now, not when the last name bound to the runner does
+        self.session = None
 
 
 def left_off_report(left_off: tuple[str, ...]) -> dict | None:
@@ -92,7 +93,8 @@ class OrtNodeTimes:
                     e for e in json.load(f) if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
                 ]
         seen: set[str] = set()
-        timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]  # each node's first run: warm-up
+        # each node's first run: warm-up
+        timed = [e for e in events if e["name"] in seen or seen.add(e["name"])]
         return attribute_node_times(model.proto, timed, runs)
 
     threads = 0  # ONNX Runtime's intra-op threads (0: its default, one per core)
@@ -200,7 +202,8 @@ def new_session(ort, model: StoredModel, options, providers: list):
 
 
 class OrtCudaRunner(Runner):
-    """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work only."""
+    """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work
+    only."""
 
     def __init__(self, session, device: int, left_off: tuple[str, ...] = ()):
         self.session, self.device, self.left_off = session, device, left_off
@@ -210,7 +213,8 @@ class OrtCudaRunner(Runner):
         return left_off_report(self.left_off)
 
     def _bound(self, batch: Batch):
-        """An IO binding with ``batch`` resident on the device; the device arrays are returned to keep them alive."""
+        """An IO binding with ``batch`` resident on the device; the device arrays are returned to
+        keep them alive."""
         from onnxruntime import OrtValue
 
         binding = self.session.io_binding()
@@ -229,12 +233,14 @@ class OrtCudaRunner(Runner):
     def time(self, batch: Batch) -> Timing:
         binding, resident = self._bound(batch)
         self.session.run_with_iobinding(binding)
-        for name, value in zip(self.output_names, binding.get_outputs()):  # reuse: no allocation in the timed runs
+        # reuse: no allocation in the timed runs
+        for name, value in zip(self.output_names, binding.get_outputs()):
             binding.bind_ortvalue_output(name, value)
 
         def call() -> None:
             self.session.run_with_iobinding(binding)
-            binding.synchronize_outputs()  # the clock stops when the GPU is done, not when the launch returns
+            # the clock stops when the GPU is done, not when the launch returns
+            binding.synchronize_outputs()
 
         return time_calls(call)
 
@@ -243,18 +249,21 @@ class OrtCudaRunner(Runner):
 
 
 class OrtCudaBackend(OrtNodeTimes, Backend):
-    """CUDA execution provider on GPU ``device``; cuDNN/cuBLAS found through ``onnxruntime.preload_dlls()``.
+    """CUDA execution provider on GPU ``device``; cuDNN/cuBLAS found through
+    ``onnxruntime.preload_dlls()``.
 
     FP16 (Cast-lowered) runs on tensor cores. Q/DQ INT8 does not: the CUDA provider runs
     QuantizeLinear/DequantizeLinear as float ops around float kernels (slower than FP32, see
     docs/engines.md), so INT8 is left out of the search unless asked for. Only TensorRT fuses Q/DQ
     into INT8 kernels; candidates are lowered in the TensorRT Q/DQ form so that the plan exported
-    from this search builds the same on TensorRT. FP32 follows ORT's default (TF32 allowed in cuDNN).
+    from this search builds the same on TensorRT. FP32 follows ORT's default (TF32 allowed in
+    cuDNN).
     """
 
     name = engines.ORT_CUDA
     qdq_form = QDQForm.TENSORRT
-    int4_form = Int4Form.MATMUL_NBITS  # its CUDA kernel: the DequantizeLinear form would run as float ops
+    # its CUDA kernel: the DequantizeLinear form would run as float ops
+    int4_form = Int4Form.MATMUL_NBITS
     provider = "CUDAExecutionProvider"
     install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
     timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and outputs on the GPU, "
@@ -280,7 +289,8 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
             )
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
-        ort.set_default_logger_severity(3)  # ORT 1.31 warns about plugin EP devices for every classic CUDA session
+        # ORT 1.31 warns about plugin EP devices for every classic CUDA session
+        ort.set_default_logger_severity(3)
         self._ort = ort
         self.device, self.threads = device, threads or cores_per_gpu()
         gpus = gpu_facts()
@@ -308,7 +318,8 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     def runner(self, model: StoredModel) -> OrtCudaRunner:
         session, left_off = new_session(self._ort, model, self.session_options(),
                                         self.session_providers())
-        if self.provider not in session.get_providers():  # ORT falls back to the CPU quietly: never time that as GPU
+        # ORT falls back to the CPU quietly: never time that as GPU
+        if self.provider not in session.get_providers():
             raise BackendError(
                 f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
             )
@@ -316,11 +327,12 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
 
 
 class OrtTensorRTBackend(OrtCudaBackend):
-    """ONNX Runtime's TensorRT execution provider: the CUDA provider's runner and timing, the graph handed to
-    TensorRT, which fuses the TensorRT Q/DQ form into INT8 kernels (int8 on: explicit quantization from the
-    graph's Q/DQ, no calibration table) and keeps the Casts' FP16 (fp16 off: no precision beyond the graph's).
-    Engines and timings are cached in the study's cache folder. NEVER executed by autoprec's developers: neither
-    TensorRT nor ONNX Runtime's TensorRT provider libraries can be installed where autoprec is made."""
+    """ONNX Runtime's TensorRT execution provider: the CUDA provider's runner and timing, the graph
+    handed to TensorRT, which fuses the TensorRT Q/DQ form into INT8 kernels (int8 on: explicit
+    quantization from the graph's Q/DQ, no calibration table) and keeps the Casts' FP16 (fp16 off:
+    no precision beyond the graph's). Engines and timings are cached in the study's cache folder.
+    NEVER executed by autoprec's developers: neither TensorRT nor ONNX Runtime's TensorRT provider
+    libraries can be installed where autoprec is made."""
 
     name = engines.ORT_TENSORRT
     int4_form = Int4Form.DEQUANTIZE
@@ -349,8 +361,9 @@ class OrtTensorRTBackend(OrtCudaBackend):
         return [(self.provider, options), ("CUDAExecutionProvider", {"device_id": self.device}), "CPUExecutionProvider"]
 
     def _check_the_provider_loads(self) -> None:
-        """onnxruntime-gpu lists the TensorRT provider whether or not TensorRT's libraries are there; without them
-        a session falls back to CUDA, printing its reason: refused now, in one line with that reason."""
+        """onnxruntime-gpu lists the TensorRT provider whether or not TensorRT's libraries are
+        there; without them a session falls back to CUDA, printing its reason: refused now, in one
+        line with that reason."""
         import contextlib
         import io
 
@@ -360,7 +373,8 @@ class OrtTensorRTBackend(OrtCudaBackend):
         probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
         probe.ir_version = 8  # what every onnxruntime reads (onnx writes its newest by default)
         printed = io.StringIO()
-        self._ort.set_default_logger_severity(4)  # its provider bridge logs the failure as an error: said below
+        # its provider bridge logs the failure as an error: said below
+        self._ort.set_default_logger_severity(4)
         try:
             with contextlib.redirect_stdout(printed):
                 session = self._ort.InferenceSession(probe.SerializeToString(),

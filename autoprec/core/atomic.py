@@ -55,8 +55,8 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 
 def json_text(obj: Any) -> str:
-    """The one JSON encoding of what autoprec writes: strict (NaN and infinities are refused, not written as
-    tokens other readers reject)."""
+    """The one JSON encoding of what autoprec writes: strict (NaN and infinities are refused, not
+    written as tokens other readers reject)."""
     return json.dumps(obj, indent=2, allow_nan=False)
 
 
@@ -70,9 +70,10 @@ def write_keyed(path: Path, key: str, fields: dict[str, Any]) -> Path:
 
 
 def read_keyed(path: Path, key: str) -> dict[str, Any] | None:
-    """The fields :func:`write_keyed` kept at ``path`` for ``key``; None where the file is absent, unreadable,
-    damaged or kept for another key (then they are measured again and written anew). A link, FIFO or device
-    there is refused (:mod:`autoprec.core.untrusted`): a cache folder is input too."""
+    """The fields :func:`write_keyed` kept at ``path`` for ``key``; None where the file is absent,
+    unreadable, damaged or kept for another key (then they are measured again and written anew). A
+    link, FIFO or device there is refused (:mod:`autoprec.core.untrusted`): a cache folder is input
+    too."""
     from autoprec.core import untrusted
 
     try:
@@ -85,8 +86,8 @@ def read_keyed(path: Path, key: str) -> dict[str, Any] | None:
 
 
 def digest(value: Any, sort_keys: bool = False, default: Callable[[Any], Any] | None = None) -> str:
-    """The first 16 hex digits of the SHA-256 of ``value`` as JSON: the one content key of plans, spaces,
-    preparations and sensitivities (the same value, the same key, in every process)."""
+    """The first 16 hex digits of the SHA-256 of ``value`` as JSON: the one content key of plans,
+    spaces, preparations and sensitivities (the same value, the same key, in every process)."""
     return hashlib.sha256(json.dumps(value, sort_keys=sort_keys, default=default).encode()).hexdigest()[:16]
 
 

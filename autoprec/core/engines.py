@@ -1,5 +1,5 @@
-"""The engines a search measures on, by name: one spelling of each, which every option, record and Q/DQ form
-uses (``--backend``, ``pareto.json``'s ``engine.backend``, the lowering's form)."""
+"""The engines a search measures on, by name: one spelling of each, which every option, record and
+Q/DQ form uses (``--backend``, ``pareto.json``'s ``engine.backend``, the lowering's form)."""
 
 ORT_CPU = "ort-cpu"  # ONNX Runtime's CPU provider: the embedded default, and the reference executor
 ORT_CUDA = "ort-cuda"
@@ -8,6 +8,6 @@ TENSORRT = "tensorrt"
 TENSORRT_RTX = "tensorrt-rtx"
 
 DEFAULT = ORT_CPU
-# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs every Q/DQ
-# form) and computes the FP32 reference.
+# The engine that judges plans without building them on the target (ONNX Runtime on the CPU runs
+# every Q/DQ form) and computes the FP32 reference.
 REFERENCE = ORT_CPU

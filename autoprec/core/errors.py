@@ -42,18 +42,19 @@ class FolderError(AutoprecError):
 
 
 class MetricError(AutoprecError):
-    """The accuracy metric itself is wrong (a user's loss function below 0): not one plan's fault, so the
-    search stops rather than failing every trial with it."""
+    """The accuracy metric itself is wrong (a user's loss function below 0): not one plan's fault,
+    so the search stops rather than failing every trial with it."""
 
 
 ONNXRUNTIME_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 
 
 def first_line(error: BaseException | str, limit: int | None = 300, empty: str | None = None) -> str:
-    """What a one-line message quotes of a cause: the first line of an error's text (an exception, or one stored as
-    text), ONNX Runtime's "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : " prefix dropped, at most ``limit``
-    characters (None: the whole line). A text with no line is ``empty``: by default an exception's type name, for a
-    stored text nothing (pass ``empty=""`` where the message names the type beside it)."""
+    """What a one-line message quotes of a cause: the first line of an error's text (an exception,
+    or one stored as text), ONNX Runtime's "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : " prefix
+    dropped, at most ``limit`` characters (None: the whole line). A text with no line is ``empty``:
+    by default an exception's type name, for a stored text nothing (pass ``empty=""`` where the
+    message names the type beside it)."""
     text = ONNXRUNTIME_PREFIX.sub("", str(error).strip())
     if empty is None:
         empty = type(error).__name__ if isinstance(error, BaseException) else ""

@@ -1,4 +1,5 @@
-"""Untrusted text (names from a model, paths, fields of result files) into generated files and the terminal, as data.
+"""Untrusted text (names from a model, paths, fields of result files) into generated files and the
+terminal, as data.
 
 A model's node, tensor and file names are chosen by whoever made the model: a name may hold a
 newline, quotes, ``$(...)`` or markup. Every generated script, config and card passes such text
@@ -13,7 +14,8 @@ from autoprec.core.errors import ExportError
 
 
 def printable(text: object) -> str:
-    """``text`` on one line: control and other non-printable characters as Python escapes (``\\n``, ``\\x1b``)."""
+    """``text`` on one line: control and other non-printable characters as Python escapes (``\\n``,
+    ``\\x1b``)."""
     text = str(text)
     if text.isprintable():
         return text
@@ -21,7 +23,8 @@ def printable(text: object) -> str:
 
 
 def shell_comment(text: str) -> str:
-    """``text`` as shell comment lines: each line printable and behind ``#``, so none can become a command."""
+    """``text`` as shell comment lines: each line printable and behind ``#``, so none can become a
+    command."""
     return "\n".join(f"# {printable(line)}" for line in str(text).splitlines() or [""])
 
 
@@ -29,13 +32,15 @@ _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&\"'$])")
 
 
 def markdown_text(text: object) -> str:
-    """Plain text in markdown (and inside a table cell): every punctuation character a renderer could
-    read as markup or HTML is backslash-escaped (CommonMark allows this for any ASCII punctuation)."""
+    """Plain text in markdown (and inside a table cell): every punctuation character a renderer
+    could read as markup or HTML is backslash-escaped (CommonMark allows this for any ASCII
+    punctuation)."""
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text))
 
 
 def markdown_code(text: object) -> str:
-    """``text`` as an inline code span that also holds inside a table cell (GFM reads ``\\|`` as ``|`` there)."""
+    """``text`` as an inline code span that also holds inside a table cell (GFM reads ``\\|`` as
+    ``|`` there)."""
     body = printable(text).replace("|", "\\|")
     fence = "`" * (max((len(run) for run in re.findall(r"`+", body)), default=0) + 1)
     pad = " " if body.startswith("`") or body.endswith("`") or not body.strip() else ""

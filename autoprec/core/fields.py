@@ -1,7 +1,7 @@
-"""A JSON document read field by field: each read checks the value's kind where it is read, and a value that is not
-of the kind autoprec writes is refused in one line naming the file and the field's path
-(``front[0].plan.counts.int8``). The typed values of the result files read themselves through it, so their
-``from_json`` is also their check."""
+"""A JSON document read field by field: each read checks the value's kind where it is read, and a
+value that is not of the kind autoprec writes is refused in one line naming the file and the field's
+path (``front[0].plan.counts.int8``). The typed values of the result files read themselves through
+it, so their ``from_json`` is also their check."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ class Fields:
         return value
 
     def number(self) -> float:
-        """An int or float, or "inf" / "-inf" / "nan" as autoprec writes those (read back as floats)."""
+        """An int or float, or "inf" / "-inf" / "nan" as autoprec writes those (read back as
+        floats)."""
         value = self.value
         if isinstance(value, str) and value in NON_FINITE:
             return float(value)

@@ -11,8 +11,8 @@ T = TypeVar("T")
 
 
 def connected(items: Sequence[T], links: Iterable[tuple[T, T]]) -> list[list[T]]:
-    """``items`` grouped by ``links`` (pairs of items, by identity): each group in the items' order, the
-    groups in the order of their first item."""
+    """``items`` grouped by ``links`` (pairs of items, by identity): each group in the items' order,
+    the groups in the order of their first item."""
     parent = {id(item): id(item) for item in items}
 
     def root(key: int) -> int:
@@ -31,8 +31,8 @@ def connected(items: Sequence[T], links: Iterable[tuple[T, T]]) -> list[list[T]]
 
 def min_cut(capacity: Mapping[Hashable, Mapping[Hashable, float]], source: Hashable, sink: Hashable) -> set:
     """The source's side of a minimum source-sink cut of a directed network (``capacity[a][b]``: the
-    edge a -> b; ``math.inf`` for one never cut): Edmonds-Karp, augmenting along shortest paths until
-    none is left, then what the source still reaches. Ties go to the sink's side."""
+    edge a -> b; ``math.inf`` for one never cut): Edmonds-Karp, augmenting along shortest paths
+    until none is left, then what the source still reaches. Ties go to the sink's side."""
     residual: dict = {}
     for a, edges in capacity.items():
         for b, c in edges.items():

@@ -1,5 +1,5 @@
-"""Locks across processes and threads: a file lock the OS releases when its holder dies, in a folder only this
-user may write (the device a candidate runs on, a study's queue and budget)."""
+"""Locks across processes and threads: a file lock the OS releases when its holder dies, in a folder
+only this user may write (the device a candidate runs on, a study's queue and budget)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class FileLock:
             ) from None
 
     def check(self) -> FileLock:
-        """Open the lock file once without taking it: a bad lock file is refused here, before any work starts."""
+        """Open the lock file once without taking it: a bad lock file is refused here, before any
+        work starts."""
         os.close(self._open())
         return self
 
@@ -103,7 +104,8 @@ class FileLock:
         self.release()
 
 
-SAY_AFTER = 2.0  # a wait this long is said (a shorter one, a search's trials taking turns, is not worth a line)
+# a wait this long is said (a shorter one, a search's trials taking turns, is not worth a line)
+SAY_AFTER = 2.0
 SAY_EVERY = 30.0  # seconds between two lines of a waiter saying who holds the lock
 POLL_SECONDS = 0.2
 
@@ -164,8 +166,8 @@ class DeviceTurns:
 
 
 def private_folder(folder: Path) -> Path:
-    """``folder`` made (mode 0700) or checked: a real directory owned by this user, so no one else can
-    plant links or files in it. Refused with one line otherwise."""
+    """``folder`` made (mode 0700) or checked: a real directory owned by this user, so no one else
+    can plant links or files in it. Refused with one line otherwise."""
     folder = Path(folder)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -183,5 +185,6 @@ def private_folder(folder: Path) -> Path:
 
 
 def host_lock_folder() -> Path:
-    """This user's lock folder on this host (under the temporary directory; made private by :func:`private_folder`)."""
+    """This user's lock folder on this host (under the temporary directory; made private by
+    :func:`private_folder`)."""
     return Path(tempfile.gettempdir()) / f"autoprec-locks-{os.geteuid()}"

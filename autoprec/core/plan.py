@@ -8,20 +8,22 @@ from typing import Any, Mapping
 
 from autoprec.core import atomic
 
-DEFAULT_CALIBRATION = "percentile-99.99"  # amax of |x| at the 99.99th percentile of the calibration data
-AUTO_CALIBRATION = "auto"  # --calibration auto: the range method is one more choice of the study, per trial
+# amax of |x| at the 99.99th percentile of the calibration data
+DEFAULT_CALIBRATION = "percentile-99.99"
+# --calibration auto: the range method is one more choice of the study, per trial
+AUTO_CALIBRATION = "auto"
 
 
 def calibration_method(calibration: str) -> str:
-    """The INT8 range method a plan takes under ``--calibration`` where the study chose none for it: the method
-    given, or with ``auto`` (the study chooses per trial) the default (the uniform plans, the sensitivity pass's
-    one-unit plans, the reference executor's check)."""
+    """The INT8 range method a plan takes under ``--calibration`` where the study chose none for it:
+    the method given, or with ``auto`` (the study chooses per trial) the default (the uniform plans,
+    the sensitivity pass's one-unit plans, the reference executor's check)."""
     return DEFAULT_CALIBRATION if calibration == AUTO_CALIBRATION else calibration
 
 
 class Precision(str, enum.Enum):
-    """Narrowest first. INT4 is weight-only: a MatMul's or Gemm's constant weight in 4-bit blocks, its
-    activations as they are (see :mod:`autoprec.lower.int4`)."""
+    """Narrowest first. INT4 is weight-only: a MatMul's or Gemm's constant weight in 4-bit blocks,
+    its activations as they are (see :mod:`autoprec.lower.int4`)."""
 
     INT4 = "int4"
     INT8 = "int8"
@@ -32,7 +34,8 @@ class Precision(str, enum.Enum):
         return self.value
 
 
-REDUCED = (Precision.INT4, Precision.INT8, Precision.FP16)  # what a unit may run in below FP32, narrowest first
+# what a unit may run in below FP32, narrowest first
+REDUCED = (Precision.INT4, Precision.INT8, Precision.FP16)
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,8 @@ class Plan:
         return self.as_dict()[unit]
 
     def counts(self) -> dict[str, int]:
-        """Units per precision: INT8, FP16 and FP32 always, INT4 where the plan has some (as results before
-        INT4 existed wrote them)."""
+        """Units per precision: INT8, FP16 and FP32 always, INT4 where the plan has some (as results
+        before INT4 existed wrote them)."""
         counts = {p.value: 0 for p in Precision if p is not Precision.INT4}
         for _, p in self.precisions:
             counts[p.value] = counts.get(p.value, 0) + 1

@@ -2,8 +2,8 @@
 
 The search measures at opt (``--shape``); min and max (``--min-shape``, ``--max-shape``) are where a
 dynamic dim may go in deployment. It is what TensorRT's optimisation profile holds (trtexec
-``--minShapes/--optShapes/--maxShapes``, ``IOptimizationProfile.set_shape``) and what Triton's ``-1`` dims
-and ``max_batch_size`` say, so every export writes it from here.
+``--minShapes/--optShapes/--maxShapes``, ``IOptimizationProfile.set_shape``) and what Triton's
+``-1`` dims and ``max_batch_size`` say, so every export writes it from here.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ Dims = tuple[int, ...]
 
 @dataclass(frozen=True)
 class InputRange:
-    """One input: its dims as the source declares them (an int, or a name / None where dynamic), and the
-    three shapes of its profile."""
+    """One input: its dims as the source declares them (an int, or a name / None where dynamic), and
+    the three shapes of its profile."""
 
     name: str
     declared: tuple[int | str | None, ...]
@@ -60,8 +60,8 @@ class ShapeProfile:
         return ["opt", *(p for p in ("min", "max") if self.at(p) != self.at("opt"))]
 
     def batch_range(self) -> tuple[int, int] | None:
-        """(min, max) of a batch dim every input shares as its dynamic first dim; None where there is none
-        (Triton's ``max_batch_size`` and dynamic batching need one)."""
+        """(min, max) of a batch dim every input shares as its dynamic first dim; None where there
+        is none (Triton's ``max_batch_size`` and dynamic batching need one)."""
         if not self.inputs or not all(i.declared and not isinstance(i.declared[0], int) for i in self.inputs):
             return None
         lows, highs = {i.min[0] for i in self.inputs}, {i.max[0] for i in self.inputs}
@@ -85,9 +85,10 @@ class ShapeProfile:
 
     def widened(self, low: Mapping[str, Dims] | None = None, high: Mapping[str, Dims] | None = None,
                 batch: tuple[int, int] | None = None) -> ShapeProfile:
-        """This profile with the min and max shapes given (``low``/``high``, by input) and the dynamic first dim
-        of every input that has one from ``batch``'s first to its last; opt, the measured shapes, stays. Checked
-        as a search checks --min-shape/--max-shape (one line naming the option and input)."""
+        """This profile with the min and max shapes given (``low``/``high``, by input) and the
+        dynamic first dim of every input that has one from ``batch``'s first to its last; opt, the
+        measured shapes, stays. Checked as a search checks --min-shape/--max-shape (one line naming
+        the option and input)."""
         if not self.dynamic and (low or high or batch):
             raise ModelError("the model declares no dynamic dim (" + self.said() + "): its exports take the measured "
                              "shapes only; search a model with dynamic dims for a profile")
@@ -107,10 +108,11 @@ class ShapeProfile:
         return shape_profile(declared, opt, low, high)
 
     def with_dims(self, dims: Mapping[str, tuple[int, int | None, int]]) -> ShapeProfile:
-        """This profile with each named dim from its min to its max at every input declaring it (``--dim
-        past=0:12:512``: every cache input's past, the attention mask's ``past + sequence`` with it), and a dim
-        summed of named dims (``past_sequence_length + sequence_length``) at the sum at each end. A dim's opt, where
-        given, must be the measured one; a name no input declares is refused, naming those they do."""
+        """This profile with each named dim from its min to its max at every input declaring it
+        (``--dim past=0:12:512``: every cache input's past, the attention mask's ``past + sequence``
+        with it), and a dim summed of named dims (``past_sequence_length + sequence_length``) at the
+        sum at each end. A dim's opt, where given, must be the measured one; a name no input
+        declares is refused, naming those they do."""
         declared = {d for i in self.inputs for d in i.declared if isinstance(d, str)}
         named = {term.strip() for d in declared for term in d.split("+")}
         for name, (low, opt, high) in dims.items():
@@ -157,7 +159,8 @@ class ShapeProfile:
 
 
 def _sized(dim: int | str | None, size: int, sizes: Mapping[str, int]) -> int:
-    """A declared dim's size from named sizes: a name's own, a sum's of its terms' (each known), else ``size``."""
+    """A declared dim's size from named sizes: a name's own, a sum's of its terms' (each known),
+    else ``size``."""
     if not isinstance(dim, str):
         return size
     terms = [term.strip() for term in dim.split("+")]
@@ -186,10 +189,11 @@ def declared_text(dims: Sequence) -> str:
 
 def shared_dim_sizes(declared: Sequence[tuple[str, Sequence]], given: Mapping[str, Sequence[int]],
                      option: str) -> dict[str, tuple[int, str]]:
-    """One dim name is one size: the size each named dim takes where ``option`` (``--shape``, ``--min-shape``,
-    ``--max-shape``) gives a shape to an input declaring it (``input_ids`` and ``attention_mask``, both
-    ``[batch, seq]``), with the input that gave it; two inputs given it at different sizes are refused in one line
-    naming both. An unnamed dim ('' or '?') is no name, and one input's own axes may share a name (Paddle's)."""
+    """One dim name is one size: the size each named dim takes where ``option`` (``--shape``,
+    ``--min-shape``, ``--max-shape``) gives a shape to an input declaring it (``input_ids`` and
+    ``attention_mask``, both ``[batch, seq]``), with the input that gave it; two inputs given it at
+    different sizes are refused in one line naming both. An unnamed dim ('' or '?') is no name, and
+    one input's own axes may share a name (Paddle's)."""
     sizes: dict[str, tuple[int, str]] = {}
     for name, dims in declared:
         for dim, size in zip(dims, given.get(name, ())):
@@ -204,8 +208,8 @@ def shared_dim_sizes(declared: Sequence[tuple[str, Sequence]], given: Mapping[st
 
 def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims], given: dict[str, Dims],
                  option: str) -> dict[str, Dims]:
-    """``given`` with the inputs it leaves out filled in where they share a dim name with one it names
-    (:func:`shared_dim_sizes`), at every point."""
+    """``given`` with the inputs it leaves out filled in where they share a dim name with one it
+    names (:func:`shared_dim_sizes`), at every point."""
     sizes = shared_dim_sizes(declared, given, option)
     filled = dict(given)
     for name, dims in declared:
@@ -222,10 +226,10 @@ def shape_profile(
     low: Mapping[str, Dims] | None = None,
     high: Mapping[str, Dims] | None = None,
 ) -> ShapeProfile:
-    """The profile of inputs ``declared`` (name, dims) at ``opt`` (every dim fixed), with ``low`` / ``high``
-    (``--min-shape`` / ``--max-shape``) where given; an input not given one is at opt there. Refused in
-    one line naming the option and input: an unknown input, another rank, a fixed dim changed, or
-    not min <= opt <= max."""
+    """The profile of inputs ``declared`` (name, dims) at ``opt`` (every dim fixed), with ``low`` /
+    ``high`` (``--min-shape`` / ``--max-shape``) where given; an input not given one is at opt
+    there. Refused in one line naming the option and input: an unknown input, another rank, a fixed
+    dim changed, or not min <= opt <= max."""
     low, high = dict(low or {}), dict(high or {})
     names = [name for name, _ in declared]
     for option, given in (("--min-shape", low), ("--max-shape", high)):

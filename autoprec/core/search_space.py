@@ -13,9 +13,9 @@ from autoprec.core.errors import SearchSpaceError
 from autoprec.core.plan import Precision
 
 SPACE_BYTES = 16 << 20  # the most a search-space file may hold (the bundled one: 2 KB)
-# Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run in
-# the precision of their neighbours where those agree (see autoprec.lower.cast). Erf is bounded with a bounded
-# slope (the GELU that TorchScript exports as Div, Erf, Add, Mul, Mul). Softmax,
+# Ops whose FP16 result is their FP32 result rounded (no long reduction, no range change): they run
+# in the precision of their neighbours where those agree (see autoprec.lower.cast). Erf is bounded
+# with a bounded slope (the GELU that TorchScript exports as Div, Erf, Add, Mul, Mul). Softmax,
 # normalisations, reductions, exp/log/pow are not among them: a search space lists those as
 # ``sensitive``.
 NEUTRAL_OPS = frozenset({
@@ -34,9 +34,9 @@ class SearchSpace:
     pinned_fp32: frozenset[str]
     overrides: tuple[tuple[str, tuple[Precision, ...]], ...] = field(default=())
     source: str = "default"
-    # Numerically sensitive op types (softmax, normalisations, reductions): units of their own whose safe
-    # default is FP32; uniform plans keep them FP32, and a search lowers only those its sensitivity pass
-    # finds harmless and its profile finds worth it.
+    # Numerically sensitive op types (softmax, normalisations, reductions): units of their own whose
+    # safe default is FP32; uniform plans keep them FP32, and a search lowers only those its
+    # sensitivity pass finds harmless and its profile finds worth it.
     sensitive: dict[str, tuple[Precision, ...]] = field(default_factory=dict)
     # Precision-neutral ops whose tensors on the calibration data leave FP16's safe range (see
     # autoprec.analysis.calibrate.out_of_range_nodes): units of their own like sensitive ones, FP32
@@ -44,8 +44,8 @@ class SearchSpace:
     out_of_range: tuple[Precision, ...] = ()
 
     def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
-        """Precisions a unit may take: its op type's (for a neutral op, a unit only for its range on the
-        data: ``out_of_range``), narrowed by the last matching override."""
+        """Precisions a unit may take: its op type's (for a neutral op, a unit only for its range on
+        the data: ``out_of_range``), narrowed by the last matching override."""
         if op_type in self.pinned_fp32:
             return (Precision.FP32,)
         allowed = self.units.get(op_type) or self.sensitive.get(op_type) or self.out_of_range
@@ -55,7 +55,8 @@ class SearchSpace:
         return allowed
 
     def restricted(self, keep: Collection[Precision]) -> SearchSpace:
-        """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what was asked for."""
+        """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what
+        was asked for."""
 
         def narrowed(precisions: tuple[Precision, ...]) -> tuple[Precision, ...]:
             return tuple(p for p in precisions if p in keep or p is Precision.FP32) or (Precision.FP32,)
@@ -67,7 +68,8 @@ class SearchSpace:
         return replace(self, units=units, overrides=overrides, sensitive=sensitive, out_of_range=out_of_range)
 
     def without(self, precision: Precision, op_types: Collection[str]) -> SearchSpace:
-        """Units of ``op_types`` no longer take ``precision`` (an engine without a kernel for it)."""
+        """Units of ``op_types`` no longer take ``precision`` (an engine without a kernel for
+        it)."""
         units = {op: tuple(p for p in ps if p is not precision or op not in op_types) for op, ps in self.units.items()}
         return replace(self, units=units)
 
@@ -80,8 +82,9 @@ class SearchSpace:
         return replace(self, overrides=self.overrides + parsed)
 
     def to_json(self) -> dict:
-        """Everything that decides the units and their precisions (overrides included), so a result can
-        re-create its analysis without the YAML file, and a study can refuse a search with another space."""
+        """Everything that decides the units and their precisions (overrides included), so a result
+        can re-create its analysis without the YAML file, and a study can refuse a search with
+        another space."""
         return {
             "source": self.source,
             "units": {op: [p.value for p in precisions] for op, precisions in sorted(self.units.items())},
@@ -93,13 +96,15 @@ class SearchSpace:
         }
 
     def digest(self) -> str:
-        """Content hash of :meth:`to_json` without ``source`` (the same space read from another file is the same)."""
+        """Content hash of :meth:`to_json` without ``source`` (the same space read from another file
+        is the same)."""
         content = {k: v for k, v in self.to_json().items() if k != "source"}
         return atomic.digest(content, sort_keys=True)
 
     @classmethod
     def from_json(cls, data: dict) -> SearchSpace:
-        """The space a result recorded (see :meth:`to_json`); a damaged record is a :class:`SearchSpaceError`."""
+        """The space a result recorded (see :meth:`to_json`); a damaged record is a
+        :class:`SearchSpaceError`."""
         try:
             return cls(
                 units={

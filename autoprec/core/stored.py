@@ -1,11 +1,13 @@
-"""ONNX models whose weights stay on disk: a graph in memory, every tensor over ``INLINE_BYTES`` in a data file.
+"""ONNX models whose weights stay on disk: a graph in memory, every tensor over ``INLINE_BYTES`` in
+a data file.
 
-Protobuf cannot hold 2 GB, and each copy of a model's weights costs memory and time, so autoprec keeps
-one copy of every weight in one folder (the prepared model's) and passes graphs around: a
-:class:`StoredModel` is a ``ModelProto`` whose large tensors are external-data references relative to
-its ``folder``. An engine loads it from a file written there (ONNX Runtime memory-maps the weights,
-TensorRT's parser reads them beside the file); lowering adds the tensors it makes (INT8 or FP16 copies
-of weights) to the same folder, once each. Exports copy what they reference into a self-contained file.
+Protobuf cannot hold 2 GB, and each copy of a model's weights costs memory and time, so autoprec
+keeps one copy of every weight in one folder (the prepared model's) and passes graphs around: a
+:class:`StoredModel` is a ``ModelProto`` whose large tensors are external-data references relative
+to its ``folder``. An engine loads it from a file written there (ONNX Runtime memory-maps the
+weights, TensorRT's parser reads them beside the file); lowering adds the tensors it makes (INT8 or
+FP16 copies of weights) to the same folder, once each. Exports copy what they reference into a
+self-contained file.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ from onnx import TensorProto, helper, numpy_helper
 from autoprec.core import atomic
 
 INLINE_BYTES = 1024  # smaller tensors stay in the graph: shape constants, scalars, most scales
-ALIGN = 4096  # each tensor starts on a page of its data file: ONNX Runtime memory-maps aligned external data
+# each tensor starts on a page of its data file: ONNX Runtime memory-maps aligned external data
+ALIGN = 4096
 COPY_CHUNK = 64 << 20  # bytes per read when a tensor is copied between data files
-READ_BYTES = 1 << 20  # external tensors up to this size are read; larger ones memory-mapped (see read_tensor)
-# An export at or above this many bytes of weights keeps them in a data file beside the model (ONNX's
-# external data), below it in the .onnx file itself, unless the model came with external data.
+# external tensors up to this size are read; larger ones memory-mapped (see read_tensor)
+READ_BYTES = 1 << 20
+# An export at or above this many bytes of weights keeps them in a data file beside the model
+# (ONNX's external data), below it in the .onnx file itself, unless the model came with external
+# data.
 EXTERNAL_EXPORT_BYTES = 1 << 30
 DERIVED = "derived"  # the folder's sub-folder of tensors lowering made
-# A tensor lowering makes up to this size stays in the graph (kept in memory, per process): an engine
-# loads hundreds of small weights from one graph faster than from as many files (300 units: 17 % faster).
+# A tensor lowering makes up to this size stays in the graph (kept in memory, per process): an
+# engine loads hundreds of small weights from one graph faster than from as many files (300 units:
+# 17 % faster).
 DERIVED_INLINE_BYTES = 16 << 10
 
 _written = itertools.count()
@@ -94,35 +100,40 @@ PACKED_4BIT = (TensorProto.INT4, TensorProto.UINT4)
 
 
 def read_tensor(tensor: TensorProto, folder: Path, where: tuple[str, int, int | None] | None = None) -> np.ndarray:
-    """A tensor's values: where external (at ``where``, its :func:`external_info`, if known), read from its
-    data file, or for a large one a read-only memory map of it (nothing read until used); else decoded from
-    the graph."""
+    """A tensor's values: where external (at ``where``, its :func:`external_info`, if known), read
+    from its data file, or for a large one a read-only memory map of it (nothing read until used);
+    else decoded from the graph."""
     if not is_external(tensor):
         return numpy_helper.to_array(tensor)
     location, offset, _ = where or external_info(tensor)
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     shape = tuple(tensor.dims)
     count = math.prod(shape)
-    if tensor.data_type in PACKED_4BIT:  # two values a byte: their bytes as stored (what a copy of them needs)
+    # two values a byte: their bytes as stored (what a copy of them needs)
+    if tensor.data_type in PACKED_4BIT:
         dtype, shape = np.dtype(np.uint8), ((count + 1) // 2,)
         count = shape[0]
-    if count * dtype.itemsize <= READ_BYTES:  # small: read (a memory map costs more to set up than to read it)
+    # small: read (a memory map costs more to set up than to read it)
+    if count * dtype.itemsize <= READ_BYTES:
         return np.fromfile(os.path.join(folder, location), dtype=dtype, count=count, offset=offset).reshape(shape)
     return np.memmap(os.path.join(folder, location), dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 def _next_data(fd: int, at: int, end: int) -> tuple[int, int]:
-    """The next run of written bytes of a file in [at, end), as (start, stop); (end, end) where only a hole is left."""
+    """The next run of written bytes of a file in [at, end), as (start, stop); (end, end) where only
+    a hole is left."""
     try:
         data = os.lseek(fd, at, os.SEEK_DATA)
         return min(data, end), min(os.lseek(fd, data, os.SEEK_HOLE), end)
     except OSError as exc:
-        return (end, end) if exc.errno == errno.ENXIO else (at, end)  # ENXIO: a hole to the end; else: cannot tell
+        # ENXIO: a hole to the end; else: cannot tell
+        return (end, end) if exc.errno == errno.ENXIO else (at, end)
 
 
 def copy_range(source, start: int, length: int, target) -> None:
-    """``length`` bytes of ``source`` from ``start`` to ``target``'s position, in chunks; a hole of the source
-    (a sparse file's unwritten part) stays a hole: it is skipped, not read and written as zeros."""
+    """``length`` bytes of ``source`` from ``start`` to ``target``'s position, in chunks; a hole of
+    the source (a sparse file's unwritten part) stays a hole: it is skipped, not read and written as
+    zeros."""
     fd, end, base = source.fileno(), start + length, target.tell()
     at = start
     while at < end:
@@ -151,16 +162,19 @@ class DataWriter:
         self.file = open(self.path, "ab")
 
     def add(self, tensor: TensorProto, values: np.ndarray | None = None) -> None:
-        """Move ``tensor``'s values (or ``values``) into the file; ``tensor`` becomes a reference to them."""
+        """Move ``tensor``'s values (or ``values``) into the file; ``tensor`` becomes a reference to
+        them."""
         values = numpy_helper.to_array(tensor) if values is None else values
-        data = np.ascontiguousarray(values)  # little-endian, as ONNX's external data is, on every host autoprec runs on
+        # little-endian, as ONNX's external data is, on every host autoprec runs on
+        data = np.ascontiguousarray(values)
         offset = -(-self.file.tell() // ALIGN) * ALIGN
         self.file.write(b"\0" * (offset - self.file.tell()))
         self.file.write(memoryview(data.reshape(-1)).cast("B"))
         _set_external(tensor, self.location, offset, data.nbytes)
 
     def copy(self, tensor: TensorProto, folder: Path) -> None:
-        """Copy an external tensor of ``folder`` into the file in chunks (never all of it in memory)."""
+        """Copy an external tensor of ``folder`` into the file in chunks (never all of it in
+        memory)."""
         location, start, length = external_info(tensor)
         length = nbytes(tensor) if length is None else length
         offset = -(-self.file.tell() // ALIGN) * ALIGN
@@ -176,8 +190,9 @@ class DataWriter:
 
 
 def externalize(model: onnx.ModelProto, folder: Path, location: str) -> int:
-    """Move every inline tensor of ``model`` over ``INLINE_BYTES`` into ``folder/location`` (appended);
-    returns how many. The graph keeps only references: small enough to copy, write and send."""
+    """Move every inline tensor of ``model`` over ``INLINE_BYTES`` into ``folder/location``
+    (appended); returns how many. The graph keeps only references: small enough to copy, write and
+    send."""
     large = [t for t in tensors(model.graph)
              if not is_external(t) and t.data_type != TensorProto.STRING and nbytes(t) > INLINE_BYTES]
     if not large:
@@ -193,9 +208,9 @@ def externalize(model: onnx.ModelProto, folder: Path, location: str) -> int:
 
 
 def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None:
-    """Every external tensor's file is a plain file under ``folder`` (no absolute path, no way out of it, no
-    link) holding its bytes where its fields say; raises ValueError naming the first that does not and the
-    fix (``what``: the model, for the message)."""
+    """Every external tensor's file is a plain file under ``folder`` (no absolute path, no way out
+    of it, no link) holding its bytes where its fields say; raises ValueError naming the first that
+    does not and the fix (``what``: the model, for the message)."""
     root = Path(folder).resolve()
     sizes: dict[str, int] = {}
     resave = "re-save the model with onnx.save_model(model, path, save_as_external_data=True)"
@@ -228,13 +243,15 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
                              "copy or download the data file again")
 
 
-GIVEN = "given"  # the given model's data files, copied under their own names: none takes a name the folder uses
+# the given model's data files, copied under their own names: none takes a name the folder uses
+GIVEN = "given"
 
 
 def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> int:
-    """Copy ``model``'s external data files (relative to ``source``) into ``folder``/``GIVEN`` under their
-    own names, and point ``model``'s tensors there. Returns the bytes copied. (A hard link would spare the
-    copy, but raises the user's file's link count, and onnx then refuses to load it: "a potential hardlink attack".)"""
+    """Copy ``model``'s external data files (relative to ``source``) into ``folder``/``GIVEN`` under
+    their own names, and point ``model``'s tensors there. Returns the bytes copied. (A hard link
+    would spare the copy, but raises the user's file's link count, and onnx then refuses to load it:
+    "a potential hardlink attack".)"""
     copied = 0
     external = [t for t in tensors(model.graph) if is_external(t)]
     for location in sorted({external_info(t)[0] for t in external}):
@@ -266,8 +283,9 @@ def _write_whole(path: Path, data: bytes | memoryview) -> None:
 
 @dataclass(frozen=True)
 class StoredModel:
-    """A graph (``proto``) whose external tensors live in ``folder``: what lowering makes, engines load,
-    and exports copy. Small enough to copy, send to a worker process or write per candidate."""
+    """A graph (``proto``) whose external tensors live in ``folder``: what lowering makes, engines
+    load, and exports copy. Small enough to copy, send to a worker process or write per
+    candidate."""
 
     proto: onnx.ModelProto
     folder: Path
@@ -288,8 +306,8 @@ class StoredModel:
 
     @contextlib.contextmanager
     def file(self) -> Iterator[Path]:
-        """The graph written to a file of its own in ``folder`` (where its external data resolves), for an
-        engine to load from; removed afterwards (engines read it while they load)."""
+        """The graph written to a file of its own in ``folder`` (where its external data resolves),
+        for an engine to load from; removed afterwards (engines read it while they load)."""
         with _write_lock:
             name = f".candidate-{os.getpid()}-{next(_written)}.onnx"
         path = Path(self.folder) / name
@@ -301,15 +319,16 @@ class StoredModel:
             path.unlink(missing_ok=True)
 
     def derived(self, name: str, make: Callable[[], np.ndarray], size: int) -> TensorProto:
-        """A tensor lowering makes from the weights (an INT8 or FP16 copy) of ``size`` bytes, named ``name``:
-        inline up to ``DERIVED_INLINE_BYTES`` (made once per process), else written once to the folder's
-        ``derived/`` and referenced from then on by every process that lowers this model (its content is
-        fixed by its name: made from the prepared weights alone)."""
+        """A tensor lowering makes from the weights (an INT8 or FP16 copy) of ``size`` bytes, named
+        ``name``: inline up to ``DERIVED_INLINE_BYTES`` (made once per process), else written once
+        to the folder's ``derived/`` and referenced from then on by every process that lowers this
+        model (its content is fixed by its name: made from the prepared weights alone)."""
         known = _derived.get((str(self.folder), name))
         if known is not None and (
             not is_external(known) or os.path.isfile(os.path.join(self.folder, known.external_data[0].value))
         ):
-            return known  # (checked still there: a folder removed and made again within one process)
+            # (checked still there: a folder removed and made again within one process)
+            return known
         if size <= DERIVED_INLINE_BYTES:
             return _derived.setdefault(
                 (str(self.folder), name), numpy_helper.from_array(np.ascontiguousarray(make()), name)
@@ -322,9 +341,10 @@ class StoredModel:
             values = np.ascontiguousarray(make())
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_whole(path, memoryview(values.reshape(-1)).cast("B"))
-            _write_whole(meta, f"{values.dtype.name}|{','.join(map(str, values.shape))}".encode())  # last: whole
-        # made from what the files say, never holding the values: a protobuf keeps the bytes of a field it
-        # once held until the whole message goes, and these are kept for the process's life
+            # last: whole
+            _write_whole(meta, f"{values.dtype.name}|{','.join(map(str, values.shape))}".encode())
+        # made from what the files say, never holding the values: a protobuf keeps the bytes of a
+        # field it once held until the whole message goes, and these are kept for the process's life
         dtype_name, shape_text = meta.read_text().split("|")
         shape = tuple(int(d) for d in shape_text.split(",") if d)
         tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)), dims=shape)
@@ -333,7 +353,8 @@ class StoredModel:
 
 
 def inlined(model: StoredModel) -> onnx.ModelProto:
-    """A copy of the graph with every external tensor read back into it (for a small model's one-file form)."""
+    """A copy of the graph with every external tensor read back into it (for a small model's
+    one-file form)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
     for tensor in tensors(proto.graph):
@@ -348,25 +369,28 @@ def inlined(model: StoredModel) -> onnx.ModelProto:
 def save_models(
     models: Mapping[Path, StoredModel], data: str | None = None, external: bool | None = None
 ) -> list[Path]:
-    """Write each model to its path, self-contained: its external tensors copied into one data file named
-    ``data`` (default ``<first model's name>.data``) beside them, shared by all (a weight they have in
-    common is written once), or read back into each .onnx. ``external`` None: external data where the
-    models' weights reach ``EXTERNAL_EXPORT_BYTES``. Each file is written whole or not at all."""
+    """Write each model to its path, self-contained: its external tensors copied into one data file
+    named ``data`` (default ``<first model's name>.data``) beside them, shared by all (a weight they
+    have in common is written once), or read back into each .onnx. ``external`` None: external data
+    where the models' weights reach ``EXTERNAL_EXPORT_BYTES``. Each file is written whole or not at
+    all."""
     paths = list(models)
     folder = paths[0].parent
     data = data or f"{paths[0].name}.data"
     if external is None:
         external = sum(m.weight_bytes() for m in models.values()) >= EXTERNAL_EXPORT_BYTES
     if not external:
-        (folder / data).unlink(missing_ok=True)  # an earlier save's, of a plan whose weights were larger
+        # an earlier save's, of a plan whose weights were larger
+        (folder / data).unlink(missing_ok=True)
         return [atomic.write_bytes(path, inlined(model).SerializeToString()) for path, model in models.items()]
     protos = _gathered(models, folder, data)
     return [atomic.write_bytes(path, proto.SerializeToString()) for path, proto in protos.items()]
 
 
 def _gathered(models: Mapping[Path, StoredModel], folder: Path, data: str) -> dict[Path, onnx.ModelProto]:
-    """Copies of the models' graphs whose every tensor over ``INLINE_BYTES`` lies in ``folder/data``, written
-    (to a temporary name, renamed when whole) with each tensor the models share copied once."""
+    """Copies of the models' graphs whose every tensor over ``INLINE_BYTES`` lies in
+    ``folder/data``, written (to a temporary name, renamed when whole) with each tensor the models
+    share copied once."""
     protos: dict[Path, onnx.ModelProto] = {}
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = atomic.temporary(folder / data)

@@ -1,5 +1,6 @@
-"""A latency and the clock that measures one: the median of repeated runs after warm-up, the spread kept. Every
-engine's runner returns a Timing (autoprec.backends.base.Runner.time); every comparison of speeds reads them."""
+"""A latency and the clock that measures one: the median of repeated runs after warm-up, the spread
+kept. Every engine's runner returns a Timing (autoprec.backends.base.Runner.time); every comparison
+of speeds reads them."""
 
 from __future__ import annotations
 
@@ -42,10 +43,10 @@ SLOW_CALL_S = 1 / 3  # a call this slow warms up in fewer runs: the first ones s
 def time_calls(
     call: Callable[[], object], warmup: int = 3, min_runs: int = 3, min_seconds: float = 0.2, max_runs: int = 500
 ) -> Timing:
-    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of runs: a fast call
-    runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model made every round of a final timing
-    1.5 s, and its re-timing and final timing a minute each); warm-up stops early for a call slower than
-    SLOW_CALL_S."""
+    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of
+    runs: a fast call runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model
+    made every round of a final timing 1.5 s, and its re-timing and final timing a minute each);
+    warm-up stops early for a call slower than SLOW_CALL_S."""
     warmed, t0 = 0, time.perf_counter()
     while warmed < warmup:
         call()
@@ -65,8 +66,9 @@ def time_calls(
 
 
 class Stages(dict):
-    """Seconds of each stage of a search (pareto.json's ``search.stage_seconds``): where its wall clock went, so a
-    slow search, or the part of several workers' searches that does not shrink with them, shows which stage it is."""
+    """Seconds of each stage of a search (pareto.json's ``search.stage_seconds``): where its wall
+    clock went, so a slow search, or the part of several workers' searches that does not shrink with
+    them, shows which stage it is."""
 
     @contextlib.contextmanager
     def timed(self, stage: str):

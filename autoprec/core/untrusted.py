@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import stat
+import zipfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,6 +20,9 @@ from autoprec.core.errors import DataError, FolderError
 # The most bytes one JSON file autoprec reads back may hold (trials.json of 10,000 trials of 1,000
 # units: about 400 MB).
 JSON_BYTES = 1 << 30
+# What NumPy raises for a file that is not a (readable) .npy/.npz: object arrays need pickle, which
+# is never allowed.
+NUMPY_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 # The deepest nesting of a JSON or YAML document autoprec reads (its own files go 6 deep, a search
 # space 4).
 NESTING = 64
@@ -222,11 +226,10 @@ def module_origins(name: str) -> list[Path]:
 
 
 def npz_checked(path: Path, what: str) -> Path:
-    """``path``, a NumPy .npz file, where its arrays fit in half this machine's memory once inflated (a zip's
-    directory says each member's size, which reading it cannot pass): a small file whose arrays inflate past the
-    memory would take the machine down before any array could be judged. Refused (DataError) otherwise."""
-    import zipfile
-
+    """``path``, a NumPy .npz file, where its arrays fit in half this machine's memory once inflated
+    (a zip's directory says each member's size, which reading it cannot pass): a small file whose
+    arrays inflate past the memory would take the machine down before any array could be judged.
+    Refused (DataError) otherwise."""
     try:
         with zipfile.ZipFile(path) as archive:
             inflated = sum(member.file_size for member in archive.infolist())

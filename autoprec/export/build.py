@@ -1,5 +1,5 @@
-"""``autoprec export RESULT --format F --build``: build the exported model with whichever TensorRT is
-installed, and say what the build made of it.
+"""``autoprec export RESULT --format F --build``: build the exported model with whichever TensorRT
+is installed, and say what the build made of it.
 
 TensorRT for RTX builds on a machine without a GPU: the plan file and the builder's own account of
 it (per-layer types, which ONNX nodes each fused layer holds, checked against the plan) come out
@@ -33,7 +33,8 @@ from autoprec.core.errors import BackendError, ExportError
 from autoprec.core.profile import ShapeProfile
 
 BUILD_SCHEMA = "autoprec.build/1"
-# What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak typing, ONNX Runtime).
+# What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak
+# typing, ONNX Runtime).
 BUILT_MODEL = {"trtexec": "model.onnx", "python": "model.onnx", "markdown": "model.onnx", "polygraphy": "model.onnx"}
 
 
@@ -42,12 +43,15 @@ class ExportBuild:
     plan: Path
     report_path: Path
     report: dict[str, Any]
-    layers: EngineLayers | None  # the engine's layers: the inspector's where the engine loads, else the builder's
-    files: tuple[Path, ...]  # what the build wrote: the plan, the report, the inspector's layers.json
+    # the engine's layers: the inspector's where the engine loads, else the builder's
+    layers: EngineLayers | None
+    # what the build wrote: the plan, the report, the inspector's layers.json
+    files: tuple[Path, ...]
 
 
 def check_buildable(fmt: str) -> None:
-    """Refuse, before anything is written, a format whose model TensorRT's strongly typed builder is not for."""
+    """Refuse, before anything is written, a format whose model TensorRT's strongly typed builder is
+    not for."""
     if fmt not in BUILT_MODEL:
         why = (
             "its --layerPrecisions build is TensorRT <= 10's weak typing, which only trtexec of those versions runs: "
@@ -59,8 +63,9 @@ def check_buildable(fmt: str) -> None:
 
 
 def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, trial: int | None = None) -> ExportBuild:
-    """Build ``folder``'s model (``--format fmt``'s, the result's ``trial``) into ``model.plan`` (for ``profile``
-    where its inputs are dynamic) and write ``build_report.json``, which names the trial and the model's sha256."""
+    """Build ``folder``'s model (``--format fmt``'s, the result's ``trial``) into ``model.plan``
+    (for ``profile`` where its inputs are dynamic) and write ``build_report.json``, which names the
+    trial and the model's sha256."""
     check_buildable(fmt)
     found = installed()
     if found is None:
@@ -112,7 +117,8 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, tr
 
 
 def summary_lines(outcome: ExportBuild) -> list[str]:
-    """What the terminal says of a build: where it ran, the plan, and whether the plan was followed."""
+    """What the terminal says of a build: where it ran, the plan, and whether the plan was
+    followed."""
     report = outcome.report
     fidelity = report["plan_fidelity"]
     lines = [f"built {outcome.plan} ({report['plan_bytes'] / 2**20:.1f} MiB) with {report['built_with']} in "

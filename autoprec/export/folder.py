@@ -30,8 +30,9 @@ SCRIPT_OUTPUTS = ("model.plan", "build_report.json", "layers.json", "profile.jso
 
 
 def check_destination(folder: Path, result_dir: Path, source: Path, fmt: str) -> None:
-    """Refuse an export folder where its files would overwrite others': the result's own (best/, the cache, the
-    result files; only its export/ holds exports) or, but for Triton's entry folder, the searched model's."""
+    """Refuse an export folder where its files would overwrite others': the result's own (best/, the
+    cache, the result files; only its export/ holds exports) or, but for Triton's entry folder, the
+    searched model's."""
     where, result = Path(folder).resolve(), Path(result_dir).resolve()
     if where == result or (where.is_relative_to(result) and not where.is_relative_to(result / "export")):
         raise AutoprecError(f"--out {folder}: inside the result {result_dir} (its best/, cache and result files); an "
@@ -114,9 +115,9 @@ def exporting(folder: Path) -> Iterator[Path]:
 
 def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path, sha256: str | None = None,
            profile: ShapeProfile | None = None, checks: Sequence[PointCheck] = ()) -> Path:
-    """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data files included;
-    ``sha256`` where a build report already has it: a large model is read once), the deployment profile it is
-    written for and its checks against the given model there."""
+    """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data
+    files included; ``sha256`` where a build report already has it: a large model is read once), the
+    deployment profile it is written for and its checks against the given model there."""
     folder = Path(folder)
     files = sorted({str(Path(p).resolve().relative_to(folder.resolve())) for p in written})
     return atomic.write_json(folder / MANIFEST, json_safe({

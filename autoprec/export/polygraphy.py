@@ -1,7 +1,8 @@
-"""``export --format polygraphy``: NVIDIA's own way to trust an engine, for the chosen plan. ``check.sh`` runs
-the given FP32 model on ONNX Runtime over the search's own evaluation data (``inputs.json``, in Polygraphy's
-input format), builds model.onnx strongly typed with TensorRT and compares the two, each output within
-tolerances taken from what the search measured of this plan; then lists the engine's layers."""
+"""``export --format polygraphy``: NVIDIA's own way to trust an engine, for the chosen plan.
+``check.sh`` runs the given FP32 model on ONNX Runtime over the search's own evaluation data
+(``inputs.json``, in Polygraphy's input format), builds model.onnx strongly typed with TensorRT and
+compares the two, each output within tolerances taken from what the search measured of this plan;
+then lists the engine's layers."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ from autoprec.core.errors import ExportError
 from autoprec.core.escape import printable
 from autoprec.export.tensorrt import NOT_RUN, BuildSpec
 
-# The engine's outputs may differ from FP32 by this many times the largest error the search measured of the plan
-# (ONNX Runtime ran its Q/DQ and Casts; TensorRT picks other kernels), and by at least this much.
+# The engine's outputs may differ from FP32 by this many times the largest error the search measured
+# of the plan (ONNX Runtime ran its Q/DQ and Casts; TensorRT picks other kernels), and by at least
+# this much.
 TOLERANCE_FACTOR, TOLERANCE_FLOOR = 2.0, 1e-5
 
 
 def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
-    """The batches as ``polygraphy run --load-inputs`` reads them (polygraphy.json: a list of feed dicts, each
-    array a base64 ``np.save`` tagged ``ndarray``), written without importing Polygraphy."""
+    """The batches as ``polygraphy run --load-inputs`` reads them (polygraphy.json: a list of feed
+    dicts, each array a base64 ``np.save`` tagged ``ndarray``), written without importing
+    Polygraphy."""
     def encoded(array: np.ndarray) -> dict[str, str]:
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
@@ -39,7 +42,8 @@ def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
 
 
 def tolerances(spec: BuildSpec) -> dict[str, float]:
-    """Per output: the absolute tolerance (see TOLERANCE_FACTOR) from the trial's measured largest error."""
+    """Per output: the absolute tolerance (see TOLERANCE_FACTOR) from the trial's measured largest
+    error."""
     found = {}
     for output, metrics in spec.trial.metrics.items():
         largest = float(metrics.get("max_abs", 0.0))
@@ -65,14 +69,14 @@ def _shapes(spec: BuildSpec, point: str) -> list[str]:
 
 
 def source_from(folder: Path, source: Path) -> str:
-    """The given model as check.sh names it: relative to the export's folder, which the script runs in, so it
-    still runs after the result folder (with the model beside it) moves."""
+    """The given model as check.sh names it: relative to the export's folder, which the script runs
+    in, so it still runs after the result folder (with the model beside it) moves."""
     return os.path.relpath(Path(source).resolve(), Path(folder).resolve())
 
 
 def check_script(spec: BuildSpec, folder: Path) -> str:
-    """The commands, run in the script's own folder (``folder``, where the export is): the FP32 reference, the
-    strongly typed build compared with it, the engine's layers."""
+    """The commands, run in the script's own folder (``folder``, where the export is): the FP32
+    reference, the strongly typed build compared with it, the engine's layers."""
     quoted = shlex.quote
     source = source_from(folder, spec.original_model)
     reference = [f"polygraphy run {quoted(source)} --onnxrt", "--load-inputs inputs.json",

@@ -1,14 +1,14 @@
 """A Triton Inference Server model-repository entry for a result's chosen (or any) plan.
 
 Writes ``NAME/config.pbtxt`` and ``NAME/1/model.onnx`` (platform ``onnxruntime_onnx``). Dims are the
-model's: ``-1`` where it keeps the source's dynamic ones. Where every input and output has a dynamic first
-dim (a batch) and the shape profile's batch goes beyond one, Triton batches: ``max_batch_size`` is the
-profile's largest batch, the dims leave it out, and ``dynamic_batching`` gathers requests; otherwise
-``max_batch_size: 0``, the full dims. A decoder with a KV cache is never batched by Triton (its requests carry
-pasts of their own lengths): the config says so, and how to keep the cache on the server.
-For TensorRT, the same entry would use ``platform: "tensorrt_plan"`` and ``1/model.plan``, an
-engine built from the trtexec export's model.onnx (see the config's comment) — not generated here,
-because no TensorRT can run here.
+model's: ``-1`` where it keeps the source's dynamic ones. Where every input and output has a dynamic
+first dim (a batch) and the shape profile's batch goes beyond one, Triton batches:
+``max_batch_size`` is the profile's largest batch, the dims leave it out, and ``dynamic_batching``
+gathers requests; otherwise ``max_batch_size: 0``, the full dims. A decoder with a KV cache is never
+batched by Triton (its requests carry pasts of their own lengths): the config says so, and how to
+keep the cache on the server. For TensorRT, the same entry would use ``platform: "tensorrt_plan"``
+and ``1/model.plan``, an engine built from the trtexec export's model.onnx (see the config's
+comment) — not generated here, because no TensorRT can run here.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def _tensor_block(value: onnx.ValueInfoProto, batched: bool) -> str:
 
 
 def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:
-    """Triton's ``max_batch_size``: the profile's largest batch where every input and output of ``model`` has a
-    dynamic first dim, the profile one batch range, and a batch of more than one; 0 (no batching by Triton,
-    every dim as the model has it) otherwise."""
+    """Triton's ``max_batch_size``: the profile's largest batch where every input and output of
+    ``model`` has a dynamic first dim, the profile one batch range, and a batch of more than one; 0
+    (no batching by Triton, every dim as the model has it) otherwise."""
     initializers = {i.name for i in model.graph.initializer}
     values = [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]
     batch = profile.batch_range()
@@ -71,7 +71,8 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
     batch = 0 if decoder is not None else max_batch(model, profile)
     stateful = [line.format(past=decoder.cache[0].past) for line in STATEFUL] if decoder is not None else []
     return "\n".join([
-        shell_comment(note),  # protobuf text format comments are '#' to the end of the line, like the shell's
+        # protobuf text format comments are '#' to the end of the line, like the shell's
+        shell_comment(note),
         *(shell_comment(line.removeprefix("# ")) for line in stateful),
         "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from the",
         f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes (TensorRT's Q/DQ form),",
@@ -89,9 +90,9 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
 
 def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, profile: ShapeProfile,
                        trial: int, external: bool | None = None) -> list[Path]:
-    """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one plain folder name);
-    a large model's weights beside ``1/model.onnx`` (``external``: see :func:`autoprec.core.stored.save_models`).
-    Returns the files written."""
+    """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one
+    plain folder name); a large model's weights beside ``1/model.onnx`` (``external``: see
+    :func:`autoprec.core.stored.save_models`). Returns the files written."""
     entry = Path(repository) / path_component(name, "model name")
     written = save_models({entry / "1" / "model.onnx": model}, external=external)
     config = config_pbtxt(model.proto, name, note, profile, trial).encode()

@@ -1,5 +1,5 @@
-"""Plan -> explicit-precision ONNX: precision lives in the graph (Q/DQ for INT8, Cast for FP16, 4-bit weight
-blocks for INT4).
+"""Plan -> explicit-precision ONNX: precision lives in the graph (Q/DQ for INT8, Cast for FP16,
+4-bit weight blocks for INT4).
 
 TensorRT 11 builds such a graph strongly typed; ONNX Runtime runs it as is. The plan is
 engine-independent; the Q/DQ *form* is the engine's choice (see :mod:`autoprec.lower.qdq`).
@@ -34,18 +34,21 @@ def lower_plan(
     Units the plan does not name stay FP32. Model inputs and outputs keep their types. In the
     TensorRT form, precision-neutral ops between FP16 units (and between them and the model's inputs
     and outputs) run in FP16 with them (one region, Casts at its borders: see autoprec.lower.cast);
-    the ort-cpu form keeps Casts at every unit's borders, and writes an Add that a LayerNormalization
-    reads as a Sum (see autoprec.lower.layernorm). INT4 units take ``int4``'s form (see autoprec.lower.int4).
+    the ort-cpu form keeps Casts at every unit's borders, and writes an Add that a
+    LayerNormalization reads as a Sum (see autoprec.lower.layernorm). INT4 units take ``int4``'s
+    form (see autoprec.lower.int4).
     """
     precisions = _checked(info, plan)
     model = info.stored
     index = index_of(info.model)
     released: Counter = Counter()  # references to initializers the edits dropped
     edits: dict[tuple[str, ...], GraphEdit] = {}
-    for scope in dict.fromkeys(u.scope for u in info.units):  # the top graph, then each subgraph holding units
+    # the top graph, then each subgraph holding units
+    for scope in dict.fromkeys(u.scope for u in info.units):
         units = [u for u in info.units if u.scope == scope]
         edit = GraphEdit(index.scopes[scope], released)
-        prefix = subgraphs.label(scope, "") if scope else ""  # "If_1/then/": names unique across branches
+        # "If_1/then/": names unique across branches
+        prefix = subgraphs.label(scope, "") if scope else ""
         fp16_nodes = {n for u in units if precisions.get(u.name) is Precision.FP16 for n in u.nodes}
         unit_nodes = {n for u in units for n in u.nodes}
         if fp16_nodes:
@@ -66,9 +69,11 @@ def lower_plan(
             edits[()] = top
     lowered = onnx.ModelProto()
     lowered.CopyFrom(info.model)
-    for scope in sorted(edits, key=len):  # a graph before the subgraphs inside it: they are found in its new copy
+    # a graph before the subgraphs inside it: they are found in its new copy
+    for scope in sorted(edits, key=len):
         edits[scope].apply(subgraphs.graph_at(lowered, scope))
-    unread: dict[tuple[str, ...], set[str]] = {}  # a weight no node reads any more (its INT8 copy does), by graph
+    # a weight no node reads any more (its INT8 copy does), by graph
+    unread: dict[tuple[str, ...], set[str]] = {}
     for name, dropped in released.items():
         if dropped >= index.uses[name]:
             unread.setdefault(index.owner[name], set()).add(name)
@@ -96,8 +101,8 @@ def _checked(info: ModelInfo, plan: Plan) -> dict[str, Precision]:
 
 
 def _import_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
-    """The opset an INT4 form needs imported: com.microsoft's added; the standard one raised to it (the
-    graph converted where a standard op changed between the two)."""
+    """The opset an INT4 form needs imported: com.microsoft's added; the standard one raised to it
+    (the graph converted where a standard op changed between the two)."""
     found = next((o for o in model.opset_import if o.domain in (domain, "ai.onnx" if not domain else domain)), None)
     if found is None:
         model.opset_import.append(onnx.helper.make_opsetid(domain, version))

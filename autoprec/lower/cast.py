@@ -25,9 +25,10 @@ FLOAT32_INPUTS = {"Resize": {1, 2}}
 # million elements takes), so that fewer Casts win unless a tensor is far larger.
 CAST_LAUNCH_ELEMENTS = 1 << 20
 FP16, FP32 = "fp16", "fp32"  # the two sides of the cut
-# Readers of a tensor's shape alone: outside an FP16 region they read the FP16 tensor, not a Cast of it back (a
-# deployable model's shape paths, kept where its dims are dynamic, read many region tensors: the all-FP16 plan of a
-# ViT-S/16 export cast 25 activations back to FP32 for their Shape alone).
+# Readers of a tensor's shape alone: outside an FP16 region they read the FP16 tensor, not a Cast of
+# it back (a deployable model's shape paths, kept where its dims are dynamic, read many region
+# tensors: the all-FP16 plan of a ViT-S/16 export cast 25 activations back to FP32 for their Shape
+# alone).
 TYPE_BLIND = {"Shape", "Size"}
 INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
                  TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64}
@@ -58,7 +59,8 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
     touching = [group for group in connected(list(candidates.values()), links)
                 if any(t.inputs and t.inputs[0].name in region for n in group for t in _converted_inputs(n))
                 or any(c.name in region for n in group for out in n.outputs for c in out.outputs)]
-    candidates = {id(n): n for group in touching for n in group}  # the others have no FP16 neighbour
+    # the others have no FP16 neighbour
+    candidates = {id(n): n for group in touching for n in group}
     if not candidates:
         return region
 
@@ -78,7 +80,8 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
         if tensor in graph.outputs:
             readers.add(FP32)
         cost = CAST_LAUNCH_ELEMENTS + _elements(tensor)
-        # cast once where the producer is FP16 and any reader FP32 (through "down"), or the reverse ("up")
+        # cast once where the producer is FP16 and any reader FP32 (through "down"), or the reverse
+        # ("up")
         down, up = ("down", key), ("up", key)
         network.setdefault(producer, {})[down] = cost
         network[up] = {producer: cost}
@@ -92,8 +95,9 @@ def grow_region(graph: gs.Graph, region: set[str], units: set[str]) -> set[str]:
 
 
 def _floats(node: gs.Node) -> bool:
-    """Whether a neutral node computes on float32 tensors that FP16 could hold: a float32 input (a tensor, or a
-    constant beside a tensor: an embedding table that a Gather reads by its indices) and float32 outputs only."""
+    """Whether a neutral node computes on float32 tensors that FP16 could hold: a float32 input (a
+    tensor, or a constant beside a tensor: an embedding table that a Gather reads by its indices)
+    and float32 outputs only."""
     computed = any(isinstance(t, gs.Variable) for t in node.inputs)
     return computed and any(_is_float32(t) for t in node.inputs) and all(_is_float32(t) for t in node.outputs)
 
@@ -110,8 +114,9 @@ def _elements(tensor: gs.Variable) -> int:
 
 
 def _cast_source(edit: GraphEdit, name: str) -> str:
-    """What to cast to FP16 for tensor ``name``: the integer or boolean tensor it was cast from, where the
-    model makes it by a Cast (a one-hot of bytes), so the FP32 copy is never written; else itself."""
+    """What to cast to FP16 for tensor ``name``: the integer or boolean tensor it was cast from,
+    where the model makes it by a Cast (a one-hot of bytes), so the FP32 copy is never written; else
+    itself."""
     index = edit.index
     producer = index.graph.node[index.producer[name]] if name in index.producer else None
     if producer is not None and producer.op_type == "Cast" and producer.input[0] not in index.initializers:
@@ -122,15 +127,16 @@ def _cast_source(edit: GraphEdit, name: str) -> str:
 
 
 def _to_fp16(values: np.ndarray) -> np.ndarray:
-    """A constant in FP16, its finite values held to FP16's range: a mask's float32 minimum (-3.4e38, as
-    exporters write ``finfo(float32).min``) becomes FP16's lowest (-65504), not -inf, so that a fully masked row
-    still softmaxes to numbers, as it does in FP32."""
+    """A constant in FP16, its finite values held to FP16's range: a mask's float32 minimum
+    (-3.4e38, as exporters write ``finfo(float32).min``) becomes FP16's lowest (-65504), not -inf,
+    so that a fully masked row still softmaxes to numbers, as it does in FP32."""
     limit = float(np.finfo(np.float16).max)
     return np.where(np.isfinite(values), np.clip(values, -limit, limit), values).astype(np.float16)
 
 
 def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: str = "") -> None:
-    """Put the nodes named in ``region`` (FP16 units and their fused neighbours) of one graph in FP16.
+    """Put the nodes named in ``region`` (FP16 units and their fused neighbours) of one graph in
+    FP16.
 
     Each FP32 tensor entering the region is cast once; each region output keeps its name and
     FP32 type for every consumer outside the region (and for graph outputs), through one Cast
@@ -178,8 +184,9 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
 
 
 def _cast_back(edit: GraphEdit, half: dict[str, str], inside: set[int]) -> None:
-    """Each region output (FP32 name -> its FP16 tensor) cast back once for the readers outside the region and
-    the graph's outputs; a reader of its shape alone (TYPE_BLIND) reads the FP16 tensor instead."""
+    """Each region output (FP32 name -> its FP16 tensor) cast back once for the readers outside the
+    region and the graph's outputs; a reader of its shape alone (TYPE_BLIND) reads the FP16 tensor
+    instead."""
     index = edit.index
     for original, fp16 in half.items():
         implicit = index.implicit.get(original, ())

@@ -1,11 +1,12 @@
-"""Local edits of the prepared model's graphs: a lowering costs what it changes, not the graph's size.
+"""Local edits of the prepared model's graphs: a lowering costs what it changes, not the graph's
+size.
 
 Lowering a plan adds Q/DQ pairs and Casts, rewires the inputs of the units it lowers and replaces
 their weights. :class:`ModelIndex` (built once per prepared model and process) knows where each node
-is and who reads each tensor; a :class:`GraphEdit` collects one graph's changes and writes them in one
-pass: each added node just before the first node that reads what it makes, the graph otherwise as it
-was, an initializer no node reads any more dropped. No import, export, topological sort or cleanup of
-the whole graph.
+is and who reads each tensor; a :class:`GraphEdit` collects one graph's changes and writes them in
+one pass: each added node just before the first node that reads what it makes, the graph otherwise
+as it was, an initializer no node reads any more dropped. No import, export, topological sort or
+cleanup of the whole graph.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from onnx import NodeProto, TensorProto, helper
 from autoprec.analysis.subgraphs import Scope, graphs
 from autoprec.core.stored import external_info, is_external, read_tensor
 
-_OUTER = -1  # "position" of a tensor made outside the graph (an input, an initializer, an outer scope's)
+# "position" of a tensor made outside the graph (an input, an initializer, an outer scope's)
+_OUTER = -1
 
 
 def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from outside itself (its nodes' inputs it does not make or hold), at any depth."""
+    """Names a subgraph reads from outside itself (its nodes' inputs it does not make or hold), at
+    any depth."""
     own = (
         {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
     )
@@ -48,8 +51,10 @@ class ScopeIndex:
     outer_initializers: dict[str, TensorProto]  # those of the graphs around it, which it may read
     position: dict[str, int] = field(init=False)  # node name -> position
     producer: dict[str, int] = field(init=False)  # tensor -> position of the node making it
-    readers: dict[str, list[int]] = field(init=False)  # tensor -> positions of nodes with it as a direct input
-    implicit: dict[str, list[int]] = field(init=False)  # tensor -> positions of nodes whose subgraphs read it
+    # tensor -> positions of nodes with it as a direct input
+    readers: dict[str, list[int]] = field(init=False)
+    # tensor -> positions of nodes whose subgraphs read it
+    implicit: dict[str, list[int]] = field(init=False)
     dtypes: dict[str, int] = field(init=False)  # tensor -> ONNX element type, where known
     outputs: frozenset[str] = field(init=False)
 
@@ -73,13 +78,14 @@ class ScopeIndex:
 
     @cached_property
     def initializers(self) -> dict[str, TensorProto]:
-        """The initializers this graph can read: its own and its outer graphs' (as graphsurgeon sees them)."""
+        """The initializers this graph can read: its own and its outer graphs' (as graphsurgeon sees
+        them)."""
         return {**self.outer_initializers, **{t.name: t for t in self.graph.initializer}}
 
     @cached_property
     def surgeon(self) -> gs.Graph:
-        """The graph for graphsurgeon's readers (region growth), the outer initializers it reads among its
-        constants; imported once, never edited or exported."""
+        """The graph for graphsurgeon's readers (region growth), the outer initializers it reads
+        among its constants; imported once, never edited or exported."""
         graph = onnx.GraphProto()
         graph.CopyFrom(self.graph)
         read = {i for n in graph.node for i in n.input}
@@ -91,8 +97,9 @@ class ScopeIndex:
         return self.dtypes.get(name) == TensorProto.FLOAT
 
     def values(self, name: str, folder: Path) -> np.ndarray:
-        """An initializer's values (read, or memory-mapped where large: see autoprec.core.stored.read_tensor),
-        its data file's place looked up once: reading it off the protobuf costs more than a small read."""
+        """An initializer's values (read, or memory-mapped where large: see
+        autoprec.core.stored.read_tensor), its data file's place looked up once: reading it off the
+        protobuf costs more than a small read."""
         if name not in self._where:
             self._where[name] = external_info(self.initializers[name]) if is_external(self.initializers[name]) else None
         return read_tensor(self.initializers[name], folder, self._where[name])
@@ -100,7 +107,8 @@ class ScopeIndex:
 
 @dataclass
 class ModelIndex:
-    """Every graph of a prepared model indexed, and how often each name is read (to drop unread initializers)."""
+    """Every graph of a prepared model indexed, and how often each name is read (to drop unread
+    initializers)."""
 
     scopes: dict[Scope, ScopeIndex]
     uses: Counter  # name -> node inputs (at any depth) and graph outputs naming it
@@ -141,9 +149,10 @@ def index_of(model: onnx.ModelProto) -> ModelIndex:
 
 
 class GraphEdit:
-    """The changes lowering makes to one graph, written by :meth:`apply`. Each node it changes or adds is
-    mirrored by plain lists of its inputs and outputs (``ins``/``outs``, by ``id``): placing and pruning
-    read those, not the protobuf fields, which cost far more to read a thousand times."""
+    """The changes lowering makes to one graph, written by :meth:`apply`. Each node it changes or
+    adds is mirrored by plain lists of its inputs and outputs (``ins``/``outs``, by ``id``): placing
+    and pruning read those, not the protobuf fields, which cost far more to read a thousand
+    times."""
 
     def __init__(self, index: ScopeIndex, released: Counter):
         self.index = index
@@ -185,9 +194,11 @@ class GraphEdit:
         node.output[slot] = self.outs[id(node)][slot] = name
 
     def retype(self, node: NodeProto, op: str, domain: str, inputs: list[str], attrs: dict) -> None:
-        """``node`` made another op on ``inputs`` (its outputs kept), with ``attrs`` for its attributes."""
+        """``node`` made another op on ``inputs`` (its outputs kept), with ``attrs`` for its
+        attributes."""
         for old in self.ins[id(node)]:
-            if old and old not in inputs:  # no longer read: an initializer released, a tensor maybe dead
+            # no longer read: an initializer released, a tensor maybe dead
+            if old and old not in inputs:
                 if old in self.index.initializers:
                     self.released[old] += 1
                 else:
@@ -234,8 +245,9 @@ class GraphEdit:
         graph.initializer.extend(self.initializers.values())
 
     def _dead(self) -> set[int]:
-        """Original nodes whose outputs nothing reads any more (every reader was rewired to another tensor, as a
-        one-hot's Cast to FP32 is when its FP16 region casts the integers directly), and those only they fed."""
+        """Original nodes whose outputs nothing reads any more (every reader was rewired to another
+        tensor, as a one-hot's Cast to FP32 is when its FP16 region casts the integers directly),
+        and those only they fed."""
         dead: set[int] = set()
         gone: set[int] = set()  # ids of the changed copies of dead nodes
         todo = set(self.unread)
@@ -266,11 +278,13 @@ class GraphEdit:
         return any(id(n) not in gone and name in self.ins[id(n)] for n in self.reads.get(name, ()))
 
     def _placed(self) -> dict[int, list[NodeProto]]:
-        """Each added node under the position it goes before: that of the first node reading what it makes
-        (its output read by none: just after what it reads), dependencies first within one position."""
+        """Each added node under the position it goes before: that of the first node reading what it
+        makes (its output read by none: just after what it reads), dependencies first within one
+        position."""
         added = {id(node): i for i, node in enumerate(self.added)}
         made = {o: i for i, node in enumerate(self.added) for o in self.outs[id(node)]}
-        renamed = {o: p for p, node in self.edited.items() for o in self.outs[id(node)]}  # an FP16 node's new output
+        # an FP16 node's new output
+        renamed = {o: p for p, node in self.edited.items() for o in self.outs[id(node)]}
         position = {id(node): p for p, node in self.edited.items()}
         anchors: dict[int, int] = {}
 
@@ -298,7 +312,8 @@ class GraphEdit:
 
 
 def _in_order(members: list[int], ins: list[list[str]], made: dict[str, int]) -> list[int]:
-    """``members`` (added nodes at one position) with each after the members whose outputs it reads."""
+    """``members`` (added nodes at one position) with each after the members whose outputs it
+    reads."""
     if len(members) == 1:
         return members
     left, done, ordered = list(members), set(), []

@@ -1,17 +1,18 @@
-"""INT4 units: a MatMul's or Gemm's constant weight in 4-bit blocks, its activations as they are (weight-only).
+"""INT4 units: a MatMul's or Gemm's constant weight in 4-bit blocks, its activations as they are
+(weight-only).
 
-At one token a decoder's MatMuls read each weight once per run: their time is the weights' bytes, and 4-bit
-blocks cut them by 8 against FP32. Two forms of the same plan, as engines run them:
+At one token a decoder's MatMuls read each weight once per run: their time is the weights' bytes,
+and 4-bit blocks cut them by 8 against FP32. Two forms of the same plan, as engines run them:
 
 - ``matmul_nbits`` — ONNX Runtime's ``MatMulNBits`` (com.microsoft), its own packing and kernels (CPU and CUDA);
   ``accuracy_level`` 4 computes against the activations in INT8 blocks (the CPU's fastest);
 - ``dequantize`` — TensorRT's weight-only form: a block-quantized ``DequantizeLinear`` (opset 21) of INT4
   weights feeding the MatMul, which a strongly typed build fuses into an INT4 weight GEMM.
 
-The weights are ONNX Runtime's quantizer's (round to nearest, symmetric, one scale per ``BLOCK_SIZE`` values of
-a column along K), made once per model and kept beside it as the INT8 copies are; where the calibration data
-makes an activation-aware scaling the lesser error, the weight is scaled first and its input scaled back by a
-Mul (autoprec.lower.awq).
+The weights are ONNX Runtime's quantizer's (round to nearest, symmetric, one scale per
+``BLOCK_SIZE`` values of a column along K), made once per model and kept beside it as the INT8
+copies are; where the calibration data makes an activation-aware scaling the lesser error, the
+weight is scaled first and its input scaled back by a Mul (autoprec.lower.awq).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class Int4Form(str, enum.Enum):
 
 def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int4Form,
                ranges: ActivationRanges | None = None, prefix: str = "") -> None:
-    """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled first where
-    the calibration's channel power (``ranges``) makes that the lesser error (see autoprec.lower.awq)."""
+    """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled
+    first where the calibration's channel power (``ranges``) makes that the lesser error (see
+    autoprec.lower.awq)."""
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
         weight = edit.ins[id(node)][1]
@@ -74,7 +76,8 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
             _dequantized(edit, node, _as_int4(packed, (k, n)), blocks, name)
 
 
-_chosen: dict[tuple[str, str, str], np.ndarray | None] = {}  # (model folder, unit, power digest) -> scales
+# (model folder, unit, power digest) -> scales
+_chosen: dict[tuple[str, str, str], np.ndarray | None] = {}
 
 
 def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
@@ -83,7 +86,8 @@ def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
 
 
 def _scales(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None) -> np.ndarray | None:
-    """The unit's activation-aware scales, chosen once per process for these weights and this power."""
+    """The unit's activation-aware scales, chosen once per process for these weights and this
+    power."""
     key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "")
     if key not in _chosen:
         _chosen[key] = chosen_scales(matrix, power, _rounded)
@@ -91,8 +95,8 @@ def _scales(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray
 
 
 def _blocks(weight: np.ndarray, form: Int4Form) -> tuple[np.ndarray, np.ndarray]:
-    """A [K, N] weight's 4-bit values and scales, packed and shaped as ``form`` reads them (ONNX Runtime's
-    quantizer: round to nearest, symmetric, a scale per BLOCK_SIZE values of a column)."""
+    """A [K, N] weight's 4-bit values and scales, packed and shaped as ``form`` reads them (ONNX
+    Runtime's quantizer: round to nearest, symmetric, a scale per BLOCK_SIZE values of a column)."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_qdq_matmul_4bits
 
     k, n = weight.shape
@@ -109,8 +113,8 @@ def _blocks(weight: np.ndarray, form: Int4Form) -> tuple[np.ndarray, np.ndarray]
 
 
 def _rounded(weight: np.ndarray) -> np.ndarray:
-    """A [K, N] weight as engines read it back from its 4-bit blocks (the DequantizeLinear form's layout: two
-    values a byte, low nibble first, signed)."""
+    """A [K, N] weight as engines read it back from its 4-bit blocks (the DequantizeLinear form's
+    layout: two values a byte, low nibble first, signed)."""
     packed, scales = _blocks(weight, Int4Form.DEQUANTIZE)
     nibbles = np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1).astype(np.int8)
     values = np.where(nibbles > 7, nibbles - 16, nibbles).reshape(weight.shape).astype(np.float32)
@@ -129,11 +133,13 @@ def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: 
     edit.add("DequantizeLinear", f"{name}_dequantize", [edit.add_initializer(packed), edit.add_initializer(scales)],
              [f"{name}_dq"], axis=0, block_size=BLOCK_SIZE)
     inputs = [edit.ins[id(node)][0], f"{name}_dq", *edit.ins[id(node)][2:3]]
-    edit.retype(node, node.op_type, "", inputs, {})  # a Gemm's weight now [K, N]: no transposes left
+    # a Gemm's weight now [K, N]: no transposes left
+    edit.retype(node, node.op_type, "", inputs, {})
 
 
 def _as_int4(tensor: TensorProto, shape: tuple[int, int]) -> TensorProto:
-    """The packed bytes (two values a byte, low nibble first: ONNX's INT4 layout) as a [K, N] INT4 tensor."""
+    """The packed bytes (two values a byte, low nibble first: ONNX's INT4 layout) as a [K, N] INT4
+    tensor."""
     typed = TensorProto()
     typed.CopyFrom(tensor)
     typed.data_type = TensorProto.INT4

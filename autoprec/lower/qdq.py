@@ -32,23 +32,27 @@ _ORT_ABSORBED = {"Relu", "Clip"}
 
 
 class QDQForm(str, enum.Enum):
-    TENSORRT = engines.TENSORRT  # the form of both TensorRT backends, and of ort-cuda (to build the same there)
+    # the form of both TensorRT backends, and of ort-cuda (to build the same there)
+    TENSORRT = engines.TENSORRT
     ORT_CPU = engines.ORT_CPU
 
     @property
     def fp16_regions(self) -> bool:
-        """Whether FP16 units grow into regions (the precision-neutral ops between them run in FP16 too): GPU
-        engines gain from them; ONNX Runtime's CPU provider has no FP16 kernels to gain from."""
+        """Whether FP16 units grow into regions (the precision-neutral ops between them run in FP16
+        too): GPU engines gain from them; ONNX Runtime's CPU provider has no FP16 kernels to gain
+        from."""
         return self is not QDQForm.ORT_CPU
 
     @property
     def sums_before_layer_norms(self) -> bool:
-        """Whether an Add a LayerNormalization reads is written as a Sum: ONNX Runtime's CPU provider would
-        fuse the two into its slow SkipLayerNormalization (see autoprec.lower.layernorm)."""
+        """Whether an Add a LayerNormalization reads is written as a Sum: ONNX Runtime's CPU
+        provider would fuse the two into its slow SkipLayerNormalization (see
+        autoprec.lower.layernorm)."""
         return self is QDQForm.ORT_CPU
 
 
-# Elements quantized at a time: a weight of any size costs a bounded amount of memory beyond its INT8 copy.
+# Elements quantized at a time: a weight of any size costs a bounded amount of memory beyond its
+# INT8 copy.
 CHUNK_ELEMENTS = 1 << 22
 
 
@@ -67,8 +71,8 @@ def weight_axis(node: NodeProto, ndim: int) -> int | None:
 
 
 def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel; read and quantized in
-    chunks along the first axis, so a memory-mapped weight of any size is never loaded whole."""
+    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel; read and quantized
+    in chunks along the first axis, so a memory-mapped weight of any size is never loaded whole."""
     flat = weight.reshape(1) if weight.ndim == 0 else weight
     rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
     chunks = [slice(start, start + rows) for start in range(0, len(flat), rows)]
@@ -95,7 +99,8 @@ def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, n
 
 
 class _Quantizer:
-    """The Q/DQ nodes of one graph's lowering: one Q/DQ pair per activation tensor, one DQ per weight."""
+    """The Q/DQ nodes of one graph's lowering: one Q/DQ pair per activation tensor, one DQ per
+    weight."""
 
     def __init__(self, edit: GraphEdit, model: StoredModel, ranges: ActivationRanges, method: str, form: QDQForm,
                  prefix: str):
@@ -124,7 +129,8 @@ class _Quantizer:
         return self.dequantized[name]
 
     def weight(self, unit: Unit, node: NodeProto, name: str) -> str:
-        """A DQ of the weight's INT8 copy (made once per model, kept in its folder) in place of the weight."""
+        """A DQ of the weight's INT8 copy (made once per model, kept in its folder) in place of the
+        weight."""
         tensor = self.edit.index.initializers[name]
         axis = weight_axis(node, len(tensor.dims))
         prefix = f"{name}_{unit.name}"
@@ -156,7 +162,8 @@ def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.n
         return np.array(amax / 127.0 if amax > 0 else 1.0, np.float32), np.array(0, np.int8)
     lo, hi = r.bounds(method)
     scale = (hi - lo) / 255.0 if hi > lo else 1.0
-    zero_point = min(max(round(-lo / scale), 0), 255)  # plain Python: NumPy's clip of one number costs 0.1 ms
+    # plain Python: NumPy's clip of one number costs 0.1 ms
+    zero_point = min(max(round(-lo / scale), 0), 255)
     return np.array(scale, np.float32), np.array(zero_point, np.uint8)
 
 
@@ -174,10 +181,11 @@ def _ort_output_tensor(unit: Unit, edit: GraphEdit) -> str:
 
 def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges, method: str,
                form: QDQForm, prefix: str = "", unit_nodes: frozenset[str] = frozenset()) -> None:
-    """Quantize the given units of one graph, in the Q/DQ form the target engine needs. ``prefix`` starts the
-    names of what it adds: in a subgraph, its path, since an outer tensor quantized in two If branches
-    would otherwise give two nodes one name (which TensorRT refuses). ``unit_nodes``: the nodes of every
-    unit of the graph, whatever its precision (an FP32 or FP16 unit keeps reading the raw tensors)."""
+    """Quantize the given units of one graph, in the Q/DQ form the target engine needs. ``prefix``
+    starts the names of what it adds: in a subgraph, its path, since an outer tensor quantized in
+    two If branches would otherwise give two nodes one name (which TensorRT refuses).
+    ``unit_nodes``: the nodes of every unit of the graph, whatever its precision (an FP32 or FP16
+    unit keeps reading the raw tensors)."""
     quantizer = _Quantizer(edit, model, ranges, method, form, prefix)
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
@@ -189,9 +197,10 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
     if form is QDQForm.TENSORRT:
         _quantize_skip_inputs(edit, quantizer, units)
     if form is QDQForm.ORT_CPU:
-        # The precision-neutral ops reading a quantized input (a residual Add, a Concat, a pooling) read
-        # its dequantized value too: ORT then sees them between Q/DQ and runs them on INT8 (QLinearAdd,
-        # QLinearConcat, ...) where it has the kernel, instead of breaking the chain in float.
+        # The precision-neutral ops reading a quantized input (a residual Add, a Concat, a pooling)
+        # read its dequantized value too: ORT then sees them between Q/DQ and runs them on INT8
+        # (QLinearAdd, QLinearConcat, ...) where it has the kernel, instead of breaking the chain in
+        # float.
         added = {id(node) for node in edit.added}
         for name, dequantized in list(quantizer.dequantized.items()):
             _read_dequantized(edit, name, dequantized, lambda node: id(node) in added or node.name in unit_nodes)
@@ -207,7 +216,8 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
 
 
 def _read_dequantized(edit: GraphEdit, name: str, dequantized: str, keeps_raw: Callable[[NodeProto], bool]) -> None:
-    """Every node of the graph reading ``name`` reads ``dequantized`` instead, but those ``keeps_raw`` names."""
+    """Every node of the graph reading ``name`` reads ``dequantized`` instead, but those
+    ``keeps_raw`` names."""
     for reader in edit.readers(name):
         if not keeps_raw(reader):
             for i, read in enumerate(edit.ins[id(reader)]):
@@ -216,10 +226,11 @@ def _read_dequantized(edit: GraphEdit, name: str, dequantized: str, keeps_raw: C
 
 
 def _quantize_skip_inputs(edit: GraphEdit, quantizer: _Quantizer, units: list[Unit]) -> None:
-    """NVIDIA's placement for a residual block: where an Add joins an INT8 convolution's output (read by it
-    alone) with a skip connection, the skip input gets the Q/DQ and the convolution's output none, so
-    TensorRT fuses the Add into the convolution's epilogue and reads the skip tensor as INT8 (ModelOpt's
-    residual-Add rule: ``build_non_residual_input_map``). Where both inputs are such outputs, the second."""
+    """NVIDIA's placement for a residual block: where an Add joins an INT8 convolution's output
+    (read by it alone) with a skip connection, the skip input gets the Q/DQ and the convolution's
+    output none, so TensorRT fuses the Add into the convolution's epilogue and reads the skip tensor
+    as INT8 (ModelOpt's residual-Add rule: ``build_non_residual_input_map``). Where both inputs are
+    such outputs, the second."""
     index = edit.index
     fusible = set()
     for unit in units:

@@ -1,1 +1,2 @@
-"""Judging a candidate: accuracy metrics and task decoders, timing, the isolated worker, layer-wise diagnosis."""
+"""Judging a candidate: accuracy metrics and task decoders, timing, the isolated worker, layer-wise
+diagnosis."""

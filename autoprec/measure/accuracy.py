@@ -41,13 +41,15 @@ from autoprec.tasks.labels import unscored
 log = logging.getLogger("autoprec")
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
-Labels = Sequence[Mapping[str, np.ndarray]]  # per evaluation batch: the label arrays (see autoprec.tasks.LABEL_FORMS)
+# per evaluation batch: the label arrays (see autoprec.tasks.LABEL_FORMS)
+Labels = Sequence[Mapping[str, np.ndarray]]
 LossFunction = Callable[[Outputs, Outputs], float]
 
 SIMILARITY_METRICS = ("cosine", "rel_l2", "max_abs")
 # The tasks a metric may name (a decoder's generation has its own judge: autoprec.measure.shaped)
 TASK_METRICS = tuple(t.name for t in TASKS if t.name != GENERATION)
-AUTO = "auto"  # the model's own default: generation for a decoder with a KV cache, else cosine (app.resolve)
+# the model's own default: generation for a decoder with a KV cache, else cosine (app.resolve)
+AUTO = "auto"
 BUILTIN_METRICS = (AUTO, *SIMILARITY_METRICS, *TASK_METRICS, GENERATION,
                    *(f"{t.name}@labels" for t in TASKS if t.labels))
 # An output with this many values per item or fewer: cosine sees (almost) nothing of it.
@@ -60,8 +62,9 @@ DECISION_CHANGE_LIMIT = 0.01
 
 @dataclass(frozen=True)
 class Metric:
-    """The accuracy constraint (``name``: built-in, ``TASK@labels``, or ``module:function``) and the task
-    metrics computed beside it (the constraint's own, those the data's labels or a zoo entry call for)."""
+    """The accuracy constraint (``name``: built-in, ``TASK@labels``, or ``module:function``) and the
+    task metrics computed beside it (the constraint's own, those the data's labels or a zoo entry
+    call for)."""
 
     name: str = "cosine"
     tasks: tuple[str, ...] = ()
@@ -69,7 +72,8 @@ class Metric:
 
     @property
     def task(self) -> str:
-        """The task metric the constraint reads (``top1`` for ``top1@labels``), or the name itself."""
+        """The task metric the constraint reads (``top1`` for ``top1@labels``), or the name
+        itself."""
         return self.name.removesuffix("@labels")
 
     @property
@@ -81,7 +85,8 @@ class Metric:
         return None if self.name in BUILTIN_METRICS else _import_function(self.name)
 
     def describe(self) -> str:
-        """What decides the loss, for identities and cache keys: a change here makes other numbers."""
+        """What decides the loss, for identities and cache keys: a change here makes other
+        numbers."""
         beside = sorted(set(self.tasks) - {self.task})
         if not beside and self.options == HeadOptions():
             return self.name
@@ -157,17 +162,20 @@ def _refuse_distrusted(spec: str, module_name: str) -> None:
 
 
 def narrow(arr: np.ndarray) -> bool:
-    """A handful of values per item (a score, a probability, a box): cosine per item cannot see it change."""
+    """A handful of values per item (a score, a probability, a box): cosine per item cannot see it
+    change."""
     return arr.ndim == 0 or arr.size // max(1, len(arr)) <= NARROW_OUTPUT
 
 
 def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
-    """Similarity metrics for one output over all batches (arrays stacked along the batch axis); what it decides
-    is the tasks' (:class:`Judge`)."""
-    if reference.dtype.kind in "iubOUS":  # class ids, counts, masks, strings: a value is right or wrong, not near
+    """Similarity metrics for one output over all batches (arrays stacked along the batch axis);
+    what it decides is the tasks' (:class:`Judge`)."""
+    # class ids, counts, masks, strings: a value is right or wrong, not near
+    if reference.dtype.kind in "iubOUS":
         same = reference.reshape(len(reference), -1) == candidate.reshape(len(candidate), -1)
         return {"equal": float(same.mean()) if same.size else 1.0, "nonfinite": 0.0}
-    if not reference.size:  # an output empty at this shape (a merged decoder's unused branch): nothing differs
+    # an output empty at this shape (a merged decoder's unused branch): nothing differs
+    if not reference.size:
         same = reference.shape == candidate.shape
         return {"cosine": 1.0 if same else 0.0, "rel_l2": 0.0 if same else math.inf, "max_abs": 0.0,
                 "snr_db": math.inf if same else -math.inf, "nonfinite": 0.0}
@@ -197,14 +205,15 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
 
 
 def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float]]:
-    """Per output name, every label-free metric over every evaluation batch (what :class:`Judge` gives
-    for the default metric)."""
+    """Per output name, every label-free metric over every evaluation batch (what :class:`Judge`
+    gives for the default metric)."""
     return Judge(Metric(), reference).metrics(candidate)
 
 
 def loss_from_metrics(metrics: Mapping[str, Mapping[str, float]], metric: str, outputs: str = "") -> float:
-    """The label-free scalar losses (lower is better, 0 = identical to FP32), averaged over the outputs
-    they apply to. ``cosine`` reads the relative L2 error of narrow outputs, where cosine is blind."""
+    """The label-free scalar losses (lower is better, 0 = identical to FP32), averaged over the
+    outputs they apply to. ``cosine`` reads the relative L2 error of narrow outputs, where cosine is
+    blind."""
     per_output = list(metrics.values())
     if any(m.get("nonfinite") for m in per_output):
         return math.inf
@@ -228,19 +237,22 @@ SELF_AGREEMENT = 1e-6  # the most a metric may score FP32's outputs against them
 
 @dataclass
 class Judge:
-    """Scores a candidate's outputs against the FP32 reference outputs and the labels (one mapping per
-    evaluation batch, or None), for any leading run of the evaluation batches (screening uses a quarter): the
-    similarities of every output, and what each task reads of it (:mod:`autoprec.tasks`)."""
+    """Scores a candidate's outputs against the FP32 reference outputs and the labels (one mapping
+    per evaluation batch, or None), for any leading run of the evaluation batches (screening uses a
+    quarter): the similarities of every output, and what each task reads of it
+    (:mod:`autoprec.tasks`)."""
 
     metric: Metric
     reference: Outputs
     labels: Labels | None = None
     _fp32: dict[int, dict] = field(default_factory=dict, repr=False)
-    _fp32_checked: bool = field(default=False, repr=False)  # a user's function scored FP32 against itself
+    # a user's function scored FP32 against itself
+    _fp32_checked: bool = field(default=False, repr=False)
 
     @cached_property
     def _reading(self) -> Reading:
-        """How the tasks read outputs here; it keeps FP32's decodes (text regions, a PicoDet head) across plans."""
+        """How the tasks read outputs here; it keeps FP32's decodes (text regions, a PicoDet head)
+        across plans."""
         shapes = {name: tuple(np.shape(value)) for name, value in self.reference[0].items()}
         return Reading(self.metric.options, frozenset(self.metric.tasks), shapes)
 
@@ -250,8 +262,8 @@ class Judge:
         return task_named(self.metric.task) if self.metric.user_function is None else None
 
     def check(self) -> dict[str, dict[str, float]]:
-        """Refuse, in one line, a constraint that cannot be computed here (a head it cannot decode, labels
-        missing); return the FP32 model's own label scores (empty without labels)."""
+        """Refuse, in one line, a constraint that cannot be computed here (a head it cannot decode,
+        labels missing); return the FP32 model's own label scores (empty without labels)."""
         task = self._task
         if self.metric.against_labels:
             wanted = task.labels
@@ -263,13 +275,15 @@ class Judge:
             raise AutoprecError(f"--metric {self.metric.name}: {refused}")
         if self.metric.against_labels:
             self._labels_score()
-        if self.metric.user_function is None:  # user code runs in the measuring worker only, as every candidate's
+        # user code runs in the measuring worker only, as every candidate's
+        if self.metric.user_function is None:
             self._agrees_with_itself()
         return self.fp32_scores(len(self.reference))
 
     def _labels_score(self) -> None:
-        """The constraint's labels score FP32 on some output, to a number; else one line saying what of the labels
-        is wrong (their shape, classes the output does not have, no item labelled in the evaluation batches)."""
+        """The constraint's labels score FP32 on some output, to a number; else one line saying what
+        of the labels is wrong (their shape, classes the output does not have, no item labelled in
+        the evaluation batches)."""
         task = self._task
         key, wanted = task.label_key, task.labels
         scored = [m[key] for m in self.fp32_scores(len(self.reference)).values() if key in m]
@@ -287,8 +301,8 @@ class Judge:
         return doubtful(self.fp32_scores(len(self.reference)), self.reference[0]) if self.labels else []
 
     def _agrees_with_itself(self) -> None:
-        """FP32's outputs must score 0 against themselves; a metric that does not decodes something else
-        (a head of another layout, the wrong output) and would judge every plan by that."""
+        """FP32's outputs must score 0 against themselves; a metric that does not decodes something
+        else (a head of another layout, the wrong output) and would judge every plan by that."""
         own = self.loss(self._own(len(self.reference)), self.reference)
         if own > SELF_AGREEMENT:
             hint = self._task.needs if self._task is not None else "check --task-output"
@@ -298,8 +312,9 @@ class Judge:
 
     def for_ranking(self) -> Judge:
         """The judge the sensitivity pass ranks units with: the constraint where it is continuous (a
-        similarity, the user's function), else cosine. A task metric on a quarter of the evaluation set
-        is coarse: most one-unit plans change no decision there, and a ranking of ties orders nothing."""
+        similarity, the user's function), else cosine. A task metric on a quarter of the evaluation
+        set is coarse: most one-unit plans change no decision there, and a ranking of ties orders
+        nothing."""
         if self.metric.name in SIMILARITY_METRICS or self.metric.user_function is not None:
             return self
         return Judge(Metric("cosine", self.metric.tasks, self.metric.options), self.reference, self.labels)
@@ -321,8 +336,9 @@ class Judge:
         return notes
 
     def said(self) -> str:
-        """What the constraint's figure is, in words every verb shows it in: the metric's name, with what it reads
-        instead on the outputs it is blind to (``cosine (as rel_l2 on 'y': 2 values per item)``)."""
+        """What the constraint's figure is, in words every verb shows it in: the metric's name, with
+        what it reads instead on the outputs it is blind to (``cosine (as rel_l2 on 'y': 2 values
+        per item)``)."""
         if self.metric.name not in SIMILARITY_METRICS:
             return self.metric.name
         instead = [f"share of differing values on {name!r}" for name, value in self.reference[0].items()
@@ -348,7 +364,8 @@ class Judge:
     def generation_metrics(self, run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
                            ) -> dict[str, dict[str, float]]:
         """What this judge measures by running the model itself (a decoder's generation: see
-        :class:`autoprec.measure.shaped.ShapedJudge`), by the name it records it under; nothing here."""
+        :class:`autoprec.measure.shaped.ShapedJudge`), by the name it records it under; nothing
+        here."""
         return {}
 
     def loss_of(self, outputs: Outputs) -> float:
@@ -356,8 +373,8 @@ class Judge:
         return self.loss(self.metrics(outputs), outputs)
 
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
-        """Every output's similarities and what every task that applies reads of it, over ``outputs`` (the first
-        ``len(outputs)`` evaluation batches)."""
+        """Every output's similarities and what every task that applies reads of it, over
+        ``outputs`` (the first ``len(outputs)`` evaluation batches)."""
         reading, reference = self._reading, self.reference[: len(outputs)]
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
         metrics, refs, cands = {}, {}, {}
@@ -373,7 +390,8 @@ class Judge:
         return metrics
 
     def _own(self, batches: int) -> dict[str, dict[str, float]]:
-        """Every metric of the FP32 outputs against themselves on the first ``batches`` batches, computed once."""
+        """Every metric of the FP32 outputs against themselves on the first ``batches`` batches,
+        computed once."""
         if batches not in self._fp32:
             self._fp32[batches] = self.metrics(self.reference[:batches])
         return self._fp32[batches]
@@ -384,7 +402,8 @@ class Judge:
         return {n: m for n, m in scores.items() if m}
 
     def loss(self, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> float:
-        """The constraint's scalar: lower is better, 0 = as good as FP32; unbounded for non-finite outputs."""
+        """The constraint's scalar: lower is better, 0 = as good as FP32; unbounded for non-finite
+        outputs."""
         if any(m.get("nonfinite") for m in metrics.values()):
             return math.inf
         function = self.metric.user_function
@@ -401,9 +420,10 @@ class Judge:
         return float(np.mean(drops))
 
     def _user_function_loss(self, function: LossFunction, outputs: Outputs) -> float:
-        """A ``module:function`` loss: on FP32's own outputs first (once), a finite number; on every plan's (their
-        outputs finite: non-finite ones are infinite loss before it is asked), a number of 0 or more. Anything
-        else is the function's fault, not one plan's: a MetricError, which stops the search naming it."""
+        """A ``module:function`` loss: on FP32's own outputs first (once), a finite number; on every
+        plan's (their outputs finite: non-finite ones are infinite loss before it is asked), a
+        number of 0 or more. Anything else is the function's fault, not one plan's: a MetricError,
+        which stops the search naming it."""
         if not self._fp32_checked:
             own = self._user_loss(function, self.reference[: len(outputs)])
             if not math.isfinite(own):
@@ -417,10 +437,12 @@ class Judge:
         return max(loss, 0.0)
 
     def _user_loss(self, function: LossFunction, outputs: Outputs) -> float:
-        """The user's function on read-only views of the FP32 outputs and ``outputs`` (a function that changed them
-        in place would change every later measurement), as a float; else a MetricError naming it."""
+        """The user's function on read-only views of the FP32 outputs and ``outputs`` (a function
+        that changed them in place would change every later measurement), as a float; else a
+        MetricError naming it."""
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # what it prints is not autoprec's output (--json)
+            # what it prints is not autoprec's output (--json)
+            with contextlib.redirect_stdout(sys.stderr):
                 value = function(_read_only(self.reference[: len(outputs)]), _read_only(outputs))
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
             said = first_line(exc, 200, empty="")
@@ -450,7 +472,8 @@ def _stacked(labels: Labels) -> dict[str, np.ndarray]:
 
 
 def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """Where a plan chosen on a similarity changes more than 1 % of the model's decisions, in words."""
+    """Where a plan chosen on a similarity changes more than 1 % of the model's decisions, in
+    words."""
     if metric.name not in SIMILARITY_METRICS:
         return []
     found = []
@@ -464,8 +487,8 @@ def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]])
 
 
 def _read(reading: Reading, name: str, refs: list, cands: list) -> tuple[np.ndarray, np.ndarray]:
-    """An output's batches stacked along the batch axis, FP32's and the plan's, in the order a task reads them
-    (a CTC head that keeps time first: transposed)."""
+    """An output's batches stacked along the batch axis, FP32's and the plan's, in the order a task
+    reads them (a CTC head that keeps time first: transposed)."""
     refs, cands = [np.atleast_1d(r) for r in refs], [np.atleast_1d(c) for c in cands]
     axes = next((found for t in TASKS if (found := t.transposed(reading, name, refs[0])) is not None), None)
     if axes is not None:
@@ -475,8 +498,8 @@ def _read(reading: Reading, name: str, refs: list, cands: list) -> tuple[np.ndar
 
 def _output_metrics(reading: Reading, name: str, ref: np.ndarray, cand: np.ndarray,
                     labels: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """One output's similarities, then what each task that reads it scores (a task that claims it as boxes or
-    vectors takes it from those that read any class scores)."""
+    """One output's similarities, then what each task that reads it scores (a task that claims it as
+    boxes or vectors takes it from those that read any class scores)."""
     values = output_metrics(ref, cand)
     finite = not values.get("nonfinite")
     for task in TASKS:
@@ -488,7 +511,8 @@ def _output_metrics(reading: Reading, name: str, ref: np.ndarray, cand: np.ndarr
 
 
 def _yielded(values: dict[str, float]) -> None:
-    """``values`` without the keys of tasks that read any class scores (an argmax over boxes decides nothing)."""
+    """``values`` without the keys of tasks that read any class scores (an argmax over boxes decides
+    nothing)."""
     for task in TASKS:
         for key in task.yields:
             values.pop(key, None)

@@ -1,10 +1,11 @@
-"""Plans judged once more, on the calibration batches: data that set their ranges but judged no trial.
+"""Plans judged once more, on the calibration batches: data that set their ranges but judged no
+trial.
 
-The search keeps the fastest of many plans the evaluation batches found within --max-loss, so the one it keeps
-tends to have done better there than it does on other data; with few items (a box, a word, a class is a large
-step of a task metric) that gap can pass the limit. A plan is shipped only where it holds the limit on the
-calibration batches too, run by ONNX Runtime on the CPU (like the deployment checks) and judged as every trial
-was."""
+The search keeps the fastest of many plans the evaluation batches found within --max-loss, so the
+one it keeps tends to have done better there than it does on other data; with few items (a box, a
+word, a class is a large step of a task metric) that gap can pass the limit. A plan is shipped only
+where it holds the limit on the calibration batches too, run by ONNX Runtime on the CPU (like the
+deployment checks) and judged as every trial was."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.deployment import session_outputs
 from autoprec.measure.shaped import judge_of
 
-CONFIRMING_BATCHES = 16  # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
+# at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
+CONFIRMING_BATCHES = 16
 
 
 class HeldOutJudge:
-    """Judges models on the calibration batches against the FP32 model's outputs there, with the search's metric
-    and the batches' labels (at every shape the search judged, a decoder's generation from their prompts). The FP32
-    model runs there once, when the first plan is judged: a search that ships all-FP32 never runs it."""
+    """Judges models on the calibration batches against the FP32 model's outputs there, with the
+    search's metric and the batches' labels (at every shape the search judged, a decoder's
+    generation from their prompts). The FP32 model runs there once, when the first plan is judged: a
+    search that ships all-FP32 never runs it."""
 
     def __init__(self, fp32: StoredModel, dataset: Dataset, metric: Metric):
         self.fp32, self.metric, self.dataset = fp32, metric, dataset
@@ -56,8 +59,9 @@ def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:
 
 
 def held_out_judge(fp32: StoredModel, dataset: Dataset, metric: Metric) -> HeldOutJudge | None:
-    """The judge of plans on the calibration batches (beside the ``fp32`` model's outputs there); None for a user's
-    metric (its code runs in the measuring worker only), or where one batch both calibrated and judged."""
+    """The judge of plans on the calibration batches (beside the ``fp32`` model's outputs there);
+    None for a user's metric (its code runs in the measuring worker only), or where one batch both
+    calibrated and judged."""
     if metric.user_function is not None or not dataset.calibration_apart:
         return None
     return HeldOutJudge(fp32, dataset, metric)

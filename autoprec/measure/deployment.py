@@ -1,6 +1,6 @@
-"""The chosen plan as it ships: lowered onto the deployable graph (the source's dynamic dims kept) and
-checked, by ONNX Runtime on the CPU, against the model that was measured (at opt) and against the
-user's own file at every point of the shape profile (min, opt, max).
+"""The chosen plan as it ships: lowered onto the deployable graph (the source's dynamic dims kept)
+and checked, by ONNX Runtime on the CPU, against the model that was measured (at opt) and against
+the user's own file at every point of the shape profile (min, opt, max).
 
 A deployable model that cannot be made (a unit whose nodes only the fixed-shape graph has) or that
 computes other values than the measured one at opt is not shipped: best/ then holds the measured,
@@ -32,10 +32,12 @@ from autoprec.record.facts import Deployment, PointCheck, ProfileTiming
 
 log = logging.getLogger("autoprec")
 
-# The deployable model against the measured one at opt: the same graph and weights, so only kernel choice
-# (ONNX Runtime picks others for dynamic dims) may move a value. Below this cosine loss, they are one model.
+# The deployable model against the measured one at opt: the same graph and weights, so only kernel
+# choice (ONNX Runtime picks others for dynamic dims) may move a value. Below this cosine loss, they
+# are one model.
 SAME_MODEL_LOSS = 1e-4
-CHECKED_BATCHES = 4  # evaluation batches the shipped model is checked on at each point of the profile
+# evaluation batches the shipped model is checked on at each point of the profile
+CHECKED_BATCHES = 4
 
 
 Lower = Callable[[ModelInfo], StoredModel]  # a plan lowered onto one of the model's graphs
@@ -46,13 +48,15 @@ Runs = Sequence[tuple[str, Sequence[Batch]]]  # the checks' points, each with it
 
 def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Sequence[Batch],
            others: Sequence[Batch] = (), judged: Runs = ()) -> Deployment:
-    """The chosen plan for best/ (see the module docstring): ``lower`` in the measured engine's form,
-    ``tensorrt`` in TensorRT's (where that differs); checked on ``samples`` (evaluation batches, at opt)
-    fitted to each point of the profile, and on ``others``, the data's items at other shapes, by shape; or, for a
-    search that judged several shapes, on each of them (``judged``: each point's batches)."""
+    """The chosen plan for best/ (see the module docstring): ``lower`` in the measured engine's
+    form, ``tensorrt`` in TensorRT's (where that differs); checked on ``samples`` (evaluation
+    batches, at opt) fitted to each point of the profile, and on ``others``, the data's items at
+    other shapes, by shape; or, for a search that judged several shapes, on each of them
+    (``judged``: each point's batches)."""
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
-    if info.deployable is None:  # fixed shapes, or measured on the deployable graph already (at every point)
+    # fixed shapes, or measured on the deployable graph already (at every point)
+    if info.deployable is None:
         runs = judged or _runs(profile, samples, profile.points(), others)
         return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, runs)))
     try:
@@ -72,7 +76,8 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
 
 
 def _runs(profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str], others: Sequence[Batch]) -> Runs:
-    """``samples`` fitted to each point of the profile, then the data's items at other shapes (one run per shape)."""
+    """``samples`` fitted to each point of the profile, then the data's items at other shapes (one
+    run per shape)."""
     runs = [(point, [_at(sample, profile.at(point)) for sample in samples]) for point in points]
     by_shape: dict[tuple, list[Batch]] = {}
     for batch in others:
@@ -110,8 +115,8 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
 
 
 def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
-    """``model`` against the given file at each run's point: the file is run as the user has it (from its path,
-    external data beside it)."""
+    """``model`` against the given file at each run's point: the file is run as the user has it
+    (from its path, external data beside it)."""
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     given = onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
@@ -139,7 +144,8 @@ def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeP
 
 
 def _inside(shapes: Mapping[str, tuple[int, ...]], profile: ShapeProfile) -> bool:
-    """Whether every input's shape lies within the profile's min and max (what an engine built for it takes)."""
+    """Whether every input's shape lies within the profile's min and max (what an engine built for
+    it takes)."""
     ranges = {i.name: i for i in profile.inputs}
     return all(name not in ranges or (len(dims) == len(ranges[name].min) and all(
         lo <= d <= hi for d, lo, hi in zip(dims, ranges[name].min, ranges[name].max))) for name, dims in shapes.items())
@@ -147,7 +153,8 @@ def _inside(shapes: Mapping[str, tuple[int, ...]], profile: ShapeProfile) -> boo
 
 def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],
                 ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
-    """Each plan as deployed (on the deployable graph), timed on ``backend`` at every point of the profile."""
+    """Each plan as deployed (on the deployable graph), timed on ``backend`` at every point of the
+    profile."""
     profile, graph = info.shape_profile, info.for_deployment()
     ms: dict[int, dict[str, float | None]] = {}
     failed: dict[int, str] = {}
@@ -162,7 +169,8 @@ def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], fe
 
 
 def _timed(runner, batch: Batch) -> float | None:
-    """A point's median, or None where the plan does not run at that shape (a Conv whose kernel outgrows it)."""
+    """A point's median, or None where the plan does not run at that shape (a Conv whose kernel
+    outgrows it)."""
     try:
         return runner.time(batch).median_ms
     except Exception:  # noqa: BLE001 - ONNX Runtime raises several types for a shape a model cannot take
@@ -176,7 +184,8 @@ def _at(sample: Batch, shapes: Mapping[str, tuple[int, ...]]) -> Batch:
 def deploy_plan(
     info: ModelInfo, engine: Backend, plan: Plan, ranges: ActivationRanges | None, dataset: Dataset
 ) -> Deployment:
-    """The chosen plan as best/ ships it (the source's dims kept where it can be), checked across the profile."""
+    """The chosen plan as best/ ships it (the source's dims kept where it can be), checked across
+    the profile."""
     tensorrt = None
     counts = plan.counts()
     if (engine.qdq_form is not QDQForm.TENSORRT and counts["int8"]) or (
@@ -187,7 +196,8 @@ def deploy_plan(
 
 
 def judged_runs(dataset: Dataset) -> Runs:
-    """The first CHECKED_BATCHES evaluation batches of each shape the search judged (none where it judged one)."""
+    """The first CHECKED_BATCHES evaluation batches of each shape the search judged (none where it
+    judged one)."""
     return [(point.name, [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if at == i][:CHECKED_BATCHES])
             for i, point in enumerate(dataset.points)]
 

@@ -41,7 +41,8 @@ def _run(
 
 
 def _unit_tensor(model: StoredModel, name: str) -> str:
-    """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16 copy)."""
+    """The unit's output as the lowered graph names it (an FP16 region may keep only its FP16
+    copy)."""
     produced = {t for _, graph in graphs(model.proto.graph) for n in graph.node for t in n.output}
     return name if name in produced else f"{name}_fp16"
 
@@ -52,16 +53,17 @@ def _error(reference: list[dict], candidate: list[dict], ref_name: str, cand_nam
     return output_metrics(ref, cand)
 
 
-ModelLoss = Callable[[list[dict[str, np.ndarray]]], float]  # a judge's loss of the model's outputs, batch by batch
+# a judge's loss of the model's outputs, batch by batch
+ModelLoss = Callable[[list[dict[str, np.ndarray]]], float]
 
 
 def diagnose(
     info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan, batches: Sequence[Batch],
     model_loss: ModelLoss,
 ) -> list[UnitError]:
-    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``, and the
-    model's loss (``model_loss``, of its outputs on ``batches``) with only that unit reduced (units the batches
-    never run, in an If branch they do not take, are left out)."""
+    """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``,
+    and the model's loss (``model_loss``, of its outputs on ``batches``) with only that unit reduced
+    (units the batches never run, in an If branch they do not take, are left out)."""
     outputs = [u.output for u in info.units]
     finals = [o.name for o in info.outputs]
     reference = _run(backend, info.stored, outputs, batches)
@@ -97,8 +99,8 @@ def culprits(rows: Sequence[UnitError], count: int = 5) -> list[UnitError]:
 
 
 def jumps(rows: Sequence[UnitError], factor: float = 3.0, floor: float = 1e-3) -> list[UnitError]:
-    """Units, in graph order, where the accumulated error first jumps: at least ``factor`` × the largest
-    error seen before them, and above ``floor``."""
+    """Units, in graph order, where the accumulated error first jumps: at least ``factor`` × the
+    largest error seen before them, and above ``floor``."""
     found, worst = [], 0.0
     for r in rows:
         if math.isfinite(r.rel_l2) and r.rel_l2 > floor and r.rel_l2 >= factor * worst:

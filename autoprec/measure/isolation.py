@@ -1,4 +1,5 @@
-"""Candidates measured in a child process: a crash, hang or runaway allocation fails one trial, not the search.
+"""Candidates measured in a child process: a crash, hang or runaway allocation fails one trial, not
+the search.
 
 One worker process lives for the whole search (the evaluation data, FP32 reference and the prepared
 model's graph with its calibrated ranges are sent to it once); each candidate is sent as its plan,
@@ -91,8 +92,9 @@ class Limits:
 
 
 def device_lock_path(backend: str, device: int) -> Path:
-    """One lock per engine and device on this host, shared by every autoprec process of this user on it:
-    workers of one study (or of several) take turns on the device, so none times a candidate while another runs."""
+    """One lock per engine and device on this host, shared by every autoprec process of this user on
+    it: workers of one study (or of several) take turns on the device, so none times a candidate
+    while another runs."""
     return private_folder(host_lock_folder()) / f"{backend}-device{device}.lock"
 
 
@@ -108,7 +110,8 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
     backend = get_backend(backend_name, device, cache_dir, threads)
     # taken to run a candidate, not to build it; a wait for it is said to the parent
     on_device = DeviceTurns(device_lock, lambda said: conn.send(("note", said)))
-    ranking = judge.for_ranking()  # also imports a user's metric module here, before the first candidate
+    # also imports a user's metric module here, before the first candidate
+    ranking = judge.for_ranking()
     work = work or (Workload.of(batches[0]) if batches else None)
     conn.send(("ready", None))
     while True:
@@ -122,11 +125,13 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device.timing():
                     conn.send(("ok", time_paired(backend, *models, work, rounds).to_json()))
-            elif kind == "compare":  # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
+            # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
+            elif kind == "compare":
                 with on_device.timing():
                     found = time_compared(backend, lowering, *args[:2], work, *args[2:])
                 conn.send(("ok", found.to_json()))
-            elif kind == "loss":  # ("loss", plan, number of batches, the constraint's judge or the ranking's)
+            # ("loss", plan, number of batches, the constraint's judge or the ranking's)
+            elif kind == "loss":
                 plan, count, constraint = args
                 model = lowering(backend, plan)
                 with on_device.evaluating():
@@ -160,10 +165,11 @@ class IsolatedMeasurer(Measurer):
         threads: int = 0,
         work: Workload | None = None,
     ):
-        """``stderr_log`` receives the worker's stderr (rewritten at each worker start); ``cache_dir``
-        is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock`` is shared by the
-        workers of one device; ``lowering`` turns the plans it is sent into models; ``threads``: the engine's
-        (see :func:`autoprec.backends.get_backend`); ``work``: what a latency times (default: the first batch)."""
+        """``stderr_log`` receives the worker's stderr (rewritten at each worker start);
+        ``cache_dir`` is the engine's (see :func:`autoprec.backends.get_backend`); ``device_lock``
+        is shared by the workers of one device; ``lowering`` turns the plans it is sent into models;
+        ``threads``: the engine's (see :func:`autoprec.backends.get_backend`); ``work``: what a
+        latency times (default: the first batch)."""
         self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering, threads, work)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
@@ -176,7 +182,9 @@ class IsolatedMeasurer(Measurer):
         parent, child = self.context.Pipe()
         os.close(untrusted.fresh_file(self.stderr))
         process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
-        process.start()  # where this raises (a script without a __main__ guard), no unstarted process is kept to kill
+        # where this raises (a script without a __main__ guard), no unstarted process is kept to
+        # kill
+        process.start()
         self.process = process
         child.close()
         self.conn = parent
@@ -194,7 +202,8 @@ class IsolatedMeasurer(Measurer):
     def _stderr_tail(self, lines: int = 15) -> str:
         kept = self._stderr_end().strip().splitlines()
         tail = kept[-lines:]
-        fatal = [line for line in kept if line.startswith("Fatal Python error")]  # the cause, above a deep stack
+        # the cause, above a deep stack
+        fatal = [line for line in kept if line.startswith("Fatal Python error")]
         if fatal and fatal[-1] not in tail:
             tail = [fatal[-1], "…", *tail[2 - lines:]]
         return "\n".join(tail)[-2000:]
@@ -218,7 +227,8 @@ class IsolatedMeasurer(Measurer):
         return f"worker exited with status {code}"
 
     def _check_memory(self, peak: bool) -> None:
-        """The worker's resident memory now (or at its peak since this candidate was sent) against the limit."""
+        """The worker's resident memory now (or at its peak since this candidate was sent) against
+        the limit."""
         rss = resident_bytes(self.process.pid, peak)
         limit = self.limits.memory_bytes
         if limit is not None and rss is not None and rss > limit:
@@ -262,7 +272,8 @@ class IsolatedMeasurer(Measurer):
             try:
                 if self.conn.poll(POLL_SECONDS):
                     reply = self.conn.recv()
-                    self._check_memory(peak=True)  # a candidate done between two looks is held to the limit too
+                    # a candidate done between two looks is held to the limit too
+                    self._check_memory(peak=True)
                     return reply
             except (EOFError, OSError):
                 pass
@@ -309,7 +320,8 @@ class IsolatedMeasurer(Measurer):
         return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
-        """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds' own)."""
+        """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds'
+        own)."""
         return Rounds.from_json(self._ask(("compare", fp32, list(contenders), seconds, apart),
                                           self.limits.seconds + seconds))
 

@@ -1,4 +1,5 @@
-"""One candidate, measured: lower its plan, build it on the engine, run the evaluation set, time it, compare."""
+"""One candidate, measured: lower its plan, build it on the engine, run the evaluation set, time it,
+compare."""
 
 from __future__ import annotations
 
@@ -30,23 +31,24 @@ RETIMES = 2
 
 @dataclass(frozen=True)
 class Screen:
-    """Cheap rejection: accuracy on the first ``batches`` evaluation batches first; a candidate whose
-    loss there is above ``reject_above`` is not evaluated further nor timed."""
+    """Cheap rejection: accuracy on the first ``batches`` evaluation batches first; a candidate
+    whose loss there is above ``reject_above`` is not evaluated further nor timed."""
 
     batches: int
     reject_above: float
 
     @classmethod
     def for_search(cls, max_loss: float | None, evaluation_batches: int) -> Screen | None:
-        """A quarter of the evaluation set (at least one batch), rejecting at ``REJECT_FACTOR`` × --max-loss;
-        None without a loss limit or with a single batch (nothing to save)."""
+        """A quarter of the evaluation set (at least one batch), rejecting at ``REJECT_FACTOR`` ×
+        --max-loss; None without a loss limit or with a single batch (nothing to save)."""
         if max_loss is None or evaluation_batches < 2:
             return None
         return cls(screening_batches(evaluation_batches), REJECT_FACTOR * max_loss)
 
 
 def screening_batches(evaluation_batches: int) -> int:
-    """A quarter of the evaluation batches, at least one: for cheap rejection and the sensitivity pass."""
+    """A quarter of the evaluation batches, at least one: for cheap rejection and the sensitivity
+    pass."""
     return max(1, evaluation_batches // 4)
 
 
@@ -56,8 +58,8 @@ REJECT_FACTOR = 4.0
 
 
 class Rejected(Exception):
-    """The candidate's loss on the screening batches is already far past the limit (what was measured: its
-    ``screened`` record)."""
+    """The candidate's loss on the screening batches is already far past the limit (what was
+    measured: its ``screened`` record)."""
 
     def __init__(self, screened: Screened):
         super().__init__(f"loss {screened.loss:.3g} on the first {screened.batches} evaluation batch(es)")
@@ -87,8 +89,8 @@ def measure(
     device: DeviceTurns | None = None,
     work: Workload | None = None,
 ) -> Measurement:
-    """Latency of ``work`` (default: the first evaluation batch); accuracy on all of them, as ``judge`` scores it
-    (a decoder's generation too, where it judges one).
+    """Latency of ``work`` (default: the first evaluation batch); accuracy on all of them, as
+    ``judge`` scores it (a decoder's generation too, where it judges one).
 
     With ``screen``, raises :class:`Rejected` after the screening batches when their loss is too
     high. ``device`` is taken while the candidate runs, not while it is built: shared while it is
@@ -106,7 +108,8 @@ def measure(
             seconds["device_wait"] = time.perf_counter() - t0
             outputs = _run(runner, batches, judge, screen, seconds)
             t0 = time.perf_counter()
-            if generated := judge.generation_metrics(runner.run):  # a decoder's greedy generation, where judged
+            # a decoder's greedy generation, where judged
+            if generated := judge.generation_metrics(runner.run):
                 seconds["generate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with turns.timing():
@@ -150,9 +153,10 @@ def _time(runner, work: Workload, seconds):
 
 @dataclass(frozen=True)
 class Lowering:
-    """What turns a plan into the model an engine builds: the prepared model, its calibrated ranges and,
-    for a reference executor judging another engine's graphs, that engine's Q/DQ form. A measurer holds
-    it (a worker process gets it once), so a plan travels as itself, never as a model."""
+    """What turns a plan into the model an engine builds: the prepared model, its calibrated ranges
+    and, for a reference executor judging another engine's graphs, that engine's Q/DQ form. A
+    measurer holds it (a worker process gets it once), so a plan travels as itself, never as a
+    model."""
 
     info: ModelInfo
     ranges: ActivationRanges | None
@@ -176,7 +180,8 @@ def resident_bytes(pid: int | None = None, peak: bool = False) -> int | None:
 
 
 def reset_peak(pid: int) -> None:
-    """Start a process's peak resident memory afresh (Linux: ``clear_refs``), so the next peak is one candidate's."""
+    """Start a process's peak resident memory afresh (Linux: ``clear_refs``), so the next peak is
+    one candidate's."""
     try:
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
@@ -184,23 +189,24 @@ def reset_peak(pid: int) -> None:
         pass
 
 
-# An engine that takes more memory than this is never kept beside another: the re-timing then builds the
-# all-FP32 engine and the candidate's anew in each round, one at a time (their builds cost less than
-# holding two such engines; memory stays at one engine whatever the model's size).
+# An engine that takes more memory than this is never kept beside another: the re-timing then builds
+# the all-FP32 engine and the candidate's anew in each round, one at a time (their builds cost less
+# than holding two such engines; memory stays at one engine whatever the model's size).
 PAIR_ENGINE_BYTES = 1 << 30
 
 
 def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload, rounds: int) -> Paired:
-    """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift (a busy
-    neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's engine takes
-    more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
+    """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift
+    (a busy neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's
+    engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
     timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
     models = {"reference": reference, "candidate": candidate}
     before = resident_bytes() or 0
     builds = 1
     with contextlib.ExitStack() as stack:
         runners = {"reference": stack.enter_context(backend.runner(reference))}
-        warm_up(runners["reference"], work)  # first run: allocations and kernel selection stay out of the rounds
+        # first run: allocations and kernel selection stay out of the rounds
+        warm_up(runners["reference"], work)
         apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
         if apart:
             timings["reference"].append(time_work(runners["reference"], work)[0])
@@ -223,10 +229,11 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
 
 def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], work: Workload,
                   seconds: float, apart: bool = False) -> Rounds:
-    """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the given model as
-    it is (``source``), timed until their speed-ups (see COMPARED; every contender's over all-FP32) are known,
-    or until each contender is known faster or slower than all-FP32: what a search picks its plan and states its
-    gain by. A contender that is the all-FP32 plan is not timed again: its rounds are all-FP32's."""
+    """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the
+    given model as it is (``source``), timed until their speed-ups (see COMPARED; every contender's
+    over all-FP32) are known, or until each contender is known faster or slower than all-FP32: what
+    a search picks its plan and states its gain by. A contender that is the all-FP32 plan is not
+    timed again: its rounds are all-FP32's."""
     info = lowering.info
     own = [contender(i) for i, plan in enumerate(contenders) if plan.key() != fp32.key()]
     models = {"fp32": lowering(backend, fp32), **{contender(i): lowering(backend, plan)
@@ -242,17 +249,20 @@ def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: 
 
 class Measurer(abc.ABC):
     """Where a search's plans are lowered and measured: :class:`InProcessMeasurer` here, or
-    :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot take down."""
+    :class:`autoprec.measure.isolation.IsolatedMeasurer` in a worker process that a crash cannot
+    take down."""
 
     @abc.abstractmethod
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
-        """:func:`measure` of the lowered plan on the evaluation batches (``seconds["lower"]``: its lowering)."""
+        """:func:`measure` of the lowered plan on the evaluation batches (``seconds["lower"]``: its
+        lowering)."""
 
     @abc.abstractmethod
     def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
-        """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity pass ranks
-        units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss`` constrains
-        plans (``constraint``: the search's own judge, what a plan proposed before its build is held to)."""
+        """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity
+        pass ranks units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss``
+        constrains plans (``constraint``: the search's own judge, what a plan proposed before its
+        build is held to)."""
 
     @abc.abstractmethod
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
@@ -266,7 +276,8 @@ class Measurer(abc.ABC):
 def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
              screen: Screen | None = None, device: DeviceTurns | None = None,
              work: Workload | None = None) -> Measurement:
-    """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the rest."""
+    """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the
+    rest."""
     t0 = time.perf_counter()
     model = lowering(backend, plan)
     lower_s = time.perf_counter() - t0
@@ -280,12 +291,13 @@ def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence
 
 
 class InProcessMeasurer(Measurer):
-    """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash ends the search."""
+    """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash
+    ends the search."""
 
     def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge, lowering: Lowering,
                  work: Workload | None = None):
-        """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it ranks by;
-        ``work``: what a latency times (default: the first batch)."""
+        """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it
+        ranks by; ``work``: what a latency times (default: the first batch)."""
         self.backend, self.batches, self.judge, self.ranking, self.lowering = backend, batches, judge, ranking, lowering
         self.work = work or Workload.of(batches[0])
 

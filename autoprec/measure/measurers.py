@@ -1,5 +1,6 @@
-"""The target engine's measurers, started: candidates measured in worker processes (or in this one), side by side
-or one at a time, and the reference executor that judges plans before they are built."""
+"""The target engine's measurers, started: candidates measured in worker processes (or in this one),
+side by side or one at a time, and the reference executor that judges plans before they are
+built."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ log = logging.getLogger("autoprec")
 
 @dataclass(frozen=True)
 class Measuring:
-    """Who measures: the target's measurer(s), and the reference executor judging plans before a build."""
+    """Who measures: the target's measurer(s), and the reference executor judging plans before a
+    build."""
 
     measurer: Measurer
     limits: Limits | None
@@ -38,9 +40,10 @@ class Measuring:
 
 @dataclass(frozen=True)
 class MeasurerSettings:
-    """How the target engine's candidates are measured: the engine by name, its device and threads, its cache; in
-    worker processes (``isolate``) within ``trial_timeout`` seconds and ``trial_memory_gb``, ``workers`` side by
-    side; ``proposals`` plans judged before each build (None: the engine's default)."""
+    """How the target engine's candidates are measured: the engine by name, its device and threads,
+    its cache; in worker processes (``isolate``) within ``trial_timeout`` seconds and
+    ``trial_memory_gb``, ``workers`` side by side; ``proposals`` plans judged before each build
+    (None: the engine's default)."""
 
     backend: str
     device: int
@@ -55,8 +58,8 @@ class MeasurerSettings:
 
 @dataclass(frozen=True)
 class MeasurerInputs:
-    """What every candidate is measured against: the evaluation batches, the judge (and the one that ranks units),
-    the lowering, and the calibration method a plan takes."""
+    """What every candidate is measured against: the evaluation batches, the judge (and the one that
+    ranks units), the lowering, and the calibration method a plan takes."""
 
     evaluation: Sequence[Batch]
     work: Workload  # what a latency times: one request's batches (autoprec.analysis.data.Workload)
@@ -68,8 +71,9 @@ class MeasurerInputs:
 
 def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: EngineInfo, inputs: MeasurerInputs,
                     seconds: dict[str, float], user_metric: bool, stack: contextlib.ExitStack) -> Measuring:
-    """The target's measurer(s) and the reference executor, started; ``seconds``: the one-time costs so far (the
-    workers' start is added); ``user_metric``: the metric is the user's code, judged once here before any trial."""
+    """The target's measurer(s) and the reference executor, started; ``seconds``: the one-time costs
+    so far (the workers' start is added); ``user_metric``: the metric is the user's code, judged
+    once here before any trial."""
     one_time = dict(seconds)
     limits = None
     if settings.isolate:
@@ -80,7 +84,8 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
                                      inputs.work)
         log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
                     "same command)")
-    if user_metric:  # the user's code, judged once before any trial: a broken one stops the search here
+    # the user's code, judged once before any trial: a broken one stops the search here
+    if user_metric:
         measurer.accuracy_loss(inputs.lowering.info.plan_at(Precision.FP32), 1, constraint=True)
     per_build = engine.default_proposals if settings.proposals is None else settings.proposals
     reference, executor, judged_on_target = _reference_executor(engine, measurer, per_build, inputs, limits,
@@ -90,7 +95,8 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
 
 def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inputs: MeasurerInputs, limits: Limits,
                         stack: contextlib.ExitStack, one_time: dict[str, float]) -> Measurer:
-    """``settings.workers`` worker processes measuring candidates, started (the time it took in ``one_time``)."""
+    """``settings.workers`` worker processes measuring candidates, started (the time it took in
+    ``one_time``)."""
     lock = FileLock(device_lock_path(settings.backend, settings.device)).check()
     measurers = [
         stack.enter_context(IsolatedMeasurer(
@@ -118,16 +124,17 @@ def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inp
 
 def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inputs: MeasurerInputs,
                         limits: Limits | None, cache: Path, stack: contextlib.ExitStack) -> tuple[Measurer, str, bool]:
-    """Where a plan's loss is computed without building it on the target, what that is, and whether its
-    evaluations are builds of the target: ONNX Runtime on the CPU running the graph in the target's Q/DQ
-    form. Where the target is that reference engine itself, its untimed sessions are counted as reference
-    evaluations; without proposals, or where the CPU cannot run the target's form (an op ONNX Runtime
-    lacks, said once), the target judges its own plans."""
+    """Where a plan's loss is computed without building it on the target, what that is, and whether
+    its evaluations are builds of the target: ONNX Runtime on the CPU running the graph in the
+    target's Q/DQ form. Where the target is that reference engine itself, its untimed sessions are
+    counted as reference evaluations; without proposals, or where the CPU cannot run the target's
+    form (an op ONNX Runtime lacks, said once), the target judges its own plans."""
     if engine.is_reference:
         return measurer, "ONNX Runtime CPU (the target engine itself)", False
     if not per_build:
         return measurer, f"{engine.name} itself (--proposals 0: plans are judged where they are built)", True
-    in_target_form = replace(inputs.lowering, form=engine.qdq_form)  # the graph the target builds, run on the CPU
+    # the graph the target builds, run on the CPU
+    in_target_form = replace(inputs.lowering, form=engine.qdq_form)
     if limits is not None:
         reference: Measurer = stack.enter_context(IsolatedMeasurer(REFERENCE_BACKEND, inputs.evaluation, inputs.judge,
                                                                    limits, cache / "reference-stderr.log", 0, cache,

@@ -1,6 +1,7 @@
-"""A plan judged at every shape a deployment runs (:mod:`autoprec.analysis.shape_points`): one judge per point on
-that point's batches, the plan's loss the worst of theirs; for a decoder, also what its users see: greedy
-generation from the data's prompts, with the plan's own KV cache fed back (``--metric generation``)."""
+"""A plan judged at every shape a deployment runs (:mod:`autoprec.analysis.shape_points`): one judge
+per point on that point's batches, the plan's loss the worst of theirs; for a decoder, also what its
+users see: greedy generation from the data's prompts, with the plan's own KV cache fed back
+(``--metric generation``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from autoprec.record.facts import ShapePoint
 from autoprec.tasks import task_named
 from autoprec.tasks.generation import NAME as GENERATION
 
-AGREEMENT = task_named(GENERATION).key  # the share of generated tokens as FP32's, before the first that is not
+# the share of generated tokens as FP32's, before the first that is not
+AGREEMENT = task_named(GENERATION).key
 GENERATED_STEPS = 16  # tokens generated from each prompt (its prefill, then decode steps)
 PROMPTS = 8  # prompts generated from, at most (rows of the first prefill batches)
 
@@ -36,7 +38,8 @@ def cosine_loss(reference: np.ndarray, candidate: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class GenerationJudge:
-    """Greedy generation of GENERATED_STEPS tokens from ``prompts`` (prefill batches), against FP32's."""
+    """Greedy generation of GENERATED_STEPS tokens from ``prompts`` (prefill batches), against
+    FP32's."""
 
     decoder: Decoder
     prompts: tuple[Batch, ...]
@@ -44,8 +47,8 @@ class GenerationJudge:
 
     @classmethod
     def of(cls, decoder: Decoder, prompts: Sequence[Batch], fp32: Run) -> GenerationJudge:
-        """Up to PROMPTS rows of ``prompts`` stacked into one batch (along the batch axis, 0 in every decoder
-        export): one run per generated token, whatever the data's batch."""
+        """Up to PROMPTS rows of ``prompts`` stacked into one batch (along the batch axis, 0 in
+        every decoder export): one run per generated token, whatever the data's batch."""
         chosen, rows = [], 0
         for prompt in prompts:
             if rows >= PROMPTS or any(np.shape(v) != np.shape(prompts[0][k]) for k, v in prompt.items()):
@@ -57,8 +60,9 @@ class GenerationJudge:
         return cls(decoder, (stacked,), (generate(fp32, decoder, stacked, GENERATED_STEPS),))
 
     def metrics(self, run: Run) -> dict[str, float]:
-        """The share of generated tokens that agree with FP32's before the first that does not, where rows first
-        diverge (their mean step), and 1 − cosine of the logits at prefill and at the decode steps before it."""
+        """The share of generated tokens that agree with FP32's before the first that does not,
+        where rows first diverge (their mean step), and 1 − cosine of the logits at prefill and at
+        the decode steps before it."""
         agreeing, total, prefill, decode = 0, 0, [], []
         for prompt, fp32 in zip(self.prompts, self.reference):
             mine = generate(run, self.decoder, prompt, GENERATED_STEPS)
@@ -77,8 +81,9 @@ class GenerationJudge:
 
 @dataclass
 class ShapedJudge(Judge):
-    """A judge per point on its own batches (``at``: each evaluation batch's point); the loss the worst point's.
-    Metrics of point 0 (the data as given) keep their outputs' names, the others' are ``NAME @ POINT``."""
+    """A judge per point on its own batches (``at``: each evaluation batch's point); the loss the
+    worst point's. Metrics of point 0 (the data as given) keep their outputs' names, the others' are
+    ``NAME @ POINT``."""
 
     points: tuple[ShapePoint, ...] = ()
     at: tuple[int, ...] = ()
@@ -87,7 +92,8 @@ class ShapedJudge(Judge):
     _judges: dict[int, Judge] = field(default_factory=dict, repr=False)
 
     def at_point(self, name: str) -> tuple[Judge, list[int]]:
-        """The judge of the point ``name`` alone, on its own batches, and which evaluation batches those are."""
+        """The judge of the point ``name`` alone, on its own batches, and which evaluation batches
+        those are."""
         point = next(i for i, p in enumerate(self.points) if p.name == name)
         return self._judge(point), [i for i, at in enumerate(self.at) if at == point]
 
@@ -123,7 +129,8 @@ class ShapedJudge(Judge):
         return {GENERATION: self.generation.metrics(run)} if self.generation is not None else {}
 
     def losses(self, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> dict[str, float]:
-        """The constraint's loss at each point (of those ``outputs`` reach), and of the generation where measured."""
+        """The constraint's loss at each point (of those ``outputs`` reach), and of the generation
+        where measured."""
         found = {}
         for point, own in self._split(outputs).items():
             suffix, judge = self._suffix(point), self._judge(point)
@@ -156,9 +163,9 @@ class ShapedJudge(Judge):
 
 def judge_of(metric: Metric, reference: Outputs, labels: Labels | None, dataset: Dataset, at: Sequence[int],
              decoder: Decoder | None, fp32: Run | None, prompts: Sequence[Batch] = ()) -> Judge:
-    """The judge of a search: a :class:`ShapedJudge` where the data holds several shapes (``at``: each batch's
-    point), else the plain one. ``--metric generation`` needs a decoder (and ``fp32``, its runs, to generate
-    from ``prompts``: the prefill batches)."""
+    """The judge of a search: a :class:`ShapedJudge` where the data holds several shapes (``at``:
+    each batch's point), else the plain one. ``--metric generation`` needs a decoder (and ``fp32``,
+    its runs, to generate from ``prompts``: the prefill batches)."""
     if metric.name == GENERATION and decoder is None:
         raise AutoprecError(f"--metric {GENERATION}: the model is not a decoder with a KV cache; "
                             f"{task_named(GENERATION).needs}")

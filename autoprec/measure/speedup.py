@@ -1,11 +1,12 @@
-"""Models timed in interleaved rounds until their speed-ups are known (the statistics and the verdict:
-:mod:`autoprec.record.verdict`).
+"""Models timed in interleaved rounds until their speed-ups are known (the statistics and the
+verdict: :mod:`autoprec.record.verdict`).
 
-Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after warm-up), one after
-another, so drift (a busy neighbour, clocks) hits all of a round alike; each block of rounds builds every model's
-session anew. The machine's load is watched while it runs (what other processes used of its cores, per block), so
-that a verdict can hold at either load (benchmarks/a_over_a.py measures how often a plan timed against itself is
-called faster, and its power on a 1.5× gain, with a CPU hog switching on and off beside it and without).
+Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after
+warm-up), one after another, so drift (a busy neighbour, clocks) hits all of a round alike; each
+block of rounds builds every model's session anew. The machine's load is watched while it runs (what
+other processes used of its cores, per block), so that a verdict can hold at either load
+(benchmarks/a_over_a.py measures how often a plan timed against itself is called faster, and its
+power on a 1.5× gain, with a CPU hog switching on and off beside it and without).
 """
 
 from __future__ import annotations
@@ -23,18 +24,20 @@ from autoprec.core.timing import Timing
 from autoprec.measure.workload import time_work, warm_up
 from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup
 
-MIN_BLOCKS = 3  # fewer: a t-interval over two sessions (t = 12.7) decides nothing short of a 2x gain
-# An interval is called known by its width from this many blocks on: stopping on width alone at three blocks
-# stops most where the blocks agree by chance, and a plan timed against itself is called faster more often.
+# fewer: a t-interval over two sessions (t = 12.7) decides nothing short of a 2x gain
+MIN_BLOCKS = 3
+# An interval is called known by its width from this many blocks on: stopping on width alone at
+# three blocks stops most where the blocks agree by chance, and a plan timed against itself is
+# called faster more often.
 NARROW_BLOCKS = 6
 MAX_BLOCKS = 30
 
 
 class LoadProbe:
-    """What other processes used of this machine's cores while a block ran: the CPU time every other process spent
-    (``/proc/<pid>/stat``) over the wall time. (Not the machine's busy time less this process's: ONNX Runtime's
-    threads spin while they wait, so on a busy machine this process seems to take the cores the others share.)
-    None where the system does not say (not Linux)."""
+    """What other processes used of this machine's cores while a block ran: the CPU time every other
+    process spent (``/proc/<pid>/stat``) over the wall time. (Not the machine's busy time less this
+    process's: ONNX Runtime's threads spin while they wait, so on a busy machine this process seems
+    to take the cores the others share.) None where the system does not say (not Linux)."""
 
     def __init__(self):
         self.started: tuple[float, float] | None = None
@@ -51,7 +54,8 @@ class LoadProbe:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime (the 14th and 15th of the whole line)
+                # utime, stime (the 14th and 15th of the whole line)
+                ticks += int(fields[11]) + int(fields[12])
             except (OSError, ValueError, IndexError):
                 continue  # a process that ended meanwhile
         return ticks / os.sysconf("SC_CLK_TCK"), time.monotonic()
@@ -76,12 +80,13 @@ def time_until_known(
     apart: bool = False,
     deciding: Sequence[tuple[str, str]] = (),
 ) -> Rounds:
-    """``models`` timed in blocks of interleaved rounds, every model's session built anew for each block, until
-    the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow`, each ``deciding`` pair is
-    :meth:`Rounds.decided` (what the choice rests on is known; the other pairs are claims stated with the
-    interval they have), or ``seconds`` pass (after MIN_BLOCKS at least, however long those take: a slow model
-    is known by its rounds, not by a clock), or MAX_BLOCKS. Engines too large to keep several (``apart``) are
-    each built anew for their turn in every round: every round is a block."""
+    """``models`` timed in blocks of interleaved rounds, every model's session built anew for each
+    block, until the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow`,
+    each ``deciding`` pair is :meth:`Rounds.decided` (what the choice rests on is known; the other
+    pairs are claims stated with the interval they have), or ``seconds`` pass (after MIN_BLOCKS at
+    least, however long those take: a slow model is known by its rounds, not by a clock), or
+    MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in
+    every round: every round is a block."""
     timings: dict[str, list[Timing]] = {name: [] for name in models}
     blocks: list[int] = []
     load: list[float | None] = []
@@ -99,21 +104,24 @@ def time_until_known(
 
 
 def bounded(found: Rounds, pairs: Sequence[tuple[str, str]]) -> bool:
-    """Whether every pair's interval can say something: finite ends, and where the machine's load moved (the
-    interval then covers the lighter and the heavier half of the blocks, each on its own) NARROW_BLOCKS blocks:
-    halves of two blocks (t = 12.7) left a ViT-base's 1.37x INT8 plan at 0.68-2.39, not shipped."""
+    """Whether every pair's interval can say something: finite ends, and where the machine's load
+    moved (the interval then covers the lighter and the heavier half of the blocks, each on its own)
+    NARROW_BLOCKS blocks: halves of two blocks (t = 12.7) left a ViT-base's 1.37x INT8 plan at
+    0.68-2.39, not shipped."""
     if found.steadiness().moved and len(set(found.blocks)) < NARROW_BLOCKS:
         return False
     return all(0 < s.low and math.isfinite(s.high) for s in (found.speedup(a, b) for a, b in pairs))
 
 
 def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tuple[str, str]] = ()) -> bool:
-    """Whether the timing may stop: MIN_BLOCKS run, and each ``deciding`` pair :meth:`Rounds.decided`, or (from
-    NARROW_BLOCKS on) every pair's interval :attr:`Speedup.narrow`."""
+    """Whether the timing may stop: MIN_BLOCKS run, and each ``deciding`` pair
+    :meth:`Rounds.decided`, or (from NARROW_BLOCKS on) every pair's interval
+    :attr:`Speedup.narrow`."""
     blocks = len(set(found.blocks))
     if blocks < MIN_BLOCKS:
         return False
-    if not pairs:  # nothing compared (the chosen plan is all-FP32, and there is no given model to time it beside)
+    # nothing compared (the chosen plan is all-FP32, and there is no given model to time it beside)
+    if not pairs:
         return True
     if deciding and all(found.decided(a, b) for a, b in deciding):
         return True
@@ -122,14 +130,15 @@ def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tu
 
 def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload, timings: dict[str, list[Timing]],
                 blocks: list[int], block: int, apart: bool) -> None:
-    """One block: every model's session built (in this block's order), run once, then timed in interleaved
-    rounds."""
+    """One block: every model's session built (in this block's order), run once, then timed in
+    interleaved rounds."""
     with contextlib.ExitStack() as stack:
         kept = {}
         if not apart:
             for name in in_turn(list(models), block):
                 kept[name] = stack.enter_context(backend.runner(models[name]))
-                warm_up(kept[name], work)  # first run: allocations and kernel selection stay out of the rounds
+                # first run: allocations and kernel selection stay out of the rounds
+                warm_up(kept[name], work)
         for _ in range(1 if apart else ROUNDS_PER_BLOCK):
             for name in in_turn(list(models), len(blocks)):
                 timings[name].append(time_work(kept[name], work)[0] if kept else _timed_alone(backend, models[name], work))
@@ -137,8 +146,9 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workl
 
 
 def in_turn(names: Sequence[str], round_: int) -> list[str]:
-    """The order of one round: each round starts one later, so that no model is always timed in the same place,
-    after the same other (a cache or clock state one leaves behind favours the next alike in every round)."""
+    """The order of one round: each round starts one later, so that no model is always timed in the
+    same place, after the same other (a cache or clock state one leaves behind favours the next
+    alike in every round)."""
     shift = round_ % max(1, len(names))
     return [*names[shift:], *names[:shift]]
 
@@ -153,19 +163,21 @@ COMPARED = (("fp32", "chosen"), ("source", "chosen"), ("source", "fp32"))  # (re
 
 
 def contender(index: int) -> str:
-    """The name of the ``index``-th plan timed in a final timing: the chosen one first, then its rivals."""
+    """The name of the ``index``-th plan timed in a final timing: the chosen one first, then its
+    rivals."""
     return "chosen" if index == 0 else f"rival {index}"
 
 
 def compared(rounds: Rounds, winner: str = "chosen") -> dict[tuple[str, str], Speedup]:
-    """Each COMPARED pair's speed-up from :func:`time_until_known`'s rounds, ``winner``'s rounds as the chosen
-    plan's."""
+    """Each COMPARED pair's speed-up from :func:`time_until_known`'s rounds, ``winner``'s rounds as
+    the chosen plan's."""
     named = Rounds({**rounds.timings, "chosen": rounds.timings[winner]}, rounds.blocks, rounds.load)
     return {(a, b): named.speedup(a, b) for a, b in COMPARED if a in named.timings and b in named.timings}
 
 
 def fastest(rounds: Rounds, contenders: int) -> tuple[str, dict[str, Speedup]]:
-    """The contender with the largest speed-up over all-FP32 in the same rounds, and each contender's."""
+    """The contender with the largest speed-up over all-FP32 in the same rounds, and each
+    contender's."""
     found = {contender(i): rounds.speedup("fp32", contender(i)) for i in range(contenders)}
     return max(found, key=lambda name: found[name].speedup), found
 

@@ -1,5 +1,6 @@
-"""A deployment request's work timed on a runner: each of its batches timed alone, their latencies summed as
-often as a request runs each (a decoder's prompt once, a decode step per generated token)."""
+"""A deployment request's work timed on a runner: each of its batches timed alone, their latencies
+summed as often as a request runs each (a decoder's prompt once, a decode step per generated
+token)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from autoprec.core.timing import Timing
 
 
 def time_work(runner: Runner, work: Workload) -> tuple[Timing, dict[str, Timing]]:
-    """The request's latency (the runs' medians and percentiles, each part's times its runs) and each part's own
-    timing by point; a request of one batch run once is that batch's timing, with no parts."""
+    """The request's latency (the runs' medians and percentiles, each part's times its runs) and
+    each part's own timing by point; a request of one batch run once is that batch's timing, with no
+    parts."""
     if work.single:
         return runner.time(work.parts[0][1]), {}
     each = {name: runner.time(batch) for name, batch, _ in work.parts}
@@ -26,6 +28,7 @@ def time_work(runner: Runner, work: Workload) -> tuple[Timing, dict[str, Timing]
 
 
 def warm_up(runner: Runner, work: Workload) -> None:
-    """Each of the request's batches run once: allocations and kernel selection stay out of the timed runs."""
+    """Each of the request's batches run once: allocations and kernel selection stay out of the
+    timed runs."""
     for _, batch, _ in work.parts:
         runner.run(batch)

@@ -1,6 +1,7 @@
-"""The result files as typed values, each writing and reading its own JSON, checked field by field as it reads
-(:mod:`autoprec.core.fields`): a hand-edited or damaged file is refused in one line. pareto.json, trials.json and
-best/plan.json begin with one header (the model, the engine, the search's facts); sensitivity.json is the pass's."""
+"""The result files as typed values, each writing and reading its own JSON, checked field by field
+as it reads (:mod:`autoprec.core.fields`): a hand-edited or damaged file is refused in one line.
+pareto.json, trials.json and best/plan.json begin with one header (the model, the engine, the
+search's facts); sensitivity.json is the pass's."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class TrialsFile:
 
 @dataclass(frozen=True)
 class ParetoFile:
-    """pareto.json: the Pareto front, the chosen trial, its speed-ups and the uniform plans' trials."""
+    """pareto.json: the Pareto front, the chosen trial, its speed-ups and the uniform plans'
+    trials."""
 
     header: Header
     front: tuple[TrialRecord, ...]
@@ -112,7 +114,8 @@ class PlanFile:
     units: tuple[ChosenUnit, ...]
     files: dict[str, str]
     deployment: ShippedAs | None  # None: a result older than the record of it
-    sha256: dict[str, str] | None  # best/'s models' sha256 (None: a result older than the record of them)
+    # best/'s models' sha256 (None: a result older than the record of them)
+    sha256: dict[str, str] | None
 
     @classmethod
     def from_json(cls, f: Fields) -> PlanFile:

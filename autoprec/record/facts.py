@@ -1,8 +1,8 @@
-"""What a search did and what it ships, as its result records it: the model it was given, the facts a reader is
-shown (how it was asked, the shapes it judged, where its wall clock went, how far the machine drifted), the
-sensitivity pass, how best/ ships the chosen plan (its checks against the given model at each shape, the timing
-across the profile), its units, and a diagnosis's rows. Views (terminal, report, plots, compare, the build card)
-take these values, never the JSON."""
+"""What a search did and what it ships, as its result records it: the model it was given, the facts
+a reader is shown (how it was asked, the shapes it judged, where its wall clock went, how far the
+machine drifted), the sensitivity pass, how best/ ships the chosen plan (its checks against the
+given model at each shape, the timing across the profile), its units, and a diagnosis's rows. Views
+(terminal, report, plots, compare, the build card) take these values, never the JSON."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ DRIFT_WORTH_SAYING = 10.0  # percent
 
 @dataclass(frozen=True)
 class Drift:
-    """How far the re-timed plans' trial latencies lie from their re-timing. A host that drifts between the
-    two (a busy neighbour; on a shared GPU host, launch-bound latencies that shift by a third for seconds at a
-    time) moves absolute figures; interleaved rounds see it alike, so the choice holds."""
+    """How far the re-timed plans' trial latencies lie from their re-timing. A host that drifts
+    between the two (a busy neighbour; on a shared GPU host, launch-bound latencies that shift by a
+    third for seconds at a time) moves absolute figures; interleaved rounds see it alike, so the
+    choice holds."""
 
     plans: int
     largest_percent: float
@@ -32,7 +33,8 @@ class Drift:
 
     @classmethod
     def of(cls, trials: Sequence[TrialRecord]) -> Drift | None:
-        pairs = [(t.measurement.latency, t.latency_ms) for t in trials if t.retimed_ms]  # latency_ms: re-timed
+        # latency_ms: re-timed
+        pairs = [(t.measurement.latency, t.latency_ms) for t in trials if t.retimed_ms]
         if not pairs:
             return None
         return cls(len(pairs), 100 * max(abs(trial.median_ms / final - 1) for trial, final in pairs),
@@ -47,8 +49,8 @@ class Drift:
                 "outside_trial_spread": self.outside_trial_spread}
 
     def said(self) -> str | None:
-        """A sentence when latencies moved beyond the trials' own spread: absolute figures are then good to
-        that much, ratios of interleaved rounds are not hit."""
+        """A sentence when latencies moved beyond the trials' own spread: absolute figures are then
+        good to that much, ratios of interleaved rounds are not hit."""
         if not self.outside_trial_spread or self.largest_percent < DRIFT_WORTH_SAYING:
             return None
         return (
@@ -65,9 +67,10 @@ STAGE_NAMES = {"set_up": "set-up", "trials": "trials", "sensitivity": "sensitivi
 
 @dataclass(frozen=True)
 class SearchFacts:
-    """pareto.json's ``search`` (the same in trials.json and best/plan.json): how the search was asked and what it
-    did, as a reader is shown it, checked field by field when read. ``recorded`` is the section as the search wrote
-    it (an older result's: as it was), which is what :meth:`to_json` gives back."""
+    """pareto.json's ``search`` (the same in trials.json and best/plan.json): how the search was
+    asked and what it did, as a reader is shown it, checked field by field when read. ``recorded``
+    is the section as the search wrote it (an older result's: as it was), which is what
+    :meth:`to_json` gives back."""
 
     metric: str
     max_loss: float | None
@@ -89,13 +92,16 @@ class SearchFacts:
     drift: Drift | None = None
     profile_timing: ProfileTiming | None = None  # --time-shapes
     given_model: str | None = None  # the model as the user named it (zoo:NAME, a path)
-    held_out: HeldOut | None = None  # the plans judged on the calibration batches, the shipped one among them
-    limit_in_decisions: str | None = None  # what --max-loss allows where the metric counts decisions (Judge.limit_said)
+    # the plans judged on the calibration batches, the shipped one among them
+    held_out: HeldOut | None = None
+    # what --max-loss allows where the metric counts decisions (Judge.limit_said)
+    limit_in_decisions: str | None = None
     profile: ShapeProfile | None = None  # None: an older result, measured at one shape
     run: str | None = None  # which run wrote the file (None: an older result)
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # where the wall clock went ({}: an older result)
-    # The shapes every trial was judged at (autoprec.analysis.shape_points); () at the data's one shape, None: an
-    # older result, which judged at one shape
+    # where the wall clock went ({}: an older result)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    # The shapes every trial was judged at (autoprec.analysis.shape_points); () at the data's one
+    # shape, None: an older result, which judged at one shape
     judged_shapes: tuple[ShapePoint, ...] | None = None
     recorded: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -136,7 +142,8 @@ class SearchFacts:
         return self.drift.said() if self.drift else None
 
     def held_out_said(self, chosen: int | None) -> list[str]:
-        """The shipped plan's loss on the calibration batches, and the plans left out for passing the limit there."""
+        """The shipped plan's loss on the calibration batches, and the plans left out for passing
+        the limit there."""
         held = self.held_out
         if held is None:
             return []
@@ -185,15 +192,16 @@ class ModelRecord:
 
     @property
     def external_weights(self) -> bool | None:
-        """Whether exports keep their weights in a data file: as the given model did, else where they are large
-        (None: :func:`autoprec.core.stored.save_models` decides by size)."""
+        """Whether exports keep their weights in a data file: as the given model did, else where
+        they are large (None: :func:`autoprec.core.stored.save_models` decides by size)."""
         return True if self.external_data else None
 
 
 @dataclass(frozen=True)
 class ShippedAs:
-    """What best/model.onnx is: the plan on the source's dims, or the measured fixed-shape model and why; with
-    its checks against the given model across the profile (best/plan.json's ``deployment``)."""
+    """What best/model.onnx is: the plan on the source's dims, or the measured fixed-shape model and
+    why; with its checks against the given model across the profile (best/plan.json's
+    ``deployment``)."""
 
     fixed_because: str | None
     checks: tuple[PointCheck, ...]
@@ -204,7 +212,8 @@ class ShippedAs:
     def from_json(cls, f: Fields) -> ShippedAs:
         checks = []
         for check in f["checked_against_source"].items():
-            check["point"].text()  # min, opt, max, data, or a shape the search judged (prefill, decode·39)
+            # min, opt, max, data, or a shape the search judged (prefill, decode·39)
+            check["point"].text()
             for dims in check["shapes"].mapping().values():
                 dims.integers()
             check["same_output_shapes"].flag(), check["cosine_loss"].number_or_none(), check["error"].text_or_none()
@@ -310,8 +319,8 @@ def _image_norm(f: Fields) -> None:
 
 
 def _spec_model(f: Fields) -> str | None:
-    """The model as the user named it, from the option groups the search was asked (checked: a verb that
-    re-creates the search reads them, autoprec.app.specs.SearchConfig.from_json)."""
+    """The model as the user named it, from the option groups the search was asked (checked: a verb
+    that re-creates the search reads them, autoprec.app.specs.SearchConfig.from_json)."""
     _spec(f)
     return f["inputs"]["model"].value or None
 
@@ -367,8 +376,9 @@ def _judge(f: Fields) -> None:
 
 
 def _check_recorded(f: Fields) -> None:
-    """The parts of the section a reader is not shown but a verb that re-creates the search reads (see
-    :class:`autoprec.results.files.HowMeasured`), and the build counts: of the kind the search writes them."""
+    """The parts of the section a reader is not shown but a verb that re-creates the search reads
+    (see :class:`autoprec.results.files.HowMeasured`), and the build counts: of the kind the search
+    writes them."""
     optional = {
         "tied_units": Fields.integer, "out_of_range": Fields.texts, "data_fingerprint": Fields.text,
         "plan_ignored": Fields.integers, "engine_builds": Fields.integer, "engine_builds_scope": Fields.text,
@@ -392,9 +402,10 @@ def _check_recorded(f: Fields) -> None:
 
 @dataclass(frozen=True)
 class ShapePoint:
-    """One shape a deployment runs, judged by every trial (see :mod:`autoprec.analysis.shape_points`): ``name`` as
-    the result shows it (``opt``: the data's own, ``prefill``, ``decode·47``, ``min``), what it is in words, its inputs' shapes,
-    and how many runs of it one deployment request makes (its weight in the latency; 0: judged, not timed)."""
+    """One shape a deployment runs, judged by every trial (see
+    :mod:`autoprec.analysis.shape_points`): ``name`` as the result shows it (``opt``: the data's
+    own, ``prefill``, ``decode·47``, ``min``), what it is in words, its inputs' shapes, and how many
+    runs of it one deployment request makes (its weight in the latency; 0: judged, not timed)."""
 
     name: str
     said: str
@@ -412,16 +423,19 @@ class ShapePoint:
 
 @dataclass(frozen=True)
 class PointCheck:
-    """The shipped model at one point of the profile against the user's file: outputs of the same shape,
-    and the cosine loss between them (1 - cosine; the relative L2 error of narrow outputs)."""
+    """The shipped model at one point of the profile against the user's file: outputs of the same
+    shape, and the cosine loss between them (1 - cosine; the relative L2 error of narrow
+    outputs)."""
 
     point: str  # min, opt, max, or "data": items the data holds at this shape
     shapes: dict[str, tuple[int, ...]]
     same_shapes: bool
     loss: float | None  # None: it did not run
     error: str | None = None
-    items: int = 1  # batches run (the data's items at this shape; evaluation batches fitted to a point)
-    outside_profile: bool = False  # data at a shape beyond the profile's min..max: an engine built for it refuses it
+    # batches run (the data's items at this shape; evaluation batches fitted to a point)
+    items: int = 1
+    # data at a shape beyond the profile's min..max: an engine built for it refuses it
+    outside_profile: bool = False
 
     @property
     def passed(self) -> bool:
@@ -448,8 +462,8 @@ class PointCheck:
 
 @dataclass(frozen=True)
 class Deployment:
-    """What best/model.onnx is: the plan on the source's dims (``fixed_because`` None), or the measured
-    fixed-shape model and why; with its checks against the given model."""
+    """What best/model.onnx is: the plan on the source's dims (``fixed_because`` None), or the
+    measured fixed-shape model and why; with its checks against the given model."""
 
     model: StoredModel
     tensorrt_model: StoredModel | None
@@ -463,20 +477,22 @@ class Deployment:
 
 @dataclass(frozen=True)
 class ProfileTiming:
-    """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after another on
-    one engine: milliseconds by trial and point."""
+    """Plans timed as deployed at each point of the profile (``--time-shapes``), one plan after
+    another on one engine: milliseconds by trial and point."""
 
     ms: dict[int, dict[str, float | None]]  # None: the plan did not run at that point
-    feasible: tuple[int, ...]  # the trials within --max-loss that ran at every point, in the order of the front
-    failed: dict[int, str] = field(default_factory=dict)  # trials that could not be built as deployed, and why
+    # the trials within --max-loss that ran at every point, in the order of the front
+    feasible: tuple[int, ...]
+    # trials that could not be built as deployed, and why
+    failed: dict[int, str] = field(default_factory=dict)
 
     def fastest(self, point: str, among: Sequence[int] | None = None) -> int | None:
         timed = [t for t in (among or self.ms) if self.ms[t][point] is not None]
         return min(timed, key=lambda trial: self.ms[trial][point]) if timed else None
 
     def across_range(self) -> int | None:
-        """The plan within the loss limit whose worst latency, against the fastest such plan at each point,
-        is least: the one to deploy across the range (None: no plan is within the limit)."""
+        """The plan within the loss limit whose worst latency, against the fastest such plan at each
+        point, is least: the one to deploy across the range (None: no plan is within the limit)."""
         if not self.feasible:
             return None
         points = next(iter(self.ms.values()))

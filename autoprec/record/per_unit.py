@@ -1,5 +1,6 @@
-"""What the record says per unit: its sensitivity (each precision alone: its loss and what it saves), its place in
-the chosen plan, and its error in a diagnosis (where the error enters, tensor by tensor)."""
+"""What the record says per unit: its sensitivity (each precision alone: its loss and what it
+saves), its place in the chosen plan, and its error in a diagnosis (where the error enters, tensor
+by tensor)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ class UnitSensitivity:
     # precision -> fraction of the FP32 time saved by this unit in the profiled all-units plan
     # (negative: slower than FP32); empty when the engine has no profiler
     gain: dict[str, float] = field(default_factory=dict)
-    members: int = 1  # the units it stands for: itself and those of its repeated pattern, decided with it
+    # the units it stands for: itself and those of its repeated pattern, decided with it
+    members: int = 1
 
     def cost(self, precision: str, by_gain: bool = False) -> float:
-        """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves nothing.
+        """Loss per fraction of FP32 time saved (lower trades better); inf for a unit that saves
+        nothing.
 
         The time saved is the unit's measured gain (``by_gain``, where profiled), else its FP32
         share; without a profile, the cost is the loss."""
@@ -47,12 +50,16 @@ class Sensitivity:
     engine: str
     failed: int = 0  # one-unit plans that failed to lower or run (their loss is inf)
     first_error: str = ""
-    node_time_builds: int = 0  # builds that timed a plan's nodes (the FP32 model, each all-units plan); json 'profiles'
-    evaluation_seconds: float = 0.0  # of ``seconds``, those the one-unit plans took (the rest: the node times)
-    judged: str = ""  # each loss's metric in words (Judge.said); "" in a file written before it was recorded
+    # builds that timed a plan's nodes (the FP32 model, each all-units plan); json 'profiles'
+    node_time_builds: int = 0
+    # of ``seconds``, those the one-unit plans took (the rest: the node times)
+    evaluation_seconds: float = 0.0
+    # each loss's metric in words (Judge.said); "" in a file written before it was recorded
+    judged: str = ""
 
     def ranking(self, precision: Precision, by_gain: bool = False) -> list[UnitSensitivity]:
-        """Units that may take ``precision``, least loss per time saved first (those saving nothing last)."""
+        """Units that may take ``precision``, least loss per time saved first (those saving nothing
+        last)."""
         return sorted(
             (u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain)
         )
@@ -62,7 +69,8 @@ class Sensitivity:
         return any(precision.value in u.gain for u in self.units)
 
     def to_json(self) -> dict[str, Any]:
-        """Strict JSON: a loss that is not finite (a failed or overflowing plan) is written "inf"."""
+        """Strict JSON: a loss that is not finite (a failed or overflowing plan) is written
+        "inf"."""
         units = [
             {**asdict(u), "loss": {p: v if math.isfinite(v) else "inf" for p, v in u.loss.items()}} for u in self.units
         ]
@@ -130,7 +138,8 @@ class UnitError:
     cosine: float
     max_abs: float
     added_rel_l2: float  # this unit alone in its precision, fed FP32 inputs; 0 for FP32 units
-    alone_loss: float  # the model's loss with only this unit reduced, by the judge diagnose is given (the search's
+    # the model's loss with only this unit reduced, by the judge diagnose is given (the search's
+    alone_loss: float
     # sensitivity pass's: the same figure sensitivity.json holds for it)
 
     def to_json(self) -> dict[str, Any]:
@@ -139,9 +148,10 @@ class UnitError:
 
 @dataclass(frozen=True)
 class ActivationRow:
-    """What calibration saw of one tensor: its range and percentiles, each method's INT8 threshold and the share
-    of values beyond it, the values FP16 flushes (below its smallest subnormal), keeps subnormal or overflows,
-    a histogram of |x|, and the risk flags (see :func:`activation_ranges`)."""
+    """What calibration saw of one tensor: its range and percentiles, each method's INT8 threshold
+    and the share of values beyond it, the values FP16 flushes (below its smallest subnormal), keeps
+    subnormal or overflows, a histogram of |x|, and the risk flags (see
+    :func:`activation_ranges`)."""
 
     tensor: str
     min: float

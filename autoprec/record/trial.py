@@ -1,7 +1,7 @@
-"""What one measurement is (the engine and device that made it, a candidate's latency, accuracy and costs, a
-re-timing beside all-FP32 round by round), and what a trial is as the result files and every view see it: its plan,
-its measurement, whether it holds the loss limit, the plan it repeats, and its re-timed rounds; and what the
-re-timing of the front measured."""
+"""What one measurement is (the engine and device that made it, a candidate's latency, accuracy and
+costs, a re-timing beside all-FP32 round by round), and what a trial is as the result files and
+every view see it: its plan, its measurement, whether it holds the loss limit, the plan it repeats,
+and its re-timed rounds; and what the re-timing of the front measured."""
 
 from __future__ import annotations
 
@@ -26,16 +26,20 @@ class EngineInfo:
     device: str
     qdq_form: str
     measured: bool = True  # False only for engines described, never executed here
-    versions: dict[str, str] = field(default_factory=dict)  # driver, CUDA, cuDNN, ... where they matter
-    caveat: str = ""  # what a reader of these numbers must know about the engine's code (shown with them)
-    timing: str = ""  # what a latency is: which clock, what it includes, how many runs (shown with them)
+    # driver, CUDA, cuDNN, ... where they matter
+    versions: dict[str, str] = field(default_factory=dict)
+    # what a reader of these numbers must know about the engine's code (shown with them)
+    caveat: str = ""
+    # what a latency is: which clock, what it includes, how many runs (shown with them)
+    timing: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EngineInfo:
-        """As a result recorded it (an older result's may lack the fields added since: their defaults)."""
+        """As a result recorded it (an older result's may lack the fields added since: their
+        defaults)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -54,9 +58,10 @@ class Measurement:
     loss: float
     seconds: dict[str, float]  # where the trial's wall time went
     retimes: int = 0
-    build: dict[str, Any] | None = None  # the engine's own report on the build (Runner.build_report)
-    # Judged at several shapes (autoprec.analysis.shape_points): each point's loss and, where timed, its median
-    # latency (``latency`` is then their mix as one request runs them); {} at one shape.
+    # the engine's own report on the build (Runner.build_report)
+    build: dict[str, Any] | None = None
+    # Judged at several shapes (autoprec.analysis.shape_points): each point's loss and, where timed,
+    # its median latency (``latency`` is then their mix as one request runs them); {} at one shape.
     by_shape: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
@@ -121,7 +126,8 @@ class TrialRecord:
     measurement: Measurement
     feasible: bool
     duplicate_of: int | None = None
-    retimed_ms: tuple[float, ...] = ()  # medians of the final interleaved re-timing rounds, if re-timed
+    # medians of the final interleaved re-timing rounds, if re-timed
+    retimed_ms: tuple[float, ...] = ()
 
     @property
     def latency_ms(self) -> float:
@@ -133,12 +139,14 @@ class TrialRecord:
         return self.measurement.loss
 
     def losses_by_shape(self) -> dict[str, float]:
-        """Its loss at each shape it was judged at (and of its generation, for a decoder); {} at one shape."""
+        """Its loss at each shape it was judged at (and of its generation, for a decoder); {} at one
+        shape."""
         return {point: figures["loss"] for point, figures in self.measurement.by_shape.items() if "loss" in figures}
 
     @property
     def worst_shape(self) -> str | None:
-        """Where its loss is: the judged shape whose loss is the largest; None where it was judged at one."""
+        """Where its loss is: the judged shape whose loss is the largest; None where it was judged
+        at one."""
         losses = self.losses_by_shape()
         return max(losses, key=losses.get) if losses else None
 
@@ -169,7 +177,8 @@ class TrialRecord:
         return f"{weights4}{counts['int8']}/{counts['fp16']}/{counts['fp32']}"
 
     def to_json(self) -> dict[str, Any]:
-        """The trial as the result files write it (trials.json, pareto.json's front, best/plan.json)."""
+        """The trial as the result files write it (trials.json, pareto.json's front,
+        best/plan.json)."""
         m = self.measurement
         return {
             "trial": self.number,
@@ -190,14 +199,16 @@ class TrialRecord:
 
     @classmethod
     def from_json(cls, f: Fields) -> TrialRecord:
-        """A trial as a result file has it, checked field by field (``final_latency_ms``, ``latency_unstable`` and
-        the plan's ``counts`` are its figures' own: checked to be of their kind, not kept)."""
+        """A trial as a result file has it, checked field by field (``final_latency_ms``,
+        ``latency_unstable`` and the plan's ``counts`` are its figures' own: checked to be of their
+        kind, not kept)."""
         latency, plan, duplicate = f["latency_ms"], f["plan"], f["duplicate_of"].nullable()
         timing = Timing(*(latency[k].number() for k in ("median_ms", "p10_ms", "p90_ms")), latency["runs"].integer(),
                         latency["warmup"].integer())
         f["final_latency_ms"].number(), f["latency_unstable"].flag()
         for precision in PRECISIONS:
-            if precision != Precision.INT4.value or precision in plan["counts"].value:  # (int4 where there are any)
+            # (int4 where there are any)
+            if precision != Precision.INT4.value or precision in plan["counts"].value:
                 plan["counts"][precision].integer()
         precisions = {name: p.one_of(PRECISIONS) for name, p in plan["precisions"].mapping().items()}
         metrics = {name: {key: value.number() for key, value in output.mapping().items()}
@@ -214,8 +225,9 @@ class TrialRecord:
         return found
 
     def _check_figures(self, f: Fields) -> None:
-        """Its figures can be true as written: times above 0 and in order, the final latency its rounds' median
-        (else its own), the counts its units, a loss that is a number (see :meth:`checked_against`)."""
+        """Its figures can be true as written: times above 0 and in order, the final latency its
+        rounds' median (else its own), the counts its units, a loss that is a number (see
+        :meth:`checked_against`)."""
         where, latency = f"trial {self.number}", self.measurement.latency
         times = {"p10_ms": latency.p10_ms, "median_ms": latency.median_ms, "p90_ms": latency.p90_ms,
                  "final_latency_ms": f["final_latency_ms"].number(),
@@ -236,8 +248,9 @@ class TrialRecord:
             f.refuse(f"{where}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
 
     def checked_against(self, f: Fields, max_loss: float | None, labels: bool) -> TrialRecord:
-        """Itself, where its loss is one a search of ``max_loss`` could record (below 0 only as a drop against
-        ``labels``) and it is feasible exactly within that limit; else refused (``f``: where it was read)."""
+        """Itself, where its loss is one a search of ``max_loss`` could record (below 0 only as a
+        drop against ``labels``) and it is feasible exactly within that limit; else refused (``f``:
+        where it was read)."""
         if self.loss < 0 and not labels:
             f.refuse(f"trial {self.number}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
         if self.feasible != (max_loss is None or self.loss <= max_loss):
@@ -249,8 +262,9 @@ PRECISIONS = tuple(p.value for p in Precision)
 
 @dataclass(frozen=True)
 class Retiming:
-    """What the re-timing measured: each re-timed trial again, the engine builds it took, and each plan
-    whose re-timing failed (its figures stay the trial's own: no verdict on timing noise rests on them)."""
+    """What the re-timing measured: each re-timed trial again, the engine builds it took, and each
+    plan whose re-timing failed (its figures stay the trial's own: no verdict on timing noise rests
+    on them)."""
 
     trials: dict[int, TrialRecord]
     builds: int = 0
@@ -264,8 +278,8 @@ class Retiming:
 
 @dataclass(frozen=True)
 class Screened:
-    """A candidate rejected early: its loss on the first ``batches`` evaluation batches (far past the limit), and
-    where the time went until then."""
+    """A candidate rejected early: its loss on the first ``batches`` evaluation batches (far past
+    the limit), and where the time went until then."""
 
     loss: float
     batches: int
@@ -281,8 +295,9 @@ class Screened:
 
 @dataclass(frozen=True)
 class Features:
-    """What a plan proposed before its build was predicted from (a trial records it): the fraction of FP32 time
-    its INT8 and FP16 units saved in the profiles, and the conversion nodes its lowering has."""
+    """What a plan proposed before its build was predicted from (a trial records it): the fraction
+    of FP32 time its INT8 and FP16 units saved in the profiles, and the conversion nodes its
+    lowering has."""
 
     saved_int8: float
     saved_fp16: float

@@ -1,16 +1,17 @@
-"""What the timing and the checks decided, and the rule each decision follows, in one place: a speed-up with its
-confidence interval from interleaved rounds (whether it is beyond timing noise: the interval above 1), how steady
-the machine was while it was timed, the plans judged again on held-out data, and the chosen plan's claims against
-all-FP32 and the given model (:class:`Versus`).
+"""What the timing and the checks decided, and the rule each decision follows, in one place: a
+speed-up with its confidence interval from interleaved rounds (whether it is beyond timing noise:
+the interval above 1), how steady the machine was while it was timed, the plans judged again on
+held-out data, and the chosen plan's claims against all-FP32 and the given model (:class:`Versus`).
 
-A speed-up stands on paired rounds run in *blocks*: each block builds every model's session (engine) anew, so what
-differs between two sessions of one graph (memory placement, thread pools, kernels chosen at creation: 1–3 % on a
-CPU) is sampled too. Interference only ever adds time, so a block's figure for a model is what it cannot fake: the
-session's fastest runs (the lowest p10 of its rounds in the block); a block's ratio is the log of the reference's
-over the candidate's, the speed-up the geometric mean over blocks, its interval Student's t over the blocks' ratios.
-Where all-FP32's fastest runs moved between blocks (a load on for whole blocks), the blocks are split into the
-lighter and the heavier half and the interval covers each half's as well as the whole's, so that it holds at
-either load; the result says so. (How the rounds are run: :mod:`autoprec.measure.speedup`.)
+A speed-up stands on paired rounds run in *blocks*: each block builds every model's session (engine)
+anew, so what differs between two sessions of one graph (memory placement, thread pools, kernels
+chosen at creation: 1–3 % on a CPU) is sampled too. Interference only ever adds time, so a block's
+figure for a model is what it cannot fake: the session's fastest runs (the lowest p10 of its rounds
+in the block); a block's ratio is the log of the reference's over the candidate's, the speed-up the
+geometric mean over blocks, its interval Student's t over the blocks' ratios. Where all-FP32's
+fastest runs moved between blocks (a load on for whole blocks), the blocks are split into the
+lighter and the heavier half and the interval covers each half's as well as the whole's, so that it
+holds at either load; the result says so. (How the rounds are run: :mod:`autoprec.measure.speedup`.)
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ ROUNDS_PER_BLOCK = 2
 
 NARROW = 0.04  # an interval is known when high / low - 1 is at most this
 
-# A final timing stops early once each plan's interval at this stricter confidence lies on one side of 1 (the
-# decision made): looking after every block and stopping at the first look that decides would otherwise make a
-# plan timed against itself "faster" more often than the stated 95 % allow (at 0.99: 3.8 % instead of 2.7 % in
-# tests/test_speedup.py's simulation; at 0.999 as often as without the early stop).
+# A final timing stops early once each plan's interval at this stricter confidence lies on one side
+# of 1 (the decision made): looking after every block and stopping at the first look that decides
+# would otherwise make a plan timed against itself "faster" more often than the stated 95 % allow
+# (at 0.99: 3.8 % instead of 2.7 % in tests/test_speedup.py's simulation; at 0.999 as often as
+# without the early stop).
 DECIDED_CONFIDENCE = 0.999
 
 LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than this between blocks
@@ -51,8 +53,9 @@ METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleave
           "interval covering all three)")
 
 def t_quantile(p: float, dof: int) -> float:
-    """Student's t quantile: exact for 1 and 2 degrees of freedom, else the normal quantile's Cornish–Fisher
-    expansion (within 1e-3 from 3 on; NumPy has no t distribution and SciPy is no dependency)."""
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, else the normal quantile's
+    Cornish–Fisher expansion (within 1e-3 from 3 on; NumPy has no t distribution and SciPy is no
+    dependency)."""
     if dof == 1:
         return math.tan(math.pi * (p - 0.5))
     if dof == 2:
@@ -66,11 +69,12 @@ def t_quantile(p: float, dof: int) -> float:
 
 @dataclass(frozen=True)
 class Speedup:
-    """A speed-up over a reference as a result states it: the ratio; its interval ``low``–``high`` at
-    ``confidence`` where a final timing measured one, from ``rounds`` paired rounds in ``blocks`` sessions (None:
-    it stands on the re-timing's rounds, or an older result's method had no sessions); whether it beats timing
-    noise (None: not re-timed); ``unsteady``: the machine's load moved while it was timed (the interval then holds
-    for the lighter and the heavier half of the blocks alike)."""
+    """A speed-up over a reference as a result states it: the ratio; its interval ``low``–``high``
+    at ``confidence`` where a final timing measured one, from ``rounds`` paired rounds in ``blocks``
+    sessions (None: it stands on the re-timing's rounds, or an older result's method had no
+    sessions); whether it beats timing noise (None: not re-timed); ``unsteady``: the machine's load
+    moved while it was timed (the interval then holds for the lighter and the heavier half of the
+    blocks alike)."""
 
     speedup: float
     beyond_timing_noise: bool | None
@@ -86,13 +90,14 @@ class Speedup:
     @classmethod
     def with_interval(cls, ratio: float, low: float, high: float, confidence: float, rounds: int,
                       blocks: int | None = None, unsteady: bool = False) -> Speedup:
-        """What a final timing measured: beyond timing noise where the whole interval lies above 1."""
+        """What a final timing measured: beyond timing noise where the whole interval lies above
+        1."""
         return cls(ratio, low > 1.0, low, high, confidence, rounds, True, blocks, unsteady)
 
     @classmethod
     def from_retiming(cls, ratio: float, rounds: Sequence[float], other_rounds: Sequence[float]) -> Speedup:
-        """A bare ratio, with the re-timing's verdict (see :func:`faster_beyond_noise`) where both plans were
-        re-timed."""
+        """A bare ratio, with the re-timing's verdict (see :func:`faster_beyond_noise`) where both
+        plans were re-timed."""
         return cls(ratio, faster_beyond_noise(rounds, other_rounds), retimed=bool(rounds and other_rounds))
 
     @property
@@ -121,8 +126,8 @@ class Speedup:
         return found
 
     def _check(self, f: Fields) -> None:
-        """It can be true as written: a ratio above 0 inside its own interval, 'beyond timing noise' exactly where
-        that interval lies above 1 (the rule :meth:`with_interval` decides by)."""
+        """It can be true as written: a ratio above 0 inside its own interval, 'beyond timing noise'
+        exactly where that interval lies above 1 (the rule :meth:`with_interval` decides by)."""
         where, ratio = f.path, self.speedup
         if not (math.isfinite(ratio) and ratio > 0):
             f.refuse(f"{where}.speedup is {ratio:g}, not a ratio above 0")
@@ -170,8 +175,9 @@ class Speedup:
         return ", re-timed in interleaved rounds" if self.retimed else ""
 
 def ratio_text(value: float) -> str:
-    """A ratio to two decimals, or to as many more as tell it from 1: whether a speed-up is beyond timing noise
-    is which side of 1 its interval's bound lies on, so a bound of 1.0002 is said so, never "1.00"."""
+    """A ratio to two decimals, or to as many more as tell it from 1: whether a speed-up is beyond
+    timing noise is which side of 1 its interval's bound lies on, so a bound of 1.0002 is said so,
+    never "1.00"."""
     for digits in range(2, 9):
         said = f"{value:.{digits}f}"
         if value == 1.0 or float(said) != 1.0:
@@ -211,8 +217,8 @@ def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Rounds:
-    """What a final timing measured: each model's timing per round, the block (sessions) each round ran in, and per
-    block the cores other processes used (None: not known here)."""
+    """What a final timing measured: each model's timing per round, the block (sessions) each round
+    ran in, and per block the cores other processes used (None: not known here)."""
 
     timings: Mapping[str, tuple[Timing, ...]]
     blocks: tuple[int, ...]
@@ -260,8 +266,8 @@ class Rounds:
 
 @dataclass(frozen=True)
 class Steadiness:
-    """How steady the machine was during a final timing: the range of cores other processes used per block, and
-    how far all-FP32's fastest runs moved between blocks (a fraction)."""
+    """How steady the machine was during a final timing: the range of cores other processes used per
+    block, and how far all-FP32's fastest runs moved between blocks (a fraction)."""
 
     others: tuple[float, float] | None
     level_moved: float
@@ -294,8 +300,8 @@ class Steadiness:
         return cls(tuple(others) if others else None, float(data["fp32_level_moved"]), int(data["cores"]))
 
     def said(self) -> str | None:
-        """A sentence where the load or all-FP32's level moved, or the machine was busy: what the figures hold
-        for, and what to do for steadier ones."""
+        """A sentence where the load or all-FP32's level moved, or the machine was busy: what the
+        figures hold for, and what to do for steadier ones."""
         load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's {self.cores} cores"
                 if self.others else "")
         level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
@@ -313,9 +319,9 @@ ADVICE = ("for steadier figures time on a quieter machine, fix the threads (--th
           "give the final timing longer (--retime-seconds)")
 
 def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
-    """Whether a plan is faster than another beyond timing noise: every one of its interleaved re-timing
-    rounds beats every round of the other. None where either was not re-timed: a trial's own timings,
-    taken at another moment than the other's, never decide it."""
+    """Whether a plan is faster than another beyond timing noise: every one of its interleaved
+    re-timing rounds beats every round of the other. None where either was not re-timed: a trial's
+    own timings, taken at another moment than the other's, never decide it."""
     if rounds and other_rounds:
         return max(rounds) < min(other_rounds)
     return None
@@ -327,7 +333,8 @@ HELD_OUT_ADVICE = ("the evaluation batches are too few to hold the limit on othe
 
 @dataclass(frozen=True)
 class HeldOut:
-    """Each judged plan's loss on ``batches`` calibration batches (by trial), against --max-loss (None: no limit)."""
+    """Each judged plan's loss on ``batches`` calibration batches (by trial), against --max-loss
+    (None: no limit)."""
 
     batches: int
     max_loss: float | None
@@ -351,7 +358,8 @@ class HeldOut:
 
 @dataclass(frozen=True)
 class NotShipped:
-    """The fastest plan within the limit, left out of best/ for want of a gain beyond timing noise."""
+    """The fastest plan within the limit, left out of best/ for want of a gain beyond timing
+    noise."""
 
     trial: int
     claim: Speedup
@@ -359,17 +367,17 @@ class NotShipped:
 
 @dataclass(frozen=True)
 class Rival:
-    """A plan the final timing ran beside the chosen one (the re-timing could not tell them apart), and its
-    speed-up over all-FP32 in the same rounds."""
+    """A plan the final timing ran beside the chosen one (the re-timing could not tell them apart),
+    and its speed-up over all-FP32 in the same rounds."""
 
     trial: int
     claim: Speedup
 
 @dataclass(frozen=True)
 class Versus:
-    """The chosen plan's speed-ups: over all-FP32 (trial ``fp32_trial``) and over the given model as it is, of
-    which ``preparation`` is autoprec's FP32 folding alone; the plan not shipped, if one was not; and the
-    rivals it was timed against and outran."""
+    """The chosen plan's speed-ups: over all-FP32 (trial ``fp32_trial``) and over the given model as
+    it is, of which ``preparation`` is autoprec's FP32 folding alone; the plan not shipped, if one
+    was not; and the rivals it was timed against and outran."""
 
     fp32: Speedup | None = None
     fp32_trial: int | None = None
@@ -377,10 +385,12 @@ class Versus:
     preparation: Speedup | None = None
     not_shipped: NotShipped | None = None
     rivals: tuple[Rival, ...] = ()
-    steadiness: Steadiness | None = None  # the machine during the final timing (None: an older result)
+    # the machine during the final timing (None: an older result)
+    steadiness: Steadiness | None = None
 
     def rivals_said(self) -> str | None:
-        """``trial 2 1.38× (1.35–1.41, 95 %), trial 9 …``: what the rivals ran at in the chosen plan's rounds."""
+        """``trial 2 1.38× (1.35–1.41, 95 %), trial 9 …``: what the rivals ran at in the chosen
+        plan's rounds."""
         return ", ".join(f"trial {r.trial} {r.claim.text()}" for r in self.rivals) or None
 
     def to_json(self) -> dict[str, Any]:
@@ -399,7 +409,8 @@ class Versus:
 
     @classmethod
     def from_json(cls, pareto: Fields) -> Versus:
-        """From pareto.json's top level (checked; an older result lacks the keys added since: none)."""
+        """From pareto.json's top level (checked; an older result lacks the keys added since:
+        none)."""
         fp32, source, unproven, rivals, timing = (
             found.nullable() if (found := pareto.get(k)) is not None else None
             for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals", "final_timing"))
@@ -417,8 +428,8 @@ class Versus:
 
 @dataclass(frozen=True)
 class Choice:
-    """The plan best/ ships (None: nothing was measured), what it is said to gain, the front with it on, and the
-    plans judged on the held-out batches."""
+    """The plan best/ ships (None: nothing was measured), what it is said to gain, the front with it
+    on, and the plans judged on the held-out batches."""
 
     shipped: TrialRecord | None
     versus: Versus
@@ -426,7 +437,8 @@ class Choice:
     held_out: HeldOut | None
 
     def to_json(self) -> dict[str, Any]:
-        """The choice by trial numbers (the study holds the trials): what a study's other workers read."""
+        """The choice by trial numbers (the study holds the trials): what a study's other workers
+        read."""
         return {"shipped": self.shipped.number if self.shipped else None, "front": [t.number for t in self.front],
                 "held_out": self.held_out.to_json() if self.held_out else None, **self.versus.to_json()}
 
@@ -463,11 +475,11 @@ def _steadiness(f: Fields | None) -> Steadiness | None:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What ``check`` found: the plan checked (``checked``, in words; its ``trial`` where a result's) on ``model``
-    and ``engine``, its loss by ``metric`` (``loss_said``: the metric, with what it reads on the outputs it is
-    blind to) against ``max_loss``, its latency against ``latency_budget_ms``, the regressions past them
-    (``failures``), and the figure the search recorded where this is the search's own judging
-    (``recorded_loss``)."""
+    """What ``check`` found: the plan checked (``checked``, in words; its ``trial`` where a
+    result's) on ``model`` and ``engine``, its loss by ``metric`` (``loss_said``: the metric, with
+    what it reads on the outputs it is blind to) against ``max_loss``, its latency against
+    ``latency_budget_ms``, the regressions past them (``failures``), and the figure the search
+    recorded where this is the search's own judging (``recorded_loss``)."""
 
     failures: tuple[str, ...]
     checked: str

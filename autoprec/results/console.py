@@ -32,26 +32,28 @@ from autoprec.record.verdict import Versus, ratio_text
 from autoprec.results.files import ResultFiles, decisions
 from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_said, trial_rows
 
-if TYPE_CHECKING:  # shown here, read by the TensorRT backend (the --layers of export --build and inspect)
+# shown here, read by the TensorRT backend (the --layers of export --build and inspect)
+if TYPE_CHECKING:
     from autoprec.backends.tensorrt.layers import EngineLayers
 
 console = Console(stderr=True)
-# Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints holds
-# paths and names from the user, the model and result files; styles come as Text objects.
+# Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints
+# holds paths and names from the user, the model and result files; styles come as Text objects.
 stdout = Console(markup=False)
 LOG_WIDTH = 160  # columns of tables written to a file or a pipe (rich's own default there is 80)
 
 
 def widen_when_not_a_terminal() -> None:
-    """Tables written to a CI log or a pipe get room (``$COLUMNS`` where set): rich would fit them to 80 columns
-    and squeeze the marks and numbers out of them."""
+    """Tables written to a CI log or a pipe get room (``$COLUMNS`` where set): rich would fit them
+    to 80 columns and squeeze the marks and numbers out of them."""
     if not stdout.is_terminal:
         columns = os.environ.get("COLUMNS", "")
         stdout.width = int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
 
 
 def plain(value: Any) -> Text:
-    """Text from a model, a result file or a storage, shown as it is: one line, never read as markup."""
+    """Text from a model, a result file or a storage, shown as it is: one line, never read as
+    markup."""
     return Text(printable(value))
 
 
@@ -71,7 +73,8 @@ class NoteHandler(logging.Handler):
 
 
 def show_log() -> None:
-    """The command line shows what the pipeline logs (the Python API only logs: ``logging.getLogger("autoprec")``)."""
+    """The command line shows what the pipeline logs (the Python API only logs:
+    ``logging.getLogger("autoprec")``)."""
     log = logging.getLogger("autoprec")
     if not any(isinstance(h, NoteHandler) for h in log.handlers):
         log.addHandler(NoteHandler())
@@ -122,7 +125,8 @@ class SearchProgress:
 
 
 class StepProgress:
-    """``label k/N`` with elapsed time and ETA: for phases before the trials (the sensitivity pass)."""
+    """``label k/N`` with elapsed time and ETA: for phases before the trials (the sensitivity
+    pass)."""
 
     def __init__(self, label: str, total: int, enabled: bool = True):
         self.progress = Progress(
@@ -186,8 +190,8 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
 
 
 def front_table(result: ResultFiles) -> Table:
-    """The Pareto front of a result, fastest first, the chosen plan marked; then the other trials its lines name
-    (see :mod:`autoprec.results.rows` for what each column is)."""
+    """The Pareto front of a result, fastest first, the chosen plan marked; then the other trials
+    its lines name (see :mod:`autoprec.results.rows` for what each column is)."""
     engine = result.engine
     rows = trial_rows(result)
     named = len(rows) > len(result.pareto.front)
@@ -197,7 +201,8 @@ def front_table(result: ResultFiles) -> Table:
         title_justify="left",
     )
     metric = plain(f"loss: {loss_name(result.facts.metric)}")
-    shaped = any(row.trial.worst_shape for row in rows)  # judged at several shapes: where each loss is
+    # judged at several shapes: where each loss is
+    shaped = any(row.trial.worst_shape for row in rows)
     for column in ("trial", "ms", "range", "×fp32", metric, *(["at"] if shaped else []), "i8/f16/f32", ""):
         table.add_column(column, justify="left" if column in ("", "at") else "right", overflow="fold")
     for row in rows:
@@ -223,7 +228,8 @@ def front_table(result: ResultFiles) -> Table:
 
 
 def decisions_table(result: ResultFiles) -> Table | None:
-    """What each front plan decides (task metrics against FP32 and the labels); None when no output has any."""
+    """What each front plan decides (task metrics against FP32 and the labels); None when no output
+    has any."""
     rows = [(t.number, decisions(t.metrics)) for t in result.shown_front()]
     if not any(said for _, said in rows):
         return None
@@ -257,7 +263,8 @@ def status_tables(status: dict[str, Any]) -> list[Table]:
 
 
 def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | None) -> list[str]:
-    """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the noise)."""
+    """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the
+    noise)."""
     if chosen is None and facts.max_loss is not None:
         return [f"no plan was chosen: no trial is within --max-loss {facts.max_loss:g}, not even all-FP32 (this "
                 "engine's FP32 outputs differ from the reference's by more than that); raise --max-loss, or look at "
@@ -302,8 +309,9 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
 
 
 def shape_lines(result: ResultFiles) -> list[str]:
-    """Where a search judged several shapes: which, the chosen plan's loss and latency at each, and the faster
-    plans left out for a shape other than the data's own (right at the data's shape, wrong at another)."""
+    """Where a search judged several shapes: which, the chosen plan's loss and latency at each, and
+    the faster plans left out for a shape other than the data's own (right at the data's shape,
+    wrong at another)."""
     points, chosen = result.facts.judged_shapes, result.shown_chosen()
     if not points:
         return []
@@ -321,8 +329,8 @@ def shape_lines(result: ResultFiles) -> list[str]:
 
 
 def _wrong_elsewhere(result: ResultFiles) -> list[str]:
-    """Plans faster than the chosen one, within --max-loss at the data's own shape but past it at another: not
-    shipped, each line saying where."""
+    """Plans faster than the chosen one, within --max-loss at the data's own shape but past it at
+    another: not shipped, each line saying where."""
     max_loss, chosen = result.facts.max_loss, result.shown_chosen()
     if max_loss is None or chosen is None:
         return []
@@ -345,8 +353,8 @@ def _dims(dims: list) -> str:
 
 
 def deployment_lines(result: ResultFiles) -> list[str]:
-    """What best/model.onnx is across the shapes it is deployed at: the source's dims kept (or why not), the
-    profile, and how close it came to the given model at each of its points."""
+    """What best/model.onnx is across the shapes it is deployed at: the source's dims kept (or why
+    not), the profile, and how close it came to the given model at each of its points."""
     shipped = result.shipped_as
     if shipped is None:
         return []
@@ -361,8 +369,9 @@ def deployment_lines(result: ResultFiles) -> list[str]:
 
 def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], result_dir: str,
                          widened: bool) -> list[str]:
-    """Where an export is written: the deployment profile it is for (an engine built from it takes those shapes
-    only), the plan's checks against the given model there, and how to widen it where a dim is held to one size."""
+    """Where an export is written: the deployment profile it is for (an engine built from it takes
+    those shapes only), the plan's checks against the given model there, and how to widen it where a
+    dim is held to one size."""
     if not profile.dynamic:
         return [f"the export takes the measured, {profile.said()} (the model declares no dynamic dim)"]
     lines = [f"deployment profile{' (widened)' if widened else ''}: {profile.said()}; an engine built from this "
@@ -379,7 +388,8 @@ def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], re
 
 
 def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
-    """--time-shapes: each front plan at min, opt and max, and the one to deploy across the range."""
+    """--time-shapes: each front plan at min, opt and max, and the one to deploy across the
+    range."""
     if timing is None:
         return []
     lines = ["        timed as deployed (--time-shapes, one plan after another): " + "; ".join(
@@ -393,9 +403,11 @@ def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
 
 
 def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
-    """The shipped model against the given one at each point of the profile and at the data's own shapes."""
+    """The shipped model against the given one at each point of the profile and at the data's own
+    shapes."""
     lines = []
-    judged = any(c.point not in (*POINTS, "data") for c in checks)  # at the shapes the search judged every plan at
+    # at the shapes the search judged every plan at
+    judged = any(c.point not in (*POINTS, "data") for c in checks)
     if points := [c for c in checks if c.point != "data"]:
         how = "the data at each shape judged" if judged else "the evaluation data fitted to each shape"
         lines.append(
@@ -419,8 +431,8 @@ def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
     return lines
 
 
-# A point of the profile is said to stray where its loss is this many times opt's, and above this floor
-# (below it, a loss is rounding in any metric a plan is chosen by).
+# A point of the profile is said to stray where its loss is this many times opt's, and above this
+# floor (below it, a loss is rounding in any metric a plan is chosen by).
 FARTHER, LOSS_FLOOR = 3.0, 1e-3
 
 

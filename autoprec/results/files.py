@@ -1,4 +1,5 @@
-"""The result directory: pareto.json, trials.json, best/plan.json, best/model.onnx — written atomically.
+"""The result directory: pareto.json, trials.json, best/plan.json, best/model.onnx — written
+atomically.
 
 JSON only (never pickle), so results can be read by anything and loaded without running code.
 Non-finite numbers (an overflowed candidate's loss, an exact match's SNR) are written as the
@@ -38,7 +39,8 @@ from autoprec.record.verdict import Speedup, Versus
 from autoprec.study.reading import uniform_trials
 from autoprec.tasks import lower_is_closer, shown_keys
 
-WEIGHTS_FILE = "model.data"  # best/'s weights, where they are kept beside its models (large, or given so)
+# best/'s weights, where they are kept beside its models (large, or given so)
+WEIGHTS_FILE = "model.data"
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,13 @@ class SearchResult:
     front: tuple[TrialRecord, ...]
     chosen: TrialRecord | None
     units: tuple[dict[str, Any], ...] = field(default=())
-    # The chosen plan's speed-ups with their intervals and the plan not shipped for want of a proven gain,
-    # from the final timing (see autoprec.measure.speedup); empty where it did not run.
+    # The chosen plan's speed-ups with their intervals and the plan not shipped for want of a proven
+    # gain, from the final timing (see autoprec.measure.speedup); empty where it did not run.
     versus: Versus = field(default_factory=Versus)
 
     def stated_versus(self) -> Versus:
-        """The speed-ups the result states: the final timing's, else (where it failed) the chosen plan against
-        all-FP32 from the re-timing's rounds."""
+        """The speed-ups the result states: the final timing's, else (where it failed) the chosen
+        plan against all-FP32 from the re-timing's rounds."""
         fp32 = self.uniform().get("fp32")
         if self.versus != Versus() or fp32 is None or self.chosen is None:
             return self.versus
@@ -105,10 +107,11 @@ def model_record(info: ModelInfo) -> ModelRecord:
 
 def write_results(result: SearchResult, deployment: Deployment | None) -> list[Path]:
     """Write every result file atomically; returns the paths written. The chosen plan's models
-    (``deployment``'s) are self-contained in best/ (their weights in one data file both share where they
-    are large)."""
+    (``deployment``'s) are self-contained in best/ (their weights in one data file both share where
+    they are large)."""
     out = result.out_dir
-    recorded = json.loads(atomic.json_text(json_safe(result.search)))  # as written: checked as every reader reads it
+    # as written: checked as every reader reads it
+    recorded = json.loads(atomic.json_text(json_safe(result.search)))
     header = Header(result.model, result.engine, SearchFacts.from_json(Fields(recorded, out / "pareto.json", "search")))
     pareto = ParetoFile(header, result.front, result.chosen.number if result.chosen else None, result.stated_versus(),
                         {p: t.number for p, t in result.uniform().items()})
@@ -159,15 +162,25 @@ OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "pare
              "sensitivity.png")
 
 
+def result_owns(out_dir: Path, path: str | Path) -> bool:
+    """Whether ``path`` is (or would overwrite) one of the files a search writes in ``out_dir``:
+    pareto.json and the others, best/, its cache and study (or the folder itself)."""
+    where, root = Path(path).resolve(), Path(out_dir).resolve()
+    if not where.is_relative_to(root) or where == root:
+        return where == root
+    parts = where.relative_to(root).parts
+    return parts[0] in OWN_FOLDERS or (len(parts) == 1 and parts[0] in OWN_FILES)
+
+
 def _remove_best(out: Path) -> None:
     for name in BEST_FILES:
         (out / "best" / name).unlink(missing_ok=True)
 
 
 def withdraw_result(out: Path) -> list[str]:
-    """Remove an earlier run's result from ``out`` (pareto.json, trials.json, best/, the figures of them): for a
-    run that began its trials there and stopped without a result of its own, which must not leave the earlier
-    one passing for it. Returns the names removed."""
+    """Remove an earlier run's result from ``out`` (pareto.json, trials.json, best/, the figures of
+    them): for a run that began its trials there and stopped without a result of its own, which must
+    not leave the earlier one passing for it. Returns the names removed."""
     found = [name for name in ("pareto.json", "trials.json", "pareto.png", "layers.png",
                                *(f"best/{b}" for b in BEST_FILES)) if (out / name).is_file()]
     for name in found:
@@ -175,14 +188,18 @@ def withdraw_result(out: Path) -> list[str]:
     return found
 
 
-# What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a percentage.
-DECISIONS = (("equal", "values same"), *shown_keys())  # each figure of what an output decides, in words
-SHAPED = " @ "  # a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
+# What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a
+# percentage.
+# each figure of what an output decides, in words
+DECISIONS = (("equal", "values same"), *shown_keys())
+# a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
+SHAPED = " @ "
 
 
 def decisions(metrics: dict[str, dict[str, Any]]) -> str:
-    """The task metrics of one trial in a few words (each output's, named when there are several); where it was
-    judged at several shapes, each output's at the data's own shape and, where another is lower, the least."""
+    """The task metrics of one trial in a few words (each output's, named when there are several);
+    where it was judged at several shapes, each output's at the data's own shape and, where another
+    is lower, the least."""
     parts = []
     own = {name: values for name, values in metrics.items() if SHAPED not in name}
     for name, values in own.items():
@@ -196,8 +213,10 @@ def decisions(metrics: dict[str, dict[str, Any]]) -> str:
 
 
 def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
-    """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own; else nothing."""
-    sign = -1.0 if lower_is_closer(key) else 1.0  # an error rate is worse higher, an agreement lower
+    """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own;
+    else nothing."""
+    # an error rate is worse higher, an agreement lower
+    sign = -1.0 if lower_is_closer(key) else 1.0
     elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
                  if other.startswith(name + SHAPED) and key in values}
     if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
@@ -213,7 +232,8 @@ def load_json(path: Path) -> dict[str, Any]:
 
 
 # --- one typed value per result file, whose from_json checks what it reads (autoprec.core.fields): plots, tables,
-# report and exports read these, never the JSON, and a hand-edited or damaged file is refused in one line ---
+# report and exports read these, never the JSON, and a hand-edited or damaged file is refused in one
+# line ---
 
 
 def _read(path: Path, reader: Callable[[Fields], Any]) -> Any:
@@ -234,10 +254,10 @@ def _in_cache(name: str) -> bool:
 
 @dataclass(frozen=True)
 class HowMeasured:
-    """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or best/plan.json's
-    header), read here once: enough to re-create its analysis exactly (:func:`autoprec.app.recorded.recreate`)
-    and the option groups it was asked (``spec``; see :mod:`autoprec.app.specs`). A field an older result
-    does not record is refused, naming it."""
+    """What a search recorded of how it measured (pareto.json's ``model`` and ``search``, or
+    best/plan.json's header), read here once: enough to re-create its analysis exactly
+    (:func:`autoprec.app.recorded.recreate`) and the option groups it was asked (``spec``; see
+    :mod:`autoprec.app.specs`). A field an older result does not record is refused, naming it."""
 
     model_path: Path
     model_sha256: str
@@ -255,7 +275,8 @@ class HowMeasured:
     backend: str
     metric: str
     max_loss: float | None
-    judged_shapes: tuple[ShapePoint, ...] | None = None  # the shapes every trial was judged at (None: an older one)
+    # the shapes every trial was judged at (None: an older one)
+    judged_shapes: tuple[ShapePoint, ...] | None = None
 
     @classmethod
     def of(cls, header: Header, where: Path) -> HowMeasured:
@@ -287,14 +308,15 @@ class HowMeasured:
 
 @dataclass(frozen=True)
 class ResultFiles:
-    """A result directory as written by a search, each file its typed value: what plots, reports and comparisons
-    read."""
+    """A result directory as written by a search, each file its typed value: what plots, reports and
+    comparisons read."""
 
     out_dir: Path
     pareto: ParetoFile
     trials: TrialsFile
     plan: PlanFile | None
-    sensitivity: Sensitivity | None = None  # sensitivity.json, when the search ran its sensitivity pass
+    # sensitivity.json, when the search ran its sensitivity pass
+    sensitivity: Sensitivity | None = None
 
     def trial(self, number: int | None) -> TrialRecord | None:
         """Trial ``number`` (None: the study has no such finished trial)."""
@@ -333,7 +355,8 @@ class ResultFiles:
 
     @property
     def versus(self) -> Versus:
-        """The chosen plan's speed-ups with their intervals, and the plan not shipped, if one was not."""
+        """The chosen plan's speed-ups with their intervals, and the plan not shipped, if one was
+        not."""
         return self.pareto.versus
 
     @property
@@ -342,7 +365,8 @@ class ResultFiles:
 
     @property
     def model_name(self) -> str:
-        """What to call the model in titles: ``zoo:NAME`` as the user named it, else its file's name."""
+        """What to call the model in titles: ``zoo:NAME`` as the user named it, else its file's
+        name."""
         given = self.facts.given_model
         return given if given and given.startswith("zoo:") else self.model.path.name
 
@@ -367,22 +391,20 @@ class ResultFiles:
         return dict(self.plan.files) if self.plan else {}
 
     def owns(self, path: str | Path) -> bool:
-        """Whether ``path`` is (or would overwrite) one of the result's own files: what the search wrote, best/, its
-        cache and study (a report or export written there would replace them)."""
-        where, root = Path(path).resolve(), self.out_dir.resolve()
-        if not where.is_relative_to(root) or where == root:
-            return where == root
-        parts = where.relative_to(root).parts
-        return parts[0] in OWN_FOLDERS or (len(parts) == 1 and parts[0] in OWN_FILES)
+        """Whether ``path`` is (or would overwrite) one of the result's own files (see
+        :func:`result_owns`)."""
+        return result_owns(self.out_dir, path)
 
     def check_shipped(self) -> None:
-        """Every model best/ holds is the file the search wrote there (see :meth:`shipped_model`)."""
+        """Every model best/ holds is the file the search wrote there (see
+        :meth:`shipped_model`)."""
         for name in (self.plan.sha256 if self.plan else None) or {"model.onnx": None}:
             self.shipped_model(name)
 
     def shipped_model(self, name: str = "model.onnx") -> Path:
-        """best/``name`` checked to be the file the search wrote there (its sha256, external data included, against
-        best/plan.json's record): what check passes and export ships is the model the result describes."""
+        """best/``name`` checked to be the file the search wrote there (its sha256, external data
+        included, against best/plan.json's record): what check passes and export ships is the model
+        the result describes."""
         path = self.out_dir / "best" / name
         recorded = ((self.plan.sha256 if self.plan else None) or {}).get(name)
         if self.plan is None:
@@ -407,7 +429,8 @@ class ResultFiles:
 
     @property
     def shipped_as(self) -> ShippedAs | None:
-        """How best/model.onnx ships (None: no plan chosen, or a result older than the record of it)."""
+        """How best/model.onnx ships (None: no plan chosen, or a result older than the record of
+        it)."""
         return self.plan.deployment if self.plan else None
 
     def shown_front(self) -> list[TrialRecord]:
@@ -424,8 +447,9 @@ class ResultFiles:
 
 
 def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = None) -> ResultFiles:
-    """A result's best/plan.json read on its own (MODEL + --plan), checked: the result as far as it records it, its
-    model at ``model`` where given (re-creation checks it against the recorded sha256)."""
+    """A result's best/plan.json read on its own (MODEL + --plan), checked: the result as far as it
+    records it, its model at ``model`` where given (re-creation checks it against the recorded
+    sha256)."""
     found = PlanFile.from_json(Fields(document, plan))
     header = found.header if model is None else replace(found.header, model=replace(found.header.model, path=model))
     pareto = ParetoFile(header, (), found.trial.number, Versus(), {})
@@ -434,8 +458,8 @@ def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = No
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:
-    """Load a result directory, every file checked as it is read into its typed value, or say plainly why it is not
-    one: everything downstream reads result files through here."""
+    """Load a result directory, every file checked as it is read into its typed value, or say
+    plainly why it is not one: everything downstream reads result files through here."""
     out_dir = Path(out_dir)
     pareto_path = out_dir / "pareto.json"
     what = f"the result folder {out_dir}"
@@ -448,7 +472,10 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     except (OSError, ValueError, AttributeError):
         schema = PARETO_SCHEMA  # said as the file is read below
     if schema != PARETO_SCHEMA:
-        raise AutoprecError(f"{pareto_path}: schema {schema!r} is not {PARETO_SCHEMA!r}; rerun the search")
+        newer = isinstance(schema, str) and schema.startswith("autoprec.pareto/") and schema > PARETO_SCHEMA
+        raise AutoprecError(f"{pareto_path}: schema {schema!r} is not {PARETO_SCHEMA!r}; "
+                            + ("written by a newer autoprec: upgrade it (pip install -U autoprec) to read this result"
+                               if newer else "rerun the search"))
     pareto = _read(pareto_path, ParetoFile.from_json)
     trials = _read(out_dir / "trials.json", TrialsFile.from_json)
     plan = _read(out_dir / "best" / "plan.json", PlanFile.from_json) if (out_dir / "best" / "plan.json").is_file() else None
@@ -460,9 +487,9 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
 
 
 def _check_coherent(result: ResultFiles) -> None:
-    """The files agree with each other (each file's own figures were checked as it was read): one run's, the front
-    and best/ trials.json's very trials, the chosen trial on the front and within the limit, the uniform plans and
-    every claim's trial the study's."""
+    """The files agree with each other (each file's own figures were checked as it was read): one
+    run's, the front and best/ trials.json's very trials, the chosen trial on the front and within
+    the limit, the uniform plans and every claim's trial the study's."""
     out, pareto, plan = result.out_dir, result.pareto, result.plan
     by_number = {t.number: t for t in result.trials.trials}
 
@@ -473,7 +500,8 @@ def _check_coherent(result: ResultFiles) -> None:
         refuse("pareto.json", f"search.trials says {pareto.header.search.trials}, but trials.json holds "
                               f"{len(by_number)} trial(s)")
     if not _same_run(result.trials.header, pareto.header):
-        refuse("trials.json", "it is of another run than pareto.json (their search, model or engine differ)")
+        refuse("trials.json", "it is of another run than pareto.json (their search.run, model or "
+                              "--max-loss differ)")
     for trial in pareto.front:
         _same_trial(trial, by_number, lambda problem: refuse("pareto.json", f"front trial {trial.number}{problem}"))
     front = {t.number for t in pareto.front}
@@ -500,8 +528,8 @@ def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRe
                 refuse: Callable[[str], NoReturn]) -> None:
     """best/plan.json is the chosen trial of this very run."""
     if not _same_run(plan.header, pareto.header):
-        refuse("it is of another run than pareto.json (their search, model or engine differ: best/ is from another "
-               "run)")
+        refuse("it is of another run than pareto.json (their search.run, model or --max-loss differ: best/ is "
+               "from another run)")
     if plan.trial.number != pareto.chosen:
         refuse(f"it holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} (best/ is from another "
                "run)")
@@ -509,12 +537,17 @@ def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRe
 
 
 def _same_run(header: Header, other: Header) -> bool:
-    """Two result files of one search: one header (the model, the engine, the search's facts) begins all three."""
-    return _same(header.to_json(), other.to_json())
+    """Two result files of one search: the same run (an older result's files record none: None) of
+    the same model, under the same limit (what their trials' feasibility is checked by)."""
+    def run(h: Header) -> tuple:
+        return h.search.run, h.model.sha256, h.search.max_loss
+
+    return run(header) == run(other)
 
 
 def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord], refuse: Callable[[str], NoReturn]) -> None:
-    """``entry`` (a front member, best/plan.json's) is trials.json's trial of its number, field for field."""
+    """``entry`` (a front member, best/plan.json's) is trials.json's trial of its number, field for
+    field."""
     theirs = by_number.get(entry.number)
     if theirs is None:
         refuse(" is not in trials.json")

@@ -1,9 +1,9 @@
 """Figures from a result directory. Reads result files only; never writes results.
 
-Each figure is made by a ``*_figure`` function (what tests read back, drawn) and saved by its ``plot_*``
-function. Every text in them is plain: names from the model and the file system are drawn as they are
-(math text is off), so tick labels are written as plain text too, and each figure grows until every
-text it draws lies inside it."""
+Each figure is made by a ``*_figure`` function (what tests read back, drawn) and saved by its
+``plot_*`` function. Every text in them is plain: names from the model and the file system are drawn
+as they are (math text is off), so tick labels are written as plain text too, and each figure grows
+until every text it draws lies inside it."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 # Colour-blind-safe (Okabe–Ito): reduced precisions stand out, FP32 recedes.
 PRECISION_COLOURS = {"int4": "#CC79A7", "int8": "#E69F00", "fp16": "#0072B2", "fp32": "#D9D9D9"}
-NAME_CHARS = 40  # a unit's name on an axis: its last this many characters (the end tells units apart)
+# a unit's name on an axis: its last this many characters (the end tells units apart)
+NAME_CHARS = 40
 GROWTH_STEPS = 8  # at most this many times a figure grows to hold its texts
 SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -39,7 +40,8 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
-    # Names come from the model and the file system: '$x$' or '$\\foo{$' in one is text, never math to parse.
+    # Names come from the model and the file system: '$x$' or '$\\foo{$' in one is text, never math
+    # to parse.
     matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
@@ -47,8 +49,9 @@ def _pyplot():
 
 
 def number_text(value: float) -> str:
-    """A tick's value as plain text: ``0.25``, ``300``; beyond them ``10⁻⁵``, ``2×10⁻⁵`` (matplotlib writes
-    log ticks as math text, which is off here: it would print ``$\\mathdefault{10^{-5}}$``)."""
+    """A tick's value as plain text: ``0.25``, ``300``; beyond them ``10⁻⁵``, ``2×10⁻⁵`` (matplotlib
+    writes log ticks as math text, which is off here: it would print
+    ``$\\mathdefault{10^{-5}}$``)."""
     if value == 0 or 1e-3 <= abs(value) < 1e4:
         return f"{value:g}"
     exponent = math.floor(math.log10(abs(value)) + 1e-9)  # (log10 of 1e-9 is -9.000000000000002)
@@ -58,7 +61,8 @@ def number_text(value: float) -> str:
 
 
 def _plain_log_ticks(ax: Axes) -> None:
-    """Log and symlog axes labelled in plain text, at the ticks matplotlib's own formatter would label."""
+    """Log and symlog axes labelled in plain text, at the ticks matplotlib's own formatter would
+    label."""
     from matplotlib.ticker import LogFormatter
 
     class PlainLogFormatter(LogFormatter):
@@ -74,7 +78,8 @@ def _plain_log_ticks(ax: Axes) -> None:
 
 
 def _wrapped(text: str, width: float, fontsize: float) -> str:
-    """Each line of a title wrapped to what a figure ``width`` inches wide holds at ``fontsize`` points."""
+    """Each line of a title wrapped to what a figure ``width`` inches wide holds at ``fontsize``
+    points."""
     chars = max(40, int(width * 72 / (0.6 * fontsize)))
     return "\n".join(part for line in text.split("\n") for part in textwrap.wrap(line, chars) or [""])
 
@@ -86,14 +91,15 @@ def _name(text: object) -> str:
 
 
 def laid_out(fig: Figure) -> Figure:
-    """``fig`` with plain tick labels, grown until every text it draws lies inside the canvas, then laid out:
-    tight_layout alone shrinks the axes to make room, and cannot where a title or a unit's name is longer
-    than the figure (it was cut at the edge)."""
+    """``fig`` with plain tick labels, grown until every text it draws lies inside the canvas, then
+    laid out: tight_layout alone shrinks the axes to make room, and cannot where a title or a unit's
+    name is longer than the figure (it was cut at the edge)."""
     for ax in fig.axes:
         _plain_log_ticks(ax)
     for _ in range(GROWTH_STEPS):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "tight layout not applied": the figure grows below
+            # "tight layout not applied": the figure grows below
+            warnings.simplefilter("ignore", UserWarning)
             fig.tight_layout()
         drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
         width, height = fig.get_size_inches()
@@ -238,8 +244,8 @@ def _loss_axis(ax: Axes, losses: list[float]) -> None:
 
 
 def _stacked(fig: Figure, labels: list) -> None:
-    """Labels of points close together (all-FP32 and all-FP16 0.7 ms apart on a 10 ms axis) moved up, each above
-    the ones left of it that it would print over."""
+    """Labels of points close together (all-FP32 and all-FP16 0.7 ms apart on a 10 ms axis) moved
+    up, each above the ones left of it that it would print over."""
     renderer = fig.canvas.get_renderer()
     placed = []
     for label in sorted(labels, key=lambda text: text.xy[0]):
@@ -258,7 +264,8 @@ def plot_pareto(result: ResultFiles, path: Path) -> Path:
 
 
 def layers_figure(result: ResultFiles) -> Figure:
-    """Units in graph order (columns) coloured by precision; one row per front member, the chosen one on top."""
+    """Units in graph order (columns) coloured by precision; one row per front member, the chosen
+    one on top."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -305,8 +312,8 @@ LOSS_FLOOR = 1e-9  # a loss of 0 (bit-identical outputs) drawn at the log axis' 
 
 
 def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
-    """Per unit in graph order: the loss when it alone is lowered (per precision, log scale) beside its
-    share of the FP32 latency, so cheap-to-lower and costly units stand out together."""
+    """Per unit in graph order: the loss when it alone is lowered (per precision, log scale) beside
+    its share of the FP32 latency, so cheap-to-lower and costly units stand out together."""
     plt = _pyplot()
     units = sensitivity.units
     rows = list(range(len(units)))
@@ -331,7 +338,8 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
     width = 64  # characters: the label stays under the left panel, beside the right panel's own
     left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log{floor}", width))
     left.grid(axis="x", color="0.9")
-    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)  # above: no point hid
+    # above: no point hid
+    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)
     shares = [u.share if u.share is not None else 0.0 for u in units]
     right.barh(rows, [100 * s for s in shares], color="0.55")
     right.set_xlim(0, 1.05 * max(100 * max(shares, default=0.0), 1.0))  # a share is 0 % or more
@@ -361,9 +369,9 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
 
 
 def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model loss") -> Figure:
-    """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the unit
-    adds alone (bars). Bottom: the model's loss (``loss_name``: the judge's) with only that unit reduced; the
-    worst five named."""
+    """error_by_layer.png. Top: error accumulated at each unit's output (line) and the error the
+    unit adds alone (bars). Bottom: the model's loss (``loss_name``: the judge's) with only that
+    unit reduced; the worst five named."""
     from matplotlib.ticker import MaxNLocator
 
     plt = _pyplot()
@@ -386,7 +394,8 @@ def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model
     top.set_title(_wrapped(printable(title), fig.get_size_inches()[0], 9), fontsize=9)
     bottom.bar(x, positive([r.alone_loss for r in rows]), color=colours)
     bottom.set_yscale("log")
-    bottom.set_ylabel(textwrap.fill(printable(f"{loss_name}, unit alone"), 34))  # no taller than its axes
+    # no taller than its axes
+    bottom.set_ylabel(textwrap.fill(printable(f"{loss_name}, unit alone"), 34))
     for r in culprits(rows):
         if r.alone_loss > 0:
             bottom.annotate(_name(r.unit), (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4),

@@ -1,4 +1,5 @@
-"""One self-contained HTML report of a result directory: figures embedded, every number in tables."""
+"""One self-contained HTML report of a result directory: figures embedded, every number in
+tables."""
 
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ def _facts(result: ResultFiles) -> str:
 
 
 def _front(result: ResultFiles) -> str:
-    """The front and the other trials the summary names (:func:`autoprec.results.rows.trial_rows`), then their
-    metrics per output in a table of their own (a row per trial and output), so a model with many outputs widens
-    neither past the page."""
+    """The front and the other trials the summary names (:func:`autoprec.results.rows.trial_rows`),
+    then their metrics per output in a table of their own (a row per trial and output), so a model
+    with many outputs widens neither past the page."""
     rows = trial_rows(result)
     shaped = any(row.trial.worst_shape for row in rows)
     counted = ["int4"] * any(row.trial.plan.counts().get("int4", 0) for row in rows) + ["int8", "fp16", "fp32"]

@@ -1,7 +1,7 @@
-"""The rows the tables of a result show (the terminal's front table, the report's): the Pareto front, then every
-other trial a line of the result names (a rival, the plan not shipped, a plan left out on the calibration
-batches), each column defined once here, from the record, so that a table agrees with itself and with the lines
-beside it.
+"""The rows the tables of a result show (the terminal's front table, the report's): the Pareto
+front, then every other trial a line of the result names (a rival, the plan not shipped, a plan left
+out on the calibration batches), each column defined once here, from the record, so that a table
+agrees with itself and with the lines beside it.
 
 - ``ms``: the trial's final latency: the median of its re-timing rounds where it was re-timed, else of its own runs;
 - ``low``–``high``: the spread of that same timing: those rounds' range, else its own runs' p10–p90 (so ``ms`` lies
@@ -19,7 +19,8 @@ from autoprec.record.verdict import Speedup
 from autoprec.results.files import ResultFiles
 from autoprec.tasks import TASKS, lower_is_closer
 
-# What a row is, besides a front member or the chosen plan, as its table marks it and a caption explains it.
+# What a row is, besides a front member or the chosen plan, as its table marks it and a caption
+# explains it.
 ROLES = {
     "rival": "timed with the chosen plan in its final rounds, which it did not win",
     "not shipped": "the fastest within the limit, not faster than all-FP32 beyond timing noise",
@@ -94,7 +95,8 @@ class TrialRow:
 
 
 def stated_speedups(result: ResultFiles) -> dict[int, Speedup]:
-    """The speed-ups over all-FP32 the final timing measured, by trial: the figures the result's lines say."""
+    """The speed-ups over all-FP32 the final timing measured, by trial: the figures the result's
+    lines say."""
     versus, chosen = result.versus, result.chosen_number
     stated = {r.trial: r.claim for r in versus.rivals}
     if versus.not_shipped is not None:

@@ -1,5 +1,5 @@
-"""Engine builds counted over the whole study: by phase, over every run and worker that wrote to it, and the plans
-the reference executor evaluated instead."""
+"""Engine builds counted over the whole study: by phase, over every run and worker that wrote to it,
+and the plans the reference executor evaluated instead."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from autoprec.study.reading import built_trials, on_node_time_build
 log = logging.getLogger("autoprec")
 
 
-BUILDS_ATTR = "autoprec:builds:"  # + a run of one worker: the builds it made outside the study's trials
+# + a run of one worker: the builds it made outside the study's trials
+BUILDS_ATTR = "autoprec:builds:"
 
 
 @dataclass(frozen=True)
 class BuildCounts:
-    """The target engine's builds (or sessions) by phase over the study's ``runs``; of the trials, those timed on
-    the engine built for their profile; and the plans the reference executor evaluated instead."""
+    """The target engine's builds (or sessions) by phase over the study's ``runs``; of the trials,
+    those timed on the engine built for their profile; and the plans the reference executor
+    evaluated instead."""
 
     by_phase: dict[str, int]
     reference_evaluations: int
@@ -35,11 +37,11 @@ class BuildCounts:
 
 def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposed: int,
                  judged_on_target: bool) -> BuildCounts:
-    """Builds (or sessions) of the target engine in every phase of the study, over every run and worker that
-    wrote to it (this ``run``'s recorded in the study first; another worker's once it wrote its result), and
-    the plans the reference executor evaluated instead (counted as builds where the target had to be the
-    reference). ``sensitivity``: the pass this run made (None where it read the study's); ``proposed``: the
-    proposals the reference executor judged."""
+    """Builds (or sessions) of the target engine in every phase of the study, over every run and
+    worker that wrote to it (this ``run``'s recorded in the study first; another worker's once it
+    wrote its result), and the plans the reference executor evaluated instead (counted as builds
+    where the target had to be the reference). ``sensitivity``: the pass this run made (None where
+    it read the study's); ``proposed``: the proposals the reference executor judged."""
     study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.node_time_builds if sensitivity else 0,
                                             "retiming": retimed,
                                             "evaluations": sensitivity.evaluations if sensitivity else 0})

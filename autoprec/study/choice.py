@@ -1,6 +1,6 @@
-"""The shipped plan's choice: the fastest plan within the limit (the knee without one), judged on the held-out
-batches, timed with its rivals beside all-FP32 and the given model, and shipped only where it is faster than
-all-FP32 beyond timing noise."""
+"""The shipped plan's choice: the fastest plan within the limit (the knee without one), judged on
+the held-out batches, timed with its rivals beside all-FP32 and the given model, and shipped only
+where it is faster than all-FP32 beyond timing noise."""
 
 from __future__ import annotations
 
@@ -28,17 +28,18 @@ from autoprec.study.retiming import RETIME_ROUNDS
 log = logging.getLogger("autoprec")
 
 
-# The final timing's seconds by default (after its MIN_BLOCKS): this share of what the search spent measuring (the
-# sensitivity pass and the trials), within FINAL_SECONDS: a check that costs what the answer cost to find, not a
-# fixed 20 s that made a short search on a small model half fixed cost.
+# The final timing's seconds by default (after its MIN_BLOCKS): this share of what the search spent
+# measuring (the sensitivity pass and the trials), within FINAL_SECONDS: a check that costs what the
+# answer cost to find, not a fixed 20 s that made a short search on a small model half fixed cost.
 FINAL_SHARE = 0.1
 FINAL_SECONDS = (2.0, 20.0)
 
 
 @dataclass(frozen=True)
 class ShipRule:
-    """What the choice is held to: the loss limit (None: the knee of the front), the final timing's seconds, and
-    whether a plan not faster than all-FP32 beyond timing noise ships anyway (``--ship-within-noise``)."""
+    """What the choice is held to: the loss limit (None: the knee of the front), the final timing's
+    seconds, and whether a plan not faster than all-FP32 beyond timing noise ships anyway
+    (``--ship-within-noise``)."""
 
     max_loss: float | None
     seconds: float
@@ -46,16 +47,17 @@ class ShipRule:
 
     @staticmethod
     def final_seconds(stages: Mapping[str, float]) -> float:
-        """The final timing's seconds where none are given: FINAL_SHARE of the search's ``stages`` that measured."""
+        """The final timing's seconds where none are given: FINAL_SHARE of the search's ``stages``
+        that measured."""
         measuring = stages.get("sensitivity", 0.0) + stages.get("trials", 0.0)
         return min(max(FINAL_SHARE * measuring, FINAL_SECONDS[0]), FINAL_SECONDS[1])
 
 
 def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path, trials: Sequence[TrialRecord],
                 choose: Callable[[], Choice]) -> Choice:
-    """``choose()``, by the first of the study's workers to get here; the others wait and read its choice (``path``
-    holds it), so that the held-out judging and the final timing run once, alone on one device, however many
-    workers the study has, and each worker's result ships the same plan."""
+    """``choose()``, by the first of the study's workers to get here; the others wait and read its
+    choice (``path`` holds it), so that the held-out judging and the final timing run once, alone on
+    one device, however many workers the study has, and each worker's result ships the same plan."""
     with shared.once(locks, f"choice:{len(trials)}", [path], worker) as fetched:
         if not fetched:
             choice = choose()
@@ -67,11 +69,12 @@ def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path
 
 def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], held_out: HeldOutJudging,
                    measurer: Measurer, final_timing: FinalTiming, rule: ShipRule, apart: bool = False) -> Choice:
-    """The plan to ship, in four steps: the fastest plan on the re-timed ``front`` within the limit (the knee
-    without one); the first of those that holds the limit on the held-out batches too; timed with its rivals
-    beside all-FP32 and the given model (``final_timing``; ``apart``: one engine alive at a time), the fastest
-    there; shipped only where it is faster than all-FP32 beyond timing noise (else all-FP32, unless
-    ``rule.within_noise``). Without a final timing, the speed-up stands on the re-timing's rounds."""
+    """The plan to ship, in four steps: the fastest plan on the re-timed ``front`` within the limit
+    (the knee without one); the first of those that holds the limit on the held-out batches too;
+    timed with its rivals beside all-FP32 and the given model (``final_timing``; ``apart``: one
+    engine alive at a time), the fastest there; shipped only where it is faster than all-FP32 beyond
+    timing noise (else all-FP32, unless ``rule.within_noise``). Without a final timing, the speed-up
+    stands on the re-timing's rounds."""
     chosen = held_out.first_holding(fastest_within(front, rule.max_loss), trials)
     fp32 = uniform_trials(trials).get("fp32")
     versus = Versus()
@@ -82,14 +85,15 @@ def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], 
             chosen, versus = shipped_or_fp32(timed, fp32, rule.within_noise)
     if chosen is not None:
         held_out.judge(chosen)  # (the knee, chosen without a limit: its loss there for the record)
-    if chosen is not None and chosen.number not in {t.number for t in front}:  # all-FP32 (no proven gain), a rival
+    # all-FP32 (no proven gain), a rival
+    if chosen is not None and chosen.number not in {t.number for t in front}:
         front = sorted([*front, chosen], key=lambda r: r.latency_ms)
     return Choice(chosen, versus, list(front), held_out.record())
 
 
 def fastest_within(front: Sequence[TrialRecord], max_loss: float | None) -> TrialRecord | None:
-    """Fastest plan within --max-loss (None when no plan is within it: not even all-FP32 on this engine, whose
-    own FP32 may differ from the reference's); without a limit, the knee of the front.
+    """Fastest plan within --max-loss (None when no plan is within it: not even all-FP32 on this
+    engine, whose own FP32 may differ from the reference's); without a limit, the knee of the front.
 
     The knee is the front member closest to the ideal point once latency and loss are scaled
     to [0, 1] over the front.
@@ -99,7 +103,8 @@ def fastest_within(front: Sequence[TrialRecord], max_loss: float | None) -> Tria
     if max_loss is not None:
         feasible = [r for r in front if r.loss <= max_loss]
         return min(feasible, key=lambda r: r.latency_ms) if feasible else None
-    finite = [r for r in front if math.isfinite(r.loss)]  # an overflowing or unjudged plan is never the answer
+    # an overflowing or unjudged plan is never the answer
+    finite = [r for r in front if math.isfinite(r.loss)]
     if not finite:
         return None
     lats = [r.latency_ms for r in finite]
@@ -114,13 +119,15 @@ def fastest_within(front: Sequence[TrialRecord], max_loss: float | None) -> Tria
     )
 
 
-# Plans judged on the calibration batches, at most, while looking for the fastest that holds the limit there.
+# Plans judged on the calibration batches, at most, while looking for the fastest that holds the
+# limit there.
 HELD_OUT_TRIES = 8
 
 
 class HeldOutJudging:
-    """Which plans hold --max-loss on the calibration batches too (:mod:`autoprec.measure.confirmation`), each
-    judged once (:meth:`judge`); every plan holds where there is no judge, no limit, or the judge ``failed``."""
+    """Which plans hold --max-loss on the calibration batches too
+    (:mod:`autoprec.measure.confirmation`), each judged once (:meth:`judge`); every plan holds where
+    there is no judge, no limit, or the judge ``failed``."""
 
     def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel], max_loss: float | None):
         self.held_out_judge, self.lower, self.max_loss = judge, lower, max_loss
@@ -147,14 +154,16 @@ class HeldOutJudging:
                         "not chosen")
 
     def holds(self, trial: TrialRecord) -> bool:
-        """Whether ``trial`` holds the limit on the calibration batches, as far as it was judged there."""
+        """Whether ``trial`` holds the limit on the calibration batches, as far as it was judged
+        there."""
         if self.max_loss is None or self.failed or trial.number not in self.losses:
             return True
         return self.losses[trial.number] <= self.max_loss
 
     def first_holding(self, chosen: TrialRecord | None, trials: Sequence[TrialRecord]) -> TrialRecord | None:
-        """``chosen``, or where it does not hold the limit on the calibration batches, the next fastest re-timed plan
-        within it that does (all-FP32 at the latest, which holds it by definition)."""
+        """``chosen``, or where it does not hold the limit on the calibration batches, the next
+        fastest re-timed plan within it that does (all-FP32 at the latest, which holds it by
+        definition)."""
         if chosen is None or self.max_loss is None:
             return chosen
         others = sorted((t for t in trials if t.retimed_ms and t.loss <= self.max_loss and t.duplicate_of is None
@@ -179,17 +188,18 @@ class HeldOutJudging:
         return HeldOut(self.batches, self.max_loss, dict(self.losses)) if self.losses else None
 
 
-# Re-timed plans this close to the chosen one's latency (a fraction of it) are its rivals in the final timing.
+# Re-timed plans this close to the chosen one's latency (a fraction of it) are its rivals in the
+# final timing.
 RIVAL_BAND = 0.15
 RIVALS = 3
 
 
 def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord,
            max_loss: float | None) -> list[TrialRecord]:
-    """Re-timed plans within --max-loss whose latency lies within RIVAL_BAND of the chosen one's (at most
-    RIVALS, fastest first): a few interleaved rounds cannot rank plans that close, so the final timing, which
-    runs them in the same rounds until their speed-ups are known, does. None without a limit (the knee is
-    chosen by loss as much as by speed)."""
+    """Re-timed plans within --max-loss whose latency lies within RIVAL_BAND of the chosen one's (at
+    most RIVALS, fastest first): a few interleaved rounds cannot rank plans that close, so the final
+    timing, which runs them in the same rounds until their speed-ups are known, does. None without a
+    limit (the knee is chosen by loss as much as by speed)."""
     if max_loss is None:
         return []
     seen = {chosen.plan.key(), fp32.plan.key()}
@@ -203,9 +213,10 @@ def rivals(trials: Sequence[TrialRecord], chosen: TrialRecord, fp32: TrialRecord
 
 
 class FinalTiming(Protocol):
-    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first) beside all-FP32 and
-    the given model, until their speed-ups are known (:mod:`autoprec.measure.speedup`): its rounds, or None where it
-    did not time them (the speed-up then stands on the re-timing's rounds, as where the timing fails)."""
+    """The final timing of the chosen plan and its rivals (``contenders``, the chosen one first)
+    beside all-FP32 and the given model, until their speed-ups are known
+    (:mod:`autoprec.measure.speedup`): its rounds, or None where it did not time them (the speed-up
+    then stands on the re-timing's rounds, as where the timing fails)."""
 
     def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
                  apart: bool) -> verdict.Rounds | None: ...
@@ -213,8 +224,9 @@ class FinalTiming(Protocol):
 
 def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
                       apart: bool) -> verdict.Rounds:
-    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds, every model's
-    session built anew for each block, until their speed-ups' intervals are narrow or ``seconds`` pass."""
+    """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds,
+    every model's session built anew for each block, until their speed-ups' intervals are narrow or
+    ``seconds`` pass."""
     chosen = contenders[0]
     beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
         "tell from it," if len(contenders) > 1 else ""
@@ -229,15 +241,16 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
 
 def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
               apart: bool) -> None:
-    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a search in a
-    hurry, and the tests that are not about the final timing)."""
+    """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a
+    search in a hurry, and the tests that are not about the final timing)."""
     return None
 
 
 @dataclass(frozen=True)
 class FinalRounds:
-    """What the final timing found: the fastest contender in its rounds, its speed-ups over all-FP32 and the given
-    model (and all-FP32's over the given model), the others' over all-FP32, and how steady the machine was."""
+    """What the final timing found: the fastest contender in its rounds, its speed-ups over all-FP32
+    and the given model (and all-FP32's over the given model), the others' over all-FP32, and how
+    steady the machine was."""
 
     fastest: TrialRecord
     found: dict[tuple[str, str], Speedup]
@@ -247,9 +260,9 @@ class FinalRounds:
 
 def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: TrialRecord,
                       contenders: Sequence[TrialRecord], seconds: float, apart: bool) -> FinalRounds | None:
-    """The ``contenders`` (the chosen plan first, then the rivals the re-timing could not tell from it) timed beside
-    all-FP32 and the given model until their speed-ups are known (see :mod:`autoprec.measure.speedup`); None where
-    the final timing did not run or failed."""
+    """The ``contenders`` (the chosen plan first, then the rivals the re-timing could not tell from
+    it) timed beside all-FP32 and the given model until their speed-ups are known (see
+    :mod:`autoprec.measure.speedup`); None where the final timing did not run or failed."""
     try:
         rounds = final_timing(measurer, fp32, contenders, seconds, apart)
         if rounds is None:
@@ -272,9 +285,9 @@ def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: Trial
 
 
 def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -> tuple[TrialRecord, Versus]:
-    """The fastest plan of the final timing, or all-FP32 where it is not faster beyond timing noise (unless
-    ``within_noise``); and what the plan shipped is said to gain, with pareto.json's ``chosen_vs_fp32`` /
-    ``chosen_vs_source``."""
+    """The fastest plan of the final timing, or all-FP32 where it is not faster beyond timing noise
+    (unless ``within_noise``); and what the plan shipped is said to gain, with pareto.json's
+    ``chosen_vs_fp32`` / ``chosen_vs_source``."""
     chosen, found = timed.fastest, timed.found
     versus_fp32, versus_source, preparation = (
         found[("fp32", "chosen")],

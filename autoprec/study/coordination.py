@@ -50,7 +50,8 @@ CONNECT_SECONDS = 10
 
 
 def redacted(url: str) -> str:
-    """A storage URL fit to write or show: its password replaced by ``***`` (SQLAlchemy's own rendering)."""
+    """A storage URL fit to write or show: its password replaced by ``***`` (SQLAlchemy's own
+    rendering)."""
     import sqlalchemy
 
     try:
@@ -60,7 +61,8 @@ def redacted(url: str) -> str:
 
 
 def without_password(text: str, url: str) -> str:
-    """``text`` (e.g. a driver's error message) with ``url``'s password, wherever it appears, hidden."""
+    """``text`` (e.g. a driver's error message) with ``url``'s password, wherever it appears,
+    hidden."""
     import sqlalchemy
 
     try:
@@ -74,8 +76,8 @@ def without_password(text: str, url: str) -> str:
 
 
 def storage_hint(message: str) -> str:
-    """What to do about a storage failure, from its driver's message: a full disk, a server that stopped or
-    cannot be reached, or something else about the database."""
+    """What to do about a storage failure, from its driver's message: a full disk, a server that
+    stopped or cannot be reached, or something else about the database."""
     text = message.lower()
     if any(word in text for word in ("malformed", "not a database", "file is encrypted")):
         return ("the database file is damaged (truncated, or not an SQLite database): restore it, "
@@ -93,15 +95,19 @@ def storage_hint(message: str) -> str:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` storage URL; None for other storages (and in-memory SQLite)."""
+    """The database file of a ``sqlite:///`` storage URL; None for other storages (and in-memory
+    SQLite)."""
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return Path(url[len("sqlite:///"):].split("?", 1)[0])
+        from sqlalchemy.engine import make_url
+
+        return Path(make_url(url).database)  # as SQLAlchemy opens it: '%20' is a space
     return None
 
 
 def check_storage(url: str, existing: bool = False) -> None:
-    """Refuse, before anything is made, a SQLite storage whose folder does not exist (SQLAlchemy would
-    create the database, and the locks beside it the folder) or, with ``existing``, whose file does not."""
+    """Refuse, before anything is made, a SQLite storage whose folder does not exist (SQLAlchemy
+    would create the database, and the locks beside it the folder) or, with ``existing``, whose file
+    does not."""
     path = sqlite_path(url)
     if path is None:
         return
@@ -124,8 +130,8 @@ def worker_id(device: int | None = None) -> str:
 def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats on: a trial left running by a dead worker is failed
     after ``GRACE_BEATS`` silent beats and queued again once."""
-    # SQLite: wait up to 30 s for a write lock (default 5 s), which a loaded machine's heartbeat thread,
-    # artifact writes and the trial's own commits can exceed between them.
+    # SQLite: wait up to 30 s for a write lock (default 5 s), which a loaded machine's heartbeat
+    # thread, artifact writes and the trial's own commits can exceed between them.
     server = url.startswith(("postgresql", "mysql"))
     engine_kwargs = ({"pool_pre_ping": True, **server_options(url)} if server else
                      {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
@@ -188,7 +194,8 @@ class StudyLocks:
 
     @property
     def ever_held(self) -> bool:
-        """Whether a lock of this study may have been taken (a reader that finds none need not make one)."""
+        """Whether a lock of this study may have been taken (a reader that finds none need not make
+        one)."""
         return self._engine is not None or self._folder.is_dir()
 
     def _key(self, name: str) -> int:
@@ -197,8 +204,8 @@ class StudyLocks:
 
     @contextlib.contextmanager
     def hold(self, name: str, wait: bool = True) -> Iterator[bool]:
-        """Hold lock ``name`` for the body; without ``wait``, the body is told False at once (and holds
-        nothing) when another worker has it."""
+        """Hold lock ``name`` for the body; without ``wait``, the body is told False at once (and
+        holds nothing) when another worker has it."""
         if self._engine is not None:
             import sqlalchemy
 
@@ -231,8 +238,8 @@ class StudyLocks:
 
 
 # Optuna beats only inside Study.optimize; for ask/tell it has no public heartbeat API, so the two
-# functions below use its private heartbeat module and Study._storage (pinned by tests/test_faults.py,
-# which kills workers mid-trial and checks each plan is re-run once).
+# functions below use its private heartbeat module and Study._storage (pinned by
+# tests/test_faults.py, which kills workers mid-trial and checks each plan is re-run once).
 def heartbeat_interval(study: optuna.Study) -> int | None:
     from optuna.storages._heartbeat import (
         BaseHeartbeat,  # Optuna's own check (is_heartbeat_enabled) reads the same
@@ -249,7 +256,8 @@ def fail_dead_trials(study: optuna.Study) -> None:
     worker on this host whose process is gone is known dead at once, without waiting for its
     heartbeat to go stale; a worker killed between creating a trial and its first beat leaves a
     trial with no heartbeat and no beating worker, failed here once it is older than the grace
-    period. Call it holding the study's "queue" lock, so two workers do not both queue the same re-run."""
+    period. Call it holding the study's "queue" lock, so two workers do not both queue the same
+    re-run."""
     interval = heartbeat_interval(study)
     if interval is None:
         return
@@ -292,7 +300,8 @@ def beating(study: optuna.Study, trial: optuna.Trial, worker: str) -> Iterator[N
     from optuna.storages._heartbeat import get_heartbeat_thread
 
     if heartbeat_interval(study) is not None:
-        study._storage.record_heartbeat(trial._trial_id)  # before the thread's own first beat: see above
+        # before the thread's own first beat: see above
+        study._storage.record_heartbeat(trial._trial_id)
     with get_heartbeat_thread(trial._trial_id, study._storage):
         trial.set_user_attr(WORKER_ATTR, {"id": worker, "trial": trial.number})
         yield
@@ -319,9 +328,9 @@ def default_artifacts(storage_url: str) -> Path:
 
 
 class SharedInputs:
-    """Files every worker of a study must use alike (calibration ranges, FP32 reference, sensitivity):
-    computed by the first worker, shared through Optuna's artifact store, each download checked
-    against the sha256 recorded in the study."""
+    """Files every worker of a study must use alike (calibration ranges, FP32 reference,
+    sensitivity): computed by the first worker, shared through Optuna's artifact store, each
+    download checked against the sha256 recorded in the study."""
 
     ATTR = "autoprec:shared_inputs"
 
@@ -339,9 +348,9 @@ class SharedInputs:
     @contextlib.contextmanager
     def once(self, locks: StudyLocks, name: str, files: list[Path], worker: str,
              while_waiting: Callable[[], None] | None = None) -> Iterator[bool]:
-        """Hold ``name`` while this worker fetches ``files`` or, when the study has none yet, computes
-        them (the body, told False) and publishes them. A worker that finds another computing them calls
-        ``while_waiting`` (its share of that work) before it waits."""
+        """Hold ``name`` while this worker fetches ``files`` or, when the study has none yet,
+        computes them (the body, told False) and publishes them. A worker that finds another
+        computing them calls ``while_waiting`` (its share of that work) before it waits."""
         if while_waiting is not None:
             with locks.hold(f"inputs:{name}", wait=False) as first:
                 if first:
@@ -363,7 +372,8 @@ class SharedInputs:
         return bool(self.study.user_attrs.get(f"{self.ATTR}:{name}"))
 
     def fetch(self, name: str, files: list[Path]) -> bool:
-        """Download the study's shared files into ``files`` (same names). False when the study has none yet."""
+        """Download the study's shared files into ``files`` (same names). False when the study has
+        none yet."""
         shared = self.study.user_attrs.get(f"{self.ATTR}:{name}")
         if not shared:
             return False
@@ -409,11 +419,11 @@ class SharedInputs:
 
 
 class SharedSteps:
-    """The steps of a pass computed once per study, spread over its workers: the sensitivity pass's one-unit
-    plans (the worker computing the pass takes each step in order, the workers waiting for it take the steps
-    from the end) and the front's re-timing (each worker takes the steps no other holds). Each step's result
-    (a value JSON holds) is stored in the study under its lock, so no step is measured twice and a resumed
-    pass keeps what was measured."""
+    """The steps of a pass computed once per study, spread over its workers: the sensitivity pass's
+    one-unit plans (the worker computing the pass takes each step in order, the workers waiting for
+    it take the steps from the end) and the front's re-timing (each worker takes the steps no other
+    holds). Each step's result (a value JSON holds) is stored in the study under its lock, so no
+    step is measured twice and a resumed pass keeps what was measured."""
 
     ATTR = "autoprec:step"
 
@@ -435,8 +445,8 @@ class SharedSteps:
         return found
 
     def result(self, step: str, compute: Callable[[], Any]) -> Any:
-        """The step's value: stored by any worker, else computed here (waiting while another computes it).
-        Raises :class:`StepFailure` when it failed, wherever it was computed."""
+        """The step's value: stored by any worker, else computed here (waiting while another
+        computes it). Raises :class:`StepFailure` when it failed, wherever it was computed."""
         with self.locks.hold(f"step:{self._attr(step)}"):
             found = self._stored(step) or self._measure(step, compute)
         if "error" in found:
@@ -444,8 +454,8 @@ class SharedSteps:
         return found["value"]
 
     def help(self, steps: Sequence[tuple[str, Callable[[], Any]]]) -> int:
-        """While the pass is not published: compute, from the last, each step no worker stored or holds.
-        Returns how many this worker computed."""
+        """While the pass is not published: compute, from the last, each step no worker stored or
+        holds. Returns how many this worker computed."""
         computed = 0
         for step, compute in reversed(steps):
             if self.shared.published(self.name):
@@ -459,9 +469,9 @@ class SharedSteps:
         return computed
 
     def spread(self, steps: Sequence[tuple[str, Callable[[], Any]]]) -> dict[str, Any]:
-        """Every step's result (a :class:`StepFailure` for one that failed): first each step no worker stored or
-        holds, computed here in order; then the others, as the workers holding them store them (computed here
-        where one stopped without)."""
+        """Every step's result (a :class:`StepFailure` for one that failed): first each step no
+        worker stored or holds, computed here in order; then the others, as the workers holding them
+        store them (computed here where one stopped without)."""
         for step, compute in steps:
             if self._stored(step) is None:
                 with self.locks.hold(f"step:{self._attr(step)}", wait=False) as mine:

@@ -1,5 +1,5 @@
-"""Joining a study: created, resumed, or shared with other workers through its storage, refused where it was made
-for another search."""
+"""Joining a study: created, resumed, or shared with other workers through its storage, refused
+where it was made for another search."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ class Joined:
 def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, name: str, sampler: str, seed: int,
                heartbeat: int, budget: int, artifacts: str | os.PathLike | None, parallel: bool,
                device: int | None) -> Joined:
-    """Create or join the study ``name`` (in ``storage``; default: SQLite in ``out_dir``) made for ``identity``, with a
-    sampler of its own where it joins; ``parallel``: trials in flight at once (TPE's constant liar); ``device``: the
-    GPU this worker holds (None: none)."""
+    """Create or join the study ``name`` (in ``storage``; default: SQLite in ``out_dir``) made for
+    ``identity``, with a sampler of its own where it joins; ``parallel``: trials in flight at once
+    (TPE's constant liar); ``device``: the GPU this worker holds (None: none)."""
     storage_url = storage or f"sqlite:///{(out_dir / 'study.db').resolve()}"
     check_storage(storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -50,9 +50,11 @@ def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, nam
         study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
         fresh = not (study.get_trials(deepcopy=False) or "budget" in study.user_attrs)
         if not fresh:
-            # joining (or resuming) a study: a seed of its own, or workers sharing one history propose alike
+            # joining (or resuming) a study: a seed of its own, or workers sharing one history
+            # propose alike
             study.sampler = make_sampler(sampler, zlib.crc32(f"{seed}:{me}".encode()), parallel)
-        study.set_user_attr("budget", budget)  # for `autoprec status`; each worker stops at its own --budget
+        # for `autoprec status`; each worker stops at its own --budget
+        study.set_user_attr("budget", budget)
     shared = SharedInputs(study, Path(artifacts) if artifacts else default_artifacts(storage_url))
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)

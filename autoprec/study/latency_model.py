@@ -22,7 +22,8 @@ from autoprec.core.plan import Plan
 from autoprec.record.trial import Features
 
 CONVERSION_OPS = ("QuantizeLinear", "Cast")
-# How strongly the fit is drawn towards the profile's reading (1, 1, 0), in trials' worth of evidence.
+# How strongly the fit is drawn towards the profile's reading (1, 1, 0), in trials' worth of
+# evidence.
 PRIOR_WEIGHT = 2.0
 
 
@@ -36,12 +37,13 @@ def conversions(lowered: onnx.ModelProto, fp32: onnx.ModelProto) -> int:
 
 @dataclass
 class LatencyModel:
-    """``fp32_ms``: the all-FP32 plan's measured latency; ``gains``: unit -> precision -> fraction of
-    FP32 time the unit saves (``UnitSensitivity.gain``)."""
+    """``fp32_ms``: the all-FP32 plan's measured latency; ``gains``: unit -> precision -> fraction
+    of FP32 time the unit saves (``UnitSensitivity.gain``)."""
 
     fp32_ms: float
     gains: Mapping[str, Mapping[str, float]]
-    coefficients: tuple[float, float, float] = (1.0, 1.0, 0.0)  # INT8 saving, FP16 saving, ms per conversion
+    # INT8 saving, FP16 saving, ms per conversion
+    coefficients: tuple[float, float, float] = (1.0, 1.0, 0.0)
     fitted_on: int = 0
 
     def features(self, plan: Plan, lowered: onnx.ModelProto, fp32: onnx.ModelProto) -> Features:
@@ -66,7 +68,8 @@ class LatencyModel:
             [[-self.fp32_ms * f.saved_int8, -self.fp32_ms * f.saved_fp16, float(f.conversions)] for f, _ in measured]
         )
         targets = np.asarray([ms - self.fp32_ms for _, ms in measured])
-        # one prior row per coefficient, as large as PRIOR_WEIGHT trials' typical entries in its column
+        # one prior row per coefficient, as large as PRIOR_WEIGHT trials' typical entries in its
+        # column
         typical = np.sqrt((rows**2).mean(axis=0))
         weights = np.sqrt(PRIOR_WEIGHT) * np.where(typical > 0, typical, 1.0)
         prior = np.asarray([1.0, 1.0, 0.0])
@@ -78,7 +81,7 @@ class LatencyModel:
 
 
 def median_error_percent(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """Median absolute error of (predicted, measured) latencies, in % of the measured: the predictions
-    made before their plans were built."""
+    """Median absolute error of (predicted, measured) latencies, in % of the measured: the
+    predictions made before their plans were built."""
     errors = [abs(predicted - measured) / measured * 100 for predicted, measured in pairs if measured > 0]
     return round(statistics.median(errors), 2) if errors else None

@@ -1,5 +1,6 @@
-"""A study opened or joined: its sampler, its storage, and the identity a resumed or shared study must match (what
-makes latencies and losses comparable); a study a refused run made and asked nothing of is forgotten."""
+"""A study opened or joined: its sampler, its storage, and the identity a resumed or shared study
+must match (what makes latencies and losses comparable); a study a refused run made and asked
+nothing of is forgotten."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ log = logging.getLogger("autoprec")
 
 def default_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
     """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint.
-    With trials in flight at once, the constant liar keeps it from proposing the same region twice."""
+    With trials in flight at once, the constant liar keeps it from proposing the same region
+    twice."""
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constant_liar=parallel)
 
 
@@ -57,9 +59,10 @@ def open_study(
     sampler: optuna.samplers.BaseSampler,
     heartbeat: int = DEFAULT_HEARTBEAT,
 ) -> optuna.Study:
-    """Create or join the study (a storage URL gets heartbeats, see :mod:`autoprec.study.coordination`);
-    refuse one that was made for another model, data or engine: every field of ``identity`` (what makes
-    latencies and losses comparable) must match what the study recorded."""
+    """Create or join the study (a storage URL gets heartbeats, see
+    :mod:`autoprec.study.coordination`); refuse one that was made for another model, data or engine:
+    every field of ``identity`` (what makes latencies and losses comparable) must match what the
+    study recorded."""
     shown = redacted(storage) if isinstance(storage, str) else type(storage).__name__
     try:
         study = optuna.create_study(
@@ -86,7 +89,8 @@ def open_study(
         return study
     differs = [k for k in identity if k in existing and existing[k] != identity[k]]
     if differs == ["metric"] and not study.get_trials(deepcopy=False):
-        # nothing measured yet (a run refused for its metric's options, say): the study takes the new metric
+        # nothing measured yet (a run refused for its metric's options, say): the study takes the
+        # new metric
         study.set_user_attr("metric", identity["metric"])
         return study
     if differs:
@@ -99,9 +103,9 @@ def open_study(
 
 
 def forget_if_unused(study: optuna.Study, storage: str) -> None:
-    """Delete ``study`` where no trial was ever asked of it: what a run refused before its first trial leaves
-    (bad labels, a metric that does not agree with itself), which would refuse the corrected run as made for a
-    different search."""
+    """Delete ``study`` where no trial was ever asked of it: what a run refused before its first
+    trial leaves (bad labels, a metric that does not agree with itself), which would refuse the
+    corrected run as made for a different search."""
     if not study.get_trials(deepcopy=False):
         optuna.delete_study(study_name=study.study_name, storage=storage)
 

@@ -45,13 +45,15 @@ class Proposals(Protocol):
     """Plans judged before they are built (:class:`autoprec.study.proposals.Proposer`)."""
 
     def __call__(self, study: optuna.Study) -> tuple[dict[str, str], dict] | None:
-        """The next plan to build and what was predicted of it; None: the study's sampler proposes."""
+        """The next plan to build and what was predicted of it; None: the study's sampler
+        proposes."""
 
     def enqueue(self, plans: list[dict[str, str]]) -> None:
         """Plans to judge first."""
 
     def judge(self, study: optuna.Study, params: dict[str, str]) -> tuple[float, float] | None:
-        """A plan's predicted latency (ms) and reference loss, without building it; None: not yet known."""
+        """A plan's predicted latency (ms) and reference loss, without building it; None: not yet
+        known."""
 
 
 @dataclass
@@ -61,12 +63,14 @@ class StudyContext:
     info: ModelInfo
     backend: Backend
     ranges: ActivationRanges | None
-    measure: Callable[[Plan], Measurement]  # lowered and measured in a worker process (isolation) or in-process
+    # lowered and measured in a worker process (isolation) or in-process
+    measure: Callable[[Plan], Measurement]
     calibration: str
     max_loss: float | None
     locks: StudyLocks = field(default_factory=lambda: StudyLocks(None, f"local-{os.getpid()}-{id(object())}"))
     worker: str = field(default_factory=worker_id)
-    # The next plan to build and what was predicted of it (autoprec.study.proposals), once set; None: the sampler's.
+    # The next plan to build and what was predicted of it (autoprec.study.proposals), once set;
+    # None: the sampler's.
     propose: Proposals | None = None
 
 
@@ -75,7 +79,8 @@ CALIBRATION_PARAM = "@calibration"
 
 
 def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> dict[str, CategoricalDistribution]:
-    """One categorical per dimension: a searchable unit, with the units of its repeated pattern tied to it."""
+    """One categorical per dimension: a searchable unit, with the units of its repeated pattern tied
+    to it."""
     found = {u.name: CategoricalDistribution([p.value for p in u.allowed]) for u in info.dimensions}
     if calibration == AUTO_CALIBRATION:
         found[CALIBRATION_PARAM] = CategoricalDistribution(list(CALIBRATION_METHODS))
@@ -83,14 +88,16 @@ def distributions(info: ModelInfo, calibration: str = DEFAULT_CALIBRATION) -> di
 
 
 def plan_from_params(info: ModelInfo, params: dict[str, str], calibration: str) -> Plan:
-    """Searched units take the trial's choice (a tied unit its pattern's); pinned units their only precision."""
+    """Searched units take the trial's choice (a tied unit its pattern's); pinned units their only
+    precision."""
     method = params.get(CALIBRATION_PARAM, calibration_method(calibration))
     return Plan.from_mapping({u.name: params.get(u.tied_to or u.name, u.allowed[0].value) for u in info.units}, method)
 
 
 def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
-    """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows, and a
-    sensitive one (softmax, normalisation) stays at its safe FP32: the search decides those one by one."""
+    """Every unit at ``precision``; a unit that may not take it gets the next wider one it allows,
+    and a sensitive one (softmax, normalisation) stays at its safe FP32: the search decides those
+    one by one."""
     widening = list(Precision)
     candidates = widening[widening.index(precision):]
     return {
@@ -108,18 +115,19 @@ def planned_params(trial: FrozenTrial) -> dict:
     return dict(trial.params) or dict(trial.system_attrs.get("fixed_params", {}))
 
 
-# The study's first trials: all-FP32, all-FP16, all-INT8, all-INT4 where units take it (one plan is queued
-# once: where no unit takes INT4 it is all-INT8); the warm start reads their latencies.
+# The study's first trials: all-FP32, all-FP16, all-INT8, all-INT4 where units take it (one plan is
+# queued once: where no unit takes INT4 it is all-INT8); the warm start reads their latencies.
 UNIFORM = (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT4)
 
 
 def seed_plans(study: optuna.Study, ctx: StudyContext, warm: Sequence[dict[str, str]] = (),
                uniform: Sequence[Precision] = UNIFORM) -> int:
-    """Enqueue the ``uniform`` plans (all-FP32, all-FP16, all-INT8: both ends of the front), then the ``warm`` plans;
-    returns how many were queued now.
+    """Enqueue the ``uniform`` plans (all-FP32, all-FP16, all-INT8: both ends of the front), then
+    the ``warm`` plans; returns how many were queued now.
 
-    Each is queued unless some trial already holds it (another worker, or an earlier run of this search, queued
-    it: the check and the queueing hold the study's lock), so a kill between two enqueues loses none.
+    Each is queued unless some trial already holds it (another worker, or an earlier run of this
+    search, queued it: the check and the queueing hold the study's lock), so a kill between two
+    enqueues loses none.
     """
     with ctx.locks.hold("queue"):
         return enqueue_unheld(study, [*(uniform_params(ctx.info, p) for p in uniform), *warm])
@@ -181,8 +189,8 @@ def start_trial(
     died and they are failed and queued again (heartbeat), and this worker runs the re-run.
 
     The trial's ``asked`` attribute says how long this worker waited for the queue's lock (the other
-    workers' asks) and held it (the storage's reads and the sampler's ask): what a trial costs beyond
-    its measurement when many workers share the study.
+    workers' asks) and held it (the storage's reads and the sampler's ask): what a trial costs
+    beyond its measurement when many workers share the study.
     """
     while True:
         proposal = None
@@ -231,12 +239,14 @@ def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> Tr
     key = plan.key()
     trial.set_user_attr("plan", plan.to_json())
     trial.set_user_attr("plan_key", key)
-    with ctx.locks.hold(f"plan:{key}"):  # a worker measuring this plan finishes first; then it is reused
+    # a worker measuring this plan finishes first; then it is reused
+    with ctx.locks.hold(f"plan:{key}"):
         return _settle(study, ctx, trial, plan, key, started)
 
 
 def _earlier(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
-    """The trial (of any worker) that settled plan ``key`` first: measured it, failed it or rejected it."""
+    """The trial (of any worker) that settled plan ``key`` first: measured it, failed it or rejected
+    it."""
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
         attrs = trial.user_attrs
         if trial.number == number or attrs.get("plan_key") != key or "duplicate_of" in attrs:
@@ -265,7 +275,8 @@ def _settle(
     if earlier is not None:
         _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
         return None
-    looked_up = time.perf_counter() - started  # the plan read and written, its lock, the earlier trials read
+    # the plan read and written, its lock, the earlier trials read
+    looked_up = time.perf_counter() - started
     try:
         result = _measure_at_most_twice(ctx, plan)
     except Rejected as rejected:
@@ -278,7 +289,8 @@ def _settle(
         trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:4000])
         study.tell(trial, state=TrialState.FAIL)
         return None
-    result.seconds["trial"] = time.perf_counter() - started  # all of it: sampling, lowering, IPC, engine work
+    # all of it: sampling, lowering, IPC, engine work
+    result.seconds["trial"] = time.perf_counter() - started
     result.seconds["lookup"] = looked_up
     trial.set_user_attr("measurement", result.to_json())
     if ctx.max_loss is not None:  # Optuna's constraint: feasible when loss - max_loss <= 0
@@ -288,7 +300,8 @@ def _settle(
 
 
 def _reject(study: optuna.Study, trial: optuna.Trial, ctx: StudyContext, screened: dict) -> None:
-    """Pruned, with its screened loss kept and as an (infeasible) constraint the sampler learns from."""
+    """Pruned, with its screened loss kept and as an (infeasible) constraint the sampler learns
+    from."""
     trial.set_user_attr("rejected", screened)
     if ctx.max_loss is not None:
         trial.set_constraint("max_loss", screened["loss"] - ctx.max_loss)
@@ -296,7 +309,8 @@ def _reject(study: optuna.Study, trial: optuna.Trial, ctx: StudyContext, screene
 
 
 def _measure_at_most_twice(ctx: StudyContext, plan: Plan) -> Measurement:
-    """A crash may be the machine's fault, so it gets one retry in a fresh worker; a second one fails the plan."""
+    """A crash may be the machine's fault, so it gets one retry in a fresh worker; a second one
+    fails the plan."""
     try:
         return ctx.measure(plan)
     except TrialCrash as first:
@@ -350,7 +364,8 @@ def run_study(
         try:
             for future in [pool.submit(work) for _ in range(workers)]:
                 future.result()
-        except BaseException:  # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
+        # an error in a trial, or Ctrl-C here: no new trials, then the pool closes
+        except BaseException:
             stop.set()
             raise
     _say_if_every_plan_settled(study, ctx, budget)

@@ -32,8 +32,9 @@ from autoprec.study.reading import built_trials, finished_records, record, unifo
 
 log = logging.getLogger("autoprec")
 
-# Without --max-loss the proposer, like benchmarks/search_quality.py, scores a front by its hypervolume
-# in latency / FP32 latency and loss / LOSS_SCALE (capped at 1), against REFERENCE_POINT.
+# Without --max-loss the proposer, like benchmarks/search_quality.py, scores a front by its
+# hypervolume in latency / FP32 latency and loss / LOSS_SCALE (capped at 1), against
+# REFERENCE_POINT.
 REFERENCE_POINT = (1.5, 1.0)
 LOSS_SCALE = 0.05
 
@@ -50,18 +51,21 @@ def hypervolume(points: list[tuple[float, float]], reference: tuple[float, float
 
 
 def front_hypervolume(points: list[tuple[float, float]], fp32_ms: float) -> float:
-    """The hypervolume of (latency ms, loss) points, normalised by the all-FP32 latency and LOSS_SCALE."""
+    """The hypervolume of (latency ms, loss) points, normalised by the all-FP32 latency and
+    LOSS_SCALE."""
     return hypervolume([(ms / fp32_ms, min(loss / LOSS_SCALE, 1.0)) for ms, loss in points])
 
 
 @dataclass
 class Proposer:
-    """``reference_loss``: a lowered plan's loss on the reference executor, as ``--max-loss`` constrains it."""
+    """``reference_loss``: a lowered plan's loss on the reference executor, as ``--max-loss``
+    constrains it."""
 
     ctx: StudyContext
     reference: optuna.Study
     reference_loss: Callable[[Plan], float]  # lowered and judged on the reference executor
-    gains: Mapping[str, Mapping[str, float]]  # the sensitivity's: unit -> precision -> FP32 time saved
+    # the sensitivity's: unit -> precision -> FP32 time saved
+    gains: Mapping[str, Mapping[str, float]]
     per_build: int
     model: LatencyModel | None = None  # made once the all-FP32 plan is measured
     _features: dict[str, Features] = field(default_factory=dict)
@@ -78,13 +82,14 @@ class Proposer:
         gains: Mapping[str, Mapping[str, float]],
         per_build: int,
     ) -> Proposer:
-        """The reference study beside the search's, in its storage (a resumed search keeps its proposals)."""
+        """The reference study beside the search's, in its storage (a resumed search keeps its
+        proposals)."""
         reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
         return cls(ctx, reference, reference_loss, gains, per_build)
 
     def features(self, plan: Plan) -> Features:
-        """What the latency model reads of a plan: its lowered graph's conversions (lowering edits the graph
-        alone, in milliseconds) and its units' profiled savings."""
+        """What the latency model reads of a plan: its lowered graph's conversions (lowering edits
+        the graph alone, in milliseconds) and its units' profiled savings."""
         key = plan.key()
         if key not in self._features:
             lowered = self.ctx.backend.lower(self.ctx.info, plan, self.ctx.ranges)
@@ -92,8 +97,8 @@ class Proposer:
         return self._features[key]
 
     def _fit(self, study: optuna.Study) -> list | None:
-        """The latency model refitted on every trial of ``study`` measured so far (those trials); None
-        until the all-FP32 plan is measured (the model starts from its latency)."""
+        """The latency model refitted on every trial of ``study`` measured so far (those trials);
+        None until the all-FP32 plan is measured (the model starts from its latency)."""
         built = finished_records(study)
         fp32 = uniform_trials(built).get("fp32")
         if fp32 is None:
@@ -127,7 +132,8 @@ class Proposer:
         return dict(trial.params), {"predicted_ms": predicted, "reference_loss": loss}
 
     def _propose(self) -> None:
-        """One plan from the reference study's sampler, judged by the reference executor (once per plan)."""
+        """One plan from the reference study's sampler, judged by the reference executor (once per
+        plan)."""
         trial = self.reference.ask(distributions(self.ctx.info, self.ctx.calibration))
         attrs, values, constraints = self._judged(trial.params)
         for name, value in attrs.items():
@@ -137,12 +143,14 @@ class Proposer:
         self.reference.tell(trial, values)
 
     def judge(self, study: optuna.Study, params: dict[str, str]) -> tuple[float, float] | None:
-        """A plan's predicted latency (ms) and reference loss, judged as any proposal is and kept as one
-        (built later where it decides most); None until the all-FP32 plan of ``study`` is measured."""
+        """A plan's predicted latency (ms) and reference loss, judged as any proposal is and kept as
+        one (built later where it decides most); None until the all-FP32 plan of ``study`` is
+        measured."""
         if self._fit(study) is None:
             return None
         attrs, values, constraints = self._judged(params)
-        if "evaluated" in attrs:  # not judged before: kept in the reference study like a sampled proposal
+        # not judged before: kept in the reference study like a sampled proposal
+        if "evaluated" in attrs:
             dists = distributions(self.ctx.info, self.ctx.calibration)
             self.reference.add_trial(optuna.trial.create_trial(
                 params=params, distributions={k: dists[k] for k in params}, values=values, user_attrs=attrs,
@@ -181,8 +189,9 @@ class Proposer:
                 self.reference.enqueue_trial(params)
 
     def report(self, study: optuna.Study) -> dict:
-        """For each plan built on a proposal: the latency predicted and the reference loss beside what the
-        target measured; the latency model's median error and the reference's loss gap over them."""
+        """For each plan built on a proposal: the latency predicted and the reference loss beside
+        what the target measured; the latency model's median error and the reference's loss gap over
+        them."""
         rows = []
         for trial in built_trials(study):
             measured = record(trial)
@@ -200,7 +209,8 @@ class Proposer:
                 "predictions": rows}
 
     def evaluated(self) -> int:
-        """Plans the reference executor evaluated for this study (every worker's, a resumed run's too)."""
+        """Plans the reference executor evaluated for this study (every worker's, a resumed run's
+        too)."""
         return sum("evaluated" in t.user_attrs for t in self.reference.get_trials(deepcopy=False))
 
     def _decides_most(self, candidates: list, built: list):
@@ -215,8 +225,8 @@ class Proposer:
 
 def open_proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity | None, engine: str, evaluations: int,
               seed: int, ctx: StudyContext) -> Proposer | None:
-    """Plans judged before each build (``--proposals``), where the engine's profiles can predict latency; their loss
-    on the ``evaluations`` batches by the reference executor."""
+    """Plans judged before each build (``--proposals``), where the engine's profiles can predict
+    latency; their loss on the ``evaluations`` batches by the reference executor."""
     per_build = measuring.per_build
     if not per_build:
         return None

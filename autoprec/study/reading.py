@@ -1,5 +1,5 @@
-"""A study's trials read as the search sees them: each finished one's record, which count against the budget, the
-uniform plans' trials, those rejected early or built, and why none was measured."""
+"""A study's trials read as the search sees them: each finished one's record, which count against
+the budget, the uniform plans' trials, those rejected early or built, and why none was measured."""
 
 from __future__ import annotations
 
@@ -91,8 +91,8 @@ def built_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def on_node_time_build(trial: FrozenTrial) -> bool:
-    """Whether the trial was timed on the engine built for the sensitivity pass's profile of the same
-    graph (so it is no build of its own; see the TensorRT backend's NodeTimedEngines)."""
+    """Whether the trial was timed on the engine built for the sensitivity pass's profile of the
+    same graph (so it is no build of its own; see the TensorRT backend's NodeTimedEngines)."""
     return bool(((trial.user_attrs.get("measurement") or {}).get("build") or {}).get("reused_build"))
 
 

@@ -1,6 +1,6 @@
-"""The front re-timed: its plans and the fastest others within the limit, each beside all-FP32 in interleaved
-rounds (on one worker's device each, spread over the study's workers), so the choice does not rest on one lucky or
-unlucky trial; membership decided again on the re-timed numbers."""
+"""The front re-timed: its plans and the fastest others within the limit, each beside all-FP32 in
+interleaved rounds (on one worker's device each, spread over the study's workers), so the choice
+does not rest on one lucky or unlucky trial; membership decided again on the re-timed numbers."""
 
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
 
 def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired: Callable[[Plan, Plan, int], Paired],
            rounds: int = 3, shared: SharedSteps | None = None) -> Retiming:
-    """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved rounds
-    (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the choice does not rest
-    on one lucky or unlucky trial, and memory does not grow with the plans re-timed. The all-FP32 plan's
-    re-timed figure is every round it ran beside them. A plan whose re-timing fails (a crash, the memory or
-    time limit) keeps its trial's timing, and is said in ``failed``. With ``shared``, the study's workers
-    re-time the plans side by side, each plan beside all-FP32 on one worker's device, each plan once."""
+    """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved
+    rounds (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the
+    choice does not rest on one lucky or unlucky trial, and memory does not grow with the plans
+    re-timed. The all-FP32 plan's re-timed figure is every round it ran beside them. A plan whose
+    re-timing fails (a crash, the memory or time limit) keeps its trial's timing, and is said in
+    ``failed``. With ``shared``, the study's workers re-time the plans side by side, each plan
+    beside all-FP32 on one worker's device, each plan once."""
     if fp32 is None:
         return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to re-time it beside"}
                                          for r in records))
@@ -71,9 +72,10 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired
 
 
 def _on_one_scale(found: dict[str, Any]) -> dict[str, Any]:
-    """Re-timings from several devices, each plan's rounds (and its all-FP32's) rescaled so that its all-FP32 median
-    is the median of all of them: what each pairing measured is the plan against all-FP32 on one device, and a
-    device 3 % slower than another would otherwise decide the front."""
+    """Re-timings from several devices, each plan's rounds (and its all-FP32's) rescaled so that its
+    all-FP32 median is the median of all of them: what each pairing measured is the plan against
+    all-FP32 on one device, and a device 3 % slower than another would otherwise decide the
+    front."""
     timed = {step: paired for step, paired in found.items() if not isinstance(paired, StepFailure)}
     if not timed:
         return found
@@ -110,9 +112,9 @@ def retimed_front(
     study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired], rounds: int = RETIME_ROUNDS,
     max_loss: float | None = None, shared: SharedSteps | None = None,
 ) -> tuple[list[TrialRecord], Retiming]:
-    """The Pareto front, fastest first, after it and the ``RETIME_FEASIBLE`` fastest other plans within
-    ``max_loss`` were timed again beside the all-FP32 plan in ``rounds`` interleaved rounds (see
-    :func:`retime`; with ``shared``, spread over the study's workers); and the re-timing.
+    """The Pareto front, fastest first, after it and the ``RETIME_FEASIBLE`` fastest other plans
+    within ``max_loss`` were timed again beside the all-FP32 plan in ``rounds`` interleaved rounds
+    (see :func:`retime`; with ``shared``, spread over the study's workers); and the re-timing.
 
     Membership is decided again on the re-timed numbers: a member that the re-timing shows slower
     than another re-timed plan at no less loss (the all-FP32 plan included) is dominated, and
@@ -138,7 +140,8 @@ def retimed_front(
     candidates = [*front, *extra, *([fp32] if fp32 else [])]
     retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds, shared)
     shown, plans = [], set()
-    for r in candidates:  # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
+    # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
+    for r in candidates:
         if r.plan.key() not in plans:
             plans.add(r.plan.key())
             shown.append(retiming.trials.get(r.number, r))
@@ -148,7 +151,8 @@ def retimed_front(
 
 
 def _dominates(a: TrialRecord, b: TrialRecord) -> bool:
-    """``a`` is at least as fast and as accurate as ``b``, and better in one (different plans only)."""
+    """``a`` is at least as fast and as accurate as ``b``, and better in one (different plans
+    only)."""
     if a.plan.key() == b.plan.key():
         return False
     return a.latency_ms <= b.latency_ms and a.loss <= b.loss and (a.latency_ms < b.latency_ms or a.loss < b.loss)

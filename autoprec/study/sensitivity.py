@@ -1,16 +1,16 @@
 """Sensitivity: how much accuracy each unit loses alone, and how much of the FP32 time it costs.
 
-The search's first phase. Each unit is lowered alone to each precision it may take (everything
-else FP32) and its accuracy loss measured: one evaluation per unit and precision, on the
-screening batches, with the search's own calibration and FP32 reference. Each unit's share of the
-FP32 latency comes from the engine's per-node profile, not from FLOP counts; so does the time it
-saves when lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with
-the units beside them; a sensitive unit's FP16 saving is measured in the FP16 region, against one
-more profile with the sensitive units FP32). Where a precision's all-units plan is not faster than
-FP32, only the units that save time are lowered by the warm start: on many engines only some
-layers run faster in INT8, so such a model can still have fast partial plans. From the ranking (loss per time saved) the
-warm-start plans are built: the k least sensitive units lowered, for several k, so the front's
-shape is known after a handful of trials.
+The search's first phase. Each unit is lowered alone to each precision it may take (everything else
+FP32) and its accuracy loss measured: one evaluation per unit and precision, on the screening
+batches, with the search's own calibration and FP32 reference. Each unit's share of the FP32 latency
+comes from the engine's per-node profile, not from FLOP counts; so does the time it saves when
+lowered, from one profile of each all-units plan (its Q/DQ and Cast nodes counted with the units
+beside them; a sensitive unit's FP16 saving is measured in the FP16 region, against one more profile
+with the sensitive units FP32). Where a precision's all-units plan is not faster than FP32, only the
+units that save time are lowered by the warm start: on many engines only some layers run faster in
+INT8, so such a model can still have fast partial plans. From the ranking (loss per time saved) the
+warm-start plans are built: the k least sensitive units lowered, for several k, so the front's shape
+is known after a handful of trials.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from autoprec.study.coordination import StepFailure
 
 
 def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[str, float], float]:
-    """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times; a tied unit's
-    counted in the unit it is tied to, which stands for its pattern), and the share no unit owns."""
+    """Each unit's share of the FP32 model's profiled time (``times``: the engine's node times; a
+    tied unit's counted in the unit it is tied to, which stands for its pattern), and the share no
+    unit owns."""
     total = sum(times.values())
     owner = {key: u.tied_to or u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     shares: dict[str, float] = {}
@@ -57,7 +58,8 @@ def unit_times(
     """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
     (Q/DQ, Cast) shared equally by the ``lowered_units`` they connect to (directly, or also through
     nodes no unit owns where ``through_free_nodes``)."""
-    # A node by its own name (ONNX Runtime's profile) and by its path (TensorRT's layers: If_1/then/a).
+    # A node by its own name (ONNX Runtime's profile) and by its path (TensorRT's layers:
+    # If_1/then/a).
     owner = {key: u.name for u in info.units for node in u.nodes for key in (node, label(u.scope, node))}
     original = {n.name for n in all_nodes(info.model)}
     lowered_nodes = all_nodes(lowered)
@@ -103,7 +105,8 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
     gains: dict[str, dict[str, float]] = {}
     profiled = 0
 
-    def profile(plan) -> tuple[onnx.ModelProto, Mapping[str, float] | None]:  # the lowered graph, its node times
+    # the lowered graph, its node times
+    def profile(plan) -> tuple[onnx.ModelProto, Mapping[str, float] | None]:
         nonlocal profiled
         lowered = backend.lower(info, plan, ranges)
         profiled += 1
@@ -136,11 +139,11 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
 
 def sensitive_gains(info: ModelInfo, kept_fp32: tuple[onnx.ModelProto, Mapping[str, float]], sensitive: frozenset[str],
                     spent: Mapping[str, float], total: float) -> dict[str, float]:
-    """Fraction of FP32 time each sensitive unit saves in the reduced-precision region: its cost kept
-    FP32 amid it (its own nodes and the conversions at its borders, found through the neutral nodes
-    between) less its cost lowered with it (``spent``, from the all-units profile). Measured against the
-    FP32 model instead, a softmax between FP16 matrix multiplies would not be credited with the two
-    Casts that keeping it FP32 costs."""
+    """Fraction of FP32 time each sensitive unit saves in the reduced-precision region: its cost
+    kept FP32 amid it (its own nodes and the conversions at its borders, found through the neutral
+    nodes between) less its cost lowered with it (``spent``, from the all-units profile). Measured
+    against the FP32 model instead, a softmax between FP16 matrix multiplies would not be credited
+    with the two Casts that keeping it FP32 costs."""
     lowered, times = kept_fp32
     cost = unit_times(info, lowered, times, sensitive, through_free_nodes=True)
     return {u: (cost.get(u, 0.0) - spent.get(u, 0.0)) / total for u in sensitive if cost.get(u) or spent.get(u)}
@@ -156,14 +159,15 @@ def analyse_sensitivity(
     calibration: str = DEFAULT_CALIBRATION,
     on_step: Callable[[int, int], None] | None = None,
 ) -> Sensitivity:
-    """Profile the FP32 model and each all-units plan, then measure every (unit, precision) alone with ``loss_of``.
+    """Profile the FP32 model and each all-units plan, then measure every (unit, precision) alone
+    with ``loss_of``.
 
     A one-unit plan that fails to lower or run counts as an infinite loss: that unit stays FP32 in
     the warm start, and the search may still try it.
     """
     started = time.monotonic()
-    # the all-FP32 plan as the engine lowers it (ONNX Runtime: the model itself; TensorRT: stamped with
-    # the plan), so that the study's all-FP32 trial is the very graph profiled here
+    # the all-FP32 plan as the engine lowers it (ONNX Runtime: the model itself; TensorRT: stamped
+    # with the plan), so that the study's all-FP32 trial is the very graph profiled here
     fp32_times = backend.node_times(
         backend.lower(info, info.plan_at(Precision.FP32, (), calibration), ranges), timing_batch
     )
@@ -203,7 +207,8 @@ def analyse_sensitivity(
 
 
 def one_unit_steps(info: ModelInfo) -> list[tuple[Unit, Precision]]:
-    """The pass's one-unit plans, in the order it measures them: each dimension at each reduced precision."""
+    """The pass's one-unit plans, in the order it measures them: each dimension at each reduced
+    precision."""
     return [(u, p) for u in info.dimensions for p in u.allowed if p is not Precision.FP32]
 
 
@@ -212,8 +217,8 @@ def one_unit_plans(info: ModelInfo, calibration: str) -> list[Plan]:
 
 
 def one_unit_loss(loss_of: Callable[[Plan], float], plan: Plan) -> float:
-    """``loss_of(plan)``, an engine's or lowering's failure raised as a :class:`StepFailure` with its one line
-    (the metric's own failure is not the unit's: it stops the search)."""
+    """``loss_of(plan)``, an engine's or lowering's failure raised as a :class:`StepFailure` with
+    its one line (the metric's own failure is not the unit's: it stops the search)."""
     try:
         return loss_of(plan)
     except (MetricError, StepFailure):
@@ -234,11 +239,11 @@ def _by_dimension(info: ModelInfo, per_unit: Mapping[str, float]) -> dict[str, f
 def searched_sensitive(
     info: ModelInfo, sensitivity: Sensitivity | None, max_loss: float | None
 ) -> tuple[ModelInfo, dict]:
-    """``info`` with the sensitive units (softmax, normalisations) that do not pay kept FP32, and what was
-    decided. Each new dimension must earn its place: a sensitive unit is searched in a reduced precision
-    only where, alone, it stays within ``max_loss`` and the engine's profile of the all-units plan shows it
-    saving time (where the engine has no profiler, the loss decides). Without a sensitivity pass nothing
-    shows that any pays: all stay FP32."""
+    """``info`` with the sensitive units (softmax, normalisations) that do not pay kept FP32, and
+    what was decided. Each new dimension must earn its place: a sensitive unit is searched in a
+    reduced precision only where, alone, it stays within ``max_loss`` and the engine's profile of
+    the all-units plan shows it saving time (where the engine has no profiler, the loss decides).
+    Without a sensitivity pass nothing shows that any pays: all stay FP32."""
     candidates = [u for u in info.dimensions if u.sensitive]
     facts = {"found": len(candidates), "searched": 0, "too_lossy": 0, "no_gain": 0}
     if not candidates:
@@ -286,7 +291,8 @@ def cache_key(
 
 
 def cached_sensitivity(path: Path | None, key: str, compute: Callable[[], Sensitivity]) -> tuple[Sensitivity, bool]:
-    """Read ``path`` when it holds the sensitivity for ``key``, else compute and write it. Returns (it, from cache)."""
+    """Read ``path`` when it holds the sensitivity for ``key``, else compute and write it. Returns
+    (it, from cache)."""
     kept = atomic.read_keyed(path, key) if path is not None else None
     if kept is not None:
         try:

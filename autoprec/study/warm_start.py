@@ -11,9 +11,9 @@ from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import REDUCED, Precision
 from autoprec.record.per_unit import Sensitivity
 
-# Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross these
-# multiples of --max-loss (losses of small errors roughly add up), or these fractions of the units
-# when there is no limit.
+# Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross
+# these multiples of --max-loss (losses of small errors roughly add up), or these fractions of the
+# units when there is no limit.
 LOSS_TARGETS = (0.25, 0.5, 1.0, 2.0)
 UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
 # Where the all-units plan is faster but past --max-loss: plans keeping this many units nearest the
@@ -41,7 +41,8 @@ def warm_start_params(
     max_loss: float | None,
     uniform: Mapping[str, tuple[float, float]] | None = None,
 ) -> list[dict[str, str]]:
-    """Plans that lower the k least sensitive units (per time saved) to one precision, for several k.
+    """Plans that lower the k least sensitive units (per time saved) to one precision, for several
+    k.
 
     ``uniform`` holds the measured (latency ms, loss) of the uniform plans ("fp32", "fp16",
     "int8"). Where a precision's all-units plan is faster than all-FP32, lowering pays on the
@@ -69,7 +70,8 @@ def warm_start_params(
                 _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss,
                                   set(lowerable))
         if faster is not False and any(u.sensitive and precision in u.allowed for u in info.dimensions):
-            # the uniform plan keeps sensitive units FP32; this one is the widest region the search may use
+            # the uniform plan keeps sensitive units FP32; this one is the widest region the search
+            # may use
             every = dict(base, **{name: precision.value for name in lowerable})
             if every not in plans:
                 plans.append(every)

@@ -1,6 +1,7 @@
-"""The tasks: what a model's outputs decide (classes, text, boxes, text regions, pixels' classes, neighbours, a
-decoder's generated tokens), one module each, and the registry every other part of autoprec reads them from (the
-judge, the views, the options, the zoo). Adding a task is a module with a :class:`Task` subclass and a line below."""
+"""The tasks: what a model's outputs decide (classes, text, boxes, text regions, pixels' classes,
+neighbours, a decoder's generated tokens), one module each, and the registry every other part of
+autoprec reads them from (the judge, the views, the options, the zoo). Adding a task is a module
+with a :class:`Task` subclass and a line below."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ REGISTRY: dict[str, Task] = {task.name: task for task in (
     Top1(), CtcText(), Detection(), Embedding(), TextRegions(), Segmentation(), Generation(),
 )}
 TASKS = tuple(REGISTRY.values())
-# The label arrays the data may carry, each with its form in words (what the tasks with labels score against).
+# The label arrays the data may carry, each with its form in words (what the tasks with labels score
+# against).
 LABEL_FORMS = {task.labels: task.label_form for task in TASKS if task.labels}
 
 __all__ = ["DETECTION_LAYOUTS", "LABEL_FORMS", "REGISTRY", "TASKS", "HeadOptions", "Limit", "Reading", "Task",
@@ -36,12 +38,14 @@ def task_named(name: str) -> Task | None:
 
 
 def implied_by(labels: Mapping[str, object]) -> list[str]:
-    """The tasks the data's label arrays call for (its text: ctc-text; its boxes: detection; its masks)."""
+    """The tasks the data's label arrays call for (its text: ctc-text; its boxes: detection; its
+    masks)."""
     return [t.name for t in TASKS if t.implied and t.labels in labels]
 
 
 def lower_is_closer(key: str) -> bool:
-    """Whether a task's metric ``key`` reads lower where closer to FP32 (an error, a change), not higher."""
+    """Whether a task's metric ``key`` reads lower where closer to FP32 (an error, a change), not
+    higher."""
     return any(key in t.lower_is_closer for t in TASKS)
 
 
@@ -51,8 +55,9 @@ def shown_keys() -> tuple[tuple[str, str], ...]:
 
 
 def doubtful(fp32: Mapping[str, Mapping[str, float]], outputs: Mapping[str, np.ndarray]) -> list[str]:
-    """FP32's own scores against the labels where they say the labels may not be this model's: none right (a
-    task's worst score), or top-1 no better than chance. A loss measured against such labels says little."""
+    """FP32's own scores against the labels where they say the labels may not be this model's: none
+    right (a task's worst score), or top-1 no better than chance. A loss measured against such
+    labels says little."""
     by_key = {t.label_key: t for t in TASKS if t.labels}
     lines = []
     for name, scores in fp32.items():

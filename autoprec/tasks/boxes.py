@@ -1,5 +1,5 @@
-"""Boxes as YOLO-family heads give them (YOLOv8, YOLOv5, YOLOX), class-wise NMS, and mAP@0.5 against other boxes:
-what the detection task reads (plain NumPy)."""
+"""Boxes as YOLO-family heads give them (YOLOv8, YOLOv5, YOLOX), class-wise NMS, and mAP@0.5 against
+other boxes: what the detection task reads (plain NumPy)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 
 from autoprec.core.errors import AutoprecError
 
-# Box layouts of YOLO-family heads: channels first (4 box + classes, no objectness: YOLOv8 and later),
-# channels last with objectness in column 4 (YOLOv5, YOLOX exported decoded), or YOLOX's raw head
-# (the same columns, boxes still relative to their grid cell at strides 8, 16, 32).
+# Box layouts of YOLO-family heads: channels first (4 box + classes, no objectness: YOLOv8 and
+# later), channels last with objectness in column 4 (YOLOv5, YOLOX exported decoded), or YOLOX's raw
+# head (the same columns, boxes still relative to their grid cell at strides 8, 16, 32).
 DETECTION_LAYOUTS = ("yolov8", "yolov5", "yolox", "picodet")  # picodet: autoprec.tasks.gfl
 YOLOX_STRIDES = (8, 16, 32)
 
@@ -42,8 +42,9 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
 
 
 def yolox_boxes(raw: np.ndarray) -> np.ndarray:
-    """YOLOX's raw (N, A, 4) regression as centre/size in input pixels: (x + grid x) · stride, exp(w) · stride,
-    the grids of a square input whose side the box count gives (A = side² · (1/8² + 1/16² + 1/32²))."""
+    """YOLOX's raw (N, A, 4) regression as centre/size in input pixels: (x + grid x) · stride,
+    exp(w) · stride, the grids of a square input whose side the box count gives (A = side² · (1/8² +
+    1/16² + 1/32²))."""
     side = round(np.sqrt(raw.shape[1] / sum(1 / s**2 for s in YOLOX_STRIDES)))
     grids, strides = [], []
     for stride in YOLOX_STRIDES:
@@ -137,7 +138,8 @@ def as_truths(detections: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def padded_boxes(boxes: np.ndarray) -> list[np.ndarray]:
-    """(N, M, 5) ground-truth boxes, rows with a negative class being padding, as a list of (M_i, 5)."""
+    """(N, M, 5) ground-truth boxes, rows with a negative class being padding, as a list of (M_i,
+    5)."""
     return [item[item[:, 0] >= 0].astype(np.float64) for item in boxes]
 
 

@@ -1,5 +1,5 @@
-"""ctc-text: the text a CTC recognizer reads (greedy), the plan's against FP32's as a character error rate; against
-the data's ``text`` for ``ctc-text@labels``."""
+"""ctc-text: the text a CTC recognizer reads (greedy), the plan's against FP32's as a character
+error rate; against the data's ``text`` for ``ctc-text@labels``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ NAME = "ctc-text"
 
 
 def looks_like_ctc(arr: np.ndarray) -> bool:
-    """(N, T, C) per-step probabilities (each step sums to 1): what a CTC recognizer's softmax gives."""
+    """(N, T, C) per-step probabilities (each step sums to 1): what a CTC recognizer's softmax
+    gives."""
     if not (arr.dtype.kind == "f" and arr.ndim == 3 and arr.shape[1] >= 2 and arr.shape[2] >= 3):
         return False
     return bool(arr.min() >= 0 and np.allclose(arr.sum(-1), 1.0, atol=1e-3))

@@ -1,5 +1,5 @@
-"""detection: the boxes a YOLO-family head (YOLOv8, YOLOv5, YOLOX) or a PicoDet head finds after NMS, the plan's
-against FP32's as mAP@0.5; against the data's ``boxes`` for ``detection@labels``."""
+"""detection: the boxes a YOLO-family head (YOLOv8, YOLOv5, YOLOX) or a PicoDet head finds after
+NMS, the plan's against FP32's as mAP@0.5; against the data's ``boxes`` for ``detection@labels``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class Detection(Task):
     lower_is_closer = ("box_count_change",)
 
     def applies(self, reading: Reading, name: str, ref: np.ndarray) -> bool:
-        """A YOLO head's one output (a PicoDet head is read from all its outputs at once: scored_together)."""
+        """A YOLO head's one output (a PicoDet head is read from all its outputs at once:
+        scored_together)."""
         return (NAME in reading.asked and reading.reads(name) and ref.ndim == 3 and ref.dtype.kind == "f"
                 and not picodet(reading))
 
@@ -44,8 +45,8 @@ class Detection(Task):
 
     def scored_together(self, reading: Reading, refs: Mapping[str, np.ndarray], cands: Mapping[str, np.ndarray],
                         labels: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
-        """A PicoDet head: its boxes from every output of it at once (scores outside [0, 1] are logits); the
-        per-anchor scores decide nothing of their own (no top-1)."""
+        """A PicoDet head: its boxes from every output of it at once (scores outside [0, 1] are
+        logits); the per-anchor scores decide nothing of their own (no top-1)."""
         if not picodet(reading):
             return {}
         head, options = gfl_head(reading), reading.options
@@ -56,7 +57,8 @@ class Detection(Task):
         return found
 
     def limit_said(self, reading: Reading, limit: Limit) -> str | None:
-        """Each box lost or moved costs its class's share of mAP@0.5 (one YOLO head; not a PicoDet head's)."""
+        """Each box lost or moved costs its class's share of mAP@0.5 (one YOLO head; not a PicoDet
+        head's)."""
         if picodet(reading):
             return None
         if limit.against_labels:
@@ -84,7 +86,8 @@ def gfl_head(reading: Reading) -> gfl.Head:
 
 def box_decisions(ref_boxes: list[np.ndarray], cand_boxes: list[np.ndarray],
                   labels: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Detections against FP32's (mAP@0.5, the change in their count) and against the data's boxes."""
+    """Detections against FP32's (mAP@0.5, the change in their count) and against the data's
+    boxes."""
     count = sum(len(b) for b in ref_boxes)
     found = {"map50": boxes.mean_average_precision(cand_boxes, boxes.as_truths(ref_boxes)),
              "box_count_change": (sum(len(b) for b in cand_boxes) - count) / max(1, count)}
@@ -94,7 +97,8 @@ def box_decisions(ref_boxes: list[np.ndarray], cand_boxes: list[np.ndarray],
 
 
 def inferred_layout(name: str, ref: np.ndarray) -> str:
-    """Channels first (N × 4+classes × boxes) is YOLOv8's; channels last is ambiguous (objectness or not)."""
+    """Channels first (N × 4+classes × boxes) is YOLOv8's; channels last is ambiguous (objectness or
+    not)."""
     if ref.shape[1] < ref.shape[2]:
         return "yolov8"
     raise AutoprecError(
@@ -104,7 +108,8 @@ def inferred_layout(name: str, ref: np.ndarray) -> str:
 
 
 def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
-    """What ``--max-loss`` allows in boxes, each lost or moved box costing its class's share of mAP@0.5."""
+    """What ``--max-loss`` allows in boxes, each lost or moved box costing its class's share of
+    mAP@0.5."""
     costs = boxes.box_costs(truths)  # one per class
     count, classes = sum(len(t) for t in truths), len(costs)
     whose = "the data's" if metric.endswith("@labels") else "FP32's"

@@ -1,5 +1,5 @@
-"""embedding: vectors that place items (a sentence encoder's), the plan's against FP32's: their cosine and each
-item's nearest neighbour among the others."""
+"""embedding: vectors that place items (a sentence encoder's), the plan's against FP32's: their
+cosine and each item's nearest neighbour among the others."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class Embedding(Task):
         ref_emb, cand_emb = vectors.pooled(ref), vectors.pooled(cand)
         cosine = float((vectors.unit_rows(ref_emb) * vectors.unit_rows(cand_emb)).sum(1).mean())
         found = {"embedding_cosine": cosine, "embedding_loss": 1.0 - cosine}
-        if len(ref_emb) >= 3:  # with two items, each one's neighbour is the other: nothing to agree on
+        # with two items, each one's neighbour is the other: nothing to agree on
+        if len(ref_emb) >= 3:
             same = vectors.nearest_neighbours(ref_emb) == vectors.nearest_neighbours(cand_emb)
             found["nn_agreement"] = float(same.mean())
             found["embedding_loss"] = max(found["embedding_loss"], 1.0 - found["nn_agreement"])

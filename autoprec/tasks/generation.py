@@ -1,7 +1,7 @@
-"""generation: what a decoder with a KV cache says, greedy generation from the data's prompts with the plan's own
-cache fed back, against FP32's: the share of tokens that agree before the first that does not, and the logits'
-loss at every shape the search judges. Its judge runs the model itself (autoprec.measure.shaped), so it reads no
-output here."""
+"""generation: what a decoder with a KV cache says, greedy generation from the data's prompts with
+the plan's own cache fed back, against FP32's: the share of tokens that agree before the first that
+does not, and the logits' loss at every shape the search judges. Its judge runs the model itself
+(autoprec.measure.shaped), so it reads no output here."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """PicoDet / GFL detection heads (PaddleDetection's export without NMS): per stride a score tensor
-N×A×classes and a box-distribution tensor N×A×4·(reg_max+1), or one pair over every stride concatenated.
+N×A×classes and a box-distribution tensor N×A×4·(reg_max+1), or one pair over every stride
+concatenated.
 
-The outputs are paired by their anchor count A and the strides found from the image's size (A = ⌈H/s⌉·⌈W/s⌉,
-strides 8, 16, 32, 64, …); each side of a box is the expectation of its softmaxed distribution times the
-stride, from the cell's centre, as PaddleDetection's PicoDetPostProcess decodes it. Scores already in [0, 1]
-are taken as they are, others go through a sigmoid. Boxes are clipped to the image. Each class above the
-threshold keeps its box (a box may count for two classes), then class-wise NMS."""
+The outputs are paired by their anchor count A and the strides found from the image's size (A =
+⌈H/s⌉·⌈W/s⌉, strides 8, 16, 32, 64, …); each side of a box is the expectation of its softmaxed
+distribution times the stride, from the cell's centre, as PaddleDetection's PicoDetPostProcess
+decodes it. Scores already in [0, 1] are taken as they are, others go through a sigmoid. Boxes are
+clipped to the image. Each class above the threshold keeps its box (a box may count for two
+classes), then class-wise NMS."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ KEEP_K = 100  # boxes kept per image (keep_top_k)
 
 @dataclass(frozen=True)
 class Head:
-    """Which outputs hold the scores and the box distributions, and at what strides (one stride per cell)."""
+    """Which outputs hold the scores and the box distributions, and at what strides (one stride per
+    cell)."""
 
     scores: tuple[str, ...]
     boxes: tuple[str, ...]
@@ -37,7 +40,8 @@ def cells(image: tuple[int, int], stride: int) -> int:
 
 
 def strides_for(anchors: int, image: tuple[int, int]) -> tuple[int, ...] | None:
-    """The stride of a per-stride output, or the run of strides from 8 a concatenated output holds."""
+    """The stride of a per-stride output, or the run of strides from 8 a concatenated output
+    holds."""
     single = tuple(s for s in STRIDES if cells(image, s) == anchors)
     if single:
         return single[:1]
@@ -50,7 +54,8 @@ def strides_for(anchors: int, image: tuple[int, int]) -> tuple[int, ...] | None:
 
 
 def find_head(shapes: Mapping[str, tuple[int, ...]], image: tuple[int, int] | None) -> Head:
-    """The score/box pairs among the outputs (N×A×C float tensors), from their shapes; one line where none fit."""
+    """The score/box pairs among the outputs (N×A×C float tensors), from their shapes; one line
+    where none fit."""
     if image is None:
         raise AutoprecError("--det-layout picodet: the model has no image input (N×C×H×W) to place the anchors of; "
                             "use --metric cosine, or a module:function metric")
@@ -78,7 +83,8 @@ def find_head(shapes: Mapping[str, tuple[int, ...]], image: tuple[int, int] | No
 
 
 def _centres(image: tuple[int, int], strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Every anchor's centre (A×2, x then y, in input pixels) and stride (A), row by row per stride."""
+    """Every anchor's centre (A×2, x then y, in input pixels) and stride (A), row by row per
+    stride."""
     centres, per_anchor = [], []
     for stride in strides:
         ys, xs = np.meshgrid(np.arange(-(-image[0] // stride)), np.arange(-(-image[1] // stride)), indexing="ij")
@@ -110,7 +116,8 @@ def detections(outputs: Mapping[str, np.ndarray], head: Head, conf: float, iou: 
             boxes.append(np.concatenate([centre[top] - distance[:, :2], centre[top] + distance[:, 2:]], axis=1))
             scores.append(score[top])
         box, score = np.concatenate(boxes), np.concatenate(scores)
-        box = np.clip(box, 0, [head.image[1], head.image[0]] * 2)  # inside the image, as the package's decoder does
+        # inside the image, as the package's decoder does
+        box = np.clip(box, 0, [head.image[1], head.image[0]] * 2)
         anchor, cls = np.nonzero(score > conf)
         rows = np.column_stack([box[anchor], score[anchor, cls], cls]) if len(anchor) else np.zeros((0, 6))
         kept = class_nms(rows[:, :4], rows[:, 4], rows[:, 5], iou)[:KEEP_K]

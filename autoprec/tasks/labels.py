@@ -1,5 +1,6 @@
-"""The data's labels against the outputs they score: one class per item, each a class the output has, some item
-labelled; and FP32's own score against them, which says whether they are this model's labels at all."""
+"""The data's labels against the outputs they score: one class per item, each a class the output
+has, some item labelled; and FP32's own score against them, which says whether they are this model's
+labels at all."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ def class_scores(value: np.ndarray) -> bool:
 
 
 def scores_classes(truth: np.ndarray, scores: np.ndarray) -> bool:
-    """Whether ``truth`` (classes; negative: not labelled) are classes of ``scores``: one per item (the scores'
-    shape less its class axis), each below the number of classes it scores."""
+    """Whether ``truth`` (classes; negative: not labelled) are classes of ``scores``: one per item
+    (the scores' shape less its class axis), each below the number of classes it scores."""
     return truth.shape == scores.shape[:-1] and (not truth.size or int(truth.max()) < scores.shape[-1])
 
 
 def unscored(wanted: str, labels: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
              output: str | None, form: str) -> str:
-    """Why the data's ``wanted`` array (one evaluation batch of it: ``labels``) scores none of the model's
-    ``outputs`` (one batch of each; ``output``: --task-output), in words for one line: the labels' fault, said of
-    the labels, with the shape or classes they would need."""
+    """Why the data's ``wanted`` array (one evaluation batch of it: ``labels``) scores none of the
+    model's ``outputs`` (one batch of each; ``output``: --task-output), in words for one line: the
+    labels' fault, said of the labels, with the shape or classes they would need."""
     truth = np.asarray(labels[wanted])
     if wanted != "labels":
         shapes = ", ".join(f"{name} {list(np.shape(v))}" for name, v in outputs.items())

@@ -1,6 +1,6 @@
-"""What text detectors and segmenters decide: DBNet-style probability maps binarised into text regions (as
-PaddleOCR's post-processing does, its thresholds by default), and per-pixel classes. Compared plan against
-FP32: the F-score of matched regions, the mean IoU of the classes."""
+"""What text detectors and segmenters decide: DBNet-style probability maps binarised into text
+regions (as PaddleOCR's post-processing does, its thresholds by default), and per-pixel classes.
+Compared plan against FP32: the F-score of matched regions, the mean IoU of the classes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ DB_THRESHOLD = 0.3  # PaddleOCR's det_db_thresh: a pixel of text
 DB_BOX_THRESHOLD = 0.6  # det_db_box_thresh: a region kept when its mean probability reaches this
 MIN_SIDE = 3  # PaddleOCR's min_size: smaller regions are noise
 MATCH_IOU = 0.5
-# A sigmoid computed in float may pass 1 by a rounding step (ONNX Runtime's CPU gave 1.0000001 on one page of
-# PP-OCRv5's map): probabilities may lie this far outside [0, 1].
+# A sigmoid computed in float may pass 1 by a rounding step (ONNX Runtime's CPU gave 1.0000001 on
+# one page of PP-OCRv5's map): probabilities may lie this far outside [0, 1].
 ROUNDING = 1e-5
 
 
@@ -31,17 +31,19 @@ def maps(output: np.ndarray) -> np.ndarray | None:
 
 
 def probability_maps(output: np.ndarray) -> np.ndarray | None:
-    """N×1×H×W or N×H×W probabilities (a DBNet head's sigmoid) as N×H×W; None for any other output. (A plan's
-    map is decoded whatever its values: a lowered sigmoid may overshoot 1 by more than a float rounding.)"""
+    """N×1×H×W or N×H×W probabilities (a DBNet head's sigmoid) as N×H×W; None for any other output.
+    (A plan's map is decoded whatever its values: a lowered sigmoid may overshoot 1 by more than a
+    float rounding.)"""
     found = maps(output)
     return found if found is not None and probabilities(found) else None
 
 
 @dataclass(frozen=True)
 class Runs:
-    """A boolean H×W mask's horizontal runs of True pixels, in raster order: each run's row, its first column and
-    the column past its last, and the 4-connected region (0…K-1, numbered in the raster order of their first
-    pixels) it belongs to. A text map's regions are a few thousand runs, not hundreds of thousands of pixels."""
+    """A boolean H×W mask's horizontal runs of True pixels, in raster order: each run's row, its
+    first column and the column past its last, and the 4-connected region (0…K-1, numbered in the
+    raster order of their first pixels) it belongs to. A text map's regions are a few thousand runs,
+    not hundreds of thousands of pixels."""
 
     row: np.ndarray
     start: np.ndarray
@@ -53,7 +55,8 @@ class Runs:
         padded = np.zeros((mask.shape[0], mask.shape[1] + 2), np.int8)
         padded[:, 1:-1] = mask
         edges = np.diff(padded, axis=1)
-        row, start = np.nonzero(edges == 1)  # row-major: the k-th start and the k-th end are one run's
+        # row-major: the k-th start and the k-th end are one run's
+        row, start = np.nonzero(edges == 1)
         end = np.nonzero(edges == -1)[1]
         return cls(row, start, end, _joined(row, start, end, mask.shape[1] + 1))
 
@@ -63,14 +66,18 @@ class Runs:
 
 
 def _joined(row: np.ndarray, start: np.ndarray, end: np.ndarray, stride: int) -> np.ndarray:
-    """Each run's region: runs of adjacent rows that share a column are joined (min-label hooking with pointer
-    jumping over the runs, so the passes grow with the log of a region's size)."""
+    """Each run's region: runs of adjacent rows that share a column are joined (min-label hooking
+    with pointer jumping over the runs, so the passes grow with the log of a region's size)."""
     first, past = row * stride + start, row * stride + end  # sorted: runs are in raster order
-    above_lo = np.searchsorted(past, (row - 1) * stride + start, side="right")  # runs of the row above ending after
-    above_hi = np.searchsorted(first, (row - 1) * stride + end, side="left")  # ... and starting before this run's end
+    # runs of the row above ending after
+    above_lo = np.searchsorted(past, (row - 1) * stride + start, side="right")
+    # ... and starting before this run's end
+    above_hi = np.searchsorted(first, (row - 1) * stride + end, side="left")
     touching = np.maximum(above_hi - above_lo, 0)
-    below = np.repeat(np.arange(row.size), touching)  # a run below, once for each run above it touches
-    within = np.arange(touching.sum()) - np.repeat(np.cumsum(touching) - touching, touching)  # 0, 1 … per run below
+    # a run below, once for each run above it touches
+    below = np.repeat(np.arange(row.size), touching)
+    # 0, 1 … per run below
+    within = np.arange(touching.sum()) - np.repeat(np.cumsum(touching) - touching, touching)
     above = np.repeat(above_lo, touching) + within
     parent = np.arange(row.size)
     while True:
@@ -80,14 +87,15 @@ def _joined(row: np.ndarray, start: np.ndarray, end: np.ndarray, stride: int) ->
         while not np.array_equal(jumped := parent[parent], parent):
             parent = jumped
         if np.array_equal(parent[below], parent[above]):
-            return np.unique(parent, return_inverse=True)[1]  # roots are each region's first run: raster order
+            # roots are each region's first run: raster order
+            return np.unique(parent, return_inverse=True)[1]
 
 
 def text_regions(probability: np.ndarray, threshold: float = DB_THRESHOLD,
                  box_threshold: float = DB_BOX_THRESHOLD) -> np.ndarray:
-    """K×4 boxes (x1, y1, x2, y2) of the map's text regions: pixels above ``threshold``, joined into connected
-    regions, kept where their mean probability reaches ``box_threshold`` and both sides MIN_SIDE; in the raster
-    order of their first pixels."""
+    """K×4 boxes (x1, y1, x2, y2) of the map's text regions: pixels above ``threshold``, joined into
+    connected regions, kept where their mean probability reaches ``box_threshold`` and both sides
+    MIN_SIDE; in the raster order of their first pixels."""
     runs = Runs.of(probability > threshold)
     count = runs.regions
     if not count:
@@ -116,8 +124,8 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def region_f_score(found: list[np.ndarray], truth: list[np.ndarray], iou: float = MATCH_IOU) -> float:
-    """F-score of ``found`` regions against ``truth`` over all images: one-to-one matches of IoU >= ``iou``,
-    best first (1.0 where both have none)."""
+    """F-score of ``found`` regions against ``truth`` over all images: one-to-one matches of IoU >=
+    ``iou``, best first (1.0 where both have none)."""
     matched = total = 0
     for mine, theirs in zip(found, truth):
         total += len(mine) + len(theirs)
@@ -135,7 +143,8 @@ def region_f_score(found: list[np.ndarray], truth: list[np.ndarray], iou: float 
 
 
 def class_map(output: np.ndarray) -> np.ndarray | None:
-    """Per-pixel classes of a segmenter's output: N×C×H×W scores (C ≥ 2: the argmax) or N×H×W class ids."""
+    """Per-pixel classes of a segmenter's output: N×C×H×W scores (C ≥ 2: the argmax) or N×H×W class
+    ids."""
     if output.ndim == 4 and output.dtype.kind == "f" and output.shape[1] >= 2:
         return output.argmax(1)
     if output.ndim == 3 and output.dtype.kind in "iu":
@@ -144,7 +153,8 @@ def class_map(output: np.ndarray) -> np.ndarray | None:
 
 
 def mean_iou(predicted: np.ndarray, truth: np.ndarray) -> float:
-    """Mean over the classes either holds of their pixel IoU (negative truth: not labelled); 1.0 for none."""
+    """Mean over the classes either holds of their pixel IoU (negative truth: not labelled); 1.0 for
+    none."""
     scored = truth >= 0
     ious = []
     for cls in np.union1d(np.unique(predicted[scored]), np.unique(truth[scored])):

@@ -1,5 +1,5 @@
-"""segmentation: the class of each pixel, the plan's against FP32's as a mean IoU; against the data's ``masks`` for
-``segmentation@labels``."""
+"""segmentation: the class of each pixel, the plan's against FP32's as a mean IoU; against the
+data's ``masks`` for ``segmentation@labels``."""
 
 from __future__ import annotations
 

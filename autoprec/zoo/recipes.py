@@ -49,7 +49,8 @@ def _normalise(rgb: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> 
 
 
 def ppocr_det(images: Mapping[str, bytes], size: int = 640) -> dict[str, np.ndarray]:
-    """Document and text photos (and their halves), resized to size×size, PaddleOCR det normalisation."""
+    """Document and text photos (and their halves), resized to size×size, PaddleOCR det
+    normalisation."""
     pages = [_image(images[n]) for n in ("page.png", "text.png")]
     crops = []
     for page in pages:
@@ -61,7 +62,8 @@ def ppocr_det(images: Mapping[str, bytes], size: int = 640) -> dict[str, np.ndar
 
 
 def _text_line_tensor(line: Image.Image, height: int, width: int) -> np.ndarray:
-    """PaddleOCR rec/cls preprocessing: resize to the height keeping the ratio, pad right, (x/255-0.5)/0.5."""
+    """PaddleOCR rec/cls preprocessing: resize to the height keeping the ratio, pad right,
+    (x/255-0.5)/0.5."""
     w = min(width, max(1, int(round(line.width * height / line.height))))
     resized = np.asarray(line.convert("RGB").resize((w, height), Image.BILINEAR), np.float32)
     padded = np.zeros((height, width, 3), np.float32)
@@ -72,13 +74,15 @@ def _text_line_tensor(line: Image.Image, height: int, width: int) -> np.ndarray:
 def _font(size: int) -> ImageFont.FreeTypeFont:
     if DEJAVU.exists():
         return ImageFont.truetype(str(DEJAVU), size)
-    # Pillow's own scalable font: keeps the recipe working where Debian's fonts-dejavu-core is missing.
+    # Pillow's own scalable font: keeps the recipe working where Debian's fonts-dejavu-core is
+    # missing.
     return ImageFont.load_default(size=size)
 
 
 def ppocr_rec(height: int = 48, width: int = 320) -> dict[str, np.ndarray]:
-    """Sentences rendered as text lines (DejaVu Sans), light and dark backgrounds, with their true text:
-    as many words as fit the recognizer's 320×48 window unsqueezed (PaddleOCR cuts longer lines too)."""
+    """Sentences rendered as text lines (DejaVu Sans), light and dark backgrounds, with their true
+    text: as many words as fit the recognizer's 320×48 window unsqueezed (PaddleOCR cuts longer
+    lines too)."""
     lines, texts = [], []
     for i, sentence in enumerate(SENTENCES):
         font = _font(28 + (i % 3) * 4)
@@ -99,7 +103,8 @@ def ppocr_rec(height: int = 48, width: int = 320) -> dict[str, np.ndarray]:
 
 
 def text_line_crops(page_png: bytes, height: int = 48, width: int = 192) -> tuple[np.ndarray, np.ndarray]:
-    """Windows cut from a scanned page's text lines, upright (label 0) and rotated 180° (label 1)."""
+    """Windows cut from a scanned page's text lines, upright (label 0) and rotated 180° (label
+    1)."""
     page = _image(page_png, "L")
     g = np.asarray(page).astype(np.float32)
     # Ink is darker than the local background (the page is unevenly lit): compare with a max filter.
@@ -125,7 +130,8 @@ def text_line_crops(page_png: bytes, height: int = 48, width: int = 192) -> tupl
 
 
 def ppocr_cls(images: Mapping[str, bytes]) -> dict[str, np.ndarray]:
-    """Text-line crops and their orientation (the classifier's classes: 0 upright, 1 rotated 180°)."""
+    """Text-line crops and their orientation (the classifier's classes: 0 upright, 1 rotated
+    180°)."""
     x, labels = text_line_crops(images["page.png"])
     return {"x": x, "labels": labels}
 
@@ -140,7 +146,8 @@ def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray
 
 
 def magika_features(content: bytes, beg_size: int, end_size: int, padding: int) -> np.ndarray:
-    """Magika v3 features: the first and last bytes after stripping whitespace, padded with ``padding``."""
+    """Magika v3 features: the first and last bytes after stripping whitespace, padded with
+    ``padding``."""
     stripped = content.strip()
     beg = list(stripped[:beg_size]) + [padding] * max(0, beg_size - len(stripped))
     end_part = stripped[-end_size:] if end_size else b""
@@ -160,8 +167,9 @@ def magika_true_type(name: str, content: bytes) -> str | None:
 
 
 def magika(wheel: Path, config: Mapping, count: int = 32) -> dict[str, np.ndarray]:
-    """Real files of many types: every file inside the pinned magika wheel (code, JSON, Markdown, the ONNX
-    model, ...), labelled with their true type's index in the model's label space (-1: not settled)."""
+    """Real files of many types: every file inside the pinned magika wheel (code, JSON, Markdown,
+    the ONNX model, ...), labelled with their true type's index in the model's label space (-1: not
+    settled)."""
     with zipfile.ZipFile(wheel) as zf:
         names = sorted(n for n in zf.namelist() if not n.endswith("/") and zf.getinfo(n).file_size >= 16)
         step = max(1, len(names) // count)
@@ -175,7 +183,8 @@ def magika(wheel: Path, config: Mapping, count: int = 32) -> dict[str, np.ndarra
 
 
 def sentences(tokenizer_json: Path, length: int) -> dict[str, np.ndarray]:
-    """Real sentences, tokenized with the model's own tokenizer.json, padded or cut to ``length``."""
+    """Real sentences, tokenized with the model's own tokenizer.json, padded or cut to
+    ``length``."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -190,8 +199,9 @@ def sentences(tokenizer_json: Path, length: int) -> dict[str, np.ndarray]:
 
 
 def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float = 0.3) -> np.ndarray:
-    """English speech synthesized offline by eSpeak NG (the espeakng-loader wheel's library and data,
-    unpacked in ``espeak``), a pause of silence after each text, resampled to ``rate``: float32 in [-1, 1]."""
+    """English speech synthesized offline by eSpeak NG (the espeakng-loader wheel's library and
+    data, unpacked in ``espeak``), a pause of silence after each text, resampled to ``rate``:
+    float32 in [-1, 1]."""
     import ctypes
 
     package = espeak / "espeakng_loader"
@@ -215,7 +225,8 @@ def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float =
                                  ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
     for text in texts:
         encoded = text.encode()
-        lib.espeak_Synth(encoded, len(encoded) + 1, 0, 1, 0, 0, None, None)  # POS_CHARACTER, espeakCHARS_AUTO
+        # POS_CHARACTER, espeakCHARS_AUTO
+        lib.espeak_Synth(encoded, len(encoded) + 1, 0, 1, 0, 0, None, None)
         lib.espeak_Synchronize()
         pieces.append(np.zeros(int(pause * native), np.float32))
     audio = np.concatenate(pieces)
@@ -224,9 +235,9 @@ def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float =
 
 
 def silero_vad(model: bytes, audio: np.ndarray, count: int = 64, rate: int = 16000) -> dict[str, np.ndarray]:
-    """Chunks of ``audio`` as Silero VAD's own wrapper feeds them (512 new samples after the previous 64,
-    the sample rate), each with the recurrent state the FP32 model reached over the audio before it:
-    ``count`` of them, evenly spread over speech and pauses."""
+    """Chunks of ``audio`` as Silero VAD's own wrapper feeds them (512 new samples after the
+    previous 64, the sample rate), each with the recurrent state the FP32 model reached over the
+    audio before it: ``count`` of them, evenly spread over speech and pauses."""
     import onnxruntime as ort
 
     chunk, context = 512, 64
@@ -247,7 +258,8 @@ def silero_vad(model: bytes, audio: np.ndarray, count: int = 64, rate: int = 160
 
 def _paragraph(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, sentences: Sequence[str],
                font: ImageFont.FreeTypeFont) -> int:
-    """Sentences set as a justified-left paragraph between ``left`` and ``right``; returns the bottom."""
+    """Sentences set as a justified-left paragraph between ``left`` and ``right``; returns the
+    bottom."""
     line, y = "", top
     for word in " ".join(sentences).split():
         if line and draw.textlength(f"{line} {word}", font=font) > right - left:
@@ -278,9 +290,10 @@ def _sentences(start: int, count: int) -> tuple[str, ...]:
 
 
 def doc_layout(images: Mapping[str, bytes], height: int = 800, width: int = 608, count: int = 24) -> dict[str, np.ndarray]:
-    """Document pages rendered as a layout detector sees them: a title, paragraphs, a photo (scikit-image's)
-    with its caption, a ruled table, a page header and footer, in an order, size and place that change per
-    page; resized to height×width, RGB, ImageNet normalisation (PaddleDetection's PicoDet preprocessing)."""
+    """Document pages rendered as a layout detector sees them: a title, paragraphs, a photo
+    (scikit-image's) with its caption, a ruled table, a page header and footer, in an order, size
+    and place that change per page; resized to height×width, RGB, ImageNet normalisation
+    (PaddleDetection's PicoDet preprocessing)."""
     photos = ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png")
     pages = []
     for i in range(count):

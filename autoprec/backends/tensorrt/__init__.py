@@ -1,11 +1,12 @@
-"""TensorRT and TensorRT for RTX: strongly typed builds of the explicit-precision ONNX, timed with CUDA events.
+"""TensorRT and TensorRT for RTX: strongly typed builds of the explicit-precision ONNX, timed with
+CUDA events.
 
 One code path for both: their Python APIs agree on everything used here but for what
-:class:`~autoprec.backends.tensorrt.loader.Flavour` names (the module, strong typing, build-time timing
-cache versus runtime cache, the GPUs an engine runs on). As Polygraphy's ``backend/trt``: ``loader``
-imports TensorRT, parses and builds (no GPU needed), ``profile`` makes the optimisation profile of a
-dynamic network, ``runner`` runs and times an engine on a GPU, ``layers`` reads what an engine runs;
-this module is the backend that puts them together.
+:class:`~autoprec.backends.tensorrt.loader.Flavour` names (the module, strong typing, build-time
+timing cache versus runtime cache, the GPUs an engine runs on). As Polygraphy's ``backend/trt``:
+``loader`` imports TensorRT, parses and builds (no GPU needed), ``profile`` makes the optimisation
+profile of a dynamic network, ``runner`` runs and times an engine on a GPU, ``layers`` reads what an
+engine runs; this module is the backend that puts them together.
 
 What has run (2026-11-23):
 
@@ -71,13 +72,15 @@ from autoprec.core.stored import StoredModel
 from autoprec.lower import QDQForm
 from autoprec.record.trial import EngineInfo
 
-# The package's public names (its modules: loader builds, runner runs, profile shapes, layers reads engines).
+# The package's public names (its modules: loader builds, runner runs, profile shapes, layers reads
+# engines).
 __all__ = ["OPTIMIZATION_LEVEL", "TENSORRT", "TENSORRT_RTX", "WORKSPACE_BYTES", "TensorRTBackend", "TensorRTRtxBackend",
            "build_engine", "capturing_logger", "fidelity_report", "import_tensorrt", "installed", "read_engine_layers",
            "stamp_plan"]
 
 def engine_information(serialized: bytes) -> str:
-    """The inspector's JSON for a serialized engine, with whichever TensorRT is installed (needs a GPU it runs on)."""
+    """The inspector's JSON for a serialized engine, with whichever TensorRT is installed (needs a
+    GPU it runs on)."""
     found = installed()
     if found is None:
         raise BackendError(TENSORRT.install + " (or TensorRT for RTX: pip install 'autoprec[tensorrt-rtx]')")
@@ -93,8 +96,8 @@ def engine_information(serialized: bytes) -> str:
 
 
 def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
-    """The GPU ``device`` when this TensorRT runs engines on it; else one line: no GPU, no such index, or
-    a compute capability it does not run (naming what to use instead)."""
+    """The GPU ``device`` when this TensorRT runs engines on it; else one line: no GPU, no such
+    index, or a compute capability it does not run (naming what to use instead)."""
     gpus = gpu_facts()
     if not gpus:
         raise BackendError(
@@ -113,10 +116,10 @@ def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
 
 
 class NodeTimedEngines:
-    """Engines built to be profiled, kept in the study's cache folder (where the worker processes look)
-    until a trial of the same graph loads one instead of building it again: the sensitivity pass
-    profiles the FP32 model and the all-units plans, which are the study's first trials, so each of
-    them costs one build, not two. A trial takes its engine (the files go with it)."""
+    """Engines built to be profiled, kept in the study's cache folder (where the worker processes
+    look) until a trial of the same graph loads one instead of building it again: the sensitivity
+    pass profiles the FP32 model and the all-units plans, which are the study's first trials, so
+    each of them costs one build, not two. A trial takes its engine (the files go with it)."""
 
     REUSED = "built once for the sensitivity pass's profile of this same graph, then timed here"
 
@@ -124,7 +127,8 @@ class NodeTimedEngines:
         self.folder = folder
 
     def _paths(self, model: StoredModel) -> tuple[Path, Path, str]:
-        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[:32]  # the graph; weights: the folder's
+        # the graph; weights: the folder's
+        key = hashlib.sha256(model.proto.SerializeToString()).hexdigest()[:32]
         return self.folder / f"{key}.engine", self.folder / f"{key}.json", key
 
     def keep(self, model: StoredModel, built: BuiltEngine) -> None:
@@ -132,7 +136,8 @@ class NodeTimedEngines:
             return
         engine, facts, key = self._paths(model)
         atomic.write_bytes(engine, built.serialized)
-        atomic.write_keyed(facts, key, {"report": built.report, "planned": built.planned})  # last: engine whole
+        # last: engine whole
+        atomic.write_keyed(facts, key, {"report": built.report, "planned": built.planned})
 
     def take(self, model: StoredModel) -> BuiltEngine | None:
         if self.folder is None:
@@ -160,7 +165,8 @@ class TensorRTBackend(Backend):
     name = engines.TENSORRT
     flavour = TENSORRT
     qdq_form = QDQForm.TENSORRT
-    default_build_workers = 2  # an engine build takes seconds to minutes: build the next one while one is timed
+    # an engine build takes seconds to minutes: build the next one while one is timed
+    default_build_workers = 2
     default_proposals = 8  # and evaluating a plan on ONNX Runtime's CPU takes a fraction of one
     one_shape_only = ("autoprec's TensorRT backends build for one shape (no optimisation profile yet); time the "
                       "exported engine with trtexec --shapes at min, opt and max")
@@ -170,7 +176,8 @@ class TensorRTBackend(Backend):
         return cls(device, cache_dir)
 
     def __init__(self, device: int = 0, cache_dir: Path | None = None):
-        # The doctor's fast steps, before any candidate is built: TensorRT, a GPU it runs engines on, CUDA from Python.
+        # The doctor's fast steps, before any candidate is built: TensorRT, a GPU it runs engines
+        # on, CUDA from Python.
         self._trt = import_tensorrt(self.flavour)
         self.gpu = check_gpu(self.flavour, device)
         cuda_importable(self.flavour)
@@ -204,8 +211,8 @@ class TensorRTBackend(Backend):
         )
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
-        """The TensorRT Q/DQ form, stamped with the plan (unit → precision, nodes) so each build can be
-        checked against what the network and the engine run."""
+        """The TensorRT Q/DQ form, stamped with the plan (unit → precision, nodes) so each build can
+        be checked against what the network and the engine run."""
         return stamp_plan(super().lower(info, plan, ranges), info, plan)
 
     def build(self, model: StoredModel) -> BuiltEngine:
@@ -225,17 +232,18 @@ class TensorRTBackend(Backend):
 
     @classmethod
     def doctor_steps(cls, device: int, case: DoctorCase, made: Made) -> list[Step]:
-        """Import, build at the measured shapes and with a profile (no GPU needed), then on the GPU: load,
-        inspect, execute, compare, time, profile (see :mod:`autoprec.backends.tensorrt.steps`)."""
+        """Import, build at the measured shapes and with a profile (no GPU needed), then on the GPU:
+        load, inspect, execute, compare, time, profile (see
+        :mod:`autoprec.backends.tensorrt.steps`)."""
         from autoprec.backends.tensorrt.steps import tensorrt_steps
 
         return tensorrt_steps(cls, case, made, lambda: check_gpu(cls.flavour, device),
                               lambda: cuda_api(device, cls.flavour))
 
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float]:
-        """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes it
-        was built from (Metadata, else its name); layers naming none go to ``""``. The engine is kept
-        for the trial of the same graph (:class:`NodeTimedEngines`)."""
+        """Seconds per run per ONNX node: each engine layer's time split evenly over the ONNX nodes
+        it was built from (Metadata, else its name); layers naming none go to ``""``. The engine is
+        kept for the trial of the same graph (:class:`NodeTimedEngines`)."""
         built = self.build(model)
         self.node_timed.keep(model, built)
         with self._runner(built) as runner:
@@ -254,12 +262,13 @@ class TensorRTBackend(Backend):
 
 
 class TensorRTRtxBackend(TensorRTBackend):
-    """TensorRT for RTX (PyPI): the same builds, engines that run on compute capability 8.0/8.6/8.9/12.x,
-    kernels compiled at the first run and kept in a runtime cache."""
+    """TensorRT for RTX (PyPI): the same builds, engines that run on compute capability
+    8.0/8.6/8.9/12.x, kernels compiled at the first run and kept in a runtime cache."""
 
     name = engines.TENSORRT_RTX
     flavour = TENSORRT_RTX
-    # Seen in its builder's layer list (benchmarks/tensorrt_form.py): never run, as no engine of it runs here.
+    # Seen in its builder's layer list (benchmarks/tensorrt_form.py): never run, as no engine of it
+    # runs here.
     float_int8_ops = {"ConvTranspose": "TensorRT for RTX 1.7 builds a ConvTranspose between Q/DQ as an FP32 "
                                        "deconvolution after float Q/DQ arithmetic (its builder's layer list): "
                                        "slower than FP32"}
@@ -271,10 +280,12 @@ class TensorRTRtxBackend(TensorRTBackend):
 
 
 def read_engine_layers(path: str | Path) -> EngineLayers:
-    """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs TensorRT)."""
+    """A layer-information JSON file, or a serialized engine (``.plan``/``.engine``: needs
+    TensorRT)."""
     path = Path(path)
     if not path.is_file():
-        raise AutoprecError(f"{path}: no such file; give an engine (.plan) or its layer-information JSON")
+        found = "no such file" if not path.exists() else ("a folder" if path.is_dir() else "not a regular file")
+        raise AutoprecError(f"{path}: {found}; give an engine (.plan) or its layer-information JSON")
     if path.suffix.lower() == ".onnx":
         raise AutoprecError(
             f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
@@ -293,11 +304,13 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
             f"{path}: {'empty' if not head.strip() else 'text, but not JSON'}: neither layer-information "
             "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON"
         )
-    return parse_engine_layers(engine_information(path.read_bytes()), str(path))  # TensorRT reads all of it
+    # TensorRT reads all of it
+    return parse_engine_layers(engine_information(path.read_bytes()), str(path))
 
 
 def _is_text(head: bytes) -> bool:
-    """Readable text (a cut multi-byte character at the end of ``head`` allowed), as a serialized engine never is."""
+    """Readable text (a cut multi-byte character at the end of ``head`` allowed), as a serialized
+    engine never is."""
     try:
         text = head.decode("utf-8") if len(head) < 4096 else head[:-3].decode("utf-8", errors="strict")
     except UnicodeDecodeError:

@@ -44,7 +44,8 @@ _PATH_STEP = re.compile(r"^(.*) \(([^()]*)\)$")  # "then (then_branch)", "If_1 (
 
 def onnx_nodes(metadata: str) -> list[str]:
     """The ONNX nodes a layer's metadata names, as autoprec names them: ``[ONNX Layer: a | then
-    (then_branch) | If_1 (If)]`` (a node inside an If branch, innermost first) is ``If_1/then/a``."""
+    (then_branch) | If_1 (If)]`` (a node inside an If branch, innermost first) is
+    ``If_1/then/a``."""
     nodes = []
     for entry in _ONNX_LAYER.findall(metadata):
         node, *path = entry.split(" | ")
@@ -60,7 +61,8 @@ def onnx_nodes(metadata: str) -> list[str]:
 
 
 def data_type(text: str) -> str:
-    """Normalise an inspector type or format string ("Half", "Row major linear FP32", "Int8") to fp16/fp32/int8/..."""
+    """Normalise an inspector type or format string ("Half", "Row major linear FP32", "Int8") to
+    fp16/fp32/int8/..."""
     lowered = text.lower()
     for word, name in _TYPE_WORDS:  # a word is matched whole: "int8" is not found in "uint8"
         if re.search(rf"(?<![a-z0-9]){word}(?![0-9])", lowered):
@@ -83,18 +85,21 @@ class EngineLayer:
     precision: str  # the type it computes in; "unknown" without detailed verbosity
     inputs: tuple[TensorFormat, ...] = ()
     outputs: tuple[TensorFormat, ...] = ()
-    fused_from: tuple[str, ...] = ()  # ONNX nodes (Metadata) or, failing that, the names the layer name joins
+    # ONNX nodes (Metadata) or, failing that, the names the layer name joins
+    fused_from: tuple[str, ...] = ()
     origin: str = ""  # "QDQ" for a quantize/dequantize reformat, "REFORMAT", ...
     tactic: str = ""
-    constants: tuple[TensorFormat, ...] = ()  # weights the layer holds (TensorRT for RTX's builder log lists them)
+    # weights the layer holds (TensorRT for RTX's builder log lists them)
+    constants: tuple[TensorFormat, ...] = ()
 
     @property
     def possible_precisions(self) -> frozenset[str]:
-        """What it may compute in: its precision, and for a fused kernel that converts (a Cast fused in, as
-        Myelin fuses a region's border into a softmax: its name says Cast, or its inputs and outputs differ
-        in float type) every float type it touches: the log does not say on which side of the Cast the
-        arithmetic runs. A kernel named for Casts whose tensors all have one float type converts to a type
-        the log never shows (an FP16 softmax between FP32 neighbours, Cast in and Cast out): any float."""
+        """What it may compute in: its precision, and for a fused kernel that converts (a Cast fused
+        in, as Myelin fuses a region's border into a softmax: its name says Cast, or its inputs and
+        outputs differ in float type) every float type it touches: the log does not say on which
+        side of the Cast the arithmetic runs. A kernel named for Casts whose tensors all have one
+        float type converts to a type the log never shows (an FP16 softmax between FP32 neighbours,
+        Cast in and Cast out): any float."""
         floats = {t.dtype for t in (*self.inputs, *self.outputs, *self.constants) if t.dtype in _FLOATS}
         ends = {t.dtype for t in (*self.inputs, *self.outputs) if t.dtype in _FLOATS}
         if "Cast" in self.name and len(floats) <= 1:
@@ -105,8 +110,8 @@ class EngineLayer:
 
     @property
     def is_bookkeeping(self) -> bool:
-        """Layout copies, Q/DQ reformats, no-ops, constants and stream synchronisation: not where the
-        model's arithmetic runs."""
+        """Layout copies, Q/DQ reformats, no-ops, constants and stream synchronisation: not where
+        the model's arithmetic runs."""
         return (self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity", "signal", "wait"}
                 or self.origin in {"QDQ", "REFORMAT"})
 
@@ -116,7 +121,8 @@ class EngineLayers:
     """The layers of one engine, as its inspector JSON describes them."""
 
     layers: tuple[EngineLayer, ...]
-    io_tensors: tuple[dict[str, Any], ...]  # 11.x: the "I/O Tensors" objects; 10.x: {"Name": ...} per binding
+    # 11.x: the "I/O Tensors" objects; 10.x: {"Name": ...} per binding
+    io_tensors: tuple[dict[str, Any], ...]
     schema: str  # "tensorrt-11", "tensorrt-10" (or 8.x, same fields), "names-only"
     source: str = ""
 
@@ -165,7 +171,8 @@ class EngineLayers:
 
 
 def _entries(value: Any, what: str, source: str) -> list:
-    """A list of JSON objects or names, as the inspector writes them; anything else is refused in one line."""
+    """A list of JSON objects or names, as the inspector writes them; anything else is refused in
+    one line."""
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, (dict, str)) for v in value):
@@ -192,8 +199,9 @@ def _tensor(entry: Mapping[str, Any] | str) -> TensorFormat:
 
 def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorFormat],
                        constants: Iterable[TensorFormat] = ()) -> str:
-    """The type a layer computes in: its weights' (its largest constant: a convolution's INT8 or FP16 filters,
-    not a normalisation's FP32 scale fused beside them), else its inputs', else its outputs'."""
+    """The type a layer computes in: its weights' (its largest constant: a convolution's INT8 or
+    FP16 filters, not a normalisation's FP32 scale fused beside them), else its inputs', else its
+    outputs'."""
     weights = sorted((t for t in constants if math.prod(t.dimensions) > 1), key=lambda t: -math.prod(t.dimensions))[:1]
     for group in (weights, inputs, outputs):
         types = [t.dtype for t in group if t.dtype not in ("bool", "unknown", "int32", "int64")]
@@ -265,7 +273,8 @@ _LOG_TENSOR = re.compile(r"\{ Name: (?P<name>.*?), Dimensions: \[(?P<dims>[^\]]*
 
 
 def _log_fields(line: str) -> dict[str, str]:
-    """``Key: value, Key: value, …`` of one builder-log layer line, split at the known keys in order."""
+    """``Key: value, Key: value, …`` of one builder-log layer line, split at the known keys in
+    order."""
     marks = []
     for key in _LOG_KEYS:
         at = line.find(f"{key}: ", marks[-1][1] if marks else 0)
@@ -285,8 +294,8 @@ def _log_tensors(text: str) -> tuple[TensorFormat, ...]:
 
 
 def parse_builder_layers(log: str, source: str = "builder log") -> EngineLayers | None:
-    """The fused layers TensorRT for RTX's builder lists in its verbose log ("Layers:" block, written with
-    ``ProfilingVerbosity.DETAILED``); None when the log has none."""
+    """The fused layers TensorRT for RTX's builder lists in its verbose log ("Layers:" block,
+    written with ``ProfilingVerbosity.DETAILED``); None when the log has none."""
     lines = log.splitlines()
     if "Layers:" not in (line.strip() for line in lines):
         return None
@@ -329,8 +338,8 @@ def plan_fidelity(layers: EngineLayers, planned: Mapping[str, Mapping[str, Any]]
     """Compare ``{unit: {"precision": p, "nodes": [onnx node names]}}`` with what the engine runs.
 
     A unit passes when a compute layer built from its main node computes in its planned precision
-    (FP32 units included: a strongly typed engine must not run them in FP16). A unit whose node is in
-    no compute layer (eliminated or renamed) is reported as such. None when the JSON has no
+    (FP32 units included: a strongly typed engine must not run them in FP16). A unit whose node is
+    in no compute layer (eliminated or renamed) is reported as such. None when the JSON has no
     precisions (built without detailed profiling verbosity).
     """
     if not layers.detailed:

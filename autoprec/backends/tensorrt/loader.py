@@ -1,5 +1,6 @@
-"""TensorRT and TensorRT for RTX: imported, an ONNX model parsed from its file and built strongly typed,
-the network's types and the builder's layers checked against the plan stamped in the model. Needs no GPU."""
+"""TensorRT and TensorRT for RTX: imported, an ONNX model parsed from its file and built strongly
+typed, the network's types and the builder's layers checked against the plan stamped in the model.
+Needs no GPU."""
 
 from __future__ import annotations
 
@@ -40,15 +41,17 @@ OPTIMIZATION_LEVEL = 3
 
 @dataclass(frozen=True)
 class Flavour:
-    """What differs between TensorRT and TensorRT for RTX where their Python APIs otherwise agree."""
+    """What differs between TensorRT and TensorRT for RTX where their Python APIs otherwise
+    agree."""
 
     backend: str  # the --backend name
     modules: tuple[str, ...]  # import names, tried in order
     install: str  # the one line that says how to get it
     always_strongly_typed: bool  # RTX: every network, no flag; TensorRT: from 11 on (10.12+ opt-in)
-    # TensorRT times tactics at build time and keeps them in a timing cache. TensorRT for RTX compiles
-    # its kernels just in time, at the first run: its timing cache has no effect (deprecated since 1.2)
-    # and makes the CPU-only build query a GPU, so it uses a runtime cache of compiled kernels instead.
+    # TensorRT times tactics at build time and keeps them in a timing cache. TensorRT for RTX
+    # compiles its kernels just in time, at the first run: its timing cache has no effect
+    # (deprecated since 1.2) and makes the CPU-only build query a GPU, so it uses a runtime cache of
+    # compiled kernels instead.
     timing_cache: bool
     runtime_cache: bool
     # Compute capabilities its engines run on (None: whatever the installed TensorRT supports).
@@ -95,7 +98,8 @@ def import_tensorrt(flavour: Flavour = TENSORRT):
 
 
 def installed() -> tuple[Flavour, Any] | None:
-    """The TensorRT this machine has (TensorRT proper first), with its module; None when there is none."""
+    """The TensorRT this machine has (TensorRT proper first), with its module; None when there is
+    none."""
     for flavour in (TENSORRT, TENSORRT_RTX):
         try:
             return flavour, import_tensorrt(flavour)
@@ -109,7 +113,8 @@ def major_version(trt) -> int:
 
 
 def network_flags(trt, flavour: Flavour) -> int:
-    """Strongly typed: always on (and the flag deprecated) in TensorRT 11 and in TensorRT for RTX; opt-in on 10.x."""
+    """Strongly typed: always on (and the flag deprecated) in TensorRT 11 and in TensorRT for RTX;
+    opt-in on 10.x."""
     if flavour.always_strongly_typed or major_version(trt) >= 11:
         return 0
     return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
@@ -141,8 +146,8 @@ def capturing_logger(trt):
 
 
 def parse_onnx(trt, network, logger, path: Path):
-    """The parser that read ``path`` (its external weights beside it) into ``network``: kept by the caller
-    until the build is done, since the network's weights live in it."""
+    """The parser that read ``path`` (its external weights beside it) into ``network``: kept by the
+    caller until the build is done, since the network's weights live in it."""
     parser = trt.OnnxParser(network, logger)
     if parser.parse_from_file(str(path)):
         return parser
@@ -187,10 +192,11 @@ def _enum_name(value) -> str:
 
 
 def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
-    """ONNX node -> (layer, the type its compute layers run in) for every convolution, matrix multiply and
-    sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a parsed, strongly
-    typed network: int8 when its input comes through a DequantizeLinear from INT8, int4 when its weight comes
-    so from INT4, else its output's type. Read before any build, so it needs no GPU."""
+    """ONNX node -> (layer, the type its compute layers run in) for every convolution, matrix
+    multiply and sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a
+    parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from INT8,
+    int4 when its weight comes so from INT4, else its output's type. Read before any build, so it
+    needs no GPU."""
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     producer = {layer.get_output(j).name: layer for layer in layers for j in range(layer.num_outputs)}
     found: dict[str, list[tuple[str, str]]] = {}
@@ -213,8 +219,8 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
 
 
 def _through_shuffles(producer: dict, tensor):
-    """The layer making ``tensor``, past the shuffles TensorRT puts between a weight and its matrix multiply (a 2-D
-    weight broadcast to the activations' rank)."""
+    """The layer making ``tensor``, past the shuffles TensorRT puts between a weight and its matrix
+    multiply (a 2-D weight broadcast to the activations' rank)."""
     layer = producer.get(tensor.name) if tensor is not None else None
     while layer is not None and _enum_name(layer.type) == "SHUFFLE":
         layer = producer.get(layer.get_input(0).name)
@@ -227,9 +233,9 @@ def _dequantized_from(layer, dtype: str) -> bool:
 
 
 def network_fidelity(network, planned: dict) -> PlanFidelity:
-    """Every unit's compute layers in the parsed network against the plan: FP16 units in HALF, FP32 units
-    in FLOAT, INT8 units fed from INT8 through DequantizeLinear, INT4 units' weights from INT4 so. A unit whose
-    node made no compute layer is reported as not found."""
+    """Every unit's compute layers in the parsed network against the plan: FP16 units in HALF, FP32
+    units in FLOAT, INT8 units fed from INT8 through DequantizeLinear, INT4 units' weights from INT4
+    so. A unit whose node made no compute layer is reported as not found."""
     precisions = network_precisions(network)
     ignored, checked = [], 0
     for unit, spec in planned.items():
@@ -249,20 +255,23 @@ class BuiltEngine:
     serialized: bytes
     report: dict[str, Any] = field(default_factory=dict)
     planned: dict | None = None  # the plan stamped in the model: unit -> precision, ONNX nodes
-    layers: EngineLayers | None = None  # the fused layers the builder listed (TensorRT for RTX's verbose log)
+    # the fused layers the builder listed (TensorRT for RTX's verbose log)
+    layers: EngineLayers | None = None
 
 
 def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: TimingCache | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL,
                  profile: ShapeProfile | None = None) -> BuiltEngine:
-    """Parse, check the network's types against the stamped plan, build; the report holds both checks
-    (network types; the builder's own layer list where it writes one) and the build's seconds. A network
-    with dynamic inputs is built for ``profile`` (one optimisation profile: its min, opt and max)."""
+    """Parse, check the network's types against the stamped plan, build; the report holds both
+    checks (network types; the builder's own layer list where it writes one) and the build's
+    seconds. A network with dynamic inputs is built for ``profile`` (one optimisation profile: its
+    min, opt and max)."""
     started = time.perf_counter()
     logger = capturing_logger(trt)
     builder = trt.Builder(logger)
     network = builder.create_network(network_flags(trt, flavour))
-    with model.file() as path:  # parsed from a file, its weights read from beside it: never one 2 GB protobuf
+    # parsed from a file, its weights read from beside it: never one 2 GB protobuf
+    with model.file() as path:
         parser = parse_onnx(trt, network, logger, path)
     planned = stamped_plan(model.proto)
     checks = {"network types": network_fidelity(network, planned).to_json()} if planned else {}
@@ -270,8 +279,8 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.builder_optimization_level = optimization_level
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    # A search's candidates have every input fixed (the shapes they are timed at): no profile. An export
-    # keeps the source's dynamic dims: one profile, the search's min / opt / max.
+    # A search's candidates have every input fixed (the shapes they are timed at): no profile. An
+    # export keeps the source's dynamic dims: one profile, the search's min / opt / max.
     dynamic = [
         network.get_input(i) for i in range(network.num_inputs) if any(d < 0 for d in network.get_input(i).shape)
     ]
@@ -301,23 +310,26 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     return BuiltEngine(bytes(serialized), report, planned, layers)
 
 
-# The more a check saw of what the engine runs, the more it is trusted: the inspector reads the loaded
-# engine, the builder log its fused layers, the network types only what the parser made of the model.
+# The more a check saw of what the engine runs, the more it is trusted: the inspector reads the
+# loaded engine, the builder log its fused layers, the network types only what the parser made of
+# the model.
 FIDELITY_SOURCES = ("engine inspector", "builder log", "network types")
 
 
 def fidelity_report(checks: dict[str, dict]) -> dict[str, Any]:
-    """``plan_fidelity``: the most informed check's verdict (see FIDELITY_SOURCES); ``fidelity_checks``: all."""
+    """``plan_fidelity``: the most informed check's verdict (see FIDELITY_SOURCES);
+    ``fidelity_checks``: all."""
     best = next((checks[s] for s in FIDELITY_SOURCES if s in checks), None)
     return {"plan_fidelity": best, "fidelity_checks": checks}
 
 
 def stamp_plan(model: StoredModel, info: ModelInfo, plan: Plan) -> StoredModel:
-    """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build checks."""
+    """The plan (unit → precision and its ONNX nodes) kept in the model's metadata, for the build
+    checks."""
     precisions = plan.as_dict()
-    # A node inside an If branch is named by its path in TensorRT's layer metadata, one in a Loop body by
-    # its own name: "main" holds both, tried in that order. A recurrent op becomes a loop of layers no
-    # check reads a precision from: not stamped, so not checked.
+    # A node inside an If branch is named by its path in TensorRT's layer metadata, one in a Loop
+    # body by its own name: "main" holds both, tried in that order. A recurrent op becomes a loop of
+    # layers no check reads a precision from: not stamped, so not checked.
     planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")),
                         "nodes": [subgraphs.label(u.scope, n) for n in u.nodes],
                         "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}

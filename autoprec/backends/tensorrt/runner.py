@@ -121,8 +121,9 @@ class PyCuda:
 
 
 def cuda_importable(flavour: Flavour = TENSORRT) -> None:
-    """cuda-python or PyCUDA can be imported (without touching the GPU: a search's parent process must not
-    make a CUDA context its workers would inherit); else the one line that says how to get it."""
+    """cuda-python or PyCUDA can be imported (without touching the GPU: a search's parent process
+    must not make a CUDA context its workers would inherit); else the one line that says how to get
+    it."""
     if not any(_findable(name) for name in ("cuda.bindings", "cuda.cudart", "pycuda")):
         raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)")
 
@@ -146,8 +147,8 @@ def cuda_api(device: int, flavour: Flavour = TENSORRT):
 
 
 def layer_timer(trt):
-    """An ``IProfiler`` whose ``ms`` holds milliseconds per engine layer, summed over the profiled runs
-    (defined here because its base class comes with the lazily imported module)."""
+    """An ``IProfiler`` whose ``ms`` holds milliseconds per engine layer, summed over the profiled
+    runs (defined here because its base class comes with the lazily imported module)."""
 
     class LayerTimes(trt.IProfiler):
         def __init__(self):
@@ -161,8 +162,8 @@ def layer_timer(trt):
 
 
 class RuntimeCache:
-    """TensorRT for RTX's cache of just-in-time compiled kernels: one file per study, loaded into each
-    engine's runtime config and written back (atomically) when the engine is done, so later
+    """TensorRT for RTX's cache of just-in-time compiled kernels: one file per study, loaded into
+    each engine's runtime config and written back (atomically) when the engine is done, so later
     candidates and a resumed search compile only kernels not seen before."""
 
     def __init__(self, path: Path | None):
@@ -182,11 +183,12 @@ class RuntimeCache:
 
 
 class TensorRTRunner(Runner):
-    """One engine, its context, and device buffers for every I/O tensor (inputs copied once per batch)."""
+    """One engine, its context, and device buffers for every I/O tensor (inputs copied once per
+    batch)."""
 
     def __init__(self, trt, cuda: Callable[[], Any], built: BuiltEngine, runtime_cache: RuntimeCache | None = None):
-        """``cuda`` gives the device-memory API once the engine is loaded (a machine that cannot load it is
-        told so first, not that it lacks cuda-python)."""
+        """``cuda`` gives the device-memory API once the engine is loaded (a machine that cannot
+        load it is told so first, not that it lacks cuda-python)."""
         self.trt, self.built = trt, built
         self.logger = capturing_logger(trt)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(built.serialized)
@@ -245,8 +247,9 @@ class TensorRTRunner(Runner):
         return result
 
     def time(self, batch: Batch) -> Timing:
-        """CUDA-event time of ``execute_async_v3`` alone: I/O stays on the device between runs. (On TensorRT
-        for RTX the first runs also compile kernels just in time: the warm-up absorbs them.)"""
+        """CUDA-event time of ``execute_async_v3`` alone: I/O stays on the device between runs. (On
+        TensorRT for RTX the first runs also compile kernels just in time: the warm-up absorbs
+        them.)"""
         self._bind(batch)
         for _ in range(WARMUP_RUNS):
             self._enqueue()

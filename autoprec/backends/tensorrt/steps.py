@@ -1,5 +1,6 @@
-"""``autoprec doctor`` on TensorRT: what a search and an export ask of it, in order. The build steps need no
-GPU (TensorRT for RTX runs them anywhere); loading, running and timing an engine need a GPU it runs on."""
+"""``autoprec doctor`` on TensorRT: what a search and an export ask of it, in order. The build steps
+need no GPU (TensorRT for RTX runs them anywhere); loading, running and timing an engine need a GPU
+it runs on."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from autoprec.lower import lower_plan
 
 def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Callable[[], dict[str, str]],
                    cuda: Callable[[], Any]) -> list[Step]:
-    """``backend``: the TensorRT backend class (its flavour and Q/DQ form); ``gpu_found`` and ``cuda``: its GPU
-    check and CUDA API for the device asked."""
+    """``backend``: the TensorRT backend class (its flavour and Q/DQ form); ``gpu_found`` and
+    ``cuda``: its GPU check and CUDA API for the device asked."""
     flavour, folder = backend.flavour, made.folder
     timing_cache = TimingCache(folder / "timing-cache" if flavour.timing_cache else None)
     runs_on = [g for g in flavour.gpus or () if not g.startswith("12.")] + ["12.x"]
