@@ -305,3 +305,16 @@ def test_data_whose_arrays_inflate_past_half_the_memory_is_refused_before_it_is_
         assert "15 MiB once inflated, more than half this machine's memory (16 MiB)" in str(refused.value)
     monkeypatch.setattr(os, "sysconf", real)
     assert len(load_items(tmp_path / "one.npz", spec)) > 0  # on this machine: read
+
+
+def test_items_saved_alone_and_saved_whole_in_one_folder_are_all_read(tmp_path):
+    """A fresh pass: 4 items as .npy [16] and 4 as .npz [1, 16] (both documented forms) kept the second
+    half apart as 'other shapes' (the same shape): half the data unused."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "items"
+    folder.mkdir()
+    for i in range(4):
+        np.save(folder / f"a{i}.npy", rng.random(16, np.float32))
+        np.savez(folder / f"b{i}.npz", x=rng.random((1, 16), np.float32))
+    data = build_dataset(folder, (TensorSpec("x", (4, 16), "float32", batch_axis=0),))
+    assert len(data.calibration) + len(data.evaluation) == 2 and "other shapes" not in data.source

@@ -1097,3 +1097,33 @@ def test_a_model_onnx_runtime_cannot_load_is_said_so_not_blamed_on_shapes(result
     last = refused(["search", path, "--data", result.parent / "d.npz", "--out", tmp_path / "o", *QUICK], capsys,
                    "ONNX Runtime cannot load it", "re-export")
     assert ".candidate" not in last and "--shape" not in last
+
+
+def test_output_that_cannot_be_written_is_said(result, tmp_path):
+    """A fresh pass: show --json with standard output closed exited 0 having written nothing; a reader
+    that ended first (| head) left exit 1 and no word."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "autoprec.app.cli", "show", result, "--json"]
+    closed = subprocess.run(command, capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2 and "standard output is closed" in closed.stderr, closed.stderr
+    piped = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    piped.stdout.close()  # the reader ends before a line is written
+    said = piped.stderr.read()
+    assert piped.wait(timeout=120) == 141 and "reader ended" in said, said
+
+
+def test_weights_given_as_graph_inputs_too_are_said_to_leave_the_shipped_inputs(result, tmp_path, capsys):
+    """A fresh pass: an IR 3 style model (its weights listed as inputs too, which a caller may replace)
+    shipped best/ taking x alone, unsaid."""
+    import onnx
+
+    model = onnx.load(str(result.parent / "cls.onnx"))
+    for weight in model.graph.initializer:
+        model.graph.input.append(onnx.helper.make_tensor_value_info(weight.name, weight.data_type, weight.dims))
+    path = tmp_path / "ir3.onnx"
+    onnx.save(model, str(path))
+    code, err = run(["search", path, "--data", result.parent / "d.npz", "--out", tmp_path / "o", *QUICK], capsys)
+    assert code == 0 and "weight(s) are graph inputs too (w0, w1" in " ".join(err.split()), err[-2000:]

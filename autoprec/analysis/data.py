@@ -213,8 +213,22 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             why = "not a NumPy array file" if "pickle" in str(exc) else str(exc)  # NumPy's word for any other file
             raise DataError(f"--data {f}: cannot be read as a NumPy .npy/.npz file ({why}); give arrays saved with "
                             "numpy.save or numpy.savez (or image files), and no other files in a --data folder") from None
+    _one_form(items, inputs)
     main = _main_group(items, inputs)
     return {n: np.stack([a for i, a in enumerate(arrays) if i in main]) for n, arrays in items.items()}
+
+
+def _one_form(items: dict[str, list[np.ndarray]], inputs: Sequence[TensorSpec]) -> None:
+    """Items of a fixed input saved alone and others saved whole with a batch of 1 (both forms are
+    read) made one form, alone: else the one form's items were kept apart as 'other shapes'."""
+    for spec in inputs:
+        if spec.batch_axis is None or not all(isinstance(d, int) for d in spec.shape):
+            continue
+        whole = tuple(1 if a == spec.batch_axis else d for a, d in enumerate(spec.shape))
+        shapes = {a.shape for a in items[spec.name]}
+        if whole in shapes and tuple(spec.item_shape) in shapes:
+            items[spec.name] = [np.squeeze(a, axis=spec.batch_axis) if a.shape == whole else a
+                                for a in items[spec.name]]
 
 
 def _file_items(arrays: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
@@ -282,6 +296,7 @@ def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple
             for item in _file_items({n: found[n] for n in names}, inputs):
                 for n in names:
                     items[n].append(item[n])
+    _one_form(items, inputs)
     main = _main_group(items, inputs)
     batches = []
     for i in range(len(items[names[0]])):

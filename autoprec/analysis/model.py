@@ -250,6 +250,12 @@ def analyse(
     refuse_quantized(raw, path)
     declared = declared_inputs(raw)
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
+    overridable = sorted({i.name for i in raw.graph.initializer} & {v.name for v in raw.graph.input})
+    if overridable:
+        notes.append(f"{len(overridable)} weight(s) are graph inputs too ({', '.join(overridable[:4])}"
+                     f"{', ...' if len(overridable) > 4 else ''}: an IR 3 export, or weights a caller may replace): "
+                     "searched as the constants they hold; best/ and the exports take "
+                     f"{', '.join(s.name for s in declared) or 'no other input'} only")
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
     profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
     if dims:

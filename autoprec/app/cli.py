@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     :class:`autoprec.study.choice.FinalTiming`; None: the real one)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if sys.stdout is None:  # started with standard output closed (>&-): nothing it prints could be read
+        print("autoprec: error: standard output is closed, where autoprec writes its results; run it with "
+              "standard output open (to a file: > FILE)", file=sys.stderr)
+        return 2
     verbs = handlers(final_timing)
     if not args.verbose:
         _quiet()
@@ -320,7 +324,14 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     console.widen_when_not_a_terminal()
     try:
         with _terminations_interrupt():
-            return verbs[args.verb](args)
+            status = verbs[args.verb](args)
+            sys.stdout.flush()
+            return status
+    except BrokenPipeError:  # the reader of its output ended first (| head): what it wrote after is lost
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+        print("autoprec: standard output's reader ended before the output did (a pipe closed early); the rest "
+              "was not written", file=sys.stderr)
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as exc:
         ended = isinstance(exc, Terminated)
         number = exc.args[0] if ended else signal.SIGINT

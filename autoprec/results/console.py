@@ -36,10 +36,19 @@ from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_sai
 if TYPE_CHECKING:
     from autoprec.backends.tensorrt.layers import EngineLayers
 
+class _Output(Console):
+    """rich's Console, but a reader that ends first (``| head``) is the command line's to say: rich
+    would exit 1 without a word."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 console = Console(stderr=True)
 # Resolves sys.stdout when printing (so redirection and capture work). No markup: what it prints
 # holds paths and names from the user, the model and result files; styles come as Text objects.
-stdout = Console(markup=False)
+stdout = _Output(markup=False)
 LOG_WIDTH = 160  # columns of tables written to a file or a pipe (rich's own default there is 80)
 
 
