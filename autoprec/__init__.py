@@ -25,6 +25,7 @@ from autoprec.results.files import SearchResult
 # the API logs; only the command line prints
 logging.getLogger("autoprec").addHandler(logging.NullHandler())
 
-__all__ = ["AutoprecError", "EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "Plan", "Precision",
+__all__ = ["AutoprecError", "EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "Plan",
+           "Precision",
            "SearchConfig", "SearchResult", "SpaceSpec", "StudySpec", "search"]
 __version__ = "0.1.0"

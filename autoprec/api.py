@@ -24,6 +24,8 @@ from autoprec.app.verbs import (
     tensorrt_build_spec,
 )
 
-__all__ = ["EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "SearchConfig", "SpaceSpec", "StudySpec",
-           "activation_report", "check_plan", "diagnose_plan", "lowered_for_export", "recorded_config", "recreate",
+__all__ = ["EngineSpec", "InputSpec", "IsolationSpec", "JudgeSpec", "SearchConfig", "SpaceSpec",
+           "StudySpec",
+           "activation_report", "check_plan", "diagnose_plan", "lowered_for_export",
+           "recorded_config", "recreate",
            "search", "sensitivity", "study_status", "tensorrt_build_spec"]

@@ -83,7 +83,7 @@ from autoprec.measure.measurement import (  # noqa: E402
     screening_batches,
     time_paired,
 )
-from autoprec.results.files import decisions  # noqa: E402
+from autoprec.results.rows import decisions  # noqa: E402
 from autoprec.study.choice import fastest_within  # noqa: E402
 from autoprec.study.opening import make_sampler, open_study  # noqa: E402
 from autoprec.study.optimize import StudyContext  # noqa: E402

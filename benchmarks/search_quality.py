@@ -46,7 +46,7 @@ from _harness import (  # noqa: E402
 )
 
 from autoprec.measure.measurement import accuracy_loss, screening_batches  # noqa: E402
-from autoprec.results.files import decisions  # noqa: E402
+from autoprec.results.rows import decisions  # noqa: E402
 from autoprec.study.opening import make_sampler, open_study  # noqa: E402
 from autoprec.study.optimize import StudyContext, run_study  # noqa: E402
 from autoprec.study.ordered import run_warm_started  # noqa: E402

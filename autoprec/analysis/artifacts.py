@@ -22,7 +22,8 @@ import onnx_graphsurgeon as gs
 _HOLDS = {
     np.dtype(np.float64): {np.dtype(np.float32), np.dtype(np.float16)},
     np.dtype(np.float32): {np.dtype(np.float16)},
-    np.dtype(np.int64): {np.dtype(t) for t in (np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8, bool)},
+    np.dtype(np.int64): {np.dtype(t) for t in (np.int32, np.int16, np.int8, np.uint32, np.uint16,
+                                               np.uint8, bool)},
     np.dtype(np.int32): {np.dtype(t) for t in (np.int16, np.int8, np.uint16, np.uint8, bool)},
 }
 

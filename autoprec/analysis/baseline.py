@@ -80,18 +80,21 @@ def load_inputs(
     # --const inputs need no data
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]
     low, high = bounds or ({}, {})
-    info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None, model=raw,
+    info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None,
+                   model=raw,
                    constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
-                   min_shapes={k: tuple(v) for k, v in low.items()}, max_shapes={k: tuple(v) for k, v in high.items()},
+                   min_shapes={k: tuple(v) for k, v in low.items()},
+                   max_shapes={k: tuple(v) for k, v in high.items()},
                    dims=dims)
     seconds["analyse"] = time.monotonic() - t0
-    check_fits(info.shape_profile, {i.name: np.dtype(i.dtype).itemsize for i in info.inputs}, info.model,
+    check_fits(info.shape_profile, {i.name: np.dtype(i.dtype).itemsize for i in info.inputs},
+               info.model,
                info.stored.weight_bytes())
     for line in info.notes:
         log.info(line)
     log.info(
-        f"{model_path.name}: {len(info.units)} precision units ({len(info.searchable_units)} searched), "
-        f"inputs {', '.join(f'{i.name} {list(i.shape)}' for i in info.inputs)}"
+        f"{model_path.name}: {len(info.units)} precision units ({len(info.searchable_units)} "
+        f"searched), inputs {', '.join(f'{i.name} {list(i.shape)}' for i in info.inputs)}"
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RandomDataWarning)
@@ -101,9 +104,11 @@ def load_inputs(
     for w in caught:
         log.warning(str(w.message))
     if judge_shapes:
-        info, dataset = judged_shapes(info, dataset, shape_runs, bounds_given=bool(low or high or dims))
+        info, dataset = judged_shapes(info, dataset, shape_runs,
+                                      bounds_given=bool(low or high or dims))
     log.info(
-        f"data: {dataset.source} — {len(dataset.calibration)} calibration / {len(dataset.evaluation)} evaluation batch(es)"
+        f"data: {dataset.source} — {len(dataset.calibration)} calibration / "
+        f"{len(dataset.evaluation)} evaluation batch(es)"
     )
     if Precision.FP16 in space.out_of_range:
         t0 = time.monotonic()
@@ -111,8 +116,9 @@ def load_inputs(
                  else list(out_of_range))
         if found:
             info = with_out_of_range(info, space, found, (
-                f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the calibration data "
-                f"(e.g. {found[0]}): units of their own, FP32 unless the search finds FP16 harmless there"))
+                f"{len(found)} precision-neutral op(s) reach {FP16_SAFE_MAX:g} or more on the "
+                f"calibration data (e.g. {found[0]}): units of their own, FP32 unless the search "
+                "finds FP16 harmless there"))
             log.info(info.notes[-1])
         seconds["analyse"] += time.monotonic() - t0
     return info, dataset, seconds
@@ -162,8 +168,9 @@ def pin_idle(info: ModelInfo, dataset: Dataset) -> ModelInfo:
     idle = [u.name for u in info.searchable_units if u.name not in ran]
     if not idle:
         return info
-    note = (f"{len(idle)} unit(s) never run on the data (e.g. {idle[0]}, in an If branch it does not take or a loop "
-            "it does not enter): kept FP32, since no measurement could see their precision")
+    note = (f"{len(idle)} unit(s) never run on the data (e.g. {idle[0]}, in an If branch it does "
+            "not take or a loop it does not enter): kept FP32, since no measurement could see "
+            "their precision")
     log.info(note)
     return info.without([p for p in Precision if p is not Precision.FP32], idle, note)
 
@@ -177,8 +184,9 @@ def ranged(info: ModelInfo, ranges: ActivationRanges | None) -> ModelInfo:
               and not all(t in ranges.tensors for t in u.activations)]
     if not unseen:
         return info
-    note = (f"{len(unseen)} unit(s) never run on the calibration batches (e.g. {unseen[0]}, in an If branch only the "
-            "evaluation batches take): INT8 left out for them, with no range to quantize by")
+    note = (f"{len(unseen)} unit(s) never run on the calibration batches (e.g. {unseen[0]}, in an "
+            "If branch only the evaluation batches take): INT8 left out for them, with no range "
+            "to quantize by")
     log.info(note)
     return info.without((Precision.INT8,), unseen, note)
 
@@ -190,9 +198,9 @@ def _check_finite(info: ModelInfo, reference: list[dict]) -> None:
         for name, value in outputs.items():
             if value.dtype.kind == "f" and not np.isfinite(value).all():
                 raise ModelError(
-                    f"{info.path}: the FP32 model's own output {name} is NaN or Inf on evaluation batch {i} of the "
-                    "data, so no candidate's accuracy can be measured; check the data and its scaling "
-                    "(--image-mean/--image-std), or the model"
+                    f"{info.path}: the FP32 model's own output {name} is NaN or Inf on evaluation "
+                    f"batch {i} of the data, so no candidate's accuracy can be measured; check the "
+                    "data and its scaling (--image-mean/--image-std), or the model"
                 )
 
 
@@ -209,5 +217,6 @@ def load_baseline(
 ) -> Baseline:
     """Analyse the model, load and split the data (at every shape a deployment runs, unless
     ``judge_shapes`` is False), calibrate, compute the FP32 reference."""
-    inputs = load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache, judge_shapes=judge_shapes)
+    inputs = load_inputs(model_path, space, data, shapes, seed, image, constants, cache=cache,
+                         judge_shapes=judge_shapes)
     return baseline_of(*inputs, cache)

@@ -75,12 +75,14 @@ class TensorRange:
         if method == "minmax":
             return absmax
         if method.startswith("percentile-") and method in CALIBRATION_METHODS:
-            return min(absmax, _abs_percentile(self.hist, self.edges, float(method.split("-", 1)[1])))
+            return min(absmax,
+                       _abs_percentile(self.hist, self.edges, float(method.split("-", 1)[1])))
         if method == "entropy":
             return min(absmax, _entropy_amax(self.hist, self.edges, self.min, self.max))
         if method == "mse":
             return min(absmax, _mse_amax(self.hist, self.edges))
-        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
+        raise ValueError(f"unknown calibration method {method!r}; choose from "
+                         f"{', '.join(CALIBRATION_METHODS)}")
 
     def clipped_share(self, method: str) -> float:
         """Share of the calibration values beyond ``method``'s threshold (clipped in INT8)."""
@@ -177,8 +179,9 @@ class ActivationRanges:
                               and (hist >= 0).all() and np.isfinite(edges).all() and (np.diff(edges) >= 0).all()
                               and min(counts, default=0) >= 0 and (power is None or np.isfinite(power).all()))
                 if not measurable:
-                    raise ValueError(f"tensor {name}'s range {lo!r}..{hi!r} or histogram is not one a calibration "
-                                     "measures (not finite, out of order or negative)")
+                    raise ValueError(f"tensor {name}'s range {lo!r}..{hi!r} or histogram is not "
+                                     "one a calibration measures (not finite, out of order or "
+                                     "negative)")
                 tensors[name] = TensorRange(lo, hi, hist, edges, counts, power)
         return cls(tensors)
 
@@ -230,7 +233,8 @@ def calibrate(
         try:
             return ActivationRanges.load(untrusted.npz_checked(cache, f"the cache {cache.parent}"))
         except (*untrusted.NUMPY_UNREADABLE, KeyError, DataError) as exc:
-            log.warning(f"{cache}: not a calibration autoprec kept ({first_line(exc)}); calibrated again")
+            log.warning(f"{cache}: not a calibration autoprec kept ({first_line(exc)}); calibrated "
+                        "again")
     exposed, read_as = with_outputs(info.model, names)
     session = cpu_session(info.stored.with_proto(exposed))
     collector = HistogramCollector("entropy", True, HISTOGRAM_BINS, 128, 99.99, "same")
@@ -324,8 +328,11 @@ def _out_of_range(info: ModelInfo, batches: Sequence[Batch], watched: list, tens
     for i, name in enumerate(tensors):
         magnitude, sentinel, kept, peak = (f"autoprec_{part}/{i}" for part in ("abs", "sentinel", "kept", "peak"))
         probed.graph.node.extend([onnx.helper.make_node("Abs", [name], [magnitude]),
-                                  onnx.helper.make_node("Greater", [magnitude, "autoprec_sentinel"], [sentinel]),
-                                  onnx.helper.make_node("Where", [sentinel, "autoprec_zero", magnitude], [kept]),
+                                  onnx.helper.make_node("Greater", [magnitude, "autoprec_sentinel"],
+                                                        [sentinel]),
+                                  onnx.helper.make_node("Where",
+                                                        [sentinel, "autoprec_zero", magnitude],
+                                                        [kept]),
                                   onnx.helper.make_node("ReduceMax", [kept], [peak], keepdims=0)])
         probed.graph.output.append(onnx.helper.make_tensor_value_info(peak, onnx.TensorProto.FLOAT, []))
     session = cpu_session(info.stored.with_proto(probed))

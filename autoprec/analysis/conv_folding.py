@@ -94,9 +94,12 @@ def fold_channel_steps(graph: gs.Graph) -> tuple[int, int]:
             bias = conv.inputs[2].values if len(conv.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
             if op == "Mul":
                 scaled = weight * values.reshape(-1, *([1] * (weight.ndim - 1)))
-                conv.inputs[1] = gs.Constant(f"{conv.name}_weight_scaled", scaled.astype(weight.dtype))
+                conv.inputs[1] = gs.Constant(f"{conv.name}_weight_scaled",
+                                             scaled.astype(weight.dtype))
                 bias = bias * values
-            _absorb(conv, gs.Constant(f"{conv.name}_bias_{op.lower()}", (bias if op == "Mul" else bias + values)
+            _absorb(conv,
+                    gs.Constant(f"{conv.name}_bias_{op.lower()}",
+                                (bias if op == "Mul" else bias + values)
                                       .astype(weight.dtype)), node)
             folded[op] += 1
     return folded["Mul"], folded["Add"]

@@ -155,13 +155,14 @@ def data_files(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise DataError(
-            f"--data {path}: neither a file nor a folder (a device or pipe?); give .npy/.npz files or images"
+            f"--data {path}: neither a file nor a folder (a device or pipe?); give .npy/.npz files "
+            "or images"
         )
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES | ARRAY_SUFFIXES)
     if not files:
         raise DataError(
-            f"--data {path}: the folder holds no .npy, .npz or image files; put sample inputs there "
-            "or leave out --data for random inputs"
+            f"--data {path}: the folder holds no .npy, .npz or image files; put sample inputs "
+            "there or leave out --data for random inputs"
         )
     return files
 
@@ -174,10 +175,12 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             with np.load(untrusted.npz_checked(files[0], f"--data {path}"), allow_pickle=False) as npz:
                 missing = [n for n in names if n not in npz.files]
                 if missing:
-                    scalar = next((i.name for i in inputs if i.name in missing and not i.shape), None)
+                    scalar = next((i.name for i in inputs if i.name in missing and not i.shape),
+                                  None)
                     raise DataError(
-                        f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the model needs "
-                        f"{', '.join(missing)}; name the arrays like the model inputs ({', '.join(names)})"
+                        f"--data {path}: has arrays {', '.join(npz.files) or '(none)'} but the "
+                        f"model needs {', '.join(missing)}; name the arrays like the model inputs "
+                        f"({', '.join(names)})"
                         + (f", or give the scalar {scalar} with --const {scalar}=VALUE" if scalar else "")
                     )
                 return {n: _stack_of_items(npz[n], path, n) for n in names}
@@ -186,8 +189,8 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             pickled = "allow_pickle" in str(exc)
             raise DataError(
                 f"--data {path}: cannot be read as a NumPy .npz file ({exc}); "
-                + ("store its strings as a str array (np.array(texts, dtype=str)) and numbers as numeric arrays, "
-                   "then numpy.savez" if pickled else "re-save it with numpy.savez")
+                + ("store its strings as a str array (np.array(texts, dtype=str)) and numbers as "
+                   "numeric arrays, then numpy.savez" if pickled else "re-save it with numpy.savez")
             ) from None
     items: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for f in files:
@@ -195,8 +198,8 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
             if f.suffix.lower() == ".npy":
                 if len(names) != 1:
                     raise DataError(
-                        f"--data {f}: a .npy file holds one array, but the model has inputs {', '.join(names)}; "
-                        "use .npz files with arrays named like the inputs"
+                        f"--data {f}: a .npy file holds one array, but the model has inputs "
+                        f"{', '.join(names)}; use .npz files with arrays named like the inputs"
                     )
                 items[names[0]].append(np.load(f, allow_pickle=False))
             else:
@@ -204,15 +207,17 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                     missing = [n for n in names if n not in npz.files]
                     if missing:
                         raise DataError(
-                            f"--data {f}: lacks array(s) {', '.join(missing)}; name arrays like the model inputs"
+                            f"--data {f}: lacks array(s) {', '.join(missing)}; name arrays like "
+                            "the model inputs"
                         )
                     for item in _file_items({n: npz[n] for n in names}, inputs):
                         for n in names:
                             items[n].append(item[n])
         except untrusted.NUMPY_UNREADABLE as exc:
             why = "not a NumPy array file" if "pickle" in str(exc) else str(exc)  # NumPy's word for any other file
-            raise DataError(f"--data {f}: cannot be read as a NumPy .npy/.npz file ({why}); give arrays saved with "
-                            "numpy.save or numpy.savez (or image files), and no other files in a --data folder") from None
+            raise DataError(f"--data {f}: cannot be read as a NumPy .npy/.npz file ({why}); give "
+                            "arrays saved with numpy.save or numpy.savez (or image files), and no "
+                            "other files in a --data folder") from None
     _one_form(items, inputs)
     main = _main_group(items, inputs)
     return {n: np.stack([a for i, a in enumerate(arrays) if i in main]) for n, arrays in items.items()}
@@ -261,7 +266,8 @@ def _main_group(items: Mapping[str, list[np.ndarray]], inputs: Sequence[TensorSp
         return set(range(len(signatures)))
     fitting = [sign for sign in signatures if all(_fits(shape, spec) for shape, spec in zip(sign, inputs))]
     common = max(
-        set(fitting or signatures), key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign))
+        set(fitting or signatures),
+        key=lambda sign: ((fitting or signatures).count(sign), -signatures.index(sign))
     )
     # one shape exactly: they stack
     return {i for i, sign in enumerate(signatures) if sign == common}
@@ -313,7 +319,8 @@ def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple
 
 def _stack_of_items(array: np.ndarray, path: Path, name: str) -> np.ndarray:
     if array.ndim == 0:
-        raise DataError(f"--data {path}: array {name} is a single number; store the items stacked along a first axis")
+        raise DataError(f"--data {path}: array {name} is a single number; store the items stacked "
+                        "along a first axis")
     return array
 
 
@@ -331,7 +338,8 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
     if all(f.suffix.lower() in IMAGE_SUFFIXES for f in files):
         if len(inputs) != 1:
             raise DataError(
-                f"--data {path}: images feed one input, but the model has {len(inputs)}; use .npz files"
+                f"--data {path}: images feed one input, but the model has {len(inputs)}; use .npz "
+                "files"
             )
         images, how = read_images(files, inputs[0], image)
         items, described = {inputs[0].name: images}, f" ({len(files)} images into {inputs[0].name} as {how})"
@@ -355,13 +363,15 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
             whole = (
                 ""
                 if axis is None
-                else f" (or each saved with a batch dim of 1: {[1 if a == axis else d for a, d in enumerate(spec.shape)]})"
+                else " (or each saved with a batch dim of 1: "
+                     f"{[1 if a == axis else d for a, d in enumerate(spec.shape)]})"
             )
             where = "" if axis in (0, None) else f", batch on axis {axis}"
             raise DataError(
-                f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but the model "
-                f"takes {list(want)} per item (input shape {list(spec.shape)}{where}); give items of {list(want)} "
-                f"stacked along a first axis{whole}, or, where the model's dims are dynamic, a --shape that fits them"
+                f"--data {path}: items for input {spec.name} have shape {list(arr.shape[1:])}, but "
+                f"the model takes {list(want)} per item (input shape {list(spec.shape)}{where}); "
+                f"give items of {list(want)} stacked along a first axis{whole}, or, where the "
+                "model's dims are dynamic, a --shape that fits them"
             )
         # a string input: ONNX Runtime takes str objects
         if spec.dtype == "object" and arr.dtype.kind in "US":
@@ -375,12 +385,14 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             bad = np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1))
             raise DataError(
-                f"--data {path}: input {spec.name} holds NaN or Inf in {len(bad)} item(s) (the first is item {bad[0]}); "
-                "every accuracy would be infinite: remove or repair those items"
+                f"--data {path}: input {spec.name} holds NaN or Inf in {len(bad)} item(s) (the "
+                f"first is item {bad[0]}); every accuracy would be infinite: remove or repair "
+                "those items"
             )
     counts = {len(a) for name, a in items.items() if name not in once} or {1}
     if len(counts) != 1:
-        raise DataError(f"--data {path}: inputs have different item counts {sorted(counts)}; give each the same")
+        raise DataError(f"--data {path}: inputs have different item counts {sorted(counts)}; give "
+                        "each the same")
     count = next(iter(counts))
     for name in once:  # a view: the one tensor, read as every item's
         items[name] = np.broadcast_to(items[name], (count, *items[name].shape[1:]))
@@ -405,12 +417,13 @@ def random_items(inputs: Sequence[TensorSpec], count: int, seed: int, size: int 
         drawn = count if spec.batch_axis is not None else -(-count // size)
         shape = (drawn, *spec.item_shape)
         if spec.dtype == "object":
-            raise DataError(f"input {spec.name} takes strings, which random data cannot choose: pass --data with an "
-                            f"{spec.name!r} array of strings")
+            raise DataError(f"input {spec.name} takes strings, which random data cannot choose: "
+                            f"pass --data with an {spec.name!r} array of strings")
         if not spec.shape and np.dtype(spec.dtype).kind in "iub":
             example = " (e.g. the sample rate it expects)" if np.dtype(spec.dtype).kind in "iu" else " (1 or 0)"
-            raise DataError(f"input {spec.name} is a scalar of type {spec.dtype}, which random data cannot choose: "
-                            f"pass --const {spec.name}=VALUE{example}, or --data with an array named {spec.name!r}")
+            raise DataError(f"input {spec.name} is a scalar of type {spec.dtype}, which random "
+                            f"data cannot choose: pass --const {spec.name}=VALUE{example}, or "
+                            f"--data with an array named {spec.name!r}")
         if np.dtype(spec.dtype).kind == "f":
             items[spec.name] = rng.random(shape, dtype=np.float32).astype(spec.dtype)
         elif np.dtype(spec.dtype).kind == "b":
@@ -428,13 +441,14 @@ def constant_items(inputs: Sequence[TensorSpec], constants: Mapping[str, float],
     by_name = {i.name: i for i in inputs}
     unknown = sorted(set(constants) - set(by_name))
     if unknown:
-        raise DataError(f"--const {unknown[0]}: the model has no input {unknown[0]}; its inputs are "
-                        f"{', '.join(by_name)}")
+        raise DataError(f"--const {unknown[0]}: the model has no input {unknown[0]}; its inputs "
+                        f"are {', '.join(by_name)}")
     items = {}
     for name, value in constants.items():
         spec = by_name[name]
         if np.dtype(spec.dtype).kind in "iub" and float(value) != int(value):
-            raise DataError(f"--const {name}={value}: input {name} is {spec.dtype}; give a whole number")
+            raise DataError(f"--const {name}={value}: input {name} is {spec.dtype}; give a whole "
+                            "number")
         items[name] = np.full((count, *spec.item_shape), value, dtype=spec.dtype)
     return items
 
@@ -450,7 +464,8 @@ def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -
     count = len(next(iter(items.values())))
     if count < size:
         raise DataError(
-            f"--data: {count} item(s) cannot fill one batch of {size}; give more items or a smaller batch in --shape"
+            f"--data: {count} item(s) cannot fill one batch of {size}; give more items or a "
+            "smaller batch in --shape"
         )
     axes = {i.name: i.batch_axis for i in inputs}
     batches = []
@@ -462,8 +477,9 @@ def batch_items(items: Mapping[str, np.ndarray], inputs: Sequence[TensorSpec]) -
             if axis is None:
                 if (part != part[0]).any():
                     raise DataError(
-                        f"--data: input {name} takes one value per run, but items {start}-{start + size - 1} "
-                        f"of one batch differ; give them equal values or a batch of 1 (--shape)"
+                        f"--data: input {name} takes one value per run, but items "
+                        f"{start}-{start + size - 1} of one batch differ; give them equal values "
+                        "or a batch of 1 (--shape)"
                     )
                 batch[name] = np.array(part[0])  # 0-d: ascontiguousarray would make it 1-d
             else:
@@ -479,8 +495,9 @@ def _check_varied(path: str | Path, items: Mapping[str, np.ndarray]) -> None:
     if arrays and all(bool((a == a[0]).all()) for a in arrays):
         first = arrays[0].reshape(-1)[0]
         value = f" (every value {first!r:.12})" if all(bool((a == a.reshape(-1)[0]).all()) for a in arrays) else ""
-        raise DataError(f"--data {path}: all {len(arrays[0])} items are the same input{value}: every plan would be "
-                        "judged on that one input; give varied data, as the model sees in deployment")
+        raise DataError(f"--data {path}: all {len(arrays[0])} items are the same input{value}: "
+                        "every plan would be judged on that one input; give varied data, as the "
+                        "model sees in deployment")
 
 
 def build_dataset(
@@ -528,8 +545,10 @@ def build_dataset(
     if others:
         source += f" ({len(others)} item(s) at other shapes: judged at their own shapes)"
     if len(batches) == 1:
-        return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = evaluation)", path is None,
+        return Dataset(tuple(batches), tuple(batches), source + " (one batch: calibration = "
+                                                                "evaluation)", path is None,
                        tuple(truths) if truths else None, others, tuple(truths) if truths else None)
     n_calib = max(1, len(batches) // 2)
     return Dataset(tuple(batches[:n_calib]), tuple(batches[n_calib:]), source, path is None,
-                   tuple(truths[n_calib:]) if truths else None, others, tuple(truths[:n_calib]) if truths else None)
+                   tuple(truths[n_calib:]) if truths else None, others,
+                   tuple(truths[:n_calib]) if truths else None)

@@ -62,8 +62,8 @@ class Decoder:
         return int(np.shape(batch[pair.past])[pair.axis])
 
     def describe(self) -> str:
-        return (f"a decoder with a KV cache ({len(self.cache)} cache tensors, {self.cache[0].past} -> "
-                f"{self.cache[0].present}; tokens {self.tokens}, logits {self.logits})")
+        return (f"a decoder with a KV cache ({len(self.cache)} cache tensors, {self.cache[0].past} "
+                f"-> {self.cache[0].present}; tokens {self.tokens}, logits {self.logits})")
 
 
 def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Decoder | None:
@@ -74,10 +74,12 @@ def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
     by_name = {i.name: i for i in inputs}
     cache = _paired_by_name(by_name, outputs) or _paired_by_dims(inputs, outputs)
     fed_back = {p.past for p in cache}
-    tokens = _named(inputs, TOKEN_NAMES, lambda i: len(i.shape) == 2 and np.dtype(i.dtype).kind in "iu")
+    tokens = _named(inputs, TOKEN_NAMES,
+                    lambda i: len(i.shape) == 2 and np.dtype(i.dtype).kind in "iu")
     returned = {p.present for p in cache}
     logits = next((o for o in outputs if o.name not in returned and len(o.shape) == 3
-                   and np.dtype(o.dtype).kind == "f" and (o.name == "logits" or "logit" in o.name)), None)
+                   and np.dtype(o.dtype).kind == "f" and (o.name == "logits" or "logit" in o.name)),
+                   None)
     logits = logits or next((o for o in outputs if o.name not in returned and len(o.shape) == 3
                              and np.dtype(o.dtype).kind == "f"), None)
     if not cache or tokens is None or tokens.name in fed_back or logits is None:
@@ -86,7 +88,8 @@ def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
     positions = _named(inputs, POSITION_NAMES, lambda i: np.dtype(i.dtype).kind in "iu")
     unbatched = tuple(i.name for i in inputs if i.batch_axis is None)
     branch = _named(inputs, BRANCH_NAMES, lambda i: np.dtype(i.dtype).kind == "b")
-    return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name, positions and positions.name,
+    return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name,
+                   positions and positions.name,
                    unbatched, branch and branch.name)
 
 
@@ -152,7 +155,8 @@ def next_run(decoder: Decoder, batch: Batch, outputs: Mapping[str, np.ndarray], 
     fed = {**batch, decoder.tokens: tokens.astype(batch[decoder.tokens].dtype)}
     for pair in decoder.cache:
         fed[pair.past] = np.asarray(outputs[pair.present])
-    return _masked(decoder, _branch(decoder, fed, True), past=decoder.past_length(fed), tokens=tokens.shape[1])
+    return _masked(decoder, _branch(decoder, fed, True), past=decoder.past_length(fed),
+                   tokens=tokens.shape[1])
 
 
 def _branch(decoder: Decoder, fed: Batch, with_past: bool) -> Batch:

@@ -80,20 +80,23 @@ def live_peak_bytes(model: onnx.ModelProto) -> int:
     return peak
 
 
-def asked(profile: ShapeProfile, itemsizes: Mapping[str, int], peak_at_opt: int, outputs_at_opt: int = 0,
+def asked(profile: ShapeProfile, itemsizes: Mapping[str, int], peak_at_opt: int,
+          outputs_at_opt: int = 0,
           weights: int = 0) -> dict[str, int]:
     """Per point of the profile, the bytes running the model there asks (see the module
     docstring)."""
     found = {}
     for point in ("opt", "min", "max"):
         inputs = sum(_elements(i.at(point)) * itemsizes.get(i.name, 4) for i in profile.inputs)
-        growth = max(1.0, max((_elements(i.at(point)) / max(1, _elements(i.opt)) for i in profile.inputs), default=1))
+        growth = max(1.0,
+                     max((_elements(i.at(point)) / max(1, _elements(i.opt)) for i in profile.inputs), default=1))
         found[point] = (BATCHES * (inputs + int(OUTPUT_COPIES * outputs_at_opt * growth))
                         + SESSIONS * (ARENA * int(peak_at_opt * growth) + weights))
     return found
 
 
-def check_fits(profile: ShapeProfile, itemsizes: Mapping[str, int], model: onnx.ModelProto, weights: int = 0,
+def check_fits(profile: ShapeProfile, itemsizes: Mapping[str, int], model: onnx.ModelProto,
+               weights: int = 0,
                memory: int | None = None) -> None:
     """Refuse, in one line naming the option, a profile point this machine cannot run the model at
     (``memory``: the bytes it has, default :func:`available_bytes`)."""
@@ -104,7 +107,8 @@ def check_fits(profile: ShapeProfile, itemsizes: Mapping[str, int], model: onnx.
     for point, need in asked(profile, itemsizes, live_peak_bytes(model), outputs, weights).items():
         if need > memory:
             shapes = ", ".join(f"{i.name}={dims_text(i.at(point))}" for i in profile.inputs)
-            raise ModelError(f"{OPTION[point]} {shapes}: running the model there needs about {need / 2**30:.3g} GiB "
-                             f"(its tensors alive at once, in the two sessions that check the shipped model, and "
-                             f"{BATCHES} batches of inputs), and this machine has {memory / 2**30:.3g} GiB free; give "
-                             f"a smaller {OPTION[point]}")
+            raise ModelError(f"{OPTION[point]} {shapes}: running the model there needs about "
+                             f"{need / 2**30:.3g} GiB (its tensors alive at once, in the two "
+                             f"sessions that check the shipped model, and {BATCHES} batches of "
+                             f"inputs), and this machine has {memory / 2**30:.3g} GiB free; give a "
+                             f"smaller {OPTION[point]}")

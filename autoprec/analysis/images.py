@@ -44,14 +44,15 @@ class ImageOptions:
     def checked(self, channels: int, name: str) -> ImageOptions:
         for option, values in (("--image-mean", self.mean), ("--image-std", self.std)):
             if len(values) not in (1, channels):
-                raise DataError(f"{option} has {len(values)} values, but input {name} has {channels} channel(s); "
-                                f"give 1 value or {channels}")
+                raise DataError(f"{option} has {len(values)} values, but input {name} has "
+                                f"{channels} channel(s); give 1 value or {channels}")
         if not all(np.isfinite(v) for v in (*self.mean, *self.std)) or any(v == 0 for v in self.std):
-            raise DataError(f"--image-mean {list(self.mean)} / --image-std {list(self.std)}: need finite numbers and "
-                            "a non-zero std")
+            raise DataError(f"--image-mean {list(self.mean)} / --image-std {list(self.std)}: need "
+                            "finite numbers and a non-zero std")
         if self.order not in ORDERS or self.resize not in RESIZES or float(self.scale) not in SCALES:
-            raise DataError(f"--image-order {self.order} / --image-resize {self.resize} / --image-scale {self.scale:g}:"
-                            f" give one of {'/'.join(ORDERS)}, {'/'.join(RESIZES)} and 1/255")
+            raise DataError(f"--image-order {self.order} / --image-resize {self.resize} / "
+                            f"--image-scale {self.scale:g}: give one of {'/'.join(ORDERS)}, "
+                            f"{'/'.join(RESIZES)} and 1/255")
         return self
 
     @classmethod
@@ -60,7 +61,8 @@ class ImageOptions:
         scale and resize options recorded mean and std alone, which those defaults read as they
         ran)."""
         data = data or {}
-        return cls(tuple(data.get("mean", (0.0,))), tuple(data.get("std", (1.0,))), data.get("order", "RGB"),
+        return cls(tuple(data.get("mean", (0.0,))), tuple(data.get("std", (1.0,))),
+                   data.get("order", "RGB"),
                    float(data.get("scale", 1.0)), data.get("resize", "stretch"))
 
     def describe(self, layout: str, height: int, width: int, raw: bool) -> str:
@@ -68,8 +70,8 @@ class ImageOptions:
         sized = f"{RESIZED[self.resize]} to {height}×{width}"
         if raw:
             return f"{layout}, {self.order}, {sized}, pixels 0..255 as they are"
-        return (f"{layout}, {self.order}, {sized}, pixels 0..{self.scale:g}, mean {_values(self.mean)}, "
-                f"std {_values(self.std)}")
+        return (f"{layout}, {self.order}, {sized}, pixels 0..{self.scale:g}, mean "
+                f"{_values(self.mean)}, std {_values(self.std)}")
 
 
 def _values(values: Sequence[float]) -> str:
@@ -84,8 +86,8 @@ def image_layout(spec: TensorSpec) -> str:
         return "NCHW"
     if len(shape) == 4 and shape[3] in (1, 3):
         return "NHWC"
-    raise DataError(f"--data: images need an N×C×H×W or N×H×W×C input with C of 1 or 3, but input {spec.name} is "
-                    f"{list(shape)}; pass .npy/.npz arrays instead")
+    raise DataError("--data: images need an N×C×H×W or N×H×W×C input with C of 1 or 3, but input "
+                    f"{spec.name} is {list(shape)}; pass .npy/.npz arrays instead")
 
 
 def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> tuple[np.ndarray, str]:
@@ -99,8 +101,9 @@ def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> t
     options = options.checked(channels, spec.name)
     raw = np.dtype(spec.dtype).kind in "iu"
     if raw and options != ImageOptions(order=options.order, resize=options.resize):
-        raise DataError(f"--data: input {spec.name} takes {spec.dtype} pixels as they are; --image-mean, --image-std and"
-                        " --image-scale do not apply to it (leave them out)")
+        raise DataError(f"--data: input {spec.name} takes {spec.dtype} pixels as they are; "
+                        "--image-mean, --image-std and --image-scale do not apply to it (leave "
+                        "them out)")
     out = []
     for f in files:
         if f.suffix.lower() not in IMAGE_SUFFIXES:
@@ -110,7 +113,8 @@ def read_images(files: list[Path], spec: TensorSpec, options: ImageOptions) -> t
                 converted = _eight_bit(img, f).convert("RGB" if channels == 3 else "L")
                 pixels = np.asarray(_sized(converted, width, height, options.resize))
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
-            raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace it") from None
+            raise DataError(f"--data {f}: cannot be read as an image ({exc}); remove or replace "
+                            f"it") from None
         pixels = pixels.reshape(height, width, channels)
         if options.order == "BGR":
             pixels = pixels[..., ::-1]
@@ -143,7 +147,8 @@ def _sized(img, width: int, height: int, resize: str):
         return letterboxed(img, width, height)
     # the shorter side to the input's, then the centre
     factor = max(width / img.width, height / img.height)
-    scaled = img.resize((max(width, round(img.width * factor)), max(height, round(img.height * factor))),
+    scaled = img.resize((max(width, round(img.width * factor)),
+                         max(height, round(img.height * factor))),
                         Image.BILINEAR)
     left, top = (scaled.width - width) // 2, (scaled.height - height) // 2
     return scaled.crop((left, top, left + width, top + height))

@@ -36,8 +36,8 @@ def load_labels(path: str | Path, files: list[Path], inputs: Sequence[TensorSpec
         one_stack = len(files) == 1 and path.is_file()
         for key, arrays in per_file.items():
             if len(arrays) != len(files):
-                raise DataError(f"--data {path}: only {len(arrays)} of {len(files)} files hold a {key!r} array; "
-                                "give it in every file or in none")
+                raise DataError(f"--data {path}: only {len(arrays)} of {len(files)} files hold a "
+                                f"{key!r} array; give it in every file or in none")
             found[key] = arrays[0] if one_stack else _stacked_labels(arrays, path, key)
     for key, array in found.items():
         _check_labels(path, key, array, count)
@@ -54,9 +54,10 @@ def _label_arrays(path: Path, inputs: set[str]) -> dict[str, np.ndarray]:
                 try:
                     found[key] = npz[key]
                 except untrusted.NUMPY_UNREADABLE:
-                    raise DataError(f"--data {path}: its {key!r} array is stored as Python objects, which autoprec "
-                                    "never unpickles; store it as a numeric array (np.asarray(labels, dtype=np.int64)"
-                                    ", or dtype=str for text), then numpy.savez") from None
+                    raise DataError(f"--data {path}: its {key!r} array is stored as Python "
+                                    "objects, which autoprec never unpickles; store it as a "
+                                    "numeric array (np.asarray(labels, dtype=np.int64), or "
+                                    "dtype=str for text), then numpy.savez") from None
         return found
 
 
@@ -70,7 +71,8 @@ def _stacked_labels(arrays: list[np.ndarray], path: Path, key: str) -> np.ndarra
         for i, a in enumerate(arrays):
             padded[i, : len(a)] = a[:, :5]
         return padded
-    raise DataError(f"--data {path}: the files' {key!r} arrays have different shapes {sorted(shapes)}; make them equal")
+    raise DataError(f"--data {path}: the files' {key!r} arrays have different shapes "
+                    f"{sorted(shapes)}; make them equal")
 
 
 def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
@@ -86,15 +88,15 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
         or not set(document) <= set(LABEL_ARRAYS)
         or not all(isinstance(v, dict) for v in document.values())
     ):
-        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\", \"boxes\" and/or \"masks\", "
-                        "each mapping an image file name to its value")
+        raise DataError(f"--data {sidecar}: must be an object with \"labels\", \"text\", \"boxes\" "
+                        "and/or \"masks\", each mapping an image file name to its value")
     found = {}
     for key, by_file in document.items():
         missing = [f.name for f in files if f.name not in by_file]
         if missing:
             raise DataError(
-                f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first {missing[0]!r}; "
-                "give every image one (a negative class marks one not labelled)"
+                f"--data {sidecar}: {key!r} has no entry for {len(missing)} image(s), the first "
+                f"{missing[0]!r}; give every image one (a negative class marks one not labelled)"
             )
         values = [by_file[f.name] for f in files]
         try:
@@ -104,7 +106,8 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
                 found[key] = np.asarray(values, str if key == "text" else None)
         except (ValueError, TypeError) as exc:
             raise DataError(
-                f'--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, "Labels"'
+                f'--data {sidecar}: {key!r} values cannot be read ({exc}); see docs/design.md, '
+                f'"Labels"'
             ) from None
     return found
 
@@ -112,17 +115,25 @@ def _sidecar_labels(folder: Path, files: list[Path]) -> dict[str, np.ndarray]:
 def _check_labels(path: Path, key: str, array: np.ndarray, count: int) -> None:
     kind = {"labels": "iu", "text": "US", "boxes": "fiu", "masks": "iu"}[key]
     if array.dtype.kind not in kind or array.ndim == 0:
-        raise DataError(f"--data {path}: {key!r} is {array.dtype} shaped {list(array.shape)}: it must be "
-                        + {"labels": "integer classes, one per item (N or N×T)", "text": "strings, one per item",
-                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class pads)",
+        raise DataError(f"--data {path}: {key!r} is {array.dtype} shaped {list(array.shape)}: it "
+                        "must be "
+                        + {"labels": "integer classes, one per item (N or N×T)", "text": "strings, "
+                                                                                         "one per "
+                                                                                         "item",
+                           "boxes": "numbers shaped N×M×5 (class, x1, y1, x2, y2; a negative class "
+                                    "pads)",
                            "masks": "integer classes per pixel, N×H×W (negative: not labelled)"}[key])
     if key == "boxes" and (array.ndim != 3 or array.shape[2] != 5):
-        raise DataError(f"--data {path}: 'boxes' is shaped {list(array.shape)}, not N×M×5 (class, x1, y1, x2, y2)")
+        raise DataError(f"--data {path}: 'boxes' is shaped {list(array.shape)}, not N×M×5 (class, "
+                        "x1, y1, x2, y2)")
     if key == "masks" and array.ndim != 3:
-        raise DataError(f"--data {path}: 'masks' is shaped {list(array.shape)}, not N×H×W (a class per pixel)")
+        raise DataError(f"--data {path}: 'masks' is shaped {list(array.shape)}, not N×H×W (a class "
+                        "per pixel)")
     if len(array) != count:
-        raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; give one per item")
+        raise DataError(f"--data {path}: {key!r} holds {len(array)} entries for {count} items; "
+                        "give one per item")
     if key != "text" and array.size and not (array[..., 0] if key == "boxes" else array).max() >= 0:
         raise DataError(f"--data {path}: {key!r} labels nothing (every " + ("box's class" if key == "boxes" else
                         "class") + " is negative, which marks no label); give the items' true "
-                        + ("boxes" if key == "boxes" else "classes") + f", or leave the {key!r} array out")
+                        + ("boxes" if key == "boxes" else "classes") + f", or leave the {key!r} "
+                                                                       "array out")

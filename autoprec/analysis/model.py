@@ -29,7 +29,8 @@ from autoprec.core.stored import check_external_data, is_external, tensors
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
 # Integer compute ops of a model quantized already (by ONNX Runtime's quantizer, say).
-QUANTIZED_OPS = {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear", "MatMulNBits"}
+QUANTIZED_OPS = {"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
+                 "DynamicQuantizeLinear", "MatMulNBits"}
 
 
 def file_sha256(path: Path) -> str:
@@ -81,8 +82,9 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     except UnicodeEncodeError:  # bytes of another encoding, which Python keeps as lone surrogates
         if sys.getfilesystemencoding().lower() not in ("utf-8", "utf8"):  # a C/POSIX locale reads UTF-8 so too
             raise ModelError(f"{printable(path)}: this Python reads file names as "
-                             f"{sys.getfilesystemencoding()} (the locale is C or POSIX), and the path has other "
-                             "characters; run with a UTF-8 locale (LANG=C.UTF-8) or PYTHONUTF8=1") from None
+                             f"{sys.getfilesystemencoding()} (the locale is C or POSIX), and the "
+                             "path has other characters; run with a UTF-8 locale (LANG=C.UTF-8) "
+                             "or PYTHONUTF8=1") from None
         raise ModelError(f"{printable(path)}: its path is not UTF-8, which ONNX's checker and ONNX "
                          "Runtime need; rename the file (or its folder) with UTF-8 characters"
                          ) from None
@@ -90,40 +92,45 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several types for a damaged file
         raise ModelError(
-            f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc}); re-export or re-download it"
+            f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc}); re-export or "
+            "re-download it"
         ) from None
     if not model.graph.node:
-        raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export it")
+        raise ModelError(f"{path}: the ONNX graph is empty (truncated or not a model); re-export "
+                         f"it")
     try:
         check_external_data(model, path.parent, str(path))
     except ValueError as exc:  # says which tensor and file, and the fix
         raise ModelError(str(exc)) from None
     except OSError as exc:
-        raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data files' "
-                         "permissions beside the model") from None
+        raise ModelError(f"{path}: its external weight data cannot be read ({exc}); check the data "
+                         "files' permissions beside the model") from None
     if model.functions:  # its own functions (ONNX Runtime runs them): their nodes are searched too
         model = _inlined(model, path)
     unknown = sorted({n.domain for n in model.graph.node} - KNOWN_DOMAINS)
     if unknown:
         nodes = [n.name or n.op_type for n in model.graph.node if n.domain in unknown][:3]
         raise ModelError(
-            f"{path}: uses op domain(s) {', '.join(unknown)} (e.g. node {', '.join(nodes)}) that no "
-            "supported engine implements; export the model with standard ONNX ops"
+            f"{path}: uses op domain(s) {', '.join(unknown)} (e.g. node {', '.join(nodes)}) that "
+            "no supported engine implements; export the model with standard ONNX ops"
         )
     try:
         # from the file: never the whole model in one protobuf (2 GB at most)
         onnx.checker.check_model(str(path))
     # ValidationError, and e.g. UnicodeDecodeError for a damaged string field
     except Exception as exc:
-        raise ModelError(f"{path}: fails onnx.checker ({first_line(exc)}); fix or re-export the model") from None
+        raise ModelError(f"{path}: fails onnx.checker ({first_line(exc)}); fix or re-export the "
+                         "model") from None
     initializers = {i.name for i in model.graph.initializer}
-    for value in [*(v for v in model.graph.input if v.name not in initializers), *model.graph.output]:
+    for value in [*(v for v in model.graph.input if v.name not in initializers),
+                  *model.graph.output]:
         kind = value.type.WhichOneof("value")
         if kind != "tensor_type":
             role = "output" if value in model.graph.output else "input"
             raise ModelError(
-                f"{path}: {role} {value.name} is a {(kind or 'untyped value').removesuffix('_type')}, not a "
-                "tensor; autoprec feeds and compares tensors only: "
+                f"{path}: {role} {value.name} is a "
+                f"{(kind or 'untyped value').removesuffix('_type')}, not a tensor; autoprec feeds "
+                "and compares tensors only: "
                 + _tensor_fix(model, value.name, role)
             )
     return model
@@ -154,14 +161,16 @@ def _inlined(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
 def _compute_types(model: onnx.ModelProto, nodes: Collection[str]) -> list[str]:
     """The element types of the first inputs of ``nodes`` (top-graph node names), as NumPy names."""
     graph = model.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input,
+                                                            *graph.output]}
     types.update({t.name: t.data_type for t in graph.initializer})
     found = {types.get(n.input[0]) for n in graph.node if n.name in nodes and n.input}
     return sorted(dtype_name(t) for t in found if t) or ["a float type other than float32"]
 
 
 # Ops whose output is drawn at random on every run: a model with one has no exact FP32 reference.
-RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
+RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+              "Multinomial", "Bernoulli")
 
 
 def refuse_random_ops(model, path: Path) -> None:
@@ -173,9 +182,10 @@ def refuse_random_ops(model, path: Path) -> None:
     found = [f"{node.op_type} {node.name!r}" for _, graph in subgraphs.graphs(model.graph) for node in graph.node
              if node.op_type in RANDOM_OPS and any(out in used for out in node.output)]
     if found:
-        raise ModelError(f"{path.name}: it draws random values ({', '.join(found[:3])}): its FP32 outputs change from "
-                         "run to run, so a plan's loss against FP32 would be that noise. Give a deterministic model "
-                         "(random ops removed, or exported for inference)")
+        raise ModelError(f"{path.name}: it draws random values ({', '.join(found[:3])}): its FP32 "
+                         "outputs change from run to run, so a plan's loss against FP32 would be "
+                         "that noise. Give a deterministic model (random ops removed, or exported "
+                         "for inference)")
 
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -193,31 +203,33 @@ def refuse_quantized(model: onnx.ModelProto, path: Path) -> None:
                          "the FP32 model this was quantized from")
 
 
-def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelProto, units: Sequence[Unit],
+def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelProto,
+                         units: Sequence[Unit],
                          other_floats: Sequence[str]) -> None:
     """One line where no unit can be searched: quantized already, layers in another float type, or
     none the search space lists (or only pinned ones)."""
     quantized = sorted({n.op_type for n in prepared.graph.node} & QUANTIZED_OPS)
     if not units and quantized:
         raise ModelError(
-            f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left to choose a "
-            "precision for; give autoprec the FP32 model it was quantized from"
+            f"{path}: already quantized ({', '.join(quantized)}), with no FP32 compute layer left "
+            "to choose a precision for; give autoprec the FP32 model it was quantized from"
         )
     if any(u.searchable for u in units):
         return
     if other_floats:
         kinds = _compute_types(prepared, {u.nodes[0] for u in units if u.name in other_floats})
         raise ModelError(
-            f"{path}: no searchable layers: its layers compute in {' and '.join(kinds)}, not float32, and autoprec "
-            "lowers float32 layers only; give it the float32 model"
-            + (" (a float16 model is already reduced: its FP32 original is what the search starts from)"
+            f"{path}: no searchable layers: its layers compute in {' and '.join(kinds)}, not "
+            "float32, and autoprec lowers float32 layers only; give it the float32 model"
+            + (" (a float16 model is already reduced: its FP32 original is what the search starts "
+               "from)"
                if "float16" in kinds else "")
         )
     if units and space.overrides and all(len(u.allowed) == 1 for u in units):
         given = ", ".join(f"{pattern}={'/'.join(p.value for p in precisions)}"
                           for pattern, precisions in space.overrides)
-        raise ModelError(f"{path}: no searchable layers: the overrides ({given}) leave each unit one precision "
-                         "(or none it can take); narrow the --override patterns")
+        raise ModelError(f"{path}: no searchable layers: the overrides ({given}) leave each unit "
+                         "one precision (or none it can take); narrow the --override patterns")
     raise ModelError(
         f"{path}: no searchable layers: the search space ({space.source}) lists "
         f"{', '.join(sorted(space.units))}, and the model has "
@@ -252,9 +264,10 @@ def analyse(
     fixed, notes = resolve_input_shapes(declared, shapes or {}, data_shapes)
     overridable = sorted({i.name for i in raw.graph.initializer} & {v.name for v in raw.graph.input})
     if overridable:
-        notes.append(f"{len(overridable)} weight(s) are graph inputs too ({', '.join(overridable[:4])}"
-                     f"{', ...' if len(overridable) > 4 else ''}: an IR 3 export, or weights a caller may replace): "
-                     "searched as the constants they hold; best/ and the exports take "
+        notes.append(f"{len(overridable)} weight(s) are graph inputs too "
+                     f"({', '.join(overridable[:4])}{', ...' if len(overridable) > 4 else ''}: an "
+                     "IR 3 export, or weights a caller may replace): searched as the constants "
+                     "they hold; best/ and the exports take "
                      f"{', '.join(s.name for s in declared) or 'no other input'} only")
     inputs = tuple(replace(s, shape=fixed[s.name]) for s in declared)
     profile = shape_profile([(s.name, s.shape) for s in declared], fixed, min_shapes, max_shapes)
@@ -270,14 +283,14 @@ def analyse(
         units = tie_repeats(prepared, find_units(prepared, space))
     except Exception as exc:  # the model runs (prepare_graph checked): a failure here is autoprec's
         raise ModelError(
-            f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers ({type(exc).__name__}: "
-            f"{first_line(exc)}); please report it with the model"
+            f"{path}: runs in ONNX Runtime, but autoprec cannot find its layers "
+            f"({type(exc).__name__}: {first_line(exc)}); please report it with the model"
         ) from None
     other_floats = [u.name for u in units if not u.searchable and len(space.allowed(u.name, u.op_type)) > 1]
     if other_floats:
         notes.append(
-            f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. {other_floats[0]}): "
-            "kept FP32, since lowering converts float32 tensors only"
+            f"{len(other_floats)} unit(s) compute in a float type other than float32 (e.g. "
+            f"{other_floats[0]}): kept FP32, since lowering converts float32 tensors only"
         )
     _refuse_unsearchable(path, space, prepared, units, other_floats)
     return ModelInfo(

@@ -107,7 +107,8 @@ class ModelInfo:
     def for_deployment(self) -> ModelInfo:
         """The same units on the deployable graph (the source's dims): a plan lowered onto it is the
         shipped model."""
-        return self if self.deployable is None else replace(self, model=self.deployable, deployable=None)
+        return self if self.deployable is None else replace(self, model=self.deployable,
+                                                            deployable=None)
 
     @property
     def stored(self) -> StoredModel:
@@ -149,7 +150,8 @@ class ModelInfo:
         return replace(self, units=_retied(units), notes=(*self.notes, note))
 
     def plan_at(
-        self, precision: Precision, units: Iterable[str] | None = None, calibration: str = DEFAULT_CALIBRATION
+        self, precision: Precision, units: Iterable[str] | None = None,
+        calibration: str = DEFAULT_CALIBRATION
     ) -> Plan:
         """``units`` (default: every unit that allows it) at ``precision``, every other unit at its
         widest: the plan that shows what lowering just those units costs and saves."""
@@ -157,7 +159,8 @@ class ModelInfo:
         # a pattern's units go together
         lowered |= {u.name for u in self.units if u.tied_to in lowered}
         return Plan.from_mapping(
-            {u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units}, calibration
+            {u.name: precision if u.name in lowered else u.allowed[-1] for u in self.units},
+            calibration
         )
 
 

@@ -44,7 +44,8 @@ def _types(graph: onnx.GraphProto) -> dict[str, tuple]:
     found = {}
     for value in (*graph.value_info, *graph.input, *graph.output):
         tensor = value.type.tensor_type
-        found[value.name] = (tensor.elem_type, tuple(d.dim_value or d.dim_param for d in tensor.shape.dim))
+        found[value.name] = (tensor.elem_type,
+                             tuple(d.dim_value or d.dim_param for d in tensor.shape.dim))
     found.update({t.name: ("const", t.data_type, tuple(t.dims)) for t in graph.initializer})
     return found
 

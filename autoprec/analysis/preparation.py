@@ -83,7 +83,9 @@ def cpu_runs(model: StoredModel) -> Callable[[Mapping[str, np.ndarray]], dict[st
     session = cpu_session(model)
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
-    return lambda feeds: dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    return lambda feeds: dict(zip(names,
+                                  session.run(names,
+                                              {k: v for k, v in feeds.items() if k in wanted})))
 
 
 def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
@@ -133,12 +135,14 @@ class RunCheck:
             said = " ".join(str(exc).split())
             loading = re.match(r".*?Load model from \S+ failed:\s*(.*)", said)
             if loading:  # (the file ONNX Runtime names is autoprec's staged copy, not the user's)
-                raise ModelError(f"{path}: ONNX Runtime cannot load it ({loading.group(1)[:300]}); fix or re-export "
-                                 "the model: it must load in onnxruntime as it is") from None
+                raise ModelError(f"{path}: ONNX Runtime cannot load it ({loading.group(1)[:300]}); "
+                                 "fix or re-export the model: it must load in onnxruntime as it "
+                                 "is") from None
             raise ModelError(
                 f"{path}: does not run in ONNX Runtime at input shapes "
-                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} ({said[:300]}); check --shape "
-                "(and --const), or that the model runs in onnxruntime as it is"
+                f"{', '.join(f'{k} {list(v.shape)}' for k, v in self.feeds.items())} "
+                f"({said[:300]}); check --shape (and --const), or that the model runs in "
+                "onnxruntime as it is"
             ) from None
 
     def _run(self, model: StoredModel) -> dict[str, np.ndarray]:
@@ -199,8 +203,10 @@ def _sliced_shapes(graph: gs.Graph) -> None:
             start, end = node.attrs.pop("start", 0), node.attrs.pop("end", None)
             whole = gs.Variable(f"{node.outputs[0].name}_whole", np.int64)
             bounds = [gs.Constant(f"{node.outputs[0].name}_{name}", np.array([value], np.int64))
-                      for name, value in (("start", start), ("end", np.iinfo(np.int64).max if end is None else end))]
-            g.nodes.append(gs.Node("Slice", f"{node.name}_slice", inputs=[whole, *bounds], outputs=[node.outputs[0]]))
+                      for name, value in (("start", start),
+                                          ("end", np.iinfo(np.int64).max if end is None else end))]
+            g.nodes.append(gs.Node("Slice", f"{node.name}_slice", inputs=[whole, *bounds],
+                                   outputs=[node.outputs[0]]))
             node.outputs = [whole]
         g.toposort()
 
@@ -233,7 +239,8 @@ def fold_batchnorms(model: StoredModel) -> tuple[StoredModel, str | None]:
     if not folded and not scales and not biases:
         return model, None
     surgery.graph.cleanup().toposort()
-    said = [f"{folded} BatchNormalization node(s)" if folded else "", f"{scales} scale Mul(s)" if scales else "",
+    said = [f"{folded} BatchNormalization node(s)" if folded else "",
+            f"{scales} scale Mul(s)" if scales else "",
             f"{biases} bias Add(s)" if biases else ""]
     return _inferred(surgery.close()), f"folded {' and '.join(filter(None, said))} into the Conv before them"
 
@@ -245,7 +252,8 @@ def _one_way(model: StoredModel) -> tuple[StoredModel, str | None]:
     if not dropped and not pools:
         return model, None
     said = [f"took out {dropped} Cast(s) that change no value (to the type a tensor has)" if dropped else "",
-            f"wrote {pools} ReduceMean(s) over every spatial axis as the GlobalAveragePool they are" if pools else ""]
+            f"wrote {pools} ReduceMean(s) over every spatial axis as the GlobalAveragePool they "
+            f"are" if pools else ""]
     return _inferred(surgery.close()), "; ".join(filter(None, said))
 
 
@@ -264,7 +272,9 @@ def _fill_shapes_by_running(model: StoredModel, feeds: Mapping[str, np.ndarray])
     filled.CopyFrom(model.proto)
     by_name = {o.name: o for o in filled.graph.output}
     for name, value in zip(missing, values):
-        info = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+        info = onnx.helper.make_tensor_value_info(name,
+                                                  onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
+                                                  value.shape)
         if name in by_name:
             by_name[name].type.CopyFrom(info.type)
         else:
@@ -301,7 +311,8 @@ class Preparation:
 
 
 def prepare_graph(
-    model: StoredModel, shapes: Mapping[str, tuple[int, ...]], path: Path, feeds: Mapping[str, np.ndarray]
+    model: StoredModel, shapes: Mapping[str, tuple[int, ...]], path: Path,
+    feeds: Mapping[str, np.ndarray]
 ) -> Preparation:
     """Opset >= 13, constants and BatchNorm folded, then static shapes: the FP32 model every
     candidate starts from, and before its shapes were fixed, the deployable one.
@@ -313,7 +324,8 @@ def prepare_graph(
     runs = RunCheck(model, feeds, path)
     check = lambda m: runs(m) or _invalid(m)  # noqa: E731 - ONNX Runtime runs some graphs onnx.checker refuses
     notes = []
-    opset = next((o.version for o in model.proto.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
+    opset = next((o.version for o in model.proto.opset_import if o.domain in ("", "ai.onnx")),
+                 MIN_OPSET)
     if opset < MIN_OPSET:
         try:
             model = model.with_proto(version_converter.convert_version(model.proto, MIN_OPSET))
@@ -322,27 +334,30 @@ def prepare_graph(
             broken = first_line(exc)
         if broken:
             raise ModelError(
-                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ needs ({broken}); "
-                f"re-export the model with opset >= {MIN_OPSET}"
+                f"{path}: opset {opset} cannot be converted to {MIN_OPSET}, which per-channel Q/DQ "
+                f"needs ({broken}); re-export the model with opset >= {MIN_OPSET}"
             )
         notes.append(f"converted opset {opset} -> {MIN_OPSET} (per-channel Q/DQ needs {MIN_OPSET})")
     # what ONNX Runtime loads
     model.proto.ir_version = min(max(model.proto.ir_version, 7), MAX_IR_VERSION)
     any_shape: list[tuple[str, Step]] = [
         ("constant folding", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
-        ("constant folding (If nodes kept)", lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
+        ("constant folding (If nodes kept)",
+         lambda m: (_fold_constants(m, flatten_subgraphs=False), None)),
         ("export artifacts", _one_way),
         ("BatchNorm and bias folding", fold_batchnorms),
     ]
     deployable, step_notes = _checked_steps(model, any_shape, check)
     notes += step_notes + _distinct_dim_names(deployable.proto, shapes)
     _name_nodes(deployable.proto)
-    at_shapes: list[tuple[str, Step]] = [("shape filling", lambda m: (_fill_shapes_by_running(m, feeds), None))]
+    at_shapes: list[tuple[str, Step]] = [("shape filling",
+                                          lambda m: (_fill_shapes_by_running(m, feeds), None))]
     # what fixed shapes let fold (Shape, Reshape targets), on a copy
     if _dynamic(deployable.proto, shapes):
         at_shapes[:0] = [
             ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
-            ("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
+            ("constant folding at these shapes",
+             lambda m: (_fold_constants(m, flatten_subgraphs=True), None)),
             (
                 "constant folding at these shapes (If nodes kept)",
                 lambda m: (_fold_constants(m, flatten_subgraphs=False), None),
@@ -369,7 +384,8 @@ def _invalid(model: StoredModel) -> str | None:
     return None
 
 
-def _checked_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callable[[StoredModel], str | None]):
+def _checked_steps(model: StoredModel, steps: list[tuple[str, Step]],
+                   check: Callable[[StoredModel], str | None]):
     """The steps at once; where the result fails ``check``, again one at a time, each checked."""
     taken, notes = _take_steps(model, steps, None)
     if check(taken) is not None:
@@ -410,8 +426,9 @@ def _distinct_dim_names(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, 
             for dim, value, axis in dims:
                 dim.dim_param = f"{value}_dim{axis}"
             notes.append(
-                f"input dims named '{name}' on several axes of one input or at different sizes: named "
-                f"{', '.join(d.dim_param for d, _, _ in dims)} in the shipped model (TensorRT takes one name for one size)"
+                f"input dims named '{name}' on several axes of one input or at different sizes: "
+                f"named {', '.join(d.dim_param for d, _, _ in dims)} in the shipped model "
+                "(TensorRT takes one name for one size)"
             )
     return notes
 
@@ -427,18 +444,21 @@ def _typed_like(deployable: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.
     """The deployable graph told every element type the prepared one knows (where inference at
     dynamic dims found none), without shapes: lowering converts float32 tensors only, so both must
     know the same."""
-    known = {v.name for v in [*deployable.graph.value_info, *deployable.graph.input, *deployable.graph.output]
+    known = {v.name for v in [*deployable.graph.value_info, *deployable.graph.input,
+                              *deployable.graph.output]
              if v.type.tensor_type.elem_type}
     produced = {t for n in deployable.graph.node for t in n.output}
     for value in prepared.graph.value_info:
         if value.name in produced and value.name not in known and value.type.tensor_type.elem_type:
             deployable.graph.value_info.append(
-                onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None)
+                onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type,
+                                                   None)
             )
     return deployable
 
 
-def _take_steps(model: StoredModel, steps: list[tuple[str, Step]], check: Callable[[StoredModel], str | None] | None):
+def _take_steps(model: StoredModel, steps: list[tuple[str, Step]],
+                check: Callable[[StoredModel], str | None] | None):
     """Each step in turn; with a ``check``, one whose result fails it is left out with a note.
     A step named "X (...)" is the fallback of step "X": taken only where "X" was left out."""
     notes, taken = [], set()
@@ -512,7 +532,8 @@ def _read(folder: Path) -> Preparation | None:
     return Preparation(StoredModel(proto, folder), deployable, list(notes), source, kept=True)
 
 
-def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mapping[str, tuple[int, ...]],
+def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str,
+                   shapes: Mapping[str, tuple[int, ...]],
                    feeds: Mapping[str, np.ndarray], cache: Path | None = None) -> Preparation:
     """``path`` (read as ``raw``, its external weights not loaded; its inline ones are moved out of
     it, to the folder) prepared at ``shapes`` (see :func:`prepare_graph`). Under ``cache`` it is
@@ -550,7 +571,8 @@ def prepared_model(path: Path, raw: onnx.ModelProto, sha256: str, shapes: Mappin
     return replace(made, model=StoredModel(made.model.proto, folder))
 
 
-def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto,
+                shapes: Mapping[str, tuple[int, ...]],
                 feeds: Mapping[str, np.ndarray]) -> Preparation:
     copied = copy_external_data(raw, path.parent, folder)
     externalize(raw, folder, "source.data")  # in place: no second copy of inline weights in memory
@@ -558,8 +580,9 @@ def _prepare_in(folder: Path, path: Path, raw: onnx.ModelProto, shapes: Mapping[
     made = replace(prepare_graph(StoredModel(raw, folder), shapes, path, feeds), source=source)
     _gathered([made.model, made.model.with_proto(made.deployable)])
     if copied:
-        made.notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in {folder.parent}, made by the "
-                             "first run at these shapes and read by every later one")
+        made.notes.insert(0, f"its external data ({copied / 2**30:.2f} GiB): one copy in "
+                             f"{folder.parent}, made by the first run at these shapes and read by "
+                             "every later one")
     if made.deployable is not made.model.proto:
         (folder / DEPLOYABLE_FILE).write_bytes(made.deployable.SerializeToString())
     (folder / SOURCE_FILE).write_bytes(source.SerializeToString())

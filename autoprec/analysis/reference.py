@@ -40,9 +40,10 @@ def reference_outputs(
     try:
         outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for inputs a model cannot take
-        raise DataError(f"{info.path.name}: the FP32 model does not run on the evaluation data ({first_line(exc)}); "
-                        "random data draws integers from [0, 100) and floats from [0, 1), which an index or a size "
-                        "input may not take: give --data with real inputs, or --const NAME=VALUE for a setting") from None
+        raise DataError(f"{info.path.name}: the FP32 model does not run on the evaluation data "
+                        f"({first_line(exc)}); random data draws integers from [0, 100) and floats "
+                        "from [0, 1), which an index or a size input may not take: give --data "
+                        "with real inputs, or --const NAME=VALUE for a setting") from None
     if outputs:  # refused before the cache is written: a second run of the first batch must agree with the first
         check_deterministic(info, outputs[0], dict(zip(names, session.run(names, batches[0]))))
     del session
@@ -54,7 +55,8 @@ def reference_outputs(
         differs = _differs(outputs, kept)
         if differs is None:
             return kept
-        log.warning(f"{cache}: not this model's FP32 outputs on this data ({differs}); measured afresh and rewritten")
+        log.warning(f"{cache}: not this model's FP32 outputs on this data ({differs}); measured "
+                    "afresh and rewritten")
     if cache is not None:
         arrays = {"outputs": np.array(names, dtype=str), "count": np.array(len(outputs))}
         for i, out in enumerate(outputs):
@@ -107,22 +109,25 @@ def _check_prepared(info: ModelInfo, batch: Batch, outputs: dict[str, np.ndarray
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     try:
-        given = onnxruntime.InferenceSession(str(info.path), options, providers=["CPUExecutionProvider"])
+        given = onnxruntime.InferenceSession(str(info.path), options,
+                                             providers=["CPUExecutionProvider"])
         wanted = dict(zip(outputs, given.run(list(outputs), batch)))
     except Exception:  # noqa: BLE001 - the file takes inputs the data does not hold (settings folded): not compared
         return
     differs = _differs([wanted], [outputs])
     if differs is not None:
-        raise ModelError(f"{info.folder}: the prepared model an earlier run kept there does not give the given "
-                         f"model's outputs ({differs}): it is not what autoprec made of {info.path.name} (edited or "
-                         f"damaged); remove {info.folder} and run again")
+        raise ModelError(f"{info.folder}: the prepared model an earlier run kept there does not "
+                         f"give the given model's outputs ({differs}): it is not what autoprec "
+                         f"made of {info.path.name} (edited or damaged); remove {info.folder} and "
+                         "run again")
 
 
 # two runs of one session on one input: equal but for reduction order, if that
 DETERMINISTIC_REL_L2 = 1e-5
 
 
-def check_deterministic(info: ModelInfo, first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> None:
+def check_deterministic(info: ModelInfo, first: dict[str, np.ndarray],
+                        second: dict[str, np.ndarray]) -> None:
     """Refuse, in one line naming the output and any random op, a model whose FP32 outputs change
     from one run to the next on the same input: every candidate's loss against FP32 would be that
     noise, not its precision."""
@@ -139,9 +144,10 @@ def check_deterministic(info: ModelInfo, first: dict[str, np.ndarray], second: d
             random = [f"{n.op_type} {n.name!r}" for n in info.model.graph.node if n.op_type in RANDOM_OPS]
             cause = f"; it draws random values ({', '.join(random[:3])})" if random else ""
             raise ModelError(
-                f"{info.path.name}: the FP32 model gives other outputs for the same input on a second run (output "
-                f"{name}: {said}){cause}: a plan's loss against FP32 would be that noise. Give a deterministic model "
-                "(random ops removed or fixed, exported for inference)")
+                f"{info.path.name}: the FP32 model gives other outputs for the same input on a "
+                f"second run (output {name}: {said}){cause}: a plan's loss against FP32 would be "
+                "that noise. Give a deterministic model (random ops removed or fixed, exported "
+                "for inference)")
 
 
 def units_run(info: ModelInfo, batches: Sequence[Batch]) -> set[str]:

@@ -43,7 +43,8 @@ class SessionProbe:
     def _started(self) -> subprocess.Popen:
         if self.child is None or self.child.poll() is not None:
             self.child = subprocess.Popen([sys.executable, "-c", self.code], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True)
         return self.child
 
     def crashes(self, path: Path | str) -> bool:

@@ -70,8 +70,10 @@ def judged_shapes(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | N
     points = _weighted(points, runs or {})
     profile = _spanning(info.shape_profile, [p for p, _, _ in points])
     for point, _, _ in points[1:]:
-        log.info(f"judged at {point.name}: {point.said}" + ("" if point.runs else " (judged, not timed)"))
-    measured = replace(info.for_deployment(), profile=profile, source=_dynamic(info.source, info.deployable))
+        log.info(f"judged at {point.name}: {point.said}" + ("" if point.runs else " (judged, not "
+                                                                                  "timed)"))
+    measured = replace(info.for_deployment(), profile=profile,
+                       source=_dynamic(info.source, info.deployable))
     return measured, _interleaved(dataset, points)
 
 
@@ -92,16 +94,16 @@ def _decoder_points_or_none(decoder: Decoder, dataset: Dataset, run: Run, profil
     try:
         return _decoder_points(decoder, dataset, run, _long_past(decoder, profile))
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for feeds a model cannot take
-        log.warning(f"{decoder.describe()}: the given model does not run as one in prefill or decode "
-                    f"({first_line(exc, 200)}); judged as a model with dynamic dims instead")
+        log.warning(f"{decoder.describe()}: the given model does not run as one in prefill or "
+                    f"decode ({first_line(exc, 200)}); judged as a model with dynamic dims instead")
         return None
 
 
 def _decoder_points(decoder: Decoder, dataset: Dataset, run: Run, long_past: int | None) -> Points:
     """The data as given, prefill, a first token alone, decode after the prompt and at a long past:
     the profile's max where it gives one, else LONG_PAST tokens after the prompt."""
-    log.info(f"{decoder.describe()}: judged at prefill and decode, pasts made by the FP32 model from the data's "
-             "own tokens")
+    log.info(f"{decoder.describe()}: judged at prefill and decode, pasts made by the FP32 model "
+             "from the data's own tokens")
     phased = {"calibration": [_phases(decoder, b, run, long_past) for b in dataset.calibration],
               "evaluation": [_phases(decoder, b, run, long_past) for b in dataset.evaluation]}
     first = phased["evaluation"][0]
@@ -110,7 +112,8 @@ def _decoder_points(decoder: Decoder, dataset: Dataset, run: Run, long_past: int
         batch = first[name]
         shapes = {k: tuple(np.shape(v)) for k, v in batch.items()}
         point = ShapePoint(name, _phase_said(decoder, name, batch), shapes, 0)
-        points.append((point, [p[name] for p in phased["calibration"]], [p[name] for p in phased["evaluation"]]))
+        points.append((point, [p[name] for p in phased["calibration"]],
+                       [p[name] for p in phased["evaluation"]]))
     return points + _data_points(dataset, lambda batch: _phase_said(decoder, "data", batch))
 
 
@@ -134,7 +137,8 @@ def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> 
 
 def _phase_said(decoder: Decoder, name: str, batch: Batch) -> str:
     tokens, past = np.shape(batch[decoder.tokens]), decoder.past_length(batch)
-    phase = {"opt": "the data as given", "prefill": "prefill", "first token": "prefill of one token",
+    phase = {"opt": "the data as given", "prefill": "prefill", "first token": "prefill of one "
+                                                                              "token",
              "data": "the data's items"}.get(name, "decode")
     return f"{phase}: batch {tokens[0]}, {tokens[1]} token(s) after a past of {past}"
 
@@ -152,14 +156,15 @@ def _profile_points(info: ModelInfo, dataset: Dataset, run: Run, bounds_given: b
     for name, shapes in ends.items():
         if shapes == profile.at("opt") or any(shapes == p.shapes for p, _, _ in points):
             continue
-        fitted = ([_fitted(b, shapes) for b in dataset.calibration], [_fitted(b, shapes) for b in dataset.evaluation])
+        fitted = ([_fitted(b, shapes) for b in dataset.calibration],
+                  [_fitted(b, shapes) for b in dataset.evaluation])
         why = _fails(run, fitted[1][0])
         if why is None:
             said = "; ".join(f"{k} {'x'.join(map(str, v))}" for k, v in shapes.items() if v != profile.at("opt")[k])
             points.append((ShapePoint(name, f"the profile's {name}: {said}", shapes), *fitted))
         elif bounds_given:
-            raise AutoprecError(f"--{name}-shape: the given model does not run at {shapes} ({why}); give a shape it "
-                                "takes")
+            raise AutoprecError(f"--{name}-shape: the given model does not run at {shapes} "
+                                f"({why}); give a shape it takes")
         else:
             log.info(f"no {name} shape judged: the given model does not run at {shapes} ({why})")
     return points + _data_points(dataset)
@@ -237,8 +242,8 @@ def _weighted(points: Points, runs: Mapping[str, int]) -> Points:
     names = [p.name for p, _, _ in points]
     unknown = sorted(set(runs) - set(names) - {n.split("·")[0] for n in names})
     if unknown:
-        raise AutoprecError(f"--shape-weights {unknown[0]}: no such point; the points are {', '.join(names)} (a "
-                            "phase, such as decode, weighs all its points)")
+        raise AutoprecError(f"--shape-weights {unknown[0]}: no such point; the points are "
+                            f"{', '.join(names)} (a phase, such as decode, weighs all its points)")
     decoding = [n for n in names if n.startswith("decode·")]
     defaults = ({"prefill": 1, "decode": GENERATED_TOKENS} if decoding else dict.fromkeys(names, 1))
     weighted = []
@@ -295,7 +300,8 @@ def _interleaved(dataset: Dataset, points: Points) -> Dataset:
         own = iter(dataset.calibration_labels)
         calibration_labels = tuple(next(own) if at == 0 else {} for at in calibration_at)
     said = ", ".join(p.name for p, _, _ in points)
-    return replace(dataset, calibration=tuple(calibration), evaluation=tuple(evaluation), labels=labels,
+    return replace(dataset, calibration=tuple(calibration), evaluation=tuple(evaluation),
+                   labels=labels,
                    calibration_labels=calibration_labels, points=tuple(p for p, _, _ in points),
                    evaluation_at=tuple(evaluation_at), calibration_at=tuple(calibration_at),
                    source=f"{dataset.source}; judged at {len(points)} shapes ({said})")

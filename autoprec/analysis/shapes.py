@@ -79,13 +79,15 @@ def resolve_input_shapes(
     for spec in (s for s in inputs if s.name in given):
         shape = tuple(given[spec.name])
         if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole numbers above 0")
+            raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole "
+                             "numbers above 0")
         if len(shape) != len(spec.shape) or any(
             isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
         ):
             raise ModelError(
-                f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's declared "
-                f"shape {declared_text(spec.shape)}; give {len(spec.shape)} dims that keep the fixed ones"
+                f"--shape {spec.name}={'x'.join(map(str, shape))} does not fit the model's "
+                f"declared shape {declared_text(spec.shape)}; give {len(spec.shape)} dims that "
+                "keep the fixed ones"
             )
     # dim name: (size, its input)
     named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")
@@ -133,11 +135,13 @@ def _unfixed(spec: TensorSpec, axis: int, dim, data_shapes: Mapping[str, tuple[i
                        for a, d in enumerate(spec.shape))
     found = (data_shapes or {}).get(spec.name)
     data = ("or --data with arrays of that shape" if data_shapes is None else
-            f"or --data items of that shape (its items for {spec.name} are {list(found)}, which do not fit the "
-            "input's rank)" if found is not None else
-            f"as --data holds no arrays for {spec.name} to read it from (images are resized to the input)")
-    return (f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape {declared_text(spec.shape)} and nothing fixes "
-            f"it; pass --shape {spec.name}={example} with {', '.join(free)} filled in, {data}")
+            f"or --data items of that shape (its items for {spec.name} are {list(found)}, which do "
+            "not fit the input's rank)" if found is not None else
+            f"as --data holds no arrays for {spec.name} to read it from (images are resized to the "
+            "input)")
+    return (f"input {spec.name} has dynamic dim {axis} ({dim or '?'}) in shape "
+            f"{declared_text(spec.shape)} and nothing fixes it; pass --shape {spec.name}={example} "
+            f"with {', '.join(free)} filled in, {data}")
 
 
 def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[int, ...]],
@@ -151,12 +155,14 @@ def _data_dims_agree(inputs: Sequence[TensorSpec], shapes: Mapping[str, tuple[in
                 continue
             size, owner = sizes.setdefault(dim, (shapes[spec.name][axis], spec.name))
             if size != shapes[spec.name][axis] and owner != spec.name:
-                raise ModelError(f"--data: inputs {owner} and {spec.name} share the dim {dim!r}, but the data's items "
-                                 f"give it {size} and {shapes[spec.name][axis]}; give both items of one size there "
+                raise ModelError(f"--data: inputs {owner} and {spec.name} share the dim {dim!r}, "
+                                 f"but the data's items give it {size} and "
+                                 f"{shapes[spec.name][axis]}; give both items of one size there "
                                  "(the model takes one size for both)")
 
 
-def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
+def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]],
+                 given: Mapping[str, tuple[int, ...]],
                  sizes: Mapping[str, tuple[int, str]], notes: list[str],
                  batched: dict[str, list[str]]) -> dict[str, tuple[int, ...]]:
     """A dim name inputs share is one size (:func:`autoprec.core.profile.shared_dim_sizes`): the one
@@ -170,7 +176,8 @@ def _shared_dims(inputs: Sequence[TensorSpec], shapes: dict[str, tuple[int, ...]
                 shape[axis] = sizes[dim][0]
                 if spec.name in batched.get(dim, ()):
                     batched[dim].remove(spec.name)
-                notes.append(f"input {spec.name}: dim {dim} set to {sizes[dim][0]}, as --shape {sizes[dim][1]} gives it")
+                notes.append(f"input {spec.name}: dim {dim} set to {sizes[dim][0]}, as --shape "
+                             f"{sizes[dim][1]} gives it")
         shapes[spec.name] = tuple(shape)
     return shapes
 

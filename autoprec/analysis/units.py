@@ -117,10 +117,12 @@ def _sensitive_groups(graph: gs.Graph, space: SearchSpace, out_of_range: Collect
     return groups
 
 
-def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...], out_of_range: frozenset[str]) -> list[Unit]:
+def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...],
+              out_of_range: frozenset[str]) -> list[Unit]:
     units = []
     groups = _sensitive_groups(
-        graph, space, {n.name for n in graph.nodes if subgraphs.label(scope, n.name) in out_of_range}
+        graph, space,
+        {n.name for n in graph.nodes if subgraphs.label(scope, n.name) in out_of_range}
     )
     for node in graph.nodes:
         for attribute, value in node.attrs.items():

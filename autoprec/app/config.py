@@ -15,7 +15,8 @@ from autoprec.app.specs import EngineSpec, Group, InputSpec
 from autoprec.backends import BACKENDS, backend_class
 from autoprec.core.errors import AutoprecError
 
-GROUPS = {"inputs": InputSpec, "engine": EngineSpec, "judge": JudgeSpec, "space": SpaceSpec, "study": StudySpec,
+GROUPS = {"inputs": InputSpec, "engine": EngineSpec, "judge": JudgeSpec, "space": SpaceSpec,
+          "study": StudySpec,
           "isolation": IsolationSpec}
 
 
@@ -44,10 +45,11 @@ class SearchConfig:
             getattr(self, group).checked()
         if self.time_shapes and (why := backend_class(self.engine.backend).one_shape_only):
             able = [name for name in BACKENDS if not backend_class(name).one_shape_only]
-            raise AutoprecError(f"--time-shapes on {self.engine.backend}: {why}, or search with --backend "
-                                f"{' / '.join(able)}")
+            raise AutoprecError(f"--time-shapes on {self.engine.backend}: {why}, or search with "
+                                f"--backend {' / '.join(able)}")
         if self.retime_seconds is not None and not (self.retime_seconds > 0 and math.isfinite(self.retime_seconds)):
-            raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number more than 0")
+            raise AutoprecError(f"--retime-seconds {self.retime_seconds}: must be a finite number "
+                                "more than 0")
         return self
 
     def groups(self) -> dict[str, Group]:

@@ -51,15 +51,19 @@ def doctor_model(folder: Path) -> Path:
     for i, (name, (width_in, width_out)) in enumerate(zip(UNITS, zip(WIDTHS, WIDTHS[1:]))):
         weights += [numpy_helper.from_array(rng.normal(0, width_in**-0.5, (width_in, width_out)).astype(np.float32),
                                             f"{name}.w"),
-                    numpy_helper.from_array(rng.normal(0, 0.1, width_out).astype(np.float32), f"{name}.b")]
+                    numpy_helper.from_array(rng.normal(0, 0.1, width_out).astype(np.float32),
+                                            f"{name}.b")]
         last = i == len(UNITS) - 1
         nodes += [helper.make_node("MatMul", [current, f"{name}.w"], [f"{name}.mm"], name=name),
-                  helper.make_node("Add", [f"{name}.mm", f"{name}.b"], ["y" if last else f"{name}.add"],
+                  helper.make_node("Add", [f"{name}.mm", f"{name}.b"],
+                                   ["y" if last else f"{name}.add"],
                                    name=f"{name}.bias")]
         if not last:
-            nodes.append(helper.make_node("Relu", [f"{name}.add"], [f"{name}.out"], name=f"{name}.relu"))
+            nodes.append(helper.make_node("Relu", [f"{name}.add"], [f"{name}.out"],
+                                          name=f"{name}.relu"))
             current = f"{name}.out"
-    graph = helper.make_graph(nodes, "doctor", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTHS[0]])],
+    graph = helper.make_graph(nodes, "doctor",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTHS[0]])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", WIDTHS[-1]])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -72,7 +76,8 @@ def doctor_case(folder: Path) -> DoctorCase:
     """The generated model analysed as a search would (a profile over the batch), calibrated on
     random data."""
     rows = lambda point: (BATCH[point], WIDTHS[0])  # noqa: E731
-    info = analyse(doctor_model(folder), load_search_space(), {"x": rows("opt")}, min_shapes={"x": rows("min")},
+    info = analyse(doctor_model(folder), load_search_space(), {"x": rows("opt")},
+                   min_shapes={"x": rows("min")},
                    max_shapes={"x": rows("max")}, cache=folder / "prepared")
     rng = np.random.default_rng(1)
     batches = [{"x": rng.normal(0, 1, rows("opt")).astype(np.float32)} for _ in range(4)]
@@ -80,7 +85,8 @@ def doctor_case(folder: Path) -> DoctorCase:
     units = {u.name: u.name for u in info.units}
     plan = Plan.from_json({"precisions": {units[n]: p for n, p in UNITS.items() if n in units},
                            "calibration": "minmax"})
-    reference = dict(zip([o.name for o in info.outputs], cpu_session(info.stored).run(None, batches[0])))
+    reference = dict(zip([o.name for o in info.outputs],
+                         cpu_session(info.stored).run(None, batches[0])))
     return DoctorCase(info, plan, ranges, batches[0], reference)
 
 

@@ -29,7 +29,8 @@ class JudgeSpec(Group):
 
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False, limit_help: str = "",
+    def add_arguments(parser: argparse.ArgumentParser, overriding: bool = False,
+                      limit_help: str = "",
                       limit: bool = True) -> None:
         from autoprec.measure.accuracy import AUTO, BUILTIN_METRICS, TASK_METRICS
         from autoprec.tasks import DETECTION_LAYOUTS
@@ -39,36 +40,48 @@ class JudgeSpec(Group):
         recorded = " (default: the search's)" if overriding else ""
         if limit:
             group.add_argument("--max-loss", type=float, default=suppressed(overriding, None),
-                               help=(limit_help or "accuracy-loss limit: the chosen plan is the fastest within it")
+                               help=(limit_help or "accuracy-loss limit: the chosen plan is the "
+                                                   "fastest within it")
                                     + recorded)
         group.add_argument(
             "--metric", default=suppressed(overriding, AUTO),
-            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default {AUTO}: "
-                 f"{GENERATION} for a decoder with a KV cache, else cosine = 1 - mean cosine similarity; "
-                 f"{GENERATION}: greedy generation's tokens and logits against FP32's, and the logits at every "
-                 f"shape judged; {'/'.join(TASK_METRICS)}: the decisions FP32 makes, changed; "
-                 "TASK@labels: the drop against the data's labels), or module:function — that imports and RUNS "
-                 "your code. Every other metric that applies is recorded beside it" + recorded)
+            help=f"the accuracy loss --max-loss constrains: {', '.join(BUILTIN_METRICS)} (default "
+                 f"{AUTO}: {GENERATION} for a decoder with a KV cache, else cosine = 1 - mean "
+                 f"cosine similarity; {GENERATION}: greedy generation's tokens and logits against "
+                 f"FP32's, and the logits at every shape judged; {'/'.join(TASK_METRICS)}: the "
+                 "decisions FP32 makes, changed; TASK@labels: the drop against the data's "
+                 "labels), or module:function — that imports and RUNS your code. Every other "
+                 "metric that applies is recorded beside it" + recorded)
         default = HeadOptions()
-        group.add_argument("--ctc-blank", type=count_or_zero, default=suppressed(overriding, default.blank),
+        group.add_argument("--ctc-blank", type=count_or_zero,
+                           default=suppressed(overriding, default.blank),
                            metavar="INDEX", help="ctc-text: the blank class (default 0)")
         group.add_argument("--ctc-charset", metavar="FILE", default=suppressed(overriding, None),
-                           help="ctc-text against labelled text: the recognizer's characters, one per line: every "
-                                "class in order (an empty line for the blank), or PaddleOCR's dictionary (default: "
-                                "the model's 'character' metadata, as RapidOCR's models carry it)")
-        group.add_argument("--det-layout", choices=DETECTION_LAYOUTS, default=suppressed(overriding, None),
-                           help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, objectness, "
-                                "classes; YOLOX exported decoded too), yolox (YOLOX's raw head: boxes per grid "
-                                "cell, strides 8/16/32) or picodet (PicoDet/GFL: per stride scores and box "
-                                "distributions, read together); inferred for channels-first heads")
-        group.add_argument("--det-conf", type=fraction, default=suppressed(overriding, default.conf),
+                           help="ctc-text against labelled text: the recognizer's characters, one "
+                                "per line: every class in order (an empty line for the blank), or "
+                                "PaddleOCR's dictionary (default: the model's 'character' "
+                                "metadata, as RapidOCR's models carry it)")
+        group.add_argument("--det-layout", choices=DETECTION_LAYOUTS,
+                           default=suppressed(overriding, None),
+                           help="detection: yolov8 (4 box + classes, no objectness), yolov5 (box, "
+                                "objectness, classes; YOLOX exported decoded too), yolox (YOLOX's "
+                                "raw head: boxes per grid cell, strides 8/16/32) or picodet "
+                                "(PicoDet/GFL: per stride scores and box distributions, read "
+                                "together); inferred for channels-first heads")
+        group.add_argument("--det-conf", type=fraction,
+                           default=suppressed(overriding, default.conf),
                            metavar="SCORE", help="detection: score threshold (default 0.25)")
-        group.add_argument("--det-iou", type=fraction, default=suppressed(overriding, default.iou), metavar="IOU",
+        group.add_argument("--det-iou", type=fraction, default=suppressed(overriding, default.iou),
+                           metavar="IOU",
                            help="detection: NMS IoU (default 0.45)")
-        group.add_argument("--db-thresh", type=fraction, default=suppressed(overriding, default.db_thresh),
-                           metavar="P", help="text-regions: a pixel's probability of text (default 0.3, PaddleOCR's)")
-        group.add_argument("--db-box-thresh", type=fraction, default=suppressed(overriding, default.db_box_thresh),
-                           metavar="P", help="text-regions: a region's mean probability to keep it (default 0.6)")
+        group.add_argument("--db-thresh", type=fraction,
+                           default=suppressed(overriding, default.db_thresh),
+                           metavar="P", help="text-regions: a pixel's probability of text (default "
+                                             "0.3, PaddleOCR's)")
+        group.add_argument("--db-box-thresh", type=fraction,
+                           default=suppressed(overriding, default.db_box_thresh),
+                           metavar="P", help="text-regions: a region's mean probability to keep it "
+                                             "(default 0.6)")
         group.add_argument("--task-output", metavar="NAME", default=suppressed(overriding, None),
                            help="the output task metrics read (default: every output that fits)")
 
@@ -77,8 +90,10 @@ class JudgeSpec(Group):
         if isinstance(self.max_loss, float) and self.max_loss == 0:
             object.__setattr__(self, "max_loss", 0.0)
 
-    HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout", "det_conf": "conf",
-            "det_iou": "iou", "task_output": "output", "db_thresh": "db_thresh", "db_box_thresh": "db_box_thresh"}
+    HEAD = {"ctc_blank": "blank", "ctc_charset": "charset", "det_layout": "layout",
+            "det_conf": "conf",
+            "det_iou": "iou", "task_output": "output", "db_thresh": "db_thresh",
+            "db_box_thresh": "db_box_thresh"}
 
     @classmethod
     def given(cls, args: argparse.Namespace) -> dict[str, Any]:
@@ -120,5 +135,5 @@ def read_charset(path: str | os.PathLike) -> tuple[str, ...]:
         text = untrusted.read_bytes(Path(path), "a charset", CHARSET_BYTES, given=True).decode()
         return tuple(text.splitlines())
     except (OSError, ValueError) as exc:
-        raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text file, one character "
-                            "per line") from None
+        raise AutoprecError(f"--ctc-charset {path}: cannot be read ({exc}); give a UTF-8 text "
+                            "file, one character per line") from None

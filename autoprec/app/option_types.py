@@ -16,7 +16,8 @@ def shape_arg(text: str, least: int = 1) -> tuple[str, tuple[int, ...]]:
             raise ValueError
     except ValueError:
         what = "positive dims" if least else "dims of 0 or more (0: an empty past)"
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with {what}, e.g. x=1x3x224x224") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with {what}, e.g. "
+                                         "x=1x3x224x224") from None
     return name, found
 
 
@@ -33,8 +34,9 @@ def dim_range_arg(text: str) -> tuple[str, tuple[int, int | None, int]]:
         if not sep or not name or len(values) not in (2, 3) or min(values) < 0:
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MIN:MAX or NAME=MIN:OPT:MAX, sizes of 0 or more, "
-                                         "e.g. past_sequence_length=0:12:512") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MIN:MAX or NAME=MIN:OPT:MAX, "
+                                         "sizes of 0 or more, e.g. "
+                                         "past_sequence_length=0:12:512") from None
     return name, (values[0], values[1] if len(values) == 3 else None, values[-1])
 
 
@@ -49,7 +51,8 @@ def runs_arg(text: str) -> dict[str, int]:
             if not sep or not name.strip() or count_ < 0:
                 raise ValueError
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUNS pairs, e.g. prefill=1,decode=64") from None
+            raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=RUNS pairs, e.g. "
+                                             "prefill=1,decode=64") from None
         found[name.strip()] = count_
     return found
 
@@ -81,7 +84,8 @@ def number(convert, acceptable, requirement: str):
         try:
             value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if convert is int else ''}number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a "
+                                             f"{'whole ' if convert is int else ''}number") from None
         if not acceptable(value):
             raise argparse.ArgumentTypeError(f"{text}: {requirement}")
         return value
@@ -90,7 +94,8 @@ def number(convert, acceptable, requirement: str):
 
 
 count = number(int, lambda v: v >= 1, "must be at least 1")
-positive = number(float, lambda v: v > 0 and math.isfinite(v), "must be a finite number more than 0")
+positive = number(float, lambda v: v > 0 and math.isfinite(v), "must be a finite number more than "
+                                                               "0")
 count_or_zero = number(int, lambda v: v >= 0, "must be 0 or more")
 fraction = number(float, lambda v: 0 <= v <= 1, "must be between 0 and 1")
 gpu_index = number(int, lambda v: v >= 0, "must be a GPU index: 0 or more (see nvidia-smi -L)")
@@ -105,5 +110,6 @@ def batch_range_arg(text: str) -> tuple[int, int]:
         if not sep or not 0 < found[0] <= found[1]:
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW:HIGH batch sizes, 0 < LOW <= HIGH, e.g. 1:8") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LOW:HIGH batch sizes, 0 < LOW <= "
+                                         "HIGH, e.g. 1:8") from None
     return found

@@ -17,6 +17,7 @@ from autoprec.core.escape import printable
 from autoprec.core.profile import ShapeProfile
 from autoprec.results import console
 from autoprec.results.files import ResultFiles, read_result_dir
+from autoprec.results.profile_lines import export_profile_lines
 
 if TYPE_CHECKING:
     from autoprec.export.tensorrt import BuildSpec
@@ -50,13 +51,16 @@ def _diagnose(args: argparse.Namespace) -> int:
         console.stdout.print_json(data=[r.to_json() for r in rows])
         return 0
     at = f" at {found.shape}, the judged shape where the plan is worst" if found.shape else ""
-    table = Table(title=console.plain(f"error by unit (rel-L2 vs FP32), graph order, on {found.batches} evaluation batch(es)"
+    table = Table(title=console.plain(f"error by unit (rel-L2 vs FP32), graph order, on "
+                                      f"{found.batches} evaluation batch(es)"
                                       f"{at}; "
-                              f"model loss alone: {found.alone_said}, as the sensitivity pass ranks units"),
+                              f"model loss alone: {found.alone_said}, as the sensitivity pass "
+                              f"ranks units"),
                   title_justify="left")
     for column in ("#", "unit", "op", "prec", "accumulated", "added alone", "model loss alone"):
         table.add_column(
-            column, justify="right" if column in ("#", "accumulated", "added alone", "model loss alone") else "left"
+            column, justify="right" if column in ("#", "accumulated", "added alone", "model loss "
+                                                                                     "alone") else "left"
         )
     worst = {r.unit for r in culprits(rows)}
     for r in rows:
@@ -72,15 +76,19 @@ def _diagnose(args: argparse.Namespace) -> int:
         ]
         table.add_row(*(Text(printable(c), style=mark) for c in cells))
     console.stdout.print(table)
-    console.stdout.print(console.plain(f"{found.named}: {found.loss_said} loss {found.loss:.4g} on the "
-                               f"{found.evaluation_batches} evaluation batches{_recorded(found.recorded_loss)}"))
+    console.stdout.print(console.plain(f"{found.named}: {found.loss_said} loss {found.loss:.4g} on "
+                                       f"the "
+                               f"{found.evaluation_batches} evaluation "
+                               f"batches{_recorded(found.recorded_loss)}"))
     console.stdout.print(
         "where the accumulated error jumps (≥3× anything before it): "
         + (", ".join(f"#{r.index} {r.unit} ({r.precision}, rel-L2 {r.rel_l2:.2e})" for r in jumps(rows)) or "nowhere")
     )
-    console.stdout.print("units costing the model's output the most by themselves (send these back to FP32 first): "
+    console.stdout.print("units costing the model's output the most by themselves (send these back "
+                         "to FP32 first): "
                          + ", ".join(f"{r.unit} ({r.precision}, loss {r.alone_loss:.2e})" for r in culprits(rows)))
-    console.stdout.print(f"wrote {found.out_dir / 'diagnosis.json'}, {found.out_dir / 'error_by_layer.png'}")
+    console.stdout.print(f"wrote {found.out_dir / 'diagnosis.json'}, "
+                         f"{found.out_dir / 'error_by_layer.png'}")
     return 0
 
 
@@ -98,8 +106,9 @@ def _ranges(args: argparse.Namespace) -> int:
         console.stdout.print_json(data=json_safe([row.to_json() for row in rows]))
         return 0
     methods = list(rows[0].thresholds) if rows else []
-    table = Table(title="activation ranges from calibration (graph order); clipped: share beyond each "
-                        f"method's INT8 threshold ({', '.join(methods)})", title_justify="left")
+    table = Table(title="activation ranges from calibration (graph order); clipped: share beyond "
+                        "each method's INT8 threshold "
+                        f"({', '.join(methods)})", title_justify="left")
     table.add_column("tensor", max_width=32, overflow="fold")
     table.add_column("min … max", no_wrap=True)
     table.add_column("p99.99|x|", justify="right")
@@ -108,7 +117,8 @@ def _ranges(args: argparse.Namespace) -> int:
     table.add_column("flags", style="bold yellow")
     for row in rows:
         clipped = " ".join(f"{row.clipped_share[m]:.0e}" if row.clipped_share[m] else "0" for m in methods)
-        table.add_row(row.tensor, f"{row.min:.3g} … {row.max:.3g}", f"{row.p99_99:.3g}", clipped, row.histogram,
+        table.add_row(row.tensor, f"{row.min:.3g} … {row.max:.3g}", f"{row.p99_99:.3g}", clipped,
+                      row.histogram,
                       ", ".join(row.flags))
     console.stdout.print(table)
     flagged = [r for r in rows if r.flags]
@@ -124,18 +134,23 @@ def _check(args: argparse.Namespace) -> int:
     from autoprec.results.files import json_safe
 
     judge, engine = _recorded_or_given(args, "check")
-    report = check_plan(args.target, args.plan, judge=judge, engine=engine, data=getattr(args, "data", None),
-                        shapes=InputSpec.given(args).get("shapes") or None, latency_budget_ms=args.latency_budget)
+    report = check_plan(args.target, args.plan, judge=judge, engine=engine,
+                        data=getattr(args, "data", None),
+                        shapes=InputSpec.given(args).get("shapes") or None,
+                        latency_budget_ms=args.latency_budget)
     if args.json:
         console.stdout.print_json(data=json_safe(report.to_json()))
     else:
         m = report.measurement
-        verdict = Text("PASS", style="bold green") if report.passed else Text("FAIL", style="bold red")
+        verdict = Text("PASS", style="bold green") if report.passed else Text("FAIL", style="bold "
+                                                                                            "red")
         console.stdout.print(
             verdict,
-            console.plain(f"{report.checked}, on {report.model}: {report.loss_said} loss {m.loss:.4g}"
+            console.plain(f"{report.checked}, on {report.model}: {report.loss_said} loss "
+                          f"{m.loss:.4g}"
                   f"{_recorded(report.recorded_loss)} (limit {report.max_loss:g}), "
-                  f"latency {m.latency.median_ms:.4g} ms (p10–p90 {m.latency.p10_ms:.4g}–{m.latency.p90_ms:.4g})"
+                  f"latency {m.latency.median_ms:.4g} ms (p10–p90 "
+                  f"{m.latency.p10_ms:.4g}–{m.latency.p90_ms:.4g})"
                   + (f", budget {report.latency_budget_ms:g} ms" if report.latency_budget_ms else "")
                   + f" on {report.engine.engine} {report.engine.provider}"),
         )
@@ -182,15 +197,18 @@ def _export_tensorrt(args: argparse.Namespace, out: Path, spec: BuildSpec,
         written += write_polygraphy_export(spec, spec.samples, out)
     for path in written:
         console.stdout.print(f"wrote {path}")
-    _say_profile(spec.profile if spec.keeps_source_dims else ShapeProfile.fixed(spec.input_shapes), spec.checks,
+    _say_profile(spec.profile if spec.keeps_source_dims else ShapeProfile.fixed(spec.input_shapes),
+                 spec.checks,
                  args.result_dir, profile)
     model = out / BUILT_MODEL.get(args.format, "model_fp32.onnx")
     if not args.build:
-        folder.record(out, written, trial, args.format, model, profile=spec.profile, checks=spec.checks)
+        folder.record(out, written, trial, args.format, model, profile=spec.profile,
+                      checks=spec.checks)
         console.warn(NOT_RUN)
         return 0
     outcome = build_export(out, args.format, spec.profile, trial)
-    folder.record(out, [*written, *outcome.files], trial, args.format, model, outcome.report["model_sha256"],
+    folder.record(out, [*written, *outcome.files], trial, args.format, model,
+                  outcome.report["model_sha256"],
                   spec.profile, spec.checks)
     if outcome.layers is not None:
         console.stdout.print(console.engine_layers_table(outcome.layers))
@@ -215,14 +233,15 @@ def _export_triton(args: argparse.Namespace, out: Path, result: ResultFiles) -> 
                                      result.model.external_weights)
         folder.record(entry, written, found.trial, "triton", entry / "1" / "model.onnx",
                       profile=found.profile, checks=found.checks)
-    console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} (platform onnxruntime_onnx)")
+    console.stdout.print(f"wrote {entry / 'config.pbtxt'} and {entry / '1' / 'model.onnx'} "
+                         "(platform onnxruntime_onnx)")
     _say_profile(found.profile, found.checks, args.result_dir, profile)
     return 0
 
 
 def _say_profile(profile: ShapeProfile, checks, result_dir: str, asked: ProfileSpec) -> None:
     """The deployment profile an export was written for, its checks there, and how to widen it."""
-    for line in console.export_profile_lines(profile, checks, result_dir, asked.widens):
+    for line in export_profile_lines(profile, checks, result_dir, asked.widens):
         console.stdout.print(console.plain(line))
 
 

@@ -31,9 +31,11 @@ def load_plan_document(path: str | os.PathLike) -> dict:
     try:
         document = untrusted.read_json(Path(path), "a plan file", PLAN_BYTES, given=True)
     except (OSError, ValueError) as exc:
-        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a "
+                            "search") from None
     if not isinstance(document, dict):
-        raise AutoprecError(f"--plan {path}: not a readable plan (not a JSON object); give best/plan.json of a search")
+        raise AutoprecError(f"--plan {path}: not a readable plan (not a JSON object); give "
+                            "best/plan.json of a search")
     return document
 
 
@@ -48,10 +50,12 @@ def plan_in(document: dict, path: str | os.PathLike) -> Plan:
     try:
         plan = document.get("plan", document)
         if not isinstance(plan.get("precisions"), dict) or not isinstance(plan.get("calibration", ""), str):
-            raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": method}')
+            raise ValueError('expected {"precisions": {unit: int8|fp16|fp32}, "calibration": '
+                             'method}')
         return Plan.from_json(plan)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a search") from None
+        raise AutoprecError(f"--plan {path}: not a readable plan ({exc}); give best/plan.json of a "
+                            "search") from None
 
 
 def _fits(plan: Plan, info: ModelInfo, where: str) -> Plan:
@@ -60,13 +64,16 @@ def _fits(plan: Plan, info: ModelInfo, where: str) -> Plan:
     units = {u.name: u for u in info.units}
     unknown = [name for name in plan.as_dict() if name not in units]
     if unknown:
-        raise AutoprecError(f"{where}: names unit(s) {', '.join(unknown[:3])} that {info.path.name} does not have; "
-                            f"give a plan made for this model (its units: {', '.join(list(units)[:3])}, …)")
+        raise AutoprecError(f"{where}: names unit(s) {', '.join(unknown[:3])} that "
+                            f"{info.path.name} does not have; give a plan made for this model (its "
+                            f"units: {', '.join(list(units)[:3])}, …)")
     refused = [f"{n} {p}" for n, p in plan.as_dict().items() if p not in units[n].allowed]
     if refused:
-        raise AutoprecError(f"{where}: puts {', '.join(refused[:3])}, which the search space does not allow there")
+        raise AutoprecError(f"{where}: puts {', '.join(refused[:3])}, which the search space does "
+                            "not allow there")
     if plan.calibration not in CALIBRATION_METHODS:
-        raise AutoprecError(f"{where}: calibration {plan.calibration!r} is not one of {', '.join(CALIBRATION_METHODS)}")
+        raise AutoprecError(f"{where}: calibration {plan.calibration!r} is not one of "
+                            f"{', '.join(CALIBRATION_METHODS)}")
     return plan
 
 
@@ -114,27 +121,30 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     raw = load_onnx(path)
     found = model_sha256(path)
     if found != measured.model_sha256:
-        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 {found[:12]}…, "
-                            f"recorded {measured.model_sha256[:12]}…; its weights or external data changed): restore "
-                            "that model or search again")
+        raise AutoprecError(f"{path}: not the model {result.out_dir} was searched with (sha256 "
+                            f"{found[:12]}…, recorded {measured.model_sha256[:12]}…; its weights "
+                            "or external data changed): restore that model or search again")
     deployed = (profile or ProfileSpec()).applied(measured.profile or result.profile)
     # a search that judged several shapes: the same points, made the same way
     judged = bool(measured.judged_shapes)
     asked = config_of(measured).inputs
     bounds = (asked.min_shapes or {}, asked.max_shapes or {}) if judged else (deployed.at("min"), deployed.at("max"))
     recorded_data = measured.data_path
-    info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data, recorded_shapes,
+    info, dataset, seconds = load_inputs(path, space, data if data is not None else recorded_data,
+                                         recorded_shapes,
                                          measured.seed, measured.image, measured.constants,
                                          measured.out_of_range, cache, raw, bounds,
-                                         {p.name: p.runs for p in measured.judged_shapes or ()}, judged,
+                                         {p.name: p.runs for p in measured.judged_shapes or ()},
+                                         judged,
                                          {k: tuple(v) for k, v in (asked.dims or {}).items()} if judged else None)
     if judged:
         # widened where asked; the judged points stay the search's
         info = replace(info, profile=deployed)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
-        raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} was searched with "
-                            "(its content changed): restore it, or pass --data to evaluate on other data")
+        raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} "
+                            "was searched with (its content changed): restore it, or pass --data "
+                            "to evaluate on other data")
     calibration_file = measured.calibration_file  # None: no INT8 was searched
     ranges = None
     if calibration_file is not None:
@@ -143,13 +153,15 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
             try:
                 ranges = ActivationRanges.load(stored)
             except (OSError, ValueError, KeyError) as exc:
-                raise AutoprecError(f"{stored}: the search's calibration cannot be read ({exc}); delete it to "
-                                    "calibrate again from the search's data") from None
+                raise AutoprecError(f"{stored}: the search's calibration cannot be read ({exc}); "
+                                    "delete it to calibrate again from the search's "
+                                    "data") from None
         elif same_data:
             ranges = calibrate(info, dataset.calibration, fingerprint, cache)
         else:
-            raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not the search's data: "
-                                "run without --data (it is calibrated again from the search's data) or search again")
+            raise AutoprecError(f"{stored}: the search's calibration is gone, and --data is not "
+                                "the search's data: run without --data (it is calibrated again "
+                                "from the search's data) or search again")
     # FP32's outputs computed afresh, never read from the result's cache: what check and diagnose
     # judge against is the given model's own output, whatever a received result's cache/ holds
     reference = reference_outputs(info, dataset.evaluation, dataset.fingerprint())
@@ -187,30 +199,35 @@ def plan_context(
     target = Path(target)
     if not target.is_dir():
         if plan is None:
-            raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead of the model)")
+            raise AutoprecError(f"{target}: give --plan PLAN.json (or a result directory instead "
+                                "of the model)")
         document = load_plan_document(plan)
         # a result's best/plan.json: its search's analysis
         if "search" in document and "model" in document:
             return _from_plan_file(target, Path(plan), document, data, shapes)
         baseline = load_baseline(target, load_search_space(), data, shapes)
-        return PlanContext(_fits(plan_in(document, plan), baseline.info, f"--plan {plan}"), baseline,
+        return PlanContext(_fits(plan_in(document, plan), baseline.info, f"--plan {plan}"),
+                           baseline,
                            SearchConfig(InputSpec(target)), named=f"the plan in {plan}")
     result = read_result_dir(target)
     if trial is not None:
         chosen, number, named = result.plan_of(trial), trial, f"trial {trial} of {target}"
         if chosen is None:
-            raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see autoprec show {target}")
+            raise AutoprecError(f"--trial {trial}: {target} has no finished trial {trial}; see "
+                                f"autoprec show {target}")
     elif plan is not None:
         chosen, number, named = load_plan(plan), None, f"the plan in {plan}"
     elif result.best_plan is not None:
         chosen, number = result.best_plan
         named = f"trial {number} of {target}, the chosen plan (best/plan.json)"
     else:
-        raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show {target})")
+        raise AutoprecError(f"{target}: no chosen plan; pass --trial N (see autoprec show "
+                            f"{target})")
     baseline = recreate(result, data, shapes, profile)
     where = f"--plan {plan}" if plan is not None else str(target)
     shown = result.shown_trial(number)
-    return PlanContext(_fits(chosen, baseline.info, where), baseline, config_of(result.how_measured()), number, named,
+    return PlanContext(_fits(chosen, baseline.info, where), baseline,
+                       config_of(result.how_measured()), number, named,
                        shown.loss if shown else None)
 
 
@@ -221,8 +238,10 @@ def _from_plan_file(model: Path, plan: Path, document: dict, data, shapes) -> Pl
     result = read_plan_file(plan, document, model)
     baseline = recreate(result, data, shapes)
     chosen, number = result.best_plan
-    return PlanContext(_fits(chosen, baseline.info, f"--plan {plan}"), baseline, config_of(result.how_measured()),
-                       number, f"trial {number} in {plan}, as its search recorded it", _loss_in(document))
+    return PlanContext(_fits(chosen, baseline.info, f"--plan {plan}"), baseline,
+                       config_of(result.how_measured()),
+                       number, f"trial {number} in {plan}, as its search recorded it",
+                       _loss_in(document))
 
 
 def _loss_in(document: dict) -> float | None:

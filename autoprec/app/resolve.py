@@ -38,7 +38,8 @@ def result_dir(out: str | os.PathLike | None, default_name: str) -> Path:
     one)."""
     if out is not None:
         if not str(out).strip():
-            raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out results/model")
+            raise AutoprecError("--out '': empty; give a folder for the results, e.g. --out "
+                                "results/model")
         return Path(out)
     name = "".join(c if c.isprintable() and c not in "/\\%{}" else "_" for c in default_name).strip()
     return Path("autoprec_out") / (name if name.strip(".") else "model")
@@ -49,7 +50,8 @@ def check_out_dir(out: Path) -> Path | None:
     ``out`` was there), which a run refused before its first trial removes again
     (:func:`remove_made`)."""
     if out.exists() and not out.is_dir():
-        raise AutoprecError(f"--out {out}: a file, not a folder; give a folder for the results (made where missing)")
+        raise AutoprecError(f"--out {out}: a file, not a folder; give a folder for the results "
+                            "(made where missing)")
     made = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,8 @@ def check_out_dir(out: Path) -> Path | None:
         probe.unlink()
     except OSError as exc:
         remove_made(made)
-        raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
+        raise AutoprecError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable "
+                            "folder") from None
     return made
 
 
@@ -81,7 +84,8 @@ def removed_if_refused(made: Path | None) -> Iterator[None]:
 
 
 def resolve_model(
-    model: str | os.PathLike, data: str | os.PathLike | None, shapes: Mapping[str, Sequence[int]] | None
+    model: str | os.PathLike, data: str | os.PathLike | None,
+    shapes: Mapping[str, Sequence[int]] | None
 ) -> tuple[Path, str | os.PathLike | None, Mapping[str, Sequence[int]] | None, str]:
     """A model path, or ``zoo:NAME`` fetched with its own sample data and input shapes (unless
     given)."""
@@ -133,8 +137,8 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
     ground-truth text needs one and --ctc-charset gave none."""
     outputs = [o.name for o in info.outputs]
     if metric.options.output is not None and metric.options.output not in outputs:
-        raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; its outputs are: "
-                            f"{', '.join(outputs)}")
+        raise AutoprecError(f"--task-output {metric.options.output}: the model has no such output; "
+                            f"its outputs are: {', '.join(outputs)}")
     labels = dataset.labels[0] if dataset.labels else {}
     implied = implied_by(labels)
     metric = replace(metric, tasks=tuple(dict.fromkeys((*metric.tasks, *implied))))
@@ -144,13 +148,15 @@ def metric_for(metric: Metric, info: ModelInfo, dataset: Dataset) -> Metric:
         decoder = find_decoder(declared_inputs(info.model), output_specs(info.model)) if phased else None
         metric = replace(metric, name=GENERATION if decoder is not None else "cosine")
         if decoder is not None:
-            log.info(f"--metric generation (a decoder's default): greedy generation of {GENERATED_STEPS} tokens from "
-                     "the data's prompts against FP32's, and the logits at every shape judged")
+            log.info("--metric generation (a decoder's default): greedy generation of "
+                     f"{GENERATED_STEPS} tokens from the data's prompts against FP32's, and the "
+                     "logits at every shape judged")
     if metric.options.layout == "picodet":
         metric = replace(metric, options=replace(metric.options, image=image_size(dataset)))
     if "text" in labels and metric.options.charset is None and "character" in info.metadata:
         metric = replace(
-            metric, options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines()))
+            metric,
+            options=replace(metric.options, charset=tuple(info.metadata["character"].splitlines()))
         )
     return metric
 
@@ -192,7 +198,8 @@ def search_judge(metric: Metric, baseline: Baseline) -> Judge:
     decoder = find_decoder(declared_inputs(info.model), output_specs(info.model))
     prompts = [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if dataset.points[at].name == "prefill"]
     fp32 = cpu_runs(info.stored) if metric.name == GENERATION and prompts else None
-    return judge_of(metric, baseline.reference, dataset.labels, dataset, dataset.evaluation_at, decoder, fp32, prompts)
+    return judge_of(metric, baseline.reference, dataset.labels, dataset, dataset.evaluation_at,
+                    decoder, fp32, prompts)
 
 
 def engine_space(
@@ -204,7 +211,8 @@ def engine_space(
         keep = [p for p in Precision if p not in engine.slow_precisions and p is not Precision.INT4]
         left_out = {p.value: why for p, why in engine.slow_precisions.items()}
         for p, why in left_out.items():
-            log.info(f"{engine.name}: {p} left out of the search ({why}); include it with --precisions int8,fp16,fp32")
+            log.info(f"{engine.name}: {p} left out of the search ({why}); include it with "
+                     "--precisions int8,fp16,fp32")
         if any(Precision.INT4 in allowed for allowed in space.units.values()):
             left_out[Precision.INT4.value] = "weight-only, searched when asked for: --precisions int4,int8,fp16,fp32"
         if Precision.INT8 in keep:
@@ -217,7 +225,8 @@ def engine_space(
         left_out = {p.value: "not in --precisions" for p in Precision if p not in keep and p is not Precision.FP32}
         for p in keep:
             if p in engine.slow_precisions:
-                log.warning(f"{engine.name}: {p} searched as asked, but {engine.slow_precisions[p]}")
+                log.warning(f"{engine.name}: {p} searched as asked, but "
+                            f"{engine.slow_precisions[p]}")
     searched = [p.value for p in Precision if p in keep or p is Precision.FP32]
     space = space.restricted(keep).with_pinned(engine.float32_ops)
     if engine.sensitive_ops_fp32 and space.sensitive:
@@ -236,7 +245,7 @@ def repeats_decided(info: ModelInfo, tie: bool) -> ModelInfo:
     tied = len(info.searchable_units) - len(info.dimensions)
     if tied:
         patterns = sum(1 for u in info.dimensions if len(info.members(u.name)) > 1)
-        log.info(f"{tied + patterns} unit(s) of {patterns} repeated pattern(s) are decided together: "
-                 f"{len(info.dimensions)} dimension(s) for {len(info.searchable_units)} searched unit(s) "
-                 "(--separate-repeats decides each on its own)")
+        log.info(f"{tied + patterns} unit(s) of {patterns} repeated pattern(s) are decided "
+                 f"together: {len(info.dimensions)} dimension(s) for {len(info.searchable_units)} "
+                 "searched unit(s) (--separate-repeats decides each on its own)")
     return info

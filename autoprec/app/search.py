@@ -7,35 +7,26 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
 
-from autoprec.analysis.calibrate import calibration_cache
-from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import remove_made, removed_if_refused
+from autoprec.app.search_record import Outcome, WarmStart, search_facts
 from autoprec.app.search_setup import Setup, Shared, set_up, shared_inputs, study_identity
 from autoprec.app.sensitivity_pass import help_sensitivity_pass, sensitivity_pass
-from autoprec.app.specs import InputSpec, recorded
+from autoprec.app.specs import InputSpec
 from autoprec.core.errors import AutoprecError, SearchFailed
 from autoprec.core.plan import Plan
 from autoprec.core.timing import Stages
-from autoprec.measure import confirmation
 from autoprec.measure.accuracy import decision_changes
 from autoprec.measure.confirmation import held_out_judge
 from autoprec.measure.deployment import deploy_plan, time_front_across
 from autoprec.measure.measurement import screening_batches
 from autoprec.measure.measurers import MeasurerInputs, MeasurerSettings, Measuring, start_measurers
-from autoprec.record.facts import Drift
-from autoprec.record.per_unit import Sensitivity
-from autoprec.record.trial import Retiming, TrialRecord
-from autoprec.record.verdict import Versus
+from autoprec.record.trial import Retiming
 from autoprec.results import console
 from autoprec.results.files import (
     SearchResult,
     model_record,
-    plan_ignored,
     read_result_dir,
     units_json,
     withdraw_result,
@@ -44,20 +35,21 @@ from autoprec.results.files import (
 from autoprec.results.plots import plot_result_dir
 from autoprec.study.build_counts import builds_facts, count_builds, say_builds
 from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, choose_shipped, chosen_once, timed_until_known
-from autoprec.study.coordination import SharedSteps, redacted
+from autoprec.study.coordination import SharedSteps
 from autoprec.study.joining import Joined, join_study
 from autoprec.study.opening import default_study_name, forget_if_unused
 from autoprec.study.optimize import StudyContext
 from autoprec.study.ordered import run_warm_started
-from autoprec.study.proposals import Proposer, open_proposer
-from autoprec.study.reading import finished_records, nothing_measured, rejected_trials
+from autoprec.study.proposals import open_proposer
+from autoprec.study.reading import finished_records, nothing_measured
 from autoprec.study.retiming import RETIME_ROUNDS, retimed_front
 from autoprec.study.sensitivity import searched_sensitive
 
 log = logging.getLogger("autoprec")
 
 
-def search(config: SearchConfig | str | os.PathLike, *, final_timing: FinalTiming = timed_until_known) -> SearchResult:
+def search(config: SearchConfig | str | os.PathLike, *,
+           final_timing: FinalTiming = timed_until_known) -> SearchResult:
     """Search per-unit precisions for a model and write the result directory. ``config`` holds the
     spec groups (:mod:`autoprec.app.specs`), checked once; a model path alone searches with the
     defaults.
@@ -139,7 +131,8 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
                 measuring = _start_measurers(config, setup, shared, stack)
             with stages.timed("sensitivity"):
                 warm = _warm_start(config, setup, joined, shared, measuring)
-            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing, stages)
+            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing,
+                                      stages)
     except AutoprecError:
         _after_failure(config, setup, joined)
         raise
@@ -157,13 +150,18 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
                       config.engine.device if setup.engine.uses_device else None)
 
 
-def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared, stack: contextlib.ExitStack) -> Measuring:
+def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared,
+                     stack: contextlib.ExitStack) -> Measuring:
     engine, isolation = config.engine, config.isolation
-    settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
-                                isolation.trial_timeout, isolation.trial_memory_gb, setup.workers, config.study.proposals)
-    inputs = MeasurerInputs(setup.dataset.evaluation, setup.dataset.workload, shared.judge, shared.ranking,
+    settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache,
+                                isolation.isolate,
+                                isolation.trial_timeout, isolation.trial_memory_gb, setup.workers,
+                                config.study.proposals)
+    inputs = MeasurerInputs(setup.dataset.evaluation, setup.dataset.workload, shared.judge,
+                            shared.ranking,
                             shared.lowering, config.space.method)
-    return start_measurers(settings, setup.engine, setup.engine_info, inputs, shared.baseline.seconds,
+    return start_measurers(settings, setup.engine, setup.engine_info, inputs,
+                           shared.baseline.seconds,
                            setup.metric.user_function is not None, stack)
 
 
@@ -177,26 +175,18 @@ def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:
         forget_if_unused(joined.study, joined.storage_url)
         remove_made(setup.made)
     elif trials > joined.asked and (removed := withdraw_result(setup.out_dir)):
-        log.warning(f"{setup.out_dir}: the earlier run's result ({', '.join(removed)}) removed: this run began its "
-                    "trials and stopped without one")
+        log.warning(f"{setup.out_dir}: the earlier run's result ({', '.join(removed)}) removed: "
+                    "this run began its trials and stopped without one")
 
 
-@dataclass(frozen=True)
-class WarmStart:
-    """The sensitivity pass and what it decided: the model information the study searches."""
-
-    info: ModelInfo
-    sensitivity: Sensitivity | None
-    from_cache: bool
-    sensitive_units: dict[str, int]
-
-
-def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring) -> WarmStart:
+def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared,
+                measuring: Measuring) -> WarmStart:
     unit_sensitivity, from_cache = None, False
     if config.study.warm_start:
         if shared.ranking is not shared.judge:
-            log.info(f"sensitivity: units are ranked by their cosine loss (the constraint, {setup.metric.name}, "
-                     "changes few decisions on a quarter of the data: too coarse to rank units by)")
+            log.info("sensitivity: units are ranked by their cosine loss (the constraint, "
+                     f"{setup.metric.name}, changes few decisions on a quarter of the data: too "
+                     "coarse to rank units by)")
         screened = screening_batches(len(setup.dataset.evaluation))
         steps = SharedSteps(joined.shared, joined.locks, "sensitivity", joined.me)
 
@@ -207,100 +197,110 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
             help_sensitivity_pass(shared.baseline, setup.engine, loss_of, screened, shared.ranking,
                                   config.space.calibration, steps)
 
-        with joined.shared.once(joined.locks, "sensitivity", [setup.out_dir / "sensitivity.json"], joined.me,
+        with joined.shared.once(joined.locks, "sensitivity", [setup.out_dir / "sensitivity.json"],
+                                joined.me,
                                 while_waiting=helping):
             unit_sensitivity, from_cache = sensitivity_pass(
-                shared.baseline, setup.engine, loss_of, screened, shared.ranking, config.space.calibration,
+                shared.baseline, setup.engine, loss_of, screened, shared.ranking,
+                config.space.calibration,
                 setup.out_dir / "sensitivity.json", config.progress, steps,
             )
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
     info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.judge.max_loss)
     if sensitive_units["found"]:
-        log.info(f"sensitive units (softmax, normalisations, reductions): {sensitive_units['searched']} of "
-                 f"{sensitive_units['found']} searched, the rest kept FP32 ({sensitive_units['too_lossy']} lose more "
-                 f"than the limit alone, {sensitive_units['no_gain']} save no time in the profile); "
-                 f"{len(info.searchable_units)} unit(s) searched in all, {len(info.dimensions)} dimension(s)")
+        log.info("sensitive units (softmax, normalisations, reductions): "
+                 f"{sensitive_units['searched']} of {sensitive_units['found']} searched, the rest "
+                 f"kept FP32 ({sensitive_units['too_lossy']} lose more than the limit alone, "
+                 f"{sensitive_units['no_gain']} save no time in the profile); "
+                 f"{len(info.searchable_units)} unit(s) searched in all, {len(info.dimensions)} "
+                 "dimension(s)")
     return WarmStart(info, unit_sensitivity, from_cache, sensitive_units)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What the study found, re-timed, and the plan chosen."""
-
-    trials: list[TrialRecord]
-    front: list[TrialRecord]
-    chosen: TrialRecord | None
-    versus: Versus
-    retiming: Retiming
-    warm_plans: int
-    proposer: Proposer | None
-    held_out: confirmation.HeldOut | None = None
-
-
-def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
+def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared,
+                    measuring: Measuring,
                     warm: WarmStart, final_timing: FinalTiming, stages: Stages) -> Outcome:
     screen = shared.screen
-    ctx = StudyContext(warm.info, setup.engine, shared.baseline.ranges, lambda plan: measuring.measurer.measure(plan, screen),
+    ctx = StudyContext(warm.info, setup.engine, shared.baseline.ranges,
+                       lambda plan: measuring.measurer.measure(plan, screen),
                        config.space.calibration, config.judge.max_loss, joined.locks, joined.me)
     if screen is not None:
         log.info(f"cheap rejection: a candidate with loss > {screen.reject_above:g} on the first "
-                 f"{screen.batches} of {len(setup.dataset.evaluation)} evaluation batches is not timed")
+                 f"{screen.batches} of {len(setup.dataset.evaluation)} evaluation batches is not "
+                 "timed")
     engine_info = setup.engine_info
     log.info(f"engine: {engine_info.label()} ({engine_info.qdq_form} Q/DQ form)")
     if engine_info.caveat:
         log.warning(engine_info.caveat)
-    proposer = open_proposer(joined, measuring, warm.sensitivity, setup.engine.name, len(setup.dataset.evaluation),
+    proposer = open_proposer(joined, measuring, warm.sensitivity, setup.engine.name,
+                             len(setup.dataset.evaluation),
                              config.study.seed, ctx)
-    with stages.timed("trials"), console.SearchProgress(config.study.budget, min(joined.done, config.study.budget),
-                                                        config.judge.max_loss, enabled=config.progress) as bar:
-        started = run_warm_started(joined.study, ctx, config.study.budget, warm.sensitivity, on_trial=bar.update,
+    with stages.timed("trials"), console.SearchProgress(config.study.budget,
+                                                        min(joined.done, config.study.budget),
+                                                        config.judge.max_loss,
+                                                        enabled=config.progress) as bar:
+        started = run_warm_started(joined.study, ctx, config.study.budget, warm.sensitivity,
+                                   on_trial=bar.update,
                                    workers=setup.workers, propose=proposer)
     if warm.sensitivity is not None:
         slow, earlier = started.slow, len(started.plans) - started.queued
         log.info(f"warm start: {len(started.plans)} plan(s) from the sensitivity ranking"
-                 + (f" ({earlier} already in the study: queued by another worker or an earlier run)" if earlier else "")
+                 + (f" ({earlier} already in the study: queued by another worker or an earlier "
+                    f"run)" if earlier else "")
                  + (" queued as proposals" if proposer is not None else "")
-                 + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this engine)" if slow else ""))
+                 + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this "
+                    f"engine)" if slow else ""))
     setup.engine.drop_kept_builds()
     trials = finished_records(joined.study)
-    log.info(f"re-timing the front and the fastest plans within --max-loss, each beside the all-FP32 plan in "
-             f"{RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
+    log.info("re-timing the front and the fastest plans within --max-loss, each beside the "
+             f"all-FP32 plan in {RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
     # the workers' shares
     steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)
     with stages.timed("retiming"):
         front, retiming = retimed_front(joined.study, measuring.measurer.time_paired, RETIME_ROUNDS,
                                         max_loss=config.judge.max_loss, shared=steps)
     trials = [retiming.trials.get(t.number, t) for t in trials]
-    held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset, setup.metric),
-                              lambda plan: shared.lowering(setup.engine, plan), config.judge.max_loss)
-    rule = ShipRule(config.judge.max_loss, config.retime_seconds or ShipRule.final_seconds(stages), config.ship_within_noise)
+    held_out = HeldOutJudging(held_out_judge(shared.baseline.info.stored, setup.dataset,
+                                             setup.metric),
+                              lambda plan: shared.lowering(setup.engine, plan),
+                              config.judge.max_loss)
+    rule = ShipRule(config.judge.max_loss, config.retime_seconds or ShipRule.final_seconds(stages),
+                    config.ship_within_noise)
     with stages.timed("held_out_and_final_timing"):
-        choice = chosen_once(joined.shared, joined.locks, joined.me, setup.out_dir / "cache" / "choice.json", trials,
-                             lambda: choose_shipped(front, trials, held_out, measuring.measurer, final_timing, rule,
+        choice = chosen_once(joined.shared, joined.locks, joined.me,
+                             setup.out_dir / "cache" / "choice.json", trials,
+                             lambda: choose_shipped(front, trials, held_out, measuring.measurer,
+                                                    final_timing, rule,
                                                     retiming.apart))
-    return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming, len(started.plans), proposer,
+    return Outcome(trials, choice.front, choice.shipped, choice.versus, retiming,
+                   len(started.plans), proposer,
                    choice.held_out)
 
 
-def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring, warm: WarmStart,
+def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
+           warm: WarmStart,
            outcome: Outcome, started: float, stages: Stages) -> SearchResult:
     """The result files, the chosen plan as deployed, the plots; a search that measured nothing ends
     in one line."""
     info, engine, chosen = warm.info, setup.engine, outcome.chosen
-    builds = count_builds(joined.study, joined.run, warm.sensitivity if not warm.from_cache else None,
-                          outcome.retiming.builds, outcome.proposer.evaluated() if outcome.proposer else 0,
+    builds = count_builds(joined.study, joined.run,
+                          warm.sensitivity if not warm.from_cache else None,
+                          outcome.retiming.builds,
+                          outcome.proposer.evaluated() if outcome.proposer else 0,
                           measuring.judged_on_target)
     predicted = outcome.proposer.report(joined.study) if outcome.proposer is not None else None
     say_builds(engine.name, builds, predicted)
     changed = decision_changes(setup.metric, chosen.measurement.metrics) if chosen is not None else []
     for line in changed:
         log.warning(f"the chosen plan keeps {setup.metric.name} within the limit, but on {line}")
-    facts = _search_facts(config, setup, joined, shared, measuring, warm, outcome)
+    facts = search_facts(config, setup, joined, shared, measuring, warm, outcome)
     per_build = measuring.per_build if outcome.proposer is not None else 0
-    facts.update(decision_changes=changed, **builds_facts(builds, measuring.executor, per_build, predicted))
+    facts.update(decision_changes=changed,
+                 **builds_facts(builds, measuring.executor, per_build, predicted))
     if facts["plan_ignored"]:
-        log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision in trial(s) "
-                    f"{', '.join(map(str, facts['plan_ignored']))}: see 'build.plan_fidelity' in trials.json")
+        log.warning(f"{setup.engine_info.engine} did not run some units at their planned precision "
+                    f"in trial(s) {', '.join(map(str, facts['plan_ignored']))}: see "
+                    "'build.plan_fidelity' in trials.json")
     ranges = shared.baseline.ranges
     with stages.timed("deployment"):
         deployment = deploy_plan(info, engine, chosen.plan, ranges, setup.dataset) if chosen is not None else None
@@ -309,11 +309,14 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     if config.time_shapes and outcome.front:
         feasible = [t.number for t in outcome.front if config.judge.max_loss is None or t.feasible]
         with stages.timed("profile_timing"):
-            facts["profile_timing"] = time_front_across(info, engine, {t.number: t.plan for t in outcome.front}, feasible,
+            facts["profile_timing"] = time_front_across(info, engine,
+                                                        {t.number: t.plan for t in outcome.front},
+                                                        feasible,
                                                         ranges, setup.dataset.evaluation[0]).to_json()
     # up to the writing
     facts.update(wall_seconds=round(time.monotonic() - started, 2), stage_seconds=dict(stages))
-    result = SearchResult(setup.out_dir, model_record(info), setup.engine_info, facts, tuple(outcome.trials),
+    result = SearchResult(setup.out_dir, model_record(info), setup.engine_info, facts,
+                          tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
     plot_result_dir(read_result_dir(setup.out_dir))
@@ -322,73 +325,15 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     return result
 
 
-def _search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, measuring: Measuring,
-                  warm: WarmStart, outcome: Outcome) -> dict[str, Any]:
-    """pareto.json's ``search``: how the search was asked and what it did."""
-    info, dataset, sensitivity = warm.info, setup.dataset, warm.sensitivity
-    fingerprint = dataset.fingerprint()
-    return {
-        "spec": recorded(config.groups()),
-        # which run wrote the result files: each carries it, so no file of another passes
-        "run": joined.run,
-        "budget": config.study.budget,
-        "trials": len(outcome.trials),
-        "metric": setup.metric.name,
-        **shared.judged,
-        "timing_drift": drift.to_json() if (drift := Drift.of(outcome.trials)) else None,
-        "max_loss": config.judge.max_loss,
-        "seed": config.study.seed,
-        "calibration": config.space.calibration,
-        "study_name": joined.name,
-        "storage": redacted(joined.storage_url),
-        "data": dataset.source,
-        "data_path": str(Path(setup.data).resolve()) if setup.data is not None else None,
-        "data_fingerprint": fingerprint,
-        "calibration_file": (
-            str(calibration_cache(info, fingerprint, setup.cache).relative_to(setup.out_dir))
-            if shared.baseline.ranges is not None
-            else None
-        ),
-        "image_norm": asdict(config.inputs.image),  # (read back by ImageOptions.from_json)
-        "constants": dict(config.inputs.constants or {}),
-        "out_of_range": list(info.out_of_range),
-        "random_data": dataset.random,
-        "batches": {"calibration": len(dataset.calibration), "evaluation": len(dataset.evaluation)},
-        "search_space": setup.space.to_json(),
-        "precisions": setup.searched,
-        "dimensions": len(info.dimensions),
-        "tied_units": len(info.searchable_units) - len(info.dimensions),
-        "tie_repeats": config.space.tie_repeats,
-        "sensitive_units": warm.sensitive_units,
-        "left_out": setup.left_out,
-        "one_time_seconds": {k: round(v, 3) for k, v in measuring.one_time.items()},
-        "sampler": type(joined.study.sampler).__name__,
-        "build_workers": setup.workers,
-        "sensitivity": None if sensitivity is None else {
-            "evaluations": sensitivity.evaluations, "batches": sensitivity.batches,
-            "seconds": round(sensitivity.seconds, 2), "evaluation_seconds": round(sensitivity.evaluation_seconds, 2),
-            "from_cache": warm.from_cache, "warm_start_plans": outcome.warm_plans,
-            "ranked_by": shared.ranking.metric.name,
-        },
-        "early_reject": None
-        if shared.screen is None
-        else {"batches": shared.screen.batches, "reject_above": shared.screen.reject_above},
-        "retiming": {"rounds": RETIME_ROUNDS, **outcome.retiming.to_json()},
-        "profile": info.shape_profile.to_json(),
-        # [] where the data's one shape was
-        "judged_shapes": [point.to_json() for point in dataset.points],
-        "rejected": rejected_trials(joined.study),
-        "plan_ignored": [t.number for t in outcome.trials if plan_ignored(t)],
-    }
-
-
 def _say_retiming(retiming: Retiming) -> None:
     """A re-timing that failed is said, with what it leaves: the trial's own figures, and no
     verdict."""
     for failed in retiming.failed:
-        log.warning(f"re-timing trial {failed['trial']} beside all-FP32 failed ({failed['error'][:300]}): its latency "
-                    "is the trial's own, and no verdict on timing noise is given for it")
+        log.warning(f"re-timing trial {failed['trial']} beside all-FP32 failed "
+                    f"({failed['error'][:300]}): its latency is the trial's own, and no verdict on "
+                    "timing noise is given for it")
     if retiming.apart:
-        log.info("re-timing: engines too large to keep two alive were built one at a time, anew in each round")
+        log.info("re-timing: engines too large to keep two alive were built one at a time, anew in "
+                 "each round")
 
 

@@ -67,13 +67,16 @@ class Setup:
 
 
 def set_up(config: SearchConfig) -> Setup:
-    model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data, config.inputs.shapes)
+    model_path, data, shapes, default_out = resolve_model(config.inputs.model, config.inputs.data,
+                                                          config.inputs.shapes)
     out_dir = result_dir(config.out, default_out)
     if config.study.storage is None and any(c in str(out_dir.resolve()) for c in "%{}"):
-        raise AutoprecError(f"--out {out_dir}: its path holds '%', '{{' or '}}', which the study's default SQLite URL "
-                            "cannot carry; choose another --out, or give --storage")
+        raise AutoprecError(f"--out {out_dir}: its path holds '%', '{{' or '}}', which the study's "
+                            "default SQLite URL cannot carry; choose another --out, or give "
+                            "--storage")
     wanted = wanted_metric(config.judge, config.inputs.model)
-    engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache", config.engine.threads)
+    engine = get_backend(config.engine.backend, config.engine.device, out_dir / "cache",
+                         config.engine.threads)
     workers = build_workers(config.isolation.build_workers, engine, config.isolation.isolate)
     space, searched, left_out = engine_space(
         load_search_space(config.space.search_space).with_overrides(list(config.space.overrides)),
@@ -97,8 +100,8 @@ def set_up(config: SearchConfig) -> Setup:
         )
         if engine.one_shape_only and info.shape_profile.dynamic:
             log.warning(f"{engine.name}: every plan is judged at the data's shape only "
-                        f"({engine.one_shape_only}); other shapes are checked on the shipped model, on "
-                        "ONNX Runtime")
+                        f"({engine.one_shape_only}); other shapes are checked on the shipped "
+                        "model, on ONNX Runtime")
         _check_earlier_result(out_dir, info)
         _check_overrides(config.space.overrides, info)
         info = repeats_decided(info, config.space.tie_repeats)
@@ -113,15 +116,16 @@ def _check_apart(out_dir: Path, model: Path, data: str | os.PathLike | None) -> 
     it writes in ``out_dir``, or ``out_dir`` inside the data folder (its figures read as data next
     time)."""
     if result_owns(out_dir, model):
-        raise AutoprecError(f"{model}: one of the files a search writes in --out {out_dir} (best/, cache/, "
-                            "pareto.json, ...): it would replace its own input; copy the model elsewhere, or give "
-                            "another --out")
+        raise AutoprecError(f"{model}: one of the files a search writes in --out {out_dir} (best/, "
+                            "cache/, pareto.json, ...): it would replace its own input; copy the "
+                            "model elsewhere, or give another --out")
     if data is None or str(data).startswith("zoo:"):
         return
     folder = Path(data).resolve()
     if result_owns(out_dir, folder) or (folder.is_dir() and out_dir.resolve().is_relative_to(folder)):
-        raise AutoprecError(f"--out {out_dir}: inside the --data folder {data} (or holding it): the result's files "
-                            "would be read as data by the next run; give an --out outside the data")
+        raise AutoprecError(f"--out {out_dir}: inside the --data folder {data} (or holding it): "
+                            "the result's files would be read as data by the next run; give an "
+                            "--out outside the data")
 
 
 def _check_earlier_result(out_dir: Path, info: ModelInfo) -> None:
@@ -134,13 +138,15 @@ def _check_earlier_result(out_dir: Path, info: ModelInfo) -> None:
         model = untrusted.read_json(earlier, f"the result folder {out_dir}")["model"]
         sha256, name = model["sha256"], Path(model["path"]).name
     except (OSError, ValueError, KeyError, TypeError):
-        raise AutoprecError(f"--out {out_dir}: holds a pareto.json autoprec did not write (or cannot read): a "
-                            "search would replace it; give another --out, or move that file") from None
+        raise AutoprecError(f"--out {out_dir}: holds a pareto.json autoprec did not write (or "
+                            "cannot read): a search would replace it; give another --out, or move "
+                            "that file") from None
     if sha256 != info.sha256:
         changed = " as it was: the model changed since" if name == info.path.name else ""
-        raise AutoprecError(f"--out {out_dir}: holds the result of a search of another model ({name}{changed}, "
-                            f"sha256 {str(sha256)[:12]}…); a search of {info.path.name} would replace it: give "
-                            "another --out, or remove that result")
+        raise AutoprecError(f"--out {out_dir}: holds the result of a search of another model "
+                            f"({name}{changed}, sha256 {str(sha256)[:12]}…); a search of "
+                            f"{info.path.name} would replace it: give another --out, or remove "
+                            "that result")
 
 
 def _check_overrides(overrides: Sequence[str], info: ModelInfo) -> None:
@@ -150,8 +156,9 @@ def _check_overrides(overrides: Sequence[str], info: ModelInfo) -> None:
         pattern = text.partition("=")[0]
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
             shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-            raise AutoprecError(f"--override {text!r}: {pattern!r} matches no unit of {info.path.name} (its units: "
-                                f"{shown}; names are case-sensitive, see autoprec sensitivity or show)")
+            raise AutoprecError(f"--override {text!r}: {pattern!r} matches no unit of "
+                                f"{info.path.name} (its units: {shown}; names are case-sensitive, "
+                                "see autoprec sensitivity or show)")
 
 
 def _say_pinned_ops(info: ModelInfo, engine: Backend, left_out: dict[str, str]) -> None:
@@ -185,8 +192,8 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
     files = shared_files(setup.info, setup.dataset, setup.cache)
     with joined.shared.once(joined.locks, "reference", files, joined.me) as fetched:
         if fetched:
-            log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its artifact store "
-                     f"({joined.shared.store_dir})")
+            log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its "
+                     f"artifact store ({joined.shared.store_dir})")
         baseline = baseline_of(setup.info, setup.dataset, setup.one_time, setup.cache)
     judge, judged = judge_for(setup.metric, baseline, config.judge.max_loss)
     running = joined.running
@@ -195,8 +202,9 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
         done = (f"{joined.done} of {budget} trials done" if joined.done < budget else
                 f"{joined.done} trials done, the budget of {budget} reached: no new trial runs")
         log.info(f"joining study {joined.name!r}: {done}"
-                 + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's is re-run "
-                    f"after {GRACE_BEATS * config.study.heartbeat} s without a heartbeat)" if running else ""))
+                 + (f"; trial(s) {', '.join(map(str, running))} running elsewhere (a dead worker's "
+                    f"is re-run after {GRACE_BEATS * config.study.heartbeat} s without a "
+                    "heartbeat)" if running else ""))
     screen = (
         Screen.for_search(config.judge.max_loss, len(setup.dataset.evaluation)) if config.study.early_reject else None
     )
@@ -213,8 +221,12 @@ def study_identity(config: SearchConfig, setup: Setup) -> dict[str, Any]:
     were not measured the same way (or constrained differently)."""
     info = setup.info
     return {
-        "model_sha256": info.sha256, "backend": config.engine.backend, "data": setup.dataset.fingerprint(),
-        "metric": setup.metric.describe(), "units": len(info.units), "calibration": config.space.calibration,
-        "max_loss": config.judge.max_loss, "precisions": setup.searched, "search_space": setup.space.digest(),
-        "shapes": {i.name: list(i.shape) for i in info.inputs}, "tie_repeats": config.space.tie_repeats,
+        "model_sha256": info.sha256, "backend": config.engine.backend,
+        "data": setup.dataset.fingerprint(),
+        "metric": setup.metric.describe(), "units": len(info.units),
+        "calibration": config.space.calibration,
+        "max_loss": config.judge.max_loss, "precisions": setup.searched,
+        "search_space": setup.space.digest(),
+        "shapes": {i.name: list(i.shape) for i in info.inputs},
+        "tie_repeats": config.space.tie_repeats,
     }

@@ -33,19 +33,23 @@ class SpaceSpec(Group):
     def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
         group = parser.add_argument_group("search space")
         group.add_argument("--precisions", type=lambda text: text.split(","), metavar="LIST",
-                           help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those the engine runs faster "
-                                "than FP32 — all on ort-cpu; fp16,fp32 on ort-cuda, whose Q/DQ INT8 runs as float ops)")
+                           help=f"precisions the {verb} may use, e.g. fp16,fp32 (default: those "
+                                "the engine runs faster than FP32 — all on ort-cpu; fp16,fp32 on "
+                                "ort-cuda, whose Q/DQ INT8 runs as float ops)")
         group.add_argument("--separate-repeats", action="store_true",
-                           help="decide every unit on its own (default: the units of a repeated block at the same "
-                                "position — a transformer's 12 query projections — are decided together, one "
-                                "dimension for all)")
-        group.add_argument("--calibration", default=DEFAULT_CALIBRATION, choices=(*CALIBRATION_METHODS, AUTO_CALIBRATION),
-                           help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); auto: the study "
-                                "chooses per trial (entropy costs ~0.7 s per tensor once)")
-        group.add_argument("--search-space", help="search-space YAML (default: the bundled search_spaces/default.yaml)")
+                           help="decide every unit on its own (default: the units of a repeated "
+                                "block at the same position — a transformer's 12 query projections "
+                                "— are decided together, one dimension for all)")
+        group.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                           choices=(*CALIBRATION_METHODS, AUTO_CALIBRATION),
+                           help=f"INT8 activation range method (default {DEFAULT_CALIBRATION}); "
+                                "auto: the study chooses per trial (entropy costs ~0.7 s per "
+                                "tensor once)")
+        group.add_argument("--search-space", help="search-space YAML (default: the bundled "
+                                                  "search_spaces/default.yaml)")
         group.add_argument("--override", action="append", default=[], metavar="PATTERN=PRECISIONS",
-                           help="restrict layers whose name matches PATTERN (fnmatch), e.g. '/head/*=fp32' "
-                                "(repeatable)")
+                           help="restrict layers whose name matches PATTERN (fnmatch), e.g. "
+                                "'/head/*=fp32' (repeatable)")
 
     def checked(self) -> SpaceSpec:
         if self.calibration not in (*CALIBRATION_METHODS, AUTO_CALIBRATION):
@@ -85,48 +89,58 @@ class StudySpec(Group):
 
         group = parser.add_argument_group("study")
         group.add_argument("--budget", type=int, default=50, help="number of trials (default 50)")
-        group.add_argument("--seed", type=int, default=0, help="sampler and data-split seed (default 0)")
+        group.add_argument("--seed", type=int, default=0, help="sampler and data-split seed "
+                                                               "(default 0)")
         group.add_argument("--sampler", default="tpe", choices=SAMPLERS,
-                           help="Optuna sampler after the warm start (default tpe: multi-objective TPE; gp needs "
-                                "torch)")
+                           help="Optuna sampler after the warm start (default tpe: multi-objective "
+                                "TPE; gp needs torch)")
         group.add_argument("--no-warm-start", action="store_true",
-                           help="skip the sensitivity pass and its warm-start plans (the study starts from the "
-                                "uniform plans)")
+                           help="skip the sensitivity pass and its warm-start plans (the study "
+                                "starts from the uniform plans)")
         group.add_argument("--no-early-reject", action="store_true",
-                           help="evaluate and time every candidate fully, even one far past --max-loss on the first "
-                                "batches")
-        group.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/study.db); workers given the "
-                                             "same postgresql://… URL and --study-name share one study and its --budget")
-        group.add_argument("--study-name", help="Optuna study name (default autoprec-<model stem>-<backend>)")
+                           help="evaluate and time every candidate fully, even one far past "
+                                "--max-loss on the first batches")
+        group.add_argument("--storage", help="Optuna storage URL (default "
+                                             "sqlite:///<out>/study.db); workers given the same "
+                                             "postgresql://… URL and --study-name share one study "
+                                             "and its --budget")
+        group.add_argument("--study-name", help="Optuna study name (default autoprec-<model "
+                                                "stem>-<backend>)")
         group.add_argument("--artifacts", metavar="DIR",
-                           help="Optuna artifact store where the first worker leaves calibration, reference and "
-                                "sensitivity for the others (default: beside a SQLite storage, else "
-                                "~/.cache/autoprec/artifacts; across hosts: a shared directory)")
+                           help="Optuna artifact store where the first worker leaves calibration, "
+                                "reference and sensitivity for the others (default: beside a "
+                                "SQLite storage, else ~/.cache/autoprec/artifacts; across hosts: a "
+                                "shared directory)")
         group.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
-                           help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats (dead worker) is "
-                                f"re-run once by another worker (default {DEFAULT_HEARTBEAT})")
+                           help=f"a running trial's heartbeat; one silent for {GRACE_BEATS} beats "
+                                "(dead worker) is re-run once by another worker (default "
+                                f"{DEFAULT_HEARTBEAT})")
         group.add_argument("--proposals", type=int, metavar="N",
-                           help="plans judged before each build: ONNX Runtime on the CPU computes each one's loss on "
-                                "the graph the engine would build, a latency model fitted to the engine's profiles "
-                                "predicts its latency, and only the plan that decides most is built and timed (0: "
-                                "every trial is built; default 8 on tensorrt, where builds are slow, 0 on ONNX "
-                                "Runtime)")
+                           help="plans judged before each build: ONNX Runtime on the CPU computes "
+                                "each one's loss on the graph the engine would build, a latency "
+                                "model fitted to the engine's profiles predicts its latency, and "
+                                "only the plan that decides most is built and timed (0: every "
+                                "trial is built; default 8 on tensorrt, where builds are slow, 0 "
+                                "on ONNX Runtime)")
 
     def checked(self) -> StudySpec:
         for option, value in (("--study-name", self.study_name), ("--artifacts", self.artifacts),
                               ("--storage", self.storage)):
             if value is not None and not str(value).strip():
-                raise AutoprecError(f"{option} '': empty; give a value or leave the option out for the default")
+                raise AutoprecError(f"{option} '': empty; give a value or leave the option out for "
+                                    "the default")
         for option, value, what in (("--budget", self.budget, " (the number of trials to run)"),
                                     ("--heartbeat", self.heartbeat, "")):
             if _bad_whole(value) or value < 1:
-                raise AutoprecError(f"{option} {value}: must be {'a whole number, ' if _bad_whole(value) else ''}"
-                                    f"at least 1{what}")
+                raise AutoprecError(f"{option} {value}: must be "
+                                    f"{'a whole number, ' if _bad_whole(value) else ''}at least "
+                                    f"1{what}")
         if self.proposals is not None and (_bad_whole(self.proposals) or self.proposals < 0):
-            raise AutoprecError(f"--proposals {self.proposals}: must be 0 (every trial built) or more")
+            raise AutoprecError(f"--proposals {self.proposals}: must be 0 (every trial built) or "
+                                "more")
         if _bad_whole(self.seed) or not 0 <= self.seed < 2**32:
-            raise AutoprecError(f"--seed {self.seed}: must be a whole number from 0 to {2**32 - 1} (NumPy's and "
-                                "Optuna's samplers take 32-bit seeds)")
+            raise AutoprecError(f"--seed {self.seed}: must be a whole number from 0 to {2**32 - 1} "
+                                "(NumPy's and Optuna's samplers take 32-bit seeds)")
         return self
 
 
@@ -155,18 +169,22 @@ class IsolationSpec(Group):
         group.add_argument("--trial-timeout", type=float, default=600.0, metavar="SECONDS",
                            help="time limit to build and measure one candidate (default 600)")
         group.add_argument("--trial-memory", type=float, metavar="GB",
-                           help="memory limit of the worker measuring candidates (default 75%% of RAM)")
+                           help="memory limit of the worker measuring candidates (default 75%% of "
+                                "RAM)")
         group.add_argument("--build-workers", type=int, metavar="N",
-                           help="worker processes measuring candidates side by side: builds overlap, evaluation and "
-                                "timing take the device one at a time (default 2 on tensorrt, 1 on ONNX Runtime)")
+                           help="worker processes measuring candidates side by side: builds "
+                                "overlap, evaluation and timing take the device one at a time "
+                                "(default 2 on tensorrt, 1 on ONNX Runtime)")
         group.add_argument("--no-isolation", action="store_true",
-                           help="measure candidates in this process (debugging; an engine crash then ends the search)")
+                           help="measure candidates in this process (debugging; an engine crash "
+                                "then ends the search)")
 
     def checked(self) -> IsolationSpec:
         if self.build_workers is not None and (_bad_whole(self.build_workers) or self.build_workers < 1):
             raise AutoprecError(f"--build-workers {self.build_workers}: must be at least 1")
         if self.build_workers and self.build_workers > 1 and not self.isolate:
-            raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; drop --no-isolation")
+            raise AutoprecError(f"--build-workers {self.build_workers} needs worker processes; "
+                                "drop --no-isolation")
         given = (("--trial-timeout", self.trial_timeout, IsolationSpec.trial_timeout),
                  ("--trial-memory", self.trial_memory_gb, None))
         limited = [option for option, value, default in given if value != default]
@@ -174,10 +192,12 @@ class IsolationSpec(Group):
             raise AutoprecError(f"{' and '.join(limited)} need(s) worker processes: with "
                                 "--no-isolation a candidate runs in this process, which cannot "
                                 "stop or limit it; drop one or the other")
-        for option, value in (("--trial-timeout", self.trial_timeout), ("--trial-memory", self.trial_memory_gb)):
+        for option, value in (("--trial-timeout", self.trial_timeout),
+                              ("--trial-memory", self.trial_memory_gb)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise AutoprecError(f"{option} {value}: must be a finite number more than 0")
         if self.trial_timeout < MIN_TRIAL_SECONDS:
-            raise AutoprecError(f"--trial-timeout {self.trial_timeout:g}: a candidate is built, then timed for at least "
-                                f"0.2 s of runs; give {MIN_TRIAL_SECONDS:g} second(s) or more")
+            raise AutoprecError(f"--trial-timeout {self.trial_timeout:g}: a candidate is built, "
+                                "then timed for at least 0.2 s of runs; give "
+                                f"{MIN_TRIAL_SECONDS:g} second(s) or more")
         return self

@@ -63,7 +63,8 @@ def sensitivity_pass(
             return shared.result(f"{key}:{plan.key()}", lambda: one_unit_loss(loss_of, plan))
     with console.StepProgress("sensitivity", len(one_unit_steps(baseline.info)), enabled=progress) as bar:
         found, from_cache = cached_sensitivity(path, key, lambda: replace(analyse_sensitivity(
-            baseline.info, engine, baseline.ranges, measured, baseline.dataset.workload.first, batches, method,
+            baseline.info, engine, baseline.ranges, measured, baseline.dataset.workload.first,
+            batches, method,
             bar.update), judged=ranking.said()))
     if from_cache:
         log.info(f"sensitivity: read from {path} (same model, data, engine and space)")
@@ -71,20 +72,23 @@ def sensitivity_pass(
         elsewhere = shared.computed_elsewhere(
             [f"{key}:{plan.key()}" for plan in one_unit_plans(baseline.info, method)]) if shared else 0
         log.info(
-            f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in {found.seconds:.1f} s"
+            f"sensitivity: {found.evaluations} one-unit plans evaluated on {batches} batch(es) in "
+            f"{found.seconds:.1f} s"
             + (f" ({elsewhere} of them by the study's other workers)" if elsewhere else "")
         )
     if found.failed:
         every = found.failed == found.evaluations
         log.warning(
-            f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of the one-unit "
-            f"plans failed (first: {found.first_error})"
-            + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm start")
+            f"sensitivity: {'every one' if every else f'{found.failed} of {found.evaluations}'} of "
+            f"the one-unit plans failed (first: {found.first_error})"
+            + ("; no warm start comes from it" if every else "; those units stay FP32 in the warm "
+                                                             "start")
         )
     return found, from_cache
 
 
-def help_sensitivity_pass(baseline: Baseline, engine: Backend, loss_of, batches: int, ranking: Judge,
+def help_sensitivity_pass(baseline: Baseline, engine: Backend, loss_of, batches: int,
+                          ranking: Judge,
                           calibration: str, shared: SharedSteps) -> int:
     """This worker's share of the pass another worker of the study is computing: one-unit plans,
     from the last, that no worker measured or is measuring, until that worker publishes the pass.
@@ -94,13 +98,14 @@ def help_sensitivity_pass(baseline: Baseline, engine: Backend, loss_of, batches:
     plans = one_unit_plans(baseline.info, method)
     helped = shared.help([(f"{key}:{plan.key()}", lambda plan=plan: one_unit_loss(loss_of, plan)) for plan in plans])
     if helped:
-        log.info(f"sensitivity: {helped} of its {len(plans)} one-unit plans measured here while another worker "
-                 "computes the pass")
+        log.info(f"sensitivity: {helped} of its {len(plans)} one-unit plans measured here while "
+                 "another worker computes the pass")
     return helped
 
 
 def _pass_key(baseline: Baseline, engine: Backend, ranking: Judge, method: str, batches: int) -> str:
-    return cache_key(baseline.info, engine, baseline.dataset.fingerprint(), ranking.metric.describe(), method, batches)
+    return cache_key(baseline.info, engine, baseline.dataset.fingerprint(),
+                     ranking.metric.describe(), method, batches)
 
 
 def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
@@ -115,7 +120,8 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     model_path, data, shapes, default_out = resolve_model(inputs.model, inputs.data, inputs.shapes)
     out_dir = result_dir(config.out, default_out)
     wanted = wanted_metric(config.judge, inputs.model)
-    engine = get_backend(engine_spec.backend, engine_spec.device, out_dir / "cache", engine_spec.threads)
+    engine = get_backend(engine_spec.backend, engine_spec.device, out_dir / "cache",
+                         engine_spec.threads)
     if caveat := engine.info().caveat:
         log.warning(caveat)
     space, _, _ = engine_space(load_search_space(space_spec.search_space).with_overrides(list(space_spec.overrides)),
@@ -123,13 +129,15 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
     made = check_out_dir(out_dir)
     with removed_if_refused(made):
         baseline = load_baseline(model_path, space, data, shapes, config.study.seed, inputs.image,
-                                 out_dir / "cache", inputs.constants, judge_shapes=not engine.one_shape_only)
+                                 out_dir / "cache", inputs.constants,
+                                 judge_shapes=not engine.one_shape_only)
         baseline = replace(baseline, info=repeats_decided(baseline.info, space_spec.tie_repeats))
         judge = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)[0]
     batches = screening_batches(len(baseline.dataset.evaluation))
     ranking = judge.for_ranking()
     measurer = InProcessMeasurer(
-        engine, baseline.dataset.evaluation, judge, ranking, Lowering(baseline.info, baseline.ranges),
+        engine, baseline.dataset.evaluation, judge, ranking,
+        Lowering(baseline.info, baseline.ranges),
         baseline.dataset.workload,
     )
     found, _ = sensitivity_pass(

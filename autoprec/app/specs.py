@@ -93,7 +93,8 @@ class Group:
         for f in fields(self):
             old, new = getattr(self, f.name), getattr(changed, f.name)
             if new != old:
-                log.info(f"{verb}: {f.name.replace('_', ' ')} {_shown(new)} instead of the search's {_shown(old)}")
+                log.info(f"{verb}: {f.name.replace('_', ' ')} {_shown(new)} instead of the "
+                         f"search's {_shown(old)}")
         return changed
 
 
@@ -145,58 +146,78 @@ class InputSpec(Group):
     @property
     def image(self) -> ImageOptions:
         """How a folder of images becomes the input (see autoprec.analysis.images)."""
-        return ImageOptions(tuple(self.image_mean), tuple(self.image_std), self.image_order, float(self.image_scale),
+        return ImageOptions(tuple(self.image_mean), tuple(self.image_std), self.image_order,
+                            float(self.image_scale),
                             self.image_resize)
 
-    DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape", "constants": "const",
+    DESTS = {"shapes": "shape", "min_shapes": "min_shape", "max_shapes": "max_shape",
+             "constants": "const",
              "dims": "dim"}
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser, profile: bool = False, overriding: bool = False) -> None:
+    def add_arguments(parser: argparse.ArgumentParser, profile: bool = False,
+                      overriding: bool = False) -> None:
         from autoprec.analysis.data import RANDOM_INTEGERS
 
         group = parser.add_argument_group("inputs")
         recorded = " (default: the search's)" if overriding else ""
         group.add_argument("--data", default=suppressed(overriding, None),
-                           help="folder of .npy/.npz files or images, or one .npz with arrays named like the inputs"
+                           help="folder of .npy/.npz files or images, or one .npz with arrays "
+                                "named like the inputs"
                                 + recorded)
-        group.add_argument("--shape", action="append", type=shape_arg, default=suppressed(overriding, []),
-                           metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 (repeatable)" + recorded)
+        group.add_argument("--shape", action="append", type=shape_arg,
+                           default=suppressed(overriding, []),
+                           metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 "
+                                                     "(repeatable)" + recorded)
         if profile:
-            group.add_argument("--min-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
-                               help="the smallest shape input NAME takes in deployment, e.g. x=1x3x48x160 (repeatable; "
-                                    "0: an empty past). With --max-shape it is the shape profile every export "
-                                    "carries (TensorRT's min/opt/max, Triton's -1 dims); every plan is judged at both. "
-                                    "Default: derived where the model runs there (batch 1, a sequence of 1, a past of "
-                                    "0); a decoder with a KV cache is judged at prefill and decode")
-            group.add_argument("--max-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
-                               help="the largest shape input NAME takes in deployment, e.g. x=8x3x48x960 "
-                                    "(see --min-shape)")
-            group.add_argument("--dim", action="append", type=dim_range_arg, default=[], metavar="NAME=MIN:OPT:MAX",
+            group.add_argument("--min-shape", action="append", type=bound_arg, default=[],
+                               metavar="NAME=DIMS",
+                               help="the smallest shape input NAME takes in deployment, e.g. "
+                                    "x=1x3x48x160 (repeatable; 0: an empty past). With --max-shape "
+                                    "it is the shape profile every export carries (TensorRT's "
+                                    "min/opt/max, Triton's -1 dims); every plan is judged at both. "
+                                    "Default: derived where the model runs there (batch 1, a "
+                                    "sequence of 1, a past of 0); a decoder with a KV cache is "
+                                    "judged at prefill and decode")
+            group.add_argument("--max-shape", action="append", type=bound_arg, default=[],
+                               metavar="NAME=DIMS",
+                               help="the largest shape input NAME takes in deployment, e.g. "
+                                    "x=8x3x48x960 (see --min-shape)")
+            group.add_argument("--dim", action="append", type=dim_range_arg, default=[],
+                               metavar="NAME=MIN:OPT:MAX",
                                help="a named dynamic dim's range at every input declaring it, e.g. "
-                                    "past_sequence_length=0:12:512 (repeatable; OPT, where given, is the measured "
-                                    "size): instead of one --min-shape/--max-shape per input; a decoder is judged at "
-                                    "decode after a past of MAX")
-            group.add_argument("--shape-weights", type=runs_arg, default=None, metavar="NAME=RUNS,...",
-                               help="runs of each judged shape in one deployment request, the latency the search "
-                                    "minimises, e.g. prefill=1,decode=256 (a phase weighs all its shapes; default: a "
-                                    "decoder's prompt once and 16 decode steps, one run of any other shape)")
+                                    "past_sequence_length=0:12:512 (repeatable; OPT, where given, "
+                                    "is the measured size): instead of one --min-shape/--max-shape "
+                                    "per input; a decoder is judged at decode after a past of MAX")
+            group.add_argument("--shape-weights", type=runs_arg, default=None,
+                               metavar="NAME=RUNS,...",
+                               help="runs of each judged shape in one deployment request, the "
+                                    "latency the search minimises, e.g. prefill=1,decode=256 (a "
+                                    "phase weighs all its shapes; default: a decoder's prompt once "
+                                    "and 16 decode steps, one run of any other shape)")
         if overriding:
             return
-        group.add_argument("--const", action="append", type=constant_arg, default=[], metavar="NAME=VALUE",
-                           help="feed input NAME this one value on every run, e.g. sr=16000 for a sample-rate scalar "
-                                "(repeatable; the data need not hold it). Random data cannot choose a scalar integer "
-                                f"input: it needs this or --data; other integer inputs are drawn from "
+        group.add_argument("--const", action="append", type=constant_arg, default=[],
+                           metavar="NAME=VALUE",
+                           help="feed input NAME this one value on every run, e.g. sr=16000 for a "
+                                "sample-rate scalar (repeatable; the data need not hold it). "
+                                "Random data cannot choose a scalar integer input: it needs this "
+                                "or --data; other integer inputs are drawn from "
                                 f"[{RANDOM_INTEGERS[0]}, {RANDOM_INTEGERS[1]})")
         group.add_argument("--image-mean", type=floats_arg, default=(0.0,),
-                           help="images (a --data folder of them): per-channel mean, as in (pixel - mean) / std "
-                                "with pixels in 0..1 (--image-scale 255: 0..255), e.g. 0.485,0.456,0.406. The layout "
-                                "(N×C×H×W or N×H×W×C) is read off the input's shape")
-        group.add_argument("--image-std", type=floats_arg, default=(1.0,), help="per-channel std (see --image-mean)")
+                           help="images (a --data folder of them): per-channel mean, as in (pixel "
+                                "- mean) / std with pixels in 0..1 (--image-scale 255: 0..255), "
+                                "e.g. 0.485,0.456,0.406. The layout (N×C×H×W or N×H×W×C) is read "
+                                "off the input's shape")
+        group.add_argument("--image-std", type=floats_arg, default=(1.0,), help="per-channel std "
+                                                                                "(see "
+                                                                                "--image-mean)")
         group.add_argument("--image-order", choices=ORDERS, type=str.upper, default="RGB",
-                           help="channel order the model takes (BGR: Caffe-style models such as Keras' ResNet50)")
+                           help="channel order the model takes (BGR: Caffe-style models such as "
+                                "Keras' ResNet50)")
         group.add_argument("--image-scale", type=float, choices=SCALES, default=1.0,
-                           help="a white pixel's value before mean and std: 1 (pixels 0..1, default) or 255")
+                           help="a white pixel's value before mean and std: 1 (pixels 0..1, "
+                                "default) or 255")
         group.add_argument("--image-resize", choices=RESIZES, default="stretch",
                            help="stretch each image to the input's height and width (default); "
                                 "crop: its shorter side resized to them and the centre cut out "
@@ -228,8 +249,8 @@ def _once_each(pairs: Sequence[tuple[str, Any]], field_name: str) -> dict[str, A
                     return ("x" if field_name != "dims" else ":").join(str(d) for d in v if d is not None)
                 return f"{v:g}"
 
-            raise AutoprecError(f"{option} {name} given twice ({said(found[name])} and {said(value)}); give each input "
-                                "once")
+            raise AutoprecError(f"{option} {name} given twice ({said(found[name])} and "
+                                f"{said(value)}); give each input once")
         found[name] = value
     return found
 
@@ -255,26 +276,31 @@ class EngineSpec(Group):
         group.add_argument(
             "--backend", default=suppressed(overriding, engines.DEFAULT), choices=BACKENDS,
             help="inference engine" + recorded + ("" if overriding else
-                 "; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt needs TensorRT 10.12+ and cuda-python; "
-                 "tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of compute capability 8.0/8.6/8.9/12.x. Both "
-                 "TensorRT backends' builds run in autoprec's CI; their engine runs and timing have never been "
-                 "executed by its developers)"))
-        group.add_argument("--device", type=gpu_index, default=suppressed(overriding, 0), metavar="N",
+                 "; ort-cuda needs onnxruntime-gpu and an NVIDIA GPU; tensorrt needs TensorRT "
+                 "10.12+ and cuda-python; tensorrt-rtx needs TensorRT for RTX (PyPI) and a GPU of "
+                 "compute capability 8.0/8.6/8.9/12.x. Both TensorRT backends' builds run in "
+                 "autoprec's CI; their engine runs and timing have never been executed by its "
+                 "developers)"))
+        group.add_argument("--device", type=gpu_index, default=suppressed(overriding, 0),
+                           metavar="N",
                            help="GPU index for ort-cuda/tensorrt (default 0)")
         group.add_argument("--threads", type=int, default=suppressed(overriding, 0), metavar="N",
-                           help="ONNX Runtime's intra-op threads for every timed run (default 0: its own, one per "
-                                "core); latencies hold for the thread count they were taken at")
+                           help="ONNX Runtime's intra-op threads for every timed run (default 0: "
+                                "its own, one per core); latencies hold for the thread count they "
+                                "were taken at")
 
     def checked(self) -> EngineSpec:
         from autoprec.backends import backend_class
 
         backend_class(self.backend)  # an engine autoprec has, or one line listing them
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
-            raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX Runtime's default)")
+            raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX "
+                                "Runtime's default)")
         cores = os.cpu_count() or 1
         if self.threads > MAX_THREADS_PER_CORE * cores:
-            raise AutoprecError(f"--threads {self.threads}: more than {MAX_THREADS_PER_CORE}× this machine's {cores} "
-                                "cores; timings with threads fighting over cores measure the contention")
+            raise AutoprecError(f"--threads {self.threads}: more than {MAX_THREADS_PER_CORE}× this "
+                                f"machine's {cores} cores; timings with threads fighting over "
+                                "cores measure the contention")
         return self
 
 
@@ -294,16 +320,22 @@ class ProfileSpec(Group):
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("deployment profile (default: the search's; widened without a new search, "
-                                          "the plan checked against the given model at the new min and max)")
+        group = parser.add_argument_group("deployment profile (default: the search's; widened "
+                                          "without a new search, the plan checked against the "
+                                          "given model at the new min and max)")
         group.add_argument("--batch", type=batch_range_arg, metavar="LOW:HIGH",
-                           help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the measured batch "
-                                "within them)")
-        group.add_argument("--min-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
-                           help="the smallest shape input NAME takes, e.g. x=1x3x48x160 (repeatable)")
-        group.add_argument("--max-shape", action="append", type=bound_arg, default=[], metavar="NAME=DIMS",
-                           help="the largest shape input NAME takes, e.g. x=8x3x48x960 (repeatable)")
-        group.add_argument("--dim", action="append", type=dim_range_arg, default=[], metavar="NAME=MIN:MAX",
+                           help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the "
+                                "measured batch within them)")
+        group.add_argument("--min-shape", action="append", type=bound_arg, default=[],
+                           metavar="NAME=DIMS",
+                           help="the smallest shape input NAME takes, e.g. x=1x3x48x160 "
+                                "(repeatable)")
+        group.add_argument("--max-shape", action="append", type=bound_arg, default=[],
+                           metavar="NAME=DIMS",
+                           help="the largest shape input NAME takes, e.g. x=8x3x48x960 "
+                                "(repeatable)")
+        group.add_argument("--dim", action="append", type=dim_range_arg, default=[],
+                           metavar="NAME=MIN:MAX",
                            help="a named dynamic dim's range at every input declaring it, e.g. "
                                 "past_sequence_length=0:512 (repeatable)")
 

@@ -103,7 +103,8 @@ def diagnose_plan(
     judge_of, _ = judge_for(metric_for(wanted, baseline.info, baseline.dataset), baseline)
     ranking = judge_of.for_ranking()
     evaluation = list(baseline.dataset.evaluation)
-    loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges), evaluation,
+    loss, losses = accuracy_by_shape(engine_, engine_.lower(baseline.info, found, baseline.ranges),
+                                     evaluation,
                                      judge_of)
     # where the plan is worst
     shape = max((p for p in losses if p != GENERATION), key=losses.get, default=None)
@@ -114,13 +115,18 @@ def diagnose_plan(
     rows = diagnose(baseline.info, engine_, baseline.ranges, found, used, ranking.loss_of)
     out_dir = Path(target) if out is None and Path(target).is_dir() else result_dir(out, model_path.stem)
     same = context.same_judging(judging, engine_spec, data)
-    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss, judge_of.said(),
-                          len(baseline.dataset.evaluation), context.recorded_loss if same else None, shape)
+    diagnosis = Diagnosis(rows, out_dir, context.named, len(used), ranking.said(), loss,
+                          judge_of.said(),
+                          len(baseline.dataset.evaluation), context.recorded_loss if same else None,
+                          shape)
     atomic.write_json(out_dir / "diagnosis.json", json_safe({
-        "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(), "named": context.named,
-        "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said, "units": [r.to_json() for r in rows],
+        "model": str(model_path), "engine": engine_.info().to_json(), "plan": found.to_json(),
+        "named": context.named,
+        "batches": diagnosis.batches, "alone_loss": diagnosis.alone_said,
+        "units": [r.to_json() for r in rows],
         "shape": diagnosis.shape, "loss": {"value": loss, "metric": diagnosis.loss_said,
-                                           "batches": diagnosis.evaluation_batches, "recorded": diagnosis.recorded_loss},
+                                           "batches": diagnosis.evaluation_batches,
+                                           "recorded": diagnosis.recorded_loss},
     }))
     counts = found.counts()
     label = f"trial {context.trial}" if context.trial is not None else "plan"
@@ -140,7 +146,8 @@ def activation_report(inputs: InputSpec, entropy: bool = False) -> list[Activati
         info, ranges = _searched_ranges(inputs)
         return activation_ranges(info, ranges, methods)
     model_path, data, shapes, _ = resolve_model(inputs.model, inputs.data, inputs.shapes)
-    baseline = load_baseline(model_path, load_search_space(), data, shapes, 0, inputs.image, constants=inputs.constants)
+    baseline = load_baseline(model_path, load_search_space(), data, shapes, 0, inputs.image,
+                             constants=inputs.constants)
     return activation_ranges(baseline.info, baseline.ranges, methods)
 
 
@@ -149,15 +156,18 @@ def _searched_ranges(inputs: InputSpec) -> tuple[ModelInfo, ActivationRanges]:
     it searched no INT8); only --data (evaluation data) and --shape (checked against the search's)
     may be given."""
     default = InputSpec(inputs.model)
-    given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std", "image_order",
+    given = [name for name in ("min_shapes", "max_shapes", "constants", "image_mean", "image_std",
+                               "image_order",
                                "image_scale", "image_resize")
              if (getattr(inputs, name) or None) != (getattr(default, name) or None)]
     if given:
-        raise AutoprecError(f"{inputs.model}: a result's ranges come from its search's own inputs ({', '.join(given)} "
-                            "given); give only --data or --shape with it, or the model itself with any input options")
+        raise AutoprecError(f"{inputs.model}: a result's ranges come from its search's own inputs "
+                            f"({', '.join(given)} given); give only --data or --shape with it, or "
+                            "the model itself with any input options")
     result = read_result_dir(inputs.model)
     baseline = recreate(result, inputs.data, inputs.shapes)
-    ranges = baseline.ranges or calibrate(baseline.info, baseline.dataset.calibration, baseline.dataset.fingerprint(),
+    ranges = baseline.ranges or calibrate(baseline.info, baseline.dataset.calibration,
+                                          baseline.dataset.fingerprint(),
                                           result.out_dir / "cache")
     return baseline.info, ranges
 
@@ -199,15 +209,19 @@ def check_plan(
     # plan lowered for that one
     same_engine = shipped is not None and engine_spec.backend == context.config.engine.backend
     model = stored.load(shipped) if same_engine else engine.lower(baseline.info, found, baseline.ranges)
-    result = measure(engine, model, baseline.dataset.evaluation, judge_of, work=baseline.dataset.workload)
+    result = measure(engine, model, baseline.dataset.evaluation, judge_of,
+                     work=baseline.dataset.workload)
     failures = []
     if not result.loss <= max_loss:
         failures.append(f"accuracy loss {result.loss:.4g} > --max-loss {max_loss:g}")
     if latency_budget_ms is not None and result.latency.median_ms > latency_budget_ms:
-        failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget {latency_budget_ms:g} ms")
+        failures.append(f"latency {result.latency.median_ms:.4g} ms > --latency-budget "
+                        f"{latency_budget_ms:g} ms")
     return CheckResult(
-        tuple(failures), context.named, context.trial, str(model_path), engine.info(), metric.name, judge_of.said(),
-        max_loss, latency_budget_ms, context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
+        tuple(failures), context.named, context.trial, str(model_path), engine.info(), metric.name,
+        judge_of.said(),
+        max_loss, latency_budget_ms,
+        context.recorded_loss if context.same_judging(judge, engine_spec, data) else None,
         result, found)
 
 
@@ -243,22 +257,28 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
         number = result.best_plan[1]
         note = f"autoprec: trial {number} (chosen), measured on {engine.engine} {engine.provider}"
         checks = result.shipped_as.checks if result.shipped_as else ()
-        return ForExport(stored.load(result.shipped_model()), note, stem, number, result.profile, checks)
+        return ForExport(stored.load(result.shipped_model()), note, stem, number, result.profile,
+                         checks)
     context = plan_context(result_dir, trial=trial, profile=profile)
     form = QDQForm(engine.qdq_form)
-    model, info, checks = deployed(context, lambda graph: lower_plan(graph, context.plan, context.baseline.ranges, form))
+    model, info, checks = deployed(context,
+                                   lambda graph: lower_plan(graph, context.plan,
+                                                            context.baseline.ranges, form))
     chosen = " (chosen)" if context.trial == result.chosen_number else ""
-    return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} {engine.provider}",
+    return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} "
+                            f"{engine.provider}",
                      stem, context.trial, info.shape_profile, checks)
 
 
-def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo, tuple[PointCheck, ...]]:
+def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo,
+                                                          tuple[PointCheck, ...]]:
     """A result's plan as exports ship it (see :func:`autoprec.measure.deployment.deploy`), the
     model information of the graph it was lowered onto, and its checks against the given model at
     each point of the profile."""
     info = context.baseline.info
     dataset = context.baseline.dataset
-    deployment = deploy(info, lower, None, dataset.main_evaluation[:CHECKED_BATCHES], (), judged_runs(dataset))
+    deployment = deploy(info, lower, None, dataset.main_evaluation[:CHECKED_BATCHES], (),
+                        judged_runs(dataset))
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
         return deployment.model, info, deployment.checks
@@ -297,7 +317,8 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
         engine=result.engine,
         metric=context.config.judge.metric,
         max_loss=context.config.judge.max_loss,
-        drift="; ".join(filter(None, [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
+        drift="; ".join(filter(None,
+                               [result.facts.drift_said, steadiness.said() if steadiness else None])) or None,
         versus=result.versus if context.trial == result.chosen_number else None,
         samples=tuple(baseline.dataset.main_evaluation[:CHECKED_BATCHES]),
         checks=checks,

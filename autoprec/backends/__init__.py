@@ -22,13 +22,15 @@ REGISTRY = {
 }
 BACKENDS = tuple(REGISTRY)
 
-__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "backend_class", "get_backend"]
+__all__ = ["BACKENDS", "REFERENCE_BACKEND", "Backend", "EngineInfo", "Runner", "backend_class",
+           "get_backend"]
 
 
 def backend_class(name: str) -> type[Backend]:
     """The class of engine ``name``, for what it can do before one is made (its capabilities)."""
     if name not in REGISTRY:
-        raise BackendError(f"--backend {name!r} is not available; choose one of: {', '.join(BACKENDS)}")
+        raise BackendError(f"--backend {name!r} is not available; choose one of: "
+                           f"{', '.join(BACKENDS)}")
     module, cls = REGISTRY[name]
     return getattr(importlib.import_module(module), cls)
 
@@ -40,6 +42,7 @@ def get_backend(name: str, device: int = 0, cache_dir: Path | None = None, threa
     engine = backend_class(name)
     if threads and not engine.has_threads:
         raise BackendError(
-            f"--threads {threads}: sets ONNX Runtime's intra-op threads; --backend {name} has no such setting"
+            f"--threads {threads}: sets ONNX Runtime's intra-op threads; --backend {name} has no "
+            "such setting"
         )
     return engine.create(device, cache_dir, threads)

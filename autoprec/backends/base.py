@@ -139,11 +139,15 @@ class Backend(abc.ABC):
                 f"{len(times)} nodes timed by the engine's profiler"
 
         return [
-            Step("engine", create, "install the engine (see the message), or choose another --backend / --device"),
-            Step("lower the plan", lower, "a bug in autoprec's lowering: report it with --verbose", ("engine",)),
-            Step("load", load, "the engine cannot load the lowered plan: run again with --verbose for its log",
+            Step("engine", create, "install the engine (see the message), or choose another "
+                                   "--backend / --device"),
+            Step("lower the plan", lower, "a bug in autoprec's lowering: report it with "
+                                          "--verbose", ("engine",)),
+            Step("load", load, "the engine cannot load the lowered plan: run again with --verbose "
+                               "for its log",
                  ("lower the plan",)),
             *running_steps(made, case, "load"),
-            Step("profile", profile, "the engine's profiler fails: the search still runs, without its ranking by time",
+            Step("profile", profile, "the engine's profiler fails: the search still runs, without "
+                                     "its ranking by time",
                  ("lower the plan",), needed=False),
         ]

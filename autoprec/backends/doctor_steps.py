@@ -74,14 +74,17 @@ def agreement(case: DoctorCase, outputs: dict[str, np.ndarray]) -> str:
     said = []
     for name, want in case.reference.items():
         if name not in outputs:
-            raise AutoprecError(f"output {name} is missing (the engine gave {', '.join(outputs) or 'none'})")
+            raise AutoprecError(f"output {name} is missing (the engine gave "
+                                f"{', '.join(outputs) or 'none'})")
         got = np.asarray(outputs[name], np.float64)
         if got.shape != want.shape:
-            raise AutoprecError(f"output {name} is shaped {list(got.shape)}, ONNX Runtime's {list(want.shape)}")
+            raise AutoprecError(f"output {name} is shaped {list(got.shape)}, ONNX Runtime's "
+                                f"{list(want.shape)}")
         error = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
         if not error <= AGREEMENT:
-            raise AutoprecError(f"output {name} differs from ONNX Runtime CPU's FP32 by {error:.3g} (relative L2 "
-                                f"error; at most {AGREEMENT:g} expected of this plan)")
+            raise AutoprecError(f"output {name} differs from ONNX Runtime CPU's FP32 by "
+                                f"{error:.3g} (relative L2 error; at most {AGREEMENT:g} expected "
+                                "of this plan)")
         said.append(f"{name}: relative L2 error {error:.2g} against ONNX Runtime CPU FP32")
     return "; ".join(said)
 
@@ -99,10 +102,12 @@ def running_steps(made: Made, case: DoctorCase, runner_step: str) -> list[Step]:
         return f"median {timing.median_ms:.3f} ms (p10–p90 {timing.p10_ms:.3f}–{timing.p90_ms:.3f}, {timing.runs} runs)"
 
     return [
-        Step("execute", execute, "the engine cannot run the plan: run again with --verbose for its log",
+        Step("execute", execute, "the engine cannot run the plan: run again with --verbose for its "
+                                 "log",
              (runner_step,)),
         Step("compare with ONNX Runtime CPU", lambda: agreement(case, made["outputs"]),
-             "the engine computes other values than FP32 ONNX Runtime: report it with the engine's version",
+             "the engine computes other values than FP32 ONNX Runtime: report it with the engine's "
+             "version",
              ("execute",)),
         Step("time", timed, "the engine cannot be timed: run again with --verbose", ("execute",)),
     ]

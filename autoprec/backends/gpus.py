@@ -19,7 +19,8 @@ def gpu_facts() -> list[dict[str, str]]:
             ).stdout
         except (OSError, subprocess.SubprocessError):
             continue
-        rows = [dict(zip(("name", "driver", "compute_capability"), (f.strip() for f in line.split(","))))
+        rows = [dict(zip(("name", "driver", "compute_capability"),
+                         (f.strip() for f in line.split(","))))
                 for line in out.splitlines() if line.strip()]
         return [{"compute_capability": "", **row} for row in rows]
     return []

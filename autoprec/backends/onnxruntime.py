@@ -147,14 +147,16 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
     provider = "CPUExecutionProvider"
     uses_device = False
     has_threads = True
-    float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent ops are float32 only "
+    float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent "
+                                                        "ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
-    float_int8_ops = {"ConvTranspose": "ONNX Runtime's CPU provider has no integer ConvTranspose: it runs its Q/DQ "
-                                       "as float ops around a float kernel, slower than FP32"}
-    sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to join: "
-                          "they would run in FP32 between inserted Casts")
-    timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs and outputs "
-              f"in host memory; {TIME_CALLS}")
+    float_int8_ops = {"ConvTranspose": "ONNX Runtime's CPU provider has no integer ConvTranspose: "
+                                       "it runs its Q/DQ as float ops around a float kernel, "
+                                       "slower than FP32"}
+    sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to "
+                          "join: they would run in FP32 between inserted Casts")
+    timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs "
+              f"and outputs in host memory; {TIME_CALLS}")
 
     @classmethod
     def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtCpuBackend:
@@ -266,10 +268,12 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     int4_form = Int4Form.MATMUL_NBITS
     provider = "CUDAExecutionProvider"
     install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
-    timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and outputs on the GPU, "
-              f"synchronised after every run (launch overhead counted, not hidden by back-to-back runs); {TIME_CALLS}")
+    timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and "
+              "outputs on the GPU, synchronised after every run (launch overhead counted, not "
+              f"hidden by back-to-back runs); {TIME_CALLS}")
     slow_precisions = {
-        Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than FP32; "
+        Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than "
+                        "FP32; "
         "only TensorRT turns Q/DQ into INT8 kernels",
     }
 
@@ -295,7 +299,8 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         self.device, self.threads = device, threads or cores_per_gpu()
         gpus = gpu_facts()
         if gpus and not 0 <= device < len(gpus):
-            raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")
+            raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; "
+                               "choose one of them")
 
     def info(self) -> EngineInfo:
         gpus = gpu_facts()
@@ -321,7 +326,8 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         # ORT falls back to the CPU quietly: never time that as GPU
         if self.provider not in session.get_providers():
             raise BackendError(
-                f"onnxruntime did not put the candidate on {self.provider} (it chose {session.get_providers()})"
+                f"onnxruntime did not put the candidate on {self.provider} (it chose "
+                f"{session.get_providers()})"
             )
         return OrtCudaRunner(session, self.device, left_off)
 
@@ -337,11 +343,13 @@ class OrtTensorRTBackend(OrtCudaBackend):
     name = engines.ORT_TENSORRT
     int4_form = Int4Form.DEQUANTIZE
     provider = "TensorrtExecutionProvider"
-    install = ("install onnxruntime-gpu built with the TensorRT provider and TensorRT's libraries (see ONNX Runtime's "
-               "TensorRT execution provider page for the versions that match), on a machine with an NVIDIA GPU")
+    install = ("install onnxruntime-gpu built with the TensorRT provider and TensorRT's libraries "
+               "(see ONNX Runtime's TensorRT execution provider page for the versions that match), "
+               "on a machine with an NVIDIA GPU")
     slow_precisions = {}
-    caveat = ("ONNX Runtime's TensorRT execution provider has never been executed by autoprec's developers (its "
-              "libraries cannot be installed where autoprec is made): check its first results with trtexec")
+    caveat = ("ONNX Runtime's TensorRT execution provider has never been executed by autoprec's "
+              "developers (its libraries cannot be installed where autoprec is made): check its "
+              "first results with trtexec")
 
     @classmethod
     def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtTensorRTBackend:
@@ -356,9 +364,12 @@ class OrtTensorRTBackend(OrtCudaBackend):
 
     def session_providers(self) -> list:
         options = {"device_id": self.device, "trt_int8_enable": True, "trt_fp16_enable": False,
-                   "trt_engine_cache_enable": True, "trt_engine_cache_path": str(self.cache / "engines"),
-                   "trt_timing_cache_enable": True, "trt_timing_cache_path": str(self.cache / "timing")}
-        return [(self.provider, options), ("CUDAExecutionProvider", {"device_id": self.device}), "CPUExecutionProvider"]
+                   "trt_engine_cache_enable": True,
+                   "trt_engine_cache_path": str(self.cache / "engines"),
+                   "trt_timing_cache_enable": True,
+                   "trt_timing_cache_path": str(self.cache / "timing")}
+        return [(self.provider, options), ("CUDAExecutionProvider", {"device_id": self.device}),
+                "CPUExecutionProvider"]
 
     def _check_the_provider_loads(self) -> None:
         """onnxruntime-gpu lists the TensorRT provider whether or not TensorRT's libraries are
@@ -380,12 +391,14 @@ class OrtTensorRTBackend(OrtCudaBackend):
                 session = self._ort.InferenceSession(probe.SerializeToString(),
                                                      providers=[(self.provider, {"device_id": self.device})])
         except Exception as exc:  # noqa: BLE001 - onnxruntime's own error types: the provider cannot be used
-            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__} cannot make a session "
-                               f"with its TensorRT provider ({first_line(exc)}); {self.install}") from None
+            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__} cannot "
+                               f"make a session with its TensorRT provider ({first_line(exc)}); "
+                               f"{self.install}") from None
         finally:
             self._ort.set_default_logger_severity(3)
         if self.provider not in session.get_providers():
             lines = [line.strip() for line in printed.getvalue().splitlines() if "TensorRT" in line]
             reason = lines[0][lines[0].find("Please"):] if lines and "Please" in lines[0] else (lines or [""])[0][-200:]
-            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__}'s TensorRT provider does not "
-                               f"load here ({reason or 'no reason given'}); {self.install}")
+            raise BackendError(f"--backend {self.name}: onnxruntime {self._ort.__version__}'s "
+                               "TensorRT provider does not load here "
+                               f"({reason or 'no reason given'}); {self.install}")

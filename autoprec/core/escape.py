@@ -66,7 +66,7 @@ def path_component(name: str, what: str) -> str:
     separator or a control character, so nothing is written outside the folder the user chose."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or not name.isprintable():
         raise ExportError(
-            f"{what} '{printable(name)}' cannot be a folder name (empty, '.', '..', a path separator or a "
-            "control character); pass --name with a plain name"
+            f"{what} '{printable(name)}' cannot be a folder name (empty, '.', '..', a path "
+            "separator or a control character); pass --name with a plain name"
         )
     return name

@@ -27,10 +27,11 @@ class Fields:
     path: str = ""
 
     def refuse(self, problem: str) -> NoReturn:
-        fix = ("give a changed plan to check or diagnose with --plan FILE (a copy outside the result) instead, or "
-               "rerun the search" if Path(self.file).parent.name == "best" else
+        fix = ("give a changed plan to check or diagnose with --plan FILE (a copy outside the "
+               "result) instead, or rerun the search" if Path(self.file).parent.name == "best" else
                "rerun the search to rewrite the result files")
-        raise RecordError(f"{self.file}: {problem}; it is not as autoprec wrote it (edited or damaged): {fix}")
+        raise RecordError(f"{self.file}: {problem}; it is not as autoprec wrote it (edited or "
+                          f"damaged): {fix}")
 
     @property
     def _name(self) -> str:
@@ -70,7 +71,8 @@ class Fields:
         """The value, which must be of one of ``kinds`` (a bool is no int)."""
         value = self.value
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            self.refuse(f"{self._name} is {value!r:.60}, not {' or '.join(k.__name__ for k in kinds)}")
+            self.refuse(f"{self._name} is {value!r:.60}, not "
+                        f"{' or '.join(k.__name__ for k in kinds)}")
         return value
 
     def number(self) -> float:
@@ -94,7 +96,8 @@ class Fields:
 
     def one_of(self, values: Sequence[Any]) -> Any:
         if self.value not in values:
-            self.refuse(f"{self._name} is {self.value!r:.60}, not one of {', '.join(map(str, values))}")
+            self.refuse(f"{self._name} is {self.value!r:.60}, not one of "
+                        f"{', '.join(map(str, values))}")
         return self.value
 
     def items(self) -> list[Fields]:

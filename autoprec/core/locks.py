@@ -174,11 +174,12 @@ def private_folder(folder: Path) -> Path:
         found = os.lstat(folder)
     except OSError as exc:
         raise AutoprecError(
-            f"lock folder {folder}: cannot be made ({exc.strerror}); set TMPDIR to a writable folder"
+            f"lock folder {folder}: cannot be made ({exc.strerror}); set TMPDIR to a writable "
+            "folder"
         ) from None
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
-        raise AutoprecError(f"lock folder {folder} is not a directory of this user's own (a link, or another user's); "
-                            "remove it, or set TMPDIR to a folder of yours")
+        raise AutoprecError(f"lock folder {folder} is not a directory of this user's own (a link, "
+                            "or another user's); remove it, or set TMPDIR to a folder of yours")
     if found.st_mode & 0o077:
         os.chmod(folder, 0o700)
     return folder

@@ -50,11 +50,13 @@ class Plan:
     calibration: str = DEFAULT_CALIBRATION
 
     @classmethod
-    def from_mapping(cls, precisions: Mapping[str, str | Precision], calibration: str = DEFAULT_CALIBRATION) -> Plan:
+    def from_mapping(cls, precisions: Mapping[str, str | Precision],
+                     calibration: str = DEFAULT_CALIBRATION) -> Plan:
         return cls(tuple((name, Precision(p)) for name, p in precisions.items()), calibration)
 
     @classmethod
-    def uniform(cls, unit_names: list[str], precision: Precision, calibration: str = DEFAULT_CALIBRATION) -> Plan:
+    def uniform(cls, unit_names: list[str], precision: Precision,
+                calibration: str = DEFAULT_CALIBRATION) -> Plan:
         return cls(tuple((name, precision) for name in unit_names), calibration)
 
     def as_dict(self) -> dict[str, Precision]:
@@ -73,7 +75,8 @@ class Plan:
 
     def key(self) -> str:
         """Stable identity used to recognise a plan that was already measured."""
-        return atomic.digest({"c": self.calibration, "p": sorted((n, p.value) for n, p in self.precisions)})
+        return atomic.digest({"c": self.calibration,
+                              "p": sorted((n, p.value) for n, p in self.precisions)})
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -36,7 +36,8 @@ class InputRange:
         return getattr(self, point)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "declared": list(self.declared), "min": list(self.min), "opt": list(self.opt),
+        return {"name": self.name, "declared": list(self.declared), "min": list(self.min),
+                "opt": list(self.opt),
                 "max": list(self.max)}
 
 
@@ -90,14 +91,16 @@ class ShapeProfile:
         measured shapes, stays. Checked as a search checks --min-shape/--max-shape (one line naming
         the option and input)."""
         if not self.dynamic and (low or high or batch):
-            raise ModelError("the model declares no dynamic dim (" + self.said() + "): its exports take the measured "
+            raise ModelError("the model declares no dynamic dim (" + self.said() + "): its exports "
+                                                                                   "take the "
+                                                                                   "measured "
                              "shapes only; search a model with dynamic dims for a profile")
         low, high = dict(low or {}), dict(high or {})
         if batch is not None:
             batched = [i for i in self.inputs if i.declared and not isinstance(i.declared[0], int)]
             if not batched:
-                raise ModelError(f"--batch: no input has a dynamic first dim ({self.said()}); give --min-shape and "
-                                 "--max-shape instead")
+                raise ModelError(f"--batch: no input has a dynamic first dim ({self.said()}); give "
+                                 "--min-shape and --max-shape instead")
             for i in batched:
                 low[i.name] = (batch[0], *low.get(i.name, i.min)[1:])
                 high[i.name] = (batch[1], *high.get(i.name, i.max)[1:])
@@ -117,28 +120,31 @@ class ShapeProfile:
         named = {term.strip() for d in declared for term in d.split("+")}
         for name, (low, opt, high) in dims.items():
             if name not in named:
-                raise ModelError(f"--dim {name}: no input declares a dim of that name; the named dims are "
-                                 f"{', '.join(sorted(named)) or 'none'}")
+                raise ModelError(f"--dim {name}: no input declares a dim of that name; the named "
+                                 f"dims are {', '.join(sorted(named)) or 'none'}")
             if not 0 <= low <= high:
                 raise ModelError(f"--dim {name}={low}:{high}: needs 0 <= MIN <= MAX")
         sizes = {point: self._dim_sizes(point) for point in POINTS}
         for name, (low, opt, high) in dims.items():
             measured = sizes["opt"].get(name)
             if measured is not None and not low <= measured <= high:
-                raise ModelError(f"--dim {name}={low}:{high}: the search measures {name} at {measured} (its data, "
-                                 f"or --shape), outside the range; give a range holding it, e.g. "
+                raise ModelError(f"--dim {name}={low}:{high}: the search measures {name} at "
+                                 f"{measured} (its data, or --shape), outside the range; give a "
+                                 "range holding it, e.g. "
                                  f"{min(low, measured)}:{max(high, measured)}")
             if opt is not None and measured is not None and opt != measured:
-                raise ModelError(f"--dim {name}={low}:{opt}:{high}: the search measures {name} at {measured} (its "
-                                 f"data, or --shape); give {low}:{measured}:{high}, or {low}:{high}")
+                raise ModelError(f"--dim {name}={low}:{opt}:{high}: the search measures {name} at "
+                                 f"{measured} (its data, or --shape); give "
+                                 f"{low}:{measured}:{high}, or {low}:{high}")
             sizes["min"][name], sizes["max"][name] = low, high
         ranges = []
         for i in self.inputs:
             at = {point: tuple(_sized(d, size, sizes[point]) for d, size in zip(i.declared, i.at(point)))
                   for point in ("min", "max")}
             if not all(lo <= mid <= hi for lo, mid, hi in zip(at["min"], i.opt, at["max"])):
-                raise ModelError(f"--dim: input {i.name} would take {dims_text(at['min'])} to {dims_text(at['max'])}, "
-                                 f"which does not hold the measured {dims_text(i.opt)}; widen the range to hold it")
+                raise ModelError(f"--dim: input {i.name} would take {dims_text(at['min'])} to "
+                                 f"{dims_text(at['max'])}, which does not hold the measured "
+                                 f"{dims_text(i.opt)}; widen the range to hold it")
             ranges.append(InputRange(i.name, i.declared, at["min"], i.opt, at["max"]))
         return ShapeProfile(tuple(ranges))
 
@@ -149,7 +155,8 @@ class ShapeProfile:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShapeProfile:
-        return cls(tuple(InputRange(i["name"], tuple(i["declared"]), tuple(i["min"]), tuple(i["opt"]), tuple(i["max"]))
+        return cls(tuple(InputRange(i["name"], tuple(i["declared"]), tuple(i["min"]),
+                                    tuple(i["opt"]), tuple(i["max"]))
                          for i in data["inputs"]))
 
     @classmethod
@@ -201,12 +208,13 @@ def shared_dim_sizes(declared: Sequence[tuple[str, Sequence]], given: Mapping[st
                 continue
             first, owner = sizes.setdefault(dim, (size, name))
             if first != size and owner != name:
-                raise ModelError(f"{option}: inputs {owner} and {name} share the dim '{dim}' but are given {first} and "
-                                 f"{size} there; give them the same size")
+                raise ModelError(f"{option}: inputs {owner} and {name} share the dim '{dim}' but "
+                                 f"are given {first} and {size} there; give them the same size")
     return sizes
 
 
-def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims], given: dict[str, Dims],
+def _shared_dims(declared: Sequence[tuple[str, tuple]], opt: Mapping[str, Dims],
+                 given: dict[str, Dims],
                  option: str) -> dict[str, Dims]:
     """``given`` with the inputs it leaves out filled in where they share a dim name with one it
     names (:func:`shared_dim_sizes`), at every point."""
@@ -235,8 +243,8 @@ def shape_profile(
     for option, given in (("--min-shape", low), ("--max-shape", high)):
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise ModelError(f"{option} names {', '.join(unknown)}, which the model does not have as input(s); its "
-                             f"inputs are: {', '.join(names)}")
+            raise ModelError(f"{option} names {', '.join(unknown)}, which the model does not have "
+                             f"as input(s); its inputs are: {', '.join(names)}")
     low, high = _shared_dims(declared, opt, low, "--min-shape"), _shared_dims(declared, opt, high, "--max-shape")
     ranges = []
     for name, dims in declared:
@@ -244,13 +252,14 @@ def shape_profile(
         lo, hi = tuple(low.get(name, best)), tuple(high.get(name, best))
         for option, shape in (("--min-shape", lo), ("--max-shape", hi)):
             if len(shape) != len(dims) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
-                raise ModelError(f"{option} {name}={dims_text(shape)} does not fit the model's declared shape "
-                                 f"{declared_text(dims)}; give {len(dims)} dims that keep the fixed ones")
+                raise ModelError(f"{option} {name}={dims_text(shape)} does not fit the model's "
+                                 f"declared shape {declared_text(dims)}; give {len(dims)} dims "
+                                 "that keep the fixed ones")
         if not all(a <= b <= c for a, b, c in zip(lo, best, hi)):
             raise ModelError(
-                f"input {name}: the profile needs min <= opt <= max in every dim; got min {dims_text(lo)}, "
-                f"opt {dims_text(best)} (--shape), max {dims_text(hi)}: change --min-shape / --max-shape "
-                "(or --shape, the shape the search measures at)"
+                f"input {name}: the profile needs min <= opt <= max in every dim; got min "
+                f"{dims_text(lo)}, opt {dims_text(best)} (--shape), max {dims_text(hi)}: change "
+                "--min-shape / --max-shape (or --shape, the shape the search measures at)"
             )
         ranges.append(InputRange(name, tuple(dims), lo, best, hi))
     return ShapeProfile(tuple(ranges))

@@ -19,10 +19,13 @@ SPACE_BYTES = 16 << 20  # the most a search-space file may hold (the bundled one
 # normalisations, reductions, exp/log/pow are not among them: a search space lists those as
 # ``sensitive``.
 NEUTRAL_OPS = frozenset({
-    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand",
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather",
+    "Expand",
     "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth", "Resize", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Relu",
-    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Softplus", "Gelu",
+    "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min",
+    "Relu",
+    "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+    "Softplus", "Gelu",
     "Where", "Erf",
 })
 
@@ -65,7 +68,8 @@ class SearchSpace:
         overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
         sensitive = {op: narrowed(p) for op, p in self.sensitive.items()}
         out_of_range = narrowed(self.out_of_range) if self.out_of_range else ()
-        return replace(self, units=units, overrides=overrides, sensitive=sensitive, out_of_range=out_of_range)
+        return replace(self, units=units, overrides=overrides, sensitive=sensitive,
+                       out_of_range=out_of_range)
 
     def without(self, precision: Precision, op_types: Collection[str]) -> SearchSpace:
         """Units of ``op_types`` no longer take ``precision`` (an engine without a kernel for
@@ -122,29 +126,33 @@ class SearchSpace:
                     str(op): parse_precisions(list(p), f"recorded search space, sensitive.{op}")
                     for op, p in data.get("sensitive", {}).items()
                 },
-                out_of_range=parse_precisions(list(data["out_of_range"]), "recorded search space, out_of_range")
+                out_of_range=parse_precisions(list(data["out_of_range"]), "recorded search space, "
+                                                                          "out_of_range")
                 if data.get("out_of_range")
                 else (),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SearchSpaceError(f"the recorded search space cannot be read ({type(exc).__name__}: {exc}); "
-                                   "rerun the search") from None
+            raise SearchSpaceError("the recorded search space cannot be read "
+                                   f"({type(exc).__name__}: {exc}); rerun the search") from None
 
 
 def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
     if not isinstance(text, (str, list, tuple)):
         raise SearchSpaceError(
-            f"{where}: {text!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'"
+            f"{where}: {text!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. "
+            "'fp16,fp32'"
         )
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
         precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
     except ValueError:
         raise SearchSpaceError(
-            f"{where}: {items!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'"
+            f"{where}: {items!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. "
+            "'fp16,fp32'"
         ) from None
     if not precisions:
-        raise SearchSpaceError(f"{where}: no precision given; use int4, int8, fp16 and fp32, e.g. 'fp16,fp32'")
+        raise SearchSpaceError(f"{where}: no precision given; use int4, int8, fp16 and fp32, e.g. "
+                               "'fp16,fp32'")
     return precisions
 
 
@@ -169,9 +177,11 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
             found = untrusted.read_bytes(Path(path), "a search space", SPACE_BYTES, given=True)
             text = found.decode("utf-8")
         except OSError as exc:
-            raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check the path") from None
+            raise SearchSpaceError(f"search space {path}: cannot be read ({exc.strerror}); check "
+                                   "the path") from None
         except UnicodeDecodeError:
-            raise SearchSpaceError(f"search space {path}: not UTF-8 text; save the YAML file as UTF-8") from None
+            raise SearchSpaceError(f"search space {path}: not UTF-8 text; save the YAML file as "
+                                   "UTF-8") from None
         except ValueError as exc:
             raise SearchSpaceError(f"search space {path}: {exc}; give the YAML file itself"
                                    ) from None
@@ -181,30 +191,33 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
     except ValueError as exc:
         raise SearchSpaceError(f"search space {source}: not valid YAML ({exc}); fix the file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("units"), dict) or not raw["units"]:
-        raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op type to precisions")
+        raise SearchSpaceError(f"search space {source}: needs a non-empty 'units:' mapping of op "
+                               "type to precisions")
     units = {
         _text(op, source, "units"): parse_precisions(p, f"search space {source}, units.{op}")
         for op, p in raw["units"].items()
     }
     sensitive = raw.get("sensitive") or {}
     if not isinstance(sensitive, dict):
-        raise SearchSpaceError(f"search space {source}: 'sensitive:' must map op types to precisions, "
-                               "e.g. sensitive: {Softmax: [fp16, fp32]}")
+        raise SearchSpaceError(f"search space {source}: 'sensitive:' must map op types to "
+                               "precisions, e.g. sensitive: {Softmax: [fp16, fp32]}")
     overrides = raw.get("overrides") or {}
     if not isinstance(overrides, dict):
-        raise SearchSpaceError(f"search space {source}: 'overrides:' must map name patterns to precisions, "
-                               "e.g. overrides: {'/head/*': [fp32]}")
+        raise SearchSpaceError(f"search space {source}: 'overrides:' must map name patterns to "
+                               "precisions, e.g. overrides: {'/head/*': [fp32]}")
     return SearchSpace(
         units=units,
         fusable=_op_types(raw, "fusable", source),
         pinned_fp32=_op_types(raw, "pinned_fp32", source),
         overrides=tuple(
-            (_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, overrides.{pattern}"))
+            (_text(pattern, source, "overrides"), parse_precisions(p, f"search space {source}, "
+                                                                      f"overrides.{pattern}"))
             for pattern, p in overrides.items()
         ),
         source=source,
         sensitive={
-            _text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, sensitive.{op}")
+            _text(op, source, "sensitive"): parse_precisions(p, f"search space {source}, "
+                                                                f"sensitive.{op}")
             for op, p in sensitive.items()
         },
         out_of_range=parse_precisions(raw["out_of_range"], f"search space {source}, out_of_range")
@@ -215,7 +228,8 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
 
 def _text(value: object, source: str, key: str) -> str:
     if not isinstance(value, str):
-        raise SearchSpaceError(f"search space {source}: {key} has the key {value!r}, which is not text; quote it")
+        raise SearchSpaceError(f"search space {source}: {key} has the key {value!r}, which is not "
+                               "text; quote it")
     return value
 
 
@@ -224,6 +238,7 @@ def _op_types(raw: dict, key: str, source: str) -> frozenset[str]:
     value = raw.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SearchSpaceError(
-            f"search space {source}: '{key}:' must be a list of op type names, e.g. {key}: [Relu, Add]"
+            f"search space {source}: '{key}:' must be a list of op type names, e.g. {key}: [Relu, "
+            "Add]"
         )
     return frozenset(value)

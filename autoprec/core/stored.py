@@ -116,7 +116,8 @@ def read_tensor(tensor: TensorProto, folder: Path, where: tuple[str, int, int | 
     # small: read (a memory map costs more to set up than to read it)
     if count * dtype.itemsize <= READ_BYTES:
         return np.fromfile(os.path.join(folder, location), dtype=dtype, count=count, offset=offset).reshape(shape)
-    return np.memmap(os.path.join(folder, location), dtype=dtype, mode="r", offset=offset, shape=shape)
+    return np.memmap(os.path.join(folder, location), dtype=dtype, mode="r", offset=offset,
+                     shape=shape)
 
 
 def _next_data(fd: int, at: int, end: int) -> tuple[int, int]:
@@ -143,7 +144,8 @@ def copy_range(source, start: int, length: int, target) -> None:
         while data < stop:
             chunk = source.read(min(COPY_CHUNK, stop - data))
             if not chunk:
-                raise OSError(f"{source.name}: ends {end - data} bytes short of what a tensor needs")
+                raise OSError(f"{source.name}: ends {end - data} bytes short of what a tensor "
+                              f"needs")
             target.write(chunk)
             data += len(chunk)
         at = stop
@@ -220,27 +222,31 @@ def check_external_data(model: onnx.ModelProto, folder: Path, what: str) -> None
         except (KeyError, ValueError):
             fields = {e.key: e.value for e in tensor.external_data}
             raise ValueError(
-                f"{what}: tensor {tensor.name!r} has unreadable external-data fields {fields}; {resave}"
+                f"{what}: tensor {tensor.name!r} has unreadable external-data fields {fields}; "
+                f"{resave}"
             ) from None
         if offset < 0 or (length is not None and length != nbytes(tensor)):
-            raise ValueError(f"{what}: tensor {tensor.name!r} says offset {offset}, length {length} in {location!r}, "
-                             f"but its type and dims take {nbytes(tensor)} bytes; {resave}")
+            raise ValueError(f"{what}: tensor {tensor.name!r} says offset {offset}, length "
+                             f"{length} in {location!r}, but its type and dims take "
+                             f"{nbytes(tensor)} bytes; {resave}")
         given = root / location
         if given.is_symlink():
-            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, a symbolic link "
-                             f"(onnx refuses external data through links): copy the file itself beside the model")
+            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, a "
+                             "symbolic link (onnx refuses external data through links): copy the "
+                             "file itself beside the model")
         path = given.resolve()
         if Path(location).is_absolute() or root not in path.parents:
-            raise ValueError(f"{what}: tensor {tensor.name!r} names external data {location!r} outside its folder; "
-                             "keep the data files next to the model and name them relative to it")
+            raise ValueError(f"{what}: tensor {tensor.name!r} names external data {location!r} "
+                             "outside its folder; keep the data files next to the model and name "
+                             "them relative to it")
         if location not in sizes:
             sizes[location] = path.stat().st_size if path.is_file() else -1
         if sizes[location] < 0:
-            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, which is not beside "
-                             "it; keep the data files next to the model")
+            raise ValueError(f"{what}: tensor {tensor.name!r} keeps its values in {location!r}, "
+                             "which is not beside it; keep the data files next to the model")
         if offset + (nbytes(tensor) if length is None else length) > sizes[location]:
-            raise ValueError(f"{what}: {location!r} ends before tensor {tensor.name!r} does (truncated?); "
-                             "copy or download the data file again")
+            raise ValueError(f"{what}: {location!r} ends before tensor {tensor.name!r} does "
+                             "(truncated?); copy or download the data file again")
 
 
 # the given model's data files, copied under their own names: none takes a name the folder uses
@@ -263,7 +269,8 @@ def copy_external_data(model: onnx.ModelProto, source: Path, folder: Path) -> in
         copied += target.stat().st_size
     for tensor in external:
         location, offset, length = external_info(tensor)
-        _set_external(tensor, f"{GIVEN}/{location}", offset, nbytes(tensor) if length is None else length)
+        _set_external(tensor, f"{GIVEN}/{location}", offset,
+                      nbytes(tensor) if length is None else length)
     return copied
 
 
@@ -296,7 +303,8 @@ class StoredModel:
 
     def tensor(self, name: str) -> np.ndarray:
         """An initializer's values, read-only (memory-mapped where external)."""
-        return read_tensor(next(t for t in self.proto.graph.initializer if t.name == name), self.folder)
+        return read_tensor(next(t for t in self.proto.graph.initializer if t.name == name),
+                           self.folder)
 
     def weight_bytes(self) -> int:
         return weight_bytes(self.proto)
@@ -331,7 +339,8 @@ class StoredModel:
             return known
         if size <= DERIVED_INLINE_BYTES:
             return _derived.setdefault(
-                (str(self.folder), name), numpy_helper.from_array(np.ascontiguousarray(make()), name)
+                (str(self.folder), name),
+                numpy_helper.from_array(np.ascontiguousarray(make()), name)
             )
         key = hashlib.sha256(name.encode()).hexdigest()[:24]
         location = f"{DERIVED}/{key}.bin"
@@ -347,7 +356,9 @@ class StoredModel:
         # field it once held until the whole message goes, and these are kept for the process's life
         dtype_name, shape_text = meta.read_text().split("|")
         shape = tuple(int(d) for d in shape_text.split(",") if d)
-        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)), dims=shape)
+        tensor = TensorProto(name=name,
+                             data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name)),
+                             dims=shape)
         _set_external(tensor, location, 0, path.stat().st_size)
         return _derived.setdefault((str(self.folder), name), tensor)
 

@@ -41,7 +41,8 @@ SLOW_CALL_S = 1 / 3  # a call this slow warms up in fewer runs: the first ones s
 
 
 def time_calls(
-    call: Callable[[], object], warmup: int = 3, min_runs: int = 3, min_seconds: float = 0.2, max_runs: int = 500
+    call: Callable[[], object], warmup: int = 3, min_runs: int = 3, min_seconds: float = 0.2,
+    max_runs: int = 500
 ) -> Timing:
     """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of
     runs: a fast call runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model
@@ -61,7 +62,8 @@ def time_calls(
         samples.append((time.perf_counter() - t0) * 1e3)
     arr = np.asarray(samples)
     return Timing(
-        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)), len(samples), warmed
+        float(np.median(arr)), float(np.percentile(arr, 10)), float(np.percentile(arr, 90)),
+        len(samples), warmed
     )
 
 

@@ -237,8 +237,8 @@ def npz_checked(path: Path, what: str) -> Path:
         return path  # not a zip: NumPy says what it is
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
     if memory and inflated > memory // 2:
-        raise DataError(f"{what}: its arrays take {_size(inflated)} once inflated, more than half this machine's "
-                        f"memory ({_size(memory)}): give fewer items")
+        raise DataError(f"{what}: its arrays take {_size(inflated)} once inflated, more than half "
+                        f"this machine's memory ({_size(memory)}): give fewer items")
     return path
 
 

@@ -35,7 +35,8 @@ from autoprec.core.profile import ShapeProfile
 BUILD_SCHEMA = "autoprec.build/1"
 # What each export format builds (trt10 and triton are for other builders: TensorRT <= 10's weak
 # typing, ONNX Runtime).
-BUILT_MODEL = {"trtexec": "model.onnx", "python": "model.onnx", "markdown": "model.onnx", "polygraphy": "model.onnx"}
+BUILT_MODEL = {"trtexec": "model.onnx", "python": "model.onnx", "markdown": "model.onnx",
+               "polygraphy": "model.onnx"}
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,17 @@ def check_buildable(fmt: str) -> None:
     not for."""
     if fmt not in BUILT_MODEL:
         why = (
-            "its --layerPrecisions build is TensorRT <= 10's weak typing, which only trtexec of those versions runs: "
-            "run build_trt10.sh there"
+            "its --layerPrecisions build is TensorRT <= 10's weak typing, which only trtexec of "
+            "those versions runs: run build_trt10.sh there"
             if fmt == "trt10"
             else "it is an ONNX Runtime model repository"
         )
-        raise ExportError(f"--build: --format {fmt} is not built by autoprec ({why}); use --format trtexec or python")
+        raise ExportError(f"--build: --format {fmt} is not built by autoprec ({why}); use --format "
+                          "trtexec or python")
 
 
-def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, trial: int | None = None) -> ExportBuild:
+def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None,
+                 trial: int | None = None) -> ExportBuild:
     """Build ``folder``'s model (``--format fmt``'s, the result's ``trial``) into ``model.plan``
     (for ``profile`` where its inputs are dynamic) and write ``build_report.json``, which names the
     trial and the model's sha256."""
@@ -70,8 +73,8 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, tr
     found = installed()
     if found is None:
         raise BackendError(
-            "--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, PyPI, builds "
-            f"without a GPU) or {TENSORRT.install.split(': ', 1)[1]}"
+            "--build needs TensorRT: pip install 'autoprec[tensorrt-rtx]' (TensorRT for RTX, "
+            f"PyPI, builds without a GPU) or {TENSORRT.install.split(': ', 1)[1]}"
         )
     flavour, trt = found
     built = build_engine(trt, flavour, stored.load(folder / BUILT_MODEL[fmt]), profile=profile)
@@ -83,7 +86,8 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, tr
     if engine is not None:  # a GPU this TensorRT runs on: the inspector's view of the loaded engine
         loaded = True
         layers = parse_engine_layers(
-            engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON), "engine inspector"
+            engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON), "engine "
+                                                                                                      "inspector"
         )
         atomic.write_json(folder / "layers.json", layers.to_json())
         if built.planned and (fidelity := plan_fidelity(layers, built.planned)) is not None:
@@ -91,7 +95,8 @@ def build_export(folder: Path, fmt: str, profile: ShapeProfile | None = None, tr
     else:
         why = "no NVIDIA GPU here" if not gpu_facts() else logger.last_error() or "no reason given"
         load_note = (f"this machine cannot load the engine ({why}): "
-                     + (f"{flavour.backend} runs engines on GPUs of compute capability {', '.join(flavour.gpus)}"
+                     + (f"{flavour.backend} runs engines on GPUs of compute capability "
+                        f"{', '.join(flavour.gpus)}"
                         if flavour.gpus else "load it on a GPU TensorRT supports")
                      + "; the layers below are the builder's own account, not the inspector's")
     report = {
@@ -121,8 +126,9 @@ def summary_lines(outcome: ExportBuild) -> list[str]:
     followed."""
     report = outcome.report
     fidelity = report["plan_fidelity"]
-    lines = [f"built {outcome.plan} ({report['plan_bytes'] / 2**20:.1f} MiB) with {report['built_with']} in "
-             f"{report['build_seconds']:.2f} s; report {outcome.report_path}", report["note"]]
+    lines = [f"built {outcome.plan} ({report['plan_bytes'] / 2**20:.1f} MiB) with "
+             f"{report['built_with']} in {report['build_seconds']:.2f} s; report "
+             f"{outcome.report_path}", report["note"]]
     if fidelity is not None:
         ignored = fidelity["ignored_units"]
         lines.append(

@@ -35,13 +35,15 @@ def check_destination(folder: Path, result_dir: Path, source: Path, fmt: str) ->
     searched model's."""
     where, result = Path(folder).resolve(), Path(result_dir).resolve()
     if where == result or (where.is_relative_to(result) and not where.is_relative_to(result / "export")):
-        raise AutoprecError(f"--out {folder}: inside the result {result_dir} (its best/, cache and result files); an "
-                            "export there could overwrite what the search wrote: give a folder outside it, or leave "
-                            f"--out out ({Path(result_dir) / 'export' / fmt})")
+        raise AutoprecError(f"--out {folder}: inside the result {result_dir} (its best/, cache and "
+                            "result files); an export there could overwrite what the search "
+                            "wrote: give a folder outside it, or leave --out out "
+                            f"({Path(result_dir) / 'export' / fmt})")
     if fmt != "triton" and where == source.resolve().parent:
         raise AutoprecError(
-            f"--out {folder}: the folder of the model {result_dir} was searched with ({source.name}); "
-            "the export's model.onnx and weights would overwrite files there: give another folder"
+            f"--out {folder}: the folder of the model {result_dir} was searched with "
+            f"({source.name}); the export's model.onnx and weights would overwrite files there: "
+            "give another folder"
         )
 
 
@@ -113,7 +115,8 @@ def exporting(folder: Path) -> Iterator[Path]:
         lock.release()
 
 
-def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path, sha256: str | None = None,
+def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: Path,
+           sha256: str | None = None,
            profile: ShapeProfile | None = None, checks: Sequence[PointCheck] = ()) -> Path:
     """Write ``folder``'s manifest: the trial exported, the format, ``model``'s sha256 (its data
     files included; ``sha256`` where a build report already has it: a large model is read once), the
@@ -121,7 +124,8 @@ def record(folder: Path, written: Sequence[Path], trial: int, fmt: str, model: P
     folder = Path(folder)
     files = sorted({str(Path(p).resolve().relative_to(folder.resolve())) for p in written})
     return atomic.write_json(folder / MANIFEST, json_safe({
-        "schema": EXPORT_SCHEMA, "trial": trial, "format": fmt, "model": str(model.relative_to(folder)),
+        "schema": EXPORT_SCHEMA, "trial": trial, "format": fmt,
+        "model": str(model.relative_to(folder)),
         "model_sha256": sha256 or model_sha256(model), "files": files,
         "profile": profile.to_json() if profile is not None else None,
         "checked_against_source": [c.to_json() for c in checks]}))

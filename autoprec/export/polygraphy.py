@@ -35,7 +35,8 @@ def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
     def encoded(array: np.ndarray) -> dict[str, str]:
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-        return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
+        return {"array": base64.b64encode(buffer.getvalue()).decode(),
+                "polygraphy_class": "ndarray"}
 
     return atomic.json_text([{name: encoded(np.asarray(value)) for name, value in batch.items()}
                              for batch in batches]).encode()
@@ -82,7 +83,8 @@ def check_script(spec: BuildSpec, folder: Path) -> str:
     reference = [f"polygraphy run {quoted(source)} --onnxrt", "--load-inputs inputs.json",
                  "--save-outputs fp32_outputs.json"]
     compare = ["polygraphy run model.onnx --trt --strongly-typed", "--load-inputs inputs.json",
-               "--load-outputs fp32_outputs.json", "--save-engine model.plan --profiling-verbosity DETAILED",
+               "--load-outputs fp32_outputs.json", "--save-engine model.plan --profiling-verbosity "
+                                                   "DETAILED",
                "--check-error-stat max"]
     if limits := tolerances(spec):
         compare.append(" ".join(["--atol", *(quoted(f"{_named(name, 'output')}:{limit:.3g}")
@@ -95,12 +97,14 @@ def check_script(spec: BuildSpec, folder: Path) -> str:
     inspect = ["polygraphy inspect model model.plan --model-type engine --show layers"]
     header = "\n".join(f"# {line}" for line in (
         NOT_RUN,
-        f"Polygraphy's check of trial {spec.trial.number}: TensorRT (strongly typed) against the given FP32 model on "
-        "ONNX Runtime, on the search's evaluation data;",
-        f"each output's tolerance: {TOLERANCE_FACTOR:g}x the largest absolute error the search measured of this plan "
-        "against FP32 (ONNX Runtime ran it). TensorRT picks other kernels: a failure is a reason to look, not proof.",
-        f"The given model is named relative to this folder ({printable(source)}; it was {printable(spec.original_model)}"
-        " when this was written): move the result folder with the model beside it, or edit that path.",
+        f"Polygraphy's check of trial {spec.trial.number}: TensorRT (strongly typed) against the "
+        "given FP32 model on ONNX Runtime, on the search's evaluation data;",
+        f"each output's tolerance: {TOLERANCE_FACTOR:g}x the largest absolute error the search "
+        "measured of this plan against FP32 (ONNX Runtime ran it). TensorRT picks other kernels: "
+        "a failure is a reason to look, not proof.",
+        f"The given model is named relative to this folder ({printable(source)}; it was "
+        f"{printable(spec.original_model)} when this was written): move the result folder with the "
+        "model beside it, or edit that path.",
     ))
     commands = (" \\\n    ".join(command) for command in (reference, compare, inspect))
     here = 'cd "$(dirname "$0")"  # the files it reads and writes are beside it'

@@ -25,9 +25,12 @@ from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel, save_models
 
 _TRITON_TYPES = {
-    onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.DOUBLE: "TYPE_FP64",
-    onnx.TensorProto.INT8: "TYPE_INT8", onnx.TensorProto.UINT8: "TYPE_UINT8", onnx.TensorProto.INT16: "TYPE_INT16",
-    onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.BOOL: "TYPE_BOOL",
+    onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
+    onnx.TensorProto.DOUBLE: "TYPE_FP64",
+    onnx.TensorProto.INT8: "TYPE_INT8", onnx.TensorProto.UINT8: "TYPE_UINT8",
+    onnx.TensorProto.INT16: "TYPE_INT16",
+    onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64",
+    onnx.TensorProto.BOOL: "TYPE_BOOL",
     onnx.TensorProto.BFLOAT16: "TYPE_BF16",
 }
 
@@ -59,9 +62,12 @@ def max_batch(model: onnx.ModelProto, profile: ShapeProfile) -> int:
     return batch[1]
 
 
-STATEFUL = ("# a decoder with a KV cache: each request carries its own past ({past} ...) and gets its present back,",
-            "# of its own length: Triton cannot batch such requests (no dynamic_batching, max_batch_size 0); to keep",
-            "# the cache on the server, use sequence_batching with implicit state (Triton's stateful models)")
+STATEFUL = ("# a decoder with a KV cache: each request carries its own past ({past} ...) and gets "
+            "its present back,",
+            "# of its own length: Triton cannot batch such requests (no dynamic_batching, "
+            "max_batch_size 0); to keep",
+            "# the cache on the server, use sequence_batching with implicit state (Triton's "
+            "stateful models)")
 
 
 def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile, trial: int) -> str:
@@ -74,8 +80,10 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
         # protobuf text format comments are '#' to the end of the line, like the shell's
         shell_comment(note),
         *(shell_comment(line.removeprefix("# ")) for line in stateful),
-        "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly typed) from the",
-        f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes (TensorRT's Q/DQ form),",
+        "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly "
+        "typed) from the",
+        f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes "
+        "(TensorRT's Q/DQ form),",
         "# with its build.sh (--saveEngine=model.plan and the --minShapes/--optShapes/--maxShapes)",
         f"name: {pbtxt_string(name)}",
         'platform: "onnxruntime_onnx"',
@@ -88,7 +96,8 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
     ])
 
 
-def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str, profile: ShapeProfile,
+def write_triton_entry(model: StoredModel, repository: Path, name: str, note: str,
+                       profile: ShapeProfile,
                        trial: int, external: bool | None = None) -> list[Path]:
     """``repository/name/`` (Triton reads the model's name from its folder: ``name`` must be one
     plain folder name); a large model's weights beside ``1/model.onnx`` (``external``: see

@@ -58,8 +58,10 @@ def lower_plan(
         if int8_units:
             if ranges is None:
                 raise ValueError("INT8 units need calibrated activation ranges")
-            apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix, frozenset(unit_nodes))
-        apply_int4(edit, model, [u for u in units if precisions.get(u.name) is Precision.INT4], int4, ranges, prefix)
+            apply_int8(edit, model, int8_units, ranges, plan.calibration, form, prefix,
+                       frozenset(unit_nodes))
+        apply_int4(edit, model, [u for u in units if precisions.get(u.name) is Precision.INT4],
+                   int4, ranges, prefix)
         if edit.edited or edit.added:
             edits[scope] = edit
     if form.sums_before_layer_norms:
@@ -79,7 +81,8 @@ def lower_plan(
             unread.setdefault(index.owner[name], set()).add(name)
     for scope, names in unread.items():
         initializers = subgraphs.graph_at(lowered, scope).initializer
-        for position in sorted((i for i, t in enumerate(initializers) if t.name in names), reverse=True):
+        for position in sorted((i for i, t in enumerate(initializers) if t.name in names),
+                               reverse=True):
             del initializers[position]
     if Precision.INT4 in precisions.values():
         _import_opset(lowered, *opset_needed(int4))
@@ -96,7 +99,8 @@ def _checked(info: ModelInfo, plan: Plan) -> dict[str, Precision]:
     refused = [f"{u.name} ({precisions[u.name]}; it allows {', '.join(map(str, u.allowed))})" for u in info.units
                if precisions.get(u.name, Precision.FP32) not in (*u.allowed, Precision.FP32)]
     if refused:
-        raise ValueError(f"plan gives unit(s) a precision they may not take: {', '.join(refused[:3])}")
+        raise ValueError("plan gives unit(s) a precision they may not take: "
+                         f"{', '.join(refused[:3])}")
     return precisions
 
 

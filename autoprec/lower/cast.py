@@ -30,7 +30,8 @@ FP16, FP32 = "fp16", "fp32"  # the two sides of the cut
 # tensors: the all-FP16 plan of a ViT-S/16 export cast 25 activations back to FP32 for their Shape
 # alone).
 TYPE_BLIND = {"Shape", "Size"}
-INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16,
+                 TensorProto.UINT16,
                  TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64}
 
 
@@ -177,7 +178,8 @@ def apply_fp16(edit: GraphEdit, model: StoredModel, region: set[str], prefix: st
             elif index.is_float32(name):
                 if name not in casts_in:
                     casts_in[name] = f"{prefix}{name}_to_fp16"
-                    edit.add("Cast", f"{prefix}{name}_cast_fp16", [_cast_source(edit, name)], [casts_in[name]],
+                    edit.add("Cast", f"{prefix}{name}_cast_fp16", [_cast_source(edit, name)],
+                             [casts_in[name]],
                              to=TensorProto.FLOAT16)
                 edit.set_input(node, i, casts_in[name])
     _cast_back(edit, half, set(positions))

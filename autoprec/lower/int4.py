@@ -63,9 +63,11 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
             return made[0]
 
         if rows is not None:  # the input channels scaled back: the product as it was
-            inverse = model.derived(f"{name}_inverse", lambda: (1.0 / rows).astype(np.float32), 4 * k)
+            inverse = model.derived(f"{name}_inverse", lambda: (1.0 / rows).astype(np.float32),
+                                    4 * k)
             activation = edit.ins[id(node)][0]
-            edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)], [f"{name}_x"])
+            edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)],
+                     [f"{name}_x"])
             edit.set_input(node, 0, f"{name}_x")
 
         packed = model.derived(f"{name}_packed", lambda: quantized()[0], k * n // 2)
@@ -121,7 +123,8 @@ def _rounded(weight: np.ndarray) -> np.ndarray:
     return values * np.repeat(scales, BLOCK_SIZE, axis=0)
 
 
-def _matmul_nbits(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto, k: int, n: int) -> None:
+def _matmul_nbits(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto,
+                  k: int, n: int) -> None:
     inputs = [edit.ins[id(node)][0], edit.add_initializer(packed), edit.add_initializer(scales)]
     bias = edit.ins[id(node)][2:3] if node.op_type == "Gemm" else []
     inputs += ["", "", bias[0]] if bias and bias[0] else []  # (no zero points: symmetric; no g_idx)
@@ -129,8 +132,10 @@ def _matmul_nbits(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales:
                 dict(K=k, N=n, bits=4, block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL))
 
 
-def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto, name: str) -> None:
-    edit.add("DequantizeLinear", f"{name}_dequantize", [edit.add_initializer(packed), edit.add_initializer(scales)],
+def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto,
+                 name: str) -> None:
+    edit.add("DequantizeLinear", f"{name}_dequantize",
+             [edit.add_initializer(packed), edit.add_initializer(scales)],
              [f"{name}_dq"], axis=0, block_size=BLOCK_SIZE)
     inputs = [edit.ins[id(node)][0], f"{name}_dq", *edit.ins[id(node)][2:3]]
     # a Gemm's weight now [K, N]: no transposes left

@@ -102,7 +102,8 @@ class _Quantizer:
     """The Q/DQ nodes of one graph's lowering: one Q/DQ pair per activation tensor, one DQ per
     weight."""
 
-    def __init__(self, edit: GraphEdit, model: StoredModel, ranges: ActivationRanges, method: str, form: QDQForm,
+    def __init__(self, edit: GraphEdit, model: StoredModel, ranges: ActivationRanges, method: str,
+                 form: QDQForm,
                  prefix: str):
         self.edit, self.model, self.ranges, self.method, self.form, self.prefix = (
             edit,
@@ -122,9 +123,11 @@ class _Quantizer:
             base = self.prefix + name
             scale_name = self.edit.add_initializer(_scalar(scale, f"{base}_scale"))
             zp_name = self.edit.add_initializer(_scalar(zero_point, f"{base}_zp"))
-            self.quantize_nodes[name] = self.edit.add("QuantizeLinear", f"{base}_quantize", [name, scale_name, zp_name],
+            self.quantize_nodes[name] = self.edit.add("QuantizeLinear", f"{base}_quantize",
+                                                      [name, scale_name, zp_name],
                                                       [f"{base}_q"])
-            self.edit.add("DequantizeLinear", f"{base}_dequantize", [f"{base}_q", scale_name, zp_name], [f"{base}_dq"])
+            self.edit.add("DequantizeLinear", f"{base}_dequantize",
+                          [f"{base}_q", scale_name, zp_name], [f"{base}_dq"])
             self.dequantized[name] = f"{base}_dq"
         return self.dequantized[name]
 
@@ -142,18 +145,22 @@ class _Quantizer:
             return made[0]
 
         zero = np.zeros(tensor.dims[axis] if axis is not None else (), np.int8)
-        copies = (self.model.derived(f"{prefix}_int8", lambda: quantized()[0], math.prod(tensor.dims)),
-                  self.model.derived(f"{prefix}_scale", lambda: quantized()[1].reshape(zero.shape), 4 * zero.size),
+        copies = (self.model.derived(f"{prefix}_int8", lambda: quantized()[0],
+                                     math.prod(tensor.dims)),
+                  self.model.derived(f"{prefix}_scale", lambda: quantized()[1].reshape(zero.shape),
+                                     4 * zero.size),
                   self.model.derived(f"{prefix}_zp", lambda: zero, zero.size))
         attrs = {"axis": axis} if axis is not None else {}
-        self.edit.add("DequantizeLinear", f"{prefix}_dequantize", [self.edit.add_initializer(t) for t in copies],
+        self.edit.add("DequantizeLinear", f"{prefix}_dequantize",
+                      [self.edit.add_initializer(t) for t in copies],
                       [f"{prefix}_dq"], **attrs)
         return f"{prefix}_dq"
 
 
 def _scalar(value: np.ndarray, name: str) -> TensorProto:
     """A 0-d tensor (numpy_helper.from_array, without its checks: a lowering makes hundreds)."""
-    return TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype), raw_data=value.tobytes())
+    return TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype),
+                       raw_data=value.tobytes())
 
 
 def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +186,8 @@ def _ort_output_tensor(unit: Unit, edit: GraphEdit) -> str:
     return tensor
 
 
-def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges, method: str,
+def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges,
+               method: str,
                form: QDQForm, prefix: str = "", unit_nodes: frozenset[str] = frozenset()) -> None:
     """Quantize the given units of one graph, in the Q/DQ form the target engine needs. ``prefix``
     starts the names of what it adds: in a subgraph, its path, since an outer tensor quantized in
@@ -203,7 +211,8 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
         # float.
         added = {id(node) for node in edit.added}
         for name, dequantized in list(quantizer.dequantized.items()):
-            _read_dequantized(edit, name, dequantized, lambda node: id(node) in added or node.name in unit_nodes)
+            _read_dequantized(edit, name, dequantized,
+                              lambda node: id(node) in added or node.name in unit_nodes)
         # Whole node units: the unit's output passes through Q/DQ and *every* consumer reads the
         # dequantized value; a second consumer of the raw output would stop ORT's fusion. Nodes
         # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
@@ -212,10 +221,12 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
             out = _ort_output_tensor(unit, edit)
             if out not in edit.index.outputs:
                 dequantized = quantizer.activation(out)
-                _read_dequantized(edit, out, dequantized, lambda node: node is quantizer.quantize_nodes[out])
+                _read_dequantized(edit, out, dequantized,
+                                  lambda node: node is quantizer.quantize_nodes[out])
 
 
-def _read_dequantized(edit: GraphEdit, name: str, dequantized: str, keeps_raw: Callable[[NodeProto], bool]) -> None:
+def _read_dequantized(edit: GraphEdit, name: str, dequantized: str,
+                      keeps_raw: Callable[[NodeProto], bool]) -> None:
     """Every node of the graph reading ``name`` reads ``dequantized`` instead, but those
     ``keeps_raw`` names."""
     for reader in edit.readers(name):

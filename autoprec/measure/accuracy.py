@@ -114,10 +114,12 @@ def resolve_metric(spec: str, tasks_beside: Sequence[str] = (), options: HeadOpt
     if spec not in BUILTIN_METRICS:
         module_name, sep, func_name = spec.partition(":")
         if not sep or not module_name or not func_name:
-            raise AutoprecError(f"unknown --metric {spec!r}; use {', '.join(BUILTIN_METRICS)} or module:function")
+            raise AutoprecError(f"unknown --metric {spec!r}; use {', '.join(BUILTIN_METRICS)} or "
+                                "module:function")
         metric.user_function  # noqa: B018 - imported now, so a bad module is named before anything runs
     if metric.options.layout is not None and metric.options.layout not in DETECTION_LAYOUTS:
-        raise AutoprecError(f"--det-layout {metric.options.layout!r}: choose {' or '.join(DETECTION_LAYOUTS)}")
+        raise AutoprecError(f"--det-layout {metric.options.layout!r}: choose "
+                            f"{' or '.join(DETECTION_LAYOUTS)}")
     return metric
 
 
@@ -135,10 +137,12 @@ def _import_function(spec: str) -> LossFunction:
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:
-        raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on the path") from None
+        raise AutoprecError(f"--metric {spec}: cannot import it ({exc}); check the module is on "
+                            "the path") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported (a syntax error, its own code)
         raise AutoprecError(
-            f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the module"
+            f"--metric {spec}: importing {module_name} raised {type(exc).__name__}: {exc}; fix the "
+            "module"
         ) from None
     finally:
         notice.cancel()
@@ -183,7 +187,8 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     cand = candidate.astype(np.float64).reshape(len(candidate), -1)
     metrics: dict[str, float] = {}
     if not np.isfinite(cand).all():
-        metrics.update(cosine=-math.inf, rel_l2=math.inf, max_abs=math.inf, snr_db=-math.inf, nonfinite=1.0)
+        metrics.update(cosine=-math.inf, rel_l2=math.inf, max_abs=math.inf, snr_db=-math.inf,
+                       nonfinite=1.0)
         return metrics
     norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
     dots = (ref * cand).sum(axis=1)
@@ -269,9 +274,11 @@ class Judge:
             wanted = task.labels
             if not self.labels or wanted not in self.labels[0]:
                 raise AutoprecError(
-                    f"--metric {self.metric.name}: the data holds no {wanted!r} array; add one to the .npz beside the "
-                    f"inputs ({LABEL_FORMS[wanted]}), or use --metric {task.name} (agreement with FP32)")
-        if task is not None and (refused := task.refused(self._reading, self.metric.name, self.metric.against_labels)):
+                    f"--metric {self.metric.name}: the data holds no {wanted!r} array; add one to "
+                    f"the .npz beside the inputs ({LABEL_FORMS[wanted]}), or use --metric "
+                    f"{task.name} (agreement with FP32)")
+        if task is not None and (refused := task.refused(self._reading, self.metric.name,
+                                                         self.metric.against_labels)):
             raise AutoprecError(f"--metric {self.metric.name}: {refused}")
         if self.metric.against_labels:
             self._labels_score()
@@ -289,11 +296,13 @@ class Judge:
         scored = [m[key] for m in self.fp32_scores(len(self.reference)).values() if key in m]
         if not scored:
             raise AutoprecError(f"--metric {self.metric.name}: " + unscored(
-                wanted, self.labels[0], self.reference[0], self.metric.options.output, LABEL_FORMS[wanted]))
+                wanted, self.labels[0], self.reference[0], self.metric.options.output,
+                LABEL_FORMS[wanted]))
         if all(math.isnan(v) for v in scored):
-            raise AutoprecError(f"--metric {self.metric.name}: the data's {wanted!r} array labels no item of the "
-                                f"{len(self.reference)} evaluation batch(es) (negative: not labelled); label them, "
-                                f"or use --metric {task.name} (agreement with FP32)")
+            raise AutoprecError(f"--metric {self.metric.name}: the data's {wanted!r} array labels "
+                                f"no item of the {len(self.reference)} evaluation batch(es) "
+                                "(negative: not labelled); label them, or use --metric "
+                                f"{task.name} (agreement with FP32)")
 
     def doubts(self) -> list[str]:
         """Where FP32's own score against the labels says they may not be this model's (see
@@ -307,8 +316,9 @@ class Judge:
         if own > SELF_AGREEMENT:
             hint = self._task.needs if self._task is not None else "check --task-output"
             raise AutoprecError(
-                f"--metric {self.metric.name}: the FP32 model's outputs score loss {own:.3g} against themselves, not "
-                f"0: the metric does not decode this model's outputs ({hint}); or use --metric cosine")
+                f"--metric {self.metric.name}: the FP32 model's outputs score loss {own:.3g} "
+                "against themselves, not 0: the metric does not decode this model's outputs "
+                f"({hint}); or use --metric cosine")
 
     def for_ranking(self) -> Judge:
         """The judge the sensitivity pass ranks units with: the constraint where it is continuous (a
@@ -317,21 +327,22 @@ class Judge:
         nothing."""
         if self.metric.name in SIMILARITY_METRICS or self.metric.user_function is not None:
             return self
-        return Judge(Metric("cosine", self.metric.tasks, self.metric.options), self.reference, self.labels)
+        return Judge(Metric("cosine", self.metric.tasks, self.metric.options), self.reference,
+                     self.labels)
 
     def notes(self) -> list[str]:
         """Outputs the constraint would be blind to, and what reads them instead."""
         if self.metric.name not in SIMILARITY_METRICS:
             return []
         notes = [
-            f"output {name!r} holds integers ({value.dtype}): its share of the loss is the share of its values "
-            "that differ from FP32's (equal)"
+            f"output {name!r} holds integers ({value.dtype}): its share of the loss is the share "
+            "of its values that differ from FP32's (equal)"
             for name, value in self.reference[0].items()
             if value.dtype.kind in "iub"
         ]
         if self.metric.name == "cosine":
-            notes += [f"output {name!r} has {_per_item(value)} value(s) per item: cosine cannot see it change, so "
-                      "its share of the loss is its relative L2 error (rel_l2)"
+            notes += [f"output {name!r} has {_per_item(value)} value(s) per item: cosine cannot "
+                      "see it change, so its share of the loss is its relative L2 error (rel_l2)"
                       for name, value in self.reference[0].items() if narrow(value) and value.dtype.kind == "f"]
         return notes
 
@@ -379,7 +390,8 @@ class Judge:
         labels = _stacked(self.labels[: len(outputs)]) if self.labels else {}
         metrics, refs, cands = {}, {}, {}
         for name in reference[0]:
-            ref, cand = _read(reading, name, [r[name] for r in reference], [c[name] for c in outputs])
+            ref, cand = _read(reading, name, [r[name] for r in reference],
+                              [c[name] for c in outputs])
             refs[name], cands[name] = ref, cand
             metrics[name] = _output_metrics(reading, name, ref, cand, labels)
         if not any(m.get("nonfinite") for m in metrics.values()):
@@ -416,7 +428,8 @@ class Judge:
         key, fp32 = task.label_key, self.fp32_scores(len(outputs))
         drops = [task.label_drop(fp32[n][key], m[key]) for n, m in metrics.items() if key in m and key in fp32.get(n, {})]
         if not drops:
-            raise AutoprecError(f"--metric {self.metric.name}: no output scored against the labels; {task.needs}")
+            raise AutoprecError(f"--metric {self.metric.name}: no output scored against the "
+                                f"labels; {task.needs}")
         return float(np.mean(drops))
 
     def _user_function_loss(self, function: LossFunction, outputs: Outputs) -> float:
@@ -427,13 +440,15 @@ class Judge:
         if not self._fp32_checked:
             own = self._user_loss(function, self.reference[: len(outputs)])
             if not math.isfinite(own):
-                raise MetricError(f"--metric {self.metric.name}: returned {own} for the FP32 outputs against "
-                                  "themselves; a loss is a finite number (0: as good as FP32): fix the function")
+                raise MetricError(f"--metric {self.metric.name}: returned {own} for the FP32 "
+                                  "outputs against themselves; a loss is a finite number (0: as "
+                                  "good as FP32): fix the function")
             self._fp32_checked = True
         loss = self._user_loss(function, outputs)
         if math.isnan(loss) or loss < -SELF_AGREEMENT:
-            raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a loss is 0 or more "
-                              "(0: as good as FP32, larger: worse), never NaN: fix the function")
+            raise MetricError(f"--metric {self.metric.name}: returned {loss:.3g} for a plan; a "
+                              "loss is 0 or more (0: as good as FP32, larger: worse), never NaN: "
+                              "fix the function")
         return max(loss, 0.0)
 
     def _user_loss(self, function: LossFunction, outputs: Outputs) -> float:
@@ -447,13 +462,14 @@ class Judge:
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's code
             said = first_line(exc, 200, empty="")
             hint = " (the arrays it is given are read-only: copy one before changing it)" if "read-only" in said else ""
-            raise MetricError(f"--metric {self.metric.name}: raised {type(exc).__name__}: {said}; fix the "
-                              f"function{hint}") from None
+            raise MetricError(f"--metric {self.metric.name}: raised {type(exc).__name__}: {said}; "
+                              f"fix the function{hint}") from None
         try:
             return float(np.asarray(value).item())
         except (TypeError, ValueError):
-            raise MetricError(f"--metric {self.metric.name}: returned {type(value).__name__} {str(value)[:60]!r}, not "
-                              "one number; return a float (lower is better, 0: as good as FP32)") from None
+            raise MetricError(f"--metric {self.metric.name}: returned {type(value).__name__} "
+                              f"{str(value)[:60]!r}, not one number; return a float (lower is "
+                              "better, 0: as good as FP32)") from None
 
 def _read_only(batches: Outputs) -> list[dict[str, np.ndarray]]:
     """Each batch's arrays as views that cannot be written, in lists and mappings of their own."""
@@ -481,8 +497,8 @@ def decision_changes(metric: Metric, metrics: Mapping[str, Mapping[str, float]])
         for task in TASKS:
             changed = task.changed(m)
             if changed is not None and changed > DECISION_CHANGE_LIMIT:
-                found.append(f"output {name!r}: {changed:.1%} of its {task.changes[1]} differ from FP32's (--metric "
-                             f"{task.name} constrains them)")
+                found.append(f"output {name!r}: {changed:.1%} of its {task.changes[1]} differ from "
+                             f"FP32's (--metric {task.name} constrains them)")
     return found
 
 

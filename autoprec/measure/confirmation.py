@@ -43,7 +43,8 @@ class HeldOutJudge:
         at = dataset.calibration_at[: len(self.batches)]
         prompts = [b for b, i in zip(self.batches, at) if dataset.points[i].name == "prefill"]
         decoder = find_decoder(declared_inputs(model), output_specs(model))
-        return judge_of(self.metric, _outputs(self.fp32, self.batches), self.labels, dataset, at, decoder,
+        return judge_of(self.metric, _outputs(self.fp32, self.batches), self.labels, dataset, at,
+                        decoder,
                         cpu_runs(self.fp32), prompts)
 
     def loss(self, model: StoredModel) -> float:

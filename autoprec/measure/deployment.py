@@ -58,24 +58,29 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
     # fixed shapes, or measured on the deployable graph already (at every point)
     if info.deployable is None:
         runs = judged or _runs(profile, samples, profile.points(), others)
-        return Deployment(measured, also(info), None, tuple(_checks(info.path, measured, profile, runs)))
+        return Deployment(measured, also(info), None,
+                          tuple(_checks(info.path, measured, profile, runs)))
     try:
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
     except Exception as exc:  # noqa: BLE001 - a lowering or a run the fixed graph allowed: said, and not shipped
         differs = (
-            f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a weight the fixed-shape "
-            "graph folded to a constant, which the graph at the source's dims computes from the input shapes)"
+            f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a "
+            "weight the fixed-shape graph folded to a constant, which the graph at the source's "
+            "dims computes from the input shapes)"
         )
     if differs:
         why = f"the model at the source's dims is not the measured one: {differs}"
         runs = _runs(profile, samples, ["opt"], others)
-        return Deployment(measured, also(info), why, tuple(_checks(info.path, measured, profile, runs)))
+        return Deployment(measured, also(info), why,
+                          tuple(_checks(info.path, measured, profile, runs)))
     runs = _runs(profile, samples, profile.points(), others)
-    return Deployment(model, also(info.for_deployment()), None, tuple(_checks(info.path, model, profile, runs)))
+    return Deployment(model, also(info.for_deployment()), None,
+                      tuple(_checks(info.path, model, profile, runs)))
 
 
-def _runs(profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str], others: Sequence[Batch]) -> Runs:
+def _runs(profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str],
+          others: Sequence[Batch]) -> Runs:
     """``samples`` fitted to each point of the profile, then the data's items at other shapes (one
     run per shape)."""
     runs = [(point, [_at(sample, profile.at(point)) for sample in samples]) for point in points]
@@ -129,12 +134,14 @@ def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeP
     try:
         wanted = [session_outputs(given, feeds) for feeds in batches]
     except Exception as exc:  # noqa: BLE001 - the user's own model does not run there: nothing to compare with
-        return PointCheck(point, shapes, False, None, f"the given model itself does not run there ({first_line(exc)})",
+        return PointCheck(point, shapes, False, None, "the given model itself does not run there "
+                                                      f"({first_line(exc)})",
                           len(batches))
     try:
         pairs = [(want, session_outputs(shipped, feeds)) for want, feeds in zip(wanted, batches)]
     except Exception as exc:  # noqa: BLE001 - the model as shipped does not run there: the check says so
-        return PointCheck(point, shapes, False, None, f"the shipped model does not run there ({first_line(exc)})",
+        return PointCheck(point, shapes, False, None, "the shipped model does not run there "
+                                                      f"({first_line(exc)})",
                           len(batches))
     outside = point == "data" and not _inside(shapes, profile)
     if not all(got[name].shape == want[name].shape for want, got in pairs for name in want):
@@ -151,7 +158,8 @@ def _inside(shapes: Mapping[str, tuple[int, ...]], profile: ShapeProfile) -> boo
         lo <= d <= hi for d, lo, hi in zip(dims, ranges[name].min, ranges[name].max))) for name, dims in shapes.items())
 
 
-def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan], feasible: Sequence[int],
+def time_across(backend: Backend, info: ModelInfo, plans: Mapping[int, Plan],
+                feasible: Sequence[int],
                 ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
     """Each plan as deployed (on the deployable graph), timed on ``backend`` at every point of the
     profile."""
@@ -192,20 +200,24 @@ def deploy_plan(
             engine.int4_form is not Int4Form.DEQUANTIZE and counts.get("int4")):
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
     return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt,
-                  dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes, judged_runs(dataset))
+                  dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes,
+                  judged_runs(dataset))
 
 
 def judged_runs(dataset: Dataset) -> Runs:
     """The first CHECKED_BATCHES evaluation batches of each shape the search judged (none where it
     judged one)."""
-    return [(point.name, [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if at == i][:CHECKED_BATCHES])
+    return [(point.name,
+             [b for b, at in zip(dataset.evaluation, dataset.evaluation_at) if at == i][:CHECKED_BATCHES])
             for i, point in enumerate(dataset.points)]
 
 
-def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan], feasible: Sequence[int],
+def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan],
+                      feasible: Sequence[int],
                       ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:
     """``--time-shapes``: the front's plans (by trial) timed as deployed at min, opt and max."""
-    log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max shapes, as deployed")
+    log.info(f"timing the {len(front)} plan(s) of the front at the profile's min, opt and max "
+             "shapes, as deployed")
     timing = time_across(engine, info, front, feasible, ranges, sample)
     for trial, why in timing.failed.items():
         log.warning(f"--time-shapes: trial {trial} could not be built as deployed ({why})")
@@ -213,7 +225,8 @@ def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan
         log.info(
             "fastest at "
             + ", ".join(f"{p}: trial {timing.fastest(p, timing.feasible)}" for p in ("min", "opt", "max"))
-            + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at its worst shape; "
+            + f"; across the range, deploy trial {timing.across_range()} (the least slowdown at "
+              f"its worst shape; "
             "timed one plan after another, so a few percent apart is noise)"
         )
     return timing

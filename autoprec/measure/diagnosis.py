@@ -58,7 +58,8 @@ ModelLoss = Callable[[list[dict[str, np.ndarray]]], float]
 
 
 def diagnose(
-    info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan, batches: Sequence[Batch],
+    info: ModelInfo, backend: Backend, ranges: ActivationRanges, plan: Plan,
+    batches: Sequence[Batch],
     model_loss: ModelLoss,
 ) -> list[UnitError]:
     """Per unit in graph order: accumulated and added error of the plan's lowering on ``backend``,
@@ -78,13 +79,15 @@ def diagnose(
         accumulated = _error(reference, candidate, unit.output, name)
         added = alone_loss = 0.0
         if precision is not Precision.FP32:
-            alone = backend.lower(info, info.plan_at(precision, [unit.name], plan.calibration), ranges)
+            alone = backend.lower(info, info.plan_at(precision, [unit.name], plan.calibration),
+                                  ranges)
             alone_name = _unit_tensor(alone, unit.output)
             alone_out = _run(backend, alone, [alone_name], batches)
             added = _error(reference, alone_out, unit.output, alone_name)["rel_l2"]
             alone_loss = model_loss([{f: out[f] for f in finals} for out in alone_out])
         rows.append(UnitError(index, unit.name, unit.op_type, precision.value, unit.output,
-                              accumulated["rel_l2"], accumulated["cosine"], accumulated["max_abs"], added, alone_loss))
+                              accumulated["rel_l2"], accumulated["cosine"], accumulated["max_abs"],
+                              added, alone_loss))
     return rows
 
 
@@ -95,7 +98,8 @@ def culprits(rows: Sequence[UnitError], count: int = 5) -> list[UnitError]:
     own output: a unit with a large local error can be harmless downstream, and the reverse.
     """
     reduced = [r for r in rows if r.precision != Precision.FP32.value]
-    return sorted(reduced, key=lambda r: -r.alone_loss if math.isfinite(r.alone_loss) else -math.inf)[:count]
+    return sorted(reduced,
+                  key=lambda r: -r.alone_loss if math.isfinite(r.alone_loss) else -math.inf)[:count]
 
 
 def jumps(rows: Sequence[UnitError], factor: float = 3.0, floor: float = 1e-3) -> list[UnitError]:
@@ -149,6 +153,7 @@ def activation_ranges(
         if total and tiny / total > 0.01:
             flags.append("fp16-underflow")
         rows.append(ActivationRow(name, r.min, r.max, r.amax("percentile-99.9"), p9999,
-                                  {m: r.amax(m) for m in methods}, {m: r.clipped_share(m) for m in methods}, total,
+                                  {m: r.amax(m) for m in methods},
+                                  {m: r.clipped_share(m) for m in methods}, total,
                                   tiny, subnormal, overflow, _spark(r.hist, r.edges), tuple(flags)))
     return rows

@@ -98,7 +98,8 @@ def device_lock_path(backend: str, device: int) -> Path:
     return private_folder(host_lock_folder()) / f"{backend}-device{device}.lock"
 
 
-def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge, lowering: Lowering,
+def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge,
+            lowering: Lowering,
             threads: int, work: Workload | None, stderr_path: str) -> None:
     """Child process: lower and measure each plan it is sent until told to stop (None)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)  # the file start() made
@@ -135,11 +136,14 @@ def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batche
                 plan, count, constraint = args
                 model = lowering(backend, plan)
                 with on_device.evaluating():
-                    loss = accuracy_loss(backend, model, batches[:count], judge if constraint else ranking)
+                    loss = accuracy_loss(backend, model, batches[:count],
+                                         judge if constraint else ranking)
                 conn.send(("ok", loss))
             else:  # ("measure", plan, screen or None)
                 plan, screen = args
-                conn.send(("ok", measured(backend, lowering, plan, batches, judge, screen, on_device, work).to_json()))
+                conn.send(("ok",
+                           measured(backend, lowering, plan, batches, judge, screen, on_device,
+                                    work).to_json()))
         except Rejected as rejected:
             conn.send(("rejected", rejected.screened.to_json()))
         except MetricError as exc:  # the parent stops the search with it
@@ -170,7 +174,8 @@ class IsolatedMeasurer(Measurer):
         is shared by the workers of one device; ``lowering`` turns the plans it is sent into models;
         ``threads``: the engine's (see :func:`autoprec.backends.get_backend`); ``work``: what a
         latency times (default: the first batch)."""
-        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering, threads, work)
+        self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering,
+                     threads, work)
         self.limits = limits
         self.context = multiprocessing.get_context("spawn")
         self.process = None
@@ -181,7 +186,8 @@ class IsolatedMeasurer(Measurer):
         """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
         os.close(untrusted.fresh_file(self.stderr))
-        process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)), daemon=True)
+        process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)),
+                                       daemon=True)
         # where this raises (a script without a __main__ guard), no unstarted process is kept to
         # kill
         process.start()
@@ -232,7 +238,8 @@ class IsolatedMeasurer(Measurer):
         rss = resident_bytes(self.process.pid, peak)
         limit = self.limits.memory_bytes
         if limit is not None and rss is not None and rss > limit:
-            raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > {limit / 2**30:.2f} GiB"
+            raise self._crash(f"memory limit exceeded: worker RSS {rss / 2**30:.2f} GiB > "
+                              f"{limit / 2**30:.2f} GiB"
                               + (" (at its peak)" if peak else ""))
 
     def _where(self) -> tuple[str, list[str]]:

@@ -62,7 +62,8 @@ class Rejected(Exception):
     measured: its ``screened`` record)."""
 
     def __init__(self, screened: Screened):
-        super().__init__(f"loss {screened.loss:.3g} on the first {screened.batches} evaluation batch(es)")
+        super().__init__(f"loss {screened.loss:.3g} on the first {screened.batches} evaluation "
+                         "batch(es)")
         self.screened = screened
 
 
@@ -146,7 +147,8 @@ def _time(runner, work: Workload, seconds):
     (latency, parts), retimes = time_work(runner, work), 0
     while latency.spread > MAX_TIMING_SPREAD and retimes < RETIMES:  # noisy neighbour: try again
         retimes += 1
-        latency, parts = min((latency, parts), time_work(runner, work), key=lambda timed: timed[0].spread)
+        latency, parts = min((latency, parts), time_work(runner, work),
+                             key=lambda timed: timed[0].spread)
     seconds["time"] = time.perf_counter() - t0
     return latency, retimes, parts
 
@@ -195,7 +197,8 @@ def reset_peak(pid: int) -> None:
 PAIR_ENGINE_BYTES = 1 << 30
 
 
-def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload, rounds: int) -> Paired:
+def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload,
+                rounds: int) -> Paired:
     """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift
     (a busy neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's
     engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
@@ -227,7 +230,8 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
 
-def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan], work: Workload,
+def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan],
+                  work: Workload,
                   seconds: float, apart: bool = False) -> Rounds:
     """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the
     given model as it is (``source``), timed until their speed-ups (see COMPARED; every contender's
@@ -242,7 +246,8 @@ def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: 
         models["source"] = StoredModel(info.source, info.folder)
     pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
     pairs += [("fp32", name) for name in own if name != "chosen"]
-    rounds = time_until_known(backend, models, work, pairs, seconds, apart, [("fp32", name) for name in own])
+    rounds = time_until_known(backend, models, work, pairs, seconds, apart,
+                              [("fp32", name) for name in own])
     same = {contender(i): rounds.timings["fp32"] for i in range(len(contenders)) if contender(i) not in own}
     return replace(rounds, timings={**rounds.timings, **same})
 
@@ -273,7 +278,8 @@ class Measurer(abc.ABC):
         """:func:`time_compared` on the first evaluation batch."""
 
 
-def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch], judge: Judge,
+def measured(backend: Backend, lowering: Lowering, plan: Plan, batches: Sequence[Batch],
+             judge: Judge,
              screen: Screen | None = None, device: DeviceTurns | None = None,
              work: Workload | None = None) -> Measurement:
     """:func:`measure` of ``plan`` as ``lowering`` lowers it, the lowering's seconds among the
@@ -294,7 +300,8 @@ class InProcessMeasurer(Measurer):
     """Candidates run in this process (``--no-isolation``): no worker to start, but an engine crash
     ends the search."""
 
-    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge, lowering: Lowering,
+    def __init__(self, backend: Backend, batches: Sequence[Batch], judge: Judge, ranking: Judge,
+                 lowering: Lowering,
                  work: Workload | None = None):
         """``ranking``: ``judge.for_ranking()``, made once by the caller, who also reports what it
         ranks by; ``work``: what a latency times (default: the first batch)."""
@@ -302,15 +309,19 @@ class InProcessMeasurer(Measurer):
         self.work = work or Workload.of(batches[0])
 
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
-        return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen, work=self.work)
+        return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen,
+                        work=self.work)
 
     def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
-        return accuracy_loss(self.backend, self.lowering(self.backend, plan), self.batches[:batches],
+        return accuracy_loss(self.backend, self.lowering(self.backend, plan),
+                             self.batches[:batches],
                              self.judge if constraint else self.ranking)
 
     def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
-        return time_paired(self.backend, self.lowering(self.backend, reference), self.lowering(self.backend, plan),
+        return time_paired(self.backend, self.lowering(self.backend, reference),
+                           self.lowering(self.backend, plan),
                            self.work, rounds)
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
-        return time_compared(self.backend, self.lowering, fp32, contenders, self.work, seconds, apart)
+        return time_compared(self.backend, self.lowering, fp32, contenders, self.work, seconds,
+                             apart)

@@ -69,7 +69,8 @@ class MeasurerInputs:
     method: str
 
 
-def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: EngineInfo, inputs: MeasurerInputs,
+def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: EngineInfo,
+                    inputs: MeasurerInputs,
                     seconds: dict[str, float], user_metric: bool, stack: contextlib.ExitStack) -> Measuring:
     """The target's measurer(s) and the reference executor, started; ``seconds``: the one-time costs
     so far (the workers' start is added); ``user_metric``: the metric is the user's code, judged
@@ -78,12 +79,14 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
     limits = None
     if settings.isolate:
         limits = Limits.default(settings.trial_timeout, settings.trial_memory_gb, settings.workers)
-        measurer: Measurer = _isolated_measurers(settings, engine_info, inputs, limits, stack, one_time)
+        measurer: Measurer = _isolated_measurers(settings, engine_info, inputs, limits, stack,
+                                                 one_time)
     else:
-        measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking, inputs.lowering,
+        measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking,
+                                     inputs.lowering,
                                      inputs.work)
-        log.warning("--no-isolation: candidates run in this process; an engine crash ends the search (resume with the "
-                    "same command)")
+        log.warning("--no-isolation: candidates run in this process; an engine crash ends the "
+                    "search (resume with the same command)")
     # the user's code, judged once before any trial: a broken one stops the search here
     if user_metric:
         measurer.accuracy_loss(inputs.lowering.info.plan_at(Precision.FP32), 1, constraint=True)
@@ -93,7 +96,8 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
     return Measuring(measurer, limits, reference, executor, judged_on_target, per_build, one_time)
 
 
-def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inputs: MeasurerInputs, limits: Limits,
+def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inputs: MeasurerInputs,
+                        limits: Limits,
                         stack: contextlib.ExitStack, one_time: dict[str, float]) -> Measurer:
     """``settings.workers`` worker processes measuring candidates, started (the time it took in
     ``one_time``)."""
@@ -101,7 +105,8 @@ def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inp
     measurers = [
         stack.enter_context(IsolatedMeasurer(
             settings.backend, inputs.evaluation, inputs.judge, limits,
-            settings.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", settings.device, settings.cache, lock,
+            settings.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", settings.device,
+            settings.cache, lock,
             inputs.lowering, settings.threads, inputs.work,
         ))
         for i in range(settings.workers)
@@ -111,14 +116,15 @@ def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inp
         for each in measurers:
             each.start()
     except TrialCrash as exc:
-        raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it more room "
-                            "(--trial-memory, at least 1 GB) or check the engine's installation") from None
+        raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it "
+                            "more room (--trial-memory, at least 1 GB) or check the engine's "
+                            "installation") from None
     one_time["worker_start"] = time.monotonic() - t0
     memory = f"{limits.memory_bytes / 2**30:.2f} GiB" if limits.memory_bytes else "no memory limit"
     log.info(f"each candidate runs in a worker process (limits: {limits.seconds:g} s, {memory})")
     if settings.workers > 1:
-        log.info(f"{settings.workers} workers: candidates are built side by side; evaluation and timing hold "
-                 f"{engine_info.device} one candidate at a time")
+        log.info(f"{settings.workers} workers: candidates are built side by side; evaluation and "
+                 f"timing hold {engine_info.device} one candidate at a time")
     return MeasurerPool(measurers)
 
 
@@ -140,7 +146,8 @@ def _reference_executor(engine: Backend, measurer: Measurer, per_build: int, inp
                                                                    limits, cache / "reference-stderr.log", 0, cache,
                                                                    lowering=in_target_form, work=inputs.work))
     else:
-        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), inputs.evaluation, inputs.judge, inputs.ranking,
+        reference = InProcessMeasurer(get_backend(REFERENCE_BACKEND), inputs.evaluation,
+                                      inputs.judge, inputs.ranking,
                                       in_target_form, inputs.work)
     executor = f"ONNX Runtime CPU running the graph {engine.name} builds ({engine.qdq_form.value} Q/DQ form)"
     method, info = inputs.method, inputs.lowering.info
@@ -167,6 +174,7 @@ def build_workers(requested: int | None, engine: Backend, isolate: bool) -> int:
     if requested is None:
         return engine.default_build_workers
     if requested > engine.default_build_workers:
-        log.warning(f"--build-workers {requested} on {engine.name}: a build beside the timed candidate can disturb its "
-                     "latency (it shares the CPU that runs or launches it); see docs/design.md, \"Builds side by side\"")
+        log.warning(f"--build-workers {requested} on {engine.name}: a build beside the timed "
+                    "candidate can disturb its latency (it shares the CPU that runs or launches "
+                    "it); see docs/design.md, \"Builds side by side\"")
     return requested

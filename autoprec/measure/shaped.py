@@ -76,7 +76,8 @@ class GenerationJudge:
 
     @staticmethod
     def loss(metrics: Mapping[str, float]) -> float:
-        return max(1.0 - metrics[AGREEMENT], metrics["prefill_logits_loss"], metrics["decode_logits_loss"])
+        return max(1.0 - metrics[AGREEMENT], metrics["prefill_logits_loss"],
+                   metrics["decode_logits_loss"])
 
 
 @dataclass
@@ -104,7 +105,8 @@ class ShapedJudge(Judge):
             labels = labels if labels and all(labels) else None
             metric = self.metric
             if metric.name == GENERATION or (metric.against_labels and labels is None):
-                metric = replace(metric, name="cosine" if metric.name == GENERATION else metric.task)
+                metric = replace(metric,
+                                 name="cosine" if metric.name == GENERATION else metric.task)
             self._judges[point] = Judge(metric, [self.reference[i] for i in where], labels)
         return self._judges[point]
 
@@ -157,11 +159,13 @@ class ShapedJudge(Judge):
         ranking = self._judge(0).for_ranking()
         if ranking.metric.name == self.metric.name:
             return self
-        return ShapedJudge(ranking.metric, self.reference, self.labels, points=self.points, at=self.at,
+        return ShapedJudge(ranking.metric, self.reference, self.labels, points=self.points,
+                           at=self.at,
                            logits=self.logits)
 
 
-def judge_of(metric: Metric, reference: Outputs, labels: Labels | None, dataset: Dataset, at: Sequence[int],
+def judge_of(metric: Metric, reference: Outputs, labels: Labels | None, dataset: Dataset,
+             at: Sequence[int],
              decoder: Decoder | None, fp32: Run | None, prompts: Sequence[Batch] = ()) -> Judge:
     """The judge of a search: a :class:`ShapedJudge` where the data holds several shapes (``at``:
     each batch's point), else the plain one. ``--metric generation`` needs a decoder (and ``fp32``,
@@ -175,7 +179,8 @@ def judge_of(metric: Metric, reference: Outputs, labels: Labels | None, dataset:
     if metric.name == GENERATION and fp32 is not None and prompts:
         generation = GenerationJudge.of(decoder, prompts, fp32)
     return ShapedJudge(metric, reference, labels, points=dataset.points, at=tuple(at),
-                       logits=decoder.logits if decoder is not None else None, generation=generation)
+                       logits=decoder.logits if decoder is not None else None,
+                       generation=generation)
 
 
 def by_shape(judge: Judge, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> dict[str, Any]:

@@ -128,7 +128,8 @@ def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tu
     return blocks >= NARROW_BLOCKS and all(found.speedup(a, b).narrow for a, b in pairs)
 
 
-def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload, timings: dict[str, list[Timing]],
+def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload,
+                timings: dict[str, list[Timing]],
                 blocks: list[int], block: int, apart: bool) -> None:
     """One block: every model's session built (in this block's order), run once, then timed in
     interleaved rounds."""

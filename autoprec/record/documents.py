@@ -40,10 +40,12 @@ class Header:
 
     @classmethod
     def from_json(cls, f: Fields) -> Header:
-        return cls(ModelRecord.from_json(f["model"]), engine_of(f["engine"]), SearchFacts.from_json(f["search"]))
+        return cls(ModelRecord.from_json(f["model"]), engine_of(f["engine"]),
+                   SearchFacts.from_json(f["search"]))
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model.to_json(), "engine": self.engine.to_json(), "search": self.search.to_json()}
+        return {"model": self.model.to_json(), "engine": self.engine.to_json(),
+                "search": self.search.to_json()}
 
 
 def _schema(f: Fields, schema: str) -> None:
@@ -75,7 +77,8 @@ class TrialsFile:
         return cls(header, trials)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "trials": [t.to_json() for t in self.trials]}
+        return {"schema": PARETO_SCHEMA, **self.header.to_json(),
+                "trials": [t.to_json() for t in self.trials]}
 
 
 @dataclass(frozen=True)
@@ -96,12 +99,14 @@ class ParetoFile:
         chosen, versus = f["chosen"].nullable(), Versus.from_json(f)
         uniform = {precision: number.integer() for precision, number in f["uniform"].mapping().items()}
         if versus.fp32 is not None and uniform.get("fp32", versus.fp32_trial) != versus.fp32_trial:
-            f.refuse(f"chosen_vs_fp32 is against trial {versus.fp32_trial}, but uniform.fp32 names the all-FP32 trial "
-                     f"{uniform['fp32']}")
-        return cls(header, _trials(header, f["front"].items()), chosen.integer() if chosen else None, versus, uniform)
+            f.refuse(f"chosen_vs_fp32 is against trial {versus.fp32_trial}, but uniform.fp32 names "
+                     f"the all-FP32 trial {uniform['fp32']}")
+        return cls(header, _trials(header, f["front"].items()),
+                   chosen.integer() if chosen else None, versus, uniform)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": PARETO_SCHEMA, **self.header.to_json(), "front": [t.to_json() for t in self.front],
+        return {"schema": PARETO_SCHEMA, **self.header.to_json(),
+                "front": [t.to_json() for t in self.front],
                 "chosen": self.chosen, **self.versus.to_json(), "uniform": self.uniform}
 
 
@@ -122,7 +127,8 @@ class PlanFile:
         _schema(f, PLAN_SCHEMA)
         deployment, sha256 = f.get("deployment"), f.get("sha256")
         header = Header.from_json(f)
-        found = cls(header, _trials(header, [f])[0], tuple(map(ChosenUnit.from_json, f["units"].items())),
+        found = cls(header, _trials(header, [f])[0],
+                    tuple(map(ChosenUnit.from_json, f["units"].items())),
                     {name: what.text() for name, what in f["files"].mapping().items()},
                     ShippedAs.from_json(deployment) if deployment else None,
                     {name: digest.text() for name, digest in sha256.mapping().items()} if sha256 else None)
@@ -137,7 +143,8 @@ class PlanFile:
             f.refuse("its units are not the units its plan names")
         wrong = [name for name, precision in units.items() if precisions[name] != precision]
         if wrong:
-            f.refuse(f"unit {wrong[0]} is {units[wrong[0]]} in its unit table but {precisions[wrong[0]]} in its plan")
+            f.refuse(f"unit {wrong[0]} is {units[wrong[0]]} in its unit table but "
+                     f"{precisions[wrong[0]]} in its plan")
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PLAN_SCHEMA, **self.header.to_json(), **self.trial.to_json(),

@@ -37,7 +37,8 @@ class Drift:
         pairs = [(t.measurement.latency, t.latency_ms) for t in trials if t.retimed_ms]
         if not pairs:
             return None
-        return cls(len(pairs), 100 * max(abs(trial.median_ms / final - 1) for trial, final in pairs),
+        return cls(len(pairs),
+                   100 * max(abs(trial.median_ms / final - 1) for trial, final in pairs),
                    sum(not trial.p10_ms <= final <= trial.p90_ms for trial, final in pairs))
 
     @classmethod
@@ -54,14 +55,17 @@ class Drift:
         if not self.outside_trial_spread or self.largest_percent < DRIFT_WORTH_SAYING:
             return None
         return (
-            f"latencies on this machine drifted up to {self.largest_percent:.0f} % between the trials and the "
-            f"re-timing ({self.outside_trial_spread} of {self.plans} plans beyond their trial's p10–p90): absolute "
-            "figures are good to about that much; the speed-up comes from interleaved rounds, which drift hits alike"
+            f"latencies on this machine drifted up to {self.largest_percent:.0f} % between the "
+            f"trials and the re-timing ({self.outside_trial_spread} of {self.plans} plans beyond "
+            "their trial's p10–p90): absolute figures are good to about that much; the speed-up "
+            "comes from interleaved rounds, which drift hits alike"
         )
 
 
-STAGE_NAMES = {"set_up": "set-up", "trials": "trials", "sensitivity": "sensitivity pass", "retiming": "re-timing",
-               "held_out_and_final_timing": "held-out judging and final timing", "deployment": "deployment checks",
+STAGE_NAMES = {"set_up": "set-up", "trials": "trials", "sensitivity": "sensitivity pass",
+               "retiming": "re-timing",
+               "held_out_and_final_timing": "held-out judging and final timing",
+               "deployment": "deployment checks",
                "profile_timing": "timing across the shape profile"}
 
 
@@ -112,14 +116,18 @@ class SearchFacts:
         batches, timing, drift, held, spec = f["batches"], f.get("profile_timing"), f.get("timing_drift"), \
             f.get("held_out"), f.get("spec")
         return cls(
-            f["metric"].text(), _max_loss(f["max_loss"]), f["budget"].integer(), f["trials"].integer(),
-            len(f["rejected"].items()) if "rejected" in search else 0, f["sampler"].text(), f["seed"].integer(),
+            f["metric"].text(), _max_loss(f["max_loss"]), f["budget"].integer(),
+            f["trials"].integer(),
+            len(f["rejected"].items()) if "rejected" in search else 0, f["sampler"].text(),
+            f["seed"].integer(),
             f["calibration"].text(), f["study_name"].text(), f["storage"].text(), f["data"].text(),
-            (batches["calibration"].integer(), batches["evaluation"].integer()), f["random_data"].flag(),
+            (batches["calibration"].integer(), batches["evaluation"].integer()),
+            f["random_data"].flag(),
             _wall(f["wall_seconds"]), _metrics(f.get("fp32_on_labels")),
             tuple(f["metric_notes"].texts()) if "metric_notes" in search else (),
             tuple(f["decision_changes"].texts()) if "decision_changes" in search else (),
-            _drift(drift.nullable()) if drift else None, _profile_timing(timing) if timing else None,
+            _drift(drift.nullable()) if drift else None,
+            _profile_timing(timing) if timing else None,
             _spec_model(spec) if spec else None, _held_out(held) if held else None,
             f["limit_in_decisions"].text_or_none() if "limit_in_decisions" in search else None,
             _profile(f["profile"]) if search.get("profile") else None,
@@ -150,7 +158,8 @@ class SearchFacts:
         where = f"the {held.batches} calibration batches, which judged no trial (ONNX Runtime CPU)"
         lines = [f"on {where}: {self.metric} loss {held.losses[chosen]:.3g}"] if chosen in held.losses else []
         if failed := held.failed():
-            lines.append(f"⚠ within --max-loss {held.max_loss:g} on the evaluation batches but not on {where}, so not "
+            lines.append(f"⚠ within --max-loss {held.max_loss:g} on the evaluation batches but not "
+                         f"on {where}, so not "
                          "chosen: " + ", ".join(f"trial {t} (loss {loss:.3g})" for t, loss in failed.items())
                          + f"; {HELD_OUT_ADVICE}")
         return lines
@@ -179,14 +188,16 @@ class ModelRecord:
         return cls(Path(f["path"].text()), f["sha256"].text(), tensors("inputs", Fields.integers),
                    tensors("outputs", lambda shape: shape.kind(list)), f["units"].integer(),
                    f["searchable_units"].integer(), tuple(f["preparation"].texts()),
-                   weight_bytes.integer() if weight_bytes else None, bool(external and external.flag()))
+                   weight_bytes.integer() if weight_bytes else None,
+                   bool(external and external.flag()))
 
     def to_json(self) -> dict[str, Any]:
         def tensors(found: dict[str, tuple[list, str]]) -> dict[str, Any]:
             return {name: {"shape": shape, "dtype": dtype} for name, (shape, dtype) in found.items()}
 
         return {"path": str(self.path), "sha256": self.sha256, "inputs": tensors(self.inputs),
-                "outputs": tensors(self.outputs), "units": self.units, "searchable_units": self.searchable_units,
+                "outputs": tensors(self.outputs), "units": self.units,
+                "searchable_units": self.searchable_units,
                 "preparation": list(self.preparation), "weight_bytes": self.weight_bytes,
                 "external_data": self.external_data}
 
@@ -257,7 +268,8 @@ def _wall(f: Fields) -> float:
 def _drift(f: Fields | None) -> Drift | None:
     if f is None:
         return None
-    drift = Drift(f["plans"].integer(), float(f["largest_percent"].number()), f["outside_trial_spread"].integer())
+    drift = Drift(f["plans"].integer(), float(f["largest_percent"].number()),
+                  f["outside_trial_spread"].integer())
     if not (math.isfinite(drift.largest_percent) and drift.largest_percent >= 0
             and 0 <= drift.outside_trial_spread <= drift.plans):
         f.refuse(f"{f.path} {f.value} cannot be (a share of plans, a percent of 0 or more)")
@@ -339,7 +351,8 @@ def _spec(f: Fields) -> None:
             value.number()
     inputs["image_mean"].numbers()
     inputs["image_std"].numbers()
-    for key, read in (("image_order", Fields.text), ("image_scale", Fields.number), ("image_resize", Fields.text)):
+    for key, read in (("image_order", Fields.text), ("image_scale", Fields.number),
+                      ("image_resize", Fields.text)):
         if (found := inputs.get(key)) is not None:
             read(found)
     engine["backend"].text(), engine["device"].integer(), engine["threads"].integer()
@@ -381,9 +394,12 @@ def _check_recorded(f: Fields) -> None:
     writes them."""
     optional = {
         "tied_units": Fields.integer, "out_of_range": Fields.texts, "data_fingerprint": Fields.text,
-        "plan_ignored": Fields.integers, "engine_builds": Fields.integer, "engine_builds_scope": Fields.text,
-        "reference_evaluations": Fields.integer, "image_norm": _image_norm, "data_path": Fields.text_or_none,
-        "calibration_file": Fields.text_or_none, "search_space": lambda space: space.kind(dict, str),
+        "plan_ignored": Fields.integers, "engine_builds": Fields.integer,
+        "engine_builds_scope": Fields.text,
+        "reference_evaluations": Fields.integer, "image_norm": _image_norm,
+        "data_path": Fields.text_or_none,
+        "calibration_file": Fields.text_or_none,
+        "search_space": lambda space: space.kind(dict, str),
     }
     for key, read in optional.items():
         if (found := f.get(key)) is not None:
@@ -413,12 +429,14 @@ class ShapePoint:
     runs: int = 1
 
     def to_json(self) -> dict:
-        return {"name": self.name, "said": self.said, "shapes": {k: list(v) for k, v in self.shapes.items()},
+        return {"name": self.name, "said": self.said,
+                "shapes": {k: list(v) for k, v in self.shapes.items()},
                 "runs": self.runs}
 
     @classmethod
     def from_json(cls, data: dict) -> ShapePoint:
-        return cls(data["name"], data["said"], {k: tuple(v) for k, v in data["shapes"].items()}, int(data["runs"]))
+        return cls(data["name"], data["said"], {k: tuple(v) for k, v in data["shapes"].items()},
+                   int(data["runs"]))
 
 
 @dataclass(frozen=True)
@@ -455,7 +473,8 @@ class PointCheck:
     @classmethod
     def from_json(cls, check: dict[str, Any]) -> PointCheck:
         loss = check["cosine_loss"]
-        return cls(check["point"], {k: tuple(v) for k, v in check["shapes"].items()}, check["same_output_shapes"],
+        return cls(check["point"], {k: tuple(v) for k, v in check["shapes"].items()},
+                   check["same_output_shapes"],
                    float(loss) if loss is not None else None, check["error"], check.get("items", 1),
                    bool(check.get("outside_profile")))
 
@@ -471,7 +490,8 @@ class Deployment:
     checks: tuple[PointCheck, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"keeps_source_dims": self.fixed_because is None, "fixed_because": self.fixed_because,
+        return {"keeps_source_dims": self.fixed_because is None,
+                "fixed_because": self.fixed_because,
                 "checked_against_source": [c.to_json() for c in self.checks]}
 
 
@@ -497,7 +517,8 @@ class ProfileTiming:
             return None
         points = next(iter(self.ms.values()))
         best = {p: self.ms[self.fastest(p, self.feasible)][p] for p in points}
-        return min(self.feasible, key=lambda trial: max(self.ms[trial][p] / best[p] for p in points))
+        return min(self.feasible,
+                   key=lambda trial: max(self.ms[trial][p] / best[p] for p in points))
 
     def to_json(self) -> dict[str, Any]:
         points = list(next(iter(self.ms.values()), {}))
@@ -507,13 +528,15 @@ class ProfileTiming:
             "fastest": {p: self.fastest(p, self.feasible or None) for p in points},
             "across_range": self.across_range(),
             "failed": {str(t): why for t, why in self.failed.items()},
-            "how": "each plan lowered on the source's dims, built once, timed at each point one plan after another "
+            "how": "each plan lowered on the source's dims, built once, timed at each point one "
+                   "plan after another "
             "(not interleaved: differences of a few percent are noise)",
         }
 
     @classmethod
     def from_json(cls, timing: dict[str, Any]) -> ProfileTiming:
         ms = {int(t): {p: float(v) if v is not None else None for p, v in at.items()} for t, at in timing["ms"].items()}
-        return cls(ms, tuple(timing["feasible"]), {int(t): why for t, why in (timing.get("failed") or {}).items()})
+        return cls(ms, tuple(timing["feasible"]),
+                   {int(t): why for t, why in (timing.get("failed") or {}).items()})
 
 

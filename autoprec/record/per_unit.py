@@ -61,7 +61,8 @@ class Sensitivity:
         """Units that may take ``precision``, least loss per time saved first (those saving nothing
         last)."""
         return sorted(
-            (u for u in self.units if precision.value in u.loss), key=lambda u: u.cost(precision.value, by_gain)
+            (u for u in self.units if precision.value in u.loss),
+            key=lambda u: u.cost(precision.value, by_gain)
         )
 
     def node_timed(self, precision: Precision) -> bool:
@@ -76,15 +77,18 @@ class Sensitivity:
         ]
         return {
             "engine": self.engine, "batches": self.batches, "evaluations": self.evaluations,
-            "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share, "units": units,
-            "failed": self.failed, "first_error": self.first_error, "profiles": self.node_time_builds,
+            "seconds": round(self.seconds, 3), "unattributed_share": self.unattributed_share,
+            "units": units,
+            "failed": self.failed, "first_error": self.first_error,
+            "profiles": self.node_time_builds,
             "evaluation_seconds": round(self.evaluation_seconds, 3), "judged": self.judged,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sensitivity:
         units = tuple(
-            UnitSensitivity(u["unit"], u["op_type"], u["share"], {p: float(v) for p, v in u["loss"].items()}, u["gain"],
+            UnitSensitivity(u["unit"], u["op_type"], u["share"],
+                            {p: float(v) for p, v in u["loss"].items()}, u["gain"],
                             u.get("members", 1))
             for u in data["units"]
         )
@@ -118,12 +122,14 @@ class ChosenUnit:
     @classmethod
     def from_json(cls, f: Fields) -> ChosenUnit:
         tied_to = f.get("tied_to")
-        return cls(f["name"].text(), f["op_type"].text(), tuple(f["fused"].texts()), f["precision"].one_of(PRECISIONS),
+        return cls(f["name"].text(), f["op_type"].text(), tuple(f["fused"].texts()),
+                   f["precision"].one_of(PRECISIONS),
                    tuple(item.one_of(PRECISIONS) for item in f["allowed"].items()),
                    tied_to.text_or_none() if tied_to else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "op_type": self.op_type, "fused": list(self.fused), "allowed": list(self.allowed),
+        return {"name": self.name, "op_type": self.op_type, "fused": list(self.fused),
+                "allowed": list(self.allowed),
                 "tied_to": self.tied_to, "precision": self.precision}
 
 
@@ -168,7 +174,11 @@ class ActivationRow:
     flags: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"tensor": self.tensor, "min": self.min, "max": self.max, "p99.9": self.p99_9, "p99.99": self.p99_99,
-                "thresholds": dict(self.thresholds), "clipped_share": dict(self.clipped_share), "values": self.values,
-                "fp16_below_subnormal": self.fp16_below_subnormal, "fp16_subnormal": self.fp16_subnormal,
-                "fp16_overflow": self.fp16_overflow, "histogram": self.histogram, "flags": list(self.flags)}
+        return {"tensor": self.tensor, "min": self.min, "max": self.max, "p99.9": self.p99_9,
+                "p99.99": self.p99_99,
+                "thresholds": dict(self.thresholds), "clipped_share": dict(self.clipped_share),
+                "values": self.values,
+                "fp16_below_subnormal": self.fp16_below_subnormal,
+                "fp16_subnormal": self.fp16_subnormal,
+                "fp16_overflow": self.fp16_overflow, "histogram": self.histogram,
+                "flags": list(self.flags)}

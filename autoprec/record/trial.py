@@ -103,7 +103,8 @@ class Paired:
     apart: bool  # engines built one at a time, anew each round (see PAIR_ENGINE_BYTES)
 
     def to_json(self) -> dict[str, Any]:
-        return {"reference": [t.to_json() for t in self.reference], "candidate": [t.to_json() for t in self.candidate],
+        return {"reference": [t.to_json() for t in self.reference],
+                "candidate": [t.to_json() for t in self.candidate],
                 "builds": self.builds, "apart": self.apart}
 
     @classmethod
@@ -203,7 +204,8 @@ class TrialRecord:
         ``latency_unstable`` and the plan's ``counts`` are its figures' own: checked to be of their
         kind, not kept)."""
         latency, plan, duplicate = f["latency_ms"], f["plan"], f["duplicate_of"].nullable()
-        timing = Timing(*(latency[k].number() for k in ("median_ms", "p10_ms", "p90_ms")), latency["runs"].integer(),
+        timing = Timing(*(latency[k].number() for k in ("median_ms", "p10_ms", "p90_ms")),
+                        latency["runs"].integer(),
                         latency["warmup"].integer())
         f["final_latency_ms"].number(), f["latency_unstable"].flag()
         for precision in PRECISIONS:
@@ -218,9 +220,12 @@ class TrialRecord:
         shapes = ({point: {key: value.number() for key, value in figures.mapping().items()}
                    for point, figures in f["by_shape"].mapping().items()} if "by_shape" in f.value else {})
         measurement = Measurement(timing, metrics, f["accuracy_loss"].number(), seconds,
-                                  retimes.integer() if retimes else 0, build.kind(dict) if build else None, shapes)
-        found = cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()), measurement,
-                    f["feasible"].flag(), duplicate.integer() if duplicate else None, tuple(f["retimed_ms"].numbers()))
+                                  retimes.integer() if retimes else 0,
+                                  build.kind(dict) if build else None, shapes)
+        found = cls(f["trial"].integer(), Plan.from_mapping(precisions, plan["calibration"].text()),
+                    measurement,
+                    f["feasible"].flag(), duplicate.integer() if duplicate else None,
+                    tuple(f["retimed_ms"].numbers()))
         found._check_figures(f)
         return found
 
@@ -237,10 +242,11 @@ class TrialRecord:
                 f.refuse(f"{where}: {key} is {value:g}, not a time above 0")
         low, median, high = latency.p10_ms, latency.median_ms, latency.p90_ms
         if not (low <= median * (1 + ROUNDING) and median <= high * (1 + ROUNDING)):
-            f.refuse(f"{where}: its p10 {low:g}, median {median:g} and p90 {high:g} ms are not in order")
+            f.refuse(f"{where}: its p10 {low:g}, median {median:g} and p90 {high:g} ms are not in "
+                     "order")
         if not math.isclose(times["final_latency_ms"], self.latency_ms, rel_tol=ROUNDING):
-            f.refuse(f"{where}: final_latency_ms is {times['final_latency_ms']:g}, not {self.latency_ms:g}, the "
-                     "median of its re-timed rounds (else its own)")
+            f.refuse(f"{where}: final_latency_ms is {times['final_latency_ms']:g}, not "
+                     f"{self.latency_ms:g}, the median of its re-timed rounds (else its own)")
         counts = {key: value.value for key, value in f["plan"]["counts"].mapping().items()}
         if any(counts.get(p, 0) != self.plan.counts().get(p, 0) for p in PRECISIONS):
             f.refuse(f"{where}: its plan counts {counts} but its units are {self.plan.counts()}")
@@ -252,10 +258,11 @@ class TrialRecord:
         drop against ``labels``) and it is feasible exactly within that limit; else refused (``f``:
         where it was read)."""
         if self.loss < 0 and not labels:
-            f.refuse(f"trial {self.number}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
+            f.refuse(f"trial {self.number}: accuracy_loss is {self.loss:g}, not a loss of 0 or "
+                     f"more")
         if self.feasible != (max_loss is None or self.loss <= max_loss):
-            f.refuse(f"trial {self.number}: feasible is {self.feasible} with loss {self.loss:g} and --max-loss "
-                     f"{'none' if max_loss is None else f'{max_loss:g}'}")
+            f.refuse(f"trial {self.number}: feasible is {self.feasible} with loss {self.loss:g} "
+                     f"and --max-loss {'none' if max_loss is None else f'{max_loss:g}'}")
         return self
 
 PRECISIONS = tuple(p.value for p in Precision)
@@ -272,7 +279,8 @@ class Retiming:
     failed: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"retimed": sorted(self.trials), "builds": self.builds, "one_engine_at_a_time": self.apart,
+        return {"retimed": sorted(self.trials), "builds": self.builds,
+                "one_engine_at_a_time": self.apart,
                 "failed": list(self.failed)}
 
 
@@ -304,7 +312,8 @@ class Features:
     conversions: int
 
     def to_json(self) -> dict:
-        return {"saved_int8": self.saved_int8, "saved_fp16": self.saved_fp16, "conversions": self.conversions}
+        return {"saved_int8": self.saved_int8, "saved_fp16": self.saved_fp16,
+                "conversions": self.conversions}
 
     @classmethod
     def from_json(cls, data: Mapping) -> Features:

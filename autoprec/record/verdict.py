@@ -98,7 +98,8 @@ class Speedup:
     def from_retiming(cls, ratio: float, rounds: Sequence[float], other_rounds: Sequence[float]) -> Speedup:
         """A bare ratio, with the re-timing's verdict (see :func:`faster_beyond_noise`) where both
         plans were re-timed."""
-        return cls(ratio, faster_beyond_noise(rounds, other_rounds), retimed=bool(rounds and other_rounds))
+        return cls(ratio, faster_beyond_noise(rounds, other_rounds),
+                   retimed=bool(rounds and other_rounds))
 
     @property
     def narrow(self) -> bool:
@@ -118,10 +119,13 @@ class Speedup:
 
         beyond = f["beyond_timing_noise"]
         rounds = optional("rounds", Fields.integer)
-        found = cls(float(f["speedup"].number()), None if beyond.value is None else beyond.flag(), number("low"),
+        found = cls(float(f["speedup"].number()), None if beyond.value is None else beyond.flag(),
+                    number("low"),
                     number("high"), number("confidence"), rounds,
-                    bool(optional("retimed", Fields.flag) or rounds), optional("blocks", Fields.integer),
-                    bool(optional("unsteady", Fields.flag)), optional("method", Fields.text) or METHOD)
+                    bool(optional("retimed", Fields.flag) or rounds),
+                    optional("blocks", Fields.integer),
+                    bool(optional("unsteady", Fields.flag)),
+                    optional("method", Fields.text) or METHOD)
         found._check(f)
         return found
 
@@ -141,13 +145,16 @@ class Speedup:
         if self.rounds is not None and self.rounds < 1:
             f.refuse(f"{where}.rounds is {self.rounds}, not at least 1")
         if self.beyond_timing_noise is not None and self.beyond_timing_noise != (low > 1):
-            f.refuse(f"{where}.beyond_timing_noise is {self.beyond_timing_noise} for the interval {low:g}–{high:g}")
+            f.refuse(f"{where}.beyond_timing_noise is {self.beyond_timing_noise} for the interval "
+                     f"{low:g}–{high:g}")
 
     def to_json(self) -> dict[str, Any]:
-        interval = {} if self.low is None else {"low": self.low, "high": self.high, "confidence": self.confidence,
+        interval = {} if self.low is None else {"low": self.low, "high": self.high,
+                                                "confidence": self.confidence,
                                                 "rounds": self.rounds, "blocks": self.blocks,
                                                 "unsteady": self.unsteady, "method": self.method}
-        return {"speedup": self.speedup, **interval, "beyond_timing_noise": self.beyond_timing_noise,
+        return {"speedup": self.speedup, **interval,
+                "beyond_timing_noise": self.beyond_timing_noise,
                 "retimed": self.retimed}
 
     def text(self) -> str:
@@ -184,8 +191,10 @@ def ratio_text(value: float) -> str:
             break
     return said
 
-def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequence[int] | None = None,
-            confidence: float = CONFIDENCE, unsteady: bool = False, loads: Sequence[float] | None = None) -> Speedup:
+def speedup(reference: Sequence[float], candidate: Sequence[float],
+            blocks: Sequence[int] | None = None,
+            confidence: float = CONFIDENCE, unsteady: bool = False,
+            loads: Sequence[float] | None = None) -> Speedup:
     """The candidate's speed-up over the reference from paired rounds' milliseconds (each round's
     fast runs: its p10), ``blocks`` naming the session block of each round (None: every round a
     block of its own): per block, the log of each model's fastest round in it; where ``unsteady``,
@@ -205,7 +214,8 @@ def speedup(reference: Sequence[float], candidate: Sequence[float], blocks: Sequ
         for half in (order[: len(order) // 2], order[len(order) // 2:]):
             part_low, part_high = t_interval(per_block[half], confidence)
             low, high = min(low, part_low), max(high, part_high)
-    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high), confidence, len(blocks),
+    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high), confidence,
+                                 len(blocks),
                                  len(per_block), bool(unsteady))
 
 def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -241,7 +251,8 @@ class Rounds:
         levels = [min(m for m, b in zip(self.fast_ms(reference), self.blocks) if b == block)
                   for block in dict.fromkeys(self.blocks)] if reference in self.timings else []
         return Steadiness((float(min(known)), float(max(known))) if known else None,
-                          float(max(levels) / min(levels) - 1) if len(levels) > 1 else 0.0, os.cpu_count() or 1)
+                          float(max(levels) / min(levels) - 1) if len(levels) > 1 else 0.0,
+                          os.cpu_count() or 1)
 
     def speedup(self, reference: str, candidate: str, confidence: float = CONFIDENCE) -> Speedup:
         steadiness = self.steadiness()
@@ -289,7 +300,8 @@ class Steadiness:
         return self.others is not None and self.others[1] > LOAD_MOVED
 
     def to_json(self) -> dict[str, Any]:
-        return {"others_cores": list(self.others) if self.others else None, "fp32_level_moved": self.level_moved,
+        return {"others_cores": list(self.others) if self.others else None,
+                "fp32_level_moved": self.level_moved,
                 "cores": self.cores, "moved": self.moved}
 
     @classmethod
@@ -297,26 +309,28 @@ class Steadiness:
         if not data:
             return None
         others = data.get("others_cores")
-        return cls(tuple(others) if others else None, float(data["fp32_level_moved"]), int(data["cores"]))
+        return cls(tuple(others) if others else None, float(data["fp32_level_moved"]),
+                   int(data["cores"]))
 
     def said(self) -> str | None:
         """A sentence where the load or all-FP32's level moved, or the machine was busy: what the
         figures hold for, and what to do for steadier ones."""
-        load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's {self.cores} cores"
+        load = (f"other processes used {self.others[0]:.1f}–{self.others[1]:.1f} of this machine's "
+                f"{self.cores} cores"
                 if self.others else "")
         level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
         if self.moved:
             what = "; ".join(filter(None, [load, level]))
-            return (f"the machine's load moved during the final timing ({what}): each interval holds for the "
-                    f"lighter and the heavier half of the sessions alike; {ADVICE}")
+            return (f"the machine's load moved during the final timing ({what}): each interval "
+                    f"holds for the lighter and the heavier half of the sessions alike; {ADVICE}")
         if self.busy or self.load_moved:
             return (f"the machine was busy during the final timing ({load}; {level}): the "
                     "speed-ups stand on each session's fastest runs, which that load cannot make "
                     "faster")
         return None
 
-ADVICE = ("for steadier figures time on a quieter machine, fix the threads (--threads N, fewer than the cores), or "
-          "give the final timing longer (--retime-seconds)")
+ADVICE = ("for steadier figures time on a quieter machine, fix the threads (--threads N, fewer "
+          "than the cores), or give the final timing longer (--retime-seconds)")
 
 def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) -> bool | None:
     """Whether a plan is faster than another beyond timing noise: every one of its interleaved
@@ -328,7 +342,8 @@ def faster_beyond_noise(rounds: Sequence[float], other_rounds: Sequence[float]) 
 
 ENGINE = "onnxruntime CPUExecutionProvider"
 
-HELD_OUT_ADVICE = ("the evaluation batches are too few to hold the limit on other data: more data (--data) judges plans "
+HELD_OUT_ADVICE = ("the evaluation batches are too few to hold the limit on other data: more data "
+                   "(--data) judges plans "
           "better")
 
 @dataclass(frozen=True)
@@ -396,12 +411,14 @@ class Versus:
     def to_json(self) -> dict[str, Any]:
         source = None
         if self.source is not None:
-            source = {**self.source.to_json(), "preparation": self.preparation.to_json() if self.preparation else None}
+            source = {**self.source.to_json(),
+                      "preparation": self.preparation.to_json() if self.preparation else None}
         unproven = self.not_shipped
         return {
             "chosen_vs_fp32": {"fp32_trial": self.fp32_trial, **self.fp32.to_json()} if self.fp32 else None,
             "chosen_vs_source": source,
-            "not_shipped": {"trial": unproven.trial, **unproven.claim.to_json(), "why": unproven.why}
+            "not_shipped": {"trial": unproven.trial, **unproven.claim.to_json(),
+                            "why": unproven.why}
             if unproven else None,
             "final_rivals": [{"trial": r.trial, **r.claim.to_json()} for r in self.rivals],
             "final_timing": self.steadiness.to_json() if self.steadiness else None,
@@ -413,7 +430,8 @@ class Versus:
         none)."""
         fp32, source, unproven, rivals, timing = (
             found.nullable() if (found := pareto.get(k)) is not None else None
-            for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals", "final_timing"))
+            for k in ("chosen_vs_fp32", "chosen_vs_source", "not_shipped", "final_rivals",
+                      "final_timing"))
         pareto["chosen_vs_fp32"]
         preparation = source.get("preparation") if source else None
         return cls(
@@ -439,8 +457,10 @@ class Choice:
     def to_json(self) -> dict[str, Any]:
         """The choice by trial numbers (the study holds the trials): what a study's other workers
         read."""
-        return {"shipped": self.shipped.number if self.shipped else None, "front": [t.number for t in self.front],
-                "held_out": self.held_out.to_json() if self.held_out else None, **self.versus.to_json()}
+        return {"shipped": self.shipped.number if self.shipped else None,
+                "front": [t.number for t in self.front],
+                "held_out": self.held_out.to_json() if self.held_out else None,
+                **self.versus.to_json()}
 
     @classmethod
     def from_json(cls, found: Fields, trials: Sequence[TrialRecord]) -> Choice:
@@ -454,7 +474,8 @@ class Choice:
 
         shipped, held_out = found["shipped"].nullable(), found["held_out"].nullable()
         return cls(trial(shipped) if shipped else None, Versus.from_json(found),
-                   [trial(f) for f in found["front"].items()], HeldOut.from_json(held_out.value) if held_out else None)
+                   [trial(f) for f in found["front"].items()],
+                   HeldOut.from_json(held_out.value) if held_out else None)
 
 
 def _not_shipped(f: Fields) -> NotShipped:
@@ -500,8 +521,11 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "passed": self.passed, "failures": list(self.failures), "checked": self.checked, "trial": self.trial,
-            "model": self.model, "engine": self.engine.to_json(), "metric": self.metric, "loss_said": self.loss_said,
+            "passed": self.passed, "failures": list(self.failures), "checked": self.checked,
+            "trial": self.trial,
+            "model": self.model, "engine": self.engine.to_json(), "metric": self.metric,
+            "loss_said": self.loss_said,
             "max_loss": self.max_loss, "latency_budget_ms": self.latency_budget_ms,
-            "recorded_loss": self.recorded_loss, "measurement": self.measurement.to_json(), "plan": self.plan.to_json(),
+            "recorded_loss": self.recorded_loss, "measurement": self.measurement.to_json(),
+            "plan": self.plan.to_json(),
         }

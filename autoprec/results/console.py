@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,13 +24,12 @@ from rich.text import Text
 from autoprec.backends.onnxruntime import session_said
 from autoprec.core.escape import printable
 from autoprec.core.plan import Precision
-from autoprec.core.profile import POINTS, ShapeProfile, dims_text
-from autoprec.record.facts import PointCheck, ProfileTiming, SearchFacts
+from autoprec.record.facts import SearchFacts
 from autoprec.record.per_unit import Sensitivity
 from autoprec.record.trial import MAX_TIMING_SPREAD, TrialRecord
 from autoprec.record.verdict import Versus, ratio_text
-from autoprec.results.files import ResultFiles, decisions
-from autoprec.results.rows import COLUMNS_SAID, loss_name, order_said, roles_said, trial_rows
+from autoprec.results.files import ResultFiles
+from autoprec.results.rows import COLUMNS_SAID, decisions, loss_name, order_said, roles_said, trial_rows
 
 # shown here, read by the TensorRT backend (the --layers of export --build and inspect)
 if TYPE_CHECKING:
@@ -71,7 +70,8 @@ def note(message: str) -> None:
 
 
 def warn(message: str) -> None:
-    console.print(f"[bold yellow]WARNING[/bold yellow] {escape(printable(message))}", highlight=False)
+    console.print(f"[bold yellow]WARNING[/bold yellow] {escape(printable(message))}",
+                  highlight=False)
 
 
 class NoteHandler(logging.Handler):
@@ -139,7 +139,8 @@ class StepProgress:
 
     def __init__(self, label: str, total: int, enabled: bool = True):
         self.progress = Progress(
-            TextColumn(f"[bold]{label}"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+            TextColumn(f"[bold]{label}"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"),
             TimeRemainingColumn(), console=console, disable=not enabled,
         )
         self.task = self.progress.add_task(label, total=total)
@@ -155,7 +156,7 @@ class StepProgress:
         self.progress.stop()
 
 
-def _loss(value: float | str) -> str:
+def loss_text(value: float | str) -> str:
     value = float(value)  # result files write infinities as "inf"
     return f"{value:.2e}" if math.isfinite(value) else "inf"
 
@@ -165,11 +166,14 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
     precisions = [p for p in ("int4", "int8", "fp16") if any(p in u.loss for u in sensitivity.units)]
     saving = [p for p in precisions if sensitivity.node_timed(Precision(p))]
     judged = f" ({sensitivity.judged})" if sensitivity.judged else ""
-    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this unit lowered, "
-                              f"{sensitivity.batches} batch(es)"), title_justify="left")
-    columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving), *(f"{p}\nloss" for p in precisions))
+    table = Table(title=plain(f"sensitivity — {sensitivity.engine}; loss{judged} with only this "
+                              f"unit lowered, {sensitivity.batches} "
+                              "batch(es)"), title_justify="left")
+    columns = ("#", "unit", "op", "fp32\nshare", *(f"{p}\nsaves" for p in saving),
+               *(f"{p}\nloss" for p in precisions))
     for column in columns:
-        table.add_column(column, justify="left" if column in ("unit", "op") else "right", no_wrap=column != "unit",
+        table.add_column(column, justify="left" if column in ("unit", "op") else "right",
+                         no_wrap=column != "unit",
                          min_width=8 if column == "unit" else None)
     order = {u.unit: i for i, u in enumerate(sensitivity.ranking(Precision(precisions[0])))} if precisions else {}
     for i, u in sorted(enumerate(sensitivity.units), key=lambda iu: order.get(iu[1].unit, iu[0])):
@@ -181,17 +185,19 @@ def sensitivity_table(sensitivity: Sensitivity) -> Table:
             plain(u.op_type),
             share,
             *saves,
-            *(_loss(u.loss[p]) if p in u.loss else "—" for p in precisions),
+            *(loss_text(u.loss[p]) if p in u.loss else "—" for p in precisions),
         )
     notes = []
     if sensitivity.unattributed_share is not None:
         notes.append(
-            f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit (layout, reshapes, …)"
+            f"{sensitivity.unattributed_share:.1%} of FP32 time is in nodes outside any unit "
+            "(layout, reshapes, …)"
         )
     if saving:
         notes.append(
-            "saves: share of FP32 time the unit gains in the profiled all-units plan (with its Q/DQ or Casts); "
-            "where that plan is not faster than FP32, the warm start lowers only units that gain"
+            "saves: share of FP32 time the unit gains in the profiled all-units plan (with its "
+            "Q/DQ or Casts); where that plan is not faster than FP32, the warm start lowers only "
+            "units that gain"
         )
     table.caption = "\n".join(notes) or None
     table.caption_justify = "left"
@@ -205,15 +211,17 @@ def front_table(result: ResultFiles) -> Table:
     rows = trial_rows(result)
     named = len(rows) > len(result.pareto.front)
     table = Table(
-        title=plain(f"Pareto front{' and the plans named below' if named else ''} — {engine.engine} {engine.version} "
-                    f"{engine.provider} on {engine.device}"),
+        title=plain(f"Pareto front{' and the plans named below' if named else ''} — "
+                    f"{engine.engine} {engine.version} {engine.provider} on {engine.device}"),
         title_justify="left",
     )
     metric = plain(f"loss: {loss_name(result.facts.metric)}")
     # judged at several shapes: where each loss is
     shaped = any(row.trial.worst_shape for row in rows)
-    for column in ("trial", "ms", "range", "×fp32", metric, *(["at"] if shaped else []), "i8/f16/f32", ""):
-        table.add_column(column, justify="left" if column in ("", "at") else "right", overflow="fold")
+    for column in ("trial", "ms", "range", "×fp32", metric, *(["at"] if shaped else []),
+                   "i8/f16/f32", ""):
+        table.add_column(column, justify="left" if column in ("", "at") else "right",
+                         overflow="fold")
     for row in rows:
         t = row.trial
         table.add_row(
@@ -221,7 +229,7 @@ def front_table(result: ResultFiles) -> Table:
             ms_text(row.ms) + (" ⚠" if t.measurement.unstable else ""),
             ms_range(row.low, row.high),
             ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
-            _loss(t.loss),
+            loss_text(t.loss),
             *([plain(t.worst_shape or "—")] if shaped else []),
             t.mix,
             Text(", ".join(row.roles), style="bold red" if row.chosen else ""),
@@ -229,8 +237,8 @@ def front_table(result: ResultFiles) -> Table:
     notes = [COLUMNS_SAID + ("; at: the judged shape where the plan's loss is its worst" if shaped else "")]
     notes += [said for said in (roles_said(rows), order_said(rows)) if said]
     if any(row.trial.measurement.unstable for row in rows):
-        notes.append(f"⚠ the trial's own timing stayed spread (p10–p90 over {MAX_TIMING_SPREAD:.0%} of its median) "
-                     "after re-timing")
+        notes.append("⚠ the trial's own timing stayed spread (p10–p90 over "
+                     f"{MAX_TIMING_SPREAD:.0%} of its median) after re-timing")
     table.caption = "\n".join(notes)
     table.caption_justify = "left"
     return table
@@ -242,7 +250,8 @@ def decisions_table(result: ResultFiles) -> Table | None:
     rows = [(t.number, decisions(t.metrics)) for t in result.shown_front()]
     if not any(said for _, said in rows):
         return None
-    table = Table(title="what the front's plans decide, against FP32 (and the data's labels)", title_justify="left")
+    table = Table(title="what the front's plans decide, against FP32 (and the data's labels)",
+                  title_justify="left")
     table.add_column("trial", justify="right")
     table.add_column("decisions")
     for trial, said in rows:
@@ -253,21 +262,24 @@ def decisions_table(result: ResultFiles) -> Table | None:
 def status_tables(status: dict[str, Any]) -> list[Table]:
     """A shared study: trials per worker, then its current front (trial latencies, not re-timed)."""
     budget = status["budget"]
-    workers = Table(title=plain(f"study {status['study']} — {status['backend']}: {status['counted']}"
-                                f"{f' of {budget}' if budget else ''} trials counted, {status['waiting']} queued"),
+    workers = Table(title=plain(f"study {status['study']} — {status['backend']}: "
+                                f"{status['counted']}{f' of {budget}' if budget else ''} trials "
+                                f"counted, {status['waiting']} queued"),
                     title_justify="left")
     for column in ("worker", "done", "running", "failed", "rejected", "died (re-run)"):
         workers.add_column(column, justify="left" if column == "worker" else "right")
     for who, tally in sorted(status["workers"].items()):
-        workers.add_row(plain(who), *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
+        workers.add_row(plain(who),
+                        *(str(tally[k]) for k in ("done", "running", "failed", "rejected", "died")))
     front = Table(title="current Pareto front (each trial's own timing)", title_justify="left")
     for column in ("trial", "ms", "loss", "i8/f16/f32", "worker"):
         front.add_column(column, justify="left" if column == "worker" else "right")
     for t in status["front"]:
         counts = t["counts"]
-        front.add_row(str(t["trial"]), ms_text(t['latency_ms']), _loss(t["loss"]),
+        front.add_row(str(t["trial"]), ms_text(t['latency_ms']), loss_text(t["loss"]),
                       (f"int4 {counts['int4']} · " if counts.get("int4") else "")
-                      + f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}", plain(t["worker"] or "—"))
+                      + f"{counts['int8']}/{counts['fp16']}/{counts['fp32']}",
+                      plain(t["worker"] or "—"))
     return [workers, front]
 
 
@@ -275,9 +287,9 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
     """One line for the chosen plan, one for its speed against all-FP32 (and whether that beats the
     noise)."""
     if chosen is None and facts.max_loss is not None:
-        return [f"no plan was chosen: no trial is within --max-loss {facts.max_loss:g}, not even all-FP32 (this "
-                "engine's FP32 outputs differ from the reference's by more than that); raise --max-loss, or look at "
-                "each trial's loss with `autoprec show`"]
+        return [f"no plan was chosen: no trial is within --max-loss {facts.max_loss:g}, not even "
+                "all-FP32 (this engine's FP32 outputs differ from the reference's by more than "
+                "that); raise --max-loss, or look at each trial's loss with `autoprec show`"]
     if chosen is None:
         return ["no plan was chosen (no trial finished with a finite loss)"]
     max_loss = facts.max_loss
@@ -288,11 +300,12 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         rule += ", re-timed with its rivals"
     at = f" (its worst, at {chosen.worst_shape})" if chosen.worst_shape else ""
     lines = [f"chosen: trial {chosen.number} ({rule}): {ms_text(chosen.latency_ms)} ms, loss "
-             f"{_loss(chosen.loss)}{at}, int8/fp16/fp32 = {chosen.mix}"]
+             f"{loss_text(chosen.loss)}{at}, int8/fp16/fp32 = {chosen.mix}"]
     if (fp32 := versus.fp32) and versus.fp32_trial != chosen.number:
         lines.append(f"        speed-up over all-FP32 {fp32.text()} ({fp32.verdict()}{fp32.how()})")
     if rivals := versus.rivals_said():
-        lines.append(f"        in the same rounds, the plans the re-timing could not tell from it: {rivals}")
+        lines.append("        in the same rounds, the plans the re-timing could not tell from it: "
+                     f"{rivals}")
     if source := versus.source:
         line = f"        over the given model as it is: {source.text()} ({source.verdict(short=True)})"
         if versus.preparation:
@@ -302,7 +315,8 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
     if facts.limit_in_decisions:
         lines.append(f"        {facts.limit_in_decisions}")
     if unproven := versus.not_shipped:
-        lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is {unproven.why}")
+        lines.append(f"        ⚠ trial {unproven.trial} was the fastest within the limit but is "
+                     f"{unproven.why}")
     if drift := facts.drift_said:
         lines.append(f"        ⚠ {drift}")
     if versus.steadiness and (unsteady := versus.steadiness.said()):
@@ -315,142 +329,6 @@ def chosen_summary(facts: SearchFacts, versus: Versus, chosen: TrialRecord | Non
         lines.append(f"        FP32 against the labels: {decisions({name: values})}")
     lines += [f"        ⚠ {line}" for line in facts.decision_changes]
     return lines
-
-
-def shape_lines(result: ResultFiles) -> list[str]:
-    """Where a search judged several shapes: which, the chosen plan's loss and latency at each, and
-    the faster plans left out for a shape other than the data's own (right at the data's shape,
-    wrong at another)."""
-    points, chosen = result.facts.judged_shapes, result.shown_chosen()
-    if not points:
-        return []
-    runs = " · ".join(f"{p.name} ×{p.runs}" for p in points if p.runs)
-    lines = [f"judged at {len(points)} shapes, every plan's loss its worst there: "
-             + "; ".join(f"{p.name} ({p.said})" for p in points),
-             f"        a latency is one request: {runs}"]
-    if chosen is not None and chosen.measurement.by_shape:
-        lines.append("        the chosen plan: " + " · ".join(
-            f"{point} loss {_loss(figures['loss'])}" + (f", {figures['latency_ms']:.3f} ms" if "latency_ms" in figures
-                                                        else "")
-            for point, figures in chosen.measurement.by_shape.items() if "loss" in figures))
-    lines += [f"        ⚠ {line}" for line in _wrong_elsewhere(result)]
-    return lines
-
-
-def _wrong_elsewhere(result: ResultFiles) -> list[str]:
-    """Plans faster than the chosen one, within --max-loss at the data's own shape but past it at
-    another: not shipped, each line saying where."""
-    max_loss, chosen = result.facts.max_loss, result.shown_chosen()
-    if max_loss is None or chosen is None:
-        return []
-    lines = []
-    for trial in sorted(result.trials.trials, key=lambda t: t.latency_ms):
-        losses = trial.losses_by_shape()
-        if trial.latency_ms >= chosen.latency_ms or trial.loss <= max_loss or losses.get("opt", max_loss) > max_loss:
-            continue
-        past = {point: loss for point, loss in losses.items() if loss > max_loss}
-        lines.append(f"trial {trial.number} ({trial.mix}, {trial.latency_ms:.3f} ms) holds --max-loss {max_loss:g} "
-                     f"at the data's own shape but not at " + ", ".join(f"{p} ({_loss(v)})" for p, v in past.items())
-                     + ": not shipped")
-        if len(lines) == 3:
-            break
-    return lines
-
-
-def _dims(dims: list) -> str:
-    return dims_text(dims) or "scalar"
-
-
-def deployment_lines(result: ResultFiles) -> list[str]:
-    """What best/model.onnx is across the shapes it is deployed at: the source's dims kept (or why
-    not), the profile, and how close it came to the given model at each of its points."""
-    shipped = result.shipped_as
-    if shipped is None:
-        return []
-    lines = _timed_as_deployed(result.facts.profile_timing)
-    profile = result.profile
-    if shipped.fixed_because:
-        lines.append(f"⚠ best/model.onnx has the measured, fixed input shapes ({shipped.fixed_because})")
-    elif profile.dynamic:
-        lines.append(f"best/model.onnx keeps the source's input dims: {profile.said()}")
-    return lines + _checked_against_source(shipped.checks)
-
-
-def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], result_dir: str,
-                         widened: bool) -> list[str]:
-    """Where an export is written: the deployment profile it is for (an engine built from it takes
-    those shapes only), the plan's checks against the given model there, and how to widen it where a
-    dim is held to one size."""
-    if not profile.dynamic:
-        return [f"the export takes the measured, {profile.said()} (the model declares no dynamic dim)"]
-    lines = [f"deployment profile{' (widened)' if widened else ''}: {profile.said()}; an engine built from this "
-             "export takes these shapes only", *_checked_against_source(checks)]
-    held = [i for i in profile.inputs if any(i.min[a] == i.max[a] for a in i.dynamic_axes)]
-    if held:
-        batch = profile.batch_range()
-        example = (f"--batch 1:{max(batch[1], 8)}" if batch and batch[0] == batch[1]
-                   else f"--max-shape {held[0].name}={dims_text(held[0].max)}")
-        lines.append(f"        a dynamic dim is held to one size here; to deploy at others, export again with --batch "
-                     f"LOW:HIGH or --min-shape/--max-shape (e.g. autoprec export {result_dir} … {example}): no new "
-                     "search, the plan is checked against the given model at the new min and max")
-    return lines
-
-
-def _timed_as_deployed(timing: ProfileTiming | None) -> list[str]:
-    """--time-shapes: each front plan at min, opt and max, and the one to deploy across the
-    range."""
-    if timing is None:
-        return []
-    lines = ["        timed as deployed (--time-shapes, one plan after another): " + "; ".join(
-        f"trial {trial} " + " · ".join(f"{p} {_ms(ms[p])}" for p in ("min", "opt", "max"))
-        for trial, ms in timing.ms.items())]
-    if (across := timing.across_range()) is not None:
-        fastest = " / ".join(str(timing.fastest(p, timing.feasible)) for p in ("min", "opt", "max"))
-        lines.append(f"        fastest at min / opt / max: trial {fastest}; to deploy across the range: trial {across} "
-                     "(least slowdown at its worst shape)")
-    return lines
-
-
-def _checked_against_source(checks: Sequence[PointCheck]) -> list[str]:
-    """The shipped model against the given one at each point of the profile and at the data's own
-    shapes."""
-    lines = []
-    # at the shapes the search judged every plan at
-    judged = any(c.point not in (*POINTS, "data") for c in checks)
-    if points := [c for c in checks if c.point != "data"]:
-        how = "the data at each shape judged" if judged else "the evaluation data fitted to each shape"
-        lines.append(
-            f"        against the given model (ONNX Runtime CPU, {how}): "
-            + ", ".join(f"{c.point} {_verdict(c)}" for c in points)
-        )
-    for check in (c for c in checks if c.point == "data"):
-        beyond = " (outside the shape profile: an engine built for it refuses this shape)" if check.outside_profile else ""
-        lines.append(f"        the data's {check.items} item(s) at {_at(check.shapes)}{beyond}: {_verdict(check)}")
-    at_opt = next((c.loss for c in checks if c.point == "opt" and c.loss is not None), None)
-    for check in checks:
-        if check.error or not check.same_shapes:
-            what = check.error or "its outputs have other shapes than the given model's"
-            lines.append(f"        ⚠ at {check.point} ({_at(check.shapes)}): {what}")
-        elif not judged and at_opt is not None and check.loss > max(FARTHER * at_opt, LOSS_FLOOR):
-            lines.append(
-                f"        ⚠ at {check.point} ({_at(check.shapes)}) the plan strays further from the given model "
-                f"(cosine loss {_loss(check.loss)}) than at opt ({_loss(at_opt)}), where it was searched: "
-                "it may not hold there; search at that shape (--shape) or with data of it"
-            )
-    return lines
-
-
-# A point of the profile is said to stray where its loss is this many times opt's, and above this
-# floor (below it, a loss is rounding in any metric a plan is chosen by).
-FARTHER, LOSS_FLOOR = 3.0, 1e-3
-
-
-def _at(shapes: Mapping[str, Sequence[int]]) -> str:
-    return ", ".join(f"{k} {_dims(v)}" for k, v in shapes.items())
-
-
-def _ms(value: float | None) -> str:
-    return "did not run" if value is None else f"{ms_text(value)} ms"
 
 
 def _decimals(value: float, figures: int = 3) -> int:
@@ -475,18 +353,16 @@ def ms_range(low: float, high: float) -> str:
     return f"{low:.{decimals}f}–{high:.{decimals}f}"
 
 
-def _verdict(check: PointCheck) -> str:
-    return f"cosine loss {_loss(check.loss)}" if check.loss is not None else "FAILED"
-
-
 def plan_table(result: ResultFiles) -> Table:
     """The chosen plan, unit by unit in graph order."""
-    table = Table(title=f"chosen plan (trial {result.chosen_number}), units in graph order", title_justify="left")
+    table = Table(title=f"chosen plan (trial {result.chosen_number}), units in graph order",
+                  title_justify="left")
     for column in ("#", "unit", "op", "fused", "precision"):
         table.add_column(column, justify="right" if column == "#" else "left", overflow="fold")
     style = {"int4": "bold red", "int8": "bold yellow", "fp16": "bold cyan", "fp32": "dim"}
     for i, unit in enumerate(result.chosen_units):
-        table.add_row(str(i), plain(unit.name), plain(unit.op_type), plain(", ".join(unit.fused) or "—"),
+        table.add_row(str(i), plain(unit.name), plain(unit.op_type),
+                      plain(", ".join(unit.fused) or "—"),
                       Text(unit.precision, style=style[unit.precision]))
     return table
 
@@ -499,8 +375,8 @@ def engine_layers_table(layers: EngineLayers) -> Table:
     )
     table = Table(
         title=plain(
-            f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in all, "
-            f"{layers.schema} JSON): {shares}"
+            f"{layers.source} — {summary['compute_layers']} compute layers ({summary['layers']} in "
+            f"all, {layers.schema} JSON): {shares}"
         ),
         title_justify="left",
     )
@@ -512,7 +388,8 @@ def engine_layers_table(layers: EngineLayers) -> Table:
         return ", ".join(t.dtype for t in group)  # the full formats are in --json
 
     for layer in layers.ordered():
-        mark = Text(layer.precision, style="bold red" if fp32_flag and layer.precision == "fp32" else "")
+        mark = Text(layer.precision,
+                    style="bold red" if fp32_flag and layer.precision == "fp32" else "")
         table.add_row(
             plain(layer.name),
             plain(layer.layer_type),
@@ -544,9 +421,9 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         if field == "decisions":
             return decisions(c.metrics) or "—"
         if field == "loss":
-            return _loss(c.loss) + (f" (worst at {c.worst_shape})" if c.worst_shape else "")
+            return loss_text(c.loss) + (f" (worst at {c.worst_shape})" if c.worst_shape else "")
         if field == "shapes":
-            return " · ".join(f"{p} {_loss(v)}" for p, v in c.losses_by_shape().items()) or "—"
+            return " · ".join(f"{p} {loss_text(v)}" for p, v in c.losses_by_shape().items()) or "—"
         return c.mix
 
     def speedup(r: ResultFiles) -> str:
@@ -555,7 +432,7 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
 
     def uniform(r: ResultFiles, precision: str) -> str:
         t = r.uniform_trial(precision)
-        return f"{ms_text(t.latency_ms)} ms, loss {_loss(t.loss)}" if t else "—"
+        return f"{ms_text(t.latency_ms)} ms, loss {loss_text(t.loss)}" if t else "—"
 
     shaped = bool(a.facts.judged_shapes or b.facts.judged_shapes)  # either judged at several shapes
     rows = [
@@ -567,7 +444,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),
         ("chosen latency", lambda r: chosen(r, "latency")),
-        *([("judged shapes", lambda r: ", ".join(p.name for p in r.facts.judged_shapes or ()) or "the data's one")]
+        *([("judged shapes",
+            lambda r: ", ".join(p.name for p in r.facts.judged_shapes or ()) or "the data's one")]
           * shaped),
         ("chosen loss", lambda r: chosen(r, "loss")),
         *([("chosen loss per shape", lambda r: chosen(r, "shapes"))] * shaped),
@@ -586,5 +464,6 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         pa, pb = ca.precisions, cb.precisions
         differ = [u for u in pa if pa[u] != pb.get(u)]
         shown = ", ".join(f"{u}: {pa[u]}→{pb.get(u)}" for u in differ[:6]) + (" …" if len(differ) > 6 else "")
-        table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}", plain(shown or "—"))
+        table.add_row("units chosen differently", f"{len(differ)} of {len(pa)}",
+                      plain(shown or "—"))
     return table

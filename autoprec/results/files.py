@@ -19,7 +19,6 @@ from autoprec.analysis.model import model_sha256
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
-from autoprec.core.escape import printable
 from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
@@ -37,7 +36,6 @@ from autoprec.record.per_unit import ChosenUnit, Sensitivity
 from autoprec.record.trial import EngineInfo, TrialRecord
 from autoprec.record.verdict import Speedup, Versus
 from autoprec.study.reading import uniform_trials
-from autoprec.tasks import lower_is_closer, shown_keys
 
 # best/'s weights, where they are kept beside its models (large, or given so)
 WEIGHTS_FILE = "model.data"
@@ -65,7 +63,8 @@ class SearchResult:
         fp32 = self.uniform().get("fp32")
         if self.versus != Versus() or fp32 is None or self.chosen is None:
             return self.versus
-        claim = Speedup.from_retiming(fp32.latency_ms / self.chosen.latency_ms, self.chosen.retimed_ms, fp32.retimed_ms)
+        claim = Speedup.from_retiming(fp32.latency_ms / self.chosen.latency_ms,
+                                      self.chosen.retimed_ms, fp32.retimed_ms)
         return replace(self.versus, fp32=claim, fp32_trial=fp32.number)
 
     def uniform(self) -> dict[str, TrialRecord]:
@@ -92,7 +91,8 @@ def plan_ignored(trial: TrialRecord) -> bool:
 
 def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
     return tuple(
-        {"name": u.name, "op_type": u.op_type, "fused": list(u.nodes[1:]), "allowed": [p.value for p in u.allowed],
+        {"name": u.name, "op_type": u.op_type, "fused": list(u.nodes[1:]),
+         "allowed": [p.value for p in u.allowed],
          "tied_to": u.tied_to}
         for u in info.units
     )
@@ -100,9 +100,11 @@ def units_json(info: ModelInfo) -> tuple[dict[str, Any], ...]:
 
 def model_record(info: ModelInfo) -> ModelRecord:
     """The model a search was given, as its result records it."""
-    return ModelRecord(Path(info.path).resolve(), info.sha256, {i.name: (list(i.shape), i.dtype) for i in info.inputs},
+    return ModelRecord(Path(info.path).resolve(), info.sha256,
+                       {i.name: (list(i.shape), i.dtype) for i in info.inputs},
                        {o.name: (list(o.shape), o.dtype) for o in info.outputs}, len(info.units),
-                       len(info.searchable_units), tuple(info.notes), info.stored.weight_bytes(), info.external_data)
+                       len(info.searchable_units), tuple(info.notes), info.stored.weight_bytes(),
+                       info.external_data)
 
 
 def write_results(result: SearchResult, deployment: Deployment | None) -> list[Path]:
@@ -112,33 +114,40 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
     out = result.out_dir
     # as written: checked as every reader reads it
     recorded = json.loads(atomic.json_text(json_safe(result.search)))
-    header = Header(result.model, result.engine, SearchFacts.from_json(Fields(recorded, out / "pareto.json", "search")))
-    pareto = ParetoFile(header, result.front, result.chosen.number if result.chosen else None, result.stated_versus(),
+    header = Header(result.model, result.engine,
+                    SearchFacts.from_json(Fields(recorded, out / "pareto.json", "search")))
+    pareto = ParetoFile(header, result.front, result.chosen.number if result.chosen else None,
+                        result.stated_versus(),
                         {p: t.number for p, t in result.uniform().items()})
     written = [
         atomic.write_json(out / "pareto.json", json_safe(pareto.to_json())),
-        atomic.write_json(out / "trials.json", json_safe(TrialsFile(header, result.trials).to_json())),
+        atomic.write_json(out / "trials.json",
+                          json_safe(TrialsFile(header, result.trials).to_json())),
     ]
     if result.chosen is not None and deployment is not None:
         best = out / "best"
         chosen_model, tensorrt_model = deployment.model, deployment.tensorrt_model
         files = {
-            "model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ form); "
+            "model.onnx": f"lowered for {result.engine.backend} ({result.engine.qdq_form} Q/DQ "
+                          "form); "
             + (
                 "the model that was measured, at its fixed input shapes"
                 if deployment.fixed_because
-                else "the measured plan on the source's input dims (dynamic ones kept), checked against the "
+                else "the measured plan on the source's input dims (dynamic ones kept), checked "
+                     "against the "
                 "measured model at opt and against the given model across the profile"
             )
         }
         if tensorrt_model is not None:
             files["model.tensorrt.onnx"] = (
-                "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a strongly typed "
-                "build; NOT measured here"
+                "the same plan in TensorRT's Q/DQ form (signed symmetric, inputs only) for a "
+                "strongly typed build; NOT measured here"
             )
-        units = tuple(ChosenUnit(u["name"], u["op_type"], tuple(u["fused"]), result.chosen.plan[u["name"]].value,
+        units = tuple(ChosenUnit(u["name"], u["op_type"], tuple(u["fused"]),
+                                 result.chosen.plan[u["name"]].value,
                                  tuple(u["allowed"]), u["tied_to"]) for u in result.units)
-        shipped = ShippedAs(deployment.fixed_because, tuple(deployment.checks), deployment.fixed_because is None)
+        shipped = ShippedAs(deployment.fixed_because, tuple(deployment.checks),
+                            deployment.fixed_because is None)
         models = {best / "model.onnx": chosen_model}
         if tensorrt_model is not None:
             models[best / "model.tensorrt.onnx"] = tensorrt_model
@@ -158,7 +167,8 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
 BEST_FILES = ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE)
 # A result folder's own: what the search writes and keeps there (see ResultFiles.owns).
 OWN_FOLDERS = ("best", "cache", "artifacts", ".autoprec-locks")
-OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "pareto.png", "layers.png",
+OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "pareto.png",
+             "layers.png",
              "sensitivity.png")
 
 
@@ -188,43 +198,6 @@ def withdraw_result(out: Path) -> list[str]:
     return found
 
 
-# What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a
-# percentage.
-# each figure of what an output decides, in words
-DECISIONS = (("equal", "values same"), *shown_keys())
-# a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
-SHAPED = " @ "
-
-
-def decisions(metrics: dict[str, dict[str, Any]]) -> str:
-    """The task metrics of one trial in a few words (each output's, named when there are several);
-    where it was judged at several shapes, each output's at the data's own shape and, where another
-    is lower, the least."""
-    parts = []
-    own = {name: values for name, values in metrics.items() if SHAPED not in name}
-    for name, values in own.items():
-        found = []
-        for key, label in DECISIONS:
-            if key in values:
-                found.append(f"{label} {float(values[key]):.1%}" + _least_elsewhere(metrics, name, key, values[key]))
-        if found:
-            parts.append((f"{printable(name)}: " if len(own) > 1 else "") + ", ".join(found))
-    return "; ".join(parts)
-
-
-def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
-    """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own;
-    else nothing."""
-    # an error rate is worse higher, an agreement lower
-    sign = -1.0 if lower_is_closer(key) else 1.0
-    elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
-                 if other.startswith(name + SHAPED) and key in values}
-    if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
-        return ""
-    where = min(elsewhere, key=lambda point: sign * elsewhere[point])
-    return f" (worst {elsewhere[where]:.1%} at {printable(where)})"
-
-
 def load_json(path: Path) -> dict[str, Any]:
     """Read a result file (plain JSON; nothing is unpickled or executed): a regular file of the
     folder it lies in, bounded in size and nesting (see :mod:`autoprec.core.untrusted`)."""
@@ -241,8 +214,8 @@ def _read(path: Path, reader: Callable[[Fields], Any]) -> Any:
     try:
         document = load_json(path)
     except (OSError, ValueError) as exc:
-        raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); rerun the search "
-                            "to rewrite the result files") from None
+        raise AutoprecError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); "
+                            "rerun the search to rewrite the result files") from None
     return reader(Fields(document, path))
 
 
@@ -284,8 +257,9 @@ class HowMeasured:
 
         def recorded(key: str, nullable: bool = False) -> Any:
             if key not in facts or (facts[key] is None and not nullable):
-                raise AutoprecError(f"{where}: its result files do not record {key!r} (written by an older autoprec); "
-                                    "rerun the search to re-create, check or export its plans")
+                raise AutoprecError(f"{where}: its result files do not record {key!r} (written by "
+                                    "an older autoprec); rerun the search to re-create, check or "
+                                    "export its plans")
             return facts[key]
 
         space, fingerprint = recorded("search_space"), recorded("data_fingerprint")
@@ -294,12 +268,14 @@ class HowMeasured:
             raise AutoprecError(f"{where}: its recorded calibration_file {calibration!r} lies "
                                 "outside its cache/ (pareto.json damaged?); rerun the search")
         if search.seed < 0:
-            raise AutoprecError(f"{where}: its recorded seed {search.seed!r} is not a whole number of 0 or more "
-                                "(pareto.json damaged?); rerun the search")
+            raise AutoprecError(f"{where}: its recorded seed {search.seed!r} is not a whole number "
+                                "of 0 or more (pareto.json damaged?); rerun the search")
         model = header.model
         return cls(
-            model.path, model.sha256, {name: tuple(shape) for name, (shape, _) in model.inputs.items()}, space,
-            facts.get("data_path"), fingerprint, search.seed, ImageOptions.from_json(facts.get("image_norm")),
+            model.path, model.sha256,
+            {name: tuple(shape) for name, (shape, _) in model.inputs.items()}, space,
+            facts.get("data_path"), fingerprint, search.seed,
+            ImageOptions.from_json(facts.get("image_norm")),
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
             calibration, search.profile, facts.get("spec"), header.engine.backend,
             search.metric, search.max_loss, search.judged_shapes,
@@ -408,13 +384,15 @@ class ResultFiles:
         path = self.out_dir / "best" / name
         recorded = ((self.plan.sha256 if self.plan else None) or {}).get(name)
         if self.plan is None:
-            raise AutoprecError(f"{self.out_dir}: no chosen plan, so no best/{name}; see autoprec show {self.out_dir}")
+            raise AutoprecError(f"{self.out_dir}: no chosen plan, so no best/{name}; see autoprec "
+                                f"show {self.out_dir}")
         if recorded is None:
-            raise AutoprecError(f"{self.out_dir / 'best' / 'plan.json'}: records no sha256 of best/{name} (written by "
-                                "an older autoprec, or edited); rerun the search to check or export what it ships")
+            raise AutoprecError(f"{self.out_dir / 'best' / 'plan.json'}: records no sha256 of "
+                                f"best/{name} (written by an older autoprec, or edited); rerun the "
+                                "search to check or export what it ships")
         if not path.is_file():
-            raise AutoprecError(f"{path}: missing; the search wrote it beside best/plan.json: restore it, or rerun the "
-                                "search")
+            raise AutoprecError(f"{path}: missing; the search wrote it beside best/plan.json: "
+                                "restore it, or rerun the search")
         try:
             found = model_sha256(path)
         except AutoprecError:  # its external data is not where a model's may be: said as it is
@@ -422,9 +400,9 @@ class ResultFiles:
         except Exception as exc:  # noqa: BLE001 - not an ONNX file any more (onnx raises several types)
             found = f"unreadable ({type(exc).__name__})"
         if found != recorded:
-            raise AutoprecError(f"{path}: not the model the search wrote there (sha256 {found[:12]}…, recorded "
-                                f"{recorded[:12]}…; replaced or changed, its weights included): restore it, or rerun "
-                                "the search")
+            raise AutoprecError(f"{path}: not the model the search wrote there (sha256 "
+                                f"{found[:12]}…, recorded {recorded[:12]}…; replaced or changed, "
+                                "its weights included): restore it, or rerun the search")
         return path
 
     @property
@@ -451,10 +429,12 @@ def read_plan_file(plan: Path, document: dict[str, Any], model: Path | None = No
     records it, its model at ``model`` where given (re-creation checks it against the recorded
     sha256)."""
     found = PlanFile.from_json(Fields(document, plan))
-    header = found.header if model is None else replace(found.header, model=replace(found.header.model, path=model))
+    header = found.header if model is None else replace(found.header,
+                                                        model=replace(found.header.model, path=model))
     pareto = ParetoFile(header, (), found.trial.number, Versus(), {})
     untrusted.distrust(plan.resolve().parent.parent)
-    return ResultFiles(plan.resolve().parent.parent, pareto, TrialsFile(header, ()), replace(found, header=header))
+    return ResultFiles(plan.resolve().parent.parent, pareto, TrialsFile(header, ()),
+                       replace(found, header=header))
 
 
 def read_result_dir(out_dir: str | Path) -> ResultFiles:
@@ -466,7 +446,8 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     untrusted.checked_tree(out_dir, (*OWN_FOLDERS, *OWN_FILES, "export"), what)
     untrusted.distrust(out_dir)
     if not pareto_path.is_file():
-        raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished autoprec search")
+        raise AutoprecError(f"{out_dir}: no pareto.json there; give the --out folder of a finished "
+                            "autoprec search")
     try:
         schema = load_json(pareto_path).get("schema")
     except (OSError, ValueError, AttributeError):
@@ -474,7 +455,8 @@ def read_result_dir(out_dir: str | Path) -> ResultFiles:
     if schema != PARETO_SCHEMA:
         newer = isinstance(schema, str) and schema.startswith("autoprec.pareto/") and schema > PARETO_SCHEMA
         raise AutoprecError(f"{pareto_path}: schema {schema!r} is not {PARETO_SCHEMA!r}; "
-                            + ("written by a newer autoprec: upgrade it (pip install -U autoprec) to read this result"
+                            + ("written by a newer autoprec: upgrade it (pip install -U autoprec) "
+                               "to read this result"
                                if newer else "rerun the search"))
     pareto = _read(pareto_path, ParetoFile.from_json)
     trials = _read(out_dir / "trials.json", TrialsFile.from_json)
@@ -497,24 +479,28 @@ def _check_coherent(result: ResultFiles) -> None:
         Fields(None, out / file).refuse(problem)
 
     if pareto.header.search.trials != len(by_number):
-        refuse("pareto.json", f"search.trials says {pareto.header.search.trials}, but trials.json holds "
-                              f"{len(by_number)} trial(s)")
+        refuse("pareto.json", f"search.trials says {pareto.header.search.trials}, but trials.json "
+                              f"holds {len(by_number)} trial(s)")
     if not _same_run(result.trials.header, pareto.header):
         refuse("trials.json", "it is of another run than pareto.json (their search.run, model or "
                               "--max-loss differ)")
     for trial in pareto.front:
-        _same_trial(trial, by_number, lambda problem: refuse("pareto.json", f"front trial {trial.number}{problem}"))
+        _same_trial(trial, by_number, lambda problem: refuse("pareto.json", "front trial "
+                                                                            f"{trial.number}{problem}"))
     front = {t.number for t in pareto.front}
     if pareto.chosen is not None and pareto.chosen not in front:
         refuse("pareto.json", f"it chooses trial {pareto.chosen}, which is not on its front")
     if pareto.chosen is not None and not by_number[pareto.chosen].feasible:
         refuse("pareto.json", f"chosen trial {pareto.chosen} is not within --max-loss (loss "
-                              f"{by_number[pareto.chosen].loss:g}), yet the chosen plan is the fastest within it")
+                              f"{by_number[pareto.chosen].loss:g}), yet the chosen plan is the "
+                              "fastest within it")
     for precision, number in pareto.uniform.items():
         if number not in by_number:
-            refuse("pareto.json", f"uniform.{precision} names trial {number}, which trials.json lacks")
+            refuse("pareto.json", f"uniform.{precision} names trial {number}, which trials.json "
+                                  "lacks")
         if by_number[number].plan.counts().get(precision) != len(by_number[number].plan.precisions):
-            refuse("pareto.json", f"uniform.{precision} names trial {number}, whose plan is not all {precision}")
+            refuse("pareto.json", f"uniform.{precision} names trial {number}, whose plan is not "
+                                  f"all {precision}")
     for where, number in _claimed_trials(pareto):
         if number not in by_number:
             refuse("pareto.json", f"{where} names trial {number}, which trials.json lacks")
@@ -528,12 +514,13 @@ def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRe
                 refuse: Callable[[str], NoReturn]) -> None:
     """best/plan.json is the chosen trial of this very run."""
     if not _same_run(plan.header, pareto.header):
-        refuse("it is of another run than pareto.json (their search.run, model or --max-loss differ: best/ is "
-               "from another run)")
+        refuse("it is of another run than pareto.json (their search.run, model or --max-loss "
+               "differ: best/ is from another run)")
     if plan.trial.number != pareto.chosen:
-        refuse(f"it holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} (best/ is from another "
-               "run)")
-    _same_trial(plan.trial, by_number, lambda problem: refuse(f"trial {plan.trial.number}{problem}"))
+        refuse(f"it holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} (best/ "
+               "is from another run)")
+    _same_trial(plan.trial, by_number, lambda problem: refuse(f"trial "
+                                                              f"{plan.trial.number}{problem}"))
 
 
 def _same_run(header: Header, other: Header) -> bool:
@@ -545,7 +532,8 @@ def _same_run(header: Header, other: Header) -> bool:
     return run(header) == run(other)
 
 
-def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord], refuse: Callable[[str], NoReturn]) -> None:
+def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord],
+                refuse: Callable[[str], NoReturn]) -> None:
     """``entry`` (a front member, best/plan.json's) is trials.json's trial of its number, field for
     field."""
     theirs = by_number.get(entry.number)
@@ -554,8 +542,9 @@ def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord], refuse: C
     ours, recorded = entry.to_json(), theirs.to_json()
     differs = [key for key in recorded if not _same(ours.get(key), recorded[key])]
     if differs:
-        refuse(f": its {', '.join(differs[:3])} {'differs' if len(differs) == 1 else 'differ'} from trial "
-               f"{entry.number}'s in trials.json (the figures are that plan's, as measured)")
+        refuse(f": its {', '.join(differs[:3])} {'differs' if len(differs) == 1 else 'differ'} "
+               f"from trial {entry.number}'s in trials.json (the figures are that plan's, as "
+               "measured)")
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -293,14 +293,17 @@ def layers_figure(result: ResultFiles) -> Figure:
     else:  # too many names to read: number the units, every tenth
         ticks = list(range(0, len(units), 10))
         ax.set_xticks(ticks, [str(i) for i in ticks], fontsize=8)
-        ax.set_xlabel(f"unit index in graph order ({len(units)} units; names in best/plan.json)", fontsize=8)
+        ax.set_xlabel(f"unit index in graph order ({len(units)} units; names in best/plan.json)",
+                      fontsize=8)
     ax.set_xticks([x - 0.5 for x in range(1, len(units))], minor=True)
     ax.set_yticks([y - 0.5 for y in range(1, len(front))], minor=True)
     ax.grid(which="minor", color="white", linewidth=0.6 if len(units) <= 60 else 0.2)
     ax.tick_params(which="minor", length=0)
-    ax.set_title(_wrapped(f"Precision per unit on the Pareto front: {_subtitle(result)}", width, 9), fontsize=9)
+    ax.set_title(_wrapped(f"Precision per unit on the Pareto front: {_subtitle(result)}", width, 9),
+                 fontsize=9)
     handles = [Patch(color=PRECISION_COLOURS[p], label=p) for p in order]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              frameon=False)
     return laid_out(fig)
 
 
@@ -317,7 +320,8 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
     plt = _pyplot()
     units = sensitivity.units
     rows = list(range(len(units)))
-    fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)), dpi=120,
+    fig, (left, right) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.16 * len(units)),
+                                      dpi=120,
                                       gridspec_kw={"width_ratios": [3, 1.2]})
     floored = False
     for precision, marker in (("int4", "D"), ("int8", "s"), ("fp16", "o")):
@@ -330,20 +334,24 @@ def sensitivity_figure(sensitivity: Sensitivity, title: str) -> Figure:
         failed = [i for i, v in points if not math.isfinite(v)]
         if failed:
             left.scatter(
-                [1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: failed / inf"
+                [1.0] * len(failed), failed, marker="x", color="black", s=18, label=f"{precision}: "
+                                                                                    "failed / inf"
             )
     left.set_xscale("log")
     judged = f" ({printable(sensitivity.judged)})" if sensitivity.judged else ""
     floor = f"; a loss of 0 is drawn at {number_text(LOSS_FLOOR)})" if floored else ")"
     width = 64  # characters: the label stays under the left panel, beside the right panel's own
-    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered (log{floor}", width))
+    left.set_xlabel(textwrap.fill(f"accuracy loss{judged} with only this unit lowered "
+                                  f"(log{floor}", width))
     left.grid(axis="x", color="0.9")
     # above: no point hid
     left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)
     shares = [u.share if u.share is not None else 0.0 for u in units]
     right.barh(rows, [100 * s for s in shares], color="0.55")
     right.set_xlim(0, 1.05 * max(100 * max(shares, default=0.0), 1.0))  # a share is 0 % or more
-    right.set_xlabel("share of FP32 latency, %" if any(u.share is not None for u in units) else "no engine profile")
+    right.set_xlabel("share of FP32 latency, %" if any(u.share is not None for u in units) else "no "
+                                                                                                "engine "
+                                                                                                "profile")
     labels = [_name(u.unit) for u in units] if len(units) <= 60 else [str(i) for i in rows]
     left.set_yticks(rows, labels, fontsize=6 if len(units) > 30 else 8)
     left.invert_yaxis()
@@ -364,7 +372,8 @@ def plot_result_dir(result: ResultFiles) -> list[Path]:
     ]
     if result.sensitivity is not None:
         found = result.sensitivity
-        written.append(plot_sensitivity(found, result.model_name, result.out_dir / "sensitivity.png"))
+        written.append(plot_sensitivity(found, result.model_name,
+                                        result.out_dir / "sensitivity.png"))
     return written
 
 
@@ -381,12 +390,17 @@ def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model
 
     x = [r.index for r in rows]
     colours = [PRECISION_COLOURS[r.precision] if r.precision != "fp32" else "#BBBBBB" for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(min(24, max(9, 0.12 * len(rows) + 4)), 7), dpi=120)
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True,
+                                      figsize=(min(24, max(9, 0.12 * len(rows) + 4)), 7), dpi=120)
     top.bar(
-        x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone (fed FP32 inputs)"
+        x, positive([r.added_rel_l2 for r in rows]), color=colours, label="added by the unit alone "
+                                                                          "(fed FP32 inputs)"
     )
     top.plot(
-        x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2, label="accumulated at its output"
+        x, positive([r.rel_l2 for r in rows]), color="black", marker=".", lw=1.2,
+        label="accumulated "
+                                                                                        "at its "
+                                                                                        "output"
     )
     top.set_yscale("log")
     top.set_ylabel("rel. L2 error vs FP32")
@@ -398,9 +412,12 @@ def errors_figure(rows: Sequence[UnitError], title: str, loss_name: str = "model
     bottom.set_ylabel(textwrap.fill(printable(f"{loss_name}, unit alone"), 34))
     for r in culprits(rows):
         if r.alone_loss > 0:
-            bottom.annotate(_name(r.unit), (r.index, r.alone_loss), textcoords="offset points", xytext=(0, 4),
-                            ha="center", fontsize=7, rotation=60, color="tab:red", annotation_clip=False)
-    bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, blue fp16, grey fp32)")
+            bottom.annotate(_name(r.unit), (r.index, r.alone_loss), textcoords="offset points",
+                            xytext=(0, 4),
+                            ha="center", fontsize=7, rotation=60, color="tab:red",
+                            annotation_clip=False)
+    bottom.set_xlabel("unit index in graph order (bar colour: planned precision — orange int8, "
+                      "blue fp16, grey fp32)")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (top, bottom):
         ax.grid(True, axis="y", alpha=0.3)

@@ -12,12 +12,14 @@ from typing import Any
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.record.verdict import ratio_text
-from autoprec.results.console import shape_lines
-from autoprec.results.files import DECISIONS, ResultFiles, decisions
+from autoprec.results.files import ResultFiles
 from autoprec.results.plots import plot_result_dir
+from autoprec.results.profile_lines import shape_lines
 from autoprec.results.rows import (
     COLUMNS_SAID,
+    DECISIONS,
     TrialRow,
+    decisions,
     figure,
     loss_name,
     order_said,
@@ -66,11 +68,13 @@ def _facts(result: ResultFiles) -> str:
         ("inputs", ", ".join(f"{n} {shape} {dtype}" for n, (shape, dtype) in model.inputs.items())),
         ("units", f"{model.units} ({model.searchable_units} searched)"),
         ("preparation", "; ".join(model.preparation) or "—"),
-        ("engine", f"{engine.engine} {engine.version}, {engine.provider} ({engine.qdq_form} Q/DQ form)"),
+        ("engine", f"{engine.engine} {engine.version}, {engine.provider} ({engine.qdq_form} Q/DQ "
+                   "form)"),
         ("device", engine.device),
         ("latency", engine.timing or "—"),
         ("measured", "yes" if engine.measured else "NO — described only, never executed"),
-        ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} evaluation batch(es)"),
+        ("data", f"{search.data} — {search.batches[0]} calibration / {search.batches[1]} "
+                 "evaluation batch(es)"),
         ("metric", f"{search.metric}: the loss is the {loss_name(search.metric)} (0 = as FP32)"),
         *(("judged shapes", "; ".join(f"{p.name} ({p.said}; ×{p.runs} in a request)"
                                       for p in search.judged_shapes or ())
@@ -78,7 +82,8 @@ def _facts(result: ResultFiles) -> str:
         *(("FP32 against the labels", decisions(search.fp32_on_labels)),) * bool(search.fp32_on_labels),
         *(("note", line) for line in search.metric_notes),
         *(("⚠ decisions changed", line) for line in search.decision_changes),
-        ("max loss", (f"{search.max_loss:g}" + (f" — {search.limit_in_decisions}" if search.limit_in_decisions else ""))
+        ("max loss",
+         (f"{search.max_loss:g}" + (f" — {search.limit_in_decisions}" if search.limit_in_decisions else ""))
                      if search.max_loss is not None else "none (the knee is chosen)"),
         ("budget", f"{search.budget} trials: {search.trials} measured, {search.rejected} "
                    "rejected early (counted against the budget, as on the terminal)"),
@@ -99,22 +104,30 @@ def _front(result: ResultFiles) -> str:
     rows = trial_rows(result)
     shaped = any(row.trial.worst_shape for row in rows)
     counted = ["int4"] * any(row.trial.plan.counts().get("int4", 0) for row in rows) + ["int8", "fp16", "fp32"]
-    head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms", "p10–p90 ms", "runs",
-            f"loss: {loss_name(result.facts.metric)} ↓", *(["worst at"] if shaped else []), *counted, ""]
+    head = ["trial", "ms", "range ms", "×fp32", "re-timed rounds ms", "own runs: median ms",
+            "p10–p90 "
+                                                                                             "ms", "runs",
+            f"loss: {loss_name(result.facts.metric)} ↓", *(["worst at"] if shaped else []),
+            *counted, ""]
     cells = []
     for row in rows:
         t, lat = row.trial, row.trial.measurement.latency
-        cells.append(_row([t.number, _num(row.ms, ".4g"), f"{_num(row.low, '.4g')}–{_num(row.high, '.4g')}",
+        cells.append(_row([t.number, _num(row.ms, ".4g"),
+                           f"{_num(row.low, '.4g')}–{_num(row.high, '.4g')}",
                            ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
-                           ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—", _num(lat.median_ms, ".4g"),
-                           f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs, _num(t.loss, ".3e"),
+                           ", ".join(_num(v, ".4g") for v in t.retimed_ms) or "—",
+                           _num(lat.median_ms, ".4g"),
+                           f"{_num(lat.p10_ms, '.4g')}–{_num(lat.p90_ms, '.4g')}", lat.runs,
+                           _num(t.loss, ".3e"),
                            *([t.worst_shape or "—"] if shaped else []),
                            *(t.plan.counts().get(p, 0) for p in counted), ", ".join(row.roles)],
                           row.chosen, left=(len(head) - 1,)))
     roles = "; ".join(said for said in (roles_said(rows), order_said(rows)) if said)
     return (f'<table><tr>{"".join(f"<th>{_e(h)}</th>" for h in head)}</tr>{"".join(cells)}</table>'
-            f"<p class='note'>Highlighted: the chosen plan. Latency is for one batch. {_e(COLUMNS_SAID)}. Own runs: the "
-            "trial's own timed runs during the search. The re-timing rounds timed the front and the all-FP32 plan "
+            f"<p class='note'>Highlighted: the chosen plan. Latency is for one batch. "
+            f"{_e(COLUMNS_SAID)}. Own runs: the "
+            "trial's own timed runs during the search. The re-timing rounds timed the front and "
+            "the all-FP32 plan "
             "again, interleaved, after the search (the choice uses them)"
             + (f"; {_e(roles)}" if roles else "") + ".</p>" + _metrics(result, rows))
 
@@ -149,11 +162,13 @@ def _plan(result: ResultFiles) -> str:
         return "<p>No plan was chosen.</p>"
     rows = "".join(
         f'<tr><td>{i}</td><td class="l">{_e(u.name)}</td><td class="l">{_e(u.op_type)}</td>'
-        f'<td class="l">{_e(", ".join(u.fused) or "—")}</td><td class="l {u.precision}">{u.precision}</td></tr>'
+        f'<td class="l">{_e(", ".join(u.fused) or "—")}</td><td class="l '
+        f'{u.precision}">{u.precision}</td></tr>'
         for i, u in enumerate(result.chosen_units)
     )
     files = "".join(f"<li><code>best/{_e(k)}</code>: {_e(v)}</li>" for k, v in result.best_files.items())
-    return ('<table><tr><th>#</th><th class="l">unit</th><th class="l">op</th><th class="l">fused</th>'
+    return ('<table><tr><th>#</th><th class="l">unit</th><th class="l">op</th><th '
+            'class="l">fused</th>'
             f'<th class="l">precision</th></tr>{rows}</table><ul>{files}</ul>')
 
 
@@ -162,8 +177,8 @@ def _summary(result: ResultFiles) -> str:
     chosen, versus = result.shown_chosen(), result.versus
     if chosen is None:
         return "No plan was chosen."
-    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.latency_ms, '.4g')} ms per batch, accuracy loss "
-               f"{_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
+    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.latency_ms, '.4g')} ms per batch, "
+               f"accuracy loss {_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
     if versus.fp32 and versus.fp32_trial != chosen.number:
         summary += f" Speed-up over all-FP32 {versus.fp32.text()} ({versus.fp32.verdict(short=True)})."
     if rivals := versus.rivals_said():

@@ -13,11 +13,13 @@ agrees with itself and with the lines beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from autoprec.core.escape import printable
 from autoprec.record.trial import TrialRecord
 from autoprec.record.verdict import Speedup
 from autoprec.results.files import ResultFiles
-from autoprec.tasks import TASKS, lower_is_closer
+from autoprec.tasks import TASKS, lower_is_closer, shown_keys
 
 # What a row is, besides a front member or the chosen plan, as its table marks it and a caption
 # explains it.
@@ -29,13 +31,15 @@ ROLES = {
 }
 
 
-COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own runs); range: those rounds' min–max (else "
-                "its runs' p10–p90); ×fp32: the final timing's speed-up where it timed the plan, else the re-timing's")
+COLUMNS_SAID = ("ms: median of the trial's re-timing rounds (else of its own runs); range: those "
+                "rounds' min–max (else its runs' p10–p90); ×fp32: the final timing's speed-up "
+                "where it timed the plan, else the re-timing's")
 
 
 # The loss each --metric names, as every view (show, report, compare, the plots) says it: lower is
 # better, 0 is FP32's own outputs; a similarity is said as its loss, never as itself beside it.
-LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error", "max_abs": "max abs error",
+LOSS_NAMES = {"cosine": "cosine loss (1 − cosine)", "rel_l2": "rel. L2 error", "max_abs": "max abs "
+                                                                                          "error",
               **{task.name: task.said for task in TASKS}}
 # Each figure of a plan's outputs: its name with its direction (↓ lower is closer to FP32, ↑
 # higher), and how the recorded value reads that way (a cosine similarity: its loss, 1 − cosine).
@@ -132,7 +136,8 @@ def trial_rows(result: ResultFiles) -> list[TrialRow]:
     stated = {number: claim.speedup for number, claim in stated_speedups(result).items()}
     rows = []
     for t in [*front, *others]:
-        roles = tuple(named.get(t.number, ())) + (() if t.number in on_front else ("off the front",))
+        roles = tuple(named.get(t.number, ())) + (() if t.number in on_front else ("off the "
+                                                                                   "front",))
         if t.number in stated:
             rows.append(TrialRow(t, roles, stated[t.number], True))
         else:
@@ -162,3 +167,39 @@ def roles_said(rows: list[TrialRow]) -> str | None:
     """What the marks of these rows mean, in a line; None where no row has one."""
     found = dict.fromkeys(role for row in rows for role in row.roles if role != "chosen")
     return "; ".join(f"{role}: {ROLES[role]}" for role in found) or None
+
+
+# What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a
+# percentage; each figure of what an output decides, in words.
+DECISIONS = (("equal", "values same"), *shown_keys())
+# a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
+SHAPED = " @ "
+
+
+def decisions(metrics: dict[str, dict[str, Any]]) -> str:
+    """The task metrics of one trial in a few words (each output's, named when there are several);
+    where it was judged at several shapes, each output's at the data's own shape and, where another
+    is lower, the least."""
+    parts = []
+    own = {name: values for name, values in metrics.items() if SHAPED not in name}
+    for name, values in own.items():
+        found = []
+        for key, label in DECISIONS:
+            if key in values:
+                found.append(f"{label} {float(values[key]):.1%}" + _least_elsewhere(metrics, name, key, values[key]))
+        if found:
+            parts.append((f"{printable(name)}: " if len(own) > 1 else "") + ", ".join(found))
+    return "; ".join(parts)
+
+
+def _least_elsewhere(metrics: dict[str, dict[str, Any]], name: str, key: str, here: float) -> str:
+    """`` (worst 96.4% at prefill)`` where a judged shape's figure is worse than the data's own;
+    else nothing."""
+    # an error rate is worse higher, an agreement lower
+    sign = -1.0 if lower_is_closer(key) else 1.0
+    elsewhere = {other.split(SHAPED, 1)[1]: float(values[key]) for other, values in metrics.items()
+                 if other.startswith(name + SHAPED) and key in values}
+    if not elsewhere or min(sign * v for v in elsewhere.values()) >= sign * float(here):
+        return ""
+    where = min(elsewhere, key=lambda point: sign * elsewhere[point])
+    return f" (worst {elsewhere[where]:.1%} at {printable(where)})"

@@ -35,14 +35,16 @@ class BuildCounts:
         return sum(self.by_phase.values())
 
 
-def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int, proposed: int,
+def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int,
+                 proposed: int,
                  judged_on_target: bool) -> BuildCounts:
     """Builds (or sessions) of the target engine in every phase of the study, over every run and
     worker that wrote to it (this ``run``'s recorded in the study first; another worker's once it
     wrote its result), and the plans the reference executor evaluated instead (counted as builds
     where the target had to be the reference). ``sensitivity``: the pass this run made (None where
     it read the study's); ``proposed``: the proposals the reference executor judged."""
-    study.set_user_attr(BUILDS_ATTR + run, {"profiles": sensitivity.node_time_builds if sensitivity else 0,
+    study.set_user_attr(BUILDS_ATTR + run,
+                        {"profiles": sensitivity.node_time_builds if sensitivity else 0,
                                             "retiming": retimed,
                                             "evaluations": sensitivity.evaluations if sensitivity else 0})
     runs = [v for k, v in study.user_attrs.items() if k.startswith(BUILDS_ATTR)]
@@ -59,14 +61,17 @@ def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None,
     return BuildCounts(by_phase, evaluations, on_node_timed, len(runs))
 
 
-def builds_facts(builds: BuildCounts, executor: str, proposals_per_build: int, predicted: dict | None) -> dict[str, Any]:
+def builds_facts(builds: BuildCounts, executor: str, proposals_per_build: int,
+                 predicted: dict | None) -> dict[str, Any]:
     return {
         "engine_builds": builds.total,
         "engine_builds_by_phase": builds.by_phase,
-        "engine_builds_scope": f"the study: its {builds.runs} run(s) that wrote a result, workers included",
+        "engine_builds_scope": f"the study: its {builds.runs} run(s) that wrote a result, workers "
+                               "included",
         "trials_on_profile_builds": builds.trials_on_profile_builds,
         "reference_evaluations": builds.reference_evaluations,
-        "reference": {"executor": executor, "proposals_per_build": proposals_per_build, **(predicted or {})},
+        "reference": {"executor": executor, "proposals_per_build": proposals_per_build,
+                      **(predicted or {})},
     }
 
 
@@ -75,7 +80,8 @@ def say_builds(engine: str, builds: BuildCounts, predicted: dict | None) -> None
         f"{engine} builds in the study ({builds.runs} run(s)): {builds.total} ("
         + ", ".join(f"{k} {v}" for k, v in builds.by_phase.items())
         + (
-            f"; {builds.trials_on_profile_builds} trial(s) timed on the engine built for their profile"
+            f"; {builds.trials_on_profile_builds} trial(s) timed on the engine built for their "
+            "profile"
             if builds.trials_on_profile_builds
             else ""
         )

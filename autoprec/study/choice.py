@@ -53,7 +53,8 @@ class ShipRule:
         return min(max(FINAL_SHARE * measuring, FINAL_SECONDS[0]), FINAL_SECONDS[1])
 
 
-def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path, trials: Sequence[TrialRecord],
+def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path,
+                trials: Sequence[TrialRecord],
                 choose: Callable[[], Choice]) -> Choice:
     """``choose()``, by the first of the study's workers to get here; the others wait and read its
     choice (``path`` holds it), so that the held-out judging and the final timing run once, alone on
@@ -63,12 +64,16 @@ def chosen_once(shared: SharedInputs, locks: StudyLocks, worker: str, path: Path
             choice = choose()
             atomic.write_json(path, choice.to_json())
             return choice
-    log.info(f"the plan to ship was chosen and timed by another worker of the study ({path.name} in its artifacts)")
-    return Choice.from_json(Fields(untrusted.read_json(path, f"the study's choice {path}"), path), trials)
+    log.info(f"the plan to ship was chosen and timed by another worker of the study ({path.name} "
+             "in its artifacts)")
+    return Choice.from_json(Fields(untrusted.read_json(path, f"the study's choice {path}"), path),
+                            trials)
 
 
-def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord], held_out: HeldOutJudging,
-                   measurer: Measurer, final_timing: FinalTiming, rule: ShipRule, apart: bool = False) -> Choice:
+def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord],
+                   held_out: HeldOutJudging,
+                   measurer: Measurer, final_timing: FinalTiming, rule: ShipRule,
+                   apart: bool = False) -> Choice:
     """The plan to ship, in four steps: the fastest plan on the re-timed ``front`` within the limit
     (the knee without one); the first of those that holds the limit on the held-out batches too;
     timed with its rivals beside all-FP32 and the given model (``final_timing``; ``apart``: one
@@ -115,7 +120,8 @@ def fastest_within(front: Sequence[TrialRecord], max_loss: float | None) -> Tria
 
     return min(
         finite,
-        key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)), scaled(r.loss, min(losses), max(losses))),
+        key=lambda r: math.hypot(scaled(r.latency_ms, min(lats), max(lats)),
+                                 scaled(r.loss, min(losses), max(losses))),
     )
 
 
@@ -129,7 +135,8 @@ class HeldOutJudging:
     (:mod:`autoprec.measure.confirmation`), each judged once (:meth:`judge`); every plan holds where
     there is no judge, no limit, or the judge ``failed``."""
 
-    def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel], max_loss: float | None):
+    def __init__(self, judge: HeldOutJudge | None, lower: Callable[[Plan], StoredModel],
+                 max_loss: float | None):
         self.held_out_judge, self.lower, self.max_loss = judge, lower, max_loss
         self.batches = len(judge.batches) if judge is not None else 0
         self.losses: dict[int, float] = {}
@@ -144,14 +151,14 @@ class HeldOutJudging:
             self.losses[trial.number] = loss = self.held_out_judge.loss(self.lower(trial.plan))
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime's CPU may not run the FP32 model or an engine's
             # form on the calibration batches: said, and no plan judged
-            log.warning(f"the plans could not be judged on the calibration batches (trial {trial.number}: "
-                        f"{first_line(exc)})")
+            log.warning("the plans could not be judged on the calibration batches (trial "
+                        f"{trial.number}: {first_line(exc)})")
             self.failed = True
             return
         if self.max_loss is not None and not loss <= self.max_loss:
-            log.warning(f"trial {trial.number} is within --max-loss {self.max_loss:g} on the evaluation batches, "
-                        f"but loses {loss:.3g} on the {self.batches} calibration batches, which judged no trial: "
-                        "not chosen")
+            log.warning(f"trial {trial.number} is within --max-loss {self.max_loss:g} on the "
+                        f"evaluation batches, but loses {loss:.3g} on the {self.batches} "
+                        "calibration batches, which judged no trial: not chosen")
 
     def holds(self, trial: TrialRecord) -> bool:
         """Whether ``trial`` holds the limit on the calibration batches, as far as it was judged
@@ -218,11 +225,13 @@ class FinalTiming(Protocol):
     (:mod:`autoprec.measure.speedup`): its rounds, or None where it did not time them (the speed-up
     then stands on the re-timing's rounds, as where the timing fails)."""
 
-    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+    def __call__(self, measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord],
+                 seconds: float,
                  apart: bool) -> verdict.Rounds | None: ...
 
 
-def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord],
+                      seconds: float,
                       apart: bool) -> verdict.Rounds:
     """The final timing a search runs: the measurer times the plans in blocks of interleaved rounds,
     every model's session built anew for each block, until their speed-ups' intervals are narrow or
@@ -231,15 +240,17 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
     beside = f" and trial(s) {', '.join(str(r.number) for r in contenders[1:])}, which the re-timing could not " \
         "tell from it," if len(contenders) > 1 else ""
     log.info(
-        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given model until the "
-        f"speed-ups are known ({verdict.CONFIDENCE:.0%} interval within {verdict.NARROW:.0%}, or each plan's "
-        f"{verdict.DECIDED_CONFIDENCE:.1%} interval above or below 1; every model's session built anew for each of "
-        f"{speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:.3g} s)"
+        f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given "
+        f"model until the speed-ups are known ({verdict.CONFIDENCE:.0%} interval within "
+        f"{verdict.NARROW:.0%}, or each plan's {verdict.DECIDED_CONFIDENCE:.1%} interval above or "
+        f"below 1; every model's session built anew for each of {speedup.MIN_BLOCKS} or more "
+        f"blocks of rounds, then up to {seconds:.3g} s)"
     )
     return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
 
 
-def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord], seconds: float,
+def not_timed(measurer: Measurer, fp32: TrialRecord, contenders: Sequence[TrialRecord],
+              seconds: float,
               apart: bool) -> None:
     """No final timing: the chosen plan ships with the speed-up the re-timing's rounds give it (a
     search in a hurry, and the tests that are not about the final timing)."""
@@ -270,7 +281,8 @@ def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: Trial
         winner, over_fp32 = speedup.fastest(rounds, len(contenders))
         found = speedup.compared(rounds, winner)
     except (AutoprecError, RuntimeError, ValueError) as exc:
-        log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's {RETIME_ROUNDS} rounds")
+        log.warning(f"the final timing failed ({exc}): the speed-up stands on the re-timing's "
+                    f"{RETIME_ROUNDS} rounds")
         return None
     steadiness = rounds.steadiness()
     if said := steadiness.said():
@@ -278,8 +290,9 @@ def timed_with_rivals(measurer: Measurer, final_timing: FinalTiming, fp32: Trial
     named = {speedup.contender(i): r for i, r in enumerate(contenders)}
     chosen = contenders[0]
     if named[winner] is not chosen:
-        log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same rounds "
-                 f"({over_fp32[winner].text()} against {over_fp32['chosen'].text()} over all-FP32): it is the choice")
+        log.info(f"trial {named[winner].number} ran faster than trial {chosen.number} in the same "
+                 f"rounds ({over_fp32[winner].text()} against {over_fp32['chosen'].text()} over "
+                 "all-FP32): it is the choice")
     others = tuple(Rival(named[n].number, c) for n, c in over_fp32.items() if n != winner)
     return FinalRounds(named[winner], found, others, steadiness)
 
@@ -297,11 +310,11 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
     not_shipped = None
     if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not within_noise:
         unknown = "" if versus_fp32.narrow else (
-            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions): "
-            f"{verdict.ADVICE}")
+            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds "
+            f"({versus_fp32.blocks} sessions): {verdict.ADVICE}")
         not_shipped = NotShipped(chosen.number, versus_fp32, (
-            f"not faster than all-FP32 beyond timing noise ({versus_fp32.text()}): best/ holds the all-FP32 plan "
-            f"(--ship-within-noise ships it anyway){unknown}"))
+            f"not faster than all-FP32 beyond timing noise ({versus_fp32.text()}): best/ holds the "
+            f"all-FP32 plan (--ship-within-noise ships it anyway){unknown}"))
         log.warning(f"trial {chosen.number}: {not_shipped.why}")
         chosen, versus_source = fp32, preparation
     shipped_fp32 = chosen.plan.key() == fp32.plan.key()

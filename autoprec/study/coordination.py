@@ -87,10 +87,12 @@ def storage_hint(message: str) -> str:
                 "disk and the file) and run the same command again (finished trials are kept)")
     if any(word in text for word in ("no space", "or disk is full", "file too large", "disk full")):
         return "its disk is full: free space and run the same command again (finished trials are kept)"
-    if any(word in text for word in ("connect", "server closed", "terminating connection", "refused", "timeout",
-                                     "shutting down", "could not receive", "the database system is")):
-        return ("the database server stopped or cannot be reached: start it (or check the URL and the network) and run "
-                "the same command again (finished trials are kept)")
+    if any(word in text for word in ("connect", "server closed", "terminating connection",
+                                     "refused", "timeout",
+                                     "shutting down", "could not receive", "the database system "
+                                                                           "is")):
+        return ("the database server stopped or cannot be reached: start it (or check the URL and "
+                "the network) and run the same command again (finished trials are kept)")
     return "check the database and run the same command again (finished trials are kept)"
 
 
@@ -116,10 +118,12 @@ def check_storage(url: str, existing: bool = False) -> None:
         raise StudyError(f"--storage {redacted(url)}: {path} is {found}, not a database file; give "
                          "the path of a file (e.g. sqlite:///results/study.db)")
     if existing and not path.is_file():
-        raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the storage a search wrote")
+        raise StudyError(f"--storage {redacted(url)}: no such database file {path}; give the "
+                         "storage a search wrote")
     if not path.parent.is_dir():
         raise StudyError(
-            f"--storage {redacted(url)}: folder {path.parent} does not exist; create it or choose another path"
+            f"--storage {redacted(url)}: folder {path.parent} does not exist; create it or choose "
+            "another path"
         )
 
 
@@ -214,12 +218,13 @@ class StudyLocks:
                 connection = self._engine.connect()
             except sqlalchemy.exc.SQLAlchemyError as exc:
                 first = without_password(first_line(exc.orig or exc, None, empty=""), self._url)
-                raise StudyError(f"--storage {redacted(self._url)}: cannot be reached ({first}); check the server, "
-                                 "the URL and the network") from None
+                raise StudyError(f"--storage {redacted(self._url)}: cannot be reached ({first}); "
+                                 "check the server, the URL and the network") from None
             with connection:
                 if wait:
                     connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
-                elif not connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+                elif not connection.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:k)"),
+                                            {"k": key}).scalar():
                     yield False
                     return
                 try:
@@ -381,9 +386,10 @@ class SharedInputs:
         missing = [f.name for f in files if f.name not in by_name]
         if missing:
             raise StudyError(
-                f"study {self.study.study_name!r} shares inputs computed from other data or another model "
-                f"({', '.join(sorted(by_name))}; this worker needs {', '.join(missing)}): start it with the "
-                "study's model, data and settings, or use another --study-name"
+                f"study {self.study.study_name!r} shares inputs computed from other data or "
+                f"another model ({', '.join(sorted(by_name))}; this worker needs "
+                f"{', '.join(missing)}): start it with the study's model, data and settings, or "
+                "use another --study-name"
             )
         for path in files:
             entry = by_name[path.name]
@@ -391,19 +397,22 @@ class SharedInputs:
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                optuna.artifacts.download_artifact(artifact_store=self.store, artifact_id=entry["artifact_id"],
+                optuna.artifacts.download_artifact(artifact_store=self.store,
+                                                   artifact_id=entry["artifact_id"],
                                                    file_path=str(path.with_suffix(".download")))
             except FileNotFoundError:
                 raise StudyError(
-                    f"study {self.study.study_name!r}: its shared {path.name} (artifact {entry['artifact_id']}, "
-                    f"uploaded by {entry['worker']} to {entry['store']}) is not in {self.store_dir}: give every "
-                    "worker the same --artifacts directory (a shared file system across hosts)"
+                    f"study {self.study.study_name!r}: its shared {path.name} (artifact "
+                    f"{entry['artifact_id']}, uploaded by {entry['worker']} to {entry['store']}) "
+                    f"is not in {self.store_dir}: give every worker the same --artifacts directory "
+                    "(a shared file system across hosts)"
                 ) from None
             downloaded = path.with_suffix(".download")
             if file_sha256(downloaded) != entry["sha256"]:
                 downloaded.unlink()
                 raise StudyError(
-                    f"shared {path.name} does not match its recorded sha256: the artifact store was altered"
+                    f"shared {path.name} does not match its recorded sha256: the artifact store "
+                    "was altered"
                 )
             os.replace(downloaded, path)
         return True
@@ -411,9 +420,11 @@ class SharedInputs:
     def publish(self, name: str, files: list[Path], worker: str) -> None:
         entries = []
         for path in files:
-            artifact_id = optuna.artifacts.upload_artifact(artifact_store=self.store, file_path=str(path),
+            artifact_id = optuna.artifacts.upload_artifact(artifact_store=self.store,
+                                                           file_path=str(path),
                                                            study_or_trial=self.study)
-            entries.append({"name": path.name, "sha256": file_sha256(path), "artifact_id": artifact_id,
+            entries.append({"name": path.name, "sha256": file_sha256(path),
+                            "artifact_id": artifact_id,
                             "worker": worker, "store": str(self.store_dir)})
         self.study.set_user_attr(f"{self.ATTR}:{name}", entries)
 

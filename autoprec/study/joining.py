@@ -35,7 +35,8 @@ class Joined:
     asked: int = 0  # trials the study held when this process joined it, finished or not
 
 
-def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, name: str, sampler: str, seed: int,
+def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, name: str,
+               sampler: str, seed: int,
                heartbeat: int, budget: int, artifacts: str | os.PathLike | None, parallel: bool,
                device: int | None) -> Joined:
     """Create or join the study ``name`` (in ``storage``; default: SQLite in ``out_dir``) made for
@@ -47,7 +48,8 @@ def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, nam
     locks = StudyLocks(storage_url, name)
     me = worker_id(device)
     with locks.hold("identity"):  # two workers starting a new study at once agree on one identity
-        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel), heartbeat)
+        study = open_study(storage_url, name, identity, make_sampler(sampler, seed, parallel),
+                           heartbeat)
         fresh = not (study.get_trials(deepcopy=False) or "budget" in study.user_attrs)
         if not fresh:
             # joining (or resuming) a study: a seed of its own, or workers sharing one history
@@ -59,5 +61,6 @@ def join_study(identity: dict[str, Any], storage: str | None, out_dir: Path, nam
     trials_now = study.get_trials(deepcopy=False)
     done = sum(counted(t) for t in trials_now)
     running = [t.number for t in trials_now if t.state == optuna.trial.TrialState.RUNNING]
-    return Joined(study, name, storage_url, identity, locks, me, shared, done, running, f"{me}:{time.time_ns()}",
+    return Joined(study, name, storage_url, identity, locks, me, shared, done, running,
+                  f"{me}:{time.time_ns()}",
                   fresh, len(trials_now))

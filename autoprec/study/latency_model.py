@@ -74,7 +74,8 @@ class LatencyModel:
         weights = np.sqrt(PRIOR_WEIGHT) * np.where(typical > 0, typical, 1.0)
         prior = np.asarray([1.0, 1.0, 0.0])
         solution, *_ = np.linalg.lstsq(
-            np.vstack([rows, np.diag(weights)]), np.concatenate([targets, weights * prior]), rcond=None
+            np.vstack([rows, np.diag(weights)]), np.concatenate([targets, weights * prior]),
+            rcond=None
         )
         self.coefficients = tuple(float(c) for c in solution)
         self.fitted_on = len(measured)

@@ -27,7 +27,8 @@ def default_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSa
     """Multi-objective TPE: models the categorical choices jointly, honours the loss constraint.
     With trials in flight at once, the constant liar keeps it from proposing the same region
     twice."""
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constant_liar=parallel)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
+                                      constant_liar=parallel)
 
 
 def make_sampler(name: str, seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
@@ -43,7 +44,8 @@ def make_sampler(name: str, seed: int, parallel: bool = False) -> optuna.sampler
             import torch  # noqa: F401 - Optuna's GPSampler needs it
         except ImportError:
             raise AutoprecError(
-                "--sampler gp: Optuna's GPSampler needs PyTorch; pip install torch, or use --sampler tpe"
+                "--sampler gp: Optuna's GPSampler needs PyTorch; pip install torch, or use "
+                "--sampler tpe"
             ) from None
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=10)
     raise AutoprecError(f"--sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
@@ -81,7 +83,8 @@ def open_study(
         hint = storage_hint(first) if said else ("give a valid Optuna storage URL, e.g. "
                                                  "sqlite:///study.db or "
                                                  "postgresql://user:password@host/db")
-        raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); {hint}") from None
+        raise StudyError(f"--storage {shown}: cannot be opened ({type(exc).__name__}: {first}); "
+                         f"{hint}") from None
     existing = study.user_attrs
     if not any(k in existing for k in identity):
         for key, value in identity.items():

@@ -102,7 +102,8 @@ def uniform_params(info: ModelInfo, precision: Precision) -> dict[str, str]:
     candidates = widening[widening.index(precision):]
     return {
         u.name: (
-            Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed), u.allowed[-1])
+            Precision.FP32 if u.sensitive else next((p for p in candidates if p in u.allowed),
+                                                    u.allowed[-1])
         ).value
         for u in info.dimensions
     }
@@ -194,7 +195,8 @@ def start_trial(
     """
     while True:
         proposal = None
-        if ctx.propose is not None and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if ctx.propose is not None and not study.get_trials(deepcopy=False,
+                                                            states=(TrialState.WAITING,)):
             if sum(counted(t) for t in study.get_trials(deepcopy=False)) < budget:
                 proposal = ctx.propose(study)  # judged on the reference executor, outside the lock
         lock_wanted_at = time.perf_counter()
@@ -247,7 +249,8 @@ def run_trial(study: optuna.Study, ctx: StudyContext, trial: optuna.Trial) -> Tr
 def _earlier(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
     """The trial (of any worker) that settled plan ``key`` first: measured it, failed it or rejected
     it."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
+    for trial in study.get_trials(deepcopy=False,
+                                  states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
         attrs = trial.user_attrs
         if trial.number == number or attrs.get("plan_key") != key or "duplicate_of" in attrs:
             continue
@@ -257,7 +260,8 @@ def _earlier(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
 
 
 def _settle(
-    study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str, started: float
+    study: optuna.Study, ctx: StudyContext, trial: optuna.Trial, plan: Plan, key: str,
+    started: float
 ) -> TrialRecord | None:
     earlier = _earlier(study, key, trial.number)
     if earlier is not None and earlier.state == TrialState.COMPLETE:
@@ -268,12 +272,14 @@ def _settle(
         study.tell(trial, earlier.values)
         return record(study.get_trials(deepcopy=False)[trial.number])
     if earlier is not None and earlier.state == TrialState.FAIL:
-        trial.set_user_attr("error", f"the same plan failed in trial {earlier.number}; not measured again")
+        trial.set_user_attr("error", f"the same plan failed in trial {earlier.number}; not "
+                                     "measured again")
         trial.set_user_attr("duplicate_of", earlier.number)
         study.tell(trial, state=TrialState.FAIL)
         return None
     if earlier is not None:
-        _reject(study, trial, ctx, {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
+        _reject(study, trial, ctx,
+                {**earlier.user_attrs["rejected"], "duplicate_of": earlier.number})
         return None
     # the plan read and written, its lock, the earlier trials read
     looked_up = time.perf_counter() - started
@@ -317,7 +323,8 @@ def _measure_at_most_twice(ctx: StudyContext, plan: Plan) -> Measurement:
         try:
             return ctx.measure(plan)
         except TrialCrash as second:
-            raise TrialCrash(f"crashed twice, not retried again. First: {first}. Second: {second}") from None
+            raise TrialCrash(f"crashed twice, not retried again. First: {first}. Second: "
+                             f"{second}") from None
 
 
 def run_study(

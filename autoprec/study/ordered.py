@@ -99,7 +99,8 @@ class _WarmStart:
 
     def _uniform_pending(self) -> bool:
         """A uniform plan still queued or running (a trial of it that died is queued again)."""
-        pending = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        pending = self.study.get_trials(deepcopy=False,
+                                        states=(TrialState.WAITING, TrialState.RUNNING))
         return any(holds(planned_params(t), params) for t in pending for params in self.uniform)
 
 
@@ -113,7 +114,8 @@ def _warm_plans(ctx: StudyContext, sensitivity: Sensitivity | None,
     return warm, [p for p in not_faster_than_fp32(measured) if not any(p in plan.values() for plan in warm)]
 
 
-def _run_proposed(study: optuna.Study, ctx: StudyContext, budget: int, sensitivity: Sensitivity | None,
+def _run_proposed(study: optuna.Study, ctx: StudyContext, budget: int,
+                  sensitivity: Sensitivity | None,
                   on_trial: Callable[[int, TrialRecord | None], None] | None, workers: int,
                   propose: Proposals) -> WarmStarted:
     """:func:`run_warm_started` with proposals: all-FP32 built, the other uniform plans judged and

@@ -84,7 +84,8 @@ class Proposer:
     ) -> Proposer:
         """The reference study beside the search's, in its storage (a resumed search keeps its
         proposals)."""
-        reference = open_study(storage, f"{study_name}/reference", identity, make_sampler("tpe", seed))
+        reference = open_study(storage, f"{study_name}/reference", identity,
+                               make_sampler("tpe", seed))
         return cls(ctx, reference, reference_loss, gains, per_build)
 
     def features(self, plan: Plan) -> Features:
@@ -153,7 +154,8 @@ class Proposer:
         if "evaluated" in attrs:
             dists = distributions(self.ctx.info, self.ctx.calibration)
             self.reference.add_trial(optuna.trial.create_trial(
-                params=params, distributions={k: dists[k] for k in params}, values=values, user_attrs=attrs,
+                params=params, distributions={k: dists[k] for k in params}, values=values,
+                user_attrs=attrs,
                 constraints=constraints or None))
         return values[0], attrs["reference_loss"]
 
@@ -196,12 +198,15 @@ class Proposer:
         for trial in built_trials(study):
             measured = record(trial)
             if measured is not None and "predicted_ms" in trial.user_attrs:
-                rows.append({"trial": trial.number, "predicted_ms": round(trial.user_attrs["predicted_ms"], 4),
+                rows.append({"trial": trial.number,
+                             "predicted_ms": round(trial.user_attrs["predicted_ms"], 4),
                              "measured_ms": round(measured.measurement.latency.median_ms, 4),
-                             "reference_loss": trial.user_attrs["reference_loss"], "loss": measured.loss})
+                             "reference_loss": trial.user_attrs["reference_loss"],
+                             "loss": measured.loss})
         gaps = [abs(r["loss"] - r["reference_loss"]) for r in rows if math.isfinite(r["loss"])]
         model = self.model
-        fitted = {"fp32_ms": round(model.fp32_ms, 4), "coefficients": [round(c, 5) for c in model.coefficients],
+        fitted = {"fp32_ms": round(model.fp32_ms, 4),
+                  "coefficients": [round(c, 5) for c in model.coefficients],
                   "fitted_on": model.fitted_on} if model else None
         return {"latency_model": fitted,
                 "median_abs_error_percent": median_error_percent([(r["predicted_ms"], r["measured_ms"]) for r in rows]),
@@ -220,10 +225,13 @@ class Proposer:
             feasible = [c for c in candidates if c[1] <= self.ctx.max_loss]
             return min(feasible, key=lambda c: c[0]) if feasible else None
         front = [(r.latency_ms, r.loss) for r in built if math.isfinite(r.loss)]
-        return max(candidates, key=lambda c: (front_hypervolume([*front, (c[0], c[1])], self.model.fp32_ms), -c[0]))
+        return max(candidates,
+                   key=lambda c: (front_hypervolume([*front, (c[0], c[1])], self.model.fp32_ms),
+                                  -c[0]))
 
 
-def open_proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity | None, engine: str, evaluations: int,
+def open_proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity | None,
+                  engine: str, evaluations: int,
               seed: int, ctx: StudyContext) -> Proposer | None:
     """Plans judged before each build (``--proposals``), where the engine's profiles can predict
     latency; their loss on the ``evaluations`` batches by the reference executor."""
@@ -232,13 +240,15 @@ def open_proposer(joined: Joined, measuring: Measuring, sensitivity: Sensitivity
         return None
     gains = {u.unit: dict(u.gain) for u in sensitivity.units} if sensitivity is not None else {}
     if not any(gains.values()):
-        log.warning(f"--proposals {per_build}: no per-unit profile of {engine} to predict latency from "
-                    "(no sensitivity pass, or the engine has no profiler): every trial is built")
+        log.warning(f"--proposals {per_build}: no per-unit profile of {engine} to predict latency "
+                    "from (no sensitivity pass, or the engine has no profiler): every trial is "
+                    "built")
         return None
     with joined.locks.hold("identity"):
         proposer = Proposer.open(joined.storage_url, joined.name, joined.identity, seed, ctx,
                                  lambda plan: measuring.reference.accuracy_loss(plan, evaluations, constraint=True),
                                  gains, per_build)
-    log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by {measuring.executor}, their "
-             f"latency by a model fitted to {engine}'s profiles (refitted on every build)")
+    log.info(f"proposals: {per_build} plan(s) judged before each build, their loss by "
+             f"{measuring.executor}, their latency by a model fitted to {engine}'s profiles "
+             "(refitted on every build)")
     return proposer

@@ -30,8 +30,9 @@ def record(trial: FrozenTrial | optuna.trial.BaseTrial) -> TrialRecord | None:
             duplicate_of=attrs.get("duplicate_of"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StudyError(f"trial {trial.number} of the study: its stored plan or measurement is damaged "
-                         f"({type(exc).__name__}: {exc}); search into a new --out (or --study-name)") from None
+        raise StudyError(f"trial {trial.number} of the study: its stored plan or measurement is "
+                         f"damaged ({type(exc).__name__}: {exc}); search into a new --out (or "
+                         "--study-name)") from None
 
 
 def counted(trial: FrozenTrial) -> bool:
@@ -80,7 +81,8 @@ def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
              f"{rejected} rejected early for their loss")
     return (f"no candidate was measured: of {len(trials)} trial(s), {cause}"
             + (f", {rejected} rejected early" if errors and rejected else "")
-            + f". The study and {out_dir} are kept; fix the cause and search again into a new --out "
+            + f". The study and {out_dir} are kept; fix the cause and search again into a new "
+              f"--out "
             "(this study's budget is spent)")
 
 

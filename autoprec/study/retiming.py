@@ -36,7 +36,8 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
     return front
 
 
-def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired: Callable[[Plan, Plan, int], Paired],
+def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None,
+           time_paired: Callable[[Plan, Plan, int], Paired],
            rounds: int = 3, shared: SharedSteps | None = None) -> Retiming:
     """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved
     rounds (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the
@@ -46,16 +47,19 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None, time_paired
     ``failed``. With ``shared``, the study's workers re-time the plans side by side, each plan
     beside all-FP32 on one worker's device, each plan once."""
     if fp32 is None:
-        return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to re-time it beside"}
+        return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to "
+                                                                      "re-time it beside"}
                                          for r in records))
     others = [r for r in records if r.plan.key() != fp32.plan.key()]
-    steps = [(f"{fp32.number}:{r.number}:{rounds}", partial(_paired_rounds, time_paired, fp32.plan, r.plan, rounds))
+    steps = [(f"{fp32.number}:{r.number}:{rounds}",
+              partial(_paired_rounds, time_paired, fp32.plan, r.plan, rounds))
              for r in others]
     found = shared.spread(steps) if shared is not None else {step: each_result(compute) for step, compute in steps}
     timed_by = shared.workers_of([step for step, _ in steps]) if shared is not None else set()
     if len(timed_by) > 1:
-        log.info(f"re-timing: {len(steps)} plan(s) re-timed by {len(timed_by)} workers of the study (or its earlier runs), "
-                 "each beside all-FP32 on its own device; each plan's rounds are read against its own all-FP32's")
+        log.info(f"re-timing: {len(steps)} plan(s) re-timed by {len(timed_by)} workers of the "
+                 "study (or its earlier runs), each beside all-FP32 on its own device; each "
+                 "plan's rounds are read against its own all-FP32's")
         found = _on_one_scale(found)
     trials, reference, failed, builds, apart = {}, [], [], 0, False
     for candidate, (step, _) in zip(others, steps):
@@ -88,13 +92,15 @@ def _on_one_scale(found: dict[str, Any]) -> dict[str, Any]:
     return {**found, **rescaled}
 
 
-def _paired_rounds(time_paired: Callable[[Plan, Plan, int], Paired], fp32: Plan, plan: Plan, rounds: int) -> dict[str, Any]:
+def _paired_rounds(time_paired: Callable[[Plan, Plan, int], Paired], fp32: Plan, plan: Plan,
+                   rounds: int) -> dict[str, Any]:
     """One plan re-timed beside all-FP32: each round's median, as the study stores it."""
     try:
         paired = time_paired(fp32, plan, rounds)
     except (AutoprecError, RuntimeError, ValueError) as exc:
         raise StepFailure(f"{type(exc).__name__}: {exc}"[:1000]) from None
-    return {"candidate": [t.median_ms for t in paired.candidate], "reference": [t.median_ms for t in paired.reference],
+    return {"candidate": [t.median_ms for t in paired.candidate],
+            "reference": [t.median_ms for t in paired.reference],
             "builds": paired.builds, "apart": paired.apart}
 
 
@@ -109,7 +115,8 @@ RETIME_FEASIBLE = 3
 
 
 def retimed_front(
-    study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired], rounds: int = RETIME_ROUNDS,
+    study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired],
+    rounds: int = RETIME_ROUNDS,
     max_loss: float | None = None, shared: SharedSteps | None = None,
 ) -> tuple[list[TrialRecord], Retiming]:
     """The Pareto front, fastest first, after it and the ``RETIME_FEASIBLE`` fastest other plans
@@ -138,7 +145,8 @@ def retimed_front(
             seen.add(r.plan.key())
             extra.append(r)
     candidates = [*front, *extra, *([fp32] if fp32 else [])]
-    retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds, shared)
+    retiming = retime(list({r.number: r for r in candidates}.values()), fp32, time_paired, rounds,
+                      shared)
     shown, plans = [], set()
     # one trial per plan: the front's, the fastest feasible others, the all-FP32 plan
     for r in candidates:

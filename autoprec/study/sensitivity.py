@@ -52,7 +52,8 @@ def latency_shares(info: ModelInfo, times: Mapping[str, float]) -> tuple[dict[st
 
 
 def unit_times(
-    info: ModelInfo, lowered: onnx.ModelProto, times: Mapping[str, float], lowered_units: frozenset[str] = frozenset(),
+    info: ModelInfo, lowered: onnx.ModelProto, times: Mapping[str, float],
+    lowered_units: frozenset[str] = frozenset(),
     through_free_nodes: bool = False,
 ) -> dict[str, float]:
     """Seconds per unit in a profile of ``lowered``: its own nodes, plus the nodes lowering inserted
@@ -137,7 +138,8 @@ def unit_gains(info: ModelInfo, backend: Backend, ranges: ActivationRanges | Non
     return gains, profiled
 
 
-def sensitive_gains(info: ModelInfo, kept_fp32: tuple[onnx.ModelProto, Mapping[str, float]], sensitive: frozenset[str],
+def sensitive_gains(info: ModelInfo, kept_fp32: tuple[onnx.ModelProto, Mapping[str, float]],
+                    sensitive: frozenset[str],
                     spent: Mapping[str, float], total: float) -> dict[str, float]:
     """Fraction of FP32 time each sensitive unit saves in the reduced-precision region: its cost
     kept FP32 amid it (its own nodes and the conversions at its borders, found through the neutral
@@ -201,8 +203,10 @@ def analyse_sensitivity(
         )
         for u in info.dimensions
     )
-    return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started, backend.info().label(),
-                       len(failures), failures[0] if failures else "", timed + (fp32_times is not None),
+    return Sensitivity(units, unattributed, batches, len(steps), time.monotonic() - started,
+                       backend.info().label(),
+                       len(failures), failures[0] if failures else "",
+                       timed + (fp32_times is not None),
                        time.monotonic() - evaluating)
 
 
@@ -250,8 +254,8 @@ def searched_sensitive(
         return info, facts
     if sensitivity is None:
         note = (
-            f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: no sensitivity pass "
-            "measured whether lowering them pays"
+            f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: "
+            "no sensitivity pass measured whether lowering them pays"
         )
         return info.without(
             [p for p in Precision if p is not Precision.FP32], [u.name for u in candidates], note
@@ -270,8 +274,9 @@ def searched_sensitive(
                 idle.append(unit.name)
         if lossy or idle:
             note = (
-                f"{len(lossy) + len(idle)} of {len(candidates)} sensitive unit(s) kept out of {precision} "
-                f"({len(lossy)} lose more than the limit alone, {len(idle)} save no time in the {precision} profile)"
+                f"{len(lossy) + len(idle)} of {len(candidates)} sensitive unit(s) kept out of "
+                f"{precision} ({len(lossy)} lose more than the limit alone, {len(idle)} save no "
+                f"time in the {precision} profile)"
             )
             info = info.without([precision], lossy + idle, note)
             facts["too_lossy"] += len(lossy)
@@ -281,12 +286,14 @@ def searched_sensitive(
 
 
 def cache_key(
-    info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str, batches: int
+    info: ModelInfo, backend: Backend, data_fingerprint: str, metric: str, calibration: str,
+    batches: int
 ) -> str:
     """What a sensitivity depends on: model, engine (and its Q/DQ form), data, metric, calibration,
     batches, and what each unit may take (each dimension: with the units tied to it)."""
     allowed = {u.name: [[p.value for p in u.allowed], info.members(u.name)] for u in info.dimensions}
-    return atomic.digest([info.sha256, backend.name, backend.qdq_form.value, data_fingerprint, metric, calibration,
+    return atomic.digest([info.sha256, backend.name, backend.qdq_form.value, data_fingerprint,
+                          metric, calibration,
                           batches, allowed], sort_keys=True)
 
 

@@ -19,7 +19,8 @@ def study_status(study: optuna.Study) -> dict:
         if trial.state == TrialState.WAITING:
             continue
         who = trial.user_attrs.get(WORKER_ATTR, {}).get("id", "—")
-        tally = workers.setdefault(who, {"done": 0, "running": 0, "failed": 0, "rejected": 0, "died": 0})
+        tally = workers.setdefault(who,
+                                   {"done": 0, "running": 0, "failed": 0, "rejected": 0, "died": 0})
         if trial.state == TrialState.RUNNING:
             tally["running"] += 1
         elif trial.state == TrialState.PRUNED:
@@ -39,7 +40,8 @@ def study_status(study: optuna.Study) -> dict:
         "retried": sorted(n for t in trials if (n := retried_trial(t)) is not None),
         "workers": workers,
         "front": [
-            {"trial": r.number, "latency_ms": r.latency_ms, "loss": r.loss, "counts": r.plan.counts(),
+            {"trial": r.number, "latency_ms": r.latency_ms, "loss": r.loss,
+             "counts": r.plan.counts(),
              "worker": study.trials[r.number].user_attrs.get(WORKER_ATTR, {}).get("id")}
             for r in pareto_front(study)
         ],

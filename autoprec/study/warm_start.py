@@ -67,7 +67,8 @@ def warm_start_params(
         faster = faster_than_fp32(uniform, precision.value)
         for by_gain in ([False, True] if faster is None else [not faster]):
             if not by_gain or sensitivity.node_timed(precision):
-                _add_prefix_plans(plans, base, sensitivity, precision, by_gain, uniform.get(precision.value), max_loss,
+                _add_prefix_plans(plans, base, sensitivity, precision, by_gain,
+                                  uniform.get(precision.value), max_loss,
                                   set(lowerable))
         if faster is not False and any(u.sensitive and precision in u.allowed for u in info.dimensions):
             # the uniform plan keeps sensitive units FP32; this one is the widest region the search

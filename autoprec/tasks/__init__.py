@@ -28,7 +28,8 @@ TASKS = tuple(REGISTRY.values())
 # against).
 LABEL_FORMS = {task.labels: task.label_form for task in TASKS if task.labels}
 
-__all__ = ["DETECTION_LAYOUTS", "LABEL_FORMS", "REGISTRY", "TASKS", "HeadOptions", "Limit", "Reading", "Task",
+__all__ = ["DETECTION_LAYOUTS", "LABEL_FORMS", "REGISTRY", "TASKS", "HeadOptions", "Limit",
+           "Reading", "Task",
            "doubtful", "implied_by", "lower_is_closer", "shown_keys", "task_named"]
 
 
@@ -70,7 +71,7 @@ def doubtful(fp32: Mapping[str, Mapping[str, float]], outputs: Mapping[str, np.n
             if (chance is not None and value <= chance) or (not task.by_chance and task.hopeless(value)):
                 where = f" (chance with {classes[0]} classes: {chance:.1%})" if chance is not None else ""
                 said = dict(task.shown).get(key, key)
-                lines.append(f"FP32 itself scores {said} {value:.1%} on output {name!r}{where}: the labels may not be "
-                             "this model's (another class order or mapping?), and a loss against them says little; "
-                             "check them")
+                lines.append(f"FP32 itself scores {said} {value:.1%} on output {name!r}{where}: "
+                             "the labels may not be this model's (another class order or "
+                             "mapping?), and a loss against them says little; check them")
     return lines

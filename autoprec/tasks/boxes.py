@@ -26,9 +26,10 @@ def yolo_detections(output: np.ndarray, layout: str, conf: float, iou: float, ma
         if layout == "yolox":
             boxes = yolox_boxes(boxes)
     if scores.shape[-1] == 0:
-        raise AutoprecError(f"--metric detection: a {layout} head needs 4 box values and at least one class score "
-                            f"per box, and this output has {boxes.shape[-1]} values per box; check --det-layout and "
-                            "--task-output, or use --metric cosine")
+        raise AutoprecError(f"--metric detection: a {layout} head needs 4 box values and at least "
+                            f"one class score per box, and this output has {boxes.shape[-1]} "
+                            "values per box; check --det-layout and --task-output, or use "
+                            "--metric cosine")
     result = []
     for image_boxes, image_scores in zip(boxes, scores):
         classes = image_scores.argmax(-1)
@@ -54,7 +55,8 @@ def yolox_boxes(raw: np.ndarray) -> np.ndarray:
         strides.append(np.full((cells * cells, 1), stride))
     grid, stride = np.concatenate(grids), np.concatenate(strides)
     if len(grid) != raw.shape[1]:
-        raise ValueError(f"{raw.shape[1]} boxes are not the grids of a square input at strides {YOLOX_STRIDES}")
+        raise ValueError(f"{raw.shape[1]} boxes are not the grids of a square input at strides "
+                         f"{YOLOX_STRIDES}")
     centre = (raw[..., :2] + grid) * stride
     size = np.exp(np.clip(raw[..., 2:4], None, 30)) * stride
     return np.concatenate([centre, size], axis=-1)
@@ -84,7 +86,8 @@ def class_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: f
     return kept
 
 
-def mean_average_precision(detections: Sequence[np.ndarray], truths: Sequence[np.ndarray], iou: float = 0.5) -> float:
+def mean_average_precision(detections: Sequence[np.ndarray], truths: Sequence[np.ndarray],
+                           iou: float = 0.5) -> float:
     """mAP at one IoU threshold (VOC all-point interpolation) of (K, 6) detections against (M, 5)
     truths (class, x1, y1, x2, y2), averaged over the classes the truths hold. No truths at all: 1.0
     when nothing was detected either, else 0.0."""

@@ -58,15 +58,18 @@ class CtcText(Task):
             charset = ctc.class_characters(options.charset, classes, options.blank)
             if charset is None:
                 raise AutoprecError(
-                    f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} with "
-                    f"{classes or 'its'} classes (every class in order, or PaddleOCR's order: blank, the "
-                    "dictionary, a space when there is room); give the model's own dictionary")
+                    f"--ctc-charset: {len(options.charset)} characters do not fit output {name!r} "
+                    f"with {classes or 'its'} classes (every class in order, or PaddleOCR's order: "
+                    "blank, the dictionary, a space when there is room); give the model's own "
+                    "dictionary")
             found["cer_labels"] = ctc.character_error_rate(
-                [ctc.ctc_text(ids, charset).strip() for ids in cand_ids], [str(t).strip() for t in labels["text"]])
+                [ctc.ctc_text(ids, charset).strip() for ids in cand_ids],
+                [str(t).strip() for t in labels["text"]])
         return found
 
     def refused(self, reading: Reading, metric: str, against_labels: bool) -> str | None:
         if against_labels and reading.options.charset is None:
-            return ("ground-truth text needs the head's characters; the model has no 'character' metadata: give "
-                    "--ctc-charset FILE (one character per line, PaddleOCR's dictionary order)")
+            return ("ground-truth text needs the head's characters; the model has no 'character' "
+                    "metadata: give --ctc-charset FILE (one character per line, PaddleOCR's "
+                    "dictionary order)")
         return None

@@ -43,7 +43,8 @@ class Detection(Task):
         ref_boxes, cand_boxes = (boxes.yolo_detections(o, layout, options.conf, options.iou) for o in (ref, cand))
         return box_decisions(ref_boxes, cand_boxes, labels)
 
-    def scored_together(self, reading: Reading, refs: Mapping[str, np.ndarray], cands: Mapping[str, np.ndarray],
+    def scored_together(self, reading: Reading, refs: Mapping[str, np.ndarray],
+                        cands: Mapping[str, np.ndarray],
                         labels: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
         """A PicoDet head: its boxes from every output of it at once (scores outside [0, 1] are
         logits); the per-anchor scores decide nothing of their own (no top-1)."""
@@ -102,9 +103,9 @@ def inferred_layout(name: str, ref: np.ndarray) -> str:
     if ref.shape[1] < ref.shape[2]:
         return "yolov8"
     raise AutoprecError(
-        f"--metric {NAME}: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5 or decoded "
-        "YOLOX (objectness in column 5), YOLOX's raw head (boxes still per grid cell), or a transposed YOLOv8 (no "
-        "objectness)? give --det-layout yolov5, yolox or yolov8")
+        f"--metric {NAME}: output {name!r} is {'×'.join(map(str, ref.shape))}, boxes first: YOLOv5 "
+        "or decoded YOLOX (objectness in column 5), YOLOX's raw head (boxes still per grid cell), "
+        "or a transposed YOLOv8 (no objectness)? give --det-layout yolov5, yolox or yolov8")
 
 
 def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
@@ -116,11 +117,12 @@ def boxes_said(truths: list[np.ndarray], max_loss: float, metric: str) -> str:
     if not costs:
         return f"--max-loss {max_loss:g} with --metric {metric}: {whose} boxes on the evaluation batches are none"
     most, least = (math.floor(max_loss / c + 1e-9) for c in (costs[0], costs[-1]))
-    allowed = ("no box" if most == 0 else f"{least}–{most} box(es)" if least != most else f"{most} box(es)")
+    allowed = ("no box" if most == 0 else f"{least}–{most} box(es)" if least != most else f"{most} "
+                                                                                          "box(es)")
     span = f"{costs[0]:.3g}" if costs[0] == costs[-1] else f"{costs[0]:.3g}–{costs[-1]:.3g}"
-    said = (f"--max-loss {max_loss:g} with --metric {metric} over {whose} {count} box(es) in {classes} class(es) on "
-            f"the evaluation batches allows {allowed} lost or moved off its place: each is a loss of {span} (1 / "
-            "(classes × that class's boxes))")
+    said = (f"--max-loss {max_loss:g} with --metric {metric} over {whose} {count} box(es) in "
+            f"{classes} class(es) on the evaluation batches allows {allowed} lost or moved off its "
+            f"place: each is a loss of {span} (1 / (classes × that class's boxes))")
     if most == 0:
         said += f"; give --max-loss {costs[0]:.3g} or more to allow one, or more evaluation data"
     return said

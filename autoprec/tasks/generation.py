@@ -19,8 +19,9 @@ class Generation(Task):
     key = "token_agreement"
     said = "generated tokens unlike FP32's, or the logits' 1 − cos at the worst shape"
     shown = (("token_agreement", "generated tokens as FP32's"),)
-    needs = ("it needs a decoder with a KV cache (an output fed back as an input, such as present.N.key -> "
-             "past_key_values.N.key, beside input_ids and logits): choose cosine or top1")
+    needs = ("it needs a decoder with a KV cache (an output fed back as an input, such as "
+             "present.N.key -> past_key_values.N.key, beside input_ids and logits): choose cosine "
+             "or top1")
 
     def applies(self, reading: Reading, name: str, ref: np.ndarray) -> bool:
         return False

@@ -57,8 +57,8 @@ def find_head(shapes: Mapping[str, tuple[int, ...]], image: tuple[int, int] | No
     """The score/box pairs among the outputs (N×A×C float tensors), from their shapes; one line
     where none fit."""
     if image is None:
-        raise AutoprecError("--det-layout picodet: the model has no image input (N×C×H×W) to place the anchors of; "
-                            "use --metric cosine, or a module:function metric")
+        raise AutoprecError("--det-layout picodet: the model has no image input (N×C×H×W) to place "
+                            "the anchors of; use --metric cosine, or a module:function metric")
     three = {name: shape for name, shape in shapes.items() if len(shape) == 3}
     by_anchors: dict[int, list[str]] = {}
     for name, shape in three.items():
@@ -75,11 +75,13 @@ def find_head(shapes: Mapping[str, tuple[int, ...]], image: tuple[int, int] | No
     if not pairs:
         found = ", ".join(f"{n} {list(s)}" for n, s in shapes.items())
         raise AutoprecError(
-            f"--det-layout picodet: no outputs pair up as N×A×classes scores and N×A×4·(reg_max+1) boxes with A the "
-            f"cells of a {image[0]}×{image[1]} image at strides {', '.join(map(str, STRIDES[:4]))} (outputs: {found}); "
-            "check --det-layout, or use --metric cosine")
+            "--det-layout picodet: no outputs pair up as N×A×classes scores and N×A×4·(reg_max+1) "
+            f"boxes with A the cells of a {image[0]}×{image[1]} image at strides "
+            f"{', '.join(map(str, STRIDES[:4]))} (outputs: {found}); check --det-layout, or use "
+            "--metric cosine")
     pairs.sort()
-    return Head(tuple(p[1] for p in pairs), tuple(p[2] for p in pairs), tuple(p[0] for p in pairs), image)
+    return Head(tuple(p[1] for p in pairs), tuple(p[2] for p in pairs), tuple(p[0] for p in pairs),
+                image)
 
 
 def _centres(image: tuple[int, int], strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +89,8 @@ def _centres(image: tuple[int, int], strides: tuple[int, ...]) -> tuple[np.ndarr
     stride."""
     centres, per_anchor = [], []
     for stride in strides:
-        ys, xs = np.meshgrid(np.arange(-(-image[0] // stride)), np.arange(-(-image[1] // stride)), indexing="ij")
+        ys, xs = np.meshgrid(np.arange(-(-image[0] // stride)), np.arange(-(-image[1] // stride)),
+                             indexing="ij")
         centres.append((np.stack([xs.ravel(), ys.ravel()], axis=1) + 0.5) * stride)
         per_anchor.append(np.full(xs.size, stride))
     return np.concatenate(centres), np.concatenate(per_anchor)
@@ -113,7 +116,8 @@ def detections(outputs: Mapping[str, np.ndarray], head: Head, conf: float, iou: 
             centre, stride = _centres(head.image, strides)
             top = np.argsort(-score.max(axis=1), kind="stable")[:TOP_K]
             distance = _distances(outputs[box_name][item][top]) * stride[top, None]
-            boxes.append(np.concatenate([centre[top] - distance[:, :2], centre[top] + distance[:, 2:]], axis=1))
+            boxes.append(np.concatenate([centre[top] - distance[:, :2],
+                                         centre[top] + distance[:, 2:]], axis=1))
             scores.append(score[top])
         box, score = np.concatenate(boxes), np.concatenate(scores)
         # inside the image, as the package's decoder does

@@ -28,19 +28,21 @@ def unscored(wanted: str, labels: Mapping[str, np.ndarray], outputs: Mapping[str
     truth = np.asarray(labels[wanted])
     if wanted != "labels":
         shapes = ", ".join(f"{name} {list(np.shape(v))}" for name, v in outputs.items())
-        return (f"the data's {wanted!r} array, shaped {list(truth.shape)} per batch, fits no output ({shapes}); it "
-                f"must hold {form}; fix the array, or name the output with --task-output")
+        return (f"the data's {wanted!r} array, shaped {list(truth.shape)} per batch, fits no "
+                f"output ({shapes}); it must hold {form}; fix the array, or name the output with "
+                "--task-output")
     scores = {name: np.asarray(v) for name, v in outputs.items()
               if class_scores(np.asarray(v)) and output in (None, name)}
     if not scores:
         shapes = ", ".join(f"{name} {list(np.shape(v))}" for name, v in outputs.items())
-        return (f"no output gives class scores (N×C or N×T×C) for the data's 'labels' to score (the model's outputs: "
-                f"{shapes}); choose --metric cosine or rel_l2")
-    name, value = next(((n, v) for n, v in scores.items() if truth.shape == v.shape[:-1]), next(iter(scores.items())))
+        return ("no output gives class scores (N×C or N×T×C) for the data's 'labels' to score "
+                f"(the model's outputs: {shapes}); choose --metric cosine or rel_l2")
+    name, value = next(((n, v) for n, v in scores.items() if truth.shape == v.shape[:-1]),
+                       next(iter(scores.items())))
     if truth.shape != value.shape[:-1]:
-        return (f"the data's 'labels' are shaped {list(truth.shape)} per batch, but output {name} gives class scores "
-                f"shaped {list(value.shape)}: give one class per item, shaped {list(value.shape[:-1])} per batch "
-                f"({form})")
-    return (f"the data's 'labels' hold class {int(truth.max())}, but output {name} scores {value.shape[-1]} classes "
-            f"(0–{value.shape[-1] - 1}): give the model's own class numbers (negative: not labelled), or check the "
-            "label mapping")
+        return (f"the data's 'labels' are shaped {list(truth.shape)} per batch, but output {name} "
+                f"gives class scores shaped {list(value.shape)}: give one class per item, shaped "
+                f"{list(value.shape[:-1])} per batch ({form})")
+    return (f"the data's 'labels' hold class {int(truth.max())}, but output {name} scores "
+            f"{value.shape[-1]} classes (0–{value.shape[-1] - 1}): give the model's own class "
+            "numbers (negative: not labelled), or check the label mapping")

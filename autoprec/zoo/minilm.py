@@ -22,8 +22,8 @@ def export(model_dir: Path, out: Path, length: int = 64) -> Path:
         from transformers import AutoModel
     except ImportError:
         raise AutoprecError(
-            "zoo minilm: exporting it to ONNX needs torch and transformers; pip install 'autoprec[export]' "
-            "(torch's CPU build), then fetch again"
+            "zoo minilm: exporting it to ONNX needs torch and transformers; pip install "
+            "'autoprec[export]' (torch's CPU build), then fetch again"
         ) from None
 
     class SentenceEmbedding(torch.nn.Module):
@@ -37,7 +37,8 @@ def export(model_dir: Path, out: Path, length: int = 64) -> Path:
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
-    encoder = AutoModel.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager")
+    encoder = AutoModel.from_pretrained(str(model_dir), local_files_only=True,
+                                        attn_implementation="eager")
     module = SentenceEmbedding(encoder).eval()
     ids = torch.ones((2, length), dtype=torch.int64)
     mask = torch.ones((2, length), dtype=torch.int64)
@@ -52,7 +53,8 @@ def export(model_dir: Path, out: Path, length: int = 64) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--length", type=int, default=64)

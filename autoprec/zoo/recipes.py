@@ -55,8 +55,10 @@ def ppocr_det(images: Mapping[str, bytes], size: int = 640) -> dict[str, np.ndar
     crops = []
     for page in pages:
         w, h = page.size
-        crops += [page, page.crop((0, 0, w // 2, h)), page.crop((w // 2, 0, w, h)), page.crop((0, 0, w, h // 2))]
-    x = [_normalise(np.asarray(c.resize((size, size), Image.BILINEAR)), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        crops += [page, page.crop((0, 0, w // 2, h)), page.crop((w // 2, 0, w, h)),
+                  page.crop((0, 0, w, h // 2))]
+    x = [_normalise(np.asarray(c.resize((size, size), Image.BILINEAR)), (0.485, 0.456, 0.406),
+                    (0.229, 0.224, 0.225))
          for c in crops]
     return {"x": np.stack(x)}
 
@@ -139,7 +141,8 @@ def ppocr_cls(images: Mapping[str, bytes]) -> dict[str, np.ndarray]:
 def yolov8(images: Mapping[str, bytes], size: int = 320) -> dict[str, np.ndarray]:
     """Photos letterboxed to size×size on grey (114), RGB, x/255: Ultralytics' preprocessing."""
     out = []
-    for name in ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "camera.png"):
+    for name in ("astronaut.png", "coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png",
+                 "camera.png"):
         canvas = letterboxed(_image(images[name]), size, size)  # as --image-resize letterbox
         out.append(np.asarray(canvas, np.float32).transpose(2, 0, 1) / 255.0)
     return {"images": np.stack(out)}
@@ -157,7 +160,8 @@ def magika_features(content: bytes, beg_size: int, end_size: int, padding: int) 
 
 # A file's true type, as magika names it, from its name (or magic bytes); files whose type a name
 # does not settle (METADATA, WHEEL: key-value text some call markdown) stay unlabelled.
-MAGIKA_TYPES = {".py": "python", ".json": "json", ".md": "markdown", ".onnx": "onnx", "RECORD": "csv"}
+MAGIKA_TYPES = {".py": "python", ".json": "json", ".md": "markdown", ".onnx": "onnx",
+                "RECORD": "csv"}
 
 
 def magika_true_type(name: str, content: bytes) -> str | None:
@@ -212,7 +216,8 @@ def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float =
     if native <= 0 or lib.espeak_SetVoiceByName(b"en") != 0:
         raise RuntimeError(f"eSpeak NG from {package} did not start (rate {native})")
     pieces: list[np.ndarray] = []
-    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                                     ctypes.c_void_p)
 
     @callback_type
     def collect(wav, count, _events):
@@ -221,7 +226,8 @@ def speech(espeak: Path, texts: Sequence[str], rate: int = 16000, pause: float =
         return 0
 
     lib.espeak_SetSynthCallback(collect)
-    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                 ctypes.c_uint,
                                  ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
     for text in texts:
         encoded = text.encode()
@@ -249,7 +255,8 @@ def silero_vad(model: bytes, audio: np.ndarray, count: int = 64, rate: int = 160
         window = np.concatenate([previous, audio[start : start + chunk]])[None]
         inputs.append(window[0])
         states.append(state[:, 0])
-        _, state = session.run(None, {"input": window, "state": state, "sr": np.array(rate, np.int64)})
+        _, state = session.run(None,
+                               {"input": window, "state": state, "sr": np.array(rate, np.int64)})
         previous = window[0, -context:]
     picked = np.linspace(0, len(inputs) - 1, min(count, len(inputs))).round().astype(int)
     return {"input": np.stack(inputs)[picked], "state": np.stack(states)[picked],
@@ -271,7 +278,8 @@ def _paragraph(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, sente
     return y + font.size + 4
 
 
-def _table(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, rows: int, font: ImageFont.FreeTypeFont) -> int:
+def _table(draw: ImageDraw.ImageDraw, top: int, left: int, right: int, rows: int,
+           font: ImageFont.FreeTypeFont) -> int:
     """A ruled table of figures, ``rows`` rows of four columns; returns the bottom."""
     height, width = font.size + 10, (right - left) // 4
     for r in range(rows + 1):
@@ -303,16 +311,19 @@ def doc_layout(images: Mapping[str, bytes], height: int = 800, width: int = 608,
         draw.text((90, 40), f"Technical report {i + 1}", fill=90, font=small)
         draw.text((90, 100), SENTENCES[i % len(SENTENCES)].rstrip("."), fill=0, font=_font(40))
         y = _paragraph(draw, 190, 90, 1134, _sentences(i, 2 + i % 4), body) + 40
-        blocks = (["figure", "table", "text"], ["text", "table", "figure"], ["table", "figure", "text"])[i % 3]
+        blocks = (["figure", "table", "text"], ["text", "table", "figure"],
+                  ["table", "figure", "text"])[i % 3]
         for block in blocks:
             if block == "figure":
                 photo = _image(images[photos[i % len(photos)]])
                 side = 360 + (i % 4) * 80
-                photo = photo.resize((side, round(side * photo.height / photo.width)), Image.BILINEAR)
+                photo = photo.resize((side, round(side * photo.height / photo.width)),
+                                     Image.BILINEAR)
                 left = 90 + (i % 3) * (1044 - side) // 2
                 page.paste(photo, (left, y))
                 y += photo.height + 10
-                draw.text((left, y), f"Figure {i + 1}. {SENTENCES[(i + 5) % len(SENTENCES)]}", fill=30, font=small)
+                draw.text((left, y), f"Figure {i + 1}. {SENTENCES[(i + 5) % len(SENTENCES)]}",
+                          fill=30, font=small)
                 y += 60
             elif block == "table":
                 y = _table(draw, y, 90, 1134, 3 + i % 4, small) + 40

@@ -74,8 +74,10 @@ from autoprec.record.trial import EngineInfo
 
 # The package's public names (its modules: loader builds, runner runs, profile shapes, layers reads
 # engines).
-__all__ = ["OPTIMIZATION_LEVEL", "TENSORRT", "TENSORRT_RTX", "WORKSPACE_BYTES", "TensorRTBackend", "TensorRTRtxBackend",
-           "build_engine", "capturing_logger", "fidelity_report", "import_tensorrt", "installed", "read_engine_layers",
+__all__ = ["OPTIMIZATION_LEVEL", "TENSORRT", "TENSORRT_RTX", "WORKSPACE_BYTES", "TensorRTBackend",
+           "TensorRTRtxBackend",
+           "build_engine", "capturing_logger", "fidelity_report", "import_tensorrt", "installed",
+           "read_engine_layers",
            "stamp_plan"]
 
 def engine_information(serialized: bytes) -> str:
@@ -83,14 +85,16 @@ def engine_information(serialized: bytes) -> str:
     GPU it runs on)."""
     found = installed()
     if found is None:
-        raise BackendError(TENSORRT.install + " (or TensorRT for RTX: pip install 'autoprec[tensorrt-rtx]')")
+        raise BackendError(TENSORRT.install + " (or TensorRT for RTX: pip install "
+                                              "'autoprec[tensorrt-rtx]')")
     flavour, trt = found
     logger = capturing_logger(trt)
     engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
     if engine is None:
         raise BackendError(
-            f"{trt.__name__} {trt.__version__} could not load the engine ({logger.last_error() or 'no reason given'}); "
-            "inspect it on a GPU it was built for, with the TensorRT that built it"
+            f"{trt.__name__} {trt.__version__} could not load the engine "
+            f"({logger.last_error() or 'no reason given'}); inspect it on a GPU it was built for, "
+            "with the TensorRT that built it"
         )
     return engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
 
@@ -101,17 +105,20 @@ def check_gpu(flavour: Flavour, device: int) -> dict[str, str]:
     gpus = gpu_facts()
     if not gpus:
         raise BackendError(
-            f"--backend {flavour.backend}: no NVIDIA GPU on this machine (nvidia-smi finds none), and a search times "
-            "every candidate on one; builds alone run on the CPU: autoprec export RESULT --format python --build")
+            f"--backend {flavour.backend}: no NVIDIA GPU on this machine (nvidia-smi finds none), "
+            "and a search times every candidate on one; builds alone run on the CPU: autoprec "
+            "export RESULT --format python --build")
     if not 0 <= device < len(gpus):
-        raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose one of them")
+        raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; choose "
+                           "one of them")
     gpu = gpus[device]
     capability = gpu.get("compute_capability", "")
     if flavour.gpus is not None and capability and capability not in flavour.gpus and not capability.startswith("12."):
         raise BackendError(
-            f"--backend {flavour.backend}: GPU {device} ({gpu['name']}) has compute capability {capability}, on which "
-            f"TensorRT for RTX does not run engines (it runs {', '.join(flavour.gpus)}: A100, RTX 30/40/50, L4/L40, "
-            "RTX PRO); use --backend tensorrt (TensorRT proper) or --backend ort-cuda on this GPU")
+            f"--backend {flavour.backend}: GPU {device} ({gpu['name']}) has compute capability "
+            f"{capability}, on which TensorRT for RTX does not run engines (it runs "
+            f"{', '.join(flavour.gpus)}: A100, RTX 30/40/50, L4/L40, RTX PRO); use --backend "
+            "tensorrt (TensorRT proper) or --backend ort-cuda on this GPU")
     return gpu
 
 
@@ -152,7 +159,8 @@ class NodeTimedEngines:
             return None
         facts.unlink(missing_ok=True)
         engine.unlink(missing_ok=True)
-        return BuiltEngine(serialized, {**kept["report"], "reused_build": self.REUSED}, kept["planned"])
+        return BuiltEngine(serialized, {**kept["report"], "reused_build": self.REUSED},
+                           kept["planned"])
 
     def drop(self) -> None:
         if self.folder is not None:
@@ -168,8 +176,8 @@ class TensorRTBackend(Backend):
     # an engine build takes seconds to minutes: build the next one while one is timed
     default_build_workers = 2
     default_proposals = 8  # and evaluating a plan on ONNX Runtime's CPU takes a fraction of one
-    one_shape_only = ("autoprec's TensorRT backends build for one shape (no optimisation profile yet); time the "
-                      "exported engine with trtexec --shapes at min, opt and max")
+    one_shape_only = ("autoprec's TensorRT backends build for one shape (no optimisation profile "
+                      "yet); time the exported engine with trtexec --shapes at min, opt and max")
 
     @classmethod
     def create(cls, device: int, cache_dir: Path | None, threads: int) -> TensorRTBackend:
@@ -206,8 +214,10 @@ class TensorRTBackend(Backend):
             self.device_label(),
             self.qdq_form.value,
             caveat=self.flavour.caveat,
-            timing=f"CUDA-event time of one execute_async_v3 on one batch, bindings on the GPU; median of "
-            f"{TIMED_RUNS} runs after {WARMUP_RUNS} warm-up runs (never executed by autoprec's developers)",
+            timing=f"CUDA-event time of one execute_async_v3 on one batch, bindings on the GPU; "
+                   f"median of "
+            f"{TIMED_RUNS} runs after {WARMUP_RUNS} warm-up runs (never executed by autoprec's "
+            f"developers)",
         )
 
     def lower(self, info: ModelInfo, plan: Plan, ranges: ActivationRanges | None) -> StoredModel:
@@ -224,7 +234,8 @@ class TensorRTBackend(Backend):
 
     def _runner(self, built: BuiltEngine) -> TensorRTRunner:
         return TensorRTRunner(
-            self._trt, lambda: self.cuda, built, self.runtime_cache if self.flavour.runtime_cache else None
+            self._trt, lambda: self.cuda, built,
+            self.runtime_cache if self.flavour.runtime_cache else None
         )
 
     def drop_kept_builds(self) -> None:
@@ -269,13 +280,14 @@ class TensorRTRtxBackend(TensorRTBackend):
     flavour = TENSORRT_RTX
     # Seen in its builder's layer list (benchmarks/tensorrt_form.py): never run, as no engine of it
     # runs here.
-    float_int8_ops = {"ConvTranspose": "TensorRT for RTX 1.7 builds a ConvTranspose between Q/DQ as an FP32 "
-                                       "deconvolution after float Q/DQ arithmetic (its builder's layer list): "
-                                       "slower than FP32"}
+    float_int8_ops = {"ConvTranspose": "TensorRT for RTX 1.7 builds a ConvTranspose between Q/DQ "
+                                       "as an FP32 deconvolution after float Q/DQ arithmetic (its "
+                                       "builder's layer list): slower than FP32"}
 
     def device_label(self) -> str:
         return (
-            f"{self.gpu['name']} (cuda:{self.device}, compute capability {self.gpu.get('compute_capability') or '?'})"
+            f"{self.gpu['name']} (cuda:{self.device}, compute capability "
+            f"{self.gpu.get('compute_capability') or '?'})"
         )
 
 
@@ -284,12 +296,15 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
     TensorRT)."""
     path = Path(path)
     if not path.is_file():
-        found = "no such file" if not path.exists() else ("a folder" if path.is_dir() else "not a regular file")
-        raise AutoprecError(f"{path}: {found}; give an engine (.plan) or its layer-information JSON")
+        found = "no such file" if not path.exists() else ("a folder" if path.is_dir() else "not a "
+                                                                                           "regular "
+                                                                                           "file")
+        raise AutoprecError(f"{path}: {found}; give an engine (.plan) or its layer-information "
+                            f"JSON")
     if path.suffix.lower() == ".onnx":
         raise AutoprecError(
-            f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT --format "
-            "trtexec, then its build.sh) and inspect the engine or its layers.json"
+            f"{path}: an ONNX model, not an engine; build it first (e.g. autoprec export RESULT "
+            "--format trtexec, then its build.sh) and inspect the engine or its layers.json"
         )
     with open(path, "rb") as f:
         head = f.read(4096)  # what the file is, before any more of it is read
@@ -301,8 +316,9 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
         return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
     if not head.strip() or (b"\0" not in head and _is_text(head)):
         raise AutoprecError(
-            f"{path}: {'empty' if not head.strip() else 'text, but not JSON'}: neither layer-information "
-            "JSON nor a serialized engine; give the engine (.plan) or trtexec --exportLayerInfo's JSON"
+            f"{path}: {'empty' if not head.strip() else 'text, but not JSON'}: neither "
+            "layer-information JSON nor a serialized engine; give the engine (.plan) or trtexec "
+            "--exportLayerInfo's JSON"
         )
     # TensorRT reads all of it
     return parse_engine_layers(engine_information(path.read_bytes()), str(path))

@@ -112,7 +112,8 @@ class EngineLayer:
     def is_bookkeeping(self) -> bool:
         """Layout copies, Q/DQ reformats, no-ops, constants and stream synchronisation: not where
         the model's arithmetic runs."""
-        return (self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity", "signal", "wait"}
+        return (self.layer_type in {"Reformat", "NoOp", "Constant", "Shuffle", "Identity", "signal",
+                                    "wait"}
                 or self.origin in {"QDQ", "REFORMAT"})
 
 
@@ -177,8 +178,8 @@ def _entries(value: Any, what: str, source: str) -> list:
         return []
     if not isinstance(value, list) or not all(isinstance(v, (dict, str)) for v in value):
         raise AutoprecError(
-            f"{source or 'layer information'}: {what} is not a list of objects; give the file written by "
-            "trtexec --exportLayerInfo or by the engine inspector"
+            f"{source or 'layer information'}: {what} is not a list of objects; give the file "
+            "written by trtexec --exportLayerInfo or by the engine inspector"
         )
     return value
 
@@ -202,7 +203,8 @@ def _compute_precision(inputs: Iterable[TensorFormat], outputs: Iterable[TensorF
     """The type a layer computes in: its weights' (its largest constant: a convolution's INT8 or
     FP16 filters, not a normalisation's FP32 scale fused beside them), else its inputs', else its
     outputs'."""
-    weights = sorted((t for t in constants if math.prod(t.dimensions) > 1), key=lambda t: -math.prod(t.dimensions))[:1]
+    weights = sorted((t for t in constants if math.prod(t.dimensions) > 1),
+                     key=lambda t: -math.prod(t.dimensions))[:1]
     for group in (weights, inputs, outputs):
         types = [t.dtype for t in group if t.dtype not in ("bool", "unknown", "int32", "int64")]
         if types:
@@ -247,11 +249,13 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
         try:
             document = untrusted.parse_json(document)
         except ValueError as exc:
-            raise AutoprecError(f"{source or 'layer information'}: not JSON ({exc}); give the file written by "
-                                "trtexec --exportLayerInfo or by IEngineInspector.get_engine_information") from None
+            raise AutoprecError(f"{source or 'layer information'}: not JSON ({exc}); give the file "
+                                "written by trtexec --exportLayerInfo or by "
+                                "IEngineInspector.get_engine_information") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("Layers"), list):
-        raise AutoprecError(f"{source or 'layer information'}: no \"Layers\" list; give the file written by "
-                            "trtexec --exportLayerInfo (with --profilingVerbosity=detailed) or by the engine inspector")
+        raise AutoprecError(f"{source or 'layer information'}: no \"Layers\" list; give the file "
+                            "written by trtexec --exportLayerInfo (with "
+                            "--profilingVerbosity=detailed) or by the engine inspector")
     raw_layers = _entries(document["Layers"], '"Layers"', source)
     layers = tuple(_layer(entry, source) for entry in raw_layers)
     if "I/O Tensors" in document:
@@ -267,8 +271,10 @@ def parse_engine_layers(document: Mapping[str, Any] | str, source: str = "") -> 
     return EngineLayers(layers, io, schema, source)
 
 
-_LOG_KEYS = ("Name", "LayerType", "Inputs", "Constants", "Outputs", "TacticName", "StreamId", "Metadata")
-_LOG_TENSOR = re.compile(r"\{ Name: (?P<name>.*?), Dimensions: \[(?P<dims>[^\]]*)\].*?Datatype: (?P<dtype>\w+), "
+_LOG_KEYS = ("Name", "LayerType", "Inputs", "Constants", "Outputs", "TacticName", "StreamId",
+             "Metadata")
+_LOG_TENSOR = re.compile(r"\{ Name: (?P<name>.*?), Dimensions: \[(?P<dims>[^\]]*)\].*?Datatype: "
+                         r"(?P<dtype>\w+), "
                          r"Format: (?P<format>.*?) \}")
 
 
@@ -309,8 +315,10 @@ def parse_builder_layers(log: str, source: str = "builder log") -> EngineLayers 
         constants = _log_tensors(fields.get("Constants", ""))
         layers.append(EngineLayer(
             name=fields.get("Name", ""), layer_type=fields.get("LayerType", ""),
-            precision=_compute_precision(inputs, outputs, constants), inputs=inputs, outputs=outputs,
-            fused_from=tuple(onnx_nodes(fields.get("Metadata", ""))), tactic=fields.get("TacticName", ""),
+            precision=_compute_precision(inputs, outputs, constants), inputs=inputs,
+            outputs=outputs,
+            fused_from=tuple(onnx_nodes(fields.get("Metadata", ""))),
+            tactic=fields.get("TacticName", ""),
             constants=constants,
         ))
     return EngineLayers(tuple(layers), (), "builder-log", source)
@@ -330,7 +338,8 @@ class PlanFidelity:
         return bool(self.ignored)
 
     def to_json(self) -> dict[str, Any]:
-        return {"checked_units": self.checked, "plan_ignored": self.plan_ignored, "ignored_units": list(self.ignored),
+        return {"checked_units": self.checked, "plan_ignored": self.plan_ignored,
+                "ignored_units": list(self.ignored),
                 "source": self.source}
 
 

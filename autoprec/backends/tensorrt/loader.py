@@ -65,22 +65,26 @@ TENSORRT = Flavour(
     "--backend tensorrt needs TensorRT's Python package (10.12 or newer) and cuda-python: "
     "pip install 'autoprec[tensorrt]' --extra-index-url https://pypi.nvidia.com",
     always_strongly_typed=False, timing_cache=True, runtime_cache=False,
-    caveat="TensorRT proper has never been executed by autoprec's developers (its libraries cannot be installed "
-           "where autoprec is made); its build code runs in CI against TensorRT for RTX, its run half (engine "
-           "execution, timing, inspector, profiler) never ran — check its first results with trtexec",
+    caveat="TensorRT proper has never been executed by autoprec's developers (its libraries cannot "
+           "be installed where autoprec is made); its build code runs in CI against TensorRT for "
+           "RTX, its run half (engine execution, timing, inspector, profiler) never ran — check "
+           "its first results with trtexec",
 )
 
 
 TENSORRT_RTX = Flavour(
     engines.TENSORRT_RTX,
     ("tensorrt_rtx", "tensorrt_rtx_bindings"),
-    "--backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): pip install 'autoprec[tensorrt-rtx]'",
+    "--backend tensorrt-rtx needs TensorRT for RTX and cuda-python (PyPI, no extra index): pip "
+    "install 'autoprec[tensorrt-rtx]'",
     always_strongly_typed=True,
     timing_cache=False,
     runtime_cache=True,
     gpus=("8.0", "8.6", "8.9", "12.0", "12.1"),
-    caveat="the run half of the TensorRT for RTX backend (engine execution, CUDA-event timing, inspector, profiler, "
-    "runtime cache) has never been executed by autoprec's developers (no GPU it runs on where it was made); "
+    caveat="the run half of the TensorRT for RTX backend (engine execution, CUDA-event timing, "
+           "inspector, profiler, "
+    "runtime cache) has never been executed by autoprec's developers (no GPU it runs on where it "
+    "was made); "
     "its build half runs in every CI run",
 )
 
@@ -155,10 +159,13 @@ def parse_onnx(trt, network, logger, path: Path):
     for i in range(parser.num_errors):
         error = parser.get_error(i)
         where = (
-            f"node {error.node_name()!r} ({error.node_operator()})" if error.node_name() else f"node #{error.node()}"
+            f"node {error.node_name()!r} ({error.node_operator()})" if error.node_name() else "node "
+                                                                                              f"#{error.node()}"
         )
         errors.append(f"{where}: {error.desc()}")
-    raise BackendError("TensorRT's ONNX parser rejected the candidate: " + "; ".join(errors or ["no error reported"]))
+    raise BackendError("TensorRT's ONNX parser rejected the candidate: " + "; ".join(errors or ["no "
+                                                                                                "error "
+                                                                                                "reported"]))
 
 
 class TimingCache:
@@ -180,7 +187,8 @@ class TimingCache:
 # Network layers where a unit's arithmetic runs, and the type names TensorRT gives its tensors.
 # The layers a unit's main node becomes: compute layers, and those of sensitive units (softmax,
 # reductions, normalisations, unary math, Pow).
-_COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "SOFTMAX", "REDUCE", "NORMALIZATION", "UNARY",
+_COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "SOFTMAX", "REDUCE",
+                   "NORMALIZATION", "UNARY",
                    "ELEMENTWISE")
 
 
@@ -260,7 +268,8 @@ class BuiltEngine:
 
 
 def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: TimingCache | None = None,
-                 workspace_bytes: int = WORKSPACE_BYTES, optimization_level: int = OPTIMIZATION_LEVEL,
+                 workspace_bytes: int = WORKSPACE_BYTES,
+                 optimization_level: int = OPTIMIZATION_LEVEL,
                  profile: ShapeProfile | None = None) -> BuiltEngine:
     """Parse, check the network's types against the stamped plan, build; the report holds both
     checks (network types; the builder's own layer list where it writes one) and the build's
@@ -292,7 +301,8 @@ def build_engine(trt, flavour: Flavour, model: StoredModel, timing_cache: Timing
     del parser  # the network's weights were the parser's until the build
     if serialized is None:
         raise BackendError(
-            f"TensorRT could not build the candidate ({logger.last_error() or 'see its log in the worker stderr'})"
+            "TensorRT could not build the candidate "
+            f"({logger.last_error() or 'see its log in the worker stderr'})"
         )
     if flavour.timing_cache and timing_cache is not None:
         timing_cache.save(config)
@@ -332,7 +342,8 @@ def stamp_plan(model: StoredModel, info: ModelInfo, plan: Plan) -> StoredModel:
     # layers no check reads a precision from: not stamped, so not checked.
     planned = {u.name: {"precision": str(precisions.get(u.name, "fp32")),
                         "nodes": [subgraphs.label(u.scope, n) for n in u.nodes],
-                        "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]), u.nodes[0]]))}
+                        "main": list(dict.fromkeys([subgraphs.label(u.scope, u.nodes[0]),
+                                                    u.nodes[0]]))}
                for u in info.units if u.op_type not in RECURRENT_OPS}
     entry = model.proto.metadata_props.add()
     entry.key, entry.value = PLAN_METADATA_KEY, atomic.json_text(planned)

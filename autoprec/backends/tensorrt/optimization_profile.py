@@ -11,8 +11,9 @@ def optimization_profile(builder, inputs: list, profile: ShapeProfile | None):
     ranges = {i.name: i for i in (profile.inputs if profile is not None else ())}
     missing = [tensor.name for tensor in inputs if tensor.name not in ranges]
     if missing:
-        raise BackendError(f"input {missing[0]} has dynamic dims and no shape profile to build it for; export a result "
-                           "(it records --shape, --min-shape, --max-shape) rather than a bare model")
+        raise BackendError(f"input {missing[0]} has dynamic dims and no shape profile to build it "
+                           "for; export a result (it records --shape, --min-shape, --max-shape) "
+                           "rather than a bare model")
     made = builder.create_optimization_profile()
     for tensor in inputs:
         found = ranges[tensor.name]

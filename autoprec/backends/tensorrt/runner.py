@@ -55,12 +55,14 @@ class CudaPython:
 
     def to_device(self, pointer: int, array: np.ndarray) -> None:
         self._check(
-            self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice)
+            self.rt.cudaMemcpy(pointer, array.ctypes.data, array.nbytes,
+                               self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice)
         )
 
     def to_host(self, array: np.ndarray, pointer: int) -> None:
         self._check(
-            self.rt.cudaMemcpy(array.ctypes.data, pointer, array.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+            self.rt.cudaMemcpy(array.ctypes.data, pointer, array.nbytes,
+                               self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
         )
 
     def synchronize(self) -> None:
@@ -125,7 +127,8 @@ def cuda_importable(flavour: Flavour = TENSORRT) -> None:
     must not make a CUDA context its workers would inherit); else the one line that says how to get
     it."""
     if not any(_findable(name) for name in ("cuda.bindings", "cuda.cudart", "pycuda")):
-        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)")
+        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install "
+                                             "cuda-python)")
 
 
 def _findable(module: str) -> bool:
@@ -143,7 +146,8 @@ def cuda_api(device: int, flavour: Flavour = TENSORRT):
     try:
         return PyCuda(device)
     except ImportError:
-        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install cuda-python)") from None
+        raise BackendError(flavour.install + " (no cuda-python, no pycuda: pip install "
+                                             "cuda-python)") from None
 
 
 def layer_timer(trt):
@@ -186,7 +190,8 @@ class TensorRTRunner(Runner):
     """One engine, its context, and device buffers for every I/O tensor (inputs copied once per
     batch)."""
 
-    def __init__(self, trt, cuda: Callable[[], Any], built: BuiltEngine, runtime_cache: RuntimeCache | None = None):
+    def __init__(self, trt, cuda: Callable[[], Any], built: BuiltEngine,
+                 runtime_cache: RuntimeCache | None = None):
         """``cuda`` gives the device-memory API once the engine is loaded (a machine that cannot
         load it is told so first, not that it lacks cuda-python)."""
         self.trt, self.built = trt, built
@@ -194,7 +199,8 @@ class TensorRTRunner(Runner):
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(built.serialized)
         if self.engine is None:
             raise BackendError(
-                f"TensorRT could not load the engine it just built ({self.logger.last_error() or 'no reason given'})"
+                "TensorRT could not load the engine it just built "
+                f"({self.logger.last_error() or 'no reason given'})"
             )
         self.cuda = cuda()
         self.runtime_cache = runtime_cache
@@ -212,13 +218,15 @@ class TensorRTRunner(Runner):
 
     def _bind(self, batch: Batch) -> None:
         for name in self.inputs:
-            array = np.ascontiguousarray(batch[name], dtype=self.trt.nptype(self.engine.get_tensor_dtype(name)))
+            array = np.ascontiguousarray(batch[name],
+                                         dtype=self.trt.nptype(self.engine.get_tensor_dtype(name)))
             self.context.set_input_shape(name, array.shape)
             pointer = self._buffer(name, array)
             self.cuda.to_device(pointer, array)
         for name in self.outputs:
             shape = tuple(self.context.get_tensor_shape(name))
-            self._buffer(name, np.empty(shape, dtype=self.trt.nptype(self.engine.get_tensor_dtype(name))))
+            self._buffer(name,
+                         np.empty(shape, dtype=self.trt.nptype(self.engine.get_tensor_dtype(name))))
 
     def _buffer(self, name: str, like: np.ndarray) -> int:
         held = self.buffers.get(name)
@@ -255,7 +263,8 @@ class TensorRTRunner(Runner):
             self._enqueue()
         self.cuda.synchronize()
         samples = np.array([self.cuda.elapsed_ms(self._enqueue) for _ in range(TIMED_RUNS)])
-        return Timing(float(np.median(samples)), float(np.percentile(samples, 10)), float(np.percentile(samples, 90)),
+        return Timing(float(np.median(samples)), float(np.percentile(samples, 10)),
+                      float(np.percentile(samples, 90)),
                       len(samples), WARMUP_RUNS)
 
     def layer_times(self, batch: Batch, runs: int) -> dict[str, float]:

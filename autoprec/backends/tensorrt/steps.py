@@ -14,14 +14,16 @@ from autoprec.core.errors import BackendError
 from autoprec.lower import lower_plan
 
 
-def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Callable[[], dict[str, str]],
+def tensorrt_steps(backend: type, case: DoctorCase, made: Made,
+                   gpu_found: Callable[[], dict[str, str]],
                    cuda: Callable[[], Any]) -> list[Step]:
     """``backend``: the TensorRT backend class (its flavour and Q/DQ form); ``gpu_found`` and
     ``cuda``: its GPU check and CUDA API for the device asked."""
     flavour, folder = backend.flavour, made.folder
     timing_cache = TimingCache(folder / "timing-cache" if flavour.timing_cache else None)
     runs_on = [g for g in flavour.gpus or () if not g.startswith("12.")] + ["12.x"]
-    gpu_fix = (f"run on a GPU of compute capability {', '.join(runs_on)} (A100, RTX 30/40/50, L4/L40, RTX PRO)"
+    gpu_fix = (f"run on a GPU of compute capability {', '.join(runs_on)} (A100, RTX 30/40/50, "
+               "L4/L40, RTX PRO)"
                if flavour.gpus else "run on a machine with an NVIDIA GPU this TensorRT supports")
 
     def imported() -> str:
@@ -30,9 +32,11 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Calla
 
     def lowered() -> str:
         deployable = case.info.for_deployment()
-        made["fixed"] = stamp_plan(lower_plan(case.info, case.plan, case.ranges, backend.qdq_form), case.info,
+        made["fixed"] = stamp_plan(lower_plan(case.info, case.plan, case.ranges, backend.qdq_form),
+                                   case.info,
                                    case.plan)
-        made["dynamic"] = stamp_plan(lower_plan(deployable, case.plan, case.ranges, backend.qdq_form), deployable,
+        made["dynamic"] = stamp_plan(lower_plan(deployable, case.plan, case.ranges,
+                                                backend.qdq_form), deployable,
                                      case.plan)
         return f"{backend.qdq_form.value} Q/DQ form at the measured shapes and on the deployable dims"
 
@@ -40,7 +44,8 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Calla
         made["built"] = engine = build_engine(made["trt"], flavour, made["fixed"], timing_cache)
         fidelity = engine.report.get("plan_fidelity") or {}
         if fidelity.get("plan_ignored"):
-            raise BackendError(f"the engine ignores the plan: {fidelity['ignored_units']} ({fidelity['source']})")
+            raise BackendError(f"the engine ignores the plan: {fidelity['ignored_units']} "
+                               f"({fidelity['source']})")
         checked = f"{fidelity['checked_units']} units at their planned precision ({fidelity['source']})" \
             if fidelity else "no layer precisions reported"
         return f"{len(engine.serialized)} bytes in {engine.report['build_seconds']:.1f} s; {checked}"
@@ -80,9 +85,11 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Calla
     build_fix = "see TensorRT's message; run again with --verbose for its log"
     return [
         Step("import", imported, flavour.install),
-        Step("lower the plan", lowered, "a bug in autoprec's lowering: report it with --verbose", ("import",)),
+        Step("lower the plan", lowered, "a bug in autoprec's lowering: report it with --verbose",
+             ("import",)),
         Step("build strongly typed", built, build_fix, ("lower the plan",)),
-        Step("build with a profile (export)", built_with_profile, build_fix, ("lower the plan",), needed=False),
+        Step("build with a profile (export)", built_with_profile, build_fix, ("lower the plan",),
+             needed=False),
         *([Step("timing cache", cached, "the folder cannot hold it: check its space and rights",
                 ("build strongly typed",), needed=False)] if flavour.timing_cache else []),
         Step("GPU", gpu, gpu_fix),
@@ -90,5 +97,6 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made, gpu_found: Calla
         Step("load (deserialise)", loaded, build_fix, ("build strongly typed", "CUDA from Python")),
         Step("inspector JSON", inspected, build_fix, ("load (deserialise)",), needed=False),
         *running_steps(made, case, "load (deserialise)"),
-        Step("profiler", profiled, "the search still runs, without its ranking by time", ("execute",), needed=False),
+        Step("profiler", profiled, "the search still runs, without its ranking by time",
+             ("execute",), needed=False),
     ]
