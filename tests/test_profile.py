@@ -220,7 +220,9 @@ def test_inputs_that_share_a_dim_name_share_its_size_at_every_point():
         shape_profile(declared, opt, None, {"input_ids": (8, 64), "attention_mask": (4, 64)})
 
 
-def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
+def test_items_saved_whole_and_alone_are_read_as_one_shape(tmp_path):
+    """Stacking the two forms failed once; keeping the whole one apart then left it unused (a fresh pass,
+    issue 67): both are one item of the input."""
     from autoprec.analysis.data import load_items
     from autoprec.analysis.model_info import TensorSpec
 
@@ -228,7 +230,7 @@ def test_items_saved_whole_and_alone_are_one_shape_apart_not_stacked(tmp_path):
         np.savez(tmp_path / f"alone{i}.npz", x=_lines(1, 16, seed=i)[0])
     np.savez(tmp_path / "whole.npz", x=_lines(1, 16, seed=9))  # [1, 3, 8, 16]: the same item with its batch of 1
     items = load_items(tmp_path, [TensorSpec("x", (1, 3, 8, 16), "float32", 0)])
-    assert items["x"].shape == (3, 3, 8, 16)
+    assert items["x"].shape == (4, 3, 8, 16)
 
 
 def test_a_profile_point_the_given_model_cannot_run_at_is_refused_before_the_search(tmp_path):

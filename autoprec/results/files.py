@@ -481,9 +481,8 @@ def _check_coherent(result: ResultFiles) -> None:
     if pareto.header.search.trials != len(by_number):
         refuse("pareto.json", f"search.trials says {pareto.header.search.trials}, but trials.json "
                               f"holds {len(by_number)} trial(s)")
-    if not _same_run(result.trials.header, pareto.header):
-        refuse("trials.json", "it is of another run than pareto.json (their search.run, model or "
-                              "--max-loss differ)")
+    if (differs := _run_differs(result.trials.header, pareto.header)) is not None:
+        refuse("trials.json", differs)
     for trial in pareto.front:
         _same_trial(trial, by_number, lambda problem: refuse("pareto.json", "front trial "
                                                                             f"{trial.number}{problem}"))
@@ -513,9 +512,8 @@ def _check_coherent(result: ResultFiles) -> None:
 def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRecord],
                 refuse: Callable[[str], NoReturn]) -> None:
     """best/plan.json is the chosen trial of this very run."""
-    if not _same_run(plan.header, pareto.header):
-        refuse("it is of another run than pareto.json (their search.run, model or --max-loss "
-               "differ: best/ is from another run)")
+    if (differs := _run_differs(plan.header, pareto.header)) is not None:
+        refuse(differs)
     if plan.trial.number != pareto.chosen:
         refuse(f"it holds trial {plan.trial.number}, but pareto.json chose {pareto.chosen} (best/ "
                "is from another run)")
@@ -523,13 +521,15 @@ def _check_best(plan: PlanFile, pareto: ParetoFile, by_number: dict[int, TrialRe
                                                               f"{plan.trial.number}{problem}"))
 
 
-def _same_run(header: Header, other: Header) -> bool:
-    """Two result files of one search: the same run (an older result's files record none: None) of
-    the same model, under the same limit (what their trials' feasibility is checked by)."""
-    def run(h: Header) -> tuple:
-        return h.search.run, h.model.sha256, h.search.max_loss
-
-    return run(header) == run(other)
+def _run_differs(header: Header, other: Header) -> str | None:
+    """How a result file is not of pareto.json's search (``other``): another run (an older result's
+    files record none: None) or model, or another limit (what each trial's feasible is judged by)."""
+    if (header.search.run, header.model.sha256) != (other.search.run, other.model.sha256):
+        return "it is of another run than pareto.json (their search.run or model differ)"
+    if header.search.max_loss != other.search.max_loss:
+        return (f"its search.max_loss {header.search.max_loss} is not pareto.json's "
+                f"{other.search.max_loss}, by which each trial's feasible is judged")
+    return None
 
 
 def _same_trial(entry: TrialRecord, by_number: dict[int, TrialRecord],

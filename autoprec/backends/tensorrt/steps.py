@@ -21,23 +21,14 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made,
     ``cuda``: its GPU check and CUDA API for the device asked."""
     flavour, folder = backend.flavour, made.folder
     timing_cache = TimingCache(folder / "timing-cache" if flavour.timing_cache else None)
-    runs_on = [g for g in flavour.gpus or () if not g.startswith("12.")] + ["12.x"]
-    gpu_fix = (f"run on a GPU of compute capability {', '.join(runs_on)} (A100, RTX 30/40/50, "
-               "L4/L40, RTX PRO)"
-               if flavour.gpus else "run on a machine with an NVIDIA GPU this TensorRT supports")
 
     def imported() -> str:
         made["trt"] = trt = import_tensorrt(flavour)
         return f"{trt.__name__} {trt.__version__}"
 
     def lowered() -> str:
-        deployable = case.info.for_deployment()
-        made["fixed"] = stamp_plan(lower_plan(case.info, case.plan, case.ranges, backend.qdq_form),
-                                   case.info,
-                                   case.plan)
-        made["dynamic"] = stamp_plan(lower_plan(deployable, case.plan, case.ranges,
-                                                backend.qdq_form), deployable,
-                                     case.plan)
+        for key, info in (("fixed", case.info), ("dynamic", case.info.for_deployment())):
+            made[key] = stamp_plan(lower_plan(info, case.plan, case.ranges, backend.qdq_form), info, case.plan)
         return f"{backend.qdq_form.value} Q/DQ form at the measured shapes and on the deployable dims"
 
     def built() -> str:
@@ -92,7 +83,7 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made,
              needed=False),
         *([Step("timing cache", cached, "the folder cannot hold it: check its space and rights",
                 ("build strongly typed",), needed=False)] if flavour.timing_cache else []),
-        Step("GPU", gpu, gpu_fix),
+        Step("GPU", gpu, _gpu_fix(flavour)),
         Step("CUDA from Python", cuda_from_python, flavour.install, ("GPU",)),
         Step("load (deserialise)", loaded, build_fix, ("build strongly typed", "CUDA from Python")),
         Step("inspector JSON", inspected, build_fix, ("load (deserialise)",), needed=False),
@@ -100,3 +91,11 @@ def tensorrt_steps(backend: type, case: DoctorCase, made: Made,
         Step("profiler", profiled, "the search still runs, without its ranking by time",
              ("execute",), needed=False),
     ]
+
+
+def _gpu_fix(flavour: Any) -> str:
+    """Where a TensorRT flavour runs engines, as the fix for a machine it does not run them on."""
+    if not flavour.gpus:
+        return "run on a machine with an NVIDIA GPU this TensorRT supports"
+    runs_on = [g for g in flavour.gpus if not g.startswith("12.")] + ["12.x"]
+    return f"run on a GPU of compute capability {', '.join(runs_on)} (A100, RTX 30/40/50, L4/L40, RTX PRO)"
