@@ -127,7 +127,12 @@ def peers(model: Path, data: Path, out: Path, chosen: list[str]) -> dict[str, Pa
     """ONNX Runtime's whole-model quantizers on the same model, those ``chosen`` of: dynamic INT8 (weights), static
     QDQ INT8 calibrated on the data as given, and INT4 weights by its MatMulNBitsQuantizer (round to nearest, HQQ;
     symmetric, block 32, accuracy level 4 as autoprec's)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):

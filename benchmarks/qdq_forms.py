@@ -41,7 +41,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from _harness import TINY, Report, model_sources, parse_arguments, run_models, time_interleaved
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
 
 import autoprec
 from autoprec.analysis.baseline import load_baseline

@@ -26,7 +26,16 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import HERE, QUICK_RETIME, TINY, Report, model_source, parse_arguments, resolve, run_models  # noqa: E402
+from _harness import (  # noqa: E402
+    HERE,
+    QUICK_RETIME,
+    TINY,
+    Report,
+    model_source,
+    parse_arguments,
+    resolve,
+    run_models,
+)
 
 from autoprec.backends import get_backend  # noqa: E402
 

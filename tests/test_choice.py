@@ -12,7 +12,13 @@ from autoprec.core.timing import Timing
 from autoprec.measure.speedup import contender
 from autoprec.record.trial import Measurement, TrialRecord
 from autoprec.record.verdict import Rounds, Versus
-from autoprec.study.choice import HeldOutJudging, ShipRule, choose_shipped, fastest_within, not_timed
+from autoprec.study.choice import (
+    HeldOutJudging,
+    ShipRule,
+    choose_shipped,
+    fastest_within,
+    not_timed,
+)
 
 LIMIT = ShipRule(max_loss=0.01, seconds=1.0)
 

@@ -15,7 +15,12 @@ from autoprec.core.search_space import load_search_space
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.measurement import Rejected, Screen, accuracy_loss, measure
 from autoprec.record.per_unit import Sensitivity, UnitSensitivity
-from autoprec.study.sensitivity import analyse_sensitivity, cached_sensitivity, latency_shares, unit_times
+from autoprec.study.sensitivity import (
+    analyse_sensitivity,
+    cached_sensitivity,
+    latency_shares,
+    unit_times,
+)
 from autoprec.study.warm_start import warm_start_params
 
 

@@ -16,7 +16,14 @@ from autoprec.app.cli import main
 from autoprec.core.errors import AutoprecError
 from autoprec.core.timing import Timing
 from autoprec.measure.measurement import InProcessMeasurer
-from autoprec.measure.speedup import MAX_BLOCKS, MIN_BLOCKS, NARROW_BLOCKS, contender, known, time_until_known
+from autoprec.measure.speedup import (
+    MAX_BLOCKS,
+    MIN_BLOCKS,
+    NARROW_BLOCKS,
+    contender,
+    known,
+    time_until_known,
+)
 from autoprec.record.trial import Paired
 from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup, speedup
 

@@ -18,7 +18,13 @@ from searching import SHORTEST_FINAL_TIMING
 from autoprec.analysis.data import TensorSpec, build_dataset, data_files
 from autoprec.analysis.label_files import load_labels
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.accuracy import Judge, Metric, decision_changes, loss_from_metrics, output_metrics
+from autoprec.measure.accuracy import (
+    Judge,
+    Metric,
+    decision_changes,
+    loss_from_metrics,
+    output_metrics,
+)
 from autoprec.tasks import HeadOptions, boxes, ctc_decoding, embedding_decoding
 
 BUNDLED = "datasets/ppocr_cls"

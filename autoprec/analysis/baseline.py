@@ -21,7 +21,13 @@ from autoprec.analysis.calibrate import (
     calibration_cache,
     out_of_range_nodes,
 )
-from autoprec.analysis.data import Dataset, RandomDataWarning, build_dataset, item_shapes, scalar_values
+from autoprec.analysis.data import (
+    Dataset,
+    RandomDataWarning,
+    build_dataset,
+    item_shapes,
+    scalar_values,
+)
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import analyse, load_onnx

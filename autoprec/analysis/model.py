@@ -19,7 +19,13 @@ from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.model_info import ModelInfo, Unit
 from autoprec.analysis.patterns import tie_repeats
 from autoprec.analysis.preparation import prepared_model
-from autoprec.analysis.shapes import check_feeds, declared_inputs, dtype_name, output_specs, resolve_input_shapes
+from autoprec.analysis.shapes import (
+    check_feeds,
+    declared_inputs,
+    dtype_name,
+    output_specs,
+    resolve_input_shapes,
+)
 from autoprec.analysis.units import find_units
 from autoprec.core.errors import ModelError, first_line
 from autoprec.core.escape import printable

@@ -34,7 +34,14 @@ from autoprec.results.files import (
 )
 from autoprec.results.plots import plot_result_dir
 from autoprec.study.build_counts import builds_facts, count_builds, say_builds
-from autoprec.study.choice import FinalTiming, HeldOutJudging, ShipRule, choose_shipped, chosen_once, timed_until_known
+from autoprec.study.choice import (
+    FinalTiming,
+    HeldOutJudging,
+    ShipRule,
+    choose_shipped,
+    chosen_once,
+    timed_until_known,
+)
 from autoprec.study.coordination import SharedSteps
 from autoprec.study.joining import Joined, join_study
 from autoprec.study.opening import default_study_name, forget_if_unused

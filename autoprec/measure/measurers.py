@@ -17,7 +17,13 @@ from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import FileLock
 from autoprec.core.plan import REDUCED, Precision
 from autoprec.measure.accuracy import Judge
-from autoprec.measure.isolation import IsolatedMeasurer, Limits, MeasurerPool, TrialCrash, device_lock_path
+from autoprec.measure.isolation import (
+    IsolatedMeasurer,
+    Limits,
+    MeasurerPool,
+    TrialCrash,
+    device_lock_path,
+)
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, Measurer
 from autoprec.record.trial import EngineInfo
 

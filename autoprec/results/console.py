@@ -29,7 +29,14 @@ from autoprec.record.per_unit import Sensitivity
 from autoprec.record.trial import MAX_TIMING_SPREAD, TrialRecord
 from autoprec.record.verdict import Versus, ratio_text
 from autoprec.results.files import ResultFiles
-from autoprec.results.rows import COLUMNS_SAID, decisions, loss_name, order_said, roles_said, trial_rows
+from autoprec.results.rows import (
+    COLUMNS_SAID,
+    decisions,
+    loss_name,
+    order_said,
+    roles_said,
+    trial_rows,
+)
 
 # shown here, read by the TensorRT backend (the --layers of export --build and inspect)
 if TYPE_CHECKING:

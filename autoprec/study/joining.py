@@ -12,7 +12,13 @@ from typing import Any
 
 import optuna
 
-from autoprec.study.coordination import SharedInputs, StudyLocks, check_storage, default_artifacts, worker_id
+from autoprec.study.coordination import (
+    SharedInputs,
+    StudyLocks,
+    check_storage,
+    default_artifacts,
+    worker_id,
+)
 from autoprec.study.opening import make_sampler, open_study
 from autoprec.study.reading import counted
 

@@ -25,7 +25,13 @@ from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend
 from autoprec.core.errors import AutoprecError, MetricError
-from autoprec.core.plan import AUTO_CALIBRATION, DEFAULT_CALIBRATION, Plan, Precision, calibration_method
+from autoprec.core.plan import (
+    AUTO_CALIBRATION,
+    DEFAULT_CALIBRATION,
+    Plan,
+    Precision,
+    calibration_method,
+)
 from autoprec.measure.isolation import TrialCrash
 from autoprec.measure.measurement import Rejected
 from autoprec.record.trial import Measurement, TrialRecord

@@ -15,7 +15,13 @@ from autoprec.backends.tensorrt.layers import (
     parse_engine_layers,
     plan_fidelity,
 )
-from autoprec.backends.tensorrt.loader import TENSORRT, BuiltEngine, Flavour, capturing_logger, fidelity_report
+from autoprec.backends.tensorrt.loader import (
+    TENSORRT,
+    BuiltEngine,
+    Flavour,
+    capturing_logger,
+    fidelity_report,
+)
 from autoprec.core import atomic
 from autoprec.core.errors import BackendError
 from autoprec.core.timing import Timing
