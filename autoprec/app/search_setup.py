@@ -113,8 +113,8 @@ def set_up(config: SearchConfig) -> Setup:
 
 def _check_apart(out_dir: Path, model: Path, data: str | os.PathLike | None) -> None:
     """Refuse a search whose results would land on its own inputs: the model or data among the files
-    it writes in ``out_dir``, or ``out_dir`` inside the data folder (its figures read as data next
-    time)."""
+    it writes in ``out_dir``, or ``out_dir`` the data folder itself (its figures read as data next
+    time; a folder below it is not read)."""
     if result_owns(out_dir, model):
         raise AutoprecError(f"{model}: one of the files a search writes in --out {out_dir} (best/, "
                             "cache/, pareto.json, ...): it would replace its own input; copy the "
@@ -122,10 +122,10 @@ def _check_apart(out_dir: Path, model: Path, data: str | os.PathLike | None) -> 
     if data is None or str(data).startswith("zoo:"):
         return
     folder = Path(data).resolve()
-    if result_owns(out_dir, folder) or (folder.is_dir() and out_dir.resolve().is_relative_to(folder)):
-        raise AutoprecError(f"--out {out_dir}: inside the --data folder {data} (or holding it): "
-                            "the result's files would be read as data by the next run; give an "
-                            "--out outside the data")
+    if result_owns(out_dir, folder) or (folder.is_dir() and out_dir.resolve() == folder):
+        raise AutoprecError(f"--out {out_dir}: the --data folder {data} (or holding it): the "
+                            "result's figures would be read as data by the next run; give another "
+                            "--out (a folder below the data's is fine)")
 
 
 def _check_earlier_result(out_dir: Path, info: ModelInfo) -> None:
