@@ -225,6 +225,11 @@ EDITS = {  # name: (file, edit, phrase of the line)
     "a final latency of 0": ("trials.json", _first_trial("final_latency_ms", 0), "final_latency_ms is 0"),
     "a negative re-timed round": ("trials.json", _first_trial("retimed_ms", [-1.0]), "retimed_ms[0]"),
     "a feasible trial marked infeasible": ("trials.json", _first_trial("feasible", False), "feasible is False"),
+    "no timed run": ("trials.json", lambda d: d["trials"][0]["latency_ms"].update(runs=0), "latency_ms.runs is 0"),
+    "a negative time spent": ("trials.json", lambda d: d["trials"][0]["seconds"].update(build=-5.0),
+                              "seconds.build is -5"),
+    "a stage of no duration": ("pareto.json", lambda d: d["search"].setdefault("stage_seconds", {}).update(
+        trials="nan"), "stage_seconds.trials"),
     "a trial listed twice": ("trials.json", lambda d: d["trials"].append(d["trials"][0]), "appears twice"),
     "search.trials not the trials' count": ("pareto.json", lambda d: d["search"].update(trials=999), "search.trials"),
     "a negative --max-loss recorded": ("pareto.json", lambda d: d["search"].update(max_loss=-1), "search.max_loss"),

@@ -1126,3 +1126,19 @@ def test_weights_given_as_graph_inputs_too_are_said_to_leave_the_shipped_inputs(
     onnx.save(model, str(path))
     code, err = run(["search", path, "--data", result.parent / "d.npz", "--out", tmp_path / "o", *QUICK], capsys)
     assert code == 0 and "weight(s) are graph inputs too (w0, w1" in " ".join(err.split()), err[-2000:]
+
+
+@pytest.mark.parametrize("edit", ["share 1e308", "share nan", "gain inf", "loss nan"])
+def test_a_sensitivity_whose_figures_cannot_be_is_refused_in_every_view(result, tmp_path, capsys, edit):
+    """Held-out variant of the pass's family: sensitivity.json's share 1e308 or 'nan' was an internal error in
+    plot, and a NaN loss was shown as measured."""
+    r = copy(result, tmp_path)
+    document = json.loads((r / "sensitivity.json").read_text())
+    unit = document["units"][0]
+    field, value = edit.split()
+    target = unit if field == "share" else unit[field]
+    key = field if field == "share" else next(iter(target))
+    target[key] = float(value) if value == "1e308" else value
+    (r / "sensitivity.json").write_text(json.dumps(document))
+    for argv in (["show", r], ["plot", r], ["report", r, "--output", tmp_path / "page.html"]):
+        refused(argv, capsys, "sensitivity.json", "not as autoprec wrote it")

@@ -67,7 +67,7 @@ def reference_outputs(
 
 # FP32 outputs of one model on one machine and on another (a study's workers), or of the prepared
 # model and the given file (folding moves rounding, not more): within this relative L2 they agree
-KEPT_REL_L2 = 1e-3
+KEPT_REL_L2 = 1e-4  # (a reference moved by that much moves a cosine loss by about 5e-9)
 
 
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:

@@ -5,6 +5,7 @@ search's facts); sensitivity.json is the pass's."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,15 +155,26 @@ class PlanFile:
 
 
 def sensitivity_of(f: Fields) -> Sensitivity:
-    """sensitivity.json (see :class:`autoprec.study.sensitivity.Sensitivity`), checked."""
+    """sensitivity.json (see :class:`autoprec.study.sensitivity.Sensitivity`), checked: its figures can
+    be true (shares of FP32's time within 0-1, a gain at most the whole time, a loss a number)."""
     f["engine"].text(), f["batches"].integer(), f["evaluations"].integer(), f["seconds"].number()
     if (share := f["unattributed_share"].nullable()) is not None:
-        share.number()
+        _share(share)
     for unit in f["units"].items():
         unit["unit"].text(), unit["op_type"].text()
         if (share := unit["share"].nullable()) is not None:
-            share.number()
-        for key in ("loss", "gain"):
-            for value in unit[key].mapping().values():
-                value.number()
+            _share(share)
+        for precision, value in unit["loss"].mapping().items():
+            if math.isnan(value.number()):
+                value.refuse(f"{value.path} is nan, not a loss")
+        for precision, value in unit["gain"].mapping().items():
+            if not value.number() <= 1:
+                value.refuse(f"{value.path} is {value.value!r}, not a share of FP32's time saved (at most 1)")
     return Sensitivity.from_json(f.value)
+
+
+def _share(f: Fields) -> float:
+    share = f.number()
+    if not 0 <= share <= 1:
+        f.refuse(f"{f.path} is {f.value!r}, not a share of FP32's time (0 to 1)")
+    return share

@@ -132,7 +132,7 @@ class SearchFacts:
             f["limit_in_decisions"].text_or_none() if "limit_in_decisions" in search else None,
             _profile(f["profile"]) if search.get("profile") else None,
             f["run"].text() if "run" in search else None,
-            {k: v.number() for k, v in f["stage_seconds"].mapping().items()} if "stage_seconds" in search else {},
+            _stages(f["stage_seconds"]) if "stage_seconds" in search else {},
             _judged_shapes(f["judged_shapes"]) if "judged_shapes" in search else None,
             search,
         )
@@ -256,6 +256,10 @@ def _max_loss(f: Fields) -> float | None:
     if limit is not None and not (math.isfinite(limit) and limit >= 0):
         f.refuse(f"{f.path} is {f.value!r}, not a finite loss of 0 or more")
     return limit
+
+
+def _stages(f: Fields) -> dict[str, float]:
+    return {k: _wall(v) for k, v in f.mapping().items()}
 
 
 def _wall(f: Fields) -> float:

@@ -252,6 +252,12 @@ class TrialRecord:
             f.refuse(f"{where}: its plan counts {counts} but its units are {self.plan.counts()}")
         if math.isnan(self.loss) or self.loss == -math.inf:
             f.refuse(f"{where}: accuracy_loss is {self.loss:g}, not a loss of 0 or more")
+        at_least = {"latency_ms.runs": (latency.runs, 1), "latency_ms.warmup": (latency.warmup, 0),
+                    "retimes": (self.measurement.retimes, 0),
+                    **{f"seconds.{k}": (v, 0) for k, v in self.measurement.seconds.items()}}
+        for key, (value, least) in at_least.items():
+            if not (math.isfinite(value) and value >= least):
+                f.refuse(f"{where}: {key} is {value:g}, not a count or duration of {least} or more")
 
     def checked_against(self, f: Fields, max_loss: float | None, labels: bool) -> TrialRecord:
         """Itself, where its loss is one a search of ``max_loss`` could record (below 0 only as a
