@@ -116,6 +116,14 @@ def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
     return ["NchwcTransformer"] * crashing + ["QDQSelectorActionTransformer"] * signed_activations
 
 
+def given_session(path: Path):
+    """An ONNX Runtime CPU session of the given file as the user has it (from its path, its
+    external data beside it): what a prepared or shipped model is checked against."""
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 def holds_fp16(model: onnx.ModelProto) -> bool:
     graph = model.graph
     return any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer) or any(

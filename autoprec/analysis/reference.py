@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import onnxruntime
 
 from autoprec.analysis.calibrate import content_key
 from autoprec.analysis.data import Batch
 from autoprec.analysis.model import RANDOM_OPS
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.analysis.preparation import cpu_session
+from autoprec.analysis.preparation import cpu_session, given_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import DataError, ModelError, first_line
@@ -106,11 +105,8 @@ def _differs(measured: list[dict[str, np.ndarray]], kept: list[dict[str, np.ndar
 def _check_prepared(info: ModelInfo, batch: Batch, outputs: dict[str, np.ndarray]) -> None:
     """Refuse a prepared model an earlier run left in the cache whose outputs on ``batch`` are not the
     given file's: searching it would measure and ship another network."""
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
     try:
-        given = onnxruntime.InferenceSession(str(info.path), options,
-                                             providers=["CPUExecutionProvider"])
+        given = given_session(info.path)
         wanted = dict(zip(outputs, given.run(list(outputs), batch)))
     except Exception:  # noqa: BLE001 - the file takes inputs the data does not hold (settings folded): not compared
         return
@@ -132,15 +128,9 @@ def check_deterministic(info: ModelInfo, first: dict[str, np.ndarray],
     from one run to the next on the same input: every candidate's loss against FP32 would be that
     noise, not its precision."""
     for name, a in first.items():
-        b = second[name]
-        if a.dtype.kind not in "fc":
-            differ = a.shape != b.shape or not np.array_equal(a, b)
-            said = "other values"
-        else:
-            error = float(np.linalg.norm((a - b).ravel()) / max(np.linalg.norm(a.ravel()), 1e-30))
-            differ = a.shape != b.shape or not (error <= DETERMINISTIC_REL_L2 or np.array_equal(a, b, equal_nan=True))
-            said = f"relative error {error:.3g}"
-        if differ:
+        error = _rel_l2(a, second[name])
+        if not error <= DETERMINISTIC_REL_L2:
+            said = f"relative error {error:.3g}" if a.dtype.kind in "fc" else "other values"
             random = [f"{n.op_type} {n.name!r}" for n in info.model.graph.node if n.op_type in RANDOM_OPS]
             cause = f"; it draws random values ({', '.join(random[:3])})" if random else ""
             raise ModelError(

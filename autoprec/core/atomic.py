@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+from autoprec.core import untrusted
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -74,7 +76,6 @@ def read_keyed(path: Path, key: str) -> dict[str, Any] | None:
     unreadable, damaged or kept for another key (then they are measured again and written anew). A
     link, FIFO or device there is refused (:mod:`autoprec.core.untrusted`): a cache folder is input
     too."""
-    from autoprec.core import untrusted
 
     try:
         kept = untrusted.read_json(path, f"the cache {path.parent}")

@@ -19,7 +19,7 @@ import onnxruntime
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.analysis.preparation import cpu_optimizers_left_off, cpu_session
+from autoprec.analysis.preparation import cpu_optimizers_left_off, cpu_session, given_session
 from autoprec.analysis.shape_points import fitted
 from autoprec.backends.base import Backend
 from autoprec.core.errors import first_line
@@ -122,9 +122,7 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
 def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
     """``model`` against the given file at each run's point: the file is run as the user has it
     (from its path, external data beside it)."""
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    given = onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    given = given_session(source)
     shipped = cpu_session(model)
     return [_check(point, batches, given, shipped, profile) for point, batches in runs]
 
