@@ -425,14 +425,15 @@ def test_ort_form_keeps_an_add_and_the_layernorm_after_it_apart(tmp_path):
     assert {n.name: n.op_type for n in tensorrt.proto.graph.node}["residual"] == "Add"
 
 
+@pytest.mark.parametrize("k", [128, 100])
 @pytest.mark.parametrize("form", ["matmul_nbits", "dequantize"])
-def test_int4_units_hold_their_weights_in_4_bit_blocks_and_stay_near_fp32(tmp_path, form):
+def test_int4_units_hold_their_weights_in_4_bit_blocks_and_stay_near_fp32(tmp_path, form, k):
     """A MatMul and a transposed Gemm with a bias, both INT4: ONNX Runtime's MatMulNBits (its form) or a block
     DequantizeLinear of INT4 weights (TensorRT's); the FP32 weights gone, the outputs near FP32's (4-bit random
-    weights: about a tenth)."""
+    weights: about a tenth). K need not be a whole number of blocks (100 and 200: an LLaMA MLP's 2730)."""
     from autoprec.lower import Int4Form
 
-    path = builders.save(builders.weight_only_mlp(), tmp_path / "mlp.onnx")
+    path = builders.save(builders.weight_only_mlp(features=k, hidden=2 * k), tmp_path / "mlp.onnx")
     info = analyse(path, load_search_space())
     assert all(Precision.INT4 in u.allowed for u in info.units)
     lowered = lower_plan(info, info.plan_at(Precision.INT4), None, QDQForm.ORT_CPU, Int4Form(form)).proto
@@ -444,10 +445,55 @@ def test_int4_units_hold_their_weights_in_4_bit_blocks_and_stay_near_fp32(tmp_pa
         assert all({a.name: a.i for a in n.attribute}["bits"] == 4 for n in lowered.graph.node if n.domain)
     else:
         assert ops.count("DequantizeLinear") == 2 and [t.data_type for t in weights.values()].count(TensorProto.INT4) == 2
-    x = np.random.default_rng(1).normal(size=(4, 128)).astype(np.float32)
+        assert ops.count("Pad") == (2 if k % 32 else 0)  # TensorRT wants whole blocks
+    x = np.random.default_rng(1).normal(size=(4, k)).astype(np.float32)
     want = builders.session(path).run(None, {"x": x})[0]
     got = builders.session(lowered).run(None, {"x": x})[0]
     assert output_metrics(want, got)["rel_l2"] < 0.2  # 4 bits: steps of a block's largest / 7
+
+
+def test_int4_weights_off_centre_take_a_zero_point_per_block_where_the_engine_reads_one(tmp_path):
+    """Weights whose columns sit off zero (as a biased projection's): ONNX Runtime's MatMulNBits takes a zero
+    point per block (asymmetric) and its output error is lower than the symmetric rounding's; TensorRT's form
+    stays symmetric (no zero point input), centred weights or not."""
+    from autoprec.lower import Int4Form
+
+    x = np.random.default_rng(1).normal(size=(4, 128)).astype(np.float32)
+    found = {}
+    for offset in (0.0, 0.3):
+        model = builders.weight_only_mlp()
+        w1 = next(t for t in model.graph.initializer if t.name == "w1")
+        w1.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w1) + offset, "w1"))
+        path = builders.save(model, tmp_path / f"mlp{offset}.onnx")
+        info = analyse(path, load_search_space())
+        plan = Plan.from_mapping({"mm": "int4", "gemm": "fp32"})
+        want = builders.session(path).run(None, {"x": x})[0]
+        for form in Int4Form:
+            lowered = lower_plan(info, plan, None, QDQForm.ORT_CPU, form)
+            node = next(n for n in lowered.proto.graph.node if n.op_type in ("MatMulNBits", "DequantizeLinear"))
+            got = run(lowered, {"x": x})
+            found[offset, form] = (len([i for i in node.input if i]), output_metrics(want, got)["rel_l2"])
+    assert found[0.3, Int4Form.MATMUL_NBITS][0] == 4, found  # A, weights, scales, zero points
+    assert found[0.3, Int4Form.MATMUL_NBITS][1] < 0.8 * found[0.3, Int4Form.DEQUANTIZE][1], found
+    assert found[0.3, Int4Form.DEQUANTIZE][0] == 2 and found[0.0, Int4Form.DEQUANTIZE][0] == 2, found
+
+
+def test_int4_blocks_are_as_long_as_the_search_space_says(tmp_path):
+    """int4_block_size: 64 in a search space: both forms read 64 values a scale (and record the knob, which a
+    default space leaves unsaid: a result written before it reads alike)."""
+    from autoprec.core.search_space import SearchSpace
+    from autoprec.lower import Int4Form
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("units: {MatMul: [int4, fp32], Gemm: [int4, fp32]}\nint4_block_size: 64\n")
+    space = load_search_space(space_file)
+    assert SearchSpace.from_json(space.to_json()).int4_block_size == 64
+    assert "int4_block_size" not in load_search_space().to_json()
+    info = analyse(builders.save(builders.weight_only_mlp(), tmp_path / "mlp.onnx"), space)
+    for form in Int4Form:
+        lowered = lower_plan(info, info.plan_at(Precision.INT4), None, QDQForm.ORT_CPU, form).proto
+        blocks = [a.i for n in lowered.graph.node for a in n.attribute if a.name == "block_size"]
+        assert blocks == [64, 64], (form, blocks)
 
 
 def test_int4_is_offered_only_where_a_unit_has_a_constant_2d_weight(tmp_path):

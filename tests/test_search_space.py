@@ -13,6 +13,8 @@ SPACES = {
     "not utf-8": b"\xff\xfe\x00units",
     "a list": "- Conv\n",
     "op name not text": "units: {1: [int8]}\n",
+    "int4 block size not a power of two": "units: {MatMul: [int4, fp32]}\nint4_block_size: 24\n",
+    "int4 block size text": "units: {MatMul: [int4, fp32]}\nint4_block_size: big\n",
 }
 
 

@@ -178,6 +178,28 @@ def test_warm_start_lowers_only_units_that_save_time_even_when_the_all_units_pla
     assert {frozenset(names[-1:]), frozenset(names[:3])} <= lowered  # per time saved; per share
 
 
+def test_warm_start_mixes_precisions_unit_by_unit_where_each_saves_most_per_loss(tmp_path):
+    """Two INT4-capable units: INT4 saves a little more than INT8 at a small loss on "mm" and at a large one on
+    "gemm". Within 0.01 the plan that pays best is INT4 on mm and INT8 on gemm, which no plan of one precision
+    is: the warm start seeds it (and no mix past the limit's largest target)."""
+    import builders
+
+    info = analyse(builders.save(builders.weight_only_mlp(), tmp_path / "mlp.onnx"), load_search_space())
+    assert {u.name for u in info.dimensions} == {"mm", "gemm"}
+    units = (UnitSensitivity("mm", "MatMul", 0.5, {"int4": 2e-3, "int8": 1e-4, "fp16": 1e-6},
+                             {"int4": 0.45, "int8": 0.35, "fp16": -0.1}),
+             UnitSensitivity("gemm", "Gemm", 0.5, {"int4": 5e-2, "int8": 2e-4, "fp16": 1e-6},
+                             {"int4": 0.4, "int8": 0.3, "fp16": -0.1}))
+    sens = Sensitivity(units, 0.0, 1, 6, 0.0, "test")
+    uniform = {"fp32": (10.0, 0.0), "int4": (3.0, 0.06), "int8": (4.0, 3e-4), "fp16": (12.0, 1e-6)}
+    plans = warm_start_params(info, sens, max_loss=0.01, uniform=uniform)
+    assert {"mm": "int4", "gemm": "int8"} in plans
+    assert all(not ("int4" in p.values() and "int8" in p.values()) or p == {"mm": "int4", "gemm": "int8"}
+               for p in plans)  # INT4 on gemm (0.05) is past 2 × 0.01
+    # without a limit the path ends at INT4 everywhere: the uniform plan, seeded apart; no mix
+    assert all(len(set(p.values()) - {"fp32"}) == 1 for p in warm_start_params(info, sens, None, uniform))
+
+
 def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):
     sens = _sens({"a": (1e-3, 1e-6), "b": (math.inf, 2e-6)}, {"a": 0.5, "b": 0.25})  # b's INT8 plan failed
     calls = []

@@ -408,10 +408,12 @@ def test_the_doctor_builds_on_the_real_builder_and_names_the_gpu_it_needs(monkey
     assert {outcomes[s].result for s in ("load (deserialise)", "execute", "time")} == {"skipped"}
 
 
-def test_rtx_builds_int4_weights_in_the_dequantize_form_and_reads_them_as_int4(tmp_path):
+@pytest.mark.parametrize("k", [128, 100])
+def test_rtx_builds_int4_weights_in_the_dequantize_form_and_reads_them_as_int4(tmp_path, k):
     """An all-INT4 plan of a MatMul and a transposed Gemm with a bias: TensorRT for RTX parses the block-quantized
-    DequantizeLinear of INT4 weights, builds, and its network reads each unit's weight from INT4."""
-    model = builders.save(builders.weight_only_mlp(), tmp_path / "mlp.onnx")
+    DequantizeLinear of INT4 weights, builds, and its network reads each unit's weight from INT4 — also where K is
+    not a whole number of blocks (100, 200: the weight and its input padded to whole blocks)."""
+    model = builders.save(builders.weight_only_mlp(features=k, hidden=2 * k), tmp_path / "mlp.onnx")
     baseline = load_baseline(model, load_search_space(), None)
     plan = baseline.info.plan_at(Precision.INT4)
     assert plan.counts().get("int4", 0) == 2

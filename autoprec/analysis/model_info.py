@@ -61,6 +61,8 @@ class Unit:
         # (autoprec.analysis.patterns)
         None
     )
+    # values of its weight's column sharing one scale where it takes INT4 (the search space's knob)
+    int4_block: int = 32
 
     @property
     def searchable(self) -> bool:

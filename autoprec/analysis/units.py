@@ -163,6 +163,7 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...],
                 allowed=_allowed(space.allowed(name, node.op), node, weight) if float32 else (Precision.FP32,),
                 scope=scope,
                 sensitive=node.op not in space.units,
+                int4_block=space.int4_block_size,
             )
         )
     return units
@@ -175,18 +176,11 @@ def _allowed(allowed: tuple[Precision, ...], node: gs.Node, weight: gs.Constant 
     return allowed if takes_int4(node.op, node.attrs, shape) else tuple(p for p in allowed if p is not Precision.INT4)
 
 
-# values of a weight's column sharing a scale (autoprec.lower.int4); TensorRT wants K a multiple
-INT4_BLOCK = 32
-
-
 def takes_int4(op_type: str, attributes: dict, weight_shape: tuple | None) -> bool:
     """Whether a compute node can hold its weight in 4-bit blocks: a MatMul reading a constant 2-D
-    weight second, or a plain Gemm (no transposed input A, no scaling), its K a whole number of
-    blocks."""
+    weight second, or a plain Gemm (no transposed input A, no scaling). A K that is not a whole
+    number of blocks is padded (autoprec.lower.int4)."""
     if weight_shape is None or len(weight_shape) != 2:
-        return False
-    k = weight_shape[1] if op_type == "Gemm" and attributes.get("transB", 0) else weight_shape[0]
-    if k % INT4_BLOCK:
         return False
     if op_type == "MatMul":
         return True

@@ -30,6 +30,9 @@ NEUTRAL_OPS = frozenset({
 })
 
 
+INT4_BLOCK_SIZE = 32
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     units: dict[str, tuple[Precision, ...]]
@@ -45,6 +48,8 @@ class SearchSpace:
     # autoprec.analysis.calibrate.out_of_range_nodes): units of their own like sensitive ones, FP32
     # by default.
     out_of_range: tuple[Precision, ...] = ()
+    # values of a weight's column sharing one scale in an INT4 unit (autoprec.lower.int4)
+    int4_block_size: int = INT4_BLOCK_SIZE
 
     def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
         """Precisions a unit may take: its op type's (for a neutral op, a unit only for its range on
@@ -97,6 +102,8 @@ class SearchSpace:
             "sensitive": {op: [p.value for p in precisions] for op, precisions in sorted(self.sensitive.items())},
             "out_of_range": [p.value for p in self.out_of_range],
             "overrides": [[pattern, [p.value for p in precisions]] for pattern, precisions in self.overrides],
+            # (the default unsaid: a space recorded before the knob reads, and digests, the same)
+            **({"int4_block_size": self.int4_block_size} if self.int4_block_size != INT4_BLOCK_SIZE else {}),
         }
 
     def digest(self) -> str:
@@ -130,6 +137,8 @@ class SearchSpace:
                                                                           "out_of_range")
                 if data.get("out_of_range")
                 else (),
+                int4_block_size=block_size(data.get("int4_block_size", INT4_BLOCK_SIZE),
+                                           "recorded search space"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SearchSpaceError("the recorded search space cannot be read "
@@ -223,7 +232,16 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         out_of_range=parse_precisions(raw["out_of_range"], f"search space {source}, out_of_range")
         if raw.get("out_of_range")
         else (),
+        int4_block_size=block_size(raw.get("int4_block_size", INT4_BLOCK_SIZE), f"search space {source}"),
     )
+
+
+def block_size(value: object, where: str) -> int:
+    """An INT4 block size: a power of two from 16 (what MatMulNBits and TensorRT's INT4 weights take)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise SearchSpaceError(f"{where}: int4_block_size {value!r} is not a power of two from 16; "
+                               f"use 16, 32 (the default), 64 or 128")
+    return value
 
 
 def _text(value: object, source: str, key: str) -> str:

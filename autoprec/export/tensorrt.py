@@ -29,7 +29,6 @@ from autoprec.core.escape import markdown_code, markdown_text, printable, shell_
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.profile import POINTS, InputRange, ShapeProfile, declared_text, dims_text
 from autoprec.core.stored import StoredModel, save_models
-from autoprec.lower.int4 import BLOCK_SIZE
 from autoprec.record.facts import PointCheck
 from autoprec.record.trial import EngineInfo, TrialRecord
 from autoprec.record.verdict import Speedup, Versus
@@ -366,6 +365,12 @@ def _profile_said(spec: BuildSpec) -> str:
     return said
 
 
+def _unit_counts(spec: BuildSpec, counts: dict[str, int]) -> str:
+    int4 = (f"{counts['int4']} INT4 (weight-only, symmetric, blocks of {spec.info.units[0].int4_block}) · "
+            if counts.get("int4") else "")
+    return f"{int4}{counts['int8']} INT8 · {counts['fp16']} FP16 · {counts['fp32']} FP32"
+
+
 def markdown_card(spec: BuildSpec) -> str:
     """A build card for the team's docs: parameters, per-layer precision, the measured trade-off,
     the build flow.
@@ -401,8 +406,7 @@ def markdown_card(spec: BuildSpec) -> str:
 | Explicit-precision model | `model.onnx` (TensorRT Q/DQ form: signed symmetric INT8, zero point 0, per-channel weights; \
 FP16 via Cast) |
 | Input shapes | measured at {shapes}; model inputs: {dims} |
-| Units | {f"{counts.get('int4')} INT4 (weight-only, blocks of {BLOCK_SIZE}) · " if counts.get("int4") else ""}\
-{counts["int8"]} INT8 · {counts["fp16"]} FP16 · {counts["fp32"]} FP32 |
+| Units | {_unit_counts(spec, counts)} |
 | INT8 calibration | {markdown_text(spec.plan.calibration)} |
 | Accuracy metric | {markdown_text(spec.metric)}, {limit} |
 | Workspace / optimization level | {WORKSPACE_MIB} MiB / {OPTIMIZATION_LEVEL} |

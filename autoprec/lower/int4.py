@@ -9,10 +9,14 @@ and 4-bit blocks cut them by 8 against FP32. Two forms of the same plan, as engi
 - ``dequantize`` — TensorRT's weight-only form: a block-quantized ``DequantizeLinear`` (opset 21) of INT4
   weights feeding the MatMul, which a strongly typed build fuses into an INT4 weight GEMM.
 
-The weights are ONNX Runtime's quantizer's (round to nearest, symmetric, one scale per
-``BLOCK_SIZE`` values of a column along K), made once per model and kept beside it as the INT8
-copies are; where the calibration data makes an activation-aware scaling the lesser error, the
-weight is scaled first and its input scaled back by a Mul (autoprec.lower.awq).
+The weights are ONNX Runtime's quantizer's (round to nearest, one scale per block of a column along
+K: 32 values unless the search space's ``int4_block_size`` says), made once per model and kept
+beside it as the INT8 copies are; where the calibration data makes it the lesser error, the weight
+is scaled first and its input scaled back by a Mul (activation-aware), and MatMulNBits' blocks take
+a zero point each (asymmetric; TensorRT's INT4 weights are symmetric) — both chosen per unit by
+autoprec.lower.awq. A K that is not a whole number of blocks (an MLP of 2730) is padded with zero
+rows: ``MatMulNBits`` reads the last block short itself; TensorRT wants whole blocks, so its form
+pads the input's K with zeros too.
 """
 
 from __future__ import annotations
@@ -20,17 +24,15 @@ from __future__ import annotations
 import enum
 
 import numpy as np
-from onnx import NodeProto, TensorProto
+from onnx import NodeProto, TensorProto, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
-from autoprec.analysis.units import INT4_BLOCK
 from autoprec.core.atomic import digest
 from autoprec.core.stored import StoredModel
 from autoprec.lower.awq import chosen_scales
 from autoprec.lower.edit import GraphEdit
 
-BLOCK_SIZE = INT4_BLOCK
 ACCURACY_LEVEL = 4
 DEQUANTIZE_OPSET = 21  # DequantizeLinear's block_size
 
@@ -43,8 +45,8 @@ class Int4Form(str, enum.Enum):
 def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int4Form,
                ranges: ActivationRanges | None = None, prefix: str = "") -> None:
     """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled
-    first where the calibration's channel power (``ranges``) makes that the lesser error (see
-    autoprec.lower.awq)."""
+    first, or given a zero point per block, where the calibration's channel power (``ranges``) makes
+    that the lesser error (see autoprec.lower.awq)."""
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
         weight = edit.ins[id(node)][1]
@@ -52,34 +54,66 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
         matrix = np.asarray(values, np.float32).T if transposed else values  # [K, N]
         k, n = matrix.shape
-        rows = _scales(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit))
+        block = unit.int4_block
+        rounding, rows = _chosen_for(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit), form, block)
         scaled = f"_awq{digest(rows.tolist())}" if rows is not None else ""
-        name = f"{prefix}{weight}_{unit.name}_int4_{form.value}{scaled}"
-        made: list = []  # quantized once, only where the copies are not there yet
-
-        def quantized() -> tuple[np.ndarray, np.ndarray]:
-            if not made:
-                made.append(_blocks(matrix * rows[:, None] if rows is not None else matrix, form))
-            return made[0]
-
+        name = (f"{prefix}{weight}_{unit.name}_int4_{form.value}{'' if block == 32 else f'_block{block}'}{scaled}"
+                f"{'' if rounding == SYMMETRIC else '_zp'}")
+        activation = edit.ins[id(node)][0]
         if rows is not None:  # the input channels scaled back: the product as it was
             inverse = model.derived(f"{name}_inverse", lambda: (1.0 / rows).astype(np.float32),
                                     4 * k)
-            activation = edit.ins[id(node)][0]
-            edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)],
-                     [f"{name}_x"])
-            edit.set_input(node, 0, f"{name}_x")
-
-        packed = model.derived(f"{name}_packed", lambda: quantized()[0], k * n // 2)
-        blocks = model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * (k // BLOCK_SIZE))
+            activation = edit.add("Mul", f"{name}_scaled", [activation, edit.add_initializer(inverse)],
+                                  [f"{name}_x"]).output[0]
+        whole = _whole_blocks(k, block)
+        if whole > k and form is Int4Form.DEQUANTIZE:
+            activation = _padded(edit, activation, whole - k, name)
+        if activation != edit.ins[id(node)][0]:
+            edit.set_input(node, 0, activation)
+        tensors = _stored_blocks(model, name, matrix * rows[:, None] if rows is not None else matrix, form,
+                                 block, rounding == SYMMETRIC)
         if form is Int4Form.MATMUL_NBITS:
-            _matmul_nbits(edit, node, packed, blocks, k, n)
+            _matmul_nbits(edit, node, tensors, k, n, block)
         else:
-            _dequantized(edit, node, _as_int4(packed, (k, n)), blocks, name)
+            _dequantized(edit, node, _as_int4(tensors[0], (whole, n)), tensors[1], name, block)
 
 
-# (model folder, unit, power digest) -> scales
-_chosen: dict[tuple[str, str, str], np.ndarray | None] = {}
+def _stored_blocks(model: StoredModel, name: str, matrix: np.ndarray, form: Int4Form, block: int,
+                   symmetric: bool) -> list[TensorProto]:
+    """The packed 4-bit values, the scales and (asymmetric) the zero points, quantized once, only
+    where the copies are not kept beside the model yet."""
+    made: list = []
+
+    def quantized() -> tuple[np.ndarray, ...]:
+        if not made:
+            made.append(_blocks(matrix, form, block, symmetric))
+        return made[0]
+
+    whole, n = _whole_blocks(matrix.shape[0], block), matrix.shape[1]
+    blocks = whole // block
+    tensors = [model.derived(f"{name}_packed", lambda: quantized()[0], whole * n // 2),
+               model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * blocks)]
+    if not symmetric:
+        tensors.append(model.derived(f"{name}_zero_points", lambda: quantized()[2], n * -(-blocks // 2)))
+    return tensors
+
+
+def _whole_blocks(k: int, block: int) -> int:
+    """K rounded up to a whole number of blocks."""
+    return -(-k // block) * block
+
+
+def _padded(edit: GraphEdit, activation: str, extra: int, name: str) -> str:
+    """``activation`` with ``extra`` zeros after its last axis (K), to meet the zero rows of a
+    padded weight."""
+    pads = edit.add_initializer(numpy_helper.from_array(np.array([0, extra], np.int64), f"{name}_pads"))
+    axes = edit.add_initializer(numpy_helper.from_array(np.array([-1], np.int64), f"{name}_pad_axes"))
+    return edit.add("Pad", f"{name}_pad", [activation, pads, "", axes], [f"{name}_padded"]).output[0]
+
+
+SYMMETRIC, ZERO_POINT = "symmetric", "zero point"
+# (model folder, unit, power digest, form, block) -> (rounding, scales)
+_chosen: dict[tuple[str, str, str, str, int], tuple[str, np.ndarray | None]] = {}
 
 
 def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
@@ -87,56 +121,72 @@ def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
     return found.channel_power if found is not None else None
 
 
-def _scales(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None) -> np.ndarray | None:
-    """The unit's activation-aware scales, chosen once per process for these weights and this
-    power."""
-    key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "")
+def _chosen_for(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None,
+                form: Int4Form, block: int) -> tuple[str, np.ndarray | None]:
+    """The unit's rounding and activation-aware scales, chosen once per process for these weights
+    and this power. A zero point per block is MatMulNBits' alone: TensorRT's INT4 weights are
+    symmetric."""
+    key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "", form.value, block)
     if key not in _chosen:
-        _chosen[key] = chosen_scales(matrix, power, _rounded)
+        roundings = {SYMMETRIC: lambda w: _read_back(w, block, True)}
+        if form is Int4Form.MATMUL_NBITS:
+            roundings[ZERO_POINT] = lambda w: _read_back(w, block, False)
+        _chosen[key] = chosen_scales(matrix, power, roundings)
     return _chosen[key]
 
 
-def _blocks(weight: np.ndarray, form: Int4Form) -> tuple[np.ndarray, np.ndarray]:
-    """A [K, N] weight's 4-bit values and scales, packed and shaped as ``form`` reads them (ONNX
-    Runtime's quantizer: round to nearest, symmetric, a scale per BLOCK_SIZE values of a column)."""
+def _blocks(weight: np.ndarray, form: Int4Form, block: int, symmetric: bool = True) -> tuple[np.ndarray, ...]:
+    """A [K, N] weight's 4-bit values, scales and zero points (asymmetric: one a block, two a
+    byte), packed and shaped as ``form`` reads them (ONNX Runtime's quantizer: round to nearest,
+    a scale per ``block`` values of a column), K padded with zero rows to whole blocks."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_qdq_matmul_4bits
 
     k, n = weight.shape
-    blocks = k // BLOCK_SIZE  # (a unit takes INT4 only where K is a whole number of blocks)
-    weight = np.ascontiguousarray(weight, np.float32)
-    zero_points = np.zeros(n * blocks, np.uint8)  # (written only by an asymmetric quantization)
+    whole = _whole_blocks(k, block)
+    blocks = whole // block
+    weight = np.ascontiguousarray(np.pad(np.asarray(weight, np.float32), ((0, whole - k), (0, 0))))
+    zero_points = np.zeros(n * -(-blocks // 2), np.uint8)  # (written only where asymmetric)
     if form is Int4Form.MATMUL_NBITS:
-        packed, scales = np.zeros((n, blocks, BLOCK_SIZE // 2), np.uint8), np.zeros((n, blocks), np.float32)
-        quantize_matmul_4bits(packed, weight, scales, zero_points, BLOCK_SIZE, n, k, True)
+        packed, scales = np.zeros((n, blocks, block // 2), np.uint8), np.zeros((n, blocks), np.float32)
+        quantize_matmul_4bits(packed, weight, scales, zero_points, block, n, whole, symmetric)
     else:
-        packed, scales = np.zeros(k * n // 2, np.uint8), np.zeros((blocks, n), np.float32)
-        quantize_qdq_matmul_4bits(packed, weight, scales, zero_points, BLOCK_SIZE, n, k, True)
-    return packed, scales
+        packed, scales = np.zeros(whole * n // 2, np.uint8), np.zeros((blocks, n), np.float32)
+        quantize_qdq_matmul_4bits(packed, weight, scales, zero_points, block, n, whole, symmetric)
+    return packed, scales, zero_points
 
 
-def _rounded(weight: np.ndarray) -> np.ndarray:
-    """A [K, N] weight as engines read it back from its 4-bit blocks (the DequantizeLinear form's
-    layout: two values a byte, low nibble first, signed)."""
-    packed, scales = _blocks(weight, Int4Form.DEQUANTIZE)
-    nibbles = np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1).astype(np.int8)
-    values = np.where(nibbles > 7, nibbles - 16, nibbles).reshape(weight.shape).astype(np.float32)
-    return values * np.repeat(scales, BLOCK_SIZE, axis=0)
+def _read_back(weight: np.ndarray, block: int, symmetric: bool) -> np.ndarray:
+    """A [K, N] weight as MatMulNBits reads it back from its blocks (per column, two values a byte
+    along K, low nibble first, less the block's zero point: 8 where symmetric). The
+    DequantizeLinear form rounds alike (signed, no zero point)."""
+    packed, scales, zero_points = _blocks(weight, Int4Form.MATMUL_NBITS, block, symmetric)
+    k, n = weight.shape
+    blocks = scales.shape[1]
+    values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, block)
+    if symmetric:
+        zero = np.full((n, blocks), 8, np.float32)
+    else:
+        zero = np.stack([zero_points & 0x0F, zero_points >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    read = (values - zero[..., None].astype(np.float32)) * scales[..., None]
+    return read.reshape(n, -1)[:, :k].T
 
 
-def _matmul_nbits(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto,
-                  k: int, n: int) -> None:
-    inputs = [edit.ins[id(node)][0], edit.add_initializer(packed), edit.add_initializer(scales)]
+def _matmul_nbits(edit: GraphEdit, node: NodeProto, tensors: list[TensorProto], k: int, n: int,
+                  block: int) -> None:
+    """``tensors``: the packed values, the scales and (asymmetric) the zero points."""
+    inputs = [edit.ins[id(node)][0], *(edit.add_initializer(t) for t in tensors)]
     bias = edit.ins[id(node)][2:3] if node.op_type == "Gemm" else []
-    inputs += ["", "", bias[0]] if bias and bias[0] else []  # (no zero points: symmetric; no g_idx)
+    if bias and bias[0]:  # (zero points or none: symmetric; no g_idx)
+        inputs += [""] * (5 - len(inputs)) + [bias[0]]
     edit.retype(node, "MatMulNBits", "com.microsoft", inputs,
-                dict(K=k, N=n, bits=4, block_size=BLOCK_SIZE, accuracy_level=ACCURACY_LEVEL))
+                dict(K=k, N=n, bits=4, block_size=block, accuracy_level=ACCURACY_LEVEL))
 
 
 def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto,
-                 name: str) -> None:
+                 name: str, block: int) -> None:
     edit.add("DequantizeLinear", f"{name}_dequantize",
              [edit.add_initializer(packed), edit.add_initializer(scales)],
-             [f"{name}_dq"], axis=0, block_size=BLOCK_SIZE)
+             [f"{name}_dq"], axis=0, block_size=block)
     inputs = [edit.ins[id(node)][0], f"{name}_dq", *edit.ins[id(node)][2:3]]
     # a Gemm's weight now [K, N]: no transposes left
     edit.retype(node, node.op_type, "", inputs, {})

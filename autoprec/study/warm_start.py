@@ -1,6 +1,7 @@
 """The warm start: plans seeded into the study from the sensitivity ranking (prefixes of the least
-sensitive units per latency share, and plans keeping the first units unlowered), so that the sampler
-starts from the region a per-unit measurement already points at."""
+sensitive units per latency share, plans mixing precisions unit by unit where each saves the most
+per loss, and plans keeping the first units unlowered), so that the sampler starts from the region a
+per-unit measurement already points at."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Mapping
 
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import REDUCED, Precision
-from autoprec.record.per_unit import Sensitivity
+from autoprec.record.per_unit import Sensitivity, UnitSensitivity
 
 # Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross
 # these multiples of --max-loss (losses of small errors roughly add up), or these fractions of the
@@ -60,8 +61,8 @@ def warm_start_params(
     the uniform plan's measured loss. Parameters are the study's (searchable units only).
     """
     uniform = uniform or {}
-    plans: list[dict[str, str]] = []
     base = {u.name: u.allowed[-1].value for u in info.dimensions}
+    plans = mixed_plans(info, sensitivity, max_loss, base)
     for precision in REDUCED:
         lowerable = [u.name for u in info.dimensions if precision in u.allowed]
         faster = faster_than_fp32(uniform, precision.value)
@@ -106,3 +107,62 @@ def _add_prefix_plans(plans: list[dict[str, str]], base: dict[str, str], sensiti
         params = dict(base, **{u.unit: precision.value for u in ranked[:k]})
         if params not in plans:
             plans.append(params)
+
+
+def mixed_plans(info: ModelInfo, sensitivity: Sensitivity, max_loss: float | None,
+                base: dict[str, str]) -> list[dict[str, str]]:
+    """Plans mixing precisions unit by unit (INT4 on the units where it saves time at little more
+    loss than INT8, INT8 on the rest): one greedy path from ``base``, each step the one move of a
+    unit to another precision that saves the most profiled time per loss it adds, and of it the
+    plans where the summed one-unit losses cross ``LOSS_TARGETS`` × the limit (without one, its
+    end). Plans of one reduced precision are the prefix plans' to seed; only mixes are kept here.
+    A precision counts only where its time saved per unit was measured (the profile)."""
+    allowed = {u.name: {p.value for p in u.allowed} for u in info.dimensions}
+    units = [u for u in sensitivity.units if u.unit in base]
+    path = _greedy_path(units, allowed, dict(base))
+    if max_loss:
+        picked = [next((plan for loss, plan in reversed(path) if loss <= t * max_loss), None)
+                  for t in LOSS_TARGETS]
+    else:
+        picked = [path[-1][1]] if path else []
+    mixes = []
+    for plan in picked:
+        if plan is not None and len(set(plan.values()) - {"fp32"}) > 1 and plan not in mixes:
+            mixes.append(plan)
+    return mixes
+
+
+def _greedy_path(units: list[UnitSensitivity], allowed: dict[str, set[str]],
+                 plan: dict[str, str]) -> list[tuple[float, dict[str, str]]]:
+    """Each plan along the path with its predicted loss (the sum of its units' one-unit losses)."""
+    path: list[tuple[float, dict[str, str]]] = []
+    while True:
+        best, move = 0.0, None
+        for u in units:
+            now = plan[u.unit]
+            for precision in sorted(allowed[u.unit] - {now}):
+                step = _step(u, now, precision)
+                if step is not None and step > best:
+                    best, move = step, (u.unit, precision)
+        if move is None:
+            return path
+        plan = dict(plan, **{move[0]: move[1]})
+        path.append((sum(_loss(u, plan[u.unit]) for u in units), plan))
+
+
+def _step(unit: UnitSensitivity, now: str, precision: str) -> float | None:
+    """Time saved per loss added by moving ``unit`` from ``now`` to ``precision``; None where it
+    saves nothing or either is unmeasured."""
+    saved = _saved(unit, precision) - _saved(unit, now)
+    added = _loss(unit, precision) - _loss(unit, now)
+    if not (math.isfinite(saved) and math.isfinite(added)) or saved <= 0:
+        return None
+    return saved / max(added, 1e-12)
+
+
+def _saved(unit: UnitSensitivity, precision: str) -> float:
+    return 0.0 if precision == "fp32" else unit.gain.get(precision, math.nan)
+
+
+def _loss(unit: UnitSensitivity, precision: str) -> float:
+    return 0.0 if precision == "fp32" else unit.loss.get(precision, math.inf)
