@@ -24,8 +24,10 @@ def test_units_are_compute_layers_in_graph_order_with_fused_neighbours(conv_mode
     assert units["conv2"].nodes == ("conv2", "relu2")
     assert units["fc"].nodes == ("fc",)  # Softmax is a unit of its own, never fused into a compute unit
     assert all(
-        u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) and not u.sensitive for u in info.units[:4]
+        u.allowed == (Precision.INT8, Precision.FP16, Precision.FP32) and not u.sensitive for u in info.units[:3]
     )
+    # a Gemm with a constant 2-D weight may also hold it in 4-bit blocks (its K padded to whole blocks)
+    assert units["fc"].allowed == (Precision.INT4, Precision.INT8, Precision.FP16, Precision.FP32)
     assert units["softmax"].sensitive and units["softmax"].allowed == (Precision.FP16, Precision.FP32)
     assert not any(n.op_type == "BatchNormalization" for n in info.model.graph.node)
 
@@ -148,7 +150,7 @@ def test_overrides_restrict_allowed_precisions(conv_model):
     allowed = {u.name: u.allowed for u in info.units}
     assert allowed["conv0"] == (Precision.FP16, Precision.FP32)
     assert allowed["conv2"] == (Precision.FP32,)
-    assert allowed["fc"] == (Precision.INT8, Precision.FP16, Precision.FP32)
+    assert allowed["fc"] == (Precision.INT4, Precision.INT8, Precision.FP16, Precision.FP32)
     assert [u.name for u in info.searchable_units] == ["conv0", "conv1", "fc", "softmax"]
 
 

@@ -650,6 +650,11 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     if shipped:
         trt = onnx.load(str(out / "best" / "model.tensorrt.onnx"))
         assert [t.data_type for t in trt.graph.initializer].count(onnx.TensorProto.INT4) == shipped
+    from autoprec.app.verbs import lowered_for_export
+
+    all_int4 = next(t.number for t in result.trials if t.plan.counts().get("int4", 0) == 2)
+    exported = lowered_for_export(out, trial=all_int4).model  # lowered again (export --trial): as measured
+    assert [n.op_type for n in exported.proto.graph.node].count("MatMulNBits") == 2
     import figures
 
     from autoprec.results import plots

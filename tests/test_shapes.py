@@ -295,3 +295,26 @@ def test_a_shape_one_input_is_given_fixes_the_dims_other_inputs_share(tmp_path, 
     assert json.loads((tmp_path / "o" / "pareto.json").read_text())["model"]["inputs"]["m"]["shape"] == [1, 8, 1]
     last = refused(["search", builders.sharing_t(tmp_path), "--out", tmp_path / "p"], capsys, "nothing fixes it")
     assert last.endswith("or --data with arrays of that shape")
+
+
+def test_a_decoders_similarity_loss_is_its_logits_token_by_token():
+    """A decoder returns its logits and its KV cache: a cosine limit judges the logits, each token's row on its own
+    (a prompt's seven positions at once, or the near-exact cache averaged in, would show a fraction of one token's
+    loss), while a non-finite cache still fails the plan."""
+    from autoprec.measure.accuracy import Metric
+    from autoprec.measure.shaped import ShapedJudge, cosine_loss
+    from autoprec.record.facts import ShapePoint
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 7, 50)).astype(np.float32)
+    cache = rng.normal(size=(2, 2, 7, 4)).astype(np.float32)
+    wrong = logits.copy()
+    wrong[:, 3] = rng.normal(size=(2, 50))  # one position of seven unlike FP32's
+    reference = [{"logits": logits, "present.0.key": cache}]
+    judge = ShapedJudge(Metric("cosine"), reference, None, points=(ShapePoint("prefill", "prefill", {}),),
+                        at=(0,), logits="logits")
+    candidate = [{"logits": wrong, "present.0.key": cache}]
+    loss = judge.loss(judge.metrics(candidate), candidate)
+    assert loss == pytest.approx(cosine_loss(logits, wrong)) and loss > 0.1
+    broken = [{"logits": logits, "present.0.key": np.full_like(cache, np.nan)}]
+    assert judge.loss(judge.metrics(broken), broken) == float("inf")

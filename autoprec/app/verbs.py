@@ -25,7 +25,7 @@ from autoprec.app.resolve import (
     wanted_metric,
 )
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
-from autoprec.backends import get_backend
+from autoprec.backends import backend_class, get_backend
 from autoprec.core import atomic, stored
 from autoprec.core.errors import AutoprecError, StudyError, first_line
 from autoprec.core.profile import ShapeProfile
@@ -260,10 +260,11 @@ def lowered_for_export(result_dir: str | os.PathLike, trial: int | None = None,
         return ForExport(stored.load(result.shipped_model()), note, stem, number, result.profile,
                          checks)
     context = plan_context(result_dir, trial=trial, profile=profile)
-    form = QDQForm(engine.qdq_form)
+    # the measuring engine's own forms (ort-cuda: TensorRT's Q/DQ but MatMulNBits)
+    forms = QDQForm(engine.qdq_form), backend_class(engine.backend).int4_form
     model, info, checks = deployed(context,
                                    lambda graph: lower_plan(graph, context.plan,
-                                                            context.baseline.ranges, form))
+                                                            context.baseline.ranges, *forms))
     chosen = " (chosen)" if context.trial == result.chosen_number else ""
     return ForExport(model, f"autoprec: trial {context.trial}{chosen}, measured on {engine.engine} "
                             f"{engine.provider}",
