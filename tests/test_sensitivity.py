@@ -199,6 +199,11 @@ def test_warm_start_mixes_precisions_unit_by_unit_where_each_saves_most_per_loss
                for p in plans)  # INT4 on gemm (0.05) is past 2 × 0.01
     # without a limit the path ends at INT4 everywhere: the uniform plan, seeded apart; no mix
     assert all(len(set(p.values()) - {"fp32"}) == 1 for p in warm_start_params(info, sens, None, uniform))
+    # the profile says INT8 on gemm loses time, but all-INT8 measured fastest within the limit: a path starts
+    # there too (a unit's profiled loss can be the whole plan's gain)
+    slow = Sensitivity((units[0], UnitSensitivity("gemm", "Gemm", 0.5, {"int4": 5e-2, "int8": 2e-4, "fp16": 1e-6},
+                                                  {"int4": -0.05, "int8": -0.1, "fp16": -0.2})), 0.0, 1, 6, 0.0, "test")
+    assert {"mm": "int4", "gemm": "int8"} in warm_start_params(info, slow, max_loss=0.01, uniform=uniform)
 
 
 def test_sensitivity_is_read_back_when_measured_the_same_way(tmp_path):

@@ -11,6 +11,7 @@ from typing import Mapping
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.core.plan import REDUCED, Precision
 from autoprec.record.per_unit import Sensitivity, UnitSensitivity
+from autoprec.study.optimize import uniform_params
 
 # Warm-start prefixes: where the summed single-unit losses of the k least sensitive units cross
 # these multiples of --max-loss (losses of small errors roughly add up), or these fractions of the
@@ -22,6 +23,7 @@ UNIT_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
 # layer (Polygraphy's precision bisection walks from there); a coarse task metric may be missed by a
 # single decision that only the first layers fix, which a ranking of one-unit losses need not find.
 LEADING_KEPT = (1, 2, 4)
+NARROWEST_FIRST = [p.value for p in Precision]
 
 
 def faster_than_fp32(uniform: Mapping[str, tuple[float, float]], precision: str) -> bool | None:
@@ -62,7 +64,7 @@ def warm_start_params(
     """
     uniform = uniform or {}
     base = {u.name: u.allowed[-1].value for u in info.dimensions}
-    plans = mixed_plans(info, sensitivity, max_loss, base)
+    plans = mixed_plans(info, sensitivity, max_loss, base, uniform)
     for precision in REDUCED:
         lowerable = [u.name for u in info.dimensions if precision in u.allowed]
         faster = faster_than_fp32(uniform, precision.value)
@@ -110,37 +112,44 @@ def _add_prefix_plans(plans: list[dict[str, str]], base: dict[str, str], sensiti
 
 
 def mixed_plans(info: ModelInfo, sensitivity: Sensitivity, max_loss: float | None,
-                base: dict[str, str]) -> list[dict[str, str]]:
+                base: dict[str, str],
+                uniform: Mapping[str, tuple[float, float]]) -> list[dict[str, str]]:
     """Plans mixing precisions unit by unit (INT4 on the units where it saves time at little more
-    loss than INT8, INT8 on the rest): one greedy path from ``base``, each step the one move of a
-    unit to another precision that saves the most profiled time per loss it adds, and of it the
-    plans where the summed one-unit losses cross ``LOSS_TARGETS`` × the limit (without one, its
-    end). Plans of one reduced precision are the prefix plans' to seed; only mixes are kept here.
-    A precision counts only where its time saved per unit was measured (the profile)."""
+    loss than INT8, INT8 on the rest): greedy paths, each step the one move of a unit to another
+    precision that saves the most profiled time per loss it adds, and of each the plans where the
+    summed one-unit losses cross ``LOSS_TARGETS`` × the limit (without one, its end). A path starts
+    from ``base`` and from each uniform plan measured faster than all-FP32 within the limit: a
+    unit's profiled saving can be a loss that the whole plan measured as a gain. Plans of one
+    reduced precision are the prefix plans' to seed; only mixes are kept here. A precision counts
+    only where its time saved per unit was measured (the profile)."""
     allowed = {u.name: {p.value for p in u.allowed} for u in info.dimensions}
     units = [u for u in sensitivity.units if u.unit in base]
-    path = _greedy_path(units, allowed, dict(base))
-    if max_loss:
-        picked = [next((plan for loss, plan in reversed(path) if loss <= t * max_loss), None)
-                  for t in LOSS_TARGETS]
-    else:
-        picked = [path[-1][1]] if path else []
+    starts = [base] + [uniform_params(info, p) for p in REDUCED if faster_than_fp32(uniform, p.value)
+                       and (max_loss is None or uniform[p.value][1] <= max_loss)]
     mixes = []
-    for plan in picked:
-        if plan is not None and len(set(plan.values()) - {"fp32"}) > 1 and plan not in mixes:
-            mixes.append(plan)
+    for start in starts:
+        path = _greedy_path(units, allowed, dict(start))
+        if max_loss:
+            picked = [next((plan for loss, plan in reversed(path) if loss <= t * max_loss), None)
+                      for t in LOSS_TARGETS]
+        else:
+            picked = [path[-1][1]] if path else []
+        for plan in picked:
+            if plan is not None and len(set(plan.values()) - {"fp32"}) > 1 and plan not in mixes:
+                mixes.append(plan)
     return mixes
 
 
 def _greedy_path(units: list[UnitSensitivity], allowed: dict[str, set[str]],
                  plan: dict[str, str]) -> list[tuple[float, dict[str, str]]]:
-    """Each plan along the path with its predicted loss (the sum of its units' one-unit losses)."""
+    """Each plan along the path with its predicted loss (the sum of its units' one-unit losses).
+    Units only narrow (a path from a measured plan keeps what it measured)."""
     path: list[tuple[float, dict[str, str]]] = []
     while True:
         best, move = 0.0, None
         for u in units:
             now = plan[u.unit]
-            for precision in sorted(allowed[u.unit] - {now}):
+            for precision in (p for p in NARROWEST_FIRST[:NARROWEST_FIRST.index(now)] if p in allowed[u.unit]):
                 step = _step(u, now, precision)
                 if step is not None and step > best:
                     best, move = step, (u.unit, precision)
