@@ -318,3 +318,28 @@ def test_a_decoders_similarity_loss_is_its_logits_token_by_token():
     assert loss == pytest.approx(cosine_loss(logits, wrong)) and loss > 0.1
     broken = [{"logits": logits, "present.0.key": np.full_like(cache, np.nan)}]
     assert judge.loss(judge.metrics(broken), broken) == float("inf")
+
+
+def test_a_decoders_pasts_are_made_for_many_items_at_once_as_for_each_alone(tmp_path):
+    """The FP32 model makes every data item's pasts in stacked runs (one run a step for up to 16 rows): each item's
+    phases are those it gets alone, split back into the batches as given."""
+    from autoprec.analysis import shape_points
+
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    data = dict(np.load(decoder_data(model, tmp_path / "tokens.npz", items=20)))
+    batches = [{k: v[i:i + 1] for k, v in data.items()} for i in range(20)]
+    decoder = _decoder_of(onnx.load(str(model)))
+    fp32 = session(model)
+    names = [o.name for o in fp32.get_outputs()]
+
+    def run(batch):
+        return dict(zip(names, fp32.run(None, batch)))
+
+    together = shape_points._all_phases(decoder, batches, run, None)
+    for batch, found in zip(batches, together):
+        alone = shape_points._phases(decoder, batch, run, None)
+        assert found.keys() == alone.keys()
+        for point in alone:
+            assert found[point].keys() == alone[point].keys()
+            for name, value in alone[point].items():
+                np.testing.assert_allclose(found[point][name], value, rtol=1e-4, atol=1e-5, err_msg=f"{point} {name}")
