@@ -66,8 +66,9 @@ def test_a_damaged_study_value_is_one_line_and_the_study_is_kept(conv_result, tm
 
 
 def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_path):
-    """A file-size limit stands in for a full disk: once the study's database has grown past it, its writes fail
-    (EFBIG, as ENOSPC would). The same command afterwards, with room again, finishes the budget."""
+    """A file-size limit stands in for a full disk: once the study's database has grown a page (4 KiB) past it,
+    its writes fail (EFBIG, as ENOSPC would), a trial or two into the run. The same command afterwards, with room
+    again, finishes the budget (6: each trial here costs the suite seconds of a subprocess)."""
     import resource
     import signal
 
@@ -97,11 +98,11 @@ def test_disk_full_mid_search_is_one_line_and_the_search_resumes(workdir, tmp_pa
                               preexec_fn=limited if limit else None)
 
     assert search(2).returncode == 0
-    full = search(12, limit=(out / "study.db").stat().st_size + 8192)
+    full = search(6, limit=(out / "study.db").stat().st_size + 4096)
     one_line_error(full, "free space")
-    resumed = search(12)
+    resumed = search(6)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 12
+    assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 6
 
 
 @pytest.mark.parametrize("message, said", [

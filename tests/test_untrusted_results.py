@@ -828,7 +828,8 @@ def test_a_model_quantized_already_in_q_dq_form_is_refused(result, tmp_path, cap
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP"])
 def test_a_search_ended_by_a_signal_says_so_and_gives_its_trial_back(result, tmp_path, sent):
     """SIGTERM/SIGHUP ended a search with no message, and the resumed run called the killed trial
-    "running elsewhere"."""
+    "running elsewhere". The metric is slow (1 s a call) in the signalled run alone, so that a trial is
+    running when the signal comes; the resumed run needs no such wait."""
     import signal
     import subprocess
     import sys
@@ -837,7 +838,8 @@ def test_a_search_ended_by_a_signal_says_so_and_gives_its_trial_back(result, tmp
     import optuna
 
     (tmp_path / "slowish.py").write_text(
-        "import time\n\n\ndef loss(reference, candidate):\n    time.sleep(1)\n    return 0.0\n"
+        "import os\nimport time\n\n\ndef loss(reference, candidate):\n"
+        "    time.sleep(float(os.environ.get('SLOWISH_SECONDS', 0)))\n    return 0.0\n"
     )
     argv = [
         sys.executable,
@@ -845,7 +847,8 @@ def test_a_search_ended_by_a_signal_says_so_and_gives_its_trial_back(result, tmp
         "autoprec.app.cli",
         *map(str, search(result, tmp_path / "o", "--metric", "slowish:loss", "--budget", "4")),
     ]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SLOWISH_SECONDS": "1"})
     storage = f"sqlite:///{tmp_path / 'o' / 'study.db'}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
