@@ -94,7 +94,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
 
 
 # Modules that are no benchmark: what the benchmarks share, make their models with, or carry to a GPU machine.
-HELPERS = ("_harness", "synthetic", "export_corpus", "decoder_corpus", "quark_quantize", "carry_weights")
+HELPERS = ("_harness", "synthetic", "export_corpus", "decoder_corpus", "quark_quantize", "carry_weights",
+           "held_out_check")
 
 # What every report records of where and how it ran (``_harness.Report``), and the versions among it.
 PROVENANCE = frozenset({"date", "machine", "engine", "code", "versions", "arguments", "mode"})
