@@ -10,6 +10,7 @@ import onnx
 
 from autoprec.core.plan import DEFAULT_CALIBRATION, Plan, Precision
 from autoprec.core.profile import ShapeProfile
+from autoprec.core.search_space import INT4_BLOCK_SIZE
 from autoprec.core.stored import StoredModel
 
 
@@ -62,7 +63,7 @@ class Unit:
         None
     )
     # values of its weight's column sharing one scale where it takes INT4 (the search space's knob)
-    int4_block: int = 32
+    int4_block: int = INT4_BLOCK_SIZE
 
     @property
     def searchable(self) -> bool:

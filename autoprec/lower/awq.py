@@ -26,7 +26,7 @@ ALPHAS = (0.0, 0.25, 0.5, 0.75)
 MARGIN = 0.05
 
 
-def chosen_scales(weight: np.ndarray, power: np.ndarray | None,
+def chosen_rounding(weight: np.ndarray, power: np.ndarray | None,
                   roundings: Mapping[str, Rounding]) -> tuple[str, np.ndarray | None]:
     """The rounding (a key of ``roundings``: the first is the plain one) and per-row scales of a [K,
     N] weight that give the least weighted error; no scales where round to nearest does best (or

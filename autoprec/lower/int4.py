@@ -29,8 +29,9 @@ from onnx import NodeProto, TensorProto, numpy_helper
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
 from autoprec.core.atomic import digest
+from autoprec.core.search_space import INT4_BLOCK_SIZE
 from autoprec.core.stored import StoredModel
-from autoprec.lower.awq import chosen_scales
+from autoprec.lower.awq import chosen_rounding
 from autoprec.lower.edit import GraphEdit
 
 ACCURACY_LEVEL = 4
@@ -57,7 +58,7 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         block = unit.int4_block
         rounding, rows = _chosen_for(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit), form, block)
         scaled = f"_awq{digest(rows.tolist())}" if rows is not None else ""
-        name = (f"{prefix}{weight}_{unit.name}_int4_{form.value}{'' if block == 32 else f'_block{block}'}{scaled}"
+        name = (f"{prefix}{weight}_{unit.name}_int4_{form.value}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}{scaled}"
                 f"{'' if rounding == SYMMETRIC else '_zp'}")
         activation = edit.ins[id(node)][0]
         if rows is not None:  # the input channels scaled back: the product as it was
@@ -131,7 +132,7 @@ def _chosen_for(model: StoredModel, unit: str, matrix: np.ndarray, power: np.nda
         roundings = {SYMMETRIC: lambda w: _read_back(w, block, True)}
         if form is Int4Form.MATMUL_NBITS:
             roundings[ZERO_POINT] = lambda w: _read_back(w, block, False)
-        _chosen[key] = chosen_scales(matrix, power, roundings)
+        _chosen[key] = chosen_rounding(matrix, power, roundings)
     return _chosen[key]
 
 
