@@ -138,6 +138,17 @@ def _growing_axis(past: TensorSpec, present: TensorSpec) -> int | None:
     return dynamic[0] if len(dynamic) == 1 and not differ else None
 
 
+def has_rows(decoder: Decoder, name: str, value: np.ndarray) -> bool:
+    """Whether an input has rows to stack or split (a batch axis, 0 in every decoder export)."""
+    return name not in decoder.unbatched and np.ndim(value) > 0
+
+
+def stacked(decoder: Decoder, batches: Sequence[Batch]) -> Batch:
+    """``batches`` (of one shape) as one: their rows stacked, an input without rows as the first's."""
+    return {name: np.concatenate([b[name] for b in batches]) if has_rows(decoder, name, value) else value
+            for name, value in batches[0].items()}
+
+
 def prefill(decoder: Decoder, batch: Batch, tokens: np.ndarray) -> Batch:
     """``batch`` as the first run of a generation: ``tokens`` (batch × sequence) and no past (its
     cache inputs zero-long along their growing axis); its other inputs kept."""

@@ -125,7 +125,7 @@ def _all_phases(decoder: Decoder, batches: Sequence[Batch], run: Run,
     28 s one at a time, 4 s stacked), then split back into the batches as given."""
     groups: dict[tuple, list[int]] = {}
     for i, batch in enumerate(batches):
-        key = tuple((name, np.shape(v)[1:] if _stacks(decoder, name, v) else np.asarray(v).tobytes())
+        key = tuple((name, np.shape(v)[1:] if decoders.has_rows(decoder, name, v) else np.asarray(v).tobytes())
                     for name, v in sorted(batch.items()))
         groups.setdefault(key, []).append(i)
     found: list[dict[str, Batch]] = [{} for _ in batches]
@@ -134,21 +134,15 @@ def _all_phases(decoder: Decoder, batches: Sequence[Batch], run: Run,
             rows = np.cumsum([len(batches[i][decoder.tokens]) for i in members])
             taken = members[:max(1, int(np.searchsorted(rows, STACKED_ROWS, side="right")))]
             members = members[len(taken):]
-            stacked = {name: np.concatenate([batches[i][name] for i in taken]) if _stacks(decoder, name, v) else v
-                       for name, v in batches[taken[0]].items()}
-            phases = _phases(decoder, stacked, run, long_past)
+            phases = _phases(decoder, decoders.stacked(decoder, [batches[i] for i in taken]), run, long_past)
             start = 0
             for i in taken:
                 end = start + len(batches[i][decoder.tokens])
-                found[i] = {point: {name: v[start:end] if _stacks(decoder, name, v) else v for name, v in fed.items()}
+                found[i] = {point: {name: v[start:end] if decoders.has_rows(decoder, name, v) else v
+                                    for name, v in fed.items()}
                             for point, fed in phases.items()}
                 start = end
     return found
-
-
-def _stacks(decoder: Decoder, name: str, value: np.ndarray) -> bool:
-    """Whether an input has rows to stack (a batch axis, 0 in decoder exports)."""
-    return name not in decoder.unbatched and np.ndim(value) > 0
 
 
 def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> dict[str, Batch]:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from autoprec.analysis.data import Batch, Dataset
-from autoprec.analysis.decoder import Decoder, Generated, Run, generate
+from autoprec.analysis.decoder import Decoder, Generated, Run, generate, stacked
 from autoprec.core.errors import AutoprecError
 from autoprec.measure.accuracy import SIMILARITY_METRICS, Judge, Labels, Metric, Outputs
 from autoprec.record.facts import ShapePoint
@@ -55,9 +55,8 @@ class GenerationJudge:
                 break
             chosen.append(prompt)
             rows += len(prompt[decoder.tokens])
-        stacked = {name: value if name in decoder.unbatched or not np.ndim(value)
-                   else np.concatenate([p[name] for p in chosen]) for name, value in chosen[0].items()}
-        return cls(decoder, (stacked,), (generate(fp32, decoder, stacked, GENERATED_STEPS),))
+        prompt = stacked(decoder, chosen)
+        return cls(decoder, (prompt,), (generate(fp32, decoder, prompt, GENERATED_STEPS),))
 
     def metrics(self, run: Run) -> dict[str, float]:
         """The share of generated tokens that agree with FP32's before the first that does not,
@@ -146,12 +145,7 @@ class ShapedJudge(Judge):
         for point, own in self._split(outputs).items():
             suffix, judge = self._suffix(point), self._judge(point)
             mine = {name: metrics[name + suffix] for name in judge.reference[0] if name + suffix in metrics}
-            if self.metric.name == GENERATION:
-                logits = mine.get(self.logits or "", {})
-                found[self.points[point].name] = (math.inf if logits.get("nonfinite") else
-                                                  max(0.0, 1.0 - logits.get("cosine", 1.0)))
-            else:
-                found[self.points[point].name] = judge.loss(self._answer(mine), own)
+            found[self.points[point].name] = judge.loss(self._answer(mine), own)
         if self.metric.name == GENERATION and GENERATION in metrics:
             found[GENERATION] = GenerationJudge.loss(metrics[GENERATION])
         return found
@@ -160,8 +154,8 @@ class ShapedJudge(Judge):
         """Of a decoder's outputs, what a similarity judges: its logits. The KV cache it also
         returns is its state, whose error the decode points' logits show; averaged in, near-exact
         cache tensors would hide the logits' loss (a cosine limit of 0.01 held at 0.0035 by a plan
-        whose logits were 0.009 off)."""
-        if self.metric.name in SIMILARITY_METRICS and self.logits in metrics:
+        whose logits were 0.009 off). --metric generation judges each point so too (its cosine)."""
+        if self.metric.name in (*SIMILARITY_METRICS, GENERATION) and self.logits in metrics:
             return {self.logits: metrics[self.logits]}
         return metrics
 
