@@ -104,3 +104,38 @@ def test_a_tensor_holding_infinities_and_float_extremes_is_ranged_by_its_finite_
     masked = ranges["m"]
     assert np.isfinite([masked.min, masked.max]).all() and masked.min <= -1e29 and masked.max < 10
     assert np.isfinite(masked.amax("percentile-99.99"))
+
+
+def test_fp16_counts_and_ranges_are_those_of_the_values_seen(tmp_path):
+    """Each tensor's counts (values, below FP16's smallest subnormal, subnormal, beyond its largest) and range are
+    what the calibration batches held, NaNs and infinities counted and left out of the range."""
+    from onnx import TensorProto, helper
+
+    from autoprec.analysis.calibrate import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+
+    # a column for each kind of value; the last two -inf, and NaN or -inf
+    scale = np.array([1e-9, 1e-6, 1e5, 1.0, 1.0, np.inf], np.float32)
+    mask = np.array([0, 0, 0, 0, -np.inf, -np.inf], np.float32)
+    model = builders._model(
+        [helper.make_node("Mul", ["x", "scale"], ["scaled"], "scale"), helper.make_node("Add", ["scaled", "mask"], ["s"], "mask"),
+         helper.make_node("MatMul", ["s", "w"], ["y"], "mm")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [builders._init("scale", scale), builders._init("mask", mask), builders._init("w", np.ones((6, 2)))])
+    path = builders.save(model, tmp_path / "scaled.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(size=(16, 6)).astype(np.float32))
+    info = analyse(path, load_search_space())
+    data = build_dataset(tmp_path / "x.npz", info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    with np.errstate(invalid="ignore"):
+        seen = np.concatenate([(b["x"] * scale + mask).ravel() for b in data.calibration])
+    magnitude = np.abs(seen)
+    with np.errstate(invalid="ignore"):
+        assert ranges["s"].counts == (
+            seen.size, np.count_nonzero((magnitude > 0) & (magnitude < FP16_MIN_SUBNORMAL)),
+            np.count_nonzero((magnitude >= FP16_MIN_SUBNORMAL) & (magnitude < FP16_MIN_NORMAL)),
+            np.count_nonzero(magnitude > FP16_MAX))
+    assert all(ranges["s"].counts[1:]) and np.isnan(seen).any()  # (each kind is there to count)
+    finite = seen[np.isfinite(seen)]
+    assert (ranges["s"].min, ranges["s"].max) == pytest.approx((finite.min(), finite.max()))
+    assert int(ranges["s"].hist.sum()) == finite.size

@@ -8,6 +8,8 @@ import hashlib
 import io
 import logging
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -241,23 +243,21 @@ def calibrate(
     counts = {n: np.zeros(4, np.int64) for n in names}
     # per batch: each channel's sum of squares, and the values' count
     power = {n: [] for n in int4_inputs(info)}
-    with contextlib.redirect_stdout(io.StringIO()):  # the collector prints progress chatter
-        for batch in batches:
+
+    def collected(name: str, value: np.ndarray) -> None:
+        collector.collect({name: _histogrammable(value)})
+        counts[name] += _fp16_counts(value)
+        if name in power:
+            rows = np.asarray(value, np.float64).reshape(-1, value.shape[-1])
+            power[name].append((np.square(rows).sum(axis=0), len(rows)))
+
+    # each tensor's histogram and counts its own: numpy leaves the GIL, so threads use every core
+    with contextlib.redirect_stdout(io.StringIO()), ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for batch in batches:  # (the collector prints progress chatter)
             # A tensor in an If branch the run did not take reads as empty: it has no values to
             # range.
             values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
-            collector.collect({n: _histogrammable(v) for n, v in values.items()})
-            for name in power.keys() & values.keys():
-                rows = np.asarray(values[name], np.float64).reshape(-1, values[name].shape[-1])
-                power[name].append((np.square(rows).sum(axis=0), len(rows)))
-            for name, value in values.items():
-                magnitude = np.abs(value)
-                counts[name] += (
-                    magnitude.size,
-                    np.count_nonzero((magnitude > 0) & (magnitude < FP16_MIN_SUBNORMAL)),
-                    np.count_nonzero((magnitude >= FP16_MIN_SUBNORMAL) & (magnitude < FP16_MIN_NORMAL)),
-                    np.count_nonzero(magnitude > FP16_MAX),
-                )
+            list(pool.map(collected, values, values.values()))
     tensors = {}
     for name, (hist, edges, lo, hi, _threshold) in collector.get_histogram_dict().items():
         tensors[name] = TensorRange(
@@ -286,8 +286,19 @@ def _histogrammable(value: np.ndarray) -> np.ndarray:
     infinitely wide). An INT8 plan for such a tensor is still measured: the search sees what its
     clipping costs."""
     value = np.asarray(value, np.float32).ravel()
+    if -SENTINEL <= value.min() and value.max() <= SENTINEL:  # (not for a NaN): binnable as it is
+        return value
     finite = value[np.isfinite(value)]
     return np.clip(finite, -SENTINEL, SENTINEL) if finite.size else np.zeros(1, np.float32)
+
+
+def _fp16_counts(value: np.ndarray) -> tuple[int, int, int, int]:
+    """One batch's ``value`` counted as TensorRange.counts counts."""
+    magnitude = np.abs(value).ravel()
+    small = magnitude[magnitude < FP16_MIN_NORMAL]
+    wide = 0 if magnitude.max() <= FP16_MAX else np.count_nonzero(magnitude > FP16_MAX)
+    return (magnitude.size, np.count_nonzero((small > 0) & (small < FP16_MIN_SUBNORMAL)),
+            np.count_nonzero(small >= FP16_MIN_SUBNORMAL), wide)
 
 
 def out_of_range_nodes(info: ModelInfo, batches: Sequence[Batch], fingerprint: str = "",
