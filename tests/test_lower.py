@@ -539,3 +539,30 @@ def test_int4_scales_a_weight_for_its_loud_input_channels_where_that_lowers_the_
         muls, scaled, rtn = errors["loud", form]
         assert muls == 1 and scaled < 0.9 * rtn, errors
         assert errors["even", form][0] == 0, errors
+
+
+def test_int4_rounding_is_chosen_once_per_model_and_read_by_every_process_that_lowers_it(tmp_path, monkeypatch):
+    """The INT4 rounding and activation-aware scales are chosen by the first process lowering the plan and kept
+    beside the model: another process (a worker) lowers the same model without choosing again; a kept choice that
+    is damaged is chosen again."""
+    from autoprec.lower import Int4Form, int4
+
+    path = builders.save(builders.weight_only_mlp(batch=1), tmp_path / "mlp.onnx")
+    x = np.random.default_rng(3).normal(size=(64, 128)).astype(np.float32)
+    x[:, :4] *= 30  # loud channels: the weight is scaled
+    np.savez(tmp_path / "x.npz", x=x)
+    info = analyse(path, load_search_space(), {"x": (1, 128)})
+    data = build_dataset(tmp_path / "x.npz", info.inputs)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    plan = Plan.from_mapping({"mm": "int4", "gemm": "fp32"})
+    first = lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto
+    assert any(n.op_type == "Mul" for n in first.graph.node)
+    chosen = []
+    choose = int4.chosen_rounding
+    monkeypatch.setattr(int4, "chosen_rounding", lambda *a: chosen.append(1) or choose(*a))
+    monkeypatch.setattr(int4, "_chosen", {})  # another process
+    assert lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto == first and not chosen
+    kept, = (info.folder / "derived").glob("int4-rounding-*.json")
+    kept.write_text(kept.read_text().replace('"scales": [', '"scales": [-1.0, '))
+    monkeypatch.setattr(int4, "_chosen", {})
+    assert lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto == first and chosen == [1]

@@ -22,15 +22,19 @@ pads the input's K with zeros too.
 from __future__ import annotations
 
 import enum
+import math
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from onnx import NodeProto, TensorProto, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
+from autoprec.core import atomic
 from autoprec.core.atomic import digest
 from autoprec.core.search_space import INT4_BLOCK_SIZE
-from autoprec.core.stored import StoredModel
+from autoprec.core.stored import DERIVED, StoredModel
 from autoprec.lower.awq import chosen_rounding
 from autoprec.lower.edit import GraphEdit
 
@@ -124,16 +128,36 @@ def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
 
 def _chosen_for(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None,
                 form: Int4Form, block: int) -> tuple[str, np.ndarray | None]:
-    """The unit's rounding and activation-aware scales, chosen once per process for these weights
-    and this power. A zero point per block is MatMulNBits' alone: TensorRT's INT4 weights are
+    """The unit's rounding and activation-aware scales for these weights and this power, chosen
+    once per model: kept in its folder for every process that lowers it (seconds for a 32 000-row
+    head, in each worker). A zero point per block is MatMulNBits' alone: TensorRT's INT4 weights are
     symmetric."""
     key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "", form.value, block)
     if key not in _chosen:
         roundings = {SYMMETRIC: lambda w: _read_back(w, block, True)}
         if form is Int4Form.MATMUL_NBITS:
             roundings[ZERO_POINT] = lambda w: _read_back(w, block, False)
-        _chosen[key] = chosen_rounding(matrix, power, roundings)
+        _chosen[key] = _kept_choice(model, digest(list(key[1:])),
+                                    lambda: chosen_rounding(matrix, power, roundings), len(matrix))
     return _chosen[key]
+
+
+def _kept_choice(model: StoredModel, content: str, choose: Callable[[], tuple[str, np.ndarray | None]],
+                 rows: int) -> tuple[str, np.ndarray | None]:
+    """``choose()``, or what a process lowering this model kept for ``content`` (a file it cannot
+    have written is chosen again)."""
+    path = Path(model.folder) / DERIVED / f"int4-rounding-{content[:24]}.json"
+    kept = atomic.read_keyed(path, content) or {}
+    scales = kept.get("scales")
+    if kept.get("rounding") in (SYMMETRIC, ZERO_POINT) and (scales is None or (
+            isinstance(scales, list) and len(scales) == rows
+            and all(isinstance(v, float) and 0 < v < math.inf for v in scales))):
+        return kept["rounding"], None if scales is None else np.asarray(scales, np.float32)
+    rounding, chosen = choose()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_keyed(path, content, {"rounding": rounding,
+                                       "scales": None if chosen is None else chosen.tolist()})
+    return rounding, chosen
 
 
 def _blocks(weight: np.ndarray, form: Int4Form, block: int, symmetric: bool = True) -> tuple[np.ndarray, ...]:
