@@ -255,3 +255,34 @@ def test_a_changed_model_is_refused_before_its_weights_are_copied_again(tmp_path
     assert main(["export", str(out), "--format", "trtexec", "--trial", "0", "--out", str(tmp_path / "trt")]) == 2
     assert "its weights or external data changed" in capsys.readouterr().err
     assert len([p for p in (out / "cache").iterdir() if p.name.startswith("prepared-")]) == 1
+
+
+def test_judging_the_chosen_plan_and_checking_it_against_the_given_file_hold_one_session_at_a_time(tmp_path,
+                                                                                                  monkeypatch):
+    """The held-out judging of a plan and the deployment checks against the given file (both in the search's own
+    process) have one model's session alive at a time: a 2 GB model's weights are never held twice there (the
+    judge kept an FP32 session for the rest of the search, and the check ran the given file beside the plan)."""
+    import weakref
+
+    from autoprec.analysis.baseline import load_baseline
+    from autoprec.measure.accuracy import Metric
+    from autoprec.measure.confirmation import held_out_judge
+    from autoprec.measure.deployment import deploy
+
+    alive, most = weakref.WeakSet(), []
+
+    class Counted(ort.InferenceSession):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            alive.add(self)
+            most.append(len(alive))
+
+    model, data = builders.conv_with_data(tmp_path, 12)
+    baseline = load_baseline(model, load_search_space(), data)
+    info, ranges = baseline.info, baseline.ranges
+    lower = lambda graph: lower_plan(graph, info.plan_at(Precision.INT8), ranges, QDQForm.ORT_CPU)  # noqa: E731
+    judge = held_out_judge(info.stored, baseline.dataset, Metric("cosine"))
+    monkeypatch.setattr(ort, "InferenceSession", Counted)
+    assert 0 < judge.loss(lower(info)) < 0.1 and max(most) == 1, most
+    checks = deploy(info, lower, None, baseline.dataset.evaluation[:2]).checks
+    assert checks and all(c.loss is not None for c in checks) and max(most) == 1 and len(most) > 2, most

@@ -19,7 +19,7 @@ from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.core.stored import StoredModel
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.deployment import session_outputs
-from autoprec.measure.shaped import judge_of
+from autoprec.measure.shaped import GENERATION, judge_of
 
 # at most this many calibration batches (ONNX Runtime CPU runs each once per plan)
 CONFIRMING_BATCHES = 16
@@ -43,15 +43,20 @@ class HeldOutJudge:
         at = dataset.calibration_at[: len(self.batches)]
         prompts = [b for b, i in zip(self.batches, at) if dataset.points[i].name == "prefill"]
         decoder = find_decoder(declared_inputs(model), output_specs(model))
+        # (the FP32 model's session kept only where generation runs it again)
+        generates = self.metric.name == GENERATION and bool(prompts)
         return judge_of(self.metric, _outputs(self.fp32, self.batches), self.labels, dataset, at,
                         decoder,
-                        cpu_runs(self.fp32), prompts)
+                        cpu_runs(self.fp32) if generates else None, prompts)
 
     def loss(self, model: StoredModel) -> float:
+        """``model``'s loss on the batches; the FP32 model's outputs there made first, so that its
+        session is gone before the plan's is made (a 2 GB model's weights are not held twice)."""
+        judge = self.judge
         session = cpu_session(model)
         outputs = [session_outputs(session, batch) for batch in self.batches]
-        generated = self.judge.generation_metrics(lambda feeds: session_outputs(session, feeds))
-        return self.judge.loss({**self.judge.metrics(outputs), **generated}, outputs)
+        generated = judge.generation_metrics(lambda feeds: session_outputs(session, feeds))
+        return judge.loss({**judge.metrics(outputs), **generated}, outputs)
 
 
 def _outputs(model: StoredModel, batches: Sequence[Batch]) -> list[dict]:

@@ -121,26 +121,34 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
 
 def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
     """``model`` against the given file at each run's point: the file is run as the user has it
-    (from its path, external data beside it)."""
+    (from its path, external data beside it), everywhere first, so that its session is gone before
+    the shipped model's is made (a 2 GB model's weights are not held twice)."""
     given = given_session(source)
+    wanted = [_outputs_or_failure(given, batches) for _, batches in runs]
+    del given
     shipped = cpu_session(model)
-    return [_check(point, batches, given, shipped, profile) for point, batches in runs]
+    return [_check(point, batches, want, shipped, profile) for (point, batches), want in zip(runs, wanted)]
 
 
-def _check(point: str, batches: Sequence[Batch], given, shipped, profile: ShapeProfile) -> PointCheck:
+def _outputs_or_failure(session, batches: Sequence[Batch]) -> list[dict[str, np.ndarray]] | str:
+    """The session's outputs on ``batches``, or why it does not run them."""
+    try:
+        return [session_outputs(session, feeds) for feeds in batches]
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for inputs a model cannot take
+        return first_line(exc)
+
+
+def _check(point: str, batches: Sequence[Batch], wanted: list[dict[str, np.ndarray]] | str, shipped,
+           profile: ShapeProfile) -> PointCheck:
     shapes = {name: tuple(values.shape) for name, values in batches[0].items() if values.ndim}
-    try:
-        wanted = [session_outputs(given, feeds) for feeds in batches]
-    except Exception as exc:  # noqa: BLE001 - the user's own model does not run there: nothing to compare with
-        return PointCheck(point, shapes, False, None, "the given model itself does not run there "
-                                                      f"({first_line(exc)})",
+    if isinstance(wanted, str):  # the user's own model does not run there: nothing to compare with
+        return PointCheck(point, shapes, False, None, f"the given model itself does not run there ({wanted})",
                           len(batches))
-    try:
-        pairs = [(want, session_outputs(shipped, feeds)) for want, feeds in zip(wanted, batches)]
-    except Exception as exc:  # noqa: BLE001 - the model as shipped does not run there: the check says so
-        return PointCheck(point, shapes, False, None, "the shipped model does not run there "
-                                                      f"({first_line(exc)})",
+    outputs = _outputs_or_failure(shipped, batches)
+    if isinstance(outputs, str):  # the check says so
+        return PointCheck(point, shapes, False, None, f"the shipped model does not run there ({outputs})",
                           len(batches))
+    pairs = list(zip(wanted, outputs))
     outside = point == "data" and not _inside(shapes, profile)
     if not all(got[name].shape == want[name].shape for want, got in pairs for name in want):
         return PointCheck(point, shapes, False, None, None, len(batches), outside)
