@@ -44,6 +44,8 @@ FP16_SAFE_MAX = FP16_MAX / 4
 # autoprec.lower.cast), a softmax or max reads them alike, so they make no tensor out of FP16's
 # range.
 SENTINEL = 1e30
+# a tensor of this many values or more is histogrammed in a thread of its own
+THREADED_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -251,13 +253,18 @@ def calibrate(
             rows = np.asarray(value, np.float64).reshape(-1, value.shape[-1])
             power[name].append((np.square(rows).sum(axis=0), len(rows)))
 
-    # each tensor's histogram and counts its own: numpy leaves the GIL, so threads use every core
+    # A large tensor's histogram and counts in a thread of its own: numpy leaves the GIL there, so
+    # the threads use every core (on small ones they would only take turns at it).
     with contextlib.redirect_stdout(io.StringIO()), ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for batch in batches:  # (the collector prints progress chatter)
             # A tensor in an If branch the run did not take reads as empty: it has no values to
             # range.
             values = {n: v for n, v in zip(names, session.run(read_as, batch)) if v.size}
-            list(pool.map(collected, values, values.values()))
+            large = [n for n, v in values.items() if v.size >= THREADED_VALUES]
+            done = pool.map(collected, large, [values[n] for n in large])
+            for name in values.keys() - set(large):  # (each tensor's figures its own: any order)
+                collected(name, values[name])
+            list(done)
     tensors = {}
     for name, (hist, edges, lo, hi, _threshold) in collector.get_histogram_dict().items():
         tensors[name] = TensorRange(
