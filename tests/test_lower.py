@@ -541,11 +541,26 @@ def test_int4_scales_a_weight_for_its_loud_input_channels_where_that_lowers_the_
         assert errors["even", form][0] == 0, errors
 
 
-def test_int4_rounding_is_chosen_once_per_model_and_read_by_every_process_that_lowers_it(tmp_path, monkeypatch):
+LOWER_IN_ANOTHER_PROCESS = """
+import pickle, sys
+from autoprec.lower import Int4Form, QDQForm, int4, lower_plan
+info, ranges, plan = pickle.load(open(sys.argv[1], "rb"))
+choose, chosen = int4.chosen_rounding, []
+int4.chosen_rounding = lambda *a: chosen.append(1) or choose(*a)
+lowered = lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto
+print(len(chosen), lowered.SerializeToString().hex()[-64:], lowered.graph.node[0].op_type)
+"""
+
+
+def test_int4_rounding_is_chosen_once_per_model_and_read_by_every_process_that_lowers_it(tmp_path):
     """The INT4 rounding and activation-aware scales are chosen by the first process lowering the plan and kept
-    beside the model: another process (a worker) lowers the same model without choosing again; a kept choice that
-    is damaged is chosen again."""
-    from autoprec.lower import Int4Form, int4
+    beside the model: another process (a worker) lowers the same model to the same graph without choosing again;
+    a kept choice that is damaged is chosen again."""
+    import pickle
+    import subprocess
+    import sys
+
+    from autoprec.lower import Int4Form
 
     path = builders.save(builders.weight_only_mlp(batch=1), tmp_path / "mlp.onnx")
     x = np.random.default_rng(3).normal(size=(64, 128)).astype(np.float32)
@@ -556,13 +571,16 @@ def test_int4_rounding_is_chosen_once_per_model_and_read_by_every_process_that_l
     ranges = calibrate(info, data.calibration, data.fingerprint())
     plan = Plan.from_mapping({"mm": "int4", "gemm": "fp32"})
     first = lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto
-    assert any(n.op_type == "Mul" for n in first.graph.node)
-    chosen = []
-    choose = int4.chosen_rounding
-    monkeypatch.setattr(int4, "chosen_rounding", lambda *a: chosen.append(1) or choose(*a))
-    monkeypatch.setattr(int4, "_chosen", {})  # another process
-    assert lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto == first and not chosen
+    assert first.graph.node[0].op_type == "Mul"  # the input scaled back: activation-aware
+    (tmp_path / "lowering.pickle").write_bytes(pickle.dumps((info, ranges, plan)))
+
+    def in_another_process() -> list[str]:
+        run = subprocess.run([sys.executable, "-c", LOWER_IN_ANOTHER_PROCESS, str(tmp_path / "lowering.pickle")],
+                             capture_output=True, text=True, check=True)
+        return run.stdout.split()
+
+    same = [first.SerializeToString().hex()[-64:], "Mul"]
+    assert in_another_process() == ["0", *same]
     kept, = (info.folder / "derived").glob("int4-rounding-*.json")
     kept.write_text(kept.read_text().replace('"scales": [', '"scales": [-1.0, '))
-    monkeypatch.setattr(int4, "_chosen", {})
-    assert lower_plan(info, plan, ranges, QDQForm.ORT_CPU, Int4Form.MATMUL_NBITS).proto == first and chosen == [1]
+    assert in_another_process() == ["1", *same]
