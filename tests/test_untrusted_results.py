@@ -1163,8 +1163,13 @@ def test_a_signal_that_lands_in_a_finaliser_still_ends_the_command(sent):
             for _ in range(1000):
                 pass
 
-    with pytest.raises(KeyboardInterrupt), _terminations_interrupt():
-        Dropped()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the command going on
-            time.sleep(0.01)
+    # Python's own Ctrl-C handler, as a command has it (a test process may hold another)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), _terminations_interrupt():
+            Dropped()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the command going on
+                time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
