@@ -123,3 +123,26 @@ def test_a_resume_past_its_budget_says_so(workdir, capsys):
         clean(code, err, allowed=(0,))
     said = " ".join(err.split())
     assert "3 trials done, the budget of 2 reached: no new trial runs" in said and "3 of 2" not in said
+
+
+def test_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
+    """Optuna creates a new database's tables without a lock across processes: of two first openers
+    one failed with "table ... already exists" (a search started while CI's test polled its study).
+    Six processes open one new file at one instant (each waits until all have imported Optuna);
+    every one opens it."""
+    openers = 6
+    opener = (
+        "import os, sys, time\n"
+        "from autoprec.study.coordination import storage_for\n"
+        "ready = sys.argv[2]\n"
+        "open(os.path.join(ready, str(os.getpid())), 'w').close()\n"
+        f"while len(os.listdir(ready)) < {openers}:\n"
+        "    time.sleep(0.001)\n"
+        "storage_for('sqlite:///' + sys.argv[1])\n"
+    )
+    (tmp_path / "ready").mkdir()
+    started = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", opener, str(tmp_path / "study.db"),
+                                 str(tmp_path / "ready")], stderr=subprocess.PIPE, text=True)
+               for _ in range(openers)]
+    failures = [err[-500:] for err in (p.communicate(timeout=120)[1] for p in started) if err]
+    assert not failures and all(p.returncode == 0 for p in started), failures

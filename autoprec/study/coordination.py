@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import socket
+import time
 import warnings
 from datetime import datetime, timedelta
 from functools import partial
@@ -140,13 +141,36 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
     engine_kwargs = ({"pool_pre_ping": True, **server_options(url)} if server else
                      {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     _quiet_heartbeat_notices()
-    return optuna.storages.RDBStorage(
+    opened = partial(
+        optuna.storages.RDBStorage,
         url,
         engine_kwargs=engine_kwargs,
         heartbeat_interval=heartbeat,
         grace_period=GRACE_BEATS * heartbeat,
         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
     )
+    for attempt in range(1, SCHEMA_ATTEMPTS):
+        try:
+            return opened()
+        except Exception as exc:  # SQLAlchemy's errors, which Optuna passes on as they are
+            if not _schema_race(exc):
+                raise
+            time.sleep(0.2 * attempt)
+    return opened()
+
+
+SCHEMA_ATTEMPTS = 5
+
+
+def _schema_race(exc: BaseException) -> bool:
+    """Whether opening a new database failed only because another process created its tables at
+    the same moment: Optuna's table creation is not atomic across processes, and autoprec's own
+    workers take a lock for it that other readers (Optuna's dashboard, a script, a test polling the
+    study) do not; a search started while CI's test polled its new study failed with "table ...
+    already exists". Opening again finds the tables."""
+    said = str(exc).lower()
+    return any(words in said for words in ("already exists", "unique constraint failed: alembic",
+                                           "duplicate key value"))
 
 
 def server_options(url: str) -> dict[str, Any]:
