@@ -8,6 +8,7 @@ import sys
 import time
 
 import builders
+import numpy as np
 import onnx
 import optuna
 import pytest
@@ -183,6 +184,23 @@ def test_kill_9_at_any_moment_then_the_same_command_finishes(tmp_path):
     pareto = json.loads((out / "pareto.json").read_text())
     assert pareto["search"]["trials"] == 6
     time.sleep(0.1)
+
+
+def test_a_script_without_a_main_guard_is_told_so_not_left_hanging(tmp_path):
+    """Python starts a worker by running the user's script again, where autoprec.search cannot start another:
+    the worker died before it read its data, and the search waited for ever to write it (data over a pipe's
+    64 KB)."""
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    np.savez(tmp_path / "data.npz", x=builders.image_like(8))
+    (tmp_path / "script.py").write_text(
+        "import autoprec\n"
+        f"autoprec.search(autoprec.SearchConfig(autoprec.InputSpec({str(model)!r}, data='data.npz'), "
+        "study=autoprec.StudySpec(budget=1), out='out'))\n"
+    )
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "a script that calls autoprec.search must call it under 'if __name__ == \"__main__\":'"), done.stderr[-2000:]
 
 
 def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_path):

@@ -98,14 +98,21 @@ def device_lock_path(backend: str, device: int) -> Path:
     return private_folder(host_lock_folder()) / f"{backend}-device{device}.lock"
 
 
-def _worker(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge,
-            lowering: Lowering,
-            threads: int, work: Workload | None, stderr_path: str) -> None:
-    """Child process: lower and measure each plan it is sent until told to stop (None)."""
+def _worker(conn, stderr_path: str) -> None:
+    """Child process: its stderr to the log, then what it works with, sent down the pipe (not as the
+    process's arguments: those the parent writes before the child reads them, and a child that died
+    starting left the parent blocked on that write for ever — a script calling autoprec.search
+    without a __main__ guard hung so)."""
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)  # the file start() made
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
     faulthandler.register(WHERE_SIGNAL, all_threads=False)  # where it is, when asked (see _where)
+    _serve(conn, *conn.recv())
+
+
+def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge,
+           lowering: Lowering, threads: int, work: Workload | None) -> None:
+    """Lower and measure each plan the parent sends until told to stop (None)."""
     from autoprec.backends import get_backend
 
     backend = get_backend(backend_name, device, cache_dir, threads)
@@ -186,15 +193,26 @@ class IsolatedMeasurer(Measurer):
         """Start the worker now (it also starts on demand, and again after a crash)."""
         parent, child = self.context.Pipe()
         os.close(untrusted.fresh_file(self.stderr))
-        process = self.context.Process(target=_worker, args=(child, *self.args, str(self.stderr)),
-                                       daemon=True)
-        # where this raises (a script without a __main__ guard), no unstarted process is kept to
-        # kill
+        process = self.context.Process(target=_worker, args=(child, str(self.stderr)), daemon=True)
+        # where this raises, no unstarted process is kept to kill
         process.start()
         self.process = process
-        child.close()
+        child.close()  # the worker's end, here: a worker gone makes a send fail, not wait
         self.conn = parent
-        self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
+        try:
+            parent.send(self.args)
+        except OSError:  # it died starting: said below, with its exit
+            pass
+        try:
+            self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
+        except TrialCrash:
+            if process.exitcode != 1 or self._stderr_end():
+                raise
+            raise AutoprecError(
+                "the worker process ended (status 1) before it ran any of autoprec's code, its error "
+                "printed above: Python starts each worker by running the main script again, so a "
+                "script that calls autoprec.search must call it under "
+                "'if __name__ == \"__main__\":'") from None
 
     def _stderr_end(self) -> str:
         """The end of the worker's stderr log (its last ``TAIL_BYTES``; "" where unreadable)."""
