@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from dataclasses import replace
@@ -655,6 +656,23 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     all_int4 = next(t.number for t in result.trials if t.plan.counts().get("int4", 0) == 2)
     exported = lowered_for_export(out, trial=all_int4).model  # lowered again (export --trial): as measured
     assert [n.op_type for n in exported.proto.graph.node].count("MatMulNBits") == 2
+    # the kernel measured once, before the trials: level 4 (INT8 activations) only where timed faster than float
+    kernels = json.loads((out / "pareto.json").read_text())["search"]["int4_kernels"]
+    timed = kernels["integer_over_float"]
+    assert timed["low"] <= timed["speedup"] <= timed["high"] and kernels["rounds"] >= 3
+    assert kernels["accuracy_level"] == (4 if timed["low"] > 1 else 0)
+    levels = {a.i for graph in (best.graph, exported.proto.graph) for n in graph.node if n.op_type == "MatMulNBits"
+              for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {kernels["accuracy_level"]}
+    # the record decides, not the cache: a result recording the other level, its cache gone, exports at that one
+    pareto = json.loads((out / "pareto.json").read_text())
+    other = 4 - kernels["accuracy_level"]
+    pareto["search"]["int4_kernels"]["accuracy_level"] = other
+    (out / "pareto.json").write_text(json.dumps(pareto))
+    shutil.rmtree(out / "cache")
+    exported = lowered_for_export(out, trial=all_int4).model
+    assert {a.i for n in exported.proto.graph.node if n.op_type == "MatMulNBits"
+            for a in n.attribute if a.name == "accuracy_level"} == {other}
     import figures
 
     from autoprec.results import plots

@@ -20,6 +20,7 @@ from autoprec.core import untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Plan
 from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.lower.int4 import keep_kernels
 from autoprec.results.files import HowMeasured, ResultFiles, read_plan_file, read_result_dir
 
 PLAN_BYTES = 256 << 20  # the most a plan file may hold (one of 100,000 units: about 20 MB)
@@ -140,6 +141,8 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
     if judged:
         # widened where asked; the judged points stay the search's
         info = replace(info, profile=deployed)
+    if measured.int4_kernels is not None:  # the kernel the search measured, for every lowering here
+        keep_kernels(info.stored.folder, str(measured.int4_kernels.get("engine")), measured.int4_kernels)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} "

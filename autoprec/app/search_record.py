@@ -107,6 +107,7 @@ def search_facts(config: SearchConfig, setup: Setup, joined: Joined, shared: Sha
         "profile": info.shape_profile.to_json(),
         # [] where the data's one shape was
         "judged_shapes": [point.to_json() for point in dataset.points],
+        "int4_kernels": shared.int4_kernels,
         "rejected": rejected_trials(joined.study),
         "plan_ignored": [t.number for t in outcome.trials if plan_ignored(t)],
     }

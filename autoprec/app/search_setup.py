@@ -31,7 +31,10 @@ from autoprec.core import atomic, untrusted
 from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
+from autoprec.lower import Int4Form
+from autoprec.lower.int4 import keep_kernels
 from autoprec.measure.accuracy import Judge, Metric
+from autoprec.measure.int4_kernels import int4_kernels, said
 from autoprec.measure.measurement import Lowering, Screen
 from autoprec.measure.measurers import build_workers
 from autoprec.record.trial import EngineInfo
@@ -182,6 +185,8 @@ class Shared:
     ranking: Judge
     lowering: Lowering
     screen: Screen | None
+    # the MatMulNBits kernel INT4 units take, and what chose it (None: no INT4 on ONNX Runtime)
+    int4_kernels: dict[str, Any] | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -213,7 +218,31 @@ def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
     lowering = Lowering(
         baseline.info, ranges.with_thresholds(method) if ranges is not None else None
     )  # only plans travel
-    return Shared(baseline, judge, judged, judge.for_ranking(), lowering, screen)
+    return Shared(baseline, judge, judged, judge.for_ranking(), lowering, screen,
+                  _int4_kernels(setup, joined, lowering))
+
+
+def _int4_kernels(setup: Setup, joined: Joined, lowering: Lowering) -> dict[str, Any] | None:
+    """Which MatMulNBits kernel the INT4 units take on this engine, measured once per model (see
+    :mod:`autoprec.measure.int4_kernels`), before any worker lowers a plan; None where the search
+    lowers no unit to MatMulNBits."""
+    engine, info = setup.engine, lowering.info
+    if (Precision.INT4.value not in setup.searched or engine.int4_form is not Int4Form.MATMUL_NBITS
+            or not setup.engine_info.measured or not info.plan_at(Precision.INT4).counts().get("int4")):
+        return None
+    with joined.locks.hold("int4 kernels"):
+        # one kernel for the whole study: its other workers and resumed runs take the first's
+        measured = joined.study.user_attrs.get(KERNELS_ATTR)
+        if isinstance(measured, dict):
+            keep_kernels(info.stored.folder, str(measured.get("engine")), measured)
+        else:
+            measured = int4_kernels(engine, setup.engine_info, info, lowering, setup.dataset.workload)
+            joined.study.set_user_attr(KERNELS_ATTR, measured)
+    log.info(said(measured))
+    return measured
+
+
+KERNELS_ATTR = "int4_kernels"
 
 
 def study_identity(config: SearchConfig, setup: Setup) -> dict[str, Any]:

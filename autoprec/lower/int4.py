@@ -5,7 +5,9 @@ At one token a decoder's MatMuls read each weight once per run: their time is th
 and 4-bit blocks cut them by 8 against FP32. Two forms of the same plan, as engines run them:
 
 - ``matmul_nbits`` — ONNX Runtime's ``MatMulNBits`` (com.microsoft), its own packing and kernels (CPU and CUDA);
-  ``accuracy_level`` 4 computes against the activations in INT8 blocks (the CPU's fastest);
+  ``accuracy_level`` 4 computes against the activations in INT8 blocks, 0 in float: the search
+  measures which runs faster on its engine (autoprec.measure.int4_kernels) and keeps the answer
+  beside the model (``KERNELS_FILE``), which every lowering of it reads (4 where none is kept);
 - ``dequantize`` — TensorRT's weight-only form: a block-quantized ``DequantizeLinear`` (opset 21) of INT4
   weights feeding the MatMul, which a strongly typed build fuses into an INT4 weight GEMM.
 
@@ -24,21 +26,24 @@ from __future__ import annotations
 import enum
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
+import onnx
 from onnx import NodeProto, TensorProto, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
-from autoprec.core import atomic
+from autoprec.core import atomic, untrusted
 from autoprec.core.atomic import digest
 from autoprec.core.search_space import INT4_BLOCK_SIZE
 from autoprec.core.stored import DERIVED, StoredModel
 from autoprec.lower.awq import chosen_rounding
 from autoprec.lower.edit import GraphEdit
 
-ACCURACY_LEVEL = 4
+ACCURACY_LEVEL = 4  # where no measured level is kept
+ACCURACY_LEVELS = (0, 4)  # float activations; INT8 blocks of them
+KERNELS_FILE = "int4-kernels.json"  # in the prepared model's derived/
 DEQUANTIZE_OPSET = 21  # DequantizeLinear's block_size
 
 
@@ -52,6 +57,7 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
     """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled
     first, or given a zero point per block, where the calibration's channel power (``ranges``) makes
     that the lesser error (see autoprec.lower.awq)."""
+    level = kept_accuracy_level(model.folder) if form is Int4Form.MATMUL_NBITS else None
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
         weight = edit.ins[id(node)][1]
@@ -78,7 +84,7 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         tensors = _stored_blocks(model, name, matrix * rows[:, None] if rows is not None else matrix, form,
                                  block, rounding == SYMMETRIC)
         if form is Int4Form.MATMUL_NBITS:
-            _matmul_nbits(edit, node, tensors, k, n, block)
+            _matmul_nbits(edit, node, tensors, k, n, block, level)
         else:
             _dequantized(edit, node, _as_int4(tensors[0], (whole, n)), tensors[1], name, block)
 
@@ -196,15 +202,65 @@ def _read_back(weight: np.ndarray, block: int, symmetric: bool) -> np.ndarray:
     return read.reshape(n, -1)[:, :k].T
 
 
+def kept_accuracy_level(folder: str | Path) -> int:
+    """The MatMulNBits accuracy level measured for the model in ``folder`` (ACCURACY_LEVEL where
+    none is kept, or what is kept is not a level)."""
+    kept = kept_kernels(folder)
+    return kept["accuracy_level"] if kept else ACCURACY_LEVEL
+
+
+def kept_kernels(folder: str | Path, key: str | None = None) -> dict | None:
+    """What :func:`keep_kernels` kept beside the model in ``folder`` (measured on the engine ``key``
+    names, where given); None where nothing valid is."""
+    path = Path(folder) / DERIVED / KERNELS_FILE
+    try:
+        kept = untrusted.read_json(path, f"the cache {path.parent}")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or (key is not None and kept.get("key") != key):
+        return None
+    level = kept.get("accuracy_level")
+    return kept if type(level) is int and level in ACCURACY_LEVELS else None
+
+
+def keep_kernels(folder: str | Path, key: str, measured: dict) -> None:
+    """``measured`` (its ``accuracy_level`` among them) kept beside the model in ``folder`` for
+    every process that lowers it, measured on the engine ``key`` names."""
+    path = Path(folder) / DERIVED / KERNELS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_keyed(path, key, measured)
+
+
+def with_accuracy_level(model: StoredModel, level: int) -> StoredModel:
+    """``model`` with each MatMulNBits at ``level`` (the rest as it is)."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    for graph in _graphs(proto.graph):
+        for node in graph.node:
+            if node.op_type == "MatMulNBits":
+                kept = [a for a in node.attribute if a.name != "accuracy_level"]
+                del node.attribute[:]
+                node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
+    return model.with_proto(proto)
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graphs(sub)
+
+
 def _matmul_nbits(edit: GraphEdit, node: NodeProto, tensors: list[TensorProto], k: int, n: int,
-                  block: int) -> None:
+                  block: int, accuracy_level: int) -> None:
     """``tensors``: the packed values, the scales and (asymmetric) the zero points."""
     inputs = [edit.ins[id(node)][0], *(edit.add_initializer(t) for t in tensors)]
     bias = edit.ins[id(node)][2:3] if node.op_type == "Gemm" else []
     if bias and bias[0]:  # (zero points or none: symmetric; no g_idx)
         inputs += [""] * (5 - len(inputs)) + [bias[0]]
     edit.retype(node, "MatMulNBits", "com.microsoft", inputs,
-                dict(K=k, N=n, bits=4, block_size=block, accuracy_level=ACCURACY_LEVEL))
+                dict(K=k, N=n, bits=4, block_size=block, accuracy_level=accuracy_level))
 
 
 def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: TensorProto,

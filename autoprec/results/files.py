@@ -250,6 +250,8 @@ class HowMeasured:
     max_loss: float | None
     # the shapes every trial was judged at (None: an older one)
     judged_shapes: tuple[ShapePoint, ...] | None = None
+    # the MatMulNBits kernel INT4 units took (autoprec.measure.int4_kernels; None: none measured)
+    int4_kernels: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, header: Header, where: Path) -> HowMeasured:
@@ -279,6 +281,7 @@ class HowMeasured:
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
             calibration, search.profile, facts.get("spec"), header.engine.backend,
             search.metric, search.max_loss, search.judged_shapes,
+            kernels if isinstance(kernels := facts.get("int4_kernels"), dict) else None,
         )
 
 
