@@ -209,6 +209,28 @@ def test_a_decoders_data_in_a_file_per_phase_is_judged_at_each_phase(tmp_path):
     assert len(dataset.other_shapes) == rows
 
 
+def test_decode_steps_alone_are_judged_at_a_prompt_as_long_as_their_context(tmp_path):
+    """Data of one token after a past (a user's decode steps) was judged at a "prefill" of that one token: a plan
+    shipped so was 6 % over the limit on 7-token prompts, which no point had judged. The prefill is now a prompt of
+    the context's length, the data's token first, then what the FP32 model generates from it."""
+    from autoprec.analysis.data import build_dataset, item_shapes
+    from autoprec.analysis.model import analyse
+    from autoprec.analysis.shape_points import judged_shapes
+    from autoprec.core.search_space import load_search_space
+
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    data = decoder_data(model, tmp_path / "decode.npz", items=4, tokens=1, past=6)
+    info = analyse(model, load_search_space(), data_shapes=item_shapes(data, declared_inputs(onnx.load(str(model)))))
+    _, dataset = judged_shapes(info, build_dataset(data, info.inputs))
+    points = {p.name: p for p in dataset.points}
+    assert list(points)[:5] == ["opt", "prefill", "first token", "decode·7", "decode·47"]
+    assert points["prefill"].said == "prefill: batch 1, 7 token(s) after a past of 0"
+    index = [p.name for p in dataset.points].index("prefill")
+    prompts = [b["input_ids"] for b, at in zip(dataset.evaluation, dataset.evaluation_at) if at == index]
+    assert prompts and all(p.shape == (1, 7) for p in prompts)
+    assert {int(p[0, 0]) for p in prompts} <= {int(t) for t in np.load(data)["input_ids"][:, 0]}
+
+
 def test_a_merged_decoders_branch_flag_is_fed_per_phase_and_never_stacked(tmp_path):
     """optimum's merged export takes ``use_cache_branch`` [1] (False: its graph without a past, True: with it):
     generation from several prompts keeps it one value per run, False at prefill and True at every decode step."""

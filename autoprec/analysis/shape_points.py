@@ -4,7 +4,8 @@ wrong at another is a false result.
 A model with dynamic dims is judged at several *points*, each a set of batches of one shape:
 
 - a decoder with a KV cache (:mod:`autoprec.analysis.decoder`): the data as given (``opt``); its tokens as a prompt with no
-  past (prefill), and its first token alone (a prompt of one, a past of 0); one token after the prompt (decode, a
+  past (prefill; data of one token after a past, a prompt as long as that context, generated from its token), and its
+  first token alone (a prompt of one, a past of 0); one token after the prompt (decode, a
   past of the prompt's length) and after :data:`LONG_PAST` more tokens, the pasts made by the FP32 model
   generating greedily from the data's own tokens, as generation makes them;
 - any other dynamic model: the data as given (``opt``), the profile's min and max (``--min-shape``/``--max-shape``; where
@@ -148,6 +149,8 @@ def _all_phases(decoder: Decoder, batches: Sequence[Batch], run: Run,
 def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> dict[str, Batch]:
     """One data batch in each phase (see :func:`_decoder_points`), by point name."""
     tokens = np.asarray(batch[decoder.tokens])
+    if tokens.shape[1] == 1 and decoder.past_length(batch) > 0:
+        tokens = _prompt(decoder, batch, tokens, run)
     prefill = decoders.prefill(decoder, batch, tokens)
     found = {"opt": batch, "prefill": prefill}
     if tokens.shape[1] > 1:
@@ -161,6 +164,20 @@ def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> 
         if step < steps:
             outputs = run(fed)
     return found
+
+
+def _prompt(decoder: Decoder, batch: Batch, first: np.ndarray, run: Run) -> np.ndarray:
+    """Data of one token after a past (decode steps alone) holds no prompt, and a prefill of its one
+    token is no prompt a deployment runs (a plan shipped so was 6 % over the limit on 7-token
+    prompts): one as long as its context, past and token, its token followed by what the FP32 model
+    generates greedily from it."""
+    chosen = [first]
+    fed = decoders.prefill(decoder, batch, first)
+    while len(chosen) <= decoder.past_length(batch):
+        outputs = run(fed)
+        chosen.append(decoders.greedy(outputs[decoder.logits]))
+        fed = decoders.next_run(decoder, fed, outputs, chosen[-1])
+    return np.concatenate(chosen, axis=1)
 
 
 def _phase_said(decoder: Decoder, name: str, batch: Batch) -> str:
