@@ -44,6 +44,7 @@ log = logging.getLogger("autoprec")
 GENERATED_TOKENS = 16  # one request of a decoder: its prompt, then this many tokens generated
 LONG_PAST = 40  # decode is judged one token after the prompt and this many tokens later
 STACKED_ROWS = 16  # data rows run together while the FP32 model makes their pasts
+PROMPT_TOKENS = 64  # the longest prompt made for decode steps alone (--max-shape widens the profile)
 # Words in a dynamic dim's name that say it counts tokens or steps (min 1) or the cache's length
 # (min 0).
 SEQUENCE_WORDS = ("seq", "length", "token", "time", "len", "step")
@@ -169,11 +170,11 @@ def _phases(decoder: Decoder, batch: Batch, run: Run, long_past: int | None) -> 
 def _prompt(decoder: Decoder, batch: Batch, first: np.ndarray, run: Run) -> np.ndarray:
     """Data of one token after a past (decode steps alone) holds no prompt, and a prefill of its one
     token is no prompt a deployment runs (a plan shipped so was 6 % over the limit on 7-token
-    prompts): one as long as its context, past and token, its token followed by what the FP32 model
-    generates greedily from it."""
+    prompts): one as long as its context, past and token (at most PROMPT_TOKENS: each is an FP32 run
+    here), its token followed by what the FP32 model generates greedily from it."""
     chosen = [first]
     fed = decoders.prefill(decoder, batch, first)
-    while len(chosen) <= decoder.past_length(batch):
+    while len(chosen) < min(decoder.past_length(batch) + 1, PROMPT_TOKENS):
         outputs = run(fed)
         chosen.append(decoders.greedy(outputs[decoder.logits]))
         fed = decoders.next_run(decoder, fed, outputs, chosen[-1])
