@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import math
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -34,6 +34,7 @@ from onnx import NodeProto, TensorProto, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
+from autoprec.analysis.subgraphs import all_nodes
 from autoprec.core import atomic, untrusted
 from autoprec.core.atomic import digest
 from autoprec.core.search_space import INT4_BLOCK_SIZE
@@ -235,21 +236,12 @@ def with_accuracy_level(model: StoredModel, level: int) -> StoredModel:
     """``model`` with each MatMulNBits at ``level`` (the rest as it is)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
-    for graph in _graphs(proto.graph):
-        for node in graph.node:
-            if node.op_type == "MatMulNBits":
-                kept = [a for a in node.attribute if a.name != "accuracy_level"]
-                del node.attribute[:]
-                node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
+    for node in all_nodes(proto):
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
     return model.with_proto(proto)
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graphs(sub)
 
 
 def _matmul_nbits(edit: GraphEdit, node: NodeProto, tensors: list[TensorProto], k: int, n: int,
