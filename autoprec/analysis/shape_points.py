@@ -172,13 +172,9 @@ def _prompt(decoder: Decoder, batch: Batch, first: np.ndarray, run: Run) -> np.n
     token is no prompt a deployment runs (a plan shipped so was 6 % over the limit on 7-token
     prompts): one as long as its context, past and token (at most PROMPT_TOKENS: each is an FP32 run
     here), its token followed by what the FP32 model generates greedily from it."""
-    chosen = [first]
-    fed = decoders.prefill(decoder, batch, first)
-    while len(chosen) < min(decoder.past_length(batch) + 1, PROMPT_TOKENS):
-        outputs = run(fed)
-        chosen.append(decoders.greedy(outputs[decoder.logits]))
-        fed = decoders.next_run(decoder, fed, outputs, chosen[-1])
-    return np.concatenate(chosen, axis=1)
+    steps = min(decoder.past_length(batch), PROMPT_TOKENS - 1)
+    generated = decoders.generate(run, decoder, decoders.prefill(decoder, batch, first), steps)
+    return np.concatenate([first, generated.tokens], axis=1)
 
 
 def _phase_said(decoder: Decoder, name: str, batch: Batch) -> str:
