@@ -142,7 +142,7 @@ def recreate(result: ResultFiles, data: str | os.PathLike | None = None,
         # widened where asked; the judged points stay the search's
         info = replace(info, profile=deployed)
     if measured.int4_kernels is not None:  # the kernel the search measured, for every lowering here
-        keep_kernels(info.stored.folder, str(measured.int4_kernels.get("engine")), measured.int4_kernels)
+        keep_kernels(info.stored.folder, measured.int4_kernels)
     same_data = dataset.fingerprint() == fingerprint
     if data is None and not same_data:
         raise AutoprecError(f"{recorded_data or 'the random data'}: not the data {result.out_dir} "

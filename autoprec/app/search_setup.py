@@ -234,7 +234,7 @@ def _int4_kernels(setup: Setup, joined: Joined, lowering: Lowering) -> dict[str,
         # one kernel for the whole study: its other workers and resumed runs take the first's
         measured = joined.study.user_attrs.get(KERNELS_ATTR)
         if isinstance(measured, dict):
-            keep_kernels(info.stored.folder, str(measured.get("engine")), measured)
+            keep_kernels(info.stored.folder, measured)
         else:
             measured = int4_kernels(engine, setup.engine_info, info, lowering, setup.dataset.workload)
             joined.study.set_user_attr(KERNELS_ATTR, measured)

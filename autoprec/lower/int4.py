@@ -35,7 +35,7 @@ from onnx import NodeProto, TensorProto, numpy_helper
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.model_info import Unit
 from autoprec.analysis.subgraphs import all_nodes
-from autoprec.core import atomic, untrusted
+from autoprec.core import atomic
 from autoprec.core.atomic import digest
 from autoprec.core.search_space import INT4_BLOCK_SIZE
 from autoprec.core.stored import DERIVED, StoredModel
@@ -210,26 +210,19 @@ def kept_accuracy_level(folder: str | Path) -> int:
     return kept["accuracy_level"] if kept else ACCURACY_LEVEL
 
 
-def kept_kernels(folder: str | Path, key: str | None = None) -> dict | None:
-    """What :func:`keep_kernels` kept beside the model in ``folder`` (measured on the engine ``key``
-    names, where given); None where nothing valid is."""
-    path = Path(folder) / DERIVED / KERNELS_FILE
-    try:
-        kept = untrusted.read_json(path, f"the cache {path.parent}")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or (key is not None and kept.get("key") != key):
-        return None
-    level = kept.get("accuracy_level")
+def kept_kernels(folder: str | Path) -> dict | None:
+    """What :func:`keep_kernels` kept beside the model in ``folder``; None where nothing valid is."""
+    kept = atomic.read_keyed(Path(folder) / DERIVED / KERNELS_FILE, KERNELS_FILE)
+    level = kept.get("accuracy_level") if kept else None
     return kept if type(level) is int and level in ACCURACY_LEVELS else None
 
 
-def keep_kernels(folder: str | Path, key: str, measured: dict) -> None:
-    """``measured`` (its ``accuracy_level`` among them) kept beside the model in ``folder`` for
-    every process that lowers it, measured on the engine ``key`` names."""
+def keep_kernels(folder: str | Path, measured: dict) -> None:
+    """``measured`` (its ``accuracy_level`` and the ``engine`` it was measured on among them) kept
+    beside the model in ``folder`` for every process that lowers it."""
     path = Path(folder) / DERIVED / KERNELS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_keyed(path, key, measured)
+    atomic.write_keyed(path, KERNELS_FILE, measured)
 
 
 def with_accuracy_level(model: StoredModel, level: int) -> StoredModel:

@@ -37,9 +37,9 @@ def int4_kernels(backend: Backend, engine: EngineInfo, info: ModelInfo, lowering
     """The accuracy level the model's INT4 units take on ``backend``, and what it was chosen by:
     kept for this engine, or measured now and kept."""
     key = engine_key(engine)
-    kept = kept_kernels(info.stored.folder, key)
-    if kept is not None:
-        return {k: v for k, v in kept.items() if k != "key"}
+    kept = kept_kernels(info.stored.folder)
+    if kept is not None and kept.get("engine") == key:
+        return kept
     all_int4 = lowering(backend, info.plan_at(Precision.INT4))
     models = {name: with_accuracy_level(all_int4, level) for name, level in zip((FLOAT, INTEGER), ACCURACY_LEVELS)}
     rounds = time_until_known(backend, models, work, [(FLOAT, INTEGER)], SECONDS)
@@ -50,7 +50,7 @@ def int4_kernels(backend: Backend, engine: EngineInfo, info: ModelInfo, lowering
                                "high": round(found.high, 3)},
         "rounds": len(rounds.blocks), "engine": key,
     }
-    keep_kernels(info.stored.folder, key, measured)
+    keep_kernels(info.stored.folder, measured)
     return measured
 
 
