@@ -239,6 +239,10 @@ def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
         )
     )
     pareto = json.loads((out / "pareto.json").read_text())
+    if pareto["final_timing"] is None:  # all-FP32 chosen, nothing within 15 % of it: nothing to decide
+        assert pareto["chosen"] == pareto["uniform"]["fp32"] and not pareto["final_rivals"]
+        assert pareto["chosen_vs_source"] is None
+        return
     for key in ("chosen_vs_fp32", "chosen_vs_source"):
         versus = pareto[key]
         if versus is None:  # the all-FP32 plan chosen: no speed-up over itself
@@ -251,10 +255,10 @@ def test_a_search_states_its_speed_ups_with_intervals(tmp_path):
     assert "preparation" in pareto["chosen_vs_source"]  # how much of the gain is autoprec's FP32 preparation
 
 
-def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: float):
-    """A search in this process whose re-timing ties every reduced plan and whose final timing is
-    ``final_timing``: its result folder and pareto.json."""
-    monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
+def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: float, retimed=None):
+    """A search in this process whose re-timing (``retimed``; by default every reduced plan tied, twice as fast as
+    all-FP32) and final timing are given: its result folder and pareto.json."""
+    monkeypatch.setattr(InProcessMeasurer, "time_paired", retimed or _reduced_twice_as_fast)
     model, data = conv_with_data(tmp_path, items=12)
     out = tmp_path / "out"
     assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", str(budget),
@@ -263,11 +267,25 @@ def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: f
     return out, json.loads((out / "pareto.json").read_text())
 
 
-def _reduced_twice_as_fast(self, reference, plan, rounds):
+def _reduced_twice_as_fast(self, reference, plan, rounds, reduced_ms=5.0):
     """A re-timing in which every reduced plan runs twice as fast as all-FP32: they all tie, one is chosen."""
-    ms = 10.0 if plan.counts()["int8"] + plan.counts()["fp16"] == 0 else 5.0
+    ms = 10.0 if plan.counts()["int8"] + plan.counts()["fp16"] == 0 else reduced_ms
     return Paired(tuple(Timing(10.0, 10.0, 10.0, 10, 3) for _ in range(rounds)),
                   tuple(Timing(ms, ms, ms, 10, 3) for _ in range(rounds)), 0, False)
+
+
+def test_an_all_fp32_choice_no_plan_contends_with_is_not_timed_again(tmp_path, monkeypatch, capsys):
+    """Every reduced plan re-times twice as slow as all-FP32, so all-FP32 is chosen and no plan comes within 15 %
+    of it: the final timing, which would decide nothing, does not run, and the terminal says why."""
+
+    def slower(self, reference, plan, rounds):
+        return _reduced_twice_as_fast(self, reference, plan, rounds, reduced_ms=20.0)
+
+    out, pareto = _searched_with(tmp_path, monkeypatch, lambda *args: pytest.fail("timed a choice with nothing to decide"),
+                                 budget=4, max_loss=0.5, retimed=slower)
+    assert pareto["chosen"] == pareto["uniform"]["fp32"] and pareto["final_timing"] is None
+    assert pareto["chosen_vs_source"] is None and pareto["not_shipped"] is None
+    assert "no plan contends with it: no final timing" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_plan_not_faster_beyond_noise_is_not_shipped(tmp_path, monkeypatch, capsys):

@@ -79,14 +79,18 @@ def choose_shipped(front: Sequence[TrialRecord], trials: Sequence[TrialRecord],
     timed with its rivals beside all-FP32 and the given model (``final_timing``; ``apart``: one
     engine alive at a time), the fastest there; shipped only where it is faster than all-FP32 beyond
     timing noise (else all-FP32, unless ``rule.within_noise``). Without a final timing, the speed-up
-    stands on the re-timing's rounds."""
+    stands on the re-timing's rounds; all-FP32 chosen with no rival is not timed (nothing to decide)."""
     chosen = held_out.first_holding(fastest_within(front, rule.max_loss), trials)
     fp32 = uniform_trials(trials).get("fp32")
     versus = Versus()
     if chosen is not None and fp32 is not None:
         contenders = [chosen, *held_out.holding_rivals(chosen, fp32, trials)]
-        timed = timed_with_rivals(measurer, final_timing, fp32, contenders, rule.seconds, apart)
-        if timed is not None:
+        if [c.plan.key() for c in contenders] == [fp32.plan.key()]:
+            log.info(f"the choice is all-FP32 (trial {chosen.number}) and no plan contends with it: no "
+                     "final timing (it would decide nothing; all-FP32's speed over the given model "
+                     "is not measured)")
+        elif (timed := timed_with_rivals(measurer, final_timing, fp32, contenders, rule.seconds,
+                                         apart)) is not None:
             chosen, versus = shipped_or_fp32(timed, fp32, rule.within_noise)
     if chosen is not None:
         held_out.judge(chosen)  # (the knee, chosen without a limit: its loss there for the record)
