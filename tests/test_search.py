@@ -60,9 +60,9 @@ def test_result_files_and_schema(conv_search):
     # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds: FP32 ran in every pairing
     assert all(len(t["retimed_ms"]) == 3 for t in front if t["trial"] != fp32_number)
     assert all(t["final_latency_ms"] == pytest.approx(statistics.median(t["retimed_ms"])) for t in front)
-    assert (
-        retiming["rounds"] == 3 and not retiming["failed"] and retiming["builds"] == 2 * (len(retiming["retimed"]) - 1)
-    )
+    # each plan's session built once, all-FP32's once for all of them (kept in the worker from plan to plan)
+    others = len(retiming["retimed"]) - 1
+    assert retiming["rounds"] == 3 and not retiming["failed"] and retiming["builds"] == others + (others > 0)
     for t in front:
         lat = t["latency_ms"]
         assert lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"] and lat["runs"] >= 10
@@ -361,14 +361,42 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     assert retiming.builds == 4 and not retiming.apart
 
 
+def test_a_kept_fp32_session_is_built_once_for_every_plan_retimed_beside_it_and_survives_a_failed_one():
+    from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
+    from autoprec.measure.measurement import KeptSession, time_paired
+    from autoprec.record.trial import Measurement, TrialRecord
+    from autoprec.study.retiming import retime
+
+    events, alive = [], []
+    engine, kept = _clock_engine(events, alive, failing="int8"), KeptSession()
+
+    def record(number, precision):
+        return TrialRecord(number, Plan.from_mapping({"u": precision}), Measurement(Timing(9, 9, 9, 10, 3), {}, 0.0, {}),
+                           True)
+
+    def pair(reference, plan, rounds):
+        return time_paired(engine, reference["u"].value, plan["u"].value, Workload.of({}), rounds,
+                           (kept, reference.key()))
+
+    trials = [record(0, "fp32"), record(1, "fp16"), record(2, "int8"), record(3, "fp16")]
+    retiming = retime(trials, trials[0], pair, rounds=3)
+    assert [model for kind, model in events if kind == "build"] == ["fp32", "fp16", "int8", "fp16"]
+    assert max(n for kind, n in events if kind == "alive") == 2 and alive == ["fp32"]
+    assert retiming.builds == 3 and set(retiming.trials) == {0, 1, 3} and len(retiming.trials[0].retimed_ms) == 6
+    assert kept.of("another reference") is None and alive == []  # another all-FP32 model: the kept one closed
+
+
 def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(monkeypatch):
     from autoprec.measure import measurement
 
     events, alive = [], []
     grown = iter([0, 3 << 30])  # the all-FP32 engine takes 3 GiB
     monkeypatch.setattr(measurement, "resident_bytes", lambda pid=None: next(grown, 3 << 30))
-    paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", Workload.of({}), 3)
+    kept = measurement.KeptSession()  # (asked to keep it: never kept beside another)
+    paired = measurement.time_paired(_clock_engine(events, alive), "fp32", "int8", Workload.of({}), 3, (kept, "fp32"))
     assert paired.apart and paired.builds == 6 and len(paired.reference) == len(paired.candidate) == 3
+    assert kept.runner is None and alive == []
     assert max(n for kind, n in events if kind == "alive") == 1
     assert [e[1] for e in events if e[0] == "time"] == ["fp32", "int8", "int8", "fp32", "fp32", "int8"]
 

@@ -34,6 +34,7 @@ from autoprec.core.locks import DeviceTurns, FileLock, host_lock_folder, private
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.measurement import (
+    KeptSession,
     Lowering,
     Measurer,
     Rejected,
@@ -121,18 +122,22 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
     # also imports a user's metric module here, before the first candidate
     ranking = judge.for_ranking()
     work = work or (Workload.of(batches[0]) if batches else None)
+    kept = KeptSession()  # the all-FP32 session, from one re-timed plan to the next
     conn.send(("ready", None))
     while True:
         message = conn.recv()
         if message is None:
             return
         kind, *args = message
+        if kind != "retime":
+            kept.close()
         try:
             if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds)
                 reference, plan, rounds = args
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device.timing():
-                    conn.send(("ok", time_paired(backend, *models, work, rounds).to_json()))
+                    paired = time_paired(backend, *models, work, rounds, (kept, reference.key()))
+                conn.send(("ok", paired.to_json()))
             # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
             elif kind == "compare":
                 with on_device.timing():

@@ -13,7 +13,7 @@ from typing import Sequence
 from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Workload
 from autoprec.analysis.model_info import ModelInfo
-from autoprec.backends.base import Backend
+from autoprec.backends.base import Backend, Runner
 from autoprec.core.locks import DeviceTurns
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
@@ -197,22 +197,55 @@ def reset_peak(pid: int) -> None:
 PAIR_ENGINE_BYTES = 1 << 30
 
 
+class KeptSession:
+    """One model's session kept from one call to the next: the all-FP32 model the re-timing times plan
+    after plan beside is built once, not once per plan (a ViT-base's CPU session took 2.5 s to build,
+    two per re-timed plan). Its holder closes it before anything else runs; an engine too large to keep
+    beside another (PAIR_ENGINE_BYTES) is never kept."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.runner: Runner | None = None
+        self.stack = contextlib.ExitStack()
+
+    def of(self, key: str) -> Runner | None:
+        """The kept session where it is ``key``'s model's; else None, any other one closed."""
+        if key != self.key:
+            self.close()
+        return self.runner
+
+    def keep(self, key: str, runner: Runner, stack: contextlib.ExitStack) -> None:
+        """``runner`` kept as ``key``'s, its closing taken from ``stack``."""
+        self.key, self.runner, self.stack = key, runner, stack.pop_all()
+
+    def close(self) -> None:
+        self.stack.close()
+        self.key = self.runner = None
+
+
 def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload,
-                rounds: int) -> Paired:
+                rounds: int, kept: tuple[KeptSession, str] | None = None) -> Paired:
     """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift
     (a busy neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's
-    engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round."""
+    engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round. With ``kept``
+    (a session holder and the reference's key), the reference's session is the one kept there for
+    that key, or is built and left there for the next plan."""
     timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
     models = {"reference": reference, "candidate": candidate}
     before = resident_bytes() or 0
-    builds = 1
     with contextlib.ExitStack() as stack:
-        runners = {"reference": stack.enter_context(backend.runner(reference))}
-        # first run: allocations and kernel selection stay out of the rounds
-        warm_up(runners["reference"], work)
-        apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
+        runner = kept[0].of(kept[1]) if kept else None
+        builds, apart = int(runner is None), False
+        if runner is None:
+            runner = stack.enter_context(backend.runner(reference))
+            # first run: allocations and kernel selection stay out of the rounds
+            warm_up(runner, work)
+            apart = (resident_bytes() or 0) - before > PAIR_ENGINE_BYTES
+            if kept and not apart:
+                kept[0].keep(kept[1], runner, stack)
+        runners = {"reference": runner}
         if apart:
-            timings["reference"].append(time_work(runners["reference"], work)[0])
+            timings["reference"].append(time_work(runner, work)[0])
             stack.close()
         else:
             runners["candidate"] = stack.enter_context(backend.runner(candidate))
@@ -223,9 +256,9 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
                 if not apart:
                     timings[which].append(time_work(runners[which], work)[0])
                 elif len(timings[which]) <= round_:
-                    with backend.runner(models[which]) as runner:
-                        warm_up(runner, work)
-                        timings[which].append(time_work(runner, work)[0])
+                    with backend.runner(models[which]) as each:
+                        warm_up(each, work)
+                        timings[which].append(time_work(each, work)[0])
                     builds += 1
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
