@@ -47,17 +47,23 @@ SEARCHING = ("sensitivity", "trials")  # what a search is for; every other stage
 def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict:
     """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
     model, data, shapes = model_source(name)
-    command = [sys.executable, "-c", "from autoprec.app.cli import main; raise SystemExit(main())", "search", model,
+    ran = "import sys, autoprec.app.cli as cli; print(cli.__file__, file=sys.stderr); raise SystemExit(cli.main())"
+    command = [sys.executable, "-c", ran, "search", model,
                "--budget", str(args.budget), "--out", str(out), "--no-progress", "--backend", args.backend]
     command += ["--data", str(data)] if data else []
     command += [arg for dim, shape in (shapes or {}).items() for arg in ("--shape", f"{dim}={'x'.join(map(str, shape))}")]
     command += ["--retime-seconds", str(args.retime_seconds)] if args.retime_seconds is not None else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
     started = time.monotonic()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    # from the output's folder: python -c puts its working directory first on the path, and a run from a checkout
+    # would import that checkout's autoprec, whatever PYTHONPATH says (every --before run did so until 2026-11-29)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, cwd=out.parent)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"search of {name} with {code} exited {done.returncode}: {done.stderr[-2000:]}")
+    imported = Path(done.stderr.splitlines()[0])
+    if not imported.is_relative_to(code.resolve()):
+        raise RuntimeError(f"the search meant to run {code}'s autoprec ran {imported}")
     search = json.loads((out / "pareto.json").read_text())["search"]
     stages = search["stage_seconds"]
     outside = wall - sum(stages.get(stage, 0.0) for stage in SEARCHING)
