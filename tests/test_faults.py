@@ -203,24 +203,38 @@ def test_a_script_without_a_main_guard_is_told_so_not_left_hanging(tmp_path):
         "a script that calls autoprec.search must call it under 'if __name__ == \"__main__\":'"), done.stderr[-2000:]
 
 
-def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_path):
+def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_path, monkeypatch):
     """multiprocessing refuses to start a worker from a script without a __main__ guard; that error is
     what the user sees, not one from cleaning up a process that never started."""
     import multiprocessing
 
     from autoprec.measure.isolation import IsolatedMeasurer, Limits
 
-    class Unstartable:
-        def __init__(self, *args, **kwargs):
-            pass
+    def unstartable(process):
+        raise RuntimeError("An attempt has been made to start a new process before the current process has finished")
 
-        def start(self):
-            raise RuntimeError(
-                "An attempt has been made to start a new process before the current process has finished"
-            )
-
+    monkeypatch.setattr(multiprocessing.get_context("spawn").Process, "start", unstartable)
     measurer = IsolatedMeasurer("ort-cpu", [], None, Limits(60), tmp_path / "stderr.log")
-    measurer.context = type("Context", (), {"Pipe": staticmethod(multiprocessing.Pipe), "Process": Unstartable})()
     with pytest.raises(RuntimeError, match="finished"):
         with measurer:
             measurer.start()
+
+
+def test_a_search_stopped_before_its_workers_get_their_data_leaves_no_worker_behind(tmp_path, monkeypatch):
+    """The worker processes start while the search calibrates; a search that stops there (a calibration that
+    fails) ends them with it, its error the one the user sees."""
+    import multiprocessing
+
+    import autoprec.app.search
+
+    model, data = builders.conv_with_data(tmp_path, items=4)
+
+    def calibration_fails(*args, **kwargs):
+        assert multiprocessing.active_children(), "no worker was started before the calibration"
+        raise autoprec.AutoprecError("the calibration failed")
+
+    monkeypatch.setattr(autoprec.app.search, "shared_inputs", calibration_fails)
+    with pytest.raises(autoprec.AutoprecError, match="the calibration failed"):
+        autoprec.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), out=tmp_path / "out",
+                                              study=autoprec.StudySpec(budget=2)))
+    assert not multiprocessing.active_children()

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from typing import Sequence
 
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import remove_made, removed_if_refused
@@ -20,8 +21,15 @@ from autoprec.core.timing import Stages
 from autoprec.measure.accuracy import decision_changes
 from autoprec.measure.confirmation import held_out_judge
 from autoprec.measure.deployment import deploy_plan, time_front_across
+from autoprec.measure.isolation import Spawned
 from autoprec.measure.measurement import screening_batches
-from autoprec.measure.measurers import MeasurerInputs, MeasurerSettings, Measuring, start_measurers
+from autoprec.measure.measurers import (
+    MeasurerInputs,
+    MeasurerSettings,
+    Measuring,
+    spawn_workers,
+    start_measurers,
+)
 from autoprec.record.trial import Retiming
 from autoprec.results import console
 from autoprec.results.files import (
@@ -134,8 +142,10 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     try:
         with contextlib.ExitStack() as stack:
             with stages.timed("set_up"):
+                settings = _measurer_settings(config, setup)
+                spawned = spawn_workers(settings, stack)
                 shared = shared_inputs(config, setup, joined)
-                measuring = _start_measurers(config, setup, shared, stack)
+                measuring = _start_measurers(config, setup, settings, shared, stack, spawned)
             with stages.timed("sensitivity"):
                 warm = _warm_start(config, setup, joined, shared, measuring)
             outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing,
@@ -157,19 +167,21 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
                       config.engine.device if setup.engine.uses_device else None)
 
 
-def _start_measurers(config: SearchConfig, setup: Setup, shared: Shared,
-                     stack: contextlib.ExitStack) -> Measuring:
+def _measurer_settings(config: SearchConfig, setup: Setup) -> MeasurerSettings:
     engine, isolation = config.engine, config.isolation
-    settings = MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache,
-                                isolation.isolate,
-                                isolation.trial_timeout, isolation.trial_memory_gb, setup.workers,
-                                config.study.proposals)
+    return MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
+                            isolation.trial_timeout, isolation.trial_memory_gb, setup.workers,
+                            config.study.proposals)
+
+
+def _start_measurers(config: SearchConfig, setup: Setup, settings: MeasurerSettings, shared: Shared,
+                     stack: contextlib.ExitStack, spawned: Sequence[Spawned]) -> Measuring:
     inputs = MeasurerInputs(setup.dataset.evaluation, setup.dataset.workload, shared.judge,
                             shared.ranking,
                             shared.lowering, config.space.method)
     return start_measurers(settings, setup.engine, setup.engine_info, inputs,
                            shared.baseline.seconds,
-                           setup.metric.user_function is not None, stack)
+                           setup.metric.user_function is not None, stack, spawned)
 
 
 def _after_failure(config: SearchConfig, setup: Setup, joined: Joined) -> None:

@@ -164,6 +164,32 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+@dataclass
+class Spawned:
+    """A worker process started before what it measures is known: its interpreter and imports (about
+    a second) overlap the search's calibration instead of following it. It waits for its data."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: multiprocessing.connection.Connection
+
+    def kill(self) -> None:
+        """Ends the worker, unless a measurer took it and ended it already."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+
+
+def spawn_worker(stderr_log: Path) -> Spawned:
+    """A worker process started, its stderr to ``stderr_log`` (made anew), waiting for its data."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    os.close(untrusted.fresh_file(stderr_log))
+    process = context.Process(target=_worker, args=(child, str(stderr_log)), daemon=True)
+    process.start()
+    child.close()  # the worker's end, here: a worker gone makes a send fail, not wait
+    return Spawned(process, parent)
+
+
 class IsolatedMeasurer(Measurer):
     """``measure(model)`` in a worker process, within ``limits``. Use as a context manager."""
 
@@ -189,21 +215,16 @@ class IsolatedMeasurer(Measurer):
         self.args = (backend_name, device, cache_dir, device_lock, list(batches), judge, lowering,
                      threads, work)
         self.limits = limits
-        self.context = multiprocessing.get_context("spawn")
         self.process = None
         self.conn = None
         self.stderr = Path(stderr_log)
 
-    def start(self) -> None:
-        """Start the worker now (it also starts on demand, and again after a crash)."""
-        parent, child = self.context.Pipe()
-        os.close(untrusted.fresh_file(self.stderr))
-        process = self.context.Process(target=_worker, args=(child, str(self.stderr)), daemon=True)
+    def start(self, spawned: Spawned | None = None) -> None:
+        """Start the worker now (it also starts on demand, and again after a crash), or give its data
+        to one ``spawned`` earlier with this measurer's stderr log."""
         # where this raises, no unstarted process is kept to kill
-        process.start()
-        self.process = process
-        child.close()  # the worker's end, here: a worker gone makes a send fail, not wait
-        self.conn = parent
+        spawned = spawned or spawn_worker(self.stderr)
+        self.process, self.conn = process, parent = spawned.process, spawned.conn
         try:
             parent.send(self.args)
         except OSError:  # it died starting: said below, with its exit

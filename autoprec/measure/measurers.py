@@ -5,6 +5,7 @@ built."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -21,8 +22,10 @@ from autoprec.measure.isolation import (
     IsolatedMeasurer,
     Limits,
     MeasurerPool,
+    Spawned,
     TrialCrash,
     device_lock_path,
+    spawn_worker,
 )
 from autoprec.measure.measurement import InProcessMeasurer, Lowering, Measurer
 from autoprec.record.trial import EngineInfo
@@ -77,16 +80,17 @@ class MeasurerInputs:
 
 def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: EngineInfo,
                     inputs: MeasurerInputs,
-                    seconds: dict[str, float], user_metric: bool, stack: contextlib.ExitStack) -> Measuring:
-    """The target's measurer(s) and the reference executor, started; ``seconds``: the one-time costs
-    so far (the workers' start is added); ``user_metric``: the metric is the user's code, judged
-    once here before any trial."""
+                    seconds: dict[str, float], user_metric: bool, stack: contextlib.ExitStack,
+                    spawned: Sequence[Spawned] = ()) -> Measuring:
+    """The target's measurer(s) and the reference executor, started (the workers ``spawned`` earlier
+    taken); ``seconds``: the one-time costs so far (the workers' start is added); ``user_metric``:
+    the metric is the user's code, judged once here before any trial."""
     one_time = dict(seconds)
     limits = None
     if settings.isolate:
         limits = Limits.default(settings.trial_timeout, settings.trial_memory_gb, settings.workers)
         measurer: Measurer = _isolated_measurers(settings, engine_info, inputs, limits, stack,
-                                                 one_time)
+                                                 one_time, spawned)
     else:
         measurer = InProcessMeasurer(engine, inputs.evaluation, inputs.judge, inputs.ranking,
                                      inputs.lowering,
@@ -102,25 +106,42 @@ def start_measurers(settings: MeasurerSettings, engine: Backend, engine_info: En
     return Measuring(measurer, limits, reference, executor, judged_on_target, per_build, one_time)
 
 
+def worker_log(cache: Path, worker: int) -> Path:
+    """Where the search's ``worker``-th worker process writes its stderr."""
+    return cache / f"worker{'' if worker == 0 else f'-{worker}'}-stderr.log"
+
+
+def spawn_workers(settings: MeasurerSettings, stack: contextlib.ExitStack) -> list[Spawned]:
+    """The worker processes :func:`start_measurers` will give their data to, started now (none without
+    isolation), so that their start-up overlaps the search's calibration; ended with ``stack`` where
+    no measurer took them."""
+    if not settings.isolate:
+        return []
+    spawned = [spawn_worker(worker_log(settings.cache, i)) for i in range(settings.workers)]
+    for each in spawned:
+        stack.callback(each.kill)
+    return spawned
+
+
 def _isolated_measurers(settings: MeasurerSettings, engine_info: EngineInfo, inputs: MeasurerInputs,
                         limits: Limits,
-                        stack: contextlib.ExitStack, one_time: dict[str, float]) -> Measurer:
-    """``settings.workers`` worker processes measuring candidates, started (the time it took in
-    ``one_time``)."""
+                        stack: contextlib.ExitStack, one_time: dict[str, float],
+                        spawned: Sequence[Spawned]) -> Measurer:
+    """``settings.workers`` worker processes measuring candidates (those ``spawned`` given their
+    data), started (the time it took in ``one_time``)."""
     lock = FileLock(device_lock_path(settings.backend, settings.device)).check()
     measurers = [
         stack.enter_context(IsolatedMeasurer(
-            settings.backend, inputs.evaluation, inputs.judge, limits,
-            settings.cache / f"worker{'' if i == 0 else f'-{i}'}-stderr.log", settings.device,
-            settings.cache, lock,
+            settings.backend, inputs.evaluation, inputs.judge, limits, worker_log(settings.cache, i),
+            settings.device, settings.cache, lock,
             inputs.lowering, settings.threads, inputs.work,
         ))
         for i in range(settings.workers)
     ]
     t0 = time.monotonic()
     try:
-        for each in measurers:
-            each.start()
+        for each, early in itertools.zip_longest(measurers, spawned[:len(measurers)]):
+            each.start(early)
     except TrialCrash as exc:
         raise AutoprecError(f"the worker that measures candidates did not start ({exc}); give it "
                             "more room (--trial-memory, at least 1 GB) or check the engine's "
