@@ -32,7 +32,7 @@ from autoprec.core.errors import AutoprecError
 from autoprec.core.plan import Precision
 from autoprec.core.search_space import SearchSpace, load_search_space
 from autoprec.lower import Int4Form
-from autoprec.lower.int4 import keep_kernels
+from autoprec.lower.int4 import keep_kernels, valid_kernels
 from autoprec.measure.accuracy import Judge, Metric
 from autoprec.measure.int4_kernels import int4_kernels, said
 from autoprec.measure.measurement import Lowering, Screen
@@ -232,8 +232,8 @@ def _int4_kernels(setup: Setup, joined: Joined, lowering: Lowering) -> dict[str,
         return None
     with joined.locks.hold("int4 kernels"):
         # one kernel for the whole study: its other workers and resumed runs take the first's
-        measured = joined.study.user_attrs.get(KERNELS_ATTR)
-        if isinstance(measured, dict):
+        measured = valid_kernels(joined.study.user_attrs.get(KERNELS_ATTR))
+        if measured is not None:
             keep_kernels(info.stored.folder, measured)
         else:
             measured = int4_kernels(engine, setup.engine_info, info, lowering, setup.dataset.workload)

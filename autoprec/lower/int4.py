@@ -212,9 +212,21 @@ def kept_accuracy_level(folder: str | Path) -> int:
 
 def kept_kernels(folder: str | Path) -> dict | None:
     """What :func:`keep_kernels` kept beside the model in ``folder``; None where nothing valid is."""
-    kept = atomic.read_keyed(Path(folder) / DERIVED / KERNELS_FILE, KERNELS_FILE)
-    level = kept.get("accuracy_level") if kept else None
-    return kept if type(level) is int and level in ACCURACY_LEVELS else None
+    return valid_kernels(atomic.read_keyed(Path(folder) / DERIVED / KERNELS_FILE, KERNELS_FILE))
+
+
+def valid_kernels(found: object) -> dict | None:
+    """``found`` where it is a kernel measurement as :mod:`autoprec.measure.int4_kernels` writes one (its
+    level, the engine, the timed ratio), else None: a file or a study attribute someone edited is
+    measured again, not read into a KeyError or a level no kernel has."""
+    try:
+        level, engine, timed = found["accuracy_level"], found["engine"], found["integer_over_float"]
+        figures = [timed[k] for k in ("speedup", "low", "high")]
+    except (KeyError, TypeError):
+        return None
+    sound = (type(level) is int and level in ACCURACY_LEVELS and isinstance(engine, str)
+             and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in figures))
+    return found if sound else None
 
 
 def keep_kernels(folder: str | Path, measured: dict) -> None:
