@@ -131,9 +131,9 @@ def search(config: SearchConfig | str | os.PathLike, *,
 
 
 def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_known) -> SearchResult:
-    """:func:`search` for a checked configuration, in phases: set up, join the study, compute the
-    baseline every trial shares, start the measurers, the sensitivity pass, run and choose,
-    write."""
+    """:func:`search` for a checked configuration, in phases: set up, join the study, start the
+    worker processes, compute the baseline every trial shares (while they start), give the measurers
+    their data, the sensitivity pass, run and choose, write."""
     started, stages = time.monotonic(), Stages()
     with stages.timed("set_up"):
         setup = set_up(config)
