@@ -38,7 +38,7 @@ def int4_kernels(backend: Backend, engine: EngineInfo, info: ModelInfo, lowering
     kept for this engine, or measured now and kept."""
     key = engine_key(engine)
     kept = kept_kernels(info.stored.folder)
-    if kept is not None and kept.get("engine") == key:
+    if kept is not None and kept["engine"] == key:
         return kept
     all_int4 = lowering(backend, info.plan_at(Precision.INT4))
     models = {name: with_accuracy_level(all_int4, level) for name, level in zip((FLOAT, INTEGER), ACCURACY_LEVELS)}

@@ -23,6 +23,7 @@ from autoprec.core.fields import Fields
 from autoprec.core.plan import Plan
 from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import save_models
+from autoprec.lower.int4 import valid_kernels
 from autoprec.record.documents import (
     PARETO_SCHEMA,
     Header,
@@ -281,7 +282,7 @@ class HowMeasured:
             dict(facts.get("constants") or {}), tuple(facts.get("out_of_range", [])),
             calibration, search.profile, facts.get("spec"), header.engine.backend,
             search.metric, search.max_loss, search.judged_shapes,
-            kernels if isinstance(kernels := facts.get("int4_kernels"), dict) else None,
+            valid_kernels(facts.get("int4_kernels")),
         )
 
 
