@@ -214,8 +214,9 @@ def speedup(reference: Sequence[float], candidate: Sequence[float],
         for half in (order[: len(order) // 2], order[len(order) // 2:]):
             part_low, part_high = t_interval(per_block[half], confidence)
             low, high = min(low, part_low), max(high, part_high)
-    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high), confidence,
-                                 len(blocks),
+    # (sessions far apart, two blocks to a half: a 99.9 % interval's log width can pass a float's)
+    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high) if high < 709 else math.inf,
+                                 confidence, len(blocks),
                                  len(per_block), bool(unsteady))
 
 def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
