@@ -84,8 +84,8 @@ def time_until_known(
     block, until the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow`,
     each ``deciding`` pair is :meth:`Rounds.decided` or :func:`no_faster` (what the choice rests on
     is known; the other pairs are claims stated with the interval they have), or ``seconds`` pass
-    (after MIN_BLOCKS at least, however long those take: a slow model is known by its rounds, not by a clock), or
-    MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in
+    (after MIN_BLOCKS at least, however long those take: a slow model is known by its rounds, not by
+    a clock), or MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in
     every round: every round is a block."""
     timings: dict[str, list[Timing]] = {name: [] for name in models}
     blocks: list[int] = []
@@ -125,7 +125,8 @@ def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tu
         return True
     if deciding and all(found.decided(a, b) for a, b in deciding):
         return True
-    if deciding and all(found.decided(a, b) or no_faster(found, a, b) for a, b in deciding) and bounded(found, pairs):
+    settled = all(found.decided(a, b) or no_faster(found, a, b) for a, b in deciding)
+    if deciding and settled and bounded(found, pairs):
         return True
     return blocks >= NARROW_BLOCKS and all(found.speedup(a, b).narrow for a, b in pairs)
 

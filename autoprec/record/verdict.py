@@ -215,8 +215,8 @@ def speedup(reference: Sequence[float], candidate: Sequence[float],
             part_low, part_high = t_interval(per_block[half], confidence)
             low, high = min(low, part_low), max(high, part_high)
     # (sessions far apart, two blocks to a half: a 99.9 % interval's log width can pass a float's)
-    return Speedup.with_interval(math.exp(centre), math.exp(low), math.exp(high) if high < 709 else math.inf,
-                                 confidence, len(blocks),
+    top = math.exp(high) if high < 709 else math.inf
+    return Speedup.with_interval(math.exp(centre), math.exp(low), top, confidence, len(blocks),
                                  len(per_block), bool(unsteady))
 
 def t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:

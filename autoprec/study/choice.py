@@ -247,8 +247,8 @@ def timed_until_known(measurer: Measurer, fp32: TrialRecord, contenders: Sequenc
         f"timing the chosen plan (trial {chosen.number}){beside} beside all-FP32 and the given "
         f"model until the speed-ups are known ({verdict.CONFIDENCE:.0%} interval within "
         f"{verdict.NARROW:.0%}, or each plan's {verdict.DECIDED_CONFIDENCE:.1%} interval above or "
-        f"below 1, or it ran no faster than all-FP32; every model's session built anew for each of {speedup.MIN_BLOCKS} or more "
-        f"blocks of rounds, then up to {seconds:.3g} s)"
+        f"below 1, or it ran no faster than all-FP32; every model's session built anew for each "
+        f"of {speedup.MIN_BLOCKS} or more blocks of rounds, then up to {seconds:.3g} s)"
     )
     return measurer.time_compared(fp32.plan, [r.plan for r in contenders], seconds, apart)
 
@@ -313,11 +313,13 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
     )
     not_shipped = None
     if chosen.plan.key() != fp32.plan.key() and not versus_fp32.beyond_timing_noise and not within_noise:
-        unknown = "" if versus_fp32.narrow else (
-            f"; it ran no faster in the final timing's {versus_fp32.rounds} rounds "
-            f"({versus_fp32.blocks} sessions), which stopped there" if versus_fp32.speedup <= 1.0 else
-            f"; the final timing could not narrow it in {versus_fp32.rounds} rounds "
-            f"({versus_fp32.blocks} sessions): {verdict.ADVICE}")
+        spent = f"{versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions)"
+        if versus_fp32.narrow:
+            unknown = ""
+        elif versus_fp32.speedup <= 1.0:
+            unknown = f"; it ran no faster in the final timing's {spent}, which stopped there"
+        else:
+            unknown = f"; the final timing could not narrow it in {spent}: {verdict.ADVICE}"
         not_shipped = NotShipped(chosen.number, versus_fp32, (
             f"not faster than all-FP32 beyond timing noise ({versus_fp32.text()}): best/ holds the "
             f"all-FP32 plan (--ship-within-noise ships it anyway){unknown}"))
