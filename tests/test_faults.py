@@ -220,6 +220,43 @@ def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_p
             measurer.start()
 
 
+def test_a_worker_alive_but_not_reading_its_data_is_a_start_past_its_time_limit_not_a_hang(tmp_path, monkeypatch):
+    """The data a worker is sent (the evaluation batches) is more than a pipe holds: a worker stuck before it reads
+    (its interpreter starting, say) blocked the search's send for ever, the start's time limit never reached."""
+    import multiprocessing
+    import threading
+    from types import SimpleNamespace
+
+    from autoprec.measure import isolation
+
+    monkeypatch.setattr(isolation, "STARTUP_SECONDS", 2.0)
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    stuck = context.Process(target=time.sleep, args=(600,), daemon=True)  # alive, never reads
+    stuck.start()  # (its end of the pipe stays open here, unread, as a stuck worker's would)
+    batches = [{"x": np.zeros((4, 1 << 20), np.float32)}]  # 16 MiB
+    judge = SimpleNamespace(metric=SimpleNamespace(user_function=None))
+    measurer = isolation.IsolatedMeasurer("ort-cpu", batches, judge, isolation.Limits(60), tmp_path / "stderr.log")
+    (tmp_path / "stderr.log").write_text("")
+    raised = []
+
+    def start():
+        try:
+            measurer.start(isolation.Spawned(stuck, parent))
+        except Exception as exc:  # noqa: BLE001 - what it raised is the test's to check
+            raised.append(exc)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(60)
+    try:
+        assert not starting.is_alive(), "the start hung in its send"
+        assert len(raised) == 1 and isinstance(raised[0], isolation.TrialCrash), raised
+    finally:
+        stuck.kill()
+        child.close()
+
+
 def test_a_search_stopped_before_its_workers_get_their_data_leaves_no_worker_behind(tmp_path, monkeypatch):
     """The worker processes start while the search calibrates; a search that stops there (a calibration that
     fails) ends them with it, its error the one the user sees."""

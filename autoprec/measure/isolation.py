@@ -22,6 +22,7 @@ import os
 import queue
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +165,13 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+def _sent(conn: multiprocessing.connection.Connection, data: tuple) -> None:
+    try:
+        conn.send(data)
+    except OSError:  # the worker died starting: said by the start, with its exit
+        pass
+
+
 @dataclass
 class Spawned:
     """A worker process started before what it measures is known: its interpreter and imports (about
@@ -225,10 +233,9 @@ class IsolatedMeasurer(Measurer):
         # where this raises, no unstarted process is kept to kill
         spawned = spawned or spawn_worker(self.stderr)
         self.process, self.conn = process, parent = spawned.process, spawned.conn
-        try:
-            parent.send(self.args)
-        except OSError:  # it died starting: said below, with its exit
-            pass
+        # from a thread: a worker alive but not reading (stuck starting) would block a send of more
+        # than the pipe holds for ever; so the start's time limit holds, and the kill ends the send
+        threading.Thread(target=_sent, args=(parent, self.args), daemon=True).start()
         try:
             self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
         except TrialCrash:
