@@ -21,7 +21,8 @@ def pytest_xdist_auto_num_workers(config):
     own (a search's workers starting, killed, timed out; a study's heartbeat; a signal's delivery),
     and the extra process fills those waits: on 2 cores 516 to 535 s in three runs, against 517 to
     647 s in nine with one per core (2026-11-29)."""
-    return (os.cpu_count() or 1) + 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1
 
 
 @pytest.fixture(autouse=True)
