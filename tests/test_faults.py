@@ -257,6 +257,19 @@ def test_a_worker_alive_but_not_reading_its_data_is_a_start_past_its_time_limit_
         child.close()
 
 
+def test_data_a_worker_cannot_be_sent_is_the_starts_own_error_at_once(tmp_path):
+    """What cannot be pickled for the worker (a judge made of a lambda, through the Python API) fails the start
+    there and then, as the send's own error: not a worker waiting out the start's time limit for data never sent."""
+    from autoprec.measure import isolation
+
+    measurer = isolation.IsolatedMeasurer("ort-cpu", [], lambda: 0, isolation.Limits(60), tmp_path / "stderr.log")
+    started = time.monotonic()
+    with pytest.raises(Exception, match="pickle"):
+        with measurer:
+            measurer.start()
+    assert time.monotonic() - started < isolation.STARTUP_SECONDS / 4
+
+
 def test_a_search_stopped_before_its_workers_get_their_data_leaves_no_worker_behind(tmp_path, monkeypatch):
     """The worker processes start while the search calibrates; a search that stops there (a calibration that
     fails) ends them with it, its error the one the user sees."""

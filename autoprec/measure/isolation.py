@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Sequence
 
@@ -165,9 +166,9 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _sent(conn: multiprocessing.connection.Connection, data: tuple) -> None:
+def _sent(conn: multiprocessing.connection.Connection, data: memoryview) -> None:
     try:
-        conn.send(data)
+        conn.send_bytes(data)  # (received by conn.recv(), which unpickles it)
     except OSError:  # the worker died starting: said by the start, with its exit
         pass
 
@@ -233,9 +234,11 @@ class IsolatedMeasurer(Measurer):
         # where this raises, no unstarted process is kept to kill
         spawned = spawned or spawn_worker(self.stderr)
         self.process, self.conn = process, parent = spawned.process, spawned.conn
-        # from a thread: a worker alive but not reading (stuck starting) would block a send of more
-        # than the pipe holds for ever; so the start's time limit holds, and the kill ends the send
-        threading.Thread(target=_sent, args=(parent, self.args), daemon=True).start()
+        # pickled here (what cannot be is this call's error), sent from a thread: a worker alive but
+        # not reading (stuck starting) would block a send of more than the pipe holds for ever; so
+        # the start's time limit holds, and the kill ends the send
+        data = ForkingPickler.dumps(self.args)
+        threading.Thread(target=_sent, args=(parent, data), daemon=True).start()
         try:
             self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
         except TrialCrash:
