@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one test process more than the cores. Many tests wait on child processes of their
     own (a search's workers starting, killed, timed out; a study's heartbeat; a signal's delivery),
-    and the extra process fills those waits: on 2 cores 516 to 541 s in four runs, against 517 to
+    and the extra process fills those waits: on 2 cores 516 to 588 s in five runs, against 517 to
     647 s in nine with one per core (2026-11-29)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cores + 1
