@@ -82,11 +82,11 @@ def time_until_known(
 ) -> Rounds:
     """``models`` timed in blocks of interleaved rounds, every model's session built anew for each
     block, until the speed-up of each (reference, candidate) name pair is :attr:`Speedup.narrow`,
-    each ``deciding`` pair is :meth:`Rounds.decided` or :func:`no_faster` (what the choice rests on
-    is known; the other pairs are claims stated with the interval they have), or ``seconds`` pass
-    (after MIN_BLOCKS at least, however long those take: a slow model is known by its rounds, not by
-    a clock), or MAX_BLOCKS. Engines too large to keep several (``apart``) are each built anew for their turn in
-    every round: every round is a block."""
+    each ``deciding`` pair is :meth:`Rounds.decided` or :attr:`Speedup.no_faster` (what the choice
+    rests on is known; the other pairs are claims stated with the interval they have), or
+    ``seconds`` pass (after MIN_BLOCKS at least, however long those take: a slow model is known by
+    its rounds, not by a clock), or MAX_BLOCKS. Engines too large to keep several (``apart``) are
+    each built anew for their turn in every round: every round is a block."""
     timings: dict[str, list[Timing]] = {name: [] for name in models}
     blocks: list[int] = []
     load: list[float | None] = []
@@ -115,28 +115,24 @@ def bounded(found: Rounds, pairs: Sequence[tuple[str, str]]) -> bool:
 
 def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tuple[str, str]] = ()) -> bool:
     """Whether the timing may stop: MIN_BLOCKS run, and each ``deciding`` pair
-    :meth:`Rounds.decided`, or each decided or :func:`no_faster` with every interval
-    :func:`bounded`, or (from NARROW_BLOCKS on) every pair's interval :attr:`Speedup.narrow`."""
+    :meth:`Rounds.decided`, or each decided or :attr:`Speedup.no_faster` with every interval
+    :func:`bounded` (a plan that saves nothing on this machine, INT8 on a CPU without fast INT8
+    kernels, costs MIN_BLOCKS blocks where the machine is steady), or (from NARROW_BLOCKS on) every
+    pair's interval :attr:`Speedup.narrow`."""
     blocks = len(set(found.blocks))
     if blocks < MIN_BLOCKS:
         return False
     # nothing compared (the chosen plan is all-FP32, and there is no given model to time it beside)
     if not pairs:
         return True
-    if deciding and all(found.decided(a, b) for a, b in deciding):
-        return True
-    settled = all(found.decided(a, b) or no_faster(found, a, b) for a, b in deciding)
-    if deciding and settled and bounded(found, pairs):
-        return True
+    if deciding:
+        decided = [found.decided(a, b) for a, b in deciding]
+        if all(decided):
+            return True
+        settled = all(d or found.speedup(a, b).no_faster for d, (a, b) in zip(decided, deciding))
+        if settled and bounded(found, pairs):
+            return True
     return blocks >= NARROW_BLOCKS and all(found.speedup(a, b).narrow for a, b in pairs)
-
-
-def no_faster(found: Rounds, reference: str, candidate: str) -> bool:
-    """Whether the candidate ran no faster than the reference in the blocks so far: it ships only
-    beyond timing noise, which more blocks would first have to turn its ratio round for: a plan
-    that saves nothing on this machine (INT8 on a CPU without fast INT8 kernels) costs MIN_BLOCKS
-    blocks where the machine is steady, not NARROW_BLOCKS or more."""
-    return found.speedup(reference, candidate).speedup <= 1.0
 
 
 def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload,

@@ -106,6 +106,12 @@ class Speedup:
         """Known: an interval no wider than NARROW."""
         return self.low is not None and self.low > 0 and self.high / self.low - 1.0 <= NARROW
 
+    @property
+    def no_faster(self) -> bool:
+        """The candidate ran no faster than the reference: it ships only beyond timing noise, which
+        more rounds would first have to turn its ratio round for (a final timing stops there)."""
+        return self.speedup <= 1.0
+
     @classmethod
     def from_json(cls, f: Fields) -> Speedup:
         """A speed-up as written (checked): its interval where the final timing measured one."""

@@ -316,7 +316,7 @@ def shipped_or_fp32(timed: FinalRounds, fp32: TrialRecord, within_noise: bool) -
         spent = f"{versus_fp32.rounds} rounds ({versus_fp32.blocks} sessions)"
         if versus_fp32.narrow:
             unknown = ""
-        elif versus_fp32.speedup <= 1.0:
+        elif versus_fp32.no_faster:
             unknown = f"; it ran no faster in the final timing's {spent}, which stopped there"
         else:
             unknown = f"; the final timing could not narrow it in {spent}: {verdict.ADVICE}"
