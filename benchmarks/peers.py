@@ -300,54 +300,60 @@ def best_within(trials) -> float | None:
 GPU_ROUNDS = 8
 
 
-def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
-    """AutoCast's FP16 model of each zoo model at each batch, in ``folder`` (with what it took, in autocast.json)."""
-    import modelopt
+AUTOCAST_CALL = ("convert_to_mixed_precision(path, low_precision_type='fp16', keep_io_types=True, "
+                 "calibration_data=<a folder holding the batch's calibration half as one .npz>)")
+
+
+def autocast_converted(model_path: Path, data: Path, shapes: dict, folder: Path, key: str) -> tuple[onnx.ModelProto, float]:
+    """ModelOpt AutoCast's FP16 model of ``model_path`` (fed ``data`` at ``shapes``) and the seconds it took, the
+    model prepared as a search prepares it (a scalar input such as silero's sr fed its value) and the preparation
+    counted; its working files in ``folder`` under ``key`` removed after."""
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
     from autoprec.analysis.baseline import load_inputs
-    from autoprec.core import atomic
     from autoprec.core.search_space import load_search_space
     from autoprec.core.stored import save_models
+
+    started = time.monotonic()
+    fp32, calibration = folder / f"{key}.fp32.onnx", folder / f"{key}.calibration"
+    try:
+        info, dataset, _ = load_inputs(model_path, load_search_space(), data, shapes)
+        save_models({fp32: info.stored}, data=f"{fp32.name}.data")  # self-contained: AutoCast reads the file
+        # a folder of one .npz is fed as that one batch; a lone .npz would be split by ModelOpt's
+        # CalibrationDataProvider, which fails on a scalar input (silero's sr)
+        calibration.mkdir(exist_ok=True)
+        np.savez(calibration / "batch.npz", **dataset.calibration[0])
+        converted = convert_to_mixed_precision(str(fp32), "fp16", keep_io_types=True, calibration_data=str(calibration))
+        return converted, time.monotonic() - started
+    finally:
+        for leftover in (fp32, folder / f"{fp32.name}.data"):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(calibration, ignore_errors=True)
+
+
+def export_autocast(folder: Path, models: list[str], batches: list[int]) -> int:
+    """AutoCast's FP16 model of each zoo model at each batch, in ``folder`` (with what it took, in autocast.json)."""
+    import modelopt
+
+    from autoprec.core import atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     earlier = (
         json.loads((folder / "autocast.json").read_text())["models"] if (folder / "autocast.json").exists() else {}
     )
-    record = {
-        "modelopt": modelopt.__version__,
-        "onnx": onnx.__version__,
-        "call": "convert_to_mixed_precision(path, "
-        "low_precision_type='fp16', keep_io_types=True, calibration_data=<a folder holding the batch's calibration half "
-        "as one .npz>)",
-        "models": earlier,
-    }
+    record = {"modelopt": modelopt.__version__, "onnx": onnx.__version__, "call": AUTOCAST_CALL, "models": earlier}
     for name in models:
         for batch in batches:
             key = f"{name}-b{batch}"
             print(f"[autocast {key}] …", file=sys.stderr, flush=True)
-            started = time.monotonic()
             try:
-                model_path, data, shapes = batch_data(name, batch, folder)
-                # prepared as the search prepares it (a scalar input such as silero's sr fed its value)
-                info, dataset, _ = load_inputs(model_path, load_search_space(), data, shapes)
-                fp32 = folder / f"{key}.fp32.onnx"
-                save_models({fp32: info.stored}, data=f"{fp32.name}.data")  # self-contained: AutoCast reads the file
-                # a folder of one .npz is fed as that one batch; a lone .npz would be split by ModelOpt's
-                # CalibrationDataProvider, which fails on a scalar input (silero's sr)
-                calibration = folder / f"{key}.calibration"
-                calibration.mkdir(exist_ok=True)
-                np.savez(calibration / "batch.npz", **dataset.calibration[0])
-                converted = convert_to_mixed_precision(str(fp32), "fp16", keep_io_types=True,
-                                                       calibration_data=str(calibration))
+                converted, seconds = autocast_converted(*batch_data(name, batch, folder), folder, key)
                 onnx.save(converted, folder / f"{key}.autocast.onnx")
                 casts = sum(n.op_type == "Cast" for n in converted.graph.node)
-                record["models"][key] = {"seconds": round(time.monotonic() - started, 1), "casts": casts}
+                record["models"][key] = {"seconds": round(seconds, 1), "casts": casts}
             except Exception as exc:  # noqa: BLE001 - a model AutoCast cannot convert is reported, not fatal
                 record["models"][key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            for leftover in (folder / f"{key}.fp32.onnx", folder / f"{key}.fp32.onnx.data", folder / f"{key}.npz"):
-                leftover.unlink(missing_ok=True)
-            shutil.rmtree(folder / f"{key}.calibration", ignore_errors=True)
+            (folder / f"{key}.npz").unlink(missing_ok=True)
             atomic.write_json(folder / "autocast.json", record)
     print(json.dumps(record, indent=1))
     return 0

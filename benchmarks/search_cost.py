@@ -4,11 +4,11 @@ Per model, in one run: ``autoprec search MODEL --budget B`` as a user runs it (a
 its wall clock from outside (import and writing included) and ``pareto.json``'s ``search.stage_seconds``; the share
 of the wall outside the sensitivity pass and the trials (set-up, re-timing, held-out judging and final timing,
 deployment, writing: what issue 68 holds to 35 %); and beside it ONNX Runtime's ``quantize_static`` (QDQ, the same
-calibration batches) converting the same model, and ModelOpt's AutoCast where ``nvidia-modelopt`` is installed
-(on the GPU machine). With ``--before DIR`` (a checkout of older code, e.g. ``git worktree add``), each model is
+calibration batches) converting the same model, and ModelOpt's AutoCast (its FP16 conversion, the same call as
+benchmarks/peers.py's) where ``nvidia-modelopt`` is installed (on the GPU machine: ``--batch 32 --backend ort-cuda``). With ``--before DIR`` (a checkout of older code, e.g. ``git worktree add``), each model is
 also searched with that code, the two runs alternating, so that each stage reads before and after in one run.
 
-    python -m benchmarks search_cost [--models ppocr-cls yolov8n ppocr-rec] [--budget 16] [--before DIR]
+    python -m benchmarks search_cost [--models ppocr-cls yolov8n ppocr-rec] [--budget 16] [--before DIR] [--batch N]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from _harness import (  # noqa: E402
     resolve,
     run_models,
 )
+from gpu import batch_data  # noqa: E402
+from peers import AUTOCAST_CALL, autocast_converted  # noqa: E402
 
 from autoprec.backends import get_backend  # noqa: E402
 
@@ -44,9 +46,18 @@ QUICK = {"models": [TINY], "budget": 2, "retime_seconds": QUICK_RETIME}
 SEARCHING = ("sensitivity", "trials")  # what a search is for; every other stage is its fixed cost
 
 
+def source(name: str, batch: int | None, folder: Path) -> tuple[str, Path | None, dict | None]:
+    """What the searches and the peers are given: the zoo model with its own data, or (``batch``) its data at that
+    batch, as benchmarks/gpu.py gives it."""
+    if batch is None:
+        return model_source(name)
+    model, data, shapes = batch_data(name, batch, folder)
+    return str(model), data, shapes
+
+
 def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict:
     """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
-    model, data, shapes = model_source(name)
+    model, data, shapes = source(name, args.batch, out.parent)
     ran = "import sys, autoprec.app.cli as cli; print(cli.__file__, file=sys.stderr); raise SystemExit(cli.main())"
     command = [sys.executable, "-c", ran, "search", model,
                "--budget", str(args.budget), "--out", str(out), "--no-progress", "--backend", args.backend]
@@ -72,12 +83,17 @@ def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict
             "outside_searching_share": round(outside / wall, 3), "retiming": search.get("retiming")}
 
 
-def quantize_static_seconds(name: str, folder: Path) -> dict:
+def given(name: str, batch: int | None, folder: Path) -> tuple[Path, Path, dict]:
+    """The model file, data file and shapes the searches were given (see :func:`source`)."""
+    return batch_data(name, batch, folder) if batch is not None else resolve(name)[:3]
+
+
+def quantize_static_seconds(name: str, batch: int | None, folder: Path) -> dict:
     """ONNX Runtime's quantize_static (QDQ, per-channel) on the model, calibrated on its data: the whole-model tool's
     conversion time."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-    model, data, _, _ = resolve(name)
+    model, data, _ = given(name, batch, folder)
     inputs = {i.name for i in onnx.load(str(model), load_external_data=False).graph.input}
     with np.load(data) as arrays:
         items = {key: arrays[key] for key in arrays.files if key in inputs}  # not the labels
@@ -98,12 +114,19 @@ def quantize_static_seconds(name: str, folder: Path) -> dict:
     return {"seconds": round(time.monotonic() - started, 2)}
 
 
-def autocast_seconds() -> dict:
+def autocast_seconds(name: str, batch: int | None, folder: Path) -> dict:
+    """ModelOpt AutoCast's conversion of the same model at the same batch (its FP16 model, calibrated on the same
+    data), where nvidia-modelopt is installed: the time a user compares a search's with on the GPU machine."""
     try:
-        import modelopt.onnx.autocast  # noqa: F401
+        import modelopt
     except ImportError:
-        return {"not_run": "nvidia-modelopt is not installed here (AutoCast's figures: benchmarks/peers.py --gpu)"}
-    return {"not_run": "AutoCast's conversion time is taken on the GPU machine by benchmarks/peers.py --gpu"}
+        return {"not_run": "nvidia-modelopt is not installed here"}
+    try:
+        converted, seconds = autocast_converted(*given(name, batch, folder), folder, f"{name}-autocast")
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is a finding, not a crash
+        return {"failed": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"seconds": round(seconds, 2), "modelopt": modelopt.__version__, "call": AUTOCAST_CALL,
+            "casts": sum(n.op_type == "Cast" for n in converted.graph.node)}
 
 
 def run_model(name: str, args: argparse.Namespace) -> dict:
@@ -115,7 +138,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict:
             for label in order:
                 out = Path(tmp) / f"{label}-{repeat}"
                 runs[label].append(searched(codes[label], name, args, out))
-        peers = {"quantize_static": quantize_static_seconds(name, Path(tmp)), "autocast": autocast_seconds()}
+        peers = {"quantize_static": quantize_static_seconds(name, args.batch, Path(tmp)),
+                 "autocast": autocast_seconds(name, args.batch, Path(tmp))}
     found = {label: found for label, found in runs.items()}
     if "before" in found:
         ratio = [b["wall_seconds"] / a["wall_seconds"] for a, b in zip(found["after"], found["before"])]
@@ -131,14 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, help="a checkout of older code, searched beside (before and after)")
     parser.add_argument("--retime-seconds", type=float, default=None, help="the searches' (default: theirs)")
     parser.add_argument("--backend", default="ort-cpu", help="the searches' engine (ort-cuda on the GPU machine)")
+    parser.add_argument("--batch", type=int, default=None, help="the data's items at this batch (default: the zoo's)")
     args = parse_arguments(parser, argv, QUICK)
     report = Report("search_cost", args, get_backend(args.backend), budget=args.budget, models={})
     run_models(report, args.models, lambda name: run_model(name, args))
     print(f"\nsearch cost — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {args.budget}; JSON: {report.path}")
-    print(f"{'model':<10} {'code':<7} {'wall s':>7} {'outside':>8}   stages (s)   | quantize_static s")
+    print(f"{'model':<10} {'code':<7} {'wall s':>7} {'outside':>8}   stages (s)   | quantize_static s, AutoCast s")
     for name, found in report["models"].items():
         static = found["peers"]["quantize_static"].get("seconds", "failed")
+        static = f"{static}, {found['peers']['autocast'].get('seconds', 'not run')}"
         for label in ("before", "after"):
             for run in found.get(label, []):
                 stages = ", ".join(f"{k} {v:g}" for k, v in run["stage_seconds"].items())

@@ -57,7 +57,7 @@ def test_result_files_and_schema(conv_search):
     front = pareto["front"]
     assert front and [t["final_latency_ms"] for t in front] == sorted(t["final_latency_ms"] for t in front)
     fp32_number, retiming = pareto["uniform"]["fp32"], pareto["search"]["retiming"]
-    # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds: FP32 ran in every pairing
+    # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds
     assert all(len(t["retimed_ms"]) == 3 for t in front if t["trial"] != fp32_number)
     assert all(t["final_latency_ms"] == pytest.approx(statistics.median(t["retimed_ms"])) for t in front)
     # each plan's session built once, all-FP32's once for all of them (kept in the worker from plan to plan)
@@ -89,7 +89,8 @@ def test_result_files_and_schema(conv_search):
     versus = pareto["chosen_vs_fp32"]
     assert versus["fp32_trial"] == pareto["uniform"]["fp32"]
     fp32 = next(t for t in trials if t["trial"] == versus["fp32_trial"])
-    assert len(fp32["retimed_ms"]) == 3 * (len(retiming["retimed"]) - 1) and versus["retimed"]
+    # all-FP32 in each round beside the first plan re-timed, in the middle one beside each later plan
+    assert len(fp32["retimed_ms"]) == (3 + others - 1 if others else 0) and versus["retimed"]
     assert versus["speedup"] == pytest.approx(fp32["final_latency_ms"] / chosen["final_latency_ms"])
     assert versus["beyond_timing_noise"] == (max(chosen["retimed_ms"]) < min(fp32["retimed_ms"]))
     # How far the trials' latencies lie from their re-timing, over every re-timed plan.
@@ -361,7 +362,7 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     assert retiming.builds == 4 and not retiming.apart
 
 
-def test_a_kept_fp32_session_is_built_once_for_every_plan_retimed_beside_it_and_survives_a_failed_one():
+def test_a_kept_fp32_session_is_built_once_and_timed_once_for_every_later_plan_and_survives_a_failed_one():
     from autoprec.core.plan import Plan
     from autoprec.core.timing import Timing
     from autoprec.measure.measurement import KeptSession, time_paired
@@ -383,7 +384,11 @@ def test_a_kept_fp32_session_is_built_once_for_every_plan_retimed_beside_it_and_
     retiming = retime(trials, trials[0], pair, rounds=3)
     assert [model for kind, model in events if kind == "build"] == ["fp32", "fp16", "int8", "fp16"]
     assert max(n for kind, n in events if kind == "alive") == 2 and alive == ["fp32"]
-    assert retiming.builds == 3 and set(retiming.trials) == {0, 1, 3} and len(retiming.trials[0].retimed_ms) == 6
+    assert retiming.builds == 3 and set(retiming.trials) == {0, 1, 3}
+    # every round beside the first plan, the middle one beside each later plan: 4 runs of FP32, not 6
+    assert [e[1] for e in events if e[0] == "time"] == ["fp32", "fp16", "fp16", "fp32", "fp32", "fp16",
+                                                        "fp16", "fp16", "fp32", "fp16"]
+    assert retiming.trials[0].retimed_ms == (1, 4, 5, 9) and retiming.trials[3].retimed_ms == (7, 8, 10)
     assert kept.of("another reference") is None and alive == []  # another all-FP32 model: the kept one closed
 
 
@@ -719,3 +724,34 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     assert "int4 alone" in legends and ("int4" in legends) == fronted, legends
     for fig in drawn:
         assert figures.problems(fig) == [] and all("$" not in text for text in figures.tick_texts(fig))
+
+
+@pytest.mark.parametrize("name", ["ort-cuda", "ort-tensorrt"])
+def test_a_cuda_session_only_judged_picks_convolutions_by_heuristic_and_a_timed_one_searches_them(monkeypatch, name):
+    """cuDNN's exhaustive algorithm search (a deployment session's default) costs about a second at each new
+    shape's first run: paid where a session is timed, not where its outputs are only judged."""
+    from pathlib import Path
+
+    from autoprec.backends import onnxruntime as ort_backend
+    from autoprec.backends.onnxruntime import OrtCudaBackend, OrtTensorRTBackend
+
+    asked = []
+
+    class Session:
+        def get_providers(self):
+            return [engine.provider]
+
+        def get_outputs(self):
+            return []
+
+    def new_session(ort, model, options, providers):
+        asked.append({p[0]: p[1] for p in providers if isinstance(p, tuple)}["CUDAExecutionProvider"])
+        return Session(), ()
+
+    monkeypatch.setattr(ort_backend, "new_session", new_session)
+    engine = object.__new__(OrtCudaBackend if name == "ort-cuda" else OrtTensorRTBackend)  # no GPU needed
+    engine._ort, engine.device, engine.threads, engine.cache = None, 0, 0, Path("unused")
+    monkeypatch.setattr(type(engine), "session_options", lambda self: None)
+    engine.runner("timed"), engine.judging_runner("judged")
+    assert [a["cudnn_conv_algo_search"] for a in asked] == ["EXHAUSTIVE", "HEURISTIC"]
+

@@ -348,3 +348,23 @@ def test_a_sensitive_unit_kept_fp32_amid_an_fp16_region_is_charged_the_casts_at_
     assert gains["fp16"]["softmax"] == pytest.approx(2 / total)  # scores -> Cast -> softmax -> Cast -> context
     assert gains["fp16"]["ln_mean"] == pytest.approx(2 / total)  # one Cast into it, one out to its three readers
     assert all(g <= 0 for u, g in gains["fp16"].items() if not info.unit(u).sensitive)  # no node is faster here
+
+
+def test_a_loss_alone_is_judged_on_the_engines_judging_runner(conv_prepared):
+    from autoprec.backends import get_backend
+    from autoprec.core.plan import Precision
+    from autoprec.measure.accuracy import Judge, Metric
+    from autoprec.measure.measurement import accuracy_loss
+
+    class Counted(type(get_backend("ort-cpu"))):
+        judged = 0
+
+        def judging_runner(self, model):
+            Counted.judged += 1
+            return self.runner(model)
+
+    info, dataset, ranges, reference = conv_prepared
+    engine = Counted()
+    fp32 = engine.lower(info, info.plan_at(Precision.FP32), ranges)
+    loss = accuracy_loss(engine, fp32, dataset.evaluation[:1], Judge(Metric(), reference[:1]))
+    assert Counted.judged == 1 and loss == pytest.approx(0.0, abs=1e-6)

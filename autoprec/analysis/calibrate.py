@@ -166,7 +166,8 @@ class ActivationRanges:
             arrays[f"counts_{i}"] = np.array(r.counts, dtype=np.int64)
             if r.channel_power is not None:
                 arrays[f"power_{i}"] = r.channel_power
-        atomic.write_with(path, lambda f: np.savez_compressed(f, **arrays))
+        # not compressed: compressing took 0.4 s of a yolov8n search's set-up to keep 2 MB instead of 9
+        atomic.write_with(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: Path) -> ActivationRanges:

@@ -101,6 +101,12 @@ class Backend(abc.ABC):
         """A runner of an explicit-precision model: its session or engine built (loaded from a file
         beside its weights), run and timed through the runner, released when the runner closes."""
 
+    def judging_runner(self, model: StoredModel) -> Runner:
+        """A runner whose outputs are judged and never timed (the sensitivity pass's one-unit
+        plans): :meth:`runner`, unless the engine builds one that starts faster and computes the
+        same graph at the same precisions."""
+        return self.runner(model)
+
     def node_times(self, model: StoredModel, batch: Batch, runs: int = 10) -> dict[str, float] | None:
         """Seconds per run spent in each node of ``model`` (keyed by its node names; time the engine
         cannot attribute to one is under ``""``), from the engine's own profiler. None: no

@@ -317,12 +317,15 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
             versions,
         )
 
-    def session_providers(self) -> list:
-        return [(self.provider, {"device_id": self.device}), "CPUExecutionProvider"]
+    def session_providers(self, conv_search: str = "EXHAUSTIVE") -> list:
+        """``conv_search``: how cuDNN's convolution algorithms are chosen (ONNX Runtime's
+        ``cudnn_conv_algo_search``; EXHAUSTIVE, its default, is what a deployment's session does)."""
+        return [(self.provider, {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
+                "CPUExecutionProvider"]
 
-    def runner(self, model: StoredModel) -> OrtCudaRunner:
+    def runner(self, model: StoredModel, conv_search: str = "EXHAUSTIVE") -> OrtCudaRunner:
         session, left_off = new_session(self._ort, model, self.session_options(),
-                                        self.session_providers())
+                                        self.session_providers(conv_search))
         # ORT falls back to the CPU quietly: never time that as GPU
         if self.provider not in session.get_providers():
             raise BackendError(
@@ -330,6 +333,14 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
                 f"{session.get_providers()})"
             )
         return OrtCudaRunner(session, self.device, left_off)
+
+    def judging_runner(self, model: StoredModel) -> OrtCudaRunner:
+        """cuDNN's heuristic choice of convolution algorithms: the exhaustive search times every
+        algorithm at each convolution's first run at each shape, which buys speed, not other
+        outputs than the algorithms' own rounding (a yolov8n session's first run at batch 32 on an
+        H200: 1.1-1.2 s exhaustive, 0.2-0.3 s heuristic; benchmarks/results/cuda_session_first_run.json).
+        Each trial's plan is judged and timed on the runner a deployment builds (exhaustive)."""
+        return self.runner(model, "HEURISTIC")
 
 
 class OrtTensorRTBackend(OrtCudaBackend):
@@ -362,13 +373,14 @@ class OrtTensorRTBackend(OrtCudaBackend):
         for folder in ("engines", "timing"):
             (self.cache / folder).mkdir(parents=True, exist_ok=True)
 
-    def session_providers(self) -> list:
+    def session_providers(self, conv_search: str = "EXHAUSTIVE") -> list:
         options = {"device_id": self.device, "trt_int8_enable": True, "trt_fp16_enable": False,
                    "trt_engine_cache_enable": True,
                    "trt_engine_cache_path": str(self.cache / "engines"),
                    "trt_timing_cache_enable": True,
                    "trt_timing_cache_path": str(self.cache / "timing")}
-        return [(self.provider, options), ("CUDAExecutionProvider", {"device_id": self.device}),
+        return [(self.provider, options),
+                ("CUDAExecutionProvider", {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
                 "CPUExecutionProvider"]
 
     def _check_the_provider_loads(self) -> None:

@@ -74,8 +74,9 @@ def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch]
 
 def accuracy_by_shape(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge
                       ) -> tuple[float, dict[str, float]]:
-    """The loss (no timing), and where ``judge`` judges several shapes, each one's."""
-    with backend.runner(model) as runner:
+    """The loss (no timing), and where ``judge`` judges several shapes, each one's (on the engine's
+    :meth:`~autoprec.backends.base.Backend.judging_runner`)."""
+    with backend.judging_runner(model) as runner:
         outputs = [runner.run(batch) for batch in batches]
         metrics = {**judge.metrics(outputs), **judge.generation_metrics(runner.run)}
     return judge.loss(metrics, outputs), by_shape(judge, metrics, outputs)
@@ -229,13 +230,16 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
     (a busy neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's
     engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round. With ``kept``
     (a session holder and the reference's key), the reference's session is the one kept there for
-    that key, or is built and left there for the next plan."""
+    that key, or is built and left there for the next plan; a kept one, timed in every round beside
+    the plans before, is timed in the middle round only (its figure is the median of all its rounds:
+    eight plans re-timed timed it 24 times, a third of the re-timing)."""
     timings: dict[str, list[Timing]] = {"reference": [], "candidate": []}
     models = {"reference": reference, "candidate": candidate}
     before = resident_bytes() or 0
     with contextlib.ExitStack() as stack:
         runner = kept[0].of(kept[1]) if kept else None
-        builds, apart = int(runner is None), False
+        reused = runner is not None
+        builds, apart = int(not reused), False
         if runner is None:
             runner = stack.enter_context(backend.runner(reference))
             # first run: allocations and kernel selection stay out of the rounds
@@ -253,6 +257,8 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
             builds += 1
         for round_ in range(rounds):
             for which in in_turn(["reference", "candidate"], round_):
+                if which == "reference" and reused and round_ != rounds // 2:
+                    continue
                 if not apart:
                     timings[which].append(time_work(runners[which], work)[0])
                 elif len(timings[which]) <= round_:
