@@ -320,7 +320,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     def session_providers(self, conv_search: str = "EXHAUSTIVE") -> list:
         """``conv_search``: how cuDNN's convolution algorithms are chosen (ONNX Runtime's
         ``cudnn_conv_algo_search``; EXHAUSTIVE, its default, is what a deployment's session does)."""
-        return [(self.provider, {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
+        return [("CUDAExecutionProvider", {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
                 "CPUExecutionProvider"]
 
     def runner(self, model: StoredModel, conv_search: str = "EXHAUSTIVE") -> OrtCudaRunner:
@@ -379,9 +379,8 @@ class OrtTensorRTBackend(OrtCudaBackend):
                    "trt_engine_cache_path": str(self.cache / "engines"),
                    "trt_timing_cache_enable": True,
                    "trt_timing_cache_path": str(self.cache / "timing")}
-        return [(self.provider, options),
-                ("CUDAExecutionProvider", {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
-                "CPUExecutionProvider"]
+        # the CUDA provider's, as ort-cuda's, for what TensorRT does not take
+        return [(self.provider, options), *super().session_providers(conv_search)]
 
     def _check_the_provider_loads(self) -> None:
         """onnxruntime-gpu lists the TensorRT provider whether or not TensorRT's libraries are
