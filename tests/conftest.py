@@ -12,6 +12,11 @@ import builders  # noqa: E402
 
 # pytest-xdist's workers set COLUMNS=80; the tests see a pipe as CI's log does, without it (tables get their room)
 os.environ.pop("COLUMNS", None)
+# --threads' default (autoprec.backends.onnxruntime.threads_from_environment) for every search the tests start, in
+# this process and the ones it starts: the suite's processes share the cores, and sessions of a thread per core
+# spinning on each took 19 % more of its wall clock (877 -> 712 s on 2 cores, 2026-11-30). The tests time nothing
+# they compare with a figure; those of the default itself build their engines with threads given.
+os.environ.setdefault("AUTOPREC_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -160,6 +160,21 @@ def test_threads_are_set_where_it_has_them_and_refused_where_it_has_none(backend
             get_backend(backend.name, threads=2)
 
 
+def test_without_threads_given_onnx_runtime_takes_autoprec_threads(monkeypatch):
+    """AUTOPREC_THREADS is --threads' default (several searches, or a test suite's processes, sharing the cores);
+    --threads given wins; a value that is no count is one line naming it."""
+    monkeypatch.setenv("AUTOPREC_THREADS", "3")
+    engine = get_backend("ort-cpu")
+    assert engine.info().device.endswith("(3 threads)") and engine.session_options().intra_op_num_threads == 3
+    assert get_backend("ort-cpu", threads=2).session_options().intra_op_num_threads == 2
+    monkeypatch.delenv("AUTOPREC_THREADS")
+    engine = get_backend("ort-cpu")
+    assert engine.info().device.endswith("default threads)") and engine.session_options().intra_op_num_threads == 0
+    monkeypatch.setenv("AUTOPREC_THREADS", "two")
+    with pytest.raises(BackendError, match="AUTOPREC_THREADS='two': a whole number of ONNX Runtime threads"):
+        get_backend("ort-cpu")
+
+
 def test_each_plan_is_lowered_in_the_engines_form(backend, conv):
     info, _, ranges = conv
     lowered = {p: backend.lower(info, plan, ranges) for p, plan in plans(info).items()}

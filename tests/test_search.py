@@ -36,7 +36,7 @@ def conv_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
-    result = searching.search(conv_config(model, data, out, budget=8))
+    result = searching.search(conv_config(model, data, out, budget=8), plots=True)  # its figures are checked
     return model, data, out, result
 
 
@@ -169,7 +169,8 @@ def test_study_for_another_setting_is_refused(conv_search):
 
 
 def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
-    # Two searchable units x 3 precisions = 9 distinct plans; 14 trials must repeat some.
+    # Two searchable units x 3 precisions = 9 distinct plans: a budget of 14 repeats some, or ends early
+    # once all 9 are measured (the sampler's proposals follow the measured latencies: either may happen).
     result = searching.search(
         autoprec.SearchConfig(
             autoprec.InputSpec(mlp_model),
@@ -178,7 +179,6 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
             out=tmp_path / "out",
         )
     )
-    assert len(result.trials) == 14
     first = {}
     for t in result.trials:
         key = t.plan.key()
@@ -189,7 +189,8 @@ def test_duplicate_plans_reuse_the_stored_measurement(tmp_path, mlp_model):
             original = first[key]
             assert t.duplicate_of == original.number
             assert t.measurement == original.measurement
-    assert len(first) <= 9
+    assert len(result.trials) == 14 or len(first) == 9
+    assert len(result.trials) > len(first), "no plan was proposed twice: nothing was reused"
 
 
 def test_interrupted_trial_is_rerun_and_finished_ones_kept(tmp_path, mlp_model):

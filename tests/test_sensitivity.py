@@ -249,7 +249,8 @@ def test_search_runs_the_sensitivity_pass_warm_starts_and_rejects_early(tmp_path
             judge=autoprec.JudgeSpec(max_loss=max_loss),
             study=autoprec.StudySpec(budget=8),
             out=out,
-        )
+        ),
+        plots=True,
     )
     facts = json.loads((out / "pareto.json").read_text())["search"]
     assert facts["sensitivity"]["evaluations"] > 0 and not facts["sensitivity"]["from_cache"]

@@ -40,7 +40,8 @@ def result(tmp_path_factory):
     searching.search(
         api.SearchConfig(
             api.InputSpec(model, data=root / "d.npz"), study=api.StudySpec(budget=2), out=out
-        )
+        ),
+        plots=True,  # the probes replace its figures too
     )
     return out
 

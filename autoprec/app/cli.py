@@ -94,6 +94,8 @@ def _search_verb(verb) -> None:
                         "beyond timing noise (default: best/ then holds the all-FP32 plan, and the "
                         "plan is named in pareto.json not_shipped)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    s.add_argument("--no-plots", action="store_true", help="no figures (a second or more of a "
+                   "search on 2 cores); autoprec plot OUT or report OUT draws them later")
     s.add_argument("--json", action="store_true", help="print the result summary as JSON on stdout")
 
 
@@ -106,9 +108,8 @@ def _sensitivity_verb(verb) -> None:
         description="The search's first phase on its own: one evaluation per unit and precision "
                     "(on the first "
         "quarter of the evaluation batches), each unit's share of FP32 time from the engine's "
-        "profiler. "
-        "Writes sensitivity.json and sensitivity.png; a search with the same settings and --out "
-        "reuses them.",
+        "profiler. Writes sensitivity.json and sensitivity.png; a search with the same settings "
+        "and --out reuses them.",
     )
     sens.add_argument("model", help=MODEL_HELP)
     sens.add_argument("--out", help="result directory (default autoprec_out/<model stem>)")
@@ -149,9 +150,8 @@ def _plan_verbs(verb) -> None:
     d.add_argument("--trial", type=int, help="diagnose this trial of the result instead of the "
                                              "chosen plan")
     d.add_argument("--batches", type=count, help="evaluation batches to diagnose the units on "
-                                                 "(default: as many as "
-                   "the sensitivity pass judges them on, a quarter; the plan's loss is on them "
-                   "all)")
+                   "(default: as many as the sensitivity pass judges them on, a quarter; the "
+                   "plan's loss is on them all)")
     d.add_argument("--out", help="where to write diagnosis.json and error_by_layer.png (default: "
                                  "the result dir)")
     d.add_argument("--metric", default=argparse.SUPPRESS, metavar="METRIC",

@@ -36,6 +36,7 @@ def config_from(args: argparse.Namespace) -> SearchConfig:
         time_shapes=getattr(args, "time_shapes", False),
         retime_seconds=getattr(args, "retime_seconds", None),
         ship_within_noise=getattr(args, "ship_within_noise", False),
+        plots=not getattr(args, "no_plots", False),
     )
 
 

@@ -24,7 +24,7 @@ GROUPS = {"inputs": InputSpec, "engine": EngineSpec, "judge": JudgeSpec, "space"
 class SearchConfig:
     """The options of ``autoprec search``, by group (see :func:`autoprec.app.search.search` for what
     each does), and the few that belong to the search alone: where it writes, progress, the final
-    timing, ``--time-shapes``."""
+    timing, ``--time-shapes``, the figures."""
 
     inputs: InputSpec
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -38,6 +38,7 @@ class SearchConfig:
     # None: ShipRule.final_seconds of the search's measuring stages
     retime_seconds: float | None = None
     ship_within_noise: bool = False
+    plots: bool = True
 
     def checked(self) -> SearchConfig:
         """This configuration, or one line naming the option that cannot be used and why."""

@@ -112,7 +112,8 @@ def search(config: SearchConfig | str | os.PathLike, *,
     ``shapes`` (``--shape``) fix each input's shape for measuring: the profile's opt. ``min_shapes``
     and ``max_shapes`` bound the shapes the model is deployed at: best/model.onnx keeps the source's
     dynamic dims and is checked against the given model at min, opt and max; the exports carry the
-    profile. ``time_shapes`` also times the front's plans there, as deployed.
+    profile. ``time_shapes`` also times the front's plans there, as deployed. ``plots``: the figures
+    beside the results (``autoprec plot`` draws them later).
 
     ``constants`` feed inputs one fixed value each (``{"sr": 16000}``): a scalar setting such as a
     sample rate, which random data cannot choose and the data need not hold.
@@ -338,7 +339,8 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
                           tuple(outcome.trials),
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
-    plot_result_dir(read_result_dir(setup.out_dir))
+    if config.plots:
+        plot_result_dir(read_result_dir(setup.out_dir))
     if not outcome.trials:
         raise SearchFailed(nothing_measured(joined.study, setup.out_dir))
     return result

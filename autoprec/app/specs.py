@@ -285,9 +285,9 @@ class EngineSpec(Group):
                            metavar="N",
                            help="GPU index for ort-cuda/tensorrt (default 0)")
         group.add_argument("--threads", type=int, default=suppressed(overriding, 0), metavar="N",
-                           help="ONNX Runtime's intra-op threads for every timed run (default 0: "
-                                "its own, one per core); latencies hold for the thread count they "
-                                "were taken at")
+                           help="ONNX Runtime's intra-op threads for every timed run (default: "
+                                "AUTOPREC_THREADS where it is set, else 0: its own, one per core); "
+                                "latencies hold for the thread count they were taken at")
 
     def checked(self) -> EngineSpec:
         from autoprec.backends import backend_class

@@ -166,18 +166,32 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
         import onnxruntime as ort
 
         self._ort = ort
-        self.threads = threads
+        self.threads = threads or threads_from_environment()
 
     def info(self) -> EngineInfo:
         return engine_info(self, f"{cpu_name()} ({self._thread_label()})")
 
     def _thread_label(self) -> str:
-        import os
-
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"
 
     def runner(self, model: StoredModel) -> OrtRunner:
         return OrtRunner(*new_session(self._ort, model, self.session_options(), [self.provider]))
+
+
+THREADS_VARIABLE = "AUTOPREC_THREADS"
+
+
+def threads_from_environment() -> int:
+    """``--threads``' default for ONNX Runtime, from AUTOPREC_THREADS where it is set (0 where not: ONNX
+    Runtime's own, a thread per core): several searches, or a test suite's processes, sharing a
+    machine, each session's threads spinning on every core would slow them all."""
+    said = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not said:
+        return 0
+    if not said.isdigit():
+        raise BackendError(f"{THREADS_VARIABLE}={said!r}: a whole number of ONNX Runtime threads "
+                           f"(0: its default, one per core); set it so or unset it")
+    return int(said)
 
 
 def engine_info(backend, device: str, versions: dict[str, str] | None = None) -> EngineInfo:
@@ -296,7 +310,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         # ORT 1.31 warns about plugin EP devices for every classic CUDA session
         ort.set_default_logger_severity(3)
         self._ort = ort
-        self.device, self.threads = device, threads or cores_per_gpu()
+        self.device, self.threads = device, threads or threads_from_environment() or cores_per_gpu()
         gpus = gpu_facts()
         if gpus and not 0 <= device < len(gpus):
             raise BackendError(f"--device {device}: this machine has GPU(s) 0..{len(gpus) - 1}; "
