@@ -206,14 +206,12 @@ def test_a_script_without_a_main_guard_is_told_so_not_left_hanging(tmp_path):
 def test_a_worker_that_cannot_start_raises_its_own_error_not_a_cleanup_one(tmp_path, monkeypatch):
     """multiprocessing refuses to start a worker from a script without a __main__ guard; that error is
     what the user sees, not one from cleaning up a process that never started."""
-    import multiprocessing
-
-    from autoprec.measure.isolation import IsolatedMeasurer, Limits
+    from autoprec.measure.isolation import IsolatedMeasurer, Limits, worker_context
 
     def unstartable(process):
         raise RuntimeError("An attempt has been made to start a new process before the current process has finished")
 
-    monkeypatch.setattr(multiprocessing.get_context("spawn").Process, "start", unstartable)
+    monkeypatch.setattr(worker_context().Process, "start", unstartable)
     measurer = IsolatedMeasurer("ort-cpu", [], None, Limits(60), tmp_path / "stderr.log")
     with pytest.raises(RuntimeError, match="finished"):
         with measurer:

@@ -170,7 +170,10 @@ def _join_study(config: SearchConfig, setup: Setup) -> Joined:
 
 def _measurer_settings(config: SearchConfig, setup: Setup) -> MeasurerSettings:
     engine, isolation = config.engine, config.isolation
-    return MeasurerSettings(engine.backend, engine.device, engine.threads, setup.cache, isolation.isolate,
+    # as this process's engine took them (AUTOPREC_THREADS read here: a forked worker's environment
+    # is its server's, from the first worker's start)
+    threads = getattr(setup.engine, "threads", engine.threads)
+    return MeasurerSettings(engine.backend, engine.device, threads, setup.cache, isolation.isolate,
                             isolation.trial_timeout, isolation.trial_memory_gb, setup.workers,
                             config.study.proposals)
 
