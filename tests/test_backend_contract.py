@@ -173,6 +173,9 @@ def test_without_threads_given_onnx_runtime_takes_autoprec_threads(monkeypatch):
     monkeypatch.setenv("AUTOPREC_THREADS", "two")
     with pytest.raises(BackendError, match="AUTOPREC_THREADS='two': a whole number of ONNX Runtime threads"):
         get_backend("ort-cpu")
+    monkeypatch.setenv("AUTOPREC_THREADS", "100000")  # as --threads 100000 is
+    with pytest.raises(BackendError, match="AUTOPREC_THREADS=100000: more than 4× this machine's"):
+        get_backend("ort-cpu")
 
 
 def test_each_plan_is_lowered_in_the_engines_form(backend, conv):

@@ -255,9 +255,6 @@ def _once_each(pairs: Sequence[tuple[str, Any]], field_name: str) -> dict[str, A
     return found
 
 
-MAX_THREADS_PER_CORE = 4
-
-
 @dataclass(frozen=True)
 class EngineSpec(Group):
     """The engine that builds, runs and times candidates, on which device, with how many threads."""
@@ -296,11 +293,8 @@ class EngineSpec(Group):
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
             raise AutoprecError(f"--threads {self.threads}: a whole number of threads (0: ONNX "
                                 "Runtime's default)")
-        cores = os.cpu_count() or 1
-        if self.threads > MAX_THREADS_PER_CORE * cores:
-            raise AutoprecError(f"--threads {self.threads}: more than {MAX_THREADS_PER_CORE}× this "
-                                f"machine's {cores} cores; timings with threads fighting over "
-                                "cores measure the contention")
+        if why := engines.too_many_threads(self.threads):
+            raise AutoprecError(f"--threads {self.threads}: {why}")
         return self
 
 

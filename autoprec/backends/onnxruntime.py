@@ -191,6 +191,8 @@ def threads_from_environment() -> int:
     if not said.isdigit():
         raise BackendError(f"{THREADS_VARIABLE}={said!r}: a whole number of ONNX Runtime threads "
                            f"(0: its default, one per core); set it so or unset it")
+    if why := engines.too_many_threads(int(said)):
+        raise BackendError(f"{THREADS_VARIABLE}={said}: {why}; set fewer or unset it")
     return int(said)
 
 
