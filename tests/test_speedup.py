@@ -25,7 +25,13 @@ from autoprec.measure.speedup import (
     time_until_known,
 )
 from autoprec.record.trial import Paired
-from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup, speedup
+from autoprec.record.verdict import (
+    BUSY_ROUNDS_PER_BLOCK,
+    ROUNDS_PER_BLOCK,
+    Rounds,
+    Speedup,
+    speedup,
+)
 
 
 def _rounds(ms: float, spread: float, count: int, seed: int) -> list[float]:
@@ -112,8 +118,8 @@ def test_a_level_that_jumps_between_sessions_neither_invents_a_gain_nor_hides_a_
         rng = np.random.default_rng(seed + 1000)
         fp32, plan, blocks = _sessions(gain, 0.02, seed, blocks=20)
         level = [1 + 0.33 * rng.integers(0, 2) for _ in range(20)]
-        rounds = Rounds({"fp32": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(fp32, np.repeat(level, 2))),
-                         "chosen": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(plan, np.repeat(level, 2)))},
+        rounds = Rounds({"fp32": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(fp32, np.repeat(level, ROUNDS_PER_BLOCK))),
+                         "chosen": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(plan, np.repeat(level, ROUNDS_PER_BLOCK)))},
                         tuple(blocks))
         assert rounds.steadiness().moved
         return rounds.speedup("fp32", "chosen")
@@ -134,7 +140,7 @@ def _hogged(gain: float, seed: int, blocks: int = 8) -> Rounds:
         session = {"fp32": 10.0 * (1 + 0.01 * rng.normal()),
                    "chosen": 10.0 / gain * (1 + 0.01 * rng.normal())}
         hit = 0
-        for _ in range(ROUNDS_PER_BLOCK):
+        for _ in range(BUSY_ROUNDS_PER_BLOCK):  # (a hog keeps the machine busy)
             for name, ms in session.items():
                 turn = rng.choice(["quiet", "part", "whole"], p=[0.4, 0.4, 0.2])
                 whole = 1 + rng.uniform(0.3, 1.2) * (turn == "whole")
@@ -142,8 +148,8 @@ def _hogged(gain: float, seed: int, blocks: int = 8) -> Rounds:
                 median = fast * (1.02 + rng.uniform(0.2, 1.5) * (turn != "quiet"))
                 timings[name].append(Timing(median, fast, median * 1.3, 10, 3))
                 hit += turn != "quiet"
-        loads.append(hit / (2 * ROUNDS_PER_BLOCK) * 1.8)
-    blocks_of = tuple(i // ROUNDS_PER_BLOCK for i in range(blocks * ROUNDS_PER_BLOCK))
+        loads.append(hit / (2 * BUSY_ROUNDS_PER_BLOCK) * 1.8)
+    blocks_of = tuple(i // BUSY_ROUNDS_PER_BLOCK for i in range(blocks * BUSY_ROUNDS_PER_BLOCK))
     return Rounds({k: tuple(v) for k, v in timings.items()}, blocks_of, tuple(loads))
 
 
@@ -159,9 +165,14 @@ def test_a_hog_switching_on_and_off_neither_hides_a_real_gain_nor_invents_one():
     assert sum(s.beyond_timing_noise for s in same) <= 5
 
 
-def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model):
+@pytest.mark.parametrize("others", [0.0, 1.0])
+def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model, monkeypatch, others):
     """However short the time given, the final timing runs MIN_BLOCKS blocks (NARROW_BLOCKS where the machine's load
-    moved: its interval covers each half of the blocks), each model's session built for each."""
+    moved: its interval covers each half of the blocks), each model's session built for each; a block times one
+    round where other processes leave the machine quiet, two where they keep a core busy."""
+    from autoprec.measure.speedup import LoadProbe
+
+    monkeypatch.setattr(LoadProbe, "others", lambda self: others)
     from autoprec.analysis.model import analyse
     from autoprec.backends import get_backend
     from autoprec.core.search_space import load_search_space
@@ -174,7 +185,8 @@ def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(
     found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, Workload.of(batch),
                              [("fp32", "chosen")], 0)
     blocks = len(set(found.blocks))  # six where the load moved: three blocks in each half of its interval
-    assert MIN_BLOCKS <= blocks <= NARROW_BLOCKS and found.count == blocks * ROUNDS_PER_BLOCK
+    rounds = BUSY_ROUNDS_PER_BLOCK if others else ROUNDS_PER_BLOCK
+    assert MIN_BLOCKS <= blocks <= NARROW_BLOCKS and found.count == blocks * rounds
     assert len(built) == 2 * blocks and len(found.load) == blocks
 
 

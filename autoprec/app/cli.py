@@ -7,6 +7,7 @@ import _thread
 import argparse
 import contextlib
 import errno
+import gc
 import os
 import signal
 import sys
@@ -247,8 +248,7 @@ def _quiet() -> None:
     G_LOGGER.severity = G_LOGGER.CRITICAL
     import optuna
 
-    # e.g. its storage's "falling back" warning, SQL and all
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # its storage's "falling back" warning, SQL and all
     threading.excepthook = _one_line_thread_error
 
 
@@ -264,12 +264,10 @@ def _one_line_thread_error(args: threading.ExceptHookArgs) -> None:
 
 
 _OS_HINTS = {
-    errno.ENOSPC: "the disk is full: free space and run the same command again (what finished is "
-                  "kept)",
+    errno.ENOSPC: "the disk is full: free space and run the same command again (what finished is kept)",
     errno.EFBIG: "a file grew past the size limit (ulimit -f) or the disk is full: free space or "
                  "raise the limit, and run the same command again (what finished is kept)",
-    errno.EDQUOT: "the disk quota is used up: free space and run the same command again (what "
-                  "finished is kept)",
+    errno.EDQUOT: "the disk quota is used up: free space and run the same command again (what finished is kept)",
     errno.EACCES: "choose a folder you may write, or fix its permissions",
     errno.EPERM: "choose a folder you may write, or fix its permissions",
     errno.EROFS: "the file system is read-only: choose a writable folder",
@@ -376,6 +374,8 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
         with _terminations_interrupt():
             status = verbs[args.verb](args)
             sys.stdout.flush()
+            if argv is None:  # the process is the command: what it made ends with it, and the last
+                gc.freeze()  # collection walking all of it took a second after a search
             return status
     except BrokenPipeError:  # the reader of its output ended first (| head): what it wrote after is lost
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)

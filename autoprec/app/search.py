@@ -21,7 +21,7 @@ from autoprec.core.timing import Stages
 from autoprec.measure.accuracy import decision_changes
 from autoprec.measure.confirmation import held_out_judge
 from autoprec.measure.deployment import deploy_plan, time_front_across
-from autoprec.measure.isolation import Spawned
+from autoprec.measure.isolation import Spawned, start_worker_server
 from autoprec.measure.measurement import screening_batches
 from autoprec.measure.measurers import (
     MeasurerInputs,
@@ -137,6 +137,8 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     their data, the sensitivity pass, run and choose, write."""
     started, stages = time.monotonic(), Stages()
     with stages.timed("set_up"):
+        if config.isolation.isolate:
+            start_worker_server()
         setup = set_up(config)
         with removed_if_refused(setup.made):
             joined = _join_study(config, setup)

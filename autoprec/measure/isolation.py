@@ -201,6 +201,16 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+def start_worker_server() -> None:
+    """The forkserver started now (where workers fork from one), so that it imports the measuring code
+    while the caller goes on (a search analysing its model) and the first worker forks at once instead
+    of waiting on those imports (0.9 s of a search's set-up on a 2-core VM)."""
+    if worker_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def spawn_worker(stderr_log: Path) -> Spawned:
     """A worker process started, its stderr to ``stderr_log`` (made anew), waiting for its data."""
     context = worker_context()

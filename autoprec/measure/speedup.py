@@ -3,7 +3,8 @@ verdict: :mod:`autoprec.record.verdict`).
 
 Each round times every model once (each a :class:`~autoprec.core.timing.Timing`: runs after
 warm-up), one after another, so drift (a busy neighbour, clocks) hits all of a round alike; each
-block of rounds builds every model's session anew. The machine's load is watched while it runs (what
+block (of one round, two on a busy machine: see verdict.ROUNDS_PER_BLOCK) builds every model's
+session anew. The machine's load is watched while it runs (what
 other processes used of its cores, per block), so that a verdict can hold at either load
 (benchmarks/a_over_a.py measures how often a plan timed against itself is called faster, and its
 power on a 1.5× gain, with a CPU hog switching on and off beside it and without).
@@ -22,7 +23,7 @@ from autoprec.backends.base import Backend
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import Timing
 from autoprec.measure.workload import time_work, warm_up
-from autoprec.record.verdict import ROUNDS_PER_BLOCK, Rounds, Speedup
+from autoprec.record.verdict import BUSY, BUSY_ROUNDS_PER_BLOCK, ROUNDS_PER_BLOCK, Rounds, Speedup
 
 # fewer: a t-interval over two sessions (t = 12.7) decides nothing short of a 2x gain
 MIN_BLOCKS = 3
@@ -94,7 +95,7 @@ def time_until_known(
     probe = LoadProbe()
     for block in range(MAX_BLOCKS):
         probe.start()
-        _time_block(backend, models, work, timings, blocks, block, apart)
+        _time_block(backend, models, work, timings, blocks, block, apart, probe)
         load.append(probe.others())
         found = Rounds({k: tuple(v) for k, v in timings.items()}, tuple(blocks), tuple(load))
         timed_out = block + 1 >= MIN_BLOCKS and time.monotonic() - started > seconds
@@ -137,9 +138,10 @@ def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tu
 
 def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload,
                 timings: dict[str, list[Timing]],
-                blocks: list[int], block: int, apart: bool) -> None:
+                blocks: list[int], block: int, apart: bool, probe: LoadProbe) -> None:
     """One block: every model's session built (in this block's order), run once, then timed in
-    interleaved rounds."""
+    interleaved rounds: ROUNDS_PER_BLOCK, or BUSY_ROUNDS_PER_BLOCK where ``probe`` (started with the
+    block) saw other processes keep the machine busy (or cannot say)."""
     with contextlib.ExitStack() as stack:
         kept = {}
         if not apart:
@@ -147,10 +149,17 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workl
                 kept[name] = stack.enter_context(backend.runner(models[name]))
                 # first run: allocations and kernel selection stay out of the rounds
                 warm_up(kept[name], work)
-        for _ in range(1 if apart else ROUNDS_PER_BLOCK):
+        for turn in range(1 if apart else BUSY_ROUNDS_PER_BLOCK):
+            if turn >= ROUNDS_PER_BLOCK and not _busy(probe):
+                break
             for name in in_turn(list(models), len(blocks)):
                 timings[name].append(time_work(kept[name], work)[0] if kept else _timed_alone(backend, models[name], work))
             blocks.append(block)
+
+
+def _busy(probe: LoadProbe) -> bool:
+    others = probe.others()
+    return others is None or others > BUSY
 
 
 def in_turn(names: Sequence[str], round_: int) -> list[str]:

@@ -3,9 +3,10 @@ speed-up with its confidence interval from interleaved rounds (whether it is bey
 the interval above 1), how steady the machine was while it was timed, the plans judged again on
 held-out data, and the chosen plan's claims against all-FP32 and the given model (:class:`Versus`).
 
-A speed-up stands on paired rounds run in *blocks*: each block builds every model's session (engine)
-anew, so what differs between two sessions of one graph (memory placement, thread pools, kernels
-chosen at creation: 1–3 % on a CPU) is sampled too. Interference only ever adds time, so a block's
+A speed-up stands on paired rounds run in *blocks* (ROUNDS_PER_BLOCK rounds each): each block builds
+every model's session (engine) anew, so what differs between two sessions of one graph (memory
+placement, thread pools, kernels chosen at creation: 1–3 % on a quiet CPU, 10–70 % on a 2-core VM) is
+sampled too. Interference only ever adds time, so a block's
 figure for a model is what it cannot fake: the session's fastest runs (the lowest p10 of its rounds
 in the block); a block's ratio is the log of the reference's over the candidate's, the speed-up the
 geometric mean over blocks, its interval Student's t over the blocks' ratios. Where all-FP32's
@@ -31,7 +32,16 @@ from autoprec.record.trial import ROUNDING, EngineInfo, Measurement, TrialRecord
 
 CONFIDENCE = 0.95
 
-ROUNDS_PER_BLOCK = 2
+# A block's rounds: one where the machine is quiet. Sessions of one graph differ more (10-70 % on a
+# 2-core VM) than one session's rounds do, so a second round cost as much as the first and narrowed
+# less than the next block's sessions (benchmarks/a_over_a.py: a plan against itself 0 of 50 faster
+# either way; a 1.15x gain found 10 of 10 instead of 8 of 10, in 2.3 s instead of 3.8 s). Where
+# other processes used more than BUSY cores while the first round ran, a hog may have hit one
+# model's turn whole: two, so that each session's fastest runs stand on two turns (a simulated hog
+# on and off: a 1.5x gain found in 84 of 100 with two, 34 with one). Recorded results of two read.
+ROUNDS_PER_BLOCK = 1
+BUSY_ROUNDS_PER_BLOCK = 2
+BUSY = 0.2  # cores
 
 NARROW = 0.04  # an interval is known when high / low - 1 is at most this
 
@@ -46,7 +56,8 @@ LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than 
 
 LEVEL_MOVED = 0.10  # all-FP32's fastest runs moving more than this between blocks
 
-METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved rounds; "
+METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved round ("
+          f"{BUSY_ROUNDS_PER_BLOCK} where other processes kept more than {BUSY} cores busy); "
           "each session's fastest runs (the lowest p10 of its rounds in the block), which load "
           "cannot make faster; Student's t interval over the blocks' log ratios (where the "
           "machine's load moved: also over the lighter and the heavier half of the blocks, the "
