@@ -19,7 +19,8 @@ from autoprec.measure.measurement import InProcessMeasurer
 from autoprec.measure.speedup import (
     MAX_BLOCKS,
     MIN_BLOCKS,
-    NARROW_BLOCKS,
+    MOVED_BLOCKS,
+    bounded,
     contender,
     known,
     time_until_known,
@@ -167,7 +168,7 @@ def test_a_hog_switching_on_and_off_neither_hides_a_real_gain_nor_invents_one():
 
 @pytest.mark.parametrize("others", [0.0, 1.0])
 def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(conv_model, monkeypatch, others):
-    """However short the time given, the final timing runs MIN_BLOCKS blocks (NARROW_BLOCKS where the machine's load
+    """However short the time given, the final timing runs MIN_BLOCKS blocks (MOVED_BLOCKS where the machine's load
     moved: its interval covers each half of the blocks), each model's session built for each; a block times one
     round where other processes leave the machine quiet, two where they keep a core busy."""
     from autoprec.measure.speedup import LoadProbe
@@ -184,9 +185,9 @@ def test_every_block_builds_every_session_anew_and_a_slow_model_gets_its_blocks(
     batch = {"x": np.zeros((1, 3, 16, 16), np.float32)}
     found = time_until_known(backend, {"fp32": info.stored, "chosen": info.stored}, Workload.of(batch),
                              [("fp32", "chosen")], 0)
-    blocks = len(set(found.blocks))  # six where the load moved: three blocks in each half of its interval
+    blocks = len(set(found.blocks))  # eight where the load moved: four blocks in each half of its interval
     rounds = BUSY_ROUNDS_PER_BLOCK if others else ROUNDS_PER_BLOCK
-    assert MIN_BLOCKS <= blocks <= NARROW_BLOCKS and found.count == blocks * rounds
+    assert MIN_BLOCKS <= blocks <= MOVED_BLOCKS and found.count == blocks * rounds
     assert len(built) == 2 * blocks and len(found.load) == blocks
 
 
@@ -454,3 +455,16 @@ def test_a_plan_that_holds_the_limit_on_the_calibration_batches_is_shipped_with_
     said = " ".join(capsys.readouterr().out.split())
     assert f"on the 6 calibration batches, which judged no trial (ONNX Runtime CPU): cosine loss " \
            f"{judged[int8['trial']]:.3g}" in said and "so not chosen" not in said
+
+
+@pytest.mark.parametrize("blocks, per_block, enough", [(6, 1, False), (8, 1, True), (6, 2, True)])
+def test_where_the_level_moved_each_half_of_the_interval_stands_on_enough_blocks(blocks, per_block, enough):
+    """Where all-FP32's level moved, each half of the blocks gives an interval of its own: six blocks of one round
+    (halves of three, t = 4.30) say too little to stop on; eight of one round, or six of two (a busy machine's
+    blocks), do."""
+    fp32, plan, block_of = _sessions(1.3, 0.01, 0, blocks=blocks, per_block=per_block)
+    level = np.repeat([1.0, 1.3] * (blocks // 2), per_block)
+    found = Rounds({"fp32": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(fp32, level)),
+                    "chosen": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(plan, level))}, tuple(block_of))
+    assert found.steadiness().moved
+    assert bounded(found, [("fp32", "chosen")]) is enough
