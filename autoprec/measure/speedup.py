@@ -113,9 +113,10 @@ def bounded(found: Rounds, pairs: Sequence[tuple[str, str]]) -> bool:
     moved (the interval then covers the lighter and the heavier half of the blocks, each on its own)
     MOVED_BLOCKS blocks, or NARROW_BLOCKS of two rounds each: halves of two blocks (t = 12.7) left a
     ViT-base's 1.37x INT8 plan at 0.68-2.39, not shipped."""
-    two_rounds_each = found.count >= NARROW_BLOCKS * BUSY_ROUNDS_PER_BLOCK
-    if found.steadiness().moved and len(set(found.blocks)) < (NARROW_BLOCKS if two_rounds_each else MOVED_BLOCKS):
-        return False
+    if found.steadiness().moved:
+        two_rounds_each = found.count >= NARROW_BLOCKS * BUSY_ROUNDS_PER_BLOCK
+        if len(set(found.blocks)) < (NARROW_BLOCKS if two_rounds_each else MOVED_BLOCKS):
+            return False
     return all(0 < s.low and math.isfinite(s.high) for s in (found.speedup(a, b) for a, b in pairs))
 
 
