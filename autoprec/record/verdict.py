@@ -3,7 +3,8 @@ speed-up with its confidence interval from interleaved rounds (whether it is bey
 the interval above 1), how steady the machine was while it was timed, the plans judged again on
 held-out data, and the chosen plan's claims against all-FP32 and the given model (:class:`Versus`).
 
-A speed-up stands on paired rounds run in *blocks* (ROUNDS_PER_BLOCK rounds each): each block builds
+A speed-up stands on paired rounds run in *blocks* (ROUNDS_PER_BLOCK rounds, BUSY_ROUNDS_PER_BLOCK on a
+busy machine): each block builds
 every model's session (engine) anew, so what differs between two sessions of one graph (memory
 placement, thread pools, kernels chosen at creation: 1–3 % on a quiet CPU, 10–70 % on a 2-core VM) is
 sampled too. Interference only ever adds time, so a block's
