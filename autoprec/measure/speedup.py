@@ -32,8 +32,9 @@ MIN_BLOCKS = 3
 # called faster more often.
 NARROW_BLOCKS = 6
 # Where all-FP32's level moved, the interval covers each half of the blocks on its own: halves of four
-# blocks of one round (t = 3.18), or of three of two rounds (a busy machine's blocks), not three of one
-# (t = 4.30: a magika plan's 6-block interval was 1.04-2.60 where two rounds a block gave 1.17-1.98).
+# blocks of one round (t = 3.18), or of three of two rounds (a busy machine's blocks, and every block
+# once the level is seen to move), not three of one (t = 4.30: a magika plan's 6-block interval was
+# 1.04-2.60 where two rounds a block gave 1.17-1.98).
 MOVED_BLOCKS = 8
 MAX_BLOCKS = 30
 
@@ -97,9 +98,10 @@ def time_until_known(
     load: list[float | None] = []
     started = time.monotonic()
     probe = LoadProbe()
+    found = Rounds({name: () for name in models}, ())
     for block in range(MAX_BLOCKS):
         probe.start()
-        _time_block(backend, models, work, timings, blocks, block, apart, probe)
+        _time_block(backend, models, work, timings, blocks, block, apart, probe, found.steadiness().moved)
         load.append(probe.others())
         found = Rounds({k: tuple(v) for k, v in timings.items()}, tuple(blocks), tuple(load))
         timed_out = block + 1 >= MIN_BLOCKS and time.monotonic() - started > seconds
@@ -111,8 +113,8 @@ def time_until_known(
 def bounded(found: Rounds, pairs: Sequence[tuple[str, str]]) -> bool:
     """Whether every pair's interval can say something: finite ends, and where the machine's load
     moved (the interval then covers the lighter and the heavier half of the blocks, each on its own)
-    MOVED_BLOCKS blocks, or NARROW_BLOCKS of two rounds each: halves of two blocks (t = 12.7) left a
-    ViT-base's 1.37x INT8 plan at 0.68-2.39, not shipped."""
+    MOVED_BLOCKS blocks, or NARROW_BLOCKS with two rounds a block on the whole: halves of two blocks
+    (t = 12.7) left a ViT-base's 1.37x INT8 plan at 0.68-2.39, not shipped."""
     if found.steadiness().moved:
         two_rounds_each = found.count >= NARROW_BLOCKS * BUSY_ROUNDS_PER_BLOCK
         if len(set(found.blocks)) < (NARROW_BLOCKS if two_rounds_each else MOVED_BLOCKS):
@@ -144,10 +146,11 @@ def known(found: Rounds, pairs: Sequence[tuple[str, str]], deciding: Sequence[tu
 
 def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workload,
                 timings: dict[str, list[Timing]],
-                blocks: list[int], block: int, apart: bool, probe: LoadProbe) -> None:
+                blocks: list[int], block: int, apart: bool, probe: LoadProbe, moved: bool) -> None:
     """One block: every model's session built (in this block's order), run once, then timed in
     interleaved rounds: ROUNDS_PER_BLOCK, or BUSY_ROUNDS_PER_BLOCK where ``probe`` (started with the
-    block) saw other processes keep the machine busy (or cannot say)."""
+    block) saw other processes keep the machine busy (or cannot say), or where all-FP32's level has
+    ``moved`` between the blocks before (each session's fastest runs then stand on two turns)."""
     with contextlib.ExitStack() as stack:
         kept = {}
         if not apart:
@@ -156,7 +159,7 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workl
                 # first run: allocations and kernel selection stay out of the rounds
                 warm_up(kept[name], work)
         for turn in range(1 if apart else BUSY_ROUNDS_PER_BLOCK):
-            if turn >= ROUNDS_PER_BLOCK and not _busy(probe):
+            if turn >= ROUNDS_PER_BLOCK and not moved and not _busy(probe):
                 break
             for name in in_turn(list(models), len(blocks)):
                 timings[name].append(time_work(kept[name], work)[0] if kept else _timed_alone(backend, models[name], work))

@@ -39,7 +39,8 @@ CONFIDENCE = 0.95
 # either way; a 1.15x gain found 10 of 10 instead of 8 of 10, in 2.3 s instead of 3.8 s). Where
 # other processes used more than BUSY cores while the first round ran, a hog may have hit one
 # model's turn whole: two, so that each session's fastest runs stand on two turns (a simulated hog
-# on and off: a 1.5x gain found in 84 of 100 with two, 34 with one). Recorded results of two read.
+# on and off: a 1.5x gain found in 84 of 100 with two, 34 with one); two also once all-FP32's level
+# moved between blocks (autoprec.measure.speedup). Recorded results of two read.
 ROUNDS_PER_BLOCK = 1
 BUSY_ROUNDS_PER_BLOCK = 2
 BUSY = 0.2  # cores
@@ -58,7 +59,8 @@ LOAD_MOVED = 0.5  # cores: other processes' use of the machine moving more than 
 LEVEL_MOVED = 0.10  # all-FP32's fastest runs moving more than this between blocks
 
 METHOD = (f"sessions built anew for every block of {ROUNDS_PER_BLOCK} interleaved round ("
-          f"{BUSY_ROUNDS_PER_BLOCK} where other processes kept more than {BUSY} cores busy); "
+          f"{BUSY_ROUNDS_PER_BLOCK} where other processes kept more than {BUSY} cores busy, or "
+          "all-FP32's level had moved); "
           "each session's fastest runs (the lowest p10 of its rounds in the block), which load "
           "cannot make faster; Student's t interval over the blocks' log ratios (where the "
           "machine's load moved: also over the lighter and the heavier half of the blocks, the "
