@@ -88,6 +88,12 @@ def cpu_runs(model: StoredModel) -> Callable[[Mapping[str, np.ndarray]], dict[st
                                               {k: v for k, v in feeds.items() if k in wanted})))
 
 
+# The nodes ONNX Runtime's NCHWc transformer converts from the plain layout (nchwc_transformer.cc):
+# every other node it touches reads one of theirs. (A decoder or a MatMul chain has none: its FP16
+# plans need no probe, which built each of a 300-unit chain's FP16 plans twice.)
+NCHWC_STARTS = {"Conv", "FusedConv", "MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"}
+
+
 def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
                             crashes: Callable[[Path], bool] | None = None) -> list[str]:
     """The ONNX Runtime CPU optimizers to leave off for this graph (1.32), each only where it would
@@ -103,16 +109,18 @@ def cpu_optimizers_left_off(model: onnx.ModelProto, path: Path | None = None,
     - ``NchwcTransformer`` only on a graph whose session build crashes the process with every
       optimizer on: its layout transformer ended the process (a segmentation fault) building a
       session of a ViT-S/16 export's all-FP16 model. Graphs holding FP16 (the only kind it was seen
-      on) loaded from ``path`` are built once in a child process first (``crashes``:
-      :func:`build_crashes`); every other graph keeps it, as a user's session does (left off for
-      every FP16 graph, a mixed plan of a detector timed at 0.94× all-FP32 ran 1.14–1.18× in a plain
-      session).
+      on) and a node it starts from (NCHWC_STARTS: it changes nothing else) loaded from ``path`` are
+      built once in a child process first (``crashes``: :func:`build_crashes`); every other graph
+      keeps it, as a user's session does (left off for every FP16 graph, a mixed plan of a detector
+      timed at 0.94× all-FP32 ran 1.14–1.18× in a plain session).
 """
     graph = model.graph
     signed = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.INT8}
     signed_activations = any(n.op_type == "QuantizeLinear" and len(n.input) > 2
                              and n.input[2] in signed for n in graph.node)
-    crashing = path is not None and holds_fp16(model) and (crashes or build_crashes)(path)
+    crashing = (path is not None and holds_fp16(model)
+                and any(n.op_type in NCHWC_STARTS for n in subgraphs.all_nodes(model))
+                and (crashes or build_crashes)(path))
     return ["NchwcTransformer"] * crashing + ["QDQSelectorActionTransformer"] * signed_activations
 
 
