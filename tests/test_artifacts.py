@@ -123,6 +123,33 @@ def test_only_a_graph_whose_session_build_crashes_leaves_the_cpu_layout_optimize
     assert SessionProbe("import time\ntime.sleep(60)", seconds=1).crashes("x")
 
 
+def test_a_cuda_session_is_not_probed_by_a_cpu_build(tmp_path, monkeypatch):
+    """The probe builds a CPU session in a child process, against the CPU provider's NCHWc
+    transformer: a CUDA session of an FP16 graph does not run that transformer on its nodes, and
+    was built beside a CPU session of the same batch-32 model for every FP16 plan."""
+    from autoprec.analysis import preparation
+    from autoprec.backends.onnxruntime import new_session
+    from autoprec.core.stored import StoredModel
+
+    probed = []
+    monkeypatch.setattr(preparation, "build_crashes", lambda path: probed.append(path) or False)
+
+    class Ort:
+        GraphOptimizationLevel = ort.GraphOptimizationLevel
+
+        @staticmethod
+        def InferenceSession(*args, **kwargs):
+            return object()
+
+    half = builders.exported_classifier()
+    half.graph.node[1].attribute[0].i = 10  # the input's Cast to FP16
+    stored = StoredModel(half, tmp_path)
+    new_session(Ort, stored, ort.SessionOptions(), [("CUDAExecutionProvider", {}), "CPUExecutionProvider"])
+    assert probed == []
+    new_session(Ort, stored, ort.SessionOptions(), ["CPUExecutionProvider"])
+    assert len(probed) == 1
+
+
 def test_the_session_options_a_plans_figures_hold_for_are_recorded_and_said():
     """A trial's build report names the optimizers its sessions left off (none for a plain session),
     and the lines and the card say how to build a session its figures hold for."""

@@ -208,12 +208,15 @@ def engine_info(backend, device: str, versions: dict[str, str] | None = None) ->
 
 def new_session(ort, model: StoredModel, options, providers: list):
     """A session loaded from a file beside the model's weights (memory-mapped, never copied through
-    protobuf), with every optimizer but those :func:`cpu_optimizers_left_off` names; and those."""
+    protobuf), with every optimizer but those :func:`cpu_optimizers_left_off` names; and those. (Its
+    crash probe, a CPU session's build in a child, only where the CPU provider runs the graph: the
+    layout transformer it guards against is that provider's.)"""
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    on_cpu = providers[0] == "CPUExecutionProvider"
     try:
         with model.file() as path:
-            left_off = cpu_optimizers_left_off(model.proto, path)
+            left_off = cpu_optimizers_left_off(model.proto, path if on_cpu else None)
             session = ort.InferenceSession(str(path), options, providers=providers,
                                            disabled_optimizers=left_off)
     except Exception as exc:  # ORT raises its own exception types
