@@ -116,7 +116,9 @@ class PeakMemory:
                 peak = next(
                     (int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0
                 )
-                role = "worker" if "spawn_main" in command else "main" if "autoprec" in command else "other"
+                # (measuring workers fork from a forkserver, whose command line they keep)
+                measuring = "spawn_main" in command or "forkserver" in command
+                role = "worker" if measuring else "main" if "autoprec" in command else "other"
                 key = (pid, role)
                 self.peaks[key] = max(self.peaks.get(key, 0), peak)
             time.sleep(self.every)

@@ -38,6 +38,16 @@ def hang(reference, candidate):
         os.kill(os.getpid(), signal.SIGSTOP)
     return 0.0
 
+def segfault_once(reference, candidate):
+    # the first call ends its worker; the next says whether its worker probes session builds
+    if not os.path.exists("crashed"):
+        open("crashed", "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    from autoprec.analysis import session_probe
+    with open("probing", "w") as f:
+        f.write(str(session_probe._probing[0]))
+    return 0.0
+
 def hog(reference, candidate):
     hoard = []
     while not _exact(reference, candidate):
@@ -97,6 +107,24 @@ def test_a_crashing_candidate_fails_its_trial_and_the_study_goes_on(plugin, mlp_
         assert error.startswith("TrialCrash: crashed twice, not retried again")
         assert len(__import__("re").findall(cause, error)) == 2, error
     assert json.loads((out / "pareto.json").read_text())["search"]["trials"] == 1
+
+
+def test_a_worker_that_died_of_a_signal_is_started_again_probing_and_asked_again(plugin, mlp_model, caplog):
+    """A measuring worker builds each session at once (in the search's process a build is first
+    tried in a child: ONNX Runtime's layout transformer ended the process on a ViT's FP16 model);
+    where it dies of a signal, the question is asked again of a worker that probes, once, and
+    nothing fails."""
+    out = plugin / "out"
+    result = searching.search(autoprec.SearchConfig(
+        autoprec.InputSpec(mlp_model),
+        judge=autoprec.JudgeSpec("misbehaving:segfault_once"),
+        study=autoprec.StudySpec(budget=3),
+        out=out,
+    ))
+    assert len(result.trials) == 3 and _errors(out)[1] == {}
+    assert (plugin / "probing").read_text() == "True"
+    said = [r.getMessage() for r in caplog.records if "asked again" in r.getMessage()]
+    assert len(said) == 1 and "worker killed by signal SIGSEGV" in said[0], said
 
 
 def test_an_error_a_candidate_raises_is_not_retried_and_a_failed_plan_is_not_measured_again(tmp_path, mlp_model,

@@ -80,11 +80,21 @@ class SessionProbe:
 
 _probe = SessionProbe()
 _probed: dict[str, bool] = {}  # by the graph's digest: a graph is probed once per process
+_probing = [True]  # this process's: see probe_builds
+
+
+def probe_builds(on: bool) -> None:
+    """Whether this process probes builds (:func:`build_crashes`). A measuring worker, which a crash
+    cannot take down, builds at once (a probe doubled each FP16 plan's build): its parent starts it
+    again probing after a crash by a signal, and asks again (autoprec.measure.isolation)."""
+    _probing[0] = on
 
 
 def build_crashes(path: Path) -> bool:
     """Whether building an ONNX Runtime CPU session of the model at ``path`` with every optimizer on
-    ends the process that builds it (once per graph)."""
+    ends the process that builds it (once per graph); False where this process does not probe."""
+    if not _probing[0]:
+        return False
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     if digest not in _probed:
         _probed[digest] = _probe.crashes(path)

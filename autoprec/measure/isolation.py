@@ -31,7 +31,7 @@ from typing import Sequence
 
 from autoprec.analysis.data import Batch, Workload
 from autoprec.core import untrusted
-from autoprec.core.errors import AutoprecError, MetricError
+from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import DeviceTurns, FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
@@ -63,7 +63,12 @@ TAIL_BYTES = 256 << 10
 
 
 class TrialCrash(AutoprecError):
-    """The worker died, hung or outgrew its memory limit while measuring a candidate."""
+    """The worker died, hung or outgrew its memory limit while measuring a candidate (``by_signal``:
+    it died of a signal of its own, a segmentation fault or the like)."""
+
+    def __init__(self, cause: str, by_signal: bool = False):
+        super().__init__(cause)
+        self.by_signal = by_signal
 
 
 class TrialError(AutoprecError):
@@ -114,10 +119,13 @@ def _worker(conn, stderr_path: str) -> None:
 
 
 def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches, judge,
-           lowering: Lowering, threads: int, work: Workload | None) -> None:
-    """Lower and measure each plan the parent sends until told to stop (None)."""
+           lowering: Lowering, threads: int, work: Workload | None, careful: bool) -> None:
+    """Lower and measure each plan the parent sends until told to stop (None); ``careful``: a worker
+    before it died of a signal, so sessions are built as the search's own process builds them."""
+    from autoprec.analysis.session_probe import probe_builds
     from autoprec.backends import get_backend
 
+    probe_builds(careful)
     backend = get_backend(backend_name, device, cache_dir, threads)
     # taken to run a candidate, not to build it; a wait for it is said to the parent
     on_device = DeviceTurns(device_lock, lambda said: conn.send(("note", said)))
@@ -250,6 +258,7 @@ class IsolatedMeasurer(Measurer):
         self.process = None
         self.conn = None
         self.stderr = Path(stderr_log)
+        self.careful = False  # a worker died of a signal: see _serve
 
     def start(self, spawned: Spawned | None = None) -> None:
         """Start the worker now (it also starts on demand, and again after a crash), or give its data
@@ -260,7 +269,7 @@ class IsolatedMeasurer(Measurer):
         # pickled here (what cannot be is this call's error), sent from a thread: a worker alive but
         # not reading (stuck starting) would block a send of more than the pipe holds for ever; so
         # the start's time limit holds, and the kill ends the send
-        data = ForkingPickler.dumps(self.args)
+        data = ForkingPickler.dumps((*self.args, self.careful))
         threading.Thread(target=_sent, args=(parent, data), daemon=True).start()
         try:
             self._wait(time.monotonic() + STARTUP_SECONDS, starting=True)
@@ -298,10 +307,10 @@ class IsolatedMeasurer(Measurer):
             self.process.join(5)
         self.process = None
 
-    def _crash(self, cause: str) -> TrialCrash:
+    def _crash(self, cause: str, by_signal: bool = False) -> TrialCrash:
         tail = self._stderr_tail()
         self._kill()
-        return TrialCrash(cause + (f"; worker stderr: {tail}" if tail else ""))
+        return TrialCrash(cause + (f"; worker stderr: {tail}" if tail else ""), by_signal)
 
     def _exit_cause(self) -> str:
         code = self.process.exitcode
@@ -363,7 +372,8 @@ class IsolatedMeasurer(Measurer):
                 pass
             if not self.process.is_alive():
                 self.process.join(1)
-                raise self._crash(self._exit_cause() + (" while starting" if starting else ""))
+                raise self._crash(self._exit_cause() + (" while starting" if starting else ""),
+                                  by_signal=(self.process.exitcode or 0) < 0)
             self._check_memory(peak=False)
             if notice is not None and time.monotonic() > notice:
                 notice = None
@@ -375,6 +385,19 @@ class IsolatedMeasurer(Measurer):
                 raise self._timed_out(what, STARTUP_SECONDS if starting else limit)
 
     def _ask(self, message: tuple, seconds: float):
+        """The worker's answer; asked again once of a careful worker where one building sessions at
+        once died of a signal (a session build ONNX Runtime's layout transformer crashes)."""
+        try:
+            return self._answer(message, seconds)
+        except TrialCrash as crash:
+            if self.careful or not crash.by_signal:
+                raise
+            self.careful = True
+            log.warning(f"the measuring worker died ({first_line(crash)}); asked again of one that "
+                        "first tries each session's build in a process of its own")
+            return self._answer(message, seconds)
+
+    def _answer(self, message: tuple, seconds: float):
         if self.process is None or not self.process.is_alive():
             self.start()
         reset_peak(self.process.pid)
