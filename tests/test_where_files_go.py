@@ -30,6 +30,17 @@ def test_a_lock_folder_that_is_a_link_is_refused(workdir, tmp_path):
     assert not any(elsewhere.iterdir())
 
 
+def test_a_temporary_directory_too_deep_for_a_socket_still_measures(workdir, tmp_path):
+    """multiprocessing's forkserver listens on a Unix socket under the temporary directory: a TMPDIR
+    deep in a CI's folders made every search "autoprec: error: a file: AF_UNIX path too long"."""
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    proc = autoprec("search", "conv.onnx", "--budget", 1, "--no-progress", "--no-warm-start",
+                    *SHORTEST_FINAL_TIMING, cwd=workdir, tmp=deep)
+    assert proc.returncode == 0, proc.stderr
+    assert (workdir / "autoprec_out" / "conv" / "pareto.json").is_file()
+
+
 def test_an_empty_out_is_refused(workdir):
     before = files(workdir)
     one_line_error(autoprec("search", "conv.onnx", "--out", "", "--budget", 1, cwd=workdir), "--out '': empty")

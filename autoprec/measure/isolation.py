@@ -22,6 +22,7 @@ import os
 import queue
 import re
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -204,9 +205,32 @@ def worker_context() -> multiprocessing.context.BaseContext:
     fresh process: none of the search's threads, sessions or locks."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
+    _short_socket_folder()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     return context
+
+
+# A Unix socket's path: 104 bytes on macOS, 108 on Linux, its terminating zero included.
+SOCKET_PATH_MAX = 103
+
+
+def _short_socket_folder() -> None:
+    """multiprocessing's own folder (where its forkserver's socket lives: <folder>/pymp-XXXXXXXX/
+    listener-XXXXXXXX) made under /tmp where the temporary directory's path leaves no room for that
+    name (a TMPDIR deep in a CI's or a test's folders: "AF_UNIX path too long"); the temporary
+    directory stays what it is for everything else."""
+    from multiprocessing import util
+
+    if len(os.fsencode(tempfile.gettempdir())) + len("/pymp-XXXXXXXX/listener-XXXXXXXX") <= SOCKET_PATH_MAX:
+        return
+    kept, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()  # made once per process, and kept
+    except OSError:
+        pass  # no /tmp to write in: the long path's own error then says it
+    finally:
+        tempfile.tempdir = kept
 
 
 def start_worker_server() -> None:
