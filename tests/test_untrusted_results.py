@@ -1156,7 +1156,7 @@ def test_a_signal_that_lands_in_a_finaliser_still_ends_the_command(sent):
     import signal
     import time
 
-    from autoprec.app.cli import _terminations_interrupt
+    from autoprec.app.terminations import terminations_interrupt
 
     class Dropped:
         def __del__(self):
@@ -1167,10 +1167,38 @@ def test_a_signal_that_lands_in_a_finaliser_still_ends_the_command(sent):
     # Python's own Ctrl-C handler, as a command has it (a test process may hold another)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt), _terminations_interrupt():
+        with pytest.raises(KeyboardInterrupt), terminations_interrupt():
             Dropped()
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:  # the command going on
                 time.sleep(0.01)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_finaliser_that_ran_out_of_stack_is_not_said_above_the_one_line(monkeypatch):
+    """Reading a stored value nested past any parser, a finaliser that ran while the stack was nearly
+    spent raised RecursionError there: Python said it in lines of traceback above the one-line error
+    (in the suite, pytest's own report of it ran out of stack too). Another finaliser's error is said
+    as before."""
+    import gc
+    import sys
+
+    from autoprec.app.terminations import terminations_interrupt
+
+    said = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: said.append(unraisable.exc_value))
+
+    class Deep:
+        def __del__(self):
+            raise RecursionError("maximum recursion depth exceeded")
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("a finaliser's own error")
+
+    with terminations_interrupt():
+        Deep()
+        Broken()
+        gc.collect()
+    assert [type(e) for e in said] == [ValueError]

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import _thread
 import argparse
-import contextlib
 import errno
 import gc
 import os
@@ -13,13 +11,14 @@ import signal
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING
 
 from autoprec.app.commands import handlers
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.option_types import count, gpu_index, positive
 from autoprec.app.search_specs import IsolationSpec, SpaceSpec, StudySpec
 from autoprec.app.specs import EngineSpec, InputSpec, ProfileSpec
+from autoprec.app.terminations import Terminated, terminations_interrupt
 from autoprec.backends import BACKENDS
 from autoprec.core import engines
 from autoprec.core.errors import AutoprecError, first_line
@@ -315,47 +314,6 @@ def _failure(exc: BaseException) -> tuple[str, int]:
             "autoprec; run again with --verbose and report the traceback"), 1
 
 
-# a signal's exception ignored where it landed is raised again this long after (the finaliser done)
-REDELIVERY_S = 0.01
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a search gives its running
-    trials back (a resumed run re-runs them, not "running elsewhere") and ends its workers."""
-
-
-@contextlib.contextmanager
-def _terminations_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (in the main thread; as
-    before after), and a signal's exception that Python ignored where it landed is raised again."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated(signum)
-
-    def redelivered(unraisable: Any) -> None:
-        """A signal's exception raised inside a finaliser or a garbage collector's callback
-        (SQLAlchemy's) is ignored there by Python: delivered again, once that is done, to land where
-        the command is (again, should it land in another such callback)."""
-        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-            return hook(unraisable)
-        number = unraisable.exc_value.args[0] if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
-        again = threading.Timer(REDELIVERY_S, _thread.interrupt_main, (number,))
-        again.daemon = True
-        again.start()
-
-    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
-    hook, sys.unraisablehook = sys.unraisablehook, redelivered
-    try:
-        yield
-    finally:
-        sys.unraisablehook = hook
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-
-
 def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = None) -> int:
     """The command line; ``final_timing`` is what ``search`` times the chosen plan with (see
     :class:`autoprec.study.choice.FinalTiming`; None: the real one)."""
@@ -371,7 +329,7 @@ def main(argv: list[str] | None = None, *, final_timing: FinalTiming | None = No
     console.show_log()
     console.widen_when_not_a_terminal()
     try:
-        with _terminations_interrupt():
+        with terminations_interrupt():
             status = verbs[args.verb](args)
             sys.stdout.flush()
             if argv is None:  # the process is the command: what it made ends with it, and the last
