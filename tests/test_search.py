@@ -695,12 +695,15 @@ def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_pa
     timed = kernels["integer_over_float"]
     assert timed["low"] <= timed["speedup"] <= timed["high"] and kernels["rounds"] >= 3
     assert kernels["accuracy_level"] == (4 if timed["low"] > 1 else 0)
+    zeros = kernels["zero_points"]  # what a zero point per block costs at that level
+    assert zeros["low"] <= zeros["speedup"] <= zeros["high"]
     from autoprec.lower.int4 import valid_kernels
 
     # as kept in the study and beside the model; edited (by hand, by another tool), it is measured again
     assert valid_kernels(kernels) == kernels
     for edited in ({"accuracy_level": 4}, {**kernels, "accuracy_level": 2}, {**kernels, "accuracy_level": "4"},
-                   {**kernels, "integer_over_float": {"speedup": "fast"}}, [kernels], None):
+                   {**kernels, "integer_over_float": {"speedup": "fast"}}, [kernels], None,
+                   {**kernels, "zero_points": {**zeros, "speedup": 0}}):
         assert valid_kernels(edited) is None, edited
     levels = {a.i for graph in (best.graph, exported.proto.graph) for n in graph.node if n.op_type == "MatMulNBits"
               for a in n.attribute if a.name == "accuracy_level"}

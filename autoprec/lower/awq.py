@@ -8,12 +8,13 @@ mean square on the calibration data, α is chosen among ALPHAS by the output err
 p_k Σ_n (W - Ŵ)²_kn, with Ŵ rounded by the quantizer the engine's weights come from; α = 0 is round
 to nearest as it is. The same error chooses between the roundings an engine offers (symmetric, or
 with a zero point per block). So a unit is scaled, or rounded otherwise than symmetric round to
-nearest, only where that error is lower on its own inputs (by MARGIN at least): measured, not
+nearest, only where that error is lower on its own inputs (by a margin at least): measured, not
 assumed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
@@ -22,36 +23,60 @@ import numpy as np
 Rounding = Callable[[np.ndarray], np.ndarray]
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75)
-# a scaling ships where it cuts the weighted error by this share at least (else a Mul for noise)
+# a scaling, or a rounding other than the plain one, ships where it cuts the weighted error by this
+# share at least (else a Mul for noise); a rounding that costs time asks more (see autoprec.lower.int4)
 MARGIN = 0.05
 
 
-def chosen_rounding(weight: np.ndarray, power: np.ndarray | None,
-                  roundings: Mapping[str, Rounding]) -> tuple[str, np.ndarray | None]:
-    """The rounding (a key of ``roundings``: the first is the plain one) and per-row scales of a [K,
-    N] weight that give the least weighted error; no scales where round to nearest does best (or
-    calibration measured no channel power: the unit's input was not seen, and the roundings are
-    compared unweighted)."""
+@dataclass(frozen=True)
+class Rounded:
+    """One rounding of a weight: its activation-aware exponent α and the weighted error it leaves."""
+
+    alpha: float
+    error: float
+
+
+def rounding_errors(weight: np.ndarray, power: np.ndarray | None,
+                    roundings: Mapping[str, Rounding]) -> dict[str, Rounded]:
+    """Each rounding's (a key of ``roundings``) least weighted error on a [K, N] weight and the α
+    that gives it; α 0 only where calibration measured no channel power (the unit's input was not
+    seen: the roundings are compared unweighted)."""
     weight = np.asarray(weight, np.float32)
-    seen = power is not None and len(power) == weight.shape[0] and np.isfinite(power).all() and power.any()
-    power = np.maximum(power.astype(np.float64), power[power > 0].min()) if seen else np.ones(weight.shape[0])
-    alphas = ALPHAS if seen else (0.0,)
-    best = {name: _least(weight, power, rounded, alphas) for name, rounded in roundings.items()}
-    plain = next(iter(best))
-    name = min(best, key=lambda key: best[key][1])
-    if best[name][1] > (1 - MARGIN) * best[plain][1]:
-        name = plain
-    alpha = best[name][0]
-    return name, _scales(power, alpha) if alpha else None
+    weighed = _weighed(power, weight.shape[0])
+    alphas = ALPHAS if weighed is not None else (0.0,)
+    weighed = weighed if weighed is not None else np.ones(weight.shape[0])
+    return {name: _least(weight, weighed, rounded, alphas) for name, rounded in roundings.items()}
+
+
+def chosen_rounding(errors: Mapping[str, Rounded], margins: Mapping[str, float]) -> str:
+    """The rounding of least error among the first (the plain one) and those that cut its error by
+    their margin (``margins``, MARGIN where none is given)."""
+    plain = errors[next(iter(errors))].error
+    cutting = {name: rounded.error for name, rounded in errors.items()
+               if rounded.error <= (1 - margins.get(name, MARGIN)) * plain or rounded.error == plain}
+    return min(cutting, key=cutting.get)
+
+
+def activation_scales(power: np.ndarray | None, rows: int, alpha: float) -> np.ndarray | None:
+    """The per-row scales of exponent ``alpha``; None at 0 (round to nearest as it is)."""
+    weighed = _weighed(power, rows)
+    return _scales(weighed, alpha) if alpha and weighed is not None else None
+
+
+def _weighed(power: np.ndarray | None, rows: int) -> np.ndarray | None:
+    """The channel power the error weighs (a silent channel as the quietest heard), None where
+    calibration measured none for these rows."""
+    seen = power is not None and len(power) == rows and np.isfinite(power).all() and power.any()
+    return np.maximum(power.astype(np.float64), power[power > 0].min()) if seen else None
 
 
 def _least(weight: np.ndarray, power: np.ndarray, rounded: Rounding,
-           alphas: tuple[float, ...]) -> tuple[float, float]:
+           alphas: tuple[float, ...]) -> Rounded:
     """The α of one rounding with the least error, and that error (an α past 0 only where it cuts
     the error by MARGIN)."""
     errors = {alpha: _error(weight, _scales(power, alpha), power, rounded) for alpha in alphas}
     alpha = min(errors, key=errors.get)
-    return (alpha, errors[alpha]) if errors[alpha] <= (1 - MARGIN) * errors[0.0] else (0.0, errors[0.0])
+    return Rounded(alpha, errors[alpha]) if errors[alpha] <= (1 - MARGIN) * errors[0.0] else Rounded(0.0, errors[0.0])
 
 
 def _scales(power: np.ndarray, alpha: float) -> np.ndarray:

@@ -15,10 +15,11 @@ The weights are ONNX Runtime's quantizer's (round to nearest, one scale per bloc
 K: 32 values unless the search space's ``int4_block_size`` says), made once per model and kept
 beside it as the INT8 copies are; where the calibration data makes it the lesser error, the weight
 is scaled first and its input scaled back by a Mul (activation-aware), and MatMulNBits' blocks take
-a zero point each (asymmetric; TensorRT's INT4 weights are symmetric) — both chosen per unit by
-autoprec.lower.awq. A K that is not a whole number of blocks (an MLP of 2730) is padded with zero
-rows: ``MatMulNBits`` reads the last block short itself; TensorRT wants whole blocks, so its form
-pads the input's K with zeros too.
+a zero point each (asymmetric; TensorRT's INT4 weights are symmetric) where the error they cut pays
+for the time they cost — both chosen per unit (autoprec.lower.awq, :func:`zero_point_margin`). A K
+that is not a whole number of blocks (an MLP of 2730) is padded with zero rows: ``MatMulNBits``
+reads the last block short itself; TensorRT wants whole blocks, so its form pads the input's K with
+zeros too.
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ from autoprec.core import atomic
 from autoprec.core.atomic import digest
 from autoprec.core.search_space import INT4_BLOCK_SIZE
 from autoprec.core.stored import DERIVED, StoredModel
-from autoprec.lower.awq import chosen_rounding
+from autoprec.lower.awq import (
+    ALPHAS,
+    MARGIN,
+    Rounded,
+    activation_scales,
+    chosen_rounding,
+    rounding_errors,
+)
 from autoprec.lower.edit import GraphEdit
 
 ACCURACY_LEVEL = 4  # where no measured level is kept
@@ -58,7 +66,8 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
     """Each unit's compute node rewritten to read its weight in 4-bit blocks, in ``form``; scaled
     first, or given a zero point per block, where the calibration's channel power (``ranges``) makes
     that the lesser error (see autoprec.lower.awq)."""
-    level = kept_accuracy_level(model.folder) if form is Int4Form.MATMUL_NBITS else None
+    kernels = kept_kernels(model.folder) if form is Int4Form.MATMUL_NBITS else None
+    level = kernels["accuracy_level"] if kernels else ACCURACY_LEVEL
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
         weight = edit.ins[id(node)][1]
@@ -67,7 +76,8 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         matrix = np.asarray(values, np.float32).T if transposed else values  # [K, N]
         k, n = matrix.shape
         block = unit.int4_block
-        rounding, rows = _chosen_for(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit), form, block)
+        rounding, rows = _chosen_for(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit), form, block,
+                                     zero_point_margin(kernels))
         scaled = f"_awq{digest(rows.tolist())}" if rows is not None else ""
         name = (f"{prefix}{weight}_{unit.name}_int4_{form.value}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}{scaled}"
                 f"{'' if rounding == SYMMETRIC else '_zp'}")
@@ -124,8 +134,13 @@ def _padded(edit: GraphEdit, activation: str, extra: int, name: str) -> str:
 
 
 SYMMETRIC, ZERO_POINT = "symmetric", "zero point"
-# (model folder, unit, power digest, form, block) -> (rounding, scales)
-_chosen: dict[tuple[str, str, str, str, int], tuple[str, np.ndarray | None]] = {}
+# a zero point's cut in a unit's error must buy more than its time: the loss it frees lets another
+# unit of like size go from INT8 to INT4, which at one token on ONNX Runtime's CPU saves about half
+# an INT4 unit's time (a 1024-wide decoder's o_proj: QLinearMatMul 142 µs, MatMulNBits 95 µs) —
+# so a zero point costing d of a unit's time must cut its error by 2 d at least
+TIME_TO_ERROR = 2.0
+# (model folder, unit, power digest, form, block) -> each rounding's α and error
+_errors: dict[tuple[str, str, str, str, int], dict[str, Rounded]] = {}
 
 
 def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
@@ -134,37 +149,50 @@ def _power(ranges: ActivationRanges | None, unit: Unit) -> np.ndarray | None:
 
 
 def _chosen_for(model: StoredModel, unit: str, matrix: np.ndarray, power: np.ndarray | None,
-                form: Int4Form, block: int) -> tuple[str, np.ndarray | None]:
-    """The unit's rounding and activation-aware scales for these weights and this power, chosen
-    once per model: kept in its folder for every process that lowers it (seconds for a 32 000-row
+                form: Int4Form, block: int, margin: float) -> tuple[str, np.ndarray | None]:
+    """The unit's rounding and activation-aware scales for these weights and this power, a zero
+    point per block where it cuts the error by ``margin``. Each rounding's error is measured once
+    per model and kept in its folder for every process that lowers it (seconds for a 32 000-row
     head, in each worker). A zero point per block is MatMulNBits' alone: TensorRT's INT4 weights are
     symmetric."""
     key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "", form.value, block)
-    if key not in _chosen:
+    if key not in _errors:
         roundings = {SYMMETRIC: lambda w: _read_back(w, block, True)}
         if form is Int4Form.MATMUL_NBITS:
             roundings[ZERO_POINT] = lambda w: _read_back(w, block, False)
-        _chosen[key] = _kept_choice(model, digest(list(key[1:])),
-                                    lambda: chosen_rounding(matrix, power, roundings), len(matrix))
-    return _chosen[key]
+        _errors[key] = _kept_errors(model, digest(list(key[1:])), list(roundings),
+                                    lambda: rounding_errors(matrix, power, roundings))
+    errors = _errors[key]
+    rounding = chosen_rounding(errors, {ZERO_POINT: margin})
+    return rounding, activation_scales(power, len(matrix), errors[rounding].alpha)
 
 
-def _kept_choice(model: StoredModel, content: str, choose: Callable[[], tuple[str, np.ndarray | None]],
-                 rows: int) -> tuple[str, np.ndarray | None]:
-    """``choose()``, or what a process lowering this model kept for ``content`` (a file it cannot
-    have written is chosen again)."""
+def _kept_errors(model: StoredModel, content: str, names: list[str],
+                 measure: Callable[[], dict[str, Rounded]]) -> dict[str, Rounded]:
+    """``measure()``, or what a process lowering this model kept for ``content`` (a file it cannot
+    have written is measured again)."""
     path = Path(model.folder) / DERIVED / f"int4-rounding-{content[:24]}.json"
-    kept = atomic.read_keyed(path, content) or {}
-    scales = kept.get("scales")
-    if kept.get("rounding") in (SYMMETRIC, ZERO_POINT) and (scales is None or (
-            isinstance(scales, list) and len(scales) == rows
-            and all(isinstance(v, float) and 0 < v < math.inf for v in scales))):
-        return kept["rounding"], None if scales is None else np.asarray(scales, np.float32)
-    rounding, chosen = choose()
+    kept = (atomic.read_keyed(path, content) or {}).get("errors")
+    try:
+        found = {name: Rounded(*kept[name]) for name in names}
+        if all(r.alpha in ALPHAS and 0 <= r.error < math.inf for r in found.values()):
+            return found
+    except (KeyError, TypeError):
+        pass
+    errors = measure()
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_keyed(path, content, {"rounding": rounding,
-                                       "scales": None if chosen is None else chosen.tolist()})
-    return rounding, chosen
+    atomic.write_keyed(path, content, {"errors": {name: [r.alpha, r.error] for name, r in errors.items()}})
+    return errors
+
+
+def zero_point_margin(kernels: dict | None) -> float:
+    """The share of a unit's error a zero point per block must cut to ship: TIME_TO_ERROR times the
+    share of time they cost in the kernel measurement (:func:`kept_kernels`), MARGIN at least (and
+    where none timed them). The timing's best estimate, not a verdict beyond its noise: two near-equal
+    options are traded here, and a cost the noise hides is small."""
+    timed = kernels.get("zero_points") if kernels else None
+    cost = max(0.0, 1 / timed["speedup"] - 1) if timed else 0.0  # (symmetric blocks' speed over theirs)
+    return max(MARGIN, TIME_TO_ERROR * cost)
 
 
 def _blocks(weight: np.ndarray, form: Int4Form, block: int, symmetric: bool = True) -> tuple[np.ndarray, ...]:
@@ -203,13 +231,6 @@ def _read_back(weight: np.ndarray, block: int, symmetric: bool) -> np.ndarray:
     return read.reshape(n, -1)[:, :k].T
 
 
-def kept_accuracy_level(folder: str | Path) -> int:
-    """The MatMulNBits accuracy level measured for the model in ``folder`` (ACCURACY_LEVEL where
-    none is kept, or what is kept is not a level)."""
-    kept = kept_kernels(folder)
-    return kept["accuracy_level"] if kept else ACCURACY_LEVEL
-
-
 def kept_kernels(folder: str | Path) -> dict | None:
     """What :func:`keep_kernels` kept beside the model in ``folder``; None where nothing valid is."""
     return valid_kernels(atomic.read_keyed(Path(folder) / DERIVED / KERNELS_FILE, KERNELS_FILE))
@@ -217,15 +238,17 @@ def kept_kernels(folder: str | Path) -> dict | None:
 
 def valid_kernels(found: object) -> dict | None:
     """``found`` where it is a kernel measurement as :mod:`autoprec.measure.int4_kernels` writes one (its
-    level, the engine, the timed ratio), else None: a file or a study attribute someone edited is
-    measured again, not read into a KeyError or a level no kernel has."""
+    level, the engine, the timed ratios; one written before zero points were timed has none, and its
+    units lower as they did), else None: a file or a study attribute someone edited is measured
+    again, not read into a KeyError or a level no kernel has."""
     try:
-        level, engine, timed = found["accuracy_level"], found["engine"], found["integer_over_float"]
-        figures = [timed[k] for k in ("speedup", "low", "high")]
+        level, engine = found["accuracy_level"], found["engine"]
+        ratios = ["integer_over_float", *(["zero_points"] if "zero_points" in found else [])]
+        figures = [found[ratio][k] for ratio in ratios for k in ("speedup", "low", "high")]
     except (KeyError, TypeError):
         return None
     sound = (type(level) is int and level in ACCURACY_LEVELS and isinstance(engine, str)
-             and all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in figures))
+             and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < math.inf for f in figures))
     return found if sound else None
 
 
@@ -237,15 +260,33 @@ def keep_kernels(folder: str | Path, measured: dict) -> None:
     atomic.write_keyed(path, KERNELS_FILE, measured)
 
 
-def with_accuracy_level(model: StoredModel, level: int) -> StoredModel:
-    """``model`` with each MatMulNBits at ``level`` (the rest as it is)."""
+def with_kernel(model: StoredModel, level: int, zero_points: bool) -> StoredModel:
+    """``model`` with each MatMulNBits at ``level``, reading a zero point per block or none, for
+    timing the kernels: a zero point added is 8, so the product stays the symmetric one; one taken
+    away leaves the blocks read off their range (the time is the same, the values are not)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
+    eights: dict[int, str] = {}  # zero points of 8, by size
     for node in all_nodes(proto):
         if node.op_type == "MatMulNBits":
+            attributes = {a.name: a for a in node.attribute}
             kept = [a for a in node.attribute if a.name != "accuracy_level"]
             del node.attribute[:]
             node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
+            inputs = list(node.input) + [""] * (4 - len(node.input))
+            blocks = -(-attributes["K"].i // attributes["block_size"].i)
+            size = attributes["N"].i * -(-blocks // 2)
+            if zero_points and not inputs[3]:
+                if size not in eights:
+                    eights[size] = f"autoprec_int4_zero_points_8_{size}"
+                    proto.graph.initializer.append(numpy_helper.from_array(np.full(size, 0x88, np.uint8), eights[size]))
+                inputs[3] = eights[size]
+            elif not zero_points:
+                inputs[3] = ""
+            while inputs and not inputs[-1]:
+                inputs.pop()
+            del node.input[:]
+            node.input.extend(inputs)
     return model.with_proto(proto)
 
 
