@@ -85,9 +85,9 @@ def build(entry: Entry, folder: Path) -> None:
             else transformers.AutoModelForCausalLM)
     checkpoint = folder / "checkpoint"
     auto.from_config(config).eval().save_pretrained(checkpoint)
-    cli = Path(sys.executable).parent / "optimum-cli"
-    subprocess.run([str(cli), "export", "onnx", "--model", str(checkpoint), "--task", entry.task, str(folder)],
-                   check=True, capture_output=True)
+    # optimum-cli as a module: where its wheels were installed with --target (the GPU machine), no script is
+    subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(checkpoint),
+                    "--task", entry.task, str(folder)], check=True, capture_output=True)
 
 
 def make_data(model: Path, path: Path) -> None:

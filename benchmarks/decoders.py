@@ -11,8 +11,8 @@ data), each against the given FP32 model, in one run:
   that is not, and 1 - cosine of the logits at prefill (7 tokens and 1) and at decode after pasts of 0 to 40 made
   by the FP32 model, batch 1 and 3 (the worst) — computed here, not by autoprec.
 
-    python -m benchmarks decoders CORPUS [--only NAME ...] [--budget 16] [--threads 1] [--precisions LIST]
-        [--peers quantize_dynamic quantize_static int4_rtn int4_hqq] --json OUT.json
+    python -m benchmarks decoders CORPUS [--only NAME ...] [--budget 16] [--threads 1] [--precisions LIST] [--backend ort-cuda]
+        [--peers quantize_dynamic quantize_static int4_rtn int4_hqq int4_gptq] --json OUT.json
     python -m benchmarks decoders [CORPUS] --quick    # its first entry (without CORPUS: a generated decoder)
 """
 
@@ -45,11 +45,15 @@ QUICK = {"budget": 2, "seconds": 0.5, "retime_seconds": QUICK_RETIME}
 class Decoder:
     """A model file run as a decoder: prefill and decode feeds, greedy generation (this benchmark's own code)."""
 
-    def __init__(self, path: Path, threads: int):
+    def __init__(self, path: Path, threads: int, backend: str = "ort-cpu"):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        providers = ["CPUExecutionProvider"]
+        if backend == "ort-cuda":  # (cuDNN and cuBLAS from the nvidia wheels)
+            getattr(onnxruntime, "preload_dlls", lambda: None)()
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=providers)
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.outputs = [o.name for o in self.session.get_outputs()]
 
@@ -125,8 +129,8 @@ def phase_batches(given: Decoder, vocab: int) -> dict[str, dict]:
 
 def peers(model: Path, data: Path, out: Path, chosen: list[str]) -> dict[str, Path]:
     """ONNX Runtime's whole-model quantizers on the same model, those ``chosen`` of: dynamic INT8 (weights), static
-    QDQ INT8 calibrated on the data as given, and INT4 weights by its MatMulNBitsQuantizer (round to nearest, HQQ;
-    symmetric, block 32, accuracy level 4 as autoprec's)."""
+    QDQ INT8 calibrated on the data as given, and INT4 weights by its MatMulNBitsQuantizer (round to nearest, HQQ,
+    GPTQ; symmetric, block 32, accuracy level 4 as autoprec's)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -149,16 +153,18 @@ def peers(model: Path, data: Path, out: Path, chosen: list[str]) -> dict[str, Pa
         quantize_static(str(model), str(made["quantize_static"]), Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=True, use_external_data_format=True)
     for name in [n for n in made if n.startswith("int4_")]:
-        int4_whole_model(model, made[name], name.removeprefix("int4_"))
+        int4_whole_model(model, made[name], name.removeprefix("int4_"), Reader)
     return made
 
 
-def int4_whole_model(model: Path, out: Path, algorithm: str) -> None:
-    """ONNX Runtime's MatMulNBitsQuantizer on every MatMul with a constant weight (``rtn`` or ``hqq``)."""
+def int4_whole_model(model: Path, out: Path, algorithm: str, reader=None) -> None:
+    """ONNX Runtime's MatMulNBitsQuantizer on every MatMul with a constant weight (``rtn``, ``hqq``, or ``gptq``
+    with its Hessians from the data ``reader()`` reads)."""
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
     config = (nbits.HQQWeightOnlyQuantConfig(block_size=32) if algorithm == "hqq" else
+              nbits.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader()) if algorithm == "gptq" else
               nbits.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4))
     quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(model)), block_size=32, is_symmetric=True, accuracy_level=4,
                                            algo_config=config)
@@ -172,7 +178,7 @@ def searched(model: Path, data: Path, out: Path, args: argparse.Namespace) -> tu
     result = autoprec.search(autoprec.SearchConfig(
         autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=args.max_loss, metric=args.metric or "auto"),
         space=autoprec.SpaceSpec(precisions=args.precisions.split(",") if args.precisions else None),
-        engine=autoprec.EngineSpec(threads=args.threads), study=autoprec.StudySpec(budget=args.budget),
+        engine=autoprec.EngineSpec(backend=args.backend, threads=args.threads), study=autoprec.StudySpec(budget=args.budget),
         out=out / "search", retime_seconds=args.retime_seconds))
     wall = time.monotonic() - started
     pareto = json.loads((out / "search" / "pareto.json").read_text())
@@ -186,12 +192,13 @@ def searched(model: Path, data: Path, out: Path, args: argparse.Namespace) -> tu
     chosen = result.chosen
     return files, {"wall_seconds": round(wall, 1), "metric": pareto["search"]["metric"],
                    "judged_shapes": [p["name"] for p in pareto["search"]["judged_shapes"]],
-                   "chosen_mix": chosen.mix if chosen else None, "chosen_loss": chosen.loss if chosen else None}
+                   "chosen_mix": chosen.mix if chosen else None, "chosen_loss": chosen.loss if chosen else None,
+                   "int4_kernels": pareto["search"].get("int4_kernels")}
 
 
-def timed(files: dict[str, Path], batches: dict[str, dict], threads: int, seconds: float) -> dict:
+def timed(files: dict[str, Path], batches: dict[str, dict], backend: str, threads: int, seconds: float) -> dict:
     """Each model's speed-up over FP32 per phase, with its 95 % interval, from interleaved rounds."""
-    backend = get_backend("ort-cpu", 0, None, threads)
+    backend = get_backend(backend, 0, None, threads)
     models = {name: load(path) for name, path in files.items()}
     found = {}
     for phase, batch in batches.items():
@@ -211,10 +218,10 @@ def run_entry(folder: Path, entry: dict, args: argparse.Namespace) -> dict:
         work = Path(tmp)
         files, search = searched(model, data, work, args)
         files.update(peers(model, data, work, args.peers))
-        given = Decoder(model, args.threads)
+        given = Decoder(model, args.threads, args.backend)
         vocab = int(given.session.get_outputs()[0].shape[-1])
-        accuracy = {name: judged(given, Decoder(path, args.threads), vocab) for name, path in files.items()}
-        speed = timed({"fp32": model, **files}, phase_batches(given, vocab), args.threads, args.seconds)
+        accuracy = {name: judged(given, Decoder(path, args.threads, args.backend), vocab) for name, path in files.items()}
+        speed = timed({"fp32": model, **files}, phase_batches(given, vocab), args.backend, args.threads, args.seconds)
     return {"architecture": entry["architecture"], "search": search, "accuracy": accuracy, "speed": speed}
 
 
@@ -250,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--max-loss", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", choices=["ort-cpu", "ort-cuda"], default="ort-cpu",
+                        help="the engine every model runs on: the search's, the judging's and the timing's")
     parser.add_argument("--seconds", type=float, default=10.0, help="each phase's timing, at most (after 6 blocks)")
     parser.add_argument("--precisions", help="autoprec's --precisions (default: the engine's default)")
     parser.add_argument("--metric", help="autoprec's --metric (default: a decoder's, generation)")
     parser.add_argument("--peers", nargs="*", default=["quantize_dynamic", "quantize_static"],
-                        choices=["quantize_dynamic", "quantize_static", "int4_rtn", "int4_hqq"])
+                        choices=["quantize_dynamic", "quantize_static", "int4_rtn", "int4_hqq", "int4_gptq"])
     add_retime_argument(parser)
     args = parse_arguments(parser, argv, QUICK)
     if args.corpus is None and not args.quick:
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.corpus or quick_corpus(Path(quick))
         corpus = json.loads((folder / "corpus.json").read_text())
         entries = [e for e in corpus["models"] if not args.only or e["name"] in args.only][:1 if args.quick else None]
-        report = Report("decoders", args, get_backend("ort-cpu", 0, None, args.threads), corpus=corpus,
+        report = Report("decoders", args, get_backend(args.backend, 0, None, args.threads), corpus=corpus,
                         budget=args.budget, max_loss=args.max_loss, threads=args.threads, precisions=args.precisions, metric=args.metric,
                         peers=args.peers, models={})
         for entry in entries:
