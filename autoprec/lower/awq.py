@@ -86,5 +86,6 @@ def _scales(power: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def _error(weight: np.ndarray, scales: np.ndarray, power: np.ndarray, rounded: Rounding) -> float:
-    back = rounded(weight * scales[:, None]) / scales[:, None]
-    return float((power[:, None] * np.square(weight - back)).sum())
+    diff = weight - rounded(weight * scales[:, None]) / scales[:, None]
+    # each row's squares summed in float32, then weighed: no float64 copy of the weight (a head's is 0.5 GB)
+    return float(power @ np.einsum("kn,kn->k", diff, diff).astype(np.float64))
