@@ -51,9 +51,10 @@ def rounding_errors(weight: np.ndarray, power: np.ndarray | None,
 def chosen_rounding(errors: Mapping[str, Rounded], margins: Mapping[str, float]) -> str:
     """The rounding of least error among the first (the plain one) and those that cut its error by
     their margin (``margins``, MARGIN where none is given)."""
-    plain = errors[next(iter(errors))].error
+    first = next(iter(errors))
+    plain = errors[first].error
     cutting = {name: rounded.error for name, rounded in errors.items()
-               if rounded.error <= (1 - margins.get(name, MARGIN)) * plain or rounded.error == plain}
+               if name == first or rounded.error <= (1 - margins.get(name, MARGIN)) * plain}
     return min(cutting, key=cutting.get)
 
 
