@@ -116,8 +116,13 @@ def _stored_blocks(model: StoredModel, name: str, matrix: np.ndarray, form: Int4
     tensors = [model.derived(f"{name}_packed", lambda: quantized()[0], whole * n // 2),
                model.derived(f"{name}_scales", lambda: quantized()[1], 4 * n * blocks)]
     if not symmetric:
-        tensors.append(model.derived(f"{name}_zero_points", lambda: quantized()[2], n * -(-blocks // 2)))
+        tensors.append(model.derived(f"{name}_zero_points", lambda: quantized()[2], _zero_point_bytes(n, blocks)))
     return tensors
+
+
+def _zero_point_bytes(n: int, blocks: int) -> int:
+    """MatMulNBits' zero points of ``n`` columns of ``blocks`` blocks: two a byte, a column's own bytes."""
+    return n * -(-blocks // 2)
 
 
 def _whole_blocks(k: int, block: int) -> int:
@@ -205,7 +210,7 @@ def _blocks(weight: np.ndarray, form: Int4Form, block: int, symmetric: bool = Tr
     whole = _whole_blocks(k, block)
     blocks = whole // block
     weight = np.ascontiguousarray(np.pad(np.asarray(weight, np.float32), ((0, whole - k), (0, 0))))
-    zero_points = np.zeros(n * -(-blocks // 2), np.uint8)  # (written only where asymmetric)
+    zero_points = np.zeros(_zero_point_bytes(n, blocks), np.uint8)  # (written only where asymmetric)
     if form is Int4Form.MATMUL_NBITS:
         packed, scales = np.zeros((n, blocks, block // 2), np.uint8), np.zeros((n, blocks), np.float32)
         quantize_matmul_4bits(packed, weight, scales, zero_points, block, n, whole, symmetric)
@@ -274,8 +279,8 @@ def with_kernel(model: StoredModel, level: int, zero_points: bool) -> StoredMode
             del node.attribute[:]
             node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
             inputs = list(node.input) + [""] * (4 - len(node.input))
-            blocks = -(-attributes["K"].i // attributes["block_size"].i)
-            size = attributes["N"].i * -(-blocks // 2)
+            block = attributes["block_size"].i
+            size = _zero_point_bytes(attributes["N"].i, _whole_blocks(attributes["K"].i, block) // block)
             if zero_points and not inputs[3]:
                 if size not in eights:
                     eights[size] = f"autoprec_int4_zero_points_8_{size}"
