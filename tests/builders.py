@@ -466,3 +466,14 @@ def sharing_t(folder: Path) -> Path:
                            helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N", "T", 1])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 8])], [weight])
     return save(model, folder / "two.onnx")
+
+
+def embedding_lookup(table: np.ndarray, dim: int = 32) -> onnx.ModelProto:
+    """ids [2, 5] -> an embedding Gather from ``table``, then a MatMul; and a Gather of an activation's rows."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], "embed", axis=0),
+             helper.make_node("MatMul", ["e", "w"], ["h"], "proj"),
+             helper.make_node("Gather", ["h", "first"], ["y"], "first_row", axis=1)]
+    return _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, dim])],
+                  [_init("table", table), _init("w", np.eye(table.shape[1], dim)),
+                   numpy_helper.from_array(np.array(0, np.int64), "first")])

@@ -502,6 +502,44 @@ def test_int4_zero_points_that_cost_time_ship_only_where_they_cut_the_error_by_t
     assert found == {(0.0, True): False, (0.3, True): True, (0.0, False): True, (0.3, False): True}, found
 
 
+def test_int4_embeddings_gather_their_rows_from_4_bit_blocks_in_both_forms(tmp_path):
+    """An embedding (a Gather of a constant table's rows) is a unit where INT4 is searched — INT4 or FP32, decided
+    as a sensitive unit is — and precision-neutral where it is not, as a Gather of an activation always is, and a
+    table whose rows are no whole number of blocks. At INT4 ONNX Runtime gathers from the blocks (GatherBlockQuantized,
+    a zero point per block for an off-centre table), TensorRT's form dequantizes the INT4 table before its Gather;
+    either way each row read is the row rounded to 4-bit blocks, the FP32 table gone."""
+    from autoprec.lower import Int4Form
+
+    rng = np.random.default_rng(5)
+    table = (rng.normal(0, 0.5, (200, 96)) + 0.3).astype(np.float32)
+    path = builders.save(builders.embedding_lookup(table), tmp_path / "embed.onnx")
+    space = load_search_space()
+    info = analyse(path, space)
+    embed = next(u for u in info.units if u.op_type == "Gather")
+    assert (embed.name, embed.allowed, embed.sensitive) == ("embed", (Precision.INT4, Precision.FP32), True)
+    assert [u.name for u in info.units] == ["embed", "proj"]  # the activation's Gather is no unit
+    assert [u.name for u in analyse(path, space.restricted([Precision.INT8, Precision.FP16])).units] == ["proj"]
+    narrow = builders.save(builders.embedding_lookup(table[:, :80], 32), tmp_path / "narrow.onnx")  # 80: no whole blocks of 32
+    assert [u.name for u in analyse(narrow, space).units] == ["proj"]
+    ids = rng.integers(0, 200, (2, 5))
+    errors = {}
+    for form, op, symmetric in ((Int4Form.MATMUL_NBITS, "GatherBlockQuantized", False),
+                                (Int4Form.DEQUANTIZE, "Gather", True)):
+        lowered = lower_plan(info, Plan.from_mapping({"embed": "int4", "proj": "fp32"}), None, QDQForm.ORT_CPU, form)
+        graph = lowered.proto.graph
+        node = next(n for n in graph.node if n.name == "embed")
+        assert node.op_type == op and "table" not in {t.name for t in graph.initializer}
+        assert len([i for i in node.input if i]) == (2 if symmetric else 4)  # (table or data, ids, scales, zeros)
+        if form is Int4Form.DEQUANTIZE:
+            assert TensorProto.INT4 in [t.data_type for t in graph.initializer]
+        graph.output.extend([helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+        got = builders.session(lowered).run(["e"], {"ids": ids})[0]
+        blocks = got.reshape(-1, 3, 32)  # each row's 96 values in three blocks of 32, 16 levels at most
+        assert max(len(np.unique(b)) for row in blocks for b in row) <= 16
+        errors[form] = np.linalg.norm(got - table[ids]) / np.linalg.norm(table[ids])
+    assert 0 < errors[Int4Form.MATMUL_NBITS] < errors[Int4Form.DEQUANTIZE] < 0.1, errors
+
+
 def test_int4_blocks_are_as_long_as_the_search_space_says(tmp_path):
     """int4_block_size: 64 in a search space: both forms read 64 values a scale (and record the knob, which a
     default space leaves unsaid: a result written before it reads alike)."""

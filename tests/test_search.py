@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 import builders
+import numpy as np
 import onnx
 import onnxruntime as ort
 import optuna
@@ -17,7 +18,7 @@ import autoprec
 from autoprec.analysis.data import Workload, build_dataset
 from autoprec.analysis.model import analyse
 from autoprec.core import atomic
-from autoprec.core.plan import Plan
+from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.core.timing import Timing
 from autoprec.measure.accuracy import compare, loss_from_metrics
@@ -663,6 +664,27 @@ def test_when_not_even_all_fp32_is_within_the_limit_no_plan_is_chosen_and_the_re
     assert json.loads((out / "pareto.json").read_text())["chosen"] is None
     assert searching.main(["show", str(out)]) == 0
     assert "not even all-FP32" in " ".join(capsys.readouterr().out.split())
+
+
+def test_an_embedding_pinned_to_int4_ships_gathering_from_4_bit_blocks(tmp_path):
+    """With INT4 searched, --override 'embed=int4' pins an embedding: every plan gathers its rows from 4-bit blocks,
+    best/ ships ONNX Runtime's GatherBlockQuantized and beside it TensorRT's copy, the INT4 table dequantized
+    before its Gather; the table's FP32 copy is in neither."""
+    table = np.random.default_rng(4).normal(0, 0.5, (300, 256))
+    model = builders.save(builders.embedding_lookup(table), tmp_path / "embed.onnx")
+    out = tmp_path / "out"
+    result = searching.search(autoprec.SearchConfig(
+        autoprec.InputSpec(model), space=autoprec.SpaceSpec(precisions=["int4", "fp32"], overrides=["embed=int4"]),
+        study=autoprec.StudySpec(budget=2), out=out, retime_seconds=1, ship_within_noise=True))
+    assert result.trials and all(t.plan.as_dict()["embed"] is Precision.INT4 for t in result.trials)
+    best = onnx.load(str(out / "best" / "model.onnx"), load_external_data=False)
+    assert {n.name: n.op_type for n in best.graph.node}["embed"] == "GatherBlockQuantized"
+    trt = onnx.load(str(out / "best" / "model.tensorrt.onnx"), load_external_data=False)
+    gather = next(n for n in trt.graph.node if n.name == "embed")
+    dequantize = next(n for n in trt.graph.node if gather.input[0] in n.output)
+    assert dequantize.op_type == "DequantizeLinear"
+    assert {t.name: t.data_type for t in trt.graph.initializer}[dequantize.input[0]] == onnx.TensorProto.INT4
+    assert "table" not in {t.name for graph in (best.graph, trt.graph) for t in graph.initializer}
 
 
 def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_path):

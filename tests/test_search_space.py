@@ -15,6 +15,7 @@ SPACES = {
     "op name not text": "units: {1: [int8]}\n",
     "int4 block size not a power of two": "units: {MatMul: [int4, fp32]}\nint4_block_size: 24\n",
     "int4 block size text": "units: {MatMul: [int4, fp32]}\nint4_block_size: big\n",
+    "embeddings in int8": "units: {MatMul: [int4, fp32]}\nembeddings: [int8, fp32]\n",
 }
 
 

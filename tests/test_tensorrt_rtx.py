@@ -424,3 +424,21 @@ def test_rtx_builds_int4_weights_in_the_dequantize_form_and_reads_them_as_int4(t
         lower_plan(baseline.info, plan, baseline.ranges, QDQForm.TENSORRT), baseline.info, plan))
     for source in ("network types", "builder log"):
         assert not built.report["fidelity_checks"][source]["plan_ignored"], built.report["fidelity_checks"][source]
+
+
+def test_rtx_builds_an_int4_embedding_and_reads_its_table_as_int4(tmp_path):
+    """An embedding at INT4 beside its FP16 projection, then at FP32: TensorRT for RTX parses the INT4 table's block
+    DequantizeLinear before the Gather, builds, and both checks find each unit at its planned precision (the gather
+    reading INT4; at FP32 a float table)."""
+    import numpy as np
+
+    table = np.random.default_rng(2).normal(0, 0.5, (200, 64))
+    baseline = load_baseline(builders.save(builders.embedding_lookup(table), tmp_path / "embed.onnx"),
+                             load_search_space(), None)
+    for mapping in ({"embed": "int4", "proj": "fp16"}, {"embed": "fp32", "proj": "int4"}):
+        plan = Plan.from_mapping(mapping)
+        built = build_engine(trt, TENSORRT_RTX, stamp_plan(
+            lower_plan(baseline.info, plan, baseline.ranges, QDQForm.TENSORRT), baseline.info, plan))
+        for source in ("network types", "builder log"):
+            check = built.report["fidelity_checks"][source]
+            assert check["checked_units"] == 2 and not check["plan_ignored"], (mapping, check)

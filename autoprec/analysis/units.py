@@ -128,6 +128,10 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...],
         for attribute, value in node.attrs.items():
             if isinstance(value, gs.Graph):
                 units += _units_in(value, space, (*scope, node.name, attribute), out_of_range)
+        embedding = _embedding_allowed(node, space, subgraphs.label(scope, node.name))
+        if embedding:
+            units.append(_embedding_unit(node, embedding, scope, space))
+            continue
         if node.op not in space.units and node.name not in groups:
             continue
         members = groups.get(node.name, [node])
@@ -167,6 +171,26 @@ def _units_in(graph: gs.Graph, space: SearchSpace, scope: tuple[str, ...],
             )
         )
     return units
+
+
+def _embedding_allowed(node: gs.Node, space: SearchSpace, name: str) -> tuple[Precision, ...]:
+    """What a Gather of a constant float32 table's rows along axis 0 may take (its row a whole number of
+    INT4 blocks; see :meth:`SearchSpace.embedding_allowed`); () for any other node."""
+    table = node.inputs[0] if node.op == "Gather" and len(node.inputs) == 2 else None
+    if (not isinstance(table, gs.Constant) or isinstance(node.inputs[1], gs.Constant)
+            or node.attrs.get("axis", 0) != 0 or len(table.shape) != 2 or table.dtype != np.float32
+            or table.shape[1] % space.int4_block_size):
+        return ()
+    return space.embedding_allowed(name)
+
+
+def _embedding_unit(node: gs.Node, allowed: tuple[Precision, ...], scope: tuple[str, ...],
+                    space: SearchSpace) -> Unit:
+    """An embedding as a unit: its table the weight, no float activations (the indices are integers), decided
+    as a sensitive unit is (a gather reads a row a token: INT4 saves memory, time only where measured)."""
+    return Unit(name=subgraphs.label(scope, node.name), op_type=node.op, nodes=(node.name,), activations=(),
+                weight=node.inputs[0].name, output=node.outputs[0].name, allowed=allowed, scope=scope,
+                sensitive=True, int4_block=space.int4_block_size)
 
 
 def _allowed(allowed: tuple[Precision, ...], node: gs.Node, weight: gs.Constant | None) -> tuple[Precision, ...]:

@@ -233,7 +233,7 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
     info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.judge.max_loss)
     if sensitive_units["found"]:
-        log.info("sensitive units (softmax, normalisations, reductions): "
+        log.info("sensitive units (softmax, normalisations, reductions; embeddings where INT4 is searched): "
                  f"{sensitive_units['searched']} of {sensitive_units['found']} searched, the rest "
                  f"kept FP32 ({sensitive_units['too_lossy']} lose more than the limit alone, "
                  f"{sensitive_units['no_gain']} save no time in the profile); "

@@ -31,6 +31,7 @@ NEUTRAL_OPS = frozenset({
 
 
 INT4_BLOCK_SIZE = 32
+EMBEDDING_PRECISIONS = frozenset({Precision.INT4, Precision.FP32})
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class SearchSpace:
     out_of_range: tuple[Precision, ...] = ()
     # values of a weight's column sharing one scale in an INT4 unit (autoprec.lower.int4)
     int4_block_size: int = INT4_BLOCK_SIZE
+    # precisions for an embedding, a Gather of a constant 2-D table's rows (int4, fp32): a unit of its
+    # own only where it may take INT4 (else precision-neutral, as any Gather)
+    embeddings: tuple[Precision, ...] = ()
 
     def allowed(self, node_name: str, op_type: str) -> tuple[Precision, ...]:
         """Precisions a unit may take: its op type's (for a neutral op, a unit only for its range on
@@ -62,6 +66,16 @@ class SearchSpace:
                 allowed = precisions
         return allowed
 
+    def embedding_allowed(self, node_name: str) -> tuple[Precision, ...]:
+        """Precisions an embedding may take (INT4 and FP32 of ``embeddings``, narrowed by the last
+        matching override); () where INT4 is not among them: then it is no unit."""
+        allowed = self.embeddings
+        for pattern, precisions in self.overrides:
+            if fnmatch.fnmatchcase(node_name, pattern):
+                allowed = precisions
+        allowed = tuple(p for p in allowed if p in EMBEDDING_PRECISIONS)
+        return allowed if Precision.INT4 in allowed else ()
+
     def restricted(self, keep: Collection[Precision]) -> SearchSpace:
         """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what
         was asked for."""
@@ -73,8 +87,9 @@ class SearchSpace:
         overrides = tuple((pattern, narrowed(p)) for pattern, p in self.overrides)
         sensitive = {op: narrowed(p) for op, p in self.sensitive.items()}
         out_of_range = narrowed(self.out_of_range) if self.out_of_range else ()
+        embeddings = narrowed(self.embeddings) if self.embeddings else ()
         return replace(self, units=units, overrides=overrides, sensitive=sensitive,
-                       out_of_range=out_of_range)
+                       out_of_range=out_of_range, embeddings=embeddings)
 
     def without(self, precision: Precision, op_types: Collection[str]) -> SearchSpace:
         """Units of ``op_types`` no longer take ``precision`` (an engine without a kernel for
@@ -104,6 +119,8 @@ class SearchSpace:
             "overrides": [[pattern, [p.value for p in precisions]] for pattern, precisions in self.overrides],
             # (the default unsaid: a space recorded before the knob reads, and digests, the same)
             **({"int4_block_size": self.int4_block_size} if self.int4_block_size != INT4_BLOCK_SIZE else {}),
+            # (unsaid where no embedding is a unit: a space without INT4 reads, and digests, as before)
+            **({"embeddings": [p.value for p in self.embeddings]} if Precision.INT4 in self.embeddings else {}),
         }
 
     def digest(self) -> str:
@@ -139,6 +156,8 @@ class SearchSpace:
                 else (),
                 int4_block_size=block_size(data.get("int4_block_size", INT4_BLOCK_SIZE),
                                            "recorded search space"),
+                embeddings=parse_precisions(list(data["embeddings"]), "recorded search space, embeddings")
+                if data.get("embeddings") else (),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SearchSpaceError("the recorded search space cannot be read "
@@ -233,7 +252,19 @@ def load_search_space(path: str | Path | None = None) -> SearchSpace:
         if raw.get("out_of_range")
         else (),
         int4_block_size=block_size(raw.get("int4_block_size", INT4_BLOCK_SIZE), f"search space {source}"),
+        embeddings=_embeddings(raw, source),
     )
+
+
+def _embeddings(raw: dict, source: str) -> tuple[Precision, ...]:
+    """``embeddings:``: INT4 and FP32 only (a Gather reads rows: no INT8 or FP16 kernel to choose)."""
+    if not raw.get("embeddings"):
+        return ()
+    precisions = parse_precisions(raw["embeddings"], f"search space {source}, embeddings")
+    if not set(precisions) <= EMBEDDING_PRECISIONS:
+        raise SearchSpaceError(f"search space {source}: embeddings {[p.value for p in precisions]} — an embedding "
+                               "takes int4 or fp32 only; write embeddings: [int4, fp32]")
+    return precisions
 
 
 def block_size(value: object, where: str) -> int:

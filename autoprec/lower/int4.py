@@ -1,5 +1,5 @@
-"""INT4 units: a MatMul's or Gemm's constant weight in 4-bit blocks, its activations as they are
-(weight-only).
+"""INT4 units: a MatMul's or Gemm's constant weight (or an embedding's table: :func:`_gathered`) in
+4-bit blocks, its activations as they are (weight-only).
 
 At one token a decoder's MatMuls read each weight once per run: their time is the weights' bytes,
 and 4-bit blocks cut them by 8 against FP32. Two forms of the same plan, as engines run them:
@@ -70,6 +70,9 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
     level = kernels["accuracy_level"] if kernels else ACCURACY_LEVEL
     for unit in units:
         node = edit.node(edit.index.position[unit.nodes[0]])
+        if node.op_type == "Gather":
+            _gathered(edit, node, model, unit, form, prefix)
+            continue
         weight = edit.ins[id(node)][1]
         values = edit.index.values(weight, model.folder)
         transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
@@ -100,15 +103,47 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
             _dequantized(edit, node, _as_int4(tensors[0], (whole, n)), tensors[1], name, block)
 
 
+def _gathered(edit: GraphEdit, node: NodeProto, model: StoredModel, unit: Unit, form: Int4Form, prefix: str) -> None:
+    """An embedding's table [V, D] in 4-bit blocks along D: each row is to the quantizer what a MatMul
+    weight's column is, so MatMulNBits' packing is the table's, row by row. ONNX Runtime gathers from it
+    (GatherBlockQuantized, a zero point per block where that cuts the error by MARGIN: no kernel reads
+    them slower at a row a token); TensorRT's form dequantizes the signed INT4 table (each value less
+    8) before the Gather. The rows' loudness does not weigh the error: no activation meets them."""
+    table = edit.ins[id(node)][0]
+    columns = np.asarray(edit.index.values(table, model.folder), np.float32).T  # [D, V]
+    block, (width, rows) = unit.int4_block, columns.shape
+    rounding, _ = _chosen_for(model, f"{table}_{unit.name}", columns, None, form, block, MARGIN)
+    symmetric = rounding == SYMMETRIC
+    name = (f"{prefix}{table}_{unit.name}_int4_gather_{form.value}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}"
+            f"{'' if symmetric else '_zp'}")
+    signed = form is Int4Form.DEQUANTIZE
+    packed, scales, *zero_points = _stored_blocks(model, name, columns, Int4Form.MATMUL_NBITS, block, symmetric,
+                                                  signed)
+    indices = edit.ins[id(node)][1]
+    if signed:
+        dequantized = edit.add("DequantizeLinear", f"{name}_dequantize",
+                               [edit.add_initializer(_as_int4(packed, (rows, width))), edit.add_initializer(scales)],
+                               [f"{name}_dq"], axis=1, block_size=block).output[0]
+        edit.retype(node, "Gather", "", [dequantized, indices], dict(axis=0))
+        return
+    inputs = [edit.add_initializer(_reshaped(packed, (rows, width // 2))), indices, edit.add_initializer(scales)]
+    if zero_points:  # (a row's own bytes, two a byte)
+        inputs.append(edit.add_initializer(_reshaped(zero_points[0], (rows, -(-(width // block) // 2)))))
+    edit.retype(node, "GatherBlockQuantized", "com.microsoft", inputs,
+                dict(gather_axis=0, quantize_axis=1, block_size=block, bits=4))
+
+
 def _stored_blocks(model: StoredModel, name: str, matrix: np.ndarray, form: Int4Form, block: int,
-                   symmetric: bool) -> list[TensorProto]:
+                   symmetric: bool, signed: bool = False) -> list[TensorProto]:
     """The packed 4-bit values, the scales and (asymmetric) the zero points, quantized once, only
-    where the copies are not kept beside the model yet."""
+    where the copies are not kept beside the model yet; ``signed``: the values less 8, ONNX's INT4
+    (symmetric blocks: 8 is their zero point)."""
     made: list = []
 
     def quantized() -> tuple[np.ndarray, ...]:
         if not made:
-            made.append(_blocks(matrix, form, block, symmetric))
+            packed, *rest = _blocks(matrix, form, block, symmetric)
+            made.append((packed ^ 0x88 if signed else packed, *rest))
         return made[0]
 
     whole, n = _whole_blocks(matrix.shape[0], block), matrix.shape[1]
@@ -319,9 +354,15 @@ def _dequantized(edit: GraphEdit, node: NodeProto, packed: TensorProto, scales: 
 def _as_int4(tensor: TensorProto, shape: tuple[int, int]) -> TensorProto:
     """The packed bytes (two values a byte, low nibble first: ONNX's INT4 layout) as a [K, N] INT4
     tensor."""
+    typed = _reshaped(tensor, shape)
+    typed.data_type = TensorProto.INT4
+    return typed
+
+
+def _reshaped(tensor: TensorProto, shape: tuple[int, int]) -> TensorProto:
+    """``tensor``'s bytes read as ``shape`` (a copy of its proto; its data where it was)."""
     typed = TensorProto()
     typed.CopyFrom(tensor)
-    typed.data_type = TensorProto.INT4
     del typed.dims[:]
     typed.dims.extend(shape)
     return typed

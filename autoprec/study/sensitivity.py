@@ -254,7 +254,7 @@ def searched_sensitive(
         return info, facts
     if sensitivity is None:
         note = (
-            f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions) kept FP32: "
+            f"{len(candidates)} sensitive unit(s) (softmax, normalisations, reductions, embeddings) kept FP32: "
             "no sensitivity pass measured whether lowering them pays"
         )
         return info.without(

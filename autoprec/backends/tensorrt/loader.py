@@ -189,7 +189,7 @@ class TimingCache:
 # reductions, normalisations, unary math, Pow).
 _COMPUTE_LAYERS = ("CONVOLUTION", "DECONVOLUTION", "MATRIX_MULTIPLY", "SOFTMAX", "REDUCE",
                    "NORMALIZATION", "UNARY",
-                   "ELEMENTWISE")
+                   "ELEMENTWISE", "GATHER")
 
 
 _NETWORK_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT8": "int8", "FP8": "fp8"}
@@ -201,10 +201,10 @@ def _enum_name(value) -> str:
 
 def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
     """ONNX node -> (layer, the type its compute layers run in) for every convolution, matrix
-    multiply and sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow) of a
-    parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from INT8,
-    int4 when its weight comes so from INT4, else its output's type. Read before any build, so it
-    needs no GPU."""
+    multiply, gather and sensitive-unit layer (softmax, reduction, normalisation, unary math, Pow)
+    of a parsed, strongly typed network: int8 when its input comes through a DequantizeLinear from
+    INT8, int4 when its weight (a gather's table) comes so from INT4, else its output's type. Read
+    before any build, so it needs no GPU."""
     layers = [network.get_layer(i) for i in range(network.num_layers)]
     producer = {layer.get_output(j).name: layer for layer in layers for j in range(layer.num_outputs)}
     found: dict[str, list[tuple[str, str]]] = {}
@@ -212,7 +212,9 @@ def network_precisions(network) -> dict[str, list[tuple[str, str]]]:
         if _enum_name(layer.type) not in _COMPUTE_LAYERS:
             continue
         source = producer.get(layer.get_input(0).name) if layer.num_inputs else None
-        weights = _through_shuffles(producer, layer.get_input(1)) if layer.num_inputs > 1 else None
+        # (an embedding's Gather reads its table first)
+        weight = 0 if _enum_name(layer.type) == "GATHER" else 1
+        weights = _through_shuffles(producer, layer.get_input(weight)) if layer.num_inputs > 1 else None
         if _dequantized_from(source, "INT8"):
             precision = "int8"
         elif _dequantized_from(weights, "INT4"):  # weight-only: the activations keep their type
