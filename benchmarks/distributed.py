@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -371,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         report.write()
         print_gpu_table(report)
         return 0
+    # a run stopped by `timeout` (SIGTERM) still stops its PostgreSQL server: four were left on the H200 host once
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.gpus:
         return gpu_main(args)
     binaries = postgres.server_binaries()
