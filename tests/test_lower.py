@@ -521,6 +521,9 @@ def test_int4_embeddings_gather_their_rows_from_4_bit_blocks_in_both_forms(tmp_p
     assert [u.name for u in analyse(path, space.restricted([Precision.INT8, Precision.FP16])).units] == ["proj"]
     narrow = builders.save(builders.embedding_lookup(table[:, :80], 32), tmp_path / "narrow.onnx")  # 80: no whole blocks of 32
     assert [u.name for u in analyse(narrow, space).units] == ["proj"]
+    # an override narrows it as any unit (pinned FP32, or INT4: a precision named twice counts once)
+    for override, allowed in (("embed=fp32", (Precision.FP32,)), ("embed=int4,int4", (Precision.INT4,))):
+        assert analyse(path, space.with_overrides([override])).units[0].allowed == allowed, override
     ids = rng.integers(0, 200, (2, 5))
     errors = {}
     for form, op, symmetric in ((Int4Form.MATMUL_NBITS, "GatherBlockQuantized", False),

@@ -687,6 +687,20 @@ def test_an_embedding_pinned_to_int4_ships_gathering_from_4_bit_blocks(tmp_path)
     assert "table" not in {t.name for graph in (best.graph, trt.graph) for t in graph.initializer}
 
 
+def test_an_override_naming_an_embedding_that_is_no_unit_says_why(tmp_path, capsys):
+    """--override 'embed=int4' with INT4 not searched: the Gather exists but is no unit (an embedding is one only where
+    INT4 is searched) — said so, not as a typo ("matches no unit")."""
+    from cli import exit_code
+
+    model = builders.save(builders.embedding_lookup(np.random.default_rng(4).normal(0, 0.5, (300, 64))),
+                          tmp_path / "e.onnx")
+    code = exit_code(["search", model, "--precisions", "int8,fp32", "--override", "embed=int4", "--budget", "2",
+                      "--out", tmp_path / "o", "--no-progress"])
+    said = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "names a Gather node of e.onnx that is no precision unit" in said, said
+    assert "where int4 is searched, embeddings" in said
+
+
 def test_int4_is_searched_when_asked_for_and_its_plans_ship_4_bit_weights(tmp_path):
     """By default INT4 is left out (said why); with --precisions int4,fp32 the study seeds all-INT4, measures
     INT4 plans, and a plan holding INT4 units ships as ONNX Runtime's MatMulNBits, TensorRT's copy beside it."""

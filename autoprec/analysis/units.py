@@ -178,7 +178,7 @@ def _embedding_allowed(node: gs.Node, space: SearchSpace, name: str) -> tuple[Pr
     INT4 blocks; see :meth:`SearchSpace.embedding_allowed`); () for any other node."""
     table = node.inputs[0] if node.op == "Gather" and len(node.inputs) == 2 else None
     if (not isinstance(table, gs.Constant) or isinstance(node.inputs[1], gs.Constant)
-            or node.attrs.get("axis", 0) != 0 or len(table.shape) != 2 or table.dtype != np.float32
+            or node.attrs.get("axis", 0) not in (0, -2) or len(table.shape) != 2 or table.dtype != np.float32
             or table.shape[1] % space.int4_block_size):
         return ()
     return space.embedding_allowed(name)

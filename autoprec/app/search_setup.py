@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from autoprec.analysis.baseline import Baseline, baseline_of, load_inputs, shared_files
 from autoprec.analysis.data import Dataset
 from autoprec.analysis.model_info import ModelInfo
+from autoprec.analysis.subgraphs import all_nodes
 from autoprec.app.config import SearchConfig
 from autoprec.app.resolve import (
     check_out_dir,
@@ -158,6 +159,13 @@ def _check_overrides(overrides: Sequence[str], info: ModelInfo) -> None:
     for text in overrides:
         pattern = text.partition("=")[0]
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            node = next((n for n in all_nodes(info.model) if fnmatch.fnmatchcase(n.name, pattern)), None)
+            if node is not None:
+                raise AutoprecError(
+                    f"--override {text!r}: {pattern!r} names a {node.op_type} node of {info.path.name} that is no "
+                    "precision unit: units are the search space's op types (MatMul, Gemm, Conv, ...: `autoprec "
+                    "show` or `sensitivity` lists them) and, where int4 is searched, embeddings (a Gather along "
+                    "axis 0 of a constant float32 2-D table whose rows are whole int4 blocks)")
             shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
             raise AutoprecError(f"--override {text!r}: {pattern!r} matches no unit of "
                                 f"{info.path.name} (its units: {shown}; names are case-sensitive, "

@@ -67,14 +67,16 @@ class SearchSpace:
         return allowed
 
     def embedding_allowed(self, node_name: str) -> tuple[Precision, ...]:
-        """Precisions an embedding may take (INT4 and FP32 of ``embeddings``, narrowed by the last
-        matching override); () where INT4 is not among them: then it is no unit."""
+        """Precisions an embedding may take: INT4 and FP32 of ``embeddings``, narrowed by the last
+        matching override (FP32 where it names neither); () where the space gives embeddings no INT4
+        (INT4 not searched): then it is no unit."""
+        if Precision.INT4 not in self.embeddings:
+            return ()
         allowed = self.embeddings
         for pattern, precisions in self.overrides:
             if fnmatch.fnmatchcase(node_name, pattern):
                 allowed = precisions
-        allowed = tuple(p for p in allowed if p in EMBEDDING_PRECISIONS)
-        return allowed if Precision.INT4 in allowed else ()
+        return tuple(p for p in allowed if p in EMBEDDING_PRECISIONS) or (Precision.FP32,)
 
     def restricted(self, keep: Collection[Precision]) -> SearchSpace:
         """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what
@@ -172,7 +174,8 @@ def parse_precisions(text: str | list, where: str) -> tuple[Precision, ...]:
         )
     items = text.split(",") if isinstance(text, str) else list(text)
     try:
-        precisions = tuple(Precision(str(p).strip().lower()) for p in items if str(p).strip())
+        # (a precision named twice counts once: a unit's choices are a set)
+        precisions = tuple(dict.fromkeys(Precision(str(p).strip().lower()) for p in items if str(p).strip()))
     except ValueError:
         raise SearchSpaceError(
             f"{where}: {items!r} is not a list of precisions; use int4, int8, fp16 and fp32, e.g. "
@@ -260,11 +263,11 @@ def _embeddings(raw: dict, source: str) -> tuple[Precision, ...]:
     """``embeddings:``: INT4 and FP32 only (a Gather reads rows: no INT8 or FP16 kernel to choose)."""
     if not raw.get("embeddings"):
         return ()
-    precisions = parse_precisions(raw["embeddings"], f"search space {source}, embeddings")
-    if not set(precisions) <= EMBEDDING_PRECISIONS:
-        raise SearchSpaceError(f"search space {source}: embeddings {[p.value for p in precisions]} — an embedding "
-                               "takes int4 or fp32 only; write embeddings: [int4, fp32]")
-    return precisions
+    value = raw["embeddings"]
+    if not isinstance(value, list) or not {str(v).strip().lower() for v in value} <= {p.value for p in EMBEDDING_PRECISIONS}:
+        raise SearchSpaceError(f"search space {source}: embeddings: {value!r} — an embedding takes int4 or fp32 "
+                               "only; write embeddings: [int4, fp32]")
+    return parse_precisions(value, f"search space {source}, embeddings")
 
 
 def block_size(value: object, where: str) -> int:
