@@ -60,11 +60,7 @@ class SearchSpace:
         the data: ``out_of_range``), narrowed by the last matching override."""
         if op_type in self.pinned_fp32:
             return (Precision.FP32,)
-        allowed = self.units.get(op_type) or self.sensitive.get(op_type) or self.out_of_range
-        for pattern, precisions in self.overrides:
-            if fnmatch.fnmatchcase(node_name, pattern):
-                allowed = precisions
-        return allowed
+        return self._overridden(node_name, self.units.get(op_type) or self.sensitive.get(op_type) or self.out_of_range)
 
     def embedding_allowed(self, node_name: str) -> tuple[Precision, ...]:
         """Precisions an embedding may take: INT4 and FP32 of ``embeddings``, narrowed by the last
@@ -72,11 +68,15 @@ class SearchSpace:
         (INT4 not searched): then it is no unit."""
         if Precision.INT4 not in self.embeddings:
             return ()
-        allowed = self.embeddings
+        allowed = self._overridden(node_name, self.embeddings)
+        return tuple(p for p in allowed if p in EMBEDDING_PRECISIONS) or (Precision.FP32,)
+
+    def _overridden(self, node_name: str, allowed: tuple[Precision, ...]) -> tuple[Precision, ...]:
+        """``allowed``, or the precisions of the last override whose pattern matches ``node_name``."""
         for pattern, precisions in self.overrides:
             if fnmatch.fnmatchcase(node_name, pattern):
                 allowed = precisions
-        return tuple(p for p in allowed if p in EMBEDDING_PRECISIONS) or (Precision.FP32,)
+        return allowed
 
     def restricted(self, keep: Collection[Precision]) -> SearchSpace:
         """Only the precisions in ``keep`` (FP32 always stays): what an engine runs fast, or what
