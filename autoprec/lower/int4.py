@@ -82,8 +82,7 @@ def apply_int4(edit: GraphEdit, model: StoredModel, units: list[Unit], form: Int
         rounding, rows = _chosen_for(model, f"{weight}_{unit.name}", matrix, _power(ranges, unit), form, block,
                                      zero_point_margin(kernels))
         scaled = f"_awq{digest(rows.tolist())}" if rows is not None else ""
-        name = (f"{prefix}{weight}_{unit.name}_int4_{form.value}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}{scaled}"
-                f"{'' if rounding == SYMMETRIC else '_zp'}")
+        name = _copy_name(f"{prefix}{weight}_{unit.name}_int4_{form.value}", block, rounding, scaled)
         activation = edit.ins[id(node)][0]
         if rows is not None:  # the input channels scaled back: the product as it was
             inverse = model.derived(f"{name}_inverse", lambda: (1.0 / rows).astype(np.float32),
@@ -114,8 +113,7 @@ def _gathered(edit: GraphEdit, node: NodeProto, model: StoredModel, unit: Unit, 
     block, (width, rows) = unit.int4_block, columns.shape
     rounding, _ = _chosen_for(model, f"{table}_{unit.name}", columns, None, form, block, MARGIN)
     symmetric = rounding == SYMMETRIC
-    name = (f"{prefix}{table}_{unit.name}_int4_gather_{form.value}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}"
-            f"{'' if symmetric else '_zp'}")
+    name = _copy_name(f"{prefix}{table}_{unit.name}_int4_gather_{form.value}", block, rounding)
     signed = form is Int4Form.DEQUANTIZE
     packed, scales, *zero_points = _stored_blocks(model, name, columns, Int4Form.MATMUL_NBITS, block, symmetric,
                                                   signed)
@@ -131,6 +129,12 @@ def _gathered(edit: GraphEdit, node: NodeProto, model: StoredModel, unit: Unit, 
         inputs.append(edit.add_initializer(_reshaped(zero_points[0], (rows, -(-(width // block) // 2)))))
     edit.retype(node, "GatherBlockQuantized", "com.microsoft", inputs,
                 dict(gather_axis=0, quantize_axis=1, block_size=block, bits=4))
+
+
+def _copy_name(base: str, block: int, rounding: str, scaled: str = "") -> str:
+    """A 4-bit copy's name: ``base`` and what else makes it (a block size not the default, activation-aware
+    scales, a zero point per block), so that each copy is made and kept once."""
+    return f"{base}{'' if block == INT4_BLOCK_SIZE else f'_block{block}'}{scaled}{'' if rounding == SYMMETRIC else '_zp'}"
 
 
 def _stored_blocks(model: StoredModel, name: str, matrix: np.ndarray, form: Int4Form, block: int,
