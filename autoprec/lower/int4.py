@@ -198,7 +198,9 @@ def _chosen_for(model: StoredModel, unit: str, matrix: np.ndarray, power: np.nda
     point per block where it cuts the error by ``margin``. Each rounding's error is measured once
     per model and kept in its folder for every process that lowers it (seconds for a 32 000-row
     head, in each worker). A zero point per block is MatMulNBits' alone: TensorRT's INT4 weights are
-    symmetric."""
+    symmetric, so without channel power to weigh (an embedding's table) its form has nothing to choose."""
+    if form is Int4Form.DEQUANTIZE and power is None:
+        return SYMMETRIC, None
     key = (str(model.folder), unit, digest(power.tolist()) if power is not None else "", form.value, block)
     if key not in _errors:
         roundings = {SYMMETRIC: lambda w: _read_back(w, block, True)}
