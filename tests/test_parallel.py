@@ -35,7 +35,7 @@ class SlowRunner(Runner):
         self._phase("evaluate", 0.05)
         return {"y": batch["x"]}
 
-    def time(self, batch):
+    def time(self, batch, runs=None):
         self._phase("time", 0.1)
         return Timing(1.0, 1.0, 1.0, 10, 3)
 

@@ -312,7 +312,7 @@ def _clock_engine(events: list, alive: list, failing: str | None = None):
         def run(self, batch):
             return {}
 
-        def time(self, batch):
+        def time(self, batch, runs=None):
             events.append(("time", self.name))
             n = sum(e[0] == "time" for e in events)
             return Timing(n, n, n, 10, 3)

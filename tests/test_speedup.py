@@ -207,7 +207,7 @@ def test_once_all_fp32s_level_moved_each_block_times_two_rounds(conv_model, monk
     runner = backend.runner
     backend.runner = lambda model: built.append(model) or runner(model)
 
-    def time_work(session, work):
+    def time_work(session, work, runs):
         level = (1.3 if (len(built) - 1) // 2 % 2 else 1.0) * (1 + 0.05 * rng.random())
         return (Timing(level, level, level, 10, 3),)
 
@@ -497,3 +497,28 @@ def test_where_the_level_moved_each_half_of_the_interval_stands_on_enough_blocks
                     "chosen": tuple(Timing(v, v, v, 10, 3) for v in np.multiply(plan, level))}, tuple(block_of))
     assert found.steadiness().moved
     assert bounded(found, [("fp32", "chosen")]) is enough
+
+
+def test_the_retiming_and_the_final_timing_time_each_session_half_as_long_as_a_trial(tmp_path):
+    """Their speed-ups stand on many sessions' fastest runs, not on one session's: a turn runs for
+    about half a trial's time (a model slow enough that no turn reaches the runs' cap)."""
+    import builders
+
+    from autoprec.analysis.model import analyse
+    from autoprec.backends import get_backend
+    from autoprec.core.search_space import load_search_space
+    from autoprec.measure.measurement import time_paired
+
+    backend = get_backend("ort-cpu", threads=1)
+    stored = analyse(builders.save(builders.conv_net(batch=2, size=96), tmp_path / "conv.onnx"),
+                     load_search_space()).stored
+    batch = {"x": np.random.default_rng(0).random((2, 3, 96, 96), dtype=np.float32)}
+    with backend.runner(stored) as runner:
+        runner.run(batch)
+        trial = runner.time(batch)
+    assert 20 <= trial.runs < 400, "the model's run is not in the range this test is for"
+    paired = time_paired(backend, stored, stored, Workload.of(batch), rounds=2)
+    final = time_until_known(backend, {"fp32": stored, "chosen": stored}, Workload.of(batch), [("fp32", "chosen")], 0)
+    turns = [*paired.reference, *paired.candidate, *final.timings["fp32"], *final.timings["chosen"]]
+    ran_ms = [turn.runs * turn.median_ms for turn in turns]
+    assert float(np.median(ran_ms)) < 0.75 * trial.runs * trial.median_ms, (ran_ms, trial)

@@ -16,7 +16,7 @@ from autoprec.backends.doctor_steps import DoctorCase, Made, Step, running_steps
 from autoprec.core import engines
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
-from autoprec.core.timing import Timing
+from autoprec.core.timing import TRIAL, Runs, Timing
 from autoprec.lower import Int4Form, QDQForm, lower_plan
 from autoprec.record.trial import EngineInfo
 
@@ -32,8 +32,9 @@ class Runner(abc.ABC):
         """Outputs by name, as host NumPy arrays."""
 
     @abc.abstractmethod
-    def time(self, batch: Batch) -> Timing:
-        """Latency of ``batch``: warm-up, then the median of repeated runs."""
+    def time(self, batch: Batch, runs: Runs = TRIAL) -> Timing:
+        """Latency of ``batch``: warm-up, then the median of repeated runs, as many as ``runs`` asks (an
+        engine that times a fixed count says so in its timing text)."""
 
     def build_report(self) -> dict[str, Any] | None:
         """What the engine made of the candidate (e.g. TensorRT's per-layer precisions and whether

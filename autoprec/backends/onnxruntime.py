@@ -22,7 +22,7 @@ from autoprec.core import engines
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
 from autoprec.core.stored import StoredModel
-from autoprec.core.timing import TIME_CALLS, Timing, time_calls
+from autoprec.core.timing import TIME_CALLS, TRIAL, Runs, Timing, time_calls
 from autoprec.lower import Int4Form, QDQForm
 from autoprec.record.trial import EngineInfo
 
@@ -50,8 +50,8 @@ class OrtRunner(Runner):
     def run(self, batch: Batch) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, batch)))
 
-    def time(self, batch: Batch) -> Timing:
-        return time_calls(lambda: self.session.run(self.output_names, batch))
+    def time(self, batch: Batch, runs: Runs = TRIAL) -> Timing:
+        return time_calls(lambda: self.session.run(self.output_names, batch), runs)
 
     def close(self) -> None:
         # the engine's memory goes now, not when the last name bound to the runner does
@@ -253,7 +253,7 @@ class OrtCudaRunner(Runner):
         self.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
 
-    def time(self, batch: Batch) -> Timing:
+    def time(self, batch: Batch, runs: Runs = TRIAL) -> Timing:
         binding, resident = self._bound(batch)
         self.session.run_with_iobinding(binding)
         # reuse: no allocation in the timed runs
@@ -265,7 +265,7 @@ class OrtCudaRunner(Runner):
             # the clock stops when the GPU is done, not when the launch returns
             binding.synchronize_outputs()
 
-        return time_calls(call)
+        return time_calls(call, runs)
 
     def close(self) -> None:
         self.session = None

@@ -35,19 +35,37 @@ class Timing:
         return cls(data["median_ms"], data["p10_ms"], data["p90_ms"], data["runs"], data["warmup"])
 
 
-TIME_CALLS = "median of >= 3 runs and >= 0.2 s after 3 warm-up runs (fewer for a call slower than 1/3 s)"
+@dataclass(frozen=True)
+class Runs:
+    """How long one timing runs: ``warmup`` runs, then ``min_runs`` and ``min_seconds`` of runs at
+    least."""
+
+    warmup: int = 3
+    min_seconds: float = 0.2
+    min_runs: int = 3
+
+
+# A trial's timing: its plan's one session.
+TRIAL = Runs()
+# A turn of the re-timing and the final timing, in a session warmed when it was built: their speed-ups
+# stand on many sessions' fastest runs (the lowest p10 of each session's turns), not on one turn's
+# median, and sessions of one graph differ far more (10-70 % on a 2-core VM) than the fastest of 4
+# runs and of 8 do (benchmarks/search_cost.py: those two stages' time; benchmarks/a_over_a.py: the
+# A/A rate with these turns).
+TURN = Runs(warmup=1, min_seconds=0.1)
+TIME_CALLS = (f"median of >= {TRIAL.min_runs} runs and >= {TRIAL.min_seconds:g} s after {TRIAL.warmup} warm-up "
+              f"runs (fewer for a call slower than 1/3 s; the re-timing's and the final timing's turns: "
+              f">= {TURN.min_seconds:g} s after {TURN.warmup})")
 
 SLOW_CALL_S = 1 / 3  # a call this slow warms up in fewer runs: the first ones show it slow
 
 
-def time_calls(
-    call: Callable[[], object], warmup: int = 3, min_runs: int = 3, min_seconds: float = 0.2,
-    max_runs: int = 500
-) -> Timing:
-    """Wall-clock a synchronous call: warm-up, then at least ``min_runs`` and ``min_seconds`` of
-    runs: a fast call runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model
+def time_calls(call: Callable[[], object], runs: Runs = TRIAL, max_runs: int = 500) -> Timing:
+    """Wall-clock a synchronous call: warm-up, then at least ``runs.min_runs`` and ``runs.min_seconds``
+    of runs: a fast call runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model
     made every round of a final timing 1.5 s, and its re-timing and final timing a minute each);
     warm-up stops early for a call slower than SLOW_CALL_S."""
+    warmup, min_runs, min_seconds = runs.warmup, runs.min_runs, runs.min_seconds
     warmed, t0 = 0, time.perf_counter()
     while warmed < warmup:
         call()

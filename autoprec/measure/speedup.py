@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 from autoprec.analysis.data import Workload
 from autoprec.backends.base import Backend
 from autoprec.core.stored import StoredModel
-from autoprec.core.timing import Timing
+from autoprec.core.timing import TURN, Timing
 from autoprec.measure.workload import time_work, warm_up
 from autoprec.record.verdict import BUSY, BUSY_ROUNDS_PER_BLOCK, ROUNDS_PER_BLOCK, Rounds, Speedup
 
@@ -162,7 +162,8 @@ def _time_block(backend: Backend, models: Mapping[str, StoredModel], work: Workl
             if turn >= ROUNDS_PER_BLOCK and not moved and not _busy(probe):
                 break
             for name in in_turn(list(models), len(blocks)):
-                timings[name].append(time_work(kept[name], work)[0] if kept else _timed_alone(backend, models[name], work))
+                timings[name].append(time_work(kept[name], work, TURN)[0] if kept
+                                     else _timed_alone(backend, models[name], work))
             blocks.append(block)
 
 
@@ -182,7 +183,7 @@ def in_turn(names: Sequence[str], round_: int) -> list[str]:
 def _timed_alone(backend: Backend, model: StoredModel, work: Workload) -> Timing:
     with backend.runner(model) as runner:
         warm_up(runner, work)
-        return time_work(runner, work)[0]
+        return time_work(runner, work, TURN)[0]
 
 
 COMPARED = (("fp32", "chosen"), ("source", "chosen"), ("source", "fp32"))  # (reference, candidate)

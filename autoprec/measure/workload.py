@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from autoprec.analysis.data import Workload
 from autoprec.backends.base import Runner
-from autoprec.core.timing import Timing
+from autoprec.core.timing import TRIAL, Runs, Timing
 
 
-def time_work(runner: Runner, work: Workload) -> tuple[Timing, dict[str, Timing]]:
+def time_work(runner: Runner, work: Workload, runs: Runs = TRIAL) -> tuple[Timing, dict[str, Timing]]:
     """The request's latency (the runs' medians and percentiles, each part's times its runs) and
-    each part's own timing by point; a request of one batch run once is that batch's timing, with no
-    parts."""
+    each part's own timing by point, each batch run as ``runs`` asks; a request of one
+    batch run once is that batch's timing, with no parts."""
     if work.single:
-        return runner.time(work.parts[0][1]), {}
-    each = {name: runner.time(batch) for name, batch, _ in work.parts}
+        return runner.time(work.parts[0][1], runs), {}
+    each = {name: runner.time(batch, runs) for name, batch, _ in work.parts}
     runs = {name: count for name, _, count in work.parts}
 
     def total(figure: str) -> float:

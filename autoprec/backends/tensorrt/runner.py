@@ -24,7 +24,7 @@ from autoprec.backends.tensorrt.loader import (
 )
 from autoprec.core import atomic
 from autoprec.core.errors import BackendError
-from autoprec.core.timing import Timing
+from autoprec.core.timing import TRIAL, Runs, Timing
 
 WARMUP_RUNS = 10
 
@@ -260,8 +260,9 @@ class TensorRTRunner(Runner):
             result[name] = out
         return result
 
-    def time(self, batch: Batch) -> Timing:
-        """CUDA-event time of ``execute_async_v3`` alone: I/O stays on the device between runs. (On
+    def time(self, batch: Batch, runs: Runs = TRIAL) -> Timing:
+        """CUDA-event time of ``execute_async_v3`` alone, TIMED_RUNS runs whatever ``runs`` asks:
+        I/O stays on the device between runs. (On
         TensorRT for RTX the first runs also compile kernels just in time: the warm-up absorbs
         them.)"""
         self._bind(batch)
