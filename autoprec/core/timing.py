@@ -51,7 +51,7 @@ TRIAL = Runs()
 # warms it again after the other models' turns. As long as a trial's: their speed-ups stand on each
 # turn's fastest runs, and on a VM whose core is taken away for a stretch, a turn of 0.1 s could fall
 # wholly inside one (magika's quick start: all-FP32's fastest runs moved 150-370 % between sessions
-# instead of 3-130 %, and its INT8 plan went unshipped in 4 of 5 searches; docs/benchmarks.md).
+# instead of 3-131 %, and its INT8 plan went unshipped in 5 of 6 searches; docs/benchmarks.md).
 TURN = Runs(warmup=1)
 TIME_CALLS = (f"median of >= {TRIAL.min_runs} runs and >= {TRIAL.min_seconds:g} s after {TRIAL.warmup} warm-up "
               f"runs (fewer for a call slower than 1/3 s; {TURN.warmup} in the re-timing's and the final timing's "
