@@ -20,7 +20,8 @@ from autoprec.analysis.model import analyse
 from autoprec.core import atomic
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
-from autoprec.core.timing import Timing
+from autoprec.core.stored import StoredModel
+from autoprec.core.timing import Runs, Timing
 from autoprec.measure.accuracy import compare, loss_from_metrics
 from autoprec.record.facts import Drift, SearchFacts
 from autoprec.record.trial import Measurement, TrialRecord
@@ -792,6 +793,88 @@ def test_a_cuda_session_only_judged_picks_convolutions_by_heuristic_and_a_timed_
     engine = object.__new__(OrtCudaBackend if name == "ort-cuda" else OrtTensorRTBackend)  # no GPU needed
     engine._ort, engine.device, engine.threads, engine.cache = None, 0, 0, Path("unused")
     monkeypatch.setattr(type(engine), "session_options", lambda self: None)
-    engine.runner("timed"), engine.judging_runner("judged")
+    conv = StoredModel(builders.conv_net(), Path("unused"))
+    engine.runner(conv), engine.judging_runner(conv)
     assert [a["cudnn_conv_algo_search"] for a in asked] == ["EXHAUSTIVE", "HEURISTIC"]
 
+
+@pytest.mark.parametrize("name", ["ort-cuda", "ort-tensorrt"])
+def test_a_cuda_session_of_convolutions_never_meets_a_second_shape(monkeypatch, name):
+    """ONNX Runtime's CUDA convolutions plan their cuDNN kernels again at every change of input shape
+    (about a second each on yolov8n at batch 32): a plan judged and timed at batch 32 and batch 1 in
+    turn ran each of its sessions at one shape only, its outputs and timings those of its shape. A
+    graph with no convolution, and TensorRT's engines (built for a range of shapes), keep one session."""
+    from pathlib import Path
+
+    from autoprec.backends import onnxruntime as ort_backend
+    from autoprec.backends.onnxruntime import OrtCudaBackend, OrtTensorRTBackend
+
+    sessions = []
+    monkeypatch.setattr(ort, "OrtValue", DeviceArray)
+    monkeypatch.setattr(ort_backend, "new_session",
+                        lambda ort, model, options, providers: (CudaSession(engine.provider, sessions), ()))
+    engine = object.__new__(OrtCudaBackend if name == "ort-cuda" else OrtTensorRTBackend)  # no GPU needed
+    engine._ort, engine.device, engine.threads, engine.cache = None, 0, 0, Path("unused")
+    monkeypatch.setattr(type(engine), "session_options", lambda self: None)
+    at = {batch: {"x": np.zeros((batch, 1, 16, 16), np.float32)} for batch in (32, 1)}
+    for graph in (builders.conv_net("N"), builders.mlp()):
+        sessions.clear()
+        with engine.runner(StoredModel(graph, Path("unused"))) as runner:
+            outputs = [runner.run(at[32]), runner.run(at[1]), runner.run(at[32])]
+            assert [o["y"].shape[0] for o in outputs] == [32, 1, 32]
+            for batch in (32, 1, 32, 1):
+                assert runner.time(at[batch], Runs(warmup=1, min_seconds=0.0)).runs == 3
+        per_shape = name == "ort-cuda" and graph.graph.node[0].op_type == "Conv"
+        assert [len(set(s.shapes)) for s in sessions] == ([1, 1] if per_shape else [2]), (graph.graph.node[0].op_type,
+                                                                                       sessions)
+
+
+class CudaSession:
+    """A CUDA session's IO-binding calls, each run's input shape kept (``made``: every session)."""
+
+    def __init__(self, provider: str, made: list):
+        self.provider, self.shapes = provider, []
+        made.append(self)
+
+    def get_providers(self):
+        return [self.provider]
+
+    def get_outputs(self):
+        return [type("Output", (), {"name": "y"})]
+
+    def io_binding(self):
+        return Binding(self)
+
+    def run_with_iobinding(self, binding):
+        self.shapes.append(binding.shape)
+
+
+class Binding:
+    """An IO binding whose output has the input's shape."""
+
+    def __init__(self, session: CudaSession):
+        self.session, self.shape = session, None
+
+    def bind_ortvalue_input(self, name, value):
+        self.shape = value.shape
+
+    def bind_output(self, name, *where):
+        pass
+
+    bind_ortvalue_output = bind_output
+
+    def get_outputs(self):
+        return [np.zeros(self.shape, np.float32)]
+
+    copy_outputs_to_cpu = get_outputs
+
+    def synchronize_outputs(self):
+        pass
+
+
+class DeviceArray:
+    """OrtValue's copy to the device, kept on the host."""
+
+    @staticmethod
+    def ortvalue_from_numpy(array, device, device_id):
+        return array

@@ -9,6 +9,7 @@ import tempfile
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -226,21 +227,36 @@ def new_session(ort, model: StoredModel, options, providers: list):
 
 class OrtCudaRunner(Runner):
     """Inputs copied to the GPU once and outputs kept there (IO binding), so timing sees GPU work
-    only."""
+    only. Where ``per_shape``, one session for each input shape, built when first met: ONNX
+    Runtime's CUDA convolutions plan their cuDNN kernels again at every change of input shape (no
+    cache of earlier shapes), so one session timed at two shapes in turn planned at every turn
+    (about a second on yolov8n at batch 32, exhaustively); each session's latency is its shape's
+    either way."""
 
-    def __init__(self, session, device: int, left_off: tuple[str, ...] = ()):
-        self.session, self.device, self.left_off = session, device, left_off
-        self.output_names = [o.name for o in session.get_outputs()]
+    def __init__(self, build: Callable[[], tuple[object, tuple[str, ...]]], device: int, per_shape: bool = False):
+        self.session, self.left_off = build()
+        self.build, self.device, self.per_shape = build, device, per_shape
+        self.by_shape: dict[tuple, object] = {}
+        self.output_names = [o.name for o in self.session.get_outputs()]
 
     def build_report(self) -> dict | None:
         return left_off_report(self.left_off)
 
-    def _bound(self, batch: Batch):
-        """An IO binding with ``batch`` resident on the device; the device arrays are returned to
-        keep them alive."""
+    def _session(self, batch: Batch):
+        """The session that runs ``batch``: the one session, or where ``per_shape``, its shape's."""
+        if not self.per_shape:
+            return self.session
+        shape = tuple((name, np.shape(value)) for name, value in batch.items())
+        if shape not in self.by_shape:
+            self.by_shape[shape] = self.build()[0] if self.by_shape else self.session
+        return self.by_shape[shape]
+
+    def _bound(self, session, batch: Batch):
+        """An IO binding of ``session`` with ``batch`` resident on the device; the device arrays are
+        returned to keep them alive."""
         from onnxruntime import OrtValue
 
-        binding = self.session.io_binding()
+        binding = session.io_binding()
         resident = [OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", self.device) for v in batch.values()]
         for name, value in zip(batch, resident):
             binding.bind_ortvalue_input(name, value)
@@ -249,26 +265,32 @@ class OrtCudaRunner(Runner):
         return binding, resident
 
     def run(self, batch: Batch) -> dict[str, np.ndarray]:
-        binding, _ = self._bound(batch)
-        self.session.run_with_iobinding(binding)
+        session = self._session(batch)
+        binding, _ = self._bound(session, batch)
+        session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
 
     def time(self, batch: Batch, runs: Runs = TRIAL) -> Timing:
-        binding, resident = self._bound(batch)
-        self.session.run_with_iobinding(binding)
+        session = self._session(batch)
+        binding, resident = self._bound(session, batch)
+        session.run_with_iobinding(binding)
         # reuse: no allocation in the timed runs
         for name, value in zip(self.output_names, binding.get_outputs()):
             binding.bind_ortvalue_output(name, value)
 
         def call() -> None:
-            self.session.run_with_iobinding(binding)
+            session.run_with_iobinding(binding)
             # the clock stops when the GPU is done, not when the launch returns
             binding.synchronize_outputs()
 
         return time_calls(call, runs)
 
     def close(self) -> None:
-        self.session = None
+        self.session, self.by_shape = None, {}
+
+
+# What ONNX Runtime's CUDA provider plans anew at each change of input shape (cuDNN's frontend).
+REPLANNED_OPS = frozenset({"Conv", "ConvTranspose"})
 
 
 class OrtCudaBackend(OrtNodeTimes, Backend):
@@ -345,15 +367,21 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
                 "CPUExecutionProvider"]
 
     def runner(self, model: StoredModel, conv_search: str = "EXHAUSTIVE") -> OrtCudaRunner:
-        session, left_off = new_session(self._ort, model, self.session_options(),
-                                        self.session_providers(conv_search))
-        # ORT falls back to the CPU quietly: never time that as GPU
-        if self.provider not in session.get_providers():
-            raise BackendError(
-                f"onnxruntime did not put the candidate on {self.provider} (it chose "
-                f"{session.get_providers()})"
-            )
-        return OrtCudaRunner(session, self.device, left_off)
+        def build():
+            session, left_off = new_session(self._ort, model, self.session_options(),
+                                            self.session_providers(conv_search))
+            # ORT falls back to the CPU quietly: never time that as GPU
+            if self.provider not in session.get_providers():
+                raise BackendError(
+                    f"onnxruntime did not put the candidate on {self.provider} (it chose "
+                    f"{session.get_providers()})"
+                )
+            return session, left_off
+
+        # the CUDA provider's own convolutions only: TensorRT plans an engine for a range of shapes
+        per_shape = self.provider == "CUDAExecutionProvider" and any(
+            node.op_type in REPLANNED_OPS for node in all_nodes(model.proto))
+        return OrtCudaRunner(build, self.device, per_shape)
 
     def judging_runner(self, model: StoredModel) -> OrtCudaRunner:
         """cuDNN's heuristic choice of convolution algorithms: the exhaustive search times every
