@@ -11,6 +11,7 @@ import onnx
 import pytest
 import searching
 from builders import conv_with_data, line_reader, save, session
+from builders import mlp as builders_mlp
 from searching import main
 
 import autoprec
@@ -18,7 +19,9 @@ from autoprec.analysis.baseline import load_baseline
 from autoprec.analysis.shape_points import fitted
 from autoprec.core.errors import AutoprecError, ModelError
 from autoprec.core.plan import Precision
+from autoprec.core.profile import InputRange, ShapeProfile
 from autoprec.core.search_space import load_search_space
+from autoprec.export.triton import config_pbtxt
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.deployment import deploy
 
@@ -124,6 +127,14 @@ def test_every_export_carries_the_profile(searched, tmp_path):
     config = (tmp_path / "triton" / "reader" / "config.pbtxt").read_text()
     assert "max_batch_size: 4" in config and "dynamic_batching { }" in config
     assert "dims: [ 3, 8, -1 ]" in config and "dims: [ -1, 6 ]" in config
+    # its convolutions, on ONNX Runtime's CUDA provider, are planned again at every change of batch size: said
+    assert "planned again at every change of batch" in config and "batches of one size do not pay it" in config
+    mlp = builders_mlp()
+    mlp.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    mlp.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    batched = ShapeProfile((InputRange("x", ("N", 16), (1, 16), (2, 16), (4, 16)),))
+    assert "max_batch_size: 4" in (plain := config_pbtxt(mlp, "mlp", "note", batched, 1))
+    assert "planned again" not in plain
 
 
 def test_a_fixed_model_exports_fixed(tmp_path, capsys):
@@ -304,8 +315,6 @@ def test_an_export_held_to_the_measured_batch_says_how_to_widen_it(tmp_path, cap
 def test_inputs_alike_across_the_profile_are_said_once():
     """A decoder's cache inputs, alike in their dims and ranges, made a profile line of ~1,500
     characters (issue 69): they are said once, the first named and the rest counted."""
-    from autoprec.core.profile import InputRange, ShapeProfile
-
     cache = [InputRange(f"past_key_values.{i}.key", ("batch", 4, "past", 64), (1, 4, 1, 64),
                         (1, 4, 8, 64), (4, 4, 64, 64)) for i in range(10)]
     ids = InputRange("input_ids", ("batch", "seq"), (1, 1), (1, 8), (4, 64))

@@ -19,6 +19,8 @@ import onnx
 
 from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.shapes import declared_inputs, output_specs
+from autoprec.analysis.subgraphs import all_nodes
+from autoprec.backends.onnxruntime import REPLANNED_OPS
 from autoprec.core import atomic
 from autoprec.core.escape import path_component, pbtxt_string, shell_comment
 from autoprec.core.profile import ShapeProfile
@@ -70,16 +72,23 @@ STATEFUL = ("# a decoder with a KV cache: each request carries its own past ({pa
             "stateful models)")
 
 
+# What REPLANNED_OPS costs a Triton server that batches (measured: docs/engines.md).
+REPLANNED = ("# on a GPU (ONNX Runtime's CUDA provider) each convolution is planned again at every change of batch",
+             "# size (0.9-1.0 s a change between batch 1 and 32 on yolov8n on an H200, with cuDNN's exhaustive search,",
+             "# the default); the dynamic batcher forms batches of varying size: batches of one size do not pay it")
+
+
 def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapeProfile, trial: int) -> str:
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
     decoder = find_decoder(declared_inputs(model), output_specs(model))
     batch = 0 if decoder is not None else max_batch(model, profile)
     stateful = [line.format(past=decoder.cache[0].past) for line in STATEFUL] if decoder is not None else []
+    replanned = REPLANNED if batch and any(n.op_type in REPLANNED_OPS for n in all_nodes(model)) else ()
     return "\n".join([
         # protobuf text format comments are '#' to the end of the line, like the shell's
         shell_comment(note),
-        *(shell_comment(line.removeprefix("# ")) for line in stateful),
+        *(shell_comment(line.removeprefix("# ")) for line in (*stateful, *replanned)),
         "# TensorRT alternative: platform: \"tensorrt_plan\" with 1/model.plan built (strongly "
         "typed) from the",
         f"# model.onnx that autoprec export RESULT --format trtexec --trial {trial} writes "
