@@ -23,8 +23,12 @@ import searching
 from cli import exit_code
 
 import autoprec
-from autoprec import zoo
+from autoprec import backends, zoo
 from autoprec.analysis.baseline import load_baseline
+
+# imported before any test replaces get_backend: a module first imported while it is replaced would keep the
+# replacement for good (every later search of the process then ran on that test's backend)
+from autoprec.app import search_setup, sensitivity_pass, verbs  # noqa: F401
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import (
     TENSORRT_RTX,
@@ -38,6 +42,7 @@ from autoprec.core.errors import BackendError, SearchFailed
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.measure import measurers
 from autoprec.results.files import read_result_dir
 
 if not any(importlib.util.find_spec(m) for m in TENSORRT_RTX.modules):
@@ -128,9 +133,8 @@ def test_rtx_a_trial_the_parser_rejects_fails_with_the_parsers_node_and_message(
     fail at parsing with its words; the FP32 candidate builds and then cannot be loaded (no GPU here):
     every trial fails, each with its own cause, and the search says it measured nothing."""
     monkeypatch.setattr(TensorRTRtxBackend, "qdq_form", QDQForm.ORT_CPU)
-    monkeypatch.setattr("autoprec.backends.get_backend", lambda *args, **kwargs: rtx)
-    monkeypatch.setattr("autoprec.app.search_setup.get_backend", lambda *args, **kwargs: rtx)
-    monkeypatch.setattr("autoprec.measure.measurers.get_backend", lambda *args, **kwargs: rtx)
+    for module in (backends, search_setup, measurers):
+        monkeypatch.setattr(module, "get_backend", lambda *args, **kwargs: rtx)
     out = tmp_path / "out"
     with pytest.raises(SearchFailed, match="no candidate was measured"):
         searching.search(
