@@ -291,6 +291,13 @@ class OrtCudaRunner(Runner):
 
 # What ONNX Runtime's CUDA provider plans anew at each change of input shape (cuDNN's frontend).
 REPLANNED_OPS = frozenset({"Conv", "ConvTranspose"})
+
+
+def replanned_at_new_shapes(model: onnx.ModelProto) -> bool:
+    """Whether ONNX Runtime's CUDA provider plans some of ``model``'s nodes again at every change of
+    input shape (REPLANNED_OPS, in subgraphs too)."""
+    return any(node.op_type in REPLANNED_OPS for node in all_nodes(model))
+
 # Each session of a shape holds the weights on the GPU again: a model with more keeps one session, planned again at
 # each change of shape, rather than risk the GPU's memory (a 5 GB network judged at four shapes would hold 20 GB).
 PER_SHAPE_MAX_WEIGHTS = 1 << 30
@@ -383,7 +390,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
 
         # the CUDA provider's own convolutions only: TensorRT plans an engine for a range of shapes
         per_shape = (self.provider == "CUDAExecutionProvider" and model.weight_bytes() <= PER_SHAPE_MAX_WEIGHTS
-                     and any(node.op_type in REPLANNED_OPS for node in all_nodes(model.proto)))
+                     and replanned_at_new_shapes(model.proto))
         return OrtCudaRunner(build, self.device, per_shape)
 
     def judging_runner(self, model: StoredModel) -> OrtCudaRunner:

@@ -19,8 +19,7 @@ import onnx
 
 from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.shapes import declared_inputs, output_specs
-from autoprec.analysis.subgraphs import all_nodes
-from autoprec.backends.onnxruntime import REPLANNED_OPS
+from autoprec.backends.onnxruntime import replanned_at_new_shapes
 from autoprec.core import atomic
 from autoprec.core.escape import path_component, pbtxt_string, shell_comment
 from autoprec.core.profile import ShapeProfile
@@ -72,7 +71,7 @@ STATEFUL = ("# a decoder with a KV cache: each request carries its own past ({pa
             "stateful models)")
 
 
-# What REPLANNED_OPS costs a Triton server that batches (measured: docs/engines.md).
+# What replanned_at_new_shapes costs a Triton server that batches (measured: docs/engines.md).
 REPLANNED = ("# on a GPU (ONNX Runtime's CUDA provider) each convolution is planned again at every change of batch",
              "# size (0.9-1.0 s a change between batch 1 and 32 on yolov8n on an H200, with cuDNN's exhaustive search,",
              "# the default); the dynamic batcher forms batches of varying size: batches of one size do not pay it")
@@ -84,7 +83,7 @@ def config_pbtxt(model: onnx.ModelProto, name: str, note: str, profile: ShapePro
     decoder = find_decoder(declared_inputs(model), output_specs(model))
     batch = 0 if decoder is not None else max_batch(model, profile)
     stateful = [line.format(past=decoder.cache[0].past) for line in STATEFUL] if decoder is not None else []
-    replanned = REPLANNED if batch and any(n.op_type in REPLANNED_OPS for n in all_nodes(model)) else ()
+    replanned = REPLANNED if batch and replanned_at_new_shapes(model) else ()
     return "\n".join([
         # protobuf text format comments are '#' to the end of the line, like the shell's
         shell_comment(note),

@@ -16,10 +16,10 @@ def time_work(runner: Runner, work: Workload, runs: Runs = TRIAL) -> tuple[Timin
     if work.single:
         return runner.time(work.parts[0][1], runs), {}
     each = {name: runner.time(batch, runs) for name, batch, _ in work.parts}
-    runs = {name: count for name, _, count in work.parts}
+    counts = {name: count for name, _, count in work.parts}
 
     def total(figure: str) -> float:
-        return sum(runs[name] * getattr(timing, figure) for name, timing in each.items())
+        return sum(counts[name] * getattr(timing, figure) for name, timing in each.items())
 
     timings = list(each.values())
     mix = Timing(total("median_ms"), total("p10_ms"), total("p90_ms"), min(t.runs for t in timings),
