@@ -376,7 +376,23 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         return [("CUDAExecutionProvider", {"device_id": self.device, "cudnn_conv_algo_search": conv_search}),
                 "CPUExecutionProvider"]
 
-    def runner(self, model: StoredModel, conv_search: str = "EXHAUSTIVE") -> OrtCudaRunner:
+    def runner(self, model: StoredModel) -> OrtCudaRunner:
+        # the CUDA provider's own convolutions only: TensorRT plans an engine for a range of shapes
+        per_shape = (self.provider == "CUDAExecutionProvider" and model.weight_bytes() <= PER_SHAPE_MAX_WEIGHTS
+                     and replanned_at_new_shapes(model.proto))
+        return OrtCudaRunner(self._builder(model, "EXHAUSTIVE"), self.device, per_shape)
+
+    def judging_runner(self, model: StoredModel) -> OrtCudaRunner:
+        """One session on cuDNN's default convolution algorithms, chosen without a search: the
+        exhaustive search (a deployment's) times every algorithm and the heuristic one queries cuDNN
+        at each convolution's first run at each shape, which buys speed, not truer outputs. On an
+        H200 a ppocr-rec one-unit plan judged at batch 32 and 1 took 1.0-1.2 s heuristic, 0.30-0.34 s
+        so (benchmarks/results/cuda_judging_default_h200.json). The default algorithms compute FP32
+        without TF32: a one-unit loss is the unit's own error, not the TF32 floor under it
+        (docs/engines.md). Each trial's plan is judged and timed as deployed (exhaustive)."""
+        return OrtCudaRunner(self._builder(model, "DEFAULT"), self.device)
+
+    def _builder(self, model: StoredModel, conv_search: str) -> Callable[[], tuple[object, tuple[str, ...]]]:
         def build():
             session, left_off = new_session(self._ort, model, self.session_options(),
                                             self.session_providers(conv_search))
@@ -388,18 +404,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
                 )
             return session, left_off
 
-        # the CUDA provider's own convolutions only: TensorRT plans an engine for a range of shapes
-        per_shape = (self.provider == "CUDAExecutionProvider" and model.weight_bytes() <= PER_SHAPE_MAX_WEIGHTS
-                     and replanned_at_new_shapes(model.proto))
-        return OrtCudaRunner(build, self.device, per_shape)
-
-    def judging_runner(self, model: StoredModel) -> OrtCudaRunner:
-        """cuDNN's heuristic choice of convolution algorithms: the exhaustive search times every
-        algorithm at each convolution's first run at each shape, which buys speed, not other
-        outputs than the algorithms' own rounding (a yolov8n session's first run at batch 32 on an
-        H200: 1.1-1.2 s exhaustive, 0.2-0.3 s heuristic; benchmarks/results/cuda_session_first_run.json).
-        Each trial's plan is judged and timed on the runner a deployment builds (exhaustive)."""
-        return self.runner(model, "HEURISTIC")
+        return build
 
 
 class OrtTensorRTBackend(OrtCudaBackend):
