@@ -386,10 +386,11 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
         """One session on cuDNN's default convolution algorithms, chosen without a search: the
         exhaustive search (a deployment's) times every algorithm and the heuristic one queries cuDNN
         at each convolution's first run at each shape, which buys speed, not truer outputs. On an
-        H200 a ppocr-rec one-unit plan judged at batch 32 and 1 took 1.0-1.2 s heuristic, 0.30-0.34 s
-        so (benchmarks/results/cuda_judging_default_h200.json). The default algorithms compute FP32
-        without TF32: a one-unit loss is the unit's own error, not the TF32 floor under it
-        (docs/engines.md). Each trial's plan is judged and timed as deployed (exhaustive)."""
+        H200 a ppocr-rec one-unit plan judged at batch 32 and 1 took 1.0-1.2 s on heuristic sessions,
+        0.30-0.34 s on one default session (benchmarks/results/cuda_judging_default_h200.json). The
+        default algorithms compute FP32 without TF32: a one-unit loss is the unit's own error, not
+        the TF32 floor under it (docs/engines.md). Each trial's plan is judged and timed as deployed
+        (exhaustive)."""
         return OrtCudaRunner(self._builder(model, "DEFAULT"), self.device)
 
     def _builder(self, model: StoredModel, conv_search: str) -> Callable[[], tuple[object, tuple[str, ...]]]:
