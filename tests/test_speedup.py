@@ -499,6 +499,27 @@ def test_where_the_level_moved_each_half_of_the_interval_stands_on_enough_blocks
     assert bounded(found, [("fp32", "chosen")]) is enough
 
 
+def test_a_call_as_slow_as_a_runs_share_of_the_timing_is_timed_from_its_first_run():
+    """A turn of a 160 ms model (ppocr-det at 640x640 on this VM) was four runs for three timed: a call that
+    takes min_seconds / min_runs or more is timed from its first run (its session ran before); a faster one is
+    warmed up first, its warm-up runs out of the figures."""
+    import time
+
+    from autoprec.core.timing import Runs, time_calls
+
+    took = []
+
+    def call(seconds):
+        took.append(seconds)
+        time.sleep(seconds)
+
+    slow = time_calls(lambda: call(0.07), Runs(warmup=3))
+    assert (slow.warmup, slow.runs, len(took)) == (0, 3, 3)
+    took.clear()
+    fast = time_calls(lambda: call(0.001), Runs(warmup=3))
+    assert fast.warmup == 3 and len(took) == fast.runs + 3 and fast.runs > 3
+
+
 def test_the_retiming_and_the_final_timing_warm_a_session_once_a_turn_as_it_was_warmed_when_built(tmp_path):
     """A session of those stages ran once when it was built: each turn warms it with one run, where a
     trial's one timing takes three."""

@@ -54,27 +54,29 @@ TRIAL = Runs()
 # instead of 3-131 %, and its INT8 plan went unshipped in 5 of 6 searches; docs/benchmarks.md).
 TURN = Runs(warmup=1)
 TIME_CALLS = (f"median of >= {TRIAL.min_runs} runs and >= {TRIAL.min_seconds:g} s after {TRIAL.warmup} warm-up "
-              f"runs (fewer for a call slower than 1/3 s; {TURN.warmup} in the re-timing's and the final timing's "
-              "turns, their sessions warmed when built)")
-
-SLOW_CALL_S = 1 / 3  # a call this slow warms up in fewer runs: the first ones show it slow
+              f"runs ({TURN.warmup} in the re-timing's and the final timing's turns, their sessions warmed when built; "
+              f"none for a call of {TRIAL.min_seconds / TRIAL.min_runs * 1e3:.0f} ms or more, whose first run is timed)")
 
 
 def time_calls(call: Callable[[], object], runs: Runs = TRIAL, max_runs: int = 500) -> Timing:
     """Wall-clock a synchronous call: warm-up, then at least ``runs.min_runs`` and ``runs.min_seconds``
     of runs: a fast call runs hundreds of times, a slow one ``min_runs`` (ten runs of a 150 ms model
-    made every round of a final timing 1.5 s, and its re-timing and final timing a minute each);
-    warm-up stops early for a call slower than SLOW_CALL_S."""
-    warmup, min_runs, min_seconds = runs.warmup, runs.min_runs, runs.min_seconds
-    warmed, t0 = 0, time.perf_counter()
-    while warmed < warmup:
-        call()
-        warmed += 1
-        if time.perf_counter() - t0 > warmed * SLOW_CALL_S:
-            break
+    made every round of a final timing 1.5 s, and its re-timing and final timing a minute each).
+    A call that takes a run's share of ``min_seconds`` or more is not warmed up: its first run, on a
+    session that has run before, is timed with the rest (a 160 ms model's turn was four runs for three
+    timed; the figures stand on a timing's fastest runs and its median)."""
     samples: list[float] = []
-    started = time.perf_counter()
-    while len(samples) < max_runs and (len(samples) < min_runs or time.perf_counter() - started < min_seconds):
+    warmed, started = 0, None
+    while warmed < runs.warmup:
+        t0 = time.perf_counter()
+        call()
+        took = time.perf_counter() - t0
+        if took * runs.min_runs >= runs.min_seconds:
+            samples, started = [took * 1e3], t0
+            break
+        warmed += 1
+    started = time.perf_counter() if started is None else started
+    while len(samples) < max_runs and (len(samples) < runs.min_runs or time.perf_counter() - started < runs.min_seconds):
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1e3)

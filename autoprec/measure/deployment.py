@@ -186,6 +186,7 @@ def _timed(runner, batch: Batch) -> float | None:
     """A point's median, or None where the plan does not run at that shape (a Conv whose kernel
     outgrows it)."""
     try:
+        runner.run(batch)  # its first run at this shape (allocations) stays out of the timing
         return runner.time(batch).median_ms
     except Exception:  # noqa: BLE001 - ONNX Runtime raises several types for a shape a model cannot take
         return None
