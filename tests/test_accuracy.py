@@ -40,6 +40,28 @@ def test_known_errors():
     assert output_metrics(ref, noisy)["snr_db"] == pytest.approx(10 * math.log10(5 / 0.01), rel=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(3, 70_000), (50_000, 3), (3, 5, 9_000)], ids=["wide items", "many items", "3-d"])
+def test_a_large_output_gets_the_figures_of_its_whole_arrays_in_float64(shape):
+    """Large outputs (a vocabulary's logits, an OCR head) are summed in pieces: each figure is still
+    the whole arrays' own, one item's error counted once, the largest error wherever it lies."""
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=shape).astype(np.float32)
+    cand = (ref + rng.normal(scale=1e-3, size=shape)).astype(np.float32)
+    cand[1].reshape(-1)[0] += 0.5  # the largest error: in neither the first item nor the last piece
+    ref[0] = 0.0
+    cand[0] = 0.0  # an all-zero item the candidate matches
+    r, c = ref.reshape(len(ref), -1).astype(np.float64), cand.reshape(len(cand), -1).astype(np.float64)
+    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
+    cosines = np.where(norms > 0, (r * c).sum(axis=1) / np.where(norms > 0, norms, 1.0), 1.0)
+    m = output_metrics(ref, cand)
+    assert m["cosine"] == pytest.approx(cosines.mean(), rel=1e-12)
+    assert m["rel_l2"] == pytest.approx(math.sqrt(((c - r) ** 2).sum() / (r**2).sum()), rel=1e-12)
+    assert m["max_abs"] == pytest.approx(np.abs(c - r).max(), rel=1e-12)
+    bad = cand.copy()
+    bad.reshape(-1)[-2] = np.nan  # in the last piece only
+    assert output_metrics(ref, bad)["nonfinite"] == 1.0
+
+
 def test_top1_only_for_score_like_outputs():
     image, scores = np.ones((2, 3, 8, 8), np.float32), np.ones((2, 7, 10), np.float32)
     assert "top1" not in compare([{"y": image}], [{"y": image}])["y"]

@@ -183,23 +183,23 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
         same = reference.shape == candidate.shape
         return {"cosine": 1.0 if same else 0.0, "rel_l2": 0.0 if same else math.inf, "max_abs": 0.0,
                 "snr_db": math.inf if same else -math.inf, "nonfinite": 0.0}
-    ref = reference.astype(np.float64).reshape(len(reference), -1)
-    cand = candidate.astype(np.float64).reshape(len(candidate), -1)
-    metrics: dict[str, float] = {}
-    if not np.isfinite(cand).all():
-        metrics.update(cosine=-math.inf, rel_l2=math.inf, max_abs=math.inf, snr_db=-math.inf,
-                       nonfinite=1.0)
-        return metrics
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-    dots = (ref * cand).sum(axis=1)
+    ref = reference.reshape(len(reference), -1)
+    cand = candidate.reshape(len(candidate), -1)
+    sums = _sums(ref, cand)
+    if sums is None:
+        return {"cosine": -math.inf, "rel_l2": math.inf, "max_abs": math.inf, "snr_db": -math.inf,
+                "nonfinite": 1.0}
+    ref_squares, cand_squares, dots, noise, max_abs = sums
+    norms = np.sqrt(ref_squares) * np.sqrt(cand_squares)
+    positive = norms > 0
+    cosines = dots / np.where(positive, norms, 1.0)
     # Two all-zero items agree perfectly; one zero and one not do not.
-    same = np.all(ref == cand, axis=1)
-    cosines = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(same, 1.0, 0.0))
-    noise = float(((cand - ref) ** 2).sum())
-    signal = float((ref**2).sum())
+    cosines[~positive] = np.where(np.all(ref[~positive] == cand[~positive], axis=1), 1.0, 0.0)
+    signal = float(ref_squares.sum())
+    metrics: dict[str, float] = {}
     metrics["cosine"] = float(cosines.mean())
     metrics["rel_l2"] = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
-    metrics["max_abs"] = float(np.abs(cand - ref).max()) if ref.size else 0.0
+    metrics["max_abs"] = max_abs
     metrics["snr_db"] = (
         10 * math.log10(signal / noise) if noise > 0 and signal > 0 else (math.inf if noise == 0 else -math.inf)
     )
@@ -207,6 +207,34 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
     if narrow(reference):
         metrics["narrow"] = 1.0
     return metrics
+
+
+# Values an output's sums take at once: their float64 copies stay in the CPU's cache (a 32 x 40 x 6625
+# OCR output's metrics 0.25 -> 0.06 s, whole arrays passed through memory a dozen times before).
+CHUNK_VALUES = 1 << 16
+
+
+def _sums(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float] | None:
+    """Per item (row) the sums of squares of ``ref`` and ``cand`` and their dot product, and over
+    all of them the squared error and the largest absolute error, in float64, a cache-sized chunk at
+    a time; None where ``cand`` holds a NaN or an infinity."""
+    rows, width = ref.shape
+    ref_squares, cand_squares, dots = np.zeros(rows), np.zeros(rows), np.zeros(rows)
+    noise, largest = 0.0, []
+    step = max(1, CHUNK_VALUES // max(1, width))
+    spans = ([(slice(i, i + step), slice(None)) for i in range(0, rows, step)] if width <= CHUNK_VALUES else
+             [(slice(i, i + 1), slice(j, j + CHUNK_VALUES)) for i in range(rows) for j in range(0, width, CHUNK_VALUES)])
+    for items, values in spans:
+        r, c = ref[items, values].astype(np.float64), cand[items, values].astype(np.float64)
+        if not np.isfinite(c).all():
+            return None
+        ref_squares[items] += np.einsum("ij,ij->i", r, r)
+        cand_squares[items] += np.einsum("ij,ij->i", c, c)
+        dots[items] += np.einsum("ij,ij->i", r, c)
+        error = c - r
+        noise += float(np.einsum("ij,ij->", error, error))
+        largest.append(np.abs(error).max())
+    return ref_squares, cand_squares, dots, noise, float(np.max(largest))
 
 
 def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float]]:
