@@ -62,6 +62,19 @@ def test_a_large_output_gets_the_figures_of_its_whole_arrays_in_float64(shape):
     assert output_metrics(ref, bad)["nonfinite"] == 1.0
 
 
+def test_a_decoders_logits_loss_is_its_positions_mean_cosine_however_wide_its_vocabulary():
+    from autoprec.measure.shaped import cosine_loss
+
+    rng = np.random.default_rng(4)
+    ref = rng.normal(size=(4, 3, 70_000)).astype(np.float32)  # a position's logits wider than a piece
+    cand = (ref + rng.normal(scale=1e-2, size=ref.shape)).astype(np.float32)
+    r, c = ref.reshape(-1, 70_000).astype(np.float64), cand.reshape(-1, 70_000).astype(np.float64)
+    cosines = (r * c).sum(1) / (np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1))
+    assert cosine_loss(ref, cand) == pytest.approx(1 - cosines.mean(), rel=1e-9)
+    cand[2, 1, -1] = np.inf
+    assert cosine_loss(ref, cand) == math.inf
+
+
 def test_top1_only_for_score_like_outputs():
     image, scores = np.ones((2, 3, 8, 8), np.float32), np.ones((2, 7, 10), np.float32)
     assert "top1" not in compare([{"y": image}], [{"y": image}])["y"]

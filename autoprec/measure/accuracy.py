@@ -185,19 +185,14 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
                 "snr_db": math.inf if same else -math.inf, "nonfinite": 0.0}
     ref = reference.reshape(len(reference), -1)
     cand = candidate.reshape(len(candidate), -1)
-    sums = _sums(ref, cand)
+    sums = similarity_sums(ref, cand)
     if sums is None:
         return {"cosine": -math.inf, "rel_l2": math.inf, "max_abs": math.inf, "snr_db": -math.inf,
                 "nonfinite": 1.0}
-    ref_squares, cand_squares, dots, noise, max_abs = sums
-    norms = np.sqrt(ref_squares) * np.sqrt(cand_squares)
-    positive = norms > 0
-    cosines = dots / np.where(positive, norms, 1.0)
-    # Two all-zero items agree perfectly; one zero and one not do not.
-    cosines[~positive] = np.where(np.all(ref[~positive] == cand[~positive], axis=1), 1.0, 0.0)
+    ref_squares, _, _, noise, max_abs = sums
     signal = float(ref_squares.sum())
     metrics: dict[str, float] = {}
-    metrics["cosine"] = float(cosines.mean())
+    metrics["cosine"] = float(row_cosines(ref, cand, sums).mean())
     metrics["rel_l2"] = math.sqrt(noise / signal) if signal > 0 else (0.0 if noise == 0 else math.inf)
     metrics["max_abs"] = max_abs
     metrics["snr_db"] = (
@@ -214,10 +209,13 @@ def output_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, fl
 CHUNK_VALUES = 1 << 16
 
 
-def _sums(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float] | None:
-    """Per item (row) the sums of squares of ``ref`` and ``cand`` and their dot product, and over
-    all of them the squared error and the largest absolute error, in float64, a cache-sized chunk at
-    a time; None where ``cand`` holds a NaN or an infinity."""
+Sums = tuple[np.ndarray, np.ndarray, np.ndarray, float, float]
+
+
+def similarity_sums(ref: np.ndarray, cand: np.ndarray) -> Sums | None:
+    """Per row of two 2-d arrays the sums of squares of ``ref`` and ``cand`` and their dot product,
+    and over all rows the squared error and the largest absolute error, in float64, a cache-sized
+    chunk at a time; None where ``cand`` holds a NaN or an infinity."""
     rows, width = ref.shape
     ref_squares, cand_squares, dots = np.zeros(rows), np.zeros(rows), np.zeros(rows)
     noise, largest = 0.0, []
@@ -235,6 +233,17 @@ def _sums(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         noise += float(np.einsum("ij,ij->", error, error))
         largest.append(np.abs(error).max())
     return ref_squares, cand_squares, dots, noise, float(np.max(largest))
+
+
+def row_cosines(ref: np.ndarray, cand: np.ndarray, sums: Sums) -> np.ndarray:
+    """Each row's cosine from its :func:`similarity_sums`: two all-zero rows agree perfectly, one zero
+    and one not do not."""
+    ref_squares, cand_squares, dots, _, _ = sums
+    norms = np.sqrt(ref_squares) * np.sqrt(cand_squares)
+    positive = norms > 0
+    cosines = dots / np.where(positive, norms, 1.0)
+    cosines[~positive] = np.where(np.all(ref[~positive] == cand[~positive], axis=1), 1.0, 0.0)
+    return cosines
 
 
 def compare(reference: Outputs, candidate: Outputs) -> dict[str, dict[str, float]]:

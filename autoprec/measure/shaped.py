@@ -14,7 +14,15 @@ import numpy as np
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import Decoder, Generated, Run, generate, stacked
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.accuracy import SIMILARITY_METRICS, Judge, Labels, Metric, Outputs
+from autoprec.measure.accuracy import (
+    SIMILARITY_METRICS,
+    Judge,
+    Labels,
+    Metric,
+    Outputs,
+    row_cosines,
+    similarity_sums,
+)
 from autoprec.record.facts import ShapePoint
 from autoprec.tasks import task_named
 from autoprec.tasks.generation import NAME as GENERATION
@@ -27,13 +35,12 @@ PROMPTS = 8  # prompts generated from, at most (rows of the first prefill batche
 
 def cosine_loss(reference: np.ndarray, candidate: np.ndarray) -> float:
     """1 − the mean cosine of rows (the last axis): of each position's logits."""
-    ref = np.asarray(reference, np.float64).reshape(-1, np.shape(reference)[-1])
-    cand = np.asarray(candidate, np.float64).reshape(-1, np.shape(candidate)[-1])
-    if not np.isfinite(cand).all():
+    ref = np.asarray(reference).reshape(-1, np.shape(reference)[-1])
+    cand = np.asarray(candidate).reshape(-1, np.shape(candidate)[-1])
+    sums = similarity_sums(ref, cand)
+    if sums is None:
         return math.inf
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-    cosines = np.where(norms > 0, (ref * cand).sum(1) / np.where(norms > 0, norms, 1.0), 1.0)
-    return max(0.0, float(1.0 - cosines.mean()))
+    return max(0.0, float(1.0 - row_cosines(ref, cand, sums).mean()))
 
 
 @dataclass(frozen=True)
