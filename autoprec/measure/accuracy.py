@@ -232,7 +232,7 @@ def similarity_sums(ref: np.ndarray, cand: np.ndarray) -> Sums | None:
         error = c - r
         noise += float(np.einsum("ij,ij->", error, error))
         largest.append(np.abs(error).max())
-    return ref_squares, cand_squares, dots, noise, float(np.max(largest))
+    return ref_squares, cand_squares, dots, noise, float(np.max(largest)) if largest else 0.0
 
 
 def row_cosines(ref: np.ndarray, cand: np.ndarray, sums: Sums) -> np.ndarray:
