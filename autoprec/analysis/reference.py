@@ -60,7 +60,9 @@ def reference_outputs(
         arrays = {"outputs": np.array(names, dtype=str), "count": np.array(len(outputs))}
         for i, out in enumerate(outputs):
             arrays.update({f"b{i}_o{j}": out[n] for j, n in enumerate(names)})
-        atomic.write_with(cache, lambda f: np.savez_compressed(f, **arrays))
+        # uncompressed: float outputs shrink by a tenth under zlib, which took 0.4 s of ppocr-rec's set-up and
+        # 3.4-3.9 s for 1 x 128 x 151936 logits (benchmarks/results/reference_cache_write.json)
+        atomic.write_with(cache, lambda f: np.savez(f, **arrays))
     return outputs
 
 
