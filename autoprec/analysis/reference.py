@@ -19,6 +19,7 @@ from autoprec.analysis.preparation import cpu_session, given_session
 from autoprec.analysis.subgraphs import with_outputs
 from autoprec.core import atomic, untrusted
 from autoprec.core.errors import DataError, ModelError, first_line
+from autoprec.core.similarity import similarity_sums
 
 log = logging.getLogger("autoprec")
 
@@ -76,10 +77,13 @@ def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
         return math.inf
     if a.dtype.kind not in "fc":
         return 0.0 if np.array_equal(a, b) else math.inf
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     if np.array_equal(a, b, equal_nan=True):
         return 0.0
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+    sums = similarity_sums(a.reshape(1, -1), b.reshape(1, -1))
+    if sums is None:  # a NaN or an infinity in b only
+        return math.nan if np.isnan(b).any() else math.inf
+    a_squares, _, _, error_squares, _ = sums
+    return math.sqrt(error_squares) / max(math.sqrt(float(a_squares.sum())), 1e-30)
 
 
 def _kept(cache: Path) -> list[dict[str, np.ndarray]] | None:

@@ -14,15 +14,8 @@ import numpy as np
 from autoprec.analysis.data import Batch, Dataset
 from autoprec.analysis.decoder import Decoder, Generated, Run, generate, stacked
 from autoprec.core.errors import AutoprecError
-from autoprec.measure.accuracy import (
-    SIMILARITY_METRICS,
-    Judge,
-    Labels,
-    Metric,
-    Outputs,
-    row_cosines,
-    similarity_sums,
-)
+from autoprec.core.similarity import row_cosines, similarity_sums
+from autoprec.measure.accuracy import SIMILARITY_METRICS, Judge, Labels, Metric, Outputs
 from autoprec.record.facts import ShapePoint
 from autoprec.tasks import task_named
 from autoprec.tasks.generation import NAME as GENERATION
