@@ -1,10 +1,13 @@
 """The guard of a change that must keep a search's numbers (issue 53 moved code, never numbers): two small seeded
 searches, projected onto what timing cannot move (tests/same_numbers.py), against the projection the code before
-the change wrote (tests/fixtures/same_numbers.json).
+the change wrote (tests/fixtures/same_numbers.<sums>.json).
 
 Numbers are compared within a tolerance that a kernel's rounding on another CPU stays inside and a change of code
-does not (tests/same_numbers.py's RELATIVE): the fixture holds on any machine. It is regenerated, never edited by
-hand, from the commit that wrote it (see git log of the file):
+does not (tests/same_numbers.py's RELATIVE). How a CPU sums INT8 products moves a quantized trial's loss far more
+(200-fold on the guard's first Conv: x86 without VNNI adds pairs of products in int16, which saturate), so there is
+a fixture for each way (same_numbers.int8_sums(): ``int32`` or ``int16-pairs``), each holding on every CPU of its
+kind. A fixture is regenerated, never edited by hand, from the commit that wrote it (see git log of the file), on a
+CPU of its kind (``python tests/same_numbers.py`` says which this one is):
 
     AUTOPREC_SAME_NUMBERS=write python -m pytest tests/test_same_numbers.py
 """
@@ -17,15 +20,18 @@ import pytest
 import same_numbers
 from searching import search
 
-FIXTURE = Path(__file__).parent / "fixtures" / "same_numbers.json"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_two_seeded_searches_write_the_numbers_they_wrote_before(tmp_path):
+    fixture = FIXTURES / f"same_numbers.{same_numbers.int8_sums()}.json"
     found = same_numbers.all_numbers(same_numbers.searched(tmp_path, search))
     if os.environ.get("AUTOPREC_SAME_NUMBERS") == "write":
-        FIXTURE.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
-        pytest.skip(f"wrote {FIXTURE}")
-    expected = json.loads(FIXTURE.read_text())
+        fixture.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        pytest.skip(f"wrote {fixture}")
+    assert fixture.is_file(), (f"no {fixture.name}: this CPU sums INT8 products as no fixture's CPU did; write one "
+                               "with AUTOPREC_SAME_NUMBERS=write from the commit of the others (git log tests/fixtures)")
+    expected = json.loads(fixture.read_text())
     assert same_numbers.compared(found, expected) == []
 
 
