@@ -26,7 +26,6 @@ from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from autoprec.analysis import decoder as decoders
 from autoprec.analysis.data import Batch, Dataset
@@ -75,8 +74,7 @@ def judged_shapes(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | N
     for point, _, _ in points[1:]:
         log.info(f"judged at {point.name}: {point.said}" + ("" if point.runs else " (judged, not "
                                                                                   "timed)"))
-    measured = replace(info.for_deployment(), profile=profile,
-                       source=_dynamic(info.source, info.deployable))
+    measured = replace(info.as_shipped(), profile=profile)
     return measured, _interleaved(dataset, points)
 
 
@@ -312,20 +310,6 @@ def _spanning(profile: ShapeProfile, points: Sequence[ShapePoint]) -> ShapeProfi
         high = tuple(max([d, *(s[a] for s in shapes)]) for a, d in enumerate(i.max))
         ranges.append(InputRange(i.name, i.declared, low, i.opt, high))
     return ShapeProfile(tuple(ranges))
-
-
-def _dynamic(source: onnx.ModelProto | None, deployable: onnx.ModelProto) -> onnx.ModelProto | None:
-    """The given graph with its inputs' dims as declared (the deployable's), not fixed at the
-    data's: timed beside the plans at every point."""
-    if source is None:
-        return None
-    dynamic = onnx.ModelProto()
-    dynamic.CopyFrom(source)
-    declared = {v.name: v.type.tensor_type.shape for v in deployable.graph.input}
-    for value in dynamic.graph.input:
-        if value.name in declared:
-            value.type.tensor_type.shape.CopyFrom(declared[value.name])
-    return dynamic
 
 
 def _interleaved(dataset: Dataset, points: Points) -> Dataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import os
 import time
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from autoprec.analysis.calibrate import ActivationRanges
 from autoprec.analysis.data import Batch, Workload
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend, Runner
+from autoprec.core.errors import first_line
 from autoprec.core.locks import DeviceTurns
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
@@ -25,6 +27,8 @@ from autoprec.measure.speedup import COMPARED, contender, in_turn, time_until_kn
 from autoprec.measure.workload import time_work, warm_up
 from autoprec.record.trial import MAX_TIMING_SPREAD, Measurement, Paired, Screened
 from autoprec.record.verdict import Rounds
+
+log = logging.getLogger("autoprec")
 
 RETIMES = 2
 
@@ -165,6 +169,12 @@ class Lowering:
     ranges: ActivationRanges | None
     form: QDQForm | None = None  # None: the measuring engine's own form
 
+    def as_shipped(self, backend: Backend) -> Lowering:
+        """Onto the graph best/ ships, beside the given model as it is (:meth:`ModelInfo.as_shipped`),
+        where ``backend`` runs dynamic dims at the measured shapes (not TensorRT's one-shape builds):
+        what the final timing states speed-ups of."""
+        return self if backend.one_shape_only else replace(self, info=self.info.as_shipped())
+
     def __call__(self, backend: Backend, plan: Plan) -> StoredModel:
         if self.form in (None, backend.qdq_form):
             return backend.lower(self.info, plan, self.ranges)
@@ -275,20 +285,32 @@ def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: 
     """The contenders (the chosen plan first: ``speedup.contender``), the all-FP32 plan and the
     given model as it is (``source``), timed until their speed-ups (see COMPARED; every contender's
     over all-FP32) are known, or until each contender is known faster or slower than all-FP32: what
-    a search picks its plan and states its gain by. A contender that is the all-FP32 plan is not
-    timed again: its rounds are all-FP32's."""
-    info = lowering.info
+    a search picks its plan and states its gain by. Timed as shipped (:meth:`Lowering.as_shipped`:
+    the source's dims kept). A contender that is the all-FP32 plan is not timed again: its rounds
+    are all-FP32's."""
     own = [contender(i) for i, plan in enumerate(contenders) if plan.key() != fp32.key()]
-    models = {"fp32": lowering(backend, fp32), **{contender(i): lowering(backend, plan)
-                                                  for i, plan in enumerate(contenders) if contender(i) in own}}
-    if info.source is not None:
-        models["source"] = StoredModel(info.source, info.folder)
+    try:
+        models = _compared_models(backend, lowering.as_shipped(backend), fp32, contenders, own)
+    except Exception as exc:  # noqa: BLE001 - a plan that lowers onto the fixed graph only (deploy says why)
+        log.info(f"the final timing times the fixed-shape graphs: a plan does not lower onto the shipped one "
+                 f"({type(exc).__name__}: {first_line(exc)})")
+        models = _compared_models(backend, lowering, fp32, contenders, own)
     pairs = [pair for pair in COMPARED if set(pair) <= set(models)]
     pairs += [("fp32", name) for name in own if name != "chosen"]
     rounds = time_until_known(backend, models, work, pairs, seconds, apart,
                               [("fp32", name) for name in own])
     same = {contender(i): rounds.timings["fp32"] for i in range(len(contenders)) if contender(i) not in own}
     return replace(rounds, timings={**rounds.timings, **same})
+
+
+def _compared_models(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan],
+                     own: Sequence[str]) -> dict[str, StoredModel]:
+    info = lowering.info
+    models = {"fp32": lowering(backend, fp32), **{contender(i): lowering(backend, plan)
+                                                  for i, plan in enumerate(contenders) if contender(i) in own}}
+    if info.source is not None:
+        models["source"] = StoredModel(info.source, info.folder)
+    return models
 
 
 class Measurer(abc.ABC):
