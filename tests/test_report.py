@@ -354,3 +354,14 @@ def test_every_view_names_a_figure_once_and_in_one_direction(result_dirs, tmp_pa
     assert f"<td>{1.0 - values['cosine']:.6g}</td>" in page
     header = _table_rows(console.front_table(result))[0]
     assert any("loss: cosine loss (1 − cosine)" in cell for cell in header)
+
+
+def test_a_latency_is_shown_inside_the_range_shown_beside_it():
+    """A steady machine's range can be narrower than a latency's three significant figures (0.022818–0.022824 beside
+    0.0228): the front table's latency takes the range's decimals."""
+    from autoprec.results.console import ms_range, ms_within
+
+    for ms, low, high in ((0.02282, 0.022818, 0.022824), (13.3, 12.0, 14.0), (0.0103, 0.0101, 0.0104),
+                          (5.00004, 5.00001, 5.00009)):
+        shown_low, shown_high = map(float, ms_range(low, high).split("–"))
+        assert shown_low <= float(ms_within(ms, low, high)) <= shown_high, (ms, low, high)

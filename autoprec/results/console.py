@@ -233,7 +233,7 @@ def front_table(result: ResultFiles) -> Table:
         t = row.trial
         table.add_row(
             str(t.number),
-            ms_text(row.ms) + (" ⚠" if t.measurement.unstable else ""),
+            ms_within(row.ms, row.low, row.high) + (" ⚠" if t.measurement.unstable else ""),
             ms_range(row.low, row.high),
             ratio_text(row.over_fp32) if row.over_fp32 is not None else "—",
             loss_text(t.loss),
@@ -354,10 +354,21 @@ def ms_text(value: float) -> str:
 def ms_range(low: float, high: float) -> str:
     """``low–high`` with as many decimals as tell them apart (never ``0.010–0.010`` for
     0.0101–0.0104)."""
+    decimals = _range_decimals(low, high)
+    return f"{low:.{decimals}f}–{high:.{decimals}f}"
+
+
+def ms_within(value: float, low: float, high: float) -> str:
+    """A latency beside its :func:`ms_range`, to as many decimals as the range: 0.022820 inside
+    0.022818–0.022824, not 0.0228 below it."""
+    return f"{value:.{max(_decimals(value), _range_decimals(low, high))}f}"
+
+
+def _range_decimals(low: float, high: float) -> int:
     decimals = max(_decimals(low), _decimals(high))
     while low != high and f"{low:.{decimals}f}" == f"{high:.{decimals}f}" and decimals < 9:
         decimals += 1
-    return f"{low:.{decimals}f}–{high:.{decimals}f}"
+    return decimals
 
 
 def plan_table(result: ResultFiles) -> Table:
