@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import builders
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+from autoprec.backends.int8_sums import int8_sums
 
 # pareto.json search keys a clock decides (or that follow from the chosen plan, which the re-timing picks).
 TIMED = ("wall_seconds", "stage_seconds", "one_time_seconds", "retiming", "timing_drift", "held_out", "profile_timing",
@@ -34,40 +33,6 @@ UNKEYED = (".not_shipped", ".chosen_vs_fp32", ".chosen_vs_source", ".final_rival
            ".search.timing_drift", ".search.held_out", ".search.decision_changes")
 # A trial's keys that hold no clock's figure.
 TRIAL_KEPT = ("accuracy_loss", "feasible", "metrics", "duplicate_of")
-
-
-def int8_sums() -> str:
-    """How this CPU's ONNX Runtime sums INT8 products, which decides a quantized trial's numbers far beyond a kernel's
-    rounding (the guard's INT8 losses moved 200-fold between two CPUs): ``int32`` where each product is added exactly
-    (VNNI, AMX, Arm's dot products), ``int16-pairs`` where pairs of products are added in int16 first and saturate
-    (x86 without VNNI: ``vpmaddubsw``; ONNX Runtime's quantization docs say so). Read by running it: a Q/DQ MatMul
-    and a Q/DQ Conv, each summing 64 products of 255 and 127, which pairs in int16 cannot hold."""
-    products, scale = 64, float(64 * 255 * 127 // 200)
-
-    def unit(op: str, weight_shape: tuple[int, ...], x: str, y: str) -> list[onnx.NodeProto]:
-        return [helper.make_node("QuantizeLinear", [x, "one", "u0"], [f"{y}_xq"]),
-                helper.make_node("DequantizeLinear", [f"{y}_xq", "one", "u0"], [f"{y}_xd"]),
-                helper.make_node("DequantizeLinear", [f"{y}_w", "one", "s0"], [f"{y}_wd"]),
-                helper.make_node(op, [f"{y}_xd", f"{y}_wd"], [f"{y}_f"]),
-                helper.make_node("QuantizeLinear", [f"{y}_f", "scale", "u0"], [f"{y}_q"]),
-                helper.make_node("DequantizeLinear", [f"{y}_q", "scale", "u0"], [y])]
-
-    weights = {"mm_w": (products, 4), "conv_w": (4, products, 1, 1)}
-    graph = helper.make_graph(
-        unit("MatMul", weights["mm_w"], "x", "mm") + unit("Conv", weights["conv_w"], "image", "conv"), "int8_sums",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, products]),
-         helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, products, 2, 2])],
-        [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("mm", "conv")],
-        [numpy_helper.from_array(np.array(1.0, np.float32), "one"), numpy_helper.from_array(np.array(scale, np.float32),
-                                                                                           "scale"),
-         numpy_helper.from_array(np.array(0, np.uint8), "u0"), numpy_helper.from_array(np.array(0, np.int8), "s0"),
-         *(numpy_helper.from_array(np.full(shape, 127, np.int8), name) for name, shape in weights.items())])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = builders.IR_VERSION
-    outputs = builders.session(model).run(None, {"x": np.full((1, products), 255, np.float32),
-                                                 "image": np.full((1, products, 2, 2), 255, np.float32)})
-    exact = round(products * 255 * 127 / scale) * scale
-    return "int32" if all(np.allclose(out, exact) for out in outputs) else "int16-pairs"
 
 
 def searched(folder: Path, search) -> dict[str, Path]:

@@ -5,7 +5,7 @@ the change wrote (tests/fixtures/same_numbers.<sums>.json).
 Numbers are compared within a tolerance that a kernel's rounding on another CPU stays inside and a change of code
 does not (tests/same_numbers.py's RELATIVE). How a CPU sums INT8 products moves a quantized trial's loss far more
 (200-fold on the guard's first Conv: x86 without VNNI adds pairs of products in int16, which saturate), so there is
-a fixture for each way (same_numbers.int8_sums(): ``int32`` or ``int16-pairs``), each holding on every CPU of its
+a fixture for each way (autoprec.backends.int8_sums: ``int32`` or ``int16-pairs``), each holding on every CPU of its
 kind. A fixture is regenerated, never edited by hand, from the commit that wrote it (see git log of the file), on a
 CPU of its kind (``python tests/same_numbers.py`` says which this one is):
 
@@ -20,11 +20,13 @@ import pytest
 import same_numbers
 from searching import search
 
+from autoprec.backends.int8_sums import int8_sums
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_two_seeded_searches_write_the_numbers_they_wrote_before(tmp_path):
-    fixture = FIXTURES / f"same_numbers.{same_numbers.int8_sums()}.json"
+    fixture = FIXTURES / f"same_numbers.{int8_sums()}.json"
     found = same_numbers.all_numbers(same_numbers.searched(tmp_path, search))
     if os.environ.get("AUTOPREC_SAME_NUMBERS") == "write":
         fixture.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")

@@ -13,6 +13,8 @@ from builders import conv_with_data
 import autoprec
 from autoprec.analysis.data import Workload
 from autoprec.app.cli import main
+from autoprec.backends import int8_sums
+from autoprec.backends import onnxruntime as onnxruntime_backend
 from autoprec.core.errors import AutoprecError
 from autoprec.core.timing import Timing
 from autoprec.measure import measurement
@@ -571,3 +573,23 @@ def test_the_final_timing_times_the_files_a_user_deploys_not_their_fixed_shape_t
     assert [n.op_type for n in timed[0]["source"].graph.node] == [n.op_type for n in given.graph.node]
     assert any([n.name for n in graph.graph.node] == [n.name for n in shipped.graph.node]
                for name, graph in timed[0].items() if name not in ("fp32", "source"))
+
+
+@pytest.mark.parametrize("sums", [int8_sums.EXACT, int8_sums.PAIRS])
+def test_a_shipped_int8_plan_says_how_the_cpu_that_judged_it_sums_int8_products(tmp_path, monkeypatch, capsys, sums):
+    """ONNX Runtime's INT8 kernels sum products exactly on VNNI, AMX and Arm, in saturating int16 pairs on x86 without
+    VNNI (a Conv's INT8 loss 6.7e-8 against 1.31e-5): the result records which this CPU does, and a shipped INT8 plan
+    judged on an exact one warns that a deployment on the other kind needs judging there."""
+    monkeypatch.setattr(onnxruntime_backend, "int8_sums", lambda: sums)
+    monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)
+    model, data = conv_with_data(tmp_path, items=12)
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(data), "--out", str(out), "--budget", "4", "--no-isolation",
+                 "--no-progress", "--no-warm-start", "--max-loss", "0.5", "--precisions", "int8,fp32",
+                 "--ship-within-noise", "--retime-seconds", "0.1"]) == 0
+    pareto, plan = (json.loads((out / name).read_text()) for name in ("pareto.json", "best/plan.json"))
+    assert pareto["engine"]["versions"]["int8_sums"] == sums and plan["plan"]["counts"]["int8"] > 0
+    said = " ".join(capsys.readouterr().out.split())
+    warned = "INT8 losses were judged on a CPU that sums INT8 products in int32"
+    assert (warned in said and "x86 CPU without VNNI sums pairs in int16" in said) == (sums == int8_sums.EXACT)
+    assert ("INT8 losses were judged on a CPU that sums INT8 products in int16 pairs" in said) == (sums == int8_sums.PAIRS)

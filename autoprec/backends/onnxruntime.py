@@ -19,6 +19,7 @@ from autoprec.analysis.preparation import cpu_optimizers_left_off
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, Runner
 from autoprec.backends.gpus import cores_per_gpu, gpu_facts
+from autoprec.backends.int8_sums import int8_sums
 from autoprec.core import engines
 from autoprec.core.errors import BackendError, first_line
 from autoprec.core.plan import Precision
@@ -172,7 +173,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
         self.threads = threads or threads_from_environment()
 
     def info(self) -> EngineInfo:
-        return engine_info(self, f"{cpu_name()} ({self._thread_label()})")
+        return engine_info(self, f"{cpu_name()} ({self._thread_label()})", {"int8_sums": int8_sums()})
 
     def _thread_label(self) -> str:
         return f"{self.threads} threads" if self.threads else f"{os.cpu_count()} cores, default threads"

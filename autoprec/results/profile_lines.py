@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from autoprec.backends.int8_sums import EXACT, SAID
 from autoprec.core.profile import POINTS, ShapeProfile, dims_text
 from autoprec.record.facts import PointCheck, ProfileTiming
 from autoprec.results.console import loss_text, ms_text
@@ -70,7 +71,20 @@ def deployment_lines(result: ResultFiles) -> list[str]:
                      f"({shipped.fixed_because})")
     elif profile.dynamic:
         lines.append(f"best/model.onnx keeps the source's input dims: {profile.said()}")
-    return lines + _checked_against_source(shipped.checks)
+    return lines + _checked_against_source(shipped.checks) + _int8_sums_said(result)
+
+
+def _int8_sums_said(result: ResultFiles) -> list[str]:
+    """Where INT8 losses were judged on ONNX Runtime's CPU provider: how that CPU sums INT8 products, which the
+    losses hold for (see :mod:`autoprec.backends.int8_sums`)."""
+    sums = result.engine.versions.get("int8_sums")
+    if sums is None or not result.plan or not result.plan.trial.plan.counts()["int8"]:
+        return []
+    if sums == EXACT:
+        return [f"⚠ best/model.onnx's INT8 losses were judged on a CPU that {SAID[sums]}; an x86 CPU without VNNI "
+                "sums pairs in int16, which saturate: judge it there (autoprec check) before deploying to one"]
+    return [f"best/model.onnx's INT8 losses were judged on a CPU that {SAID.get(sums, sums)}; a CPU with VNNI, AMX or "
+            "Arm's dot products sums them exactly"]
 
 
 def export_profile_lines(profile: ShapeProfile, checks: Sequence[PointCheck], result_dir: str,
