@@ -190,6 +190,24 @@ def test_a_plan_the_source_dims_cannot_take_ships_the_measured_model_and_says_wh
     dims = [d.dim_value for d in shipped.model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == list(_dims(OPT))
     assert deploy(info, lower, None, baseline.dataset.evaluation[:1]).fixed_because is None
+    # a graph at the source's dims that lowers but computes otherwise (here: its output shifted), where the final
+    # timing timed it: best/ holds the measured model, and its stated speed-ups are said to be the other's
+    def shifted(graph):
+        lowered = lower(graph)
+        if graph.deployable is not None:  # the measured, fixed-shape graph
+            return lowered
+        proto = onnx.ModelProto()
+        proto.CopyFrom(lowered.proto)
+        out = proto.graph.output[0].name
+        for node in proto.graph.node:
+            node.output[:] = [f"{out}_raw" if name == out else name for name in node.output]
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(1, np.float32), "shift"))
+        proto.graph.node.append(onnx.helper.make_node("Add", [f"{out}_raw", "shift"], [out]))
+        return lowered.with_proto(proto)
+
+    shipped = deploy(info, shifted, None, baseline.dataset.evaluation[:1], timed_as_shipped=True)
+    assert "outputs differ at the measured shape" in shipped.fixed_because
+    assert "the stated speed-ups were timed on that model at the source's dims" in shipped.fixed_because
 
 
 def test_data_of_several_widths_judges_every_plan_at_each_and_checks_the_shipped_model_there(tmp_path):

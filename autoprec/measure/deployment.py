@@ -47,12 +47,14 @@ Runs = Sequence[tuple[str, Sequence[Batch]]]  # the checks' points, each with it
 
 
 def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Sequence[Batch],
-           others: Sequence[Batch] = (), judged: Runs = ()) -> Deployment:
+           others: Sequence[Batch] = (), judged: Runs = (), timed_as_shipped: bool = False) -> Deployment:
     """The chosen plan for best/ (see the module docstring): ``lower`` in the measured engine's
     form, ``tensorrt`` in TensorRT's (where that differs); checked on ``samples`` (evaluation
     batches, at opt) fitted to each point of the profile, and on ``others``, the data's items at
     other shapes, by shape; or, for a search that judged several shapes, on each of them
-    (``judged``: each point's batches)."""
+    (``judged``: each point's batches). ``timed_as_shipped``: the final timing timed the plan at
+    the source's dims (:meth:`autoprec.measure.measurement.Lowering.as_shipped`), which a fixed
+    best/ then does not hold."""
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
     # fixed shapes, or measured on the deployable graph already (at every point)
@@ -64,13 +66,16 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
     except Exception as exc:  # noqa: BLE001 - a lowering or a run the fixed graph allowed: said, and not shipped
-        differs = (
+        model, differs = None, (
             f"the plan does not lower onto it ({type(exc).__name__}: {first_line(exc)}; likely a "
             "weight the fixed-shape graph folded to a constant, which the graph at the source's "
             "dims computes from the input shapes)"
         )
     if differs:
         why = f"the model at the source's dims is not the measured one: {differs}"
+        if timed_as_shipped and model is not None:
+            why += ("; the stated speed-ups were timed on that model at the source's dims, not on "
+                    "best/'s (autoprec check times best/)")
         runs = _runs(profile, samples, ["opt"], others)
         return Deployment(measured, also(info), why,
                           tuple(_checks(info.path, measured, profile, runs)))
@@ -208,7 +213,7 @@ def deploy_plan(
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
     return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt,
                   dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes,
-                  judged_runs(dataset))
+                  judged_runs(dataset), timed_as_shipped=not engine.one_shape_only)
 
 
 def judged_runs(dataset: Dataset) -> Runs:
