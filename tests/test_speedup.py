@@ -559,8 +559,9 @@ def test_the_final_timing_times_the_files_a_user_deploys_not_their_fixed_shape_t
     monkeypatch.setattr(InProcessMeasurer, "time_paired", _reduced_twice_as_fast)  # a reduced plan is chosen
     model, data = conv_with_data(tmp_path, items=12, batch="N")
     out = tmp_path / "out"
-    autoprec.search(autoprec.SearchConfig(
-        autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=6, warm_start=False), out=out,
+    autoprec.search(autoprec.SearchConfig(  # every plan within the limit: the fastest, a reduced one, is chosen
+        autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=0.5),
+        study=autoprec.StudySpec(budget=6, seed=0, warm_start=False), out=out,
         retime_seconds=1, ship_within_noise=True, isolation=autoprec.IsolationSpec(isolate=False)))
     pareto = json.loads((out / "pareto.json").read_text())
     assert len(timed) == (pareto["final_timing"] is not None) == 1, "this search must reach its final timing"
