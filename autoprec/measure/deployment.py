@@ -28,6 +28,7 @@ from autoprec.core.profile import ShapeProfile
 from autoprec.core.stored import StoredModel
 from autoprec.lower import Int4Form, QDQForm, lower_plan
 from autoprec.measure.accuracy import loss_from_metrics, output_metrics
+from autoprec.measure.measurement import times_shipped
 from autoprec.record.facts import Deployment, PointCheck, ProfileTiming
 
 log = logging.getLogger("autoprec")
@@ -53,7 +54,7 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
     batches, at opt) fitted to each point of the profile, and on ``others``, the data's items at
     other shapes, by shape; or, for a search that judged several shapes, on each of them
     (``judged``: each point's batches). ``timed_as_shipped``: the final timing timed the plan at
-    the source's dims (:meth:`autoprec.measure.measurement.Lowering.as_shipped`), which a fixed
+    the source's dims (:func:`autoprec.measure.measurement.times_shipped`), which a fixed
     best/ then does not hold."""
     profile, measured = info.shape_profile, lower(info)
     also = tensorrt or (lambda graph: None)
@@ -213,7 +214,7 @@ def deploy_plan(
         tensorrt = lambda graph: lower_plan(graph, plan, ranges, QDQForm.TENSORRT)  # noqa: E731
     return deploy(info, lambda graph: engine.lower(graph, plan, ranges), tensorrt,
                   dataset.main_evaluation[:CHECKED_BATCHES], dataset.other_shapes,
-                  judged_runs(dataset), timed_as_shipped=not engine.one_shape_only)
+                  judged_runs(dataset), timed_as_shipped=times_shipped(engine))
 
 
 def judged_runs(dataset: Dataset) -> Runs:

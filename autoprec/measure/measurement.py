@@ -158,6 +158,12 @@ def _time(runner, work: Workload, seconds):
     return latency, retimes, parts
 
 
+def times_shipped(backend: Backend) -> bool:
+    """Whether the final timing times the graph best/ ships (the source's dims kept): where the
+    engine runs dynamic dims at the measured shapes, not TensorRT's one-shape builds."""
+    return not backend.one_shape_only
+
+
 @dataclass(frozen=True)
 class Lowering:
     """What turns a plan into the model an engine builds: the prepared model, its calibrated ranges
@@ -171,9 +177,8 @@ class Lowering:
 
     def as_shipped(self, backend: Backend) -> Lowering:
         """Onto the graph best/ ships, beside the given model as it is (:meth:`ModelInfo.as_shipped`),
-        where ``backend`` runs dynamic dims at the measured shapes (not TensorRT's one-shape builds):
-        what the final timing states speed-ups of."""
-        return self if backend.one_shape_only else replace(self, info=self.info.as_shipped())
+        where :func:`times_shipped` ``backend``: what the final timing states speed-ups of."""
+        return replace(self, info=self.info.as_shipped()) if times_shipped(backend) else self
 
     def __call__(self, backend: Backend, plan: Plan) -> StoredModel:
         if self.form in (None, backend.qdq_form):
