@@ -123,8 +123,9 @@ def run_autoprec(baseline, backend, budget: int, judge: Judge) -> tuple[StoredMo
     study = open_study(optuna.storages.InMemoryStorage(), "peers", {}, make_sampler("tpe", 0))
     started = time.monotonic()
     run_warm_started(study, ctx, budget, sensitivity)
-    front, _ = retimed_front(study, lambda reference, plan, rounds: time_paired(  # as the search does before it chooses
-        backend, lowered(reference), lowered(plan), Workload.of(evaluation[0]), rounds), RETIME_ROUNDS, max_loss=MAX_LOSS)
+    front, _ = retimed_front(study, lambda reference, plan, rounds, dominated_ms: time_paired(  # as the search does
+        backend, lowered(reference), lowered(plan), Workload.of(evaluation[0]), rounds, dominated_ms=dominated_ms),
+        RETIME_ROUNDS, max_loss=MAX_LOSS)
     chosen = fastest_within(front, MAX_LOSS)
     trials = sorted(finished_records(study), key=lambda r: r.number)
     return lowered(chosen.plan), {

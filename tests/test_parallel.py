@@ -224,7 +224,7 @@ def test_the_fronts_retiming_is_spread_over_the_workers_and_each_gets_all_of_it(
     timed: list[tuple[str, int]] = []
 
     def timer(worker):
-        def time_paired(fp32, plan, rounds):
+        def time_paired(fp32, plan, rounds, dominated_ms=None):
             number = next(t.number for t in trials if t.plan.key() == plan.key())
             time.sleep(0.05)
             timed.append((worker, number))

@@ -59,8 +59,8 @@ def test_result_files_and_schema(conv_search):
     front = pareto["front"]
     assert front and [t["final_latency_ms"] for t in front] == sorted(t["final_latency_ms"] for t in front)
     fp32_number, retiming = pareto["uniform"]["fp32"], pareto["search"]["retiming"]
-    # the front was re-timed, each plan beside all-FP32 in 3 interleaved rounds
-    assert all(len(t["retimed_ms"]) == 3 for t in front if t["trial"] != fp32_number)
+    # the front was re-timed, each plan beside all-FP32 in 2 or 3 interleaved rounds (3 where 2 left its place open)
+    assert all(len(t["retimed_ms"]) in (2, 3) for t in front if t["trial"] != fp32_number)
     assert all(t["final_latency_ms"] == pytest.approx(statistics.median(t["retimed_ms"])) for t in front)
     # each plan's session built once, all-FP32's once for all of them (kept in the worker from plan to plan)
     others = len(retiming["retimed"]) - 1
@@ -91,8 +91,8 @@ def test_result_files_and_schema(conv_search):
     versus = pareto["chosen_vs_fp32"]
     assert versus["fp32_trial"] == pareto["uniform"]["fp32"]
     fp32 = next(t for t in trials if t["trial"] == versus["fp32_trial"])
-    # all-FP32 in each round beside the first plan re-timed, in the middle one beside each later plan
-    assert len(fp32["retimed_ms"]) == (3 + others - 1 if others else 0) and versus["retimed"]
+    # all-FP32 in each round beside the first plan re-timed (2 or 3), in the middle one beside each later plan
+    assert (len(fp32["retimed_ms"]) - (others - 1) in (2, 3) if others else not fp32["retimed_ms"]) and versus["retimed"]
     assert versus["speedup"] == pytest.approx(fp32["final_latency_ms"] / chosen["final_latency_ms"])
     assert versus["beyond_timing_noise"] == (max(chosen["retimed_ms"]) < min(fp32["retimed_ms"]))
     # How far the trials' latencies lie from their re-timing, over every re-timed plan.
@@ -346,12 +346,12 @@ def test_retiming_pairs_each_plan_with_fp32_in_interleaved_rounds_and_says_when_
     events, alive = [], []
     engine = _clock_engine(events, alive, failing="int8")
 
-    def record(number, ms, precision):
+    def record(number, ms, precision):  # (losses rising with the number: re-timed in that order)
         return TrialRecord(
-            number, Plan.from_mapping({"u": precision}), Measurement(Timing(ms, ms, ms, 10, 3), {}, 0.0, {}), True
+            number, Plan.from_mapping({"u": precision}), Measurement(Timing(ms, ms, ms, 10, 3), {}, number / 10, {}), True
         )
 
-    def pair(reference, plan, rounds):
+    def pair(reference, plan, rounds, dominated_ms):  # (no plan left early: the clock's rounds all differ)
         return time_paired(engine, reference["u"].value, plan["u"].value, Workload.of({}), rounds)
 
     trials = [record(0, 9.0, "fp32"), record(1, 8.0, "fp16"), record(2, 7.0, "int8"), record(3, 6.5, "fp16")]
@@ -379,7 +379,7 @@ def test_a_kept_fp32_session_is_built_once_and_timed_once_for_every_later_plan_a
         return TrialRecord(number, Plan.from_mapping({"u": precision}), Measurement(Timing(9, 9, 9, 10, 3), {}, 0.0, {}),
                            True)
 
-    def pair(reference, plan, rounds):
+    def pair(reference, plan, rounds, dominated_ms):  # (no plan left early: the clock's rounds all differ)
         return time_paired(engine, reference["u"].value, plan["u"].value, Workload.of({}), rounds,
                            (kept, reference.key()))
 
@@ -393,6 +393,61 @@ def test_a_kept_fp32_session_is_built_once_and_timed_once_for_every_later_plan_a
                                                         "fp16", "fp16", "fp32", "fp16"]
     assert retiming.trials[0].retimed_ms == (1, 4, 5, 9) and retiming.trials[3].retimed_ms == (7, 8, 10)
     assert kept.of("another reference") is None and alive == []  # another all-FP32 model: the kept one closed
+
+
+def test_a_plan_is_re_timed_a_third_time_only_where_two_rounds_leave_its_place_on_the_front_open():
+    """Two rounds within 3 % of each other, or both slower than a plan at no more loss re-timed before it, decide
+    what a third could not change (a median of three lies between two of them); two rounds apart, a third runs."""
+    from autoprec.backends.base import Backend, Runner
+    from autoprec.core.plan import Plan
+    from autoprec.core.timing import Timing
+    from autoprec.measure.measurement import KeptSession, time_paired
+    from autoprec.record.trial import Measurement, TrialRecord
+    from autoprec.study.retiming import retime
+
+    rounds_ms = {"fp32": iter([10.0] * 9), "steady": iter([5.0, 5.1, 9.0]), "slower": iter([7.0, 6.0, 4.0]),
+                 "apart": iter([6.0, 4.0, 5.0]), "unsteady and least loss": iter([4.0, 6.0, 5.0])}
+    timed = []
+
+    class Scripted(Runner):
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, batch):
+            return {}
+
+        def time(self, batch, runs=None):
+            timed.append(self.name)
+            ms = next(rounds_ms[self.name])
+            return Timing(ms, ms, ms, 10, 1)
+
+    class Engine(Backend):
+        name = "fake"
+
+        def info(self):
+            raise NotImplementedError
+
+        def runner(self, model):
+            return Scripted(model)
+
+    kept = KeptSession()
+
+    def pair(reference, plan, rounds, dominated_ms):
+        return time_paired(Engine(), reference.precisions[0][0], plan.precisions[0][0], Workload.of({}), rounds,
+                           (kept, reference.key()), dominated_ms)
+
+    def record(number, name, loss):  # (a plan of one unit, named as the engine's model)
+        return TrialRecord(number, Plan.from_mapping({name: "fp32" if number == 0 else "fp16"}),
+                           Measurement(Timing(9, 9, 9, 10, 3), {}, loss, {}), True)
+
+    trials = [record(0, "fp32", 0.0), record(1, "steady", 0.1), record(2, "slower", 0.2), record(3, "apart", 0.05),
+              record(4, "unsteady and least loss", 0.01)]
+    retimed = retime(trials, trials[0], pair, rounds=3).trials
+    assert retimed[1].retimed_ms == (5.0, 5.1)  # steady: 2 rounds
+    # 7 and 6 ms, both slower than trial 4 (at less loss: re-timed first, 5 ms): it leaves the front, 2 rounds
+    assert retimed[2].retimed_ms == (7.0, 6.0)
+    assert retimed[4].retimed_ms == (4.0, 6.0, 5.0) and retimed[3].retimed_ms == (6.0, 4.0, 5.0)  # apart: 3
+    assert kept.of("another reference") is None
 
 
 def test_an_engine_too_large_to_keep_two_of_is_rebuilt_each_round_one_at_a_time(monkeypatch):
@@ -602,7 +657,7 @@ def _timed_study(plans):
         study.tell(trial, [ms, loss])
         again_ms[(a, b)] = again
 
-    def time_paired(reference, plan, rounds):
+    def time_paired(reference, plan, rounds, dominated_ms=None):
         reference_ms, plan_ms = (again_ms[tuple(p.value for _, p in each.precisions)] for each in (reference, plan))
         return Paired((Timing(reference_ms, reference_ms, reference_ms, 10, 3),) * rounds,
                       (Timing(plan_ms, plan_ms, plan_ms, 10, 3),) * rounds, 2, False)

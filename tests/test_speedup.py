@@ -326,7 +326,7 @@ def _searched_with(tmp_path, monkeypatch, final_timing, budget: int, max_loss: f
     return out, json.loads((out / "pareto.json").read_text())
 
 
-def _reduced_twice_as_fast(self, reference, plan, rounds, reduced_ms=5.0):
+def _reduced_twice_as_fast(self, reference, plan, rounds, dominated_ms=None, reduced_ms=5.0):
     """A re-timing in which every reduced plan runs twice as fast as all-FP32: they all tie, one is chosen."""
     ms = 10.0 if plan.counts()["int8"] + plan.counts()["fp16"] == 0 else reduced_ms
     return Paired(tuple(Timing(10.0, 10.0, 10.0, 10, 3) for _ in range(rounds)),
@@ -337,7 +337,7 @@ def test_an_all_fp32_choice_no_plan_contends_with_is_not_timed_again(tmp_path, m
     """Every reduced plan re-times twice as slow as all-FP32, so all-FP32 is chosen and no plan comes within 15 %
     of it: the final timing, which would decide nothing, does not run, and the terminal says why."""
 
-    def slower(self, reference, plan, rounds):
+    def slower(self, reference, plan, rounds, dominated_ms=None):
         return _reduced_twice_as_fast(self, reference, plan, rounds, reduced_ms=20.0)
 
     out, pareto = _searched_with(tmp_path, monkeypatch, lambda *args: pytest.fail("timed a choice with nothing to decide"),

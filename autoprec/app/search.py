@@ -278,7 +278,8 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     setup.engine.drop_kept_builds()
     trials = finished_records(joined.study)
     log.info("re-timing the front and the fastest plans within --max-loss, each beside the "
-             f"all-FP32 plan in {RETIME_ROUNDS} interleaved rounds (two engines alive at most)")
+             f"all-FP32 plan in up to {RETIME_ROUNDS} interleaved rounds (a third only where two leave the plan's "
+             "place open; two engines alive at most)")
     # the workers' shares
     steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)
     with stages.timed("retiming"):

@@ -143,11 +143,11 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
         if kind != "retime":
             kept.close()
         try:
-            if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds)
-                reference, plan, rounds = args
+            if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds, dominated_ms)
+                reference, plan, rounds, dominated_ms = args
                 models = lowering(backend, reference), lowering(backend, plan)
                 with on_device.timing():
-                    paired = time_paired(backend, *models, work, rounds, (kept, reference.key()))
+                    paired = time_paired(backend, *models, work, rounds, (kept, reference.key()), dominated_ms)
                 conn.send(("ok", paired.to_json()))
             # ("compare", the all-FP32 plan, the contending plans, seconds, apart)
             elif kind == "compare":
@@ -446,9 +446,9 @@ class IsolatedMeasurer(Measurer):
         """:meth:`Measurer.accuracy_loss`, in the worker."""
         return self._ask(("loss", plan, batches, constraint), self.limits.seconds)
 
-    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
-        return Paired.from_json(self._ask(("retime", reference, plan, rounds), self.limits.seconds))
+        return Paired.from_json(self._ask(("retime", reference, plan, rounds, dominated_ms), self.limits.seconds))
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         """:meth:`Measurer.time_compared` in the worker, within the time limit (and the rounds'
@@ -496,9 +496,9 @@ class MeasurerPool(Measurer):
         with self._worker() as measurer:
             return measurer.accuracy_loss(plan, batches, constraint)
 
-    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         with self._worker() as measurer:
-            return measurer.time_paired(reference, plan, rounds)
+            return measurer.time_paired(reference, plan, rounds, dominated_ms)
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         with self._worker() as measurer:

@@ -240,8 +240,10 @@ class KeptSession:
 
 
 def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel, work: Workload,
-                rounds: int, kept: tuple[KeptSession, str] | None = None) -> Paired:
-    """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times, so drift
+                rounds: int, kept: tuple[KeptSession, str] | None = None,
+                dominated_ms: float | None = None) -> Paired:
+    """The all-FP32 model (``reference``) and a candidate timed in turn, ``rounds`` times at most
+    (fewer where more would not change what the re-timing decides: :func:`enough_rounds`), so drift
     (a busy neighbour, clocks) hits both alike. Two engines at most are alive; where the reference's
     engine takes more than PAIR_ENGINE_BYTES, one: each is built anew in every round. With ``kept``
     (a session holder and the reference's key), the reference's session is the one kept there for
@@ -271,6 +273,8 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
             warm_up(runners["candidate"], work)
             builds += 1
         for round_ in range(rounds):
+            if enough_rounds(timings["candidate"], dominated_ms):
+                break
             for which in in_turn(["reference", "candidate"], round_):
                 if which == "reference" and reused and round_ != rounds // 2:
                     continue
@@ -282,6 +286,22 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
                         timings[which].append(time_work(each, work, TURN)[0])
                     builds += 1
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
+
+
+# Two re-timed rounds this close (the slower over the faster, less one) leave a third nothing to
+# decide: a median of three lies between them.
+RETIME_STEADY = 0.03
+
+
+def enough_rounds(candidate: Sequence[Timing], dominated_ms: float | None) -> bool:
+    """Whether a plan's re-timing may stop at two rounds, where a third cannot change what it
+    decides (a median of three lies between two of them): the two within RETIME_STEADY of each
+    other, or both slower than ``dominated_ms`` (a plan at no more loss, re-timed: this one leaves
+    the front whatever a third round reads)."""
+    ms = [t.median_ms for t in candidate]
+    if len(ms) != 2:
+        return False
+    return max(ms) / min(ms) - 1 <= RETIME_STEADY or (dominated_ms is not None and min(ms) > dominated_ms)
 
 
 def time_compared(backend: Backend, lowering: Lowering, fp32: Plan, contenders: Sequence[Plan],
@@ -336,7 +356,7 @@ class Measurer(abc.ABC):
         build is held to)."""
 
     @abc.abstractmethod
-    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         """:func:`time_paired` on the first evaluation batch."""
 
     @abc.abstractmethod
@@ -383,10 +403,10 @@ class InProcessMeasurer(Measurer):
                              self.batches[:batches],
                              self.judge if constraint else self.ranking)
 
-    def time_paired(self, reference: Plan, plan: Plan, rounds: int) -> Paired:
+    def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         return time_paired(self.backend, self.lowering(self.backend, reference),
                            self.lowering(self.backend, plan),
-                           self.work, rounds)
+                           self.work, rounds, dominated_ms=dominated_ms)
 
     def time_compared(self, fp32: Plan, contenders: Sequence[Plan], seconds: float, apart: bool) -> Rounds:
         return time_compared(self.backend, self.lowering, fp32, contenders, self.work, seconds,

@@ -5,6 +5,7 @@ does not rest on one lucky or unlucky trial; membership decided again on the re-
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import replace
 from functools import partial
@@ -37,7 +38,7 @@ def pareto_front(study: optuna.Study) -> list[TrialRecord]:
 
 
 def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None,
-           time_paired: Callable[[Plan, Plan, int], Paired],
+           time_paired: Callable[[Plan, Plan, int, float | None], Paired],
            rounds: int = 3, shared: SharedSteps | None = None) -> Retiming:
     """Time each plan again beside the all-FP32 plan (``fp32``), one plan at a time, in interleaved
     rounds (``time_paired``: :meth:`autoprec.measure.measurement.Measurer.time_paired`), so the
@@ -50,9 +51,12 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None,
         return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to "
                                                                       "re-time it beside"}
                                          for r in records))
-    others = [r for r in records if r.plan.key() != fp32.plan.key()]
+    # the plans at the least loss first: a later one slower than one of them in two rounds needs no third
+    others = sorted((r for r in records if r.plan.key() != fp32.plan.key()),
+                    key=lambda r: (r.loss if math.isfinite(r.loss) else math.inf, r.latency_ms))
+    timed_here: dict[int, dict[str, Any]] = {}
     steps = [(f"{fp32.number}:{r.number}:{rounds}",
-              partial(_paired_rounds, time_paired, fp32.plan, r.plan, rounds))
+              partial(_paired_rounds, time_paired, fp32.plan, r, rounds, timed_here, others))
              for r in others]
     found = shared.spread(steps) if shared is not None else {step: each_result(compute) for step, compute in steps}
     timed_by = shared.workers_of([step for step, _ in steps]) if shared is not None else set()
@@ -92,19 +96,36 @@ def _on_one_scale(found: dict[str, Any]) -> dict[str, Any]:
     return {**found, **rescaled}
 
 
-def _paired_rounds(time_paired: Callable[[Plan, Plan, int], Paired], fp32: Plan, plan: Plan,
-                   rounds: int) -> dict[str, Any]:
-    """One plan re-timed beside all-FP32: each round's median, as the study stores it."""
+def _paired_rounds(time_paired: Callable[[Plan, Plan, int, float | None], Paired], fp32: Plan,
+                   candidate: TrialRecord, rounds: int, timed_here: dict[int, dict[str, Any]],
+                   others: Sequence[TrialRecord]) -> dict[str, Any]:
+    """One plan re-timed beside all-FP32: each round's median, as the study stores it (and kept in
+    ``timed_here``, by trial number, for the plans re-timed after it)."""
     try:
-        paired = time_paired(fp32, plan, rounds)
+        paired = time_paired(fp32, candidate.plan, rounds, _dominated_ms(candidate, timed_here, others))
     except (AutoprecError, RuntimeError, ValueError) as exc:
         raise StepFailure(f"{type(exc).__name__}: {exc}"[:1000]) from None
-    return {"candidate": [t.median_ms for t in paired.candidate],
-            "reference": [t.median_ms for t in paired.reference],
-            "builds": paired.builds, "apart": paired.apart}
+    found = {"candidate": [t.median_ms for t in paired.candidate],
+             "reference": [t.median_ms for t in paired.reference],
+             "builds": paired.builds, "apart": paired.apart}
+    timed_here[candidate.number] = found
+    return found
 
 
-# Final re-timing of the front: enough rounds for a max/min comparison to mean something.
+def _dominated_ms(candidate: TrialRecord, timed_here: dict[int, dict[str, Any]],
+                  others: Sequence[TrialRecord]) -> float | None:
+    """The latency past which ``candidate`` is dominated: the re-timed median of a plan at no more
+    loss that this worker re-timed before it, or of all-FP32's rounds beside them (the least of
+    those); None where none was."""
+    ahead = [statistics.median(found["candidate"]) for r in others
+             if (found := timed_here.get(r.number)) and r.loss <= candidate.loss]
+    fp32 = [ms for found in timed_here.values() for ms in found["reference"]]
+    ahead += [statistics.median(fp32)] if fp32 else []
+    return min(ahead, default=None)
+
+
+# Final re-timing of the front: enough rounds for a max/min comparison to mean something (two where a
+# third could not change what the re-timing decides: measurement.enough_rounds).
 RETIME_ROUNDS = 3
 
 
@@ -115,7 +136,7 @@ RETIME_FEASIBLE = 3
 
 
 def retimed_front(
-    study: optuna.Study, time_paired: Callable[[Plan, Plan, int], Paired],
+    study: optuna.Study, time_paired: Callable[[Plan, Plan, int, float | None], Paired],
     rounds: int = RETIME_ROUNDS,
     max_loss: float | None = None, shared: SharedSteps | None = None,
 ) -> tuple[list[TrialRecord], Retiming]:
