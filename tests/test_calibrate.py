@@ -139,3 +139,24 @@ def test_fp16_counts_and_ranges_are_those_of_the_values_seen(tmp_path):
     finite = seen[np.isfinite(seen)]
     assert (ranges["s"].min, ranges["s"].max) == pytest.approx((finite.min(), finite.max()))
     assert int(ranges["s"].hist.sum()) == finite.size
+
+
+@pytest.mark.parametrize("make", [builders.conv_net, builders.residual_net, lambda: builders.residual_net(bias_as_add=True),
+                                  builders.attention, builders.transformer_block, builders.classifier, builders.mlp],
+                         ids=["conv", "residual", "residual-bias-add", "attention", "transformer", "classifier", "mlp"])
+def test_the_search_calibrates_every_tensor_a_lowering_quantizes_and_trt10_every_node(make, tmp_path):
+    """The search histograms fewer tensors than every node output in a unit (TensorRT 10's cache wants those), and
+    lowering any plan in either Q/DQ form with its ranges makes the very graph that every node's ranges make."""
+    from autoprec.analysis.calibrate import ActivationRanges, every_node_tensors
+    from autoprec.core.plan import Precision
+    from autoprec.lower import QDQForm, lower_plan
+
+    info = analyse(builders.save(make(), tmp_path / "m.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    every = calibrate(info, data.calibration, data.fingerprint(), tensors=every_node_tensors(info))
+    searched = ActivationRanges({t: every[t] for t in collected_tensors(info)})
+    assert set(searched.tensors) <= set(every.tensors)
+    int8 = [u.name for u in info.units if Precision.INT8 in u.allowed]
+    for plan in (info.plan_at(Precision.INT8), info.plan_at(Precision.INT8, int8[::2])):
+        for form in QDQForm:
+            assert lower_plan(info, plan, searched, form).proto == lower_plan(info, plan, every, form).proto

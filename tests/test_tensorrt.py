@@ -22,9 +22,10 @@ import searching
 from cli import exit_code, refused
 
 import autoprec
-from autoprec.analysis.calibrate import calibrate
+from autoprec.analysis.calibrate import calibrate, collected_tensors, every_node_tensors
 from autoprec.analysis.data import build_dataset
 from autoprec.analysis.model import analyse
+from autoprec.app.recorded import recreate
 from autoprec.backends import get_backend
 from autoprec.backends.tensorrt import read_engine_layers
 from autoprec.backends.tensorrt.layers import parse_engine_layers, plan_fidelity
@@ -33,6 +34,7 @@ from autoprec.core.errors import BackendError
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
 from autoprec.lower import QDQForm, lower_plan
+from autoprec.results.files import read_result_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tensorrt"
 
@@ -407,6 +409,10 @@ def test_trt10_export_constrains_every_node_and_writes_the_calibrated_scales(res
         if n.op_type == "QuantizeLinear" and n.input[0] not in inits
     }
     assert quantized and all(cache[name] == pytest.approx(scale, rel=1e-6) for name, scale in quantized.items())
+    # a scale for every node output of a unit (implicit INT8 holds each node to INT8), where the search histogrammed
+    # only what its lowerings quantize
+    info = recreate(read_result_dir(out)).info
+    assert set(cache) == set(every_node_tensors(info)) > set(collected_tensors(info))
 
 
 def test_python_export_builds_with_the_api_and_uses_only_real_tensorrt_names(result, trt, monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -130,10 +130,11 @@ def load_inputs(
     return info, dataset, seconds
 
 
-def shared_files(info: ModelInfo, dataset: Dataset, cache: Path) -> list[Path]:
-    """The files :func:`baseline_of` leaves in ``cache``: what workers of one study share."""
+def shared_files(info: ModelInfo, dataset: Dataset, cache: Path, shared: Collection[str] = ()) -> list[Path]:
+    """The files :func:`baseline_of` leaves in ``cache``: what workers of one study share (a study
+    sharing ``shared`` already: its calibration file, where it is an earlier autoprec's)."""
     fingerprint = dataset.fingerprint()
-    calibration = [calibration_cache(info, fingerprint, cache)] if needs_calibration(info) else []
+    calibration = [calibration_cache(info, fingerprint, cache, shared=shared)] if needs_calibration(info) else []
     return [*calibration, reference_cache(info, fingerprint, cache)]
 
 

@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 import onnx
@@ -192,7 +192,22 @@ class ActivationRanges:
 
 
 def collected_tensors(info: ModelInfo) -> list[str]:
-    """Every tensor a lowering may quantize: unit inputs and the outputs of every node in a unit."""
+    """Every tensor a lowering may quantize or ``autoprec ranges`` shows: each unit's inputs and
+    output (a residual Add's skip input TensorRT's form quantizes is one of those), and where its
+    output Q/DQ goes in ONNX Runtime's form (:meth:`Unit.quantized_output`). Not every node output
+    inside a unit (only TensorRT 10's calibration cache wants those: :func:`every_node_tensors`):
+    their histograms were most of a calibration (ppocr-rec's 328 tensors, of which the lowerings
+    read 103)."""
+    names = {t for u in info.units for t in (*u.activations, u.output)}
+    for scope, graph in subgraphs.graphs(info.model.graph):
+        nodes = {node.name: node for node in graph.node}
+        names |= {u.quantized_output(nodes.__getitem__) for u in info.units if u.scope == scope}
+    return sorted(names)
+
+
+def every_node_tensors(info: ModelInfo) -> list[str]:
+    """Each unit's inputs and the output of every node in it: what TensorRT 10's implicit INT8 wants
+    a scale for, every node of an INT8 unit held to INT8 (``export --format trt10``)."""
     names = {t for u in info.units for t in u.activations}
     for scope, graph in subgraphs.graphs(info.model.graph):
         in_units = {n for u in info.units if u.scope == scope for n in u.nodes}
@@ -211,29 +226,36 @@ def content_key(info: ModelInfo, fingerprint: str, extra: str) -> str:
     return hashlib.sha256(f"{info.sha256}|{fingerprint}|{extra}".encode()).hexdigest()[:16]
 
 
-def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path) -> Path:
-    """Where :func:`calibrate` keeps its ranges for this model and data (the name carries the
-    content hash)."""
+def calibration_cache(info: ModelInfo, fingerprint: str, cache_dir: Path,
+                      tensors: Sequence[str] | None = None, shared: Collection[str] = ()) -> Path:
+    """Where :func:`calibrate` keeps its ranges of ``tensors`` for this model and data (the name
+    carries the content hash). By default, of :func:`collected_tensors`; or of every node's output
+    where such a file is there or a study shares one (``shared``: its file names): autoprec
+    calibrated those until 2026-12, and a study it began resumes with its own file."""
+    if tensors is None:
+        wider = calibration_cache(info, fingerprint, cache_dir, every_node_tensors(info))
+        if wider.exists() or wider.name in shared:
+            return wider
     powered = ",".join(int4_inputs(info))
     powered = f"|power:{powered}" if powered else ""
-    return (
-        cache_dir
-        / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + ','.join(collected_tensors(info)) + powered)}.npz"
-    )
+    names = ",".join(tensors if tensors is not None else collected_tensors(info))
+    return cache_dir / f"calibration-{content_key(info, fingerprint, CACHE_VERSION + names + powered)}.npz"
 
 
 def calibrate(
-    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None
+    info: ModelInfo, batches: Sequence[Batch], fingerprint: str, cache_dir: Path | None = None,
+    tensors: Sequence[str] | None = None,
 ) -> ActivationRanges:
-    """Run the FP32 model once over the calibration batches, histogramming every quantizable tensor.
+    """Run the FP32 model once over the calibration batches, histogramming ``tensors`` (default: the
+    quantizable ones, :func:`collected_tensors`).
 
     Uses ONNX Runtime's own HistogramCollector (value histograms, rebinned as ranges grow), so
     percentile and entropy thresholds come from the same collected data.
     """
     from onnxruntime.quantization.calibrate import HistogramCollector
 
-    names = collected_tensors(info)
-    cache = calibration_cache(info, fingerprint, cache_dir) if cache_dir else None
+    names = sorted(tensors) if tensors is not None else collected_tensors(info)
+    cache = calibration_cache(info, fingerprint, cache_dir, None if tensors is None else names) if cache_dir else None
     if cache is not None and cache.exists():
         try:
             return ActivationRanges.load(untrusted.npz_checked(cache, f"the cache {cache.parent}"))

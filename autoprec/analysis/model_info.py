@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import onnx
 
@@ -68,6 +68,22 @@ class Unit:
     @property
     def searchable(self) -> bool:
         return len(self.allowed) > 1
+
+    def quantized_output(self, node_of: Callable[[str], onnx.NodeProto]) -> str:
+        """The tensor after the unit's compute node and the activations ONNX Runtime folds into the Q
+        that follows (ORT_ABSORBED): where a whole-node unit's output Q/DQ goes (``node_of``: the
+        unit's graph's node of a name)."""
+        tensor = node_of(self.nodes[0]).output[0]
+        for name in self.nodes[1:]:
+            node = node_of(name)
+            if node.op_type not in ORT_ABSORBED or node.input[0] != tensor:
+                break
+            tensor = node.output[0]
+        return tensor
+
+
+# Ops ONNX Runtime folds into the Q that follows a quantized layer (zero point at the range minimum).
+ORT_ABSORBED = frozenset({"Relu", "Clip"})
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def _export(args: argparse.Namespace) -> int:
     from autoprec.app.verbs import tensorrt_build_spec
 
     profile = ProfileSpec.from_args(args)
-    spec = tensorrt_build_spec(args.result_dir, args.trial, profile)
+    spec = tensorrt_build_spec(args.result_dir, args.trial, profile, every_node=args.format == "trt10")
     with folder.exporting(out):
         return _export_tensorrt(args, out, spec, profile)
 

@@ -202,7 +202,7 @@ class Shared:
 
 
 def shared_inputs(config: SearchConfig, setup: Setup, joined: Joined) -> Shared:
-    files = shared_files(setup.info, setup.dataset, setup.cache)
+    files = shared_files(setup.info, setup.dataset, setup.cache, joined.shared.file_names("reference"))
     with joined.shared.once(joined.locks, "reference", files, joined.me) as fetched:
         if fetched:
             log.info(f"study {joined.name!r}: calibration ranges and FP32 reference from its "

@@ -11,8 +11,13 @@ from typing import Mapping, Sequence
 
 import optuna
 
-from autoprec.analysis.baseline import load_baseline
-from autoprec.analysis.calibrate import CALIBRATION_METHODS, ActivationRanges, calibrate
+from autoprec.analysis.baseline import Baseline, load_baseline
+from autoprec.analysis.calibrate import (
+    CALIBRATION_METHODS,
+    ActivationRanges,
+    calibrate,
+    every_node_tensors,
+)
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.app.judge_specs import JudgeSpec
 from autoprec.app.recorded import PlanContext, plan_context, recreate
@@ -291,11 +296,11 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
 
 
 def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
-                        profile: ProfileSpec | None = None) -> BuildSpec:
+                        profile: ProfileSpec | None = None, every_node: bool = False) -> BuildSpec:
     """A result's chosen plan (or --trial N) with what a TensorRT build of it needs: the plan in
-    TensorRT's Q/DQ form, its units, calibrated ranges, the measured figures, and the deployment
-    profile (``profile``: the search's widened) with the plan's checks against the given model
-    across it."""
+    TensorRT's Q/DQ form, its units, calibrated ranges (``every_node``: of every node's output in a
+    unit too, for TensorRT 10's calibration cache), the measured figures, and the deployment profile
+    (``profile``: the search's widened) with the plan's checks against the given model across it."""
     from autoprec.backends.tensorrt import (
         stamp_plan,  # the TensorRT backend module only where TensorRT is meant
     )
@@ -306,13 +311,16 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
     model, info, checks = deployed(context, lambda graph: stamp_plan(
         lower_plan(graph, plan, baseline.ranges, QDQForm.TENSORRT), graph, plan))
     steadiness = result.versus.steadiness
+    ranges = baseline.ranges
+    if every_node and ranges is not None:
+        ranges = _every_node_ranges(baseline, Path(result_dir) / "cache")
     return BuildSpec(
         name=model_path.stem,
         original_model=model_path,
         model=model,
         plan=plan,
         info=info,
-        ranges=baseline.ranges,
+        ranges=ranges,
         trial=result.shown_trial(context.trial),
         fp32_trial=result.uniform_trial("fp32"),
         engine=result.engine,
@@ -324,6 +332,17 @@ def tensorrt_build_spec(result_dir: str | os.PathLike, trial: int | None = None,
         samples=tuple(baseline.dataset.main_evaluation[:CHECKED_BATCHES]),
         checks=checks,
     )
+
+
+def _every_node_ranges(baseline: Baseline, cache: Path) -> ActivationRanges:
+    """The search's ranges, and those of every other node output in a unit, calibrated now on the
+    search's calibration batches (the search histograms only the tensors its lowerings quantize)."""
+    dataset, searched = baseline.dataset, baseline.ranges.tensors
+    missing = [t for t in every_node_tensors(baseline.info) if t not in searched]
+    if not missing:
+        return baseline.ranges
+    more = calibrate(baseline.info, dataset.calibration, dataset.fingerprint(), cache, missing)
+    return ActivationRanges({**more.tensors, **searched})
 
 
 def study_status(storage: str, study_name: str) -> dict:

@@ -27,9 +27,6 @@ from autoprec.core import engines
 from autoprec.core.stored import StoredModel
 from autoprec.lower.edit import GraphEdit
 
-# Ops ORT folds into the Q that follows a quantized layer (zero point at the range minimum).
-_ORT_ABSORBED = {"Relu", "Clip"}
-
 
 class QDQForm(str, enum.Enum):
     # the form of both TensorRT backends, and of ort-cuda (to build the same there)
@@ -174,16 +171,6 @@ def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.n
     return np.array(scale, np.float32), np.array(zero_point, np.uint8)
 
 
-def _ort_output_tensor(unit: Unit, edit: GraphEdit) -> str:
-    """The layer's output after the activations ORT can absorb into the output Q."""
-    graph, position = edit.index.graph, edit.index.position
-    tensor = graph.node[position[unit.nodes[0]]].output[0]
-    for name in unit.nodes[1:]:
-        node = graph.node[position[name]]
-        if node.op_type not in _ORT_ABSORBED or node.input[0] != tensor:
-            break
-        tensor = node.output[0]
-    return tensor
 
 
 def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges,
@@ -218,7 +205,7 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
         # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
         # a DQ output read only from inside a subgraph.
         for unit in units:
-            out = _ort_output_tensor(unit, edit)
+            out = unit.quantized_output(lambda name: edit.index.graph.node[edit.index.position[name]])
             if out not in edit.index.outputs:
                 dequantized = quantizer.activation(out)
                 _read_dequantized(edit, out, dequantized,

@@ -400,6 +400,10 @@ class SharedInputs:
     def published(self, name: str) -> bool:
         return bool(self.study.user_attrs.get(f"{self.ATTR}:{name}"))
 
+    def file_names(self, name: str) -> set[str]:
+        """The names of the files the study shares as ``name``."""
+        return {entry["name"] for entry in self.study.user_attrs.get(f"{self.ATTR}:{name}", ())}
+
     def fetch(self, name: str, files: list[Path]) -> bool:
         """Download the study's shared files into ``files`` (same names). False when the study has
         none yet."""
