@@ -171,8 +171,6 @@ def _activation_params(r: TensorRange, method: str, form: QDQForm) -> tuple[np.n
     return np.array(scale, np.float32), np.array(zero_point, np.uint8)
 
 
-
-
 def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: ActivationRanges,
                method: str,
                form: QDQForm, prefix: str = "", unit_nodes: frozenset[str] = frozenset()) -> None:
