@@ -53,8 +53,13 @@ TRIAL = Runs()
 # wholly inside one (magika's quick start: all-FP32's fastest runs moved 150-370 % between sessions
 # instead of 3-131 %, and its INT8 plan went unshipped in 5 of 6 searches; docs/benchmarks.md).
 TURN = Runs(warmup=1)
+# A turn of the re-timing: half a final timing's. Two of a plan's rounds that disagree by more than 3 % get a third
+# (autoprec.measure.measurement.enough_rounds), whose median outvotes a turn that fell in a slow stretch; the final
+# timing, which decides what ships and states its gain, keeps TURN.
+RETIME_TURN = Runs(warmup=1, min_seconds=TURN.min_seconds / 2)
 TIME_CALLS = (f"median of >= {TRIAL.min_runs} runs and >= {TRIAL.min_seconds:g} s after {TRIAL.warmup} warm-up "
-              f"runs ({TURN.warmup} in the re-timing's and the final timing's turns, their sessions warmed when built; "
+              f"runs ({TURN.warmup} in the re-timing's and the final timing's turns, their sessions warmed when built, "
+              f">= {RETIME_TURN.min_seconds:g} s in the re-timing's; "
               f"none for a call of {TRIAL.min_seconds / TRIAL.min_runs * 1e3:.0f} ms or more, whose first run is timed)")
 
 

@@ -19,7 +19,7 @@ from autoprec.core.errors import first_line
 from autoprec.core.locks import DeviceTurns
 from autoprec.core.plan import Plan
 from autoprec.core.stored import StoredModel
-from autoprec.core.timing import TURN, Timing
+from autoprec.core.timing import RETIME_TURN, Timing
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
 from autoprec.measure.shaped import by_shape
@@ -266,7 +266,7 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
                 kept[0].keep(kept[1], runner, stack)
         runners = {"reference": runner}
         if apart:
-            timings["reference"].append(time_work(runner, work, TURN)[0])
+            timings["reference"].append(time_work(runner, work, RETIME_TURN)[0])
             stack.close()
         else:
             runners["candidate"] = stack.enter_context(backend.runner(candidate))
@@ -279,11 +279,11 @@ def time_paired(backend: Backend, reference: StoredModel, candidate: StoredModel
                 if which == "reference" and reused and round_ != rounds // 2:
                     continue
                 if not apart:
-                    timings[which].append(time_work(runners[which], work, TURN)[0])
+                    timings[which].append(time_work(runners[which], work, RETIME_TURN)[0])
                 elif len(timings[which]) <= round_:
                     with backend.runner(models[which]) as each:
                         warm_up(each, work)
-                        timings[which].append(time_work(each, work, TURN)[0])
+                        timings[which].append(time_work(each, work, RETIME_TURN)[0])
                     builds += 1
     return Paired(tuple(timings["reference"]), tuple(timings["candidate"]), builds, apart)
 
