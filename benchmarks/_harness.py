@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -253,6 +254,18 @@ class CachedMeasure:
 
     def _lower(self, plan: Plan) -> StoredModel:
         return self.backend.lower(self.baseline.info, plan, self.baseline.ranges)
+
+
+def plain_run_ms(session: onnxruntime.InferenceSession, feeds: dict, warmup: int, runs: int) -> list[float]:
+    """A plain ONNX Runtime session as a user times it: ``warmup`` runs, then each of ``runs`` runs' wall time (ms)."""
+    for _ in range(warmup):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def time_interleaved(

@@ -19,7 +19,6 @@ import math
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import onnxruntime
@@ -27,7 +26,7 @@ import onnxruntime
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import builders  # noqa: E402
-from _harness import Report, parse_arguments  # noqa: E402
+from _harness import Report, parse_arguments, plain_run_ms  # noqa: E402
 
 from autoprec.analysis.baseline import load_baseline  # noqa: E402
 from autoprec.analysis.data import Workload  # noqa: E402
@@ -60,14 +59,7 @@ def plain_ratio(
     ms: dict[str, list[float]] = {name: [] for name in sessions}
     for round_ in range(rounds):
         for name in speedup.in_turn(list(sessions), round_):
-            session = sessions[name]
-            for _ in range(5):
-                session.run(None, batch)
-            times = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                session.run(None, batch)
-                times.append((time.perf_counter() - t0) * 1e3)
+            times = plain_run_ms(sessions[name], batch, 5, runs)
             ms[name].append(statistics.median(times))
     ratios = [f / c for f, c in zip(ms["fp32"], ms["chosen"])]
     return {

@@ -26,7 +26,7 @@ import onnx
 import onnxruntime
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import Report, model_source, parse_arguments  # noqa: E402
+from _harness import Report, model_source, parse_arguments, plain_run_ms  # noqa: E402
 
 from autoprec.app.cli import main as autoprec_main  # noqa: E402
 from autoprec.backends import get_backend  # noqa: E402
@@ -56,13 +56,7 @@ def plain_rounds(files: dict[str, Path], feeds: dict, rounds: int, runs: int, th
     for round_ in range(rounds):
         for name in in_turn(list(files), round_):
             session = onnxruntime.InferenceSession(str(files[name]), options, providers=["CPUExecutionProvider"])
-            for _ in range(10):
-                session.run(None, feeds)
-            times = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                session.run(None, feeds)
-                times.append((time.perf_counter() - t0) * 1e3)
+            times = plain_run_ms(session, feeds, 10, runs)
             found[name].append((statistics.median(times), float(np.percentile(times, 10))))
     return found
 
