@@ -38,6 +38,10 @@ class TensorSpec:
         return None if self.batch_axis is None else self.shape[self.batch_axis]
 
 
+# Ops ONNX Runtime folds into the Q that follows a quantized layer (zero point at the range minimum).
+ORT_ABSORBED = frozenset({"Relu", "Clip"})
+
+
 @dataclass(frozen=True)
 class Unit:
     """One compute layer a precision is chosen for, with the neighbours fused into it.
@@ -80,10 +84,6 @@ class Unit:
                 break
             tensor = node.output[0]
         return tensor
-
-
-# Ops ONNX Runtime folds into the Q that follows a quantized layer (zero point at the range minimum).
-ORT_ABSORBED = frozenset({"Relu", "Clip"})
 
 
 @dataclass(frozen=True)
