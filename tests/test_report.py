@@ -53,6 +53,29 @@ def test_plot_draws_both_figures_of_a_search_run_without_them(result_dirs):
         assert image.format == "PNG" and image.width >= 800 and _not_blank(a / name)
 
 
+def test_figures_drawn_side_by_side_are_the_figures_drawn_in_one_process(result_dirs, tmp_path):
+    """A search draws its figures each in a process of its own (issue 68: 1.2 -> 0.6 s of its writing):
+    the same files as one process draws, and a figure that fails there fails the search, as it would here."""
+    from autoprec.measure.isolation import start_worker_server
+    from autoprec.results.files import read_result_dir
+    from autoprec.results.plots import DRAWING_MODULES, plot_result_dir
+
+    start_worker_server(DRAWING_MODULES)
+    drawn = {}
+    for side_by_side in (False, True):
+        copy = shutil.copytree(result_dirs[0], tmp_path / str(side_by_side))
+        for old in copy.glob("*.png"):
+            old.unlink()
+        written = plot_result_dir(read_result_dir(copy), side_by_side=side_by_side)
+        drawn[side_by_side] = {path.name: path.read_bytes() for path in written}
+    assert set(drawn[True]) == {"pareto.png", "layers.png", "sensitivity.png"}
+    assert drawn[True] == drawn[False]
+    result = read_result_dir(tmp_path / "True")
+    (tmp_path / "True" / "pareto.json").write_text("{")  # what the figures' processes read: broken after reading here
+    with pytest.raises(Exception, match="pareto.json"):
+        plot_result_dir(result, side_by_side=True)
+
+
 def test_show_prints_the_front_and_json_matches_the_files(result_dirs, capsys):
     a, _ = result_dirs
     pareto = json.loads((a / "pareto.json").read_text())

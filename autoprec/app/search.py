@@ -40,7 +40,7 @@ from autoprec.results.files import (
     withdraw_result,
     write_results,
 )
-from autoprec.results.plots import plot_result_dir
+from autoprec.results.plots import DRAWING_MODULES, plot_result_dir
 from autoprec.study.build_counts import builds_facts, count_builds, say_builds
 from autoprec.study.choice import (
     FinalTiming,
@@ -138,7 +138,7 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
     started, stages = time.monotonic(), Stages()
     with stages.timed("set_up"):
         if config.isolation.isolate:
-            start_worker_server()
+            start_worker_server(DRAWING_MODULES if config.plots else ())
         setup = set_up(config)
         with removed_if_refused(setup.made):
             joined = _join_study(config, setup)
@@ -346,7 +346,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
                           tuple(outcome.front), chosen, units_json(info), outcome.versus)
     write_results(result, deployment)
     if config.plots:
-        plot_result_dir(read_result_dir(setup.out_dir))
+        plot_result_dir(read_result_dir(setup.out_dir), side_by_side=config.isolation.isolate)
     if not outcome.trials:
         raise SearchFailed(nothing_measured(joined.study, setup.out_dir))
     return result
