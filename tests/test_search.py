@@ -1,3 +1,4 @@
+import gc
 import json
 import math
 import os
@@ -38,7 +39,11 @@ def conv_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
     model, data = builders.conv_with_data(root, 12)
     out = root / "out"
+    frozen = gc.get_freeze_count()
     result = searching.search(conv_config(model, data, out, budget=8), plots=True)  # its figures are checked
+    # what existed before it was kept out of the search's collections, and handed back after (a process that
+    # searches again and again collects what each search left)
+    assert gc.get_freeze_count() == frozen
     return model, data, out, result
 
 

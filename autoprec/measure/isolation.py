@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import logging
 import multiprocessing
 import os
@@ -116,6 +117,8 @@ def _worker(conn, stderr_path: str) -> None:
     os.dup2(fd, 2)
     faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
     faulthandler.register(WHERE_SIGNAL, all_threads=False)  # where it is, when asked (see _where)
+    # what the server imported lives as long as the worker: no collection walks it (nor copies its pages)
+    gc.freeze()
     _serve(conn, *conn.recv())
 
 

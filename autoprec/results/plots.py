@@ -7,6 +7,7 @@ until every text it draws lies inside it."""
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import textwrap
@@ -375,12 +376,14 @@ DRAWING_MODULES = ("matplotlib.pyplot", __name__, "concurrent.futures.process")
 def plot_result_dir(result: ResultFiles, side_by_side: bool = False) -> list[Path]:
     """Every figure a result directory supports, written next to its results; ``side_by_side``: each
     drawn in a process forked from the measuring workers' server (:data:`DRAWING_MODULES` imported
-    there while the search ran), the figures at once on the cores the search leaves idle: 1.6 s of a
+    there while the search ran), the figures at once on the cores the search leaves idle: 1.2 s of a
     search's writing on a 2-core VM, its longest figure's 0.6 s so."""
     names = figure_names(result)
     if not side_by_side or worker_context().get_start_method() != "forkserver":
         return [_plotted(result, name) for name in names]
-    with ProcessPoolExecutor(min(len(names), os.cpu_count() or 1), mp_context=worker_context()) as pool:
+    # (gc.freeze: what the server imported is not walked by each figure's collections)
+    with ProcessPoolExecutor(min(len(names), os.cpu_count() or 1), mp_context=worker_context(),
+                             initializer=gc.freeze) as pool:
         return list(pool.map(plot_figure, [str(result.out_dir)] * len(names), names))
 
 
