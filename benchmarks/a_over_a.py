@@ -178,17 +178,21 @@ def final_timing(backend, models: dict, batch, seconds: float):
 
 def calibrated_extra(backend, model: StoredModel, batch, gain: float) -> int:
     """How many Mul pairs make the model about ``gain`` slower: doubled until the slowdown is well past the noise
-    (twice the gain asked), then scaled down to it (one session each, the median of 5 timings)."""
+    (twice the gain asked), then scaled down to it (one session each, the median of 5 timings). Each slowed model is
+    read against the plain one timed just before and just after it, the slower of the two: a VM whose speed moved
+    between them (2026-12-01: a 1.3x level move read as the slowdown of 16 pairs, and the A/B then slowed the model
+    by nothing) errs towards more pairs, a larger gain than asked, never a gain that is not there."""
     def ms(m):
         with backend.runner(m) as runner:
             runner.run(batch)
             return statistics.median(runner.time(batch).median_ms for _ in range(5))
-    base, pairs = ms(model), 16
+    pairs, before = 16, ms(model)
     while True:
-        slower = ms(slowed(model, pairs))
-        if slower / base - 1 >= 2 * (gain - 1) or pairs >= 1 << 16:
-            return max(1, round(pairs * (gain - 1) / max(slower / base - 1, 1e-9)))
-        pairs *= 2
+        slower, after = ms(slowed(model, pairs)), ms(model)
+        slowdown = slower / max(before, after) - 1
+        if slowdown >= 2 * (gain - 1) or pairs >= 1 << 16:
+            return max(1, round(pairs * (gain - 1) / max(slowdown, 1e-9)))
+        pairs, before = pairs * 2, after
 
 
 def summary(name: str, backend, aa, ab, old, extra: int) -> dict:
