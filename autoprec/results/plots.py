@@ -378,11 +378,11 @@ def plot_result_dir(result: ResultFiles, side_by_side: bool = False) -> list[Pat
     drawn in a process forked from the measuring workers' server (:data:`DRAWING_MODULES` imported
     there while the search ran), the figures at once on the cores the search leaves idle: 1.2 s of a
     search's writing on a 2-core VM, its longest figure's 0.6 s so."""
-    names = figure_names(result)
-    if not side_by_side or worker_context().get_start_method() != "forkserver":
+    names, context = figure_names(result), worker_context()
+    if not side_by_side or context.get_start_method() != "forkserver":
         return [_plotted(result, name) for name in names]
     # (gc.freeze: what the server imported is not walked by each figure's collections)
-    with ProcessPoolExecutor(min(len(names), os.cpu_count() or 1), mp_context=worker_context(),
+    with ProcessPoolExecutor(min(len(names), os.cpu_count() or 1), mp_context=context,
                              initializer=gc.freeze) as pool:
         return list(pool.map(plot_figure, [str(result.out_dir)] * len(names), names))
 
