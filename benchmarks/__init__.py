@@ -88,6 +88,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("exports", command=("cpu",)),
     Benchmark("decoders"),
     Benchmark("judge_cost"),
+    Benchmark("sensitivity_pass"),
     Benchmark("gpu"),
     Benchmark("fp16_regions"),
     Benchmark("reference_gap"),

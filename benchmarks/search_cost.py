@@ -55,15 +55,15 @@ def source(name: str, batch: int | None, folder: Path) -> tuple[str, Path | None
     return str(model), data, shapes
 
 
-def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict:
-    """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
+def run_cli(code: Path, name: str, verb: str, args: argparse.Namespace, out: Path, *options: str) -> float:
+    """``autoprec VERB`` of model ``name`` (as :func:`source` gives it) with the package in ``code``, writing to
+    ``out``: its wall clock from outside."""
     model, data, shapes = source(name, args.batch, out.parent)
     ran = "import sys, autoprec.app.cli as cli; print(cli.__file__, file=sys.stderr); raise SystemExit(cli.main())"
-    command = [sys.executable, "-c", ran, "search", model,
-               "--budget", str(args.budget), "--out", str(out), "--no-progress", "--backend", args.backend]
+    command = [sys.executable, "-c", ran, verb, model, "--out", str(out), "--no-progress", "--backend", args.backend,
+               *options]
     command += ["--data", str(data)] if data else []
     command += [arg for dim, shape in (shapes or {}).items() for arg in ("--shape", f"{dim}={'x'.join(map(str, shape))}")]
-    command += ["--retime-seconds", str(args.retime_seconds)] if args.retime_seconds is not None else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
     started = time.monotonic()
     # from the output's folder: python -c puts its working directory first on the path, and a run from a checkout
@@ -71,10 +71,17 @@ def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, cwd=out.parent)
     wall = time.monotonic() - started
     if done.returncode != 0:
-        raise RuntimeError(f"search of {name} with {code} exited {done.returncode}: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{verb} of {name} with {code} exited {done.returncode}: {done.stderr[-2000:]}")
     imported = Path(done.stderr.splitlines()[0])
     if not imported.is_relative_to(code.resolve()):
-        raise RuntimeError(f"the search meant to run {code}'s autoprec ran {imported}")
+        raise RuntimeError(f"the {verb} meant to run {code}'s autoprec ran {imported}")
+    return wall
+
+
+def searched(code: Path, name: str, args: argparse.Namespace, out: Path) -> dict:
+    """``autoprec search`` with the package in ``code`` (its wall clock from outside, its stages from inside)."""
+    retime = ["--retime-seconds", str(args.retime_seconds)] if args.retime_seconds is not None else []
+    wall = run_cli(code, name, "search", args, out, "--budget", str(args.budget), *retime)
     search = json.loads((out / "pareto.json").read_text())["search"]
     stages = search["stage_seconds"]
     outside = wall - sum(stages.get(stage, 0.0) for stage in SEARCHING)

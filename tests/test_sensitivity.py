@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import optuna
 import pytest
 import searching
@@ -12,13 +13,23 @@ from autoprec.backends import get_backend
 from autoprec.backends.onnxruntime import attribute_node_times
 from autoprec.core.plan import Plan, Precision
 from autoprec.core.search_space import load_search_space
+from autoprec.lower import QDQForm
 from autoprec.measure.accuracy import Judge, Metric
-from autoprec.measure.measurement import Rejected, Screen, accuracy_loss, measure
+from autoprec.measure.downstream import Downstream
+from autoprec.measure.measurement import (
+    InProcessMeasurer,
+    Lowering,
+    Rejected,
+    Screen,
+    accuracy_loss,
+    measure,
+)
 from autoprec.record.per_unit import Sensitivity, UnitSensitivity
 from autoprec.study.sensitivity import (
     analyse_sensitivity,
     cached_sensitivity,
     latency_shares,
+    one_unit_plans,
     unit_times,
 )
 from autoprec.study.warm_start import warm_start_params
@@ -369,3 +380,71 @@ def test_a_loss_alone_is_judged_on_the_engines_judging_runner(conv_prepared):
     fp32 = engine.lower(info, info.plan_at(Precision.FP32), ranges)
     loss = accuracy_loss(engine, fp32, dataset.evaluation[:1], Judge(Metric(), reference[:1]))
     assert Counted.judged == 1 and loss == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.fixture
+def two_outputs(tmp_path):
+    """A ResNet block whose stem's Relu is an output too (one output made early, one late), analysed and
+    calibrated, with four batches of data."""
+    import builders
+    from onnx import TensorProto, helper
+
+    from autoprec.analysis.calibrate import calibrate
+    from autoprec.analysis.reference import reference_outputs
+
+    model = builders.residual_net()
+    model.graph.output.append(helper.make_tensor_value_info("r0", TensorProto.FLOAT, [1, 8, 16, 16]))
+    path = builders.save(model, tmp_path / "two.onnx")
+    space = load_search_space()
+    info = analyse(path, space.restricted((Precision.INT8, Precision.FP16)))
+    batches = [{"x": np.random.default_rng(i).normal(size=(1, 8, 16, 16)).astype(np.float32)} for i in range(4)]
+    ranges = calibrate(info, batches, "two")
+    return info, batches, ranges, reference_outputs(info, batches, "two")
+
+
+@pytest.mark.parametrize("form", [None, QDQForm.TENSORRT], ids=["ort-cpu form", "TensorRT form"])
+def test_a_one_unit_plan_run_from_its_first_change_gives_the_whole_plans_outputs(two_outputs, form):
+    """The pass runs each one-unit plan from the last cut before its first changed node, on all-FP32's
+    tensors there: the outputs are the whole plan's, the early output all-FP32's where the change comes
+    after it; the later units' plans are cut."""
+    info, batches, ranges, _ = two_outputs
+    engine, lowering = get_backend("ort-cpu"), Lowering(info, ranges, form)
+    downstream = Downstream.captured(engine, lowering(engine, info.plan_at(Precision.FP32)), batches)
+    plans = one_unit_plans(info, "percentile-99.99")
+    cut = []
+    for plan in plans:
+        model = lowering(engine, plan)
+        found = downstream.outputs(engine, model)
+        with engine.runner(model) as runner:
+            whole = [runner.run(batch) for batch in batches]
+        if found is not None:
+            cut.append(plan)
+            for part, all_of in zip(found, whole):
+                assert list(part) == list(all_of)
+                for name in all_of:
+                    np.testing.assert_allclose(part[name], all_of[name], rtol=1e-5, atol=1e-6)
+    assert {u for plan in cut for u in plan.as_dict()} >= {"outer", "last"}
+
+
+def test_a_capture_over_its_budget_leaves_every_plan_whole(two_outputs):
+    info, batches, ranges, reference = two_outputs
+    engine = get_backend("ort-cpu")
+    fp32 = engine.lower(info, info.plan_at(Precision.FP32), ranges)
+    assert Downstream.captured(engine, fp32, batches, budget=1) is None
+    judge, plan = Judge(Metric(), reference), info.plan_at(Precision.INT8, ["last"])
+    assert accuracy_loss(engine, engine.lower(info, plan, ranges), batches, judge, None) > 0
+
+
+def test_the_pass_in_a_worker_finds_the_losses_whole_plans_have(two_outputs, tmp_path):
+    """One-unit losses from the worker's cut plans are the losses of the whole plans, in this process."""
+    from autoprec.measure import isolation
+
+    info, batches, ranges, reference = two_outputs
+    judge, lowering = Judge(Metric(), reference), Lowering(info, ranges)
+    whole = InProcessMeasurer(get_backend("ort-cpu"), batches, judge, judge, lowering)
+    plans = one_unit_plans(info, "percentile-99.99")
+    with isolation.IsolatedMeasurer("ort-cpu", batches, judge, isolation.Limits(120), tmp_path / "stderr.log",
+                                    lowering=lowering) as worker:
+        cut = [worker.accuracy_loss(plan, len(batches), one_unit=True) for plan in plans]
+    assert cut == pytest.approx([whole.accuracy_loss(plan, len(batches)) for plan in plans], rel=1e-3, abs=1e-9)
+    assert max(cut) > 0

@@ -32,6 +32,29 @@ def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for _, graph in graphs(model.graph) for node in graph.node]
 
 
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from outside itself (its nodes' inputs it does not make or hold), at
+    any depth."""
+    own = (
+        {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    )
+    reads = {i for n in graph.node for i in n.input if i}
+    for node in graph.node:
+        reads |= {name for sub in subgraphs_of(node) for name in outer_reads(sub)}
+    return reads - own
+
+
+def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds (an If's branches, a Loop's or Scan's body)."""
+    return [sub for attribute in node.attribute
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
+
+
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Every name a node reads: its inputs, and what its subgraphs read from around it."""
+    return {i for i in node.input if i} | {name for sub in subgraphs_of(node) for name in outer_reads(sub)}
+
+
 def label(scope: Scope, node_name: str) -> str:
     """A node's name as the user sees it: ``If_1/then/Conv_3`` inside subgraphs, its own name on
     top."""

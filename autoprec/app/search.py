@@ -235,7 +235,7 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
         steps = SharedSteps(joined.shared, joined.locks, "sensitivity", joined.me)
 
         def loss_of(plan: Plan) -> float:
-            return measuring.reference.accuracy_loss(plan, screened)
+            return measuring.reference.accuracy_loss(plan, screened, one_unit=True)
 
         def helping() -> None:  # while another worker computes the pass: this worker's share of it
             help_sensitivity_pass(shared.baseline, setup.engine, loss_of, screened, shared.ranking,

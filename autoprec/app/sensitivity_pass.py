@@ -141,7 +141,7 @@ def sensitivity(config: SearchConfig) -> tuple[Sensitivity, Path]:
         baseline.dataset.workload,
     )
     found, _ = sensitivity_pass(
-        baseline, engine, lambda plan: measurer.accuracy_loss(plan, batches),
+        baseline, engine, lambda plan: measurer.accuracy_loss(plan, batches, one_unit=True),
         batches, ranking, space_spec.calibration, out_dir / "sensitivity.json", config.progress,
     )
     engine.drop_kept_builds()  # no trial follows

@@ -22,25 +22,11 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import NodeProto, TensorProto, helper
 
-from autoprec.analysis.subgraphs import Scope, graphs
+from autoprec.analysis.subgraphs import Scope, graphs, outer_reads, subgraphs_of
 from autoprec.core.stored import external_info, is_external, read_tensor
 
 # "position" of a tensor made outside the graph (an input, an initializer, an outer scope's)
 _OUTER = -1
-
-
-def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from outside itself (its nodes' inputs it does not make or hold), at
-    any depth."""
-    own = (
-        {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
-    )
-    reads = {i for n in graph.node for i in n.input if i}
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                reads |= _subgraph_reads(sub)
-    return reads - own
 
 
 @dataclass
@@ -67,10 +53,9 @@ class ScopeIndex:
         for p, node in enumerate(graph.node):
             for name in dict.fromkeys(i for i in node.input if i):
                 self.readers[name].append(p)
-            for attribute in node.attribute:
-                for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                    for name in _subgraph_reads(sub):
-                        self.implicit[name].append(p)
+            for sub in subgraphs_of(node):
+                for name in outer_reads(sub):
+                    self.implicit[name].append(p)
         values = [*graph.value_info, *graph.input, *graph.output]
         self.dtypes = {v.name: v.type.tensor_type.elem_type for v in values if v.type.HasField("tensor_type")}
         self.dtypes.update({t.name: t.data_type for t in self.initializers.values()})

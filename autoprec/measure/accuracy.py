@@ -375,6 +375,12 @@ class Judge:
         here."""
         return {}
 
+    @property
+    def runs_the_model(self) -> bool:
+        """Whether :meth:`generation_metrics` runs the model itself (then it judges a whole model,
+        not only outputs)."""
+        return False
+
     def loss_of(self, outputs: Outputs) -> float:
         """The constraint's scalar for outputs of the first ``len(outputs)`` evaluation batches."""
         return self.loss(self.metrics(outputs), outputs)

@@ -37,6 +37,7 @@ from autoprec.core.errors import AutoprecError, MetricError, first_line
 from autoprec.core.locks import DeviceTurns, FileLock, host_lock_folder, private_folder
 from autoprec.core.plan import Plan
 from autoprec.measure.accuracy import Judge
+from autoprec.measure.downstream import Captures
 from autoprec.measure.measurement import (
     KeptSession,
     Lowering,
@@ -137,6 +138,7 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
     ranking = judge.for_ranking()
     work = work or (Workload.of(batches[0]) if batches else None)
     kept = KeptSession()  # the all-FP32 session, from one re-timed plan to the next
+    captures = Captures()  # all-FP32's tensors for the sensitivity pass's plans
     conn.send(("ready", None))
     while True:
         message = conn.recv()
@@ -145,6 +147,8 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
         kind, *args = message
         if kind != "retime":
             kept.close()
+        if kind != "loss":
+            captures.clear()
         try:
             if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds, dominated_ms)
                 reference, plan, rounds, dominated_ms = args
@@ -157,13 +161,14 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
                 with on_device.timing():
                     found = time_compared(backend, lowering, *args[:2], work, *args[2:])
                 conn.send(("ok", found.to_json()))
-            # ("loss", plan, number of batches, the constraint's judge or the ranking's)
+            # ("loss", plan, number of batches, the constraint's judge or the ranking's, a one-unit plan)
             elif kind == "loss":
-                plan, count, constraint = args
+                plan, count, constraint, one_unit = args
                 model = lowering(backend, plan)
                 with on_device.evaluating():
                     loss = accuracy_loss(backend, model, batches[:count],
-                                         judge if constraint else ranking)
+                                         judge if constraint else ranking,
+                                         lowering.downstream(backend, captures, batches[:count]) if one_unit else None)
                 conn.send(("ok", loss))
             else:  # ("measure", plan, screen or None)
                 plan, screen = args
@@ -448,9 +453,9 @@ class IsolatedMeasurer(Measurer):
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
         return Measurement.from_json(self._ask(("measure", plan, screen), self.limits.seconds))
 
-    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False, one_unit: bool = False) -> float:
         """:meth:`Measurer.accuracy_loss`, in the worker."""
-        return self._ask(("loss", plan, batches, constraint), self.limits.seconds)
+        return self._ask(("loss", plan, batches, constraint, one_unit), self.limits.seconds)
 
     def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         """:func:`autoprec.measure.measurement.time_paired` in the worker, within the time limit."""
@@ -498,9 +503,9 @@ class MeasurerPool(Measurer):
         with self._worker() as measurer:
             return measurer.measure(plan, screen)
 
-    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False, one_unit: bool = False) -> float:
         with self._worker() as measurer:
-            return measurer.accuracy_loss(plan, batches, constraint)
+            return measurer.accuracy_loss(plan, batches, constraint, one_unit)
 
     def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         with self._worker() as measurer:

@@ -17,11 +17,12 @@ from autoprec.analysis.model_info import ModelInfo
 from autoprec.backends.base import Backend, Runner
 from autoprec.core.errors import first_line
 from autoprec.core.locks import DeviceTurns
-from autoprec.core.plan import Plan
+from autoprec.core.plan import Plan, Precision
 from autoprec.core.stored import StoredModel
 from autoprec.core.timing import RETIME_TURN, Timing
 from autoprec.lower import QDQForm, lower_plan
 from autoprec.measure.accuracy import Judge
+from autoprec.measure.downstream import Captures, Downstream
 from autoprec.measure.shaped import by_shape
 from autoprec.measure.speedup import COMPARED, contender, in_turn, time_until_known
 from autoprec.measure.workload import time_work, warm_up
@@ -71,8 +72,15 @@ class Rejected(Exception):
         self.screened = screened
 
 
-def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge) -> float:
-    """Loss only (no timing): what the sensitivity pass needs of each one-unit plan."""
+def accuracy_loss(backend: Backend, model: StoredModel, batches: Sequence[Batch], judge: Judge,
+                  downstream: Downstream | None = None) -> float:
+    """Loss only (no timing): what the sensitivity pass needs of each one-unit plan; with
+    ``downstream`` (all-FP32's tensors on these batches), run from the plan's first changed node on
+    where the judge reads outputs alone."""
+    if downstream is not None and not judge.runs_the_model:
+        outputs = downstream.outputs(backend, model)
+        if outputs is not None:
+            return judge.loss(judge.metrics(outputs), outputs)
     return accuracy_by_shape(backend, model, batches, judge)[0]
 
 
@@ -184,6 +192,10 @@ class Lowering:
         if self.form in (None, backend.qdq_form):
             return backend.lower(self.info, plan, self.ranges)
         return lower_plan(self.info, plan, self.ranges, self.form)
+
+    def downstream(self, backend: Backend, captures: Captures, batches: Sequence[Batch]) -> Downstream | None:
+        """All-FP32's tensors on ``batches``, as this lowering makes all-FP32 (kept in ``captures``)."""
+        return captures.of(backend, lambda: self(backend, self.info.plan_at(Precision.FP32)), batches)
 
 
 def resident_bytes(pid: int | None = None, peak: bool = False) -> int | None:
@@ -349,11 +361,12 @@ class Measurer(abc.ABC):
         lowering)."""
 
     @abc.abstractmethod
-    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False, one_unit: bool = False) -> float:
         """:func:`accuracy_loss` on the first ``batches`` evaluation batches, as the sensitivity
         pass ranks units (:meth:`autoprec.measure.accuracy.Judge.for_ranking`), or as ``--max-loss``
         constrains plans (``constraint``: the search's own judge, what a plan proposed before its
-        build is held to)."""
+        build is held to). ``one_unit``: one of the pass's plans, run from its first changed node
+        on (:mod:`autoprec.measure.downstream`)."""
 
     @abc.abstractmethod
     def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
@@ -393,15 +406,19 @@ class InProcessMeasurer(Measurer):
         ranks by; ``work``: what a latency times (default: the first batch)."""
         self.backend, self.batches, self.judge, self.ranking, self.lowering = backend, batches, judge, ranking, lowering
         self.work = work or Workload.of(batches[0])
+        self.captures = Captures()
 
     def measure(self, plan: Plan, screen: Screen | None = None) -> Measurement:
+        self.captures.clear()
         return measured(self.backend, self.lowering, plan, self.batches, self.judge, screen,
                         work=self.work)
 
-    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False) -> float:
+    def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False, one_unit: bool = False) -> float:
         return accuracy_loss(self.backend, self.lowering(self.backend, plan),
                              self.batches[:batches],
-                             self.judge if constraint else self.ranking)
+                             self.judge if constraint else self.ranking,
+                             self.lowering.downstream(self.backend, self.captures, self.batches[:batches])
+                             if one_unit else None)
 
     def time_paired(self, reference: Plan, plan: Plan, rounds: int, dominated_ms: float | None = None) -> Paired:
         return time_paired(self.backend, self.lowering(self.backend, reference),

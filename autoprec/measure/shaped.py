@@ -138,6 +138,10 @@ class ShapedJudge(Judge):
     def generation_metrics(self, run: Run) -> dict[str, dict[str, float]]:
         return {GENERATION: self.generation.metrics(run)} if self.generation is not None else {}
 
+    @property
+    def runs_the_model(self) -> bool:
+        return self.generation is not None
+
     def losses(self, metrics: Mapping[str, Mapping[str, float]], outputs: Outputs) -> dict[str, float]:
         """The constraint's loss at each point (of those ``outputs`` reach), and of the generation
         where measured."""
