@@ -448,3 +448,19 @@ def test_the_pass_in_a_worker_finds_the_losses_whole_plans_have(two_outputs, tmp
         cut = [worker.accuracy_loss(plan, len(batches), one_unit=True) for plan in plans]
     assert cut == pytest.approx([whole.accuracy_loss(plan, len(batches)) for plan in plans], rel=1e-3, abs=1e-9)
     assert max(cut) > 0
+
+
+def test_an_engine_that_fuses_across_a_cut_runs_every_plan_whole(two_outputs):
+    """An engine whose kernels a cut would change (TensorRT fuses across where it falls) gets no capture: the plans
+    it judges itself run whole."""
+    from autoprec.backends import backend_class
+    from autoprec.backends.onnxruntime import OrtCpuBackend
+
+    class Fusing(OrtCpuBackend):
+        runs_from_a_cut = False
+
+    info, batches, ranges, _ = two_outputs
+    reference = get_backend("ort-cpu").lower(info, info.plan_at(Precision.FP32), ranges)
+    assert Downstream.captured(Fusing(), reference, batches) is None
+    assert Downstream.captured(get_backend("ort-cpu"), reference, batches) is not None
+    assert not any(backend_class(name).runs_from_a_cut for name in ("tensorrt", "tensorrt-rtx", "ort-tensorrt"))

@@ -78,6 +78,10 @@ class Backend(abc.ABC):
     default_proposals: ClassVar[int] = 0
     # Whether it runs on a GPU chosen by --device (a worker of a shared study is named by it).
     uses_device: ClassVar[bool] = True
+    # Whether a graph cut before a node computes from there what the whole graph computes, kernel by kernel (ONNX
+    # Runtime's CPU and CUDA providers; not TensorRT, whose fusions a cut moves): the sensitivity pass then runs
+    # each one-unit plan from its first change (autoprec.measure.downstream).
+    runs_from_a_cut: ClassVar[bool] = False
     # Why it cannot time a plan across a shape profile (--time-shapes); "": it can.
     one_shape_only: ClassVar[str] = ""
     # Whether --threads sets its intra-op threads.

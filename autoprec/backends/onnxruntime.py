@@ -151,6 +151,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
     provider = "CPUExecutionProvider"
     uses_device = False
     has_threads = True
+    runs_from_a_cut = True
     float32_ops = dict.fromkeys(("LSTM", "GRU", "RNN"), "ONNX Runtime's CPU kernels for recurrent "
                                                         "ops are float32 only "
                                 "(in FP16 they would run in FP32 between inserted Casts)")
@@ -332,6 +333,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     }
 
     has_threads = True
+    runs_from_a_cut = True
 
     @classmethod
     def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtCudaBackend:
@@ -424,6 +426,7 @@ class OrtTensorRTBackend(OrtCudaBackend):
                "(see ONNX Runtime's TensorRT execution provider page for the versions that match), "
                "on a machine with an NVIDIA GPU")
     slow_precisions = {}
+    runs_from_a_cut = False
     caveat = ("ONNX Runtime's TensorRT execution provider has never been executed by autoprec's "
               "developers (its libraries cannot be installed where autoprec is made): check its "
               "first results with trtexec")

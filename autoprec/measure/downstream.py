@@ -4,8 +4,10 @@ A one-unit plan changes one unit: every node before the first one its lowering c
 all-FP32 graph's and computes what all-FP32 computes. So all-FP32 runs once on the pass's batches,
 its tensors kept where they cross a few cuts of its graph, and each plan's session holds only the
 nodes from the last cut before its first changed node, fed the kept tensors: about half the graph
-to build and run (on the zoo's models the pass's evaluations 1.6-2.3x faster, every loss within
-0.1 % of the whole plan's; ``benchmarks/results/sensitivity_downstream.json``).
+to build and run (on a 2-core CPU the pass's evaluations of five zoo models 1.3-2.0x faster, the
+losses' ranks alike, each loss above 1e-6 within 2 % of the whole plan's; on an H200, whose
+sessions cost more than their nodes, 1.1-1.2x; ``benchmarks/results/sensitivity_pass_4348f78.json``,
+``sensitivity_pass_gpu_h200_4348f78.json``).
 
 Top-graph nodes only (a unit inside an If changes the If node: the cut falls before it); a graph
 output made before the cut is all-FP32's own. Where no cut falls before the first change, the plan
@@ -56,7 +58,10 @@ class Downstream:
                  budget: int = CAPTURE_BYTES) -> Downstream | None:
         """All-FP32's tensors at up to CUTS cuts, as many as ``budget`` holds over the batches (the
         later cuts kept first: they save the most); None where it holds none, or the engine cannot
-        run all-FP32 with them as outputs (the plans then run whole)."""
+        run all-FP32 with them as outputs, or runs a cut graph otherwise than the whole
+        (:attr:`~autoprec.backends.base.Backend.runs_from_a_cut`): the plans then run whole."""
+        if not backend.runs_from_a_cut:
+            return None
         graph = reference.proto.graph
         cuts = sorted({len(graph.node) * k // (CUTS + 1) for k in range(1, CUTS + 1)} - {0})
         across = {cut: crossing(graph, cut) for cut in cuts}
