@@ -464,3 +464,14 @@ def test_an_engine_that_fuses_across_a_cut_runs_every_plan_whole(two_outputs):
     assert Downstream.captured(Fusing(), reference, batches) is None
     assert Downstream.captured(get_backend("ort-cpu"), reference, batches) is not None
     assert not any(backend_class(name).runs_from_a_cut for name in ("tensorrt", "tensorrt-rtx", "ort-tensorrt"))
+
+
+def test_the_passs_tensors_are_given_back_once_something_else_is_asked(two_outputs):
+    info, batches, ranges, reference = two_outputs
+    judge = Judge(Metric(), reference)
+    measurer = InProcessMeasurer(get_backend("ort-cpu"), batches, judge, judge, Lowering(info, ranges))
+    plan = info.plan_at(Precision.INT8, ["last"])
+    measurer.accuracy_loss(plan, len(batches), one_unit=True)
+    assert measurer.captures.by_count[len(batches)] is not None
+    measurer.accuracy_loss(plan, len(batches), constraint=True)
+    assert not measurer.captures.by_count

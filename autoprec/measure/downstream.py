@@ -107,7 +107,7 @@ class Downstream:
 
 
 def _bytes(found: Mapping[str, np.ndarray], across: Mapping[int, set[str]], cuts: Sequence[int]) -> int:
-    return sum(found[name].nbytes for name in set().union(*(across[cut] for cut in cuts)) if name in found)
+    return sum(found[name].nbytes for name in set().union(*(across[cut] for cut in cuts)))
 
 
 def _from_cut(model: onnx.ModelProto, cut: int, fed: Mapping[str, np.ndarray]) -> onnx.ModelProto | None:
@@ -137,7 +137,7 @@ def _from_cut(model: onnx.ModelProto, cut: int, fed: Mapping[str, np.ndarray]) -
 
 class Captures:
     """A measurer's :class:`Downstream` by batch count: captured when the first one-unit plan asks,
-    dropped when the trials begin (their memory given back)."""
+    dropped once anything else is asked (their memory given back)."""
 
     def __init__(self):
         self.by_count: dict[int, Downstream | None] = {}

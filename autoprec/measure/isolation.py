@@ -147,7 +147,7 @@ def _serve(conn, backend_name: str, device: int, cache_dir, device_lock, batches
         kind, *args = message
         if kind != "retime":
             kept.close()
-        if kind != "loss":
+        if kind != "loss" or not args[3]:  # kept while the pass's one-unit plans come, then given back
             captures.clear()
         try:
             if kind == "retime":  # ("retime", the all-FP32 plan, a plan, rounds, dominated_ms)

@@ -414,6 +414,8 @@ class InProcessMeasurer(Measurer):
                         work=self.work)
 
     def accuracy_loss(self, plan: Plan, batches: int, constraint: bool = False, one_unit: bool = False) -> float:
+        if not one_unit:  # the pass is over: its tensors given back
+            self.captures.clear()
         return accuracy_loss(self.backend, self.lowering(self.backend, plan),
                              self.batches[:batches],
                              self.judge if constraint else self.ranking,
