@@ -370,16 +370,16 @@ def prepare_graph(
                                           lambda m: (_fill_shapes_by_running(m, feeds), None))]
     # what fixed shapes let fold (Shape, Reshape targets), on a copy
     if _dynamic(deployable.proto, shapes):
-        def fold_at_shapes(flatten_subgraphs: bool) -> Step:
-            # where the shapes could not be fixed, the graph folds as it did at any shape: not again
-            return lambda m: (m if _dynamic(m.proto, shapes) else _fold_constants(m, flatten_subgraphs), None)
-
         # flattening the If nodes, where it broke the model at any shape, is not tried again at these
         flatten = "constant folding (If nodes kept)" not in taken
         at_shapes[:0] = [
             ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
-            *[("constant folding at these shapes", fold_at_shapes(True))] * flatten,
-            ("constant folding at these shapes (If nodes kept)", fold_at_shapes(False)),
+            *[("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None))]
+            * flatten,
+            (
+                "constant folding at these shapes (If nodes kept)",
+                lambda m: (_fold_constants(m, flatten_subgraphs=False), None),
+            ),
         ]
     dynamic = _dynamic(deployable.proto, shapes)
     prepared, step_notes, _ = _checked_steps(deployable, at_shapes, check)
