@@ -96,6 +96,19 @@ def test_a_load_that_moves_all_fp32s_fastest_runs_between_blocks_widens_the_inte
     assert Rounds.from_json(moved.to_json()) == moved
 
 
+def test_all_fp32s_sessions_apart_on_a_quiet_machine_are_said_as_the_sessions_not_a_load():
+    """On an H200 with nothing else running all-FP32's fresh CUDA sessions ran 13 % apart: the warning names the
+    sessions, not a load that was not there (nor threads and a quieter machine as the cure)."""
+    steady = _final({"fp32": 10.0, "chosen": 5.0}, spread=0.0)
+    apart = {name: tuple(Timing(t.median_ms * f, t.p10_ms * f, t.p90_ms * f, 10, 3)
+                         for t, f in zip(found, [1.0] * 4 + [1.13] * 8))
+             for name, found in steady.timings.items()}
+    quiet = Rounds(apart, steady.blocks, (0.0, 0.01, 0.0, 0.01, 0.0, 0.0))
+    said = quiet.steadiness().said()
+    assert quiet.steadiness().moved and "sessions ran 13 % apart" in said and "at most 0.0 of" in said
+    assert "load moved" not in said and "--threads" not in said
+
+
 def test_a_hog_for_half_the_timing_gives_an_interval_that_holds_at_either_load():
     """A hog slows FP32 and an INT8 plan unalike (2.2× unloaded, 2.5× loaded): over 30 blocks the t-interval
     alone sits between the two, true at neither; split by the load, the interval covers both."""

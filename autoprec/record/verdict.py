@@ -340,6 +340,13 @@ class Steadiness:
                 f"{self.cores} cores"
                 if self.others else "")
         level = f"all-FP32's latency moved {100 * self.level_moved:.0f} % between sessions"
+        if self.moved and self.others is not None and not self.busy:
+            # on an H200 with nothing else running, all-FP32's fresh CUDA sessions moved 13 %
+            return (f"all-FP32's sessions ran {100 * self.level_moved:.0f} % apart during the final timing "
+                    f"while other processes used at most {self.others[1]:.1f} of this machine's "
+                    f"{self.cores} cores: the sessions themselves differ (the kernels each chose, the "
+                    "device's clocks); each interval holds for the faster and the slower half of the "
+                    "sessions alike, over more of them (--retime-seconds gives it longer)")
         if self.moved:
             what = "; ".join(filter(None, [load, level]))
             return (f"the machine's load moved during the final timing ({what}): each interval "
