@@ -371,11 +371,11 @@ def prepare_graph(
     # what fixed shapes let fold (Shape, Reshape targets), on a copy
     if _dynamic(deployable.proto, shapes):
         # flattening the If nodes, where it broke the model at any shape, is not tried again at these
-        flatten = "constant folding (If nodes kept)" not in taken
+        flattening = [] if "constant folding (If nodes kept)" in taken else [
+            ("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None))]
         at_shapes[:0] = [
             ("input shape fixing", lambda m: (_fix_input_shapes(m, shapes), None)),
-            *[("constant folding at these shapes", lambda m: (_fold_constants(m, flatten_subgraphs=True), None))]
-            * flatten,
+            *flattening,
             (
                 "constant folding at these shapes (If nodes kept)",
                 lambda m: (_fold_constants(m, flatten_subgraphs=False), None),
