@@ -146,3 +146,34 @@ def test_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(t
                for _ in range(openers)]
     failures = [err[-500:] for err in (p.communicate(timeout=120)[1] for p in started) if err]
     assert not failures and all(p.returncode == 0 for p in started), failures
+
+
+def test_a_finished_search_leaves_its_study_in_one_file(conv_result):
+    """The study commits through SQLite's write-ahead log (a write per commit, not a sync of the disk: Optuna commits
+    each parameter of a trial on its own); a search that ends folds the log back, leaving study.db whole."""
+    import sqlite3
+
+    assert not [p.name for p in conv_result.iterdir() if p.name.startswith("study.db-")]
+    with sqlite3.connect(conv_result / "study.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] >= 4
+
+
+def test_a_killed_process_loses_no_committed_trial(tmp_path):
+    """A process killed with its write-ahead log unfolded: the log stays beside the database, and the next open
+    reads every trial it committed."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    killed = (
+        "import os, sys, optuna\n"
+        "from autoprec.study.coordination import storage_for\n"
+        "study = optuna.create_study(storage=storage_for(sys.argv[1]), study_name='s')\n"
+        "for value in range(3):\n"
+        "    trial = study.ask()\n"
+        "    study.tell(trial, trial.suggest_float('x', 0, 1) + value)\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-W", "ignore", "-c", killed, url], check=True, timeout=120)
+    assert (tmp_path / "study.db-wal").stat().st_size > 0
+    assert len(optuna.load_study(study_name="s", storage=url).get_trials()) == 3

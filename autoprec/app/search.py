@@ -51,7 +51,7 @@ from autoprec.study.choice import (
     chosen_once,
     timed_until_known,
 )
-from autoprec.study.coordination import SharedSteps
+from autoprec.study.coordination import SharedSteps, log_folded
 from autoprec.study.joining import Joined, join_study
 from autoprec.study.opening import default_study_name, forget_if_unused
 from autoprec.study.optimize import StudyContext
@@ -161,22 +161,23 @@ def run_search(config: SearchConfig, final_timing: FinalTiming = timed_until_kno
         setup = set_up(config)
         with removed_if_refused(setup.made):
             joined = _join_study(config, setup)
-    try:
-        with contextlib.ExitStack() as stack:
-            with stages.timed("set_up"):
-                settings = _measurer_settings(config, setup)
-                spawned = spawn_workers(settings, stack)
-                shared = shared_inputs(config, setup, joined)
-                measuring = _start_measurers(config, setup, settings, shared, stack, spawned)
-            with stages.timed("sensitivity"):
-                warm = _warm_start(config, setup, joined, shared, measuring)
-            outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing,
-                                      stages)
-    except AutoprecError:
-        _after_failure(config, setup, joined)
-        raise
-    _say_retiming(outcome.retiming)
-    return _write(config, setup, joined, shared, measuring, warm, outcome, started, stages)
+    with log_folded(joined.storage_url):
+        try:
+            with contextlib.ExitStack() as stack:
+                with stages.timed("set_up"):
+                    settings = _measurer_settings(config, setup)
+                    spawned = spawn_workers(settings, stack)
+                    shared = shared_inputs(config, setup, joined)
+                    measuring = _start_measurers(config, setup, settings, shared, stack, spawned)
+                with stages.timed("sensitivity"):
+                    warm = _warm_start(config, setup, joined, shared, measuring)
+                outcome = _run_and_choose(config, setup, joined, shared, measuring, warm, final_timing,
+                                          stages)
+        except AutoprecError:
+            _after_failure(config, setup, joined)
+            raise
+        _say_retiming(outcome.retiming)
+        return _write(config, setup, joined, shared, measuring, warm, outcome, started, stages)
 
 
 def _join_study(config: SearchConfig, setup: Setup) -> Joined:

@@ -168,9 +168,8 @@ def write_results(result: SearchResult, deployment: Deployment | None) -> list[P
 BEST_FILES = ("plan.json", "model.onnx", "model.tensorrt.onnx", WEIGHTS_FILE)
 # A result folder's own: what the search writes and keeps there (see ResultFiles.owns).
 OWN_FOLDERS = ("best", "cache", "artifacts", ".autoprec-locks")
-OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "pareto.png",
-             "layers.png",
-             "sensitivity.png")
+OWN_FILES = ("pareto.json", "trials.json", "sensitivity.json", "study.db", "study.db-wal", "study.db-shm",
+             "pareto.png", "layers.png", "sensitivity.png")
 
 
 def result_owns(out_dir: Path, path: str | Path) -> bool:

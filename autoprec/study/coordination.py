@@ -23,8 +23,10 @@ import hashlib
 import os
 import re
 import socket
+import sqlite3
 import time
 import warnings
+import weakref
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -149,17 +151,83 @@ def storage_for(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storages
         grace_period=GRACE_BEATS * heartbeat,
         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
     )
+    path = sqlite_path(url)
     for attempt in range(1, SCHEMA_ATTEMPTS):
         try:
-            return opened()
+            return written_ahead(opened(), path)
         except Exception as exc:  # SQLAlchemy's errors, which Optuna passes on as they are
             if not _schema_race(exc):
                 raise
             time.sleep(0.2 * attempt)
-    return opened()
+    return written_ahead(opened(), path)
 
 
 SCHEMA_ATTEMPTS = 5
+# File systems on which SQLite's write-ahead log must not be used: several hosts cannot share its
+# index in memory (sqlite.org/wal.html), and a host's own processes may not either.
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "lustre", "gpfs", "ceph",
+                        "glusterfs", "afs", "beegfs", "fuse")
+
+
+def written_ahead(storage: optuna.storages.RDBStorage, path: Path | None) -> optuna.storages.RDBStorage:
+    """An SQLite ``storage`` (its database at ``path``) on a local disk, switched to SQLite's
+    write-ahead log (synchronous=NORMAL): a commit is then a write, not a sync of the disk, and
+    Optuna commits every parameter of a trial on its own (63 syncs per trial of yolov8n: 1.9 s of a
+    16-trial search on this project's VM). A crashed process loses nothing committed; a power cut
+    may lose the last commits, never the database. The log is folded back into the database when
+    the last connection closes (here: when the storage goes, or the process ends); a killed
+    process leaves it beside the database (study.db-wal), where the next open reads it."""
+    if path is None or _file_system(path).split(".")[0] in NETWORK_FILE_SYSTEMS:
+        return storage
+    from sqlalchemy import event
+
+    def log_ahead(connection, _record) -> None:
+        try:
+            if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() == "wal":
+                connection.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.DatabaseError:
+            pass  # not a database (a damaged file, /dev/null): Optuna's own statements say so
+
+    event.listen(storage.engine, "connect", log_ahead)
+    storage.engine.dispose()  # the connections Optuna opened to make its tables
+    weakref.finalize(storage, storage.engine.dispose)
+    _LOGGING_AHEAD.add(storage.engine)
+    return storage
+
+
+_LOGGING_AHEAD: weakref.WeakSet = weakref.WeakSet()  # this process's engines of SQLite studies so switched
+
+
+@contextlib.contextmanager
+def log_folded(url: str) -> Iterator[None]:
+    """The body, then this process's connections to the SQLite study at ``url`` closed (its next
+    use opens new ones), so that the write-ahead log is folded into the database where no other
+    process holds it: a finished search leaves study.db alone, whole, for a user to copy."""
+    try:
+        yield
+    finally:
+        path = sqlite_path(url)
+        for engine in list(_LOGGING_AHEAD):
+            if path is not None and Path(engine.url.database) == path:
+                engine.dispose()
+
+
+def _file_system(path: Path) -> str:
+    """The type of the file system holding ``path`` (Linux's mount table; "" where unknown)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    where = str(path.resolve().parent)
+    found = ("", "")
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (where == point or where.startswith(point.rstrip("/") + "/")) and len(point) > len(found[0]):
+            found = (point, fields[2])
+    return found[1]
 
 
 def _schema_race(exc: BaseException) -> bool:
