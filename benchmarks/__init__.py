@@ -79,6 +79,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("timing_noise"),
     Benchmark("timing_agreement"),
     Benchmark("a_over_a"),
+    Benchmark("timing_blocks"),
     Benchmark("plain_session"),
     Benchmark("shipped_speedup"),
     Benchmark("qdq_forms"),
