@@ -80,6 +80,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("timing_agreement"),
     Benchmark("a_over_a"),
     Benchmark("timing_blocks"),
+    Benchmark("study_storage"),
     Benchmark("plain_session"),
     Benchmark("shipped_speedup"),
     Benchmark("qdq_forms"),

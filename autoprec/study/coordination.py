@@ -177,7 +177,7 @@ def written_ahead(storage: optuna.storages.RDBStorage, path: Path | None) -> opt
     may lose the last commits, never the database. The log is folded back into the database when
     the last connection closes (here: when the storage goes, or the process ends); a killed
     process leaves it beside the database (study.db-wal), where the next open reads it."""
-    if path is None or _file_system(path).split(".")[0] in NETWORK_FILE_SYSTEMS:
+    if path is None or file_system(path).split(".")[0] in NETWORK_FILE_SYSTEMS:
         return storage
     from sqlalchemy import event
 
@@ -212,7 +212,7 @@ def log_folded(url: str) -> Iterator[None]:
                 engine.dispose()
 
 
-def _file_system(path: Path) -> str:
+def file_system(path: Path) -> str:
     """The type of the file system holding ``path`` (Linux's mount table; "" where unknown)."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
