@@ -9,7 +9,11 @@ Runtime's CPU provider, in one run:
    model's file and the screening batches run once (what one sensitivity evaluation needs at the
    least), median of 3; and the same for the candidates' extremes (every unit INT8, every unit FP16),
    saved as plain ONNX files: what the engine itself costs to load them;
-3. from the search's pareto.json: wall time by phase, evaluations, seconds per sensitivity evaluation
+3. the sensitivity pass's work on its own plans in the benchmark's process (lowered, judged from their first changed
+   node on as the worker judges them) and bare sessions of the same plans, in turn, three rounds: the ratio of
+   the two (``pass_vs_bare_interleaved``), which a machine whose speed moves between the search and the bare
+   sessions cannot make up;
+4. from the search's pareto.json: wall time by phase, evaluations, seconds per sensitivity evaluation
    (IPC, lowering in the worker, session, run, loss) and per trial (its whole cost but the timing
    loop), builds, and the disk the cache and best/ hold.
 
@@ -165,33 +169,38 @@ def _search(model: Path, out: Path, data: Path | None, options: list[str], budge
     return json.loads((out / "pareto.json").read_text()), peaks, time.monotonic() - started
 
 
-def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
-    """Seconds a plain ONNX Runtime session takes, in a fresh process, to be created from a model's file and
-    run once: the prepared FP32 model on the screening batches (what a sensitivity evaluation runs; median
-    of 3) and on every evaluation batch (what a trial runs before its timing; median of 3), and each plan
-    the sensitivity pass evaluated, saved as a plain ONNX file (median of 3 each): what the engine itself costs."""
+def _pass_plans(out: Path, pareto: dict, work: Path):
+    """The search in ``out`` re-created as it searched (its baseline, and its units as it tied them), and the one-unit
+    plans its sensitivity pass evaluated, each lowered as the search lowered it and saved under ``work`` as a plain
+    ONNX file (one data file holds each weight they share once: 384 plans of a 77 MB model): {file: plan}."""
     from autoprec.app.recorded import plan_context
     from autoprec.core.plan import Precision
     from autoprec.core.stored import save_models
-    from autoprec.measure.measurement import screening_batches
 
-    context = plan_context(out, trial=pareto["uniform"]["fp32"])
-    info, ranges, evaluation = context.baseline.info, context.baseline.ranges, context.baseline.dataset.evaluation
-    if not pareto["search"].get("tie_repeats", True):
-        info = info.untied()
+    baseline = plan_context(out, trial=pareto["uniform"]["fp32"]).baseline
+    info = baseline.info if pareto["search"].get("tie_repeats", True) else baseline.info.untied()
     engine = get_backend("ort-cpu")
-    fp32 = str(info.folder / "model.onnx")
-    models = {"fp32 screening": (fp32, "screening", 3), "fp32 evaluation": (fp32, "evaluation", 3)}
     passed = json.loads((out / "sensitivity.json").read_text())["units"]
-    plans = {}  # saved together: one data file holds each weight they share once (384 plans of a 77 MB model)
-    for i, unit in enumerate(passed):
-        for precision in unit["loss"]:
-            path = work / "pass" / f"{i}-{precision}.onnx"
-            plans[path] = engine.lower(info, info.plan_at(Precision(precision), [unit["unit"]]), ranges)
-            models[f"pass {i} {precision}"] = (str(path), "screening", 3)
+    plans = {work / "pass" / f"{i}-{precision}.onnx": info.plan_at(Precision(precision), [unit["unit"]])
+             for i, unit in enumerate(passed) for precision in unit["loss"]}
     if plans:
         shutil.rmtree(work / "pass", ignore_errors=True)
-        save_models(plans, data="pass.data", external=True)
+        save_models({path: engine.lower(info, plan, baseline.ranges) for path, plan in plans.items()},
+                    data="pass.data", external=True)
+    return baseline, info, plans
+
+
+def _bare(baseline, info, plans: dict, work: Path) -> dict[str, float]:
+    """Seconds a plain ONNX Runtime session takes, in a fresh process, to be created from a model's file and
+    run once: the prepared FP32 model on the screening batches (what a sensitivity evaluation runs; median
+    of 3) and on every evaluation batch (what a trial runs before its timing; median of 3), and each plan
+    the sensitivity pass evaluated (``plans``' files; median of 3 each): what the engine itself costs."""
+    from autoprec.measure.measurement import screening_batches
+
+    evaluation = baseline.dataset.evaluation
+    fp32 = str(info.folder / "model.onnx")
+    models = {"fp32 screening": (fp32, "screening", 3), "fp32 evaluation": (fp32, "evaluation", 3),
+              **{f"pass {path.stem}": (str(path), "screening", 3) for path in plans}}
     paths = []
     for i, batch in enumerate(evaluation):
         np.savez(work / f"batch{i}.npz", **batch)
@@ -202,6 +211,51 @@ def _bare(out: Path, pareto: dict, work: Path) -> dict[str, float]:
     pass_runs = [v for k, v in found.items() if k.startswith("pass ")]
     return {"fp32_screening": found["fp32 screening"], "fp32_evaluation": found["fp32 evaluation"],
             "pass_plans_mean": statistics.mean(pass_runs) if pass_runs else None, "pass_plans": len(pass_runs)}
+
+
+def _interleaved(baseline, info, plans: dict, rounds: int = 3) -> dict | None:
+    """The sensitivity pass's work on its plans as the measuring worker does it (each plan lowered, then judged
+    from its first changed node on where it can be, all-FP32's tensors captured once a pass), in this process,
+    against bare sessions of the same plans (each created from its file, the screening batches run), the two in
+    turn, ``rounds`` times, starting with each in turn: their ratio stands on moments a second apart, where the
+    search's own figure and the bare one are minutes apart on a machine whose speed moves between them (this VM:
+    2× within an hour, 2026-12-01). Not counted: the worker's messages (1-2 ms a plan) and the study's step records."""
+    import onnxruntime as ort
+
+    from autoprec.app.resolve import judge_for
+    from autoprec.measure.accuracy import resolve_metric
+    from autoprec.measure.downstream import Captures
+    from autoprec.measure.measurement import Lowering, accuracy_loss, screening_batches
+
+    if not plans:
+        return None
+    engine, lowering = get_backend("ort-cpu"), Lowering(info, baseline.ranges)
+    judge = judge_for(resolve_metric("cosine"), baseline)[0].for_ranking()  # the scale searches' default metric
+    evaluation = baseline.dataset.evaluation
+    screened = evaluation[:screening_batches(len(evaluation))]
+
+    def autoprec_pass() -> None:
+        captures = Captures()
+        for plan in plans.values():
+            accuracy_loss(engine, lowering(engine, plan), screened, judge, lowering.downstream(engine, captures, screened))
+
+    def bare_pass() -> None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        for path in plans:
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            for batch in screened:
+                session.run(None, batch)
+            del session
+
+    seconds: dict[str, list[float]] = {"autoprec": [], "bare": []}
+    for round_ in range(rounds):
+        for name, run in [("autoprec", autoprec_pass), ("bare", bare_pass)][:: 1 if round_ % 2 == 0 else -1]:
+            started = time.perf_counter()
+            run()
+            seconds[name].append(round(time.perf_counter() - started, 4))
+    return {"rounds": rounds, "plans": len(plans), "pass_seconds": seconds,
+            "ratio": round(statistics.median(a / b for a, b in zip(seconds["autoprec"], seconds["bare"])), 3)}
 
 
 def _trial_seconds(out: Path) -> list[dict]:
@@ -225,7 +279,9 @@ def run_model(name: str, root: Path, budget: int, retime_seconds: float) -> dict
     out = folder / "out"
     pareto, peaks, wall = _search(model, out, _data(model, folder), [*options, "--retime-seconds", str(retime_seconds)],
                                   budget)
-    bare = _bare(out, pareto, folder)
+    baseline, info, plans = _pass_plans(out, pareto, folder)
+    bare = _bare(baseline, info, plans, folder)
+    interleaved = _interleaved(baseline, info, plans)
     facts = pareto["search"]
     sensitivity = facts["sensitivity"] or {}
     per_eval = (
@@ -258,6 +314,7 @@ def run_model(name: str, root: Path, budget: int, retime_seconds: float) -> dict
         "evaluation_vs_bare_same_plans": round(per_eval / bare["pass_plans_mean"], 3)
         if per_eval and bare["pass_plans_mean"]
         else None,
+        "pass_vs_bare_interleaved": interleaved,
         "trial_seconds_but_timing_median": round(statistics.median(trial_cost), 3) if trial_cost else None,
         "trial_vs_bare_fp32": round(statistics.median(trial_cost) / bare["fp32_evaluation"], 3) if trial_cost else None,
         "engine_builds": facts.get("engine_builds"),
@@ -298,10 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nscale — {report['engine']['engine']} {report['engine']['version']} on {report['engine']['device']}; "
           f"budget {args.budget}; JSON: {report.path}")
     print("ratio fp32: seconds per sensitivity evaluation / bare FP32 session + screening run; ratio same: / the mean "
-          "bare cost of the very plans the pass evaluated (the engine's own cost for them)")
+          "bare cost of the very plans the pass evaluated (the engine's own cost for them); in turn: the pass's work on "
+          "those plans / their bare sessions, timed in turn in one process")
     print(
         f"{'model':<20} {'weights':>9} {'units':>6} {'dims':>5} {'wall s':>7} {'sens %':>6} {'evals':>6} {'s/eval':>7} "
-        f"{'bare s':>7} {'ratio fp32':>10} {'ratio same':>10} {'main GiB':>8} {'worker GiB':>10} {'max/w':>6} {'cache GB':>8}"
+        f"{'bare s':>7} {'ratio fp32':>10} {'ratio same':>10} {'in turn':>7} {'main GiB':>8} {'worker GiB':>10} {'max/w':>6} {'cache GB':>8}"
     )
     for name, m in report["models"].items():
         peaks = m["peak_memory_bytes"]
@@ -310,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['model']['dimensions']:>5} {m['wall_seconds']:>7.0f} {100 * (m['sensitivity_share_of_wall'] or 0):>6.0f} "
             f"{m['evaluations'] or 0:>6} {m['seconds_per_evaluation'] or 0:>7.3f} {m['bare_seconds']['fp32_screening']:>7.3f} "
             f"{m['evaluation_vs_bare_fp32'] or 0:>10.2f} {m['evaluation_vs_bare_same_plans'] or 0:>10.2f} "
+            f"{(m['pass_vs_bare_interleaved'] or {}).get('ratio', 0):>7.2f} "
             f"{peaks.get('main', 0) / 2**30:>8.2f} {peaks.get('worker', 0) / 2**30:>10.2f} "
             f"{m['largest_process_vs_weights']:>6.2f} {m['disk_bytes']['cache'] / 1e9:>8.2f}"
         )
