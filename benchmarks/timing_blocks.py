@@ -16,6 +16,10 @@ tolerance also guards against, a load that comes and goes during the timing, a r
     python -m benchmarks timing_blocks [--zoo yolov8n ppocr-rec] [--batch 32] [--cuda] [--blocks 20]
         [--tolerances 0.1 0.2 0.3] [--replays 400] [--json PATH]
     python -m benchmarks timing_blocks --again COLLECTED.json --tolerances ... --seconds ... --json PATH
+
+With ``--reduced fp16`` a fifth model is timed in every block, the plan with every unit that may take FP16 at it, and
+its final timings beside all-FP32 replayed too: how far a reduced plan's own sessions differ, and how many blocks a
+final timing needs to decide it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from autoprec.record import verdict  # noqa: E402
 QUICK = {"zoo": [TINY], "blocks": 4, "replays": 20, "gain": 1.5, "seconds": 0.5}
 A_A = ({"fp32": "fp32", "chosen": "twin", "source": "source"}, speedup.COMPARED)
 A_B = ({"fp32": "slowed", "chosen": "fp32"}, (("fp32", "chosen"),))
+REDUCED = ({"fp32": "fp32", "chosen": "reduced", "source": "source"}, speedup.COMPARED)
 
 
 def collected(backend, models: dict[str, StoredModel], work: Workload, count: int) -> list[dict]:
@@ -109,14 +114,20 @@ def replays(blocks: list[dict], tolerance: float, count: int, seconds: float) ->
     """``count`` A/A and as many A/B final timings replayed at ``tolerance`` (the same shuffles for each
     tolerance)."""
     shuffles = np.random.default_rng(0)
-    aa, ab = [], []
+    aa, ab, reduced = [], [], []
     # the tolerance is verdict's constant, read wherever a final timing asks whether the level moved
     with mock.patch.object(verdict, "LEVEL_MOVED", tolerance):
         for _ in range(count):
             order = [int(i) for i in shuffles.permutation(len(blocks))]
             aa.append(replayed(blocks, order, A_A[0], A_A[1], seconds))
             ab.append(replayed(blocks, order, A_B[0], A_B[1], seconds))
-    return {"tolerance": tolerance, "replays": count,
+            if "reduced" in blocks[0]["rounds"]:
+                reduced.append(replayed(blocks, order, REDUCED[0], REDUCED[1], seconds))
+    found = {"reduced_faster": sum(r["faster"] for r in reduced), "reduced_slower": sum(r["slower"] for r in reduced),
+             "reduced_median_blocks": statistics.median(r["blocks"] for r in reduced),
+             "reduced_median_seconds": round(statistics.median(r["seconds"] for r in reduced), 2),
+             "reduced_median_width": round(statistics.median(r["width"] for r in reduced), 4)} if reduced else {}
+    return {"tolerance": tolerance, "replays": count, **found,
             "aa_faster": sum(r["faster"] for r in aa), "aa_slower": sum(r["slower"] for r in aa),
             "aa_moved": sum(r["moved"] for r in aa), "aa_ran_out": sum(r["ran_out"] for r in aa),
             "aa_median_blocks": statistics.median(r["blocks"] for r in aa),
@@ -139,13 +150,21 @@ def one_model(name: str, args: argparse.Namespace, backend, folder: Path) -> dic
     extra = calibrated_extra(backend, fp32, batch, args.gain)
     models = {"fp32": fp32, "twin": lowering(backend, plan), "slowed": slowed(fp32, extra),
               "source": StoredModel(info.source, info.folder) if info.source is not None else fp32}
+    if args.reduced:  # every unit that may take it at that precision: a plan whose sessions may differ more
+        precision = Precision(args.reduced)
+        models["reduced"] = lowering(backend, info.plan_at(
+            precision, frozenset(u.name for u in info.searchable_units if precision in u.allowed)))
     print(f"[{name}] {args.blocks} blocks on {backend.info().label()} …", file=sys.stderr, flush=True)
     blocks = collected(backend, models, Workload.of(batch), args.blocks)
     levels = [min(t.p10_ms for t in b["rounds"]["fp32"]) for b in blocks]
     gain = statistics.median(min(t.p10_ms for t in b["rounds"]["slowed"]) / level for b, level in zip(blocks, levels))
+    reduced = [min(t.p10_ms for t in b["rounds"]["reduced"]) for b in blocks] if args.reduced else []
     return {"model": name, "batch": args.batch, "extra_mul_pairs": extra, "ab_gain": round(gain, 4),
             "fp32_levels_ms": [round(v, 4) for v in levels],
             "fp32_level_spread": round(max(levels) / min(levels) - 1, 4),
+            **({"reduced": args.reduced, "reduced_levels_ms": [round(v, 4) for v in reduced],
+                "reduced_level_spread": round(max(reduced) / min(reduced) - 1, 4),
+                "reduced_speedups": [round(a / b, 4) for a, b in zip(levels, reduced)]} if reduced else {}),
             "others_cores": [b["load"] for b in blocks],
             "block_seconds": [[round(s, 3) for s in b["seconds"]] for b in blocks],
             "rules": [replays(blocks, t, args.replays, args.seconds) for t in args.tolerances],
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gain", type=float, default=1.15)
     parser.add_argument("--seconds", type=float, default=20.0, help="the final timing's seconds")
     parser.add_argument("--again", type=Path, metavar="JSON", help="replay the blocks an earlier run collected")
+    parser.add_argument("--reduced", choices=["fp16", "bf16", "int8"], default=None,
+                        help="also time the plan with every unit that may take this precision at it (model 'reduced')")
     args = parse_arguments(parser, argv, QUICK)
     backend = get_backend("ort-cuda" if args.cuda else "ort-cpu")
     report = Report("timing_blocks", args, backend, level_moved=verdict.LEVEL_MOVED, min_blocks=speedup.MIN_BLOCKS,
@@ -197,6 +218,13 @@ def print_table(report: dict) -> None:
                   f"{r['aa_faster']:>5}/{n:<4} {r['aa_slower']:>6} {r['aa_moved']:>6} {r['aa_median_blocks']:>6} "
                   f"{r['aa_median_seconds']:>6.1f} {r['ab_found']:>4}/{n:<4} {r['ab_median_blocks']:>6} "
                   f"{r['ab_median_seconds']:>6.1f}")
+        if model.get("reduced"):
+            r, speedups = model["rules"][0], model["reduced_speedups"]
+            print(f"  all-{model['reduced']}: its level over the sessions {100 * model['reduced_level_spread']:.0f} % "
+                  f"apart, its per-block speed-up {min(speedups):.3f}-{max(speedups):.3f}x; replayed at tolerance "
+                  f"{r['tolerance']:g}: faster {r['reduced_faster']}/{r['replays']}, slower {r['reduced_slower']}, "
+                  f"{r['reduced_median_blocks']} blocks, {r['reduced_median_seconds']:.1f} s, interval "
+                  f"{100 * r['reduced_median_width']:.1f} % wide")
 
 
 if __name__ == "__main__":
