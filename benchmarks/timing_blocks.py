@@ -19,7 +19,8 @@ tolerance also guards against, a load that comes and goes during the timing, a r
 
 With ``--reduced fp16`` a fifth model is timed in every block, the plan with every unit that may take FP16 at it, and
 its final timings beside all-FP32 replayed too: how far a reduced plan's own sessions differ, and how many blocks a
-final timing needs to decide it.
+final timing needs to decide it. ``--aged N`` builds and runs N sessions of one-unit plans before the collection: a
+process as old as a search's measuring worker is by its final timing.
 """
 
 from __future__ import annotations
@@ -137,6 +138,16 @@ def replays(blocks: list[dict], tolerance: float, count: int, seconds: float) ->
             "ab_median_seconds": round(statistics.median(r["seconds"] for r in ab), 2)}
 
 
+def aged(backend, info, lowering: Lowering, batch, sessions: int) -> None:
+    """This process made to have built and run ``sessions`` sessions of other plans first (each unit at each
+    precision alone, in turn), as a search's measuring worker has by its final timing."""
+    plans = [info.plan_at(precision, [unit.name]) for unit in info.searchable_units for precision in unit.allowed
+             if precision is not Precision.FP32]
+    for i in range(sessions if plans else 0):
+        with backend.runner(lowering(backend, plans[i % len(plans)])) as runner:
+            runner.run(batch)
+
+
 def one_model(name: str, args: argparse.Namespace, backend, folder: Path) -> dict:
     if args.batch:
         model, data, shapes = batch_data(name, args.batch, folder)
@@ -154,12 +165,14 @@ def one_model(name: str, args: argparse.Namespace, backend, folder: Path) -> dic
         precision = Precision(args.reduced)
         models["reduced"] = lowering(backend, info.plan_at(
             precision, frozenset(u.name for u in info.searchable_units if precision in u.allowed)))
+    aged(backend, info, lowering, batch, args.aged)
     print(f"[{name}] {args.blocks} blocks on {backend.info().label()} …", file=sys.stderr, flush=True)
     blocks = collected(backend, models, Workload.of(batch), args.blocks)
     levels = [min(t.p10_ms for t in b["rounds"]["fp32"]) for b in blocks]
     gain = statistics.median(min(t.p10_ms for t in b["rounds"]["slowed"]) / level for b, level in zip(blocks, levels))
     reduced = [min(t.p10_ms for t in b["rounds"]["reduced"]) for b in blocks] if args.reduced else []
-    return {"model": name, "batch": args.batch, "extra_mul_pairs": extra, "ab_gain": round(gain, 4),
+    return {"model": name, "batch": args.batch, "aged_sessions": args.aged, "extra_mul_pairs": extra,
+            "ab_gain": round(gain, 4),
             "fp32_levels_ms": [round(v, 4) for v in levels],
             "fp32_level_spread": round(max(levels) / min(levels) - 1, 4),
             **({"reduced": args.reduced, "reduced_levels_ms": [round(v, 4) for v in reduced],
@@ -183,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gain", type=float, default=1.15)
     parser.add_argument("--seconds", type=float, default=20.0, help="the final timing's seconds")
     parser.add_argument("--again", type=Path, metavar="JSON", help="replay the blocks an earlier run collected")
+    parser.add_argument("--aged", type=int, default=0, metavar="N",
+                        help="build and run N sessions of one-unit plans first, as a search's worker has")
     parser.add_argument("--reduced", choices=["fp16", "bf16", "int8"], default=None,
                         help="also time the plan with every unit that may take this precision at it (model 'reduced')")
     args = parse_arguments(parser, argv, QUICK)
