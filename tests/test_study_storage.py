@@ -177,3 +177,20 @@ def test_a_killed_process_loses_no_committed_trial(tmp_path):
     subprocess.run([sys.executable, "-W", "ignore", "-c", killed, url], check=True, timeout=120)
     assert (tmp_path / "study.db-wal").stat().st_size > 0
     assert len(optuna.load_study(study_name="s", storage=url).get_trials()) == 3
+
+
+def test_a_study_on_a_network_file_system_keeps_the_rollback_journal(tmp_path, monkeypatch):
+    """SQLite's write-ahead log needs an index every process shares in memory, which a network file system
+    (NFS, SMB, FUSE mounts) cannot give several hosts: a study there keeps its rollback journal."""
+    import sqlite3
+
+    import optuna
+
+    from autoprec.study import coordination
+
+    for found, journal in (("nfs4", "delete"), ("fuse.sshfs", "delete"), ("ext4", "wal")):
+        monkeypatch.setattr(coordination, "file_system", lambda path, found=found: found)
+        path = tmp_path / f"{found}.db"
+        optuna.create_study(storage=coordination.storage_for(f"sqlite:///{path}"), study_name="s").ask()
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == journal, found
