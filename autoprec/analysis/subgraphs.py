@@ -38,10 +38,7 @@ def outer_reads(graph: onnx.GraphProto) -> set[str]:
     own = (
         {i.name for i in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
     )
-    reads = {i for n in graph.node for i in n.input if i}
-    for node in graph.node:
-        reads |= {name for sub in subgraphs_of(node) for name in outer_reads(sub)}
-    return reads - own
+    return set().union(*(node_reads(node) for node in graph.node)) - own
 
 
 def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
