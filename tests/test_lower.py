@@ -649,3 +649,24 @@ def test_int4_rounding_is_chosen_once_per_model_and_read_by_every_process_that_l
     kept, = (info.folder / "derived").glob("int4-rounding-*.json")
     kept.write_text(kept.read_text().replace('"symmetric": [', '"symmetric": [-1.0, '))
     assert in_another_process() == ["1", *same]
+
+
+def test_fp16_weights_hold_finite_values_to_fp16s_range_across_conversion_blocks(tmp_path, monkeypatch):
+    """A weight converted a block at a time (its float32 values never copied whole) gets the numbers it got converted
+    at once: finite values past FP16's range held to +-65504, infinities and NaN kept, the rest rounded to FP16 (blocks
+    of 7 elements, the odd values at their edges; made to fail by converting without holding to the range)."""
+    from autoprec.core.stored import read_tensor
+    from autoprec.lower import cast
+
+    model = builders.mlp()
+    w1 = np.random.default_rng(0).normal(0, 3e4, (32, 32)).astype(np.float32)
+    w1.reshape(-1)[[0, 6, 7, 13, 14, 20, 1023]] = [np.inf, -3.4e38, 65519.0, np.nan, -np.inf, 7e4, -65530.0]
+    model.graph.initializer[2].CopyFrom(onnx.numpy_helper.from_array(w1, "w1"))
+    info = analyse(builders.save(model, tmp_path / "mlp.onnx"), load_search_space().restricted([Precision.FP16]))
+    monkeypatch.setattr(cast, "FP16_BLOCK", 7)
+    lowered = lower_plan(info, info.plan_at(Precision.FP16), None, QDQForm.TENSORRT)
+    weight = next(t for t in lowered.proto.graph.initializer if t.name.startswith("w1") and t.data_type == TensorProto.FLOAT16)
+    limit = np.finfo(np.float16).max
+    want = np.where(np.isfinite(w1), np.clip(w1, -limit, limit), w1).astype(np.float16)
+    assert np.array_equal(read_tensor(weight, lowered.folder), want, equal_nan=True)
+    assert np.isinf(want).sum() == 2 and (np.abs(want) == limit).sum() >= 4

@@ -286,3 +286,32 @@ def test_judging_the_chosen_plan_and_checking_it_against_the_given_file_hold_one
     assert 0 < judge.loss(lower(info)) < 0.1 and max(most) == 1, most
     checks = deploy(info, lower, None, baseline.dataset.evaluation[:2]).checks
     assert checks and all(c.loss is not None for c in checks) and max(most) == 1 and len(most) > 2, most
+
+
+def _prepacks(session) -> bool:
+    try:
+        return session.get_session_options().get_session_config_entry("session.disable_prepacking") != "1"
+    except RuntimeError:  # not set: ONNX Runtime's default, prepacking on
+        return True
+
+
+def test_a_heavy_models_judged_sessions_copy_no_weights_and_give_the_timed_sessions_outputs(tmp_path, monkeypatch):
+    """A session autoprec only judges (its own runs, the sensitivity pass's plans) of a model at UNPACKED_FROM_BYTES
+    is built without ONNX Runtime's prepacking, the second copy of the weights a timed session keeps as a deployment's
+    does; its outputs are the timed session's, bit for bit on an INT8 plan. A lighter model's keep it (made to fail
+    by never setting the option, and by setting it on the timed runner too)."""
+    from autoprec.analysis import preparation
+    from autoprec.analysis.baseline import load_baseline
+    from autoprec.backends import get_backend
+
+    model, data = builders.conv_with_data(tmp_path, 4)
+    baseline = load_baseline(model, load_search_space(), data)
+    info, engine, batch = baseline.info, get_backend("ort-cpu"), baseline.dataset.evaluation[0]
+    plan = engine.lower(info, info.plan_at(Precision.INT8), baseline.ranges)
+    with engine.judging_runner(plan) as light:
+        assert _prepacks(light.session) and _prepacks(preparation.cpu_session(info.stored))
+    monkeypatch.setattr(preparation, "UNPACKED_FROM_BYTES", plan.weight_bytes())
+    with engine.runner(plan) as timed, engine.judging_runner(plan) as judged:
+        assert _prepacks(timed.session) and not _prepacks(judged.session)
+        assert all(np.array_equal(timed.run(batch)[k], v) for k, v in judged.run(batch).items())
+    assert not _prepacks(preparation.cpu_session(info.stored))

@@ -191,13 +191,13 @@ def test_search_on_tensorrt_stores_each_builds_report_and_lists_trials_that_igno
 
 def test_where_onnx_runtime_cannot_run_the_model_the_target_measures_accuracy_and_the_search_says_so(
         trt, tmp_path, conv_model, conv_data, caplog, monkeypatch):
-    from autoprec.backends.onnxruntime import OrtCpuBackend
+    from autoprec.backends import onnxruntime
 
-    def lacks_a_kernel(self, model):
+    def lacks_a_kernel(ort, model, options, providers):
         raise BackendError("Could not find an implementation for Conv(11) node with name 'conv1'")
 
-    # the reference executor only: the model runs elsewhere
-    monkeypatch.setattr(OrtCpuBackend, "runner", lacks_a_kernel)
+    # the reference executor's sessions (timed or judged) only: the model runs elsewhere
+    monkeypatch.setattr(onnxruntime, "new_session", lacks_a_kernel)
     out = tmp_path / "result"
     _search_in_process(conv_model, conv_data, out, budget=4)
     search = json.loads((out / "pareto.json").read_text())["search"]

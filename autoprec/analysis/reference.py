@@ -112,7 +112,7 @@ def _check_prepared(info: ModelInfo, batch: Batch, outputs: dict[str, np.ndarray
     """Refuse a prepared model an earlier run left in the cache whose outputs on ``batch`` are not the
     given file's: searching it would measure and ship another network."""
     try:
-        given = given_session(info.path)
+        given = given_session(info.path, info.stored.weight_bytes())
         wanted = dict(zip(outputs, given.run(list(outputs), batch)))
     except Exception:  # noqa: BLE001 - the file takes inputs the data does not hold (settings folded): not compared
         return

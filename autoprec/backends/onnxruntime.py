@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
-from autoprec.analysis.preparation import cpu_optimizers_left_off
+from autoprec.analysis.preparation import cpu_optimizers_left_off, never_timed
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, Runner
 from autoprec.backends.gpus import cores_per_gpu, gpu_facts
@@ -181,6 +181,12 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
 
     def runner(self, model: StoredModel) -> OrtRunner:
         return OrtRunner(*new_session(self._ort, model, self.session_options(), [self.provider]))
+
+    def judging_runner(self, model: StoredModel) -> OrtRunner:
+        """:meth:`runner`'s session, without prepacking where the model is heavy (see
+        :func:`~autoprec.analysis.preparation.never_timed`)."""
+        options = never_timed(self.session_options(), model.weight_bytes())
+        return OrtRunner(*new_session(self._ort, model, options, [self.provider]))
 
 
 THREADS_VARIABLE = "AUTOPREC_THREADS"

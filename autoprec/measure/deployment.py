@@ -129,7 +129,7 @@ def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs)
     """``model`` against the given file at each run's point: the file is run as the user has it
     (from its path, external data beside it), everywhere first, so that its session is gone before
     the shipped model's is made (a 2 GB model's weights are not held twice)."""
-    given = given_session(source)
+    given = given_session(source, model.weight_bytes())
     wanted = [_outputs_or_failure(given, batches) for _, batches in runs]
     del given
     shipped = cpu_session(model)
