@@ -134,8 +134,11 @@ def quick_folder() -> Path:
 
 
 def model_source(name: str) -> tuple[str, Path | None, dict[str, list[int]] | None]:
-    """What a search is given for a benchmark's model NAME: ``zoo:NAME`` (its own data and shapes), or for
-    :data:`TINY` the generated conv net, its items and its input shape."""
+    """What a search is given for a benchmark's model NAME: ``zoo:NAME`` (its own data and shapes), for
+    :data:`TINY` the generated conv net, its items and its input shape, or a model file (``*.onnx``: a generated
+    one, benchmarks/synthetic.py) as it is, searched on random inputs."""
+    if name.endswith(".onnx"):
+        return name, None, None
     if name != TINY:
         return f"zoo:{name}", None, None
     return str(_tiny()["model"]), _tiny()["data"], {"x": [1, 3, 16, 16]}

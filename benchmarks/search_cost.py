@@ -101,6 +101,8 @@ def quantize_static_seconds(name: str, batch: int | None, folder: Path) -> dict:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     model, data, _ = given(name, batch, folder)
+    if data is None:
+        return {"not_run": "the model came without data to calibrate on"}
     inputs = {i.name for i in onnx.load(str(model), load_external_data=False).graph.input}
     with np.load(data) as arrays:
         items = {key: arrays[key] for key in arrays.files if key in inputs}  # not the labels
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
           f"budget {args.budget}; JSON: {report.path}")
     print(f"{'model':<10} {'code':<7} {'wall s':>7} {'outside':>8}   stages (s)   | quantize_static s, AutoCast s")
     for name, found in report["models"].items():
-        static = found["peers"]["quantize_static"].get("seconds", "failed")
+        static = found["peers"]["quantize_static"]
+        static = static.get("seconds", "not run" if "not_run" in static else "failed")
         static = f"{static}, {found['peers']['autocast'].get('seconds', 'not run')}"
         for label in ("before", "after"):
             for run in found.get(label, []):
