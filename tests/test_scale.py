@@ -6,6 +6,7 @@ protobuf's limit is the same for zeros as for weights (benchmarks/scale.py searc
 
 import json
 import re
+from pathlib import Path
 
 import builders
 import numpy as np
@@ -298,8 +299,9 @@ def _prepacks(session) -> bool:
 def test_a_heavy_models_judged_sessions_copy_no_weights_and_give_the_timed_sessions_outputs(tmp_path, monkeypatch):
     """A session autoprec only judges (its own runs, the sensitivity pass's plans) of a model at UNPACKED_FROM_BYTES
     is built without ONNX Runtime's prepacking, the second copy of the weights a timed session keeps as a deployment's
-    does; its outputs are the timed session's, bit for bit on an INT8 plan. A lighter model's keep it (made to fail
-    by never setting the option, and by setting it on the timed runner too)."""
+    does; its outputs are the timed session's, bit for bit on an INT8 plan. A lighter model's keep it; the given file,
+    checked against the shipped plan, goes by its own weights (made to fail by never setting the option, by setting it
+    on the timed runner too, and by sizing the given file's session by the plan's weights)."""
     from autoprec.analysis import preparation
     from autoprec.analysis.baseline import load_baseline
     from autoprec.backends import get_backend
@@ -315,3 +317,20 @@ def test_a_heavy_models_judged_sessions_copy_no_weights_and_give_the_timed_sessi
         assert _prepacks(timed.session) and not _prepacks(judged.session)
         assert all(np.array_equal(timed.run(batch)[k], v) for k, v in judged.run(batch).items())
     assert not _prepacks(preparation.cpu_session(info.stored))
+
+    # the shipped plan checked against the given file: that file's session goes by the given weights, not the plan's
+    from autoprec.measure.deployment import deploy
+
+    given = []
+
+    class Seen(ort.InferenceSession):
+        def __init__(self, path, *args, **kwargs):
+            super().__init__(path, *args, **kwargs)
+            if Path(path) == info.path:
+                given.append(_prepacks(self))
+
+    monkeypatch.setattr(preparation, "UNPACKED_FROM_BYTES", info.stored.weight_bytes())
+    assert plan.weight_bytes() < preparation.UNPACKED_FROM_BYTES  # the INT8 plan alone is light
+    monkeypatch.setattr(preparation.onnxruntime, "InferenceSession", Seen)
+    lower = lambda graph: engine.lower(graph, info.plan_at(Precision.INT8), baseline.ranges)  # noqa: E731
+    assert deploy(info, lower, None, baseline.dataset.evaluation[:1]).checks and given == [False], given

@@ -10,7 +10,6 @@ fixed-shape model, and the reason is said and recorded.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -62,7 +61,7 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
     if info.deployable is None:
         runs = judged or _runs(profile, samples, profile.points(), others)
         return Deployment(measured, also(info), None,
-                          tuple(_checks(info.path, measured, profile, runs)))
+                          tuple(_checks(info, measured, profile, runs)))
     try:
         model = lower(info.for_deployment())
         differs = _differs(model, measured, samples[0])
@@ -79,10 +78,10 @@ def deploy(info: ModelInfo, lower: Lower, tensorrt: Lower | None, samples: Seque
                     "best/'s (autoprec check times best/)")
         runs = _runs(profile, samples, ["opt"], others)
         return Deployment(measured, also(info), why,
-                          tuple(_checks(info.path, measured, profile, runs)))
+                          tuple(_checks(info, measured, profile, runs)))
     runs = _runs(profile, samples, profile.points(), others)
     return Deployment(model, also(info.for_deployment()), None,
-                      tuple(_checks(info.path, model, profile, runs)))
+                      tuple(_checks(info, model, profile, runs)))
 
 
 def _runs(profile: ShapeProfile, samples: Sequence[Batch], points: Sequence[str],
@@ -125,11 +124,11 @@ def _differs(model: StoredModel, measured: StoredModel, sample: Batch) -> str | 
     return None if loss <= SAME_MODEL_LOSS else f"outputs differ at the measured shape (cosine loss {loss:.3g})"
 
 
-def _checks(source: Path, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
+def _checks(info: ModelInfo, model: StoredModel, profile: ShapeProfile, runs: Runs) -> list[PointCheck]:
     """``model`` against the given file at each run's point: the file is run as the user has it
     (from its path, external data beside it), everywhere first, so that its session is gone before
     the shipped model's is made (a 2 GB model's weights are not held twice)."""
-    given = given_session(source, model.weight_bytes())
+    given = given_session(info.path, info.stored.weight_bytes())
     wanted = [_outputs_or_failure(given, batches) for _, batches in runs]
     del given
     shipped = cpu_session(model)
