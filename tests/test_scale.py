@@ -5,6 +5,7 @@ protobuf's limit is the same for zeros as for weights (benchmarks/scale.py searc
 """
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -334,3 +335,27 @@ def test_a_heavy_models_judged_sessions_copy_no_weights_and_give_the_timed_sessi
     monkeypatch.setattr(preparation.onnxruntime, "InferenceSession", Seen)
     lower = lambda graph: engine.lower(graph, info.plan_at(Precision.INT8), baseline.ranges)  # noqa: E731
     assert deploy(info, lower, None, baseline.dataset.evaluation[:1]).checks and given == [False], given
+
+
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_a_tensor_whose_bytes_begin_in_a_hole_of_its_file_is_copied_where_it_belongs(tmp_path, monkeypatch, in_kernel):
+    """A sparse data file's tensor — unwritten (a hole) first, then values, then a hole again — copied into a data file
+    that already holds bytes keeps its values at their place, and its holes (made to fail by opening the target to
+    append, which wrote the values where the first hole was; ``in_kernel``: os.copy_file_range, else chunks)."""
+    if not in_kernel:
+        monkeypatch.delattr(stored.os, "copy_file_range", raising=False)
+    values = np.zeros((3 << 20,), np.float32)
+    values[2 << 20: (2 << 20) + 1000] = np.arange(1000, dtype=np.float32) + 1
+    with open(tmp_path / "sparse.data", "wb") as f:
+        f.seek(8 << 20)
+        f.write(values[2 << 20: (2 << 20) + 1000].tobytes())
+        f.truncate(values.nbytes)
+    tensor = onnx.TensorProto(name="table", data_type=onnx.TensorProto.FLOAT, dims=[3 << 20])
+    stored._set_external(tensor, "sparse.data", 0, values.nbytes)
+    (tmp_path / "out").mkdir()
+    writer = stored.DataWriter(tmp_path / "out", "copied.data")
+    writer.add(onnx.numpy_helper.from_array(np.ones(10, np.float32), "before"))
+    writer.copy(tensor, tmp_path)
+    writer.close()
+    assert np.array_equal(stored.read_tensor(tensor, tmp_path / "out"), values)
+    assert os.stat(tmp_path / "out" / "copied.data").st_blocks * 512 < values.nbytes // 2  # the holes stay holes
