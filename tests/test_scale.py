@@ -359,3 +359,23 @@ def test_a_tensor_whose_bytes_begin_in_a_hole_of_its_file_is_copied_where_it_bel
     writer.close()
     assert np.array_equal(stored.read_tensor(tensor, tmp_path / "out"), values)
     assert os.stat(tmp_path / "out" / "copied.data").st_blocks * 512 < values.nbytes // 2  # the holes stay holes
+
+
+def test_a_heavy_models_all_fp32_plan_meets_its_reference_at_a_loss_of_exactly_0(tmp_path, monkeypatch):
+    """The FP32 reference of a model whose autoprec-only sessions go unpacked is still computed as a timed session
+    computes it (prepacked: an FP32 MatMul of 256 sums differs in its last bits unpacked), so the all-FP32 plan, timed
+    and judged on its prepacked session, scores a loss of exactly 0 (made to fail by computing the reference
+    unpacked: a loss of 4.3e-7, FP32's own rounding in another order)."""
+    from autoprec.analysis import preparation
+    from autoprec.analysis.baseline import load_baseline
+    from autoprec.backends import get_backend
+    from autoprec.measure.accuracy import Judge, Metric
+    from autoprec.measure.measurement import measure
+
+    monkeypatch.setattr(preparation, "UNPACKED_FROM_BYTES", 1)  # every model heavy
+    path = builders.save(builders.mlp(features=256, hidden=256), tmp_path / "mlp.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(size=(16, 256)).astype(np.float32))
+    baseline = load_baseline(path, load_search_space(), tmp_path / "x.npz")
+    engine, info, batches = get_backend("ort-cpu"), baseline.info, baseline.dataset.evaluation
+    fp32 = engine.lower(info, info.plan_at(Precision.FP32), baseline.ranges)
+    assert measure(engine, fp32, batches, Judge(Metric(), baseline.reference)).loss == 0.0

@@ -64,10 +64,12 @@ NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only 
 
 # ONNX Runtime's CPU provider copies each weight a kernel reads into that kernel's own layout as a session is built
 # ("prepacking"): a second copy beside the first, made at about a second per GB. A session that is never timed, of a
-# model with more weights than this, is built without it (session.disable_prepacking): the same outputs (bit for bit
-# on INT8 plans; an FP32 MatMul's sums to its last bits), no copy. A 2.3 GB model's session: built in 0.0 s instead of
-# 2.5 s, its process peaking at 1.0x the weights instead of 1.49x, each run as fast (memory-bound); a 113 MB encoder's:
-# 0.01 s instead of 0.11, each run 15 % slower, so that below this a judging session's few runs gain nothing from it.
+# model with more weights than this, is built without it (session.disable_prepacking): the same outputs bit for bit on
+# INT8 plans; an FP32 MatMul's sums in another order, 3e-7 apart by relative L2 on a 256-wide MLP (far below any FP16
+# or INT8 unit's error; the reference itself stays packed: cpu_session's ``packed``). A 2.3 GB model's session: built
+# in 0.0 s instead of 2.5 s, its process peaking at 1.0x the weights instead of 1.49x, each run as fast (memory-bound);
+# a 113 MB encoder's: 0.01 s instead of 0.11, each run 15 % slower, so that below this a judging session's few runs
+# gain nothing from it.
 UNPACKED_FROM_BYTES = 64 << 20
 
 
@@ -79,12 +81,15 @@ def never_timed(options, weight_bytes: int):
     return options
 
 
-def cpu_session(model: StoredModel, quick: bool = False):
+def cpu_session(model: StoredModel, quick: bool = False, packed: bool = False):
     """An ONNX Runtime CPU session for autoprec's own runs of a model (shapes, calibration,
     reference, the checks of a lowered plan), loaded from a file beside its weights (never timed:
     see :func:`never_timed`). ``quick``: basic graph optimisations only, for a single check run,
-    where building the session costs more than running it."""
-    options = never_timed(onnxruntime.SessionOptions(), model.weight_bytes())
+    where building the session costs more than running it. ``packed``: prepacked whatever its size,
+    as a timed session is, so that one of the same graph gives its outputs bit for bit (an FP32
+    MatMul's sums differ in their last bits unpacked): the reference every trial is judged against,
+    which the all-FP32 plan meets at a loss of exactly 0."""
+    options = onnxruntime.SessionOptions() if packed else never_timed(onnxruntime.SessionOptions(), model.weight_bytes())
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC

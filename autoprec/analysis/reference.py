@@ -36,7 +36,7 @@ def reference_outputs(
     every time: a cache or a study's shared file holding them is kept only where it agrees (then
     every worker of a study judges against the same arrays), since a result folder is input too."""
     names = [o.name for o in info.outputs]
-    session = cpu_session(info.stored)
+    session = cpu_session(info.stored, packed=True)
     try:
         outputs = [dict(zip(names, session.run(names, batch))) for batch in batches]
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises several types for inputs a model cannot take
