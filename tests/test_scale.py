@@ -379,3 +379,15 @@ def test_a_heavy_models_all_fp32_plan_meets_its_reference_at_a_loss_of_exactly_0
     engine, info, batches = get_backend("ort-cpu"), baseline.info, baseline.dataset.evaluation
     fp32 = engine.lower(info, info.plan_at(Precision.FP32), baseline.ranges)
     assert measure(engine, fp32, batches, Judge(Metric(), baseline.reference)).loss == 0.0
+
+
+def test_a_tensor_past_the_end_of_its_data_file_is_refused_not_copied_as_zeros(tmp_path):
+    """A data file shorter than a tensor's range (cut off after the model was checked) is said, naming the file, not
+    copied as zeros (the end read as a hole; made to fail by dropping the size check)."""
+    (tmp_path / "short.data").write_bytes(b"\1" * 4096)
+    tensor = onnx.TensorProto(name="w", data_type=onnx.TensorProto.UINT8, dims=[8192])
+    stored._set_external(tensor, "short.data", 0, 8192)
+    writer = stored.DataWriter(tmp_path, "copied.data")
+    with pytest.raises(OSError, match="short.data: ends 4096 bytes short"):
+        writer.copy(tensor, tmp_path)
+    writer.close()

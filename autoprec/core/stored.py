@@ -137,6 +137,9 @@ def copy_range(source, start: int, length: int, target) -> None:
     part) stays a hole: it is skipped, not read and written as zeros. Copied by the kernel where it
     can (:func:`_copied_in_kernel`), else in chunks."""
     fd, end, base = source.fileno(), start + length, target.tell()
+    # (past its end a file reads as a hole: written as one, a short file's tensor would be zeros)
+    if (size := os.fstat(fd).st_size) < end:
+        raise OSError(f"{source.name}: ends {end - size} bytes short of what a tensor needs")
     at = start
     while at < end:
         data, stop = _next_data(fd, at, end)
