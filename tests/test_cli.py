@@ -23,8 +23,15 @@ def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_d
     assert "Pareto front" in proc.stdout and "chosen: trial" in proc.stdout
     assert "latencies measured by onnxruntime" in proc.stdout
     assert "per-request latency of one batch" in " ".join(proc.stdout.split())  # says what the number is
+    search = json.loads((out / "pareto.json").read_text())["search"]
     assert "session.run" in json.loads((out / "pareto.json").read_text())["engine"]["timing"]
     assert (out / "best" / "model.onnx").exists() and (out / "pareto.png").exists()
+    # where the time went, as pareto.json records it
+    took = re.search(r"searched in ([\d.]+) s \(set-up ([\d.]+), .*re-timing ([\d.]+)", " ".join(proc.stdout.split()))
+    assert took and " ".join(proc.stdout.split()).endswith("before writing these files"), proc.stdout  # the last line
+    assert float(took[1]) == round(search["wall_seconds"], 1)
+    assert float(took[2]) == round(search["stage_seconds"]["set_up"], 1)
+    assert float(took[3]) == round(search["stage_seconds"]["retiming"], 1)
 
 
 def test_random_data_warns_loudly(tmp_path, conv_model):

@@ -78,6 +78,7 @@ def _search(args: argparse.Namespace, final_timing: FinalTiming | None = None) -
             f"{out / 'best' / 'model.tensorrt.onnx'}: the same plan in TensorRT's Q/DQ form — NOT "
             "measured (TensorRT cannot run on this machine)"
         )
+    console.stdout.print(f"searched in {files.facts.wall_said()}, before writing these files")
     return 0
 
 
