@@ -23,8 +23,9 @@ def test_search_prints_the_front_and_writes_results(tmp_path, conv_model, conv_d
     assert "Pareto front" in proc.stdout and "chosen: trial" in proc.stdout
     assert "latencies measured by onnxruntime" in proc.stdout
     assert "per-request latency of one batch" in " ".join(proc.stdout.split())  # says what the number is
-    search = json.loads((out / "pareto.json").read_text())["search"]
-    assert "session.run" in json.loads((out / "pareto.json").read_text())["engine"]["timing"]
+    pareto = json.loads((out / "pareto.json").read_text())
+    search = pareto["search"]
+    assert "session.run" in pareto["engine"]["timing"]
     assert (out / "best" / "model.onnx").exists() and (out / "pareto.png").exists()
     # where the time went, as pareto.json records it
     took = re.search(r"searched in ([\d.]+) s \(set-up ([\d.]+), .*re-timing ([\d.]+)", " ".join(proc.stdout.split()))
