@@ -81,6 +81,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("a_over_a"),
     Benchmark("timing_blocks"),
     Benchmark("study_storage"),
+    Benchmark("spinning_stop"),
     Benchmark("plain_session"),
     Benchmark("shipped_speedup"),
     Benchmark("qdq_forms"),

@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import statistics
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -176,6 +178,35 @@ def test_without_threads_given_onnx_runtime_takes_autoprec_threads(monkeypatch):
     monkeypatch.setenv("AUTOPREC_THREADS", "100000")  # as --threads 100000 is
     with pytest.raises(BackendError, match="AUTOPREC_THREADS=100000: more than 4× this machine's"):
         get_backend("ort-cpu")
+
+
+def _spin_cpu_seconds(run) -> float:
+    """The process's CPU seconds in the 0.1 s after one run, its own thread asleep: the thread pool spinning."""
+    run()
+    cpu = time.process_time()
+    time.sleep(0.1)
+    return time.process_time() - cpu
+
+
+def test_onnx_runtime_sessions_leave_the_cores_idle_between_runs(tmp_path):
+    """A session autoprec times or runs itself stops its threads when a run returns, so that the session timed next
+    in an interleaved round has the cores; a plain session's threads spin on for about 40 ms (made to fail by
+    building autoprec's sessions without session.force_spinning_stop)."""
+    from autoprec.analysis.preparation import cpu_session
+    from autoprec.core.stored import StoredModel
+
+    model = StoredModel(builders.mlp(batch=64, features=512, hidden=512), tmp_path)
+    feeds = {"x": np.ones((64, 512), np.float32)}
+    with model.file() as path:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        plain = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        spun = statistics.median(_spin_cpu_seconds(lambda: plain.run(None, feeds)) for _ in range(3))
+    with get_backend("ort-cpu", threads=2).runner(model) as runner:
+        timed = statistics.median(_spin_cpu_seconds(lambda: runner.run(feeds)) for _ in range(3))
+    own = cpu_session(model)
+    judged = statistics.median(_spin_cpu_seconds(lambda: own.run(None, feeds)) for _ in range(3))
+    assert max(timed, judged) <= 0.25 * spun + 0.002, (timed, judged, spun)
 
 
 def test_each_plan_is_lowered_in_the_engines_form(backend, conv):

@@ -73,6 +73,20 @@ NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only 
 UNPACKED_FROM_BYTES = 64 << 20
 
 
+def quiet_session_options():
+    """ONNX Runtime session options whose threads stop spinning when a run returns
+    (``session.force_spinning_stop``; within a run they spin as a plain session's do). By default a
+    session's threads spin about 40 ms after each run: the session timed next (the re-timing's and
+    the final timing's interleaved turns), or a worker's timing right after a run in the main
+    process, shared the cores with them: on 2 cores an INT8 plan's speed-up over all-FP32 in 0.1 s
+    turns read x2.5-4.0 apart from round to round with them spinning, x1.4-2.0 stopped; a run now
+    wakes them, 2 % of a 4 ms model's run, on both sides of every speed-up
+    (benchmarks/results/spinning_stop_retime_turns.json)."""
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
 def never_timed(options, weight_bytes: int):
     """``options`` for a session whose runs are judged, never timed: without prepacking where the
     model's weights reach UNPACKED_FROM_BYTES (what a timed session keeps: a deployment's does)."""
@@ -89,7 +103,7 @@ def cpu_session(model: StoredModel, quick: bool = False, packed: bool = False):
     as a timed session is, so that one of the same graph gives its outputs bit for bit (an FP32
     MatMul's sums differ in their last bits unpacked): the reference every trial is judged against,
     which the all-FP32 plan meets at a loss of exactly 0."""
-    options = onnxruntime.SessionOptions() if packed else never_timed(onnxruntime.SessionOptions(), model.weight_bytes())
+    options = quiet_session_options() if packed else never_timed(quiet_session_options(), model.weight_bytes())
     options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -150,7 +164,7 @@ def given_session(path: Path, weight_bytes: int):
     """An ONNX Runtime CPU session of the given file as the user has it (from its path, its
     external data beside it): what a prepared or shipped model is checked against (never timed:
     see :func:`never_timed`)."""
-    options = never_timed(onnxruntime.SessionOptions(), weight_bytes)
+    options = never_timed(quiet_session_options(), weight_bytes)
     options.log_severity_level = 3
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

@@ -15,7 +15,11 @@ import numpy as np
 import onnx
 
 from autoprec.analysis.data import Batch
-from autoprec.analysis.preparation import cpu_optimizers_left_off, never_timed
+from autoprec.analysis.preparation import (
+    cpu_optimizers_left_off,
+    never_timed,
+    quiet_session_options,
+)
 from autoprec.analysis.subgraphs import all_nodes
 from autoprec.backends.base import Backend, Runner
 from autoprec.backends.gpus import cores_per_gpu, gpu_facts
@@ -78,6 +82,11 @@ def session_said(build: dict | None) -> str:
             "InferenceSession(model.onnx) builds)")
 
 
+# How autoprec's ONNX Runtime sessions differ from a plain one (analysis.preparation.quiet_session_options).
+QUIET_THREADS = ("each session's threads stop spinning when its run returns (session.force_spinning_stop), so "
+                 "the session timed next has the cores")
+
+
 class OrtNodeTimes:
     """Per-node times from ONNX Runtime's profiler, mapped back to the model's own node names."""
 
@@ -102,7 +111,7 @@ class OrtNodeTimes:
     threads = 0  # ONNX Runtime's intra-op threads (0: its default, one per core)
 
     def session_options(self):
-        options = self._ort.SessionOptions()
+        options = quiet_session_options()
         if self.threads:
             options.intra_op_num_threads = self.threads
         return options
@@ -161,7 +170,7 @@ class OrtCpuBackend(OrtNodeTimes, Backend):
     sensitive_ops_fp32 = ("no FP16 kernels on ONNX Runtime's CPU provider, so no FP16 region to "
                           "join: they would run in FP32 between inserted Casts")
     timing = ("per-request latency of one batch: wall time of one synchronous session.run, inputs "
-              f"and outputs in host memory; {TIME_CALLS}")
+              f"and outputs in host memory; {TIME_CALLS}; {QUIET_THREADS}")
 
     @classmethod
     def create(cls, device: int, cache_dir: Path | None, threads: int) -> OrtCpuBackend:
@@ -331,7 +340,7 @@ class OrtCudaBackend(OrtNodeTimes, Backend):
     install = "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a machine with an NVIDIA GPU"
     timing = ("per-request latency of one batch: wall time of one run_with_iobinding, inputs and "
               "outputs on the GPU, synchronised after every run (launch overhead counted, not "
-              f"hidden by back-to-back runs); {TIME_CALLS}")
+              f"hidden by back-to-back runs); {TIME_CALLS}; {QUIET_THREADS}")
     slow_precisions = {
         Precision.INT8: "the CUDA execution provider runs Q/DQ INT8 as float ops, slower than "
                         "FP32; "
