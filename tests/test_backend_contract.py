@@ -206,7 +206,8 @@ def test_onnx_runtime_sessions_leave_the_cores_idle_between_runs(tmp_path):
         timed = statistics.median(_spin_cpu_seconds(lambda: runner.run(feeds)) for _ in range(3))
     own = cpu_session(model)
     judged = statistics.median(_spin_cpu_seconds(lambda: own.run(None, feeds)) for _ in range(3))
-    assert max(timed, judged) <= 0.25 * spun + 0.002, (timed, judged, spun)
+    idle = statistics.median(_spin_cpu_seconds(lambda: None) for _ in range(3))  # the process's other threads
+    assert max(timed, judged) - idle <= 0.25 * (spun - idle) + 0.002, (timed, judged, spun, idle)
 
 
 def test_each_plan_is_lowered_in_the_engines_form(backend, conv):
