@@ -81,9 +81,11 @@ def quiet_session_options():
     process, shared the cores with them: on 2 cores an INT8 plan's speed-up over all-FP32 in 0.1 s
     turns read x2.5-4.0 apart from round to round with them spinning, x1.4-2.0 stopped; a run now
     wakes them, 2 % of a 4 ms model's run, on both sides of every speed-up
-    (benchmarks/results/spinning_stop_retime_turns.json)."""
+    (benchmarks/results/spinning_stop_retime_turns.json). ONNX Runtime's optimizer notes are not
+    autoprec's to print: errors only."""
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.log_severity_level = 3
     return options
 
 
@@ -104,7 +106,6 @@ def cpu_session(model: StoredModel, quick: bool = False, packed: bool = False):
     MatMul's sums differ in their last bits unpacked): the reference every trial is judged against,
     which the all-FP32 plan meets at a loss of exactly 0."""
     options = quiet_session_options() if packed else never_timed(quiet_session_options(), model.weight_bytes())
-    options.log_severity_level = 3  # ONNX Runtime's optimizer notes are not autoprec's to print
     if quick:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with model.file() as path:  # (basic optimisations never run the layout transformer: no probe)
@@ -165,7 +166,6 @@ def given_session(path: Path, weight_bytes: int):
     external data beside it): what a prepared or shipped model is checked against (never timed:
     see :func:`never_timed`)."""
     options = never_timed(quiet_session_options(), weight_bytes)
-    options.log_severity_level = 3
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -229,7 +229,6 @@ def new_session(ort, model: StoredModel, options, providers: list):
     protobuf), with every optimizer but those :func:`cpu_optimizers_left_off` names; and those. (Its
     crash probe, a CPU session's build in a child, only where the CPU provider runs the graph: the
     layout transformer it guards against is that provider's.)"""
-    options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     on_cpu = providers[0] == "CPUExecutionProvider"
     try:
