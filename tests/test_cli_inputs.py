@@ -368,7 +368,7 @@ SHAPES = {  # name: (model, options, phrase of the line)
     "--max-shape of another rank": ("convN", ["--max-shape", "x=4x3x16"], "--max-shape x=4x3x16"),
     "--max-shape disagreeing on a shared dim": ("two", ["--shape", "x=1x8x16", "--max-shape", "x=4x8x16",
                                                         "--max-shape", "m=4x10x1"], "share the dim 'T'"),
-    "--shape with a 0 width": ("line", ["--shape", "x=1x3x8x0"], "positive"),
+    "--shape with a 0 width": ("line", ["--shape", "x=1x3x8x0"], "above 0 (0 only on a dim named for a past"),
     "--time-shapes with a huge --max-shape": ("convN", ["--time-shapes", "--max-shape", "x=100000000x3x16x16"],
                                               "--max-shape"),
     "--max-loss inf": ("cls12", ["--max-loss", "inf"], "--max-loss inf"),

@@ -146,6 +146,20 @@ def test_lowering_puts_qdq_and_casts_inside_the_branch_and_the_model_still_runs(
             assert got.shape == want.shape and cosine > 0.98
 
 
+@pytest.mark.parametrize("form", list(QDQForm))
+def test_a_unit_whose_output_only_the_branches_read_is_lowered_to_int8(tmp_path, form):
+    """The stem's output is read inside the If's branches alone: they keep reading it raw, so in
+    ONNX Runtime's form it takes no output Q/DQ (a DQ nothing reads had no place in the graph)."""
+    info = analyse(if_model(tmp_path / "if.onnx"), SPACE, constants={"sr": 16000})
+    feeds = [{"x": RNG.random((1, 3, 8, 8), dtype=np.float32), "sr": np.array(16000, np.int64)} for _ in range(4)]
+    lowered = lower_plan(info, info.plan_at(Precision.INT8, ["stem"]), calibrate(info, feeds, "if"), form)
+    assert any(n.op_type == "QuantizeLinear" for n in lowered.graph.node)
+    for sr in (16000, 8000):
+        got = _run(lowered, {**feeds[0], "sr": np.array(sr, np.int64)})[0]
+        want = _run(info.stored, {**feeds[0], "sr": np.array(sr, np.int64)})[0]
+        assert got.shape == want.shape and np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
 def test_units_inside_a_loop_body_are_calibrated_over_every_iteration_and_lowered(tmp_path):
     info = analyse(loop_model(tmp_path / "loop.onnx"), SPACE)
     assert [u.name for u in info.units] == ["Loop_steps/body/step"]

@@ -383,6 +383,26 @@ def test_ort_form_leaves_an_fp32_unit_reading_a_quantized_input_unrounded(tmp_pa
     assert lowered["fp32_conv"].input[0] == "x"
 
 
+@pytest.mark.parametrize("form", list(QDQForm))
+def test_a_copy_of_a_quantized_input_made_a_graph_output_stays_exact(tmp_path, form):
+    """x feeds an INT8 MatMul and an Identity that is a graph output: the copy reads x itself, not its
+    dequantized value (no Q follows it: nothing to fuse, only error added)."""
+    weight = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc"),
+             helper.make_node("Identity", ["x"], ["x_copy"], name="copy")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+                               helper.make_tensor_value_info("x_copy", TensorProto.FLOAT, [4, 16])], [weight])
+    info = analyse(builders.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                                 tmp_path / "copy.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    lowered = lower_plan(info, info.plan_at(Precision.INT8), ranges, form)
+    assert ops(lowered)["QuantizeLinear"] >= 1
+    batch = data.evaluation[0]
+    assert np.array_equal(builders.session(lowered).run(["x_copy"], batch)[0], batch["x"])
+
+
 def test_a_bias_added_after_a_conv_is_folded_into_it(tmp_path):
     path = builders.save(builders.residual_net(bias_as_add=True), tmp_path / "paddle.onnx")
     info = analyse(path, load_search_space())

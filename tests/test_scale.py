@@ -7,6 +7,7 @@ protobuf's limit is the same for zeros as for weights (benchmarks/scale.py searc
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import builders
@@ -86,6 +87,8 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
         autoprec.SearchConfig(autoprec.InputSpec(model, data=data), study=autoprec.StudySpec(budget=4), out=out)
     )
     assert (out / "best" / "model.data").is_file()  # as the model came: weights beside it
+    # readable as the graph is (a server running as another user reads both)
+    assert _mode(out / "best" / "model.data") == _mode(out / "best" / "model.onnx") == 0o666 & ~_umask()
     assert not any(i.HasField("raw_data") and len(i.raw_data) > stored.INLINE_BYTES
                    for i in onnx.load(str(out / "best" / "model.onnx"), load_external_data=False).graph.initializer)
     assert ort.InferenceSession(str(out / "best" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[0].shape == (
@@ -99,6 +102,16 @@ def test_weights_given_as_external_data_stay_external_and_are_copied_once(tmp_pa
     assert onnx.load(str(model)).graph.initializer  # the given model loads as before (no link of ours on its files)
 
 
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_path, monkeypatch):
     model, data = builders.conv_with_data(tmp_path, 8)
     out = tmp_path / "out"
@@ -109,6 +122,7 @@ def test_a_small_model_exports_in_one_file_and_a_large_one_beside_its_data(tmp_p
     monkeypatch.setattr(stored, "EXTERNAL_EXPORT_BYTES", 1024)  # as if the weights were a gigabyte
     assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trt")]) == 0
     assert (tmp_path / "trt" / "model.onnx.data").is_file()
+    assert _mode(tmp_path / "trt" / "model.onnx.data") == _mode(tmp_path / "trt" / "model.onnx")
     assert ort.InferenceSession(str(tmp_path / "trt" / "model.onnx")).run(None, {"x": np.load(data)["x"][:1]})[
         0
     ].shape == (1, 5)

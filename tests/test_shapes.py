@@ -127,6 +127,24 @@ def test_a_decoders_exports_carry_its_phases(decoder_searched, tmp_path, capsys)
     assert "prefill, first token, decode·5, decode·45" in card and "no dynamic batching" in card
 
 
+def test_a_decoder_searched_on_prompts_with_an_empty_past_is_checked_and_exported_from_its_result(tmp_path,
+                                                                                                   capsys):
+    """Prompts with an empty past (prefill data) record a past of 0 among the search's shapes: check, diagnose and
+    the exports made the data's shapes again from that record and refused its 0 as a --shape nobody gave."""
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    data = decoder_data(model, tmp_path / "prompts.npz", items=6, tokens=5, past=0)
+    out = tmp_path / "out"
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(model, data=data), judge=autoprec.JudgeSpec(max_loss=MAX_LOSS),
+                                           study=autoprec.StudySpec(budget=3, seed=2), out=out))
+    from autoprec.results.files import read_result_dir
+
+    assert read_result_dir(out).how_measured().shapes["past_key_values.0.key"][2] == 0
+    assert main(["check", str(out)]) == 0 and "PASS" in capsys.readouterr().out
+    assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trtexec")]) == 0
+    # and on the command line: an empty past is a --shape as it is a --min-shape; a batch of 0 is not
+    refused(["search", str(model), "--shape", "input_ids=0x5"], capsys, "dims must be whole numbers above 0")
+
+
 def _summing_model() -> onnx.ModelProto:
     """x [N, sequence, 16] summed over its sequence, then a MatMul: at a long sequence the sum is wide, at a short
     one narrow; INT8 calibrated on both quantizes the narrow one coarsely."""

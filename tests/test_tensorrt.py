@@ -544,6 +544,19 @@ def test_the_polygraphy_export_is_read_by_polygraphy_and_its_reference_runs(resu
     assert f"polygraphy run {os.path.relpath(model, folder)} --onnxrt" in script and "NOT run by autoprec" in script
 
 
+def test_polygraphy_tolerances_name_each_output_once_at_its_largest_error_over_the_judged_shapes():
+    """A plan judged at several shapes holds ``y``, ``y @ min`` and ``y @ max``: Polygraphy knows ``y`` alone, and
+    inputs.json holds every shape's batches, so ``y`` takes the largest of the three."""
+    from types import SimpleNamespace
+
+    from autoprec.export.polygraphy import TOLERANCE_FACTOR, tolerances
+
+    metrics = {"y": {"max_abs": 1e-3}, "y @ min": {"max_abs": 4e-3}, "y @ max": {"max_abs": 2e-3},
+               "labels": {"max_abs": 0.0}}
+    found = tolerances(SimpleNamespace(trial=SimpleNamespace(metrics=metrics)))
+    assert set(found) == {"y", "labels"} and found["y"] == pytest.approx(TOLERANCE_FACTOR * 4e-3)
+
+
 def test_the_polygraphy_check_runs_after_the_result_folder_moves(result, tmp_path):
     """check.sh names the given model relative to its own folder and runs there (it named it by an absolute path,
     and read its inputs from the working directory): moved with the model beside it, its reference still runs."""

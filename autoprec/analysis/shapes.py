@@ -60,6 +60,14 @@ def batch_axes(shapes: Sequence[tuple[int | str | None, ...]]) -> list[int | Non
     return axes
 
 
+def _empty_past(spec: TensorSpec, axis: int, size: object) -> bool:
+    """Whether ``size`` is 0 on a dim of ``spec`` named for a past (``past_sequence_length``): a KV
+    cache's empty past (prefill), as data with no past gives it and a search of such data records
+    it."""
+    dim = spec.shape[axis] if axis < len(spec.shape) else None
+    return size == 0 and isinstance(dim, str) and "past" in dim.lower()
+
+
 def resolve_input_shapes(
     inputs: Sequence[TensorSpec],
     given: Mapping[str, tuple[int, ...]],
@@ -78,9 +86,10 @@ def resolve_input_shapes(
         )
     for spec in (s for s in inputs if s.name in given):
         shape = tuple(given[spec.name])
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        if not all(isinstance(d, int) and not isinstance(d, bool) and (d > 0 or _empty_past(spec, axis, d))
+                   for axis, d in enumerate(shape)):
             raise ModelError(f"--shape {spec.name}={'x'.join(map(str, shape))}: dims must be whole "
-                             "numbers above 0")
+                             "numbers above 0 (0 only on a dim named for a past: an empty past)")
         if len(shape) != len(spec.shape) or any(
             isinstance(d, int) and d > 0 and d != s for d, s in zip(spec.shape, shape)
         ):

@@ -8,22 +8,18 @@ import argparse
 import math
 
 
-def shape_arg(text: str, least: int = 1) -> tuple[str, tuple[int, ...]]:
+def shape_arg(text: str, least: int = 0) -> tuple[str, tuple[int, ...]]:
+    """NAME=DIMS; a dim of 0 is an empty past (the model's spec says where one may be: see
+    autoprec.analysis.shapes.resolve_input_shapes)."""
     name, sep, dims = text.rpartition("=")
     try:
         found = tuple(int(d) for d in dims.lower().split("x"))
         if not sep or not name or any(d < least for d in found):
             raise ValueError
     except ValueError:
-        what = "positive dims" if least else "dims of 0 or more (0: an empty past)"
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with {what}, e.g. "
-                                         "x=1x3x224x224") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with dims of 0 or more "
+                                         "(0: an empty past), e.g. x=1x3x224x224") from None
     return name, found
-
-
-# --min-shape / --max-shape: a dim may be 0 (an empty past)
-def bound_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    return shape_arg(text, least=0)
 
 
 def dim_range_arg(text: str) -> tuple[str, tuple[int, int | None, int]]:

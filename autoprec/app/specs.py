@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Mapping, Sequence
 from autoprec.analysis.images import ORDERS, RESIZES, SCALES, ImageOptions
 from autoprec.app.option_types import (
     batch_range_arg,
-    bound_arg,
     constant_arg,
     dim_range_arg,
     floats_arg,
@@ -170,7 +169,7 @@ class InputSpec(Group):
                            metavar="NAME=DIMS", help="fix an input's shape, e.g. x=1x3x224x224 "
                                                      "(repeatable)" + recorded)
         if profile:
-            group.add_argument("--min-shape", action="append", type=bound_arg, default=[],
+            group.add_argument("--min-shape", action="append", type=shape_arg, default=[],
                                metavar="NAME=DIMS",
                                help="the smallest shape input NAME takes in deployment, e.g. "
                                     "x=1x3x48x160 (repeatable; 0: an empty past). With --max-shape "
@@ -179,7 +178,7 @@ class InputSpec(Group):
                                     "Default: derived where the model runs there (batch 1, a "
                                     "sequence of 1, a past of 0); a decoder with a KV cache is "
                                     "judged at prefill and decode")
-            group.add_argument("--max-shape", action="append", type=bound_arg, default=[],
+            group.add_argument("--max-shape", action="append", type=shape_arg, default=[],
                                metavar="NAME=DIMS",
                                help="the largest shape input NAME takes in deployment, e.g. "
                                     "x=8x3x48x960 (see --min-shape)")
@@ -320,11 +319,11 @@ class ProfileSpec(Group):
         group.add_argument("--batch", type=batch_range_arg, metavar="LOW:HIGH",
                            help="every input's dynamic first dim from LOW to HIGH, e.g. 1:8 (the "
                                 "measured batch within them)")
-        group.add_argument("--min-shape", action="append", type=bound_arg, default=[],
+        group.add_argument("--min-shape", action="append", type=shape_arg, default=[],
                            metavar="NAME=DIMS",
                            help="the smallest shape input NAME takes, e.g. x=1x3x48x160 "
                                 "(repeatable)")
-        group.add_argument("--max-shape", action="append", type=bound_arg, default=[],
+        group.add_argument("--max-shape", action="append", type=shape_arg, default=[],
                            metavar="NAME=DIMS",
                            help="the largest shape input NAME takes, e.g. x=8x3x48x960 "
                                 "(repeatable)")

@@ -32,7 +32,6 @@ def _atomic(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -100,9 +99,11 @@ def write_with(path: Path, writer: Callable[[IO[bytes]], None]) -> Path:
 def temporary(path: Path) -> tuple[int, Path]:
     """A new temporary file beside ``path`` (a descriptor open for writing, and its name): made
     afresh, never a file already there, and named for this process, so :func:`remove_stale` knows it
-    from anyone else's."""
+    from anyone else's. Its mode is an ordinary file's (mkstemp makes 0600: weights renamed from
+    it were unreadable to a server running as another user)."""
     prefix = f".{Path(path).name}.{os.getpid()}-"
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=TEMPORARY, dir=Path(path).parent)
+    os.chmod(tmp, 0o666 & ~_umask())
     return fd, Path(tmp)
 
 

@@ -21,6 +21,7 @@ from autoprec.core import atomic
 from autoprec.core.errors import ExportError
 from autoprec.core.escape import printable
 from autoprec.export.tensorrt import NOT_RUN, BuildSpec
+from autoprec.record.trial import SHAPED
 
 # The engine's outputs may differ from FP32 by this many times the largest error the search measured
 # of the plan (ONNX Runtime ran its Q/DQ and Casts; TensorRT picks other kernels), and by at least
@@ -43,13 +44,15 @@ def polygraphy_inputs(batches: Sequence[Batch]) -> bytes:
 
 
 def tolerances(spec: BuildSpec) -> dict[str, float]:
-    """Per output: the absolute tolerance (see TOLERANCE_FACTOR) from the trial's measured largest
-    error."""
-    found = {}
-    for output, metrics in spec.trial.metrics.items():
+    """Per output: the absolute tolerance (see TOLERANCE_FACTOR) from the trial's largest error
+    measured at any shape it was judged at (``logits @ prefill`` is ``logits``: inputs.json holds
+    every shape's batches)."""
+    found: dict[str, float] = {}
+    for judged, metrics in spec.trial.metrics.items():
+        output = judged.split(SHAPED, 1)[0]
         largest = float(metrics.get("max_abs", 0.0))
         if math.isfinite(largest):
-            found[output] = max(TOLERANCE_FACTOR * largest, TOLERANCE_FLOOR)
+            found[output] = max(found.get(output, 0.0), TOLERANCE_FACTOR * largest, TOLERANCE_FLOOR)
     return found
 
 

@@ -193,18 +193,20 @@ def apply_int8(edit: GraphEdit, model: StoredModel, units: list[Unit], ranges: A
         # The precision-neutral ops reading a quantized input (a residual Add, a Concat, a pooling)
         # read its dequantized value too: ORT then sees them between Q/DQ and runs them on INT8
         # (QLinearAdd, QLinearConcat, ...) where it has the kernel, instead of breaking the chain in
-        # float.
+        # float. One that makes a graph output keeps the raw value: no Q follows it there, so it
+        # would run in float all the same, its output (an Identity's copy of an input) changed.
         added = {id(node) for node in edit.added}
         for name, dequantized in list(quantizer.dequantized.items()):
             _read_dequantized(edit, name, dequantized,
-                              lambda node: id(node) in added or node.name in unit_nodes)
+                              lambda node: id(node) in added or node.name in unit_nodes
+                              or any(o in edit.index.outputs for o in node.output))
         # Whole node units: the unit's output passes through Q/DQ and *every* consumer reads the
         # dequantized value; a second consumer of the raw output would stop ORT's fusion. Nodes
         # inside an If/Loop body keep reading the raw value: ONNX Runtime 1.32 aborts the process on
-        # a DQ output read only from inside a subgraph.
+        # a DQ output read only from inside a subgraph (an output read there alone takes no Q/DQ).
         for unit in units:
             out = unit.quantized_output(lambda name: edit.index.graph.node[edit.index.position[name]])
-            if out not in edit.index.outputs:
+            if out not in edit.index.outputs and edit.readers(out):
                 dequantized = quantizer.activation(out)
                 _read_dequantized(edit, out, dequantized,
                                   lambda node: node is quantizer.quantize_nodes[out])

@@ -17,6 +17,7 @@ from autoprec.core.errors import AutoprecError
 from autoprec.core.similarity import row_cosines, similarity_sums
 from autoprec.measure.accuracy import SIMILARITY_METRICS, Judge, Labels, Metric, Outputs
 from autoprec.record.facts import ShapePoint
+from autoprec.record.trial import SHAPED
 from autoprec.tasks import task_named
 from autoprec.tasks.generation import NAME as GENERATION
 
@@ -126,7 +127,7 @@ class ShapedJudge(Judge):
         return {**output, self.logits: np.reshape(logits, (-1, np.shape(logits)[-1]))}
 
     def _suffix(self, point: int) -> str:
-        return "" if point == 0 else f" @ {self.points[point].name}"
+        return "" if point == 0 else f"{SHAPED}{self.points[point].name}"
 
     def metrics(self, outputs: Outputs) -> dict[str, dict[str, float]]:
         merged = {}

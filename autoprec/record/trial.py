@@ -51,10 +51,14 @@ ROUNDING = 1e-9  # relative: a figure and its source computed in another order
 # A latency whose p10-p90 range exceeds this fraction of its median is re-timed, then flagged.
 MAX_TIMING_SPREAD = 0.25
 
+# a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
+SHAPED = " @ "
+
+
 @dataclass(frozen=True)
 class Measurement:
     latency: Timing
-    metrics: dict[str, dict[str, float]]
+    metrics: dict[str, dict[str, float]]  # by output name (SHAPED: at another judged shape)
     loss: float
     seconds: dict[str, float]  # where the trial's wall time went
     retimes: int = 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoprec.core.escape import printable
-from autoprec.record.trial import TrialRecord
+from autoprec.record.trial import SHAPED, TrialRecord
 from autoprec.record.verdict import Speedup
 from autoprec.results.files import ResultFiles
 from autoprec.tasks import TASKS, lower_is_closer, shown_keys
@@ -172,8 +172,6 @@ def roles_said(rows: list[TrialRow]) -> str | None:
 # What a trial decides, as the task metrics say (see autoprec.measure.accuracy): key, label, as a
 # percentage; each figure of what an output decides, in words.
 DECISIONS = (("equal", "values same"), *shown_keys())
-# a metric's output name at a judged shape other than the data's own: ``logits @ prefill``
-SHAPED = " @ "
 
 
 def decisions(metrics: dict[str, dict[str, Any]]) -> str:
