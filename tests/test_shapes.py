@@ -145,6 +145,27 @@ def test_a_decoder_searched_on_prompts_with_an_empty_past_is_checked_and_exporte
     refused(["search", str(model), "--shape", "input_ids=0x5"], capsys, "dims must be whole numbers above 0")
 
 
+def test_a_decoders_prompts_alone_are_its_data_and_its_shapes_need_only_the_tokens(tmp_path, capsys):
+    """The data a user has for a decoder is prompts: token ids alone are its data (each past made zero-long, the
+    mask and positions as a first run takes them), the pasts then made by the FP32 model as for any data; without
+    data, --shape of the tokens alone sizes the past (0) and the mask (past + tokens)."""
+    model = save(kv_decoder(), tmp_path / "decoder.onnx")
+    prompts = tmp_path / "prompts.npz"
+    np.savez(prompts, input_ids=np.random.default_rng(5).integers(0, 24, (6, 7)))
+    out = tmp_path / "out"
+    assert main(["search", str(model), "--data", str(prompts), "--budget", "3", "--out", str(out), "--no-plots",
+                 "--no-progress", "--retime-seconds", "0.2"]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "prompts alone: past_key_values.0.key, past_key_values.0.value, attention_mask and 1 more made" in said
+    pareto = json.loads((out / "pareto.json").read_text())
+    assert [p["name"] for p in pareto["search"]["judged_shapes"]][:4] == ["opt", "prefill", "first token", "decode·7"]
+    assert main(["check", str(out), "--max-loss", "1"]) == 0
+    assert main(["search", str(model), "--shape", "input_ids=1x8", "--budget", "2", "--out", str(tmp_path / "random"),
+                 "--no-plots", "--no-progress", "--retime-seconds", "0.2"]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "dim past_sequence_length + sequence_length set to 8" in said and "past_sequence_length set to 0" in said
+
+
 def _summing_model() -> onnx.ModelProto:
     """x [N, sequence, 16] summed over its sequence, then a MatMul: at a long sequence the sum is wide, at a short
     one narrow; INT8 calibrated on both quantizes the narrow one coarsely."""

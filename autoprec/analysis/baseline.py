@@ -28,13 +28,14 @@ from autoprec.analysis.data import (
     item_shapes,
     scalar_values,
 )
+from autoprec.analysis.decoder import find_decoder
 from autoprec.analysis.footprint import check_fits
 from autoprec.analysis.images import ImageOptions
 from autoprec.analysis.model import analyse, load_onnx
 from autoprec.analysis.model_info import ModelInfo
 from autoprec.analysis.reference import reference_cache, reference_outputs, units_run
 from autoprec.analysis.shape_points import judged_shapes
-from autoprec.analysis.shapes import declared_inputs
+from autoprec.analysis.shapes import declared_inputs, output_specs
 from autoprec.analysis.units import with_out_of_range
 from autoprec.core.errors import ModelError
 from autoprec.core.plan import Precision
@@ -85,8 +86,10 @@ def load_inputs(
     given = {k: tuple(v) for k, v in (shapes or {}).items()}
     # --const inputs need no data
     fed = [i for i in declared_inputs(raw) if i.name not in (constants or {})]
+    # a decoder's data may be its prompts alone
+    decoder = find_decoder(declared_inputs(raw), output_specs(raw))
     low, high = bounds or ({}, {})
-    info = analyse(model_path, space, given, item_shapes(data, fed) if data is not None else None,
+    info = analyse(model_path, space, given, item_shapes(data, fed, decoder) if data is not None else None,
                    model=raw,
                    constants={**scalar_values(data, fed), **(constants or {})}, cache=cache,
                    min_shapes={k: tuple(v) for k, v in low.items()},
@@ -105,7 +108,7 @@ def load_inputs(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RandomDataWarning)
         dataset = build_dataset(
-            data, info.inputs, seed=seed, image=image, constants=constants
+            data, info.inputs, seed=seed, image=image, constants=constants, decoder=decoder
         )
     for w in caught:
         log.warning(str(w.message))

@@ -10,11 +10,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from autoprec.analysis.decoder import Decoder, prompt_only, random_prompts
 from autoprec.analysis.images import IMAGE_SUFFIXES, ImageOptions, read_images
 from autoprec.analysis.label_files import load_labels
 from autoprec.analysis.model_info import TensorSpec
 from autoprec.core import untrusted
 from autoprec.core.errors import DataError
+from autoprec.core.profile import names_text
 from autoprec.record.facts import ShapePoint
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
@@ -108,8 +110,10 @@ class Dataset:
         return digest.hexdigest()[:16]
 
 
-def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[str, tuple[int, ...]]:
-    """Per-item shapes (without the batch dim) the data offers, to fix dynamic model dims.
+def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec], decoder: Decoder | None = None
+                ) -> dict[str, tuple[int, ...]]:
+    """Per-item shapes (without the batch dim) the data offers, to fix dynamic model dims (a
+    ``decoder``'s prompts alone: with the inputs a first run takes, :func:`prompt_only`).
 
     Images are resized to the model's shape, so they fix nothing.
     """
@@ -119,7 +123,8 @@ def item_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> dict[s
     files = data_files(path)
     if files and all(f.suffix.lower() in ARRAY_SUFFIXES for f in files):
         specs = {i.name: i for i in inputs}
-        return {name: _item_shape(arr.shape[1:], specs[name]) for name, arr in _read_arrays(path, files, inputs).items()}
+        return {name: _item_shape(arr.shape[1:], specs[name])
+                for name, arr in _read_arrays(path, files, inputs, decoder).items()}
     return {}
 
 
@@ -167,13 +172,18 @@ def data_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) -> dict[str, np.ndarray]:
-    """Stack items per input along a new leading axis (one .npz: its arrays already are stacks)."""
+def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec], decoder: Decoder | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Stack items per input along a new leading axis (one .npz: its arrays already are stacks; a
+    ``decoder``'s prompts alone, completed: :func:`prompt_only`)."""
     names = [i.name for i in inputs]
     if len(files) == 1 and files[0].suffix.lower() == ".npz" and path.is_file():
         try:
             with np.load(untrusted.npz_checked(files[0], f"--data {path}"), allow_pickle=False) as npz:
                 missing = [n for n in names if n not in npz.files]
+                present = {n: _stack_of_items(npz[n], path, n) for n in names if n in npz.files}
+                if missing and decoder is not None and (prompts := prompt_only(decoder, inputs, present)):
+                    return prompts
                 if missing:
                     scalar = next((i.name for i in inputs if i.name in missing and not i.shape),
                                   None)
@@ -183,7 +193,7 @@ def _read_arrays(path: Path, files: list[Path], inputs: Sequence[TensorSpec]) ->
                         f"({', '.join(names)})"
                         + (f", or give the scalar {scalar} with --const {scalar}=VALUE" if scalar else "")
                     )
-                return {n: _stack_of_items(npz[n], path, n) for n in names}
+                return present
         except untrusted.NUMPY_UNREADABLE as exc:
             # an object array (Python strings, ragged lists): never unpickled
             pickled = "allow_pickle" in str(exc)
@@ -317,6 +327,14 @@ def other_shapes(path: str | Path | None, inputs: Sequence[TensorSpec]) -> tuple
     return tuple(batches)
 
 
+def _made_for_prompts(files: list[Path], inputs: Sequence[TensorSpec], decoder: Decoder | None) -> list[str]:
+    """The inputs a decoder's prompt file leaves out, which :func:`prompt_only` made."""
+    if decoder is None or len(files) != 1 or files[0].suffix.lower() != ".npz":
+        return []
+    with np.load(files[0], allow_pickle=False) as npz:
+        return [i.name for i in inputs if i.name not in npz.files]
+
+
 def _stack_of_items(array: np.ndarray, path: Path, name: str) -> np.ndarray:
     if array.ndim == 0:
         raise DataError(f"--data {path}: array {name} is a single number; store the items stacked "
@@ -330,8 +348,9 @@ def load_items(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptio
     return _loaded(path, inputs, image)[0]
 
 
-def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions) -> tuple[dict[str, np.ndarray], str]:
-    """:func:`load_items`, and how images were read ("" for arrays)."""
+def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions, decoder: Decoder | None = None
+            ) -> tuple[dict[str, np.ndarray], str]:
+    """:func:`load_items`, and how images were read or prompts completed ("" where neither)."""
     path = Path(path)
     files = data_files(path)
     described = ""
@@ -344,7 +363,9 @@ def _loaded(path: str | Path, inputs: Sequence[TensorSpec], image: ImageOptions)
         images, how = read_images(files, inputs[0], image)
         items, described = {inputs[0].name: images}, f" ({len(files)} images into {inputs[0].name} as {how})"
     else:
-        items = _read_arrays(path, files, inputs)
+        items = _read_arrays(path, files, inputs, decoder)
+        if made := _made_for_prompts(files, inputs, decoder):
+            described = f" (prompts alone: {names_text(made)} made as a first run takes them)"
     # inputs given as one tensor for every run (weights fed as an input): repeated for each item
     once = set()
     for spec in inputs:
@@ -507,10 +528,11 @@ def build_dataset(
     random_count: int = 8,
     image: ImageOptions = ImageOptions(),
     constants: Mapping[str, float] | None = None,
+    decoder: Decoder | None = None,
 ) -> Dataset:
     """Load (or make) the inputs and split the batches: up to half for calibration, the rest for
     evaluation. ``constants`` (``--const``) feed their inputs one value; the data need not hold
-    them."""
+    them; a ``decoder``'s data may hold its prompts alone (:func:`prompt_only`)."""
     constants = dict(constants or {})
     # an unknown name or a fraction for an integer: said before any data is read
     constant_items(inputs, constants, 0)
@@ -524,9 +546,11 @@ def build_dataset(
                 stacklevel=2,
             )
         size = batch_size(inputs)
-        items, source = random_items(fed, random_count * size, seed, size), f"random (seed {seed})"
+        prompts = decoder and random_prompts(decoder, fed, random_count * size, seed, RANDOM_INTEGERS)
+        items = prompts or random_items(fed, random_count * size, seed, size)
+        source = f"random{' prompts' if prompts else ''} (seed {seed})"
     else:
-        items, described = _loaded(path, fed, image) if fed else ({}, "")
+        items, described = _loaded(path, fed, image, decoder) if fed else ({}, "")
         source = f"{path}{described}"
     count = len(next(iter(items.values()))) if items else random_count * batch_size(inputs)
     items.update(constant_items(inputs, constants, count))

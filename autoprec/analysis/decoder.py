@@ -56,6 +56,7 @@ class Decoder:
     # inputs fed one tensor per run whatever the rows (a merged export's branch flag)
     unbatched: tuple[str, ...] = ()
     branch: str | None = None
+    vocabulary: int | None = None  # the logits' last dim, where fixed: the token ids it takes
 
     def past_length(self, batch: Mapping[str, np.ndarray]) -> int:
         pair = self.cache[0]
@@ -88,9 +89,10 @@ def find_decoder(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
     positions = _named(inputs, POSITION_NAMES, lambda i: np.dtype(i.dtype).kind in "iu")
     unbatched = tuple(i.name for i in inputs if i.batch_axis is None)
     branch = _named(inputs, BRANCH_NAMES, lambda i: np.dtype(i.dtype).kind == "b")
+    vocabulary = logits.shape[-1] if isinstance(logits.shape[-1], int) and logits.shape[-1] > 0 else None
     return Decoder(tokens.name, logits.name, tuple(cache), mask and mask.name,
                    positions and positions.name,
-                   unbatched, branch and branch.name)
+                   unbatched, branch and branch.name, vocabulary)
 
 
 def _named(specs: Sequence[TensorSpec], names: Sequence[str], fits: Callable[[TensorSpec], bool]) -> TensorSpec | None:
@@ -218,3 +220,47 @@ def generate(run: Run, decoder: Decoder, first: Batch, steps: int) -> Generated:
         if step + 1 < steps:
             fed = next_run(decoder, fed, outputs, chosen)
     return Generated(np.concatenate(tokens, axis=1), tuple(logits))
+
+
+def prompt_only(decoder: Decoder, specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray] | None:
+    """Prompts given alone (stacks of items: the tokens, maybe a mask) completed as a generation's
+    first run takes them: each past zero-long, the mask all ones, positions from 0, a merged
+    export's flag False; None where ``arrays`` lack more than those inputs, or a past's other dims
+    are not fixed numbers (nothing to make them from)."""
+    tokens = arrays.get(decoder.tokens)
+    made = {pair.past for pair in decoder.cache} | {decoder.mask, decoder.positions, decoder.branch} - {None}
+    missing = [s for s in specs if s.name not in arrays]
+    if tokens is None or np.ndim(tokens) < 2 or not missing or any(s.name not in made for s in missing):
+        return None
+    items, length = np.shape(tokens)[0], np.shape(tokens)[-1]
+    axes = {pair.past: pair.axis for pair in decoder.cache}
+    filled = dict(arrays)
+    for spec in missing:
+        if spec.name in axes:
+            dims = [0 if axis == axes[spec.name] else d for axis, d in enumerate(spec.shape)
+                    if axis != spec.batch_axis]
+            if not all(isinstance(d, int) and d >= 0 for d in dims):
+                return None
+            filled[spec.name] = np.zeros((items, *dims), spec.dtype)
+        elif spec.name == decoder.branch:
+            filled[spec.name] = np.zeros((items, *[d if isinstance(d, int) else 1 for d in spec.shape]), bool)
+        else:  # the mask over the prompt alone, its positions
+            row = np.ones(length) if spec.name == decoder.mask else np.arange(length)
+            filled[spec.name] = np.tile(row, (items, 1)).astype(spec.dtype)
+    return filled
+
+
+def random_prompts(decoder: Decoder, specs: Sequence[TensorSpec], count: int, seed: int,
+                   ids: tuple[int, int]) -> dict[str, np.ndarray] | None:
+    """``count`` random prompts (token ids in ``ids``, below the vocabulary) completed as a first
+    run takes them (:func:`prompt_only`): random data for a decoder whose past is 0 at the search's
+    shapes (a random mask or position would be no input it ever runs on); None where the past is
+    not 0."""
+    by_name = {s.name: s for s in specs}
+    if any(by_name[p.past].shape[p.axis] != 0 for p in decoder.cache if p.past in by_name):
+        return None
+    spec = by_name[decoder.tokens]
+    high = min(ids[1], decoder.vocabulary or ids[1])
+    tokens = np.random.default_rng(seed).integers(ids[0], high, (count, *spec.item_shape)).astype(spec.dtype)
+    return prompt_only(decoder, specs, {decoder.tokens: tokens})

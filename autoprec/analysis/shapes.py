@@ -100,7 +100,7 @@ def resolve_input_shapes(
             )
     # dim name: (size, its input)
     named = shared_dim_sizes([(s.name, s.shape) for s in inputs], given, "--shape")
-    shapes, notes, batched = {}, [], {}
+    shapes, notes, batched, empty = {}, [], {}, {}
     for spec in inputs:
         if spec.name in given:
             shapes[spec.name] = tuple(given[spec.name])
@@ -121,12 +121,26 @@ def resolve_input_shapes(
             # --shape of another input gives it (see _shared_dims)
             elif isinstance(dim, str) and dim in named:
                 shape.append(named[dim][0])
+            elif isinstance(dim, str) and (size := _sized(dim, named)) is not None:
+                shape.append(size)
+                empty.setdefault(dim, []).append(spec.name)
             else:
                 raise ModelError(_unfixed(spec, axis, dim, data_shapes))
         shapes[spec.name] = tuple(shape)
     _data_dims_agree(inputs, shapes, given)
     shapes = _shared_dims(inputs, shapes, given, named, notes, batched)
+    notes += [f"input{'s' if len(names) > 1 else ''} {names_text(names)}: dim {dim} set to "
+              f"{_sized(dim, named)} (a past of 0: a generation's first run; --shape or --dim for others)"
+              for dim, names in empty.items()]
     return shapes, [_batch_note(dim, names) for dim, names in batched.items() if names] + notes
+
+
+def _sized(dim: str, named: Mapping[str, tuple[int, str]]) -> int | None:
+    """A dim nothing else sizes, sized where its name says how: a past is 0 (a KV cache's first
+    run), a sum of dims (an attention mask's ``past_sequence_length + sequence_length``) theirs."""
+    parts = [part.strip() for part in dim.split("+")]
+    sizes = [named[part][0] if part in named else 0 if "past" in part.lower() else None for part in parts]
+    return None if None in sizes or not any("past" in part.lower() for part in parts) else sum(sizes)
 
 
 def _batch_note(dim: str, names: Sequence[str]) -> str:
