@@ -112,6 +112,8 @@ def test_a_decoder_searched_with_one_shape_is_judged_at_prefill_and_decode(decod
 
 def test_a_decoders_exports_carry_its_phases(decoder_searched, tmp_path, capsys):
     _, out = decoder_searched
+    assert main(["report", str(out), "--output", str(tmp_path / "report.html")]) == 0
+    assert " ms per request, " in (tmp_path / "report.html").read_text()  # its prompt, then its decode steps
     assert main(["check", str(out)]) == 0  # its points made again as the search made them: the same data
     assert "PASS" in capsys.readouterr().out
     assert main(["export", str(out), "--format", "triton", "--out", str(tmp_path / "triton")]) == 0

@@ -125,6 +125,26 @@ def test_a_resume_past_its_budget_says_so(workdir, capsys):
     assert "3 trials done, the budget of 2 reached: no new trial runs" in said and "3 of 2" not in said
 
 
+def test_a_run_stopped_after_its_sensitivity_pass_is_one_of_the_studys_runs(workdir, capsys, monkeypatch):
+    """A run interrupted in its trials, then the same command again: the builds of both runs are the study's (its
+    pass's profiles among them), not the one run that wrote a result."""
+    import autoprec.app.search as search
+
+    out, given = workdir / "o", search.run_warm_started
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "run_warm_started", interrupted)
+    code, err = run(["search", workdir / "conv.onnx", "--budget", 3, "--out", out, "--no-isolation"], capsys)
+    assert code == 130, err[-2000:]
+    monkeypatch.setattr(search, "run_warm_started", given)
+    code, err = run(["search", workdir / "conv.onnx", "--budget", 3, "--out", out, "--no-isolation"], capsys)
+    clean(code, err, allowed=(0,))
+    facts = json.loads((out / "pareto.json").read_text())["search"]
+    assert "its 2 run(s)" in facts["engine_builds_scope"] and facts["engine_builds_by_phase"]["profiles"] > 0
+
+
 def test_processes_opening_one_new_sqlite_study_at_the_same_moment_all_open_it(tmp_path):
     """Optuna creates a new database's tables without a lock across processes: of two first openers
     one failed with "table ... already exists" (a search started while CI's test polled its study).

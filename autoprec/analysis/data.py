@@ -537,6 +537,11 @@ def build_dataset(
     # an unknown name or a fraction for an integer: said before any data is read
     constant_items(inputs, constants, 0)
     fed = [i for i in inputs if i.name not in constants]
+    for spec in (i for i in inputs if i.name in constants and i.shape and np.dtype(i.dtype).kind == "f"):
+        warnings.warn(f"--const {spec.name}={constants[spec.name]:g}: every item of input {spec.name} "
+                      f"{list(spec.shape)} holds that one value, on which calibration and accuracy "
+                      "mean little (--const is for settings: a sample rate, a flag); pass --data",
+                      RandomDataWarning, stacklevel=2)
     if path is None:
         if fed:
             warnings.warn(

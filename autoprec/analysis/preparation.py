@@ -73,6 +73,18 @@ NOTES_FILE = "prepared.json"  # written last: a folder holds a preparation only 
 UNPACKED_FROM_BYTES = 64 << 20
 
 
+# ONNX Runtime's log of autoprec's sessions: errors (the API's default); fatal ones alone on the command
+# line without --verbose (:func:`errors_said_once`).
+_session_log_level = 3
+
+
+def errors_said_once() -> None:
+    """Sessions made from now on in this process leave their errors to autoprec: each comes back as
+    the exception autoprec says in one line (a red engine line before it said it twice)."""
+    global _session_log_level
+    _session_log_level = 4
+
+
 def quiet_session_options():
     """ONNX Runtime session options whose threads stop spinning when a run returns
     (``session.force_spinning_stop``; within a run they spin as a plain session's do). By default a
@@ -82,10 +94,10 @@ def quiet_session_options():
     turns read x2.5-4.0 apart from round to round with them spinning, x1.4-2.0 stopped; a run now
     wakes them, 2 % of a 4 ms model's run, on both sides of every speed-up
     (benchmarks/results/spinning_stop_retime_turns.json). ONNX Runtime's optimizer notes are not
-    autoprec's to print: errors only."""
+    autoprec's to print: errors only, or none (:func:`errors_said_once`)."""
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.force_spinning_stop", "1")
-    options.log_severity_level = 3
+    options.log_severity_level = _session_log_level
     return options
 
 

@@ -243,7 +243,10 @@ def _quiet() -> None:
     import onnxruntime
     from onnx_graphsurgeon.logger import G_LOGGER
 
+    from autoprec.analysis.preparation import errors_said_once
+
     onnxruntime.set_default_logger_severity(3)
+    errors_said_once()
     G_LOGGER.severity = G_LOGGER.CRITICAL
     import optuna
 

@@ -42,7 +42,7 @@ from autoprec.results.files import (
     write_results,
 )
 from autoprec.results.plots import DRAWING_MODULES, plot_result_dir
-from autoprec.study.build_counts import builds_facts, count_builds, say_builds
+from autoprec.study.build_counts import builds_facts, count_builds, note_builds, say_builds
 from autoprec.study.choice import (
     FinalTiming,
     HeldOutJudging,
@@ -251,6 +251,7 @@ def _warm_start(config: SearchConfig, setup: Setup, joined: Joined, shared: Shar
                 setup.out_dir / "sensitivity.json", config.progress, steps,
             )
         measuring.one_time["sensitivity"] = 0.0 if from_cache else unit_sensitivity.seconds
+        note_builds(joined.study, joined.run, None if from_cache else unit_sensitivity)
     info, sensitive_units = searched_sensitive(shared.info, unit_sensitivity, config.judge.max_loss)
     if sensitive_units["found"]:
         log.info("sensitive units (softmax, normalisations, reductions; embeddings where INT4 is searched): "

@@ -177,7 +177,9 @@ def _summary(result: ResultFiles) -> str:
     chosen, versus = result.shown_chosen(), result.versus
     if chosen is None:
         return "No plan was chosen."
-    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.latency_ms, '.4g')} ms per batch, "
+    # several shapes timed: a latency is a request's (a decoder's prompt, then its decode steps)
+    per = "request" if sum(p.runs > 0 for p in result.facts.judged_shapes or ()) > 1 else "batch"
+    summary = (f"Chosen: trial {chosen.number}, {_num(chosen.latency_ms, '.4g')} ms per {per}, "
                f"accuracy loss {_num(chosen.loss)}, int8/fp16/fp32 = {chosen.mix} units.")
     if versus.fp32 and versus.fp32_trial != chosen.number:
         summary += f" Speed-up over all-FP32 {versus.fp32.text()} ({versus.fp32.verdict(short=True)})."

@@ -35,18 +35,24 @@ class BuildCounts:
         return sum(self.by_phase.values())
 
 
+def note_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int = 0) -> None:
+    """This ``run``'s builds outside the study's trials, kept in the study: once its sensitivity pass
+    is done (a run stopped after it is one of the study's), and again with its re-timing's.
+    ``sensitivity``: the pass this run made (None where it read the study's)."""
+    study.set_user_attr(BUILDS_ATTR + run,
+                        {"profiles": sensitivity.node_time_builds if sensitivity else 0,
+                         "retiming": retimed,
+                         "evaluations": sensitivity.evaluations if sensitivity else 0})
+
+
 def count_builds(study: optuna.Study, run: str, sensitivity: Sensitivity | None, retimed: int,
                  proposed: int,
                  judged_on_target: bool) -> BuildCounts:
     """Builds (or sessions) of the target engine in every phase of the study, over every run and
-    worker that wrote to it (this ``run``'s recorded in the study first; another worker's once it
-    wrote its result), and the plans the reference executor evaluated instead (counted as builds
-    where the target had to be the reference). ``sensitivity``: the pass this run made (None where
-    it read the study's); ``proposed``: the proposals the reference executor judged."""
-    study.set_user_attr(BUILDS_ATTR + run,
-                        {"profiles": sensitivity.node_time_builds if sensitivity else 0,
-                                            "retiming": retimed,
-                                            "evaluations": sensitivity.evaluations if sensitivity else 0})
+    worker that noted them (:func:`note_builds`: this ``run``'s first), and the plans the reference
+    executor evaluated instead (counted as builds where the target had to be the reference).
+    ``proposed``: the proposals the reference executor judged."""
+    note_builds(study, run, sensitivity, retimed)
     runs = [v for k, v in study.user_attrs.items() if k.startswith(BUILDS_ATTR)]
     built = built_trials(study)
     on_node_timed = sum(map(on_node_time_build, built))
@@ -66,7 +72,7 @@ def builds_facts(builds: BuildCounts, executor: str, proposals_per_build: int,
     return {
         "engine_builds": builds.total,
         "engine_builds_by_phase": builds.by_phase,
-        "engine_builds_scope": f"the study: its {builds.runs} run(s) that wrote a result, workers "
+        "engine_builds_scope": f"the study: its {builds.runs} run(s) past their sensitivity pass, workers "
                                "included",
         "trials_on_profile_builds": builds.trials_on_profile_builds,
         "reference_evaluations": builds.reference_evaluations,
