@@ -79,6 +79,24 @@ def test_inputs_whose_batch_dim_is_set_to_one_are_said_in_one_line():
     assert shapes["past.3"] == (2, 4, 8) and not any("set to 1" in n for n in notes)
 
 
+def test_a_past_nothing_sizes_is_empty_and_a_mask_over_it_is_its_sum():
+    """Without data, a decoder's past is 0 (its first run) and a mask over past and tokens their sum, however the
+    exporter wrote it (``+ sequence_length``, ``+ 1``); a dim named otherwise still asks for --shape."""
+    from autoprec.analysis.model_info import TensorSpec
+    from autoprec.analysis.shapes import resolve_input_shapes
+
+    specs = [TensorSpec("input_ids", ("batch", "sequence_length"), "int64"),
+             TensorSpec("attention_mask", ("batch", "past_sequence_length + sequence_length"), "int64"),
+             TensorSpec("past.0", ("batch", 4, "past_sequence_length", 16), "float32")]
+    shapes, notes = resolve_input_shapes(specs, {"input_ids": (1, 7)})
+    assert shapes["past.0"] == (1, 4, 0, 16) and shapes["attention_mask"] == (1, 7)
+    assert any("past_sequence_length set to 0" in n for n in notes)
+    one = [TensorSpec("input_ids", ("batch", 1), "int64"), TensorSpec("mask", ("batch", "past_sequence_length + 1"), "int64")]
+    assert resolve_input_shapes(one, {})[0]["mask"] == (1, 1)
+    with pytest.raises(ModelError, match="input_ids has dynamic dim 1"):
+        resolve_input_shapes(specs, {})
+
+
 def test_dynamic_spatial_dims_need_shape_or_data(tmp_path):
     model = builders.conv_net()
     dims = model.graph.input[0].type.tensor_type.shape.dim

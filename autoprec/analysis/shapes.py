@@ -137,9 +137,11 @@ def resolve_input_shapes(
 
 def _sized(dim: str, named: Mapping[str, tuple[int, str]]) -> int | None:
     """A dim nothing else sizes, sized where its name says how: a past is 0 (a KV cache's first
-    run), a sum of dims (an attention mask's ``past_sequence_length + sequence_length``) theirs."""
+    run), a sum with a past (an attention mask's ``past_sequence_length + sequence_length``, or
+    ``+ 1``) its parts'."""
     parts = [part.strip() for part in dim.split("+")]
-    sizes = [named[part][0] if part in named else 0 if "past" in part.lower() else None for part in parts]
+    sizes = [named[part][0] if part in named else int(part) if part.isdigit() else 0 if "past" in part.lower()
+             else None for part in parts]
     return None if None in sizes or not any("past" in part.lower() for part in parts) else sum(sizes)
 
 
