@@ -229,7 +229,7 @@ def prompt_only(decoder: Decoder, specs: Sequence[TensorSpec], arrays: Mapping[s
     export's flag False; None where ``arrays`` lack more than those inputs, or a past's other dims
     are not fixed numbers (nothing to make them from)."""
     tokens = arrays.get(decoder.tokens)
-    made = {pair.past for pair in decoder.cache} | {decoder.mask, decoder.positions, decoder.branch} - {None}
+    made = {pair.past for pair in decoder.cache} | ({decoder.mask, decoder.positions, decoder.branch} - {None})
     missing = [s for s in specs if s.name not in arrays]
     if tokens is None or np.ndim(tokens) < 2 or not missing or any(s.name not in made for s in missing):
         return None

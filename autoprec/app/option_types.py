@@ -8,13 +8,13 @@ import argparse
 import math
 
 
-def shape_arg(text: str, least: int = 0) -> tuple[str, tuple[int, ...]]:
+def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     """NAME=DIMS; a dim of 0 is an empty past (the model's spec says where one may be: see
     autoprec.analysis.shapes.resolve_input_shapes)."""
     name, sep, dims = text.rpartition("=")
     try:
         found = tuple(int(d) for d in dims.lower().split("x"))
-        if not sep or not name or any(d < least for d in found):
+        if not sep or not name or any(d < 0 for d in found):
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIMS with dims of 0 or more "
