@@ -106,6 +106,24 @@ def test_a_tensor_holding_infinities_and_float_extremes_is_ranged_by_its_finite_
     assert np.isfinite(masked.amax("percentile-99.99"))
 
 
+def test_a_range_that_grows_many_times_from_batch_to_batch_is_binned_within_bounds(conv_analysed):
+    """A batch far wider than the ones before (an outlier ×1e4, a padded mask's extreme after an unpadded one) made
+    ONNX Runtime's collector ask for millions of bins at the first batch's width, or petabytes: the bins so far are
+    coarsened onto the wider range instead, and the range and its percentiles come out of every batch."""
+    from autoprec.analysis.calibrate import MAX_BINS
+
+    info, dataset = conv_analysed
+    batches = [{name: value * (1e7 if i % 2 else 1.0) for name, value in batch.items()}
+               for i, batch in enumerate(dataset.calibration[:4])]
+    ranges = calibrate(info, batches, "outliers")
+    seen = _activations(info, batches, list(ranges.tensors))
+    for name, found in ranges.tensors.items():
+        assert len(found.hist) <= MAX_BINS and found.hist.sum() == seen[name].size
+        assert found.min == pytest.approx(float(seen[name].min()), rel=1e-5)
+        assert found.max == pytest.approx(float(seen[name].max()), rel=1e-5)
+        assert 0 <= found.amax("percentile-99.99") <= max(abs(found.min), abs(found.max)) * (1 + 1e-6)
+
+
 def test_fp16_counts_and_ranges_are_those_of_the_values_seen(tmp_path):
     """Each tensor's counts (values, below FP16's smallest subnormal, subnormal, beyond its largest) and range are
     what the calibration batches held, NaNs and infinities counted and left out of the range."""

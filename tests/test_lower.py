@@ -403,6 +403,33 @@ def test_a_copy_of_a_quantized_input_made_a_graph_output_stays_exact(tmp_path, f
     assert np.array_equal(builders.session(lowered).run(["x_copy"], batch)[0], batch["x"])
 
 
+def test_an_int8_conv_of_near_zero_weights_and_a_bias_keeps_its_bias_in_onnx_runtimes_int32(tmp_path):
+    """Channels of weights near 0 and a bias (BatchNorm folding's near-zero gamma): at their weights' own scale the
+    bias over the input's scale times the weight's left int32, and QLinearConv's output was 0. Their scale is raised
+    until the bias fits (their weights then round to 0: the output is the bias, as in float); a Conv of ordinary
+    weights is quantized as before."""
+    rng = np.random.default_rng(0)
+    tiny = rng.standard_normal((8, 8, 1, 1)) * 1e-7
+    tiny[:4] = rng.standard_normal((4, 8, 1, 1)) * 0.1  # half the channels ordinary
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="first", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["f"], name="folded"),
+             helper.make_node("Conv", ["f", "w3"], ["y"], name="last")]  # (f a unit's output: QLinearConv)
+    model = builders._model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+                            [builders._init("w1", rng.standard_normal((8, 3, 3, 3)) * 0.3), builders._init("w2", tiny),
+                             builders._init("b2", np.full(8, 5e3)), builders._init("w3", np.eye(8)[:, :, None, None])])
+    info = analyse(builders.save(model, tmp_path / "folded.onnx"), load_search_space())
+    data = build_dataset(None, info.inputs, random_count=4)
+    ranges = calibrate(info, data.calibration, data.fingerprint())
+    lowered = lower_plan(info, info.plan_at(Precision.INT8), ranges, QDQForm.ORT_CPU)
+    want, got = run(info.stored, data.evaluation[0]), run(lowered, data.evaluation[0])
+    assert output_metrics(want, got)["cosine"] > 0.9999 and np.abs(got - want).max() < 1.0
+    names = {t.name for t in lowered.graph.initializer}
+    assert any(n.startswith("w2_") and "_bias" in n for n in names)  # its own copy, the scale raised
+    assert not any(n.startswith("w1_") and "_bias" in n for n in names)  # no bias: as before
+
+
 def test_a_bias_added_after_a_conv_is_folded_into_it(tmp_path):
     path = builders.save(builders.residual_net(bias_as_add=True), tmp_path / "paddle.onnx")
     info = analyse(path, load_search_space())

@@ -164,6 +164,14 @@ def test_changed_external_weights_are_a_different_model(tmp_path):
     assert fresh.trials[0].loss == 0.0  # all-FP32 against its own (new) reference, not a stale cached one
 
 
+def test_a_limit_no_plan_can_hold_says_the_limit_the_least_loss_and_what_to_change(tmp_path, mlp_model, capsys):
+    """Overrides that leave every unit INT8 or FP16 and a limit none of them holds: every candidate is rejected for
+    its loss, and the one line says so with the least loss seen and the two ways out (it named neither)."""
+    last = refused(["search", mlp_model, "--override", "*=int8,fp16", "--max-loss", "1e-12", "--budget", "3",
+                    "--out", tmp_path / "o", "--no-plots", "--no-progress"], capsys, "rejected early for their loss")
+    assert "far past --max-loss 1e-12" in last and "an --override without fp32" in last
+
+
 def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_model, monkeypatch):
     from autoprec.core.errors import BackendError
     from autoprec.measure.measurement import InProcessMeasurer

@@ -96,6 +96,7 @@ def test_compare_puts_two_runs_side_by_side(result_dirs, capsys):
     out = capsys.readouterr().out
     assert str(a) in out.replace("\n", "") or a.name in out
     assert "chosen latency" in out and "units chosen differently" in out and "all fp32" in out
+    assert "/ 0.05" in out and "/ none (the knee)" in out and "None" not in out  # b: no --max-loss
 
 
 def test_reading_a_folder_that_is_no_result_fails_clearly(tmp_path, capsys):

@@ -134,6 +134,22 @@ def test_the_result_says_where_the_wall_clock_went(conv_search):
     assert shown.startswith(f"{search['wall_seconds']:.1f} s (set-up ") and "trials" in shown and "final timing" in shown
 
 
+def test_best_model_keeps_the_given_models_metadata(tmp_path):
+    """What deployment code reads around the graph (a recognizer's character set, a classifier's labels, the
+    model's version and doc string) ships in best/ as it came: graphsurgeon's export had left it out."""
+    model = builders.conv_net()
+    onnx.helper.set_model_props(model, {"labels": "cat,dog,eel,fox,gnu", "character": "abc"})
+    model.doc_string, model.model_version = "a classifier", 7
+    path = builders.save(model, tmp_path / "labelled.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, x=builders.image_like(8))
+    searching.search(autoprec.SearchConfig(autoprec.InputSpec(path, data=data), study=autoprec.StudySpec(budget=2),
+                                           out=tmp_path / "out"))
+    shipped = onnx.load(str(tmp_path / "out" / "best" / "model.onnx"))
+    assert {p.key: p.value for p in shipped.metadata_props} == {"labels": "cat,dog,eel,fox,gnu", "character": "abc"}
+    assert (shipped.doc_string, shipped.model_version) == ("a classifier", 7)
+
+
 def test_best_model_runs_and_matches_its_reported_accuracy(conv_search):
     model, data, out, _ = conv_search
     plan = json.loads((out / "best" / "plan.json").read_text())
@@ -165,7 +181,8 @@ def test_rerun_with_a_larger_budget_resumes_without_remeasuring(conv_search, cap
         assert (t.values, t.params) == before[t.number]  # kept, not re-measured
     warm = next(r.message for r in caplog.records if r.message.startswith("warm start:"))
     planned = int(warm.split()[2])  # the first run queued (and ran) them: not said as queued now
-    assert planned == 0 or f"({planned} already in the study: queued by another worker or an earlier run)" in warm, warm
+    assert planned == 0 or (f"({planned} already in the study: a uniform plan of this run, or one another worker or an "
+                            "earlier run queued)") in warm, warm
 
 
 def test_study_for_another_setting_is_refused(conv_search):

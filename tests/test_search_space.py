@@ -27,3 +27,14 @@ def test_bad_search_spaces_are_one_line(workdir, capsys, kind):
     code, err = run(["search", workdir / "conv.onnx", "--search-space", space, "--budget", 1, "--no-progress",
                      "--out", workdir / "out"], capsys)
     clean(code, err, allowed=(2,))
+
+
+def test_a_unit_type_given_one_precision_is_said_as_that_not_as_pinned(workdir, capsys):
+    """``Conv: int8`` (text where a list was meant) leaves every Conv one precision: the line says so and how to list
+    more, where it said the model had "only pinned" units."""
+    space = workdir / "space.yaml"
+    space.write_text("units:\n  Conv: int8\n  Gemm: int8\n")
+    code, err = run(["search", workdir / "conv.onnx", "--search-space", space, "--budget", 1, "--no-progress",
+                     "--out", workdir / "out"], capsys)
+    clean(code, err, allowed=(2,))
+    assert "gives its Conv, Gemm units one precision each" in err and "pinned" not in err

@@ -46,6 +46,10 @@ FP16_SAFE_MAX = FP16_MAX / 4
 SENTINEL = 1e30
 # a tensor of this many values or more is histogrammed in a thread of its own
 THREADED_VALUES = 1 << 16
+# ONNX Runtime's collector keeps its first batch's bin width as the range grows: a batch 1e4 times wider (a padded
+# attention mask, an outlier) asked for millions of bins, 1e7 times for petabytes. Past this many, the bins so far
+# are coarsened onto the wider range (HISTOGRAM_BINS of them) before the batch is added.
+MAX_BINS = 4 * HISTOGRAM_BINS
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,9 @@ def calibrate(
     power = {n: [] for n in int4_inputs(info)}
 
     def collected(name: str, value: np.ndarray) -> None:
-        collector.collect({name: _histogrammable(value)})
+        binnable = _histogrammable(value)
+        _room_for(collector.histogram_dict, name, binnable)
+        collector.collect({name: binnable})
         counts[name] += _fp16_counts(value)
         if name in power:
             rows = np.asarray(value, np.float64).reshape(-1, value.shape[-1])
@@ -308,6 +314,20 @@ def _mean_power(sums: list | None) -> np.ndarray | None:
     if not sums:
         return None
     return (sum(s for s, _ in sums) / max(1, sum(n for _, n in sums))).astype(np.float32)
+
+
+def _room_for(histograms: dict, name: str, value: np.ndarray) -> None:
+    """``name``'s histogram so far coarsened onto ``value``'s range (each bin's count moved to the
+    wider bin holding its centre) where ONNX Runtime would grow it past MAX_BINS at its old width."""
+    if name not in histograms:
+        return
+    hist, edges, lo, hi, threshold = histograms[name]
+    # as the collector computes it: the merge then finds the range wide enough
+    reach = np.array(max(abs(value.min()), abs(value.max())), dtype=value.dtype)
+    if not threshold or reach <= threshold or len(hist) * (reach / threshold) <= MAX_BINS:
+        return
+    coarse, wide = np.histogram((edges[:-1] + edges[1:]) / 2, HISTOGRAM_BINS, range=(-reach, reach), weights=hist)
+    histograms[name] = (np.rint(coarse).astype(hist.dtype), wide.astype(edges.dtype), lo, hi, reach)
 
 
 def _histogrammable(value: np.ndarray) -> np.ndarray:

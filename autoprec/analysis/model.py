@@ -236,6 +236,12 @@ def _refuse_unsearchable(path: Path, space: SearchSpace, prepared: onnx.ModelPro
                           for pattern, precisions in space.overrides)
         raise ModelError(f"{path}: no searchable layers: the overrides ({given}) leave each unit "
                          "one precision (or none it can take); narrow the --override patterns")
+    single = sorted({u.op_type for u in units if len(space.units.get(u.op_type, ())) == 1})
+    if single:
+        raise ModelError(
+            f"{path}: no searchable layers: the search space ({space.source}) gives its "
+            f"{', '.join(single)} units one precision each, which leaves nothing to choose; list two "
+            "or more for them, e.g. Conv: [int8, fp16, fp32]")
     raise ModelError(
         f"{path}: no searchable layers: the search space ({space.source}) lists "
         f"{', '.join(sorted(space.units))}, and the model has "

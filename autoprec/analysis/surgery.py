@@ -69,6 +69,17 @@ class Surgery:
                 reference.CopyFrom(found[1])
                 constant._values = LazyValues(reference)
         proto = gs.export_onnx(self.graph)
+        _keep_model_fields(self.source.proto, proto)
         if new_data:
             externalize(proto, self.source.folder, f"step-{os.getpid()}-{next(_steps)}.data")
         return StoredModel(proto, self.source.folder)
+
+
+def _keep_model_fields(source: onnx.ModelProto, made: onnx.ModelProto) -> None:
+    """What graphsurgeon's export leaves out of the model around the graph, as ``source`` has it: its
+    metadata (a recognizer's character set, a classifier's labels: what deployment code reads), doc
+    string, version and domain."""
+    made.metadata_props.extend(p for p in source.metadata_props if p.key not in {q.key for q in made.metadata_props})
+    for field in ("doc_string", "model_version", "domain"):
+        if not getattr(made, field):
+            setattr(made, field, getattr(source, field))

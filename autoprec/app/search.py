@@ -57,7 +57,7 @@ from autoprec.study.opening import default_study_name, forget_if_unused
 from autoprec.study.optimize import StudyContext
 from autoprec.study.ordered import run_warm_started
 from autoprec.study.proposals import open_proposer
-from autoprec.study.reading import finished_records, nothing_measured
+from autoprec.study.reading import finished_records, nothing_measured, uniform_trials
 from autoprec.study.retiming import RETIME_ROUNDS, retimed_front
 from autoprec.study.sensitivity import searched_sensitive
 
@@ -291,16 +291,17 @@ def _run_and_choose(config: SearchConfig, setup: Setup, joined: Joined, shared: 
     if warm.sensitivity is not None:
         slow, earlier = started.slow, len(started.plans) - started.queued
         log.info(f"warm start: {len(started.plans)} plan(s) from the sensitivity ranking"
-                 + (f" ({earlier} already in the study: queued by another worker or an earlier "
-                    f"run)" if earlier else "")
+                 + (f" ({earlier} already in the study: a uniform plan of this run, or one another "
+                    f"worker or an earlier run queued)" if earlier else "")
                  + (" queued as proposals" if proposer is not None else "")
                  + (f" (none lowering to {' or '.join(slow)}: not faster than FP32 on this "
                     f"engine)" if slow else ""))
     setup.engine.drop_kept_builds()
     trials = finished_records(joined.study)
-    log.info("re-timing the front and the fastest plans within --max-loss, each beside the "
-             f"all-FP32 plan in up to {RETIME_ROUNDS} interleaved rounds (a third only where two leave the plan's "
-             "place open; two engines alive at most)")
+    if "fp32" in uniform_trials(trials):  # (an --override without fp32 leaves none: nothing re-timed)
+        log.info("re-timing the front and the fastest plans within --max-loss, each beside the "
+                 f"all-FP32 plan in up to {RETIME_ROUNDS} interleaved rounds (a third only where two leave the "
+                 "plan's place open; two engines alive at most)")
     # the workers' shares
     steps = SharedSteps(joined.shared, joined.locks, f"retiming:{len(trials)}", joined.me)
     with stages.timed("retiming"):
@@ -369,7 +370,7 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
     if config.plots:
         plot_result_dir(read_result_dir(setup.out_dir), side_by_side=config.isolation.isolate)
     if not outcome.trials:
-        raise SearchFailed(nothing_measured(joined.study, setup.out_dir))
+        raise SearchFailed(nothing_measured(joined.study, setup.out_dir, config.judge.max_loss))
     return result
 
 

@@ -15,11 +15,12 @@ Two forms of the same plan, because engines read Q/DQ differently:
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from typing import Callable
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from autoprec.analysis.calibrate import ActivationRanges, TensorRange
 from autoprec.analysis.model_info import Unit
@@ -67,9 +68,19 @@ def weight_axis(node: NodeProto, ndim: int) -> int | None:
     return None
 
 
-def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel; read and quantized
-    in chunks along the first axis, so a memory-mapped weight of any size is never loaded whole."""
+def weight_amax(weight: np.ndarray, axis: int | None) -> np.ndarray:
+    """Each output channel's largest magnitude (one value for per-tensor)."""
+    flat = weight.reshape(1) if weight.ndim == 0 else weight
+    if axis is None:
+        return np.array([float(np.abs(flat).max(initial=0.0))], np.float32)
+    return np.abs(np.moveaxis(flat, axis, 0)).reshape(flat.shape[axis], -1).max(axis=1, initial=0.0)
+
+
+def quantize_weight(weight: np.ndarray, axis: int | None, least: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel, none below ``least``
+    (see :meth:`_Quantizer.bias_floor`); read and quantized in chunks along the first axis, so a
+    memory-mapped weight of any size is never loaded whole."""
     flat = weight.reshape(1) if weight.ndim == 0 else weight
     rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
     chunks = [slice(start, start + rows) for start in range(0, len(flat), rows)]
@@ -83,6 +94,8 @@ def quantize_weight(weight: np.ndarray, axis: int | None) -> tuple[np.ndarray, n
         amax = (magnitude.max(axis=reduce) if magnitude is not None
                 else np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0))
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    if least is not None:
+        scale = np.maximum(scale, least).astype(np.float32)
     shape = [1] * flat.ndim
     if axis is not None:
         shape[axis] = -1
@@ -112,12 +125,14 @@ class _Quantizer:
         )
         self.dequantized: dict[str, str] = {}
         self.quantize_nodes: dict[str, NodeProto] = {}  # tensor -> the Q reading it
+        self.scales: dict[str, float] = {}  # an activation's dequantized tensor -> its scale
 
     def activation(self, name: str) -> str:
         """The Q→DQ output for an activation tensor, made once and shared."""
         if name not in self.dequantized:
             scale, zero_point = _activation_params(self.ranges[name], self.method, self.form)
             base = self.prefix + name
+            self.scales[f"{base}_dq"] = float(scale)
             scale_name = self.edit.add_initializer(_scalar(scale, f"{base}_scale"))
             zp_name = self.edit.add_initializer(_scalar(zero_point, f"{base}_zp"))
             self.quantize_nodes[name] = self.edit.add("QuantizeLinear", f"{base}_quantize",
@@ -133,12 +148,14 @@ class _Quantizer:
         weight."""
         tensor = self.edit.index.initializers[name]
         axis = weight_axis(node, len(tensor.dims))
-        prefix = f"{name}_{unit.name}"
+        least = self.bias_floor(node, name, axis)
+        # (a scale raised for the bias: a copy of its own)
+        prefix = f"{name}_{unit.name}" + ("" if least is None else f"_bias{_digest(least)}")
         made: list = []  # quantized once, only where a copy is not there yet
 
         def quantized() -> tuple[np.ndarray, np.ndarray]:
             if not made:
-                made.append(quantize_weight(self.edit.index.values(name, self.model.folder), axis))
+                made.append(quantize_weight(self.edit.index.values(name, self.model.folder), axis, least))
             return made[0]
 
         zero = np.zeros(tensor.dims[axis] if axis is not None else (), np.int8)
@@ -152,6 +169,28 @@ class _Quantizer:
                       [self.edit.add_initializer(t) for t in copies],
                       [f"{prefix}_dq"], **attrs)
         return f"{prefix}_dq"
+
+    def bias_floor(self, node: NodeProto, weight: str, axis: int | None) -> np.ndarray | None:
+        """The least weight scale per channel at which ONNX Runtime's QLinearConv holds the Conv's
+        bias in int32 (the bias over the input's scale times the weight's, with half its range left
+        for the products), where a channel's weights alone would give less; None where none would.
+        A channel of near-zero weights and a bias (what BatchNorm folding makes of a near-zero gamma)
+        overflowed it, and the channel's output was wrong (its weights round to 0 now: its output is
+        its bias, as it was in float)."""
+        inputs = self.edit.ins[id(node)]
+        if (self.form is not QDQForm.ORT_CPU or node.op_type != "Conv" or len(inputs) < 3
+                or inputs[2] not in self.edit.index.initializers or self.scales.get(inputs[0], 0.0) <= 0):
+            return None
+        bias = np.abs(self.edit.index.values(inputs[2], self.model.folder)).astype(np.float64)
+        least = (bias / (self.scales[inputs[0]] * 2.0**30)).astype(np.float32)
+        amax = self.model.derived(f"{weight}_amax", lambda: weight_amax(
+            self.edit.index.values(weight, self.model.folder), axis).astype(np.float32), 4 * len(bias))
+        scale = np.maximum(numpy_helper.to_array(amax), 0.0) / 127.0
+        return least if len(scale) == len(least) and bool((least > scale).any()) else None
+
+
+def _digest(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values, np.float32).tobytes()).hexdigest()[:12]
 
 
 def _scalar(value: np.ndarray, name: str) -> TensorProto:

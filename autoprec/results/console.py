@@ -457,7 +457,8 @@ def compare_table(a: ResultFiles, b: ResultFiles) -> Table:
         ("model", lambda r: f"{r.model_name} ({r.model.sha256[:12]})"),
         ("engine", engine),
         ("device", lambda r: r.engine.device),
-        ("loss / max loss", lambda r: f"{loss_name(r.facts.metric)} / {r.facts.max_loss}"),
+        ("loss / max loss", lambda r: f"{loss_name(r.facts.metric)} / "
+                                      f"{'none (the knee)' if r.facts.max_loss is None else f'{r.facts.max_loss:g}'}"),
         ("trials / budget", lambda r: f"{r.facts.trials} / {r.facts.budget}"),
         ("wall time", lambda r: f"{r.facts.wall_seconds:.1f} s"),
         ("front size", lambda r: str(len(r.shown_front()))),

@@ -71,14 +71,20 @@ def rejected_trials(study: optuna.Study) -> list[dict[str, Any]]:
     ]
 
 
-def nothing_measured(study: optuna.Study, out_dir: Path) -> str:
-    """Why a study has no measured trial: how its trials ended and the first error, in one line."""
+def nothing_measured(study: optuna.Study, out_dir: Path, max_loss: float | None = None) -> str:
+    """Why a study has no measured trial: how its trials ended and the first error, in one line
+    (where every one was rejected for its loss, the least seen against ``max_loss`` and what to
+    change)."""
     trials = [t for t in study.get_trials(deepcopy=False) if counted(t)]
     errors = [(t.number, first_line(t.user_attrs["error"])) for t in trials
               if t.state == TrialState.FAIL and "error" in t.user_attrs]
     rejected = sum(t.state == TrialState.PRUNED for t in trials)
+    least = min((r["loss"] for r in rejected_trials(study)), default=None)
     cause = (f"all {len(errors)} failed ({'; '.join(f'trial {n}: {e}' for n, e in errors[:1])})" if errors else
-             f"{rejected} rejected early for their loss")
+             f"{rejected} rejected early for their loss"
+             + (f" (the least {least:.3g} on the first evaluation batches, far past --max-loss {max_loss:g}: "
+                "raise the limit, or let the units keep FP32, which an --override without fp32 takes "
+                "from them)" if least is not None and max_loss is not None else ""))
     return (f"no candidate was measured: of {len(trials)} trial(s), {cause}"
             + (f", {rejected} rejected early" if errors and rejected else "")
             + f". The study and {out_dir} are kept; fix the cause and search again into a new "
