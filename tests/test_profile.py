@@ -303,7 +303,10 @@ def test_an_export_states_its_profile_and_widens_it_without_a_new_search(searche
     assert "--maxShapes=x:8x3x8x64" in (tmp_path / "wide" / "build.sh").read_text()
     manifest = json.loads((tmp_path / "wide" / "export.json").read_text())
     assert manifest["profile"]["inputs"][0]["max"] == [8, 3, 8, 64]
-    assert [c["point"] for c in manifest["checked_against_source"]] == ["opt", "min", "max"]
+    # the search's points, and the new max no point of it had (the search's own max had stood for it)
+    checked = manifest["checked_against_source"]
+    assert [c["point"] for c in checked] == ["opt", "min", "max", "max (widened)"]
+    assert checked[-1]["shapes"]["x"] == [8, 3, 8, 64] and checked[-1]["same_output_shapes"] and not checked[-1]["error"]
     runs = session(tmp_path / "wide" / "model.onnx")
     for shape in ((1, 3, 8, 8), (8, 3, 8, 64)):
         assert runs.run(None, {"x": np.zeros(shape, np.float32)})[0].shape == (shape[0], shape[3], 6)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import searching
-from cli import exit_code, refused
+from cli import exit_code, refused, run
 
 import autoprec
 from autoprec.app.recorded import plan_context
@@ -170,6 +170,17 @@ def test_a_limit_no_plan_can_hold_says_the_limit_the_least_loss_and_what_to_chan
     last = refused(["search", mlp_model, "--override", "*=int8,fp16", "--max-loss", "1e-12", "--budget", "3",
                     "--out", tmp_path / "o", "--no-plots", "--no-progress"], capsys, "rejected early for their loss")
     assert "far past --max-loss 1e-12" in last and "an --override without fp32" in last
+
+
+def test_a_study_without_an_all_fp32_plan_says_once_what_that_leaves_out(tmp_path, mlp_model, capsys):
+    """Overrides that take FP32 from every unit leave nothing to re-time the plans beside: one line says what that
+    costs (no speed-up stated, no faster-than-FP32 test), where each plan's re-timing was said to fail."""
+    code, err = run(["search", mlp_model, "--override", "*=int8,fp16", "--budget", "3", "--out", tmp_path / "o",
+                     "--no-plots", "--no-progress"], capsys)
+    said = " ".join(err.split())
+    assert code == 0, err[-2000:]
+    assert said.count("no all-FP32 plan in this study") == 1 and "beside all-FP32 failed" not in said
+    assert "ships without the test that it runs faster than all-FP32" in said
 
 
 def test_a_run_that_chooses_nothing_leaves_no_earlier_best_behind(tmp_path, mlp_model, monkeypatch):

@@ -971,3 +971,13 @@ class DeviceArray:
     @staticmethod
     def ortvalue_from_numpy(array, device, device_id):
         return array
+
+
+def test_a_negative_shape_weight_given_through_the_api_is_one_line_before_any_work(tmp_path):
+    """The command line's parser refused a negative weight, the API took it: the search ran to its end and failed
+    writing a NaN into its choice."""
+    model, data = builders.conv_with_data(tmp_path, 8)
+    config = autoprec.SearchConfig(autoprec.InputSpec(model, data=data, shape_weights={"opt": -5}), out=tmp_path / "o")
+    with pytest.raises(autoprec.AutoprecError, match=r"--shape-weights opt=-5: runs per request are a whole number"):
+        autoprec.search(config)
+    assert not (tmp_path / "o").exists()

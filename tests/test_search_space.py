@@ -15,6 +15,7 @@ SPACES = {
     "op name not text": "units: {1: [int8]}\n",
     "int4 block size not a power of two": "units: {MatMul: [int4, fp32]}\nint4_block_size: 24\n",
     "int4 block size text": "units: {MatMul: [int4, fp32]}\nint4_block_size: big\n",
+    "int4 block size past what INT4 weights take": "units: {MatMul: [int4, fp32]}\nint4_block_size: 512\n",
     "embeddings in int8": "units: {MatMul: [int4, fp32]}\nembeddings: [int8, fp32]\n",
 }
 
@@ -27,6 +28,7 @@ def test_bad_search_spaces_are_one_line(workdir, capsys, kind):
     code, err = run(["search", workdir / "conv.onnx", "--search-space", space, "--budget", 1, "--no-progress",
                      "--out", workdir / "out"], capsys)
     clean(code, err, allowed=(2,))
+    assert "int4 block size" not in kind or "int4_block_size" in err.strip().splitlines()[-1]
 
 
 def test_a_unit_type_given_one_precision_is_said_as_that_not_as_pinned(workdir, capsys):

@@ -59,9 +59,11 @@ def test_profiled_names_are_mapped_back_to_the_models_nodes():
         {"name": "relu2/FusedActivation_kernel_time", "dur": 50},  # fused: named after the first node
         {"name": "ReorderOutput_token_7_kernel_time", "dur": 30},  # inserted by ORT: no original node
         {"name": "InsertedPrecisionFreeCast_c2_nchwc_kernel_time", "dur": 70},  # an FP16 node ORT runs in FP32
+        # MatMul+Add+Relu as FusedGemm: "fused " before the MatMul+Add fusion's name (it went to "" before)
+        {"name": "fused fc/MatMulAddFusion_kernel_time", "dur": 40},
     ]
     times = attribute_node_times(model, events, runs=10)
-    assert times == pytest.approx({"conv0": 1e-5, "conv1": 2e-5, "relu2": 5e-6, "": 3e-6, "conv2": 7e-6})
+    assert times == pytest.approx({"conv0": 1e-5, "conv1": 2e-5, "relu2": 5e-6, "": 3e-6, "conv2": 7e-6, "fc": 4e-6})
 
 
 def test_latency_shares_come_from_the_engines_profile(conv_prepared):

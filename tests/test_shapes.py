@@ -143,6 +143,11 @@ def test_a_decoder_searched_on_prompts_with_an_empty_past_is_checked_and_exporte
     assert read_result_dir(out).how_measured().shapes["past_key_values.0.key"][2] == 0
     assert main(["check", str(out)]) == 0 and "PASS" in capsys.readouterr().out
     assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "trtexec")]) == 0
+    # widened past its points: checked at the new max, its past (none in the data) made of zeros
+    assert main(["export", str(out), "--format", "trtexec", "--out", str(tmp_path / "wide"),
+                 "--dim", "past_sequence_length=0:64"]) == 0
+    checked = json.loads((tmp_path / "wide" / "export.json").read_text())["checked_against_source"]
+    assert checked[-1]["point"] == "max (widened)" and checked[-1]["shapes"]["past_key_values.0.key"][2] == 64
     # and on the command line: an empty past is a --shape as it is a --min-shape; a batch of 0 is not
     refused(["search", str(model), "--shape", "input_ids=0x5"], capsys, "dims must be whole numbers above 0")
 
@@ -222,6 +227,9 @@ def test_shape_weights_name_a_judged_shape_or_phase(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "--shape-weights prompt: no such point; the points are opt, prefill, first token, decode·5" in err
+    fixed, data = builders.conv_with_data(tmp_path, 8)  # judged at its one shape: a weight there is taken for nothing
+    refused(["search", str(fixed), "--data", str(data), "--shape-weights", "opt=3", "--budget", "1", "--out",
+             str(tmp_path / "fixed")], capsys, "--shape-weights opt: this model is judged at its data's one shape")
 
 
 def test_a_decoders_data_in_a_file_per_phase_is_judged_at_each_phase(tmp_path):

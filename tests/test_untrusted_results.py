@@ -314,7 +314,7 @@ def test_an_export_replaces_no_file_it_did_not_write(result, tmp_path, capsys, t
         ["export", result, "--format", "markdown", "--out", deploy],
         capsys,
         theirs,
-        "no autoprec export wrote",
+        "no finished autoprec export wrote",
     )
     assert (deploy / theirs).read_text() == "the user's own\n"
 

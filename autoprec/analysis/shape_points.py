@@ -61,14 +61,14 @@ def judged_shapes(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | N
     (or a phase's: ``decode``) runs per request, over the defaults; ``bounds_given``:
     --min-shape/--max-shape were given (no min derived)."""
     if info.deployable is None:
-        return info, dataset
+        return _one_shape(info, dataset, runs)
     deployable = StoredModel(info.deployable, info.folder)
     run = cpu_runs(deployable)
     decoder = find_decoder(declared_inputs(info.deployable), output_specs(info.deployable))
     points = _decoder_points_or_none(decoder, dataset, run, info.shape_profile) if decoder is not None else None
     points = points or _profile_points(info, dataset, run, bounds_given)
     if len(points) == 1:
-        return info, dataset
+        return _one_shape(info, dataset, runs)
     points = _weighted(points, runs or {})
     profile = _spanning(info.shape_profile, [p for p, _, _ in points])
     for point, _, _ in points[1:]:
@@ -251,8 +251,10 @@ def _data_points(dataset: Dataset, said_of: Callable[[Batch], str] | None = None
 def fitted(values: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """``values`` cut to their middle or repeated (wrapping round) along each axis to ``shape``:
     data of the right kind at another size (an image's centre, an image tiled wider, a token
-    sequence repeated, a batch of the same items, a past of none)."""
+    sequence repeated, a batch of the same items, a past of none; from none, zeros)."""
     for axis, size in enumerate(shape):
+        if values.shape[axis] == 0 and size:
+            values = np.zeros((*values.shape[:axis], size, *values.shape[axis + 1:]), values.dtype)
         have = max(values.shape[axis], 1)
         if have != size:
             start = (have - size) // 2 if size < have else 0
@@ -273,6 +275,16 @@ def _fails(run: Run, batch: Batch) -> str | None:
         return first_line(exc, 200)
     bad = [k for k, v in outputs.items() if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all()]
     return f"output {bad[0]} is NaN or Inf there" if bad else None
+
+
+def _one_shape(info: ModelInfo, dataset: Dataset, runs: Mapping[str, int] | None) -> tuple[ModelInfo, Dataset]:
+    """A model judged at its data's shape alone: nothing for --shape-weights to weigh (it was taken
+    without a word, a name no point has among them)."""
+    if runs:
+        raise AutoprecError(f"--shape-weights {next(iter(runs))}: this model is judged at its data's one shape "
+                            "(its dims fixed, or no other shape it runs at): there is nothing to weigh; leave the "
+                            "option out")
+    return info, dataset
 
 
 def _weighted(points: Points, runs: Mapping[str, int]) -> Points:

@@ -58,7 +58,7 @@ from autoprec.study.optimize import StudyContext
 from autoprec.study.ordered import run_warm_started
 from autoprec.study.proposals import open_proposer
 from autoprec.study.reading import finished_records, nothing_measured, uniform_trials
-from autoprec.study.retiming import RETIME_ROUNDS, retimed_front
+from autoprec.study.retiming import NO_FP32, RETIME_ROUNDS, retimed_front
 from autoprec.study.sensitivity import searched_sensitive
 
 log = logging.getLogger("autoprec")
@@ -377,7 +377,12 @@ def _write(config: SearchConfig, setup: Setup, joined: Joined, shared: Shared, m
 def _say_retiming(retiming: Retiming) -> None:
     """A re-timing that failed is said, with what it leaves: the trial's own figures, and no
     verdict."""
-    for failed in retiming.failed:
+    unpaired = [str(f["trial"]) for f in retiming.failed if f["error"] == NO_FP32]
+    if unpaired:
+        log.warning("no all-FP32 plan in this study (an --override without fp32 leaves none): trial(s) "
+                    f"{', '.join(unpaired)} keep their trials' latencies, no speed-up is stated, and the "
+                    "chosen plan ships without the test that it runs faster than all-FP32")
+    for failed in (f for f in retiming.failed if f["error"] != NO_FP32):
         log.warning(f"re-timing trial {failed['trial']} beside all-FP32 failed "
                     f"({failed['error'][:300]}): its latency is the trial's own, and no verdict on "
                     "timing noise is given for it")

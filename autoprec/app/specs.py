@@ -142,6 +142,15 @@ class InputSpec(Group):
     # --shape-weights: runs per request of each judged shape
     shape_weights: Mapping[str, int] | None = None
 
+    def checked(self) -> InputSpec:
+        """One line where a judged shape's runs are not a whole number of 0 or more (the API took a
+        negative one, and the search failed writing its result)."""
+        for name, runs in (self.shape_weights or {}).items():
+            if isinstance(runs, bool) or not isinstance(runs, int) or runs < 0:
+                raise AutoprecError(f"--shape-weights {name}={runs!r}: runs per request are a whole number of 0 "
+                                    "or more")
+        return self
+
     @property
     def image(self) -> ImageOptions:
         """How a folder of images becomes the input (see autoprec.analysis.images)."""

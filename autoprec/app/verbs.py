@@ -38,7 +38,7 @@ from autoprec.core.search_space import load_search_space
 from autoprec.core.stored import StoredModel
 from autoprec.export.tensorrt import BuildSpec
 from autoprec.lower import QDQForm, lower_plan
-from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy, judged_runs
+from autoprec.measure.deployment import CHECKED_BATCHES, Lower, deploy, judged_runs, widened_runs
 from autoprec.measure.measurement import accuracy_by_shape, measure, screening_batches
 from autoprec.measure.shaped import GENERATION
 from autoprec.record.facts import PointCheck
@@ -283,8 +283,10 @@ def deployed(context: PlanContext, lower: Lower) -> tuple[StoredModel, ModelInfo
     each point of the profile."""
     info = context.baseline.info
     dataset = context.baseline.dataset
-    deployment = deploy(info, lower, None, dataset.main_evaluation[:CHECKED_BATCHES], (),
-                        judged_runs(dataset))
+    judged = judged_runs(dataset)
+    samples = dataset.main_evaluation[:CHECKED_BATCHES]
+    deployment = deploy(info, lower, None, samples, (),
+                        [*judged, *widened_runs(info.shape_profile, samples, judged)] if judged else ())
     if deployment.fixed_because:
         log.warning(f"the export has the measured, fixed input shapes: {deployment.fixed_because}")
         return deployment.model, info, deployment.checks

@@ -124,14 +124,18 @@ def attribute_node_times(model: onnx.ModelProto, events: list[dict], runs: int) 
     """Seconds per run for each original node. ORT renames what it rewrites: a layout-converted node
     after its output tensor (``<output>_nchwc``, ``InsertedPrecisionFreeCast_<output>_nchwc`` when
     an FP16 node without an FP16 kernel runs in FP32 between inserted Casts), a fused node after the
-    first node it fused (``<node>/<Fusion>`` or ``<node>_<suffix>``); layout reorders and other
-    inserted nodes go to ``""``."""
+    first node it fused (``<node>/<Fusion>`` or ``<node>_<suffix>``, ``fused <that>`` where an
+    activation joined it: MatMul+Add+Relu as FusedGemm); layout reorders and other inserted nodes go
+    to ``""``."""
     every = all_nodes(model)
     nodes = {n.name for n in every}
     producer = {out: n.name for n in every for out in n.output}
     by_prefix = sorted(nodes, key=len, reverse=True)
 
     def original(name: str) -> str:
+        if name in nodes:
+            return name
+        name = name.removeprefix("fused ")
         if name in nodes:
             return name
         tensor = name.removeprefix("InsertedPrecisionFreeCast_").removesuffix("_nchwc")

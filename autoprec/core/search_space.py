@@ -270,11 +270,16 @@ def _embeddings(raw: dict, source: str) -> tuple[Precision, ...]:
     return parse_precisions(value, f"search space {source}, embeddings")
 
 
+# what ONNX Runtime's MatMulNBits quantizer (MlasQuantizeBlockwise) takes; TensorRT's INT4 weights alike
+INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
 def block_size(value: object, where: str) -> int:
-    """An INT4 block size: a power of two from 16 (what MatMulNBits and TensorRT's INT4 weights take)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise SearchSpaceError(f"{where}: int4_block_size {value!r} is not a power of two from 16; "
-                               f"use 16, 32 (the default), 64 or 128")
+    """An INT4 block size: one of INT4_BLOCK_SIZES (512 passed as a power of two, and the lowering
+    failed on it)."""
+    if isinstance(value, bool) or value not in INT4_BLOCK_SIZES:
+        raise SearchSpaceError(f"{where}: int4_block_size {value!r} is not a block size INT4 weights "
+                               f"take; use 16, 32 (the default), 64, 128 or 256")
     return value
 
 

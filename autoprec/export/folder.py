@@ -84,8 +84,9 @@ def clear(folder: Path) -> None:
     if theirs:
         named = ", ".join(theirs[:3]) + (", …" if len(theirs) > 3 else "")
         unlisted = f"its {MANIFEST} does not list them" if listed else f"no {MANIFEST} lists them"
-        raise FolderError(f"--out {folder}: holds {named}, which no autoprec export wrote there "
-                          f"({unlisted}); an export replaces only its own files: give a new or "
+        raise FolderError(f"--out {folder}: holds {named}, which no finished autoprec export wrote there "
+                          f"({unlisted}: another tool's, or an export stopped before it wrote "
+                          f"{MANIFEST}); an export replaces only its own files: give a new or "
                           "empty folder, or move those away")
     for name in _files(folder):  # each listed: never a name a manifest leads out ('../x')
         (folder / name).unlink()  # (a link itself, never what it names)

@@ -224,6 +224,23 @@ def judged_runs(dataset: Dataset) -> Runs:
             for i, point in enumerate(dataset.points)]
 
 
+def widened_runs(profile: ShapeProfile, samples: Sequence[Batch], judged: Runs) -> Runs:
+    """The profile's min and max where an export widened them past every point the search judged
+    (``--batch``, ``--max-shape``: a dim below the least or above the most the points had):
+    ``samples`` fitted to them, so a widened export is checked at its new ends as a single-shape
+    result's is."""
+    seen = [{k: np.shape(v) for k, v in batches[0].items()} for _, batches in judged if batches]
+
+    def judged_sizes(name: str, axis: int) -> list[int]:
+        return [shape[name][axis] for shape in seen if name in shape and axis < len(shape[name])]
+
+    ends = (("min", lambda size, sizes: size < min(sizes)), ("max", lambda size, sizes: size > max(sizes)))
+    wider = [point for point, past in ends
+             if any(past(size, sizes) for name, dims in profile.at(point).items() for axis, size in enumerate(dims)
+                    if (sizes := judged_sizes(name, axis)))]
+    return [(f"{point} (widened)", batches) for point, batches in _runs(profile, samples, wider, ())]
+
+
 def time_front_across(info: ModelInfo, engine: Backend, front: Mapping[int, Plan],
                       feasible: Sequence[int],
                       ranges: ActivationRanges | None, sample: Batch) -> ProfileTiming:

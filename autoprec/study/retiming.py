@@ -26,6 +26,10 @@ from autoprec.study.reading import finished_records, record, uniform_trials
 log = logging.getLogger("autoprec")
 
 
+# why a plan was not re-timed where the study has no all-FP32 plan (an --override without fp32)
+NO_FP32 = "no all-FP32 trial to re-time it beside"
+
+
 def pareto_front(study: optuna.Study) -> list[TrialRecord]:
     """Optuna's Pareto front (feasible trials only when --max-loss is set), one trial per plan."""
     front, seen = [], set()
@@ -48,9 +52,7 @@ def retime(records: Sequence[TrialRecord], fp32: TrialRecord | None,
     ``failed``. With ``shared``, the study's workers re-time the plans side by side, each plan
     beside all-FP32 on one worker's device, each plan once."""
     if fp32 is None:
-        return Retiming({}, failed=tuple({"trial": r.number, "error": "no all-FP32 trial to "
-                                                                      "re-time it beside"}
-                                         for r in records))
+        return Retiming({}, failed=tuple({"trial": r.number, "error": NO_FP32} for r in records))
     # the plans at the least loss first: a later one slower than one of them in two rounds needs no third
     others = sorted((r for r in records if r.plan.key() != fp32.plan.key()),
                     key=lambda r: (r.loss if math.isfinite(r.loss) else math.inf, r.latency_ms))
