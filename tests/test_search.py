@@ -981,3 +981,19 @@ def test_a_negative_shape_weight_given_through_the_api_is_one_line_before_any_wo
     with pytest.raises(autoprec.AutoprecError, match=r"--shape-weights opt=-5: runs per request are a whole number"):
         autoprec.search(config)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad, said", [
+    (lambda model: autoprec.SearchConfig(autoprec.InputSpec(model), judge=autoprec.JudgeSpec(max_loss="0.01")),
+     "--max-loss '0.01': a number"),
+    (lambda model: autoprec.SearchConfig(autoprec.InputSpec(model),
+                                         isolation=autoprec.IsolationSpec(trial_timeout="10")),
+     "--trial-timeout '10': a number"),
+    (lambda model: autoprec.SearchConfig(str(model)), r"SearchConfig\(inputs=...\): takes InputSpec\(...\), not a str"),
+])
+def test_wrong_types_given_through_the_api_are_one_line(tmp_path, bad, said):
+    """What the command line's parser refuses by type, the API took and failed on with a TypeError or an
+    AttributeError from deep inside."""
+    model = builders.save(builders.conv_net(), tmp_path / "conv.onnx")
+    with pytest.raises(autoprec.AutoprecError, match=said):
+        autoprec.search(bad(model))

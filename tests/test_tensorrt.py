@@ -282,6 +282,16 @@ def test_inspect_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_inspect_reads_layer_json_saved_with_a_byte_order_mark(tmp_path, capsys, encoding):
+    """A layer JSON a Windows editor or PowerShell's ``>`` saved (a BOM, UTF-16) is JSON, not an engine for TensorRT
+    to fail on with a CUDA error."""
+    saved = tmp_path / "layers.json"
+    saved.write_text((FIXTURES / "mobilenet_qat_layers_excerpt.json").read_text(), encoding=encoding)
+    assert exit_code(["inspect", str(saved)]) == 0
+    assert "5 compute layers (9 in all, tensorrt-10 JSON)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_inspect_a_plan_file_without_tensorrt_says_what_is_needed(monkeypatch, tmp_path, capsys):
     for module in ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings"):  # no TensorRT of either kind
         monkeypatch.setitem(sys.modules, module, None)

@@ -42,7 +42,10 @@ class SearchConfig:
 
     def checked(self) -> SearchConfig:
         """This configuration, or one line naming the option that cannot be used and why."""
-        for group in GROUPS:
+        for group, spec in GROUPS.items():
+            if not isinstance(getattr(self, group), spec):
+                raise AutoprecError(f"SearchConfig({group}=...): takes {spec.__name__}(...), not a "
+                                    f"{type(getattr(self, group)).__name__}")
             getattr(self, group).checked()
         if self.time_shapes and (why := backend_class(self.engine.backend).one_shape_only):
             able = [name for name in BACKENDS if not backend_class(name).one_shape_only]

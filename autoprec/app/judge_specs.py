@@ -121,6 +121,9 @@ class JudgeSpec(Group):
         return cls(data.get("metric", "cosine"), data.get("max_loss"), HeadOptions(**head))
 
     def checked(self) -> JudgeSpec:
+        if self.max_loss is not None and (isinstance(self.max_loss, bool) or not isinstance(self.max_loss, (int, float))):
+            raise AutoprecError(f"--max-loss {self.max_loss!r}: a number (the API was given a "
+                                f"{type(self.max_loss).__name__})")
         if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss >= 0):
             raise AutoprecError(f"--max-loss {self.max_loss}: must be a finite loss of 0 or more")
         return self

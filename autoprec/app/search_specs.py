@@ -194,6 +194,8 @@ class IsolationSpec(Group):
                                 "stop or limit it; drop one or the other")
         for option, value in (("--trial-timeout", self.trial_timeout),
                               ("--trial-memory", self.trial_memory_gb)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise AutoprecError(f"{option} {value!r}: a number (the API was given a {type(value).__name__})")
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise AutoprecError(f"{option} {value}: must be a finite number more than 0")
         if self.trial_timeout < MIN_TRIAL_SECONDS:

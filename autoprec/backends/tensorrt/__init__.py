@@ -30,6 +30,7 @@ that is missing, pycuda.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import shutil
 from pathlib import Path
@@ -308,12 +309,13 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
         )
     with open(path, "rb") as f:
         head = f.read(4096)  # what the file is, before any more of it is read
-    if head.lstrip()[:1] in (b"{", b"["):
+    encoding = _json_encoding(head)
+    if encoding is not None:
         try:
             raw = untrusted.read_bytes(path, "layer-information JSON", given=True)  # bounded
         except ValueError as exc:
             raise AutoprecError(f"{path}: {exc}") from None
-        return parse_engine_layers(raw.decode("utf-8", errors="replace"), str(path))
+        return parse_engine_layers(raw.decode(encoding, errors="replace"), str(path))
     if not head.strip() or (b"\0" not in head and _is_text(head)):
         raise AutoprecError(
             f"{path}: {'empty' if not head.strip() else 'text, but not JSON'}: neither "
@@ -322,6 +324,17 @@ def read_engine_layers(path: str | Path) -> EngineLayers:
         )
     # TensorRT reads all of it
     return parse_engine_layers(engine_information(path.read_bytes()), str(path))
+
+
+def _json_encoding(head: bytes) -> str | None:
+    """The text encoding of a file whose start is JSON's (``{`` or ``[``): UTF-8, with a byte-order
+    mark too, or UTF-16 (PowerShell's ``>`` writes it); None where it is not (a serialized
+    engine)."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        encoding = "utf-16"
+    else:
+        encoding = "utf-8-sig" if head.startswith(codecs.BOM_UTF8) else "utf-8"
+    return encoding if head.decode(encoding, errors="ignore").lstrip()[:1] in ("{", "[") else None
 
 
 def _is_text(head: bytes) -> bool:
