@@ -68,31 +68,33 @@ def weight_axis(node: NodeProto, ndim: int) -> int | None:
     return None
 
 
+def _chunks(flat: np.ndarray) -> list[slice]:
+    """Slices along the first axis of at most CHUNK_ELEMENTS values each (one row at least)."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
+    return [slice(start, start + rows) for start in range(0, len(flat), rows)]
+
+
 def weight_amax(weight: np.ndarray, axis: int | None) -> np.ndarray:
-    """Each output channel's largest magnitude (one value for per-tensor)."""
+    """Each output channel's largest magnitude (one value per tensor), read in chunks along the first
+    axis, so a memory-mapped weight of any size is never loaded whole."""
     flat = weight.reshape(1) if weight.ndim == 0 else weight
+    chunks = _chunks(flat)
     if axis is None:
-        return np.array([float(np.abs(flat).max(initial=0.0))], np.float32)
-    return np.abs(np.moveaxis(flat, axis, 0)).reshape(flat.shape[axis], -1).max(axis=1, initial=0.0)
+        return np.array([max(float(np.abs(flat[c]).max(initial=0.0)) for c in chunks)])
+    if axis == 0:
+        return np.concatenate([np.abs(flat[c]).reshape(len(flat[c]), -1).max(axis=1, initial=0.0) for c in chunks])
+    reduce = tuple(a for a in range(flat.ndim) if a != axis)
+    return np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0)
 
 
 def quantize_weight(weight: np.ndarray, axis: int | None, least: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel, none below ``least``
-    (see :meth:`_Quantizer.bias_floor`); read and quantized in chunks along the first axis, so a
-    memory-mapped weight of any size is never loaded whole."""
+    """Symmetric INT8 (range ±127, zero point 0), one scale per output channel (:func:`weight_amax`),
+    none below ``least`` (see :meth:`_Quantizer.bias_floor`); quantized in chunks along the first
+    axis, so a memory-mapped weight of any size is never loaded whole."""
     flat = weight.reshape(1) if weight.ndim == 0 else weight
-    rows = max(1, CHUNK_ELEMENTS // max(1, flat[0].size))
-    chunks = [slice(start, start + rows) for start in range(0, len(flat), rows)]
-    magnitude = np.abs(flat) if len(chunks) == 1 else None  # small: one pass, no chunking
-    if axis is None:
-        amax = np.array([max(float(np.abs(flat[c]).max(initial=0.0)) for c in chunks)])
-    elif axis == 0:
-        amax = np.concatenate([np.abs(flat[c]).reshape(len(flat[c]), -1).max(axis=1, initial=0.0) for c in chunks])
-    else:
-        reduce = tuple(a for a in range(flat.ndim) if a != axis)
-        amax = (magnitude.max(axis=reduce) if magnitude is not None
-                else np.max([np.abs(flat[c]).max(axis=reduce) for c in chunks], axis=0))
+    chunks = _chunks(flat)
+    amax = weight_amax(flat, axis)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
     if least is not None:
         scale = np.maximum(scale, least).astype(np.float32)
@@ -100,7 +102,7 @@ def quantize_weight(weight: np.ndarray, axis: int | None, least: np.ndarray | No
     if axis is not None:
         shape[axis] = -1
     per_channel = scale.reshape(shape)
-    if magnitude is not None:
+    if len(chunks) == 1:  # small: one pass
         return np.clip(np.rint(flat / per_channel), -127, 127).astype(np.int8).reshape(weight.shape), scale
     q = np.empty(flat.shape, np.int8)
     for c in chunks:
